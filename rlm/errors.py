@@ -1,0 +1,120 @@
+"""Errors of the RLM library: one class per failure a caller can act on.
+
+Every error carries a stable, machine-readable ``code`` (callers and the CLI
+switch on it, never on the message) and a message a person can act on; when a
+limit caused the error, the message names the setting that raises it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class RLMError(Exception):
+    """Base class. ``code`` is stable; ``message`` is for people; ``setting`` names the knob."""
+
+    code: ClassVar[str] = "rlm_error"
+
+    def __init__(self, message: str, *, setting: str | None = None, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.setting = setting
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.setting:
+            data["setting"] = self.setting
+        if self.details:
+            data["details"] = self.details
+        return data
+
+
+class SettingsInvalid(RLMError):
+    code = "settings_invalid"
+
+
+class ContextError(RLMError):
+    code = "context_error"
+
+
+class ContextSourceMissing(ContextError):
+    code = "context_source_missing"
+
+
+class FileNotInContext(ContextError):
+    code = "file_not_in_context"
+
+
+class ReadTooLarge(ContextError):
+    code = "read_too_large"
+
+
+class BundleInvalid(ContextError):
+    code = "bundle_invalid"
+
+
+class ProviderError(RLMError):
+    """The model endpoint failed. ``billed`` is None when nobody can know if it charged."""
+
+    code = "provider_error"
+
+    def __init__(self, message: str, *, billed: bool | None = None, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.billed = billed
+
+
+class ProviderTimeout(ProviderError):
+    code = "provider_timeout"
+
+
+class MissingAPIKey(ProviderError):
+    code = "missing_api_key"
+
+
+class ScriptInvalid(RLMError):
+    code = "script_invalid"
+
+
+class ScriptExhausted(ProviderError):
+    code = "script_exhausted"
+
+
+class BudgetError(RLMError):
+    code = "budget_error"
+
+
+class BudgetExhausted(BudgetError):
+    code = "budget_exhausted"
+
+
+class BudgetUnknownUsage(BudgetError):
+    code = "budget_unknown_usage"
+
+
+class BudgetLimitsMismatch(BudgetError):
+    code = "budget_limits_mismatch"
+
+
+class UsageEntryNotFound(BudgetError):
+    code = "usage_entry_not_found"
+
+
+class KernelError(RLMError):
+    code = "kernel_error"
+
+
+class KernelUnavailable(KernelError):
+    code = "kernel_unavailable"
+
+
+class HistoryEntryNotFound(RLMError):
+    code = "history_entry_not_found"
+
+
+class RunNotFound(RLMError):
+    code = "run_not_found"
+
+
+class TrajectoryInvalid(RLMError):
+    code = "trajectory_invalid"

@@ -1,0 +1,147 @@
+"""Every named limit of the RLM library, in one settings object, validated at start-up.
+
+Read from the environment with the prefix ``RLM_`` (``RLM_MAX_TURNS=20``) or passed
+as keyword arguments. Nothing else in ``rlm/`` reads ``os.environ`` for
+configuration (the provider reads the API key from the variable *named* here).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from rlm.errors import SettingsInvalid
+
+KernelName = Literal["host", "monty"]
+
+
+class RLMSettings(BaseSettings):
+    """Named limits and defaults. Each one is documented in docs/RLM.md."""
+
+    model_config = SettingsConfigDict(env_prefix="RLM_", extra="forbid", validate_default=True)
+
+    # Where runs, trajectories, history and the budget ledger live.
+    data_dir: Path = Path("~/.rlm")
+
+    # The root session.
+    kernel: KernelName = "monty"
+    max_turns: int = Field(12, ge=1, le=200)
+    max_run_s: float = Field(1800.0, gt=0)
+    max_observation_chars: int = Field(4000, ge=200, le=200_000)
+    observation_tail_chars: int = Field(1000, ge=0)
+    max_answer_chars: int = Field(20_000, ge=100)
+
+    # Kernels (both): per-step wall clock, printed output kept, host-call deadline.
+    step_timeout_s: float = Field(60.0, gt=0, le=3600)
+    max_output_bytes: int = Field(65_536, ge=1024, le=16_777_216)
+    host_call_timeout_s: float = Field(300.0, gt=0)
+    # Monty only.
+    monty_max_memory_bytes: int = Field(268_435_456, ge=16_777_216)
+    monty_max_recursion_depth: int = Field(200, ge=10, le=10_000)
+    monty_max_suspensions: int = Field(100_000, ge=100)
+
+    # The corpus.
+    max_files: int = Field(20_000, ge=1)
+    max_file_bytes: int = Field(2_000_000, ge=1)
+    max_total_bytes: int = Field(64_000_000, ge=1)
+    max_read_chars: int = Field(200_000, ge=100)
+    max_search_hits: int = Field(200, ge=1)
+    search_snippet_chars: int = Field(240, ge=20)
+    max_chunks: int = Field(5000, ge=1)
+    max_context_text_chars: int = Field(20_000, ge=100)
+
+    # Sub-calls (llm_query, llm_query_batched).
+    max_subcalls: int = Field(200, ge=0)
+    max_batch_size: int = Field(32, ge=1)
+    max_concurrency: int = Field(4, ge=1, le=64)
+    max_prompt_chars: int = Field(120_000, ge=100)
+    max_response_chars: int = Field(20_000, ge=100)
+    subcall_timeout_s: float = Field(120.0, gt=0)
+
+    # One inference allowance per root family. None = no limit on that axis.
+    max_calls: int | None = Field(300, ge=1)
+    max_tokens: int | None = Field(3_000_000, ge=1)
+    max_usd: float | None = Field(None, gt=0)
+
+    # The model endpoint (any OpenAI-compatible API).
+    base_url: str = "https://api.openai.com/v1"
+    model: str | None = None
+    subcall_model: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    provider_max_retries: int = Field(3, ge=0, le=10)
+    provider_backoff_s: float = Field(0.5, ge=0, le=60)
+    # USD per million tokens, by model id: {"gpt-4o-mini": {"prompt": 0.15, "completion": 0.6}}.
+    prices_usd_per_mtok: dict[str, dict[str, float]] = Field(default_factory=dict)
+    price_table_file: Path | None = None
+
+    # History.
+    max_history_read_chars: int = Field(20_000, ge=100)
+    max_history_hits: int = Field(50, ge=1)
+
+    @field_validator("data_dir", "price_table_file")
+    @classmethod
+    def _expand(cls, value: Path | None) -> Path | None:
+        return value.expanduser() if value is not None else None
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, value: str) -> str:
+        # A common mistake is to paste the key itself here: refuse anything not shaped like a name.
+        if not value or not value.replace("_", "").isalnum() or value[0].isdigit():
+            raise ValueError("must be the NAME of an environment variable (e.g. OPENAI_API_KEY), not the key")
+        return value
+
+    @field_validator("prices_usd_per_mtok")
+    @classmethod
+    def _prices(cls, value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        for model, price in value.items():
+            if set(price) != {"prompt", "completion"} or min(price.values()) < 0:
+                raise ValueError(f"price for {model!r} needs non-negative 'prompt' and 'completion' USD per million tokens")
+        return value
+
+    @model_validator(mode="after")
+    def _coherent(self) -> RLMSettings:
+        if self.observation_tail_chars >= self.max_observation_chars // 2:
+            raise ValueError("observation_tail_chars must be under half of max_observation_chars")
+        if self.host_call_timeout_s < self.subcall_timeout_s:
+            raise ValueError("host_call_timeout_s must be at least subcall_timeout_s, or every sub-call could be cut off")
+        if self.max_concurrency > self.max_batch_size:
+            raise ValueError("max_concurrency cannot exceed max_batch_size")
+        if self.max_file_bytes > self.max_total_bytes:
+            raise ValueError("max_file_bytes cannot exceed max_total_bytes")
+        return self
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.data_dir / "runs"
+
+    @property
+    def budget_path(self) -> Path:
+        return self.data_dir / "budget.sqlite3"
+
+    @property
+    def history_path(self) -> Path:
+        return self.data_dir / "history.sqlite3"
+
+
+def env_name(field: str) -> str:
+    """The environment variable that sets ``field`` (for error messages)."""
+    return "RLM_" + field.upper()
+
+
+def load_settings(**overrides: Any) -> RLMSettings:
+    """Build settings from the environment plus overrides; invalid values raise SettingsInvalid naming the setting."""
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        return RLMSettings(**clean)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "settings"
+            label = f"{field} ({env_name(field)})" if err["loc"] else "settings"
+            problems.append(f"{label}: {err['msg']}")
+        first = str(exc.errors()[0]["loc"][0]) if exc.errors() and exc.errors()[0]["loc"] else None
+        raise SettingsInvalid("invalid RLM settings: " + "; ".join(problems), setting=first) from None
