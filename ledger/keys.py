@@ -1,0 +1,298 @@
+"""Customer API keys: signed tokens that carry who the caller is, and their revocation.
+
+A key reads ``sk_<environment>_<secret id>_<payload>.<signature>``. The payload (key id,
+customer, tier, issue and expiry times) is signed with itsdangerous (HMAC-SHA256).
+The key itself is shown once and never stored: the database keeps its id and
+metadata, and revocation is a row update.
+
+Several signing secrets may be configured, newest first: the newest signs, all
+verify, so secrets rotate without invalidating keys. The short secret id in the
+key says which secret signed it, so a key signed by a secret this service does
+not hold is told apart from a key whose payload was altered. With no secret
+configured every key is refused (fail closed).
+
+Revocation reaches every instance within ``revocation_cache_s`` seconds: a
+verifier caches a key's database status for at most that long.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+from itsdangerous import BadSignature, Signer
+from itsdangerous.encoding import base64_decode, base64_encode
+from sqlalchemy import Connection, Engine, text
+
+from core.errors import ServiceError
+
+KEY_PREFIX = "sk"
+_SALT = "specialists.api-key.v1"
+_KEY_RE = re.compile(r"^sk_(live|test)_([0-9a-f]{8})_([A-Za-z0-9_\-]+\.[A-Za-z0-9_\-]+)$")
+MAX_KEY_CHARS = 1024
+CUSTOMER_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+TIER_RE = re.compile(r"^[a-z0-9_-]{1,32}$")
+
+
+class KeyRefused(ServiceError):
+    """A presented key is not accepted. ``code`` is one of the reasons below (the edge answers 401)."""
+
+    code = "key_invalid"
+
+
+# Stable reasons a presented key is refused.
+NO_SECRET = "no_signing_secret_configured"
+MALFORMED = "key_malformed"
+WRONG_ENVIRONMENT = "key_wrong_environment"
+WRONG_SECRET = "key_unknown_signing_secret"
+TAMPERED = "key_tampered"
+EXPIRED = "key_expired"
+REVOKED = "key_revoked"
+UNKNOWN = "key_unknown"
+
+_REASON_TEXT = {
+    NO_SECRET: "this service has no key-signing secret configured, so it accepts no key; "
+    "the operator must set SPECIALISTS_KEY_SIGNING_SECRETS",
+    MALFORMED: "the key is not of the form sk_<live|test>_<secret id>_<payload>.<signature>; copy it again exactly as issued",
+    WRONG_ENVIRONMENT: "the key was issued for another environment ({detail}); use a key issued for this one",
+    WRONG_SECRET: "the key was signed with a secret this service does not hold (retired or from another "
+    "deployment); ask the operator for a new key",
+    TAMPERED: "the key's signature does not match its contents; it was altered or truncated",
+    EXPIRED: "the key expired at {detail}; ask the operator for a new key",
+    REVOKED: "the key was revoked at {detail}; ask the operator for a new key",
+    UNKNOWN: "the key is validly signed but this service has no record of it; ask the operator for a new key",
+}
+
+
+def refuse(reason: str, detail: str = "") -> KeyRefused:
+    return KeyRefused(_REASON_TEXT[reason].format(detail=detail), code=reason)
+
+
+@dataclass(frozen=True)
+class KeyIdentity:
+    """Who a verified key speaks for."""
+
+    key_id: str
+    customer_id: str
+    tier: str
+    environment: str
+    issued_at: datetime
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class IssuedKey:
+    identity: KeyIdentity
+    token: str  # shown once, never stored
+
+
+def _secret_id(secret: str) -> str:
+    return hashlib.sha256(("specialists-key-secret-id:" + secret).encode()).hexdigest()[:8]
+
+
+class KeySigner:
+    """Signs and checks key tokens with the configured secrets (newest first)."""
+
+    def __init__(self, secrets_newest_first: list[str], environment: str) -> None:
+        self.environment = environment
+        self._signers = {
+            _secret_id(secret): Signer(secret, salt=_SALT, digest_method=hashlib.sha256, key_derivation="hmac")
+            for secret in secrets_newest_first
+        }
+        self._newest = _secret_id(secrets_newest_first[0]) if secrets_newest_first else None
+
+    def sign(self, identity: KeyIdentity) -> str:
+        if self._newest is None:
+            raise refuse(NO_SECRET)
+        payload = {
+            "kid": identity.key_id,
+            "cus": identity.customer_id,
+            "tier": identity.tier,
+            "iat": int(identity.issued_at.timestamp()),
+            "exp": int(identity.expires_at.timestamp()),
+        }
+        body = base64_encode(json.dumps(payload, separators=(",", ":"), sort_keys=True))
+        token = self._signers[self._newest].sign(body).decode()
+        return f"{KEY_PREFIX}_{identity.environment}_{self._newest}_{token}"
+
+    def check(self, key: str, *, now: datetime | None = None) -> KeyIdentity:
+        """Verify signature, environment and expiry. Revocation needs the database: see KeyVerifier."""
+        if not self._signers:
+            raise refuse(NO_SECRET)
+        if len(key) > MAX_KEY_CHARS:
+            raise refuse(MALFORMED)
+        match = _KEY_RE.match(key.strip())
+        if not match:
+            raise refuse(MALFORMED)
+        environment, secret_id, token = match.groups()
+        if environment != self.environment:
+            raise refuse(WRONG_ENVIRONMENT, f"{environment}, this service is {self.environment}")
+        signer = self._signers.get(secret_id)
+        if signer is None:
+            raise refuse(WRONG_SECRET)
+        try:
+            body = signer.unsign(token)
+        except BadSignature:
+            raise refuse(TAMPERED) from None
+        try:
+            payload = json.loads(base64_decode(body))
+            identity = KeyIdentity(
+                key_id=str(payload["kid"]),
+                customer_id=str(payload["cus"]),
+                tier=str(payload["tier"]),
+                environment=environment,
+                issued_at=datetime.fromtimestamp(int(payload["iat"]), timezone.utc),
+                expires_at=datetime.fromtimestamp(int(payload["exp"]), timezone.utc),
+            )
+        except (KeyError, TypeError, ValueError):
+            raise refuse(MALFORMED) from None
+        if (now or datetime.now(timezone.utc)) >= identity.expires_at:
+            raise refuse(EXPIRED, identity.expires_at.isoformat())
+        return identity
+
+
+def new_key_id() -> str:
+    return "key_" + secrets.token_hex(8)
+
+
+def ensure_customer(conn: Connection, customer_id: str) -> None:
+    if not CUSTOMER_RE.match(customer_id):
+        raise ServiceError(
+            f"customer id {customer_id!r} is not valid: use 1-63 lowercase letters, digits, '_', '.', '-', "
+            "starting with a letter or digit",
+            code="customer_id_invalid",
+        )
+    conn.execute(
+        text("INSERT INTO customers (customer_id) VALUES (:c) ON CONFLICT DO NOTHING"), {"c": customer_id}
+    )
+
+
+def issue_key(
+    engine: Engine,
+    signer: KeySigner,
+    *,
+    customer_id: str,
+    tier: str = "standard",
+    ttl: timedelta,
+    label: str = "",
+    now: datetime | None = None,
+) -> IssuedKey:
+    """Create a key row and return the signed token. The token is not stored anywhere."""
+    if not TIER_RE.match(tier):
+        raise ServiceError(f"tier {tier!r} is not valid: use 1-32 of a-z, 0-9, '_', '-'", code="tier_invalid")
+    if len(label) > 200:
+        raise ServiceError("a key label has at most 200 characters", code="label_too_long")
+    issued_at = (now or datetime.now(timezone.utc)).replace(microsecond=0)
+    identity = KeyIdentity(
+        key_id=new_key_id(),
+        customer_id=customer_id,
+        tier=tier,
+        environment=signer.environment,
+        issued_at=issued_at,
+        expires_at=issued_at + ttl,
+    )
+    token = signer.sign(identity)  # refuses before anything is written when no secret is configured
+    with engine.begin() as conn:
+        ensure_customer(conn, customer_id)
+        conn.execute(
+            text(
+                "INSERT INTO api_keys (key_id, customer_id, environment, tier, label, issued_at, expires_at) "
+                "VALUES (:k, :c, :e, :t, :l, :i, :x)"
+            ),
+            {
+                "k": identity.key_id,
+                "c": customer_id,
+                "e": identity.environment,
+                "t": tier,
+                "l": label,
+                "i": identity.issued_at,
+                "x": identity.expires_at,
+            },
+        )
+    return IssuedKey(identity=identity, token=token)
+
+
+def revoke_key(engine: Engine, key_id: str, *, reason: str, operator: str) -> bool:
+    """Revoke a key. Returns False when it was already revoked; raises when there is no such key."""
+    if not reason.strip():
+        raise ServiceError("a revocation needs a reason (--reason)", code="reason_required")
+    with engine.begin() as conn:
+        row = conn.execute(
+            text(
+                "UPDATE api_keys SET revoked_at = now(), revoked_reason = :r, revoked_by = :o "
+                "WHERE key_id = :k AND revoked_at IS NULL RETURNING key_id"
+            ),
+            {"k": key_id, "r": reason.strip()[:500], "o": operator},
+        ).first()
+        if row:
+            return True
+        exists = conn.execute(text("SELECT 1 FROM api_keys WHERE key_id = :k"), {"k": key_id}).first()
+    if not exists:
+        raise ServiceError(f"no key with id {key_id!r}; `specialists keys list` shows them", code="key_not_found")
+    return False
+
+
+def list_keys(engine: Engine, customer_id: str | None = None) -> list[dict]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT key_id, customer_id, environment, tier, label, issued_at, expires_at, revoked_at, "
+                "revoked_reason FROM api_keys WHERE (CAST(:c AS text) IS NULL OR customer_id = :c) "
+                "ORDER BY issued_at, key_id"
+            ),
+            {"c": customer_id},
+        ).mappings()
+        return [dict(row) for row in rows]
+
+
+@dataclass
+class _Status:
+    revoked_at: datetime | None
+    exists: bool
+    checked_at: float
+
+
+class KeyVerifier:
+    """Full verification: signature, environment, expiry, then revocation from the database.
+
+    A key's database status is cached for ``revocation_cache_s`` seconds per instance,
+    which is the bound on how long a revoked key can still be accepted.
+    """
+
+    def __init__(self, signer: KeySigner, engine: Engine, revocation_cache_s: float) -> None:
+        self.signer = signer
+        self.engine = engine
+        self.revocation_cache_s = revocation_cache_s
+        self._cache: dict[str, _Status] = {}
+        self._lock = threading.Lock()
+        self._max_cache_entries = 100_000
+
+    def verify(self, key: str, *, now: datetime | None = None) -> KeyIdentity:
+        identity = self.signer.check(key, now=now)
+        status = self._status(identity.key_id)
+        if not status.exists:
+            raise refuse(UNKNOWN)
+        if status.revoked_at is not None:
+            raise refuse(REVOKED, status.revoked_at.isoformat())
+        return identity
+
+    def _status(self, key_id: str) -> _Status:
+        now = time.monotonic()
+        with self._lock:
+            cached = self._cache.get(key_id)
+        if cached and now - cached.checked_at < self.revocation_cache_s:
+            return cached
+        with self.engine.connect() as conn:
+            row = conn.execute(text("SELECT revoked_at FROM api_keys WHERE key_id = :k"), {"k": key_id}).first()
+        status = _Status(revoked_at=row[0] if row else None, exists=row is not None, checked_at=now)
+        with self._lock:
+            if len(self._cache) >= self._max_cache_entries:
+                self._cache.clear()
+            self._cache[key_id] = status
+        return status

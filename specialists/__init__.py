@@ -1,0 +1,1 @@
+"""The composition root: the `specialists` operator command wires the rooms together."""
