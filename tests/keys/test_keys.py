@@ -1,0 +1,210 @@
+"""Customer keys: every refusal has its own reason, rotation keeps old keys valid, revocation is bounded."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from ledger import keys
+
+SECRET_A = "a" * 48
+SECRET_B = "b" * 48
+VENV_BIN = Path(__file__).resolve().parents[2] / ".venv" / "bin"
+
+
+def customer() -> str:
+    return "cust-" + uuid.uuid4().hex[:12]
+
+
+def issue(engine, signer, **kw):
+    return keys.issue_key(engine, signer, customer_id=kw.pop("customer_id", customer()), ttl=kw.pop("ttl", timedelta(days=30)), **kw)
+
+
+def refusal(verifier_or_signer, token: str, **kw) -> str:
+    check = getattr(verifier_or_signer, "verify", None) or verifier_or_signer.check
+    with pytest.raises(keys.KeyRefused) as refused:
+        check(token, **kw)
+    assert refused.value.message  # a person can act on it
+    return refused.value.code
+
+
+def test_an_issued_key_verifies_to_its_customer_and_tier(engine):
+    signer = keys.KeySigner([SECRET_A], "test")
+    issued = issue(engine, signer, tier="gold")
+    assert issued.token.startswith("sk_test_")
+    identity = keys.KeyVerifier(signer, engine, revocation_cache_s=0).verify(issued.token)
+    assert identity == issued.identity
+    assert identity.tier == "gold"
+
+
+def test_the_key_itself_is_never_stored(engine):
+    from sqlalchemy import text
+
+    issued = issue(engine, keys.KeySigner([SECRET_A], "test"))
+    signature = issued.token.rsplit(".", 1)[1]
+    with engine.connect() as conn:
+        row = conn.execute(text("SELECT row_to_json(k)::text FROM api_keys k WHERE key_id = :k"), {"k": issued.identity.key_id}).scalar()
+    assert issued.identity.key_id in row
+    assert signature not in row and issued.token not in row
+
+
+def test_each_failure_has_its_own_reason(engine):
+    signer = keys.KeySigner([SECRET_A], "test")
+    verifier = keys.KeyVerifier(signer, engine, revocation_cache_s=0)
+    good = issue(engine, signer).token
+
+    assert refusal(verifier, "not-a-key") == keys.MALFORMED
+    assert refusal(verifier, "") == keys.MALFORMED
+    assert refusal(verifier, "sk_test_" + "x" * 5000) == keys.MALFORMED
+    assert refusal(verifier, good.replace("sk_test_", "sk_live_", 1)) == keys.WRONG_ENVIRONMENT
+
+    prefix, payload_and_sig = good[: len("sk_test_12345678_")], good[len("sk_test_12345678_") :]
+    payload, sig = payload_and_sig.split(".")
+    altered = prefix + payload[:-2] + ("AA" if payload[-2:] != "AA" else "BB") + "." + sig
+    assert refusal(verifier, altered) == keys.TAMPERED
+    assert refusal(verifier, good[:-3]) == keys.TAMPERED
+
+    other = keys.KeySigner([SECRET_B], "test")
+    assert refusal(verifier, other.sign(keys.KeyIdentity("key_x", "c", "t", "test", datetime.now(timezone.utc), datetime.now(timezone.utc) + timedelta(days=1)))) == keys.WRONG_SECRET
+
+    forged_unknown = signer.sign(
+        keys.KeyIdentity("key_never_issued", "c", "t", "test", datetime.now(timezone.utc), datetime.now(timezone.utc) + timedelta(days=1))
+    )
+    assert refusal(verifier, forged_unknown) == keys.UNKNOWN
+
+
+def test_an_expired_key_is_refused_as_expired(engine):
+    signer = keys.KeySigner([SECRET_A], "test")
+    verifier = keys.KeyVerifier(signer, engine, revocation_cache_s=0)
+    issued = issue(engine, signer, ttl=timedelta(days=1))
+    assert verifier.verify(issued.token)
+    assert refusal(verifier, issued.token, now=datetime.now(timezone.utc) + timedelta(days=2)) == keys.EXPIRED
+
+
+def test_with_no_secret_every_key_is_refused_and_none_can_be_issued(engine):
+    signed = issue(engine, keys.KeySigner([SECRET_A], "test")).token
+    closed = keys.KeySigner([], "test")
+    assert refusal(closed, signed) == keys.NO_SECRET
+    with pytest.raises(keys.KeyRefused):
+        issue(engine, closed)
+
+
+def test_rotation_keeps_old_keys_valid_and_signs_with_the_newest(engine):
+    old_signer = keys.KeySigner([SECRET_A], "test")
+    old_key = issue(engine, old_signer).token
+    rotated = keys.KeySigner([SECRET_B, SECRET_A], "test")
+    verifier = keys.KeyVerifier(rotated, engine, revocation_cache_s=0)
+    assert verifier.verify(old_key)
+    new_key = issue(engine, rotated).token
+    assert verifier.verify(new_key)
+    # The new key is signed by B: a service that only knows A refuses it.
+    assert refusal(keys.KeyVerifier(old_signer, engine, revocation_cache_s=0), new_key) == keys.WRONG_SECRET
+    # Retiring A refuses keys signed by A with a reason that says so.
+    assert refusal(keys.KeyVerifier(keys.KeySigner([SECRET_B], "test"), engine, revocation_cache_s=0), old_key) == keys.WRONG_SECRET
+
+
+def test_revocation_takes_effect_within_the_cache_bound(engine):
+    signer = keys.KeySigner([SECRET_A], "test")
+    issued = issue(engine, signer)
+    bound_s = 0.5
+    verifier = keys.KeyVerifier(signer, engine, revocation_cache_s=bound_s)
+    assert verifier.verify(issued.token)
+    assert keys.revoke_key(engine, issued.identity.key_id, reason="laptop lost", operator="ops") is True
+    assert keys.revoke_key(engine, issued.identity.key_id, reason="again", operator="ops") is False
+    deadline = time.monotonic() + bound_s + 0.5
+    while time.monotonic() < deadline:
+        try:
+            verifier.verify(issued.token)
+        except keys.KeyRefused as refused:
+            assert refused.code == keys.REVOKED
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("a revoked key was still accepted after the revocation bound")
+    # A fresh instance refuses it at once.
+    assert refusal(keys.KeyVerifier(signer, engine, revocation_cache_s=60), issued.token) == keys.REVOKED
+
+
+def test_revoking_an_unknown_key_says_how_to_find_keys(engine):
+    with pytest.raises(Exception) as missing:
+        keys.revoke_key(engine, "key_nope", reason="x", operator="ops")
+    assert "specialists keys list" in str(missing.value)
+
+
+def test_invalid_customer_ids_are_refused_before_anything_is_written(engine):
+    with pytest.raises(Exception) as bad:
+        issue(engine, keys.KeySigner([SECRET_A], "test"), customer_id="Robert'); DROP TABLE customers;--")
+    assert getattr(bad.value, "code", "") == "customer_id_invalid"
+
+
+def run_cli(env, *args, stdin: str | None = None):
+    return subprocess.run([str(VENV_BIN / "specialists"), *args], env=env, input=stdin, capture_output=True, text=True, timeout=60)
+
+
+def test_the_operator_command_issues_lists_verifies_and_revokes_keys(service_env):
+    cust = customer()
+    issued = run_cli(service_env, "keys", "issue", "--customer", cust, "--tier", "gold", "--json")
+    assert issued.returncode == 0, issued.stderr
+    record = json.loads(issued.stdout)
+    token, key_id = record["key"], record["key_id"]
+
+    listed = run_cli(service_env, "keys", "list", "--customer", cust, "--json")
+    assert listed.returncode == 0
+    rows = json.loads(listed.stdout)
+    assert [r["key_id"] for r in rows] == [key_id]
+    assert token not in listed.stdout
+
+    human = run_cli(service_env, "keys", "list", "--customer", cust)
+    assert key_id in human.stdout and "customer_id" in human.stdout
+
+    assert run_cli(service_env, "keys", "verify", "--json", stdin=token + "\n").returncode == 0
+    revoked = run_cli(service_env, "keys", "revoke", key_id, "--reason", "rotation drill", "--json")
+    assert revoked.returncode == 0 and json.loads(revoked.stdout)["revoked"] is True
+    refused = run_cli(service_env, "keys", "verify", "--json", stdin=token + "\n")
+    assert refused.returncode == 1
+    assert json.loads(refused.stdout)["reason"] == keys.REVOKED
+
+
+def test_the_operator_command_fails_closed_without_a_secret_and_names_the_setting(service_env):
+    env = dict(service_env)
+    env.pop("SPECIALISTS_KEY_SIGNING_SECRETS")
+    result = run_cli(env, "keys", "issue", "--customer", customer())
+    assert result.returncode == 3
+    assert "SPECIALISTS_KEY_SIGNING_SECRETS" in result.stderr
+
+
+def test_a_short_secret_is_refused_at_start_up_without_echoing_it(service_env):
+    env = dict(service_env, SPECIALISTS_KEY_SIGNING_SECRETS="tooshort-secret-value")
+    result = run_cli(env, "keys", "list")
+    assert result.returncode == 3
+    assert "SPECIALISTS_KEY_MIN_SECRET_CHARS" in result.stderr
+    assert "tooshort-secret-value" not in result.stderr + result.stdout
+
+
+def test_a_schema_not_at_head_stops_the_command_with_the_fix(service_env, server_url):
+    from sqlalchemy import create_engine, text
+
+    from tests.conftest import _with_database
+
+    name = "specialists_cli_empty_" + uuid.uuid4().hex[:8]
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        env = dict(service_env, DATABASE_URL=_with_database(server_url, name))
+        result = run_cli(env, "keys", "list")
+        assert result.returncode == 4
+        assert "specialists db upgrade" in result.stderr
+        upgraded = run_cli(env, "db", "upgrade", "--json")
+        assert upgraded.returncode == 0, upgraded.stderr
+        assert run_cli(env, "keys", "list").returncode == 0
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        admin.dispose()
