@@ -96,6 +96,10 @@ class BudgetLimitsMismatch(BudgetError):
     code = "budget_limits_mismatch"
 
 
+class ReconcileRefused(BudgetError):
+    code = "reconcile_refused"
+
+
 class UsageEntryNotFound(BudgetError):
     code = "usage_entry_not_found"
 

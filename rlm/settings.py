@@ -33,15 +33,26 @@ class RLMSettings(BaseSettings):
     max_observation_chars: int = Field(4000, ge=200, le=200_000)
     observation_tail_chars: int = Field(1000, ge=0)
     max_answer_chars: int = Field(20_000, ge=100)
+    root_timeout_s: float = Field(300.0, gt=0)  # one root-model call, retries included
 
-    # Kernels (both): per-step wall clock, printed output kept, host-call deadline.
-    step_timeout_s: float = Field(60.0, gt=0, le=3600)
-    max_output_bytes: int = Field(65_536, ge=1024, le=16_777_216)
-    host_call_timeout_s: float = Field(300.0, gt=0)
-    # Monty only.
-    monty_max_memory_bytes: int = Field(268_435_456, ge=16_777_216)
-    monty_max_recursion_depth: int = Field(200, ge=10, le=10_000)
-    monty_max_suspensions: int = Field(100_000, ge=100)
+    # Kernels: the same names as rlm.kernels.base.KernelLimits (see kernel_limits()).
+    # Both kernels: seconds of execution per step, printed output and error text kept per step,
+    # each host call's own deadline, overrun host calls tolerated before refusing more.
+    step_timeout_s: float = Field(60.0, gt=0, le=86_400)
+    max_output_bytes: int = Field(65_536, ge=1024, le=1 << 30)
+    max_error_bytes: int = Field(8_192, ge=64, le=1 << 24)
+    host_call_timeout_s: float = Field(300.0, gt=0, le=86_400)
+    max_abandoned_host_calls: int = Field(4, ge=1, le=1024)
+    # Monty only: heap, stack depth, suspensions (host calls, lookups) per step and per checkout, sleep.
+    max_memory_bytes: int = Field(268_435_456, ge=1 << 20)
+    max_recursion_depth: int = Field(200, ge=10, le=100_000)
+    max_suspensions_per_step: int = Field(10_000, ge=1)
+    max_suspensions_per_checkout: int = Field(100_000, ge=2)
+    max_sleep_s_per_step: float = Field(10.0, gt=0)
+    # Host kernel only: grace after SIGINT before SIGKILL, address space, size of the restore point.
+    interrupt_grace_s: float = Field(2.0, gt=0, le=600)
+    host_max_address_space_bytes: int | None = Field(4_294_967_296, ge=64 << 20)
+    host_max_checkpoint_bytes: int = Field(268_435_456, ge=1024)
 
     # The corpus.
     max_files: int = Field(20_000, ge=1)
@@ -110,9 +121,18 @@ class RLMSettings(BaseSettings):
             raise ValueError("host_call_timeout_s must be at least subcall_timeout_s, or every sub-call could be cut off")
         if self.max_concurrency > self.max_batch_size:
             raise ValueError("max_concurrency cannot exceed max_batch_size")
+        if self.max_suspensions_per_checkout <= self.max_suspensions_per_step:
+            raise ValueError("max_suspensions_per_checkout must exceed max_suspensions_per_step")
         if self.max_file_bytes > self.max_total_bytes:
             raise ValueError("max_file_bytes cannot exceed max_total_bytes")
         return self
+
+    def kernel_limits(self) -> Any:
+        """The ``KernelLimits`` both kernels enforce, built from the fields of the same names."""
+        from rlm.kernels.base import KernelLimits  # the kernels package is optional at import time
+
+        names = KernelLimits.field_names()
+        return KernelLimits(**{name: getattr(self, name) for name in names if name in type(self).model_fields})
 
     @property
     def runs_dir(self) -> Path:

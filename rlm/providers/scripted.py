@@ -1,0 +1,184 @@
+"""A provider that replays a script file: root turns in order, sub-call answers matched by pattern.
+
+For tests and offline demos. The script is TOML or JSON (by extension):
+
+    model = "scripted"              # optional: the model name reported
+    default_answer = "NONE"         # optional: answer when no sub-call rule matches
+
+    [[root]]                        # served in order, one per root turn
+    code = "print(context.stats())" # a call of the python tool (omit for a text-only reply)
+    text = ""                       # optional assistant text
+
+    [[subcall]]                     # first rule whose pattern matches the request wins
+    pattern = 'limit\\s*=\\s*(\\d+)'  # regex searched in the prompt and context (DOTALL, MULTILINE)
+    answer = 'the limit is \\1'       # template: \\1, \\g<name> expand the match
+
+Any entry may also set ``usage = "unknown"`` or ``usage = {prompt_tokens = 1, completion_tokens = 2}``,
+``delay_s`` (seconds to wait before answering) and ``error`` (a provider failure to raise).
+Without ``usage``, tokens are estimated at 4 characters a token and the cost is 0
+unless the price table names the script's model. Calls are counted by purpose.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import tomllib
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from threading import Lock
+from typing import Any
+
+from rlm.errors import ProviderError, ScriptExhausted, ScriptInvalid
+from rlm.providers.base import Completion, PriceTable, ToolCall, Usage, estimate_tokens, message_chars
+
+ENTRY_KEYS = {"code", "text", "usage", "delay_s", "error"}
+RULE_KEYS = {"pattern", "answer", "usage", "delay_s", "error"}
+
+
+@dataclass(frozen=True)
+class _Entry:
+    code: str | None
+    text: str
+    usage: Any
+    delay_s: float
+    error: str | None
+
+
+@dataclass(frozen=True)
+class _Rule:
+    pattern: re.Pattern[str]
+    answer: str
+    usage: Any
+    delay_s: float
+    error: str | None
+
+
+class ScriptedProvider:
+    name = "scripted"
+
+    def __init__(self, script: dict[str, Any], *, prices: PriceTable | None = None, source: str = "<script>") -> None:
+        self.source = source
+        self.default_model = str(script.get("model", "scripted"))
+        self.default_answer: str | None = script.get("default_answer")
+        self.prices = prices or PriceTable()
+        unknown = set(script) - {"model", "default_answer", "root", "subcall"}
+        if unknown:
+            raise ScriptInvalid(f"{source}: unknown top-level keys {sorted(unknown)}")
+        self._root = [self._entry(i, e) for i, e in enumerate(script.get("root", []))]
+        self._rules = [self._rule(i, r) for i, r in enumerate(script.get("subcall", []))]
+        self._lock = Lock()
+        self._next_root = 0
+        self.calls: Counter[str] = Counter()
+
+    @classmethod
+    def from_file(cls, path: str | Path, *, prices: PriceTable | None = None) -> ScriptedProvider:
+        file = Path(path)
+        try:
+            raw = file.read_text()
+        except OSError as exc:
+            raise ScriptInvalid(f"script {file} cannot be read: {exc}") from None
+        try:
+            data = json.loads(raw) if file.suffix == ".json" else tomllib.loads(raw)
+        except ValueError as exc:
+            raise ScriptInvalid(f"script {file} is not valid {'JSON' if file.suffix == '.json' else 'TOML'}: {exc}") from None
+        if not isinstance(data, dict):
+            raise ScriptInvalid(f"script {file} must be a table/object at the top level")
+        return cls(data, prices=prices, source=str(file))
+
+    # ---------- validation ----------
+
+    def _entry(self, index: int, raw: Any) -> _Entry:
+        where = f"{self.source}: root turn {index + 1}"
+        if not isinstance(raw, dict) or set(raw) - ENTRY_KEYS:
+            raise ScriptInvalid(f"{where}: expected a table with keys among {sorted(ENTRY_KEYS)}")
+        if "code" not in raw and "text" not in raw and "error" not in raw:
+            raise ScriptInvalid(f"{where}: needs 'code', 'text' or 'error'")
+        return _Entry(raw.get("code"), str(raw.get("text", "")), _usage(where, raw.get("usage")),
+                      float(raw.get("delay_s", 0)), raw.get("error"))
+
+    def _rule(self, index: int, raw: Any) -> _Rule:
+        where = f"{self.source}: subcall rule {index + 1}"
+        if not isinstance(raw, dict) or set(raw) - RULE_KEYS or "pattern" not in raw:
+            raise ScriptInvalid(f"{where}: expected a table with 'pattern' and keys among {sorted(RULE_KEYS)}")
+        try:
+            pattern = re.compile(raw["pattern"], re.DOTALL | re.MULTILINE)
+        except re.error as exc:
+            raise ScriptInvalid(f"{where}: invalid pattern: {exc}") from None
+        if "answer" not in raw and "error" not in raw:
+            raise ScriptInvalid(f"{where}: needs 'answer' or 'error'")
+        return _Rule(pattern, str(raw.get("answer", "")), _usage(where, raw.get("usage")),
+                     float(raw.get("delay_s", 0)), raw.get("error"))
+
+    # ---------- serving ----------
+
+    @property
+    def root_turns_left(self) -> int:
+        return len(self._root) - self._next_root
+
+    def complete(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None,
+        model: str | None,
+        timeout_s: float,
+        purpose: str,
+    ) -> Completion:
+        with self._lock:
+            self.calls[purpose] += 1
+            if purpose == "root":
+                if self._next_root >= len(self._root):
+                    raise ScriptExhausted(
+                        f"{self.source} has only {len(self._root)} root turns and the session asked for another",
+                        billed=False,
+                    )
+                entry = self._root[self._next_root]
+                self._next_root += 1
+        if purpose == "root":
+            return self._serve(entry.code, entry.text, entry.usage, entry.delay_s, entry.error, messages, model)
+        request = "\n\n".join(m["content"] for m in messages if isinstance(m.get("content"), str))
+        for rule in self._rules:
+            match = rule.pattern.search(request)
+            if match:
+                return self._serve(None, match.expand(rule.answer), rule.usage, rule.delay_s, rule.error, messages, model)
+        if self.default_answer is not None:
+            return self._serve(None, self.default_answer, None, 0.0, None, messages, model)
+        raise ProviderError(f"{self.source}: no subcall rule matches this request and no default_answer is set",
+                            billed=False)
+
+    def _serve(self, code: str | None, text: str, usage: Any, delay_s: float, error: str | None,
+               messages: list[dict[str, Any]], model: str | None) -> Completion:
+        if delay_s:
+            time.sleep(delay_s)
+        if error:
+            raise ProviderError(f"scripted failure: {error}", billed=False)
+        model_id = model or self.default_model
+        calls = (ToolCall(id=f"call_{self.calls.total()}", name="python", code=code),) if code is not None else ()
+        if usage == "unknown":
+            reported = None
+        elif isinstance(usage, dict):
+            reported = Usage(usage["prompt_tokens"], usage["completion_tokens"],
+                             self._cost(model_id, usage["prompt_tokens"], usage["completion_tokens"]))
+        else:
+            prompt = estimate_tokens(message_chars(messages))
+            completion = estimate_tokens(len(text) + len(code or ""))
+            reported = Usage(prompt, completion, self._cost(model_id, prompt, completion))
+        return Completion(text=text, tool_calls=calls, usage=reported, model=model_id)
+
+    def _cost(self, model_id: str, prompt: int, completion: int) -> float:
+        # A replayed script costs nothing unless the price table says otherwise.
+        cost = self.prices.cost(model_id, prompt, completion)
+        return 0.0 if cost is None else cost
+
+
+def _usage(where: str, raw: Any) -> Any:
+    if raw is None or raw == "unknown":
+        return raw
+    if isinstance(raw, dict) and set(raw) == {"prompt_tokens", "completion_tokens"} and all(
+        isinstance(v, int) and v >= 0 for v in raw.values()
+    ):
+        return raw
+    raise ScriptInvalid(f"{where}: usage must be \"unknown\" or {{prompt_tokens = N, completion_tokens = N}}")
