@@ -9,9 +9,9 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from typing import Annotated
+from typing import Annotated, Literal
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,6 +66,129 @@ class Settings(BaseSettings):
                     f"at least {minimum} are required (SPECIALISTS_KEY_MIN_SECRET_CHARS)"
                 )
         return value
+
+    # --- dispatch and workers -------------------------------------------------
+    # Owned by workers/ (docs/WORKERS.md explains each bound).
+    dispatch_backend: Literal["embedded", "cloud_tasks"] = Field(
+        default="embedded",
+        description="How admitted jobs reach a worker: the embedded PostgreSQL queue or Cloud Tasks.",
+    )
+    dispatch_deadline_s: int = Field(
+        default=600,
+        ge=15,
+        le=1800,
+        description="Cloud Tasks dispatch deadline: how long one delivery may hold the worker request. "
+        "Must exceed every specialist deadline plus worker_cancel_grace_s.",
+    )
+    dispatch_max_body_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        le=100_000,
+        description="Largest signed job body a dispatcher sends and a worker reads "
+        "(the Cloud Tasks API caps a task at 100 KB; the job's input lives in PostgreSQL).",
+    )
+    dispatch_enqueue_timeout_s: float = Field(default=10.0, ge=1.0, le=60.0)
+    dispatch_worker_url: str = Field(
+        default="http://127.0.0.1:8081/jobs",
+        description="The private worker endpoint that dispatched jobs are delivered to.",
+    )
+    dispatch_service_account: str | None = Field(
+        default=None,
+        description="Service account whose OIDC token Cloud Tasks attaches, and the only one workers accept.",
+    )
+    cloud_tasks_project: str | None = None
+    cloud_tasks_location: str | None = None
+    cloud_tasks_queue: str | None = None
+    cloud_tasks_emulator_host: str | None = Field(
+        default=None,
+        description="host:port of a local Cloud Tasks emulator (insecure gRPC). Unset: Google's API.",
+    )
+
+    worker_audience: str = Field(
+        default="specialists-worker",
+        min_length=1,
+        max_length=500,
+        description="The worker service's audience (its Cloud Run URL in production); "
+        "both the OIDC token and the signed job body are bound to it.",
+    )
+    worker_job_min_secret_chars: int = Field(default=32, ge=16, le=1024)
+    worker_job_secrets: Annotated[list[SecretStr], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated secrets that sign job bodies, newest first. None: workers refuse every job.",
+    )
+    worker_job_max_age_s: int = Field(
+        default=3600,
+        ge=60,
+        le=30 * 24 * 3600,
+        description="Oldest signed job body a worker accepts; must cover the queue's retry window.",
+    )
+    worker_oidc_verify: bool = Field(
+        default=True,
+        description="Check the Cloud Tasks OIDC token. Turn off only on one machine (embedded dispatch or emulator).",
+    )
+    worker_oidc_certs_url: str = Field(default="https://www.googleapis.com/oauth2/v1/certs")
+    worker_oidc_certs_cache_s: float = Field(default=300.0, ge=0.0, le=86400.0)
+    worker_oidc_clock_skew_s: int = Field(default=10, ge=0, le=300)
+    worker_lease_s: float = Field(
+        default=30.0,
+        ge=1.0,
+        le=600.0,
+        description="How long a claim stays live without a heartbeat; past it a running job becomes unknown.",
+    )
+    worker_heartbeat_s: float = Field(
+        default=5.0,
+        ge=0.05,
+        le=200.0,
+        description="Lease renewal interval, at most a third of worker_lease_s; also the cancellation bound.",
+    )
+    worker_cancel_grace_s: float = Field(
+        default=5.0,
+        ge=0.0,
+        le=300.0,
+        description="How long a runner may take to stop after a cancel or its deadline before the job is finished without it.",
+    )
+    worker_max_concurrent_jobs: int = Field(default=4, ge=1, le=256)
+    worker_finish_attempts: int = Field(default=3, ge=1, le=20)
+
+    @field_validator("worker_job_secrets", mode="before")
+    @classmethod
+    def _split_worker_secrets(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @model_validator(mode="after")
+    def _dispatch_and_workers_consistent(self) -> "Settings":
+        for index, secret in enumerate(self.worker_job_secrets):
+            if len(secret.get_secret_value()) < self.worker_job_min_secret_chars:
+                raise ValueError(
+                    f"worker job secret #{index + 1} has {len(secret.get_secret_value())} characters; at least "
+                    f"{self.worker_job_min_secret_chars} are required (SPECIALISTS_WORKER_JOB_SECRETS)"
+                )
+        if self.worker_heartbeat_s * 3 > self.worker_lease_s:
+            raise ValueError(
+                f"worker_heartbeat_s ({self.worker_heartbeat_s}) must be at most a third of worker_lease_s "
+                f"({self.worker_lease_s}) so that two lost heartbeats do not lose the lease; lower "
+                "SPECIALISTS_WORKER_HEARTBEAT_S or raise SPECIALISTS_WORKER_LEASE_S"
+            )
+        if self.dispatch_backend == "cloud_tasks":
+            missing = [
+                name
+                for name in ("cloud_tasks_project", "cloud_tasks_location", "cloud_tasks_queue", "dispatch_service_account")
+                if not getattr(self, name)
+            ]
+            if missing:
+                raise ValueError(
+                    "dispatch_backend is cloud_tasks but "
+                    + ", ".join(f"SPECIALISTS_{name.upper()}" for name in missing)
+                    + " is not set"
+                )
+            if not self.worker_oidc_verify and not self.cloud_tasks_emulator_host:
+                raise ValueError(
+                    "SPECIALISTS_WORKER_OIDC_VERIFY=false is only allowed on one machine (embedded dispatch or "
+                    "the local emulator); with real Cloud Tasks the OIDC token must be checked"
+                )
+        return self
 
     @property
     def embedded(self) -> bool:
