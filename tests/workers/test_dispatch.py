@@ -145,7 +145,7 @@ class _Recorder(http.server.BaseHTTPRequestHandler):
 def test_the_real_client_enqueues_through_the_emulator_and_the_request_arrives_with_body_and_headers(emulator) -> None:
     _Recorder.received = []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         settings = cloud_tasks_settings(emulator.host, worker_oidc_verify=False)
         body = JobSigner.from_settings(settings).sign(job_id="job-emu-1", specialist_id="scripted", deadline_s=5)
