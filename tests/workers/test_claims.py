@@ -1,0 +1,218 @@
+"""Claims against real PostgreSQL: at most one run per job, leases, fencing, unknown outcomes."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+
+import pytest
+from sqlalchemy import Engine, text
+
+from workers import claims
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def new_job_id() -> str:
+    return "job-" + secrets.token_hex(8)
+
+
+def at_once(count: int, action) -> list:
+    """Run ``action(i)`` in ``count`` threads released together; return their results."""
+    barrier = threading.Barrier(count)
+    results: list = [None] * count
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = action(i)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors, errors
+    return results
+
+
+def do(engine: Engine, fn, *args, **kwargs):
+    with engine.begin() as conn:
+        return fn(conn, *args, **kwargs)
+
+
+def test_a_new_job_is_claimed_with_token_one_and_a_live_lease(engine: Engine) -> None:
+    job = new_job_id()
+    result = do(engine, claims.claim, job, worker_id="w1", lease_s=30)
+    assert result.outcome == "claimed"
+    assert result.fencing_token == 1
+    with engine.connect() as conn:
+        row = claims.get(conn, job)
+        alive = conn.execute(text("SELECT lease_expires_at > clock_timestamp() FROM job_claims WHERE job_id=:j"), {"j": job}).scalar()
+    assert row["state"] == "running" and row["worker_id"] == "w1" and alive
+
+
+def test_five_concurrent_deliveries_of_one_job_claim_it_exactly_once(engine: Engine) -> None:
+    for _ in range(10):  # several rounds: a race that loses once in a while must still be caught
+        job = new_job_id()
+        results = at_once(5, lambda i: do(engine, claims.claim, job, worker_id=f"w{i}", lease_s=30))
+        outcomes = sorted(r.outcome for r in results)
+        assert outcomes == ["busy", "busy", "busy", "busy", "claimed"]
+        with engine.connect() as conn:
+            row = claims.get(conn, job)
+        assert row["fencing_token"] == 1 and row["claims"] == 1 and row["deliveries"] == 5
+
+
+def test_a_delivery_during_a_live_lease_is_told_when_to_retry(engine: Engine) -> None:
+    job = new_job_id()
+    do(engine, claims.claim, job, worker_id="w1", lease_s=20)
+    busy = do(engine, claims.claim, job, worker_id="w2", lease_s=20)
+    assert busy.outcome == "busy"
+    assert 15 < busy.retry_after_s <= 20
+
+
+def test_an_expired_lease_becomes_unknown_and_the_job_never_runs_again(engine: Engine) -> None:
+    job = new_job_id()
+    do(engine, claims.claim, job, worker_id="crashed", lease_s=0.2)
+    time.sleep(0.3)
+    results = at_once(5, lambda i: do(engine, claims.claim, job, worker_id=f"w{i}", lease_s=30))
+    assert {r.outcome for r in results} == {"lease_expired_unknown"}
+    assert sum(r.newly_unknown for r in results) == 1  # exactly one delivery marks it (and the ledger)
+    later = do(engine, claims.claim, job, worker_id="w9", lease_s=30)
+    assert later.outcome == "lease_expired_unknown" and not later.newly_unknown
+    with engine.connect() as conn:
+        row = claims.get(conn, job)
+        unknown = claims.list_unknown(conn, limit=10_000)
+    assert row["state"] == "unknown" and row["claims"] == 1 and "crashed" in row["unknown_reason"]
+    assert job in {u["job_id"] for u in unknown}
+
+
+def test_a_stale_fencing_token_cannot_finish_and_is_recorded_for_operators(engine: Engine) -> None:
+    job = new_job_id()
+    first = do(engine, claims.claim, job, worker_id="old", lease_s=30)
+    assert do(engine, claims.release, job, fencing_token=first.fencing_token)
+    second = do(engine, claims.claim, job, worker_id="new", lease_s=30)
+    assert second.outcome == "claimed" and second.fencing_token == 2
+
+    stale = do(engine, claims.finish, job, fencing_token=1, outcome="completed", detail={"r": "old"}, worker_id="old")
+    assert stale.outcome == "stale" and not stale.accepted
+    current = do(engine, claims.finish, job, fencing_token=2, outcome="failed", detail=None, worker_id="new")
+    assert current.accepted
+    with engine.connect() as conn:
+        row = claims.get(conn, job)
+        reports = claims.list_stale_reports(conn, job)
+    assert row["outcome"] == "failed"
+    assert [(r["fencing_token"], r["current_token"], r["outcome"], r["worker_id"]) for r in reports] == [
+        (1, 2, "completed", "old")
+    ]
+
+
+def test_only_one_of_two_racing_finishes_is_accepted(engine: Engine) -> None:
+    job = new_job_id()
+    token = do(engine, claims.claim, job, worker_id="w", lease_s=30).fencing_token
+    results = at_once(
+        2,
+        lambda i: do(
+            engine, claims.finish, job, fencing_token=token, outcome=("completed", "failed")[i], detail=None, worker_id="w"
+        ),
+    )
+    assert sorted(r.outcome for r in results) == ["finished", "stale"]
+
+
+def test_a_result_arriving_after_the_lease_expired_is_refused_and_the_job_is_unknown(engine: Engine) -> None:
+    job = new_job_id()
+    token = do(engine, claims.claim, job, worker_id="slow", lease_s=0.2).fencing_token
+    time.sleep(0.3)
+    late = do(engine, claims.finish, job, fencing_token=token, outcome="completed", detail={"x": 1}, worker_id="slow")
+    assert late.outcome == "stale" and late.state == "unknown"
+    with engine.connect() as conn:
+        row = claims.get(conn, job)
+        reports = claims.list_stale_reports(conn, job)
+    assert row["state"] == "unknown"
+    assert reports[0]["outcome"] == "completed" and "expired" in reports[0]["reason"]  # the late result is kept
+
+
+def test_a_retried_finish_of_the_same_outcome_is_accepted_again_but_another_outcome_is_not(engine: Engine) -> None:
+    job = new_job_id()
+    token = do(engine, claims.claim, job, worker_id="w", lease_s=30).fencing_token
+    args = dict(fencing_token=token, outcome="completed", detail={"n": 1}, worker_id="w")
+    assert do(engine, claims.finish, job, **args).outcome == "finished"
+    assert do(engine, claims.finish, job, **args).outcome == "already_finished"
+    other = do(engine, claims.finish, job, **{**args, "outcome": "failed"})
+    assert other.outcome == "stale"
+
+
+def test_a_delivery_of_a_finished_job_gets_the_stored_outcome(engine: Engine) -> None:
+    job = new_job_id()
+    token = do(engine, claims.claim, job, worker_id="w", lease_s=30).fencing_token
+    do(engine, claims.finish, job, fencing_token=token, outcome="completed", detail={"answer": 42}, worker_id="w")
+    again = do(engine, claims.claim, job, worker_id="w2", lease_s=30)
+    assert again.outcome == "finished"
+    assert again.job_outcome == "completed" and again.job_outcome_detail == {"answer": 42}
+
+
+def test_renewal_extends_the_lease_and_carries_a_cancel_request(engine: Engine) -> None:
+    job = new_job_id()
+    token = do(engine, claims.claim, job, worker_id="w", lease_s=0.5).fencing_token
+    for _ in range(4):  # outlives the first lease only because it is renewed
+        time.sleep(0.2)
+        renewed = do(engine, claims.renew, job, fencing_token=token, lease_s=0.5)
+        assert renewed.outcome == "renewed" and not renewed.cancel_requested
+    assert do(engine, claims.request_cancel, job, reason="customer asked") == "cancel_requested"
+    renewed = do(engine, claims.renew, job, fencing_token=token, lease_s=0.5)
+    assert renewed.outcome == "renewed" and renewed.cancel_requested
+
+
+def test_renewal_with_a_stale_token_is_fenced_and_after_expiry_the_job_is_unknown(engine: Engine) -> None:
+    job = new_job_id()
+    token = do(engine, claims.claim, job, worker_id="w", lease_s=0.2).fencing_token
+    assert do(engine, claims.renew, job, fencing_token=token + 1, lease_s=30).outcome == "fenced"
+    time.sleep(0.3)
+    assert do(engine, claims.renew, job, fencing_token=token, lease_s=30).outcome == "expired"
+    assert do(engine, claims.claim, job, worker_id="w2", lease_s=30).outcome == "lease_expired_unknown"
+
+
+def test_a_job_canceled_before_any_claim_never_runs(engine: Engine) -> None:
+    job = new_job_id()
+    assert do(engine, claims.request_cancel, job, reason="customer asked") == "canceled_before_claim"
+    delivery = do(engine, claims.claim, job, worker_id="w", lease_s=30)
+    assert delivery.outcome == "finished" and delivery.job_outcome == "canceled" and delivery.fencing_token == 0
+
+
+def test_an_operator_resolves_an_unknown_job_once_with_a_reason(engine: Engine) -> None:
+    job = new_job_id()
+    do(engine, claims.claim, job, worker_id="w", lease_s=0.1)
+    time.sleep(0.2)
+    do(engine, claims.claim, job, worker_id="w2", lease_s=30)
+    with pytest.raises(claims.ClaimError) as refused:
+        do(engine, claims.resolve_unknown, job, outcome="completed", reason=" ", operator="ops")
+    assert refused.value.code == "reason_required"
+    assert do(engine, claims.resolve_unknown, job, outcome="completed", reason="logs show it ran", operator="ops")
+    assert not do(engine, claims.resolve_unknown, job, outcome="failed", reason="again", operator="ops")
+    delivery = do(engine, claims.claim, job, worker_id="w3", lease_s=30)
+    assert delivery.outcome == "finished" and delivery.job_outcome_detail["resolved_by"] == "ops"
+
+
+def test_a_finish_rolled_back_with_its_settlement_leaves_the_claim_running(engine: Engine) -> None:
+    """The seam for exactly-once settlement: finish and settle share the caller's transaction."""
+    job = new_job_id()
+    token = do(engine, claims.claim, job, worker_id="w", lease_s=30).fencing_token
+    with pytest.raises(RuntimeError):
+        with engine.begin() as conn:
+            assert claims.finish(conn, job, fencing_token=token, outcome="completed", detail=None, worker_id="w").accepted
+            raise RuntimeError("the settlement failed")
+    with engine.connect() as conn:
+        assert claims.get(conn, job)["state"] == "running"
+    assert do(engine, claims.finish, job, fencing_token=token, outcome="completed", detail=None, worker_id="w").accepted
+
+
+def test_the_database_refuses_impossible_claim_rows(engine: Engine) -> None:
+    with pytest.raises(Exception, match="check"):
+        with engine.begin() as conn:
+            conn.execute(
+                text("INSERT INTO job_claims (job_id, state, fencing_token, claims) VALUES ('j-bad', 'running', 1, 1)")
+            )  # running without a lease
