@@ -48,6 +48,91 @@ class Settings(BaseSettings):
         description="How long an instance may trust a key's revocation status: the revocation bound.",
     )
 
+    # --- A2A edge -------------------------------------------------------------
+    # Every bound the edge enforces. docs/A2A_EDGE.md lists them for customers.
+    edge_host: str = Field(default="127.0.0.1", description="Interface the edge listens on.")
+    edge_port: int = Field(default=8080, ge=1, le=65535, description="TCP port the edge listens on.")
+    edge_public_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^\s/]+(/[^\s]*)?$",
+        description="Base URL customers reach the edge at (put in Agent Cards). Unset: http://edge_host:edge_port.",
+    )
+    specs_dir: Path = Field(
+        default=PROJECT_ROOT / "specs", description="Folder of specialist specs (one YAML file each)."
+    )
+    max_request_body_bytes: int = Field(
+        default=2 * 1024 * 1024,
+        ge=1024,
+        le=64 * 1024 * 1024,
+        description="Largest HTTP request body accepted; refused with 413 before it is read whole.",
+    )
+    max_message_id_chars: int = Field(
+        default=256, ge=8, le=1024, description="Longest A2A messageId accepted (it is the idempotency key)."
+    )
+    anonymous_free_skills: bool = Field(
+        default=False,
+        description="Serve callers without a key, only for specialists whose tariff is 0.",
+    )
+    rate_limit_window_s: int = Field(
+        default=60, ge=1, le=3600, description="Length of the fixed rate-limit window, counted in PostgreSQL."
+    )
+    rate_limit_per_key: int = Field(
+        default=600, ge=1, le=10_000_000, description="A2A requests one key may make per window."
+    )
+    rate_limit_anonymous_per_address: int = Field(
+        default=60, ge=1, le=10_000_000, description="A2A requests one client address may make per window without a key."
+    )
+    rate_limit_global: int = Field(
+        default=60_000,
+        ge=1,
+        le=100_000_000,
+        description="A2A requests all callers together may make per window, across every instance.",
+    )
+    blocking_wait_max_s: float = Field(
+        default=60.0,
+        ge=1.0,
+        le=900.0,
+        description="How long a blocking SendMessage waits for the task to finish or ask for input.",
+    )
+    max_open_streams: int = Field(
+        default=500, ge=1, le=100_000, description="Streams (SendStreamingMessage, subscribe) one instance serves at once."
+    )
+    sse_ping_interval_s: float = Field(
+        default=3.0,
+        ge=0.5,
+        le=60.0,
+        description="Keep-alive comment interval on event streams; below the a2a-sdk client's 5 s default timeout.",
+    )
+    event_poll_interval_s: float = Field(
+        default=1.0,
+        ge=0.05,
+        le=30.0,
+        description="Fallback poll of the task event log when a PostgreSQL notification is missed.",
+    )
+    card_max_age_s: int = Field(
+        default=300, ge=0, le=86_400, description="Cache-Control max-age of Agent Cards and the specialist list."
+    )
+    runner_enabled: bool = Field(
+        default=True, description="Run the in-process runner for built-in executors (conformance) in this process."
+    )
+    runner_concurrency: int = Field(
+        default=16, ge=1, le=1024, description="Tasks the in-process runner executes at once in this process."
+    )
+    runner_drain_s: float = Field(
+        default=5.0, ge=0.0, le=300.0, description="On shutdown, how long running tasks may finish before they are stopped."
+    )
+    conformance_hold_working_s: float = Field(
+        default=4.0,
+        ge=0.0,
+        le=60.0,
+        description="How long the conformance specialist keeps `test-resubscribe-message-id` tasks working.",
+    )
+    log_level: str = Field(default="INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
+
+    @property
+    def public_url(self) -> str:
+        return (self.edge_public_url or f"http://{self.edge_host}:{self.edge_port}").rstrip("/")
+
     @field_validator("key_signing_secrets", mode="before")
     @classmethod
     def _split_secrets(cls, value: object) -> object:
