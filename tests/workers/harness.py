@@ -1,0 +1,119 @@
+"""Serving an ASGI app on 127.0.0.1 in a thread, and a worker set up for tests (real HTTP, real PostgreSQL)."""
+
+from __future__ import annotations
+
+import collections
+import socket
+import threading
+import time
+from typing import Any
+
+import httpx
+import uvicorn
+from sqlalchemy import Engine
+
+from core.settings import Settings
+from tests.workers.conftest import WORKER_SECRET
+from workers.auth import JobSigner
+from workers.runner import ScriptedRunner, ScriptStep
+from workers.server import JOBS_PATH, create_worker_app
+from workers.service import build_worker_service
+
+
+class Served:
+    """An app served by uvicorn on a free loopback port until the block ends."""
+
+    def __init__(self, app: Any) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> "Served":
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert self.server.started, "uvicorn did not start"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+
+def worker_settings(database_url: str, **overrides: Any) -> Settings:
+    options: dict[str, Any] = dict(
+        database_url=database_url,
+        worker_job_secrets=[WORKER_SECRET],
+        worker_oidc_verify=False,
+        worker_lease_s=1.0,
+        worker_heartbeat_s=0.2,
+        worker_cancel_grace_s=0.5,
+    )
+    options.update(overrides)
+    return Settings(**options)
+
+
+class StepLog:
+    """Records every scripted step a worker starts, so a test can count real runs."""
+
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, int, str]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, job_id: str, index: int, step: ScriptStep) -> None:
+        with self._lock:
+            self.steps.append((job_id, index, step.op))
+
+    def runs(self, job_id: str) -> int:
+        return sum(1 for j, index, _ in self.steps if j == job_id and index == 0)
+
+    def wait_for_run(self, job_id: str, timeout_s: float = 10) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.runs(job_id) == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert self.runs(job_id), f"job {job_id} never started"
+
+
+class TestWorker:
+    """A worker app with a scripted runner, served on loopback."""
+
+    __test__ = False  # not a test class
+
+    def __init__(self, settings: Settings, engine: Engine, **service_options: Any) -> None:
+        self.settings = settings
+        self.log = StepLog()
+        runners = service_options.pop("runners", None) or {"scripted": ScriptedRunner(on_step=self.log)}
+        self.service = build_worker_service(settings, engine, runners=runners, **service_options)
+        self.served = Served(create_worker_app(self.service))
+        self.signer = JobSigner.from_settings(settings)
+        self.counter = collections.Counter()
+
+    def __enter__(self) -> "TestWorker":
+        self.served.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.served.__exit__(*exc)
+
+    @property
+    def jobs_url(self) -> str:
+        return self.served.url + JOBS_PATH
+
+    def body(self, job_id: str, steps: list[dict[str, Any]], *, deadline_s: float = 30, specialist_id: str = "scripted") -> bytes:
+        return self.signer.sign(
+            job_id=job_id, specialist_id=specialist_id, deadline_s=deadline_s, payload={"script": {"steps": steps}}
+        )
+
+    def post(self, body: bytes, *, headers: dict[str, str] | None = None, timeout_s: float = 30) -> httpx.Response:
+        return httpx.post(
+            self.jobs_url,
+            content=body,
+            headers={"Content-Type": "application/vnd.specialists.job", **(headers or {})},
+            timeout=timeout_s,
+        )

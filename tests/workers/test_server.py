@@ -1,0 +1,251 @@
+"""The worker endpoint over real HTTP on 127.0.0.1 against real PostgreSQL."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from sqlalchemy import Connection, Engine, text
+
+from tests.workers.conftest import SERVICE_ACCOUNT
+from tests.workers.harness import TestWorker, worker_settings
+from tests.workers.oidc_issuer import CertsEndpoint, LocalKey, cloud_tasks_claims
+from workers import claims
+from workers.auth import JobSigner
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def new_job_id() -> str:
+    return "job-" + secrets.token_hex(8)
+
+
+def claim_row(engine: Engine, job_id: str) -> dict | None:
+    with engine.connect() as conn:
+        return claims.get(conn, job_id)
+
+
+@pytest.fixture
+def worker(database_url: str, engine: Engine):
+    with TestWorker(worker_settings(database_url), engine) as served:
+        yield served
+
+
+def test_a_signed_delivery_runs_the_job_and_answers_its_outcome(worker: TestWorker, engine: Engine) -> None:
+    job = new_job_id()
+    answer = worker.post(worker.body(job, [{"op": "progress", "text": "reading"}, {"op": "artifact", "text": "report"},
+                                           {"op": "complete", "text": "all good"}]))
+    assert answer.status_code == 200
+    assert answer.json()["code"] == "job_finished" and answer.json()["outcome"] == "completed"
+    row = claim_row(engine, job)
+    assert row["state"] == "finished" and row["outcome"] == "completed"
+    assert row["outcome_detail"]["artifacts"] == [{"name": "artifact-1", "text": "report"}]
+
+
+def test_the_same_job_delivered_five_times_at_once_runs_once(worker: TestWorker, engine: Engine) -> None:
+    job = new_job_id()
+    body = worker.body(job, [{"op": "sleep", "seconds": 0.5}, {"op": "complete", "text": "once"}])
+    barrier = threading.Barrier(5)
+
+    def deliver(_: int):
+        barrier.wait()
+        return worker.post(body)
+
+    with ThreadPoolExecutor(5) as pool:
+        answers = list(pool.map(deliver, range(5)))
+    codes = sorted(a.json()["code"] for a in answers)
+    assert codes == ["job_busy"] * 4 + ["job_finished"]
+    for busy in (a for a in answers if a.json()["code"] == "job_busy"):
+        assert busy.status_code == 503 and 1 <= int(busy.headers["Retry-After"]) <= 2
+    assert worker.log.runs(job) == 1
+    again = worker.post(body)  # a later redelivery gets the stored outcome, and nothing runs
+    assert again.status_code == 200 and again.json()["code"] == "job_already_finished"
+    assert again.json()["outcome"] == "completed" and again.json()["record"]["message"] == "once"
+    assert worker.log.runs(job) == 1
+    assert claim_row(engine, job)["deliveries"] == 6
+
+
+@pytest.mark.parametrize(
+    ("make_body", "code", "status"),
+    [
+        (lambda w, job: JobSigner(["someone-elses-secret-" + "q" * 30], audience="specialists-worker", max_age_s=60)
+         .sign(job_id=job, specialist_id="scripted", deadline_s=5), "job_body_unknown_secret", 401),
+        (lambda w, job: w.body(job, [])[:-3] + b"AAA", "job_body_tampered", 401),
+        (lambda w, job: JobSigner([w.settings.worker_job_secrets[0].get_secret_value()], audience="another-worker",
+                                  max_age_s=60).sign(job_id=job, specialist_id="scripted", deadline_s=5),
+         "job_body_wrong_audience", 403),
+        (lambda w, job: b'{"job_id": "%s"}' % job.encode(), "job_body_malformed", 401),
+    ],
+)
+def test_forged_or_tampered_deliveries_are_refused_and_claim_nothing(worker, engine, make_body, code, status) -> None:
+    job = new_job_id()
+    answer = worker.post(make_body(worker, job))
+    assert (answer.status_code, answer.json()["code"]) == (status, code)
+    assert job not in answer.text  # a refusal says nothing about the job
+    assert claim_row(engine, job) is None
+
+
+def test_the_job_id_comes_from_the_body_never_from_headers(worker: TestWorker, engine: Engine) -> None:
+    job, other = new_job_id(), new_job_id()
+    answer = worker.post(
+        worker.body(job, [{"op": "complete"}]),
+        headers={"X-CloudTasks-TaskName": other, "X-Job-Id": other, "X-CloudTasks-TaskRetryCount": "0"},
+    )
+    assert answer.json()["job_id"] == job
+    assert claim_row(engine, job)["state"] == "finished" and claim_row(engine, other) is None
+
+
+def test_an_oversized_body_is_refused_before_it_is_read(database_url: str, engine: Engine) -> None:
+    with TestWorker(worker_settings(database_url, dispatch_max_body_bytes=1024), engine) as small:
+        answer = small.post(b"v1." + b"x" * 5000)
+    assert answer.status_code == 413 and answer.json()["code"] == "job_body_too_large"
+
+
+def test_a_specialist_this_worker_does_not_serve_is_refused_without_a_claim(worker: TestWorker, engine: Engine) -> None:
+    job = new_job_id()
+    answer = worker.post(worker.body(job, [], specialist_id="reviewer"))
+    assert answer.status_code == 404 and answer.json()["code"] == "specialist_not_served"
+    assert claim_row(engine, job) is None
+
+
+def test_a_running_job_keeps_its_lease_beyond_the_first_lease_by_heartbeats(worker: TestWorker, engine: Engine) -> None:
+    job = new_job_id()
+    answer = worker.post(worker.body(job, [{"op": "sleep", "seconds": 2.5}, {"op": "complete"}]))  # lease is 1 s
+    assert answer.json()["code"] == "job_finished"
+    row = claim_row(engine, job)
+    assert row["state"] == "finished" and row["fencing_token"] == 1 and row["renewed_at"] is not None
+
+
+def test_a_cancel_from_any_instance_stops_the_running_job_within_one_heartbeat(worker: TestWorker, engine: Engine) -> None:
+    job = new_job_id()
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(worker.post, worker.body(job, [{"op": "sleep", "seconds": 20}, {"op": "complete"}]))
+        worker.log.wait_for_run(job)
+        with engine.begin() as conn:  # what an API instance does: one call, no knowledge of the worker
+            assert claims.request_cancel(conn, job, reason="the customer cancelled") == "cancel_requested"
+        asked_at = time.monotonic()
+        answer = pending.result(timeout=10)
+    stopped_after_s = time.monotonic() - asked_at
+    assert answer.json()["outcome"] == "canceled"
+    assert stopped_after_s < worker.settings.worker_heartbeat_s + 0.5  # the stated bound: one heartbeat (+ margin)
+    assert claim_row(engine, job)["outcome"] == "canceled"
+
+
+def test_the_specialists_deadline_stops_the_job_and_fails_it(worker: TestWorker, engine: Engine) -> None:
+    job = new_job_id()
+    started = time.monotonic()
+    answer = worker.post(worker.body(job, [{"op": "sleep", "seconds": 20}], deadline_s=0.6))
+    assert time.monotonic() - started < 3
+    assert answer.json()["outcome"] == "failed" and "deadline of 0.6 s" in answer.json()["record"]["message"]
+
+
+def test_a_specialist_that_ignores_cancellation_is_abandoned_after_the_grace(worker: TestWorker, engine: Engine) -> None:
+    job = new_job_id()
+    started = time.monotonic()
+    answer = worker.post(worker.body(job, [{"op": "stubborn_sleep", "seconds": 3}], deadline_s=0.3))
+    elapsed_s = time.monotonic() - started
+    assert elapsed_s < 0.3 + 0.5 + 0.2 + 0.5  # deadline + grace + one heartbeat, with margin
+    assert answer.json()["outcome"] == "failed" and "did not stop within worker_cancel_grace_s" in answer.json()["record"]["message"]
+
+
+def test_a_crashing_or_failing_specialist_finishes_the_job_as_failed(worker: TestWorker, engine: Engine) -> None:
+    crashed, failed = new_job_id(), new_job_id()
+    assert worker.post(worker.body(crashed, [{"op": "raise", "text": "boom"}])).json()["outcome"] == "failed"
+    answer = worker.post(worker.body(failed, [{"op": "fail", "text": "the rule does not apply"}]))
+    assert answer.json()["outcome"] == "failed" and answer.json()["record"]["message"] == "the rule does not apply"
+    assert claim_row(engine, crashed)["outcome_detail"]["detail"] == {"error": "RuntimeError"}
+
+
+def test_a_full_worker_asks_for_a_retry_without_claiming(database_url: str, engine: Engine) -> None:
+    with TestWorker(worker_settings(database_url, worker_max_concurrent_jobs=1), engine) as single:
+        busy_job, refused_job = new_job_id(), new_job_id()
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(single.post, single.body(busy_job, [{"op": "sleep", "seconds": 1}]))
+            single.log.wait_for_run(busy_job)
+            answer = single.post(single.body(refused_job, [{"op": "complete"}]))
+            pending.result(timeout=10)
+    assert answer.status_code == 503 and answer.json()["code"] == "worker_at_capacity" and "Retry-After" in answer.headers
+    assert claim_row(engine, refused_job) is None
+
+
+class RecordingSettlement:
+    """Writes settlements and unknown marks into a table, on the connection it is given."""
+
+    def __init__(self, engine: Engine) -> None:
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE IF NOT EXISTS test_settlements (job_id text, kind text, token bigint)"))
+
+    def settle(self, conn: Connection, job, fencing_token, outcome) -> None:
+        conn.execute(text("INSERT INTO test_settlements VALUES (:j, 'settle', :t)"), {"j": job.job_id, "t": fencing_token})
+
+    def mark_unknown(self, conn: Connection, job, claim) -> None:
+        conn.execute(text("INSERT INTO test_settlements VALUES (:j, 'unknown', :t)"), {"j": job.job_id, "t": claim.fencing_token})
+
+
+def settlements(engine: Engine, job_id: str) -> list[tuple[str, int]]:
+    with engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(text("SELECT kind, token FROM test_settlements WHERE job_id = :j"), {"j": job_id})]
+
+
+def test_a_finished_job_is_settled_once_whatever_the_redeliveries(database_url: str, engine: Engine) -> None:
+    with TestWorker(worker_settings(database_url), engine, settlement=RecordingSettlement(engine)) as w:
+        job = new_job_id()
+        body = w.body(job, [{"op": "sleep", "seconds": 0.3}, {"op": "complete"}])
+        with ThreadPoolExecutor(5) as pool:
+            list(pool.map(lambda _: w.post(body), range(5)))
+        w.post(body)
+    assert settlements(engine, job) == [("settle", 1)]
+
+
+def test_a_worker_that_lost_its_lease_stops_and_its_late_result_moves_no_money(database_url: str, engine: Engine) -> None:
+    with TestWorker(worker_settings(database_url), engine, settlement=RecordingSettlement(engine)) as w:
+        job = new_job_id()
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(w.post, w.body(job, [{"op": "sleep", "seconds": 20}]))
+            w.log.wait_for_run(job)
+            with engine.begin() as conn:  # the worker stalls past its lease (a pause, a partition): simulate it
+                conn.execute(text("UPDATE job_claims SET lease_expires_at = clock_timestamp() WHERE job_id = :j"), {"j": job})
+            answer = pending.result(timeout=10)
+    assert answer.json()["code"] == "job_result_stale"
+    row = claim_row(engine, job)
+    assert row["state"] == "unknown"
+    with engine.connect() as conn:
+        assert [r["worker_id"] for r in claims.list_stale_reports(conn, job)] == [w.service.worker_id]
+    assert settlements(engine, job) == []
+
+
+def test_the_delivery_that_finds_an_expired_lease_marks_it_unknown_in_the_same_transaction(database_url, engine) -> None:
+    job = new_job_id()
+    with engine.begin() as conn:
+        claims.claim(conn, job, worker_id="crashed-worker", lease_s=0.1)
+    time.sleep(0.2)
+    with TestWorker(worker_settings(database_url), engine, settlement=RecordingSettlement(engine)) as w:
+        body = w.body(job, [{"op": "complete"}])
+        first, second = w.post(body), w.post(body)
+    assert first.json()["code"] == second.json()["code"] == "job_outcome_unknown"
+    assert w.log.runs(job) == 0
+    assert settlements(engine, job) == [("unknown", 1)]
+
+
+def test_with_oidc_on_a_delivery_needs_a_valid_cloud_tasks_token(database_url: str, engine: Engine) -> None:
+    key = LocalKey("google-key")
+    with CertsEndpoint([key]) as certs:
+        settings = worker_settings(
+            database_url, worker_oidc_verify=True, worker_oidc_certs_url=certs.url,
+            dispatch_service_account=SERVICE_ACCOUNT, worker_audience="https://worker.test",
+        )
+        with TestWorker(settings, engine) as w:
+            job = new_job_id()
+            body = w.body(job, [{"op": "complete"}])
+            missing = w.post(body)
+            wrong = w.post(body, headers={"Authorization": "Bearer " + key.token(
+                **cloud_tasks_claims("https://worker.test", "intruder@evil.iam.gserviceaccount.com"))})
+            assert claim_row(engine, job) is None
+            good = w.post(body, headers={"Authorization": "Bearer " + key.token(
+                **cloud_tasks_claims("https://worker.test", SERVICE_ACCOUNT))})
+    assert (missing.status_code, missing.json()["code"]) == (401, "oidc_token_missing")
+    assert (wrong.status_code, wrong.json()["code"]) == (403, "oidc_wrong_service_account")
+    assert good.json()["code"] == "job_finished"

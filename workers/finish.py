@@ -1,0 +1,95 @@
+"""Finishing a job: the fenced claim finish and, in the same transaction, the settlement seam.
+
+``Finisher`` is what the worker endpoint calls once a run is over. ``ClaimFinisher``
+finishes the claim (fenced by the token) and, only when that is accepted for the
+first time, calls ``Settlement.settle`` on the same connection, so the claim's
+final state and the money commit together or not at all. A stale claim's result
+is recorded for operators by the claim function and moves no money.
+
+``Settlement`` is where the ledger and the A2A task store plug in (issue 4's
+"finish"): ``settle`` posts the reservation (tariff policy in docs/WORKERS.md) and
+writes the task's final state; ``mark_unknown`` runs in the transaction of the
+claim that found an expired lease, marking the reservation and the task unknown.
+Until they land, ``NoSettlement`` does nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Protocol
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+
+from core.errors import ServiceError
+from workers import claims
+from workers.auth import VerifiedJob
+from workers.runner import RunOutcome
+
+log = logging.getLogger(__name__)
+
+
+class FinishFailed(ServiceError):
+    code = "finish_failed"
+
+
+class Settlement(Protocol):
+    def settle(self, conn: Connection, job: VerifiedJob, fencing_token: int, outcome: RunOutcome) -> None:
+        """Settle the job's reservation and finish its task, in the caller's transaction."""
+        ...
+
+    def mark_unknown(self, conn: Connection, job: VerifiedJob, claim: claims.ClaimResult) -> None:
+        """Mark the reservation and the task unknown, in the transaction of the claim that found it."""
+        ...
+
+
+class NoSettlement:
+    def settle(self, conn: Connection, job: VerifiedJob, fencing_token: int, outcome: RunOutcome) -> None:
+        return None
+
+    def mark_unknown(self, conn: Connection, job: VerifiedJob, claim: claims.ClaimResult) -> None:
+        return None
+
+
+class Finisher(Protocol):
+    def finish(self, job: VerifiedJob, fencing_token: int, outcome: RunOutcome) -> claims.FinishResult: ...
+
+
+class ClaimFinisher:
+    """Finish the claim and settle in one transaction; retry a failed commit a bounded number of times.
+
+    A retry is safe: if the first commit did land, the claim answers ``already_finished``
+    for the same token and outcome, and settlement is not run again.
+    """
+
+    def __init__(self, engine: Engine, *, worker_id: str, settlement: Settlement, attempts: int = 3) -> None:
+        self.engine = engine
+        self.worker_id = worker_id
+        self.settlement = settlement
+        self.attempts = attempts
+
+    def finish(self, job: VerifiedJob, fencing_token: int, outcome: RunOutcome) -> claims.FinishResult:
+        last: Exception | None = None
+        for attempt in range(self.attempts):
+            try:
+                with self.engine.begin() as conn:
+                    result = claims.finish(
+                        conn,
+                        job.job_id,
+                        fencing_token=fencing_token,
+                        outcome=outcome.state,
+                        detail=outcome.as_record(),
+                        worker_id=self.worker_id,
+                    )
+                    if result.outcome == "finished":
+                        self.settlement.settle(conn, job, fencing_token, outcome)
+                    return result
+            except DBAPIError as exc:  # connection lost, server restarting: the commit may or may not have landed
+                last = exc
+                log.warning("finishing job %s failed (attempt %d): %s", job.job_id, attempt + 1, type(exc).__name__)
+                time.sleep(min(2.0, 0.1 * 2**attempt))
+        raise FinishFailed(
+            f"could not record the outcome of job {job.job_id} after {self.attempts} attempts "
+            f"(SPECIALISTS_WORKER_FINISH_ATTEMPTS); its lease will expire and it will be reconciled as unknown"
+        ) from last

@@ -1,0 +1,139 @@
+"""Running a specialist on a worker: the Runner protocol, its context, and the scripted specialist.
+
+A runner is synchronous and runs in its own thread. It must stop cooperatively:
+``ctx.cancelled()`` turns true when the job is cancelled, its deadline passes or
+the worker lost its claim, and ``ctx.wait(s)`` sleeps but wakes on any of those.
+A runner that does not stop within ``worker_cancel_grace_s`` is abandoned (its
+result is ignored). Progress goes through ``ctx.report`` to an ``EventSink``,
+the seam where task events will be written for every API instance to stream.
+
+Runners so far: ``ScriptedRunner`` (issue 4's scripted specialist: steps,
+delays and failures a test scripts in the signed job payload). The conformance
+specialist and the Monty specialists register under their own ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from workers.auth import VerifiedJob
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_CHARS = 2000
+MAX_ARTIFACTS = 32
+
+
+class EventSink(Protocol):
+    def emit(self, job_id: str, fencing_token: int, kind: str, data: dict[str, Any]) -> None:
+        """Record a progress event. Writers must check the fencing token: a stale worker writes nothing."""
+        ...
+
+
+class LoggingEventSink:
+    """Until task events land (the edge's task_events table), progress goes to the log."""
+
+    def emit(self, job_id: str, fencing_token: int, kind: str, data: dict[str, Any]) -> None:
+        log.info("job %s (claim %s) %s %s", job_id, fencing_token, kind, data)
+
+
+@dataclass
+class RunContext:
+    job: VerifiedJob
+    fencing_token: int
+    deadline_at: float  # time.monotonic() value
+    cancel: threading.Event
+    events: EventSink
+
+    def cancelled(self) -> bool:
+        return self.cancel.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; True when woken because the run must stop."""
+        return self.cancel.wait(max(0.0, seconds))
+
+    def report(self, kind: str, data: dict[str, Any]) -> None:
+        self.events.emit(self.job.job_id, self.fencing_token, kind, data)
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    state: Literal["completed", "failed", "canceled", "rejected", "input_required"]
+    message: str = ""
+    artifacts: tuple[dict[str, Any], ...] = ()
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def as_record(self) -> dict[str, Any]:
+        """What the claim row stores and a later delivery answers with (bounded)."""
+        return {
+            "message": self.message[:MAX_MESSAGE_CHARS],
+            "artifacts": list(self.artifacts[:MAX_ARTIFACTS]),
+            **({"detail": self.detail} if self.detail else {}),
+        }
+
+
+class Runner(Protocol):
+    def run(self, ctx: RunContext) -> RunOutcome: ...
+
+
+# --- the scripted specialist --------------------------------------------------------
+
+
+class ScriptStep(BaseModel):
+    """One step. ``sleep`` wakes on cancel; ``stubborn_sleep`` ignores it (to test the grace bound)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    op: Literal["progress", "sleep", "stubborn_sleep", "artifact", "fail", "raise", "complete"]
+    text: str = Field(default="", max_length=MAX_MESSAGE_CHARS)
+    seconds: float = Field(default=0.0, ge=0.0, le=600.0)
+
+
+class Script(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    steps: list[ScriptStep] = Field(default_factory=list, max_length=100)
+
+
+class ScriptedRunner:
+    """A deterministic specialist whose steps come from the job payload's ``script``.
+
+    ``on_step(job_id, index, step)`` lets a test observe each step as it starts.
+    """
+
+    def __init__(self, on_step: Callable[[str, int, ScriptStep], None] | None = None) -> None:
+        self.on_step = on_step
+
+    def run(self, ctx: RunContext) -> RunOutcome:
+        try:
+            script = Script.model_validate(ctx.job.payload.get("script", {}))
+        except ValidationError as exc:
+            return RunOutcome("failed", f"the script is not valid: {exc.errors()[0]['msg']}")
+        artifacts: list[dict[str, Any]] = []
+        for index, step in enumerate(script.steps):
+            if ctx.cancelled():
+                return RunOutcome("canceled", "stopped before step %d" % index, tuple(artifacts))
+            if self.on_step:
+                self.on_step(ctx.job.job_id, index, step)
+            if step.op == "progress":
+                ctx.report("progress", {"step": index, "text": step.text})
+            elif step.op == "sleep":
+                if ctx.wait(step.seconds):
+                    return RunOutcome("canceled", f"stopped during step {index}", tuple(artifacts))
+            elif step.op == "stubborn_sleep":
+                time.sleep(step.seconds)
+            elif step.op == "artifact":
+                artifacts.append({"name": f"artifact-{len(artifacts) + 1}", "text": step.text})
+            elif step.op == "fail":
+                return RunOutcome("failed", step.text or "the script failed", tuple(artifacts))
+            elif step.op == "raise":
+                raise RuntimeError(step.text or "scripted crash")
+            elif step.op == "complete":
+                return RunOutcome("completed", step.text, tuple(artifacts))
+        return RunOutcome("completed", "done", tuple(artifacts))

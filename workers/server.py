@@ -1,0 +1,307 @@
+"""The private worker endpoint: authenticate a delivery, claim its job, run it under a lease, finish it.
+
+``POST /jobs`` with the signed job body (see workers.auth). The answer depends on
+the claim, and is what Cloud Tasks (or the embedded dispatcher) acts on:
+
+=========================  ======  ===================================================
+situation                  status  body ``code``
+=========================  ======  ===================================================
+refused (auth, size)       4xx     the refusal's code; nothing is claimed
+specialist not served      404     ``specialist_not_served``; nothing is claimed
+worker full                503     ``worker_at_capacity`` + Retry-After; nothing claimed
+live lease elsewhere       503     ``job_busy`` + Retry-After (the lease's time left)
+already finished           200     ``job_already_finished`` + the stored outcome
+lease expired (unknown)    200     ``job_outcome_unknown``: never run again
+ran and finished           200     ``job_finished`` + the outcome
+our result was stale       200     ``job_result_stale``: recorded for operators
+outcome not recorded       503     ``finish_failed``: the lease expires, then unknown
+=========================  ======  ===================================================
+
+While a job runs the worker renews its lease every ``worker_heartbeat_s``; the
+renewal also carries cancel requests, so a cancel from any API instance reaches
+the runner within one heartbeat. The job's deadline and a lost lease stop the
+runner the same way; a runner that does not stop within ``worker_cancel_grace_s``
+is abandoned and the job finishes without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio.to_thread
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
+
+from core.settings import Settings
+from workers import claims
+from workers.auth import BODY_TOO_LARGE, JobSigner, OidcVerifier, VerifiedJob, WorkerAuthRefused
+from workers.finish import Finisher, Settlement
+from workers.runner import EventSink, RunContext, Runner, RunOutcome
+
+log = logging.getLogger(__name__)
+
+JOBS_PATH = "/jobs"
+
+
+@dataclass(frozen=True)
+class WorkerLimits:
+    lease_s: float
+    heartbeat_s: float
+    cancel_grace_s: float
+    max_concurrent_jobs: int
+    max_body_bytes: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "WorkerLimits":
+        return cls(
+            lease_s=settings.worker_lease_s,
+            heartbeat_s=settings.worker_heartbeat_s,
+            cancel_grace_s=settings.worker_cancel_grace_s,
+            max_concurrent_jobs=settings.worker_max_concurrent_jobs,
+            max_body_bytes=settings.dispatch_max_body_bytes,
+        )
+
+
+def _answer(status: int, code: str, message: str, retry_after_s: float | None = None, **extra: Any) -> JSONResponse:
+    headers = {"Retry-After": str(max(1, math.ceil(retry_after_s)))} if retry_after_s is not None else None
+    return JSONResponse({"code": code, "message": message, **extra}, status_code=status, headers=headers)
+
+
+class WorkerService:
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        limits: WorkerLimits,
+        worker_id: str,
+        signer: JobSigner,
+        oidc: OidcVerifier | None,
+        runners: Mapping[str, Runner],
+        finisher: Finisher,
+        settlement: Settlement,
+        events: EventSink,
+    ) -> None:
+        self.engine = engine
+        self.limits = limits
+        self.worker_id = worker_id
+        self.signer = signer
+        self.oidc = oidc
+        self.runners = dict(runners)
+        self.finisher = finisher
+        self.settlement = settlement
+        self.events = events
+        self.claims = claims.Claims(engine, worker_id=worker_id, lease_s=limits.lease_s)
+        # Counts runner threads, not requests: an abandoned runner that keeps going still holds its slot.
+        self._slots = threading.BoundedSemaphore(limits.max_concurrent_jobs)
+
+    # --- the request ------------------------------------------------------------------
+
+    async def deliver(self, request: Request) -> JSONResponse:
+        try:
+            body = await self._read_body(request)
+            if self.oidc is not None:
+                await anyio.to_thread.run_sync(self.oidc.verify, request.headers.get("authorization"))
+            job = self.signer.verify(body)
+        except WorkerAuthRefused as refused:
+            log.warning("delivery refused: %s", refused.code)
+            return _answer(refused.http_status, refused.code, refused.message)
+
+        runner = self.runners.get(job.specialist_id)
+        if runner is None:
+            return _answer(
+                404, "specialist_not_served", f"this worker does not run specialist {job.specialist_id!r}"
+            )
+        if not self._slots.acquire(blocking=False):
+            return _answer(
+                503,
+                "worker_at_capacity",
+                f"this worker already runs {self.limits.max_concurrent_jobs} jobs "
+                "(SPECIALISTS_WORKER_MAX_CONCURRENT_JOBS); retry later",
+                retry_after_s=self.limits.heartbeat_s,
+            )
+        started = False
+        try:
+            try:
+                claim = await anyio.to_thread.run_sync(self._claim, job)
+            except DBAPIError as exc:
+                log.warning("claiming job %s failed: %s", job.job_id, type(exc).__name__)
+                return _answer(503, "claim_failed", "the claim could not be recorded; retry later", retry_after_s=1)
+            if claim.outcome == "finished":
+                return _answer(
+                    200,
+                    "job_already_finished",
+                    "this job already finished; it is not run again",
+                    job_id=job.job_id,
+                    outcome=claim.job_outcome,
+                    record=claim.job_outcome_detail,
+                )
+            if claim.outcome == "lease_expired_unknown":
+                return _answer(
+                    200,
+                    "job_outcome_unknown",
+                    "a worker's lease on this job expired while it ran; it is not run again and waits for an "
+                    "operator to reconcile it",
+                    job_id=job.job_id,
+                )
+            if claim.outcome == "busy":
+                return _answer(
+                    503, "job_busy", "another worker holds a live lease on this job", retry_after_s=claim.retry_after_s
+                )
+            started = True
+            # Shielded: a dispatcher that hangs up does not stop the job or its finish.
+            return await asyncio.shield(asyncio.ensure_future(self._execute(job, claim.fencing_token, runner)))
+        finally:
+            if not started:
+                self._slots.release()
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.limits.max_body_bytes
+        too_large = WorkerAuthRefused(
+            f"the job body exceeds {limit} bytes (SPECIALISTS_DISPATCH_MAX_BODY_BYTES)", code=BODY_TOO_LARGE, http_status=413
+        )
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise too_large
+        if request.headers.get("content-encoding", "identity") != "identity":
+            raise WorkerAuthRefused("compressed job bodies are not accepted", code="job_body_encoded", http_status=415)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _claim(self, job: VerifiedJob) -> claims.ClaimResult:
+        with self.engine.begin() as conn:
+            result = claims.claim(conn, job.job_id, worker_id=self.worker_id, lease_s=self.limits.lease_s)
+            if result.newly_unknown:
+                self.settlement.mark_unknown(conn, job, result)
+            return result
+
+    # --- running under the lease -----------------------------------------------------
+
+    async def _execute(self, job: VerifiedJob, token: int, runner: Runner) -> JSONResponse:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[RunOutcome] = loop.create_future()
+        cancel = threading.Event()
+        ctx = RunContext(job, token, time.monotonic() + job.deadline_s, cancel, self.events)
+
+        def deliver_outcome(outcome: RunOutcome) -> None:
+            if not done.done():
+                done.set_result(outcome)
+
+        def run() -> None:
+            try:
+                outcome = runner.run(ctx)
+            except Exception as exc:  # a crashing specialist is a failed job, not a crashed worker
+                log.exception("specialist %s crashed on job %s", job.specialist_id, job.job_id)
+                outcome = RunOutcome("failed", f"the specialist failed ({type(exc).__name__})", detail={"error": type(exc).__name__})
+            finally:
+                self._slots.release()
+            try:
+                loop.call_soon_threadsafe(deliver_outcome, outcome)
+            except RuntimeError:  # the server stopped while an abandoned runner was still going
+                log.info("job %s: runner ended after the worker stopped; its outcome is dropped", job.job_id)
+
+        threading.Thread(target=run, name=f"job-{job.job_id}", daemon=True).start()
+
+        stop_reason: str | None = None
+        give_up_at = math.inf
+        next_renewal = time.monotonic() + self.limits.heartbeat_s
+
+        def stop(reason: str) -> None:
+            nonlocal stop_reason, give_up_at
+            if stop_reason is None:
+                stop_reason = reason
+                give_up_at = time.monotonic() + self.limits.cancel_grace_s
+                cancel.set()
+
+        while not done.done():
+            wake_at = min(next_renewal, give_up_at, ctx.deadline_at if stop_reason is None else math.inf)
+            await asyncio.wait([done], timeout=max(0.0, wake_at - time.monotonic()))
+            if done.done():
+                break
+            now = time.monotonic()
+            if now >= next_renewal:
+                next_renewal = now + self.limits.heartbeat_s
+                try:
+                    renewal = await anyio.to_thread.run_sync(self.claims.renew, job.job_id, token)
+                except DBAPIError as exc:  # keep running: the lease covers a few missed heartbeats
+                    log.warning("renewing job %s failed: %s", job.job_id, type(exc).__name__)
+                else:
+                    if renewal.outcome != "renewed":
+                        stop("lease_lost")
+                    elif renewal.cancel_requested:
+                        stop("canceled")
+            if stop_reason is None and now >= ctx.deadline_at:
+                stop("deadline")
+            if now >= give_up_at:
+                break
+
+        outcome = self._final_outcome(job, done.result() if done.done() else None, stop_reason)
+        try:
+            result = await anyio.to_thread.run_sync(self.finisher.finish, job, token, outcome)
+        except Exception as exc:
+            log.error("job %s: %s", job.job_id, exc)
+            return _answer(503, "finish_failed", str(exc), retry_after_s=self.limits.lease_s)
+        if result.accepted:
+            return _answer(
+                200, "job_finished", "the job ran and its outcome is recorded", job_id=job.job_id,
+                outcome=outcome.state, record=outcome.as_record(),
+            )
+        return _answer(
+            200,
+            "job_result_stale",
+            f"this worker's claim on the job was no longer current (the job is {result.state}); "
+            "its result is recorded for operators and moves no money",
+            job_id=job.job_id,
+        )
+
+    def _final_outcome(self, job: VerifiedJob, outcome: RunOutcome | None, stop_reason: str | None) -> RunOutcome:
+        grace = f"within worker_cancel_grace_s ({self.limits.cancel_grace_s:g} s)"
+        if stop_reason == "deadline":
+            detail = {"stopped": "deadline", "runner_outcome": outcome.state if outcome else None}
+            return RunOutcome(
+                "failed",
+                f"the specialist's deadline of {job.deadline_s:g} s passed"
+                + ("" if outcome else f"; it did not stop {grace}"),
+                outcome.artifacts if outcome else (),
+                detail,
+            )
+        if stop_reason == "canceled" and (outcome is None or outcome.state != "completed"):
+            return RunOutcome(
+                "canceled",
+                "cancelled on request" + ("" if outcome else f"; the specialist did not stop {grace}"),
+                outcome.artifacts if outcome else (),
+                {"stopped": "canceled"},
+            )
+        if outcome is None:  # lease lost and the runner did not stop: report what we know, it will be refused
+            return RunOutcome("failed", f"the worker lost its lease and the specialist did not stop {grace}",
+                              detail={"stopped": stop_reason})
+        return outcome
+
+
+def create_worker_app(service: WorkerService) -> FastAPI:
+    app = FastAPI(title="specialists worker", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.post(JOBS_PATH)
+    async def deliver(request: Request) -> JSONResponse:
+        return await service.deliver(request)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok", "worker_id": service.worker_id}
+
+    app.state.worker = service
+    return app
