@@ -1,0 +1,590 @@
+"""The ``monty`` kernel: model code in pydantic-monty, host functions as the only bridges.
+
+Owns ``MontyKernel``: one sync-pool checkout per session (the async pool aborts at
+interpreter exit), resource limits from ``KernelLimits``, the step loop, capped
+output, per-host-call deadlines, rollback, checkpoints and mid-call snapshots.
+
+How a step runs. Every step is driven with ``feed_start`` and a loop over the
+snapshots it yields, so every suspension passes through one place:
+
+- a bridge call is answered by ``HostCaller`` in a worker thread with its own
+  deadline (time inside host calls counts against none of Monty's limits); with a
+  checkpoint store, the suspended worker is dumped *before* the call runs, so a
+  replacement process can resume the step with the call's result (``recover``);
+- file reads go to the read-only mounts (``resume_auto``); other OS calls get
+  Monty's default refusal; ``time.sleep`` is served here, bounded per step;
+- every suspension is counted against ``max_suspensions_per_step``.
+
+Bridges are re-bound on every step: before the model's code, the kernel feeds
+``from rlm_bridge import h_llm_query as llm_query, ...`` (an ExternalModule whose
+attributes the sandbox cannot assign) followed by the prelude, so model code that
+overwrites ``llm_query`` breaks nothing after its own step.
+
+Failures. An exception or a caught limit ends the step, never the session. After
+a time limit, a memory error, a suspension overrun or a dead worker the heap is
+not trustworthy (Monty: "discard the session"), so the kernel checks out a fresh
+worker and loads the dump taken after the last good step. After every step that
+kept its state, the session is dumped and recorded as a ``Checkpoint``.
+
+The corpus reaches the sandbox through read-only ``MountDir`` mounts or host
+functions, never as globals (which would land in every dump).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import pydantic_monty
+from pydantic_monty import (
+    ExternalModule,
+    FunctionSnapshot,
+    FutureSnapshot,
+    Monty,
+    MontyComplete,
+    MontyCrashedError,
+    MontyError,
+    MontyRuntimeError,
+    MontySession,
+    MontySyntaxError,
+    MountDir,
+    NameLookupSnapshot,
+)
+from pydantic_monty._binary import find_monty_binary
+
+from rlm.kernels._calls import HOST_CALL_TIMEOUT_MARK, HostCaller
+from rlm.kernels._output import CappedOutput
+from rlm.kernels.base import (
+    ROLLBACK_CODES,
+    Bridge,
+    ErrorCode,
+    KernelLimits,
+    KernelNotStarted,
+    StepResult,
+    check_bridge_names,
+    clip_text,
+)
+from rlm.kernels.checkpoints import (
+    Checkpoint,
+    CheckpointConflict,
+    CheckpointError,
+    CheckpointNotFound,
+    CheckpointStore,
+    CheckpointTampered,
+    PendingCall,
+    RuntimeIdentity,
+    check_session_id,
+)
+
+BRIDGE_MODULE: Final = "rlm_bridge"
+_ATTR_PREFIX: Final = "h_"  # ExternalModule hides attributes starting with "_"
+_MONTY_TIME_LIMIT_MARKS: Final = ("time limit exceeded", "sleep limit exceeded")
+
+ResultProvider = Callable[[str, tuple[Any, ...], dict[str, Any]], Any]
+"""Answers a pending host call on recovery: (bridge name, args, kwargs) -> result."""
+
+
+@functools.cache
+def runtime_identity() -> RuntimeIdentity:
+    """The pydantic-monty version and the sha256 of the `monty` worker binary (hashed once per process)."""
+    digest = hashlib.sha256()
+    with open(find_monty_binary(), "rb") as binary:
+        for block in iter(lambda: binary.read(1 << 20), b""):
+            digest.update(block)
+    return RuntimeIdentity(monty_version=pydantic_monty.__version__, runtime_sha256=digest.hexdigest())
+
+
+def monty_resource_limits(limits: KernelLimits) -> dict[str, Any]:
+    """The ResourceLimits a checkout runs under; also what a checkpoint records and compares."""
+    return {
+        "max_feed_duration_secs": float(limits.step_timeout_s),
+        "max_memory": int(limits.max_memory_bytes),
+        "max_recursion_depth": int(limits.max_recursion_depth),
+        "max_suspensions": int(limits.max_suspensions_per_checkout),
+    }
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What ``recover`` found: an idle session, or a step resumed from a pending host call."""
+
+    kind: str  # "session" | "pending_call"
+    seq: int  # the record it started from
+    step: StepResult | None  # the resumed step's result (pending_call only)
+
+
+class _StepAborted(Exception):
+    """The kernel stops a step itself (per-step suspension limit)."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class _StepState:
+    suspensions: int = 0
+    sleep_s: float = 0.0
+    host_s: float = 0.0
+    # The prelude's host calls are not snapshotted: it is re-run on every step anyway, and a
+    # resumed prelude would not run the step's code.
+    record_pending: bool = False
+
+
+@dataclass(frozen=True)
+class _FeedOutcome:
+    ok: bool
+    code: ErrorCode | None = None
+    error: str | None = None
+
+
+class MontyKernel:
+    """Model code in Monty. Use from one thread at a time.
+
+    ``mounts`` are ``(host_directory, sandbox_path)`` pairs, mounted read-only on
+    every feed. With a ``store`` (and a ``session_id``) every step's checkpoint and,
+    if ``record_pending_calls``, a snapshot before every host call are written
+    there; ``recover`` continues from the newest record in another process.
+    ``checkpoint_key`` signs records with HMAC-SHA256 (recommended wherever the
+    store is writable by anyone but this service).
+    """
+
+    name = "monty"
+
+    def __init__(
+        self,
+        limits: KernelLimits | None = None,
+        *,
+        mounts: Sequence[tuple[str | Path, str]] = (),
+        store: CheckpointStore | None = None,
+        session_id: str | None = None,
+        record_pending_calls: bool = True,
+        prune_checkpoints: bool = True,
+        checkpoint_key: bytes | None = None,
+        pool: Monty | None = None,
+        script_name: str = "main.py",
+    ) -> None:
+        self.limits = limits or KernelLimits()
+        if store is not None and session_id is None:
+            raise CheckpointError("a checkpoint store needs a session_id", setting="session_id")
+        self.session_id = check_session_id(session_id) if session_id is not None else "local"
+        self._store = store
+        self._record_pending = record_pending_calls and store is not None
+        self._prune = prune_checkpoints
+        self._key = checkpoint_key
+        self._mount_specs = [(Path(host), str(virtual)) for host, virtual in mounts]
+        self._resource_limits = monty_resource_limits(self.limits)
+        self._script_name = script_name
+        self._pool = pool
+        self._owns_pool = pool is None
+        self._mounts: list[MountDir] = []
+        self._session: MontySession | None = None
+        self._worker_pid: int | None = None
+        self._caller: HostCaller | None = None
+        self._bridge_by_function: dict[str, str] = {}
+        self._step_prelude = ""
+        self._external_modules: dict[str, ExternalModule] = {}
+        self._suspensions_used = 0
+        self._seq = -1
+        self._last_good: Checkpoint | None = None
+        self._started = False
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def start(self, bridge: Bridge, prelude: str) -> None:
+        """A fresh session. Refuses a session id that already has checkpoints (use ``recover``)."""
+        if self._store is not None and self._store.list(self.session_id):
+            raise CheckpointConflict(
+                f"session {self.session_id} already has checkpoints; call recover() to continue it "
+                "or pick a new session id"
+            )
+        self._setup(bridge, prelude)
+        self._checkout()
+        self._checkpoint_session()
+
+    def recover(self, bridge: Bridge, prelude: str, *, result_provider: ResultProvider | None = None) -> Recovery:
+        """Continue this session id from the newest record in the store, in this process.
+
+        An idle record is loaded as it is. A pending host call is answered (by
+        ``result_provider`` if given, else by calling the bridge function again)
+        and the interrupted step runs to its end; its result is returned.
+        Refuses a record whose digest, Monty version, worker binary or limits
+        differ (``checkpoint_tampered``, ``checkpoint_version_mismatch``,
+        ``checkpoint_runtime_mismatch``, ``checkpoint_limits_mismatch``).
+        """
+        if self._store is None:
+            raise CheckpointError("recover() needs a checkpoint store", setting="store")
+        latest = self._store.latest(self.session_id)
+        if latest is None:
+            raise CheckpointNotFound(f"no checkpoint for session {self.session_id}")
+        checkpoint = self._verified(*latest)
+        self._setup(bridge, prelude)
+        self._seq = checkpoint.seq
+        if checkpoint.kind == "session":
+            self._checkout()
+            self._load_session(checkpoint)
+            return Recovery(kind="session", seq=checkpoint.seq, step=None)
+        assert checkpoint.pending is not None
+        self._last_good = self._verified(checkpoint.pending.base_seq, self._store.get(self.session_id, checkpoint.pending.base_seq))
+        if self._last_good.kind != "session":
+            raise CheckpointTampered(f"checkpoint seq {checkpoint.pending.base_seq} should be an idle session record")
+        return Recovery(kind="pending_call", seq=checkpoint.seq, step=self._resume_pending(checkpoint, result_provider))
+
+    def close(self) -> None:
+        """Return the worker, close mounts and (if this kernel made it) the pool. Idempotent."""
+        self._started = False
+        if self._caller is not None:
+            self._caller.close()
+            self._caller = None
+        self._discard_session()
+        for mount in self._mounts:
+            mount.close()
+        self._mounts = []
+        if self._owns_pool and self._pool is not None:
+            self._pool.__exit__(None, None, None)
+            self._pool = None
+
+    def __enter__(self) -> MontyKernel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def worker_pid(self) -> int | None:
+        """OS pid of the Monty worker serving this session (diagnostics and crash tests)."""
+        return self._worker_pid
+
+    @property
+    def last_checkpoint(self) -> Checkpoint | None:
+        """The record of the state after the last step that kept its state."""
+        return self._last_good
+
+    # ---- one step --------------------------------------------------------------------------
+
+    def execute(self, code: str) -> StepResult:
+        if not self._started or self._session is None:
+            raise KernelNotStarted("the Monty kernel is not started; call start() or recover() first")
+        started = time.perf_counter()
+        # Monty's suspension count is cumulative per checkout; a fresh checkout with the last
+        # dump resets it. The state is unchanged: the last dump is the current state.
+        if self._suspensions_used + self.limits.max_suspensions_per_step + 1 > self.limits.max_suspensions_per_checkout:
+            self._rollback()
+        out = CappedOutput(self.limits.max_output_bytes)
+        state = _StepState()
+        outcome = self._run_feed(self._step_prelude, out, state)
+        if outcome.code == "killed":
+            # The worker died between steps (nothing of this step ran yet): replace it and go on.
+            self._rollback()
+            outcome = self._run_feed(self._step_prelude, out, state)
+        if not outcome.ok:
+            outcome = _FeedOutcome(False, outcome.code, f"the step's prelude failed: {outcome.error}")
+        else:
+            state.record_pending = self._record_pending
+        outcome = self._run_feed(code, out, state)
+        return self._finish_step(outcome, out, started)
+
+    def _finish_step(self, outcome: _FeedOutcome, out: CappedOutput, started: float) -> StepResult:
+        restored = False
+        if outcome.ok or outcome.code not in ROLLBACK_CODES:
+            self._checkpoint_session()
+        else:
+            self._rollback()
+            restored = True
+            if self._store is not None:
+                # The newest record must be the state the next step sees, not a pending call
+                # of the step that was just abandoned.
+                assert self._last_good is not None
+                self._put(self._last_good_as_new_record())
+        return StepResult(
+            ok=outcome.ok,
+            stdout=out.text,
+            stdout_truncated=out.truncated,
+            stdout_bytes=out.total_bytes,
+            error_code=outcome.code,
+            error=None if outcome.error is None else clip_text(outcome.error, self.limits.max_error_bytes),
+            duration_s=time.perf_counter() - started,
+            restored_from_checkpoint=restored,
+        )
+
+    def _run_feed(self, code: str, out: CappedOutput, state: _StepState) -> _FeedOutcome:
+        assert self._session is not None
+        try:
+            snapshot = self._session.feed_start(code, print_callback=out, mount=self._mounts or None)
+            self._drive(snapshot, out, state)
+        except _StepAborted as aborted:
+            return _FeedOutcome(False, aborted.code, aborted.message)
+        except MontyError as exc:
+            return self._classify(exc)
+        return _FeedOutcome(True)
+
+    def _drive(self, snapshot: Any, out: CappedOutput, state: _StepState) -> Any:
+        while not isinstance(snapshot, MontyComplete):
+            state.suspensions += 1
+            self._suspensions_used += 1
+            if state.suspensions > self.limits.max_suspensions_per_step:
+                raise _StepAborted(
+                    "suspensions",
+                    f"the step made more than max_suspensions_per_step={self.limits.max_suspensions_per_step} "
+                    "host calls, file reads, imports and lookups; the namespace was rolled back to the last good step",
+                )
+            if isinstance(snapshot, FunctionSnapshot):
+                name = self._bridge_by_function.get(snapshot.function_name)
+                if name is not None and not snapshot.is_os_function:
+                    snapshot = self._host_call(snapshot, name, out, state)
+                elif snapshot.is_os_function and snapshot.function_name == "time.sleep":
+                    snapshot = self._sleep(snapshot, state)
+                elif snapshot.is_os_function or snapshot.function_name == "import":
+                    snapshot = snapshot.resume_auto()  # mounts, imports; anything else is refused by Monty
+                else:
+                    snapshot = snapshot.resume(
+                        {"exc_type": "NameError", "message": f"name {snapshot.function_name!r} is not defined"}
+                    )
+            elif isinstance(snapshot, NameLookupSnapshot):
+                snapshot = snapshot.resume()  # an undefined name stays undefined: NameError
+            elif isinstance(snapshot, FutureSnapshot):
+                snapshot = snapshot.resume(
+                    {
+                        call_id: {"exc_type": "RuntimeError", "message": "asynchronous host calls are not supported"}
+                        for call_id in snapshot.pending_call_ids
+                    }
+                )
+            else:  # pragma: no cover - a new snapshot kind in a future Monty
+                raise _StepAborted("exception", f"unsupported Monty snapshot {type(snapshot).__name__}")
+        return snapshot
+
+    def _host_call(self, snapshot: FunctionSnapshot, name: str, out: CappedOutput, state: _StepState) -> Any:
+        if state.record_pending:
+            self._checkpoint_pending(snapshot, name, out)
+        return self._answer(snapshot, name, state, fn=None)
+
+    def _answer(self, snapshot: FunctionSnapshot, name: str, state: _StepState, *, fn: Callable[..., Any] | None) -> Any:
+        assert self._caller is not None
+        began = time.perf_counter()
+        outcome = self._caller.call(name, tuple(snapshot.args), dict(snapshot.kwargs), fn=fn)
+        state.host_s += time.perf_counter() - began
+        if outcome.ok:
+            return snapshot.resume({"return_value": outcome.value})
+        return snapshot.resume({"exc_type": outcome.exc_type, "message": outcome.message})  # type: ignore[typeddict-item]
+
+    def _sleep(self, snapshot: FunctionSnapshot, state: _StepState) -> Any:
+        seconds = snapshot.args[0] if snapshot.args else 0
+        if not isinstance(seconds, (int, float)) or seconds < 0:
+            return snapshot.resume({"exc_type": "ValueError", "message": "sleep length must be a non-negative number"})
+        if state.sleep_s + seconds > self.limits.max_sleep_s_per_step:
+            return snapshot.resume(
+                {
+                    "exc_type": "TimeoutError",
+                    "message": f"time.sleep({seconds:g}) would exceed max_sleep_s_per_step={self.limits.max_sleep_s_per_step:g}",
+                }
+            )
+        time.sleep(seconds)
+        state.sleep_s += seconds
+        return snapshot.resume({"return_value": None})
+
+    def _classify(self, exc: MontyError) -> _FeedOutcome:
+        if isinstance(exc, MontySyntaxError):
+            return _FeedOutcome(False, "syntax", exc.display("type-msg"))
+        if isinstance(exc, MontyCrashedError):
+            if exc.timed_out:
+                return _FeedOutcome(
+                    False, "timeout", f"the step exceeded step_timeout_s={self.limits.step_timeout_s:g} and its worker was killed"
+                )
+            return _FeedOutcome(False, "killed", f"the Monty worker died during the step ({exc})")
+        if not isinstance(exc, MontyRuntimeError):
+            return _FeedOutcome(False, "exception", str(exc))
+        inner = exc.exception()
+        brief = exc.display("type-msg")
+        if isinstance(inner, TimeoutError):
+            if HOST_CALL_TIMEOUT_MARK in str(inner):
+                return _FeedOutcome(False, "host_call_timeout", exc.display("traceback"))
+            if any(mark in str(inner) for mark in _MONTY_TIME_LIMIT_MARKS):
+                return _FeedOutcome(
+                    False,
+                    "timeout",
+                    f"{brief}: the step exceeded step_timeout_s={self.limits.step_timeout_s:g} of sandbox time; "
+                    "the namespace was rolled back to the last good step",
+                )
+        if isinstance(inner, MemoryError):
+            return _FeedOutcome(
+                False,
+                "memory",
+                f"{brief}: the step exceeded max_memory_bytes={self.limits.max_memory_bytes}; "
+                "the namespace was rolled back to the last good step",
+            )
+        if isinstance(inner, RecursionError):
+            return _FeedOutcome(
+                False, "recursion", f"{exc.display('traceback')}\n(max_recursion_depth={self.limits.max_recursion_depth})"
+            )
+        if isinstance(inner, RuntimeError) and "suspension limit" in str(inner):
+            return _FeedOutcome(
+                False,
+                "suspensions",
+                f"{brief}: the checkout reached max_suspensions_per_checkout; the namespace was rolled back",
+            )
+        return _FeedOutcome(False, "exception", exc.display("traceback"))
+
+    # ---- checkouts, checkpoints, recovery ---------------------------------------------------
+
+    def _setup(self, bridge: Bridge, prelude: str) -> None:
+        if self._started:
+            raise CheckpointError("the kernel is already started; close it first")
+        check_bridge_names(bridge)
+        self._caller = HostCaller(
+            bridge, timeout_s=self.limits.host_call_timeout_s, max_abandoned=self.limits.max_abandoned_host_calls
+        )
+        attrs = {_ATTR_PREFIX + name: fn for name, fn in bridge.items()}
+        self._external_modules = {BRIDGE_MODULE: ExternalModule(attrs)}
+        self._bridge_by_function = {f"{BRIDGE_MODULE}.{_ATTR_PREFIX}{name}": name for name in bridge}
+        # A call to a plain bridge name that is undefined in the sandbox (e.g. inside exec())
+        # is answered too: it can only mean the bridge function.
+        self._bridge_by_function.update({name: name for name in bridge})
+        rebind = ""
+        if bridge:
+            rebind = f"from {BRIDGE_MODULE} import " + ", ".join(f"{_ATTR_PREFIX}{n} as {n}" for n in bridge) + "\n"
+        self._step_prelude = rebind + prelude
+        self._mounts = [MountDir(host_path=host, virtual_path=virtual, mode="read-only") for host, virtual in self._mount_specs]
+        if self._pool is None:
+            self._pool = Monty(min_processes=1, max_processes=2)
+            self._pool.__enter__()
+        runtime_identity()  # hash the worker binary now, not inside the first step
+        self._started = True
+
+    def _checkout(self) -> None:
+        assert self._pool is not None
+        self._discard_session()
+        session = self._pool.checkout(
+            script_name=self._script_name,
+            limits=self._resource_limits,  # type: ignore[arg-type]
+            os_policy={"sleep": "call_host"},
+            external_modules=self._external_modules,
+        )
+        session.__enter__()
+        self._session = session
+        self._worker_pid = session.worker_pid
+        self._suspensions_used = 0
+
+    def _discard_session(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            try:
+                session.__exit__(None, None, None)
+            except (MontyError, RuntimeError):
+                pass  # a dead worker: the pool replaces it
+        self._worker_pid = None
+
+    def _rollback(self) -> None:
+        assert self._last_good is not None
+        self._checkout()
+        self._load_session(self._last_good)
+
+    def _load_session(self, checkpoint: Checkpoint) -> None:
+        assert self._session is not None
+        self._session.load_session(checkpoint.dump)
+        self._last_good = checkpoint
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _checkpoint_session(self) -> None:
+        assert self._session is not None
+        checkpoint = Checkpoint.create(
+            session_id=self.session_id,
+            seq=self._next_seq(),
+            kind="session",
+            dump=self._session.dump(),
+            identity=runtime_identity(),
+            limits=self._resource_limits,
+        )
+        self._last_good = checkpoint
+        if self._store is not None:
+            self._put(checkpoint)
+
+    def _last_good_as_new_record(self) -> Checkpoint:
+        assert self._last_good is not None
+        checkpoint = Checkpoint.create(
+            session_id=self.session_id,
+            seq=self._next_seq(),
+            kind="session",
+            dump=self._last_good.dump,
+            identity=self._last_good.identity,
+            limits=self._last_good.limits,
+        )
+        self._last_good = checkpoint
+        return checkpoint
+
+    def _checkpoint_pending(self, snapshot: FunctionSnapshot, name: str, out: CappedOutput) -> None:
+        assert self._last_good is not None
+        checkpoint = Checkpoint.create(
+            session_id=self.session_id,
+            seq=self._next_seq(),
+            kind="pending_call",
+            dump=snapshot.dump(),
+            identity=runtime_identity(),
+            limits=self._resource_limits,
+            pending=PendingCall(
+                function_name=name,
+                call_id=snapshot.call_id,
+                base_seq=self._last_good.seq,
+                stdout=out.text,
+                stdout_bytes=out.total_bytes,
+                stdout_truncated=out.truncated,
+            ),
+        )
+        self._put(checkpoint)
+
+    def _put(self, checkpoint: Checkpoint) -> None:
+        assert self._store is not None
+        self._store.put(self.session_id, checkpoint.seq, checkpoint.encode(key=self._key))
+        if self._prune and checkpoint.kind == "session":
+            self._store.delete_before(self.session_id, checkpoint.seq)
+
+    def _verified(self, seq: int, data: bytes) -> Checkpoint:
+        checkpoint = Checkpoint.decode(data, key=self._key)
+        if checkpoint.session_id != self.session_id or checkpoint.seq != seq:
+            raise CheckpointTampered(
+                f"checkpoint refused: record seq {seq} of session {self.session_id} claims to be "
+                f"seq {checkpoint.seq} of session {checkpoint.session_id}"
+            )
+        checkpoint.verify(identity=runtime_identity(), limits=self._resource_limits)
+        return checkpoint
+
+    def _resume_pending(self, checkpoint: Checkpoint, result_provider: ResultProvider | None) -> StepResult:
+        pending = checkpoint.pending
+        assert pending is not None
+        started = time.perf_counter()
+        self._checkout()
+        assert self._session is not None
+        out = CappedOutput(
+            self.limits.max_output_bytes,
+            initial=pending.stdout,
+            initial_bytes=pending.stdout_bytes,
+            truncated=pending.stdout_truncated,
+        )
+        state = _StepState(record_pending=self._record_pending)
+        try:
+            snapshot = self._session.load_snapshot(checkpoint.dump, mount=self._mounts or None, print_callback=out)
+            if not isinstance(snapshot, FunctionSnapshot) or self._bridge_by_function.get(snapshot.function_name) != pending.function_name:
+                raise CheckpointTampered(
+                    f"checkpoint seq {checkpoint.seq}: the restored step is not suspended at {pending.function_name}"
+                )
+            fn = None
+            if result_provider is not None:
+                provider = result_provider
+                fn = lambda *args, **kwargs: provider(pending.function_name, args, kwargs)  # noqa: E731
+            state.suspensions += 1
+            snapshot = self._answer(snapshot, pending.function_name, state, fn=fn)
+            self._drive(snapshot, out, state)
+            outcome = _FeedOutcome(True)
+        except _StepAborted as aborted:
+            outcome = _FeedOutcome(False, aborted.code, aborted.message)
+        except MontyError as exc:
+            outcome = self._classify(exc)
+        return self._finish_step(outcome, out, started)
