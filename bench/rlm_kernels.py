@@ -1,0 +1,140 @@
+"""Benchmark of the RLM execution kernels: per-step overhead, host-call round trip, checkpoints.
+
+Run: .venv/bin/python bench/rlm_kernels.py [--steps 200]
+
+Every figure is a median over repeated runs, printed beside a baseline measured
+in the same run (plain ``exec()`` in this process, and a bare pydantic-monty
+``feed_run``), so the ratios say what the kernels' guarantees cost. A benchmark,
+not a test: it never fails on speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pydantic_monty import Monty  # noqa: E402
+
+from rlm.kernels.base import KernelLimits  # noqa: E402
+from rlm.kernels.checkpoints import Checkpoint, FileCheckpointStore  # noqa: E402
+from rlm.kernels.host import HostKernel  # noqa: E402
+from rlm.kernels.monty import MontyKernel, monty_resource_limits, runtime_identity  # noqa: E402
+
+TRIVIAL = "x = 1"
+CALLS_PER_STEP = 100
+STATE_CODE = "state = ['line %d of some retained text ' % i * 3 for i in range(10000)]"  # ~1 MB
+
+
+def median_s(fn: Callable[[], object], runs: int) -> float:
+    fn()  # warm
+    samples = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+def ok(result: object) -> object:
+    assert getattr(result, "ok", True), result
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200, help="steps per median (default 200)")
+    args = parser.parse_args()
+    steps = args.steps
+    rows: list[tuple[str, float, str]] = []
+    limits = KernelLimits()
+    bridge = {"ping": lambda: 1}
+
+    namespace: dict[str, object] = {}
+    code = compile(TRIVIAL, "<bench>", "exec")
+    baseline = median_s(lambda: exec(code, namespace), steps)
+    rows.append(("baseline: exec() in-process, trivial step", baseline, ""))
+
+    with Monty() as pool, pool.checkout(limits=monty_resource_limits(limits)) as session:  # type: ignore[arg-type]
+        bare = median_s(lambda: session.feed_run(TRIVIAL), steps)
+    rows.append(("baseline: bare Monty feed_run, trivial", bare, ""))
+
+    with HostKernel(limits) as host:
+        host.start(bridge, "")
+        host_step = median_s(lambda: ok(host.execute(TRIVIAL)), steps)
+        loop = f"for _ in range({CALLS_PER_STEP}):\n    ping()"
+        host_calls = median_s(lambda: ok(host.execute(loop)), max(steps // 10, 5))
+        ok(host.execute(STATE_CODE))
+        host_state_step = median_s(lambda: ok(host.execute(TRIVIAL)), max(steps // 10, 5))
+    rows.append(("host kernel: trivial step", host_step, ""))
+    rows.append(("host kernel: host-call round trip", (host_calls - host_step) / CALLS_PER_STEP, "per call"))
+    rows.append(("host kernel: trivial step with ~1 MB state", host_state_step, "pickles the namespace"))
+
+    with MontyKernel(limits) as monty:
+        monty.start(bridge, "")
+        monty_step = median_s(lambda: ok(monty.execute(TRIVIAL)), steps)
+        monty_calls = median_s(lambda: ok(monty.execute(loop)), max(steps // 10, 5))
+    rows.append(("monty kernel: trivial step (memory checkpoint)", monty_step, ""))
+    rows.append(("monty kernel: host-call round trip", (monty_calls - monty_step) / CALLS_PER_STEP, "per call"))
+
+    with tempfile.TemporaryDirectory() as folder:
+        for fsync in (False, True):
+            store = FileCheckpointStore(Path(folder) / f"fsync-{fsync}", fsync=fsync)
+            with MontyKernel(limits, store=store, session_id="bench") as stored:
+                stored.start(bridge, "")
+                n = steps if not fsync else max(steps // 4, 5)
+                stored_step = median_s(lambda: ok(stored.execute(TRIVIAL)), n)
+                stored_calls = median_s(lambda: ok(stored.execute(loop)), max(steps // 20, 3))
+                label = "fsync" if fsync else "no fsync"
+                rows.append((f"monty kernel + file store ({label}): trivial step", stored_step, ""))
+                rows.append(
+                    (f"monty kernel + file store ({label}): host call + snapshot",
+                     (stored_calls - stored_step) / CALLS_PER_STEP, "per call, dumped first")
+                )
+
+        with MontyKernel(limits) as sized:
+            sized.start({}, "")
+            ok(sized.execute(STATE_CODE))
+            state_step = median_s(lambda: ok(sized.execute(TRIVIAL)), max(steps // 10, 5))
+            session = sized._session  # the bench looks inside: dump cost alone
+            assert session is not None
+            dump_s = median_s(session.dump, 20)
+            dump = session.dump()
+            checkpoint = Checkpoint.create(
+                session_id="bench", seq=1, kind="session", dump=dump, identity=runtime_identity(),
+                limits=monty_resource_limits(limits),
+            )
+            encode_s = median_s(checkpoint.encode, 20)
+            record = checkpoint.encode()
+            decode_s = median_s(lambda: Checkpoint.decode(record).verify(
+                identity=runtime_identity(), limits=monty_resource_limits(limits)), 20)
+            store = FileCheckpointStore(Path(folder) / "sized")
+            counter = iter(range(10**9))
+            put_s = median_s(lambda: store.put("sized", next(counter), record), 20)
+        rows.append(("monty kernel: trivial step with ~1 MB state", state_step, ""))
+        rows.append(("checkpoint of ~1 MB state: session.dump()", dump_s, f"{len(dump) / 1e6:.2f} MB dump"))
+        rows.append(("checkpoint of ~1 MB state: encode (sha256)", encode_s, f"{len(record) / 1e6:.2f} MB record"))
+        rows.append(("checkpoint of ~1 MB state: decode + verify", decode_s, ""))
+        rows.append(("checkpoint of ~1 MB state: file put (fsync)", put_s, ""))
+
+    empty = MontyKernel(limits)
+    empty.start({}, "")
+    empty_size = len(empty.last_checkpoint.encode()) if empty.last_checkpoint else 0
+    empty.close()
+
+    print(f"RLM kernels, median of {steps} steps (fewer for slow rows)")
+    print("ratios: row / exec() in-process, and row / bare Monty feed_run")
+    print(f"{'what':58} {'median':>11} {'/exec':>8} {'/feed':>7}  note")
+    for what, seconds, note in rows:
+        print(f"{what:58} {seconds * 1e6:>9.1f}us {seconds / baseline:>7.0f}x {seconds / bare:>6.1f}x  {note}")
+    print(f"empty Monty session checkpoint record: {empty_size} bytes")
+
+
+if __name__ == "__main__":
+    main()
