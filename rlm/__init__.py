@@ -4,7 +4,25 @@ investigates a corpus held as data in a persistent namespace.
 It imports nothing of the hosted service and runs alone. See docs/RLM.md.
 """
 
+from typing import Any
+
+from rlm.budget import Budget, BudgetLedger, BudgetLimits
+from rlm.context import Context
 from rlm.errors import RLMError
+from rlm.llm import LLMResult
+from rlm.providers import PriceTable, ScriptedProvider
+from rlm.session import RunResult, Session, run_question
 from rlm.settings import RLMSettings, load_settings
 
-__all__ = ["RLMError", "RLMSettings", "load_settings"]
+__all__ = [
+    "Budget", "BudgetLedger", "BudgetLimits", "Context", "LLMResult", "OpenAIProvider", "PriceTable", "RLMError",
+    "RLMSettings", "RunResult", "ScriptedProvider", "Session", "load_settings", "run_question",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "OpenAIProvider":  # imported on first use (see rlm.providers)
+        from rlm.providers.openai_compat import OpenAIProvider
+
+        return OpenAIProvider
+    raise AttributeError(name)

@@ -186,18 +186,23 @@ class BudgetLedger:
             conn.close()
 
     def entries(self, root_id: str | None = None, *, unresolved_only: bool = False) -> list[UsageEntry]:
-        """Usage entries, oldest first; ``unresolved_only`` lists those with unknown tokens or USD."""
+        """Usage entries, oldest first.
+
+        ``unresolved_only``: entries whose tokens are unknown, and those whose cost is unknown
+        under a USD limit (without one, an unpriced model's cost is unknown but blocks nothing).
+        """
         self._expire_dead_reservations(root_id)
-        sql = "SELECT * FROM usage WHERE 1=1"
+        sql = "SELECT u.* FROM usage u JOIN budgets b ON b.root_id = u.root_id WHERE 1=1"
         args: list[Any] = []
         if root_id is not None:
-            sql += " AND root_id = ?"
+            sql += " AND u.root_id = ?"
             args.append(root_id)
         if unresolved_only:
-            sql += " AND (state = 'unknown' OR (state IN ('settled', 'reconciled') AND cost_usd IS NULL))"
+            sql += (" AND (u.state = 'unknown' OR (u.state IN ('settled', 'reconciled') AND u.cost_usd IS NULL"
+                    " AND b.max_usd IS NOT NULL))")
         conn = self._connect()
         try:
-            return [_entry(r) for r in conn.execute(sql + " ORDER BY id", args)]
+            return [_entry(r) for r in conn.execute(sql + " ORDER BY u.id", args)]
         finally:
             conn.close()
 
@@ -225,6 +230,29 @@ class BudgetLedger:
                 (tokens, cost, time.time(), reason.strip(), entry_id),
             )
             return _entry(conn.execute("SELECT * FROM usage WHERE id = ?", (entry_id,)).fetchone())
+
+    def limits(self, root_id: str) -> BudgetLimits:
+        conn = self._connect()
+        try:
+            row = conn.execute("SELECT * FROM budgets WHERE root_id = ?", (root_id,)).fetchone()
+        finally:
+            conn.close()
+        if row is None:
+            raise UsageEntryNotFound(f"no inference budget for run {root_id!r}; `rlm usage` lists them")
+        return BudgetLimits(row["max_calls"], row["max_tokens"], row["max_usd"])
+
+    def snapshot(self, root_id: str) -> BudgetSnapshot:
+        limits = self.limits(root_id)
+        self._expire_dead_reservations(root_id)
+        conn = self._connect()
+        try:
+            calls, _, tokens, usd, unknown_tokens, unknown_usd = _totals(conn, root_id)
+            in_flight = conn.execute(
+                "SELECT COUNT(*) FROM usage WHERE root_id = ? AND state = 'reserved'", (root_id,)
+            ).fetchone()[0]
+        finally:
+            conn.close()
+        return BudgetSnapshot(root_id, limits, calls, in_flight, tokens, usd, unknown_tokens, unknown_usd)
 
     def _expire_dead_reservations(self, root_id: str | None) -> None:
         conn = self._connect()
@@ -356,15 +384,7 @@ class Budget:
     # ---------- reading ----------
 
     def snapshot(self) -> BudgetSnapshot:
-        conn = self.ledger._connect()
-        try:
-            calls, _, tokens, usd, unknown_tokens, unknown_usd = _totals(conn, self.root_id)
-            in_flight = conn.execute(
-                "SELECT COUNT(*) FROM usage WHERE root_id = ? AND state = 'reserved'", (self.root_id,)
-            ).fetchone()[0]
-        finally:
-            conn.close()
-        return BudgetSnapshot(self.root_id, self.limits, calls, in_flight, tokens, usd, unknown_tokens, unknown_usd)
+        return self.ledger.snapshot(self.root_id)
 
 
 def _totals(conn: sqlite3.Connection, root_id: str) -> tuple[int, int, int, float, int, int]:

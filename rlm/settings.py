@@ -154,9 +154,8 @@ def env_name(field: str) -> str:
 
 def load_settings(**overrides: Any) -> RLMSettings:
     """Build settings from the environment plus overrides; invalid values raise SettingsInvalid naming the setting."""
-    clean = {k: v for k, v in overrides.items() if v is not None}
     try:
-        return RLMSettings(**clean)
+        return RLMSettings(**overrides)
     except ValidationError as exc:
         problems = []
         for err in exc.errors():

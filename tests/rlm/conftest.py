@@ -1,0 +1,175 @@
+"""Fixtures for the RLM library tests: settings in a temporary data dir, a real git repository,
+script files for the scripted provider, and a local HTTP server that speaks the
+OpenAI chat-completions wire format (a paid model cannot run here).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlm.settings import RLMSettings, load_settings
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SECRET_SENTENCE = "The vault combination is 31-41-59 and nobody may print it in a prompt."
+
+
+@pytest.fixture(autouse=True)
+def _isolated_rlm_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No test reads a developer's RLM_* variables or writes to ~/.rlm."""
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("RLM_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("RLM_DATA_DIR", str(tmp_path / "rlm-data"))
+
+
+@pytest.fixture
+def make_settings(tmp_path: Path) -> Callable[..., RLMSettings]:
+    def make(**overrides: Any) -> RLMSettings:
+        overrides.setdefault("data_dir", tmp_path / "rlm-data")
+        return load_settings(**overrides)
+
+    return make
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., RLMSettings]) -> RLMSettings:
+    return make_settings()
+
+
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args],
+        check=True, capture_output=True,
+    )
+
+
+@pytest.fixture
+def fixture_repo(tmp_path: Path) -> Path:
+    """A small git repository: tracked text files, a tracked binary, a tracked big file, an untracked file."""
+    repo = tmp_path / "repo"
+    (repo / "src").mkdir(parents=True)
+    (repo / "docs").mkdir()
+    (repo / "README.md").write_text("# ferry\n\nFerry moves crates between docks.\n")
+    (repo / "src" / "limits.py").write_text(
+        '"""Limits."""\n\nMAX_CRATES = 40\n# the dock master raised this after the spring audit\nDOCK_TIMEOUT_S = 90\n'
+    )
+    (repo / "src" / "ferry.py").write_text(
+        "from src.limits import MAX_CRATES\n\n\ndef load(crates):\n    return crates[:MAX_CRATES]\n"
+    )
+    lines = [f"Line {i}: routine crossing, weather fair, {i * 3} crates.\n" for i in range(400)]
+    lines[250] = f"Line 250: {SECRET_SENTENCE}\n"
+    (repo / "docs" / "log.md").write_text("".join(lines))
+    (repo / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(200))
+    (repo / "big.txt").write_text("x" * 50_000)
+    git(repo, "init", "-q")
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "init")
+    (repo / "untracked.md").write_text("not part of the corpus\n")
+    return repo
+
+
+@pytest.fixture
+def write_script(tmp_path: Path) -> Callable[..., Path]:
+    """Write a scripted-provider file (JSON) from root code strings and sub-call rules."""
+    counter = {"n": 0}
+
+    def write(root: list[str | dict[str, Any]], subcall: list[dict[str, Any]] | None = None, **top: Any) -> Path:
+        counter["n"] += 1
+        entries = [{"code": r} if isinstance(r, str) else r for r in root]
+        data = {"root": entries, "subcall": subcall or [], **top}
+        path = tmp_path / f"script{counter['n']}.json"
+        path.write_text(json.dumps(data))
+        return path
+
+    return write
+
+
+class FakeOpenAI:
+    """A chat-completions server on 127.0.0.1. Queue responses; it records every request it saw."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self._queue: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                length = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(length) or b"{}")
+                with fake._lock:
+                    fake.requests.append(body)
+                    fake.headers.append({k.lower(): v for k, v in self.headers.items()})
+                    spec = fake._queue.pop(0) if fake._queue else {"text": "default answer"}
+                if spec.get("delay_s"):
+                    time.sleep(spec["delay_s"])
+                status = spec.get("status", 200)
+                if status != 200:
+                    payload = {"error": {"message": spec.get("message", "boom"), "type": "server_error"}}
+                else:
+                    payload = fake.completion(body, spec)
+                data = json.dumps(payload).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (a timeout test): nothing to answer
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    @property
+    def base_url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def push(self, **spec: Any) -> None:
+        with self._lock:
+            self._queue.append(spec)
+
+    @staticmethod
+    def completion(request: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": spec.get("text")}
+        if "code" in spec:
+            message["tool_calls"] = [{
+                "id": "call_1", "type": "function",
+                "function": {"name": "python", "arguments": json.dumps({"code": spec["code"]})},
+            }]
+        payload: dict[str, Any] = {
+            "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": request.get("model", "m"),
+            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        }
+        if spec.get("usage", True):
+            payload["usage"] = {"prompt_tokens": spec.get("prompt_tokens", 100),
+                                "completion_tokens": spec.get("completion_tokens", 20), "total_tokens": 120}
+        return payload
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def fake_openai() -> Iterator[FakeOpenAI]:
+    server = FakeOpenAI()
+    yield server
+    server.close()

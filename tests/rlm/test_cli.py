@@ -1,0 +1,125 @@
+"""The `rlm` command, run as a user runs it: a subprocess of the installed console script.
+
+The demo command here is the one docs/RLM.md shows, character for character.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlm.budget import Budget, BudgetLimits
+
+from .conftest import REPO_ROOT
+
+pytestmark = pytest.mark.timeout(120)
+
+RLM = str(Path(sys.executable).parent / "rlm")
+DEMO_QUESTION = "How many times does harbor try an upload in production before giving up, and what decides it?"
+DEMO = ["run", "--repo", "rlm/examples/harbor", "--script", "rlm/examples/harbor_demo.toml", DEMO_QUESTION]
+
+
+def rlm(*args: str, data_dir: Path, env: dict[str, str] | None = None,
+        cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("RLM_")}
+    full_env.update({"RLM_DATA_DIR": str(data_dir), "COLUMNS": "200", **(env or {})})
+    return subprocess.run([RLM, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=100)
+
+
+def test_the_documented_demo_command_matches_the_docs() -> None:
+    docs = (REPO_ROOT / "docs" / "RLM.md").read_text()
+    assert "rlm run --repo rlm/examples/harbor --script rlm/examples/harbor_demo.toml \\\n" in docs
+    assert f'"{DEMO_QUESTION}"' in docs
+
+
+@pytest.mark.parametrize("kernel", ["monty", "host"])
+def test_the_offline_demo_answers_and_show_replays_it(kernel: str, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    run = rlm(*DEMO, "--kernel", kernel, data_dir=data)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("Production uploads are tried 5 times")
+    assert "deploy/production.toml sets upload.max_attempts = 6" in run.stdout
+    assert "INC-412" in run.stdout
+    assert "answered after 4 turns" in run.stderr
+    show = rlm("show", "last", data_dir=data)
+    assert show.returncode == 0, show.stderr
+    for expected in ("turn 1", "turn 4", "context.search", "sub-call", "llm_query_batched", "answered after 4 turns",
+                     "Production uploads are tried 5 times"):
+        assert expected in show.stdout
+    events = json.loads(rlm("show", "last", "--json", data_dir=data).stdout)
+    assert events[-1]["event"] == "run_finished" and events[-1]["stop_reason"] == "answered"
+
+
+def test_run_json_and_usage_report_the_same_budget(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    run = rlm(*DEMO, "--json", data_dir=data)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    usage = json.loads(rlm("usage", "--json", data_dir=data).stdout)
+    (root,) = usage["roots"]
+    assert root["root_id"] == result["run_id"] and root["calls"] == result["budget"]["calls"] == 14
+    assert usage["unresolved"] == []
+    table = rlm("usage", data_dir=data)
+    assert result["run_id"] in table.stdout
+
+
+def test_a_document_run_with_budget_flags(tmp_path: Path) -> None:
+    doc = tmp_path / "notes.txt"
+    doc.write_text("the answer is 42\n")
+    script = tmp_path / "s.toml"
+    script.write_text("[[root]]\ncode = '''print(context.files())'''\n[[root]]\ncode = '''x = 1'''\n"
+                      "[[root]]\ncode = '''final_answer(context.search(\"answer is (\\\\d+)\")[0][\"match\"])'''\n")
+    run = rlm("run", "--document", str(doc), "--script", str(script), "--max-calls", "3", "--max-tokens", "none",
+              "--kernel", "host", "what is the answer?", data_dir=tmp_path / "data")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "answer is 42"
+    assert "budget_exhausted" in run.stderr
+
+
+def test_a_missing_key_variable_is_named_and_nothing_runs(tmp_path: Path) -> None:
+    run = rlm("run", "--repo", "rlm/examples/harbor", "--model", "gpt-x", "--api-key-env", "NO_SUCH_RLM_KEY", "q",
+              data_dir=tmp_path / "data")
+    assert run.returncode == 2
+    assert "NO_SUCH_RLM_KEY" in run.stderr and "missing_api_key" in run.stderr
+    assert not (tmp_path / "data" / "runs").exists()
+
+
+def test_a_run_against_an_openai_compatible_endpoint(tmp_path: Path, fake_openai) -> None:
+    fake_openai.push(code='final_answer("files: " + str(len(context.files())))', prompt_tokens=300,
+                     completion_tokens=30)
+    run = rlm("run", "--repo", "rlm/examples/harbor", "--base-url", fake_openai.base_url, "--model", "m-1",
+              "--api-key-env", "TEST_RLM_KEY", "how many files?", data_dir=tmp_path / "data",
+              env={"TEST_RLM_KEY": "sk-local"})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "files: 10"
+    request = fake_openai.requests[0]
+    assert request["tools"][0]["function"]["name"] == "python"
+    assert "sk-local" not in json.dumps(request)
+    assert "330 tokens" in run.stderr
+
+
+def test_unknown_usage_is_listed_and_reconciled_from_the_command_line(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    budget = Budget(data / "budget.sqlite3", "run-x", BudgetLimits(max_calls=10, max_tokens=1000))
+    budget.mark_unknown(budget.admit("subcall"), "no answer within 120 s")
+    listed = json.loads(rlm("usage", "--json", data_dir=data).stdout)
+    (entry,) = listed["unresolved"]
+    assert entry["root_id"] == "run-x" and entry["state"] == "unknown"
+    refused = rlm("usage", "--reconcile", str(entry["id"]), "--tokens", "250", data_dir=data)
+    assert refused.returncode == 2 and "--reason" in refused.stderr
+    done = rlm("usage", "--reconcile", str(entry["id"]), "--tokens", "250", "--reason", "provider console, req 7",
+               data_dir=data)
+    assert done.returncode == 0, done.stderr
+    after = json.loads(rlm("usage", "--json", "--run", "run-x", data_dir=data).stdout)
+    assert after["unresolved"] == [] and after["roots"][0]["tokens"] == 250
+    assert after["entries"][0]["reason"] == "provider console, req 7"
+
+
+def test_showing_an_unknown_run_says_where_it_looked(tmp_path: Path) -> None:
+    show = rlm("show", "nope", data_dir=tmp_path / "data")
+    assert show.returncode == 2 and "run_not_found" in show.stderr and "RLM_DATA_DIR" in show.stderr

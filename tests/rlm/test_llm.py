@@ -1,0 +1,166 @@
+"""Sub-calls: named caps, failures returned as data with advice, batches in input order."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlm.budget import Budget, BudgetLimits
+from rlm.context import Context
+from rlm.llm import LLMResult, SubcallRunner
+from rlm.namespace import AnswerBox, Bridge
+from rlm.providers import ScriptedProvider
+from rlm.providers.base import Completion
+
+pytestmark = pytest.mark.timeout(30)
+
+ECHO = [{"pattern": r"item (\d+)", "answer": r"answer \1"}, {"pattern": "explode", "error": "model overloaded"}]
+
+
+def _runner(tmp_path: Path, make_settings, provider: Any, *, limits: BudgetLimits | None = None,
+            **settings: Any) -> SubcallRunner:
+    s = make_settings(**settings)
+    budget = Budget(tmp_path / "budget.sqlite3", "root", limits or BudgetLimits(max_calls=100))
+    return SubcallRunner(provider=provider, budget=budget, settings=s)
+
+
+def _scripted(write_script, rules=ECHO, **top: Any) -> ScriptedProvider:
+    return ScriptedProvider.from_file(write_script([], rules, **top))
+
+
+def test_a_sub_call_returns_a_compact_handle(tmp_path: Path, make_settings, write_script) -> None:
+    runner = _runner(tmp_path, make_settings, _scripted(write_script))
+    result = runner.query("What is item 7?", context="some text")
+    assert result.ok and result.text == "answer 7" and result.usage["total_tokens"] > 0
+    assert repr(result) == "LLMResult('answer 7', 8 chars)"
+    assert str(result) == "answer 7"
+    long = LLMResult(text="x" * 500, ok=True)
+    assert len(repr(long)) < 100
+
+
+def test_an_oversized_prompt_comes_back_as_data_naming_the_setting(tmp_path: Path, make_settings, write_script) -> None:
+    provider = _scripted(write_script)
+    runner = _runner(tmp_path, make_settings, provider, max_prompt_chars=1000)
+    result = runner.query("item 1", context="y" * 2000)
+    assert not result.ok and result.error_code == "prompt_too_large"
+    assert "RLM_MAX_PROMPT_CHARS" in result.error and "chunk" in result.advice
+    assert provider.calls["subcall"] == 0, "an oversized prompt must never reach the model"
+
+
+def test_the_number_of_sub_calls_is_capped(tmp_path: Path, make_settings, write_script) -> None:
+    runner = _runner(tmp_path, make_settings, _scripted(write_script), max_subcalls=2)
+    assert runner.query("item 1").ok and runner.query("item 2").ok
+    third = runner.query("item 3")
+    assert third.error_code == "subcall_limit" and "RLM_MAX_SUBCALLS" in third.error
+
+
+def test_a_provider_error_comes_back_as_data(tmp_path: Path, make_settings, write_script) -> None:
+    runner = _runner(tmp_path, make_settings, _scripted(write_script))
+    result = runner.query("explode please")
+    assert not result.ok and result.error_code == "provider_error" and "overloaded" in result.error
+    assert runner.budget.snapshot().calls == 1 and runner.budget.snapshot().unknown_tokens == 0
+
+
+def test_a_timeout_comes_back_as_data_and_the_late_answer_still_settles(tmp_path: Path, make_settings,
+                                                                       write_script) -> None:
+    provider = _scripted(write_script, [{"pattern": "slow", "answer": "finally", "delay_s": 1.0}])
+    runner = _runner(tmp_path, make_settings, provider, subcall_timeout_s=0.3, limits=BudgetLimits(max_tokens=10_000))
+    started = time.monotonic()
+    result = runner.query("slow question")
+    assert time.monotonic() - started < 0.9
+    assert result.error_code == "timeout" and "RLM_SUBCALL_TIMEOUT_S" in result.error
+    assert runner.budget.snapshot().unknown_tokens == 1
+    deadline = time.monotonic() + 5
+    while runner.budget.snapshot().unknown_tokens and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert runner.budget.snapshot().unknown_tokens == 0 and runner.budget.snapshot().tokens > 0
+
+
+def test_a_spent_budget_comes_back_as_data(tmp_path: Path, make_settings, write_script) -> None:
+    runner = _runner(tmp_path, make_settings, _scripted(write_script), limits=BudgetLimits(max_calls=2))
+    assert runner.query("item 1").ok  # one call is always kept back for the final answer
+    spent = runner.query("item 2")
+    assert spent.error_code == "budget_exhausted" and "final_answer" in spent.advice
+
+
+def test_a_long_answer_is_truncated_and_says_so(tmp_path: Path, make_settings, write_script) -> None:
+    provider = _scripted(write_script, [{"pattern": "essay", "answer": "w" * 500}])
+    result = _runner(tmp_path, make_settings, provider, max_response_chars=100).query("write an essay")
+    assert result.ok and result.truncated and len(result.text) == 100
+    assert "RLM_MAX_RESPONSE_CHARS" in result.advice
+
+
+def test_a_batch_answers_in_input_order_and_one_failure_does_not_fail_it(tmp_path: Path, make_settings,
+                                                                         write_script) -> None:
+    runner = _runner(tmp_path, make_settings, _scripted(write_script))
+    prompts = [f"item {i}" for i in range(6)] + ["explode"] + [f"item {i}" for i in range(6, 9)]
+    results = runner.query_batched(prompts)
+    assert [r.text for r in results if r.ok] == [f"answer {i}" for i in range(9)]
+    assert [r.ok for r in results].index(False) == 6
+    assert results[6].error_code == "provider_error"
+
+
+def test_a_batch_over_the_cap_is_refused_as_data(tmp_path: Path, make_settings, write_script) -> None:
+    provider = _scripted(write_script)
+    results = _runner(tmp_path, make_settings, provider, max_batch_size=4, max_concurrency=2).query_batched(
+        [f"item {i}" for i in range(5)])
+    assert len(results) == 5 and all(r.error_code == "batch_too_large" for r in results)
+    assert "RLM_MAX_BATCH_SIZE" in results[0].error and provider.calls["subcall"] == 0
+
+
+class _CountingProvider:
+    """Wraps the scripted provider to record how many calls overlap."""
+
+    name = "counting"
+
+    def __init__(self, inner: ScriptedProvider) -> None:
+        self.inner = inner
+        self.default_model = inner.default_model
+        self.active = 0
+        self.peak = 0
+        self.lock = threading.Lock()
+
+    def complete(self, messages: list[dict[str, Any]], **kw: Any) -> Completion:
+        with self.lock:
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+        try:
+            time.sleep(0.05)
+            return self.inner.complete(messages, **kw)
+        finally:
+            with self.lock:
+                self.active -= 1
+
+
+def test_a_batch_runs_concurrently_within_the_named_bound(tmp_path: Path, make_settings, write_script) -> None:
+    provider = _CountingProvider(_scripted(write_script))
+    runner = _runner(tmp_path, make_settings, provider, max_concurrency=3)
+    results = runner.query_batched([f"item {i}" for i in range(12)])
+    assert all(r.ok for r in results)
+    assert provider.peak == 3
+
+
+def test_chunks_and_search_hits_are_sent_as_their_labelled_text(tmp_path: Path, make_settings, write_script,
+                                                               fixture_repo: Path) -> None:
+    s = make_settings()
+    ctx = Context.from_repository(fixture_repo, s)
+    provider = _scripted(write_script, [{"pattern": r"=== (src/limits.py) \[(\d+):(\d+)\] ===\n.*MAX_CRATES = (\d+)",
+                                         "answer": r"\1 says \4"}])
+    budget = Budget(tmp_path / "b.sqlite3", "root", BudgetLimits(max_calls=10))
+    bridge_box: dict[str, Bridge] = {}
+    runner = SubcallRunner(provider=provider, budget=budget, settings=s,
+                           resolve_context=lambda v: bridge_box["b"].resolve_context(v))
+    bridge_box["b"] = Bridge(context=ctx, subcalls=runner, history=None, answer=AnswerBox(),  # type: ignore[arg-type]
+                             max_answer_chars=1000, current_turn=lambda: 1)
+    chunk = ctx.select("src/limits.py").chunk(1000)[0]
+    assert runner.query("what is the limit?", context=chunk.ref()).text == "src/limits.py says 40"
+    assert runner.query("what is the limit?", context=[chunk.ref()]).text == "src/limits.py says 40"
+
+
+def test_a_prompt_that_is_not_a_string_is_refused_as_data(tmp_path: Path, make_settings, write_script) -> None:
+    result = _runner(tmp_path, make_settings, _scripted(write_script)).query(42)  # type: ignore[arg-type]
+    assert result.error_code == "invalid_argument"

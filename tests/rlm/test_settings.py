@@ -1,0 +1,34 @@
+"""Settings: every limit is named, validated at start-up, and errors name the variable to change."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlm.errors import SettingsInvalid
+from rlm.settings import load_settings
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_an_invalid_limit_names_its_environment_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLM_MAX_TURNS", "0")
+    with pytest.raises(SettingsInvalid) as info:
+        load_settings()
+    assert "RLM_MAX_TURNS" in info.value.message and info.value.setting == "max_turns"
+
+
+def test_incoherent_limits_are_refused_at_start_up() -> None:
+    with pytest.raises(SettingsInvalid) as info:
+        load_settings(subcall_timeout_s=600, host_call_timeout_s=60)
+    assert "host_call_timeout_s" in info.value.message
+
+
+def test_the_kernel_limits_are_built_from_the_settings_of_the_same_names() -> None:
+    limits = load_settings(step_timeout_s=7, max_output_bytes=4096, max_memory_bytes=64 << 20).kernel_limits()
+    assert (limits.step_timeout_s, limits.max_output_bytes, limits.max_memory_bytes) == (7, 4096, 64 << 20)
+
+
+def test_the_data_dir_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("RLM_DATA_DIR", str(tmp_path / "d"))
+    settings = load_settings()
+    assert settings.data_dir == tmp_path / "d" and settings.budget_path == tmp_path / "d" / "budget.sqlite3"
