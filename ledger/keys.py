@@ -29,6 +29,7 @@ from datetime import datetime, timedelta, timezone
 from itsdangerous import BadSignature, Signer
 from itsdangerous.encoding import base64_decode, base64_encode
 from sqlalchemy import Connection, Engine, text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.errors import ServiceError
 
@@ -295,4 +296,44 @@ class KeyVerifier:
             if len(self._cache) >= self._max_cache_entries:
                 self._cache.clear()
             self._cache[key_id] = status
+        return status
+
+
+class AsyncKeyVerifier:
+    """KeyVerifier for an asyncio service: the same checks, the revocation lookup on an AsyncEngine.
+
+    Signature, environment and expiry are checked in memory (no I/O); a key's
+    database status is cached for ``revocation_cache_s`` seconds per instance,
+    the same revocation bound as ``KeyVerifier``.
+    """
+
+    def __init__(self, signer: KeySigner, engine: AsyncEngine, revocation_cache_s: float) -> None:
+        self.signer = signer
+        self.engine = engine
+        self.revocation_cache_s = revocation_cache_s
+        self._cache: dict[str, _Status] = {}
+        self._max_cache_entries = 100_000
+
+    async def verify(self, key: str, *, now: datetime | None = None) -> KeyIdentity:
+        identity = self.signer.check(key, now=now)
+        status = await self._status(identity.key_id)
+        if not status.exists:
+            raise refuse(UNKNOWN)
+        if status.revoked_at is not None:
+            raise refuse(REVOKED, status.revoked_at.isoformat())
+        return identity
+
+    async def _status(self, key_id: str) -> _Status:
+        now = time.monotonic()
+        cached = self._cache.get(key_id)  # one event loop: no lock needed
+        if cached and now - cached.checked_at < self.revocation_cache_s:
+            return cached
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(text("SELECT revoked_at FROM api_keys WHERE key_id = :k"), {"k": key_id})
+            ).first()
+        status = _Status(revoked_at=row[0] if row else None, exists=row is not None, checked_at=now)
+        if len(self._cache) >= self._max_cache_entries:
+            self._cache.clear()
+        self._cache[key_id] = status
         return status
