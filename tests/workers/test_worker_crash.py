@@ -1,0 +1,166 @@
+"""Workers as real processes: kill -9 mid-job, and concurrent deliveries across processes."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import Engine
+
+from core.settings import PROJECT_ROOT
+from tests.workers.conftest import WORKER_SECRET
+from workers import claims
+from workers.auth import JobSigner
+
+pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]
+
+LEASE_S = 1.0
+
+
+class WorkerProcess:
+    def __init__(self, env: dict[str, str], step_log: Path) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.workers.worker_process", str(step_log)],
+            cwd=PROJECT_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 30
+        assert self.process.stdout is not None
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.process.stdout], [], [], 0.2)
+            if ready:
+                line = self.process.stdout.readline()
+                if line.startswith("LISTENING "):
+                    self.url = f"http://127.0.0.1:{int(line.split()[1])}/jobs"
+                    return
+                if not line:
+                    break
+        self.stop()
+        raise AssertionError("the worker process did not start")
+
+    def post(self, body: bytes, timeout_s: float = 30) -> httpx.Response:
+        return httpx.post(self.url, content=body, timeout=timeout_s)
+
+    def kill(self) -> None:
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        if self.process.stdout:
+            self.process.stdout.close()
+
+
+@pytest.fixture
+def step_log(tmp_path: Path) -> Path:
+    path = tmp_path / "steps.log"
+    path.touch()
+    return path
+
+
+@pytest.fixture
+def spawn(service_env: dict[str, str], step_log: Path) -> Iterator:
+    env = dict(service_env)
+    env.update(
+        SPECIALISTS_WORKER_JOB_SECRETS=WORKER_SECRET,
+        SPECIALISTS_WORKER_OIDC_VERIFY="false",
+        SPECIALISTS_WORKER_LEASE_S=str(LEASE_S),
+        SPECIALISTS_WORKER_HEARTBEAT_S="0.2",
+        SPECIALISTS_WORKER_CANCEL_GRACE_S="0.5",
+    )
+    started: list[WorkerProcess] = []
+
+    def start() -> WorkerProcess:
+        worker = WorkerProcess(env, step_log)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def runs(step_log: Path, job_id: str) -> list[str]:
+    """The pids of the processes that started running the job."""
+    return [line.split()[0] for line in step_log.read_text().splitlines() if line.split()[1:3] == [job_id, "0"]]
+
+
+def body(job_id: str, steps: list[dict]) -> bytes:
+    signer = JobSigner([WORKER_SECRET], audience="specialists-worker", max_age_s=3600)
+    return signer.sign(job_id=job_id, specialist_id="scripted", deadline_s=60, payload={"script": {"steps": steps}})
+
+
+def test_a_worker_killed_mid_job_leaves_it_unknown_and_no_later_delivery_runs_it(spawn, step_log, engine: Engine) -> None:
+    job = "job-" + secrets.token_hex(8)
+    signed = body(job, [{"op": "sleep", "seconds": 30}, {"op": "complete"}])
+    first, second = spawn(), spawn()
+
+    cut_off: list[BaseException] = []
+
+    def deliver_to_the_doomed_worker() -> None:
+        try:
+            first.post(signed)
+        except httpx.HTTPError as exc:  # the connection dies with the process
+            cut_off.append(exc)
+
+    in_flight = threading.Thread(target=deliver_to_the_doomed_worker, daemon=True)
+    in_flight.start()
+    deadline = time.monotonic() + 10
+    while not runs(step_log, job) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert runs(step_log, job) == [str(first.process.pid)]
+
+    first.kill()
+    busy = second.post(signed)  # the dead worker's lease is still live: come back later
+    assert busy.status_code == 503 and busy.json()["code"] == "job_busy"
+
+    time.sleep(LEASE_S + 0.2)
+    later = second.post(signed)
+    assert later.status_code == 200 and later.json()["code"] == "job_outcome_unknown"
+    assert second.post(signed).json()["code"] == "job_outcome_unknown"
+    assert runs(step_log, job) == [str(first.process.pid)]  # it ran once, in the killed process
+    with engine.connect() as conn:
+        row = claims.get(conn, job)
+    assert row["state"] == "unknown" and row["claims"] == 1 and row["fencing_token"] == 1
+    in_flight.join(5)
+    assert cut_off, "the killed worker answered; it should have died mid-job"
+
+
+def test_five_concurrent_deliveries_across_two_worker_processes_run_the_job_once(spawn, step_log, engine) -> None:
+    job = "job-" + secrets.token_hex(8)
+    signed = body(job, [{"op": "sleep", "seconds": 0.5}, {"op": "complete", "text": "once"}])
+    workers = [spawn(), spawn()]
+    barrier = threading.Barrier(5)
+    answers: list[httpx.Response] = []
+
+    def deliver(i: int) -> None:
+        barrier.wait()
+        answers.append(workers[i % 2].post(signed))
+
+    threads = [threading.Thread(target=deliver, args=(i,)) for i in range(5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(a.json()["code"] for a in answers) == ["job_busy"] * 4 + ["job_finished"]
+    assert len(runs(step_log, job)) == 1
+    with engine.connect() as conn:
+        assert claims.get(conn, job)["outcome"] == "completed"
