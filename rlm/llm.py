@@ -29,6 +29,8 @@ SUBCALL_SYSTEM = (
     "If the text does not contain the answer, say NONE."
 )
 PREVIEW_CHARS = 60
+BATCH_DEADLINE_SHARE = 0.95  # of host_call_timeout_s: a batch returns what it has before its host call is cut
+MIN_CALL_S = 0.05  # less time than this left: do not send the call at all
 
 
 @dataclass(frozen=True)
@@ -114,9 +116,10 @@ class SubcallRunner:
 
     # ---------- public ----------
 
-    def query(self, prompt: Any, context: Any = "", model: str | None = None) -> LLMResult:
+    def query(self, prompt: Any, context: Any = "", model: str | None = None,
+              deadline: float | None = None) -> LLMResult:
         try:
-            return self._one(prompt, context, model)
+            return self._one(prompt, context, model, deadline)
         except Exception as exc:  # noqa: BLE001 - the model's code must get data, never our crash
             return _failure("internal_error", f"{type(exc).__name__}: {exc}", "Retry once; if it repeats, continue without it.")
 
@@ -140,13 +143,26 @@ class SubcallRunner:
         if count == 0:
             return []
         workers = min(self.settings.max_concurrency, count)
+        # The whole batch is one host call with its own deadline: finish inside it, so the answers
+        # that did arrive reach the code instead of being lost to a TimeoutError.
+        deadline = time.monotonic() + self.settings.host_call_timeout_s * BATCH_DEADLINE_SHARE
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rlm-subcall") as pool:
-            futures = [pool.submit(self.query, p, c, model) for p, c in zip(prompts, contexts)]
+            futures = [pool.submit(self.query, p, c, model, deadline) for p, c in zip(prompts, contexts)]
             return [f.result() for f in futures]
 
     # ---------- one call ----------
 
-    def _one(self, prompt: Any, context: Any, model: str | None) -> LLMResult:
+    def _one(self, prompt: Any, context: Any, model: str | None, deadline: float | None = None) -> LLMResult:
+        timeout_s = self.settings.subcall_timeout_s
+        if deadline is not None:
+            timeout_s = min(timeout_s, deadline - time.monotonic())
+            if timeout_s < MIN_CALL_S:
+                return _failure(
+                    "timeout",
+                    "the batch ran out of time before this prompt was sent "
+                    f"(one batch must finish within RLM_HOST_CALL_TIMEOUT_S={self.settings.host_call_timeout_s:g})",
+                    "Send fewer prompts per batch, or retry the ones that timed out.",
+                )
         if not isinstance(prompt, str):
             return _failure("invalid_argument", f"the prompt must be a string, not {type(prompt).__name__}",
                             "Pass the question as a string and the text as context=.")
@@ -183,12 +199,11 @@ class SubcallRunner:
             return result
         content = f"{context_text}\n\n{prompt}" if context_text else prompt
         messages = [{"role": "system", "content": SUBCALL_SYSTEM}, {"role": "user", "content": content}]
-        result = self._call(messages, model_id, entry)
+        result = self._call(messages, model_id, entry, timeout_s)
         self._record(seq, prompt, context_text, result, entry)
         return result
 
-    def _call(self, messages: list[dict[str, Any]], model: str | None, entry: int) -> LLMResult:
-        timeout_s = self.settings.subcall_timeout_s
+    def _call(self, messages: list[dict[str, Any]], model: str | None, entry: int, timeout_s: float) -> LLMResult:
         started = time.monotonic()
         outcome: dict[str, Any] = {}
         done = threading.Event()
@@ -216,7 +231,7 @@ class SubcallRunner:
         if not done.wait(timeout_s):
             self.budget.mark_unknown(entry, f"no answer within {timeout_s:g} s")
             return LLMResult(
-                text="", ok=False, error=f"no answer within {timeout_s:g} s (RLM_SUBCALL_TIMEOUT_S)",
+                text="", ok=False, error=f"no answer within {timeout_s:.3g} s (RLM_SUBCALL_TIMEOUT_S)",
                 error_code="timeout", advice="Ask about a smaller piece of text, or retry once.",
                 duration_s=round(time.monotonic() - started, 3),
             )

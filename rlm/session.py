@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -157,19 +158,22 @@ class Session:
         answer = AnswerBox()
         stats = self.context.stats()
 
+        subcall_lock = threading.Lock()
+
         def on_subcall(record: SubcallRecord) -> None:
             hid = history.add("subcall", f"PROMPT:\n{record.prompt}\n\nANSWER:\n{record.response}",
                               turn=record.turn, title=record.prompt[:80])
-            state.subcalls += 1
-            trajectory.write(
-                "subcall", seq=record.seq, turn=record.turn, prompt=record.prompt[:PREVIEW_CHARS],
-                prompt_chars=len(record.prompt), context_chars=record.context_chars, ok=record.ok,
-                error_code=record.error_code, response=record.response[:PREVIEW_CHARS],
-                response_chars=len(record.response), truncated=record.truncated, usage=record.usage,
+            with subcall_lock:  # batches record from several threads; keep the count and the events in step
+                state.subcalls += 1
+                trajectory.write(
+                    "subcall", seq=record.seq, turn=record.turn, prompt=record.prompt[:PREVIEW_CHARS],
+                    prompt_chars=len(record.prompt), context_chars=record.context_chars, ok=record.ok,
+                    error_code=record.error_code, response=record.response[:PREVIEW_CHARS],
+                    response_chars=len(record.response), truncated=record.truncated, usage=record.usage,
                 model=record.model, duration_s=record.duration_s, budget_entry=record.budget_entry, history_id=hid,
-            )
-            self._emit({"event": "subcall", "turn": record.turn, "subcalls": state.subcalls, "ok": record.ok,
-                        "budget": budget.snapshot().to_dict()})
+                )
+                self._emit({"event": "subcall", "turn": record.turn, "subcalls": state.subcalls, "ok": record.ok,
+                            "budget": budget.snapshot().to_dict()})
 
         subcalls = SubcallRunner(
             provider=self.provider, budget=budget, settings=settings, on_record=on_subcall,

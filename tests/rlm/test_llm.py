@@ -164,3 +164,16 @@ def test_chunks_and_search_hits_are_sent_as_their_labelled_text(tmp_path: Path, 
 def test_a_prompt_that_is_not_a_string_is_refused_as_data(tmp_path: Path, make_settings, write_script) -> None:
     result = _runner(tmp_path, make_settings, _scripted(write_script)).query(42)  # type: ignore[arg-type]
     assert result.error_code == "invalid_argument"
+
+
+def test_a_slow_batch_returns_what_arrived_before_its_host_call_deadline(tmp_path: Path, make_settings,
+                                                                         write_script) -> None:
+    provider = _scripted(write_script, [{"pattern": r"item (\d+)", "answer": r"answer \1", "delay_s": 0.4}])
+    runner = _runner(tmp_path, make_settings, provider, host_call_timeout_s=1.0, subcall_timeout_s=0.9,
+                     max_concurrency=1, max_batch_size=4)
+    started = time.monotonic()
+    results = runner.query_batched([f"item {i}" for i in range(4)])
+    assert time.monotonic() - started < 1.0, "the batch must end inside its host call's deadline"
+    assert [r.text for r in results[:2]] == ["answer 0", "answer 1"]
+    assert [r.error_code for r in results[2:]] == ["timeout", "timeout"]
+    assert "RLM_HOST_CALL_TIMEOUT_S" in results[3].error

@@ -184,3 +184,34 @@ def test_observations_keep_head_and_tail_and_name_the_handle() -> None:
     assert len(shown) <= 2000 and shown.startswith("h" * 1000) and shown.endswith("t" * 500)
     assert "history.read(7, 1340, " in shown
     assert bounded("short", 2000, 500, 7, 20_000) == "short"
+
+
+def test_a_run_past_its_time_limit_asks_for_the_answer(fixture_repo: Path, make_settings, write_script) -> None:
+    script = write_script([{"code": "x = 1", "delay_s": 0.3}, "final_answer('in time')"])
+    result, _, events = _run(fixture_repo, make_settings(max_run_s=0.2), script, "monty")
+    assert result.stop_reason == "deadline" and result.answer == "in time" and result.turns == 2
+    assert "RLM_MAX_RUN_S" in [e for e in events if e["event"] == "final_request"][0]["why"]
+
+
+def test_the_progress_line_shows_turn_sub_calls_and_budget(fixture_repo: Path, make_settings,
+                                                           write_script) -> None:
+    from rlm.cli import _Progress
+
+    progress = _Progress()
+    seen: list[str] = []
+
+    def on_event(event: dict[str, Any]) -> None:
+        progress.update(event)
+        seen.append(progress.render().plain)
+
+    script = write_script(INVESTIGATION, RULES, default_answer="NONE")
+    session = Session(context=Context.from_repository(fixture_repo, make_settings()),
+                      provider=ScriptedProvider.from_file(script), settings=make_settings(), kernel="monty",
+                      on_event=on_event)
+    result = session.run("q")
+    assert any(line.startswith("turn 1/12 · sub-calls 0 · calls 1/300 · tokens ") and "running code" in line
+               for line in seen)
+    counts = [int(line.split("sub-calls ")[1].split(" ")[0]) for line in seen]
+    assert counts == sorted(counts), "the sub-call count never goes backwards"
+    assert seen[-1].startswith(f"turn 2/12 · sub-calls {result.subcalls} · calls {result.budget.calls}/300 · tokens ")
+    assert seen[-1].endswith("done")
