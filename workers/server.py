@@ -17,6 +17,9 @@ our result was stale       200     ``job_result_stale``: recorded for operators
 outcome not recorded       503     ``finish_failed``: the lease expires, then unknown
 =========================  ======  ===================================================
 
+Answers carry the outcome state only, never the job's input or results: whoever
+holds a valid body learns no more than whether the job ran.
+
 While a job runs the worker renews its lease every ``worker_heartbeat_s``; the
 renewal also carries cancel requests, so a cancel from any API instance reaches
 the runner within one heartbeat. The job's deadline and a lost lease stop the
@@ -142,7 +145,6 @@ class WorkerService:
                     "this job already finished; it is not run again",
                     job_id=job.job_id,
                     outcome=claim.job_outcome,
-                    record=claim.job_outcome_detail,
                 )
             if claim.outcome == "lease_expired_unknown":
                 return _answer(
@@ -257,8 +259,7 @@ class WorkerService:
             return _answer(503, "finish_failed", str(exc), retry_after_s=self.limits.lease_s)
         if result.accepted:
             return _answer(
-                200, "job_finished", "the job ran and its outcome is recorded", job_id=job.job_id,
-                outcome=outcome.state, record=outcome.as_record(),
+                200, "job_finished", "the job ran and its outcome is recorded", job_id=job.job_id, outcome=outcome.state
             )
         return _answer(
             200,
