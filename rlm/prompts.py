@@ -52,10 +52,13 @@ after that step. Replying in plain text does not end the run, except when you ar
 {kernel_notes}"""
 
 MONTY_NOTES = """
-Your code runs in Monty, a sandboxed Python subset: no files, network, shell or environment. \
-Available modules include re, json, math, datetime, collections, itertools. Missing: `del`, `yield`, \
-class inheritance, decorators, `dir()`, `callable()`, `len()` of your own classes, and the modules \
-heapq, textwrap, string, statistics, difflib, fnmatch."""
+Your code runs in Monty, a sandboxed Python subset: no network, shell, environment or file writes. \
+Available: functions, lambdas, classes without inheritance, comprehensions, f-strings, try/except with \
+builtin exceptions, and the modules re, json, math, collections, itertools, functools, datetime, \
+bisect, hashlib, csv. Missing: `del`, `yield`, class inheritance (so no custom exception classes), \
+method decorators such as @property, `__lt__`/`__eq__` on your classes, `len()` of your own classes, \
+`dir()`, `vars()`, `callable()`, `globals()`, and the modules heapq, textwrap, string, statistics, \
+difflib, fnmatch, glob, operator."""
 
 HOST_NOTES = """
 Your code runs in a separate Python process on the user's machine with the standard library. \

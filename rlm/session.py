@@ -11,6 +11,7 @@ sub-call draws on the run's one budget; every run writes a trajectory.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import threading
 import time
@@ -70,7 +71,9 @@ def default_kernel_factory(name: str, settings: RLMSettings, run_dir: Path, run_
         if name == "host":
             from rlm.kernels.host import HostKernel
 
-            return HostKernel(limits=limits)
+            # The model's code never gets the model key: the child inherits the environment without it.
+            env = {k: v for k, v in os.environ.items() if k != settings.api_key_env}
+            return HostKernel(limits=limits, env=env)
         from rlm.kernels.checkpoints import FileCheckpointStore
         from rlm.kernels.monty import MontyKernel
 
@@ -122,6 +125,9 @@ class Session:
         self.context = context
         self.provider = provider
         self.kernel_name = kernel or self.settings.kernel
+        if self.kernel_name not in ("host", "monty"):
+            raise SettingsInvalid(f"unknown kernel {self.kernel_name!r}: use 'host' or 'monty' (RLM_KERNEL)",
+                                  setting="kernel")
         self.kernel_factory = kernel_factory or default_kernel_factory
         self.model = model
         self.run_id = run_id or new_run_id()

@@ -81,6 +81,21 @@ def test_a_document_run_with_budget_flags(tmp_path: Path) -> None:
     assert "budget_exhausted" in run.stderr
 
 
+def test_a_bundle_run_answers_with_the_original_offsets(tmp_path: Path) -> None:
+    bundle = tmp_path / "evidence.json"
+    bundle.write_text(json.dumps({"items": [
+        {"path": "src/app.py", "start": 120, "end": 138, "text": "RETRY_LIMIT = 7 # "},
+        {"path": "README.md", "start": 0, "end": 6, "text": "# app\n"},
+    ]}))
+    script = tmp_path / "s.json"
+    code = "h = context.search(r'RETRY_LIMIT = (\\d+)')[0]\nfinal_answer(h['path'] + ':' + str(h['start']))"
+    script.write_text(json.dumps({"root": [{"code": code}]}))
+    run = rlm("run", "--bundle", str(bundle), "--script", str(script), "where is the retry limit?",
+              data_dir=tmp_path / "data")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "src/app.py:120"
+
+
 def test_a_missing_key_variable_is_named_and_nothing_runs(tmp_path: Path) -> None:
     run = rlm("run", "--repo", "rlm/examples/harbor", "--model", "gpt-x", "--api-key-env", "NO_SUCH_RLM_KEY", "q",
               data_dir=tmp_path / "data")
@@ -99,8 +114,9 @@ def test_a_run_against_an_openai_compatible_endpoint(tmp_path: Path, fake_openai
     assert run.stdout.strip() == "files: 10"
     request = fake_openai.requests[0]
     assert request["tools"][0]["function"]["name"] == "python"
-    assert "sk-local" not in json.dumps(request)
     assert "330 tokens" in run.stderr
+    stored = [p.read_bytes() for p in (tmp_path / "data").rglob("*") if p.is_file()]
+    assert stored and not any(b"sk-local" in blob for blob in stored), "the key must never be stored"
 
 
 def test_unknown_usage_is_listed_and_reconciled_from_the_command_line(tmp_path: Path) -> None:

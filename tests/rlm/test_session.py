@@ -215,3 +215,12 @@ def test_the_progress_line_shows_turn_sub_calls_and_budget(fixture_repo: Path, m
     assert counts == sorted(counts), "the sub-call count never goes backwards"
     assert seen[-1].startswith(f"turn 2/12 · sub-calls {result.subcalls} · calls {result.budget.calls}/300 · tokens ")
     assert seen[-1].endswith("done")
+
+
+def test_the_host_kernel_never_sees_the_model_key(fixture_repo: Path, make_settings, write_script,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_MODEL_KEY", "sk-should-stay-on-the-host")
+    monkeypatch.setenv("SOME_OTHER_VAR", "visible")
+    script = write_script(["import os\nfinal_answer([os.environ.get('MY_MODEL_KEY'), os.environ.get('SOME_OTHER_VAR')])"])
+    result, _, _ = _run(fixture_repo, make_settings(api_key_env="MY_MODEL_KEY"), script, "host")
+    assert json.loads(result.answer) == [None, "visible"]
