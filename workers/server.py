@@ -204,6 +204,7 @@ class WorkerService:
                 done.set_result(outcome)
 
         def run() -> None:
+            outcome = RunOutcome("failed", "the specialist stopped without an outcome")
             try:
                 outcome = runner.run(ctx)
             except Exception as exc:  # a crashing specialist is a failed job, not a crashed worker

@@ -216,3 +216,32 @@ def test_the_database_refuses_impossible_claim_rows(engine: Engine) -> None:
             conn.execute(
                 text("INSERT INTO job_claims (job_id, state, fencing_token, claims) VALUES ('j-bad', 'running', 1, 1)")
             )  # running without a lease
+
+
+def test_the_claims_migration_rolls_back_and_forward_cleanly(server_url: str) -> None:
+    """Operators can step back over revision 0020 and forward again (its own database)."""
+    from alembic import command
+    from sqlalchemy import create_engine
+
+    from core import db
+    from tests.conftest import _with_database
+
+    name = f"specialists_claims_migration_{secrets.token_hex(4)}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = _with_database(server_url, name)
+    probe = create_engine(url)
+    try:
+        db.upgrade(url, "0020")
+        command.downgrade(db.alembic_config(url), "0020-1")
+        with probe.connect() as conn:
+            assert conn.execute(text("SELECT to_regclass('job_claims'), to_regproc('job_claim')")).one() == (None, None)
+        db.upgrade(url, "0020")
+        with probe.begin() as conn:
+            assert claims.claim(conn, "job-after-roundtrip", worker_id="w", lease_s=5).outcome == "claimed"
+    finally:
+        probe.dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        admin.dispose()
