@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     out = Console(soft_wrap=True)
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     try:
         if args.command == "run":
             return _run(args, out, err)

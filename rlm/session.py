@@ -77,7 +77,10 @@ def default_kernel_factory(name: str, settings: RLMSettings, run_dir: Path, run_
         from rlm.kernels.checkpoints import FileCheckpointStore
         from rlm.kernels.monty import MontyKernel
 
-        return MontyKernel(limits=limits, store=FileCheckpointStore(run_dir / "checkpoints"), session_id=run_id)
+        # Step checkpoints are kept; snapshots before every host call are for a replacement worker
+        # resuming a step (the service), which a local run never does: they would cost ~2 ms per call.
+        return MontyKernel(limits=limits, store=FileCheckpointStore(run_dir / "checkpoints"), session_id=run_id,
+                           record_pending_calls=False)
     except ImportError as exc:
         raise KernelUnavailable(f"the {name} kernel cannot be loaded: {exc}") from None
 
