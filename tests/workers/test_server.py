@@ -56,16 +56,17 @@ def test_the_same_job_delivered_five_times_at_once_runs_once(worker: TestWorker,
 
     with ThreadPoolExecutor(5) as pool:
         answers = list(pool.map(deliver, range(5)))
-    codes = sorted(a.json()["code"] for a in answers)
-    assert codes == ["job_busy"] * 4 + ["job_finished"]
-    for busy in (a for a in answers if a.json()["code"] == "job_busy"):
-        assert busy.status_code == 503 and 1 <= int(busy.headers["Retry-After"]) <= 2
+    finished = [a for a in answers if a.json()["code"] == "job_finished"]
+    told_to_retry = [a for a in answers if a.json()["code"] in ("job_busy", "worker_at_capacity")]
+    assert len(finished) == 1 and len(told_to_retry) == 4  # 4 slots: a fifth request may not even get to claim
+    for retry in told_to_retry:
+        assert retry.status_code == 503 and 1 <= int(retry.headers["Retry-After"]) <= 2
     assert worker.log.runs(job) == 1
     again = worker.post(body)  # a later redelivery gets the stored outcome, and nothing runs
     assert again.status_code == 200 and again.json()["code"] == "job_already_finished"
     assert again.json()["outcome"] == "completed" and "once" not in again.text  # the state, never the result
     assert worker.log.runs(job) == 1
-    assert claim_row(engine, job)["deliveries"] == 6
+    assert claim_row(engine, job)["deliveries"] == 1 + sum(a.json()["code"] != "worker_at_capacity" for a in answers)
 
 
 @pytest.mark.parametrize(
