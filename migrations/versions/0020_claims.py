@@ -8,13 +8,13 @@ matter. ``job_stale_reports`` keeps what stale workers tried to report, for
 operators.
 
 Revision ID: 0020
-Revises: 0001
+Revises: 0010
 """
 
 from alembic import op
 
 revision = "0020"
-down_revision = "0001"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 
