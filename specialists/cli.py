@@ -19,6 +19,7 @@ from sqlalchemy import Engine
 from core import db
 from core.errors import ServiceError
 from core.settings import Settings
+from core.specs import SpecInvalid
 from ledger import keys
 from specialists import output
 from specialists.output import EXIT_CONFIG, EXIT_DATABASE, EXIT_OK, EXIT_REFUSED, emit, fail, say
@@ -175,22 +176,33 @@ def cmd_keys_verify(ctx: Ctx, args: argparse.Namespace) -> int:
 
 
 def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
-    if ctx.settings.embedded:
+    """Start the A2A edge (uvicorn) on SPECIALISTS_EDGE_HOST:SPECIALISTS_EDGE_PORT until stopped."""
+    settings = ctx.settings.model_copy()
+    for name, value in (("edge_host", args.host), ("edge_port", args.port)):
+        if value is not None:  # validated like the environment variable would be
+            settings.__pydantic_validator__.validate_assignment(settings, name, value)
+    if settings.embedded:
         # The embedded database belongs to this machine's service: bring it to head.
         db.upgrade(ctx.url)
     db.require_schema_at_head(ctx.engine)
+    from app.server import serve  # the web stack loads only for this command
+    from core.specs import load_specs
+
+    specs = load_specs(settings.specs_dir)  # an invalid spec stops here, naming the file and field
     emit(
         {
             "database": db.redact_url(ctx.url),
-            "embedded": ctx.settings.embedded,
+            "embedded": settings.embedded,
             "schema": db.current_revision(ctx.engine),
-            "key_signing_secrets": len(ctx.settings.key_signing_secrets),
+            "key_signing_secrets": len(settings.key_signing_secrets),
+            "specialists": ", ".join(sorted(specs)),
+            "url": settings.public_url,
         },
         as_json=ctx.as_json,
-        title="service ready",
+        title="service starting",
     )
-    if not ctx.as_json:
-        say("The operator command is ready: `.venv/bin/specialists --help`.")
+    ctx.engine.dispose()
+    serve(settings, ctx.url)
     return EXIT_OK
 
 
@@ -205,7 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specialists", description=__doc__.splitlines()[0], parents=[common])
     groups = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
 
-    serve = groups.add_parser("serve", parents=[common], help="run the service on this machine")
+    serve = groups.add_parser("serve", parents=[common], help="run the A2A edge on this machine")
+    serve.add_argument("--host", default=None, help="default: SPECIALISTS_EDGE_HOST (127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="default: SPECIALISTS_EDGE_PORT (8080)")
     serve.set_defaults(func=cmd_serve)
 
     dbp = groups.add_parser("db", parents=[common], help="database schema").add_subparsers(
@@ -259,8 +273,13 @@ def main(argv: list[str] | None = None) -> int:
     ctx = Ctx(settings=settings, as_json=as_json, operator=args.operator or getpass.getuser())
     try:
         return args.func(ctx, args)
+    except ValidationError as invalid:  # e.g. serve --port 0
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in invalid.errors(include_input=False))
+        return fail("settings_invalid", f"invalid settings: {problems}", as_json=as_json, exit_code=EXIT_CONFIG)
     except (db.SchemaNotAtHead, db.DatabaseUnavailable) as problem:
         return fail(problem.code, problem.message, as_json=as_json, exit_code=EXIT_DATABASE)
+    except SpecInvalid as invalid_spec:
+        return fail(invalid_spec.code, invalid_spec.message, as_json=as_json, exit_code=EXIT_CONFIG)
     except keys.KeyRefused as refused:
         exit_code = EXIT_CONFIG if refused.code == keys.NO_SECRET else EXIT_REFUSED
         return fail(refused.code, refused.message, as_json=as_json, exit_code=exit_code)

@@ -116,9 +116,10 @@ def upgrade() -> None:
             CHECK ((status = 'pending') = (claimed_at IS NULL) OR status = 'canceled'),
             CHECK ((status IN ('done', 'canceled')) = (finished_at IS NOT NULL))
         );
-        -- A task processes one message at a time.
-        CREATE UNIQUE INDEX dispatch_outbox_one_open_per_task ON dispatch_outbox (task_id)
-            WHERE status IN ('pending', 'claimed');
+        -- At most one message waits per task. (A follow-up may be queued while the run that asked
+        -- for input is still winding down, so 'claimed' rows are not counted.)
+        CREATE UNIQUE INDEX dispatch_outbox_one_pending_per_task ON dispatch_outbox (task_id)
+            WHERE status = 'pending';
         CREATE INDEX dispatch_outbox_pending ON dispatch_outbox (executor, dispatch_id) WHERE status = 'pending';
 
         CREATE FUNCTION edge_notify_dispatch() RETURNS trigger LANGUAGE plpgsql AS $$

@@ -1,0 +1,424 @@
+"""Admission: everything checked before work is accepted, and the one transaction that accepts it.
+
+In order, before anything is written:
+  1. the message against the specialist's spec (parts, media types, sizes, ids);
+  2. the caller's credit ceiling (``message.metadata["credit_ceiling"]``) against the tariff.
+Then ONE transaction: the idempotency record (customer, messageId, content
+fingerprint), the context binding, the ledger reservation, the task row (in the
+a2a-sdk store's format) and the dispatch outbox row. Any refusal raises and
+rolls everything back, so a refused request leaves no task and no reservation.
+
+A follow-up message (``message.taskId`` set) continues a task that asks for
+input: no new reservation (the task's hold covers it), the task goes back to
+SUBMITTED with the message in its history, and a new outbox row is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from a2a.server.agent_execution.active_task import INTERRUPTED_TASK_STATES, TERMINAL_TASK_STATES
+from a2a.types.a2a_pb2 import (
+    Message,
+    Role,
+    SendMessageRequest,
+    Task,
+    TaskState,
+    TaskStatus,
+    TaskStatusUpdateEvent,
+)
+from a2a.utils.errors import (
+    ContentTypeNotSupportedError,
+    InvalidParamsError,
+    PushNotificationNotSupportedError,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+    UnsupportedOperationError,
+)
+from a2a.utils.task import validate_history_length
+from google.protobuf.json_format import MessageToDict
+from sqlalchemy import Connection, text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app import ledger_port, taskrows
+from app.errors import ContextUnavailable, MessageIdConflict, OverCreditCeiling, PayloadTooLarge, TaskNotAwaitingInput
+from app.identity import Identity
+from core.settings import Settings
+from core.specs import LoadedSpec, media_type_matches
+
+CREDIT_CEILING_KEY = "credit_ceiling"
+# The a2a-sdk task tables store ids in varchar(36).
+MAX_ID_CHARS = 36
+
+
+def invalid(message: str, code: str) -> InvalidParamsError:
+    return InvalidParamsError(message=message, data={"code": code})
+
+
+def _mib(n: int) -> str:
+    return f"{n / 1024 / 1024:.1f} MiB" if n >= 1024 * 1024 else f"{n / 1024:.1f} KiB" if n >= 1024 else f"{n} bytes"
+
+
+def part_media_type(part: Any) -> str:
+    """The part's media type, or what its kind implies when the client stated none."""
+    if part.media_type:
+        return part.media_type
+    kind = part.WhichOneof("content")
+    return {"text": "text/plain", "data": "application/json"}.get(kind or "", "application/octet-stream")
+
+
+def part_size_bytes(part: Any) -> int:
+    kind = part.WhichOneof("content")
+    if kind == "text":
+        return len(part.text.encode("utf-8"))
+    if kind == "raw":
+        return len(part.raw)
+    if kind == "url":
+        return len(part.url.encode("utf-8"))
+    if kind == "data":
+        return part.data.ByteSize()
+    return 0
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A message that passed every check that needs no database."""
+
+    fingerprint: bytes
+    ceiling: int | None
+
+
+def check_message(loaded: LoadedSpec, params: SendMessageRequest, settings: Settings) -> Checked:
+    """Validate the request against the spec and the caller's ceiling; raise the first problem found."""
+    spec = loaded.spec
+    where = f"specs/{loaded.path.name}"
+    message = params.message
+    validate_history_length(params.configuration)
+    if params.configuration.HasField("task_push_notification_config"):
+        raise PushNotificationNotSupportedError(message="this specialist does not send push notifications")
+    if len(message.message_id) > settings.max_message_id_chars:
+        raise invalid(
+            f"messageId has {len(message.message_id)} characters; at most {settings.max_message_id_chars} are accepted",
+            "message_id_too_long",
+        )
+    if message.role != Role.ROLE_USER:
+        raise invalid("a message sent to a specialist must have role ROLE_USER", "role_invalid")
+    for name, value in (("contextId", message.context_id), ("taskId", message.task_id)):
+        if len(value) > MAX_ID_CHARS:
+            raise invalid(f"{name} has {len(value)} characters; at most {MAX_ID_CHARS} are accepted", "id_too_long")
+    if len(message.parts) > spec.limits.max_parts:
+        raise PayloadTooLarge(
+            f"the message has {len(message.parts)} parts; this specialist accepts at most {spec.limits.max_parts}",
+            limit="limits.max_parts",
+        )
+    total = 0
+    for index, part in enumerate(message.parts):
+        if part.WhichOneof("content") is None:
+            raise invalid(f"part {index} has no content (text, raw, url or data)", "part_empty")
+        media_type = part_media_type(part)
+        if not media_type_matches(media_type, spec.input_modes):
+            raise ContentTypeNotSupportedError(
+                message=(
+                    f"part {index} is {media_type}; this specialist accepts {', '.join(spec.input_modes)}"
+                )
+            )
+        total += part_size_bytes(part)
+    if total > spec.limits.max_input_bytes:
+        raise PayloadTooLarge(
+            f"the message's parts are {_mib(total)}; this specialist accepts at most "
+            f"{_mib(spec.limits.max_input_bytes)} (limits.max_input_bytes in {where})",
+            limit="limits.max_input_bytes",
+        )
+    metadata_bytes = message.metadata.ByteSize() + params.metadata.ByteSize()
+    if metadata_bytes > spec.limits.max_metadata_bytes:
+        raise PayloadTooLarge(
+            f"message and request metadata are {_mib(metadata_bytes)}; this specialist accepts at most "
+            f"{_mib(spec.limits.max_metadata_bytes)}",
+            limit="limits.max_metadata_bytes",
+        )
+    accepted = list(params.configuration.accepted_output_modes)
+    if accepted and not any(media_type_matches(mode, spec.output_modes) for mode in accepted):
+        raise ContentTypeNotSupportedError(
+            message=(
+                f"acceptedOutputModes {', '.join(accepted)} has nothing this specialist produces "
+                f"({', '.join(spec.output_modes)})"
+            )
+        )
+    ceiling = _credit_ceiling(message)
+    if ceiling is not None and spec.tariff_credits > ceiling:
+        raise OverCreditCeiling(
+            f"this specialist's tariff is {spec.tariff_credits} credits per task, above your credit_ceiling of "
+            f"{ceiling}; raise the ceiling or choose another specialist. Nothing was reserved.",
+            tariff_credits=spec.tariff_credits,
+            credit_ceiling=ceiling,
+        )
+    return Checked(fingerprint=fingerprint(spec.id, message), ceiling=ceiling)
+
+
+def _credit_ceiling(message: Message) -> int | None:
+    if CREDIT_CEILING_KEY not in message.metadata.fields:
+        return None
+    value = MessageToDict(message.metadata).get(CREDIT_CEILING_KEY)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 0:
+        raise invalid(
+            f'metadata["{CREDIT_CEILING_KEY}"] must be a whole number of credits, 0 or more; got {value!r}',
+            "credit_ceiling_invalid",
+        )
+    return int(value)
+
+
+def fingerprint(specialist_id: str, message: Message) -> bytes:
+    """What makes a resend "the same message": everything the client sent except its messageId."""
+    content = Message()
+    content.CopyFrom(message)
+    content.message_id = ""
+    digest = hashlib.sha256(specialist_id.encode() + b"\x00")
+    digest.update(content.SerializeToString(deterministic=True))
+    return digest.digest()
+
+
+@dataclass(frozen=True)
+class Admitted:
+    task: Task
+    version: int
+    replay: bool  # an idempotent resend: nothing was written, this is the task the first send created
+
+
+class AdmissionService:
+    """Runs the admission transaction on the async engine (the ledger's calls are sync: ``run_sync``)."""
+
+    def __init__(self, engine: AsyncEngine, settings: Settings) -> None:
+        self.engine = engine
+        self.settings = settings
+
+    async def admit(self, loaded: LoadedSpec, identity: Identity, params: SendMessageRequest) -> Admitted:
+        checked = check_message(loaded, params, self.settings)
+        async with self.engine.begin() as conn:
+            return await conn.run_sync(_admit, loaded, identity, params.message, checked)
+
+    async def cancel_unclaimed(self, task_id: str, owner: str) -> Task | None:
+        """Cancel a task no runner holds, in one transaction with its ledger resolution.
+
+        Returns the canceled task, or None when a runner holds it (cancel it through the
+        task store: the runner sees the version move and stops). Raises TaskNotFoundError
+        for a task that is not the caller's.
+        """
+        async with self.engine.begin() as conn:
+            return await conn.run_sync(_cancel_unclaimed, task_id, owner)
+
+
+# --- the transactions (sync code on the async connection, via run_sync) -------------------
+
+
+def _admit(conn: Connection, loaded: LoadedSpec, identity: Identity, message: Message, checked: Checked) -> Admitted:
+    spec = loaded.spec
+    owner = identity.owner(spec.id)
+    task_id = message.task_id or str(uuid.uuid4())
+    claimed = conn.execute(
+        text(
+            "INSERT INTO edge_messages (customer_key, message_id, fingerprint, specialist_id, task_id) "
+            "VALUES (:c, :m, :f, :s, :t) ON CONFLICT (customer_key, message_id) DO NOTHING RETURNING task_id"
+        ),
+        {"c": identity.customer_key, "m": message.message_id, "f": checked.fingerprint, "s": spec.id, "t": task_id},
+    ).first()
+    if claimed is None:
+        return _replay(conn, identity, owner, spec.id, message, checked)
+    if message.task_id:
+        return _continue(conn, loaded, owner, message)
+    return _create(conn, loaded, identity, owner, task_id, message, checked)
+
+
+def _replay(
+    conn: Connection, identity: Identity, owner: str, specialist_id: str, message: Message, checked: Checked
+) -> Admitted:
+    first = conn.execute(
+        text(
+            "SELECT fingerprint, specialist_id, task_id FROM edge_messages "
+            "WHERE customer_key = :c AND message_id = :m"
+        ),
+        {"c": identity.customer_key, "m": message.message_id},
+    ).one()
+    if identity.anonymous:
+        # Anonymous callers share one namespace: a resend could reveal another caller's task.
+        raise MessageIdConflict(
+            "this messageId was already used; without a key every message needs a new messageId",
+        )
+    if bytes(first.fingerprint) != checked.fingerprint or first.specialist_id != specialist_id:
+        raise MessageIdConflict(
+            f"messageId {message.message_id!r} was already sent with other content; a resend must be identical, "
+            "a new message needs a new messageId",
+        )
+    row = conn.execute(
+        text("SELECT t.*, v.version FROM tasks t JOIN task_versions v ON v.task_id = t.id WHERE t.id = :t AND t.owner = :o"),
+        {"t": first.task_id, "o": owner},
+    ).one()
+    return Admitted(task=taskrows.task_from_row(row), version=int(row.version), replay=True)
+
+
+def _bind_context(conn: Connection, identity: Identity, context_id: str) -> None:
+    bound = conn.execute(
+        text(
+            "INSERT INTO edge_contexts (context_id, customer_key) VALUES (:x, :c) "
+            "ON CONFLICT (context_id) DO NOTHING RETURNING customer_key"
+        ),
+        {"x": context_id, "c": identity.customer_key},
+    ).first()
+    if bound is not None:
+        return
+    holder = conn.execute(
+        text("SELECT customer_key FROM edge_contexts WHERE context_id = :x"), {"x": context_id}
+    ).scalar_one()
+    if holder != identity.customer_key:
+        raise ContextUnavailable(
+            "this contextId cannot be used with your key; omit contextId to start a new conversation"
+        )
+
+
+def _create(
+    conn: Connection,
+    loaded: LoadedSpec,
+    identity: Identity,
+    owner: str,
+    task_id: str,
+    message: Message,
+    checked: Checked,
+) -> Admitted:
+    spec = loaded.spec
+    context_id = message.context_id or str(uuid.uuid4())
+    _bind_context(conn, identity, context_id)
+    reservation_id = None
+    if spec.tariff_credits > 0:
+        assert identity.customer_id is not None  # anonymous callers only reach tariff-0 specialists
+        reservation_id = ledger_port.reserve(
+            conn,
+            customer_id=identity.customer_id,
+            task_id=task_id,
+            fingerprint_hex=checked.fingerprint.hex(),
+            specialist_id=spec.id,
+            credits=spec.tariff_credits,
+        )
+    stored = Message()
+    stored.CopyFrom(message)
+    stored.task_id = task_id
+    stored.context_id = context_id
+    task = Task(id=task_id, context_id=context_id, status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED))
+    taskrows.stamp(task)
+    task.history.append(stored)
+    version = taskrows.insert_new(conn, task, owner)
+    conn.execute(
+        text(
+            "INSERT INTO edge_tasks (task_id, customer_id, key_id, specialist_id, skill_id, owner, tariff_credits, "
+            "reservation_id) VALUES (:t, :c, :k, :s, :sk, :o, :tc, :r)"
+        ),
+        {
+            "t": task_id,
+            "c": identity.customer_id,
+            "k": identity.key_id,
+            "s": spec.id,
+            "sk": spec.skill.id,
+            "o": owner,
+            "tc": spec.tariff_credits,
+            "r": reservation_id,
+        },
+    )
+    _enqueue(conn, spec.id, spec.executor, owner, stored)
+    return Admitted(task=task, version=version, replay=False)
+
+
+def _continue(conn: Connection, loaded: LoadedSpec, owner: str, message: Message) -> Admitted:
+    spec = loaded.spec
+    loaded_task = taskrows.load_locked(conn, message.task_id, owner)
+    if loaded_task is None:
+        raise TaskNotFoundError(message="Task not found")
+    task, version = loaded_task
+    if message.context_id and message.context_id != task.context_id:
+        raise InvalidParamsError(
+            message=f"Context {message.context_id} does not match context {task.context_id} of task {task.id}"
+        )
+    if task.status.state in TERMINAL_TASK_STATES:
+        raise UnsupportedOperationError(
+            message=f"Task {task.id} is in terminal state: {TaskState.Name(task.status.state)}; "
+            "send a new message (same contextId, no taskId) to start a new task"
+        )
+    if task.status.state not in INTERRUPTED_TASK_STATES:
+        raise TaskNotAwaitingInput(
+            f"task {task.id} is {TaskState.Name(task.status.state)}, not waiting for input; "
+            "send your message when it asks for input, or start a new task"
+        )
+    stored = Message()
+    stored.CopyFrom(message)
+    stored.context_id = task.context_id  # a follow-up may carry only taskId: the context is the task's
+    if task.status.HasField("message"):
+        task.history.append(task.status.message)
+    task.history.append(stored)
+    task.status.CopyFrom(TaskStatus(state=TaskState.TASK_STATE_SUBMITTED))
+    taskrows.stamp(task)
+    event = TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=task.status)
+    new_version = taskrows.write(conn, task, owner, version, event)
+    _enqueue(conn, spec.id, spec.executor, owner, stored)
+    return Admitted(task=task, version=new_version, replay=False)
+
+
+def _enqueue(conn: Connection, specialist_id: str, executor: str, owner: str, message: Message) -> None:
+    conn.execute(
+        text(
+            "INSERT INTO dispatch_outbox (task_id, specialist_id, executor, owner, context_id, message) "
+            "VALUES (:t, :s, :e, :o, :x, :m)"
+        ),
+        {
+            "t": message.task_id,
+            "s": specialist_id,
+            "e": executor,
+            "o": owner,
+            "x": message.context_id,
+            "m": message.SerializeToString(),
+        },
+    )
+
+
+def _cancel_unclaimed(conn: Connection, task_id: str, owner: str) -> Task | None:
+    # Lock order: the outbox rows, then (inside load_locked) the version and task rows.
+    # A runner's claim holds the same outbox row lock, so a claim and a cancel serialize.
+    open_rows = conn.execute(
+        text(
+            "SELECT dispatch_id, status FROM dispatch_outbox WHERE task_id = :t AND owner = :o "
+            "AND status IN ('pending', 'claimed') ORDER BY dispatch_id FOR UPDATE"
+        ),
+        {"t": task_id, "o": owner},
+    ).all()
+    if open_rows:
+        conn.execute(
+            text(
+                "UPDATE dispatch_outbox SET status = 'canceled', finished_at = now() "
+                "WHERE task_id = :t AND status = 'pending'"
+            ),
+            {"t": task_id},
+        )
+    if any(row.status == "claimed" for row in open_rows):
+        return None  # a queued follow-up never runs; the running one is stopped through the store
+    loaded_task = taskrows.load_locked(conn, task_id, owner)
+    if loaded_task is None:
+        raise TaskNotFoundError
+    task, version = loaded_task
+    if task.status.state in TERMINAL_TASK_STATES:
+        raise TaskNotCancelableError
+    edge = conn.execute(
+        text("SELECT reservation_id, first_claimed_at, tariff_credits FROM edge_tasks WHERE task_id = :t"),
+        {"t": task_id},
+    ).one()
+    if edge.reservation_id is not None:
+        if edge.first_claimed_at is None:
+            ledger_port.void(conn, edge.reservation_id, reason="canceled before any work started")
+        else:
+            # It ran before (it was waiting for input): the work done is charged.
+            ledger_port.settle(
+                conn, edge.reservation_id, int(edge.tariff_credits), reason="canceled after work started"
+            )
+    task.status.CopyFrom(TaskStatus(state=TaskState.TASK_STATE_CANCELED))
+    taskrows.stamp(task)
+    event = TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=task.status)
+    taskrows.write(conn, task, owner, version, event)
+    return task

@@ -1,0 +1,203 @@
+"""The A2A request handler of one specialist: the a2a-sdk's default handler with admission in front.
+
+Reads (GetTask, ListTasks, SubscribeToTask) are the SDK's own, on the shared
+PostgreSQL store and event stream, scoped by owner. Sends and cancels differ:
+  - SendMessage / SendStreamingMessage run admission (one transaction: task,
+    reservation, outbox row) instead of executing in this process; a blocking
+    send then waits on the task's event stream for a terminal or interrupted
+    state (at most ``blocking_wait_max_s``), a stream relays the events;
+  - CancelTask of a task no runner holds is one transaction with the ledger
+    void; a running task is canceled through the store, and its runner stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.agent_execution.active_task import INTERRUPTED_TASK_STATES, TERMINAL_TASK_STATES
+from a2a.server.cluster import TaskVersion, VersionedDatabaseTaskStore
+from a2a.server.context import ServerCallContext
+from a2a.server.events.event_queue import Event, EventQueue
+from a2a.server.request_handlers import DefaultRequestHandler, validate_request_params
+from a2a.server.request_handlers.request_handler import validate
+from a2a.types.a2a_pb2 import (
+    AgentCard,
+    CancelTaskRequest,
+    ListTasksRequest,
+    ListTasksResponse,
+    Message,
+    SendMessageRequest,
+    SubscribeToTaskRequest,
+    Task,
+    TaskStatusUpdateEvent,
+)
+from a2a.utils.errors import InternalError
+from a2a.utils.task import apply_history_length
+
+from app.admission import Admitted, AdmissionService
+from app.errors import EdgeError, KeyRequiredForListing, ServiceBusy
+from app.events import NotifiedEventStream
+from app.identity import EdgeUser, Identity
+from app.observability import Metrics
+from core.settings import Settings
+from core.specs import LoadedSpec
+
+STOP_STATES = TERMINAL_TASK_STATES | INTERRUPTED_TASK_STATES
+
+
+class StreamGate:
+    """Counts the event streams this instance serves and refuses one over ``max_open_streams``."""
+
+    def __init__(self, limit: int, metrics: Metrics) -> None:
+        self.limit = limit
+        self.open = 0
+        self.metrics = metrics
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        if self.open >= self.limit:
+            raise ServiceBusy(
+                f"this instance already serves {self.limit} streams (SPECIALISTS_MAX_OPEN_STREAMS); "
+                "retry shortly, or poll with GetTask"
+            )
+        self.open += 1
+        self.metrics.open_streams.inc()
+        try:
+            yield
+        finally:
+            self.open -= 1
+            self.metrics.open_streams.dec()
+
+
+class _EdgeRunsNothing(AgentExecutor):
+    """The edge never executes a specialist itself; reaching this is a bug, said loudly."""
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        raise InternalError(message="the edge does not run specialists in the request path")
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        raise InternalError(message="the edge does not run specialists in the request path")
+
+
+def identity_of(context: ServerCallContext) -> Identity:
+    user = context.user
+    if not isinstance(user, EdgeUser):
+        raise InternalError(message="request reached the handler without an identity")
+    return user.identity
+
+
+def _stops(event: Event) -> bool:
+    if isinstance(event, Message):
+        return True
+    return isinstance(event, TaskStatusUpdateEvent | Task) and event.status.state in STOP_STATES
+
+
+class EdgeRequestHandler(DefaultRequestHandler):
+    def __init__(
+        self,
+        *,
+        loaded: LoadedSpec,
+        card: AgentCard,
+        store: VersionedDatabaseTaskStore,
+        events: NotifiedEventStream,
+        admission: AdmissionService,
+        streams: StreamGate,
+        settings: Settings,
+        metrics: Metrics,
+        extended_card_modifier: Callable[[AgentCard, ServerCallContext], Awaitable[AgentCard]] | None = None,
+    ) -> None:
+        super().__init__(
+            agent_executor=_EdgeRunsNothing(),
+            task_store=store,
+            agent_card=card,
+            event_stream=events,
+            extended_agent_card=card,
+            extended_card_modifier=extended_card_modifier,
+        )
+        self.loaded = loaded
+        self.events = events
+        self.admission = admission
+        self.streams = streams
+        self.settings = settings
+        self.metrics = metrics
+
+    async def _admit(self, params: SendMessageRequest, context: ServerCallContext) -> Admitted:
+        specialist = self.loaded.spec.id
+        try:
+            admitted = await self.admission.admit(self.loaded, identity_of(context), params)
+        except EdgeError as refused:
+            self.metrics.admissions.labels(specialist=specialist, outcome=refused.stable_code).inc()
+            self.metrics.refusals.labels(code=refused.stable_code).inc()
+            raise
+        except Exception as refused:
+            self.metrics.admissions.labels(specialist=specialist, outcome=type(refused).__name__).inc()
+            raise
+        self.metrics.admissions.labels(specialist=specialist, outcome="replay" if admitted.replay else "admitted").inc()
+        return admitted
+
+    async def _tail(self, task_id: str, version: int) -> AsyncGenerator[Event, None]:
+        """Events after ``version`` until the task stops (terminal, waiting for input, or a direct reply)."""
+        async with contextlib.aclosing(self.events.subscribe(task_id, after=TaskVersion(version))) as subscription:
+            async for versioned in subscription:
+                yield versioned.event
+                if _stops(versioned.event):
+                    return
+
+    @validate_request_params
+    async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Message | Task:
+        admitted = await self._admit(params, context)
+        task = admitted.task
+        if params.configuration.return_immediately or task.status.state in STOP_STATES:
+            return apply_history_length(task, params.configuration)
+        try:
+            async with asyncio.timeout(self.settings.blocking_wait_max_s):
+                async for event in self._tail(task.id, admitted.version):
+                    if isinstance(event, Message):
+                        return event
+        except TimeoutError:
+            pass  # answer with the task as it is now; the client polls or subscribes
+        stored = await self._versioned_store.get(task.id, context)
+        if stored is None:
+            raise InternalError(message=f"task {task.id} vanished after admission")
+        return apply_history_length(stored.task, params.configuration)
+
+    @validate_request_params
+    @validate(lambda self: self._agent_card.capabilities.streaming, "Streaming is not supported by the agent")
+    async def on_message_send_stream(
+        self, params: SendMessageRequest, context: ServerCallContext
+    ) -> AsyncGenerator[Event, None]:
+        async with self.streams.slot():
+            admitted = await self._admit(params, context)
+            yield apply_history_length(admitted.task, params.configuration)
+            if admitted.task.status.state in STOP_STATES:
+                return
+            async for event in self._tail(admitted.task.id, admitted.version):
+                yield event
+
+    @validate_request_params
+    @validate(lambda self: self._agent_card.capabilities.streaming, "Streaming is not supported by the agent")
+    async def on_subscribe_to_task(
+        self, params: SubscribeToTaskRequest, context: ServerCallContext
+    ) -> AsyncGenerator[Event, None]:
+        async with self.streams.slot():
+            async with contextlib.aclosing(super().on_subscribe_to_task(params, context)) as events:
+                async for event in events:
+                    yield event
+
+    @validate_request_params
+    async def on_cancel_task(self, params: CancelTaskRequest, context: ServerCallContext) -> Task | None:
+        canceled = await self.admission.cancel_unclaimed(params.id, context.user.user_name)
+        if canceled is not None:
+            return canceled
+        return await super().on_cancel_task(params, context)
+
+    @validate_request_params
+    async def on_list_tasks(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:
+        if identity_of(context).anonymous:
+            raise KeyRequiredForListing(
+                "listing tasks needs a key: without one, tasks are reachable only by their id"
+            )
+        return await super().on_list_tasks(params, context)

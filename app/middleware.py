@@ -1,0 +1,257 @@
+"""The ASGI middleware around every request: request ids and access logs, then the A2A guard.
+
+The a2a-sdk's routes bypass FastAPI dependencies, so whatever must hold for
+every A2A call is middleware, in this order:
+  1. ``RequestLog``: a request id (the caller's ``X-Request-Id`` when sane),
+     one JSON access line and the HTTP metrics per request;
+  2. ``A2AGuard``, for ``/specialists/<id>/...`` except the public card:
+     unknown specialist (404), the key (401 + ``WWW-Authenticate``), the rate
+     limits (429 + ``Retry-After``), the body's media type and encoding (415),
+     and its size while it is read (413, before it is read whole). The
+     resolved caller is put in the ASGI scope for the call-context builder.
+Refusals use the binding's own error format (JSON-RPC error object or the
+HTTP+JSON error payload).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.cards import CARD_PATH, anonymous_allowed
+from app.errors import (
+    Binding,
+    EdgeError,
+    KeyRejected,
+    KeyRequired,
+    PayloadTooLarge,
+    RateLimited,
+    UnknownSpecialist,
+    UnsupportedMediaType,
+    error_response,
+)
+from app.identity import Identity
+from app.observability import Metrics, customer_var, request_id_var
+from app.ratelimit import RateLimiter
+from core.settings import Settings
+from core.specs import LoadedSpec
+from ledger.keys import AsyncKeyVerifier, KeyRefused
+
+log = logging.getLogger("app.access")
+
+IDENTITY_SCOPE_KEY = "specialists.identity"
+SPECIALIST_SCOPE_KEY = "specialists.specialist"
+REQUEST_ID_HEADER = "x-request-id"
+_SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
+JSON_MEDIA_TYPES = ("application/json", "application/a2a+json")
+REALM = 'Bearer realm="specialists"'
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def operation_of(path: str) -> str:
+    """A low-cardinality label for metrics and logs."""
+    if path in ("/healthz", "/readyz", "/metrics"):
+        return path.lstrip("/")
+    if path == "/specialists":
+        return "list_specialists"
+    if path.endswith(CARD_PATH):
+        return "agent_card"
+    if path.startswith("/specialists/"):
+        return "jsonrpc" if path.endswith("/jsonrpc") else "http_json"
+    return "other"
+
+
+class RequestLog:
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        offered = _header(scope, REQUEST_ID_HEADER.encode())
+        request_id = offered if offered and _SANE_REQUEST_ID.match(offered) else uuid.uuid4().hex
+        id_token = request_id_var.set(request_id)
+        customer_token = customer_var.set("-")
+        operation = operation_of(scope["path"])
+        started = time.perf_counter()
+        status = 500
+        first_byte_s: float | None = None
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, first_byte_s
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                first_byte_s = time.perf_counter() - started
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            duration_s = time.perf_counter() - started
+            self.metrics.requests.labels(operation=operation, status=str(status)).inc()
+            self.metrics.latency.labels(operation=operation).observe(first_byte_s or duration_s)
+            log.info(
+                "%s %s %s",
+                scope["method"],
+                scope["path"],
+                status,
+                extra={
+                    "event": "http_request",
+                    "method": scope["method"],
+                    "path": scope["path"],
+                    "status": status,
+                    "duration_ms": round(duration_s * 1000, 2),
+                },
+            )
+            customer_var.reset(customer_token)
+            request_id_var.reset(id_token)
+
+
+class A2AGuard:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        specs: dict[str, LoadedSpec],
+        verifier: AsyncKeyVerifier,
+        limiter: RateLimiter,
+        settings: Settings,
+        metrics: Metrics,
+    ) -> None:
+        self.app = app
+        self.specs = specs
+        self.verifier = verifier
+        self.limiter = limiter
+        self.settings = settings
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not path.startswith("/specialists/") or path.endswith(CARD_PATH):
+            await self.app(scope, receive, send)
+            return
+        binding: Binding = "jsonrpc" if path.endswith("/jsonrpc") else "rest"
+        specialist_id = path.split("/", 3)[2]
+        loaded = self.specs.get(specialist_id)
+        try:
+            if loaded is None:
+                raise UnknownSpecialist(f"there is no specialist {specialist_id!r}; GET /specialists lists them")
+            identity = await self._authenticate(scope, loaded)
+            customer_var.set(identity.customer_id or "anonymous")
+            await self.limiter.check(identity)
+            receive = await self._bounded_body(scope, receive)
+        except EdgeError as refused:
+            await self._refuse(refused, binding, scope, receive, send)
+            return
+        scope[IDENTITY_SCOPE_KEY] = identity
+        scope[SPECIALIST_SCOPE_KEY] = specialist_id
+        await self.app(scope, receive, send)
+
+    async def _authenticate(self, scope: Scope, loaded: LoadedSpec) -> Identity:
+        address = (scope.get("client") or ("unknown", 0))[0]
+        authorization = _header(scope, b"authorization")
+        if authorization is None or not authorization.strip():
+            if anonymous_allowed(self.settings, loaded):
+                return Identity(customer_id=None, key_id=None, tier=None, client_address=address)
+            raise KeyRequired(
+                "this request needs an API key: send `Authorization: Bearer <key>` (the operator issues keys)"
+            )
+        scheme, _, credential = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not credential.strip():
+            raise KeyRejected(
+                "the Authorization header must read `Bearer <key>`", code="key_malformed"
+            )
+        try:
+            verified = await self.verifier.verify(credential.strip())
+        except KeyRefused as refused:
+            raise KeyRejected(refused.message, code=refused.code) from None
+        return Identity(
+            customer_id=verified.customer_id, key_id=verified.key_id, tier=verified.tier, client_address=address
+        )
+
+    async def _bounded_body(self, scope: Scope, receive: Receive) -> Receive:
+        """Check media type and encoding, then read the body up to the limit; replay it to the app."""
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            return receive
+        limit = self.settings.max_request_body_bytes
+        encoding = (_header(scope, b"content-encoding") or "identity").strip().lower()
+        if encoding != "identity":
+            raise UnsupportedMediaType(
+                f"compressed request bodies (Content-Encoding: {encoding}) are refused; send the body uncompressed",
+            )
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.strip().isdigit() and int(declared) > limit:
+            raise PayloadTooLarge(
+                f"the request body is {int(declared)} bytes; at most {limit} are accepted "
+                "(SPECIALISTS_MAX_REQUEST_BODY_BYTES)",
+                limit="max_request_body_bytes",
+            )
+        chunks: list[bytes] = []
+        size = 0
+        trailing: list[Message] = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                trailing.append(message)  # a disconnect: let the app see it
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(
+                    f"the request body is over {limit} bytes, the most accepted (SPECIALISTS_MAX_REQUEST_BODY_BYTES)",
+                    limit="max_request_body_bytes",
+                )
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        media_type = (_header(scope, b"content-type") or "").split(";", 1)[0].strip().lower()
+        if body and media_type not in JSON_MEDIA_TYPES:
+            raise UnsupportedMediaType(
+                f"the body's Content-Type is {media_type or 'missing'}; send application/json "
+                "(or application/a2a+json)",
+            )
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            if trailing:
+                return trailing.pop(0)
+            return await receive()  # later: the disconnect that ends a stream
+
+        return replay
+
+    async def _refuse(self, refused: EdgeError, binding: Binding, scope: Scope, receive: Receive, send: Send) -> None:
+        self.metrics.refusals.labels(code=refused.stable_code).inc()
+        headers: dict[str, str] = {}
+        if isinstance(refused, KeyRequired):
+            headers["WWW-Authenticate"] = REALM
+        elif isinstance(refused, KeyRejected):
+            headers["WWW-Authenticate"] = f'{REALM}, error="invalid_token", error_description="{refused.stable_code}"'
+        elif isinstance(refused, RateLimited):
+            headers["Retry-After"] = str((refused.data or {}).get("retry_after_s", 1))
+        if isinstance(refused, PayloadTooLarge):
+            headers["Connection"] = "close"  # the unread rest of the body is not wanted
+        response = error_response(refused, binding, headers)
+        await response(scope, receive, send)
+
+
+def request_identity(scope: dict[str, Any]) -> Identity | None:
+    return scope.get(IDENTITY_SCOPE_KEY)

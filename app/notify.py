@@ -1,0 +1,98 @@
+"""PostgreSQL LISTEN/NOTIFY for the edge: wake event streams and runners on any instance at once.
+
+Triggers (migration 0010) notify ``edge_task_events`` with the task id on every
+task event, and ``edge_dispatch`` on every outbox row. One dedicated connection
+per process listens; waiters register an ``asyncio.Event`` per key. A lost
+connection is retried with backoff; meanwhile (and always, as a safety net)
+every waiter also polls on its own interval, so a missed notification only
+costs latency, never an event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+
+import psycopg
+from sqlalchemy.engine import make_url
+
+log = logging.getLogger(__name__)
+
+TASK_EVENTS = "edge_task_events"
+DISPATCH = "edge_dispatch"
+ANY = ""  # key for waiters that want every notification on a channel
+MAX_BACKOFF_S = 5.0
+
+
+def libpq_url(sqlalchemy_url: str) -> str:
+    """``postgresql+psycopg://...`` -> a URL libpq (psycopg.connect) accepts."""
+    return make_url(sqlalchemy_url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class Listener:
+    def __init__(self, sqlalchemy_url: str, channels: tuple[str, ...] = (TASK_EVENTS, DISPATCH)) -> None:
+        self._conninfo = libpq_url(sqlalchemy_url)
+        self._channels = channels
+        self._waiters: dict[tuple[str, str], set[asyncio.Event]] = defaultdict(set)
+        self._task: asyncio.Task[None] | None = None
+        self.connected = asyncio.Event()
+
+    def watch(self, channel: str, key: str = ANY) -> asyncio.Event:
+        event = asyncio.Event()
+        self._waiters[(channel, key)].add(event)
+        return event
+
+    def unwatch(self, channel: str, key: str, event: asyncio.Event) -> None:
+        waiters = self._waiters.get((channel, key))
+        if waiters is not None:
+            waiters.discard(event)
+            if not waiters:
+                del self._waiters[(channel, key)]
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="edge-listener")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    def _wake(self, channel: str, key: str) -> None:
+        for event in self._waiters.get((channel, key), ()):
+            event.set()
+        if key != ANY:
+            for event in self._waiters.get((channel, ANY), ()):
+                event.set()
+
+    def _wake_all(self) -> None:
+        for waiters in self._waiters.values():
+            for event in waiters:
+                event.set()
+
+    async def _run(self) -> None:
+        backoff_s = 0.1
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True) as conn:
+                    for channel in self._channels:
+                        await conn.execute(f"LISTEN {channel}")
+                    self.connected.set()
+                    backoff_s = 0.1
+                    # Anything may have happened while we were not listening: let every waiter re-read.
+                    self._wake_all()
+                    async for notice in conn.notifies():
+                        self._wake(notice.channel, notice.payload)
+            except asyncio.CancelledError:
+                self.connected.clear()
+                raise
+            except Exception as exc:  # the database went away: keep polling, reconnect later
+                self.connected.clear()
+                log.warning("notification listener lost its connection (%s); retrying", type(exc).__name__)
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, MAX_BACKOFF_S)

@@ -1,0 +1,116 @@
+"""Structured JSON logs with a request id, key redaction, and the Prometheus metrics of the edge.
+
+Every log line is one JSON object carrying the request id of the request it
+belongs to (a context variable set by the request middleware). Keys never
+reach a log: a filter on every handler replaces anything shaped like an API
+key or a bearer credential before the line is written, whoever logged it
+(the a2a-sdk logs call contexts and request bodies at DEBUG).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+import time
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+request_id_var: ContextVar[str] = ContextVar("request_id", default="-")
+customer_var: ContextVar[str] = ContextVar("customer_id", default="-")
+
+# sk_<env>_<secret id>_<payload>.<signature>, and any "Bearer <credential>".
+_KEY_RE = re.compile(r"sk_(?:live|test)_[0-9a-f]{8}_[A-Za-z0-9_\-]+(?:\.[A-Za-z0-9_\-]+)?")
+_BEARER_RE = re.compile(r"(?i)(bearer\s+)[^\s'\",}]+")
+REDACTED = "[redacted]"
+
+
+def redact(text: str) -> str:
+    return _BEARER_RE.sub(lambda m: m.group(1) + REDACTED, _KEY_RE.sub(REDACTED, text))
+
+
+class RedactingFilter(logging.Filter):
+    """Renders the message once, redacted, so neither the format string nor its args can leak a key."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken format string must not hide the line
+            message = str(record.msg)
+        record.msg = redact(message)
+        record.args = None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "request_id": request_id_var.get(),
+            "message": record.getMessage(),
+        }
+        customer = customer_var.get()
+        if customer != "-":
+            entry["customer_id"] = customer
+        for key in ("event", "method", "path", "status", "duration_ms", "task_id", "specialist", "code"):
+            value = record.__dict__.get(key)
+            if value is not None:
+                entry[key] = value
+        if record.exc_text:
+            entry["exception"] = record.exc_text
+        return json.dumps(entry, default=str)
+
+
+def configure_logging(level: str, stream: object = None) -> logging.Handler:
+    """One JSON handler on the root logger; uvicorn's own loggers propagate to it."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    handler.addFilter(RedactingFilter())
+    root = logging.getLogger()
+    for existing in list(root.handlers):
+        root.removeHandler(existing)
+    root.addHandler(handler)
+    root.setLevel(level)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logger = logging.getLogger(name)
+        logger.handlers.clear()
+        logger.propagate = True
+    # The request middleware writes one access line per request, with the request id.
+    logging.getLogger("uvicorn.access").disabled = True
+    return handler
+
+
+@dataclass
+class Metrics:
+    """The edge's metrics, in their own registry (several apps can live in one test process)."""
+
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.requests = Counter(
+            "edge_http_requests", "HTTP requests answered", ["operation", "status"], registry=r
+        )
+        self.latency = Histogram(
+            "edge_http_request_duration_seconds",
+            "Time to the response head",
+            ["operation"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.admissions = Counter(
+            "edge_admissions", "SendMessage admissions by outcome", ["specialist", "outcome"], registry=r
+        )
+        self.refusals = Counter("edge_refusals", "Requests refused, by stable code", ["code"], registry=r)
+        self.open_streams = Gauge("edge_open_streams", "Event streams being served", registry=r)
+        self.runner_runs = Counter("edge_runner_runs", "In-process runner runs by end state", ["state"], registry=r)
+        self.runner_active = Gauge("edge_runner_active", "Tasks the in-process runner is executing", registry=r)

@@ -1,0 +1,86 @@
+"""Rate limits counted across instances: fixed windows in PostgreSQL, one statement per request.
+
+Each A2A request increments two counters in one upsert: its own bucket (the
+key, or the client address for an anonymous caller) and the global one. The
+window is aligned on the database clock, so every instance counts in the same
+window. Over either limit: 429 with ``Retry-After`` (seconds to the window's
+end). The counters live in an UNLOGGED table and the statement runs in
+autocommit, so the hot global row is held for microseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.errors import RateLimited
+from app.identity import Identity
+from core.settings import Settings
+
+log = logging.getLogger(__name__)
+
+GLOBAL = "global"
+
+_COUNT = text(
+    """
+    WITH w AS (SELECT to_timestamp(floor(extract(epoch FROM now()) / :window_s) * :window_s) AS start)
+    INSERT INTO edge_rate_windows AS r (bucket, window_start, requests)
+    SELECT b.bucket, w.start, 1 FROM w, unnest(CAST(:buckets AS text[])) WITH ORDINALITY AS b(bucket, n)
+    ORDER BY b.n
+    ON CONFLICT (bucket, window_start) DO UPDATE SET requests = r.requests + 1
+    RETURNING bucket, requests,
+              extract(epoch FROM (window_start + make_interval(secs => :window_s) - now())) AS remaining_s
+    """
+)
+_PRUNE = text("DELETE FROM edge_rate_windows WHERE window_start < now() - make_interval(secs => :keep_s)")
+
+
+class RateLimiter:
+    def __init__(self, engine: AsyncEngine, settings: Settings) -> None:
+        self.engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.settings = settings
+
+    async def check(self, identity: Identity) -> None:
+        s = self.settings
+        if identity.anonymous:
+            bucket, limit, setting = f"addr:{identity.client_address}", s.rate_limit_anonymous_per_address, (
+                "SPECIALISTS_RATE_LIMIT_ANONYMOUS_PER_ADDRESS"
+            )
+        else:
+            bucket, limit, setting = f"key:{identity.key_id}", s.rate_limit_per_key, "SPECIALISTS_RATE_LIMIT_PER_KEY"
+        async with self.engine.connect() as conn:
+            rows = (
+                await conn.execute(_COUNT, {"window_s": s.rate_limit_window_s, "buckets": [bucket, GLOBAL]})
+            ).all()
+        counts = {row.bucket: (int(row.requests), float(row.remaining_s)) for row in rows}
+        own, remaining_s = counts[bucket]
+        total, _ = counts[GLOBAL]
+        retry_after_s = max(1, math.ceil(remaining_s))
+        if own > limit:
+            raise RateLimited(
+                f"this {'address' if identity.anonymous else 'key'} made {own} requests in the current "
+                f"{s.rate_limit_window_s}-second window; the limit is {limit} ({setting}). "
+                f"Retry after {retry_after_s} seconds",
+                retry_after_s=retry_after_s,
+            )
+        if total > s.rate_limit_global:
+            raise RateLimited(
+                f"the service is at its overall request ceiling for this {s.rate_limit_window_s}-second window; "
+                f"retry after {retry_after_s} seconds",
+                retry_after_s=retry_after_s,
+            )
+
+    async def prune_forever(self) -> None:
+        """Drop windows older than two window lengths, once per window (any instance may do it)."""
+        window_s = self.settings.rate_limit_window_s
+        while True:
+            await asyncio.sleep(window_s)
+            try:
+                async with self.engine.connect() as conn:
+                    await conn.execute(_PRUNE, {"keep_s": 2 * window_s})
+            except Exception as exc:
+                log.warning("could not prune rate-limit windows (%s)", type(exc).__name__)

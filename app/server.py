@@ -1,0 +1,27 @@
+"""Runs the edge with uvicorn on the configured host and port (``specialists serve``)."""
+
+from __future__ import annotations
+
+import uvicorn
+
+from app.observability import configure_logging
+from app.service import create_app
+from core.settings import Settings
+
+# Streams get this long to end on their own when the server stops.
+GRACEFUL_SHUTDOWN_S = 10
+
+
+def serve(settings: Settings, database_url: str) -> None:
+    configure_logging(settings.log_level)
+    app = create_app(settings, database_url=database_url)
+    uvicorn.run(
+        app,
+        host=settings.edge_host,
+        port=settings.edge_port,
+        log_config=None,  # configure_logging owns the handlers: JSON, redacted
+        access_log=False,  # RequestLog writes one line per request, with its request id
+        proxy_headers=False,
+        server_header=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )

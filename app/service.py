@@ -1,0 +1,240 @@
+"""Assembles the edge: specs, database, SDK routes per specialist, middleware, runner, operations routes.
+
+``create_app`` is the only place the pieces meet. Per specialist, under
+``/specialists/<id>``: the Agent Card, the JSON-RPC endpoint at ``/jsonrpc``
+(A2A 1.0 methods, plus the 0.3 names), and the HTTP+JSON routes. The SDK's
+REST builder also mounts a catch-all ``/{tenant}`` route at the root; the edge
+serves no tenants by path (the key names the customer), so it is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from a2a.extensions.common import HTTP_EXTENSION_HEADER, get_requested_extensions
+from a2a.server.cluster import VersionedDatabaseTaskStore
+from a2a.server.context import ServerCallContext
+from a2a.server.routes import ServerCallContextBuilder, create_jsonrpc_routes, create_rest_routes
+from a2a.types.a2a_pb2 import AgentCard
+from fastapi import FastAPI
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sse_starlette.sse import EventSourceResponse
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+
+from app import ledger_port
+from app.admission import AdmissionService
+from app.cards import build_card, discovery_routes
+from app.conformance import ConformanceExecutor
+from app.events import NotifiedEventStream
+from app.handler import EdgeRequestHandler, StreamGate, identity_of
+from app.identity import EdgeUser
+from app.middleware import IDENTITY_SCOPE_KEY, SPECIALIST_SCOPE_KEY, A2AGuard, RequestLog
+from app.notify import Listener
+from app.observability import Metrics
+from app.ratelimit import RateLimiter
+from app.runner import InProcessRunner
+from core import db
+from core.settings import Settings
+from core.specs import LoadedSpec, load_specs
+from ledger.keys import AsyncKeyVerifier, KeySigner
+
+log = logging.getLogger(__name__)
+
+# Headers that carry credentials never enter the SDK's call context (which it logs at DEBUG).
+_SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
+READY_CHECK_TIMEOUT_S = 2.0
+
+
+class EdgeCallContextBuilder(ServerCallContextBuilder):
+    """The SDK call context: the caller as its user (owner scope), headers without credentials."""
+
+    def build(self, request: Request) -> ServerCallContext:
+        identity = request.scope[IDENTITY_SCOPE_KEY]
+        specialist_id = request.scope[SPECIALIST_SCOPE_KEY]
+        headers = {k: v for k, v in request.headers.items() if k not in _SECRET_HEADERS}
+        return ServerCallContext(
+            user=EdgeUser(identity, specialist_id),
+            state={"headers": headers},
+            requested_extensions=get_requested_extensions(request.headers.getlist(HTTP_EXTENSION_HEADER)),
+        )
+
+
+@dataclass
+class Edge:
+    """The running parts of one edge process (tests and the benchmark reach in here)."""
+
+    settings: Settings
+    specs: dict[str, LoadedSpec]
+    engine: AsyncEngine
+    store: VersionedDatabaseTaskStore
+    events: NotifiedEventStream
+    listener: Listener
+    admission: AdmissionService
+    runner: InProcessRunner
+    limiter: RateLimiter
+    metrics: Metrics
+    handlers: dict[str, EdgeRequestHandler]
+    schema_head: str
+
+
+def _extended_card(engine: AsyncEngine):
+    async def modify(card: AgentCard, context: ServerCallContext) -> AgentCard:
+        identity = identity_of(context)
+        if identity.anonymous:
+            return card
+        async with engine.connect() as conn:
+            available = await conn.run_sync(ledger_port.available_credits, identity.customer_id)
+        extended = AgentCard()
+        extended.CopyFrom(card)
+        extended.capabilities.extensions[0].params.update({"availableCredits": available or 0})
+        return extended
+
+    return modify
+
+
+def _a2a_routes(specialist_id: str, handler: EdgeRequestHandler, builder: ServerCallContextBuilder) -> list[BaseRoute]:
+    prefix = f"/specialists/{specialist_id}"
+    routes: list[BaseRoute] = list(
+        create_jsonrpc_routes(handler, f"{prefix}/jsonrpc", context_builder=builder, enable_v0_3_compat=True)
+    )
+    rest = create_rest_routes(handler, context_builder=builder, path_prefix=prefix)
+    routes.extend(route for route in rest if not isinstance(route, Mount))  # drop the /{tenant} catch-all
+    return routes
+
+
+async def schema_revision(engine: AsyncEngine) -> str | None:
+    async with engine.connect() as conn:
+        return (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar_one_or_none()
+
+
+def create_app(settings: Settings, *, database_url: str | None = None) -> FastAPI:
+    """The edge as an ASGI app. Raises SpecInvalid for a bad spec before anything starts."""
+    specs = load_specs(settings.specs_dir)
+    url = database_url or db.database_url(settings)
+    engine = db.make_async_engine(url, settings)
+    metrics = Metrics()
+    listener = Listener(url)
+    store = VersionedDatabaseTaskStore(engine, create_table=False)
+    events = NotifiedEventStream(engine, listener, settings.event_poll_interval_s)
+    admission = AdmissionService(engine, settings)
+    limiter = RateLimiter(engine, settings)
+    signer = KeySigner([s.get_secret_value() for s in settings.key_signing_secrets], settings.key_environment)
+    verifier = AsyncKeyVerifier(signer, engine, settings.revocation_cache_s)
+    executors = {"conformance": ConformanceExecutor(settings.conformance_hold_working_s)} if settings.runner_enabled else {}
+    runner = InProcessRunner(
+        engine=engine,
+        store=store,
+        events=events,
+        listener=listener,
+        executors=executors,
+        concurrency=settings.runner_concurrency,
+        poll_interval_s=settings.event_poll_interval_s,
+        drain_s=settings.runner_drain_s,
+        metrics=metrics,
+    )
+    streams = StreamGate(settings.max_open_streams, metrics)
+    builder = EdgeCallContextBuilder()
+    cards = {specialist_id: build_card(loaded, settings) for specialist_id, loaded in specs.items()}
+    handlers = {
+        specialist_id: EdgeRequestHandler(
+            loaded=loaded,
+            card=cards[specialist_id],
+            store=store,
+            events=events,
+            admission=admission,
+            streams=streams,
+            settings=settings,
+            metrics=metrics,
+            extended_card_modifier=_extended_card(engine),
+        )
+        for specialist_id, loaded in specs.items()
+    }
+    edge = Edge(
+        settings=settings,
+        specs=specs,
+        engine=engine,
+        store=store,
+        events=events,
+        listener=listener,
+        admission=admission,
+        runner=runner,
+        limiter=limiter,
+        metrics=metrics,
+        handlers=handlers,
+        schema_head=db.head_revision(),
+    )
+    # A keep-alive comment more often than the a2a-sdk client's default 5 s read timeout.
+    EventSourceResponse.DEFAULT_PING_INTERVAL = settings.sse_ping_interval_s
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        current = await schema_revision(engine)
+        if current != edge.schema_head:
+            raise db.SchemaNotAtHead(
+                f"the database schema is at {current}, the code needs {edge.schema_head}: run `specialists db upgrade`"
+            )
+        listener.start()
+        runner.start()
+        pruner = asyncio.create_task(limiter.prune_forever(), name="rate-window-pruner")
+        log.info("edge ready: %d specialist(s) at %s", len(specs), settings.public_url, extra={"event": "ready"})
+        try:
+            yield
+        finally:
+            pruner.cancel()
+            await runner.stop()
+            for handler in handlers.values():
+                await handler.aclose()
+            await listener.stop()
+            await engine.dispose()
+
+    app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.edge = edge
+    routes: list[BaseRoute] = [
+        Route("/healthz", _healthz, methods=["GET"]),
+        Route("/readyz", _readyz(edge), methods=["GET"]),
+        Route("/metrics", _metrics(metrics), methods=["GET"]),
+        *discovery_routes(specs, cards, settings),
+    ]
+    for specialist_id, handler in handlers.items():
+        routes.extend(_a2a_routes(specialist_id, handler, builder))
+    app.router.routes.extend(routes)
+    app.add_middleware(A2AGuard, specs=specs, verifier=verifier, limiter=limiter, settings=settings, metrics=metrics)
+    app.add_middleware(RequestLog, metrics=metrics)  # added last: outermost
+    return app
+
+
+async def _healthz(request: Request) -> Response:
+    return JSONResponse({"status": "alive"})
+
+
+def _readyz(edge: Edge):
+    async def readyz(request: Request) -> Response:
+        try:
+            current = await asyncio.wait_for(schema_revision(edge.engine), READY_CHECK_TIMEOUT_S)
+        except Exception as exc:
+            return JSONResponse(
+                {"status": "not_ready", "reason": "database_unreachable", "detail": type(exc).__name__}, status_code=503
+            )
+        if current != edge.schema_head:
+            return JSONResponse(
+                {"status": "not_ready", "reason": "schema_not_at_head", "schema": current, "head": edge.schema_head},
+                status_code=503,
+            )
+        return JSONResponse({"status": "ready", "schema": current})
+
+    return readyz
+
+
+def _metrics(metrics: Metrics):
+    async def endpoint(request: Request) -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return endpoint

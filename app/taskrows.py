@@ -1,0 +1,117 @@
+"""Task rows written inside the edge's own transactions, in exactly the a2a-sdk cluster store's format.
+
+Admission must create the task in the same transaction as the reservation and
+the outbox row, and cancel-before-claim must mark it canceled in the same
+transaction as the void, so those writes cannot go through the SDK store
+(which opens its own session). These functions write the same three tables
+the SDK's ``VersionedDatabaseTaskStore`` writes (``tasks``, ``task_versions``,
+``task_events``) with the same column encoding (mirroring its ``_to_orm`` /
+``_from_orm``), the same version counter (first write 1, +1 per write) and the
+same lock order (version row before task row). ``tests/app`` checks that a
+task written here reads back identically through the SDK store.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from a2a.server.models import TaskEventModel, TaskModel, TaskVersionModel
+from a2a.types.a2a_pb2 import Message, StreamResponse, Task, TaskArtifactUpdateEvent, TaskStatusUpdateEvent
+from a2a.utils.proto_utils import to_stream_response
+from google.protobuf.json_format import MessageToDict, ParseDict
+from sqlalchemy import Connection, and_, insert, select, update
+
+TASKS = TaskModel.__table__
+VERSIONS = TaskVersionModel.__table__
+EVENTS = TaskEventModel.__table__
+
+Event = Task | Message | TaskStatusUpdateEvent | TaskArtifactUpdateEvent
+
+
+def now_utc() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _columns(task: Task, owner: str) -> dict[str, Any]:
+    return {
+        "id": task.id,
+        "context_id": task.context_id,
+        "kind": "task",
+        "owner": owner,
+        "last_updated": task.status.timestamp.ToDatetime() if task.status.HasField("timestamp") else None,
+        "status": MessageToDict(task.status),
+        "artifacts": [MessageToDict(artifact) for artifact in task.artifacts],
+        "history": [MessageToDict(message) for message in task.history],
+        "metadata": MessageToDict(task.metadata) if task.metadata.fields else None,
+        "protocol_version": "1.0",
+    }
+
+
+def task_from_row(row: Any) -> Task:
+    task = Task(id=row.id, context_id=row.context_id)
+    if row.status:
+        ParseDict(row.status, task.status)
+    for artifact in row.artifacts or []:
+        ParseDict(artifact, task.artifacts.add())
+    for message in row.history or []:
+        ParseDict(message, task.history.add())
+    if row.metadata:
+        task.metadata.update(row.metadata)
+    return task
+
+
+def _event_row(task_id: str, owner: str, version: int, event: Event) -> dict[str, Any]:
+    return {
+        "task_id": task_id,
+        "owner": owner,
+        "task_version": version,
+        "event_data": to_stream_response(event).SerializeToString(),
+    }
+
+
+def insert_new(conn: Connection, task: Task, owner: str) -> int:
+    """Create a task at version 1; the Task itself is its first event. Returns the version."""
+    conn.execute(insert(TASKS).values(**_columns(task, owner)))
+    conn.execute(insert(VERSIONS).values(task_id=task.id, owner=owner, version=1))
+    conn.execute(insert(EVENTS).values(**_event_row(task.id, owner, 1, task)))
+    return 1
+
+
+def load_locked(conn: Connection, task_id: str, owner: str) -> tuple[Task, int] | None:
+    """The owner's task and its version, both rows locked until the transaction ends; None if not theirs."""
+    version = conn.execute(
+        select(VERSIONS.c.version)
+        .where(and_(VERSIONS.c.task_id == task_id, VERSIONS.c.owner == owner))
+        .with_for_update()
+    ).scalar_one_or_none()
+    if version is None:
+        return None
+    row = conn.execute(
+        select(TASKS).where(and_(TASKS.c.id == task_id, TASKS.c.owner == owner)).with_for_update()
+    ).one_or_none()
+    if row is None:
+        return None
+    return task_from_row(row), int(version)
+
+
+def write(conn: Connection, task: Task, owner: str, version: int, event: Event) -> int:
+    """Write ``task`` as the next version after ``version`` (rows locked by ``load_locked``)."""
+    new_version = version + 1
+    columns = _columns(task, owner)
+    del columns["id"]
+    conn.execute(update(TASKS).where(TASKS.c.id == task.id).values(**columns))
+    conn.execute(update(VERSIONS).where(VERSIONS.c.task_id == task.id).values(version=new_version))
+    conn.execute(insert(EVENTS).values(**_event_row(task.id, owner, new_version, event)))
+    return new_version
+
+
+def stamp(task: Task) -> None:
+    """Set the status timestamp to now (the store derives ``last_updated`` from it)."""
+    task.status.timestamp.FromDatetime(now_utc())
+
+
+def decode_event(data: bytes) -> StreamResponse:
+    response = StreamResponse()
+    response.ParseFromString(data)
+    return response

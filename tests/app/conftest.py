@@ -1,0 +1,257 @@
+"""Fixtures for the A2A edge: real `specialists serve` processes on 127.0.0.1 against this run's database.
+
+Server processes are started once per test session and shared: two ordinary
+instances (``edge_a`` and ``edge_b``, one database: "two instances behave as
+one service"; ``edge_b`` logs at DEBUG into a file the key-leak test reads) and
+a strict one (tiny rate limits, anonymous callers allowed) for the limit tests.
+Every test makes its own customer, so tests do not depend on each other.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import Engine, text
+
+from core.settings import PROJECT_ROOT
+from ledger import keys
+from ledger.service import Ledger
+from tests.conftest import TEST_SECRET
+
+PAID_SPEC = """\
+id: paid-echo
+name: Paid echo
+description: A paid specialist run by workers. No worker runs in these tests, so its tasks wait, unclaimed.
+executor: rlm
+tariff_credits: 5
+skill:
+  id: echo
+  name: Echo
+  description: Echoes its input.
+input_modes: [text/plain]
+output_modes: [text/plain]
+limits:
+  max_input_bytes: 1024
+  max_parts: 2
+  max_metadata_bytes: 512
+"""
+PAID = "paid-echo"
+PAID_TARIFF = 5
+STARTUP_TIMEOUT_S = 30.0
+
+
+@dataclass
+class EdgeProcess:
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def specialist(self, specialist_id: str) -> str:
+        return f"{self.url}/specialists/{specialist_id}"
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def edge_env(database_url: str, specs_dir: Path, **settings: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECIALISTS_")}
+    env.update(
+        {
+            "DATABASE_URL": database_url,
+            "SPECIALISTS_KEY_SIGNING_SECRETS": TEST_SECRET,
+            "SPECIALISTS_SPECS_DIR": str(specs_dir),
+            "SPECIALISTS_REVOCATION_CACHE_S": "0",
+            "SPECIALISTS_CONFORMANCE_HOLD_WORKING_S": "2",
+            "SPECIALISTS_RUNNER_DRAIN_S": "1",
+        }
+    )
+    env.update({f"SPECIALISTS_{k.upper()}": v for k, v in settings.items()})
+    return env
+
+
+def start_edge(database_url: str, specs_dir: Path, log_dir: Path, name: str, **settings: str) -> EdgeProcess:
+    port = free_port()
+    log_path = log_dir / f"{name}.log"
+    log_file = log_path.open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "specialists.cli", "serve", "--port", str(port)],
+        env=edge_env(database_url, specs_dir, **settings),
+        cwd=PROJECT_ROOT,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"edge {name} exited with {process.returncode}:\n{log_path.read_text()}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return EdgeProcess(url=url, process=process, log_path=log_path)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    stop_edge(EdgeProcess(url=url, process=process, log_path=log_path))
+    raise RuntimeError(f"edge {name} did not become ready:\n{log_path.read_text()}")
+
+
+def stop_edge(edge: EdgeProcess) -> None:
+    if edge.process.poll() is None:
+        edge.process.send_signal(signal.SIGTERM)
+        try:
+            edge.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            edge.process.kill()
+            edge.process.wait()
+
+
+@pytest.fixture(scope="session")
+def edge_specs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("specs")
+    shutil.copy(PROJECT_ROOT / "specs" / "conformance.yaml", folder / "conformance.yaml")
+    (folder / f"{PAID}.yaml").write_text(PAID_SPEC)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def edge_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("edge-logs")
+
+
+@pytest.fixture(scope="session")
+def edge_a(database_url: str, edge_specs_dir: Path, edge_logs: Path) -> Iterator[EdgeProcess]:
+    edge = start_edge(database_url, edge_specs_dir, edge_logs, "a")
+    yield edge
+    stop_edge(edge)
+
+
+@pytest.fixture(scope="session")
+def edge_b(database_url: str, edge_specs_dir: Path, edge_logs: Path) -> Iterator[EdgeProcess]:
+    # DEBUG on purpose: the a2a-sdk logs call contexts and bodies at DEBUG, and keys must still not appear.
+    edge = start_edge(database_url, edge_specs_dir, edge_logs, "b", log_level="DEBUG")
+    yield edge
+    stop_edge(edge)
+
+
+@pytest.fixture(scope="session")
+def strict_edge(database_url: str, edge_specs_dir: Path, edge_logs: Path) -> Iterator[EdgeProcess]:
+    edge = start_edge(
+        database_url,
+        edge_specs_dir,
+        edge_logs,
+        "strict",
+        rate_limit_window_s="3600",
+        rate_limit_per_key="4",
+        rate_limit_anonymous_per_address="1000",
+        anonymous_free_skills="true",
+        max_request_body_bytes="4096",
+        runner_enabled="false",
+    )
+    yield edge
+    stop_edge(edge)
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@dataclass
+class Customer:
+    customer_id: str
+    key_id: str
+    key: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}", "A2A-Version": "1.0"}
+
+
+@pytest.fixture(scope="session")
+def signer() -> keys.KeySigner:
+    return keys.KeySigner([TEST_SECRET], "test")
+
+
+@pytest.fixture(scope="session")
+def ledger(engine: Engine) -> Ledger:
+    return Ledger(engine)
+
+
+@pytest.fixture
+def make_customer(engine: Engine, signer: keys.KeySigner, ledger: Ledger):
+    """A new customer with a key; ``credits`` > 0 also grants the paid specialist."""
+
+    def make(credits: int = 0, *, max_parallel: int | None = None, entitled: bool = True) -> Customer:
+        customer_id = f"c-{uuid.uuid4().hex[:12]}"
+        issued = keys.issue_key(engine, signer, customer_id=customer_id, ttl=timedelta(days=1))
+        if credits:
+            ledger.grant(
+                customer_id,
+                credits,
+                operator="tests",
+                skills=[PAID] if entitled else [],
+                max_parallel=max_parallel,
+                reason="test grant",
+            )
+        return Customer(customer_id=customer_id, key_id=issued.identity.key_id, key=issued.token)
+
+    return make
+
+
+def footprint(engine: Engine, customer_id: str) -> dict[str, int]:
+    """What a customer's requests left behind: tasks, outbox rows, idempotency records, reservations."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            text(
+                "SELECT (SELECT count(*) FROM edge_tasks WHERE customer_id = :c) AS tasks, "
+                "(SELECT count(*) FROM tasks WHERE owner LIKE :o) AS task_rows, "
+                "(SELECT count(*) FROM dispatch_outbox WHERE owner LIKE :o) AS outbox, "
+                "(SELECT count(*) FROM edge_messages WHERE customer_key = :c) AS messages, "
+                "(SELECT count(*) FROM ledger_reservations WHERE customer_id = :c) AS reservations"
+            ),
+            {"c": customer_id, "o": f"{customer_id}:%"},
+        ).one()
+    return dict(row._mapping)
+
+
+NOTHING = {"tasks": 0, "task_rows": 0, "outbox": 0, "messages": 0, "reservations": 0}
+
+
+def message(message_id: str | None = None, text: str = "hello", **extra: object) -> dict:
+    """An A2A 1.0 SendMessageRequest body (HTTP+JSON form; JSON-RPC params are the same)."""
+    body: dict = {
+        "message": {
+            "messageId": message_id or f"m-{uuid.uuid4()}",
+            "role": "ROLE_USER",
+            "parts": [{"text": text}],
+        }
+    }
+    for key, value in extra.items():
+        if key in ("metadata", "taskId", "contextId"):
+            body["message"][key] = value
+        else:
+            body.setdefault("configuration", {})[key] = value
+    return body
+
+
+def rpc(method: str, params: dict, request_id: int | str = 1) -> dict:
+    return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}

@@ -1,0 +1,130 @@
+"""Body limits while reading, media type and encoding, and rate limits counted in PostgreSQL.
+
+The strict edge accepts bodies of at most 4096 bytes and 4 requests per key per hour-long window.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import httpx
+import pytest
+
+from tests.app.conftest import NOTHING, PAID, footprint, message, rpc
+
+pytestmark = pytest.mark.timeout(60)
+LIMIT = 4096
+
+
+def test_a_declared_body_over_the_limit_is_refused_before_it_is_read(strict_edge, engine, make_customer):
+    customer = make_customer(credits=50)
+    body = json.dumps(message(text="x" * (2 * LIMIT))).encode()
+    answer = httpx.post(
+        f"{strict_edge.specialist(PAID)}/message:send",
+        content=body,
+        headers={**customer.headers, "Content-Type": "application/json"},
+    )
+    assert answer.status_code == 413
+    error = answer.json()["error"]
+    assert error["details"][0]["metadata"]["code"] == "payload_too_large"
+    assert "SPECIALISTS_MAX_REQUEST_BODY_BYTES" in error["message"]
+    assert footprint(engine, customer.customer_id) == NOTHING
+
+
+def test_a_streamed_body_is_counted_as_it_arrives_and_refused_past_the_limit(strict_edge, engine, make_customer):
+    customer = make_customer(credits=50)
+    sent = []
+
+    def chunks():  # no Content-Length: chunked transfer encoding
+        for _ in range(64):
+            sent.append(1024)
+            yield b" " * 1024
+
+    answer = httpx.post(
+        f"{strict_edge.specialist(PAID)}/jsonrpc",
+        content=chunks(),
+        headers={**customer.headers, "Content-Type": "application/json"},
+    )
+    assert answer.status_code == 413
+    assert answer.json()["error"]["code"] == -41301
+    assert footprint(engine, customer.customer_id) == NOTHING
+
+
+def test_a_compressed_body_is_refused(strict_edge, engine, make_customer):
+    customer = make_customer(credits=50)
+    answer = httpx.post(
+        f"{strict_edge.specialist(PAID)}/message:send",
+        content=gzip.compress(json.dumps(message()).encode()),
+        headers={**customer.headers, "Content-Type": "application/json", "Content-Encoding": "gzip"},
+    )
+    assert answer.status_code == 415
+    assert "uncompressed" in answer.json()["error"]["message"]
+    assert footprint(engine, customer.customer_id) == NOTHING
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_body_that_is_not_json_is_refused_as_unsupported_media(strict_edge, make_customer, content_type):
+    customer = make_customer(credits=50)
+    headers = dict(customer.headers)
+    if content_type:
+        headers["Content-Type"] = content_type
+    answer = httpx.post(
+        f"{strict_edge.specialist(PAID)}/message:send", content=json.dumps(message()).encode(), headers=headers
+    )
+    assert answer.status_code == 415
+    assert answer.json()["error"]["details"][0]["metadata"]["code"] == "unsupported_media_type"
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "application/a2a+json", "application/json; charset=utf-8"])
+def test_both_json_media_types_are_accepted(strict_edge, make_customer, content_type):
+    customer = make_customer(credits=50)
+    answer = httpx.post(
+        f"{strict_edge.specialist(PAID)}/message:send",
+        content=json.dumps(message(returnImmediately=True)).encode(),
+        headers={**customer.headers, "Content-Type": content_type},
+    )
+    assert answer.status_code == 200, answer.text
+
+
+def test_a_key_over_its_rate_limit_gets_429_with_retry_after_and_leaves_no_task(strict_edge, engine, make_customer):
+    customer = make_customer(credits=1000)
+    answers = []
+    # 4 per window; a window boundary mid-test resets the count once, so 9 requests always hit the limit.
+    for _ in range(9):
+        answer = httpx.post(
+            f"{strict_edge.specialist(PAID)}/message:send",
+            json=message(returnImmediately=True),
+            headers=customer.headers,
+        )
+        answers.append(answer)
+        if answer.status_code == 429:
+            break
+    refused = answers[-1]
+    assert refused.status_code == 429
+    assert 1 <= int(refused.headers["retry-after"]) <= 3600
+    assert refused.json()["error"]["details"][0]["metadata"]["code"] == "rate_limited"
+    assert "SPECIALISTS_RATE_LIMIT_PER_KEY" in refused.json()["error"]["message"]
+    admitted = sum(1 for a in answers if a.status_code == 200)
+    assert footprint(engine, customer.customer_id)["tasks"] == admitted
+    assert footprint(engine, customer.customer_id)["reservations"] == admitted
+
+
+def test_rate_limited_json_rpc_callers_get_a_json_rpc_error(strict_edge, make_customer):
+    customer = make_customer()
+    url = f"{strict_edge.specialist('conformance')}/jsonrpc"
+    for _ in range(9):
+        answer = httpx.post(url, json=rpc("GetTask", {"id": "nope"}), headers=customer.headers)
+        if answer.status_code == 429:
+            break
+    assert answer.status_code == 429
+    assert answer.json()["error"]["code"] == -42901
+    assert "retry-after" in answer.headers
+
+
+def test_the_rate_limit_is_per_key(strict_edge, make_customer):
+    first, second = make_customer(), make_customer()
+    url = f"{strict_edge.specialist('conformance')}/tasks"
+    statuses = [httpx.get(url, headers=first.headers).status_code for _ in range(9)]
+    assert 429 in statuses
+    assert httpx.get(url, headers=second.headers).status_code == 200

@@ -1,0 +1,127 @@
+"""Operating the edge: `specialists serve`, health and readiness, metrics, JSON logs with request ids, no keys in logs."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+
+from core.settings import PROJECT_ROOT
+from tests.app.conftest import PAID, edge_env, message, rpc
+from tests.conftest import _with_database
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_healthz_says_alive(edge_a):
+    answer = httpx.get(f"{edge_a.url}/healthz")
+    assert answer.status_code == 200 and answer.json() == {"status": "alive"}
+
+
+def test_readyz_checks_the_database_and_the_schema(edge_a):
+    from core import db
+
+    answer = httpx.get(f"{edge_a.url}/readyz")
+    assert answer.status_code == 200
+    assert answer.json() == {"status": "ready", "schema": db.head_revision()}
+
+
+def test_metrics_count_requests_and_admissions_in_prometheus_format(edge_a, make_customer):
+    customer = make_customer()
+    httpx.post(
+        f"{edge_a.specialist('conformance')}/message:send",
+        json=message(f"tck-complete-task-{uuid.uuid4()}"),
+        headers=customer.headers,
+    )
+    answer = httpx.get(f"{edge_a.url}/metrics")
+    assert answer.status_code == 200
+    assert answer.headers["content-type"].startswith("text/plain")
+    body = answer.text
+    assert 'edge_http_requests_total{operation="http_json",status="200"}' in body
+    assert 'edge_admissions_total{outcome="admitted",specialist="conformance"}' in body
+    assert "edge_runner_runs_total" in body
+
+
+def test_every_response_carries_a_request_id_that_the_json_log_line_repeats(edge_a, make_customer):
+    customer = make_customer()
+    mine = f"req-{uuid.uuid4().hex[:12]}"
+    answer = httpx.get(
+        f"{edge_a.specialist('conformance')}/tasks", headers={**customer.headers, "X-Request-Id": mine}
+    )
+    assert answer.headers["x-request-id"] == mine
+    generated = httpx.get(f"{edge_a.url}/healthz").headers["x-request-id"]
+    assert len(generated) == 32
+    lines = [json.loads(line) for line in edge_a.log_text().splitlines() if line.startswith("{")]
+    access = [line for line in lines if line.get("request_id") == mine]
+    assert access and access[-1]["event"] == "http_request" and access[-1]["status"] == 200
+    assert access[-1]["customer_id"] == customer.customer_id
+
+
+def test_keys_never_reach_the_logs_even_at_debug(edge_b, make_customer):
+    customer = make_customer(credits=20)
+    base = edge_b.specialist("conformance")
+    with httpx.Client(headers=customer.headers, timeout=30) as http:
+        task = http.post(f"{base}/message:send", json=message(f"tck-complete-task-{uuid.uuid4()}")).json()["task"]
+        http.get(f"{base}/tasks/{task['id']}")
+        http.post(f"{base}/jsonrpc", json=rpc("ListTasks", {}))
+        http.post(f"{edge_b.specialist(PAID)}/message:send", json=message(returnImmediately=True))
+        with http.stream("POST", f"{base}/message:stream", json=message(f"tck-stream-001-{uuid.uuid4()}")) as s:
+            s.read()
+    tampered = customer.key[:-3] + "xyz"
+    httpx.post(f"{base}/message:send", json=message(), headers={"Authorization": f"Bearer {tampered}"})
+    log = edge_b.log_text()
+    assert "DEBUG" in log  # the SDK's debug lines (call contexts, bodies) are there...
+    secret_part = customer.key.split("_", 3)[3]
+    for leaked in (customer.key, secret_part, secret_part.split(".")[0], tampered):
+        assert leaked not in log  # ...without the key
+    assert customer.customer_id in log
+
+
+def run_serve(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "specialists.cli", "serve", *args],
+        env=env,
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_serve_refuses_to_start_on_an_invalid_spec_naming_file_and_field(database_url, tmp_path: Path):
+    (tmp_path / "broken.yaml").write_text(
+        "id: broken\nname: B\ndescription: d\nexecutor: rlm\ntariff_credits: -1\n"
+        "skill: {id: s, name: S, description: d}\ninput_modes: [text/plain]\noutput_modes: [text/plain]\n"
+    )
+    done = run_serve(edge_env(database_url, tmp_path))
+    assert done.returncode == 3
+    assert "broken.yaml" in done.stderr and "tariff_credits" in done.stderr
+    assert "greater than or equal to 0" in done.stderr
+
+
+def test_serve_refuses_to_start_on_a_schema_that_is_not_at_head(server_url, edge_specs_dir):
+    name = f"specialists_edge_empty_{secrets.token_hex(3)}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        done = run_serve(edge_env(_with_database(server_url, name), edge_specs_dir))
+        assert done.returncode == 4
+        assert "specialists db upgrade" in done.stderr
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def test_serve_refuses_a_port_out_of_range(database_url, edge_specs_dir):
+    done = run_serve(edge_env(database_url, edge_specs_dir), "--port", "0")
+    assert done.returncode == 3
+    assert "edge_port" in done.stderr

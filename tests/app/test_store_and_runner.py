@@ -1,0 +1,184 @@
+"""The edge's own task writes match the a2a-sdk store, and runners never run one outbox row twice."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import uuid
+from collections import Counter
+
+import pytest
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.cluster import TaskVersion, VersionedDatabaseTaskStore
+from a2a.server.context import ServerCallContext
+from a2a.server.events.event_queue import EventQueue
+from a2a.server.tasks import TaskUpdater
+from a2a.types.a2a_pb2 import (
+    Artifact,
+    Message,
+    Part,
+    Role,
+    SendMessageRequest,
+    Task,
+    TaskState,
+    TaskStatus,
+)
+from google.protobuf.json_format import ParseDict
+from google.protobuf.struct_pb2 import Struct, Value
+from sqlalchemy import text
+
+from app import taskrows
+from app.admission import AdmissionService
+from app.events import NotifiedEventStream
+from app.identity import Identity, OwnerUser
+from app.notify import Listener
+from app.observability import Metrics, RedactingFilter, JsonFormatter
+from app.runner import InProcessRunner
+from core import db
+from core.settings import PROJECT_ROOT
+from core.specs import LoadedSpec, load_spec
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.anyio]
+
+
+@pytest.fixture
+async def async_engine(database_url, settings):
+    engine = db.make_async_engine(database_url, settings)
+    yield engine
+    await engine.dispose()
+
+
+def sample_task(task_id: str) -> Task:
+    metadata = Struct()
+    metadata.update({"k": "v", "n": 3})
+    task = Task(
+        id=task_id,
+        context_id=str(uuid.uuid4()),
+        status=TaskStatus(
+            state=TaskState.TASK_STATE_WORKING,
+            message=Message(message_id="s1", role=Role.ROLE_AGENT, parts=[Part(text="busy")]),
+        ),
+        history=[Message(message_id="h1", role=Role.ROLE_USER, parts=[Part(text="hello"), Part(raw=b"\x00\x01")])],
+        artifacts=[Artifact(artifact_id="a1", parts=[Part(data=ParseDict({"x": [1, 2]}, Value()))])],
+        metadata=metadata,
+    )
+    taskrows.stamp(task)
+    return task
+
+
+async def test_a_task_written_by_the_edge_reads_back_identically_through_the_sdk_store(engine, async_engine):
+    owner = f"c-{uuid.uuid4().hex[:8]}:conformance"
+    task = sample_task(str(uuid.uuid4()))
+    with engine.begin() as conn:
+        assert taskrows.insert_new(conn, task, owner) == 1
+    store = VersionedDatabaseTaskStore(async_engine, create_table=False)
+    context = ServerCallContext(user=OwnerUser(owner))
+    stored = await store.get(task.id, context)
+    assert stored is not None and stored.task == task and stored.version == TaskVersion(1)
+    assert await store.get(task.id, ServerCallContext(user=OwnerUser("someone-else:conformance"))) is None
+
+    # The version counter is shared: the SDK's compare-and-swap continues after the edge's write.
+    with engine.begin() as conn:
+        locked, version = taskrows.load_locked(conn, task.id, owner)
+        locked.status.state = TaskState.TASK_STATE_INPUT_REQUIRED
+        assert taskrows.write(conn, locked, owner, version, locked) == 2
+    after = await store.get(task.id, context)
+    assert after.version == TaskVersion(2)
+    after.task.status.state = TaskState.TASK_STATE_COMPLETED
+    new_version = await store.save(after.task, event=None, prev=None, prev_version=after.version, context=context)
+    assert new_version == TaskVersion(3)
+
+
+class CountingExecutor(AgentExecutor):
+    def __init__(self) -> None:
+        self.runs: Counter[str] = Counter()
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        self.runs[context.task_id] += 1
+        await asyncio.sleep(0.01)
+        await TaskUpdater(event_queue, context.task_id, context.context_id).complete()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        return None
+
+
+async def test_two_runners_claiming_one_outbox_run_every_task_exactly_once(database_url, async_engine, settings):
+    conformance = load_spec(PROJECT_ROOT / "specs" / "conformance.yaml")
+    executor_name = f"counting-{uuid.uuid4().hex[:6]}"  # the servers' runners do not claim it
+    loaded = LoadedSpec(
+        spec=conformance.spec.model_copy(update={"executor": executor_name}),
+        path=conformance.path,
+        modified_at=conformance.modified_at,
+    )
+    admission = AdmissionService(async_engine, settings)
+    identity = Identity(customer_id=f"c-{uuid.uuid4().hex[:8]}", key_id="key_x", tier="standard", client_address="t")
+    task_ids = []
+    for _ in range(24):
+        request = SendMessageRequest(
+            message=Message(message_id=str(uuid.uuid4()), role=Role.ROLE_USER, parts=[Part(text="go")])
+        )
+        task_ids.append((await admission.admit(loaded, identity, request)).task.id)
+
+    listener = Listener(database_url)
+    listener.start()
+    store = VersionedDatabaseTaskStore(async_engine, create_table=False)
+    events = NotifiedEventStream(async_engine, listener, 0.2)
+    executors = [CountingExecutor(), CountingExecutor()]
+    runners = [
+        InProcessRunner(
+            engine=async_engine,
+            store=store,
+            events=events,
+            listener=listener,
+            executors={executor_name: executor},
+            concurrency=4,
+            poll_interval_s=0.2,
+            drain_s=1,
+            metrics=Metrics(),
+        )
+        for executor in executors
+    ]
+    for runner in runners:
+        runner.start()
+    try:
+        async with asyncio.timeout(30):
+            while True:
+                async with async_engine.connect() as conn:
+                    open_rows = (
+                        await conn.execute(
+                            text("SELECT count(*) FROM dispatch_outbox WHERE executor = :e AND status <> 'done'"),
+                            {"e": executor_name},
+                        )
+                    ).scalar_one()
+                if open_rows == 0:
+                    break
+                await asyncio.sleep(0.1)
+    finally:
+        for runner in runners:
+            await runner.stop()
+        await listener.stop()
+    total = executors[0].runs + executors[1].runs
+    assert sorted(total) == sorted(task_ids)
+    assert set(total.values()) == {1}
+    assert all(executor.runs for executor in executors)  # both took a share
+    context = ServerCallContext(user=OwnerUser(identity.owner(loaded.spec.id)))
+    for task_id in task_ids:
+        assert (await store.get(task_id, context)).task.status.state == TaskState.TASK_STATE_COMPLETED
+
+
+def test_the_log_filter_redacts_keys_and_bearer_credentials_whoever_logs_them():
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    handler.addFilter(RedactingFilter())
+    logger = logging.getLogger(f"test.redaction.{uuid.uuid4().hex}")
+    logger.addHandler(handler)
+    logger.propagate = False
+    key = "sk_test_1a2b3c4d_eyJraWQiOiJrZXlfMSJ9.c2lnbmF0dXJl"
+    logger.warning("headers %s", {"authorization": f"Bearer {key}"})
+    logger.warning("call context: Authorization: bearer opaque-token-123")
+    logger.warning(f"key in the message itself: {key}")
+    output = stream.getvalue()
+    assert key not in output and "eyJraWQiOiJrZXlfMSJ9" not in output and "opaque-token-123" not in output
+    assert output.count("[redacted]") == 3

@@ -1,0 +1,122 @@
+"""Wire behaviours the A2A 1.0 specification asks for where the SDK alone would leave an accident."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+import pytest
+
+from tests.app.conftest import message, rpc
+
+pytestmark = pytest.mark.timeout(30)
+CONFORMANCE = "conformance"
+
+
+def jsonrpc(edge, customer, body: dict, *, version: str | None = "1.0") -> dict:
+    headers = {"Authorization": f"Bearer {customer.key}"}
+    if version is not None:
+        headers["A2A-Version"] = version
+    return httpx.post(f"{edge.specialist(CONFORMANCE)}/jsonrpc", json=body, headers=headers, timeout=30).json()
+
+
+def test_a_request_without_a2a_version_is_read_as_0_3_so_a_1_0_method_is_refused(edge_a, make_customer):
+    answer = jsonrpc(edge_a, make_customer(), rpc("SendMessage", message()), version=None)
+    assert answer["error"]["code"] == -32009
+    assert "0.3" in answer["error"]["message"]
+
+
+def test_a_request_without_a2a_version_may_use_the_0_3_method_names(edge_a, make_customer):
+    params = {
+        "message": {
+            "kind": "message",
+            "messageId": f"tck-complete-task-{uuid.uuid4()}",
+            "role": "user",
+            "parts": [{"kind": "text", "text": "hi"}],
+        }
+    }
+    answer = jsonrpc(edge_a, make_customer(), rpc("message/send", params), version=None)
+    assert answer["result"]["kind"] == "task"
+    assert answer["result"]["status"]["state"] == "completed"
+
+
+def test_an_http_json_request_without_a2a_version_is_refused_as_unsupported_version(edge_a, make_customer):
+    customer = make_customer()
+    answer = httpx.post(
+        f"{edge_a.specialist(CONFORMANCE)}/message:send",
+        json=message(),
+        headers={"Authorization": f"Bearer {customer.key}"},
+    )
+    assert answer.status_code == 400
+    assert answer.json()["error"]["details"][0]["reason"] == "VERSION_NOT_SUPPORTED"
+
+
+def test_a_patch_version_is_accepted_and_another_major_refused(edge_a, make_customer):
+    customer = make_customer()
+    ok = jsonrpc(edge_a, customer, rpc("SendMessage", message(f"tck-complete-task-{uuid.uuid4()}")), version="1.0.2")
+    assert ok["result"]["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert jsonrpc(edge_a, customer, rpc("GetTask", {"id": "x"}), version="2.0")["error"]["code"] == -32009
+
+
+def test_an_unknown_method_is_method_not_found(edge_a, make_customer):
+    assert jsonrpc(edge_a, make_customer(), rpc("DoSomething", {}))["error"]["code"] == -32601
+
+
+def test_push_notifications_are_refused_as_unsupported(edge_a, make_customer):
+    body = message(taskPushNotificationConfig={"url": "https://example.com/hook"})
+    answer = jsonrpc(edge_a, make_customer(), rpc("SendMessage", body))
+    assert answer["error"]["code"] == -32003
+
+
+def test_a_message_must_come_from_the_user(edge_a, make_customer):
+    body = message()
+    body["message"]["role"] = "ROLE_AGENT"
+    answer = jsonrpc(edge_a, make_customer(), rpc("SendMessage", body))
+    assert answer["error"]["code"] == -32602
+    assert answer["error"]["data"][0]["metadata"]["code"] == "role_invalid"
+
+
+def test_a_follow_up_to_a_finished_task_is_refused(edge_a, make_customer):
+    customer = make_customer()
+    task = jsonrpc(edge_a, customer, rpc("SendMessage", message(f"tck-complete-task-{uuid.uuid4()}")))["result"]["task"]
+    answer = jsonrpc(edge_a, customer, rpc("SendMessage", message(taskId=task["id"])))
+    assert answer["error"]["code"] == -32004
+    assert "terminal" in answer["error"]["message"]
+
+
+def test_a_follow_up_to_a_task_still_working_is_refused(edge_a, make_customer):
+    customer = make_customer()
+    task = jsonrpc(
+        edge_a,
+        customer,
+        rpc("SendMessage", message(f"test-resubscribe-message-id-{uuid.uuid4()}", returnImmediately=True)),
+    )["result"]["task"]
+    answer = jsonrpc(edge_a, customer, rpc("SendMessage", message(taskId=task["id"])))
+    assert answer["error"]["code"] == -40903
+    assert answer["error"]["data"][0]["metadata"]["code"] == "task_not_awaiting_input"
+
+
+def test_a_follow_up_naming_another_context_than_its_tasks_is_refused(edge_a, make_customer):
+    customer = make_customer()
+    task = jsonrpc(edge_a, customer, rpc("SendMessage", message(f"tck-input-required-{uuid.uuid4()}")))["result"]["task"]
+    answer = jsonrpc(
+        edge_a, customer, rpc("SendMessage", message(taskId=task["id"], contextId=str(uuid.uuid4())))
+    )
+    assert answer["error"]["code"] == -32602
+
+
+def test_tenant_prefixed_paths_are_not_served(edge_a, make_customer):
+    customer = make_customer()
+    answer = httpx.get(f"{edge_a.url}/some-tenant/specialists/{CONFORMANCE}/tasks", headers=customer.headers)
+    assert answer.status_code == 404
+
+
+def test_a_blocking_send_answers_once_the_task_asks_for_input(edge_b, make_customer):
+    answer = jsonrpc(edge_b, make_customer(), rpc("SendMessage", message(f"tck-input-required-{uuid.uuid4()}")))
+    assert answer["result"]["task"]["status"]["state"] == "TASK_STATE_INPUT_REQUIRED"
+
+
+def test_history_length_limits_the_history_returned(edge_a, make_customer):
+    body = message(f"tck-complete-task-{uuid.uuid4()}", historyLength=0)
+    task = jsonrpc(edge_a, make_customer(), rpc("SendMessage", body))["result"]["task"]
+    assert "history" not in task
