@@ -15,17 +15,18 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlm.budget import Budget, BudgetLedger, BudgetLimits, BudgetSnapshot
 from rlm.context import Context
 from rlm.errors import BudgetError, KernelUnavailable, ProviderError, RLMError, SettingsInvalid
+from rlm.extensions import Extension, ExtensionFactory, RunInfo, default_extensions
 from rlm.history import History
 from rlm.llm import SubcallRecord, SubcallRunner
-from rlm.namespace import PRELUDE, AnswerBox, Bridge
+from rlm.namespace import PRELUDE, AnswerBox, Bridge, _guest_errors
 from rlm.prompts import NUDGE, PYTHON_TOOL, final_request, first_message, system_prompt
 from rlm.providers.base import Completion, Provider, estimate_tokens, message_chars
 from rlm.settings import RLMSettings, load_settings
@@ -52,6 +53,7 @@ class RunResult:
     root_chars_sent: int  # characters sent to the root model, summed over every root call
     root_chars_last: int  # characters of the largest single root request
     duration_s: float
+    extra: dict[str, Any] = field(default_factory=dict)  # what extensions add (e.g. "children")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -123,6 +125,9 @@ class Session:
         model: str | None = None,
         run_id: str | None = None,
         on_event: Callable[[Event], None] | None = None,
+        root_id: str | None = None,
+        agent_id: str | None = None,
+        extensions: Sequence[ExtensionFactory] | None = None,
     ) -> None:
         self.settings = settings or load_settings()
         self.context = context
@@ -134,6 +139,11 @@ class Session:
         self.kernel_factory = kernel_factory or default_kernel_factory
         self.model = model
         self.run_id = run_id or new_run_id()
+        # A member of a family draws on its root's allowance (root_id) and keeps its own history (agent_id).
+        self.root_id = root_id or self.run_id
+        self.agent_id = agent_id or self.run_id
+        self.extension_factories = list(default_extensions() if extensions is None else extensions)
+        self.messages: list[dict[str, Any]] = []  # the conversation, kept for a follow-up
         self.on_event = on_event
         self._used = False
         prices = getattr(provider, "prices", None)
@@ -149,7 +159,8 @@ class Session:
 
     # ---------- the run ----------
 
-    def run(self, question: str) -> RunResult:
+    def run(self, question: str, *, prior_messages: Sequence[dict[str, Any]] | None = None) -> RunResult:
+        """Answer ``question``; with ``prior_messages`` (a finished run's conversation) it is a follow-up."""
         if self._used:
             raise RLMError("a Session runs once; make a new Session for a new question")
         self._used = True
@@ -158,11 +169,12 @@ class Session:
         run_dir = settings.runs_dir / self.run_id
         trajectory = TrajectoryWriter(run_dir / FILENAME)
         state = _RunState(self.run_id)
-        budget = Budget(
-            BudgetLedger(settings.budget_path), self.run_id,
-            BudgetLimits(settings.max_calls, settings.max_tokens, settings.max_usd),
-        )
-        history = History(settings.history_path, self.run_id, max_read_chars=settings.max_history_read_chars,
+        ledger = BudgetLedger(settings.budget_path)
+        # A family member never brings its own allowance: it draws on the root's, as the root set it.
+        limits = (BudgetLimits(settings.max_calls, settings.max_tokens, settings.max_usd)
+                  if self.root_id == self.run_id else ledger.limits(self.root_id))
+        budget = Budget(ledger, self.root_id, limits)
+        history = History(settings.history_path, self.agent_id, max_read_chars=settings.max_history_read_chars,
                           max_hits=settings.max_history_hits)
         answer = AnswerBox()
         stats = self.context.stats()
@@ -195,10 +207,16 @@ class Session:
             "observation chars": settings.max_observation_chars, "seconds per step": settings.step_timeout_s,
             "sub-call prompt chars": settings.max_prompt_chars,
         }
-        messages: list[dict[str, Any]] = [
-            {"role": "system", "content": system_prompt(self.kernel_name, limits_shown)},
-            {"role": "user", "content": first_message(question, stats)},
-        ]
+        if prior_messages:
+            messages: list[dict[str, Any]] = [dict(m) for m in prior_messages]
+            messages.append({"role": "user", "content": f"Follow-up: {question}\n\n"
+                             "Continue with the python tool, then call final_answer(value)."})
+        else:
+            messages = [
+                {"role": "system", "content": system_prompt(self.kernel_name, limits_shown)},
+                {"role": "user", "content": first_message(question, stats)},
+            ]
+        self.messages = messages
         trajectory.write(
             "run_started", run_id=self.run_id, question=question, kernel=self.kernel_name,
             provider=getattr(self.provider, "name", type(self.provider).__name__),
@@ -206,7 +224,7 @@ class Session:
             limits={"max_turns": settings.max_turns, "max_calls": settings.max_calls,
                     "max_tokens": settings.max_tokens, "max_usd": settings.max_usd,
                     "max_subcalls": settings.max_subcalls, "max_observation_chars": settings.max_observation_chars},
-            first_message=messages[1]["content"],
+            first_message=messages[-1]["content"],
         )
         self._emit({"event": "run_started", "run_id": self.run_id, "max_turns": settings.max_turns,
                     "budget": budget.snapshot().to_dict()})
@@ -215,10 +233,23 @@ class Session:
         error: str | None = None
         why = ""
         kernel = None
+        deadline = started + settings.max_run_s
+        extensions: list[Extension] = []
+        info = RunInfo(
+            run_id=self.run_id, root_id=self.root_id, agent_id=self.agent_id, settings=settings,
+            context=self.context, provider=self.provider, kernel=self.kernel_name, model=self.model, budget=budget,
+            history=history, trajectory=trajectory, deadline=deadline, emit=self._emit, current_turn=lambda: state.turn,
+        )
         try:
+            functions = bridge.functions()
+            for factory in self.extension_factories:
+                extension = factory(info)
+                extensions.append(extension)
+                functions.update({name: _guest_errors(fn) for name, fn in extension.functions().items()})
+            if not prior_messages:
+                messages[0]["content"] += "".join(e.notes for e in extensions)
             kernel = self.kernel_factory(self.kernel_name, settings, run_dir, self.run_id)
-            kernel.start(bridge.functions(), PRELUDE)
-            deadline = started + settings.max_run_s
+            kernel.start(functions, PRELUDE + "".join(e.prelude for e in extensions))
             while True:
                 if state.turn >= settings.max_turns:
                     stop_reason, why = "max_turns", f"all {settings.max_turns} turns are used (RLM_MAX_TURNS)"
@@ -253,19 +284,30 @@ class Session:
                     kernel.close()
                 except Exception as exc:  # noqa: BLE001 - closing must not hide the run's outcome
                     error = error or f"kernel close failed: {exc}"
+        # The run is complete only once what it started is resolved (children, required remote work).
+        extra: dict[str, Any] = {}
+        for extension in extensions:
+            try:
+                extension.finish()
+            except RLMError as exc:
+                error = error or f"{exc.code}: {exc.message}"
+            try:
+                extra.update(extension.record())
+            finally:
+                extension.close()
         snapshot = budget.snapshot()
         duration = round(time.monotonic() - started, 3)
         trajectory.write(
             "run_finished", stop_reason=stop_reason, answer=answer.value, error=error, turns=state.turn,
             subcalls=state.subcalls, budget=snapshot.to_dict(), root_chars_sent=state.root_chars_sent,
-            root_chars_last=state.root_chars_last, corpus_bytes=stats["bytes"], duration_s=duration,
+            root_chars_last=state.root_chars_last, corpus_bytes=stats["bytes"], duration_s=duration, **extra,
         )
         trajectory.close()
         result = RunResult(
             run_id=self.run_id, answer=answer.value, stop_reason=stop_reason or "error", turns=state.turn,
             subcalls=state.subcalls, error=error, trajectory_path=trajectory.path, budget=snapshot,
             corpus_bytes=stats["bytes"], root_chars_sent=state.root_chars_sent,
-            root_chars_last=state.root_chars_last, duration_s=duration,
+            root_chars_last=state.root_chars_last, duration_s=duration, extra=extra,
         )
         self._emit({"event": "run_finished", "stop_reason": result.stop_reason, "turns": state.turn,
                     "subcalls": state.subcalls, "budget": snapshot.to_dict()})
