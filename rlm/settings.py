@@ -92,6 +92,16 @@ class RLMSettings(BaseSettings):
     max_history_read_chars: int = Field(20_000, ge=100)
     max_history_hits: int = Field(50, ge=1)
 
+    # Families (rlm/family): children run as separate processes and share the root's allowance.
+    max_child_depth: int = Field(1, ge=0, le=8)  # 1: a root may start children, children may not
+    max_children: int = Field(8, ge=0, le=1000)  # child agents in one family, root excluded
+    max_parallel_children: int = Field(4, ge=1, le=64)  # child runs active at once in one family
+    child_start_timeout_s: float = Field(30.0, gt=0, le=600)  # a child process must confirm its start by then
+    child_cancel_grace_s: float = Field(2.0, gt=0, le=600)  # after SIGTERM, before SIGKILL of its process tree
+    max_message_chars: int = Field(20_000, ge=100, le=10_000_000)  # one family message
+    max_inbox_read: int = Field(50, ge=1, le=1000)  # messages one rlm.inbox() returns
+    max_family_messages: int = Field(10_000, ge=1)  # messages kept for one family
+
     @field_validator("data_dir", "price_table_file")
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:
@@ -145,6 +155,10 @@ class RLMSettings(BaseSettings):
     @property
     def history_path(self) -> Path:
         return self.data_dir / "history.sqlite3"
+
+    @property
+    def family_path(self) -> Path:
+        return self.data_dir / "family.sqlite3"
 
 
 def env_name(field: str) -> str:
