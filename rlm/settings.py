@@ -102,7 +102,21 @@ class RLMSettings(BaseSettings):
     max_inbox_read: int = Field(50, ge=1, le=1000)  # messages one rlm.inbox() returns
     max_family_messages: int = Field(10_000, ge=1)  # messages kept for one family
 
-    @field_validator("data_dir", "price_table_file")
+    # A2A delegation (rlm/a2a): off by default; a key in the environment never enables a route.
+    a2a_enabled: bool = False  # routing on: delegate to the peers in a2a_peers_file
+    a2a_paid_enabled: bool = False  # paid peers on (also needs a positive a2a_credit_allowance)
+    a2a_peers_file: Path | None = None  # TOML or JSON, see docs/RLM.md
+    a2a_credit_allowance: int = Field(0, ge=0)  # credits the whole root family may draw; stored once, never refilled
+    a2a_max_delegations: int = Field(32, ge=1, le=10_000)  # delegations per root family, all peers
+    a2a_connect_timeout_s: float = Field(10.0, gt=0, le=600)
+    a2a_request_timeout_s: float = Field(60.0, gt=0, le=3600)  # one HTTP exchange with a peer
+    a2a_max_card_bytes: int = Field(262_144, ge=1024, le=16 << 20)  # an Agent Card, counted while reading
+    a2a_max_wait_s: float = Field(120.0, gt=0, le=86_400)  # one handle.wait(); longer waits are cut to this
+    a2a_poll_interval_s: float = Field(1.0, gt=0, le=60)  # between GetTask calls in wait()
+    a2a_max_read_chars: int = Field(20_000, ge=100)  # one handle.read()
+    a2a_summary_chars: int = Field(1_000, ge=100, le=100_000)  # previews in status() and summary()
+
+    @field_validator("data_dir", "price_table_file", "a2a_peers_file")
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None
@@ -135,6 +149,11 @@ class RLMSettings(BaseSettings):
             raise ValueError("max_suspensions_per_checkout must exceed max_suspensions_per_step")
         if self.max_file_bytes > self.max_total_bytes:
             raise ValueError("max_file_bytes cannot exceed max_total_bytes")
+        if self.a2a_paid_enabled and not self.a2a_enabled:
+            raise ValueError("a2a_paid_enabled needs a2a_enabled (routing on) as well")
+        if self.a2a_max_wait_s + self.a2a_request_timeout_s > self.host_call_timeout_s:
+            raise ValueError("a2a_max_wait_s + a2a_request_timeout_s must fit in host_call_timeout_s, or a wait() "
+                             "would be cut off by the host call's deadline")
         return self
 
     def kernel_limits(self) -> Any:
@@ -159,6 +178,10 @@ class RLMSettings(BaseSettings):
     @property
     def family_path(self) -> Path:
         return self.data_dir / "family.sqlite3"
+
+    @property
+    def a2a_path(self) -> Path:
+        return self.data_dir / "a2a.sqlite3"
 
 
 def env_name(field: str) -> str:
