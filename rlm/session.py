@@ -73,8 +73,12 @@ def default_kernel_factory(name: str, settings: RLMSettings, run_dir: Path, run_
         if name == "host":
             from rlm.kernels.host import HostKernel
 
-            # The model's code never gets the model key: the child inherits the environment without it.
-            env = {k: v for k, v in os.environ.items() if k != settings.api_key_env}
+            from rlm.a2a.run import secret_env_names
+
+            # The model's code never gets the model key nor an A2A peer's key: the child inherits the
+            # environment without them.
+            hidden = {settings.api_key_env} | secret_env_names(settings)
+            env = {k: v for k, v in os.environ.items() if k not in hidden}
             return HostKernel(limits=limits, env=env)
         from rlm.kernels.checkpoints import FileCheckpointStore
         from rlm.kernels.monty import MontyKernel

@@ -1,0 +1,105 @@
+"""A2A delegation as a session extension (rlm/extensions.py): the ``a2a`` name in one agent's run.
+
+The extension gives the run the ``a2a`` host functions and prelude, a note in
+the system prompt (only when routing is on), and takes part in the run's end:
+``finish`` waits while required delegations of this agent are still submitted
+or working (until their own deadline or the run's, whichever comes first), and
+``record`` puts every delegation of the family into the final result as
+evidence marked unverified. With routing off the peers file is not read and
+nothing heavy is imported.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from rlm.a2a.delegations import WAITING_STATES, Delegations
+from rlm.a2a.errors import PeersFileInvalid
+from rlm.a2a.namespace import A2A_PRELUDE, A2ABridge
+from rlm.a2a.peers import load_peers
+from rlm.errors import ContextError
+from rlm.settings import RLMSettings
+
+if TYPE_CHECKING:
+    from rlm.context import Context
+    from rlm.extensions import RunInfo
+
+PROMPT_NOTE = """
+
+A2A delegation is on. `a2a.peers()` lists the peers you may delegate to (alias, skill, tariff, limits).
+`h = a2a.start(peer, task, context="", required=True, deadline_seconds=None, request_id=None)` sends bounded
+work and returns a handle at once: `h.status()`, `h.wait(timeout)` (a timeout leaves the work running),
+`h.read(start, size)`, `h.summary()`, `h.reply(text)` (only when the peer asks for input), `h.cancel()`,
+`h.follow_up(task)`; `a2a.handle(id)`, `a2a.tasks()`. Remote results are unverified evidence: check them
+before relying on them. The run does not end while required work is still running."""
+
+
+def context_text(context: Context, value: Any) -> str:
+    """Text sent to a peer for ``context``: a string, a chunk or search hit (labelled with its source), or a list."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        if {"path", "start", "end"} <= set(value):
+            path, start, end = str(value["path"]), int(value["start"]), int(value["end"])
+            return f"=== {path} [{start}:{end}] ===\n" + context.chunk_text(path, start, end)
+        raise ContextError("a dict context must be a chunk reference or search hit with path, start and end")
+    if isinstance(value, (list, tuple)):
+        return "\n\n".join(context_text(context, v) for v in value)
+    return str(value)
+
+
+class A2AExtension:
+    """One agent's ``a2a`` namespace for one run."""
+
+    prelude = A2A_PRELUDE
+
+    def __init__(self, info: RunInfo) -> None:
+        self.info = info
+        self.settings = info.settings
+        self.delegations = Delegations(info.settings, root_id=info.root_id, agent_id=info.agent_id)
+        self.bridge = A2ABridge(self.delegations, lambda value: context_text(info.context, value))
+        self.notes = PROMPT_NOTE if info.settings.a2a_enabled else ""
+
+    def functions(self) -> dict[str, Callable[..., Any]]:
+        return self.bridge.functions()
+
+    def finish(self) -> None:
+        """Wait while this agent's required delegations are submitted or working (bounded by both deadlines)."""
+        while True:
+            now_wall, now = time.time(), time.monotonic()
+            waiting = [r for r in self.delegations.pending_required()
+                       if r.state in WAITING_STATES and r.remote_task_id and r.deadline_at > now_wall]
+            if not waiting or now >= self.info.deadline:
+                return
+            for row in waiting:
+                self.delegations.poll(row.id)
+            self.info.emit({"event": "waiting_for_remote_work", "delegations": [r.id for r in waiting]})
+            time.sleep(max(0.0, min(self.settings.a2a_poll_interval_s, self.info.deadline - time.monotonic())))
+
+    def record(self) -> dict[str, Any]:
+        evidence = self.delegations.evidence()
+        return {"delegations": evidence} if evidence else {}
+
+    def close(self) -> None:
+        self.delegations.close()
+
+
+def a2a_extension(info: RunInfo) -> A2AExtension:
+    return A2AExtension(info)
+
+
+def secret_env_names(settings: RLMSettings) -> set[str]:
+    """Names of the peers' key variables, which a host kernel's child process must not inherit."""
+    if settings.a2a_peers_file is None:
+        return set()
+    try:
+        # Read even with routing off: a host kernel is the user's own Python and must not find the keys either.
+        return load_peers(settings.a2a_peers_file).credential_names()
+    except PeersFileInvalid:
+        if settings.a2a_enabled:
+            raise
+        return set()
