@@ -1,0 +1,349 @@
+"""A2A peers on 127.0.0.1 for the delegation tests.
+
+- ``SdkPeer``: a well-behaved peer built with the a2a-sdk server (in-memory task
+  store, a trivial executor whose behaviour is chosen by the task's first word),
+  served by uvicorn. It records every JSON-RPC call and the bearer keys it saw.
+- ``HostilePeer``: an ``http.server`` peer that misbehaves on purpose (redirects,
+  a card that moves the origin, gzip, oversized or endless bodies, a dropped
+  connection after accepting a task). It counts every request it receives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import socket
+import threading
+import time
+import uuid
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import uvicorn
+from a2a.server.agent_execution import AgentExecutor, RequestContext
+from a2a.server.events.event_queue import EventQueue
+from a2a.server.request_handlers import DefaultRequestHandler
+from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
+from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
+from a2a.types.a2a_pb2 import (
+    AgentCapabilities,
+    AgentCard,
+    AgentExtension,
+    AgentInterface,
+    AgentSkill,
+    Message,
+    Part,
+    Role,
+    Task,
+    TaskState,
+    TaskStatus,
+)
+from google.protobuf.json_format import MessageToDict
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+SKILL = "code-review"
+BIG_RESULT_CHARS = 60_000
+
+
+def free_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+def card_dict(base: str, *, interface_url: str | None = None, skill: str = SKILL,
+              tariff_credits: int | None = None) -> dict[str, Any]:
+    card = AgentCard(
+        name="reviewer", description="reviews things", version="1.0",
+        supported_interfaces=[AgentInterface(url=interface_url or f"{base}/jsonrpc", protocol_binding="JSONRPC",
+                                             protocol_version="1.0")],
+        capabilities=AgentCapabilities(streaming=False, push_notifications=False),
+        default_input_modes=["text/plain"], default_output_modes=["text/plain"],
+        skills=[AgentSkill(id=skill, name="Review", description="Reviews a diff", tags=["review"])],
+    )
+    if tariff_credits is not None:
+        card.capabilities.extensions.append(AgentExtension(uri="urn:test:tariff", params={"tariffCredits": tariff_credits}))
+    return MessageToDict(card)
+
+
+# ---------- the well-behaved peer ----------
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+        self.bearers: list[str | None] = []
+        self.messages: list[dict[str, Any]] = []
+        self.file_fetches = 0
+        self.lock = threading.Lock()
+
+
+class ScriptedExecutor(AgentExecutor):
+    """Behaviour by the task's first word: hello (direct Message), ask, auth, slow, big, file, fail; else a review."""
+
+    def __init__(self, recorder: Recorder, base: str) -> None:
+        self.recorder = recorder
+        self.base = base
+
+    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
+        message = context.message
+        assert message is not None and context.task_id and context.context_id
+        text = "\n".join(p.text for p in message.parts if p.WhichOneof("content") == "text")
+        with self.recorder.lock:
+            self.recorder.messages.append(MessageToDict(message))
+        word = text.split()[0] if text.split() else ""
+        if word == "hello" and context.current_task is None:
+            await event_queue.enqueue_event(Message(message_id=str(uuid.uuid4()), role=Role.ROLE_AGENT,
+                                                    context_id=context.context_id, parts=[Part(text="hello yourself")]))
+            return
+        current = context.current_task
+        if current is None:
+            await event_queue.enqueue_event(Task(id=context.task_id, context_id=context.context_id,
+                                                 status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED),
+                                                 history=[message]))
+        updater = TaskUpdater(event_queue, context.task_id, context.context_id)
+        say = updater.new_agent_message
+        if current is not None and current.status.state == TaskState.TASK_STATE_INPUT_REQUIRED:
+            await updater.add_artifact([Part(text=f"reviewed branch {text.strip()}: no findings")])
+            await updater.complete()
+            return
+        if word == "ask":
+            await updater.requires_input(say([Part(text="Which branch should I review?")]))
+        elif word == "auth":
+            await updater.requires_auth(say([Part(text="Sign in at the reviewer's console first.")]))
+        elif word == "slow":
+            await updater.start_work()
+            seconds = float(text.split()[1]) if len(text.split()) > 1 else 30.0
+            await asyncio.sleep(seconds)
+            await updater.add_artifact([Part(text="slow review done")])
+            await updater.complete()
+        elif word == "big":
+            await updater.add_artifact([Part(text="".join(f"line {i:05d} ok\n" for i in range(BIG_RESULT_CHARS // 14)))])
+            await updater.complete()
+        elif word == "file":
+            await updater.add_artifact([Part(url=f"{self.base}/files/report.txt", media_type="text/plain",
+                                             filename="report.txt"), Part(text="see the attached report")])
+            await updater.complete()
+        elif word == "fail":
+            await updater.failed(say([Part(text="could not review")]))
+        else:
+            await updater.add_artifact([Part(text=f"review of {len(text)} characters: looks fine")], name="review")
+            await updater.complete()
+
+    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
+        assert context.task_id and context.context_id
+        await TaskUpdater(event_queue, context.task_id, context.context_id).cancel()
+
+
+class SdkPeer:
+    """The a2a-sdk server on a free loopback port (uvicorn in a thread) until ``close``."""
+
+    def __init__(self, *, tariff_credits: int | None = None, skill: str = SKILL) -> None:
+        self.sock = free_socket()
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.recorder = Recorder()
+        card = AgentCard()
+        from google.protobuf.json_format import ParseDict
+
+        ParseDict(card_dict(self.url, skill=skill, tariff_credits=tariff_credits), card)
+        handler = DefaultRequestHandler(agent_executor=ScriptedExecutor(self.recorder, self.url),
+                                        task_store=InMemoryTaskStore(), agent_card=card)
+        recorder = self.recorder
+
+        async def files(request: Request) -> PlainTextResponse:
+            with recorder.lock:
+                recorder.file_fetches += 1
+            return PlainTextResponse("never fetched")
+
+        app = Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, "/jsonrpc"),
+                                Route("/files/{name}", files)])
+
+        class Record:
+            def __init__(self, inner: Any) -> None:
+                self.inner = inner
+
+            async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+                if scope["type"] != "http" or scope["path"] != "/jsonrpc":
+                    await self.inner(scope, receive, send)
+                    return
+                chunks: list[bytes] = []
+                while True:
+                    event = await receive()
+                    chunks.append(event.get("body", b""))
+                    if not event.get("more_body"):
+                        break
+                body = b"".join(chunks)
+                headers = dict((k.decode().lower(), v.decode()) for k, v in scope["headers"])
+                auth = headers.get("authorization")
+                with recorder.lock:
+                    recorder.calls[json.loads(body).get("method", "?")] += 1
+                    recorder.bearers.append(auth.removeprefix("Bearer ") if auth else None)
+                replayed = False
+
+                async def replay() -> dict[str, Any]:
+                    nonlocal replayed
+                    if replayed:
+                        return await receive()
+                    replayed = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+
+                await self.inner(scope, replay, send)
+
+        self.server = uvicorn.Server(uvicorn.Config(Record(app), log_level="warning", access_log=False,
+                                                    lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert self.server.started, "uvicorn did not start"
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+
+# ---------- the hostile peer ----------
+
+
+class HostilePeer:
+    """Misbehaves according to ``mode``; ``hits`` counts requests by (method, path) and JSON-RPC method."""
+
+    MODES = ("redirect_card", "redirect_rpc", "moved_card", "gzip", "oversized", "endless", "drop_after_accept",
+             "error_rpc", "wrong_task")
+
+    def __init__(self, mode: str) -> None:
+        assert mode in self.MODES, mode
+        self.mode = mode
+        self.hits: Counter[str] = Counter()
+        self.task_id = str(uuid.uuid4())
+        self.accepted_message_ids: list[str] = []
+        self.lock = threading.Lock()
+        peer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+                self.send_response(status)
+                for k, v in {"Content-Type": "application/json", "Content-Length": str(len(body)),
+                             **(headers or {})}.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:  # noqa: N802
+                with peer.lock:
+                    peer.hits[f"GET {self.path}"] += 1
+                if self.path.endswith("/.well-known/agent-card.json"):
+                    if peer.mode == "redirect_card":
+                        self._send(302, b"", {"Location": "http://127.0.0.1:9/elsewhere.json"})
+                    elif peer.mode == "moved_card":
+                        self._send(200, json.dumps(card_dict(peer.url, interface_url="http://127.0.0.2:8443/rpc"))
+                                   .encode())
+                    else:
+                        self._send(200, json.dumps(card_dict(peer.url)).encode())
+                else:
+                    self._send(404, b"{}")
+
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers.get("Content-Length", "0"))
+                request = json.loads(self.rfile.read(length) or b"{}")
+                method = request.get("method", "?")
+                with peer.lock:
+                    peer.hits[f"POST {self.path}"] += 1
+                    peer.hits[method] += 1
+                if method == "GetTask":
+                    self._get_task(request)
+                    return
+                mode = peer.mode
+                if method == "SendMessage":
+                    with peer.lock:
+                        peer.accepted_message_ids.append(request["params"]["message"]["messageId"])
+                if mode == "redirect_rpc":
+                    self._send(307, b"", {"Location": "http://127.0.0.1:9/jsonrpc"})
+                elif mode == "gzip":
+                    body = gzip.compress(json.dumps(peer._task_result(request)).encode())
+                    self._send(200, body, {"Content-Encoding": "gzip"})
+                elif mode == "oversized":
+                    self._send(200, b'{"jsonrpc": "2.0", "result": "' + b"x" * 3_000_000 + b'"}')
+                elif mode == "endless":
+                    # No Content-Length: the body only ends when the client stops reading.
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    try:
+                        self.wfile.write(b'{"jsonrpc": "2.0", "result": "')
+                        for _ in range(2000):
+                            self.wfile.write(b"y" * 4096)
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass
+                    self.close_connection = True
+                elif mode == "drop_after_accept":
+                    # The task is accepted, then the connection drops before any answer.
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                elif mode == "error_rpc":
+                    self._send(200, json.dumps({"jsonrpc": "2.0", "id": request["id"], "error": {
+                        "code": -32602, "message": "credit_ceiling below the tariff"}}).encode())
+                else:
+                    self._send(200, json.dumps(peer._task_result(request)).encode())
+
+            def _get_task(self, request: dict[str, Any]) -> None:
+                asked = request["params"]["id"]
+                if asked != peer.task_id:
+                    self._send(200, json.dumps({"jsonrpc": "2.0", "id": request["id"], "error": {
+                        "code": -32001, "message": "task not found"}}).encode())
+                    return
+                history = [{"messageId": mid, "role": "ROLE_USER", "parts": [{"text": "..."}]}
+                           for mid in ([] if peer.mode == "wrong_task" else peer.accepted_message_ids)]
+                history.append({"messageId": "someone-else", "role": "ROLE_USER", "parts": [{"text": "other"}]})
+                task = {"id": peer.task_id, "contextId": "ctx-1", "status": {"state": "TASK_STATE_COMPLETED"},
+                        "artifacts": [{"artifactId": "a1", "parts": [{"text": "the result that was lost"}]}],
+                        "history": history}
+                self._send(200, json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": task}).encode())
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def _task_result(self, request: dict[str, Any]) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "id": request["id"], "result": {"task": {
+            "id": self.task_id, "contextId": "ctx-1", "status": {"state": "TASK_STATE_WORKING"}}}}
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# ---------- fixtures (import them into a test module to use them) ----------
+
+
+def a2a_settings(data_dir: Any, **overrides: Any) -> Any:
+    from rlm.settings import load_settings
+
+    options: dict[str, Any] = dict(data_dir=data_dir, a2a_enabled=True, a2a_poll_interval_s=0.05,
+                                   a2a_request_timeout_s=5.0, a2a_connect_timeout_s=2.0)
+    options.update(overrides)
+    return load_settings(**options)
+
+
+def peers_of(*configs: dict[str, Any]) -> Any:
+    from rlm.a2a.peers import PeerConfig, Peers
+
+    return Peers(None, tuple(PeerConfig(**c) for c in configs))
