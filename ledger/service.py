@@ -1,0 +1,134 @@
+"""``Ledger``: each ledger operation in its own transaction, for callers that have none of their own.
+
+An operation is one statement sent on an autocommit connection, so it is its own
+transaction and costs one round trip (no BEGIN, no COMMIT). Callers that must combine
+a ledger operation with their own writes use ``ledger.operations`` on their connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from sqlalchemy import Engine
+
+from ledger import operations as ops
+from ledger import reads
+from ledger.limits import LedgerLimits, default_limits
+from ledger.results import (
+    AdjustResult,
+    ExpiredLot,
+    GrantResult,
+    ReserveResult,
+    ResolveResult,
+    UnknownResult,
+    Violation,
+)
+from ledger.verify import AccountTotal, totals, verify
+
+
+class Ledger:
+    def __init__(self, engine: Engine, limits: LedgerLimits | None = None) -> None:
+        self.engine = engine
+        self.limits = limits or default_limits()
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+
+    def grant(
+        self,
+        customer_id: str,
+        credits: int,
+        *,
+        operator: str,
+        skills: Sequence[str] = (),
+        expires_at: datetime | None = None,
+        expires_in: timedelta | None = None,
+        skill_expires_at: datetime | None = None,
+        max_parallel: int | None = None,
+        priority: int | None = None,
+        idempotency_key: str | None = None,
+        reason: str = "",
+        now: datetime | None = None,
+    ) -> GrantResult:
+        with self._autocommit.connect() as conn:
+            return ops.grant(
+                conn,
+                customer_id,
+                credits,
+                operator=operator,
+                skills=skills,
+                expires_at=expires_at,
+                expires_in=expires_in,
+                skill_expires_at=skill_expires_at,
+                max_parallel=max_parallel,
+                priority=priority,
+                idempotency_key=idempotency_key,
+                reason=reason,
+                now=now,
+                limits=self.limits,
+            )
+
+    def reserve(
+        self, customer_id: str, job_id: str, fingerprint: str, skill: str, credits: int, *, now: datetime | None = None
+    ) -> ReserveResult:
+        with self._autocommit.connect() as conn:
+            return ops.reserve(conn, customer_id, job_id, fingerprint, skill, credits, now=now, limits=self.limits)
+
+    def settle(self, job_id: str, charged: int, reason: str = "", *, now: datetime | None = None) -> ResolveResult:
+        with self._autocommit.connect() as conn:
+            return ops.settle(conn, job_id, charged, reason, now=now, limits=self.limits)
+
+    def void(self, job_id: str, reason: str = "", *, now: datetime | None = None) -> ResolveResult:
+        return self.settle(job_id, 0, reason, now=now)
+
+    def mark_unknown(self, job_id: str, reason: str, operator: str, *, now: datetime | None = None) -> UnknownResult:
+        with self._autocommit.connect() as conn:
+            return ops.mark_unknown(conn, job_id, reason, operator, now=now, limits=self.limits)
+
+    def reconcile(
+        self, job_id: str, charged: int, reason: str, operator: str, *, now: datetime | None = None
+    ) -> ResolveResult:
+        with self._autocommit.connect() as conn:
+            return ops.reconcile(conn, job_id, charged, reason, operator, now=now, limits=self.limits)
+
+    def expire(self, *, now: datetime | None = None, max_lots: int | None = None) -> list[ExpiredLot]:
+        with self._autocommit.connect() as conn:
+            return ops.expire(conn, now=now, max_lots=max_lots, limits=self.limits)
+
+    def adjust(
+        self, customer_id: str, credits: int, reason: str, operator: str, *, now: datetime | None = None
+    ) -> AdjustResult:
+        with self._autocommit.connect() as conn:
+            return ops.adjust(conn, customer_id, credits, reason, operator, now=now, limits=self.limits)
+
+    # --- reads ------------------------------------------------------------------
+
+    def verify(self, customer_id: str | None = None) -> list[Violation]:
+        with self._autocommit.connect() as conn:
+            return verify(conn, customer_id)
+
+    def totals(self) -> list[AccountTotal]:
+        with self._autocommit.connect() as conn:
+            return totals(conn)
+
+    def account(self, customer_id: str, *, now: datetime | None = None) -> reads.AccountView | None:
+        # Several queries: one REPEATABLE READ snapshot so the parts agree with each other.
+        with self.engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn:
+            view = reads.account(conn, customer_id, now=now, max_rows=self.limits.max_rows_per_listing)
+            conn.rollback()
+            return view
+
+    def history(self, customer_id: str, *, limit: int = 50) -> list[reads.JournalLine]:
+        with self._autocommit.connect() as conn:
+            return reads.history(conn, customer_id, limit=min(limit, self.limits.max_rows_per_listing))
+
+    def reservations(
+        self, *, customer_id: str | None = None, states: tuple[str, ...] | None = None, limit: int = 100
+    ) -> list[reads.ReservationView]:
+        with self._autocommit.connect() as conn:
+            return reads.list_reservations(
+                conn, customer_id=customer_id, states=states, limit=min(limit, self.limits.max_rows_per_listing)
+            )
+
+    def reservation(self, job_id: str) -> reads.ReservationView | None:
+        with self._autocommit.connect() as conn:
+            return reads.reservation(conn, job_id)
