@@ -67,4 +67,6 @@ ExtensionFactory = Callable[[RunInfo], Extension]
 
 def default_extensions() -> list[ExtensionFactory]:
     """The extensions every session gets unless it is given its own list."""
-    return []
+    from rlm.family.extension import FamilyExtension
+
+    return [FamilyExtension]

@@ -51,6 +51,7 @@ class OpenAIProvider:
                 variable=api_key_env,
             )
         self.base_url = base_url
+        self.api_key_env = api_key_env  # the NAME only: a child process reads the key again (rlm/family/spec.py)
         self.default_model = model
         self.prices = prices or PriceTable()
         self.max_retries = max_retries

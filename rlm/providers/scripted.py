@@ -13,6 +13,19 @@ For tests and offline demos. The script is TOML or JSON (by extension):
     pattern = 'limit\\s*=\\s*(\\d+)'  # regex searched in the prompt and context (DOTALL, MULTILINE)
     answer = 'the limit is \\1'       # template: \\1, \\g<name> expand the match
 
+Children (``rlm.run``) run in their own processes with their own turns: the first
+``[[child]]`` entry whose ``pattern`` is found in the child's prompt (or a
+follow-up's prompt) gives that child's root turns; its ``subcall`` rules are
+tried before the top-level ones:
+
+    [[child]]
+    pattern = 'audit (\\w+)'        # regex searched in the child's prompt
+    [[child.root]]
+    code = "final_answer('audited')"
+    [[child.subcall]]                # optional
+    pattern = '...'
+    answer = '...'
+
 Any entry may also set ``usage = "unknown"`` or ``usage = {prompt_tokens = 1, completion_tokens = 2}``,
 ``delay_s`` (seconds to wait before answering) and ``error`` (a provider failure to raise).
 Without ``usage``, tokens are estimated at 4 characters a token and the cost is 0
@@ -36,6 +49,7 @@ from rlm.providers.base import Completion, PriceTable, ToolCall, Usage, estimate
 
 ENTRY_KEYS = {"code", "text", "usage", "delay_s", "error"}
 RULE_KEYS = {"pattern", "answer", "usage", "delay_s", "error"}
+CHILD_KEYS = {"pattern", "root", "subcall"}
 
 
 @dataclass(frozen=True)
@@ -64,11 +78,13 @@ class ScriptedProvider:
         self.default_model = str(script.get("model", "scripted"))
         self.default_answer: str | None = script.get("default_answer")
         self.prices = prices or PriceTable()
-        unknown = set(script) - {"model", "default_answer", "root", "subcall"}
+        unknown = set(script) - {"model", "default_answer", "root", "subcall", "child"}
         if unknown:
             raise ScriptInvalid(f"{source}: unknown top-level keys {sorted(unknown)}")
+        self.script = script  # kept so a child process can rebuild its own provider (rlm/family/spec.py)
         self._root = [self._entry(i, e) for i, e in enumerate(script.get("root", []))]
         self._rules = [self._rule(i, r) for i, r in enumerate(script.get("subcall", []))]
+        self._children = [self._child(i, c) for i, c in enumerate(script.get("child", []))]
         self._lock = Lock()
         self._next_root = 0
         self.calls: Counter[str] = Counter()
@@ -111,6 +127,34 @@ class ScriptedProvider:
             raise ScriptInvalid(f"{where}: needs 'answer' or 'error'")
         return _Rule(pattern, str(raw.get("answer", "")), _usage(where, raw.get("usage")),
                      float(raw.get("delay_s", 0)), raw.get("error"))
+
+    def _child(self, index: int, raw: Any) -> re.Pattern[str]:
+        where = f"{self.source}: child {index + 1}"
+        if not isinstance(raw, dict) or set(raw) - CHILD_KEYS or "pattern" not in raw or not raw.get("root"):
+            raise ScriptInvalid(f"{where}: expected a table with 'pattern', 'root' turns and optionally 'subcall'")
+        try:
+            pattern = re.compile(raw["pattern"], re.DOTALL | re.MULTILINE)
+        except re.error as exc:
+            raise ScriptInvalid(f"{where}: invalid pattern: {exc}") from None
+        for i, entry in enumerate(raw["root"]):
+            self._entry(i, entry)
+        for i, rule in enumerate(raw.get("subcall", [])):
+            self._rule(i, rule)
+        return pattern
+
+    def for_child(self, prompt: str) -> ScriptedProvider:
+        """The provider of a child whose prompt is ``prompt``: the first ``[[child]]`` entry that matches."""
+        for pattern, raw in zip(self._children, self.script.get("child", []), strict=True):
+            if pattern.search(prompt):
+                script = {
+                    "model": self.default_model, "root": raw["root"],
+                    "subcall": list(raw.get("subcall", [])) + list(self.script.get("subcall", [])),
+                    "child": self.script.get("child", []),
+                }
+                if self.default_answer is not None:
+                    script["default_answer"] = self.default_answer
+                return ScriptedProvider(script, prices=self.prices, source=f"{self.source} [child {pattern.pattern!r}]")
+        raise ScriptInvalid(f"{self.source}: no [[child]] entry's pattern matches the child's prompt {prompt[:120]!r}")
 
     # ---------- serving ----------
 
