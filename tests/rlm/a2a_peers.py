@@ -80,6 +80,7 @@ class Recorder:
         self.calls: Counter[str] = Counter()
         self.bearers: list[str | None] = []
         self.messages: list[dict[str, Any]] = []
+        self.bodies: list[dict[str, Any]] = []  # every JSON-RPC request as it arrived on the wire
         self.file_fetches = 0
         self.lock = threading.Lock()
 
@@ -183,6 +184,7 @@ class SdkPeer:
                 headers = dict((k.decode().lower(), v.decode()) for k, v in scope["headers"])
                 auth = headers.get("authorization")
                 with recorder.lock:
+                    recorder.bodies.append(json.loads(body))
                     recorder.calls[json.loads(body).get("method", "?")] += 1
                     recorder.bearers.append(auth.removeprefix("Bearer ") if auth else None)
                 replayed = False
