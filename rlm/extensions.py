@@ -67,6 +67,7 @@ ExtensionFactory = Callable[[RunInfo], Extension]
 
 def default_extensions() -> list[ExtensionFactory]:
     """The extensions every session gets unless it is given its own list."""
+    from rlm.a2a.run import A2AExtension
     from rlm.family.extension import FamilyExtension
 
-    return [FamilyExtension]
+    return [FamilyExtension, A2AExtension]
