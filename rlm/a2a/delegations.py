@@ -153,13 +153,14 @@ class Delegations:
         listed = []
         for peer in self.peer_config.peers:
             info = peer.public()
-            why = self._unavailable(peer)
+            why = self.route_problem(peer)
             info["available"] = why is None
             info["unavailable_because"] = why
             listed.append(info)
         return listed
 
-    def _unavailable(self, peer: PeerConfig) -> str | None:
+    def route_problem(self, peer: PeerConfig) -> str | None:
+        """Why a start to this peer would be refused before sending (no network), or None."""
         try:
             self._check_route(peer)
             _credential(peer.credential_env, peer.alias)
