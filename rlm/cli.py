@@ -72,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     usage.add_argument("--tokens", type=int, help="with --reconcile: the real token count")
     usage.add_argument("--usd", type=float, help="with --reconcile: the real cost in USD")
     usage.add_argument("--reason", help="with --reconcile: the audit reason (who checked what, where)")
+
+    from rlm.family import cli as family_cli
+
+    family_cli.add_parsers(sub)  # inbox, message, follow-up, children
     return parser
 
 
@@ -85,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args, out, err)
         if args.command == "show":
             return _show(args, out)
+        from rlm.family import cli as family_cli
+
+        if args.command in family_cli.COMMANDS:
+            return family_cli.main(args, _settings(args), out, err)
         return _usage(args, out)
     except RLMError as exc:
         err.print(f"rlm: [{exc.code}] {exc.message}", markup=False, highlight=False)

@@ -101,7 +101,7 @@ Family (children and messages), through `rlm`:
 - `h = rlm.run(prompt, context=None)` starts a child session (its own namespace and history; the same \
 corpus, or the view you pass such as `context.select('src/*')`; the same budget) and returns a handle at \
 once; children run in parallel. `h.status()` and `h.wait(timeout=None)` return a dict with `state` \
-('running', 'completed', 'failed', 'cancelled', 'interrupted') and, once completed, `answer`; a wait \
+('admitted' until its process runs, 'running', 'completed', 'failed', 'cancelled', 'interrupted') and, once completed, `answer`; a wait \
 returns after at most {wait_cap_s:g} s and a timeout never cancels. `h.cancel()` stops it. \
 `rlm.wait_all(handles, timeout=None)`, `rlm.children()`. Limits: depth {max_depth}, {max_children} \
 children per family, {max_parallel} running at once; a refusal raises ValueError("[code] message").

@@ -1,0 +1,233 @@
+"""Children: real child processes with their own sessions and kernels, the scripted provider, the root's budget."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from rlm.budget import BudgetLedger
+from rlm.family import procs
+from rlm.family.store import FamilyStore
+
+from .family_support import child, events, observations, run_root, runs_of, script
+
+pytestmark = pytest.mark.timeout(60)
+
+CHILD_REPORTS = """
+import time
+rlm.message(rlm.parent_id(), "started " + rlm.agent_id())
+final_answer("crates: " + llm_query("What is MAX_CRATES?", context.read("ferry.txt")).text)
+"""
+CRATES_RULE = [{"pattern": r"MAX_CRATES = (\d+).*What is MAX_CRATES", "answer": r"\1"}]
+
+
+def test_children_run_in_parallel_in_their_own_processes_and_their_answers_reach_the_root(make_settings,
+                                                                                          tmp_path: Path) -> None:
+    settings = make_settings()
+    root = """
+a = rlm.run("audit alpha")
+b = rlm.run("audit beta")
+done = rlm.wait_all([a, b], 50)
+notes = sorted(m["text"] for m in rlm.inbox())
+final_answer({"answers": [d["answer"] for d in done], "states": [d["state"] for d in done], "notes": notes})
+"""
+    slow = {"code": CHILD_REPORTS, "delay_s": 1.5}
+    result = run_root(settings, tmp_path, script([root], [child("audit (alpha|beta)", slow)], subcall=CRATES_RULE))
+
+    assert result.stop_reason == "answered", result.error
+    answer = json.loads(result.answer)
+    assert answer["states"] == ["completed", "completed"]
+    assert answer["answers"] == ["crates: 40", "crates: 40"]
+    a_id, b_id = f"{result.run_id}.c1", f"{result.run_id}.c2"
+    assert answer["notes"] == [f"started {a_id}", f"started {b_id}"]
+    a, b = runs_of(settings, result.run_id)
+    # Each child was its own process (not this one), with its own trajectory and history scope.
+    assert {a.pid, b.pid} & {os.getpid(), None} == set() and a.pid != b.pid
+    assert (settings.runs_dir / a_id / "trajectory.jsonl").is_file()
+    # Both 1.5 s model turns were under way at the same time.
+    assert max(a.started_at, b.started_at) < min(a.finished_at, b.finished_at)
+    assert max(a.finished_at, b.finished_at) - min(a.started_at, b.started_at) < 1.5 * 2
+    assert [c["answer"] for c in result.extra["children"]] == ["crates: 40", "crates: 40"]
+    assert [e["event"] for e in events(result, "child_finished")] == ["child_finished"] * 2
+
+
+def test_the_family_shares_the_roots_budget_and_a_child_cannot_exceed_it(make_settings, tmp_path: Path) -> None:
+    settings = make_settings(max_calls=8)
+    root = """
+h = rlm.run("spend")
+final_answer(h.wait(50))
+"""
+    spender = """
+results = [llm_query("question %d" % i) for i in range(10)]
+final_answer({"ok": len([r for r in results if r.ok]), "refused": [r.error_code for r in results if not r.ok]})
+"""
+    result = run_root(settings, tmp_path, script([root], [child("spend", spender)]))
+
+    assert result.stop_reason == "answered", result.error
+    spent = json.loads(json.loads(result.answer)["answer"])
+    # The child's turn and sub-calls drew on the root's 8 calls: one root turn, one child turn, and
+    # sub-calls until only the call kept back for a final answer was left.
+    assert spent["ok"] == 5 and set(spent["refused"]) == {"budget_exhausted"}
+    ledger = BudgetLedger(settings.budget_path)
+    assert ledger.roots() == [result.run_id]  # starting a child never opened a fresh allowance
+    assert result.budget.calls == 7 <= settings.max_calls
+    assert [e.purpose for e in ledger.entries(result.run_id)].count("subcall") == 5
+
+
+def test_admission_limits_are_raised_at_once_with_the_settings_name(make_settings, tmp_path: Path) -> None:
+    settings = make_settings(max_children=2, max_parallel_children=1, max_calls=20)
+    root = """
+import time
+def refused(start):
+    t = time.time()
+    try:
+        start()
+        return "admitted"
+    except ValueError as e:
+        return [str(e), round(time.time() - t, 3)]
+first = rlm.run("hold on")
+parallel = refused(lambda: rlm.run("second"))
+first.wait(50)
+second = rlm.run("quick")
+count = refused(lambda: rlm.run("third"))
+second.wait(50)
+final_answer({"parallel": parallel, "count": count, "depth": second.wait(1)["answer"]})
+"""
+    grandchild_attempt = """
+try:
+    rlm.run("grandchild")
+    final_answer("admitted")
+except ValueError as e:
+    final_answer(str(e))
+"""
+    result = run_root(settings, tmp_path, script([root], [
+        child("hold on", {"code": "final_answer('held')", "delay_s": 1.0}),
+        child("quick", grandchild_attempt),
+    ]))
+
+    assert result.stop_reason == "answered", result.error
+    answer = json.loads(result.answer)
+    parallel_error, parallel_s = answer["parallel"]
+    assert parallel_error.startswith("[parallel_child_limit_reached]") and "RLM_MAX_PARALLEL_CHILDREN" in parallel_error
+    count_error, count_s = answer["count"]
+    assert count_error.startswith("[child_limit_reached]") and "RLM_MAX_CHILDREN" in count_error
+    assert parallel_s < 0.5 and count_s < 0.5  # refused at once, not after a wait
+    # Depth defaults to 1: the child may not start children of its own.
+    assert answer["depth"].startswith("[child_depth_exceeded]") and "RLM_MAX_CHILD_DEPTH" in answer["depth"]
+    assert len(runs_of(settings, result.run_id)) == 2
+
+
+def test_a_child_is_refused_at_once_when_the_allowance_cannot_carry_it(make_settings, tmp_path: Path) -> None:
+    settings = make_settings(max_calls=2)
+    root = """
+try:
+    rlm.run("anything")
+    final_answer("admitted")
+except ValueError as e:
+    final_answer(str(e))
+"""
+    result = run_root(settings, tmp_path, script([root], [child("anything", "final_answer('x')")]))
+    assert result.answer.startswith("[budget_exhausted]") and "RLM_MAX_CALLS" in result.answer
+    assert runs_of(settings, result.run_id) == []
+
+
+def test_a_wait_that_times_out_leaves_the_child_running(make_settings, tmp_path: Path) -> None:
+    settings = make_settings()
+    root = """
+h = rlm.run("slow")
+early = h.wait(0.2)
+late = h.wait(50)
+final_answer([early["state"], late["state"], late["answer"]])
+"""
+    result = run_root(settings, tmp_path, script([root], [child("slow", {"code": "final_answer('done')",
+                                                                         "delay_s": 1.0})]))
+    early, late, answer = json.loads(result.answer)
+    assert early in ("admitted", "running") and (late, answer) == ("completed", "done")
+
+
+def test_the_root_waits_for_active_children_before_it_completes(make_settings, tmp_path: Path) -> None:
+    settings = make_settings()
+    root = """
+h = rlm.run("slow")
+final_answer("answered before the child ended")
+"""
+    result = run_root(settings, tmp_path, script([root], [child("slow", {"code": "final_answer('late result')",
+                                                                         "delay_s": 1.5})]))
+    assert result.stop_reason == "answered"
+    assert [c["state"] for c in result.extra["children"]] == ["completed"]
+    assert result.extra["children"][0]["answer"] == "late result"
+    kinds = [e["event"] for e in events(result, "children_wait") + events(result, "run_finished")]
+    assert kinds == ["children_wait", "run_finished"]
+    finished = events(result, "run_finished")[0]
+    assert finished["children"][0]["answer"] == "late result"
+
+
+@pytest.mark.parametrize("kernel", ["monty", "host"])
+def test_cancel_stops_the_childs_process_tree(kernel: str, make_settings, tmp_path: Path) -> None:
+    settings = make_settings(child_cancel_grace_s=1.0)
+    root = """
+import time
+h = rlm.run("sleep")
+t = time.time()
+while not rlm.inbox() and time.time() - t < 20:
+    time.sleep(0.05)
+stopped = h.cancel()
+final_answer([stopped["state"], stopped["note"]])
+"""
+    sleeper = """
+import time
+rlm.message(rlm.parent_id(), "asleep")
+time.sleep(9 if "%s" == "monty" else 60)
+final_answer("woke up")
+""" % kernel
+    started = time.monotonic()
+    result = run_root(settings, tmp_path, script([root], [child("sleep", sleeper)]), kernel=kernel)
+
+    assert json.loads(result.answer) == ["cancelled", "cancelled by its parent"]
+    assert time.monotonic() - started < 8
+    [run] = runs_of(settings, result.run_id)
+    assert run.state == "cancelled" and run.answer is None
+    assert run.pid and run.kernel_pid
+    assert not procs.alive(run.pid) and not procs.alive(run.kernel_pid)
+    assert procs.descendants(run.pid) == []
+
+
+def test_a_handle_of_another_family_reaches_nothing(make_settings, tmp_path: Path) -> None:
+    settings = make_settings()
+    first = run_root(settings, tmp_path, script(["h = rlm.run('quick')\nfinal_answer(h.wait(50)['state'])"],
+                                                [child("quick", "final_answer('mine')")]))
+    assert first.answer == "completed"
+    forged = f"""
+h = _ChildHandle({{"id": "{first.run_id}.c1", "agent": "{first.run_id}.c1"}})
+out = []
+for attempt in [h.status, h.cancel, lambda: rlm.follow_up(h, "more")]:
+    try:
+        out.append(attempt())
+    except ValueError as e:
+        out.append(str(e))
+final_answer(out)
+"""
+    second = run_root(settings, tmp_path, script([forged]))
+    refusals = json.loads(second.answer)
+    assert len(refusals) == 3 and all(r.startswith("[child_not_found]") for r in refusals), refusals
+    assert FamilyStore(settings.family_path).run(f"{first.run_id}.c1").state == "completed"
+
+
+def test_a_deeper_family_is_an_explicit_setting(make_settings, tmp_path: Path) -> None:
+    settings = make_settings(max_child_depth=2)
+    root = """
+h = rlm.run("middle")
+final_answer(h.wait(50)["answer"])
+"""
+    middle = """
+g = rlm.run("leaf")
+final_answer("leaf says " + g.wait(50)["answer"])
+"""
+    result = run_root(settings, tmp_path, script([root], [child("middle", middle), child("leaf", "final_answer('hi')")]))
+    assert result.answer == "leaf says hi"
+    assert [r.run_id for r in runs_of(settings, result.run_id)] == [f"{result.run_id}.c1", f"{result.run_id}.c1.c1"]
+    assert observations(result)
