@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     from rlm.family import cli as family_cli
 
     family_cli.add_parsers(sub)  # inbox, message, follow-up, children
+    from rlm.a2a import cli as a2a_cli
+
+    a2a_cli.add_parsers(sub)  # peers, delegations, reconcile
     return parser
 
 
@@ -93,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.command in family_cli.COMMANDS:
             return family_cli.main(args, _settings(args), out, err)
+        from rlm.a2a import cli as a2a_cli
+
+        if args.command in a2a_cli.COMMANDS:
+            return a2a_cli.main(args, _settings(args), out, err)
         return _usage(args, out)
     except RLMError as exc:
         err.print(f"rlm: [{exc.code}] {exc.message}", markup=False, highlight=False)
@@ -102,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
 # ---------- run ----------
 
 
-OVERRIDES = ("kernel", "max_turns", "base_url", "model", "api_key_env", "max_calls", "max_tokens", "max_usd")
+OVERRIDES = ("kernel", "max_turns", "base_url", "model", "api_key_env", "max_calls", "max_tokens", "max_usd",
+             "a2a_peers_file")
 
 
 def _settings(args: argparse.Namespace) -> RLMSettings:
@@ -223,6 +231,9 @@ def _print_result(result: RunResult, out: Console, err: Console, *, as_json: boo
     )
     if result.error:
         err.print(f"error: {result.error}", markup=False, highlight=False)
+    from rlm.a2a.cli import print_evidence
+
+    print_evidence(result.extra, err)
     if result.answer is None:
         err.print("no answer", markup=False)
     else:
