@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rlm.a2a.delegations import Delegations, reconcile
@@ -86,13 +87,14 @@ def _peers(args: argparse.Namespace, settings: RLMSettings, out: Console) -> int
     table = Table(title_justify="left")
     for column in ("alias", "url", "skill", "tariff", "key variable", "limits (tasks/open/payload/result/deadline)",
                    "route"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for r in rows:
         key = "-" if r["credential_env"] is None else f"{r['credential_env']} ({r['credential']})"
         limits = (f"{r['max_tasks']}/{r['max_concurrent']}/{r['max_payload_bytes']:,}/{r['max_result_bytes']:,}/"
                   f"{r['deadline_s']:g}s")
-        table.add_row(r["alias"], r["url"], r["skill"] or "-", str(r["tariff_credits"]), key, limits,
-                      "open" if r["route_open"] else f"closed: {r['why_not']}")
+        cells = (r["alias"], r["url"], r["skill"] or "-", str(r["tariff_credits"]), key, limits,
+                 "open" if r["route_open"] else f"closed: {r['why_not']}")
+        table.add_row(*(escape(c) for c in cells))  # error codes are [bracketed]: not markup
     out.print(table)
     return EXIT_OK
 
@@ -133,9 +135,10 @@ def _delegations(args: argparse.Namespace, settings: RLMSettings, out: Console) 
     for r in rows:
         note = r.reconcile_reason or r.cancel_outcome or (f"[{r.error_code}] {r.error_message}" if r.error_code
                                                           else r.task_preview[:60])
-        table.add_row(r.id, r.root_id, r.peer_alias, r.state, r.remote_task_id or ("(direct reply)" if r.direct_reply
-                                                                                    else "-"),
-                      str(r.credits_held), "yes" if r.required else "no", f"{now - r.created_at:,.0f}s", note)
+        remote = r.remote_task_id or ("(direct reply)" if r.direct_reply else "-")
+        cells = (r.id, r.root_id, r.peer_alias, r.state, remote, str(r.credits_held), "yes" if r.required else "no",
+                 f"{now - r.created_at:,.0f}s", note)
+        table.add_row(*(escape(c) for c in cells))
     out.print(table)
     unknown = [r for r in rows if r.state == "unknown"]
     if unknown:
