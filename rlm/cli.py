@@ -281,6 +281,10 @@ def _show_event(e: dict[str, Any], out: Console) -> None:
         p(f"\n[asked for a final answer: {e.get('why')}]", "yellow")
     elif kind == "budget_refused":
         p(f"[budget refused turn {e.get('turn')}: {e.get('message')}]", "yellow")
+    elif kind in ("child_started", "child_finished", "children_wait"):
+        from rlm.family.cli import show_event
+
+        show_event(e, p)
     elif kind == "run_finished":
         budget = e.get("budget", {})
         p(f"\n── {e.get('stop_reason')} after {e.get('turns')} turns, {e.get('subcalls')} sub-calls, "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -54,6 +55,7 @@ def add_parsers(sub: Any) -> None:
 
     children = sub.add_parser("children", help="a family's child runs, after settling what each became")
     children.add_argument("run", help="root run id, unique prefix, or 'last'")
+    children.add_argument("--cancel", metavar="CHILD", help="stop a child run's process tree (run id or suffix)")
     children.add_argument("--json", action="store_true")
 
 
@@ -162,6 +164,9 @@ def _follow_up(args: argparse.Namespace, family: Family, store: FamilyStore, roo
 
 def _children(args: argparse.Namespace, family: Family, report: list[dict[str, Any]], out: Console) -> int:
     outcome = {r["run_id"]: r["outcome"] for r in report}
+    if args.cancel:
+        run_id = args.cancel if family.store.run(args.cancel) is not None else f"{family.root_id}.{args.cancel}"
+        family.cancel(None, run_id, note="cancelled from the command line")
     rows = [{**summary(r), "outcome": outcome.get(r.run_id)} for r in family.children(None)]
     if args.json:
         _print_json(out, {"root": family.root_id, "children": rows})
@@ -181,6 +186,17 @@ def _runs_table(out: Console, root_id: str, title: str, rows: list[dict[str, Any
     out.print(table)
     if not rows:
         out.print("(no children)")
+
+
+def show_event(e: dict[str, Any], p: Callable[..., None]) -> None:
+    """How ``rlm show`` prints the family's trajectory events."""
+    if e["event"] == "child_started":
+        p(f"  + child {e.get('run')} ({e.get('kind')}): {_preview(e.get('prompt', ''))}", "blue")
+    elif e["event"] == "children_wait":
+        p(f"[waiting for {len(e.get('runs') or [])} active children before the run ends]", "yellow")
+    else:
+        detail = e.get("answer") if e.get("answer") is not None else (e.get("error") or e.get("note") or "")
+        p(f"  = child {e.get('id')} {e.get('state')}: {_preview(detail)}", "blue")
 
 
 def short(root_id: str, agent_id: str) -> str:

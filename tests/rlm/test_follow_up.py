@@ -9,7 +9,9 @@ import pytest
 
 from rlm.budget import BudgetLedger
 from rlm.cli import main
+from rlm.family import procs
 from rlm.family.children import CONVERSATION_FILE
+from rlm.family.store import FamilyStore
 
 from .family_support import child, run_root, runs_of, script
 
@@ -18,6 +20,7 @@ pytestmark = pytest.mark.timeout(60)
 FIRST = child("audit alpha", "found = 41\nfinal_answer('found ' + str(found))")
 # The follow-up's code uses `found` from the child's first run: a Monty child keeps its namespace too.
 SECOND = child("recount", "final_answer('recount ' + str(found + 1))")
+SLOW = child("slow poke", {"code": "final_answer('late')", "delay_s": 30})
 
 
 def test_a_follow_up_continues_the_childs_conversation_and_keeps_the_first_record(make_settings,
@@ -70,7 +73,7 @@ def test_rlm_follow_up_on_the_command_line_draws_on_the_roots_budget(make_settin
                                                                      capsys) -> None:
     settings = make_settings()
     result = run_root(settings, tmp_path, script(["h = rlm.run('audit alpha')\nfinal_answer(h.wait(50)['answer'])"],
-                                                 [FIRST, SECOND]))
+                                                 [FIRST, SECOND, SLOW]))
     assert result.answer == "found 41"
     calls_before = BudgetLedger(settings.budget_path).snapshot(result.run_id).calls
     data = ["--data-dir", str(settings.data_dir)]
@@ -90,3 +93,12 @@ def test_rlm_follow_up_on_the_command_line_draws_on_the_roots_budget(make_settin
                                                           ("follow_up", "recount 42")]
     assert main([*data, "follow-up", result.run_id, "c9", "who?"]) == 2
     assert "[child_not_found]" in capsys.readouterr().err
+
+    # A detached follow-up keeps running after the command returns; `rlm children --cancel` stops it.
+    assert main([*data, "follow-up", result.run_id, "c1", "slow poke", "--detach", "--json"]) == 0
+    detached = json.loads(capsys.readouterr().out)
+    assert detached["state"] in ("admitted", "running") and detached["id"] == f"{result.run_id}.c1.f3"
+    assert main([*data, "children", result.run_id, "--cancel", "c1.f3", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)["children"]
+    assert (listed[-1]["state"], listed[-1]["note"]) == ("cancelled", "cancelled from the command line")
+    assert not procs.alive(FamilyStore(settings.family_path).run(detached["id"]).pid)

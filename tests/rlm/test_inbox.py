@@ -164,3 +164,6 @@ def test_rlm_message_and_rlm_inbox_on_the_command_line(make_settings, tmp_path: 
     assert "hi root" in table and "c1" in table and "inbox of root" in table
     assert main([*data, "message", result.run_id, "--from", "c1", "--to", "c1", "self"]) == 2
     assert "[route_refused]" in capsys.readouterr().err
+    assert main([*data, "show", result.run_id]) == 0
+    shown = capsys.readouterr().out
+    assert f"+ child {result.run_id}.c1 (run): quick" in shown and f"= child {result.run_id}.c1 completed: ok" in shown
