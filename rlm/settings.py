@@ -151,7 +151,7 @@ class RLMSettings(BaseSettings):
             raise ValueError("max_file_bytes cannot exceed max_total_bytes")
         if self.a2a_paid_enabled and not self.a2a_enabled:
             raise ValueError("a2a_paid_enabled needs a2a_enabled (routing on) as well")
-        if self.a2a_max_wait_s + self.a2a_request_timeout_s > self.host_call_timeout_s:
+        if self.a2a_enabled and self.a2a_max_wait_s + self.a2a_request_timeout_s > self.host_call_timeout_s:
             raise ValueError("a2a_max_wait_s + a2a_request_timeout_s must fit in host_call_timeout_s, or a wait() "
                              "would be cut off by the host call's deadline")
         return self

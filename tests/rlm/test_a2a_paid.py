@@ -145,3 +145,9 @@ def test_a_card_that_charges_more_than_the_configured_tariff_is_refused_before_s
     with pytest.raises(PeerNotReady, match="charges 3 credits per task"):
         paid(peer.url, tmp_path, tariff=2).start("review", "review")
     assert peer.recorder.calls["SendMessage"] == before
+
+
+def test_a2a_limits_are_checked_at_start_up_only_when_routing_is_on(tmp_path: Path) -> None:
+    assert load_settings(data_dir=tmp_path, host_call_timeout_s=1.0, subcall_timeout_s=0.5).a2a_enabled is False
+    with pytest.raises(SettingsInvalid, match="a2a_max_wait_s \\+ a2a_request_timeout_s must fit"):
+        load_settings(data_dir=tmp_path, a2a_enabled=True, host_call_timeout_s=100.0, subcall_timeout_s=50.0)
