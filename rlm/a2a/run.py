@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from rlm.context import Context
     from rlm.extensions import RunInfo
 
+LOGGED_ACTIONS = ("_a2a_start", "_a2a_follow_up", "_a2a_reply", "_a2a_cancel")
+
 PROMPT_NOTE = """
 
 A2A delegation is on. `a2a.peers()` lists the peers you may delegate to (alias, skill, tariff, limits).
@@ -65,7 +67,24 @@ class A2AExtension:
         self.notes = PROMPT_NOTE if info.settings.a2a_enabled else ""
 
     def functions(self) -> dict[str, Callable[..., Any]]:
-        return self.bridge.functions()
+        functions = self.bridge.functions()
+        for name in LOGGED_ACTIONS:
+            functions[name] = self._logged(name, functions[name])
+        return functions
+
+    def _logged(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """Actions that send something leave a ``delegation`` event in the trajectory (ids and states only)."""
+
+        def logged(*args: Any, **kwargs: Any) -> Any:
+            status = fn(*args, **kwargs)
+            self.info.trajectory.write(
+                "delegation", action=name.removeprefix("_a2a_"), turn=self.info.current_turn(),
+                **{k: status.get(k) for k in ("id", "peer", "state", "required", "remote_task_id", "direct_reply",
+                                             "follow_up_of", "cancel_outcome", "error")})
+            return status
+
+        logged.__name__ = fn.__name__
+        return logged
 
     def finish(self) -> None:
         """Wait while this agent's required delegations are submitted or working (bounded by both deadlines)."""

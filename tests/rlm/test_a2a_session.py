@@ -3,6 +3,7 @@ required remote work that holds the run's end, and evidence in the final result 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -104,8 +105,11 @@ final_answer("started " + h.id)
     assert by_state[True]["state"] == "completed" and by_state[True]["preview"] == "slow review done"
     assert by_state[False]["state"] in ("submitted", "working")  # optional work was not waited for
     assert result.duration_s >= 0.7
-    finished = [line for line in result.trajectory_path.read_text().splitlines() if '"run_finished"' in line]
+    lines = result.trajectory_path.read_text().splitlines()
+    finished = [line for line in lines if '"run_finished"' in line]
     assert '"delegations"' in finished[0] and '"verified": false' in finished[0]
+    started = [json.loads(line) for line in lines if '"event": "delegation"' in line]
+    assert [(e["action"], e["required"]) for e in started] == [("start", True), ("start", False)]
 
 
 def test_the_host_kernel_does_not_inherit_a_peers_key(run_settings: RLMSettings, fixture_repo: Path,
