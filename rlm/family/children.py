@@ -40,6 +40,7 @@ from rlm.family.errors import (
     ChildLimitReached,
     ChildNotCompleted,
     ChildNotFound,
+    ChildPromptTooLarge,
     ChildrenUnavailable,
     FamilyNotFound,
     ParallelChildLimitReached,
@@ -86,6 +87,7 @@ class Family:
         """Admit a child of ``parent_id`` and start its process; raises at once when a limit refuses."""
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError("rlm.run needs a prompt: rlm.run('what the child should find out')")
+        self._check_prompt(prompt)
         self._ensure_spec(spec_source)
         self._refresh_active()
         self._check_budget()
@@ -122,6 +124,7 @@ class Family:
         """New work for a completed child, continuing its conversation; its earlier records stay as they are."""
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError("rlm.follow_up needs a prompt: rlm.follow_up(child, 'what to do next')")
+        self._check_prompt(prompt)
         agent = self._child_agent(caller_id, child)
         runs = self.store.runs(self.root_id, agent_id=agent.agent_id)
         latest = self._refresh(runs[-1])
@@ -149,6 +152,15 @@ class Family:
             FamilyStore.insert_run(conn, run_id=run_id, agent_id=agent.agent_id, root_id=self.root_id,
                                    kind="follow_up", follows=latest.run_id, prompt=prompt, token=token)
         return self._spawn(run_id, token)
+
+    def _check_prompt(self, prompt: str) -> None:
+        limit = self.settings.max_prompt_chars
+        if len(prompt) > limit:
+            raise ChildPromptTooLarge(
+                f"the child's prompt is {len(prompt):,} characters; at most {limit:,} are accepted "
+                "(RLM_MAX_PROMPT_CHARS). The child reads the corpus itself: pass a view (context=...) and a short task",
+                setting="max_prompt_chars",
+            )
 
     def _ensure_spec(self, spec_source: Callable[[], dict[str, Any]] | None) -> None:
         if self.store.spec(self.root_id) is not None:
@@ -239,16 +251,17 @@ class Family:
 
     def _refresh(self, run: RunRecord) -> RunRecord:
         """An active run whose process is gone without a result becomes interrupted (or failed if it never started)."""
-        if not run.active:
-            return run
         with _PROCS_LOCK:
             proc = _PROCS.get(run.run_id)
+        code = proc.poll() if proc is not None else None
+        if code is not None:  # reaped: an ended child never lingers as a zombie of a long-lived parent
+            with _PROCS_LOCK:
+                _PROCS.pop(run.run_id, None)
+        if not run.active:
+            return run
         reason = None
         if proc is not None:
-            code = proc.poll()
             if code is not None:
-                with _PROCS_LOCK:
-                    _PROCS.pop(run.run_id, None)
                 reason = f"the child process exited with code {code} without a result"
         elif not procs.proven(run.pid, run.pid_start, run.token):
             reason = ("its process is gone (or its pid now belongs to another process: the start time or "

@@ -25,6 +25,10 @@ class ParallelChildLimitReached(FamilyError):
     code = "parallel_child_limit_reached"
 
 
+class ChildPromptTooLarge(FamilyError):
+    code = "child_prompt_too_large"
+
+
 class ChildrenUnavailable(FamilyError):
     """A child cannot be started here (a provider or context that cannot be rebuilt in another process)."""
 

@@ -11,6 +11,7 @@ cancelled. Their summaries are the ``children`` field of the final record.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -127,6 +128,7 @@ class FamilyExtension:
         self.inbox = Inbox(self.store, settings, info.root_id, info.agent_id)
         self.wait_cap_s = settings.host_call_timeout_s * WAIT_SHARE
         self._reported: set[str] = set()
+        self._reported_lock = threading.Lock()  # host calls may overlap (an abandoned wait, a batch)
         agent = self.store.agent(info.agent_id)
         depth = agent.depth if agent is not None else 0
         if depth == 0:
@@ -186,9 +188,10 @@ class FamilyExtension:
         return summary(run, max_answer_chars=self.info.settings.max_answer_chars)
 
     def _report(self, run: RunRecord) -> None:
-        if run.active or run.run_id in self._reported:
-            return
-        self._reported.add(run.run_id)
+        with self._reported_lock:
+            if run.active or run.run_id in self._reported:
+                return
+            self._reported.add(run.run_id)
         self.info.trajectory.write("child_finished", turn=self.info.current_turn(), **summary(run, max_answer_chars=500))
         self.info.emit({"event": "child_finished", "child": run.run_id, "state": run.state})
 

@@ -79,7 +79,7 @@ final_answer({"ok": len([r for r in results if r.ok]), "refused": [r.error_code 
 
 
 def test_admission_limits_are_raised_at_once_with_the_settings_name(make_settings, tmp_path: Path) -> None:
-    settings = make_settings(max_children=2, max_parallel_children=1, max_calls=20)
+    settings = make_settings(max_children=2, max_parallel_children=1, max_calls=20, max_prompt_chars=150)
     root = """
 import time
 def refused(start):
@@ -89,13 +89,14 @@ def refused(start):
         return "admitted"
     except ValueError as e:
         return [str(e), round(time.time() - t, 3)]
+too_long = refused(lambda: rlm.run("x" * 151))
 first = rlm.run("hold on")
 parallel = refused(lambda: rlm.run("second"))
 first.wait(50)
 second = rlm.run("quick")
 count = refused(lambda: rlm.run("third"))
 second.wait(50)
-final_answer({"parallel": parallel, "count": count, "depth": second.wait(1)["answer"]})
+final_answer({"parallel": parallel, "count": count, "depth": second.wait(1)["answer"], "long": too_long})
 """
     grandchild_attempt = """
 try:
@@ -116,6 +117,7 @@ except ValueError as e:
     count_error, count_s = answer["count"]
     assert count_error.startswith("[child_limit_reached]") and "RLM_MAX_CHILDREN" in count_error
     assert parallel_s < 0.5 and count_s < 0.5  # refused at once, not after a wait
+    assert answer["long"][0].startswith("[child_prompt_too_large]") and "RLM_MAX_PROMPT_CHARS" in answer["long"][0]
     # Depth defaults to 1: the child may not start children of its own.
     assert answer["depth"].startswith("[child_depth_exceeded]") and "RLM_MAX_CHILD_DEPTH" in answer["depth"]
     assert len(runs_of(settings, result.run_id)) == 2

@@ -127,3 +127,28 @@ def test_a_recycled_pid_is_never_taken_for_a_child(settings, tmp_path: Path) -> 
         for stranger in strangers:
             stranger.kill()
             stranger.wait()
+
+
+def test_a_child_that_never_confirms_its_start_is_stopped_and_failed(make_settings, tmp_path: Path) -> None:
+    settings = make_settings(child_start_timeout_s=0.5, child_cancel_grace_s=0.5)
+    store = FamilyStore(settings.family_path)
+    store.ensure_root("R")
+    token = "c" * 32
+    # Our process (its token is on its command line) that hangs before confirming its start.
+    hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", token])
+    try:
+        with store.transaction() as conn:
+            FamilyStore.insert_agent(conn, Agent("R.c1", "R", "R", 1, []))
+            FamilyStore.insert_run(conn, run_id="R.c1", agent_id="R.c1", root_id="R", kind="run", follows=None,
+                                   prompt="p", token=token)
+        store.set_spawned("R.c1", hung.pid, procs.start_time(hung.pid))
+        family = Family.open(settings, "R")
+        assert family.recover()[0]["outcome"] == "reattached"  # proven, and still within its start time
+        time.sleep(0.6)
+        assert family.recover()[0]["outcome"] == "failed"
+        run = store.run("R.c1")
+        assert run.state == "failed" and "RLM_CHILD_START_TIMEOUT_S" in run.error
+        assert hung.wait(5) == -signal.SIGTERM
+    finally:
+        hung.kill()
+        hung.wait()
