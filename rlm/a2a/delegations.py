@@ -371,6 +371,11 @@ class Delegations:
             raise ReplyNotExpected(f"delegation {row.id} is {row.state}; reply() answers a peer that asked for input")
         if not isinstance(text, str) or not text.strip():
             raise A2AError("reply(text) needs non-empty text")
+        events = self.store.events(row.id)
+        if events and events[-1]["kind"] == "reply_unknown":
+            # The last reply may have reached the peer: sending input again needs a poll that shows the state first.
+            raise ReplyNotExpected(f"the previous reply to {row.id} may have reached the peer (its answer was lost); "
+                                   "poll() first: it shows whether the peer moved on")
         self._require_routing()
         from rlm.a2a.wire import parse_send_result, send_params, user_message
 
@@ -391,7 +396,7 @@ class Delegations:
             view = parse_send_result(result)
         except (PeerClientError, MissingPeerCredential) as exc:
             outcome = getattr(exc, "outcome", "not_sent")
-            note = (" The reply may have reached the peer; it is not resent: poll() shows whether the task moved on"
+            note = (". The reply may have reached the peer; it is not resent: poll() shows whether the task moved on"
                     if outcome == "unknown" else "")
             return self.store.update(row.id, event=f"reply_{outcome}", detail=exc.message, error_code=exc.code,
                                      error_message=exc.message + note)

@@ -220,7 +220,7 @@ class HostilePeer:
     """Misbehaves according to ``mode``; ``hits`` counts requests by (method, path) and JSON-RPC method."""
 
     MODES = ("redirect_card", "redirect_rpc", "moved_card", "gzip", "oversized", "endless", "drop_after_accept",
-             "error_rpc", "wrong_task")
+             "error_rpc", "wrong_task", "ask_then_drop_reply")
 
     def __init__(self, mode: str) -> None:
         assert mode in self.MODES, mode
@@ -228,6 +228,7 @@ class HostilePeer:
         self.hits: Counter[str] = Counter()
         self.task_id = str(uuid.uuid4())
         self.accepted_message_ids: list[str] = []
+        self.task_state = "TASK_STATE_COMPLETED"  # what GetTask reports
         self.lock = threading.Lock()
         peer = self
 
@@ -293,7 +294,12 @@ class HostilePeer:
                     except (BrokenPipeError, ConnectionResetError):
                         pass
                     self.close_connection = True
-                elif mode == "drop_after_accept":
+                elif mode == "ask_then_drop_reply" and "taskId" not in request["params"]["message"]:
+                    result = peer._task_result(request)
+                    result["result"]["task"]["status"] = {"state": "TASK_STATE_INPUT_REQUIRED", "message": {
+                        "messageId": "q1", "role": "ROLE_AGENT", "parts": [{"text": "Which branch?"}]}}
+                    self._send(200, json.dumps(result).encode())
+                elif mode in ("drop_after_accept", "ask_then_drop_reply"):
                     # The task is accepted, then the connection drops before any answer.
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
@@ -312,7 +318,7 @@ class HostilePeer:
                 history = [{"messageId": mid, "role": "ROLE_USER", "parts": [{"text": "..."}]}
                            for mid in ([] if peer.mode == "wrong_task" else peer.accepted_message_ids)]
                 history.append({"messageId": "someone-else", "role": "ROLE_USER", "parts": [{"text": "other"}]})
-                task = {"id": peer.task_id, "contextId": "ctx-1", "status": {"state": "TASK_STATE_COMPLETED"},
+                task = {"id": peer.task_id, "contextId": "ctx-1", "status": {"state": peer.task_state},
                         "artifacts": [{"artifactId": "a1", "parts": [{"text": "the result that was lost"}]}],
                         "history": history}
                 self._send(200, json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": task}).encode())

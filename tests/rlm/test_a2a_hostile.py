@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from rlm.a2a.delegations import Delegations, reconcile
-from rlm.a2a.errors import DelegationReconcileRefused, PeerCardMovesOrigin, PeerRedirectRefused
+from rlm.a2a.errors import DelegationReconcileRefused, PeerCardMovesOrigin, PeerRedirectRefused, ReplyNotExpected
 from rlm.a2a.store import DelegationStore
 
 from .a2a_peers import HostilePeer, a2a_settings, peers_of
@@ -164,3 +164,21 @@ time.sleep(60)
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_a_reply_whose_acknowledgement_was_lost_is_not_sent_again_until_a_poll_shows_the_state(
+        hostile: Any, tmp_path: Path) -> None:
+    peer = hostile("ask_then_drop_reply")
+    delegations = delegations_for(peer, tmp_path)
+    asked = delegations.start("hostile", "review this")
+    assert (asked.state, asked.status_text) == ("input_required", "Which branch?")
+    lost = delegations.reply(asked.id, "main")
+    assert lost.state == "input_required" and "it is not resent" in (lost.error_message or "")
+    with pytest.raises(ReplyNotExpected, match="poll\\(\\) first"):
+        delegations.reply(asked.id, "main")
+    assert peer.hits["SendMessage"] == 2
+    peer.task_state = "TASK_STATE_WORKING"  # the peer did get the reply
+    assert delegations.poll(asked.id).state == "working"
+    with pytest.raises(ReplyNotExpected, match="is working"):
+        delegations.reply(asked.id, "main")
+    assert peer.hits["SendMessage"] == 2
