@@ -50,7 +50,6 @@ final_answer({"answers": [d["answer"] for d in done], "states": [d["state"] for 
     assert (settings.runs_dir / a_id / "trajectory.jsonl").is_file()
     # Both 1.5 s model turns were under way at the same time.
     assert max(a.started_at, b.started_at) < min(a.finished_at, b.finished_at)
-    assert max(a.finished_at, b.finished_at) - min(a.started_at, b.started_at) < 1.5 * 2
     assert [c["answer"] for c in result.extra["children"]] == ["crates: 40", "crates: 40"]
     assert [e["event"] for e in events(result, "child_finished")] == ["child_finished"] * 2
 
@@ -116,7 +115,7 @@ except ValueError as e:
     assert parallel_error.startswith("[parallel_child_limit_reached]") and "RLM_MAX_PARALLEL_CHILDREN" in parallel_error
     count_error, count_s = answer["count"]
     assert count_error.startswith("[child_limit_reached]") and "RLM_MAX_CHILDREN" in count_error
-    assert parallel_s < 0.5 and count_s < 0.5  # refused at once, not after a wait
+    assert parallel_s < 1.0 and count_s < 1.0  # refused at once, not after the 1 s child
     assert answer["long"][0].startswith("[child_prompt_too_large]") and "RLM_MAX_PROMPT_CHARS" in answer["long"][0]
     # Depth defaults to 1: the child may not start children of its own.
     assert answer["depth"].startswith("[child_depth_exceeded]") and "RLM_MAX_CHILD_DEPTH" in answer["depth"]
