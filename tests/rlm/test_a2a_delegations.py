@@ -93,7 +93,13 @@ def test_cancel_records_the_peers_actual_answer_and_a_refusal_is_not_a_cancellat
     assert (canceled.state, canceled.cancel_outcome) == ("canceled", "canceled")
 
     finished_remotely = delegations.start("review", "slow 0.1")  # never polled: locally it still looks open
-    time.sleep(0.6)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # ask the peer directly, leaving our record untouched
+        task = delegations.client.rpc(finished_remotely.interface_url, "GetTask",
+                                      {"id": finished_remotely.remote_task_id}, bearer=None, max_response_bytes=100_000)
+        if task["status"]["state"] == "TASK_STATE_COMPLETED":
+            break
+        time.sleep(0.05)
     refused = delegations.cancel(finished_remotely.id)
     assert refused.cancel_outcome.startswith("refused by the peer")
     assert refused.state == finished_remotely.state != "canceled"
