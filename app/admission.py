@@ -46,6 +46,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app import ledger_port, taskrows
 from app.errors import ContextUnavailable, MessageIdConflict, OverCreditCeiling, PayloadTooLarge, TaskNotAwaitingInput
 from app.identity import Identity
+from app.notify import Notifier
 from core.settings import Settings
 from core.specs import LoadedSpec, media_type_matches
 
@@ -190,14 +191,20 @@ class Admitted:
 class AdmissionService:
     """Runs the admission transaction on the async engine (the ledger's calls are sync: ``run_sync``)."""
 
-    def __init__(self, engine: AsyncEngine, settings: Settings) -> None:
+    def __init__(self, engine: AsyncEngine, settings: Settings, notifier: Notifier) -> None:
         self.engine = engine
         self.settings = settings
+        self.notifier = notifier
 
     async def admit(self, loaded: LoadedSpec, identity: Identity, params: SendMessageRequest) -> Admitted:
         checked = check_message(loaded, params, self.settings)
         async with self.engine.begin() as conn:
-            return await conn.run_sync(_admit, loaded, identity, params.message, checked)
+            admitted = await conn.run_sync(_admit, loaded, identity, params.message, checked)
+        if not admitted.replay:  # committed: wake the runners, and a follow-up's subscribers
+            await self.notifier.dispatch(loaded.spec.executor)
+            if admitted.version > 1:
+                await self.notifier.task_event(admitted.task.id)
+        return admitted
 
     async def cancel_unclaimed(self, task_id: str, owner: str) -> Task | None:
         """Cancel a task no runner holds, in one transaction with its ledger resolution.
@@ -207,40 +214,86 @@ class AdmissionService:
         for a task that is not the caller's.
         """
         async with self.engine.begin() as conn:
-            return await conn.run_sync(_cancel_unclaimed, task_id, owner)
+            canceled = await conn.run_sync(_cancel_unclaimed, task_id, owner)
+        if canceled is not None:
+            await self.notifier.task_event(task_id)
+        return canceled
 
 
 # --- the transactions (sync code on the async connection, via run_sync) -------------------
 
+_CLAIM_MESSAGE = text(
+    "INSERT INTO edge_messages (customer_key, message_id, fingerprint, specialist_id, task_id) "
+    "VALUES (:customer_key, :message_id, :fingerprint, :specialist_id, :task_id) "
+    "ON CONFLICT (customer_key, message_id) DO NOTHING RETURNING task_id"
+)
+_FIRST_SEND = text(
+    "SELECT fingerprint, specialist_id, task_id FROM edge_messages WHERE customer_key = :c AND message_id = :m"
+)
+_TASK_WITH_VERSION = text(
+    "SELECT t.*, v.version FROM tasks t JOIN task_versions v ON v.task_id = t.id WHERE t.id = :t AND t.owner = :o"
+)
+_CONTEXT_HOLDER = text("SELECT customer_key FROM edge_contexts WHERE context_id = :x")
+# A new task in one statement: the idempotency claim, and only if it is new, the context
+# binding, the task (SDK rows), the edge's row and the outbox row. The final SELECT sees the
+# snapshot from before the statement: the context's earlier holder, if any.
+_ADMIT_NEW = text(
+    f"""
+    WITH claim AS (
+        INSERT INTO edge_messages (customer_key, message_id, fingerprint, specialist_id, task_id)
+        VALUES (:customer_key, :message_id, :fingerprint, :specialist_id, :task_id)
+        ON CONFLICT (customer_key, message_id) DO NOTHING RETURNING 1
+    ),
+    context_claim AS (
+        INSERT INTO edge_contexts (context_id, customer_key)
+        SELECT CAST(:context_id AS varchar), CAST(:customer_key AS text) WHERE EXISTS (SELECT 1 FROM claim)
+        ON CONFLICT (context_id) DO NOTHING RETURNING 1
+    ),
+    {taskrows.new_task_ctes(when="EXISTS (SELECT 1 FROM claim)")},
+    edge_row AS (
+        INSERT INTO edge_tasks (task_id, customer_id, key_id, specialist_id, skill_id, owner, tariff_credits,
+                                reservation_id)
+        SELECT CAST(:task_id AS varchar), CAST(:customer_id AS text), CAST(:key_id AS text),
+               CAST(:specialist_id AS text), CAST(:skill_id AS text), CAST(:owner AS varchar),
+               CAST(:tariff AS bigint), CASE WHEN CAST(:tariff AS bigint) > 0 THEN CAST(:task_id AS text) END
+        WHERE EXISTS (SELECT 1 FROM claim)
+    ),
+    outbox_row AS (
+        INSERT INTO dispatch_outbox (task_id, specialist_id, executor, owner, context_id, message)
+        SELECT CAST(:task_id AS varchar), CAST(:specialist_id AS text), CAST(:executor AS text),
+               CAST(:owner AS varchar), CAST(:context_id AS varchar), CAST(:message AS bytea)
+        WHERE EXISTS (SELECT 1 FROM claim)
+    )
+    SELECT EXISTS (SELECT 1 FROM claim) AS new,
+           EXISTS (SELECT 1 FROM context_claim) AS context_claimed,
+           (SELECT customer_key FROM edge_contexts WHERE context_id = :context_id) AS context_holder
+    """
+)
+
 
 def _admit(conn: Connection, loaded: LoadedSpec, identity: Identity, message: Message, checked: Checked) -> Admitted:
-    spec = loaded.spec
-    owner = identity.owner(spec.id)
-    task_id = message.task_id or str(uuid.uuid4())
+    owner = identity.owner(loaded.spec.id)
+    if not message.task_id:
+        return _create(conn, loaded, identity, owner, message, checked)
     claimed = conn.execute(
-        text(
-            "INSERT INTO edge_messages (customer_key, message_id, fingerprint, specialist_id, task_id) "
-            "VALUES (:c, :m, :f, :s, :t) ON CONFLICT (customer_key, message_id) DO NOTHING RETURNING task_id"
-        ),
-        {"c": identity.customer_key, "m": message.message_id, "f": checked.fingerprint, "s": spec.id, "t": task_id},
+        _CLAIM_MESSAGE,
+        {
+            "customer_key": identity.customer_key,
+            "message_id": message.message_id,
+            "fingerprint": checked.fingerprint,
+            "specialist_id": loaded.spec.id,
+            "task_id": message.task_id,
+        },
     ).first()
     if claimed is None:
-        return _replay(conn, identity, owner, spec.id, message, checked)
-    if message.task_id:
-        return _continue(conn, loaded, owner, message)
-    return _create(conn, loaded, identity, owner, task_id, message, checked)
+        return _replay(conn, identity, owner, loaded.spec.id, message, checked)
+    return _continue(conn, loaded, owner, message)
 
 
 def _replay(
     conn: Connection, identity: Identity, owner: str, specialist_id: str, message: Message, checked: Checked
 ) -> Admitted:
-    first = conn.execute(
-        text(
-            "SELECT fingerprint, specialist_id, task_id FROM edge_messages "
-            "WHERE customer_key = :c AND message_id = :m"
-        ),
-        {"c": identity.customer_key, "m": message.message_id},
-    ).one()
+    first = conn.execute(_FIRST_SEND, {"c": identity.customer_key, "m": message.message_id}).one()
     if identity.anonymous:
         # Anonymous callers share one namespace: a resend could reveal another caller's task.
         raise MessageIdConflict(
@@ -251,30 +304,8 @@ def _replay(
             f"messageId {message.message_id!r} was already sent with other content; a resend must be identical, "
             "a new message needs a new messageId",
         )
-    row = conn.execute(
-        text("SELECT t.*, v.version FROM tasks t JOIN task_versions v ON v.task_id = t.id WHERE t.id = :t AND t.owner = :o"),
-        {"t": first.task_id, "o": owner},
-    ).one()
+    row = conn.execute(_TASK_WITH_VERSION, {"t": first.task_id, "o": owner}).one()
     return Admitted(task=taskrows.task_from_row(row), version=int(row.version), replay=True)
-
-
-def _bind_context(conn: Connection, identity: Identity, context_id: str) -> None:
-    bound = conn.execute(
-        text(
-            "INSERT INTO edge_contexts (context_id, customer_key) VALUES (:x, :c) "
-            "ON CONFLICT (context_id) DO NOTHING RETURNING customer_key"
-        ),
-        {"x": context_id, "c": identity.customer_key},
-    ).first()
-    if bound is not None:
-        return
-    holder = conn.execute(
-        text("SELECT customer_key FROM edge_contexts WHERE context_id = :x"), {"x": context_id}
-    ).scalar_one()
-    if holder != identity.customer_key:
-        raise ContextUnavailable(
-            "this contextId cannot be used with your key; omit contextId to start a new conversation"
-        )
 
 
 def _create(
@@ -282,24 +313,12 @@ def _create(
     loaded: LoadedSpec,
     identity: Identity,
     owner: str,
-    task_id: str,
     message: Message,
     checked: Checked,
 ) -> Admitted:
     spec = loaded.spec
+    task_id = str(uuid.uuid4())
     context_id = message.context_id or str(uuid.uuid4())
-    _bind_context(conn, identity, context_id)
-    reservation_id = None
-    if spec.tariff_credits > 0:
-        assert identity.customer_id is not None  # anonymous callers only reach tariff-0 specialists
-        reservation_id = ledger_port.reserve(
-            conn,
-            customer_id=identity.customer_id,
-            task_id=task_id,
-            fingerprint_hex=checked.fingerprint.hex(),
-            specialist_id=spec.id,
-            credits=spec.tariff_credits,
-        )
     stored = Message()
     stored.CopyFrom(message)
     stored.task_id = task_id
@@ -307,25 +326,45 @@ def _create(
     task = Task(id=task_id, context_id=context_id, status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED))
     taskrows.stamp(task)
     task.history.append(stored)
-    version = taskrows.insert_new(conn, task, owner)
-    conn.execute(
-        text(
-            "INSERT INTO edge_tasks (task_id, customer_id, key_id, specialist_id, skill_id, owner, tariff_credits, "
-            "reservation_id) VALUES (:t, :c, :k, :s, :sk, :o, :tc, :r)"
-        ),
+    row = conn.execute(
+        _ADMIT_NEW,
         {
-            "t": task_id,
-            "c": identity.customer_id,
-            "k": identity.key_id,
-            "s": spec.id,
-            "sk": spec.skill.id,
-            "o": owner,
-            "tc": spec.tariff_credits,
-            "r": reservation_id,
+            **taskrows.new_task_params(task, owner),
+            "customer_key": identity.customer_key,
+            "message_id": message.message_id,
+            "fingerprint": checked.fingerprint,
+            "customer_id": identity.customer_id,
+            "key_id": identity.key_id,
+            "specialist_id": spec.id,
+            "skill_id": spec.skill.id,
+            "tariff": spec.tariff_credits,
+            "executor": spec.executor,
+            "message": stored.SerializeToString(),
         },
-    )
-    _enqueue(conn, spec.id, spec.executor, owner, stored)
-    return Admitted(task=task, version=version, replay=False)
+    ).one()
+    if not row.new:
+        return _replay(conn, identity, owner, spec.id, message, checked)
+    if not row.context_claimed:
+        holder = row.context_holder
+        if holder is None:  # claimed by a transaction that committed after this statement's snapshot
+            holder = conn.execute(_CONTEXT_HOLDER, {"x": context_id}).scalar_one()
+        if holder != identity.customer_key:
+            raise ContextUnavailable(
+                "this contextId cannot be used with your key; omit contextId to start a new conversation"
+            )
+    if spec.tariff_credits > 0:
+        # After the rows, in the same transaction: a refusal rolls all of them back.
+        assert identity.customer_id is not None  # anonymous callers only reach tariff-0 specialists
+        # The reservation's job id is the task id (edge_tasks.reservation_id says so already).
+        ledger_port.reserve(
+            conn,
+            customer_id=identity.customer_id,
+            task_id=task_id,
+            fingerprint_hex=checked.fingerprint.hex(),
+            specialist_id=spec.id,
+            credits=spec.tariff_credits,
+        )
+    return Admitted(task=task, version=1, replay=False)
 
 
 def _continue(conn: Connection, loaded: LoadedSpec, owner: str, message: Message) -> Admitted:

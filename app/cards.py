@@ -96,7 +96,7 @@ def build_card(loaded: LoadedSpec, settings: Settings) -> AgentCard:
                 "id": spec.skill.id,
                 "name": spec.skill.name,
                 "description": f"{spec.skill.description} Tariff: {spec.tariff_credits} credits per task.",
-                "tags": spec.skill.tags,
+                "tags": spec.skill.tags or [spec.id],  # the card format requires at least one
                 "examples": spec.skill.examples,
                 "inputModes": spec.input_modes,
                 "outputModes": spec.output_modes,

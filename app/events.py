@@ -5,6 +5,8 @@
 waits on a PostgreSQL notification for the task instead of sleeping, so an
 event written by any instance (a runner, a worker, a cancel) reaches every
 subscriber within milliseconds; the poll interval remains as the safety net.
+``publish`` (a no-op in the SDK's class, called after each committed event)
+sends that notification.
 """
 
 from __future__ import annotations
@@ -21,16 +23,21 @@ from sqlalchemy import and_, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.notify import TASK_EVENTS, Listener
+from app.notify import TASK_EVENTS, Listener, Notifier
 
 log = logging.getLogger(__name__)
 
 
 class NotifiedEventStream(DatabaseTaskEventStream):
-    def __init__(self, engine: AsyncEngine, listener: Listener, poll_interval_s: float) -> None:
+    def __init__(self, engine: AsyncEngine, listener: Listener, notifier: Notifier, poll_interval_s: float) -> None:
         # create_table=False: migration 0010 owns the table.
         super().__init__(engine, create_table=False, poll_interval_s=poll_interval_s)
         self._listener = listener
+        self._notifier = notifier
+
+    async def publish(self, task_id: str, event: VersionedEvent) -> None:
+        """The SDK calls this after the store committed the event: wake every instance's subscribers."""
+        await self._notifier.task_event(task_id)
 
     async def subscribe(  # type: ignore[override]
         self, task_id: str, *, after: TaskVersion

@@ -41,6 +41,7 @@ def reserve(
     """Hold ``credits`` for the task; return the reservation's job id, or raise the refusal."""
     result = operations.reserve(conn, customer_id, task_id, fingerprint_hex, specialist_id, credits)
     if result.ok:
+        assert result.job_id == task_id
         return result.job_id
     if result.outcome == results.EXISTS_MISMATCH:
         raise ReservationConflict(

@@ -1,11 +1,16 @@
 """PostgreSQL LISTEN/NOTIFY for the edge: wake event streams and runners on any instance at once.
 
-Triggers (migration 0010) notify ``edge_task_events`` with the task id on every
-task event, and ``edge_dispatch`` on every outbox row. One dedicated connection
-per process listens; waiters register an ``asyncio.Event`` per key. A lost
-connection is retried with backoff; meanwhile (and always, as a safety net)
-every waiter also polls on its own interval, so a missed notification only
-costs latency, never an event.
+Writers notify after they commit (``Notifier``): ``edge_task_events`` with the
+task id when a task event was written, ``edge_dispatch`` with the executor when
+an outbox row was. Not from a trigger inside the writing transaction: NOTIFY
+takes a database-wide lock held through commit, which serializes every
+notifying transaction behind the previous one's WAL flush. A notification on
+its own autocommit statement writes no WAL and holds that lock for microseconds.
+
+One dedicated connection per process listens; waiters register an
+``asyncio.Event`` per key. A lost connection is retried with backoff; meanwhile
+(and always, as a safety net) every waiter also polls on its own interval, so a
+missed notification only costs latency, never an event.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ import logging
 from collections import defaultdict
 
 import psycopg
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +45,9 @@ class Listener:
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
 
-    def watch(self, channel: str, key: str = ANY) -> asyncio.Event:
-        event = asyncio.Event()
+    def watch(self, channel: str, key: str = ANY, event: asyncio.Event | None = None) -> asyncio.Event:
+        """An event set on every notification of ``channel`` with payload ``key`` (pass one to share it)."""
+        event = event or asyncio.Event()
         self._waiters[(channel, key)].add(event)
         return event
 
@@ -96,3 +104,26 @@ class Listener:
                 log.warning("notification listener lost its connection (%s); retrying", type(exc).__name__)
                 await asyncio.sleep(backoff_s)
                 backoff_s = min(backoff_s * 2, MAX_BACKOFF_S)
+
+
+_NOTIFY = text("SELECT pg_notify(:channel, :payload)")
+
+
+class Notifier:
+    """Sends wake-ups after commits. Best effort: a lost one costs a poll interval of latency."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+
+    async def task_event(self, task_id: str) -> None:
+        await self._notify(TASK_EVENTS, task_id)
+
+    async def dispatch(self, executor: str) -> None:
+        await self._notify(DISPATCH, executor)
+
+    async def _notify(self, channel: str, payload: str) -> None:
+        try:
+            async with self.engine.connect() as conn:
+                await conn.execute(_NOTIFY, {"channel": channel, "payload": payload})
+        except Exception as exc:
+            log.debug("could not notify %s (%s); listeners will poll", channel, type(exc).__name__)

@@ -42,7 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app import taskrows
 from app.events import NotifiedEventStream
 from app.identity import OwnerUser
-from app.notify import DISPATCH, Listener
+from app.notify import DISPATCH, Listener, Notifier
 from app.observability import Metrics
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,7 @@ class InProcessRunner:
         store: VersionedDatabaseTaskStore,
         events: NotifiedEventStream,
         listener: Listener,
+        notifier: Notifier,
         executors: dict[str, AgentExecutor],
         concurrency: int,
         poll_interval_s: float,
@@ -80,15 +81,19 @@ class InProcessRunner:
         self.store = store
         self.events = events
         self.listener = listener
+        self.notifier = notifier
         self.concurrency = concurrency
         self.poll_interval_s = poll_interval_s
         self.drain_s = drain_s
         self.metrics = metrics
         self.name = f"{socket.gethostname()}:{os.getpid()}"
-        # The registry's own event_stream stays None: the store already writes every event row.
+        # The store writes every event row; the stream's publish() wakes the other instances after it.
         self._registries = {
             name: ActiveTaskRegistry(
-                agent_executor=executor, task_store=store, interrupted_task_timeout=RELEASE_INTERRUPTED_AFTER_S
+                agent_executor=executor,
+                task_store=store,
+                event_stream=events,
+                interrupted_task_timeout=RELEASE_INTERRUPTED_AFTER_S,
             )
             for name, executor in executors.items()
         }
@@ -119,7 +124,10 @@ class InProcessRunner:
             await registry.aclose()
 
     async def _loop(self) -> None:
-        woken = self.listener.watch(DISPATCH)
+        # Woken only by outbox rows for executors this runner has (the payload is the executor).
+        woken = asyncio.Event()
+        for name in self._registries:
+            self.listener.watch(DISPATCH, name, woken)
         try:
             while not self._stopping.is_set():
                 free = self.concurrency - len(self._running)
@@ -144,7 +152,8 @@ class InProcessRunner:
                     for waiter in waits:
                         waiter.cancel()
         finally:
-            self.listener.unwatch(DISPATCH, "", woken)
+            for name in self._registries:
+                self.listener.unwatch(DISPATCH, name, woken)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self._running.discard(task)
@@ -239,6 +248,7 @@ class InProcessRunner:
         """A direct Message answer: the task completes with it, and the Message is the event streams see."""
         async with self.engine.begin() as conn:
             await conn.run_sync(self._record_reply_sync, claim, reply)
+        await self.notifier.task_event(claim.task_id)
 
     @staticmethod
     def _record_reply_sync(conn: Connection, claim: Claim, reply: Message) -> None:

@@ -23,7 +23,7 @@ from a2a.types.a2a_pb2 import AgentCard
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sse_starlette.sse import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -37,7 +37,7 @@ from app.events import NotifiedEventStream
 from app.handler import EdgeRequestHandler, StreamGate, identity_of
 from app.identity import EdgeUser
 from app.middleware import IDENTITY_SCOPE_KEY, SPECIALIST_SCOPE_KEY, A2AGuard, RequestLog
-from app.notify import Listener
+from app.notify import Listener, Notifier
 from app.observability import Metrics
 from app.ratelimit import RateLimiter
 from app.runner import InProcessRunner
@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 # Headers that carry credentials never enter the SDK's call context (which it logs at DEBUG).
 _SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
 READY_CHECK_TIMEOUT_S = 2.0
+POOL_RECYCLE_S = 3600
 
 
 class EdgeCallContextBuilder(ServerCallContextBuilder):
@@ -110,6 +111,23 @@ def _a2a_routes(specialist_id: str, handler: EdgeRequestHandler, builder: Server
     return routes
 
 
+def edge_engine(url: str, settings: Settings) -> AsyncEngine:
+    """The edge's pool: ``core.db``'s settings without pre-ping.
+
+    Pre-ping costs a round trip on every checkout, and the hot path checks out twice per
+    request (rate limit, admission). A connection that died is discarded on its first
+    error instead; connections are recycled hourly so none outlives a server's idle timeout.
+    """
+    return create_async_engine(
+        url,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_max_overflow,
+        pool_pre_ping=False,
+        pool_recycle=POOL_RECYCLE_S,
+        connect_args={"connect_timeout": settings.db_connect_timeout_s},
+    )
+
+
 async def schema_revision(engine: AsyncEngine) -> str | None:
     async with engine.connect() as conn:
         return (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar_one_or_none()
@@ -119,12 +137,13 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
     """The edge as an ASGI app. Raises SpecInvalid for a bad spec before anything starts."""
     specs = load_specs(settings.specs_dir)
     url = database_url or db.database_url(settings)
-    engine = db.make_async_engine(url, settings)
+    engine = edge_engine(url, settings)
     metrics = Metrics()
     listener = Listener(url)
+    notifier = Notifier(engine)
     store = VersionedDatabaseTaskStore(engine, create_table=False)
-    events = NotifiedEventStream(engine, listener, settings.event_poll_interval_s)
-    admission = AdmissionService(engine, settings)
+    events = NotifiedEventStream(engine, listener, notifier, settings.event_poll_interval_s)
+    admission = AdmissionService(engine, settings, notifier)
     limiter = RateLimiter(engine, settings)
     signer = KeySigner([s.get_secret_value() for s in settings.key_signing_secrets], settings.key_environment)
     verifier = AsyncKeyVerifier(signer, engine, settings.revocation_cache_s)
@@ -134,6 +153,7 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
         store=store,
         events=events,
         listener=listener,
+        notifier=notifier,
         executors=executors,
         concurrency=settings.runner_concurrency,
         poll_interval_s=settings.event_poll_interval_s,

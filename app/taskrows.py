@@ -13,6 +13,7 @@ task written here reads back identically through the SDK store.
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 from typing import Any
 
@@ -20,7 +21,7 @@ from a2a.server.models import TaskEventModel, TaskModel, TaskVersionModel
 from a2a.types.a2a_pb2 import Message, StreamResponse, Task, TaskArtifactUpdateEvent, TaskStatusUpdateEvent
 from a2a.utils.proto_utils import to_stream_response
 from google.protobuf.json_format import MessageToDict, ParseDict
-from sqlalchemy import Connection, and_, insert, select, update
+from sqlalchemy import Connection, and_, insert, select, text, update
 
 TASKS = TaskModel.__table__
 VERSIONS = TaskVersionModel.__table__
@@ -70,11 +71,51 @@ def _event_row(task_id: str, owner: str, version: int, event: Event) -> dict[str
     }
 
 
+def new_task_ctes(when: str = "true") -> str:
+    """A new task at version 1, its version row, and the Task itself as its first event, as common
+    table expressions written only ``when`` the condition holds: admission puts its own rows in the
+    same statement (one round trip). Parameters: ``new_task_params``."""
+    return f"""
+    new_task AS (
+        INSERT INTO tasks (id, context_id, kind, owner, last_updated, status, artifacts, history, metadata,
+                           protocol_version)
+        SELECT CAST(:task_id AS varchar), CAST(:context_id AS varchar), 'task', CAST(:owner AS varchar),
+               CAST(:last_updated AS timestamp), CAST(:status AS json), CAST(:artifacts AS json),
+               CAST(:history AS json), CAST(:metadata AS json), '1.0'
+        WHERE {when}
+    ),
+    new_version AS (
+        INSERT INTO task_versions (task_id, owner, version)
+        SELECT CAST(:task_id AS varchar), CAST(:owner AS varchar), 1 WHERE {when}
+    ),
+    new_event AS (
+        INSERT INTO task_events (task_id, owner, task_version, event_data)
+        SELECT CAST(:task_id AS varchar), CAST(:owner AS varchar), 1, CAST(:event_data AS bytea) WHERE {when}
+    )"""
+
+
+_INSERT_NEW = text(f"WITH {new_task_ctes()} SELECT 1")
+
+
+def new_task_params(task: Task, owner: str) -> dict[str, Any]:
+    """Parameters of ``new_task_ctes``: the JSON columns as JSON text, like the SDK's JSON type writes them."""
+    columns = _columns(task, owner)
+    return {
+        "task_id": task.id,
+        "context_id": task.context_id,
+        "owner": owner,
+        "last_updated": columns["last_updated"],
+        "status": json.dumps(columns["status"]),
+        "artifacts": json.dumps(columns["artifacts"]),
+        "history": json.dumps(columns["history"]),
+        "metadata": json.dumps(columns["metadata"]) if columns["metadata"] is not None else None,
+        "event_data": to_stream_response(task).SerializeToString(),
+    }
+
+
 def insert_new(conn: Connection, task: Task, owner: str) -> int:
     """Create a task at version 1; the Task itself is its first event. Returns the version."""
-    conn.execute(insert(TASKS).values(**_columns(task, owner)))
-    conn.execute(insert(VERSIONS).values(task_id=task.id, owner=owner, version=1))
-    conn.execute(insert(EVENTS).values(**_event_row(task.id, owner, 1, task)))
+    conn.execute(_INSERT_NEW, new_task_params(task, owner))
     return 1
 
 

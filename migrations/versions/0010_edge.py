@@ -4,11 +4,14 @@ the dispatch outbox, and rate-limit windows.
 The ``tasks``, ``task_versions`` and ``task_events`` tables have exactly the
 shape of ``a2a.server.models`` so the SDK's ``VersionedDatabaseTaskStore`` and
 ``DatabaseTaskEventStream`` read and write them; the store's ``initialize()``
-is never called (migrations own the schema). A trigger turns every event
-insert into a NOTIFY so streams on other instances wake at once instead of
-polling. The ``dispatch_outbox`` row is committed with the task and the
-reservation; the in-process runner (and later the dispatcher) claims pending
-rows with ``FOR UPDATE SKIP LOCKED``.
+is never called (migrations own the schema). The ``dispatch_outbox`` row is
+committed with the task and the reservation; the in-process runner (and later
+the dispatcher) claims pending rows with ``FOR UPDATE SKIP LOCKED``.
+
+No trigger sends NOTIFY: a transaction that notifies takes a database-wide lock
+held through its commit, which serialized every admission behind the previous
+one's WAL flush (measured: 296 against 421 admissions/s). Writers notify after
+they commit instead (``app.notify.Notifier``), and readers also poll.
 
 Revision ID: 0010
 Revises: 0002
@@ -56,13 +59,6 @@ def upgrade() -> None:
         -- The event stream polls "task_id = ? AND seq > ? ORDER BY seq".
         CREATE INDEX ix_task_events_task_id_seq ON task_events (task_id, seq);
 
-        CREATE FUNCTION edge_notify_task_event() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            PERFORM pg_notify('edge_task_events', NEW.task_id);
-            RETURN NULL;
-        END $$;
-        CREATE TRIGGER task_events_notify AFTER INSERT ON task_events
-            FOR EACH ROW EXECUTE FUNCTION edge_notify_task_event();
 
         -- One row per admitted task: who it belongs to and what it may cost.
         CREATE TABLE edge_tasks (
@@ -122,13 +118,6 @@ def upgrade() -> None:
             WHERE status = 'pending';
         CREATE INDEX dispatch_outbox_pending ON dispatch_outbox (executor, dispatch_id) WHERE status = 'pending';
 
-        CREATE FUNCTION edge_notify_dispatch() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            PERFORM pg_notify('edge_dispatch', NEW.executor);
-            RETURN NULL;
-        END $$;
-        CREATE TRIGGER dispatch_outbox_notify AFTER INSERT ON dispatch_outbox
-            FOR EACH ROW EXECUTE FUNCTION edge_notify_dispatch();
 
         -- Fixed-window request counters shared by every instance. UNLOGGED: no WAL, so the
         -- hot 'global' row is cheap to update; a crash forgets the current window, which only
@@ -148,12 +137,10 @@ def downgrade() -> None:
         """
         DROP TABLE edge_rate_windows;
         DROP TABLE dispatch_outbox;
-        DROP FUNCTION edge_notify_dispatch();
         DROP TABLE edge_contexts;
         DROP TABLE edge_messages;
         DROP TABLE edge_tasks;
         DROP TABLE task_events;
-        DROP FUNCTION edge_notify_task_event();
         DROP TABLE task_versions;
         DROP TABLE tasks;
         """

@@ -32,7 +32,7 @@ from app import taskrows
 from app.admission import AdmissionService
 from app.events import NotifiedEventStream
 from app.identity import Identity, OwnerUser
-from app.notify import Listener
+from app.notify import Listener, Notifier
 from app.observability import Metrics, RedactingFilter, JsonFormatter
 from app.runner import InProcessRunner
 from core import db
@@ -111,7 +111,8 @@ async def test_two_runners_claiming_one_outbox_run_every_task_exactly_once(datab
         path=conformance.path,
         modified_at=conformance.modified_at,
     )
-    admission = AdmissionService(async_engine, settings)
+    notifier = Notifier(async_engine)
+    admission = AdmissionService(async_engine, settings, notifier)
     identity = Identity(customer_id=f"c-{uuid.uuid4().hex[:8]}", key_id="key_x", tier="standard", client_address="t")
     task_ids = []
     for _ in range(24):
@@ -123,7 +124,7 @@ async def test_two_runners_claiming_one_outbox_run_every_task_exactly_once(datab
     listener = Listener(database_url)
     listener.start()
     store = VersionedDatabaseTaskStore(async_engine, create_table=False)
-    events = NotifiedEventStream(async_engine, listener, 0.2)
+    events = NotifiedEventStream(async_engine, listener, notifier, 0.2)
     executors = [CountingExecutor(), CountingExecutor()]
     runners = [
         InProcessRunner(
@@ -131,6 +132,7 @@ async def test_two_runners_claiming_one_outbox_run_every_task_exactly_once(datab
             store=store,
             events=events,
             listener=listener,
+            notifier=notifier,
             executors={executor_name: executor},
             concurrency=4,
             poll_interval_s=0.2,
