@@ -9,7 +9,7 @@ import pytest
 
 from tests.app.conftest import message, rpc
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(40)
 CONFORMANCE = "conformance"
 
 
@@ -120,3 +120,23 @@ def test_history_length_limits_the_history_returned(edge_a, make_customer):
     body = message(f"tck-complete-task-{uuid.uuid4()}", historyLength=0)
     task = jsonrpc(edge_a, make_customer(), rpc("SendMessage", body))["result"]["task"]
     assert "history" not in task
+
+
+def test_a_quiet_stream_sends_keep_alives_within_the_sdk_clients_five_second_timeout(edge_a, make_customer):
+    import time
+
+    customer = make_customer(credits=20)
+    base = edge_a.specialist("paid-echo")  # nothing runs paid tasks here: the stream stays quiet
+    task = httpx.post(f"{base}/message:send", json=message(returnImmediately=True), headers=customer.headers).json()
+    started = time.monotonic()
+    pings = []
+    with httpx.stream(
+        "GET", f"{base}/tasks/{task['task']['id']}:subscribe", headers=customer.headers, timeout=5.0
+    ) as stream:
+        assert stream.status_code == 200
+        for line in stream.iter_lines():  # a 5 s gap without bytes would raise ReadTimeout here
+            if line.startswith(":"):
+                pings.append(time.monotonic() - started)
+            if time.monotonic() - started > 6.5:
+                break
+    assert len(pings) >= 2
