@@ -59,7 +59,7 @@ def grant(
         now=now,
         limits=limits or default_limits(),
     )
-    return st.parse_grant(conn.execute(st.GRANT_SQL, params).mappings().one())
+    return st.parse_grant(conn.exec_driver_sql(st.GRANT_SQL, params).mappings().one())
 
 
 def reserve(
@@ -79,7 +79,7 @@ def reserve(
     exists_mismatch, not_entitled, expired, insufficient_credits, concurrency_cap.
     """
     params = st.reserve_params(customer_id, job_id, fingerprint, skill, credits, now=now, limits=limits or default_limits())
-    return st.parse_reserve(conn.execute(st.RESERVE_SQL, params).mappings().one())
+    return st.parse_reserve(conn.exec_driver_sql(st.RESERVE_SQL, params).mappings().one())
 
 
 def settle(
@@ -97,7 +97,7 @@ def settle(
     different amount, an unknown reservation (reconcile it), or an unknown job.
     """
     params = st.settle_params(job_id, charged, reason, now=now, limits=limits or default_limits())
-    return st.parse_resolve(conn.execute(st.SETTLE_SQL, params).mappings().one(), charged=charged)
+    return st.parse_resolve(conn.exec_driver_sql(st.SETTLE_SQL, params).mappings().one(), charged=charged)
 
 
 def void(
@@ -121,7 +121,7 @@ def mark_unknown(
     Outcomes: marked; exists (already unknown).
     """
     params = st.mark_unknown_params(job_id, reason, operator, now=now, limits=limits or default_limits())
-    return st.parse_mark_unknown(conn.execute(st.MARK_UNKNOWN_SQL, params).mappings().one())
+    return st.parse_mark_unknown(conn.exec_driver_sql(st.MARK_UNKNOWN_SQL, params).mappings().one())
 
 
 def reconcile(
@@ -139,7 +139,7 @@ def reconcile(
     Outcomes: reconciled; exists (the same reconcile again).
     """
     params = st.reconcile_params(job_id, charged, reason, operator, now=now, limits=limits or default_limits())
-    return st.parse_resolve(conn.execute(st.RECONCILE_SQL, params).mappings().one(), charged=charged)
+    return st.parse_resolve(conn.exec_driver_sql(st.RECONCILE_SQL, params).mappings().one(), charged=charged)
 
 
 def expire(
@@ -147,7 +147,7 @@ def expire(
 ) -> list[ExpiredLot]:
     """Move the unreserved remainder of expired lots to breakage; return what moved."""
     params = st.expire_params(now=now, max_lots=max_lots, limits=limits or default_limits())
-    return [st.parse_expired(row) for row in conn.execute(st.EXPIRE_SQL, params).mappings()]
+    return [st.parse_expired(row) for row in conn.exec_driver_sql(st.EXPIRE_SQL, params).mappings()]
 
 
 def adjust(
@@ -162,4 +162,4 @@ def adjust(
 ) -> AdjustResult:
     """An operator correction: + adds a non-expiring lot, - removes available credits (never below zero)."""
     params = st.adjust_params(customer_id, credits, reason, operator, now=now, limits=limits or default_limits())
-    return st.parse_adjust(conn.execute(st.ADJUST_SQL, params).mappings().one())
+    return st.parse_adjust(conn.exec_driver_sql(st.ADJUST_SQL, params).mappings().one())

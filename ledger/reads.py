@@ -87,8 +87,8 @@ class JournalLine:
 
 
 _RESERVATION_COLUMNS = """
-    r.job_id, r.customer_id, r.skill, r.credits, r.state, r.charged, r.created_at, r.unknown_at,
-    r.unknown_reason, r.unknown_by, r.resolved_at, s.kind AS resolution_kind, s.reason AS resolution_reason,
+    r.job_id, r.customer_id, r.skill, r.credits, r.state::text AS state, r.charged, r.created_at, r.unknown_at,
+    r.unknown_reason, r.unknown_by, r.resolved_at, s.kind::text AS resolution_kind, s.reason AS resolution_reason,
     s.operator AS resolved_by, r.hold_lot_ids, r.hold_credits
 """
 
@@ -116,7 +116,7 @@ def account(conn: Connection, customer_id: str, *, now: datetime | None = None, 
         LotView(**dict(row))
         for row in conn.execute(
             text(
-                "SELECT lot_id, source, grant_id, priority, granted, held, spent, expired, removed, "
+                "SELECT lot_id, CASE WHEN grant_id IS NULL THEN 'adjustment' ELSE 'grant' END AS source, grant_id, priority, granted, held, spent, expired, removed, "
                 "granted - held - spent - expired - removed AS remaining, expires_at, swept_at, created_at, "
                 "(swept_at IS NULL AND (expires_at IS NULL OR expires_at > :at)) AS usable "
                 "FROM ledger_lots WHERE customer_id = :c ORDER BY priority, expires_at NULLS LAST, lot_id LIMIT :n"
@@ -175,7 +175,7 @@ def list_reservations(
             f"SELECT {_RESERVATION_COLUMNS} FROM ledger_reservations r "
             "LEFT JOIN ledger_settlements s ON s.job_id = r.job_id "
             "WHERE (CAST(:c AS text) IS NULL OR r.customer_id = :c) "
-            "AND (CAST(:states AS text[]) IS NULL OR r.state = ANY(CAST(:states AS text[]))) "
+            "AND (CAST(:states AS text[]) IS NULL OR r.state = ANY(CAST(:states AS ledger_reservation_state[]))) "
             "ORDER BY r.created_at, r.job_id LIMIT :n"
         ),
         {"c": customer_id, "states": list(states) if states is not None else None, "n": limit},

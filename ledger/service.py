@@ -1,19 +1,25 @@
 """``Ledger``: each ledger operation in its own transaction, for callers that have none of their own.
 
 An operation is one statement sent on an autocommit connection, so it is its own
-transaction and costs one round trip (no BEGIN, no COMMIT). Callers that must combine
-a ledger operation with their own writes use ``ledger.operations`` on their connection.
+transaction and costs one round trip (no BEGIN, no COMMIT). Money-moving operations run
+on the pooled psycopg connection directly: SQLAlchemy's per-statement machinery cost
+more client CPU than the server spent on the call (measured ~110 us against ~45 us per
+operation), and this is the path every own-transaction reserve and settle takes.
+Callers that combine a ledger operation with their own writes use ``ledger.operations``
+on their SQLAlchemy connection instead; both send the same statements.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
+from psycopg.rows import dict_row
 from sqlalchemy import Engine
 
-from ledger import operations as ops
 from ledger import reads
+from ledger import statements as st
 from ledger.limits import LedgerLimits, default_limits
 from ledger.results import (
     AdjustResult,
@@ -33,6 +39,23 @@ class Ledger:
         self.limits = limits or default_limits()
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
 
+    def _rows(self, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """Run one statement as its own transaction on a pooled connection; return its rows."""
+        pooled = self.engine.raw_connection()
+        try:
+            driver = pooled.driver_connection
+            driver.autocommit = True
+            with driver.cursor(row_factory=dict_row) as cursor:
+                cursor.execute(sql, params)
+                rows = cursor.fetchall()
+            driver.autocommit = False  # the pool hands out connections in their default mode
+            return rows
+        except BaseException:
+            pooled.invalidate()  # whatever state it is in now, it does not go back to the pool
+            raise
+        finally:
+            pooled.close()
+
     def grant(
         self,
         customer_id: str,
@@ -49,56 +72,55 @@ class Ledger:
         reason: str = "",
         now: datetime | None = None,
     ) -> GrantResult:
-        with self._autocommit.connect() as conn:
-            return ops.grant(
-                conn,
-                customer_id,
-                credits,
-                operator=operator,
-                skills=skills,
-                expires_at=expires_at,
-                expires_in=expires_in,
-                skill_expires_at=skill_expires_at,
-                max_parallel=max_parallel,
-                priority=priority,
-                idempotency_key=idempotency_key,
-                reason=reason,
-                now=now,
-                limits=self.limits,
-            )
+        params = st.grant_params(
+            customer_id,
+            credits,
+            skills=skills,
+            expires_at=expires_at,
+            expires_in=expires_in,
+            skill_expires_at=skill_expires_at,
+            max_parallel=max_parallel,
+            priority=priority,
+            idempotency_key=idempotency_key,
+            operator=operator,
+            reason=reason,
+            now=now,
+            limits=self.limits,
+        )
+        return st.parse_grant(self._rows(st.GRANT_SQL, params)[0])
 
     def reserve(
         self, customer_id: str, job_id: str, fingerprint: str, skill: str, credits: int, *, now: datetime | None = None
     ) -> ReserveResult:
-        with self._autocommit.connect() as conn:
-            return ops.reserve(conn, customer_id, job_id, fingerprint, skill, credits, now=now, limits=self.limits)
+        params = st.reserve_params(customer_id, job_id, fingerprint, skill, credits, now=now, limits=self.limits)
+        return st.parse_reserve(self._rows(st.RESERVE_SQL, params)[0])
 
     def settle(self, job_id: str, charged: int, reason: str = "", *, now: datetime | None = None) -> ResolveResult:
-        with self._autocommit.connect() as conn:
-            return ops.settle(conn, job_id, charged, reason, now=now, limits=self.limits)
+        params = st.settle_params(job_id, charged, reason, now=now, limits=self.limits)
+        return st.parse_resolve(self._rows(st.SETTLE_SQL, params)[0], charged=charged)
 
     def void(self, job_id: str, reason: str = "", *, now: datetime | None = None) -> ResolveResult:
         return self.settle(job_id, 0, reason, now=now)
 
     def mark_unknown(self, job_id: str, reason: str, operator: str, *, now: datetime | None = None) -> UnknownResult:
-        with self._autocommit.connect() as conn:
-            return ops.mark_unknown(conn, job_id, reason, operator, now=now, limits=self.limits)
+        params = st.mark_unknown_params(job_id, reason, operator, now=now, limits=self.limits)
+        return st.parse_mark_unknown(self._rows(st.MARK_UNKNOWN_SQL, params)[0])
 
     def reconcile(
         self, job_id: str, charged: int, reason: str, operator: str, *, now: datetime | None = None
     ) -> ResolveResult:
-        with self._autocommit.connect() as conn:
-            return ops.reconcile(conn, job_id, charged, reason, operator, now=now, limits=self.limits)
+        params = st.reconcile_params(job_id, charged, reason, operator, now=now, limits=self.limits)
+        return st.parse_resolve(self._rows(st.RECONCILE_SQL, params)[0], charged=charged)
 
     def expire(self, *, now: datetime | None = None, max_lots: int | None = None) -> list[ExpiredLot]:
-        with self._autocommit.connect() as conn:
-            return ops.expire(conn, now=now, max_lots=max_lots, limits=self.limits)
+        params = st.expire_params(now=now, max_lots=max_lots, limits=self.limits)
+        return [st.parse_expired(row) for row in self._rows(st.EXPIRE_SQL, params)]
 
     def adjust(
         self, customer_id: str, credits: int, reason: str, operator: str, *, now: datetime | None = None
     ) -> AdjustResult:
-        with self._autocommit.connect() as conn:
-            return ops.adjust(conn, customer_id, credits, reason, operator, now=now, limits=self.limits)
+        params = st.adjust_params(customer_id, credits, reason, operator, now=now, limits=self.limits)
+        return st.parse_adjust(self._rows(st.ADJUST_SQL, params)[0])
 
     # --- reads ------------------------------------------------------------------
 

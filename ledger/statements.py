@@ -1,11 +1,15 @@
 """The ledger's statements: SQL text, argument checks, and parsers from a result row to a dataclass.
 
-Pure and driver-free, so the sync facade (``ledger.operations``) and an async twin on
-an ``AsyncConnection`` share every line of it: build the parameters with a
-``*_params`` function (it refuses bad input before anything reaches the database),
-execute the statement, hand the row mapping to the matching ``parse_*``.
+Pure, so every way of running a statement shares every line of it: the functions on a
+caller's ``Connection`` (``ledger.operations``, via ``exec_driver_sql``), an async twin on
+an ``AsyncConnection`` (``await conn.exec_driver_sql(...)``), and the own-transaction
+fast path (``ledger.service``). Build the parameters with a ``*_params`` function (it
+refuses bad input before anything reaches the database), execute the statement, hand
+the row mapping to the matching ``parse_*``.
 
-Each statement is one call of a server-side function, one round trip.
+The SQL uses the driver's ``%(name)s`` placeholders (psycopg) with explicit casts, so
+the server plans one prepared statement per operation. Each statement is one call of a
+server-side function: one round trip.
 """
 
 from __future__ import annotations
@@ -16,8 +20,6 @@ import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
-
-from sqlalchemy import TextClause, text
 
 from ledger import keys
 from ledger.errors import AdjustRefused, GrantRefused, LedgerInputInvalid, ResolutionRefused
@@ -35,33 +37,33 @@ from ledger.results import (
 SKILL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 
-GRANT_SQL: TextClause = text(
-    "SELECT * FROM ledger_grant(CAST(:customer_id AS text), CAST(:credits AS bigint), CAST(:priority AS integer), "
-    "CAST(:expires_at AS timestamptz), CAST(:expires_in AS interval), CAST(:max_parallel AS integer), "
-    "CAST(:default_max_parallel AS integer), CAST(:skills AS text[]), CAST(:skill_expires_at AS timestamptz), "
-    "CAST(:idempotency_key AS text), CAST(:request_digest AS text), CAST(:operator AS text), "
-    "CAST(:reason AS text), CAST(:now AS timestamptz))"
+GRANT_SQL: str = (
+    "SELECT * FROM ledger_grant(CAST(%(customer_id)s AS text), CAST(%(credits)s AS bigint), CAST(%(priority)s AS integer), "
+    "CAST(%(expires_at)s AS timestamptz), CAST(%(expires_in)s AS interval), CAST(%(max_parallel)s AS integer), "
+    "CAST(%(default_max_parallel)s AS integer), CAST(%(skills)s AS text[]), CAST(%(skill_expires_at)s AS timestamptz), "
+    "CAST(%(idempotency_key)s AS text), CAST(%(request_digest)s AS text), CAST(%(operator)s AS text), "
+    "CAST(%(reason)s AS text), CAST(%(now)s AS timestamptz))"
 )
-RESERVE_SQL: TextClause = text(
-    "SELECT * FROM ledger_reserve(CAST(:customer_id AS text), CAST(:job_id AS text), CAST(:fingerprint AS text), "
-    "CAST(:skill AS text), CAST(:credits AS bigint), CAST(:now AS timestamptz))"
+RESERVE_SQL: str = (
+    "SELECT * FROM ledger_reserve(CAST(%(customer_id)s AS text), CAST(%(job_id)s AS text), CAST(%(fingerprint)s AS text), "
+    "CAST(%(skill)s AS text), CAST(%(credits)s AS bigint), CAST(%(now)s AS timestamptz))"
 )
-SETTLE_SQL: TextClause = text(
-    "SELECT * FROM ledger_settle(CAST(:job_id AS text), CAST(:charged AS bigint), CAST(:reason AS text), "
-    "CAST(:now AS timestamptz))"
+SETTLE_SQL: str = (
+    "SELECT * FROM ledger_settle(CAST(%(job_id)s AS text), CAST(%(charged)s AS bigint), CAST(%(reason)s AS text), "
+    "CAST(%(now)s AS timestamptz))"
 )
-MARK_UNKNOWN_SQL: TextClause = text(
-    "SELECT * FROM ledger_mark_unknown(CAST(:job_id AS text), CAST(:reason AS text), CAST(:operator AS text), "
-    "CAST(:now AS timestamptz))"
+MARK_UNKNOWN_SQL: str = (
+    "SELECT * FROM ledger_mark_unknown(CAST(%(job_id)s AS text), CAST(%(reason)s AS text), CAST(%(operator)s AS text), "
+    "CAST(%(now)s AS timestamptz))"
 )
-RECONCILE_SQL: TextClause = text(
-    "SELECT * FROM ledger_reconcile(CAST(:job_id AS text), CAST(:charged AS bigint), CAST(:reason AS text), "
-    "CAST(:operator AS text), CAST(:now AS timestamptz))"
+RECONCILE_SQL: str = (
+    "SELECT * FROM ledger_reconcile(CAST(%(job_id)s AS text), CAST(%(charged)s AS bigint), CAST(%(reason)s AS text), "
+    "CAST(%(operator)s AS text), CAST(%(now)s AS timestamptz))"
 )
-EXPIRE_SQL: TextClause = text("SELECT * FROM ledger_expire(CAST(:now AS timestamptz), CAST(:max_lots AS integer))")
-ADJUST_SQL: TextClause = text(
-    "SELECT * FROM ledger_adjust(CAST(:customer_id AS text), CAST(:credits AS bigint), CAST(:priority AS integer), "
-    "CAST(:reason AS text), CAST(:operator AS text), CAST(:now AS timestamptz))"
+EXPIRE_SQL: str = "SELECT * FROM ledger_expire(CAST(%(now)s AS timestamptz), CAST(%(max_lots)s AS integer))"
+ADJUST_SQL: str = (
+    "SELECT * FROM ledger_adjust(CAST(%(customer_id)s AS text), CAST(%(credits)s AS bigint), CAST(%(priority)s AS integer), "
+    "CAST(%(reason)s AS text), CAST(%(operator)s AS text), CAST(%(now)s AS timestamptz))"
 )
 
 

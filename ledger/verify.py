@@ -52,7 +52,8 @@ lot_journal AS (
           - coalesce(sum(credits) FILTER (WHERE from_account = 'revenue'), 0) AS spent,
         coalesce(sum(credits) FILTER (WHERE to_account = 'breakage'), 0)
           - coalesce(sum(credits) FILTER (WHERE from_account = 'breakage'), 0) AS expired,
-        coalesce(sum(credits) FILTER (WHERE to_account = 'adjustments' AND from_account LIKE 'customer_%'), 0)
+        coalesce(sum(credits) FILTER (WHERE to_account = 'adjustments'
+                                      AND from_account IN ('customer_available', 'customer_held')), 0)
           AS removed,
         coalesce(sum(credits) FILTER (WHERE to_account = 'customer_available'), 0)
           - coalesce(sum(credits) FILTER (WHERE from_account = 'customer_available'), 0) AS available
@@ -142,7 +143,7 @@ SELECT 'resolved_twice', 'job ' || j.job_id, format('%s resolution entries in th
 UNION ALL
 SELECT 'resolution_mismatch', 'job ' || coalesce(r.job_id, s.job_id),
        format('reservation state %s charged %s; settlement %s charged %s; journal charged %s',
-              coalesce(r.state, 'missing'), coalesce(r.charged::text, '-'), coalesce(s.kind, 'missing'),
+              coalesce(r.state::text, 'missing'), coalesce(r.charged::text, '-'), coalesce(s.kind::text, 'missing'),
               coalesce(s.charged::text, '-'), coalesce(j.charged, 0))
   FROM reservations r
   FULL JOIN (SELECT st.* FROM ledger_settlements st, scope sc
@@ -151,7 +152,7 @@ SELECT 'resolution_mismatch', 'job ' || coalesce(r.job_id, s.job_id),
  WHERE (r.state IN ('settled', 'voided', 'reconciled')) IS DISTINCT FROM (s.job_id IS NOT NULL)
     OR r.charged IS DISTINCT FROM s.charged
     OR (s.job_id IS NOT NULL AND s.charged <> coalesce(j.charged, 0))
-    OR (coalesce(s.kind, '') = 'reconcile') <> (coalesce(r.state, '') = 'reconciled')
+    OR (coalesce(s.kind::text, '') = 'reconcile') <> (coalesce(r.state::text, '') = 'reconciled')
 ORDER BY 1, 2
 """
 )
@@ -159,9 +160,9 @@ ORDER BY 1, 2
 _TOTALS_SQL = text(
     """
 SELECT account, sum(delta) AS balance FROM (
-    SELECT to_account AS account, credits AS delta FROM ledger_journal
+    SELECT to_account::text AS account, credits AS delta FROM ledger_journal
     UNION ALL
-    SELECT from_account, -credits FROM ledger_journal
+    SELECT from_account::text, -credits FROM ledger_journal
 ) postings GROUP BY account ORDER BY account
 """
 )
