@@ -64,9 +64,9 @@ class AccountView:
     max_parallel: int
     open_reservations: int
     held: int
-    available: int  # reservable now: the remaining credits of usable lots
+    available: int  # reservable now: the remaining credits of usable lots (all lots, whatever max_rows)
     expired_unswept: int  # remaining credits of lots past expiry that the next sweep moves to breakage
-    lots: tuple[LotView, ...]
+    lots: tuple[LotView, ...]  # at most max_rows, in draw-down order
     entitlements: tuple[EntitlementView, ...]
     unresolved: tuple[ReservationView, ...]  # open and unknown reservations, oldest first
 
@@ -101,11 +101,20 @@ def _reservation(row) -> ReservationView:
 
 
 def account(conn: Connection, customer_id: str, *, now: datetime | None = None, max_rows: int = 1000) -> AccountView | None:
-    """The customer's account with its lots, entitlements and unresolved reservations; None if it has none."""
+    """The customer's account with its lots, entitlements and unresolved reservations; None if it has none.
+
+    ``max_rows`` bounds each listed part; the totals always cover every lot.
+    """
     head = conn.execute(
         text(
-            "SELECT customer_id, max_parallel, open_reservations, held, "
-            "COALESCE(CAST(:now AS timestamptz), now()) AS at FROM ledger_accounts WHERE customer_id = :c"
+            "SELECT a.customer_id, a.max_parallel, a.open_reservations, a.held, t.at, "
+            "COALESCE(SUM(l.granted - l.held - l.spent - l.expired - l.removed) FILTER (WHERE l.swept_at IS NULL "
+            "AND (l.expires_at IS NULL OR l.expires_at > t.at)), 0) AS available, "
+            "COALESCE(SUM(l.granted - l.held - l.spent - l.expired - l.removed) FILTER (WHERE l.swept_at IS NOT NULL "
+            "OR l.expires_at <= t.at), 0) AS expired_unswept "
+            "FROM ledger_accounts a CROSS JOIN (SELECT COALESCE(CAST(:now AS timestamptz), now()) AS at) t "
+            "LEFT JOIN ledger_lots l ON l.customer_id = a.customer_id "
+            "WHERE a.customer_id = :c GROUP BY a.customer_id, a.max_parallel, a.open_reservations, a.held, t.at"
         ),
         {"c": customer_id, "now": now},
     ).mappings().first()
@@ -142,8 +151,8 @@ def account(conn: Connection, customer_id: str, *, now: datetime | None = None, 
         max_parallel=head["max_parallel"],
         open_reservations=head["open_reservations"],
         held=head["held"],
-        available=sum(lot.remaining for lot in lots if lot.usable),
-        expired_unswept=sum(lot.remaining for lot in lots if not lot.usable),
+        available=int(head["available"]),
+        expired_unswept=int(head["expired_unswept"]),
         lots=lots,
         entitlements=entitlements,
         unresolved=unresolved,

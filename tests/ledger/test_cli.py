@@ -141,3 +141,10 @@ def test_ledger_expire_reports_what_it_moved(service_env, ledger, engine):
     moved = run_json(service_env, "ledger", "expire")
     assert [(m["customer_id"], m["credits"]) for m in moved if m["customer_id"] == customer] == [(customer, 10)]
     assert run_json(service_env, "credits", "show", "--customer", customer)["available"] == 0
+
+
+def test_an_invalid_ledger_setting_exits_3_naming_the_variable(service_env):
+    env = service_env | {"SPECIALISTS_LEDGER_MAX_CREDITS_PER_OPERATION": "0"}
+    done = run(env, "credits", "show", "--customer", new_customer("cli"))
+    assert done.returncode == 3
+    assert "SPECIALISTS_LEDGER_MAX_CREDITS_PER_OPERATION" in done.stderr

@@ -515,3 +515,42 @@ def test_verify_finds_a_job_resolved_twice(engine, ledger, customer, t0):
 def test_reads_of_an_unknown_customer_are_empty(ledger):
     assert ledger.account(new_customer()) is None
     assert ledger.history(new_customer()) == []
+
+
+def test_the_same_statements_run_unchanged_on_an_async_connection(database_url, settings, ledger, customer, t0):
+    """The A2A edge is async: the statement text, parameters and parsers need no async rewrite."""
+    import asyncio
+
+    from core.db import make_async_engine
+    from ledger import statements as st
+    from ledger.limits import default_limits
+
+    funded(ledger, customer, 100, now=t0)
+    job = new_job()
+
+    async def reserve_and_settle() -> tuple[str, str]:
+        engine = make_async_engine(database_url, settings)
+        try:
+            async with engine.begin() as conn:
+                params = st.reserve_params(customer, job, "fp", "review", 30, now=t0, limits=default_limits())
+                reserved = st.parse_reserve((await conn.exec_driver_sql(st.RESERVE_SQL, params)).mappings().one())
+            async with engine.begin() as conn:
+                params = st.settle_params(job, 20, "done", now=t0, limits=default_limits())
+                row = (await conn.exec_driver_sql(st.SETTLE_SQL, params)).mappings().one()
+                settled = st.parse_resolve(row, charged=20)
+            return reserved.outcome, settled.outcome
+        finally:
+            await engine.dispose()
+
+    assert asyncio.run(reserve_and_settle()) == ("created", "settled")
+    assert ledger.account(customer, now=t0).available == 80
+
+
+def test_available_credits_cover_every_lot_whatever_the_listing_limit(engine, ledger, customer, t0):
+    from ledger import reads
+
+    for credits in (5, 7, 11):
+        funded(ledger, customer, credits, now=t0)
+    with engine.connect() as conn:
+        view = reads.account(conn, customer, now=t0, max_rows=1)
+    assert view.available == 23 and len(view.lots) == 1
