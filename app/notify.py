@@ -106,7 +106,11 @@ class Listener:
                 backoff_s = min(backoff_s * 2, MAX_BACKOFF_S)
 
 
-_NOTIFY = text("SELECT pg_notify(:channel, :payload)")
+# Many wake-ups in one statement: channels and payloads as two parallel arrays.
+_NOTIFY = text("SELECT pg_notify(c, p) FROM unnest(CAST(:channels AS text[]), CAST(:payloads AS text[])) AS n(c, p)")
+# Wake-ups requested within this window go out together, off the request path: under load
+# one round trip carries many, and no request waits for one.
+NOTIFY_COALESCE_S = 0.005
 
 
 class Notifier:
@@ -114,16 +118,33 @@ class Notifier:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._pending: set[tuple[str, str]] = set()
+        self._flusher: asyncio.Task[None] | None = None
 
     async def task_event(self, task_id: str) -> None:
-        await self._notify(TASK_EVENTS, task_id)
+        self._request(TASK_EVENTS, task_id)
 
     async def dispatch(self, executor: str) -> None:
-        await self._notify(DISPATCH, executor)
+        self._request(DISPATCH, executor)
 
-    async def _notify(self, channel: str, payload: str) -> None:
-        try:
-            async with self.engine.connect() as conn:
-                await conn.execute(_NOTIFY, {"channel": channel, "payload": payload})
-        except Exception as exc:
-            log.debug("could not notify %s (%s); listeners will poll", channel, type(exc).__name__)
+    def _request(self, channel: str, payload: str) -> None:
+        self._pending.add((channel, payload))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush(), name="edge-notifier")
+
+    async def _flush(self) -> None:
+        await asyncio.sleep(NOTIFY_COALESCE_S)
+        while self._pending:
+            batch, self._pending = sorted(self._pending), set()
+            try:
+                async with self.engine.connect() as conn:
+                    await conn.execute(
+                        _NOTIFY, {"channels": [c for c, _ in batch], "payloads": [p for _, p in batch]}
+                    )
+            except Exception as exc:
+                log.debug("could not send %d wake-up(s) (%s); listeners will poll", len(batch), type(exc).__name__)
+
+    async def close(self) -> None:
+        """Send what is pending (shutdown)."""
+        if self._flusher is not None and not self._flusher.done():
+            await self._flusher

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -204,6 +205,11 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
         listener.start()
         runner.start()
         pruner = asyncio.create_task(limiter.prune_forever(), name="rate-window-pruner")
+        # Everything built so far (SDK, protobuf, SQLAlchemy) lives as long as the process:
+        # keep it out of the collector's full passes, which otherwise scanned it every
+        # second or two under load for ~90 ms each (the tail of the latency).
+        gc.collect()
+        gc.freeze()
         log.info("edge ready: %d specialist(s) at %s", len(specs), settings.public_url, extra={"event": "ready"})
         try:
             yield
@@ -212,6 +218,7 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
             await runner.stop()
             for handler in handlers.values():
                 await handler.aclose()
+            await notifier.close()
             await listener.stop()
             await engine.dispose()
 
