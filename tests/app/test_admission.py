@@ -190,3 +190,24 @@ def test_concurrent_resends_of_one_message_create_one_task(edge_a, edge_b, engin
     assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
     assert len({a.json()["task"]["id"] for a in answers}) == 1
     assert footprint(engine, customer.customer_id)["reservations"] == 1
+
+
+def test_an_expired_entitlement_is_refused_as_expired_and_nothing_is_left(edge_a, engine, ledger, make_customer):
+    from datetime import datetime, timedelta, timezone
+
+    customer = make_customer()
+    two_days_ago = datetime.now(timezone.utc) - timedelta(days=2)
+    ledger.grant(
+        customer.customer_id,
+        50,
+        operator="tests",
+        skills=[PAID],
+        skill_expires_at=two_days_ago + timedelta(days=1),
+        reason="an entitlement that lapsed yesterday",
+        now=two_days_ago,
+    )
+    answer = send(edge_a, customer, message())
+    assert answer.status_code == 403
+    assert reason(answer) == "expired"
+    assert "expired" in answer.json()["error"]["message"]
+    assert footprint(engine, customer.customer_id) == NOTHING
