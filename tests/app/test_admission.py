@@ -211,3 +211,28 @@ def test_an_expired_entitlement_is_refused_as_expired_and_nothing_is_left(edge_a
     assert reason(answer) == "expired"
     assert "expired" in answer.json()["error"]["message"]
     assert footprint(engine, customer.customer_id) == NOTHING
+
+
+def test_cancel_of_a_task_waiting_for_input_after_a_run_charges_the_tariff(edge_a, engine, make_customer):
+    from a2a.types.a2a_pb2 import TaskState
+
+    from app import taskrows
+
+    customer = make_customer(credits=20)
+    task_id = send(edge_a, customer, message(returnImmediately=True)).json()["task"]["id"]
+    owner = f"{customer.customer_id}:{PAID}"
+    with engine.begin() as conn:  # what a worker does: claim, run, ask for input
+        conn.execute(
+            text(
+                "UPDATE dispatch_outbox SET status = 'done', claimed_at = now(), finished_at = now() "
+                "WHERE task_id = :t"
+            ),
+            {"t": task_id},
+        )
+        conn.execute(text("UPDATE edge_tasks SET first_claimed_at = now() WHERE task_id = :t"), {"t": task_id})
+        task, version = taskrows.load_locked(conn, task_id, owner)
+        task.status.state = TaskState.TASK_STATE_INPUT_REQUIRED
+        taskrows.write(conn, task, owner, version, task)
+    canceled = httpx.post(f"{edge_a.specialist(PAID)}/tasks/{task_id}:cancel", json={}, headers=customer.headers)
+    assert canceled.json()["status"]["state"] == "TASK_STATE_CANCELED"
+    assert reservation_state(engine, task_id) == ("settled", PAID_TARIFF)
