@@ -3,7 +3,7 @@
 Server processes are started once per test session and shared: two ordinary
 instances (``edge_a`` and ``edge_b``, one database: "two instances behave as
 one service"; ``edge_b`` logs at DEBUG into a file the key-leak test reads) and
-a strict one (tiny rate limits, anonymous callers allowed) for the limit tests.
+a strict one (tiny limits, anonymous callers allowed, no runner) for the limit tests.
 Every test makes its own customer, so tests do not depend on each other.
 """
 
@@ -164,6 +164,7 @@ def strict_edge(database_url: str, edge_specs_dir: Path, edge_logs: Path) -> Ite
         rate_limit_anonymous_per_address="1000",
         anonymous_free_skills="true",
         max_request_body_bytes="4096",
+        max_open_streams="2",
         runner_enabled="false",
     )
     yield edge
