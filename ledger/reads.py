@@ -178,18 +178,25 @@ def list_reservations(
     states: tuple[str, ...] | None = None,
     limit: int = 100,
 ) -> list[ReservationView]:
-    """Reservations, oldest first, optionally of one customer and in some states."""
+    """The newest ``limit`` reservations (optionally of one customer, in some states), oldest first.
+
+    Served by the customer index, or for unknown-only lists by the index of reservations
+    ever marked unknown. Open reservations of all customers at once need a table scan:
+    an operator command, not a hot path (see docs/LEDGER.md).
+    """
+    only_ever_unknown = states is not None and set(states) <= {"unknown", "reconciled"}
     rows = conn.execute(
         text(
             f"SELECT {_RESERVATION_COLUMNS} FROM ledger_reservations r "
             "LEFT JOIN ledger_settlements s ON s.job_id = r.job_id "
             "WHERE (CAST(:c AS text) IS NULL OR r.customer_id = :c) "
             "AND (CAST(:states AS text[]) IS NULL OR r.state = ANY(CAST(:states AS ledger_reservation_state[]))) "
-            "ORDER BY r.created_at, r.job_id LIMIT :n"
+            + ("AND r.unknown_at IS NOT NULL " if only_ever_unknown else "")
+            + "ORDER BY r.created_at DESC, r.job_id DESC LIMIT :n"
         ),
         {"c": customer_id, "states": list(states) if states is not None else None, "n": limit},
     ).mappings()
-    return [_reservation(row) for row in rows]
+    return [_reservation(row) for row in reversed(list(rows))]
 
 
 def reservation(conn: Connection, job_id: str) -> ReservationView | None:
