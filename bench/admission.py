@@ -310,6 +310,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
 
+    load_before = os.getloadavg()[0]
     url, drop = database(os.environ.get("DATABASE_URL"))
     specs = Path(tempfile.mkdtemp(prefix="bench-specs-"))
     (specs / "bench-paid.yaml").write_text(SPEC)
@@ -374,7 +375,10 @@ def main() -> None:
         stop(baseline)
         drop()
 
-    print(f"\nSendMessage(returnImmediately), {args.clients} clients, {args.seconds:g} s per run, {os.cpu_count()} CPUs")
+    print(
+        f"\nSendMessage(returnImmediately), {args.clients} clients, {args.seconds:g} s per run, {os.cpu_count()} CPUs, "
+        f"load average {load_before:.1f} before and {os.getloadavg()[0]:.1f} after (other work on the machine skews both)"
+    )
     print(f"{'run':<12}{'admissions/s':>14}{'p50 ms':>10}{'p99 ms':>10}  errors")
     for r in results:
         label = r["name"] if not r["name"].endswith("@") else f"{r['name']}{paced_rate:.0f}/s"
