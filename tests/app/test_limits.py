@@ -155,3 +155,15 @@ def test_streams_beyond_the_instance_limit_are_refused_with_503_until_one_closes
         time.sleep(0.5)  # the server lets a stream go as soon as its client disconnects
         with subscribe(http, 2) as three:
             assert three.status_code == 200
+
+
+def test_a_json_rpc_body_that_is_not_json_gets_415_as_a_json_rpc_error(strict_edge, make_customer):
+    customer = make_customer()
+    answer = httpx.post(
+        f"{strict_edge.specialist('conformance')}/jsonrpc",
+        content=json.dumps(rpc("GetTask", {"id": "x"})).encode(),
+        headers={**customer.headers, "Content-Type": "text/plain"},
+    )
+    assert answer.status_code == 415
+    body = answer.json()
+    assert body["jsonrpc"] == "2.0" and body["id"] is None and body["error"]["code"] == -41501
