@@ -193,6 +193,11 @@ class A2AGuard:
             raise UnsupportedMediaType(
                 f"compressed request bodies (Content-Encoding: {encoding}) are refused; send the body uncompressed",
             )
+        media_type = (_header(scope, b"content-type") or "").split(";", 1)[0].strip().lower()
+        if media_type and media_type not in JSON_MEDIA_TYPES:  # refused before reading, like an oversize body
+            raise UnsupportedMediaType(
+                f"the body's Content-Type is {media_type}; send application/json (or application/a2a+json)"
+            )
         declared = _header(scope, b"content-length")
         if declared is not None and declared.strip().isdigit() and int(declared) > limit:
             raise PayloadTooLarge(
@@ -219,12 +224,8 @@ class A2AGuard:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        media_type = (_header(scope, b"content-type") or "").split(";", 1)[0].strip().lower()
-        if body and media_type not in JSON_MEDIA_TYPES:
-            raise UnsupportedMediaType(
-                f"the body's Content-Type is {media_type or 'missing'}; send application/json "
-                "(or application/a2a+json)",
-            )
+        if body and not media_type:
+            raise UnsupportedMediaType("the body has no Content-Type; send application/json (or application/a2a+json)")
         replayed = False
 
         async def replay() -> Message:
