@@ -38,8 +38,16 @@ def libpq_url(sqlalchemy_url: str) -> str:
 
 
 class Listener:
-    def __init__(self, sqlalchemy_url: str, channels: tuple[str, ...] = (TASK_EVENTS, DISPATCH)) -> None:
+    def __init__(
+        self,
+        sqlalchemy_url: str,
+        connect_timeout_s: int = 10,
+        channels: tuple[str, ...] = (TASK_EVENTS, DISPATCH),
+        application_name: str = "specialists-edge-listener",
+    ) -> None:
         self._conninfo = libpq_url(sqlalchemy_url)
+        self._connect_timeout_s = connect_timeout_s
+        self.application_name = application_name  # how operators tell this connection apart
         self._channels = channels
         self._waiters: dict[tuple[str, str], set[asyncio.Event]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
@@ -87,7 +95,12 @@ class Listener:
         backoff_s = 0.1
         while True:
             try:
-                async with await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True) as conn:
+                async with await psycopg.AsyncConnection.connect(
+                    self._conninfo,
+                    autocommit=True,
+                    connect_timeout=self._connect_timeout_s,
+                    application_name=self.application_name,
+                ) as conn:
                     for channel in self._channels:
                         await conn.execute(f"LISTEN {channel}")
                     self.connected.set()

@@ -140,7 +140,7 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
     url = database_url or db.database_url(settings)
     engine = edge_engine(url, settings)
     metrics = Metrics()
-    listener = Listener(url)
+    listener = Listener(url, settings.db_connect_timeout_s)
     notifier = Notifier(engine)
     store = VersionedDatabaseTaskStore(engine, create_table=False)
     events = NotifiedEventStream(engine, listener, notifier, settings.event_poll_interval_s)

@@ -184,3 +184,37 @@ def test_the_log_filter_redacts_keys_and_bearer_credentials_whoever_logs_them():
     output = stream.getvalue()
     assert key not in output and "eyJraWQiOiJrZXlfMSJ9" not in output and "opaque-token-123" not in output
     assert output.count("[redacted]") == 3
+
+
+async def test_the_listener_reconnects_after_its_connection_is_killed_and_wakes_waiters_again(
+    database_url, async_engine
+):
+    listener = Listener(database_url, application_name=f"listener-under-test-{uuid.uuid4().hex[:6]}")
+    notifier = Notifier(async_engine)
+    listener.start()
+    try:
+        async with asyncio.timeout(10):
+            await listener.connected.wait()
+        topic = f"t-{uuid.uuid4().hex[:8]}"
+        woken = listener.watch("edge_task_events", topic)
+        async with async_engine.connect() as conn:
+            killed = (
+                await conn.execute(
+                    text(
+                        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = :a"
+                    ),
+                    {"a": listener.application_name},
+                )
+            ).scalar_one()
+            await conn.commit()
+        assert killed == 1
+        async with asyncio.timeout(10):  # it comes back and tells every waiter to re-read...
+            await woken.wait()
+            woken.clear()
+            while not listener.connected.is_set():
+                await asyncio.sleep(0.05)
+        await notifier.task_event(topic)  # ...and wakes waiters on new notifications again
+        async with asyncio.timeout(5):
+            await woken.wait()
+    finally:
+        await listener.stop()
