@@ -29,18 +29,28 @@ class Settings(BaseSettings):
         default=PROJECT_ROOT / ".data",
         description="Project-local folder for the embedded database and local secrets.",
     )
-    db_pool_size: int = Field(default=10, ge=1, le=200)
-    db_max_overflow: int = Field(default=20, ge=0, le=500)
-    db_connect_timeout_s: int = Field(default=10, ge=1, le=120)
+    db_pool_size: int = Field(default=10, ge=1, le=200, description="Connections each process keeps open to PostgreSQL.")
+    db_max_overflow: int = Field(
+        default=20, ge=0, le=500, description="Extra connections a process may open under load, above the pool."
+    )
+    db_connect_timeout_s: int = Field(
+        default=10, ge=1, le=120, description="Seconds to wait for a new database connection before failing."
+    )
 
     # --- customer keys ------------------------------------------------------
-    key_min_secret_chars: int = Field(default=32, ge=16, le=1024)
+    key_min_secret_chars: int = Field(
+        default=32, ge=16, le=1024, description="Shortest key-signing secret accepted at start-up."
+    )
     key_signing_secrets: Annotated[list[SecretStr], NoDecode] = Field(
         default_factory=list,
         description="Comma-separated key-signing secrets, newest first. The newest signs, all verify.",
     )
-    key_environment: str = Field(default="test", pattern="^(live|test)$")
-    key_default_ttl_days: int = Field(default=365, ge=1, le=3650)
+    key_environment: str = Field(
+        default="test", pattern="^(live|test)$", description="Key prefix this service issues and accepts: live or test."
+    )
+    key_default_ttl_days: int = Field(
+        default=365, ge=1, le=3650, description="Lifetime of a new key unless `keys issue --ttl-days` says otherwise."
+    )
     revocation_cache_s: float = Field(
         default=5.0,
         ge=0.0,
