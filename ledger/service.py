@@ -44,11 +44,14 @@ class Ledger:
         pooled = self.engine.raw_connection()
         try:
             driver = pooled.driver_connection
-            driver.autocommit = True
+            restore = not driver.autocommit  # hand the connection back in the mode the engine gave it
+            if restore:
+                driver.autocommit = True
             with driver.cursor(row_factory=dict_row) as cursor:
                 cursor.execute(sql, params)
                 rows = cursor.fetchall()
-            driver.autocommit = False  # the pool hands out connections in their default mode
+            if restore:
+                driver.autocommit = False
             return rows
         except BaseException:
             pooled.invalidate()  # whatever state it is in now, it does not go back to the pool

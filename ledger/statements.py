@@ -124,7 +124,9 @@ def _reason(reason: str, limits: LedgerLimits, *, required: bool) -> str:
 
 
 def _operator(operator: str) -> str:
-    return _identifier(operator, "operator", 200, "max_reason_chars")
+    if not isinstance(operator, str) or not operator.strip() or _CONTROL_RE.search(operator) or len(operator) > 200:
+        raise _invalid(f"operator must be 1-200 characters naming who acts (--operator), got {operator!r}")
+    return operator.strip()
 
 
 def _aware(value: datetime | None, what: str) -> datetime | None:

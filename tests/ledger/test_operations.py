@@ -554,3 +554,18 @@ def test_available_credits_cover_every_lot_whatever_the_listing_limit(engine, le
     with engine.connect() as conn:
         view = reads.account(conn, customer, now=t0, max_rows=1)
     assert view.available == 23 and len(view.lots) == 1
+
+
+def test_an_autocommit_engine_keeps_its_mode_after_ledger_calls(database_url, settings, customer, t0):
+    from sqlalchemy import create_engine
+
+    from ledger.service import Ledger
+
+    engine = create_engine(database_url, isolation_level="AUTOCOMMIT", pool_size=1, max_overflow=0)
+    try:
+        ledger = Ledger(engine)
+        funded(ledger, customer, 10, now=t0)
+        with engine.connect() as conn:
+            assert conn.connection.driver_connection.autocommit is True
+    finally:
+        engine.dispose()
