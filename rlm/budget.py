@@ -23,8 +23,6 @@ import os
 import socket
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -37,8 +35,8 @@ from rlm.errors import (
     UsageEntryNotFound,
 )
 from rlm.providers.base import Usage
+from rlm.sqlite_file import SQLiteFile
 
-BUSY_TIMEOUT_MS = 30_000
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS budgets (
@@ -146,37 +144,10 @@ def _owner_alive(owner: str) -> bool:
     return _process_start(pid) == start
 
 
-class BudgetLedger:
+class BudgetLedger(SQLiteFile):
     """The SQLite file that holds every root's allowance (what ``rlm usage`` reads)."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as conn:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(SCHEMA)
-
-    def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
-        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.row_factory = sqlite3.Row
-        return conn
-
-    @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE``: the write lock is taken up front, so check-then-insert is atomic across processes."""
-        conn = self._connect()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
+    SCHEMA = SCHEMA
 
     def roots(self) -> list[str]:
         conn = self._connect()

@@ -18,16 +18,14 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from rlm.a2a.errors import CreditAllowanceExhausted, CreditAllowanceMismatch, DelegationLimitReached, DelegationNotFound
 from rlm.budget import _owner, _owner_alive  # the same live-owner test the inference budget uses
+from rlm.sqlite_file import SQLiteFile
 
-BUSY_TIMEOUT_MS = 30_000
 STATES = ("sending", "submitted", "working", "input_required", "auth_required", "completed", "failed",
           "canceled", "rejected", "unknown")
 OPEN_STATES = ("sending", "submitted", "working", "input_required", "auth_required", "unknown")
@@ -161,40 +159,11 @@ def _row(row: sqlite3.Row) -> Delegation:
     return Delegation(**data)
 
 
-class DelegationStore:
+class DelegationStore(SQLiteFile):
     """The SQLite file that holds every root family's delegations (what ``rlm delegations`` reads)."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = self._connect()
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(SCHEMA)
-        finally:
-            conn.close()
-
-    def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
-        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("PRAGMA foreign_keys=ON")
-        conn.row_factory = sqlite3.Row
-        return conn
-
-    @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        conn = self._connect()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
+    SCHEMA = SCHEMA
+    FOREIGN_KEYS = True
 
     # ---------- reads ----------
 

@@ -20,13 +20,11 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from rlm.sqlite_file import SQLiteFile
 
-BUSY_TIMEOUT_MS = 30_000
 
 ACTIVE_STATES = ("admitted", "running")
 TERMINAL_STATES = ("completed", "failed", "cancelled", "interrupted")
@@ -140,48 +138,10 @@ def _run(row: sqlite3.Row) -> RunRecord:
     return RunRecord(**data)
 
 
-class FamilyStore:
+class FamilyStore(SQLiteFile):
     """The SQLite file of every family under one data dir."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = self._connect()
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(SCHEMA)
-        finally:
-            conn.close()
-
-    def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
-        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.row_factory = sqlite3.Row
-        return conn
-
-    @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE``: the write lock is taken first, so a check and the write it guards are atomic."""
-        conn = self._connect()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
-
-    @contextmanager
-    def reading(self) -> Iterator[sqlite3.Connection]:
-        conn = self._connect()
-        try:
-            yield conn
-        finally:
-            conn.close()
+    SCHEMA = SCHEMA
 
     # ---------- families and agents ----------
 
