@@ -2,9 +2,16 @@
 
 One YAML file per specialist; its file name (without ``.yaml``) is its id. The
 schema is closed (unknown fields are errors, so a typo cannot silently drop a
-limit) and grouped so later issues add sections (model routes, pricing, Monty
-limits) without moving existing fields. An invalid spec stops start-up with a
-``SpecInvalid`` error naming the file, the field and the reason.
+limit). An invalid spec stops start-up with a ``SpecInvalid`` error naming the
+file, the field and the reason.
+
+A hosted RLM specialist (executor ``rlm``) also names its model route, its
+prompt, its pricing (``fixed``, or ``metered``: a base plus a price per semantic
+call, never above the tariff that is reserved), every limit of a run (turns,
+semantic calls, sub-call concurrency, prompt and response characters, output
+bytes, deadline, Monty limits), and its sandbox. The sandbox is clamped: depth 0
+(no children), no outbound A2A, no shell, no writes; a spec asking for more is
+refused here, at load time, never discovered by a customer.
 """
 
 from __future__ import annotations
@@ -50,14 +57,140 @@ class SkillSpec(_Closed):
     examples: list[Annotated[str, Field(min_length=1, max_length=500)]] = Field(default_factory=list, max_length=20)
 
 
+# Hard ceilings of every hosted specialist (issue 7). A spec may ask for less, never more.
+MAX_SEMANTIC_CALLS = 16
+MAX_SUBCALL_CONCURRENCY = 2
+MAX_PROMPT_CHARS = 32_000
+MAX_RESPONSE_CHARS = 4_000
+# A job's deadline travels in the signed job body, which accepts at most an hour.
+MAX_DEADLINE_S = 3600
+ROUTE_NAME_RE = r"^[a-z0-9][a-z0-9_-]{0,62}$"
+
+
+class MontyLimitsSpec(_Closed):
+    """The sandbox's own limits for one step of the model's code (pydantic-monty)."""
+
+    step_timeout_s: float = Field(default=20.0, gt=0, le=300, description="Sandbox execution seconds per step.")
+    max_memory_bytes: int = Field(default=128 * 1024 * 1024, ge=1024 * 1024, le=1024 * 1024 * 1024)
+    max_recursion_depth: int = Field(default=200, ge=10, le=10_000)
+    max_suspensions_per_step: int = Field(
+        default=5_000, ge=10, le=100_000, description="Host calls, lookups and imports per step."
+    )
+    max_printed_bytes_per_step: int = Field(default=65_536, ge=1024, le=1024 * 1024)
+    max_sleep_s_per_step: float = Field(default=1.0, gt=0, le=60)
+
+
 class LimitsSpec(_Closed):
-    """What one message to this specialist may carry. The HTTP body limit is a service setting."""
+    """What one message may carry (admission) and what one run may use (the worker).
+
+    The HTTP body limit is a service setting. Run limits have defaults so that
+    specs of executors without a model (conformance) need not state them.
+    """
 
     max_input_bytes: int = Field(
         default=256 * 1024, ge=1, le=64 * 1024 * 1024, description="Sum of the message's part sizes."
     )
     max_parts: int = Field(default=16, ge=1, le=1000)
     max_metadata_bytes: int = Field(default=8 * 1024, ge=0, le=1024 * 1024)
+    max_output_bytes: int = Field(
+        default=64 * 1024, ge=100, le=1024 * 1024, description="UTF-8 bytes of the answer (report and findings)."
+    )
+    deadline_s: float = Field(default=300.0, ge=5, le=MAX_DEADLINE_S, description="Wall-clock seconds of one run.")
+    answer_reserve_s: float = Field(
+        default=15.0, ge=1, le=600, description="Seconds kept back from the deadline to ask for the final answer."
+    )
+    max_turns: int = Field(default=12, ge=1, le=50, description="Root-model turns before the final request.")
+    max_semantic_calls: int = Field(default=MAX_SEMANTIC_CALLS, ge=0, le=MAX_SEMANTIC_CALLS)
+    max_subcall_concurrency: int = Field(default=MAX_SUBCALL_CONCURRENCY, ge=1, le=MAX_SUBCALL_CONCURRENCY)
+    max_prompt_chars: int = Field(default=MAX_PROMPT_CHARS, ge=100, le=MAX_PROMPT_CHARS)
+    max_response_chars: int = Field(default=MAX_RESPONSE_CHARS, ge=100, le=MAX_RESPONSE_CHARS)
+    semantic_call_timeout_s: float = Field(default=60.0, gt=0, le=600)
+    monty: MontyLimitsSpec = Field(default_factory=MontyLimitsSpec)
+
+    @model_validator(mode="after")
+    def _reserve_inside_deadline(self) -> LimitsSpec:
+        if self.answer_reserve_s >= self.deadline_s:
+            raise ValueError(
+                f"answer_reserve_s ({self.answer_reserve_s:g}) must be below deadline_s ({self.deadline_s:g}), "
+                "or the run would have no time to investigate"
+            )
+        return self
+
+
+class PricingSpec(_Closed):
+    """What a task costs. ``fixed`` settles the tariff; ``metered`` settles base + per semantic call."""
+
+    mode: Literal["fixed", "metered"] = "fixed"
+    base_credits: int | None = Field(default=None, ge=0, le=1_000_000_000)
+    credits_per_semantic_call: int | None = Field(default=None, ge=0, le=1_000_000_000)
+
+    @model_validator(mode="after")
+    def _fields_of_the_mode(self) -> PricingSpec:
+        metered_fields = (self.base_credits, self.credits_per_semantic_call)
+        if self.mode == "fixed" and any(value is not None for value in metered_fields):
+            raise ValueError("fixed pricing settles the tariff: remove base_credits and credits_per_semantic_call")
+        if self.mode == "metered" and any(value is None for value in metered_fields):
+            raise ValueError("metered pricing needs base_credits and credits_per_semantic_call")
+        return self
+
+    def credits_for(self, tariff_credits: int, semantic_calls_charged: int) -> int:
+        """What a run that ended with ``semantic_calls_charged`` answered calls settles (never above the tariff)."""
+        if self.mode == "fixed":
+            return tariff_credits
+        assert self.base_credits is not None and self.credits_per_semantic_call is not None
+        metered = self.base_credits + self.credits_per_semantic_call * max(0, semantic_calls_charged)
+        return min(tariff_credits, metered)
+
+
+class SandboxSpec(_Closed):
+    """What the model's code may reach. Hosted specialists are clamped; asking for more is refused."""
+
+    kernel: str = "monty"
+    max_child_depth: int = 0
+    a2a: bool = False
+    shell: bool = False
+    writes: bool = False
+
+    @field_validator("kernel")
+    @classmethod
+    def _monty_only(cls, value: str) -> str:
+        if value != "monty":
+            raise ValueError(
+                f"kernel {value!r} is refused: hosted specialists run the model's code in the Monty sandbox only "
+                "(the host kernel would give it a shell on the worker)"
+            )
+        return value
+
+    @field_validator("max_child_depth")
+    @classmethod
+    def _no_children(cls, value: int) -> int:
+        if value != 0:
+            raise ValueError(
+                f"max_child_depth {value} is refused: hosted specialists run at depth 0, children (rlm.run) "
+                "are not available on workers"
+            )
+        return value
+
+    @field_validator("a2a")
+    @classmethod
+    def _no_a2a(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("a2a: true is refused: hosted specialists make no outbound A2A calls")
+        return value
+
+    @field_validator("shell")
+    @classmethod
+    def _no_shell(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("shell: true is refused: hosted specialists have no shell")
+        return value
+
+    @field_validator("writes")
+    @classmethod
+    def _no_writes(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("writes: true is refused: hosted specialists are read-only (the bundle is never written)")
+        return value
 
 
 class SpecialistSpec(_Closed):
@@ -72,6 +205,17 @@ class SpecialistSpec(_Closed):
     output_modes: list[MediaRange] = Field(min_length=1, max_length=50)
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
     streaming: bool = True
+    # --- hosted RLM specialists (executor "rlm") ---
+    pricing: PricingSpec = Field(default_factory=PricingSpec)
+    model_route: str | None = Field(
+        default=None, pattern=ROUTE_NAME_RE, description="Name of an operator-configured model route."
+    )
+    prompt: str | None = Field(default=None, min_length=1, max_length=20_000)
+    answer_kind: Literal["findings", "cited_answer"] = Field(
+        default="cited_answer",
+        description="findings: a data artifact of {path, line, severity, message}; cited_answer: text citing where.",
+    )
+    sandbox: SandboxSpec = Field(default_factory=SandboxSpec)
 
     @field_validator("input_modes", "output_modes")
     @classmethod
@@ -90,6 +234,29 @@ class SpecialistSpec(_Closed):
             raise ValueError("executor 'conformance' runs in-process and settles nothing: tariff_credits must be 0")
         return self
 
+    @model_validator(mode="after")
+    def _only_rlm_runs_a_model(self) -> SpecialistSpec:
+        # An rlm spec without a route or prompt still loads (the edge can list and admit it); the worker
+        # refuses to start with it (``require_runnable``), so no customer ever reaches a half-made specialist.
+        if self.executor != "rlm" and (self.model_route is not None or self.prompt is not None):
+            raise ValueError(f"executor {self.executor!r} runs no model: remove model_route and prompt")
+        return self
+
+    @model_validator(mode="after")
+    def _metered_price_fits_the_reservation(self) -> SpecialistSpec:
+        pricing = self.pricing
+        if pricing.mode == "metered":
+            assert pricing.base_credits is not None and pricing.credits_per_semantic_call is not None
+            most = pricing.base_credits + pricing.credits_per_semantic_call * self.limits.max_semantic_calls
+            if most > self.tariff_credits:
+                raise ValueError(
+                    f"pricing: metered base_credits ({pricing.base_credits}) + credits_per_semantic_call "
+                    f"({pricing.credits_per_semantic_call}) x limits.max_semantic_calls "
+                    f"({self.limits.max_semantic_calls}) = {most} is above tariff_credits ({self.tariff_credits}); "
+                    "the reserved tariff must cover the most a task can cost"
+                )
+        return self
+
 
 @dataclass(frozen=True)
 class LoadedSpec:
@@ -98,6 +265,16 @@ class LoadedSpec:
     spec: SpecialistSpec
     path: Path
     modified_at: datetime
+
+
+def require_runnable(loaded: LoadedSpec) -> None:
+    """Refuse an ``rlm`` spec a worker could not run (no model route or no prompt), naming file and field."""
+    spec = loaded.spec
+    if spec.executor != "rlm":
+        return
+    for name in ("model_route", "prompt"):
+        if getattr(spec, name) is None:
+            raise SpecInvalid(f"{loaded.path}: {name}: executor 'rlm' needs a {name.replace('_', ' ')} to run on a worker")
 
 
 def media_type_matches(media_type: str, ranges: list[str]) -> bool:
