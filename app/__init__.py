@@ -4,6 +4,6 @@ The official a2a-sdk owns the wire protocol (JSON-RPC and HTTP+JSON route
 builders, the request handler, the cluster task store and event stream); this
 package adds what the SDK leaves to the service: authentication, tenancy,
 admission (limits, idempotency, credits), rate limits, the dispatch outbox,
-observability, and the in-process runner for the built-in conformance
-specialist. ``app.service.create_app`` assembles it.
+cancel, and observability. Specialists run on workers (``workers/``), never in
+the edge. ``app.service.create_app`` assembles it.
 """

@@ -41,6 +41,7 @@ from a2a.utils.errors import (
 from a2a.utils.task import validate_history_length
 from google.protobuf.json_format import MessageToDict
 from sqlalchemy import Connection, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import ledger_port, taskrows
@@ -49,8 +50,13 @@ from app.identity import Identity
 from app.notify import Notifier
 from core.settings import Settings
 from core.specs import LoadedSpec, media_type_matches
+from workers.dispatch import jobs
 
 CREDIT_CEILING_KEY = "credit_ceiling"
+# A cancel that deadlocks with a job's claim or its first event (PostgreSQL picks one to abort) is
+# tried again; serialization failures likewise.
+CANCEL_ATTEMPTS = 3
+_RETRYABLE = {"40P01", "40001"}
 # The a2a-sdk task tables store ids in varchar(36).
 MAX_ID_CHARS = 36
 
@@ -200,23 +206,32 @@ class AdmissionService:
         checked = check_message(loaded, params, self.settings)
         async with self.engine.begin() as conn:
             admitted = await conn.run_sync(_admit, loaded, identity, params.message, checked)
-        if not admitted.replay:  # committed: wake the runners, and a follow-up's subscribers
+        if not admitted.replay:  # committed: wake the dispatchers, and a follow-up's subscribers
             await self.notifier.dispatch(loaded.spec.executor)
             if admitted.version > 1:
                 await self.notifier.task_event(admitted.task.id)
         return admitted
 
-    async def cancel_unclaimed(self, task_id: str, owner: str) -> Task | None:
-        """Cancel a task no runner holds, in one transaction with its ledger resolution.
+    async def cancel(self, task_id: str, owner: str) -> Task:
+        """Cancel the caller's task from any instance, in one transaction with what it charges.
 
-        Returns the canceled task, or None when a runner holds it (cancel it through the
-        task store: the runner sees the version move and stops). Raises TaskNotFoundError
-        for a task that is not the caller's.
+        Each open job of the task is cancelled through its claim (``workers.dispatch.jobs``):
+        one no worker claimed never runs; a running one is stopped by its worker within a
+        heartbeat. The task is CANCELED at once. The reservation is voided when no work was
+        done, settled at the tariff when a run already happened (the task waited for input),
+        and left to the running job's settlement otherwise. Raises TaskNotFoundError for a
+        task that is not the caller's, TaskNotCancelableError for a finished one or one whose
+        outcome is under reconciliation.
         """
-        async with self.engine.begin() as conn:
-            canceled = await conn.run_sync(_cancel_unclaimed, task_id, owner)
-        if canceled is not None:
-            await self.notifier.task_event(task_id)
+        for attempt in range(CANCEL_ATTEMPTS):
+            try:
+                async with self.engine.begin() as conn:
+                    canceled = await conn.run_sync(_cancel, task_id, owner)
+                break
+            except DBAPIError as exc:  # a deadlock with a job starting at that very moment: try again
+                if attempt + 1 == CANCEL_ATTEMPTS or getattr(exc.orig, "sqlstate", None) not in _RETRYABLE:
+                    raise
+        await self.notifier.task_event(task_id)
         return canceled
 
 
@@ -418,46 +433,64 @@ def _enqueue(conn: Connection, specialist_id: str, executor: str, owner: str, me
     )
 
 
-def _cancel_unclaimed(conn: Connection, task_id: str, owner: str) -> Task | None:
-    # Lock order: the outbox rows, then (inside load_locked) the version and task rows.
-    # A runner's claim holds the same outbox row lock, so a claim and a cancel serialize.
-    open_rows = conn.execute(
-        text(
-            "SELECT dispatch_id, status FROM dispatch_outbox WHERE task_id = :t AND owner = :o "
-            "AND status IN ('pending', 'claimed') ORDER BY dispatch_id FOR UPDATE"
-        ),
-        {"t": task_id, "o": owner},
-    ).all()
-    if open_rows:
-        conn.execute(
-            text(
-                "UPDATE dispatch_outbox SET status = 'canceled', finished_at = now() "
-                "WHERE task_id = :t AND status = 'pending'"
-            ),
-            {"t": task_id},
+def _cancel(conn: Connection, task_id: str, owner: str) -> Task:
+    # Lock order, as everywhere a job and its task meet: claims, outbox rows, task rows, ledger.
+    reason = "canceled by the customer"
+    outcomes = {
+        dispatch_id: jobs.request_cancel(conn, task_id, dispatch_id, reason=reason)
+        for dispatch_id in _open_jobs(conn, task_id, owner)
+    }
+    if "unknown" in outcomes.values():
+        raise TaskNotCancelableError(
+            message="the outcome of this task is under reconciliation by the operator; it cannot be canceled now"
         )
-    if any(row.status == "claimed" for row in open_rows):
-        return None  # a queued follow-up never runs; the running one is stopped through the store
     loaded_task = taskrows.load_locked(conn, task_id, owner)
     if loaded_task is None:
         raise TaskNotFoundError
     task, version = loaded_task
     if task.status.state in TERMINAL_TASK_STATES:
         raise TaskNotCancelableError
+    # A follow-up admitted before we locked the task is a job too. (Rare: admission needs the task lock.)
+    for dispatch_id in _open_jobs(conn, task_id, owner):
+        if dispatch_id not in outcomes:
+            outcomes[dispatch_id] = jobs.request_cancel(conn, task_id, dispatch_id, reason=reason)
+    closed = [d for d, outcome in outcomes.items() if outcome in ("canceled_before_claim", "already_finished")]
+    if closed:
+        conn.execute(
+            text(
+                "UPDATE dispatch_outbox SET status = 'canceled', finished_at = now() "
+                "WHERE dispatch_id = ANY(:ids) AND status IN ('pending', 'sent')"
+            ),
+            {"ids": closed},
+        )
+    running = "cancel_requested" in outcomes.values()
     edge = conn.execute(
-        text("SELECT reservation_id, first_claimed_at, tariff_credits FROM edge_tasks WHERE task_id = :t"),
-        {"t": task_id},
+        text("SELECT reservation_id, tariff_credits FROM edge_tasks WHERE task_id = :t"), {"t": task_id}
     ).one()
-    if edge.reservation_id is not None:
-        if edge.first_claimed_at is None:
-            ledger_port.void(conn, edge.reservation_id, reason="canceled before any work started")
-        else:
+    if edge.reservation_id is not None and not running:
+        if jobs.any_claimed(conn, task_id):
             # It ran before (it was waiting for input): the work done is charged.
-            ledger_port.settle(
-                conn, edge.reservation_id, int(edge.tariff_credits), reason="canceled after work started"
-            )
+            ledger_port.settle(conn, edge.reservation_id, int(edge.tariff_credits), reason="canceled after work started")
+        else:
+            ledger_port.void(conn, edge.reservation_id, reason="canceled before any work started")
+    # Running: the worker stops within a heartbeat and its settlement charges the tariff (docs/WORKERS.md).
+    if task.status.HasField("message"):
+        task.history.append(task.status.message)
     task.status.CopyFrom(TaskStatus(state=TaskState.TASK_STATE_CANCELED))
     taskrows.stamp(task)
     event = TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=task.status)
     taskrows.write(conn, task, owner, version, event)
     return task
+
+
+def _open_jobs(conn: Connection, task_id: str, owner: str) -> list[int]:
+    """The task's jobs not yet done: waiting for a dispatcher, sent to Cloud Tasks, or running."""
+    return list(
+        conn.execute(
+            text(
+                "SELECT dispatch_id FROM dispatch_outbox WHERE task_id = :t AND owner = :o "
+                "AND status IN ('pending', 'sent') ORDER BY dispatch_id"
+            ),
+            {"t": task_id, "o": owner},
+        ).scalars()
+    )

@@ -6,8 +6,10 @@ PostgreSQL store and event stream, scoped by owner. Sends and cancels differ:
     reservation, outbox row) instead of executing in this process; a blocking
     send then waits on the task's event stream for a terminal or interrupted
     state (at most ``blocking_wait_max_s``), a stream relays the events;
-  - CancelTask of a task no runner holds is one transaction with the ledger
-    void; a running task is canceled through the store, and its runner stops.
+  - CancelTask is one transaction on any instance: the task's jobs are cancelled
+    through their claims (a running one is stopped by its worker within a
+    heartbeat), the task is CANCELED, and the reservation resolved as
+    docs/A2A_EDGE.md states.
 """
 
 from __future__ import annotations
@@ -189,10 +191,7 @@ class EdgeRequestHandler(DefaultRequestHandler):
 
     @validate_request_params
     async def on_cancel_task(self, params: CancelTaskRequest, context: ServerCallContext) -> Task | None:
-        canceled = await self.admission.cancel_unclaimed(params.id, context.user.user_name)
-        if canceled is not None:
-            return canceled
-        return await super().on_cancel_task(params, context)
+        return await self.admission.cancel(params.id, context.user.user_name)
 
     @validate_request_params
     async def on_list_tasks(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:

@@ -112,5 +112,3 @@ class Metrics:
         )
         self.refusals = Counter("edge_refusals", "Requests refused, by stable code", ["code"], registry=r)
         self.open_streams = Gauge("edge_open_streams", "Event streams being served", registry=r)
-        self.runner_runs = Counter("edge_runner_runs", "In-process runner runs by end state", ["state"], registry=r)
-        self.runner_active = Gauge("edge_runner_active", "Tasks the in-process runner is executing", registry=r)

@@ -1,6 +1,7 @@
-"""Assembles the edge: specs, database, SDK routes per specialist, middleware, runner, operations routes.
+"""Assembles the edge: specs, database, SDK routes per specialist, middleware, operations routes.
 
-``create_app`` is the only place the pieces meet. Per specialist, under
+``create_app`` is the only place the pieces meet. The edge runs no specialist:
+admitted work leaves through the dispatch outbox to workers (docs/WORKERS.md). Per specialist, under
 ``/specialists/<id>``: the Agent Card, the JSON-RPC endpoint at ``/jsonrpc``
 (A2A 1.0 methods, plus the 0.3 names), and the HTTP+JSON routes. The SDK's
 REST builder also mounts a catch-all ``/{tenant}`` route at the root; the edge
@@ -33,7 +34,6 @@ from starlette.routing import BaseRoute, Mount, Route
 from app import ledger_port
 from app.admission import AdmissionService
 from app.cards import build_card, discovery_routes
-from app.conformance import ConformanceExecutor
 from app.events import NotifiedEventStream
 from app.handler import EdgeRequestHandler, StreamGate, identity_of
 from app.identity import EdgeUser
@@ -41,7 +41,6 @@ from app.middleware import IDENTITY_SCOPE_KEY, SPECIALIST_SCOPE_KEY, A2AGuard, R
 from app.notify import Listener, Notifier
 from app.observability import Metrics
 from app.ratelimit import RateLimiter
-from app.runner import InProcessRunner
 from core import db
 from core.settings import Settings
 from core.specs import LoadedSpec, load_specs
@@ -80,7 +79,6 @@ class Edge:
     events: NotifiedEventStream
     listener: Listener
     admission: AdmissionService
-    runner: InProcessRunner
     limiter: RateLimiter
     metrics: Metrics
     handlers: dict[str, EdgeRequestHandler]
@@ -148,19 +146,6 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
     limiter = RateLimiter(engine, settings)
     signer = KeySigner([s.get_secret_value() for s in settings.key_signing_secrets], settings.key_environment)
     verifier = AsyncKeyVerifier(signer, engine, settings.revocation_cache_s)
-    executors = {"conformance": ConformanceExecutor(settings.conformance_hold_working_s)} if settings.runner_enabled else {}
-    runner = InProcessRunner(
-        engine=engine,
-        store=store,
-        events=events,
-        listener=listener,
-        notifier=notifier,
-        executors=executors,
-        concurrency=settings.runner_concurrency,
-        poll_interval_s=settings.event_poll_interval_s,
-        drain_s=settings.runner_drain_s,
-        metrics=metrics,
-    )
     streams = StreamGate(settings.max_open_streams, metrics)
     builder = EdgeCallContextBuilder()
     cards = {specialist_id: build_card(loaded, settings) for specialist_id, loaded in specs.items()}
@@ -186,7 +171,6 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
         events=events,
         listener=listener,
         admission=admission,
-        runner=runner,
         limiter=limiter,
         metrics=metrics,
         handlers=handlers,
@@ -203,7 +187,6 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
                 f"the database schema is at {current}, the code needs {edge.schema_head}: run `specialists db upgrade`"
             )
         listener.start()
-        runner.start()
         pruner = asyncio.create_task(limiter.prune_forever(), name="rate-window-pruner")
         # Everything built so far (SDK, protobuf, SQLAlchemy) lives as long as the process:
         # keep it out of the collector's full passes, which otherwise scanned it every
@@ -215,7 +198,6 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
             yield
         finally:
             pruner.cancel()
-            await runner.stop()
             for handler in handlers.values():
                 await handler.aclose()
             await notifier.close()

@@ -122,15 +122,6 @@ class Settings(BaseSettings):
     card_max_age_s: int = Field(
         default=300, ge=0, le=86_400, description="Cache-Control max-age of Agent Cards and the specialist list."
     )
-    runner_enabled: bool = Field(
-        default=True, description="Run the in-process runner for built-in executors (conformance) in this process."
-    )
-    runner_concurrency: int = Field(
-        default=16, ge=1, le=1024, description="Tasks the in-process runner executes at once in this process."
-    )
-    runner_drain_s: float = Field(
-        default=5.0, ge=0.0, le=300.0, description="On shutdown, how long running tasks may finish before they are stopped."
-    )
     conformance_hold_working_s: float = Field(
         default=4.0,
         ge=0.0,
@@ -185,7 +176,49 @@ class Settings(BaseSettings):
     dispatch_enqueue_timeout_s: float = Field(default=10.0, ge=1.0, le=60.0)
     dispatch_worker_url: str = Field(
         default="http://127.0.0.1:8081/jobs",
-        description="The private worker endpoint that dispatched jobs are delivered to.",
+        description="The private worker endpoint that dispatched jobs are delivered to. The embedded "
+        "dispatcher accepts several, comma-separated, and spreads deliveries over them.",
+    )
+    dispatch_job_deadline_s: float = Field(
+        default=300.0,
+        ge=1.0,
+        le=1800.0,
+        description="The deadline a worker gives every job (until specs carry their own).",
+    )
+    dispatch_poll_interval_s: float = Field(
+        default=1.0,
+        ge=0.05,
+        le=60.0,
+        description="How often a dispatcher looks at the outbox when no notification woke it.",
+    )
+    dispatch_batch_size: int = Field(default=32, ge=1, le=1000, description="Outbox rows one dispatcher round takes.")
+    dispatch_delivery_lease_s: float = Field(
+        default=30.0,
+        ge=1.0,
+        le=3600.0,
+        description="Embedded: how long a row being delivered is held by its dispatcher (renewed while the "
+        "delivery lasts); a dispatcher that dies releases its rows after this long.",
+    )
+    dispatch_retry_base_s: float = Field(default=0.5, ge=0.01, le=60.0, description="First retry delay of a delivery.")
+    dispatch_retry_max_s: float = Field(
+        default=60.0, ge=0.1, le=3600.0, description="Longest delay between two deliveries (or enqueues) of one job."
+    )
+    dispatch_max_attempts: int = Field(
+        default=50,
+        ge=1,
+        le=10_000,
+        description="Deliveries (or enqueues) of a job that no worker claimed before it is failed as undeliverable.",
+    )
+    dispatch_sweep_interval_s: float = Field(
+        default=5.0,
+        ge=0.1,
+        le=600.0,
+        description="How often a dispatcher records running jobs whose lease passed as unknown.",
+    )
+    dispatch_crash_point: Literal["none", "before_enqueue", "after_enqueue"] = Field(
+        default="none",
+        description="Recovery drills only: the dispatcher exits abruptly at this point (after taking rows and "
+        "before handing them over, or after handing them over and before recording it).",
     )
     dispatch_service_account: str | None = Field(
         default=None,
@@ -242,8 +275,28 @@ class Settings(BaseSettings):
         le=300.0,
         description="How long a runner may take to stop after a cancel or its deadline before the job is finished without it.",
     )
-    worker_max_concurrent_jobs: int = Field(default=4, ge=1, le=256)
+    worker_max_concurrent_jobs: int = Field(
+        default=4, ge=1, le=256, description="Jobs one worker runs at once; also what the embedded dispatcher "
+        "sends one worker endpoint at once."
+    )
     worker_finish_attempts: int = Field(default=3, ge=1, le=20)
+    worker_drain_s: float = Field(
+        default=10.0,
+        ge=0.0,
+        le=3600.0,
+        description="On shutdown, how long running jobs may finish; jobs still running then become unknown "
+        "after their lease.",
+    )
+    worker_host: str = Field(default="127.0.0.1", description="Interface `specialists worker` listens on.")
+    worker_port: int = Field(default=8081, ge=1, le=65535, description="TCP port `specialists worker` listens on.")
+
+    # --- one command for one machine ---------------------------------------
+    serve_worker: bool = Field(
+        default=True, description="`specialists serve` also starts a worker (a child process)."
+    )
+    serve_dispatcher: bool = Field(
+        default=True, description="`specialists serve` also starts a dispatcher (a child process)."
+    )
 
     @field_validator("worker_job_secrets", mode="before")
     @classmethod
@@ -266,7 +319,29 @@ class Settings(BaseSettings):
                 f"({self.worker_lease_s}) so that two lost heartbeats do not lose the lease; lower "
                 "SPECIALISTS_WORKER_HEARTBEAT_S or raise SPECIALISTS_WORKER_LEASE_S"
             )
+        urls = self.dispatch_worker_urls
+        if not urls or not all(url.startswith(("http://", "https://")) for url in urls):
+            raise ValueError(
+                f"SPECIALISTS_DISPATCH_WORKER_URL must be one or more comma-separated http(s) URLs, got "
+                f"{self.dispatch_worker_url!r}"
+            )
+        if self.dispatch_job_deadline_s + self.worker_cancel_grace_s >= self.dispatch_deadline_s:
+            raise ValueError(
+                f"dispatch_job_deadline_s ({self.dispatch_job_deadline_s:g}) plus worker_cancel_grace_s "
+                f"({self.worker_cancel_grace_s:g}) must stay below dispatch_deadline_s ({self.dispatch_deadline_s}): "
+                "a delivery must outlive its job; lower SPECIALISTS_DISPATCH_JOB_DEADLINE_S or raise "
+                "SPECIALISTS_DISPATCH_DEADLINE_S"
+            )
+        if self.dispatch_retry_base_s > self.dispatch_retry_max_s:
+            raise ValueError(
+                "SPECIALISTS_DISPATCH_RETRY_BASE_S must not exceed SPECIALISTS_DISPATCH_RETRY_MAX_S"
+            )
         if self.dispatch_backend == "cloud_tasks":
+            if len(urls) != 1:
+                raise ValueError(
+                    "with dispatch_backend cloud_tasks, SPECIALISTS_DISPATCH_WORKER_URL names exactly one worker "
+                    "endpoint (the worker service's URL; Cloud Run spreads the load)"
+                )
             missing = [
                 name
                 for name in ("cloud_tasks_project", "cloud_tasks_location", "cloud_tasks_queue", "dispatch_service_account")
@@ -288,6 +363,10 @@ class Settings(BaseSettings):
     @property
     def embedded(self) -> bool:
         return self.database_url is None
+
+    @property
+    def dispatch_worker_urls(self) -> list[str]:
+        return [url.strip() for url in self.dispatch_worker_url.split(",") if url.strip()]
 
 
 @lru_cache(maxsize=1)

@@ -1,4 +1,5 @@
-"""The `specialists` operator command: database, keys, credits, reservations, the ledger, the service.
+"""The `specialists` operator command: database, keys, credits, reservations, the ledger, the service
+(`serve` the whole service on one machine, or its parts: `worker`, `dispatcher`).
 
 Every subcommand prints a table for people and accepts ``--json`` for scripts;
 exit codes are listed in ``specialists.output``.
@@ -8,7 +9,11 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import os
+import signal
+import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cached_property
@@ -21,7 +26,7 @@ from core.errors import ServiceError
 from core.settings import Settings
 from core.specs import SpecInvalid
 from ledger import keys
-from specialists import output
+from specialists import local_secrets, output
 from specialists.output import EXIT_CONFIG, EXIT_DATABASE, EXIT_OK, EXIT_REFUSED, emit, fail, say
 
 
@@ -32,6 +37,7 @@ class Ctx:
     settings: Settings
     as_json: bool
     operator: str
+    generated_secrets: list[str] = field(default_factory=list)
     _engine: Engine | None = field(default=None, init=False)
 
     @cached_property
@@ -172,15 +178,121 @@ def cmd_keys_verify(ctx: Ctx, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# --- serve ------------------------------------------------------------------
+# --- serve, worker, dispatcher ---------------------------------------------
+
+# How long `serve` waits for its worker to answer before it gives up starting.
+CHILD_START_TIMEOUT_S = 30.0
+# After its drain, how long a child may take to exit once asked before it is killed.
+CHILD_STOP_MARGIN_S = 5.0
+
+
+class _Stopping:
+    """SIGINT/SIGTERM while `serve` runs: remembered, so that shutdown stops the children before exiting.
+
+    uvicorn re-raises the signal it handled once it stops; with these handlers in place that
+    ends here instead of killing the process before its children are stopped."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.signal = signum
+
+
+def _die_with_parent() -> None:
+    """In a child of `serve`: get SIGTERM when `serve` dies, even by SIGKILL (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _child_env(settings: Settings, url: str, **extra: str) -> dict[str, str]:
+    """A child's environment: this one, plus what `serve` resolved (the database, local secrets)."""
+    env = dict(os.environ)
+    env["DATABASE_URL"] = url
+    for name, variable in local_secrets.GENERATED.items():
+        values = [secret.get_secret_value() for secret in getattr(settings, name)]
+        if values:
+            env[variable] = ",".join(values)
+    env.update(extra)
+    return env
+
+
+def _start_child(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "specialists.cli", *command], env=env, preexec_fn=_die_with_parent
+    )
+
+
+def _wait_for_worker(worker: subprocess.Popen, url: str, stopping: _Stopping) -> None:
+    import httpx
+
+    deadline = time.monotonic() + CHILD_START_TIMEOUT_S
+    while time.monotonic() < deadline and stopping.signal is None:
+        if worker.poll() is not None:
+            raise _ChildFailed(f"the worker exited with status {worker.returncode} while starting (see its log above)")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    if stopping.signal is None:
+        raise _ChildFailed(f"the worker did not answer {url} within {CHILD_START_TIMEOUT_S:g} s")
+
+
+class _ChildFailed(ServiceError):
+    code = "child_failed"
+
+
+def _stop_children(children: list[subprocess.Popen], wait_s: float) -> None:
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    for child in children:
+        try:
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def _config_problem(problem: ServiceError, as_json: bool) -> int:
+    return fail(problem.code, problem.message, as_json=as_json, exit_code=EXIT_CONFIG)
 
 
 def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
-    """Start the A2A edge (uvicorn) on SPECIALISTS_EDGE_HOST:SPECIALISTS_EDGE_PORT until stopped."""
+    """The whole service on this machine: the A2A edge here, and a worker and a dispatcher as child processes
+    (SPECIALISTS_SERVE_WORKER, SPECIALISTS_SERVE_DISPATCHER). Ctrl-C stops all three."""
+    from workers.dispatch.process import DispatcherNotConfigured, check_dispatcher_settings
+    from workers.service import WorkerNotConfigured, check_worker_settings
+
     settings = ctx.settings.model_copy()
-    for name, value in (("edge_host", args.host), ("edge_port", args.port)):
+    for name, value in (("edge_host", args.host), ("edge_port", args.port), ("worker_port", args.worker_port)):
         if value is not None:  # validated like the environment variable would be
             settings.__pydantic_validator__.validate_assignment(settings, name, value)
+    child_settings: dict[str, str] = {}
+    if settings.serve_worker and settings.dispatch_backend == "embedded":
+        # One machine: its own dispatcher sends no OIDC token; the signed body is the worker's check.
+        settings.__pydantic_validator__.validate_assignment(settings, "worker_oidc_verify", False)
+        child_settings["SPECIALISTS_WORKER_OIDC_VERIFY"] = "false"
+    try:
+        needed = ["key_signing_secrets"]
+        if settings.serve_worker or settings.serve_dispatcher:
+            needed.append("worker_job_secrets")
+        local_secrets.require(settings, needed)
+        if settings.serve_worker:
+            check_worker_settings(settings)
+        if settings.serve_dispatcher:
+            check_dispatcher_settings(settings)
+    except (local_secrets.SecretMissing, WorkerNotConfigured, DispatcherNotConfigured) as problem:
+        return _config_problem(problem, ctx.as_json)
     if settings.embedded:
         # The embedded database belongs to this machine's service: bring it to head.
         db.upgrade(ctx.url)
@@ -189,20 +301,83 @@ def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
     from core.specs import load_specs
 
     specs = load_specs(settings.specs_dir)  # an invalid spec stops here, naming the file and field
+    worker_url = f"http://{settings.worker_host}:{settings.worker_port}"
+    dispatch_to = f"{worker_url}/jobs" if settings.serve_worker else settings.dispatch_worker_url
     emit(
         {
             "database": db.redact_url(ctx.url),
             "embedded": settings.embedded,
             "schema": db.current_revision(ctx.engine),
-            "key_signing_secrets": len(settings.key_signing_secrets),
             "specialists": ", ".join(sorted(specs)),
             "url": settings.public_url,
+            "worker": worker_url if settings.serve_worker else "not started here (SPECIALISTS_SERVE_WORKER)",
+            "dispatcher": f"{settings.dispatch_backend} to {dispatch_to}"
+            if settings.serve_dispatcher
+            else "not started here (SPECIALISTS_SERVE_DISPATCHER)",
+            "local secrets": ", ".join(ctx.generated_secrets) + f" generated into {local_secrets.secrets_path(settings)}"
+            if ctx.generated_secrets
+            else "none generated",
         },
         as_json=ctx.as_json,
         title="service starting",
     )
     ctx.engine.dispose()
-    serve(settings, ctx.url)
+    stopping = _Stopping()
+    children: list[subprocess.Popen] = []
+    try:
+        if settings.serve_worker:
+            worker = _start_child(
+                ["worker", "--host", settings.worker_host, "--port", str(settings.worker_port)],
+                _child_env(settings, ctx.url, **child_settings),
+            )
+            children.append(worker)
+            _wait_for_worker(worker, f"{worker_url}/healthz", stopping)
+        if settings.serve_dispatcher:
+            children.append(
+                _start_child(["dispatcher"], _child_env(settings, ctx.url, SPECIALISTS_DISPATCH_WORKER_URL=dispatch_to))
+            )
+        if stopping.signal is None:
+            serve(settings, ctx.url)
+    except _ChildFailed as problem:
+        return fail(problem.code, problem.message, as_json=ctx.as_json)
+    finally:
+        _stop_children(children, settings.worker_drain_s + CHILD_STOP_MARGIN_S)
+    return EXIT_OK
+
+
+def _configure_logging(settings: Settings) -> None:
+    from app.observability import configure_logging
+
+    configure_logging(settings.log_level)
+
+
+def cmd_worker(ctx: Ctx, args: argparse.Namespace) -> int:
+    """Serve the private worker endpoint (POST /jobs) until stopped."""
+    from workers.service import WorkerNotConfigured, run_worker
+
+    settings = ctx.settings.model_copy()
+    for name, value in (("worker_host", args.host), ("worker_port", args.port)):
+        if value is not None:
+            settings.__pydantic_validator__.validate_assignment(settings, name, value)
+    _configure_logging(settings)
+    signal.signal(signal.SIGTERM, lambda *_: None)  # uvicorn re-raises it after its graceful stop: exit 0 then
+    try:
+        run_worker(settings, host=settings.worker_host, port=settings.worker_port, database_url=ctx.url)
+    except WorkerNotConfigured as problem:
+        return _config_problem(problem, ctx.as_json)
+    return EXIT_OK
+
+
+def cmd_dispatcher(ctx: Ctx, args: argparse.Namespace) -> int:
+    """Deliver the outbox to workers (embedded) or relay it to Cloud Tasks, and sweep expired leases."""
+    from workers.dispatch.base import DispatchRefused
+    from workers.dispatch.process import DispatcherNotConfigured, run_dispatcher
+
+    _configure_logging(ctx.settings)
+    try:
+        run_dispatcher(ctx.settings, database_url=ctx.url)
+    except (DispatcherNotConfigured, DispatchRefused) as problem:
+        return _config_problem(problem, ctx.as_json)
     return EXIT_OK
 
 
@@ -217,10 +392,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specialists", description=__doc__.splitlines()[0], parents=[common])
     groups = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
 
-    serve = groups.add_parser("serve", parents=[common], help="run the A2A edge on this machine")
+    serve = groups.add_parser(
+        "serve", parents=[common], help="run the service on this machine: the A2A edge, a dispatcher and a worker"
+    )
     serve.add_argument("--host", default=None, help="default: SPECIALISTS_EDGE_HOST (127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="default: SPECIALISTS_EDGE_PORT (8080)")
+    serve.add_argument("--worker-port", type=int, default=None, help="default: SPECIALISTS_WORKER_PORT (8081)")
     serve.set_defaults(func=cmd_serve)
+
+    worker = groups.add_parser("worker", parents=[common], help="serve the private worker endpoint")
+    worker.add_argument("--host", default=None, help="default: SPECIALISTS_WORKER_HOST (127.0.0.1)")
+    worker.add_argument("--port", type=int, default=None, help="default: SPECIALISTS_WORKER_PORT (8081)")
+    worker.set_defaults(func=cmd_worker)
+
+    dispatcher = groups.add_parser(
+        "dispatcher", parents=[common], help="deliver admitted jobs to workers (embedded) or to Cloud Tasks"
+    )
+    dispatcher.set_defaults(func=cmd_dispatcher)
 
     dbp = groups.add_parser("db", parents=[common], help="database schema").add_subparsers(
         dest="action", required=True
@@ -270,7 +458,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in invalid.errors(include_input=False)
         )
         return fail("settings_invalid", f"invalid settings: {problems}", as_json=as_json, exit_code=EXIT_CONFIG)
-    ctx = Ctx(settings=settings, as_json=as_json, operator=args.operator or getpass.getuser())
+    try:
+        # One machine: secrets `serve` generated into the data dir (only `serve` generates them).
+        settings, generated = local_secrets.with_local_secrets(settings, generate=args.func is cmd_serve)
+    except local_secrets.SecretMissing as problem:
+        return fail(problem.code, problem.message, as_json=as_json, exit_code=EXIT_CONFIG)
+    ctx = Ctx(settings=settings, as_json=as_json, operator=args.operator or getpass.getuser(), generated_secrets=generated)
     try:
         return args.func(ctx, args)
     except ValidationError as invalid:  # e.g. serve --port 0

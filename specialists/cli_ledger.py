@@ -1,4 +1,5 @@
-"""`specialists credits|reservations|reconcile|ledger` subcommands: the operator's view of the credit ledger.
+"""`specialists credits|reservations|reconcile|ledger` subcommands: the operator's view of the credit ledger
+(and, for `reconcile`, of the unknown job behind a reservation: its claim and its A2A task).
 
 Every command prints tables for people and JSON with ``--json``; exit codes come from
 ``specialists.output`` (0 done, 1 refused or violations found, 2 bad arguments,
@@ -180,8 +181,14 @@ def cmd_reservations_list(ctx, args: argparse.Namespace) -> int:
     states: tuple[str, ...] | None = None
     if args.unknown or args.open:
         states = (("unknown",) if args.unknown else ()) + (("open",) if args.open else ())
-    rows = _ledger(ctx).reservations(customer_id=args.customer, states=states, limit=args.limit)
-    emit([asdict(r) for r in rows], as_json=ctx.as_json, columns=_RESERVATION_COLUMNS, title="reservations")
+    ledger = _ledger(ctx)
+    rows = [asdict(r) for r in ledger.reservations(customer_id=args.customer, states=states, limit=args.limit)]
+    if args.unknown:
+        # Tasks of free specialists reserve nothing, yet their unknown jobs wait for an operator too.
+        from workers.reconcile import unknown_free_tasks
+
+        rows += unknown_free_tasks(ledger.engine, customer_id=args.customer, limit=max(0, args.limit - len(rows)))
+    emit(rows, as_json=ctx.as_json, columns=_RESERVATION_COLUMNS, title="reservations")
     return EXIT_OK
 
 
@@ -207,11 +214,28 @@ def cmd_reservations_mark_unknown(ctx, args: argparse.Namespace) -> int:
 
 @_handler
 def cmd_reconcile(ctx, args: argparse.Namespace) -> int:
-    result = _ledger(ctx).reconcile(args.job_id, args.charged, args.reason, ctx.operator)
+    """The ledger's reconcile; for an A2A task also its unknown job's claim and the task's final state,
+    all in one transaction (workers.reconcile)."""
+    from workers.reconcile import ReconcileRefused, reconcile
+
+    ledger = _ledger(ctx)
+    try:
+        result = reconcile(
+            ledger.engine,
+            args.job_id,
+            charged=args.charged,
+            state=args.state,
+            reason=args.reason,
+            operator=ctx.operator,
+            limits=ledger.limits,
+        )
+    except ReconcileRefused as refused:
+        return fail(refused.code, refused.message, as_json=ctx.as_json, exit_code=EXIT_USAGE)
+    record = result.as_record()
     emit(
-        asdict(result),
+        record,
         as_json=ctx.as_json,
-        title="reconciled" if result.outcome == "reconciled" else "already reconciled the same way",
+        title="reconciled" if record["outcome"] == "reconciled" else "already reconciled the same way",
     )
     return EXIT_OK
 
@@ -316,10 +340,18 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
     mark.set_defaults(func=cmd_reservations_mark_unknown)
 
     reconcile = groups.add_parser(
-        "reconcile", parents=[common], help="resolve an unknown reservation once, with an audit record"
+        "reconcile",
+        parents=[common],
+        help="resolve an unknown job once, with an audit record: its reservation, its claim and its A2A task",
     )
-    reconcile.add_argument("job_id")
+    reconcile.add_argument("job_id", help="the reservation's job id (an A2A task's id)")
     reconcile.add_argument("--charged", type=_whole, required=True, help="credits to charge (0 releases it all)")
+    reconcile.add_argument(
+        "--state",
+        choices=("completed", "failed", "canceled"),
+        default=None,
+        help="how the task ended, as the customer will see it (required for an A2A task)",
+    )
     reconcile.add_argument("--reason", required=True)
     reconcile.set_defaults(func=cmd_reconcile)
 

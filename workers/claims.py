@@ -142,6 +142,19 @@ def resolve_unknown(conn: Connection, job_id: str, *, outcome: str, reason: str,
     )
 
 
+def expire_lease(conn: Connection, job_id: str) -> tuple[bool, int | None]:
+    """The lease sweeper's call: a running claim whose lease passed becomes unknown.
+    Returns (whether this call made it unknown, the claim's fencing token)."""
+    row = conn.execute(text("SELECT * FROM job_expire_lease(:j)"), {"j": job_id}).one()
+    return bool(row.expired), row.fencing_token
+
+
+def abandon(conn: Connection, job_id: str, *, reason: str) -> bool:
+    """Finish a job no worker ever claimed as failed, so that no later delivery runs it.
+    False when a claim exists (a worker has it, had it, or a cancel got there first)."""
+    return bool(conn.execute(text("SELECT job_abandon(:j, :r)"), {"j": job_id, "r": reason[:500]}).scalar())
+
+
 def get(conn: Connection, job_id: str) -> dict[str, Any] | None:
     row = conn.execute(text("SELECT * FROM job_claims WHERE job_id = :j"), {"j": job_id}).mappings().first()
     return dict(row) if row else None

@@ -6,11 +6,13 @@ first time, calls ``Settlement.settle`` on the same connection, so the claim's
 final state and the money commit together or not at all. A stale claim's result
 is recorded for operators by the claim function and moves no money.
 
-``Settlement`` is where the ledger and the A2A task store plug in (issue 4's
-"finish"): ``settle`` posts the reservation (tariff policy in docs/WORKERS.md) and
-writes the task's final state; ``mark_unknown`` runs in the transaction of the
-claim that found an expired lease, marking the reservation and the task unknown.
-Until they land, ``NoSettlement`` does nothing.
+``Settlement`` is where the ledger and the A2A task store plug in:
+``settle`` posts the reservation (tariff policy in docs/WORKERS.md) and writes
+the task's final state; ``mark_unknown`` runs in the transaction that recorded
+the job unknown (a claim that found an expired lease, a renewal or a late finish
+that found it expired, the lease sweeper), marking the reservation and the task;
+``committed`` runs after either committed (wake the task's readers).
+``workers.settlement.TaskSettlement`` is the service's; ``NoSettlement`` does nothing.
 """
 
 from __future__ import annotations
@@ -39,8 +41,13 @@ class Settlement(Protocol):
         """Settle the job's reservation and finish its task, in the caller's transaction."""
         ...
 
-    def mark_unknown(self, conn: Connection, job: VerifiedJob, claim: claims.ClaimResult) -> None:
-        """Mark the reservation and the task unknown, in the transaction of the claim that found it."""
+    def mark_unknown(self, conn: Connection, job: VerifiedJob, fencing_token: int, reason: str) -> None:
+        """Mark the reservation and the task unknown, in the transaction that recorded the claim unknown.
+        Idempotent: several paths may find the same expired lease."""
+        ...
+
+    def committed(self, job: VerifiedJob) -> None:
+        """After a transaction that settled or marked the job committed."""
         ...
 
 
@@ -48,7 +55,10 @@ class NoSettlement:
     def settle(self, conn: Connection, job: VerifiedJob, fencing_token: int, outcome: RunOutcome) -> None:
         return None
 
-    def mark_unknown(self, conn: Connection, job: VerifiedJob, claim: claims.ClaimResult) -> None:
+    def mark_unknown(self, conn: Connection, job: VerifiedJob, fencing_token: int, reason: str) -> None:
+        return None
+
+    def committed(self, job: VerifiedJob) -> None:
         return None
 
 
@@ -84,7 +94,14 @@ class ClaimFinisher:
                     )
                     if result.outcome == "finished":
                         self.settlement.settle(conn, job, fencing_token, outcome)
-                    return result
+                    elif result.outcome == "stale" and result.state == "unknown":
+                        # Our lease ran out before the result arrived: the job is unknown now (or already was).
+                        self.settlement.mark_unknown(
+                            conn, job, fencing_token, "the worker's result arrived after its lease expired"
+                        )
+                if result.outcome == "finished" or result.state == "unknown":
+                    self.settlement.committed(job)
+                return result
             except DBAPIError as exc:  # connection lost, server restarting: the commit may or may not have landed
                 last = exc
                 log.warning("finishing job %s failed (attempt %d): %s", job.job_id, attempt + 1, type(exc).__name__)

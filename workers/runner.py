@@ -4,12 +4,17 @@ A runner is synchronous and runs in its own thread. It must stop cooperatively:
 ``ctx.cancelled()`` turns true when the job is cancelled, its deadline passes or
 the worker lost its claim, and ``ctx.wait(s)`` sleeps but wakes on any of those.
 A runner that does not stop within ``worker_cancel_grace_s`` is abandoned (its
-result is ignored). Progress goes through ``ctx.report`` to an ``EventSink``,
-the seam where task events will be written for every API instance to stream.
+result is ignored). Progress goes through ``ctx.report`` to an ``EventSink``:
+on a worker that is ``workers.tasks.TaskEvents``, which writes fenced task events
+every API instance streams. The outcome a runner returns becomes the task's
+final state in the finish transaction (``RunOutcome.final_event`` carries the
+exact A2A event when the specialist produced one).
 
-Runners so far: ``ScriptedRunner`` (issue 4's scripted specialist: steps,
-delays and failures a test scripts in the signed job payload). The conformance
-specialist and the Monty specialists register under their own ids.
+Runners: ``ScriptedRunner`` here (the scripted specialist: steps, delays and
+failures a test scripts, in the signed payload of a raw job or in a data part
+``{"script": {"steps": [...]}}`` of the A2A message), ``ExecutorRunner`` in
+``workers.executor_runner`` (an a2a-sdk AgentExecutor, such as the conformance
+specialist). Monty specialists register under their own ids (issue 7).
 """
 
 from __future__ import annotations
@@ -31,16 +36,20 @@ MAX_ARTIFACTS = 32
 
 
 class EventSink(Protocol):
-    def emit(self, job_id: str, fencing_token: int, kind: str, data: dict[str, Any]) -> None:
-        """Record a progress event. Writers must check the fencing token: a stale worker writes nothing."""
+    def emit(self, job: VerifiedJob, fencing_token: int, kind: str, data: dict[str, Any]) -> None:
+        """Record a progress event. Writers must check the fencing token: a stale worker writes nothing.
+
+        Kinds: ``progress`` (``text``), ``artifact`` (``name``, ``text``), ``a2a`` (``event``: an a2a-sdk
+        TaskStatusUpdateEvent or TaskArtifactUpdateEvent).
+        """
         ...
 
 
 class LoggingEventSink:
-    """Until task events land (the edge's task_events table), progress goes to the log."""
+    """Progress to the log only (a worker without task tables, e.g. in a unit test)."""
 
-    def emit(self, job_id: str, fencing_token: int, kind: str, data: dict[str, Any]) -> None:
-        log.info("job %s (claim %s) %s %s", job_id, fencing_token, kind, data)
+    def emit(self, job: VerifiedJob, fencing_token: int, kind: str, data: dict[str, Any]) -> None:
+        log.info("job %s (claim %s) %s %s", job.job_id, fencing_token, kind, data)
 
 
 @dataclass
@@ -59,7 +68,7 @@ class RunContext:
         return self.cancel.wait(max(0.0, seconds))
 
     def report(self, kind: str, data: dict[str, Any]) -> None:
-        self.events.emit(self.job.job_id, self.fencing_token, kind, data)
+        self.events.emit(self.job, self.fencing_token, kind, data)
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,9 @@ class RunOutcome:
     message: str = ""
     artifacts: tuple[dict[str, Any], ...] = ()
     detail: dict[str, Any] = field(default_factory=dict)
+    # The A2A event that ended the run (a final TaskStatusUpdateEvent, or a direct-reply Message), written as
+    # the task's last event. Not part of the claim's record.
+    final_event: Any = field(default=None, compare=False, repr=False)
 
     def as_record(self) -> dict[str, Any]:
         """What the claim row stores and a later delivery answers with (bounded)."""
@@ -101,18 +113,30 @@ class Script(BaseModel):
     steps: list[ScriptStep] = Field(default_factory=list, max_length=100)
 
 
+ScriptSource = Callable[[VerifiedJob], Any]
+
+
 class ScriptedRunner:
-    """A deterministic specialist whose steps come from the job payload's ``script``.
+    """A deterministic specialist: its steps come from the job payload's ``script``, or from ``script_of(job)``
+    (on a worker: the ``script`` key of the A2A message's first data part). No script: it completes at once.
 
     ``on_step(job_id, index, step)`` lets a test observe each step as it starts.
     """
 
-    def __init__(self, on_step: Callable[[str, int, ScriptStep], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_step: Callable[[str, int, ScriptStep], None] | None = None,
+        script_of: ScriptSource | None = None,
+    ) -> None:
         self.on_step = on_step
+        self.script_of = script_of
 
     def run(self, ctx: RunContext) -> RunOutcome:
+        raw = ctx.job.payload.get("script")
+        if raw is None and self.script_of is not None:
+            raw = self.script_of(ctx.job)
         try:
-            script = Script.model_validate(ctx.job.payload.get("script", {}))
+            script = Script.model_validate(raw or {})
         except ValidationError as exc:
             return RunOutcome("failed", f"the script is not valid: {exc.errors()[0]['msg']}")
         artifacts: list[dict[str, Any]] = []
@@ -129,7 +153,9 @@ class ScriptedRunner:
             elif step.op == "stubborn_sleep":
                 time.sleep(step.seconds)
             elif step.op == "artifact":
-                artifacts.append({"name": f"artifact-{len(artifacts) + 1}", "text": step.text})
+                artifact = {"name": f"artifact-{len(artifacts) + 1}", "text": step.text}
+                artifacts.append(artifact)
+                ctx.report("artifact", artifact)
             elif step.op == "fail":
                 return RunOutcome("failed", step.text or "the script failed", tuple(artifacts))
             elif step.op == "raise":

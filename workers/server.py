@@ -102,7 +102,6 @@ class WorkerService:
         self.finisher = finisher
         self.settlement = settlement
         self.events = events
-        self.claims = claims.Claims(engine, worker_id=worker_id, lease_s=limits.lease_s)
         # Counts runner threads, not requests: an abandoned runner that keeps going still holds its slot.
         self._slots = threading.BoundedSemaphore(limits.max_concurrent_jobs)
 
@@ -188,8 +187,21 @@ class WorkerService:
         with self.engine.begin() as conn:
             result = claims.claim(conn, job.job_id, worker_id=self.worker_id, lease_s=self.limits.lease_s)
             if result.newly_unknown:
-                self.settlement.mark_unknown(conn, job, result)
-            return result
+                self.settlement.mark_unknown(
+                    conn, job, result.fencing_token, "its lease expired while it ran; found by a later delivery"
+                )
+        if result.newly_unknown:
+            self.settlement.committed(job)
+        return result
+
+    def _renew(self, job: VerifiedJob, token: int) -> claims.RenewResult:
+        with self.engine.begin() as conn:
+            result = claims.renew(conn, job.job_id, fencing_token=token, lease_s=self.limits.lease_s)
+            if result.outcome == "expired":
+                self.settlement.mark_unknown(conn, job, token, "its lease expired before this worker renewed it")
+        if result.outcome == "expired":
+            self.settlement.committed(job)
+        return result
 
     # --- running under the lease -----------------------------------------------------
 
@@ -239,7 +251,7 @@ class WorkerService:
             if now >= next_renewal:
                 next_renewal = now + self.limits.heartbeat_s
                 try:
-                    renewal = await anyio.to_thread.run_sync(self.claims.renew, job.job_id, token)
+                    renewal = await anyio.to_thread.run_sync(self._renew, job, token)
                 except DBAPIError as exc:  # keep running: the lease covers a few missed heartbeats
                     log.warning("renewing job %s failed: %s", job.job_id, type(exc).__name__)
                 else:

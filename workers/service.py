@@ -1,9 +1,11 @@
 """Assembling a worker from settings, and serving it: what `specialists worker` calls.
 
 ``build_worker_service`` wires the signer, the OIDC check (unless turned off), the
-runners, the finisher and the settlement seam. ``run_worker`` checks the
+runners, the finisher, the settlement (the task's final state and the ledger, in
+the finish's transaction) and the fenced task events. ``run_worker`` checks the
 configuration (schema at head, a job secret present), then serves the endpoint
-with uvicorn until stopped.
+with uvicorn until stopped; on shutdown running jobs get ``worker_drain_s`` to
+finish.
 """
 
 from __future__ import annotations
@@ -12,19 +14,27 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
+from google.protobuf.json_format import MessageToDict
 from sqlalchemy import Engine
 
 from core import db
 from core.errors import ServiceError
 from core.settings import Settings
-from workers.auth import CertsFetcher, JobSigner, OidcVerifier
-from workers.finish import ClaimFinisher, NoSettlement, Settlement
-from workers.runner import EventSink, LoggingEventSink, Runner, ScriptedRunner
+from workers.auth import CertsFetcher, JobSigner, OidcVerifier, VerifiedJob
+from workers.conformance import ConformanceExecutor
+from workers.executor_runner import ExecutorRunner
+from workers.finish import ClaimFinisher, Settlement
+from workers.runner import EventSink, Runner, ScriptedRunner, ScriptStep
 from workers.server import WorkerLimits, WorkerService, create_worker_app
+from workers.settlement import TaskSettlement
+from workers.tasks import TaskEvents, TaskRef
 
 log = logging.getLogger(__name__)
+
+StepObserver = Callable[[str, int, ScriptStep], None]
 
 
 class WorkerNotConfigured(ServiceError):
@@ -35,9 +45,28 @@ def new_worker_id() -> str:
     return f"{socket.gethostname()[:60]}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
-def default_runners() -> dict[str, Runner]:
-    """Specialists every worker serves until the spec-driven ones land (issue 7)."""
-    return {"scripted": ScriptedRunner()}
+def script_in_message(tasks: TaskEvents) -> Callable[[VerifiedJob], Any]:
+    """The scripted specialist's script, from the ``script`` key of the A2A message's first data part."""
+
+    def script_of(job: VerifiedJob) -> Any:
+        if TaskRef.of(job) is None:
+            return None
+        for part in tasks.load(job).message.parts:
+            if part.WhichOneof("content") == "data":
+                data = MessageToDict(part.data)
+                if isinstance(data, dict) and "script" in data:
+                    return data["script"]
+        return None
+
+    return script_of
+
+
+def default_runners(settings: Settings, tasks: TaskEvents, on_step: StepObserver | None = None) -> dict[str, Runner]:
+    """The specialists every worker serves, by specialist id, until the spec-driven ones land (issue 7)."""
+    return {
+        "scripted": ScriptedRunner(on_step=on_step, script_of=script_in_message(tasks)),
+        "conformance": ExecutorRunner(ConformanceExecutor(settings.conformance_hold_working_s), tasks),
+    }
 
 
 def check_worker_settings(settings: Settings) -> None:
@@ -68,28 +97,60 @@ def build_worker_service(
 ) -> WorkerService:
     check_worker_settings(settings)
     worker_id = worker_id or new_worker_id()
-    settlement = settlement or NoSettlement()
+    tasks = TaskEvents(engine)
+    settlement = settlement or TaskSettlement(tasks, operator=f"worker:{worker_id}"[:200])
     return WorkerService(
         engine=engine,
         limits=WorkerLimits.from_settings(settings),
         worker_id=worker_id,
         signer=JobSigner.from_settings(settings),
         oidc=OidcVerifier.from_settings(settings, fetch_certs) if settings.worker_oidc_verify else None,
-        runners=runners if runners is not None else default_runners(),
+        runners=runners if runners is not None else default_runners(settings, tasks),
         finisher=ClaimFinisher(
             engine, worker_id=worker_id, settlement=settlement, attempts=settings.worker_finish_attempts
         ),
         settlement=settlement,
-        events=events or LoggingEventSink(),
+        events=events or tasks,
     )
 
 
-def run_worker(settings: Settings, *, host: str, port: int, runners: Mapping[str, Runner] | None = None) -> None:
-    """Serve the worker endpoint until stopped (blocking)."""
+def run_worker(
+    settings: Settings,
+    *,
+    host: str,
+    port: int,
+    database_url: str | None = None,
+    on_step: StepObserver | None = None,
+    on_listening: Callable[[int], None] | None = None,
+) -> None:
+    """Serve the worker endpoint until stopped (blocking). Port 0 picks a free port (see ``on_listening``)."""
     import uvicorn
 
     check_worker_settings(settings)
-    engine = db.make_engine(db.database_url(settings), settings)
+    engine = db.make_engine(database_url or db.database_url(settings), settings)
     db.require_schema_at_head(engine)
+    runners = default_runners(settings, TaskEvents(engine), on_step) if on_step else None
     app = create_worker_app(build_worker_service(settings, engine, runners=runners))
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=max(1, int(settings.worker_drain_s)),
+        )
+    )
+    if on_listening is not None:
+        original_startup = server.startup
+
+        async def startup(sockets=None):  # type: ignore[no-untyped-def]
+            await original_startup(sockets=sockets)
+            on_listening(sock.getsockname()[1])
+
+        server.startup = startup  # type: ignore[method-assign]
+    try:
+        server.run(sockets=[sock])
+    finally:
+        engine.dispose()

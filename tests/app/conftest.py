@@ -3,8 +3,12 @@
 Server processes are started once per test session and shared: two ordinary
 instances (``edge_a`` and ``edge_b``, one database: "two instances behave as
 one service"; ``edge_b`` logs at DEBUG into a file the key-leak test reads) and
-a strict one (tiny limits, anonymous callers allowed, no runner) for the limit tests.
-Every test makes its own customer, so tests do not depend on each other.
+a strict one (tiny limits, anonymous callers allowed) for the limit tests.
+``edge_a`` is the whole system as `specialists serve` starts it on one machine:
+the edge, a worker and an embedded dispatcher as its children; they run every
+task of the session, whichever instance admitted it. Nothing serves the paid
+specialist, so its tasks stay unclaimed. Every test makes its own customer, so
+tests do not depend on each other.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from tests.conftest import TEST_SECRET
 PAID_SPEC = """\
 id: paid-echo
 name: Paid echo
-description: A paid specialist run by workers. No worker runs in these tests, so its tasks wait, unclaimed.
+description: A paid specialist. No worker in these tests serves it, so its tasks wait, unclaimed.
 executor: rlm
 tariff_credits: 5
 skill:
@@ -81,7 +85,9 @@ def edge_env(database_url: str, specs_dir: Path, **settings: str) -> dict[str, s
             "SPECIALISTS_SPECS_DIR": str(specs_dir),
             "SPECIALISTS_REVOCATION_CACHE_S": "0",
             "SPECIALISTS_CONFORMANCE_HOLD_WORKING_S": "2",
-            "SPECIALISTS_RUNNER_DRAIN_S": "1",
+            # The edge alone, unless a fixture asks for the whole system (edge_a).
+            "SPECIALISTS_SERVE_WORKER": "false",
+            "SPECIALISTS_SERVE_DISPATCHER": "false",
         }
     )
     env.update({f"SPECIALISTS_{k.upper()}": v for k, v in settings.items()})
@@ -137,9 +143,23 @@ def edge_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("edge-logs")
 
 
+# What `serve` needs to run a worker and a dispatcher beside the edge (production mode: DATABASE_URL is set,
+# so nothing is generated), with a short lease so that a cancel reaches the worker quickly.
+WHOLE_SYSTEM = dict(
+    serve_worker="true",
+    serve_dispatcher="true",
+    worker_job_secrets="edge-tests-worker-secret-" + "w" * 40,
+    worker_lease_s="3",
+    worker_heartbeat_s="0.5",
+    worker_cancel_grace_s="1",
+    worker_drain_s="1",
+    dispatch_poll_interval_s="0.5",
+)
+
+
 @pytest.fixture(scope="session")
 def edge_a(database_url: str, edge_specs_dir: Path, edge_logs: Path) -> Iterator[EdgeProcess]:
-    edge = start_edge(database_url, edge_specs_dir, edge_logs, "a")
+    edge = start_edge(database_url, edge_specs_dir, edge_logs, "a", worker_port=str(free_port()), **WHOLE_SYSTEM)
     yield edge
     stop_edge(edge)
 
@@ -165,7 +185,6 @@ def strict_edge(database_url: str, edge_specs_dir: Path, edge_logs: Path) -> Ite
         anonymous_free_skills="true",
         max_request_body_bytes="4096",
         max_open_streams="2",
-        runner_enabled="false",
     )
     yield edge
     stop_edge(edge)

@@ -217,19 +217,20 @@ def test_cancel_of_a_task_waiting_for_input_after_a_run_charges_the_tariff(edge_
     from a2a.types.a2a_pb2 import TaskState
 
     from app import taskrows
+    from workers import claims
 
     customer = make_customer(credits=20)
     task_id = send(edge_a, customer, message(returnImmediately=True)).json()["task"]["id"]
     owner = f"{customer.customer_id}:{PAID}"
-    with engine.begin() as conn:  # what a worker does: claim, run, ask for input
-        conn.execute(
-            text(
-                "UPDATE dispatch_outbox SET status = 'done', claimed_at = now(), finished_at = now() "
-                "WHERE task_id = :t"
-            ),
+    with engine.begin() as conn:  # what a worker does: claim the job, run it, ask for input
+        dispatch_id = conn.execute(
+            text("UPDATE dispatch_outbox SET status = 'done', finished_at = now() WHERE task_id = :t "
+                 "RETURNING dispatch_id"),
             {"t": task_id},
-        )
-        conn.execute(text("UPDATE edge_tasks SET first_claimed_at = now() WHERE task_id = :t"), {"t": task_id})
+        ).scalar_one()
+        job = f"{task_id}.{dispatch_id}"
+        token = claims.claim(conn, job, worker_id="test-worker", lease_s=30).fencing_token
+        claims.finish(conn, job, fencing_token=token, outcome="input_required", detail=None, worker_id="test-worker")
         task, version = taskrows.load_locked(conn, task_id, owner)
         task.status.state = TaskState.TASK_STATE_INPUT_REQUIRED
         taskrows.write(conn, task, owner, version, task)

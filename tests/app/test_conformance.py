@@ -156,18 +156,21 @@ def test_the_resubscribe_scenario_stays_working_before_it_completes(edge_a, make
     assert {"TASK_STATE_WORKING", "TASK_STATE_COMPLETED"} <= seen
 
 
-def test_conformance_work_flows_through_admission_and_the_outbox(edge_a, engine, make_customer):
+def test_conformance_work_flows_through_admission_the_outbox_and_a_worker_claim(edge_a, engine, make_customer):
     customer = make_customer()
     task = send(edge_a, customer, "tck-complete-task")["task"]
     with engine.connect() as conn:
         edge_task = conn.execute(
-            text("SELECT tariff_credits, reservation_id, first_claimed_at FROM edge_tasks WHERE task_id = :t"),
-            {"t": task["id"]},
+            text("SELECT tariff_credits, reservation_id FROM edge_tasks WHERE task_id = :t"), {"t": task["id"]}
         ).one()
         outbox = conn.execute(
-            text("SELECT status, executor, claimed_by FROM dispatch_outbox WHERE task_id = :t"), {"t": task["id"]}
+            text("SELECT dispatch_id, status, executor FROM dispatch_outbox WHERE task_id = :t"), {"t": task["id"]}
+        ).one()
+        claim = conn.execute(
+            text("SELECT state, outcome, fencing_token, worker_id FROM job_claims WHERE job_id = :j"),
+            {"j": f"{task['id']}.{outbox.dispatch_id}"},
         ).one()
     assert edge_task.tariff_credits == 0 and edge_task.reservation_id is None
-    assert edge_task.first_claimed_at is not None
     assert (outbox.status, outbox.executor) == ("done", "conformance")
-    assert outbox.claimed_by
+    assert (claim.state, claim.outcome, claim.fencing_token) == ("finished", "completed", 1)
+    assert claim.worker_id  # a worker ran it; the edge runs nothing

@@ -46,7 +46,6 @@ def test_metrics_count_requests_and_admissions_in_prometheus_format(edge_a, make
     body = answer.text
     assert 'edge_http_requests_total{operation="http_json",status="200"}' in body
     assert 'edge_admissions_total{outcome="admitted",specialist="conformance"}' in body
-    assert "edge_runner_runs_total" in body
 
 
 def test_every_response_carries_a_request_id_that_the_json_log_line_repeats(edge_a, make_customer):

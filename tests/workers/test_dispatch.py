@@ -37,7 +37,7 @@ def job(worker_url: str = "http://127.0.0.1:9/jobs", deadline_s: float = 30, bod
 
 def test_the_task_carries_the_signed_body_the_oidc_token_and_the_dispatch_deadline() -> None:
     with FakeCloudTasks() as fake:
-        dispatcher = CloudTasksDispatcher.from_settings(cloud_tasks_settings(fake.host, dispatch_deadline_s=120))
+        dispatcher = CloudTasksDispatcher.from_settings(cloud_tasks_settings(fake.host, dispatch_deadline_s=120, dispatch_job_deadline_s=60))
         result = dispatcher.enqueue(job(body=b"v1.abc.signed"))
     assert result.created
     sent = fake.requests[0]
@@ -84,7 +84,7 @@ def test_an_unreachable_queue_is_a_dispatch_error_within_the_enqueue_timeout() -
 def test_a_job_that_would_outlive_the_dispatch_deadline_is_refused_before_enqueue() -> None:
     with FakeCloudTasks() as fake:
         dispatcher = CloudTasksDispatcher.from_settings(
-            cloud_tasks_settings(fake.host, dispatch_deadline_s=60, worker_cancel_grace_s=5)
+            cloud_tasks_settings(fake.host, dispatch_deadline_s=60, dispatch_job_deadline_s=30, worker_cancel_grace_s=5)
         )
         with pytest.raises(DispatchRefused) as refused:
             dispatcher.enqueue(job(deadline_s=58))

@@ -1,23 +1,21 @@
 """A worker in its own process, for crash tests: ``python -m tests.workers.worker_process STEP_LOG``.
 
-Settings come from the environment like any worker's. The scripted runner appends
-each step it starts to STEP_LOG (flushed at once, so a SIGKILL loses nothing
-written before it). Prints ``LISTENING <port>`` when it accepts requests.
+The real worker (``workers.service.run_worker``: the default runners, the real
+settlement and task events), with settings from the environment like any
+worker's, on a free port. The scripted runner appends each step it starts to
+STEP_LOG (flushed at once, so a SIGKILL loses nothing written before it), which
+is how tests count real executions across processes. Prints ``LISTENING <port>``
+once it accepts requests.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import sys
 
-import uvicorn
-
-from core import db
 from core.settings import Settings
-from workers.runner import ScriptedRunner, ScriptStep
-from workers.server import create_worker_app
-from workers.service import build_worker_service
+from workers.runner import ScriptStep
+from workers.service import run_worker
 
 
 def main() -> None:
@@ -28,22 +26,13 @@ def main() -> None:
             out.write(f"{os.getpid()} {job_id} {index} {step.op}\n")
             out.flush()
 
-    settings = Settings()
-    engine = db.make_engine(db.database_url(settings), settings)
-    db.require_schema_at_head(engine)
-    app = create_worker_app(build_worker_service(settings, engine, runners={"scripted": ScriptedRunner(on_step)}))
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    # uvicorn reports itself started only once it listens; print the port after that.
-    original_startup = server.startup
-
-    async def startup(sockets=None):
-        await original_startup(sockets=sockets)
-        print(f"LISTENING {sock.getsockname()[1]}", flush=True)
-
-    server.startup = startup
-    server.run(sockets=[sock])
+    run_worker(
+        Settings(),
+        host="127.0.0.1",
+        port=0,
+        on_step=on_step,
+        on_listening=lambda port: print(f"LISTENING {port}", flush=True),
+    )
 
 
 if __name__ == "__main__":

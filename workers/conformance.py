@@ -5,6 +5,9 @@ prefixes are tested longest-first where one is a prefix of another
 (``tck-artifact-file-url`` before ``tck-artifact-file``). A message continuing
 a task that asked for input completes it. The executor never creates the
 task (admission already stored it) unless it runs without one.
+
+It runs on workers like every specialist (``workers.executor_runner``), through
+the same admission, dispatch, claim and settlement; the edge runs nothing.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The edge's own task writes match the a2a-sdk store, and runners never run one outbox row twice."""
+"""The edge's own task writes match the a2a-sdk store; the log filter; the notification listener."""
 
 from __future__ import annotations
 
@@ -6,20 +6,15 @@ import asyncio
 import io
 import logging
 import uuid
-from collections import Counter
 
 import pytest
-from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.cluster import TaskVersion, VersionedDatabaseTaskStore
 from a2a.server.context import ServerCallContext
-from a2a.server.events.event_queue import EventQueue
-from a2a.server.tasks import TaskUpdater
 from a2a.types.a2a_pb2 import (
     Artifact,
     Message,
     Part,
     Role,
-    SendMessageRequest,
     Task,
     TaskState,
     TaskStatus,
@@ -29,15 +24,10 @@ from google.protobuf.struct_pb2 import Struct, Value
 from sqlalchemy import text
 
 from app import taskrows
-from app.admission import AdmissionService
-from app.events import NotifiedEventStream
-from app.identity import Identity, OwnerUser
+from app.identity import OwnerUser
 from app.notify import Listener, Notifier
-from app.observability import Metrics, RedactingFilter, JsonFormatter
-from app.runner import InProcessRunner
+from app.observability import JsonFormatter, RedactingFilter
 from core import db
-from core.settings import PROJECT_ROOT
-from core.specs import LoadedSpec, load_spec
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.anyio]
 
@@ -88,85 +78,6 @@ async def test_a_task_written_by_the_edge_reads_back_identically_through_the_sdk
     after.task.status.state = TaskState.TASK_STATE_COMPLETED
     new_version = await store.save(after.task, event=None, prev=None, prev_version=after.version, context=context)
     assert new_version == TaskVersion(3)
-
-
-class CountingExecutor(AgentExecutor):
-    def __init__(self) -> None:
-        self.runs: Counter[str] = Counter()
-
-    async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
-        self.runs[context.task_id] += 1
-        await asyncio.sleep(0.01)
-        await TaskUpdater(event_queue, context.task_id, context.context_id).complete()
-
-    async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
-        return None
-
-
-async def test_two_runners_claiming_one_outbox_run_every_task_exactly_once(database_url, async_engine, settings):
-    conformance = load_spec(PROJECT_ROOT / "specs" / "conformance.yaml")
-    executor_name = f"counting-{uuid.uuid4().hex[:6]}"  # the servers' runners do not claim it
-    loaded = LoadedSpec(
-        spec=conformance.spec.model_copy(update={"executor": executor_name}),
-        path=conformance.path,
-        modified_at=conformance.modified_at,
-    )
-    notifier = Notifier(async_engine)
-    admission = AdmissionService(async_engine, settings, notifier)
-    identity = Identity(customer_id=f"c-{uuid.uuid4().hex[:8]}", key_id="key_x", tier="standard", client_address="t")
-    task_ids = []
-    for _ in range(24):
-        request = SendMessageRequest(
-            message=Message(message_id=str(uuid.uuid4()), role=Role.ROLE_USER, parts=[Part(text="go")])
-        )
-        task_ids.append((await admission.admit(loaded, identity, request)).task.id)
-
-    listener = Listener(database_url)
-    listener.start()
-    store = VersionedDatabaseTaskStore(async_engine, create_table=False)
-    events = NotifiedEventStream(async_engine, listener, notifier, 0.2)
-    executors = [CountingExecutor(), CountingExecutor()]
-    runners = [
-        InProcessRunner(
-            engine=async_engine,
-            store=store,
-            events=events,
-            listener=listener,
-            notifier=notifier,
-            executors={executor_name: executor},
-            concurrency=4,
-            poll_interval_s=0.2,
-            drain_s=1,
-            metrics=Metrics(),
-        )
-        for executor in executors
-    ]
-    for runner in runners:
-        runner.start()
-    try:
-        async with asyncio.timeout(30):
-            while True:
-                async with async_engine.connect() as conn:
-                    open_rows = (
-                        await conn.execute(
-                            text("SELECT count(*) FROM dispatch_outbox WHERE executor = :e AND status <> 'done'"),
-                            {"e": executor_name},
-                        )
-                    ).scalar_one()
-                if open_rows == 0:
-                    break
-                await asyncio.sleep(0.1)
-    finally:
-        for runner in runners:
-            await runner.stop()
-        await listener.stop()
-    total = executors[0].runs + executors[1].runs
-    assert sorted(total) == sorted(task_ids)
-    assert set(total.values()) == {1}
-    assert all(executor.runs for executor in executors)  # both took a share
-    context = ServerCallContext(user=OwnerUser(identity.owner(loaded.spec.id)))
-    for task_id in task_ids:
-        assert (await store.get(task_id, context)).task.status.state == TaskState.TASK_STATE_COMPLETED
 
 
 def test_the_log_filter_redacts_keys_and_bearer_credentials_whoever_logs_them():

@@ -1,0 +1,161 @@
+"""The embedded dispatcher: on one machine the outbox is the queue, delivered to the worker endpoint over HTTP.
+
+Each round takes due rows (``workers.dispatch.outbox.take``: ``FOR UPDATE SKIP
+LOCKED``, a delivery lease, the attempt counted) up to the free delivery slots,
+and delivers each in its own thread with ``deliver_over_http``, to the worker
+endpoint with the fewest deliveries in flight (``dispatch_worker_url`` may list
+several; each gets at most ``worker_max_concurrent_jobs`` at once, what a worker
+runs). A delivery holds its HTTP request for the job's whole run, so the lease
+of rows in flight is renewed every third of ``dispatch_delivery_lease_s``.
+
+What the worker's answer means (``workers.dispatch.delivery``):
+``done`` (finished, already finished, unknown, stale) marks the row delivered;
+``retry`` (busy, at capacity, unreachable, failing) reschedules it with backoff,
+never sooner than the worker's ``Retry-After``; ``refused`` (authentication,
+a specialist no worker serves: configuration) reschedules it at the longest
+backoff and says so in the log. After ``dispatch_max_attempts`` a job no worker
+ever claimed is given up (``workers.dispatch.sweeper.give_up``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import httpx
+from sqlalchemy import Engine
+
+from core.settings import Settings
+from workers.auth import JobSigner
+from workers.dispatch import outbox
+from workers.dispatch.delivery import DeliveryResult, deliver_over_http, retry_delay_s
+from workers.dispatch.sweeper import give_up
+from workers.tasks import TaskEvents
+
+log = logging.getLogger(__name__)
+
+CRASH_EXIT_CODE = 70  # a recovery drill's abrupt exit (dispatch_crash_point)
+
+
+def crash_here(point: str, settings: Settings) -> None:
+    """The recovery-drill hook: die without cleanup, as a killed process would."""
+    if settings.dispatch_crash_point == point:
+        log.error("dispatch_crash_point=%s: exiting abruptly (a recovery drill)", point)
+        logging.shutdown()
+        os._exit(CRASH_EXIT_CODE)
+
+
+class EmbeddedDispatcher:
+    def __init__(
+        self,
+        engine: Engine,
+        settings: Settings,
+        signer: JobSigner,
+        tasks: TaskEvents,
+        *,
+        name: str,
+        wake: threading.Event,
+        client: httpx.Client | None = None,
+    ) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.signer = signer
+        self.tasks = tasks
+        self.name = name
+        self.wake = wake
+        self.urls = settings.dispatch_worker_urls
+        self.slots_per_url = settings.worker_max_concurrent_jobs
+        self.capacity = self.slots_per_url * len(self.urls)
+        self.client = client or httpx.Client(limits=httpx.Limits(max_connections=self.capacity + 4))
+        self._lock = threading.Lock()
+        self._in_flight: dict[int, str] = {}  # dispatch id -> worker URL
+        self._renew_every_s = settings.dispatch_delivery_lease_s / 3
+        self._next_renewal = time.monotonic() + self._renew_every_s
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._in_flight)
+
+    def round(self) -> float:
+        """Take and start what is due and fits; return how soon the next round is worth running (s)."""
+        self._renew_due()
+        with self._lock:
+            free = self.capacity - len(self._in_flight)
+        if free <= 0:
+            return self._renew_every_s  # a delivery ending wakes us sooner
+        limit = min(free, self.settings.dispatch_batch_size)
+        with self.engine.begin() as conn:
+            rows = outbox.take(conn, limit=limit, lease_s=self.settings.dispatch_delivery_lease_s, me=self.name)
+        if rows:
+            crash_here("before_enqueue", self.settings)
+        for row in rows:
+            with self._lock:
+                load = {url: 0 for url in self.urls}
+                for url in self._in_flight.values():
+                    load[url] += 1
+                url = min(self.urls, key=lambda u: load[u])
+                self._in_flight[row.dispatch_id] = url
+            # Daemon threads: stopping the dispatcher abandons deliveries in flight, which is safe (their rows
+            # come due again after the lease and a redelivery is answered from the job's claim).
+            threading.Thread(target=self._deliver, args=(row, url), name=f"deliver-{row.dispatch_id}", daemon=True).start()
+        return 0.0 if len(rows) == limit else self.settings.dispatch_poll_interval_s
+
+    def _renew_due(self) -> None:
+        if time.monotonic() < self._next_renewal:
+            return
+        self._next_renewal = time.monotonic() + self._renew_every_s
+        with self._lock:
+            ids = list(self._in_flight)
+        if ids:
+            try:
+                with self.engine.begin() as conn:
+                    outbox.renew(conn, ids, lease_s=self.settings.dispatch_delivery_lease_s)
+            except Exception as exc:  # the rows come due again: a redelivery is answered from the claim
+                log.warning("renewing %d delivery lease(s) failed: %s", len(ids), type(exc).__name__)
+
+    def _deliver(self, row: outbox.OutboxRow, url: str) -> None:
+        try:
+            job = outbox.build_job(row, self.signer, self.settings, url)
+            result = deliver_over_http(job, client=self.client, timeout_s=self.settings.dispatch_deadline_s)
+            crash_here("after_enqueue", self.settings)
+            self._record(row, result)
+        except Exception:
+            log.exception("delivering job %s failed; it comes due again after its delivery lease", row.job_id)
+        finally:
+            with self._lock:
+                self._in_flight.pop(row.dispatch_id, None)
+            self.wake.set()
+
+    def _record(self, row: outbox.OutboxRow, result: DeliveryResult) -> None:
+        if result.verdict == "done":
+            with self.engine.begin() as conn:
+                outbox.mark_delivered(conn, row)
+            return
+        error = f"{result.code} (HTTP {result.status})" if result.status else result.code
+        if row.attempts >= self.settings.dispatch_max_attempts and give_up(self.engine, self.tasks, row, error=error):
+            return
+        if result.verdict == "refused":
+            log.warning(
+                "job %s: the worker refused the delivery (%s); check SPECIALISTS_WORKER_JOB_SECRETS, "
+                "SPECIALISTS_WORKER_AUDIENCE and the specialists the workers serve. Retrying in %g s",
+                row.job_id, error, self.settings.dispatch_retry_max_s,
+            )
+            delay_s = self.settings.dispatch_retry_max_s
+        else:
+            delay_s = retry_delay_s(
+                row.attempts - 1,
+                result.retry_after_s,
+                base_s=self.settings.dispatch_retry_base_s,
+                max_s=self.settings.dispatch_retry_max_s,
+            )
+        with self.engine.begin() as conn:
+            outbox.reschedule(conn, row, delay_s=delay_s, error=error)
+
+    def close(self) -> None:
+        with self._lock:
+            abandoned = len(self._in_flight)
+        if abandoned:
+            log.info("stopping with %d delivery(ies) in flight; they come due again after their lease", abandoned)

@@ -1,0 +1,156 @@
+"""The dispatcher process (`specialists dispatcher`): outbox -> workers, and the lease sweeper.
+
+One loop for both backends (``dispatch_backend``): ``embedded`` delivers outbox
+rows to the worker endpoint itself (``EmbeddedDispatcher``); ``cloud_tasks``
+relays them to Cloud Tasks (``CloudTasksRelay``). The loop runs a round when the
+edge's ``edge_dispatch`` notification arrives (admission sends it after its
+commit), when a delivery ends, or every ``dispatch_poll_interval_s`` at the
+latest (a missed notification, a rescheduled row coming due); every
+``dispatch_sweep_interval_s`` it also runs the lease sweeper. Any number of
+dispatcher processes may run against one database.
+
+SIGTERM or SIGINT stops it at once: rows in flight stay leased and come due
+again for another dispatcher; nothing is lost and nothing runs twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import psycopg
+from sqlalchemy import Engine
+
+from app.notify import DISPATCH, libpq_url
+from core import db
+from core.errors import ServiceError
+from core.settings import Settings
+from workers.auth import JobSigner
+from workers.dispatch.embedded import EmbeddedDispatcher
+from workers.dispatch.sweeper import LeaseSweeper
+from workers.settlement import TaskSettlement
+from workers.tasks import TaskEvents
+
+if TYPE_CHECKING:
+    from workers.dispatch.relay import CloudTasksRelay
+
+log = logging.getLogger(__name__)
+
+LISTEN_RECONNECT_MAX_S = 5.0
+
+
+class DispatcherNotConfigured(ServiceError):
+    code = "dispatcher_not_configured"
+
+
+def check_dispatcher_settings(settings: Settings) -> None:
+    if not settings.worker_job_secrets:
+        raise DispatcherNotConfigured(
+            "no worker job secret is configured, so the dispatcher cannot sign jobs and every worker would refuse "
+            "them; set SPECIALISTS_WORKER_JOB_SECRETS (the same value as the workers')"
+        )
+
+
+class OutboxListener:
+    """LISTEN on the edge's dispatch channel in a thread; every notification sets ``wake``."""
+
+    def __init__(self, sqlalchemy_url: str, wake: threading.Event, connect_timeout_s: int) -> None:
+        self.conninfo = libpq_url(sqlalchemy_url)
+        self.wake = wake
+        self.connect_timeout_s = connect_timeout_s
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="outbox-listener", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def _run(self) -> None:
+        backoff_s = 0.1
+        while not self.stopping.is_set():
+            try:
+                with psycopg.connect(
+                    self.conninfo,
+                    autocommit=True,
+                    connect_timeout=self.connect_timeout_s,
+                    application_name="specialists-dispatcher-listener",
+                ) as conn:
+                    conn.execute(f"LISTEN {DISPATCH}")
+                    backoff_s = 0.1
+                    self.wake.set()  # anything committed while we were not listening
+                    while not self.stopping.is_set():
+                        for _ in conn.notifies(timeout=0.5):
+                            self.wake.set()
+            except Exception as exc:  # the database went away: the loop polls meanwhile
+                log.warning("dispatch listener lost its connection (%s); retrying", type(exc).__name__)
+                self.stopping.wait(backoff_s)
+                backoff_s = min(backoff_s * 2, LISTEN_RECONNECT_MAX_S)
+
+
+def build_backend(
+    settings: Settings, engine: Engine, tasks: TaskEvents, *, name: str, wake: threading.Event
+) -> "EmbeddedDispatcher | CloudTasksRelay":
+    signer = JobSigner.from_settings(settings)
+    if settings.dispatch_backend == "cloud_tasks":
+        from workers.dispatch.cloud_tasks import CloudTasksDispatcher
+        from workers.dispatch.relay import CloudTasksRelay
+
+        return CloudTasksRelay(engine, settings, signer, tasks, CloudTasksDispatcher.from_settings(settings))
+    return EmbeddedDispatcher(engine, settings, signer, tasks, name=name, wake=wake)
+
+
+def run_dispatcher(
+    settings: Settings,
+    *,
+    database_url: str | None = None,
+    stop: threading.Event | None = None,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
+    """Run until ``stop`` is set, or SIGTERM/SIGINT arrives (when called on the main thread)."""
+    check_dispatcher_settings(settings)
+    url = database_url or db.database_url(settings)
+    engine = db.make_engine(url, settings)
+    db.require_schema_at_head(engine)
+    stop = stop or threading.Event()
+    wake = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: (stop.set(), wake.set()))
+    name = f"dispatcher:{socket.gethostname()[:60]}:{os.getpid()}"
+    tasks = TaskEvents(engine)
+    backend = build_backend(settings, engine, tasks, name=name, wake=wake)
+    sweeper = LeaseSweeper(engine, TaskSettlement(tasks, operator=name))
+    listener = OutboxListener(url, wake, settings.db_connect_timeout_s)
+    listener.start()
+    log.info(
+        "dispatcher %s ready: %s to %s", name, settings.dispatch_backend, ", ".join(settings.dispatch_worker_urls)
+    )
+    if on_ready is not None:
+        on_ready()
+    next_sweep = time.monotonic()
+    try:
+        while not stop.is_set():
+            wake.clear()
+            try:
+                delay_s = backend.round()
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + settings.dispatch_sweep_interval_s
+                    sweeper.sweep()
+            except Exception as exc:  # the database restarting, a network fault: try again shortly
+                log.warning("dispatch round failed (%s: %s); retrying", type(exc).__name__, exc)
+                delay_s = min(1.0, settings.dispatch_poll_interval_s)
+            if delay_s > 0:
+                wake.wait(min(delay_s, max(0.0, next_sweep - time.monotonic())))
+    finally:
+        listener.stop()
+        backend.close()
+        engine.dispose()
+        log.info("dispatcher %s stopped", name)

@@ -1,0 +1,108 @@
+"""Outcomes nobody else will record: expired leases of dispatched jobs, and jobs that cannot be delivered.
+
+* ``LeaseSweeper``: a worker that dies mid-job leaves a running claim whose lease
+  passes. A later delivery would find it, but nothing guarantees one comes (the
+  embedded dispatcher may have no worker to deliver to; Cloud Tasks may have
+  given up). Every ``dispatch_sweep_interval_s`` a dispatcher records such jobs
+  unknown itself, in one transaction with the ledger's and the task's unknown
+  mark, exactly as a delivery would (``job_expire_lease``). So a dead worker's
+  job is unknown at most ``worker_lease_s`` + ``dispatch_sweep_interval_s``
+  after its last heartbeat.
+* ``give_up``: after ``dispatch_max_attempts`` a job that no worker ever claimed
+  is finished as failed (``job_abandon``: no later delivery runs it), its outbox
+  row marked undeliverable, its task FAILED with a message that says so, and its
+  reservation voided (it never ran) or, for a follow-up of a task that already
+  ran, charged the tariff like any cancel after work started.
+
+Lock order as everywhere: claim, outbox, task, ledger.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, text
+
+from ledger import operations
+from ledger.errors import ResolutionRefused
+from workers import claims
+from workers.dispatch import jobs
+from workers.dispatch.base import job_id_for
+from workers.dispatch.outbox import OutboxRow, mark_undeliverable
+from workers.runner import RunOutcome
+from workers.settlement import TaskSettlement
+from workers.tasks import TaskEvents, TaskRef
+
+log = logging.getLogger(__name__)
+
+MAX_SWEPT_PER_ROUND = 100
+
+_EXPIRED = text(
+    "SELECT c.job_id, o.task_id, o.dispatch_id, o.owner, o.context_id "
+    "FROM job_claims c JOIN dispatch_outbox o ON c.job_id = o.task_id || '.' || o.dispatch_id "
+    "WHERE c.state = 'running' AND c.lease_expires_at < clock_timestamp() AND o.status IN ('pending', 'sent') "
+    "ORDER BY c.lease_expires_at LIMIT :n"
+)
+
+
+@dataclass(frozen=True)
+class Swept:
+    job_id: str
+    fencing_token: int
+
+
+class LeaseSweeper:
+    def __init__(self, engine: Engine, settlement: TaskSettlement) -> None:
+        self.engine = engine
+        self.settlement = settlement
+
+    def sweep(self) -> list[Swept]:
+        """Record every expired lease of a dispatched job unknown; return those this call recorded."""
+        with self.engine.connect() as conn:
+            expired = conn.execute(_EXPIRED, {"n": MAX_SWEPT_PER_ROUND}).all()
+        swept: list[Swept] = []
+        for row in expired:
+            ref = TaskRef(row.task_id, int(row.dispatch_id), row.owner, row.context_id)
+            with self.engine.begin() as conn:
+                newly, token = claims.expire_lease(conn, row.job_id)
+                if newly:
+                    self.settlement.mark_unknown_ref(
+                        conn, ref, row.job_id, int(token), "its lease expired while it ran; found by the lease sweeper"
+                    )
+            if newly:
+                log.warning("job %s: its worker's lease expired; recorded unknown for an operator", row.job_id)
+                self.settlement.tasks.notify(ref.task_id)
+                swept.append(Swept(row.job_id, int(token)))
+        return swept
+
+
+def give_up(engine: Engine, tasks: TaskEvents, row: OutboxRow, *, error: str) -> bool:
+    """Fail a job that no worker ever claimed; False (nothing changed) when one did."""
+    ref = TaskRef(row.task_id, row.dispatch_id, row.owner, row.context_id)
+    job_id = job_id_for(row.task_id, row.dispatch_id)
+    with engine.begin() as conn:
+        if not claims.abandon(conn, job_id, reason=f"undeliverable after {row.attempts} attempts: {error}"):
+            return False
+        mark_undeliverable(conn, row, error=error)
+        tasks.finish(
+            conn,
+            ref,
+            RunOutcome(
+                "failed",
+                f"no worker accepted this task after {row.attempts} attempts ({error}); the service's operator "
+                "has been told",
+            ),
+        )
+        edge = conn.execute(
+            text("SELECT reservation_id, tariff_credits FROM edge_tasks WHERE task_id = :t"), {"t": row.task_id}
+        ).one_or_none()
+        if edge is not None and edge.reservation_id is not None:
+            charged = int(edge.tariff_credits) if jobs.any_claimed(conn, row.task_id) else 0
+            try:
+                operations.settle(conn, edge.reservation_id, charged, f"job {job_id} undeliverable")
+            except ResolutionRefused as refused:
+                log.error("job %s given up, but its reservation was not resolved: %s", job_id, refused.message)
+    log.error("job %s given up after %d attempts: %s", job_id, row.attempts, error)
+    tasks.notify(row.task_id)
+    return True

@@ -1,0 +1,261 @@
+"""The A2A task a job serves, on the worker: its input, its progress events, its final state, unknown.
+
+A job dispatched from the edge's outbox names its task in the signed payload
+(``t`` task id, ``d`` dispatch id, ``o`` owner scope, ``x`` context id; see
+``task_payload``); a job without them (a test's raw job) has no task and every
+call here leaves it alone. The job's message itself stays in the outbox row.
+
+Every write goes to the edge's task tables in the a2a-sdk cluster store's format
+(``app.taskrows``: the one module of the edge that workers import, because both
+sides must write the SDK's rows identically), so every API instance reads and
+streams what a worker wrote. After each commit a notification on the edge's
+``edge_task_events`` channel wakes their streams at once (they also poll).
+
+* Progress and artifacts (``TaskEvents.emit``) are **fenced**: each write first
+  takes a share lock on the job's claim and checks that it is still this
+  worker's running claim with a live lease, so a stale worker writes nothing, and
+  a finish or a lease expiry cannot slip in between the check and the write.
+* The final state (``TaskEvents.finish``) and the unknown mark
+  (``TaskEvents.mark_unknown``) run inside the caller's transaction: the claim's
+  finish and the ledger move with them (``workers.settlement``).
+* A task the customer already cancelled keeps its CANCELED state: nothing a
+  worker reports afterwards overwrites it.
+
+Lock order, everywhere a job and its task meet: claim row, outbox row, task rows,
+ledger. The edge's cancel and the operator's reconcile take them in the same order.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from a2a.server.agent_execution.active_task import TERMINAL_TASK_STATES
+from a2a.server.tasks.task_manager import append_artifact_to_task
+from a2a.types.a2a_pb2 import (
+    Artifact,
+    Message,
+    Part,
+    Role,
+    Task,
+    TaskArtifactUpdateEvent,
+    TaskState,
+    TaskStatus,
+    TaskStatusUpdateEvent,
+)
+from sqlalchemy import Connection, Engine, text
+
+from app import taskrows
+from app.notify import TASK_EVENTS
+from workers.auth import VerifiedJob
+from workers.runner import RunOutcome
+
+log = logging.getLogger(__name__)
+
+UNDER_RECONCILIATION = (
+    "The outcome of this task could not be established (the worker running it stopped answering); "
+    "it is under reconciliation by the operator and will be finished when they resolve it."
+)
+UNKNOWN_KEY = "outcomeUnderReconciliation"  # in the status message's metadata, for clients that read it
+OUTCOME_STATES: dict[str, int] = {
+    "completed": TaskState.TASK_STATE_COMPLETED,
+    "failed": TaskState.TASK_STATE_FAILED,
+    "canceled": TaskState.TASK_STATE_CANCELED,
+    "rejected": TaskState.TASK_STATE_REJECTED,
+    "input_required": TaskState.TASK_STATE_INPUT_REQUIRED,
+}
+
+_FENCE = text(
+    "SELECT 1 FROM job_claims WHERE job_id = :j AND fencing_token = :t AND state = 'running' "
+    "AND lease_expires_at > clock_timestamp() FOR SHARE"
+)
+_INPUT = text(
+    "SELECT o.message, t.id, t.context_id, t.status, t.artifacts, t.history, t.metadata "
+    "FROM dispatch_outbox o LEFT JOIN tasks t ON t.id = o.task_id AND t.owner = o.owner "
+    "WHERE o.dispatch_id = :d AND o.task_id = :t"
+)
+_NOTIFY = text("SELECT pg_notify(:channel, :task_id)")
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    """Which A2A task a job serves, from the job's verified payload."""
+
+    task_id: str
+    dispatch_id: int
+    owner: str
+    context_id: str
+
+    @classmethod
+    def of(cls, job: VerifiedJob) -> "TaskRef | None":
+        payload = job.payload
+        if "t" not in payload:
+            return None
+        return cls(str(payload["t"]), int(payload["d"]), str(payload["o"]), str(payload["x"]))
+
+
+def task_payload(task_id: str, dispatch_id: int, owner: str, context_id: str) -> dict[str, Any]:
+    """The signed payload naming a job's task (what ``TaskRef.of`` reads back)."""
+    return {"t": task_id, "d": dispatch_id, "o": owner, "x": context_id}
+
+
+@dataclass(frozen=True)
+class TaskInput:
+    ref: TaskRef
+    message: Message  # the message this job processes (the first one, or a follow-up)
+    task: Task | None  # the task as stored when the run starts
+
+
+def agent_message(text_: str, ref: TaskRef) -> Message:
+    import uuid
+
+    return Message(
+        message_id=str(uuid.uuid4()),
+        role=Role.ROLE_AGENT,
+        parts=[Part(text=text_)],
+        task_id=ref.task_id,
+        context_id=ref.context_id,
+    )
+
+
+def _shows_unknown(task: Task) -> bool:
+    message = task.status.message
+    return task.status.HasField("message") and UNKNOWN_KEY in message.metadata.fields
+
+
+def _apply(task: Task, event: TaskStatusUpdateEvent | TaskArtifactUpdateEvent) -> None:
+    """What the a2a-sdk's TaskManager does with an event, on a task we hold locked."""
+    if isinstance(event, TaskStatusUpdateEvent):
+        if task.status.HasField("message"):
+            task.history.append(task.status.message)
+        if event.metadata.fields:
+            task.metadata.MergeFrom(event.metadata)
+        task.status.CopyFrom(event.status)
+        if not task.status.HasField("timestamp"):
+            taskrows.stamp(task)
+    else:
+        append_artifact_to_task(task, event)
+
+
+class TaskEvents:
+    """Writes a job's task: fenced progress (the runners' ``EventSink``), the final state, unknown."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+
+    # --- input ----------------------------------------------------------------------
+
+    def load(self, job: VerifiedJob) -> TaskInput:
+        ref = TaskRef.of(job)
+        if ref is None:
+            raise LookupError(f"job {job.job_id} names no A2A task")
+        with self.engine.connect() as conn:
+            row = conn.execute(_INPUT, {"d": ref.dispatch_id, "t": ref.task_id}).one_or_none()
+        if row is None:
+            raise LookupError(f"job {job.job_id}: outbox row {ref.dispatch_id} of task {ref.task_id} is gone")
+        return TaskInput(
+            ref=ref,
+            message=Message.FromString(bytes(row.message)),
+            task=taskrows.task_from_row(row) if row.id is not None else None,
+        )
+
+    # --- progress (EventSink) ---------------------------------------------------------
+
+    def emit(self, job: VerifiedJob, fencing_token: int, kind: str, data: dict[str, Any]) -> None:
+        ref = TaskRef.of(job)
+        if ref is None:
+            log.info("job %s (claim %s) %s %s", job.job_id, fencing_token, kind, data)
+            return
+        event = self._event(ref, kind, data)
+        if event is None:
+            log.warning("job %s: progress of kind %r is not an A2A event; dropped", job.job_id, kind)
+            return
+        with self.engine.begin() as conn:
+            if conn.execute(_FENCE, {"j": job.job_id, "t": fencing_token}).first() is None:
+                log.info("job %s: claim %s is no longer current; its %s event is dropped", job.job_id, fencing_token, kind)
+                return
+            written = self._write(conn, ref, event)
+        if written:
+            self.notify(ref.task_id)
+
+    def _event(
+        self, ref: TaskRef, kind: str, data: dict[str, Any]
+    ) -> TaskStatusUpdateEvent | TaskArtifactUpdateEvent | None:
+        if kind == "a2a":
+            event = data.get("event")
+            if isinstance(event, TaskStatusUpdateEvent | TaskArtifactUpdateEvent):
+                event.task_id, event.context_id = ref.task_id, ref.context_id
+                return event
+            return None
+        if kind == "progress":
+            status = TaskStatus(state=TaskState.TASK_STATE_WORKING, message=agent_message(str(data.get("text", "")), ref))
+            return TaskStatusUpdateEvent(task_id=ref.task_id, context_id=ref.context_id, status=status)
+        if kind == "artifact":
+            artifact = Artifact(artifact_id=str(data.get("id") or data.get("name")), name=str(data.get("name", "")),
+                                parts=[Part(text=str(data.get("text", "")))])
+            return TaskArtifactUpdateEvent(task_id=ref.task_id, context_id=ref.context_id, artifact=artifact)
+        return None
+
+    def _write(self, conn: Connection, ref: TaskRef, event: Any, *, unless_unknown: bool = False) -> bool:
+        loaded = taskrows.load_locked(conn, ref.task_id, ref.owner)
+        if loaded is None:
+            return False
+        task, version = loaded
+        if task.status.state in TERMINAL_TASK_STATES:
+            return False  # cancelled by the customer (or finished): nothing overwrites it
+        if unless_unknown and _shows_unknown(task):
+            return False
+        if isinstance(event, Message):  # a direct reply: the task completes with it as its status message
+            if task.status.HasField("message"):
+                task.history.append(task.status.message)
+            task.status.CopyFrom(TaskStatus(state=TaskState.TASK_STATE_COMPLETED, message=event))
+            taskrows.stamp(task)
+        else:
+            try:
+                _apply(task, event)
+            except Exception as exc:  # an agent protocol violation (e.g. appending to no artifact)
+                log.warning("task %s: event dropped: %s", ref.task_id, exc)
+                return False
+        taskrows.write(conn, task, ref.owner, version, event)
+        return True
+
+    # --- in the finish / claim / reconcile transactions ------------------------------------
+
+    def finish(self, conn: Connection, ref: TaskRef, outcome: RunOutcome) -> bool:
+        """Write the job's final state (the caller's transaction). False if the task was already final."""
+        final = outcome.final_event
+        if isinstance(final, Message):
+            final.task_id, final.context_id = ref.task_id, ref.context_id
+            return self._write(conn, ref, final)
+        if isinstance(final, TaskStatusUpdateEvent) and final.status.state == OUTCOME_STATES[outcome.state]:
+            final.task_id, final.context_id = ref.task_id, ref.context_id
+            return self._write(conn, ref, final)
+        status = TaskStatus(state=OUTCOME_STATES[outcome.state])
+        if outcome.message:
+            status.message.CopyFrom(agent_message(outcome.message, ref))
+        return self._write(conn, ref, TaskStatusUpdateEvent(task_id=ref.task_id, context_id=ref.context_id, status=status))
+
+    def mark_unknown(self, conn: Connection, ref: TaskRef) -> bool:
+        """Not finished, and saying why: WORKING with the reconciliation message (the caller's transaction)."""
+        status = TaskStatus(state=TaskState.TASK_STATE_WORKING, message=agent_message(UNDER_RECONCILIATION, ref))
+        status.message.metadata.update({UNKNOWN_KEY: True})
+        event = TaskStatusUpdateEvent(task_id=ref.task_id, context_id=ref.context_id, status=status)
+        return self._write(conn, ref, event, unless_unknown=True)
+
+    def resolve(self, conn: Connection, ref: TaskRef, state: str) -> bool:
+        """An operator's verdict on an unknown job becomes the task's final state (the caller's transaction)."""
+        status = TaskStatus(
+            state=OUTCOME_STATES[state],
+            message=agent_message(f"The operator reconciled this task's outcome: {state}.", ref),
+        )
+        return self._write(conn, ref, TaskStatusUpdateEvent(task_id=ref.task_id, context_id=ref.context_id, status=status))
+
+    def notify(self, task_id: str) -> None:
+        """Wake every API instance's streams of the task (after the commit; best effort: they also poll)."""
+        try:
+            with self._autocommit.connect() as conn:
+                conn.execute(_NOTIFY, {"channel": TASK_EVENTS, "task_id": task_id})
+        except Exception as exc:
+            log.debug("could not notify task %s (%s); streams will poll", task_id, type(exc).__name__)
