@@ -360,6 +360,48 @@ class Settings(BaseSettings):
                 )
         return self
 
+    # --- hosted RLM specialists (issue 7) -------------------------------------------
+    # Owned by workers/specialist (docs/SPECIALISTS.md). Spec limits live in specs/*.yaml.
+    model_routes_file: Path = Field(
+        default=PROJECT_ROOT / "specs" / "demo" / "routes.toml",
+        description="Model routes (TOML, JSON or YAML): named OpenAI-compatible endpoints with the NAME of the "
+        "variable holding each key, or scripted routes. The default holds the scripted demo routes.",
+    )
+    model_routes_allow_scripted: bool = Field(
+        default=False,
+        description="Serve scripted (canned) model routes with an external database too; on one machine "
+        "(embedded database) they are always allowed.",
+    )
+    specialist_checkpoint_key_min_chars: int = Field(default=32, ge=16, le=1024)
+    specialist_checkpoint_key: SecretStr | None = Field(
+        default=None,
+        description="HMAC key that signs Monty checkpoints in PostgreSQL; a worker refuses to run rlm "
+        "specialists without it. Changing it makes checkpoints of running jobs unusable: their resume fails, "
+        "charged nothing.",
+    )
+    specialist_max_resumes: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description="Times one job may be resumed from its checkpoint after the worker running it died; "
+        "past it (or without a checkpoint) the job is unknown.",
+    )
+
+    @field_validator("specialist_checkpoint_key")
+    @classmethod
+    def _checkpoint_key_long_enough(cls, value: SecretStr | None, info) -> SecretStr | None:
+        minimum = info.data.get("specialist_checkpoint_key_min_chars", 32)
+        if value is not None and len(value.get_secret_value()) < minimum:
+            raise ValueError(
+                f"the checkpoint key has {len(value.get_secret_value())} characters; at least {minimum} are "
+                "required (SPECIALISTS_SPECIALIST_CHECKPOINT_KEY)"
+            )
+        return value
+
+    @property
+    def scripted_routes_allowed(self) -> bool:
+        return self.embedded or self.model_routes_allow_scripted
+
     @property
     def embedded(self) -> bool:
         return self.database_url is None
