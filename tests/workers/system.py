@@ -1,0 +1,252 @@
+"""The service as separate processes on 127.0.0.1, on a database of its own: API instances, workers, dispatchers.
+
+``System`` starts real `specialists serve` edges (the edge alone), worker
+processes (``tests.workers.worker_process``: the real worker, logging every
+scripted step to a shared file so tests can count real executions) and real
+`specialists dispatcher` processes, all with short leases. Its database is
+created for it and dropped afterwards, so no other process of the test session
+(the app tests' dispatcher, say) takes its outbox rows.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from sqlalchemy import Engine, create_engine, text
+
+from core import db
+from core.settings import PROJECT_ROOT
+from tests.app.conftest import EdgeProcess, edge_env, start_edge, stop_edge
+from tests.conftest import _with_database
+from tests.workers.conftest import WORKER_SECRET
+
+LEASE_S = 1.5
+HEARTBEAT_S = 0.25
+CANCEL_GRACE_S = 0.5
+SWEEP_INTERVAL_S = 0.3
+DELIVERY_LEASE_S = 2.0
+SCRIPTED_TARIFF = 3
+
+SCRIPTED_SPEC = f"""\
+id: scripted
+name: Scripted specialist
+description: "Runs the steps, delays and failures a test puts in the message (a data part with a script)."
+# Run by workers; the worker picks its runner by the specialist id (ScriptedRunner).
+executor: rlm
+tariff_credits: {SCRIPTED_TARIFF}
+skill:
+  id: scripted
+  name: Scripted
+  description: Runs the script it is given.
+input_modes: [application/json, text/plain]
+output_modes: [text/plain]
+"""
+
+
+def fresh_database(server_url: str) -> str:
+    name = f"specialists_system_{secrets.token_hex(4)}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    url = _with_database(server_url, name)
+    db.upgrade(url)
+    return url
+
+
+def drop_database(server_url: str, url: str) -> None:
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE "{urlsplit(url).path.lstrip("/")}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def _wait_for_line(process: subprocess.Popen, prefix: str, timeout_s: float = 30) -> str:
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([process.stdout], [], [], 0.2)
+        if ready:
+            line = process.stdout.readline()
+            if line.startswith(prefix):
+                return line
+            if not line:
+                break
+        elif process.poll() is not None:
+            break
+    raise AssertionError(f"process {process.args} did not print {prefix!r} (exit {process.poll()})")
+
+
+def stop_process(process: subprocess.Popen, timeout_s: float = 10) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout_s)
+    if process.stdout:
+        process.stdout.close()
+
+
+@dataclass
+class Worker:
+    process: subprocess.Popen
+    url: str  # the jobs endpoint
+
+    def post(self, body: bytes, timeout_s: float = 30) -> httpx.Response:
+        return httpx.post(self.url, content=body, timeout=timeout_s)
+
+    def kill(self) -> None:
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+
+@dataclass
+class Dispatcher:
+    process: subprocess.Popen
+    log_path: Path
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+@dataclass
+class System:
+    database_url: str
+    folder: Path
+    engine: Engine
+    settings: dict[str, str] = field(default_factory=dict)
+    edges: list[EdgeProcess] = field(default_factory=list)
+    workers: list[Worker] = field(default_factory=list)
+    dispatchers: list[Dispatcher] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.specs_dir = self.folder / "specs"
+        self.specs_dir.mkdir(exist_ok=True)
+        shutil.copy(PROJECT_ROOT / "specs" / "conformance.yaml", self.specs_dir / "conformance.yaml")
+        (self.specs_dir / "scripted.yaml").write_text(SCRIPTED_SPEC)
+        self.step_log = self.folder / "steps.log"
+        self.step_log.touch()
+        self.settings = {
+            "worker_job_secrets": WORKER_SECRET,
+            "worker_oidc_verify": "false",
+            "worker_lease_s": str(LEASE_S),
+            "worker_heartbeat_s": str(HEARTBEAT_S),
+            "worker_cancel_grace_s": str(CANCEL_GRACE_S),
+            "worker_drain_s": "0",
+            "dispatch_poll_interval_s": "0.2",
+            "dispatch_delivery_lease_s": str(DELIVERY_LEASE_S),
+            "dispatch_sweep_interval_s": str(SWEEP_INTERVAL_S),
+            "dispatch_retry_base_s": "0.1",
+            "dispatch_retry_max_s": "1",
+            "conformance_hold_working_s": "1",
+        }
+
+    def env(self, **overrides: str) -> dict[str, str]:
+        return edge_env(self.database_url, self.specs_dir, **{**self.settings, **overrides})
+
+    # --- processes --------------------------------------------------------------------
+
+    def start_edge(self, name: str) -> EdgeProcess:
+        edge = start_edge(self.database_url, self.specs_dir, self.folder, name, **self.settings)
+        self.edges.append(edge)
+        return edge
+
+    def start_worker(self) -> Worker:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.workers.worker_process", str(self.step_log)],
+            cwd=PROJECT_ROOT,
+            env=self.env(),
+            stdout=subprocess.PIPE,
+            stderr=(self.folder / f"worker-{len(self.workers)}.log").open("wb"),
+            text=True,
+        )
+        port = int(_wait_for_line(process, "LISTENING ").split()[1])
+        worker = Worker(process, f"http://127.0.0.1:{port}/jobs")
+        self.workers.append(worker)
+        return worker
+
+    def start_dispatcher(self, *, worker_urls: list[str] | None = None, wait: bool = True, **overrides: str) -> Dispatcher:
+        urls = worker_urls or [w.url for w in self.workers if w.process.poll() is None]
+        log_path = self.folder / f"dispatcher-{len(self.dispatchers)}.log"
+        process = subprocess.Popen(
+            [sys.executable, "-m", "specialists.cli", "dispatcher"],
+            cwd=PROJECT_ROOT,
+            env=self.env(dispatch_worker_url=",".join(urls), **overrides),
+            stdout=subprocess.DEVNULL,
+            stderr=log_path.open("wb"),
+        )
+        dispatcher = Dispatcher(process, log_path)
+        self.dispatchers.append(dispatcher)
+        if wait:
+            deadline = time.monotonic() + 30
+            while "ready" not in dispatcher.log_text():
+                assert process.poll() is None, f"the dispatcher exited with {process.returncode}:\n{dispatcher.log_text()}"
+                assert time.monotonic() < deadline, "the dispatcher did not get ready"
+                time.sleep(0.05)
+        return dispatcher
+
+    def stop_dispatchers(self) -> None:
+        for dispatcher in self.dispatchers:
+            stop_process(dispatcher.process)
+        self.dispatchers.clear()
+
+    def stop(self) -> None:
+        self.stop_dispatchers()
+        for worker in self.workers:
+            stop_process(worker.process)
+        for edge in self.edges:
+            stop_edge(edge)
+
+    # --- what tests look at -----------------------------------------------------------
+
+    def runs(self, job_id: str) -> list[str]:
+        """The pids of the worker processes that started running the job (its first scripted step)."""
+        return [line.split()[0] for line in self.step_log.read_text().splitlines() if line.split()[1:3] == [job_id, "0"]]
+
+    def steps(self, job_id: str) -> list[str]:
+        return [line.split()[3] for line in self.step_log.read_text().splitlines() if line.split()[1] == job_id]
+
+    def job_of(self, task_id: str) -> str:
+        with self.engine.connect() as conn:
+            dispatch_id = conn.execute(
+                text("SELECT max(dispatch_id) FROM dispatch_outbox WHERE task_id = :t"), {"t": task_id}
+            ).scalar_one()
+        return f"{task_id}.{dispatch_id}"
+
+    def wait_for(self, what: str, check: Any, timeout_s: float = 15, interval_s: float = 0.05) -> Any:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            value = check()
+            if value:
+                return value
+            time.sleep(interval_s)
+        raise AssertionError(f"timed out waiting for {what}")
+
+
+def script_message(steps: list[dict[str, Any]], *, message_id: str | None = None, **configuration: Any) -> dict:
+    """A SendMessageRequest (HTTP+JSON) for the scripted specialist."""
+    body: dict[str, Any] = {
+        "message": {
+            "messageId": message_id or f"m-{uuid.uuid4()}",
+            "role": "ROLE_USER",
+            "parts": [{"data": {"script": {"steps": steps}}}],
+        }
+    }
+    if configuration:
+        body["configuration"] = configuration
+    return body

@@ -1,0 +1,424 @@
+"""The whole path as separate processes on 127.0.0.1: two API instances, two workers, dispatchers, PostgreSQL.
+
+admission (API A or B) -> outbox -> dispatcher -> worker -> fenced task events ->
+finish + settlement in one transaction; crashes by SIGKILL and by a dispatcher
+that dies at a chosen point; cancel through the other API instance; forged and
+replayed deliveries; Cloud Tasks through the emulator. The processes live for
+the module (tests/workers/system.py), on a database of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import httpx
+import pytest
+from a2a.client import ClientConfig, ClientFactory
+from a2a.client.card_resolver import A2ACardResolver
+from a2a.types.a2a_pb2 import SubscribeToTaskRequest, TaskState
+from sqlalchemy import text
+
+from core import db
+from core.settings import PROJECT_ROOT, Settings
+from ledger import keys
+from ledger.service import Ledger
+from tests.conftest import TEST_SECRET
+from tests.workers.conftest import QUEUE, SERVICE_ACCOUNT, WORKER_SECRET
+from tests.workers.system import (
+    CANCEL_GRACE_S,
+    DELIVERY_LEASE_S,
+    HEARTBEAT_S,
+    LEASE_S,
+    SCRIPTED_TARIFF,
+    SWEEP_INTERVAL_S,
+    System,
+    drop_database,
+    fresh_database,
+    script_message,
+)
+from workers import claims
+from workers.auth import JobSigner
+from workers.dispatch import outbox
+from workers.dispatch.embedded import CRASH_EXIT_CODE
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+
+SCRIPTED = "scripted"
+
+
+@pytest.fixture(scope="module")
+def system(server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    url = fresh_database(server_url)
+    engine = db.make_engine(url, Settings(database_url=url))
+    running = System(url, tmp_path_factory.mktemp("system"), engine)
+    try:
+        with ThreadPoolExecutor(4) as pool:  # start the processes side by side: each is a Python start-up
+            starting = [pool.submit(running.start_worker) for _ in range(2)]
+            starting += [pool.submit(running.start_edge, name) for name in ("api-a", "api-b")]
+            for future in starting:
+                future.result()
+        running.start_dispatcher()
+        yield running
+    finally:
+        running.stop()
+        engine.dispose()
+        drop_database(server_url, url)
+
+
+@pytest.fixture
+def customer(system: System) -> dict[str, str]:
+    """A new customer entitled to the scripted specialist, with credits; the request headers."""
+    customer_id = f"c-{uuid.uuid4().hex[:12]}"
+    issued = keys.issue_key(system.engine, keys.KeySigner([TEST_SECRET], "test"), customer_id=customer_id,
+                            ttl=timedelta(days=1))
+    Ledger(system.engine).grant(customer_id, 30, operator="tests", skills=[SCRIPTED], reason="system tests")
+    return {"Authorization": f"Bearer {issued.token}", "A2A-Version": "1.0", "X-Customer": customer_id}
+
+
+def api(system: System, index: int) -> str:
+    return system.edges[index].specialist(SCRIPTED)
+
+
+def send(system: System, headers: dict, steps: list[dict], *, via: int = 0) -> str:
+    answer = httpx.post(f"{api(system, via)}/message:send", json=script_message(steps, returnImmediately=True),
+                        headers=headers, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return answer.json()["task"]["id"]
+
+
+def task_of(system: System, headers: dict, task_id: str, *, via: int = 1) -> dict:
+    return httpx.get(f"{api(system, via)}/tasks/{task_id}", headers=headers, timeout=10).json()
+
+
+def state_of(system: System, headers: dict, task_id: str, *, via: int = 1) -> str:
+    return task_of(system, headers, task_id, via=via)["status"]["state"]
+
+
+def reservation(system: System, task_id: str):
+    return Ledger(system.engine).reservation(task_id)
+
+
+def claim(system: System, job_id: str) -> dict | None:
+    with system.engine.connect() as conn:
+        return claims.get(conn, job_id)
+
+
+def signed_body(system: System, job_id: str, *, audience: str = "specialists-worker") -> bytes:
+    """A valid body for the job, as the dispatcher signs it (what a captured delivery looks like)."""
+    with system.engine.connect() as conn:
+        row = conn.execute(
+            text("SELECT dispatch_id, task_id, specialist_id, owner, context_id, attempts FROM dispatch_outbox "
+                 "WHERE task_id || '.' || dispatch_id = :j"),
+            {"j": job_id},
+        ).one()
+    settings = Settings(worker_job_secrets=[WORKER_SECRET], worker_audience=audience)
+    return outbox.build_job(outbox.OutboxRow(*row), JobSigner.from_settings(settings), settings, "http://x/jobs").body
+
+
+def settlements(system: System, task_id: str) -> list[tuple[str, int]]:
+    """The journal's settlement entries for the task's reservation: (kind, credits charged)."""
+    with system.engine.connect() as conn:
+        return [
+            tuple(row)
+            for row in conn.execute(
+                text("SELECT kind::text, charged FROM ledger_settlements WHERE job_id = :j"), {"j": task_id}
+            )
+        ]
+
+
+def specialists(system: System, *args: str) -> subprocess.CompletedProcess:
+    env = system.env()
+    env["SPECIALISTS_KEY_SIGNING_SECRETS"] = TEST_SECRET
+    return subprocess.run(
+        [sys.executable, "-m", "specialists.cli", *args, "--json", "--operator", "ops-drill"],
+        env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60,
+    )
+
+
+# --- the path --------------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_paid_task_runs_on_a_worker_streams_through_the_other_instance_and_is_settled_once(system, customer):
+    task_id = send(system, customer, [
+        {"op": "progress", "text": "reading the bundle"},
+        {"op": "sleep", "seconds": 1.0},
+        {"op": "artifact", "text": "the report"},
+        {"op": "complete", "text": "all good"},
+    ], via=0)
+    system.wait_for("the task to work", lambda: state_of(system, customer, task_id) == "TASK_STATE_WORKING")
+    assert task_of(system, customer, task_id)["status"]["message"]["parts"][0]["text"] == "reading the bundle"
+    async with httpx.AsyncClient(headers={"Authorization": customer["Authorization"]}, timeout=30) as http:
+        card = await A2ACardResolver(http, api(system, 1)).get_agent_card()
+        client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(card)
+        seen = [event async for event in client.subscribe(SubscribeToTaskRequest(id=task_id))]
+    artifacts = [e.artifact_update.artifact for e in seen if e.WhichOneof("payload") == "artifact_update"]
+    assert [a.parts[0].text for a in artifacts] == ["the report"]
+    last = seen[-1].status_update.status
+    assert last.state == TaskState.TASK_STATE_COMPLETED and last.message.parts[0].text == "all good"
+    job = system.job_of(task_id)
+    assert len(system.runs(job)) == 1
+    assert settlements(system, task_id) == [("settle", SCRIPTED_TARIFF)]
+    assert reservation(system, task_id).state == "settled"
+
+
+def test_a_failed_execution_is_charged_the_tariff_and_the_customer_is_told_why(system, customer):
+    task_id = send(system, customer, [{"op": "fail", "text": "the rule does not apply to this bundle"}])
+    system.wait_for("the task to fail", lambda: state_of(system, customer, task_id) == "TASK_STATE_FAILED")
+    message = task_of(system, customer, task_id)["status"]["message"]["parts"][0]["text"]
+    assert message == "the rule does not apply to this bundle"
+    assert settlements(system, task_id) == [("settle", SCRIPTED_TARIFF)]
+
+
+def test_the_same_job_delivered_five_times_at_once_runs_once_and_settles_once(system, customer):
+    task_id = send(system, customer, [{"op": "sleep", "seconds": 0.8}, {"op": "complete", "text": "once"}])
+    job = system.job_of(task_id)
+    body = signed_body(system, job)
+    barrier = threading.Barrier(5)
+
+    def deliver(i: int) -> httpx.Response:
+        barrier.wait()
+        return system.workers[i % 2].post(body)
+
+    with ThreadPoolExecutor(5) as pool:
+        answers = [a.json()["code"] for a in pool.map(deliver, range(5))]
+    system.wait_for("the task to complete", lambda: state_of(system, customer, task_id) == "TASK_STATE_COMPLETED")
+    # With the dispatcher's own delivery, six arrived: one ran it, the others were told it is busy or done.
+    assert set(answers) <= {"job_finished", "job_busy", "job_already_finished", "worker_at_capacity"}
+    assert len(system.runs(job)) == 1
+    row = claim(system, job)
+    assert (row["state"], row["claims"], row["fencing_token"]) == ("finished", 1, 1)
+    assert row["deliveries"] >= 5
+    assert settlements(system, task_id) == [("settle", SCRIPTED_TARIFF)]
+
+
+def test_any_number_of_dispatchers_share_the_outbox_and_every_job_runs_exactly_once(system, customer):
+    Ledger(system.engine).grant(customer["X-Customer"], 100, operator="tests", max_parallel=32, reason="a burst")
+    second = system.start_dispatcher()
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            task_ids = list(pool.map(
+                lambda i: send(system, customer, [{"op": "complete", "text": f"job {i}"}], via=i % 2), range(16)))
+        for task_id in task_ids:
+            system.wait_for("every task to complete",
+                            lambda: state_of(system, customer, task_id) == "TASK_STATE_COMPLETED")
+    finally:
+        from tests.workers.system import stop_process
+
+        stop_process(second.process)
+        system.dispatchers.remove(second)
+    with system.engine.connect() as conn:
+        taken_by = set(conn.execute(
+            text("SELECT taken_by FROM dispatch_outbox WHERE task_id = ANY(:t)"), {"t": task_ids}).scalars())
+    assert all(len(system.runs(system.job_of(t))) == 1 for t in task_ids)
+    assert all(settlements(system, t) == [("settle", SCRIPTED_TARIFF)] for t in task_ids)
+    assert len(taken_by) >= 1  # which dispatcher took which row is the database's choice
+
+
+# --- cancel, forgeries ------------------------------------------------------------------------
+
+
+def test_a_cancel_through_the_other_api_instance_stops_the_running_job_within_heartbeat_and_grace(system, customer):
+    task_id = send(system, customer, [{"op": "progress", "text": "working"}, {"op": "sleep", "seconds": 30},
+                                      {"op": "complete", "text": "should never happen"}], via=0)
+    job = system.wait_for("the job to start", lambda: system.runs(system.job_of(task_id)) and system.job_of(task_id))
+    canceled = httpx.post(f"{api(system, 1)}/tasks/{task_id}:cancel", json={}, headers=customer, timeout=10)
+    asked_at = time.monotonic()
+    assert canceled.status_code == 200 and canceled.json()["status"]["state"] == "TASK_STATE_CANCELED"
+    system.wait_for("the worker to stop", lambda: (claim(system, job) or {}).get("state") == "finished",
+                    interval_s=0.02)
+    stopped_after_s = time.monotonic() - asked_at
+    assert claim(system, job)["outcome"] == "canceled"
+    assert stopped_after_s < HEARTBEAT_S + CANCEL_GRACE_S + 1.0  # the stated bound, with room for a loaded machine
+    assert "complete" not in system.steps(job)
+    assert state_of(system, customer, task_id, via=0) == "TASK_STATE_CANCELED"
+    # It was claimed, so work started: the worker's settlement charged the tariff (docs/WORKERS.md).
+    assert settlements(system, task_id) == [("settle", SCRIPTED_TARIFF)]
+
+
+def test_forged_tampered_and_replayed_deliveries_are_refused_or_answered_without_running(system, customer):
+    task_id = send(system, customer, [{"op": "complete", "text": "ran"}])
+    system.wait_for("the task to complete", lambda: state_of(system, customer, task_id) == "TASK_STATE_COMPLETED")
+    job = system.job_of(task_id)
+    worker = system.workers[0]
+    forged = JobSigner(["not-the-secret-" + "z" * 40], audience="specialists-worker", max_age_s=60).sign(
+        job_id=f"{uuid.uuid4()}.1", specialist_id=SCRIPTED, deadline_s=5)
+    assert (worker.post(forged).status_code, worker.post(forged).json()["code"]) == (401, "job_body_unknown_secret")
+    body = signed_body(system, job)
+    tampered = body[:-4] + (b"AAAA" if not body.endswith(b"AAAA") else b"BBBB")
+    assert worker.post(tampered).json()["code"] == "job_body_tampered"
+    elsewhere = signed_body(system, job, audience="another-deployment")
+    assert (worker.post(elsewhere).status_code, worker.post(elsewhere).json()["code"]) == (403, "job_body_wrong_audience")
+    replayed = worker.post(body)
+    assert (replayed.status_code, replayed.json()["code"]) == (200, "job_already_finished")
+    assert len(system.runs(job)) == 1
+    assert settlements(system, task_id) == [("settle", SCRIPTED_TARIFF)]
+
+
+# --- crashes ----------------------------------------------------------------------------------
+
+
+def test_a_dispatcher_killed_after_committing_its_take_and_before_delivering_loses_nothing(system, customer):
+    system.stop_dispatchers()
+    try:
+        task_id = send(system, customer, [{"op": "complete", "text": "after the crash"}])
+        doomed = system.start_dispatcher(wait=False, dispatch_crash_point="before_enqueue")
+        assert doomed.process.wait(30) == CRASH_EXIT_CODE
+        system.dispatchers.remove(doomed)
+        job = system.job_of(task_id)
+        with system.engine.connect() as conn:
+            row = conn.execute(text("SELECT status, attempts FROM dispatch_outbox WHERE task_id = :t"),
+                               {"t": task_id}).one()
+        assert (row.status, row.attempts) == ("pending", 1)  # taken, never handed over
+        assert system.runs(job) == [] and state_of(system, customer, task_id) == "TASK_STATE_SUBMITTED"
+        started = time.monotonic()
+        system.start_dispatcher()
+        system.wait_for("the job to be done", lambda: state_of(system, customer, task_id) == "TASK_STATE_COMPLETED")
+        assert time.monotonic() - started >= DELIVERY_LEASE_S - 1.5  # the dead dispatcher's lease had to pass
+        with system.engine.connect() as conn:
+            row = conn.execute(text("SELECT status, attempts FROM dispatch_outbox WHERE task_id = :t"),
+                               {"t": task_id}).one()
+        assert (row.status, row.attempts) == ("done", 2)
+        assert len(system.runs(job)) == 1
+        assert settlements(system, task_id) == [("settle", SCRIPTED_TARIFF)]
+    finally:
+        if not system.dispatchers:
+            system.start_dispatcher()
+
+
+def test_a_worker_killed_mid_job_stays_unknown_until_an_operator_reconciles_it(system, customer):
+    task_id = send(system, customer, [{"op": "progress", "text": "started"}, {"op": "sleep", "seconds": 60},
+                                      {"op": "complete"}])
+    job = system.wait_for("the job to start", lambda: system.runs(system.job_of(task_id)) and system.job_of(task_id))
+    [pid] = system.runs(job)
+    doomed = next(w for w in system.workers if str(w.process.pid) == pid)
+    survivor = next(w for w in system.workers if w is not doomed)
+    doomed.kill()
+    assert reservation(system, task_id).state == "open"  # held: nobody knows yet what happened
+
+    system.wait_for("the lease to expire into unknown",
+                    lambda: (claim(system, job) or {}).get("state") == "unknown",
+                    timeout_s=LEASE_S + SWEEP_INTERVAL_S + 10)
+    assert reservation(system, task_id).state == "unknown"
+    seen = task_of(system, customer, task_id)
+    assert seen["status"]["state"] == "TASK_STATE_WORKING"
+    assert "under reconciliation" in seen["status"]["message"]["parts"][0]["text"]
+    later = survivor.post(signed_body(system, job))  # a later delivery does not run it
+    assert (later.status_code, later.json()["code"]) == (200, "job_outcome_unknown")
+    assert system.runs(job) == [pid]
+    cancel = httpx.post(f"{api(system, 0)}/tasks/{task_id}:cancel", json={}, headers=customer, timeout=10)
+    assert "under reconciliation" in cancel.json()["error"]["message"]
+
+    listed = specialists(system, "reservations", "list", "--unknown", "--customer", customer["X-Customer"])
+    assert [r["job_id"] for r in json.loads(listed.stdout)] == [task_id]
+    done = specialists(system, "reconcile", task_id, "--charged", "1", "--state", "failed",
+                       "--reason", "drill: the worker was killed; provider log shows no answer")
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    assert (record["outcome"], record["charged"], record["task_state"], record["jobs_resolved"]) == (
+        "reconciled", 1, "failed", [job])
+    assert state_of(system, customer, task_id) == "TASK_STATE_FAILED"
+    assert claim(system, job)["state"] == "finished" and claim(system, job)["outcome"] == "failed"
+    verify = specialists(system, "ledger", "verify")
+    assert verify.returncode == 0 and json.loads(verify.stdout)["clean"] is True
+
+    system.workers.remove(doomed)  # later tests get a full set again
+    system.start_worker()
+    system.stop_dispatchers()
+    system.start_dispatcher()
+
+
+def test_a_job_no_worker_can_take_is_failed_as_undeliverable_and_charged_nothing(system, customer):
+    system.stop_dispatchers()
+    try:
+        system.start_dispatcher(worker_urls=["http://127.0.0.1:9/jobs"], dispatch_max_attempts="2")
+        task_id = send(system, customer, [{"op": "complete"}])
+        system.wait_for("the task to fail", lambda: state_of(system, customer, task_id) == "TASK_STATE_FAILED")
+        message = task_of(system, customer, task_id)["status"]["message"]["parts"][0]["text"]
+        assert "no worker accepted this task after 2 attempts" in message
+        assert settlements(system, task_id) == [("void", 0)] or reservation(system, task_id).state == "voided"
+        assert claim(system, system.job_of(task_id))["outcome"] == "failed"  # a late delivery would not run it
+    finally:
+        system.stop_dispatchers()
+        system.start_dispatcher()
+
+
+# --- Cloud Tasks -------------------------------------------------------------------------------
+
+
+def cloud_tasks_relay(system: System, emulator, **overrides: str):
+    project, location, queue = QUEUE.split("/")[1::2]
+    return system.start_dispatcher(
+        worker_urls=[system.workers[0].url],
+        dispatch_backend="cloud_tasks",
+        cloud_tasks_project=project,
+        cloud_tasks_location=location,
+        cloud_tasks_queue=queue,
+        cloud_tasks_emulator_host=emulator.host,
+        dispatch_service_account=SERVICE_ACCOUNT,
+        **overrides,
+    )
+
+
+def test_the_cloud_tasks_path_end_to_end_through_the_emulator(system, customer, emulator):
+    system.stop_dispatchers()
+    try:
+        cloud_tasks_relay(system, emulator)
+        task_id = send(system, customer, [{"op": "progress", "text": "via the queue"},
+                                          {"op": "complete", "text": "via cloud tasks"}])
+        system.wait_for("the task to complete", lambda: state_of(system, customer, task_id) == "TASK_STATE_COMPLETED",
+                        timeout_s=30)
+        with system.engine.connect() as conn:
+            row = conn.execute(text("SELECT status, sent_at FROM dispatch_outbox WHERE task_id = :t"),
+                               {"t": task_id}).one()
+        assert row.status == "done" and row.sent_at is not None  # relayed (sent), then settled by the worker
+        assert task_of(system, customer, task_id)["status"]["message"]["parts"][0]["text"] == "via cloud tasks"
+        assert len(system.runs(system.job_of(task_id))) == 1
+        assert settlements(system, task_id) == [("settle", SCRIPTED_TARIFF)]
+    finally:
+        system.stop_dispatchers()
+        system.start_dispatcher()
+
+
+def test_a_relay_killed_after_enqueueing_and_before_recording_it_enqueues_again_and_the_job_runs_once(
+    system, customer, emulator
+):
+    system.stop_dispatchers()
+    try:
+        task_id = send(system, customer, [{"op": "complete", "text": "once"}])
+        job = system.job_of(task_id)
+        # Hold the first delivery at its claim (an uncommitted claim row of ours) until the relay has
+        # enqueued the job a second time: otherwise it would finish and close the row first.
+        with system.engine.connect() as gate:
+            gate.execute(text("INSERT INTO job_claims (job_id, state, fencing_token, claims) "
+                              "VALUES (:j, 'released', 0, 0)"), {"j": job})
+            doomed = cloud_tasks_relay(system, emulator, dispatch_crash_point="after_enqueue")
+            assert doomed.process.wait(30) == CRASH_EXIT_CODE
+            system.dispatchers.remove(doomed)
+            with system.engine.connect() as conn:  # its transaction died with it: the row was never marked sent
+                assert conn.execute(text("SELECT status FROM dispatch_outbox WHERE task_id = :t"),
+                                    {"t": task_id}).scalar() == "pending"
+            cloud_tasks_relay(system, emulator)  # enqueues the same task name again (the emulator keeps both)
+
+            def sent_at() -> object:
+                with system.engine.connect() as conn:
+                    return conn.execute(text("SELECT sent_at FROM dispatch_outbox WHERE task_id = :t"),
+                                        {"t": task_id}).scalar()
+
+            system.wait_for("the second enqueue", sent_at)
+            gate.rollback()
+        system.wait_for("both deliveries", lambda: state_of(system, customer, task_id) == "TASK_STATE_COMPLETED"
+                        and claim(system, job)["deliveries"] >= 2, timeout_s=30)
+        assert len(system.runs(job)) == 1
+        assert settlements(system, task_id) == [("settle", SCRIPTED_TARIFF)]
+    finally:
+        system.stop_dispatchers()
+        system.start_dispatcher()
