@@ -6,8 +6,8 @@ A job dispatched from the edge's outbox names its task in the signed payload
 call here leaves it alone. The job's message itself stays in the outbox row.
 
 Every write goes to the edge's task tables in the a2a-sdk cluster store's format
-(``app.taskrows``: the one module of the edge that workers import, because both
-sides must write the SDK's rows identically), so every API instance reads and
+(``app.taskrows``: with ``app.notify``'s channel names, the only edge code that
+workers import, because both sides must write the SDK's rows identically), so every API instance reads and
 streams what a worker wrote. After each commit a notification on the edge's
 ``edge_task_events`` channel wakes their streams at once (they also poll).
 
