@@ -386,6 +386,13 @@ class Settings(BaseSettings):
         description="Times one job may be resumed from its checkpoint after the worker running it died; "
         "past it (or without a checkpoint) the job is unknown.",
     )
+    specialist_resume_window_s: float = Field(
+        default=300.0,
+        ge=1.0,
+        le=86_400.0,
+        description="How long after a dead worker's lease expired a later delivery may still resume its job; "
+        "until then the lease sweeper leaves it, after it the job is recorded unknown.",
+    )
 
     @field_validator("specialist_checkpoint_key")
     @classmethod

@@ -13,6 +13,10 @@
 - ``specialist_steps``: each python step of the root model: the checkpoint it
   started from and, once it ended, its result, so a resumed run replays it.
 
+``specialist_credits`` computes what a job settles from its journal (so a run
+stopped by the worker settles what it used); ``specialist_resumable`` tells the
+lease sweeper to leave a job a later delivery can still resume.
+
 Writes by a worker are fenced: they lock the job's claim row (``FOR SHARE``) and
 check its fencing token, so a worker that lost its claim writes nothing once the
 next claim has committed. ``specialist_claim`` is the claim a specialist worker
@@ -40,6 +44,8 @@ def upgrade() -> None:
             route                   text NOT NULL,
             pricing                 text NOT NULL CHECK (pricing IN ('fixed', 'metered')),
             tariff_credits          bigint NOT NULL CHECK (tariff_credits >= 0),
+            base_credits            bigint CHECK (base_credits IS NULL OR base_credits >= 0),
+            credits_per_semantic_call bigint CHECK (credits_per_semantic_call IS NULL OR credits_per_semantic_call >= 0),
             session_id              text NOT NULL,
             resumes                 integer NOT NULL DEFAULT 0 CHECK (resumes >= 0),
             state                   text NOT NULL DEFAULT 'running' CHECK (state IN ('running', 'ended')),
@@ -52,7 +58,8 @@ def upgrade() -> None:
                                                   OR credits_to_settle BETWEEN 0 AND tariff_credits),
             started_at              timestamptz NOT NULL DEFAULT now(),
             ended_at                timestamptz,
-            CHECK ((state = 'ended') = (ended_at IS NOT NULL))
+            CHECK ((state = 'ended') = (ended_at IS NOT NULL)),
+            CHECK ((pricing = 'metered') = (base_credits IS NOT NULL AND credits_per_semantic_call IS NOT NULL))
         );
         CREATE INDEX specialist_runs_started ON specialist_runs (started_at);
 
@@ -107,6 +114,31 @@ def upgrade() -> None:
             CHECK ((result IS NULL) = (ended_at IS NULL))
         );
 
+        -- What a job settles, from its journal: the tariff (fixed), or the base plus the price of each answered
+        -- semantic call, never above the tariff (metered). A call superseded after a resume counts once. NULL:
+        -- the job is not a specialist run.
+        CREATE FUNCTION specialist_credits(p_job_id text)
+        RETURNS bigint LANGUAGE sql STABLE AS $$
+            SELECT CASE WHEN r.pricing = 'fixed' THEN r.tariff_credits
+                        ELSE LEAST(r.tariff_credits, r.base_credits + r.credits_per_semantic_call * (
+                               SELECT count(*) FROM specialist_calls c
+                                WHERE c.job_id = p_job_id AND c.purpose = 'subcall' AND c.state = 'completed'
+                                  AND c.superseded_by IS NULL)) END
+              FROM specialist_runs r WHERE r.job_id = p_job_id;
+        $$;
+
+        -- Whether a running job whose lease expired may still be resumed by a later delivery: it has a checkpoint,
+        -- fewer than p_max_resumes resumes, and its lease expired less than p_window_s ago. The lease sweeper
+        -- leaves such a job to the delivery instead of recording it unknown.
+        CREATE FUNCTION specialist_resumable(p_job_id text, p_max_resumes integer, p_window_s double precision)
+        RETURNS boolean LANGUAGE sql STABLE AS $$
+            SELECT EXISTS (SELECT 1 FROM job_claims c
+                            WHERE c.job_id = p_job_id AND c.state = 'running'
+                              AND c.lease_expires_at + make_interval(secs => p_window_s) > clock_timestamp())
+               AND EXISTS (SELECT 1 FROM specialist_checkpoints k WHERE k.job_id = p_job_id)
+               AND EXISTS (SELECT 1 FROM specialist_runs s WHERE s.job_id = p_job_id AND s.resumes < p_max_resumes);
+        $$;
+
         -- The claim of a specialist worker. A running claim whose lease expired is resumed (claimed again,
         -- token + 1) when the job has a checkpoint and fewer than p_max_resumes resumes; everything else
         -- (a new job, a released one, finished, busy, an expired lease without a checkpoint or past the
@@ -153,6 +185,8 @@ def downgrade() -> None:
     op.execute(
         """
         DROP FUNCTION specialist_claim(text, text, double precision, integer);
+        DROP FUNCTION specialist_resumable(text, integer, double precision);
+        DROP FUNCTION specialist_credits(text);
         DROP TABLE specialist_steps;
         DROP TABLE specialist_calls;
         DROP TABLE specialist_checkpoints;

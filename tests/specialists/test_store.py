@@ -12,6 +12,7 @@ from tests.specialists.test_runner import FILES, RULE
 from rlm.kernels.checkpoints import Checkpoint, PendingCall, RuntimeIdentity
 from workers import claims
 from workers.specialist import claim as specialist_claim
+from workers.specialist import settle
 from workers.specialist.hosted import session_id_for
 from workers.specialist.journal import Journal
 from workers.specialist.store import ClaimLost, PgCheckpointStore
@@ -111,3 +112,24 @@ def test_a_tampered_checkpoint_is_refused_and_the_job_fails_saying_why(engine, t
     assert outcome.detail["code"] == "checkpoint_tampered"
     assert "could not be resumed" in outcome.message and "digest mismatch" in outcome.message
     assert outcome.detail["credits_to_settle"] == 0  # the service's failure, not the customer's
+
+
+def test_the_journal_decides_what_a_job_settles_and_whether_it_may_still_be_resumed(engine, tmp_path):
+    spec, routes, msg, job_id, token, first = finished_then_resumed(engine, tmp_path)
+    with engine.connect() as conn:
+        assert settle.credits_for_job(conn, job_id, "completed", first.detail) == 4 + 2
+        assert settle.credits_for_job(conn, job_id, "failed", {}) == 4 + 2  # stopped by the worker: the journal's
+        assert settle.credits_for_job(conn, job_id, "rejected", {}) == 0
+        assert settle.credits_for_job(conn, job_id, "failed", {"credits_to_settle": 0}) == 0
+        assert settle.credits_for_job(conn, "not-a-specialist-job", "completed", {}) is None
+        assert settle.semantic_calls_used(conn, job_id) == 2
+    with engine.begin() as conn:  # the resumed claim's lease passes too
+        conn.execute(text("UPDATE job_claims SET lease_expires_at = clock_timestamp() - interval '10 seconds' "
+                          "WHERE job_id = :j"), {"j": job_id})
+    with engine.connect() as conn:
+        resumable = lambda resumes, window: conn.execute(  # noqa: E731
+            text("SELECT specialist_resumable(:j, :m, :w)"), {"j": job_id, "m": resumes, "w": window}
+        ).scalar()
+        assert resumable(2, 60) is True
+        assert resumable(1, 60) is False  # resumed once already: the limit is reached
+        assert resumable(2, 5) is False  # the lease expired longer ago than the window

@@ -27,6 +27,7 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
+from core.specs import PricingSpec
 from rlm.kernels.base import StepResult
 from rlm.kernels.checkpoints import Checkpoint
 from rlm.providers.base import Completion, ToolCall, Usage
@@ -133,16 +134,19 @@ class Journal:
 
     # --- the run ------------------------------------------------------------------------
 
-    def open_run(self, *, specialist_id: str, route: str, pricing: str, tariff_credits: int, session_id: str) -> int:
+    def open_run(self, *, specialist_id: str, route: str, pricing: PricingSpec, tariff_credits: int,
+                 session_id: str) -> int:
         """Record the run (first delivery) or find it (a resume); returns how many times it was resumed."""
         with self.engine.begin() as conn:
             check_fence(conn, self.job_id, self.fencing_token)
             conn.execute(
                 text(
-                    "INSERT INTO specialist_runs (job_id, specialist_id, route, pricing, tariff_credits, session_id) "
-                    "VALUES (:j, :sp, :r, :p, :tc, :sid) ON CONFLICT (job_id) DO NOTHING"
+                    "INSERT INTO specialist_runs (job_id, specialist_id, route, pricing, tariff_credits, base_credits, "
+                    "credits_per_semantic_call, session_id) VALUES (:j, :sp, :r, :p, :tc, :base, :per, :sid) "
+                    "ON CONFLICT (job_id) DO NOTHING"
                 ),
-                self._params(sp=specialist_id, r=route, p=pricing, tc=tariff_credits, sid=session_id),
+                self._params(sp=specialist_id, r=route, p=pricing.mode, tc=tariff_credits, base=pricing.base_credits,
+                             per=pricing.credits_per_semantic_call, sid=session_id),
             )
             return int(
                 conn.execute(text("SELECT resumes FROM specialist_runs WHERE job_id = :j"), {"j": self.job_id}).scalar_one()

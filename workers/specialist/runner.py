@@ -103,7 +103,7 @@ class SpecialistRunner:
         store = PgCheckpointStore(self.engine, job_id=job.job_id, fencing_token=ctx.fencing_token, session_id=session_id)
         assert spec.model_route is not None
         resumes = journal.open_run(
-            specialist_id=spec.id, route=spec.model_route, pricing=spec.pricing.mode,
+            specialist_id=spec.id, route=spec.model_route, pricing=spec.pricing,
             tariff_credits=spec.tariff_credits, session_id=session_id,
         )
         latest = store.latest(session_id)

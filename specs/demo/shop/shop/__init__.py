@@ -1,0 +1,1 @@
+"""A tiny shop: customers and orders in SQLite."""
