@@ -328,6 +328,9 @@ def main() -> None:
             # One connection per concurrent client: below that, overflow connections are
             # opened and closed on every burst (see docs/A2A_EDGE.md, sizing).
             "SPECIALISTS_DB_POOL_SIZE": str(args.clients + 8),
+            # The edge alone: nothing claims the outbox (bench/dispatch.py measures the rest of the path).
+            "SPECIALISTS_SERVE_WORKER": "false",
+            "SPECIALISTS_SERVE_DISPATCHER": "false",
         }
     )
     edge = subprocess.Popen(
