@@ -5,7 +5,8 @@ LOCKED``, a delivery lease, the attempt counted) up to the free delivery slots,
 and delivers each in its own thread with ``deliver_over_http``, to the worker
 endpoint with the fewest deliveries in flight (``dispatch_worker_url`` may list
 several; each gets at most ``worker_max_concurrent_jobs`` at once, what a worker
-runs). A delivery holds its HTTP request for the job's whole run, so the lease
+runs), never one that just failed to answer while another did not (a dead
+worker's job must reach a live one to be resumed). A delivery holds its HTTP request for the job's whole run, so the lease
 of rows in flight is renewed every third of ``dispatch_delivery_lease_s``.
 
 What the worker's answer means (``workers.dispatch.delivery``):
@@ -71,6 +72,9 @@ class EmbeddedDispatcher:
         self.client = client or httpx.Client(limits=httpx.Limits(max_connections=self.capacity + 4))
         self._lock = threading.Lock()
         self._in_flight: dict[int, str] = {}  # dispatch id -> worker URL
+        # Deliveries in a row that got no HTTP answer, per URL: a dead worker is tried only when every other
+        # one failed too (a job whose worker died must reach another one to be resumed).
+        self._unanswered: dict[str, int] = {url: 0 for url in self.urls}
         self._renew_every_s = settings.dispatch_delivery_lease_s / 3
         self._next_renewal = time.monotonic() + self._renew_every_s
 
@@ -96,7 +100,7 @@ class EmbeddedDispatcher:
                 load = {url: 0 for url in self.urls}
                 for url in self._in_flight.values():
                     load[url] += 1
-                url = min(self.urls, key=lambda u: load[u])
+                url = min(self.urls, key=lambda u: (self._unanswered[u], load[u]))
                 self._in_flight[row.dispatch_id] = url
             # Daemon threads: stopping the dispatcher abandons deliveries in flight, which is safe (their rows
             # come due again after the lease and a redelivery is answered from the job's claim).
@@ -120,6 +124,8 @@ class EmbeddedDispatcher:
         try:
             job = outbox.build_job(row, self.signer, self.settings, url)
             result = deliver_over_http(job, client=self.client, timeout_s=self.settings.dispatch_deadline_s)
+            with self._lock:
+                self._unanswered[url] = 0 if result.status is not None else self._unanswered[url] + 1
             crash_here("after_enqueue", self.settings)
             self._record(row, result)
         except Exception:
