@@ -216,7 +216,8 @@ def _child_env(settings: Settings, url: str, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["DATABASE_URL"] = url
     for name, variable in local_secrets.GENERATED.items():
-        values = [secret.get_secret_value() for secret in getattr(settings, name)]
+        value = getattr(settings, name)
+        values = [secret.get_secret_value() for secret in (value if isinstance(value, list) else [value] if value else [])]
         if values:
             env[variable] = ",".join(values)
     env.update(extra)
@@ -301,6 +302,10 @@ def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
     from core.specs import load_specs
 
     specs = load_specs(settings.specs_dir)  # an invalid spec stops here, naming the file and field
+    from workers.specialist.service import check_readiness
+
+    # A route whose key is missing is reported now (and by the worker's /readyz), not by a customer's task.
+    not_ready = check_readiness(settings) if settings.serve_worker else []
     worker_url = f"http://{settings.worker_host}:{settings.worker_port}"
     dispatch_to = f"{worker_url}/jobs" if settings.serve_worker else settings.dispatch_worker_url
     emit(
@@ -309,6 +314,7 @@ def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
             "embedded": settings.embedded,
             "schema": db.current_revision(ctx.engine),
             "specialists": ", ".join(sorted(specs)),
+            "not ready": "; ".join(f"{p.specialist_id}: {p.message}" for p in not_ready) if not_ready else "none",
             "url": settings.public_url,
             "worker": worker_url if settings.serve_worker else "not started here (SPECIALISTS_SERVE_WORKER)",
             "dispatcher": f"{settings.dispatch_backend} to {dispatch_to}"

@@ -49,6 +49,7 @@ from workers import claims
 from workers.auth import BODY_TOO_LARGE, JobSigner, OidcVerifier, VerifiedJob, WorkerAuthRefused
 from workers.finish import Finisher, Settlement
 from workers.runner import EventSink, RunContext, Runner, RunOutcome
+from workers.specialist import claim as specialist_claim
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ class WorkerService:
         finisher: Finisher,
         settlement: Settlement,
         events: EventSink,
+        readiness_problems: list[dict[str, Any]] | None = None,
     ) -> None:
         self.engine = engine
         self.limits = limits
@@ -102,6 +104,8 @@ class WorkerService:
         self.finisher = finisher
         self.settlement = settlement
         self.events = events
+        # Specialists this worker could not serve (route, key, spec): /readyz reports them.
+        self.readiness_problems = list(readiness_problems or [])
         # Counts runner threads, not requests: an abandoned runner that keeps going still holds its slot.
         self._slots = threading.BoundedSemaphore(limits.max_concurrent_jobs)
 
@@ -133,7 +137,7 @@ class WorkerService:
         started = False
         try:
             try:
-                claim = await anyio.to_thread.run_sync(self._claim, job)
+                claim = await anyio.to_thread.run_sync(self._claim, job, runner)
             except DBAPIError as exc:
                 log.warning("claiming job %s failed: %s", job.job_id, type(exc).__name__)
                 return _answer(503, "claim_failed", "the claim could not be recorded; retry later", retry_after_s=1)
@@ -183,9 +187,20 @@ class WorkerService:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def _claim(self, job: VerifiedJob) -> claims.ClaimResult:
+    def _claim(self, job: VerifiedJob, runner: Runner) -> claims.ClaimResult:
+        max_resumes = getattr(runner, "max_resumes", None)
         with self.engine.begin() as conn:
-            result = claims.claim(conn, job.job_id, worker_id=self.worker_id, lease_s=self.limits.lease_s)
+            if max_resumes is None:
+                result = claims.claim(conn, job.job_id, worker_id=self.worker_id, lease_s=self.limits.lease_s)
+            else:
+                # A runner that checkpoints (rlm specialists): an expired lease with a checkpoint is resumed.
+                found = specialist_claim.claim(
+                    conn, job.job_id, worker_id=self.worker_id, lease_s=self.limits.lease_s, max_resumes=max_resumes
+                )
+                result = found.claim
+                if found.resumed:
+                    log.warning("job %s: its worker's lease expired; resuming it from its checkpoint (claim %s)",
+                                job.job_id, result.fencing_token)
             if result.newly_unknown:
                 self.settlement.mark_unknown(
                     conn, job, result.fencing_token, "its lease expired while it ran; found by a later delivery"
@@ -284,8 +299,10 @@ class WorkerService:
 
     def _final_outcome(self, job: VerifiedJob, outcome: RunOutcome | None, stop_reason: str | None) -> RunOutcome:
         grace = f"within worker_cancel_grace_s ({self.limits.cancel_grace_s:g} s)"
+        # What the runner recorded (e.g. a specialist's usage and the credits it computed) stays with the outcome.
+        kept = dict(outcome.detail) if outcome else {}
         if stop_reason == "deadline":
-            detail = {"stopped": "deadline", "runner_outcome": outcome.state if outcome else None}
+            detail = {**kept, "stopped": "deadline", "runner_outcome": outcome.state if outcome else None}
             return RunOutcome(
                 "failed",
                 f"the specialist's deadline of {job.deadline_s:g} s passed"
@@ -298,7 +315,7 @@ class WorkerService:
                 "canceled",
                 "cancelled on request" + ("" if outcome else f"; the specialist did not stop {grace}"),
                 outcome.artifacts if outcome else (),
-                {"stopped": "canceled"},
+                {**kept, "stopped": "canceled"},
             )
         if outcome is None:  # lease lost and the runner did not stop: report what we know, it will be refused
             return RunOutcome("failed", f"the worker lost its lease and the specialist did not stop {grace}",
@@ -316,6 +333,16 @@ def create_worker_app(service: WorkerService) -> FastAPI:
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
         return {"status": "ok", "worker_id": service.worker_id}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        """Ready when every specialist it was configured for is served (routes, keys, specs)."""
+        problems = service.readiness_problems
+        return JSONResponse(
+            {"status": "ready" if not problems else "not_ready", "worker_id": service.worker_id,
+             "specialists": sorted(service.runners), "problems": problems},
+            status_code=200 if not problems else 503,
+        )
 
     app.state.worker = service
     return app

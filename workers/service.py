@@ -1,7 +1,7 @@
 """Assembling a worker from settings, and serving it: what `specialists worker` calls.
 
 ``build_worker_service`` wires the signer, the OIDC check (unless turned off), the
-runners, the finisher, the settlement (the task's final state and the ledger, in
+runners (the built-in ones and every ready rlm spec, see ``workers.specialist``), the finisher, the settlement (the task's final state and the ledger, in
 the finish's transaction) and the fenced task events. ``run_worker`` checks the
 configuration (schema at head, a job secret present), then serves the endpoint
 with uvicorn until stopped; on shutdown running jobs get ``worker_drain_s`` to
@@ -30,6 +30,7 @@ from workers.finish import ClaimFinisher, Settlement
 from workers.runner import EventSink, Runner, ScriptedRunner, ScriptStep
 from workers.server import WorkerLimits, WorkerService, create_worker_app
 from workers.settlement import TaskSettlement
+from workers.specialist.service import specialist_runners
 from workers.tasks import TaskEvents, TaskRef
 
 log = logging.getLogger(__name__)
@@ -62,11 +63,27 @@ def script_in_message(tasks: TaskEvents) -> Callable[[VerifiedJob], Any]:
 
 
 def default_runners(settings: Settings, tasks: TaskEvents, on_step: StepObserver | None = None) -> dict[str, Runner]:
-    """The specialists every worker serves, by specialist id, until the spec-driven ones land (issue 7)."""
+    """The built-in specialists every worker serves, by specialist id (the rlm specs are added by
+    ``build_worker_service`` from ``workers.specialist.service``)."""
     return {
         "scripted": ScriptedRunner(on_step=on_step, script_of=script_in_message(tasks)),
         "conformance": ExecutorRunner(ConformanceExecutor(settings.conformance_hold_working_s), tasks),
     }
+
+
+def with_specialists(
+    settings: Settings, engine: Engine, tasks: TaskEvents, runners: Mapping[str, Runner]
+) -> tuple[dict[str, Runner], list[dict[str, Any]]]:
+    """``runners`` plus a ``SpecialistRunner`` for every ready rlm spec not served by them, and the readiness
+    problems of the others (what ``/readyz`` reports)."""
+    served = specialist_runners(settings, engine, lambda job: tasks.load(job).message)
+    combined = dict(runners)
+    for specialist_id, runner in served.runners.items():
+        combined.setdefault(specialist_id, runner)
+    problems = [problem.as_dict() for problem in served.problems if problem.specialist_id not in runners]
+    for problem in problems:
+        log.warning("specialist %s is not served: %s", problem["specialist"], problem["message"])
+    return combined, problems
 
 
 def check_worker_settings(settings: Settings) -> None:
@@ -94,23 +111,28 @@ def build_worker_service(
     events: EventSink | None = None,
     fetch_certs: CertsFetcher | None = None,
     worker_id: str | None = None,
+    on_step: StepObserver | None = None,
 ) -> WorkerService:
     check_worker_settings(settings)
     worker_id = worker_id or new_worker_id()
     tasks = TaskEvents(engine)
     settlement = settlement or TaskSettlement(tasks, operator=f"worker:{worker_id}"[:200])
+    problems: list[dict[str, Any]] = []
+    if runners is None:
+        runners, problems = with_specialists(settings, engine, tasks, default_runners(settings, tasks, on_step))
     return WorkerService(
         engine=engine,
         limits=WorkerLimits.from_settings(settings),
         worker_id=worker_id,
         signer=JobSigner.from_settings(settings),
         oidc=OidcVerifier.from_settings(settings, fetch_certs) if settings.worker_oidc_verify else None,
-        runners=runners if runners is not None else default_runners(settings, tasks),
+        runners=runners,
         finisher=ClaimFinisher(
             engine, worker_id=worker_id, settlement=settlement, attempts=settings.worker_finish_attempts
         ),
         settlement=settlement,
         events=events or tasks,
+        readiness_problems=problems,
     )
 
 
@@ -129,8 +151,7 @@ def run_worker(
     check_worker_settings(settings)
     engine = db.make_engine(database_url or db.database_url(settings), settings)
     db.require_schema_at_head(engine)
-    runners = default_runners(settings, TaskEvents(engine), on_step) if on_step else None
-    app = create_worker_app(build_worker_service(settings, engine, runners=runners))
+    app = create_worker_app(build_worker_service(settings, engine, on_step=on_step))
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))

@@ -18,8 +18,11 @@ Tariff policy (docs/WORKERS.md, docs/A2A_EDGE.md):
 =================  =====================================================
 job outcome        the reservation
 =================  =====================================================
-completed, failed  charged the tariff (the work was done or attempted)
-canceled           charged the tariff: it was claimed, so work started
+completed, failed  charged the tariff (the work was done or attempted); an rlm
+                   specialist charges its pricing: fixed, or metered (base +
+                   answered semantic calls, never above the tariff)
+canceled           charged the tariff: it was claimed, so work started (an rlm
+                   specialist: its pricing, as above)
 rejected           charged 0: the specialist declined the work
 input_required     not settled: the task goes on with the next message
 unknown            held until an operator reconciles it
@@ -39,6 +42,7 @@ from ledger import operations
 from ledger.errors import ResolutionRefused
 from workers.auth import VerifiedJob
 from workers.runner import RunOutcome
+from workers.specialist import settle as specialist_settle
 from workers.tasks import TaskEvents, TaskRef
 
 log = logging.getLogger(__name__)
@@ -77,12 +81,15 @@ class TaskSettlement:
         if ref is None:
             return
         row = conn.execute(_CLOSE_JOB, {"d": ref.dispatch_id, "t": ref.task_id}).one_or_none()
-        self.tasks.finish(conn, ref, outcome)
-        if row is None or row.reservation_id is None:
-            return  # a free task: nothing was reserved
-        charged = charged_credits(outcome.state, int(row.tariff_credits))
-        if charged is None:
-            return
+        reserved = row is not None and row.reservation_id is not None
+        charged = charged_credits(outcome.state, int(row.tariff_credits)) if reserved else None
+        specialist = specialist_settle.credits_for_job(conn, job.job_id, outcome.state, outcome.detail)
+        if specialist is not None and charged is not None:
+            charged = min(specialist, charged)  # an rlm specialist's pricing (fixed or metered), never above
+        metadata = specialist_settle.final_metadata(conn, job.job_id, outcome.detail, charged if reserved else 0)
+        self.tasks.finish(conn, ref, outcome, metadata=metadata)
+        if not reserved or charged is None:
+            return  # a free task (nothing was reserved), or one that goes on
         # A refusal raises: the finish rolls back, is retried, and a finish that cannot commit leaves the
         # job to expire into unknown, where an operator sees it. Money is never moved on a guess.
         operations.settle(conn, row.reservation_id, charged, f"job {job.job_id} {outcome.state} (claim {fencing_token})")

@@ -223,19 +223,28 @@ class TaskEvents:
 
     # --- in the finish / claim / reconcile transactions ------------------------------------
 
-    def finish(self, conn: Connection, ref: TaskRef, outcome: RunOutcome) -> bool:
-        """Write the job's final state (the caller's transaction). False if the task was already final."""
+    def finish(self, conn: Connection, ref: TaskRef, outcome: RunOutcome, *,
+               metadata: dict[str, Any] | None = None) -> bool:
+        """Write the job's final state (the caller's transaction). False if the task was already final.
+        ``metadata`` is merged into the final event's (and so the task's) metadata."""
         final = outcome.final_event
         if isinstance(final, Message):
             final.task_id, final.context_id = ref.task_id, ref.context_id
+            if metadata:
+                final.metadata.update(metadata)
             return self._write(conn, ref, final)
         if isinstance(final, TaskStatusUpdateEvent) and final.status.state == OUTCOME_STATES[outcome.state]:
             final.task_id, final.context_id = ref.task_id, ref.context_id
+            if metadata:
+                final.metadata.update(metadata)
             return self._write(conn, ref, final)
         status = TaskStatus(state=OUTCOME_STATES[outcome.state])
         if outcome.message:
             status.message.CopyFrom(agent_message(outcome.message, ref))
-        return self._write(conn, ref, TaskStatusUpdateEvent(task_id=ref.task_id, context_id=ref.context_id, status=status))
+        event = TaskStatusUpdateEvent(task_id=ref.task_id, context_id=ref.context_id, status=status)
+        if metadata:
+            event.metadata.update(metadata)
+        return self._write(conn, ref, event)
 
     def mark_unknown(self, conn: Connection, ref: TaskRef) -> bool:
         """Not finished, and saying why: WORKING with the reconciliation message (the caller's transaction)."""

@@ -73,19 +73,21 @@ def test_serve_in_production_never_generates_secrets_and_names_the_missing_one(d
 def test_local_secrets_are_generated_once_on_one_machine_only(tmp_path: Path, database_url: str) -> None:
     embedded = Settings(data_dir=tmp_path)  # no DATABASE_URL: the embedded database's machine
     filled, generated = local_secrets.with_local_secrets(embedded, generate=True)
-    assert sorted(generated) == ["key_signing_secrets", "worker_job_secrets"]
+    assert sorted(generated) == ["key_signing_secrets", "specialist_checkpoint_key", "worker_job_secrets"]
     path = local_secrets.secrets_path(embedded)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     again, generated_again = local_secrets.with_local_secrets(Settings(data_dir=tmp_path), generate=True)
     assert generated_again == []  # the next command reuses them
     assert again.key_signing_secrets[0].get_secret_value() == filled.key_signing_secrets[0].get_secret_value()
     assert again.worker_job_secrets[0].get_secret_value() == filled.worker_job_secrets[0].get_secret_value()
+    assert again.specialist_checkpoint_key.get_secret_value() == filled.specialist_checkpoint_key.get_secret_value()
     production = Settings(data_dir=tmp_path / "prod", database_url=database_url)
     assert local_secrets.with_local_secrets(production, generate=True) == (production, [])
     assert not (tmp_path / "prod").exists()
 
 
-def test_serve_runs_the_whole_system_in_one_command_and_ctrl_c_stops_every_part(server_url, specs_dir, tmp_path):
+def test_serve_runs_the_whole_system_in_one_command_and_ctrl_c_stops_every_part(server_url, engine, specs_dir, tmp_path):
+    engine.dispose()  # the session engine's idle connections back to a server that allows 100
     url = fresh_database(server_url)
     port = free_port()
     env = edge_env(url, specs_dir, serve_worker="true", serve_dispatcher="true", worker_job_secrets=WORKER_SECRET,
@@ -109,12 +111,12 @@ def test_serve_runs_the_whole_system_in_one_command_and_ctrl_c_stops_every_part(
             time.sleep(0.1)
         children = [int(pid) for pid in Path(f"/proc/{serve.pid}/task/{serve.pid}/children").read_text().split()]
         assert len(children) == 2  # the worker and the dispatcher
-        engine = db.make_engine(url, Settings(database_url=url))
+        own = db.make_engine(url, Settings(database_url=url))
         try:
-            issued = keys.issue_key(engine, keys.KeySigner([TEST_SECRET], "test"), customer_id=f"c-{uuid.uuid4().hex[:8]}",
+            issued = keys.issue_key(own, keys.KeySigner([TEST_SECRET], "test"), customer_id=f"c-{uuid.uuid4().hex[:8]}",
                                     ttl=timedelta(days=1))
         finally:
-            engine.dispose()
+            own.dispose()
         answer = httpx.post(
             f"{base}/specialists/conformance/message:send",
             json={"message": {"messageId": f"tck-complete-task-{uuid.uuid4()}", "role": "ROLE_USER",

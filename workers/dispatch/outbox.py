@@ -24,14 +24,20 @@ did claim is left to its claim (finished, running, or unknown).
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 from sqlalchemy import Connection, text
 
 from core.settings import Settings
+from core.specs import SpecInvalid, load_specs
 from workers.auth import JobSigner
 from workers.dispatch.base import DispatchJob, job_id_for
 from workers.tasks import task_payload
+
+log = logging.getLogger(__name__)
 
 _TAKE = text(
     """
@@ -141,12 +147,32 @@ def mark_undeliverable(conn: Connection, row: OutboxRow, *, error: str) -> None:
     )
 
 
+@functools.lru_cache(maxsize=4)
+def _spec_deadlines(specs_dir: str) -> dict[str, float]:
+    try:
+        return {sid: loaded.spec.limits.deadline_s for sid, loaded in load_specs(Path(specs_dir)).items()}
+    except SpecInvalid as invalid:  # the edge refuses to start on it; here the setting still bounds every job
+        log.warning("specs cannot be read for their deadlines (%s); every job gets SPECIALISTS_DISPATCH_JOB_DEADLINE_S",
+                    invalid.message)
+        return {}
+
+
+def job_deadline_s(settings: Settings, specialist_id: str) -> float:
+    """A job's deadline: its spec's ``limits.deadline_s``, within ``dispatch_job_deadline_s`` (which keeps every
+    job inside the dispatch deadline)."""
+    spec_deadline = _spec_deadlines(str(settings.specs_dir)).get(specialist_id)
+    if spec_deadline is None:
+        return settings.dispatch_job_deadline_s
+    return min(settings.dispatch_job_deadline_s, spec_deadline)
+
+
 def build_job(row: OutboxRow, signer: JobSigner, settings: Settings, worker_url: str) -> DispatchJob:
     """The signed job for a row: its id, its task, the deadline; the message stays in the row."""
+    deadline_s = job_deadline_s(settings, row.specialist_id)
     body = signer.sign(
         job_id=row.job_id,
         specialist_id=row.specialist_id,
-        deadline_s=settings.dispatch_job_deadline_s,
+        deadline_s=deadline_s,
         payload=task_payload(row.task_id, row.dispatch_id, row.owner, row.context_id),
     )
     return DispatchJob(
@@ -154,5 +180,5 @@ def build_job(row: OutboxRow, signer: JobSigner, settings: Settings, worker_url:
         specialist_id=row.specialist_id,
         body=body,
         worker_url=worker_url,
-        deadline_s=settings.dispatch_job_deadline_s,
+        deadline_s=deadline_s,
     )

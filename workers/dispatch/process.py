@@ -127,7 +127,8 @@ def run_dispatcher(
     name = f"dispatcher:{socket.gethostname()[:60]}:{os.getpid()}"
     tasks = TaskEvents(engine)
     backend = build_backend(settings, engine, tasks, name=name, wake=wake)
-    sweeper = LeaseSweeper(engine, TaskSettlement(tasks, operator=name))
+    sweeper = LeaseSweeper(engine, TaskSettlement(tasks, operator=name), max_resumes=settings.specialist_max_resumes,
+                           resume_window_s=settings.specialist_resume_window_s)
     listener = OutboxListener(url, wake, settings.db_connect_timeout_s)
     listener.start()
     log.info(

@@ -7,7 +7,9 @@
   unknown itself, in one transaction with the ledger's and the task's unknown
   mark, exactly as a delivery would (``job_expire_lease``). So a dead worker's
   job is unknown at most ``worker_lease_s`` + ``dispatch_sweep_interval_s``
-  after its last heartbeat.
+  after its last heartbeat. Except a job a later delivery can still resume (an
+  rlm specialist's, with a checkpoint and resumes left, ``specialist_resumable``):
+  it is left to that delivery for ``specialist_resume_window_s``, then swept.
 * ``give_up``: after ``dispatch_max_attempts`` a job that no worker ever claimed
   is finished as failed (``job_abandon``: no later delivery runs it), its outbox
   row marked undeliverable, its task FAILED with a message that says so, and its
@@ -42,6 +44,7 @@ _EXPIRED = text(
     "SELECT c.job_id, o.task_id, o.dispatch_id, o.owner, o.context_id "
     "FROM job_claims c JOIN dispatch_outbox o ON c.job_id = o.task_id || '.' || o.dispatch_id "
     "WHERE c.state = 'running' AND c.lease_expires_at < clock_timestamp() AND o.status IN ('pending', 'sent') "
+    "AND NOT specialist_resumable(c.job_id, :max_resumes, :window_s) "
     "ORDER BY c.lease_expires_at LIMIT :n"
 )
 
@@ -53,14 +56,20 @@ class Swept:
 
 
 class LeaseSweeper:
-    def __init__(self, engine: Engine, settlement: TaskSettlement) -> None:
+    def __init__(
+        self, engine: Engine, settlement: TaskSettlement, *, max_resumes: int = 0, resume_window_s: float = 0.0
+    ) -> None:
         self.engine = engine
         self.settlement = settlement
+        self.max_resumes = max_resumes
+        self.resume_window_s = resume_window_s
 
     def sweep(self) -> list[Swept]:
         """Record every expired lease of a dispatched job unknown; return those this call recorded."""
         with self.engine.connect() as conn:
-            expired = conn.execute(_EXPIRED, {"n": MAX_SWEPT_PER_ROUND}).all()
+            expired = conn.execute(
+                _EXPIRED, {"n": MAX_SWEPT_PER_ROUND, "max_resumes": self.max_resumes, "window_s": self.resume_window_s}
+            ).all()
         swept: list[Swept] = []
         for row in expired:
             ref = TaskRef(row.task_id, int(row.dispatch_id), row.owner, row.context_id)

@@ -36,6 +36,7 @@ from rlm.kernels.checkpoints import Checkpoint
 from rlm.session import Session
 from workers.auth import VerifiedJob
 from workers.runner import RunContext, RunOutcome
+from workers.specialist.a2a import artifact_events
 from workers.specialist.answer import Verdict, verdict_of
 from workers.specialist.bundle import SpecialistTask, TaskRefused, task_from_message
 from workers.specialist.hosted import HostedRun, hosted_settings, session_id_for
@@ -67,6 +68,7 @@ class SpecialistRunner:
         environ: Mapping[str, str],
         pool: Any = None,
         scratch_dir: Path | None = None,
+        max_resumes: int = 0,
     ) -> None:
         if not checkpoint_key:
             raise CheckpointKeyMissing(
@@ -83,6 +85,8 @@ class SpecialistRunner:
         self.environ = environ
         self.pool = pool
         self.scratch_dir = scratch_dir
+        # Read by the worker's claim: an expired lease of this runner's job is resumed this many times at most.
+        self.max_resumes = max_resumes
 
     @property
     def specialist_ids(self) -> list[str]:
@@ -128,7 +132,10 @@ class SpecialistRunner:
             verdict = Verdict("failed", "the run was stopped before it finished", code="run_stopped")
         else:
             verdict = verdict_of(spec, task, result, journal.refusals())
-        return self._end(journal, loaded, verdict, result, resumes, replayed=run.replayed_calls)
+        outcome = self._end(journal, loaded, verdict, result, resumes, replayed=run.replayed_calls)
+        for event in artifact_events(outcome.artifacts):
+            ctx.report("a2a", {"event": event})  # fenced: a worker that lost its claim writes nothing
+        return outcome
 
     def _session(self, ctx: RunContext, loaded: LoadedSpec, task: SpecialistTask, journal: Journal,
                  store: PgCheckpointStore, plan: Any, scratch: Path) -> tuple[Any, HostedRun]:

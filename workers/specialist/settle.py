@@ -16,6 +16,8 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from workers.specialist import a2a
+
 
 def credits_for_job(conn: Connection, job_id: str, state: str, detail: dict[str, Any]) -> int | None:
     journal = conn.execute(text("SELECT specialist_credits(:j)"), {"j": job_id}).scalar()
@@ -27,6 +29,26 @@ def credits_for_job(conn: Connection, job_id: str, state: str, detail: dict[str,
     if isinstance(runner, int) and not isinstance(runner, bool):
         return min(runner, int(journal)) if runner else 0
     return int(journal)
+
+
+def final_metadata(conn: Connection, job_id: str, detail: dict[str, Any], credits_charged: int | None
+                   ) -> dict[str, Any] | None:
+    """The ``specialist`` metadata of the task's final state (None: not a specialist run): semantic calls
+    used and charged come from the journal, credits charged from the settlement itself."""
+    row = conn.execute(
+        text(
+            "SELECT count(*) FILTER (WHERE purpose = 'subcall' AND superseded_by IS NULL) AS used, "
+            "count(*) FILTER (WHERE purpose = 'subcall' AND superseded_by IS NULL AND state = 'completed') AS charged, "
+            "(SELECT resumes FROM specialist_runs WHERE job_id = :j) AS resumes "
+            "FROM specialist_calls WHERE job_id = :j"
+        ),
+        {"j": job_id},
+    ).one()
+    if row.resumes is None:
+        return None
+    merged = {**detail, "semantic_calls_used": int(row.used), "semantic_calls_charged": int(row.charged),
+              "resumes": int(row.resumes)}
+    return a2a.final_metadata(merged, credits_charged)
 
 
 def semantic_calls_used(conn: Connection, job_id: str) -> int:
