@@ -29,11 +29,19 @@ class LedgerLimits(BaseSettings):
         le=SCHEMA_MAX_CREDITS,
         description="Largest grant, reservation, charge or adjustment, in credits.",
     )
-    max_skills_per_grant: int = Field(default=64, ge=1, le=1000)
-    max_reason_chars: int = Field(default=500, ge=1, le=SCHEMA_MAX_TEXT_CHARS)
-    max_job_id_chars: int = Field(default=200, ge=16, le=SCHEMA_MAX_ID_CHARS)
-    max_fingerprint_chars: int = Field(default=200, ge=16, le=SCHEMA_MAX_ID_CHARS)
-    max_idempotency_key_chars: int = Field(default=200, ge=8, le=SCHEMA_MAX_ID_CHARS)
+    max_skills_per_grant: int = Field(default=64, ge=1, le=1000, description="Skill entitlements one grant may name.")
+    max_reason_chars: int = Field(
+        default=500, ge=1, le=SCHEMA_MAX_TEXT_CHARS, description="Longest reason on a settlement, adjustment or reconcile."
+    )
+    max_job_id_chars: int = Field(
+        default=200, ge=16, le=SCHEMA_MAX_ID_CHARS, description="Longest job id a reservation may carry."
+    )
+    max_fingerprint_chars: int = Field(
+        default=200, ge=16, le=SCHEMA_MAX_ID_CHARS, description="Longest request fingerprint a reservation may carry."
+    )
+    max_idempotency_key_chars: int = Field(
+        default=200, ge=8, le=SCHEMA_MAX_ID_CHARS, description="Longest idempotency key of a grant."
+    )
     default_max_parallel: int = Field(
         default=8,
         ge=0,
@@ -52,7 +60,9 @@ class LedgerLimits(BaseSettings):
         le=1_000_000,
         description="Lots one expiry sweep handles in one transaction; run it again for the rest.",
     )
-    max_rows_per_listing: int = Field(default=1000, ge=1, le=100_000)
+    max_rows_per_listing: int = Field(
+        default=1000, ge=1, le=100_000, description="Most rows one listing (history, reservations) returns."
+    )
 
 
 @lru_cache(maxsize=1)
