@@ -279,6 +279,9 @@ def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
         if value is not None:  # validated like the environment variable would be
             settings.__pydantic_validator__.validate_assignment(settings, name, value)
     child_settings: dict[str, str] = {}
+    if settings.embedded:
+        # The children get the embedded database's URL (DATABASE_URL), but they run on this one machine too.
+        child_settings["SPECIALISTS_MODEL_ROUTES_ALLOW_SCRIPTED"] = "true"
     if settings.serve_worker and settings.dispatch_backend == "embedded":
         # One machine: its own dispatcher sends no OIDC token; the signed body is the worker's check.
         settings.__pydantic_validator__.validate_assignment(settings, "worker_oidc_verify", False)
@@ -446,6 +449,9 @@ def build_parser() -> argparse.ArgumentParser:
     from specialists import cli_ledger
 
     cli_ledger.register(groups, common)
+    from specialists import cli_specialists
+
+    cli_specialists.register(groups, common)
     return parser
 
 

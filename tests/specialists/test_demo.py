@@ -1,0 +1,96 @@
+"""The commands of the hosted specialists as an operator types them: `specialists demo` against a running
+`specialists serve`, and `specialists usage`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from core.settings import PROJECT_ROOT
+from tests.app.conftest import edge_env, free_port
+from tests.specialists import support
+from tests.workers.conftest import WORKER_SECRET
+from tests.workers.system import drop_database, fresh_database
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+
+
+def specialists(env: dict[str, str], *args: str, timeout_s: float = 90) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specialists.cli", *args], env=env, cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+def test_the_demo_reviews_the_example_project_through_the_running_service(server_url, engine, tmp_path):
+    engine.dispose()  # the session engine's idle connections back to a server that allows 100
+    url = fresh_database(server_url)
+    port = free_port()
+    # The shipped specs and the default (scripted) routes; an external database needs scripted routes allowed.
+    env = edge_env(url, PROJECT_ROOT / "specs", serve_worker="true", serve_dispatcher="true",
+                   worker_job_secrets=WORKER_SECRET, worker_port=str(free_port()), worker_drain_s="1",
+                   model_routes_allow_scripted="true", specialist_checkpoint_key=support.CHECKPOINT_KEY.decode(),
+                   db_pool_size="3", db_max_overflow="6")
+    log_path = tmp_path / "serve.log"
+    serve = subprocess.Popen([sys.executable, "-m", "specialists.cli", "serve", "--port", str(port)], env=env,
+                             cwd=PROJECT_ROOT, stdout=log_path.open("wb"), stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            assert serve.poll() is None, log_path.read_text()
+            try:
+                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+
+        demo = specialists(env, "demo", "--url", base)
+        assert demo.returncode == 0, demo.stdout + demo.stderr
+        assert "shop/customers.py" in demo.stdout and "high" in demo.stdout  # the findings table
+        assert "ledger movements of demo-" in demo.stdout and "settle" in demo.stdout
+        assert "the reviewer's model route is scripted" in demo.stderr and "[working] Investigating" in demo.stderr
+
+        as_json = json.loads(specialists(env, "demo", "--url", base, "--json").stdout)
+        assert as_json["state"] == "TASK_STATE_COMPLETED"
+        assert [(f["path"], f["line"]) for f in as_json["findings"]] == [("shop/customers.py", 8)]
+        meta = as_json["specialist"]
+        assert (meta["semanticCallsUsed"], meta["creditsCharged"]) == (1, 5)  # metered: 4 + 1 answered call
+        entries = {(m["entry_id"], m["kind"]) for m in as_json["ledger"]}
+        assert sorted(kind for _, kind in entries) == ["grant", "reserve", "settle"]  # one settlement
+        charged = [m["credits"] for m in as_json["ledger"] if m["kind"] == "settle" and m["to_account"] == "revenue"]
+        assert charged == [5]
+
+        usage = json.loads(specialists(env, "usage", "--json").stdout)
+        assert len(usage["jobs"]) == 2 and {j["specialist_id"] for j in usage["jobs"]} == {"reviewer"}
+        job = usage["jobs"][0]
+        assert (job["outcome"], job["semantic_calls_used"], job["credits_to_settle"]) == ("completed", 1, 5)
+        one = specialists(env, "usage", "--job", job["job_id"])
+        assert one.returncode == 0 and "model calls of" in one.stdout and "subcall" in one.stdout
+        missing = specialists(env, "usage", "--job", "no-such-job", "--json")
+        assert missing.returncode == 1 and json.loads(missing.stdout)["error"]["code"] == "job_not_found"
+    finally:
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGINT)
+            try:
+                serve.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(serve.pid, signal.SIGKILL)
+                serve.wait()
+        drop_database(server_url, url)
+    assert "not ready" in log_path.read_text()
+
+
+def test_the_demo_fails_with_a_reason_when_no_service_answers(database_url, tmp_path):
+    env = edge_env(database_url, PROJECT_ROOT / "specs")
+    done = specialists(env, "demo", "--url", f"http://127.0.0.1:{free_port()}")
+    assert done.returncode == 1
+    assert "demo_failed" in done.stderr and "is `specialists serve` running?" in done.stderr
