@@ -94,3 +94,9 @@ def test_the_demo_fails_with_a_reason_when_no_service_answers(database_url, tmp_
     done = specialists(env, "demo", "--url", f"http://127.0.0.1:{free_port()}")
     assert done.returncode == 1
     assert "demo_failed" in done.stderr and "is `specialists serve` running?" in done.stderr
+
+
+def test_the_readme_shows_the_demo_right_after_the_run_and_test_commands():
+    blocks = (PROJECT_ROOT / "README.md").read_text().split("```")
+    assert blocks[1].split()[:1] == ["./dev"] and "./dev test" in blocks[1]
+    assert blocks[3].strip() == "./dev specialists demo"  # the next command block
