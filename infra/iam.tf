@@ -1,0 +1,150 @@
+# Service accounts, one per role, each with only what that role does:
+#   api       runs the edge and its Cloud Tasks relay: reaches Cloud SQL, enqueues on the jobs queue,
+#             and acts as the invoker account (Cloud Tasks mints the invoker's OIDC token for its tasks)
+#   invoker   the identity of Cloud Tasks deliveries: may invoke the worker service, nothing else
+#   worker    runs jobs: reaches Cloud SQL
+#   migrate   the migration job: reaches Cloud SQL
+#   deployer  Cloud Build (cloudbuild.yaml): pushes the image, updates the services and the job
+# Secret access is granted per secret, to the accounts whose service reads it.
+
+resource "google_service_account" "api" {
+  account_id   = "specialists-api"
+  display_name = "specialists: A2A edge and Cloud Tasks relay"
+}
+
+resource "google_service_account" "invoker" {
+  account_id   = "specialists-invoker"
+  display_name = "specialists: Cloud Tasks deliveries to the workers"
+}
+
+resource "google_service_account" "worker" {
+  account_id   = "specialists-worker"
+  display_name = "specialists: workers"
+}
+
+resource "google_service_account" "migrate" {
+  account_id   = "specialists-migrate"
+  display_name = "specialists: migration job"
+}
+
+resource "google_service_account" "deployer" {
+  account_id   = "specialists-deployer"
+  display_name = "specialists: Cloud Build deployments"
+}
+
+# --- Cloud SQL ------------------------------------------------------------------------------------
+
+resource "google_project_iam_member" "cloudsql_client" {
+  for_each = {
+    api     = google_service_account.api.email
+    worker  = google_service_account.worker.email
+    migrate = google_service_account.migrate.email
+  }
+  project = var.project_id
+  role    = "roles/cloudsql.client"
+  member  = "serviceAccount:${each.value}"
+}
+
+# --- Cloud Tasks: the API enqueues, as the invoker; the invoker calls the worker -------------------
+
+resource "google_cloud_tasks_queue_iam_member" "api_enqueues" {
+  project  = var.project_id
+  location = google_cloud_tasks_queue.jobs.location
+  name     = google_cloud_tasks_queue.jobs.name
+  role     = "roles/cloudtasks.enqueuer"
+  member   = "serviceAccount:${google_service_account.api.email}"
+}
+
+resource "google_service_account_iam_member" "api_acts_as_invoker" {
+  service_account_id = google_service_account.invoker.name
+  role               = "roles/iam.serviceAccountUser"
+  member             = "serviceAccount:${google_service_account.api.email}"
+}
+
+resource "google_cloud_run_v2_service_iam_member" "invoker_calls_worker" {
+  project  = var.project_id
+  location = google_cloud_run_v2_service.worker.location
+  name     = google_cloud_run_v2_service.worker.name
+  role     = "roles/run.invoker"
+  member   = "serviceAccount:${google_service_account.invoker.email}"
+}
+
+# The edge is public: customers' agents call it with their API keys, checked by the service itself.
+resource "google_cloud_run_v2_service_iam_member" "public_calls_api" {
+  project  = var.project_id
+  location = google_cloud_run_v2_service.api.location
+  name     = google_cloud_run_v2_service.api.name
+  role     = "roles/run.invoker"
+  member   = "allUsers"
+}
+
+# --- secrets --------------------------------------------------------------------------------------
+
+resource "google_secret_manager_secret_iam_member" "api_reads" {
+  for_each = {
+    database_url = google_secret_manager_secret.database_url.id
+    key_signing  = google_secret_manager_secret.key_signing.id
+    worker_job   = google_secret_manager_secret.worker_job.id
+  }
+  secret_id = each.value
+  role      = "roles/secretmanager.secretAccessor"
+  member    = "serviceAccount:${google_service_account.api.email}"
+}
+
+resource "google_secret_manager_secret_iam_member" "worker_reads" {
+  for_each = {
+    database_url   = google_secret_manager_secret.database_url.id
+    worker_job     = google_secret_manager_secret.worker_job.id
+    checkpoint_key = google_secret_manager_secret.checkpoint_key.id
+  }
+  secret_id = each.value
+  role      = "roles/secretmanager.secretAccessor"
+  member    = "serviceAccount:${google_service_account.worker.email}"
+}
+
+resource "google_secret_manager_secret_iam_member" "worker_reads_model_keys" {
+  for_each  = google_secret_manager_secret.model_key
+  secret_id = each.value.id
+  role      = "roles/secretmanager.secretAccessor"
+  member    = "serviceAccount:${google_service_account.worker.email}"
+}
+
+resource "google_secret_manager_secret_iam_member" "migrate_reads" {
+  for_each = {
+    database_url = google_secret_manager_secret.database_url.id
+  }
+  secret_id = each.value
+  role      = "roles/secretmanager.secretAccessor"
+  member    = "serviceAccount:${google_service_account.migrate.email}"
+}
+
+# --- the deployer (Cloud Build) -------------------------------------------------------------------
+
+resource "google_artifact_registry_repository_iam_member" "deployer_pushes" {
+  location   = google_artifact_registry_repository.images.location
+  repository = google_artifact_registry_repository.images.name
+  role       = "roles/artifactregistry.writer"
+  member     = "serviceAccount:${google_service_account.deployer.email}"
+}
+
+resource "google_project_iam_member" "deployer" {
+  for_each = toset([
+    "roles/run.developer",      # deploy revisions, move traffic, update and execute the migration job
+    "roles/logging.logWriter",  # the build's own logs (CLOUD_LOGGING_ONLY)
+  ])
+  project = var.project_id
+  role    = each.value
+  member  = "serviceAccount:${google_service_account.deployer.email}"
+}
+
+# Deploying a revision that runs as an account needs actAs on that account: only the three runtime accounts.
+resource "google_service_account_iam_member" "deployer_acts_as" {
+  for_each = {
+    api     = google_service_account.api.name
+    worker  = google_service_account.worker.name
+    migrate = google_service_account.migrate.name
+  }
+  service_account_id = each.value
+  role               = "roles/iam.serviceAccountUser"
+  member             = "serviceAccount:${google_service_account.deployer.email}"
+}

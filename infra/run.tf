@@ -1,0 +1,387 @@
+# The two Cloud Run services (the public A2A edge, the private workers) and the migration job, all on
+# the one image (../Dockerfile), and every setting each needs, by its real name (core/settings.py;
+# docs/SETTINGS.md). Plain values in *_env, Secret Manager secrets in *_secret_env (name => secret id).
+# tests/deploy/test_infra.py starts the real service from these maps.
+#
+# cloudbuild.yaml owns the image and the API's traffic after the first apply (lifecycle below).
+
+locals {
+  # Cloud Run's deterministic URLs (https://SERVICE-PROJECT_NUMBER.REGION.run.app). The worker's own
+  # audience must be known before the worker service exists, so it cannot come from its `uri`.
+  worker_url     = "https://${var.worker_service_name}-${data.google_project.this.number}.${var.region}.run.app"
+  api_run_url    = "https://${var.api_service_name}-${data.google_project.this.number}.${var.region}.run.app"
+  api_public_url = coalesce(var.public_url, local.api_run_url)
+
+  # Inside the image (WORKDIR /app): the routes of the deployed specialists.
+  model_routes_file = "/app/infra/model_routes.toml"
+  cloudsql_mount    = "/cloudsql"
+
+  # `specialists serve` on Cloud Run: the edge, and the Cloud Tasks relay (with the lease sweeper) as its child.
+  api_env = {
+    SPECIALISTS_KEY_ENVIRONMENT          = var.key_environment
+    SPECIALISTS_EDGE_PUBLIC_URL          = local.api_public_url
+    SPECIALISTS_SERVE_WORKER             = "false"
+    SPECIALISTS_SERVE_DISPATCHER         = "true"
+    SPECIALISTS_DISPATCH_BACKEND         = "cloud_tasks"
+    SPECIALISTS_CLOUD_TASKS_PROJECT      = var.project_id
+    SPECIALISTS_CLOUD_TASKS_LOCATION     = google_cloud_tasks_queue.jobs.location
+    SPECIALISTS_CLOUD_TASKS_QUEUE        = google_cloud_tasks_queue.jobs.name
+    SPECIALISTS_DISPATCH_WORKER_URL      = "${local.worker_url}/jobs"
+    SPECIALISTS_DISPATCH_SERVICE_ACCOUNT = google_service_account.invoker.email
+    SPECIALISTS_WORKER_AUDIENCE          = local.worker_url
+    SPECIALISTS_DISPATCH_DEADLINE_S      = var.dispatch_deadline_s
+    SPECIALISTS_DISPATCH_JOB_DEADLINE_S  = var.job_deadline_s
+    SPECIALISTS_LOG_LEVEL                = "INFO"
+  }
+  api_secret_env = {
+    DATABASE_URL                    = google_secret_manager_secret.database_url.secret_id
+    SPECIALISTS_KEY_SIGNING_SECRETS = google_secret_manager_secret.key_signing.secret_id
+    SPECIALISTS_WORKER_JOB_SECRETS  = google_secret_manager_secret.worker_job.secret_id
+  }
+
+  # `specialists worker`: OIDC from the invoker account and a signed body, both bound to its own URL.
+  worker_env = {
+    SPECIALISTS_WORKER_AUDIENCE            = local.worker_url
+    SPECIALISTS_DISPATCH_SERVICE_ACCOUNT   = google_service_account.invoker.email
+    SPECIALISTS_WORKER_OIDC_VERIFY         = "true"
+    SPECIALISTS_WORKER_MAX_CONCURRENT_JOBS = var.worker_max_concurrent_jobs
+    SPECIALISTS_WORKER_JOB_MAX_AGE_S       = var.job_max_age_s
+    SPECIALISTS_DISPATCH_DEADLINE_S        = var.dispatch_deadline_s
+    SPECIALISTS_DISPATCH_JOB_DEADLINE_S    = var.job_deadline_s
+    SPECIALISTS_MODEL_ROUTES_FILE          = local.model_routes_file
+    SPECIALISTS_LOG_LEVEL                  = "INFO"
+  }
+  worker_secret_env = {
+    DATABASE_URL                          = google_secret_manager_secret.database_url.secret_id
+    SPECIALISTS_WORKER_JOB_SECRETS        = google_secret_manager_secret.worker_job.secret_id
+    SPECIALISTS_SPECIALIST_CHECKPOINT_KEY = google_secret_manager_secret.checkpoint_key.secret_id
+  }
+
+  # `specialists db upgrade`.
+  migrate_env = {
+    SPECIALISTS_LOG_LEVEL = "INFO"
+  }
+  migrate_secret_env = {
+    DATABASE_URL = google_secret_manager_secret.database_url.secret_id
+  }
+
+  vpc_egress = {
+    network    = google_compute_network.vpc.id
+    subnetwork = google_compute_subnetwork.run.id
+  }
+}
+
+# --- the A2A edge: public ---------------------------------------------------------------------------
+
+resource "google_cloud_run_v2_service" "api" {
+  name                = var.api_service_name
+  location            = var.region
+  ingress             = "INGRESS_TRAFFIC_ALL"
+  deletion_protection = false
+  depends_on = [
+    google_project_service.apis,
+    google_secret_manager_secret_iam_member.api_reads,
+    google_secret_manager_secret_version.database_url,
+  ]
+
+  template {
+    service_account = google_service_account.api.email
+    # Streams (SendStreamingMessage, subscribe) stay open up to Cloud Run's longest request.
+    timeout                          = "3600s"
+    max_instance_request_concurrency = 80
+    execution_environment            = "EXECUTION_ENVIRONMENT_GEN2"
+
+    scaling {
+      # The relay and the lease sweeper live in the API instances: one must always run.
+      min_instance_count = var.api_min_instances
+      max_instance_count = var.api_max_instances
+    }
+
+    vpc_access {
+      network_interfaces {
+        network    = local.vpc_egress.network
+        subnetwork = local.vpc_egress.subnetwork
+      }
+      egress = "PRIVATE_RANGES_ONLY"
+    }
+
+    volumes {
+      name = "cloudsql"
+      cloud_sql_instance {
+        instances = [google_sql_database_instance.main.connection_name]
+      }
+    }
+
+    containers {
+      image = var.image
+      args  = ["serve"]
+
+      ports {
+        container_port = 8080
+      }
+
+      resources {
+        limits = {
+          cpu    = "1"
+          memory = "1Gi"
+        }
+        # The relay, the sweeper and the LISTEN connection work between requests: CPU always allocated.
+        cpu_idle          = false
+        startup_cpu_boost = true
+      }
+
+      volume_mounts {
+        name       = "cloudsql"
+        mount_path = local.cloudsql_mount
+      }
+
+      dynamic "env" {
+        for_each = local.api_env
+        content {
+          name  = env.key
+          value = env.value
+        }
+      }
+
+      dynamic "env" {
+        for_each = local.api_secret_env
+        content {
+          name = env.key
+          value_source {
+            secret_key_ref {
+              secret  = env.value
+              version = "latest"
+            }
+          }
+        }
+      }
+
+      # Ready = the database answers and its schema is at the code's head (run the migration job first).
+      startup_probe {
+        period_seconds    = 2
+        timeout_seconds   = 2
+        failure_threshold = 30
+        http_get {
+          path = "/readyz"
+        }
+      }
+
+      liveness_probe {
+        period_seconds    = 15
+        timeout_seconds   = 3
+        failure_threshold = 4
+        http_get {
+          path = "/healthz"
+        }
+      }
+    }
+  }
+
+  traffic {
+    type    = "TRAFFIC_TARGET_ALLOCATION_TYPE_LATEST"
+    percent = 100
+  }
+
+  lifecycle {
+    # cloudbuild.yaml deploys each image as a tagged revision without traffic and moves traffic after the drill.
+    ignore_changes = [template[0].containers[0].image, traffic, client, client_version]
+  }
+}
+
+# --- the workers: private -------------------------------------------------------------------------
+
+resource "google_cloud_run_v2_service" "worker" {
+  name                = var.worker_service_name
+  location            = var.region
+  ingress             = "INGRESS_TRAFFIC_INTERNAL_ONLY" # Cloud Tasks counts as internal; the internet does not
+  deletion_protection = false
+  depends_on = [
+    google_project_service.apis,
+    google_secret_manager_secret_iam_member.worker_reads,
+    google_secret_manager_secret_iam_member.worker_reads_model_keys,
+    google_secret_manager_secret_version.database_url,
+  ]
+
+  template {
+    service_account = google_service_account.worker.email
+    # A delivery holds its request for the whole job: Cloud Run must not end it before Cloud Tasks' deadline.
+    timeout = "${var.dispatch_deadline_s + var.worker_request_margin_s}s"
+    # Cloud Run sends no more requests to an instance than the worker runs jobs at once.
+    max_instance_request_concurrency = var.worker_max_concurrent_jobs
+    execution_environment            = "EXECUTION_ENVIRONMENT_GEN2"
+
+    scaling {
+      min_instance_count = 0
+      max_instance_count = var.worker_max_instances
+    }
+
+    vpc_access {
+      network_interfaces {
+        network    = local.vpc_egress.network
+        subnetwork = local.vpc_egress.subnetwork
+      }
+      egress = "PRIVATE_RANGES_ONLY"
+    }
+
+    volumes {
+      name = "cloudsql"
+      cloud_sql_instance {
+        instances = [google_sql_database_instance.main.connection_name]
+      }
+    }
+
+    containers {
+      image = var.image
+      args  = ["worker"]
+
+      ports {
+        container_port = 8080
+      }
+
+      resources {
+        limits = {
+          cpu    = "2"
+          memory = "2Gi"
+        }
+        startup_cpu_boost = true
+      }
+
+      volume_mounts {
+        name       = "cloudsql"
+        mount_path = local.cloudsql_mount
+      }
+
+      dynamic "env" {
+        for_each = local.worker_env
+        content {
+          name  = env.key
+          value = env.value
+        }
+      }
+
+      dynamic "env" {
+        for_each = local.worker_secret_env
+        content {
+          name = env.key
+          value_source {
+            secret_key_ref {
+              secret  = env.value
+              version = "latest"
+            }
+          }
+        }
+      }
+
+      # The model keys, each under the variable name its route reads (infra/model_routes.toml).
+      dynamic "env" {
+        for_each = google_secret_manager_secret.model_key
+        content {
+          name = env.key
+          value_source {
+            secret_key_ref {
+              secret  = env.value.secret_id
+              version = "latest"
+            }
+          }
+        }
+      }
+
+      # Ready = every specialist it should serve is served (routes, keys, checkpoint key).
+      startup_probe {
+        period_seconds    = 2
+        timeout_seconds   = 2
+        failure_threshold = 30
+        http_get {
+          path = "/readyz"
+        }
+      }
+
+      liveness_probe {
+        period_seconds    = 15
+        timeout_seconds   = 3
+        failure_threshold = 4
+        http_get {
+          path = "/healthz"
+        }
+      }
+    }
+  }
+
+  lifecycle {
+    ignore_changes = [template[0].containers[0].image, client, client_version]
+  }
+}
+
+# --- the migration job ----------------------------------------------------------------------------
+
+resource "google_cloud_run_v2_job" "migrate" {
+  name                = var.migrate_job_name
+  location            = var.region
+  deletion_protection = false
+  depends_on = [
+    google_project_service.apis,
+    google_secret_manager_secret_iam_member.migrate_reads,
+    google_secret_manager_secret_version.database_url,
+  ]
+
+  template {
+    task_count  = 1
+    parallelism = 1
+
+    template {
+      service_account = google_service_account.migrate.email
+      timeout         = "900s"
+      max_retries     = 0 # a failed migration is looked at, not repeated
+
+      vpc_access {
+        network_interfaces {
+          network    = local.vpc_egress.network
+          subnetwork = local.vpc_egress.subnetwork
+        }
+        egress = "PRIVATE_RANGES_ONLY"
+      }
+
+      volumes {
+        name = "cloudsql"
+        cloud_sql_instance {
+          instances = [google_sql_database_instance.main.connection_name]
+        }
+      }
+
+      containers {
+        image = var.image
+        args  = ["db", "upgrade"]
+
+        volume_mounts {
+          name       = "cloudsql"
+          mount_path = local.cloudsql_mount
+        }
+
+        dynamic "env" {
+          for_each = local.migrate_env
+          content {
+            name  = env.key
+            value = env.value
+          }
+        }
+
+        dynamic "env" {
+          for_each = local.migrate_secret_env
+          content {
+            name = env.key
+            value_source {
+              secret_key_ref {
+                secret  = env.value
+                version = "latest"
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  lifecycle {
+    ignore_changes = [template[0].template[0].containers[0].image, client, client_version]
+  }
+}

@@ -1,0 +1,101 @@
+# Secret Manager: every secret a service reads, each given only to the service accounts that need it
+# (see iam.tf). Services read version "latest", so a rotation is a new version and a redeploy.
+#
+# Generated here on the first apply (and so also in the Terraform state): the database password and
+# DATABASE_URL, the first key-signing secret, worker job secret and checkpoint key. Rotations add
+# versions with gcloud (docs/OPERATIONS.md). Model keys cannot be generated: an operator adds them.
+
+# SPECIALISTS_KEY_SIGNING_SECRETS (API): signs and verifies customer keys; comma-separated, newest first.
+resource "google_secret_manager_secret" "key_signing" {
+  secret_id = "specialists-key-signing-secrets"
+  replication {
+    auto {}
+  }
+  depends_on = [google_project_service.apis]
+}
+
+# SPECIALISTS_WORKER_JOB_SECRETS (API's relay signs job bodies, workers verify them).
+resource "google_secret_manager_secret" "worker_job" {
+  secret_id = "specialists-worker-job-secrets"
+  replication {
+    auto {}
+  }
+  depends_on = [google_project_service.apis]
+}
+
+# SPECIALISTS_SPECIALIST_CHECKPOINT_KEY (workers): signs Monty checkpoints of running jobs.
+resource "google_secret_manager_secret" "checkpoint_key" {
+  secret_id = "specialists-checkpoint-key"
+  replication {
+    auto {}
+  }
+  depends_on = [google_project_service.apis]
+}
+
+# The database user's password, for operators (psql through the Cloud SQL Auth Proxy).
+resource "google_secret_manager_secret" "database_password" {
+  secret_id = "specialists-database-password"
+  replication {
+    auto {}
+  }
+  depends_on = [google_project_service.apis]
+}
+
+# DATABASE_URL (API, workers, migration job): the password inside, the Cloud SQL socket as host.
+resource "google_secret_manager_secret" "database_url" {
+  secret_id = "specialists-database-url"
+  replication {
+    auto {}
+  }
+  depends_on = [google_project_service.apis]
+}
+
+# One per model key variable named by infra/model_routes.toml (workers).
+resource "google_secret_manager_secret" "model_key" {
+  for_each  = var.model_key_env_names
+  secret_id = "specialists-${lower(replace(each.value, "_", "-"))}"
+  replication {
+    auto {}
+  }
+  depends_on = [google_project_service.apis]
+}
+
+resource "random_password" "key_signing" {
+  length  = 64
+  special = false
+}
+
+resource "random_password" "worker_job" {
+  length  = 64
+  special = false
+}
+
+resource "random_password" "checkpoint_key" {
+  length  = 64
+  special = false
+}
+
+resource "google_secret_manager_secret_version" "key_signing" {
+  secret      = google_secret_manager_secret.key_signing.id
+  secret_data = random_password.key_signing.result
+}
+
+resource "google_secret_manager_secret_version" "worker_job" {
+  secret      = google_secret_manager_secret.worker_job.id
+  secret_data = random_password.worker_job.result
+}
+
+resource "google_secret_manager_secret_version" "checkpoint_key" {
+  secret      = google_secret_manager_secret.checkpoint_key.id
+  secret_data = random_password.checkpoint_key.result
+}
+
+resource "google_secret_manager_secret_version" "database_password" {
+  secret      = google_secret_manager_secret.database_password.id
+  secret_data = random_password.database.result
+}
+
+resource "google_secret_manager_secret_version" "database_url" {
+  secret      = google_secret_manager_secret.database_url.id
+  secret_data = "postgresql+psycopg://${google_sql_user.app.name}:${random_password.database.result}@/${google_sql_database.app.name}?host=/cloudsql/${google_sql_database_instance.main.connection_name}"
+}

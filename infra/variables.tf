@@ -1,0 +1,184 @@
+# What an operator chooses per deployment. Names are shared with cloudbuild.yaml's substitutions
+# (tests/deploy checks that they agree); limits are shared with the service's settings.
+
+variable "project_id" {
+  description = "The Google Cloud project to deploy into."
+  type        = string
+}
+
+variable "region" {
+  description = "Region of Cloud Run, Cloud SQL, Cloud Tasks and Artifact Registry."
+  type        = string
+  default     = "europe-west1"
+}
+
+# --- names ----------------------------------------------------------------------------------------
+
+variable "api_service_name" {
+  description = "Cloud Run service of the A2A edge (`specialists serve`); cloudbuild.yaml _API_SERVICE."
+  type        = string
+  default     = "specialists-api"
+}
+
+variable "worker_service_name" {
+  description = "Cloud Run service of the private workers (`specialists worker`); cloudbuild.yaml _WORKER_SERVICE."
+  type        = string
+  default     = "specialists-worker"
+}
+
+variable "migrate_job_name" {
+  description = "Cloud Run job that applies migrations (`specialists db upgrade`); cloudbuild.yaml _MIGRATE_JOB."
+  type        = string
+  default     = "specialists-migrate"
+}
+
+variable "repository_id" {
+  description = "Artifact Registry repository of the image; cloudbuild.yaml _REPOSITORY."
+  type        = string
+  default     = "specialists"
+}
+
+variable "queue_name" {
+  description = "Cloud Tasks queue that carries jobs to the workers (SPECIALISTS_CLOUD_TASKS_QUEUE)."
+  type        = string
+  default     = "specialists-jobs"
+}
+
+variable "database_instance_name" {
+  description = "Cloud SQL instance name."
+  type        = string
+  default     = "specialists"
+}
+
+variable "database_name" {
+  description = "Database the service uses on the instance."
+  type        = string
+  default     = "specialists"
+}
+
+variable "database_user" {
+  description = "Database user the service connects as (its password is generated into Secret Manager)."
+  type        = string
+  default     = "specialists"
+}
+
+variable "image" {
+  description = "Image the services start with on the first apply. cloudbuild.yaml deploys every later image, and Terraform leaves the image alone after creation."
+  type        = string
+  default     = "us-docker.pkg.dev/cloudrun/container/hello"
+}
+
+variable "public_url" {
+  description = "Base URL customers reach the edge at (a custom domain). Empty: the API service's run.app URL."
+  type        = string
+  default     = ""
+}
+
+variable "key_environment" {
+  description = "SPECIALISTS_KEY_ENVIRONMENT: the key prefix this deployment issues and accepts (live or test)."
+  type        = string
+  default     = "live"
+
+  validation {
+    condition     = contains(["live", "test"], var.key_environment)
+    error_message = "key_environment is live or test."
+  }
+}
+
+variable "model_key_env_names" {
+  description = "Names of the environment variables that hold model API keys: every api_key_env of infra/model_routes.toml. Each gets a Secret Manager secret, set on the worker."
+  type        = set(string)
+  default     = ["OPENROUTER_API_KEY"]
+}
+
+# --- database -------------------------------------------------------------------------------------
+
+variable "database_tier" {
+  description = "Cloud SQL machine tier."
+  type        = string
+  default     = "db-custom-2-7680"
+}
+
+variable "database_availability_type" {
+  description = "REGIONAL (a standby in another zone) or ZONAL."
+  type        = string
+  default     = "REGIONAL"
+}
+
+variable "database_backup_retained_count" {
+  description = "Daily backups kept."
+  type        = number
+  default     = 14
+}
+
+variable "database_log_retention_days" {
+  description = "Days of transaction log kept for point-in-time recovery (1-7)."
+  type        = number
+  default     = 7
+}
+
+# --- limits shared with the service's settings ----------------------------------------------------
+
+variable "dispatch_deadline_s" {
+  description = "SPECIALISTS_DISPATCH_DEADLINE_S: how long Cloud Tasks holds one delivery (15-1800). Must exceed every specialist's deadline plus SPECIALISTS_WORKER_CANCEL_GRACE_S."
+  type        = number
+  default     = 600
+
+  validation {
+    condition     = var.dispatch_deadline_s >= 15 && var.dispatch_deadline_s <= 1800
+    error_message = "Cloud Tasks accepts a dispatch deadline of 15 to 1800 seconds."
+  }
+}
+
+variable "job_deadline_s" {
+  description = "SPECIALISTS_DISPATCH_JOB_DEADLINE_S: the deadline every job gets (until specs carry their own)."
+  type        = number
+  default     = 300
+}
+
+variable "worker_request_margin_s" {
+  description = "How much longer than the dispatch deadline Cloud Run lets a worker request run, so that Cloud Tasks, not Cloud Run, ends a delivery that overran."
+  type        = number
+  default     = 60
+}
+
+variable "job_max_age_s" {
+  description = "SPECIALISTS_WORKER_JOB_MAX_AGE_S: the oldest signed job body a worker accepts; also how long the queue retries a task."
+  type        = number
+  default     = 3600
+}
+
+variable "worker_max_concurrent_jobs" {
+  description = "SPECIALISTS_WORKER_MAX_CONCURRENT_JOBS, and the worker service's request concurrency."
+  type        = number
+  default     = 4
+}
+
+variable "worker_max_instances" {
+  description = "Most worker instances; with worker_max_concurrent_jobs it bounds the queue's concurrent dispatches."
+  type        = number
+  default     = 10
+}
+
+variable "api_min_instances" {
+  description = "API instances kept running: at least 1, since the edge's Cloud Tasks relay and lease sweeper run there."
+  type        = number
+  default     = 1
+
+  validation {
+    condition     = var.api_min_instances >= 1
+    error_message = "At least one API instance must run: it relays admitted jobs to Cloud Tasks and sweeps expired leases."
+  }
+}
+
+variable "api_max_instances" {
+  description = "Most API instances."
+  type        = number
+  default     = 20
+}
+
+variable "queue_max_dispatches_per_second" {
+  description = "Cloud Tasks rate limit: deliveries started per second."
+  type        = number
+  default     = 20
+}

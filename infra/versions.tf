@@ -1,0 +1,49 @@
+# Terraform and provider versions, and where the state lives.
+#
+# The state holds generated secrets (the database password, the first signing secrets): keep it in a
+# bucket only operators can read. `terraform init -backend-config="bucket=<state bucket>"`.
+
+terraform {
+  required_version = ">= 1.5"
+
+  required_providers {
+    google = {
+      source  = "hashicorp/google"
+      version = "~> 6.0"
+    }
+    random = {
+      source  = "hashicorp/random"
+      version = "~> 3.6"
+    }
+  }
+
+  backend "gcs" {
+    prefix = "specialists"
+  }
+}
+
+provider "google" {
+  project = var.project_id
+  region  = var.region
+}
+
+data "google_project" "this" {
+  project_id = var.project_id
+}
+
+# Every API the deployment uses; never disabled by a destroy (other things in the project may use them).
+resource "google_project_service" "apis" {
+  for_each = toset([
+    "artifactregistry.googleapis.com",
+    "cloudbuild.googleapis.com",
+    "cloudtasks.googleapis.com",
+    "compute.googleapis.com",
+    "iam.googleapis.com",
+    "run.googleapis.com",
+    "secretmanager.googleapis.com",
+    "servicenetworking.googleapis.com",
+    "sqladmin.googleapis.com",
+  ])
+  service            = each.value
+  disable_on_destroy = false
+}

@@ -1,0 +1,79 @@
+"""Fixtures for the deployment tests: the parsed Terraform, and the roles started from the environment it gives.
+
+``api_from_terraform`` and ``worker_from_terraform`` are the real `specialists serve` and
+`specialists worker`, started through the image's entry point with exactly the variables that
+infra/run.tf sets on each Cloud Run service (secrets replaced by test values, the database by this
+run's), listening on the PORT Cloud Run would give them. Shared by the tests of a session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.manifests import Terraform, container_env, dockerfile_stages
+from tests.deploy.roles import Role, clean_environment, free_port, on_this_machine, start_role
+
+
+@pytest.fixture(scope="session")
+def tf() -> Terraform:
+    return Terraform()
+
+
+def secret_test_value(secret_name: str) -> str:
+    """A stand-in for a secret's value: distinct per secret and long enough for every minimum."""
+    return f"{secret_name}-test-value-" + "s" * 48
+
+
+def image_environment() -> dict[str, str]:
+    """The ENV of the image's final stage, as this machine can use it: the project's own PATH, and loopback
+    instead of every interface (test_dockerfile checks that the image itself listens on all of them)."""
+    env = dockerfile_stages()[-1].env()
+    env.pop("PATH")
+    return {key: "127.0.0.1" if value == "0.0.0.0" else value for key, value in env.items()}
+
+
+def terraform_environment(tf: Terraform, type_name: str, name: str, database_url: str, **overrides: str) -> dict[str, str]:
+    """The environment of a Cloud Run container: the image's ENV, then what infra/ sets on the service,
+    made runnable on this machine."""
+    given = container_env(tf, type_name, name)
+    env = clean_environment(**image_environment())
+    env.update({variable: on_this_machine(value) for variable, value in given.plain.items()})
+    for variable, (secret_name, _) in given.secrets.items():
+        env[variable] = database_url if variable == "DATABASE_URL" else secret_test_value(secret_name)
+    env.update(overrides)
+    return env
+
+
+@pytest.fixture(scope="session")
+def deploy_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("deploy-logs")
+
+
+@pytest.fixture(scope="session")
+def worker_from_terraform(tf: Terraform, database_url: str, deploy_logs: Path) -> Iterator[Role]:
+    port = free_port()
+    env = terraform_environment(tf, "google_cloud_run_v2_service", "worker", database_url, PORT=str(port))
+    role = start_role(["worker"], env, deploy_logs / "worker.log", port=port, ready_path="/healthz")
+    yield role
+    role.stop()
+
+
+@pytest.fixture(scope="session")
+def api_from_terraform(tf: Terraform, database_url: str, deploy_logs: Path) -> Iterator[Role]:
+    port = free_port()
+    env = terraform_environment(
+        tf,
+        "google_cloud_run_v2_service",
+        "api",
+        database_url,
+        PORT=str(port),
+        # The relay runs as in production, but talks to a local address instead of Google's API (nothing
+        # leaves this machine). Nothing is admitted in these tests, so it never has a job to send.
+        SPECIALISTS_CLOUD_TASKS_EMULATOR_HOST=f"127.0.0.1:{free_port()}",
+    )
+    role = start_role(["serve"], env, deploy_logs / "api.log", port=port, ready_path="/healthz")
+    yield role
+    role.stop()

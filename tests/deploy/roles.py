@@ -1,0 +1,101 @@
+"""Starting the image's roles as the container would: ``sh infra/entrypoint.sh <role>`` with a given environment.
+
+There is no Docker engine here, so the entry point runs on this machine with the project's
+virtual environment first on PATH, and with the environment Terraform would give the container
+(secrets replaced by test values, ``DATABASE_URL`` by this run's database, ``/app`` by the project).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from core.settings import PROJECT_ROOT
+from tests.app.conftest import free_port
+from tests.deploy.manifests import ENTRYPOINT
+
+START_TIMEOUT_S = 30.0
+IMAGE_ROOT = "/app"  # the Dockerfile's WORKDIR: where the project lives in the image
+
+
+def clean_environment(**overrides: str) -> dict[str, str]:
+    """This process's environment without any of the service's settings, the project's venv first on PATH."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith("SPECIALISTS_") and key not in ("DATABASE_URL", "PORT")
+    }
+    env["PATH"] = f"{PROJECT_ROOT / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env.update(overrides)
+    return env
+
+
+def on_this_machine(value: str) -> str:
+    """A path inside the image, as it is on this machine."""
+    return str(PROJECT_ROOT) + value[len(IMAGE_ROOT):] if value.startswith(IMAGE_ROOT + "/") else value
+
+
+@dataclass
+class Role:
+    process: subprocess.Popen
+    port: int
+    log: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def run_role(args: list[str], env: Mapping[str, str], log: Path, timeout_s: float = 60) -> subprocess.CompletedProcess:
+    """A role that ends by itself (the migration job): run it to the end."""
+    with log.open("wb") as out:
+        return subprocess.run(
+            ["sh", str(ENTRYPOINT), *args], env=dict(env), cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT,
+            timeout=timeout_s,
+        )
+
+
+def start_role(args: list[str], env: Mapping[str, str], log: Path, *, port: int, ready_path: str = "/healthz") -> Role:
+    """Start a listening role and wait until ``ready_path`` answers 200 on ``port``."""
+    out = log.open("wb")
+    process = subprocess.Popen(
+        ["sh", str(ENTRYPOINT), *args], env=dict(env), cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT
+    )
+    role = Role(process=process, port=port, log=log)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"{args} exited with {process.returncode}:\n{role.log_text()}")
+        try:
+            answer = httpx.get(f"{role.url}{ready_path}", timeout=2)
+            if answer.status_code == 200:
+                return role
+            last = f"{answer.status_code} {answer.text}"
+        except httpx.HTTPError as exc:
+            last = type(exc).__name__
+        time.sleep(0.1)
+    role.stop()
+    raise AssertionError(f"{args} did not answer {ready_path} on port {port} ({last}):\n{role.log_text()}")
+
+
+__all__ = ["Role", "clean_environment", "free_port", "on_this_machine", "run_role", "start_role"]

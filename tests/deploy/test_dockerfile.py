@@ -1,0 +1,153 @@
+"""The Dockerfile and .dockerignore, checked against the code (no Docker engine runs here).
+
+What is read: the stages, the user, the installed dependencies, the ports and hosts, the entry point
+and the health check. What is run: the health check's own command against the roles started from
+Terraform's environment, and `specialists --help` for the roles the image is used for.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tomllib
+
+import pytest
+
+from core.settings import PROJECT_ROOT, Settings
+from core.settings_doc import env_name
+from tests.deploy.manifests import DOCKERIGNORE, ENTRYPOINT, Stage, dockerfile_stages
+from tests.deploy.roles import IMAGE_ROOT, clean_environment, free_port
+
+pytestmark = pytest.mark.timeout(60)
+
+COMPILERS = re.compile(r"\b(gcc|g\+\+|cc|clang|make|build-essential|libc6-dev|python3-dev)\b")
+SETTING_NAMES = {env_name(name, field) for name, field in Settings.model_fields.items()}
+
+
+@pytest.fixture(scope="module")
+def stages() -> list[Stage]:
+    return dockerfile_stages()
+
+
+@pytest.fixture(scope="module")
+def final(stages) -> Stage:
+    return stages[-1]
+
+
+def copies(stage: Stage) -> list[tuple[str | None, list[str], str]]:
+    """(from stage, sources, destination) of each COPY."""
+    found = []
+    for instruction in stage.all("COPY"):
+        words = instruction.args.split()
+        origin = next((w.split("=", 1)[1] for w in words if w.startswith("--from=")), None)
+        paths = [w for w in words if not w.startswith("--")]
+        found.append((origin, paths[:-1], paths[-1]))
+    return found
+
+
+def test_the_image_is_built_in_a_builder_stage_and_the_final_stage_has_no_compilers(stages, final):
+    assert len(stages) >= 2
+    builder = stages[0]
+    assert final.base == builder.base, "the final stage starts again from the plain Python image"
+    assert final.base not in {stage.name for stage in stages}
+    from_builder = {(origin, tuple(sources)) for origin, sources, _ in copies(final)}
+    assert (builder.name, ("/opt/venv",)) in from_builder and (builder.name, ("/app",)) in from_builder
+    for instruction in final.all("RUN"):
+        assert not COMPILERS.search(instruction.args), instruction.args
+        assert "pip install" not in instruction.args and "apt-get install" not in instruction.args
+
+
+def test_dependencies_come_from_the_lock_alone(stages):
+    builder = stages[0]
+    assert any("requirements.lock" in sources for _, sources, _ in copies(builder))
+    installs = [i.args for i in builder.all("RUN") if "pip install" in i.args]
+    assert any(re.search(r"pip install --no-deps -r \S*requirements\.lock", run) for run in installs)
+    for run in installs:  # nothing is resolved at build time: every install is --no-deps
+        for command in re.findall(r"pip install[^&|;]*", run):
+            assert "--no-deps" in command, command
+    assert any("pip check" in run for run in installs)
+
+
+def test_the_image_runs_as_an_unprivileged_user(final):
+    user = final.last("USER").args
+    assert user.split(":")[0] not in ("root", "0")
+    uid = user.split(":")[0]
+    assert any(f"--uid {uid}" in run.args for run in final.all("RUN")), "the user is created in the image"
+    after_user = final.instructions[final.instructions.index(final.last("USER")):]
+    assert not [i for i in after_user if i.keyword == "RUN"], "nothing runs as root after the switch"
+
+
+def test_the_image_listens_on_port_on_every_interface_and_sets_only_real_settings(final):
+    env = final.env()
+    assert final.last("EXPOSE").args == env["PORT"]
+    assert env["SPECIALISTS_EDGE_HOST"] == env["SPECIALISTS_WORKER_HOST"] == "0.0.0.0"
+    assert {name for name in env if name.startswith("SPECIALISTS_")} <= SETTING_NAMES
+
+
+def test_the_image_holds_the_project_where_the_settings_look_for_it(stages, final):
+    builder = stages[0]
+    assert final.last("WORKDIR").args == IMAGE_ROOT == builder.last("WORKDIR").args
+    copied = {source.rstrip("/") for _, sources, _ in copies(builder) for source in sources}
+    pyproject = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())
+    packages = {pattern.rstrip("*") for pattern in pyproject["tool"]["setuptools"]["packages"]["find"]["include"]}
+    assert packages <= copied, "every package of pyproject.toml is in the image"
+    assert {"specs", "migrations", "pyproject.toml", "infra/model_routes.toml", "infra/entrypoint.sh"} <= copied
+    # Editable at the same path in both stages: PROJECT_ROOT (core/settings.py) is /app in the image.
+    assert any("pip install --no-deps -e ." in i.args for i in builder.all("RUN"))
+
+
+def test_the_entry_point_runs_the_specialists_command_and_every_role_is_one_of_its_commands(final):
+    entrypoint = final.last("ENTRYPOINT").exec_form()
+    assert entrypoint == ["/bin/sh", f"{IMAGE_ROOT}/infra/entrypoint.sh"]
+    assert ENTRYPOINT.read_text().rstrip().endswith('exec specialists "$@"')
+    assert final.last("CMD").exec_form() == ["serve"]
+    env = clean_environment()
+    top = subprocess.run(["specialists", "--help"], env=env, capture_output=True, text=True, timeout=30)
+    database = subprocess.run(["specialists", "db", "--help"], env=env, capture_output=True, text=True, timeout=30)
+    assert top.returncode == 0 and database.returncode == 0
+    for role in ("serve", "worker", "dispatcher", "db"):
+        assert re.search(rf"^\s+{role}\s", top.stdout, re.MULTILINE), role
+    assert re.search(r"^\s+upgrade\s", database.stdout, re.MULTILINE)
+
+
+def test_the_health_check_passes_on_both_listening_roles_and_fails_when_nothing_answers(
+    final, api_from_terraform, worker_from_terraform
+):
+    check = final.last("HEALTHCHECK").exec_form()
+    assert check and "/healthz" in check[-1]
+
+    def health(port: int) -> int:
+        return subprocess.run(check, env=clean_environment(PORT=str(port)), capture_output=True, timeout=15).returncode
+
+    assert health(api_from_terraform.port) == 0
+    assert health(worker_from_terraform.port) == 0
+    assert health(free_port()) != 0
+
+
+# --- .dockerignore ---------------------------------------------------------------------------------
+
+
+def ignored(path: str, rules: list[str]) -> bool:
+    """Docker's rule: the last pattern matching the path (or a folder above it) decides; ``!`` re-includes."""
+    verdict = False
+    parts = path.split("/")
+    candidates = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    for rule in rules:
+        negated = rule.startswith("!")
+        pattern = rule[1:] if negated else rule
+        regex = re.escape(pattern).replace(r"\*\*/", "(?:.*/)?").replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
+        if any(re.fullmatch(regex, candidate) for candidate in candidates):
+            verdict = not negated
+    return verdict
+
+
+def test_the_build_context_keeps_out_local_state_and_secrets_but_not_what_the_image_needs(stages):
+    rules = [
+        line.strip() for line in DOCKERIGNORE.read_text().splitlines() if line.strip() and not line.startswith("#")
+    ]
+    for private in (".git", ".venv", ".venv-emulator", ".data", ".data/local-secrets.json", "infra/terraform.tfstate",
+                    "tests", "app/__pycache__/service.cpython-311.pyc"):
+        assert ignored(private, rules), private
+    for _, sources, _ in copies(stages[0]):
+        for source in sources:
+            assert not ignored(source.rstrip("/"), rules), f"{source} is copied but ignored"

@@ -1,0 +1,320 @@
+"""infra/ (Terraform) checked against the code: what each service is given, who may do what, the limits.
+
+Nothing can be applied from here. The services are started for real from the environment Terraform
+gives them (tests/deploy/conftest.py); the rest is read from the parsed Terraform and compared with
+the settings, the specs, the routes and the worker's endpoint.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from app.notify import libpq_url
+from core import db
+from core.settings import PROJECT_ROOT, Settings
+from core.settings_doc import env_name
+from core.specs import load_specs
+from specialists.cli import build_parser, cmd_db_upgrade, cmd_serve, cmd_worker
+from tests.deploy.conftest import terraform_environment
+from tests.deploy.manifests import Terraform, container, container_env, dockerfile_stages, revision_template
+from tests.deploy.roles import on_this_machine, run_role
+from workers.server import JOBS_PATH
+
+pytestmark = pytest.mark.timeout(90)
+
+SERVICE = "google_cloud_run_v2_service"
+JOB = "google_cloud_run_v2_job"
+ROLES = {"api": (SERVICE, "api"), "worker": (SERVICE, "worker"), "migrate": (JOB, "migrate")}
+# Which runtime service account each role runs as.
+RUNS_AS = {"api": "api", "worker": "worker", "migrate": "migrate"}
+SETTING_NAMES = {env_name(name, field) for name, field in Settings.model_fields.items()}
+
+
+def settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The settings a process would load from ``env`` (and nothing else of this machine's environment)."""
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("SPECIALISTS_") or key in ("DATABASE_URL", "PORT"):
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return Settings()
+
+
+def rlm_specs() -> dict:
+    return {sid: loaded for sid, loaded in load_specs(PROJECT_ROOT / "specs").items() if loaded.spec.executor == "rlm"}
+
+
+def production_routes(tf: Terraform) -> dict:
+    routes_file = container_env(tf, SERVICE, "worker").plain["SPECIALISTS_MODEL_ROUTES_FILE"]
+    return tomllib.loads(Path(on_this_machine(routes_file)).read_text())["routes"]
+
+
+def members(tf: Terraform, type_name: str, role: str, resource: str) -> set[str]:
+    """Members granted ``role`` by ``type_name`` bindings that name ``resource`` (an expression prefix)."""
+    found = set()
+    for body in tf.of_type(type_name).values():
+        target = " ".join(str(body.get(key, "")) for key in ("name", "secret_id", "service_account_id", "repository"))
+        if body["role"] == role and resource in target:
+            found.add(tf.resolve(body["member"]) if "each." not in body["member"] else body["member"])
+    return found
+
+
+def account(tf: Terraform, name: str) -> str:
+    return "serviceAccount:" + tf.reference(f"google_service_account.{name}.email")
+
+
+# --- the services start from what Terraform gives them -----------------------------------------------
+
+
+def test_the_worker_starts_from_terraforms_environment_and_serves_every_specialist(worker_from_terraform):
+    ready = httpx.get(f"{worker_from_terraform.url}/readyz", timeout=5)
+    assert ready.status_code == 200, ready.text
+    assert set(rlm_specs()) <= set(ready.json()["specialists"])
+    assert ready.json()["problems"] == []
+
+
+def test_the_api_starts_from_terraforms_environment_with_its_relay_and_publishes_the_public_url(tf, api_from_terraform):
+    assert httpx.get(f"{api_from_terraform.url}/readyz", timeout=5).status_code == 200
+    card = httpx.get(f"{api_from_terraform.url}/specialists/conformance/.well-known/agent-card.json", timeout=5).json()
+    public_url = container_env(tf, SERVICE, "api").plain["SPECIALISTS_EDGE_PUBLIC_URL"]
+    assert public_url == tf.reference("local.api_run_url")
+    assert all(interface["url"].startswith(public_url) for interface in card["supportedInterfaces"])
+    # The relay to Cloud Tasks started as the edge's child (production mode), with the worker as its target.
+    assert "cloud_tasks to " + tf.reference("local.worker_url") + JOBS_PATH in api_from_terraform.log_text()
+
+
+def test_the_migration_job_upgrades_the_database_from_its_environment(tf, database_url, tmp_path):
+    env = terraform_environment(tf, JOB, "migrate", database_url)
+    done = run_role(tf.resolve(container(tf, JOB, "migrate")["args"]), env, tmp_path / "migrate.log")
+    assert done.returncode == 0, (tmp_path / "migrate.log").read_text()
+    assert "schema already at head" in (tmp_path / "migrate.log").read_text()
+
+
+@pytest.mark.parametrize(
+    "role, command", [("api", cmd_serve), ("worker", cmd_worker), ("migrate", cmd_db_upgrade)]
+)
+def test_each_container_runs_a_real_command_of_the_image(tf, role, command):
+    args = tf.resolve(container(tf, *ROLES[role])["args"])
+    assert build_parser().parse_args(args).func is command
+
+
+# --- every setting a service needs in production is set -----------------------------------------------
+
+
+@pytest.mark.parametrize("role", sorted(ROLES))
+def test_every_variable_terraform_sets_is_a_real_setting_or_a_model_key(tf, role):
+    given = container_env(tf, *ROLES[role])
+    model_keys = set(tf.default("model_key_env_names"))
+    unknown = given.names - SETTING_NAMES - model_keys
+    assert not unknown, f"{role}: not settings of core/settings.py: {sorted(unknown)}"
+
+
+def test_the_api_gets_everything_serve_and_its_relay_refuse_to_start_without(tf, database_url, monkeypatch):
+    from specialists import local_secrets
+    from workers.dispatch.process import check_dispatcher_settings
+
+    settings = settings_from(terraform_environment(tf, SERVICE, "api", database_url), monkeypatch)
+    assert not settings.embedded
+    local_secrets.require(settings, ["key_signing_secrets", "worker_job_secrets"])
+    check_dispatcher_settings(settings)
+    assert settings.serve_dispatcher and not settings.serve_worker
+    # The settings validated the Cloud Tasks setup as a whole; these are the values it has.
+    assert settings.dispatch_backend == "cloud_tasks"
+    assert settings.cloud_tasks_queue == tf.resolve(tf.resource("google_cloud_tasks_queue", "jobs")["name"])
+    assert settings.cloud_tasks_location == tf.resolve(tf.resource("google_cloud_tasks_queue", "jobs")["location"])
+    assert settings.cloud_tasks_project == tf.default("project_id")
+    assert settings.key_environment == "live"
+    assert settings.edge_public_url and settings.public_url.startswith("https://")
+
+
+def test_the_worker_gets_everything_it_refuses_to_start_or_serve_without(tf, database_url, monkeypatch):
+    from workers.service import check_worker_settings
+    from workers.specialist.service import check_readiness
+
+    env = terraform_environment(tf, SERVICE, "worker", database_url)
+    settings = settings_from(env, monkeypatch)
+    check_worker_settings(settings)
+    assert settings.worker_oidc_verify, "production workers check the Cloud Tasks OIDC token"
+    assert settings.specialist_checkpoint_key is not None
+    assert not settings.model_routes_allow_scripted
+    assert check_readiness(settings, environ=env) == []
+
+
+def test_the_api_and_the_workers_agree_on_the_worker_url_audience_account_and_job_secret(tf):
+    api = container_env(tf, SERVICE, "api")
+    worker = container_env(tf, SERVICE, "worker")
+    audience = worker.plain["SPECIALISTS_WORKER_AUDIENCE"]
+    assert api.plain["SPECIALISTS_WORKER_AUDIENCE"] == audience
+    # The worker's audience is its own Cloud Run URL (Cloud Run's IAM checks the token's audience too).
+    assert audience == tf.reference("local.worker_url")
+    assert re.fullmatch(rf"https://{tf.default('worker_service_name')}-\d+\.{tf.default('region')}\.run\.app", audience)
+    assert api.plain["SPECIALISTS_DISPATCH_WORKER_URL"] == audience + JOBS_PATH
+    invoker = tf.reference("google_service_account.invoker.email")
+    assert api.plain["SPECIALISTS_DISPATCH_SERVICE_ACCOUNT"] == worker.plain["SPECIALISTS_DISPATCH_SERVICE_ACCOUNT"] == invoker
+    assert api.secrets["SPECIALISTS_WORKER_JOB_SECRETS"] == worker.secrets["SPECIALISTS_WORKER_JOB_SECRETS"]
+
+
+def test_ports_and_hosts_come_from_the_image_and_cloud_run_not_from_terraform(tf):
+    expose = dockerfile_stages()[-1].last("EXPOSE").args
+    for role in ("api", "worker"):
+        spec = container(tf, *ROLES[role])
+        assert str(spec["ports"][0]["container_port"]) == expose
+        assert not container_env(tf, *ROLES[role]).names & {
+            "PORT", "SPECIALISTS_EDGE_PORT", "SPECIALISTS_WORKER_PORT", "SPECIALISTS_EDGE_HOST", "SPECIALISTS_WORKER_HOST"
+        }
+
+
+def test_every_specialists_route_is_a_real_endpoint_whose_key_the_worker_gets_from_secret_manager(tf):
+    routes = production_routes(tf)
+    worker = container_env(tf, SERVICE, "worker")
+    for specialist_id, loaded in rlm_specs().items():
+        route = routes[loaded.spec.model_route]
+        assert route["kind"] == "openai", f"{specialist_id}: no scripted route in production"
+        assert route["api_key_env"] in worker.secrets, f"{route['api_key_env']} is not set on the worker"
+        assert worker.secrets[route["api_key_env"]][0] == "model_key"
+
+
+# --- the database -----------------------------------------------------------------------------------
+
+
+def test_the_database_has_a_private_ip_only_backups_and_point_in_time_recovery(tf):
+    instance = tf.resource("google_sql_database_instance", "main")
+    settings = instance["settings"][0]
+    network = settings["ip_configuration"][0]
+    assert network["ipv4_enabled"] is False and network["private_network"]
+    backups = settings["backup_configuration"][0]
+    assert backups["enabled"] is True and backups["point_in_time_recovery_enabled"] is True
+    assert tf.resolve(backups["transaction_log_retention_days"]) >= 1
+    assert instance["database_version"].startswith("POSTGRES_")
+    assert instance["deletion_protection"] is True and settings["deletion_protection_enabled"] is True
+
+
+def test_database_url_reaches_the_cloud_sql_socket_every_container_mounts(tf):
+    url = tf.resolve(tf.resource("google_secret_manager_secret_version", "database_url")["secret_data"])
+    assert tf.resource("random_password", "database")["special"] is False, "the password goes into the URL unescaped"
+    connection_name = tf.reference("google_sql_database_instance.main.connection_name")
+    mount = tf.reference("local.cloudsql_mount")
+    conninfo = psycopg.conninfo.conninfo_to_dict(libpq_url(db.sqlalchemy_url(url)))
+    assert conninfo["host"] == f"{mount}/{connection_name}"
+    assert conninfo["dbname"] == tf.default("database_name") and conninfo["user"] == tf.default("database_user")
+    for role, (type_name, name) in ROLES.items():
+        assert container_env(tf, type_name, name).secrets["DATABASE_URL"][0] == "database_url"
+        volumes = {v["name"]: v for v in revision_template(tf, type_name, name)["volumes"]}
+        mounted = {m["name"]: tf.resolve(m["mount_path"]) for m in container(tf, type_name, name)["volume_mounts"]}
+        sockets = [n for n, v in volumes.items() if "cloud_sql_instance" in v]
+        assert sockets and mounted[sockets[0]] == mount, role
+        assert tf.resolve(volumes[sockets[0]]["cloud_sql_instance"][0]["instances"][0]) == connection_name
+
+
+# --- Cloud Tasks and the limits it must respect ------------------------------------------------------
+
+
+def test_the_dispatch_deadline_outlives_every_specialists_deadline_and_the_worker_request_outlives_it(tf):
+    worker = container_env(tf, SERVICE, "worker").plain
+    api = container_env(tf, SERVICE, "api").plain
+    dispatch_deadline_s = int(api["SPECIALISTS_DISPATCH_DEADLINE_S"])
+    assert dispatch_deadline_s == int(worker["SPECIALISTS_DISPATCH_DEADLINE_S"])
+    assert 15 <= dispatch_deadline_s <= 1800, "Cloud Tasks' range"
+    grace_s = Settings.model_fields["worker_cancel_grace_s"].default
+    longest_s = max(
+        [float(api["SPECIALISTS_DISPATCH_JOB_DEADLINE_S"])]
+        + [loaded.spec.limits.deadline_s for loaded in load_specs(PROJECT_ROOT / "specs").values()]
+    )
+    assert dispatch_deadline_s > longest_s + grace_s
+    timeout_s = int(tf.resolve(revision_template(tf, SERVICE, "worker")["timeout"]).removesuffix("s"))
+    assert timeout_s > dispatch_deadline_s, "Cloud Run would end a delivery before Cloud Tasks' deadline"
+
+
+def test_the_queue_retries_as_long_as_a_job_body_is_valid_and_never_sends_more_than_workers_run(tf):
+    queue = tf.resource("google_cloud_tasks_queue", "jobs")
+    worker = container_env(tf, SERVICE, "worker").plain
+    retry = queue["retry_config"][0]
+    assert tf.resolve(retry["max_attempts"]) == -1
+    assert int(tf.resolve(retry["max_retry_duration"]).removesuffix("s")) <= int(worker["SPECIALISTS_WORKER_JOB_MAX_AGE_S"])
+    limits = queue["rate_limits"][0]
+    template = revision_template(tf, SERVICE, "worker")
+    per_instance = int(tf.resolve(template["max_instance_request_concurrency"]))
+    assert per_instance == int(worker["SPECIALISTS_WORKER_MAX_CONCURRENT_JOBS"])
+    most = per_instance * int(tf.resolve(template["scaling"][0]["max_instance_count"]))
+    assert 0 < int(tf.resolve(limits["max_concurrent_dispatches"])) <= most
+    assert float(tf.resolve(limits["max_dispatches_per_second"])) > 0
+
+
+def test_the_api_always_has_an_instance_with_cpu_for_the_relay_and_the_lease_sweeper(tf):
+    template = revision_template(tf, SERVICE, "api")
+    assert int(tf.resolve(template["scaling"][0]["min_instance_count"])) >= 1
+    assert container(tf, SERVICE, "api")["resources"][0]["cpu_idle"] is False
+
+
+# --- who may do what -------------------------------------------------------------------------------
+
+
+def test_the_worker_is_private_and_only_the_invoker_account_may_call_it(tf):
+    assert tf.resource(SERVICE, "worker")["ingress"] == "INGRESS_TRAFFIC_INTERNAL_ONLY"
+    invokers = members(tf, "google_cloud_run_v2_service_iam_member", "roles/run.invoker", "google_cloud_run_v2_service.worker")
+    assert invokers == {account(tf, "invoker")}
+
+
+def test_nothing_but_the_api_is_granted_to_everyone(tf):
+    public = [
+        (kind, name)
+        for (kind, name), body in tf.resources.items()
+        if kind.endswith(("_iam_member", "_iam_binding")) and re.search(r"allUsers|allAuthenticatedUsers", str(body))
+    ]
+    assert public == [("google_cloud_run_v2_service_iam_member", "public_calls_api")]
+    assert "google_cloud_run_v2_service.api" in tf.resource(*public[0])["name"]
+
+
+def test_the_api_may_enqueue_and_act_as_the_invoker_and_the_invoker_may_do_nothing_else(tf):
+    assert members(tf, "google_cloud_tasks_queue_iam_member", "roles/cloudtasks.enqueuer", "google_cloud_tasks_queue.jobs") == {
+        account(tf, "api")
+    }
+    assert members(tf, "google_service_account_iam_member", "roles/iam.serviceAccountUser", "google_service_account.invoker") == {
+        account(tf, "api")
+    }
+    granted_to_invoker = [
+        (kind, name) for (kind, name), body in tf.resources.items()
+        if kind.endswith("_iam_member") and "google_service_account.invoker.email" in str(body.get("member"))
+    ]
+    assert granted_to_invoker == [("google_cloud_run_v2_service_iam_member", "invoker_calls_worker")]
+
+
+def test_the_roles_that_use_the_database_may_reach_cloud_sql(tf):
+    binding = tf.resource("google_project_iam_member", "cloudsql_client")
+    assert binding["role"] == "roles/cloudsql.client"
+    reach = {tf.resolve(email) for email in binding["for_each"].values()}
+    for role in ROLES:
+        assert tf.reference(f"google_service_account.{RUNS_AS[role]}.email") in reach
+    assert tf.reference("google_service_account.invoker.email") not in reach
+
+
+@pytest.mark.parametrize("role", sorted(ROLES))
+def test_each_role_runs_as_its_own_account_and_may_read_exactly_the_secrets_it_is_given(tf, role):
+    type_name, name = ROLES[role]
+    runs_as = revision_template(tf, type_name, name)["service_account"]
+    assert runs_as == f"${{google_service_account.{RUNS_AS[role]}.email}}"
+    given = {secret for secret, _ in container_env(tf, type_name, name).secrets.values()}
+    readable = set()
+    for body in tf.of_type("google_secret_manager_secret_iam_member").values():
+        assert body["role"] == "roles/secretmanager.secretAccessor"
+        if body["member"] != f"serviceAccount:${{google_service_account.{RUNS_AS[role]}.email}}":
+            continue
+        if "for_each" in body and isinstance(body["for_each"], dict):
+            readable |= {tf.name_of(ref)[1] for ref in body["for_each"].values()}
+        else:
+            readable.add(tf.name_of(body["for_each"])[1])  # for_each over a secret resource (the model keys)
+    assert readable == given
+
+
+def test_the_project_and_region_are_variables_and_the_urls_are_outputs(tf):
+    assert "default" not in tf.variables["project_id"]
+    assert tf.default("region")
+    assert {"api_url", "worker_url", "api_public_url"} <= set(tf.outputs)
