@@ -1,0 +1,123 @@
+"""cloudbuild.yaml checked against infra/ and the code: the order of the release, what stops it, the names.
+
+Cloud Build runs the steps one after another and stops at the first that fails, unless a step says
+otherwise (`waitFor`, `allowFailure`, `allowExitCodes`): so the order of the steps and the absence of
+those keys are what make "a failed drill stops the rollout" true.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from core.settings import PROJECT_ROOT
+from tests.deploy.manifests import BuildStep, Terraform, build_steps, cloudbuild
+
+pytestmark = pytest.mark.timeout(30)
+
+RELEASE_ORDER = ["test", "build", "push", "migrate", "deploy-worker", "deploy-api", "drill", "traffic"]
+# Built-in substitutions Cloud Build fills in itself.
+BUILT_IN = {"PROJECT_ID", "SHORT_SHA", "COMMIT_SHA", "BUILD_ID", "LOCATION", "PROJECT_NUMBER"}
+
+
+@pytest.fixture(scope="module")
+def document() -> dict:
+    return cloudbuild()
+
+
+@pytest.fixture(scope="module")
+def steps(document) -> dict[str, BuildStep]:
+    return {step.id: step for step in build_steps(document)}
+
+
+def test_the_release_runs_its_steps_in_order_one_after_another(document, steps):
+    assert list(steps) == RELEASE_ORDER
+    for step in document["steps"]:
+        assert not {"waitFor", "allowFailure", "allowExitCodes"} & set(step), f"{step['id']} would not stop the release"
+
+
+def test_every_multi_command_step_stops_at_its_first_failing_command(steps):
+    for step in steps.values():
+        if step.entrypoint == "bash":
+            assert step.command.lstrip().startswith("set -euo pipefail"), step.id
+            assert "|| true" not in step.command, step.id
+
+
+def test_the_tests_are_the_readmes_and_cis_test_command(steps):
+    assert "./dev test" in steps["test"].command
+    assert "./dev test" in (PROJECT_ROOT / ".ci" / "run").read_text()
+
+
+def test_the_image_is_built_pushed_and_the_same_image_is_deployed_everywhere(steps):
+    assert steps["build"].args[0] == "build" and "${_IMAGE}" in steps["build"].args
+    assert steps["push"].args == ["push", "${_IMAGE}"]
+    for step_id in ("migrate", "deploy-worker", "deploy-api"):
+        assert "--image=${_IMAGE}" in steps[step_id].command.replace('"', ""), step_id
+    assert steps["drill"].name == "${_IMAGE}", "the drill runs from the image being released"
+
+
+def test_migrations_run_as_the_cloud_run_job_and_are_waited_for_before_any_deploy(steps):
+    command = steps["migrate"].command.replace('"', "")
+    assert "gcloud run jobs update ${_MIGRATE_JOB}" in command
+    assert re.search(r"gcloud run jobs execute \$\{_MIGRATE_JOB\} .*--wait", command)
+
+
+def test_the_worker_is_deployed_private(steps):
+    args = steps["deploy-worker"].args
+    assert args[:3] == ["run", "deploy", "${_WORKER_SERVICE}"]
+    assert "--ingress=internal" in args and "--no-allow-unauthenticated" in args
+    assert "--allow-unauthenticated" not in args
+
+
+def test_the_api_is_deployed_as_a_tagged_revision_without_traffic_and_drilled_through_its_tag(steps):
+    deploy = steps["deploy-api"].command.replace('"', "")
+    assert "gcloud run deploy ${_API_SERVICE}" in deploy
+    assert "--no-traffic" in deploy and "--tag=${_REVISION_TAG}" in deploy
+    assert "> /workspace/api_tag_url" in deploy, "the tag's URL is handed to the drill"
+    # `$$` is Cloud Build's escape for a literal `$`: bash sees $(cat ...).
+    assert re.search(r"^specialists drill --target \"\$\$\(cat /workspace/api_tag_url\)\"$", steps["drill"].command, re.M)
+
+
+def test_only_the_last_step_moves_traffic_and_only_to_the_drilled_tag(steps):
+    traffic_moves = [step.id for step in steps.values() if "update-traffic" in step.command or "--to-" in step.command]
+    assert traffic_moves == ["traffic"]
+    assert list(steps)[-1] == "traffic"
+    assert steps["traffic"].args[:4] == ["run", "services", "update-traffic", "${_API_SERVICE}"]
+    assert "--to-tags=${_REVISION_TAG}=100" in steps["traffic"].args
+
+
+def test_every_substitution_used_is_defined(document):
+    defined = set(document["substitutions"]) | BUILT_IN
+    used = set(re.findall(r"\$\{(\w+)\}", str(document)))
+    assert used <= defined, sorted(used - defined)
+
+
+def test_names_agree_with_terraform(document):
+    tf = Terraform()
+    names = document["substitutions"]
+    assert names["_REGION"] == tf.default("region")
+    assert names["_REPOSITORY"] == tf.resolve(tf.resource("google_artifact_registry_repository", "images")["repository_id"])
+    assert names["_API_SERVICE"] == tf.resolve(tf.resource("google_cloud_run_v2_service", "api")["name"])
+    assert names["_WORKER_SERVICE"] == tf.resolve(tf.resource("google_cloud_run_v2_service", "worker")["name"])
+    assert names["_MIGRATE_JOB"] == tf.resolve(tf.resource("google_cloud_run_v2_job", "migrate")["name"])
+    assert names["_DEPLOYER"] == tf.resolve(tf.resource("google_service_account", "deployer")["account_id"])
+    # The image path Terraform tells operators about is the one the build pushes.
+    image = names["_IMAGE"].replace("${_REGION}", names["_REGION"]).replace("${_REPOSITORY}", names["_REPOSITORY"])
+    assert image.replace("${PROJECT_ID}", tf.default("project_id")).rsplit(":", 1)[0] == tf.resolve(
+        tf.outputs["image_repository"]["value"]
+    )
+
+
+def test_the_build_runs_as_the_deployer_account_terraform_grants_what_the_release_does(document):
+    tf = Terraform()
+    assert document["serviceAccount"] == (
+        "projects/${PROJECT_ID}/serviceAccounts/${_DEPLOYER}@${PROJECT_ID}.iam.gserviceaccount.com"
+    )
+    assert document["options"]["logging"] == "CLOUD_LOGGING_ONLY", "required with a user-chosen build account"
+    roles = set(re.findall(r"roles/[\w.]+", tf.resource("google_project_iam_member", "deployer")["for_each"]))
+    assert "roles/run.developer" in roles  # deploy revisions, move traffic, update and execute the job
+    pushes = tf.resource("google_artifact_registry_repository_iam_member", "deployer_pushes")
+    assert pushes["role"] == "roles/artifactregistry.writer"
+    acts_as = set(tf.resource("google_service_account_iam_member", "deployer_acts_as")["for_each"])
+    assert acts_as == {"api", "worker", "migrate"}
