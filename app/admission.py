@@ -440,7 +440,7 @@ def _cancel(conn: Connection, task_id: str, owner: str) -> Task:
         dispatch_id: jobs.request_cancel(conn, task_id, dispatch_id, reason=reason)
         for dispatch_id in _open_jobs(conn, task_id, owner)
     }
-    if "unknown" in outcomes.values():
+    if "unknown" in outcomes.values() or jobs.any_unknown(conn, task_id):
         raise TaskNotCancelableError(
             message="the outcome of this task is under reconciliation by the operator; it cannot be canceled now"
         )

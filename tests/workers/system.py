@@ -154,6 +154,9 @@ class System:
             "dispatch_retry_base_s": "0.1",
             "dispatch_retry_max_s": "1",
             "conformance_hold_working_s": "1",
+            # Few idle connections per process: the whole test session shares one PostgreSQL (100 connections).
+            "db_pool_size": "2",
+            "db_max_overflow": "8",
         }
 
     def env(self, **overrides: str) -> dict[str, str]:
@@ -199,6 +202,19 @@ class System:
                 assert time.monotonic() < deadline, "the dispatcher did not get ready"
                 time.sleep(0.05)
         return dispatcher
+
+    def live_worker(self) -> Worker:
+        return next(w for w in self.workers if w.process.poll() is None)
+
+    def replace_dead_workers(self) -> None:
+        """Start a worker for each that died, and dispatchers that deliver to the live ones."""
+        dead = [w for w in self.workers if w.process.poll() is not None]
+        for worker in dead:
+            self.workers.remove(worker)
+            self.start_worker()
+        if dead:
+            self.stop_dispatchers()
+            self.start_dispatcher()
 
     def stop_dispatchers(self) -> None:
         for dispatcher in self.dispatchers:

@@ -14,7 +14,7 @@ from workers import claims
 from workers.claims import CancelOutcome
 from workers.dispatch.base import job_id_for
 
-__all__ = ["CancelOutcome", "any_claimed", "job_id_for", "request_cancel"]
+__all__ = ["CancelOutcome", "any_claimed", "any_unknown", "job_id_for", "request_cancel"]
 
 
 def request_cancel(conn: Connection, task_id: str, dispatch_id: int, *, reason: str) -> CancelOutcome:
@@ -30,6 +30,19 @@ def any_claimed(conn: Connection, task_id: str) -> bool:
             text(
                 "SELECT EXISTS (SELECT 1 FROM dispatch_outbox o JOIN job_claims c "
                 "ON c.job_id = o.task_id || '.' || o.dispatch_id WHERE o.task_id = :t AND c.claims > 0)"
+            ),
+            {"t": task_id},
+        ).scalar()
+    )
+
+
+def any_unknown(conn: Connection, task_id: str) -> bool:
+    """Whether one of the task's jobs has an unknown outcome (its row may be closed: the claim decides)."""
+    return bool(
+        conn.execute(
+            text(
+                "SELECT EXISTS (SELECT 1 FROM dispatch_outbox o JOIN job_claims c "
+                "ON c.job_id = o.task_id || '.' || o.dispatch_id WHERE o.task_id = :t AND c.state = 'unknown')"
             ),
             {"t": task_id},
         ).scalar()
