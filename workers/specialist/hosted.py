@@ -29,6 +29,7 @@ import hashlib
 import json
 import math
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +55,8 @@ from workers.specialist.journal import (
 from workers.specialist.routes import OpenAIRoute, ScriptedRoute
 from workers.specialist.store import PgCheckpointStore
 
+# At most one progress report about semantic calls per this many seconds (turns are always reported).
+SUBCALL_REPORT_INTERVAL_S = 1.0
 # Refusals the sandbox's code gets back as data, which the customer is told about.
 COUNTED_REFUSALS = ("subcall_limit", "prompt_too_large", "batch_too_large")
 RESULT_LOST = (
@@ -165,6 +168,7 @@ class HostedRun:
     replayed_calls: int = 0
     kernel_instance: HostedKernel | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _last_subcall_report: float = -math.inf
 
     def __post_init__(self) -> None:
         if self.plan is not None:
@@ -216,6 +220,13 @@ class HostedRun:
                 turn=turn,
             )
         elif kind == "subcall" and not self.replaying(int(event.get("turn", 0))):
+            # Each report rewrites the customer's task (and wakes every stream): a batch of fast calls is
+            # summarised at most once per SUBCALL_REPORT_INTERVAL_S; every turn is reported.
+            now = time.monotonic()
+            with self._lock:
+                if now - self._last_subcall_report < SUBCALL_REPORT_INTERVAL_S:
+                    return
+                self._last_subcall_report = now
             self._report(
                 f"Semantic call {self.semantic_calls_used} of {limits.max_semantic_calls} "
                 f"{'answered' if event.get('ok') else 'failed'}.",

@@ -1,0 +1,304 @@
+"""Specialist benchmark: the worker's overhead per reviewer task, and memory per concurrent task.
+
+    .venv/bin/python bench/specialist.py [--tasks 20] [--concurrent 4] [--files 200] [--model-delay-s 0.1]
+
+Starts its own database: a fresh database on the server named by DATABASE_URL when it
+is set (dropped afterwards), otherwise an embedded PostgreSQL in a temporary folder.
+
+The whole product on one machine, as `specialists serve` runs it: the edge, an embedded
+dispatcher and a worker (child processes), on 127.0.0.1. The reviewer (the shipped spec,
+metered) reviews a generated bundle of ``--files`` Python files (2-3 KB each, one in
+25 building SQL from an f-string) sent inline; its model is a scripted route whose
+every call takes ``--model-delay-s`` (the "model time"): three root turns, then one
+batch of a semantic call per hit, two at a time. The customer is the a2a-sdk client
+over HTTP, streaming.
+
+  hosted    admission (the customer sends) to completion (the final status event
+            reaches the customer), one task at a time: the whole path - key check,
+            admission and reservation, dispatch, claim, Monty, the journal and the
+            signed checkpoints in PostgreSQL, task events, finish and settlement.
+  baseline  the same script on the same bundle through ``rlm.Session`` in this
+            process: the bare library (Monty, file checkpoints off), no service.
+
+The overhead per task is each one's time minus the model time it waited for (the
+scripted delays along its critical path), p50/p99; the ratio compares the hosted
+overhead with the bare library's. Then ``--concurrent`` tasks at once: the worker's
+resident memory (its process and its Monty worker processes) over its idle memory,
+per concurrent task.
+
+A benchmark is not a test: it prints figures and never fails on speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.admission import database, free_port, stop, wait_ready  # noqa: E402
+
+KEY_SECRET = "bench-signing-secret-" + "b" * 40
+JOB_SECRET = "bench-worker-secret-" + "w" * 40
+CHECKPOINT_KEY = "bench-checkpoint-key-" + "c" * 40
+RULE = "Find every SQL statement built from caller input."
+DEFECT_EVERY = 25
+SCRIPT = '''
+model = "scripted-bench"
+default_answer = "OK"
+
+[[root]]
+code = \'\'\'
+hits = context.search(r"\\.execute\\(\\s*f[\\"']", limit=16)
+print(context.stats()["files"], "files,", len(hits), "hit(s)")
+\'\'\'
+delay_s = {delay}
+
+[[root]]
+code = \'\'\'
+answers = llm_query_batched(
+    ["Does %s line %d build SQL from input? Answer DEFECT: <why>, or OK." % (h["path"], h["line"]) for h in hits],
+    [h["snippet"] for h in hits],
+)
+findings = [{{"path": h["path"], "line": h["line"], "severity": "high", "message": a.text[7:].strip()}}
+            for h, a in zip(hits, answers) if a.ok and a.text.startswith("DEFECT")]
+print(len(findings), "finding(s)")
+\'\'\'
+delay_s = {delay}
+
+[[root]]
+code = \'\'\'final_answer({{"summary": "%d place(s) build SQL from input." % len(findings), "findings": findings}})\'\'\'
+delay_s = {delay}
+
+[[subcall]]
+pattern = \'\'\'execute\\(\\s*f["'][^\\n]*\\{{\'\'\'
+answer = "DEFECT: the query is an f-string of caller input; use parameters."
+delay_s = {delay}
+'''
+
+
+def bundle(files: int) -> dict[str, str]:
+    """``files`` Python modules of 2-3 KB; every DEFECT_EVERY-th builds SQL from an f-string."""
+    out: dict[str, str] = {}
+    for index in range(files):
+        lines = [f'"""Module {index}: accounts, orders and reports."""', "", "import sqlite3", ""]
+        for fn in range(8):
+            lines += [f"def handler_{fn}(conn, value):", f"    # step {fn} of module {index}",
+                      f"    total = sum(range({fn + index % 7}))", "    if value is None:", "        return total",
+                      '    return conn.execute("SELECT id FROM t WHERE v = ?", (value,)).fetchone()', ""]
+        if index % DEFECT_EVERY == 0:
+            lines += ["def lookup(conn, name):", "    return conn.execute(f\"SELECT * FROM users WHERE name = '{name}'\")", ""]
+        out[f"pkg/module_{index:03d}.py"] = "\n".join(lines)
+    return out
+
+
+def model_time_s(files: int, delay_s: float, concurrency: int = 2) -> float:
+    """The scripted delays on a task's critical path: three root turns, then the batch two at a time."""
+    hits = min(16, math.ceil(files / DEFECT_EVERY))
+    return 3 * delay_s + math.ceil(hits / concurrency) * delay_s
+
+
+def percentiles(values_s: list[float]) -> tuple[float, float]:
+    ordered = sorted(values_s)
+    p99 = ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+    return statistics.median(ordered) * 1000, p99 * 1000
+
+
+def rss_kib(pid: int) -> int:
+    """Resident memory of a process and all its descendants (the worker and its Monty processes)."""
+    total = 0
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            status = Path(f"/proc/{current}/status").read_text()
+            total += int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
+            for task in Path(f"/proc/{current}/task").iterdir():
+                pending += [int(child) for child in (task / "children").read_text().split()]
+        except (FileNotFoundError, StopIteration, ProcessLookupError):
+            continue
+    return total
+
+
+# --- the customer ------------------------------------------------------------------------------------------
+
+
+async def review(base_url: str, token: str, files: dict[str, str]) -> tuple[float, int, str]:
+    """One task through the a2a-sdk client, streaming: (seconds from send to the final event, findings, state)."""
+    import httpx
+    from a2a.client import ClientConfig, ClientFactory
+    from a2a.client.card_resolver import A2ACardResolver
+    from a2a.types.a2a_pb2 import Message, Part, Role, SendMessageRequest, TaskState
+
+    parts = [Part(text=RULE)] + [Part(raw=text.encode(), filename=name, media_type="text/x-python")
+                                 for name, text in files.items()]
+    message = Message(message_id=str(uuid.uuid4()), role=Role.ROLE_USER, parts=parts)
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=300) as http:
+        card = await A2ACardResolver(http, f"{base_url}/specialists/reviewer").get_agent_card()
+        client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(card)
+        findings, state = 0, "none"
+        started = time.perf_counter()
+        async for event in client.send_message(SendMessageRequest(message=message)):
+            kind = event.WhichOneof("payload")
+            if kind == "artifact_update" and event.artifact_update.artifact.name == "findings":
+                findings = len(event.artifact_update.artifact.parts[0].data.list_value.values)
+            elif kind == "status_update":
+                state = TaskState.Name(event.status_update.status.state)
+        return time.perf_counter() - started, findings, state
+
+
+def baseline(files: dict[str, str], script: Path, tasks: int) -> list[float]:
+    from rlm import Context, ScriptedProvider, Session
+    from rlm.settings import load_settings
+
+    items = [{"path": p, "start": 0, "end": len(t), "text": t} for p, t in files.items()]
+    times = []
+    for _ in range(tasks):
+        with tempfile.TemporaryDirectory() as data_dir:
+            settings = load_settings(data_dir=data_dir, max_concurrency=2, max_subcalls=16, max_batch_size=16)
+            started = time.perf_counter()
+            context = Context.from_bundle(items, settings)
+            result = Session(context=context, provider=ScriptedProvider.from_file(script), settings=settings,
+                             extensions=[]).run(RULE)
+            times.append(time.perf_counter() - started)
+            assert result.stop_reason == "answered", result
+    return times
+
+
+# --- the run -----------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=20)
+    parser.add_argument("--concurrent", type=int, default=4)
+    parser.add_argument("--files", type=int, default=200)
+    parser.add_argument("--model-delay-s", type=float, default=0.1)
+    args = parser.parse_args()
+
+    from sqlalchemy import text
+
+    from core import db
+    from core.settings import Settings
+    from ledger import keys
+    from ledger.service import Ledger
+
+    files = bundle(args.files)
+    size_kib = sum(len(t.encode()) for t in files.values()) / 1024
+    model_s = model_time_s(args.files, args.model_delay_s)
+    folder = Path(tempfile.mkdtemp(prefix="bench-specialist-"))
+    script = folder / "reviewer.toml"
+    script.write_text(SCRIPT.format(delay=args.model_delay_s))
+    (folder / "routes.toml").write_text(f'[routes.reviewer]\nkind = "scripted"\nscript = "{script}"\n')
+    url, cleanup = database(os.environ.get("DATABASE_URL"))
+    port, worker_port = free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECIALISTS_", "RLM_"))}
+    env.update({
+        "DATABASE_URL": url, "SPECIALISTS_KEY_SIGNING_SECRETS": KEY_SECRET, "SPECIALISTS_WORKER_JOB_SECRETS": JOB_SECRET,
+        "SPECIALISTS_SPECIALIST_CHECKPOINT_KEY": CHECKPOINT_KEY, "SPECIALISTS_MODEL_ROUTES_FILE": str(folder / "routes.toml"),
+        "SPECIALISTS_MODEL_ROUTES_ALLOW_SCRIPTED": "true", "SPECIALISTS_EDGE_PORT": str(port),
+        "SPECIALISTS_WORKER_PORT": str(worker_port), "SPECIALISTS_SERVE_WORKER": "true",
+        "SPECIALISTS_SERVE_DISPATCHER": "true", "SPECIALISTS_LOG_LEVEL": "WARNING",
+        "SPECIALISTS_MAX_REQUEST_BODY_BYTES": str(4 * 1024 * 1024),
+    })
+    serve = subprocess.Popen([sys.executable, "-m", "specialists.cli", "serve"], cwd=ROOT, env=env,
+                             stdout=subprocess.DEVNULL, stderr=(folder / "serve.log").open("wb"))
+    engine = db.make_engine(url, Settings(database_url=url))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(f"{base}/readyz", serve)
+        wait_ready(f"http://127.0.0.1:{worker_port}/readyz", serve)
+        worker_pid = next(int(pid) for pid in Path(f"/proc/{serve.pid}/task/{serve.pid}/children").read_text().split()
+                          if "worker" in Path(f"/proc/{pid}/cmdline").read_text())
+        customer = f"bench-{uuid.uuid4().hex[:6]}"
+        token = keys.issue_key(engine, keys.KeySigner([KEY_SECRET], "test"), customer_id=customer,
+                               ttl=timedelta(days=1)).token
+        Ledger(engine).grant(customer, 100_000, operator="bench", skills=["reviewer"], reason="bench")
+        print(f"bundle: {args.files} files, {size_kib:.0f} KiB; model time per task {model_s * 1000:.0f} ms "
+              f"({args.model_delay_s * 1000:.0f} ms a call); load average {os.getloadavg()[0]:.1f}")
+
+        asyncio.run(review(base, token, files))  # warm-up: imports, Monty pool, connections
+        hosted = []
+        for _ in range(args.tasks):
+            seconds, findings, state = asyncio.run(review(base, token, files))
+            assert state == "TASK_STATE_COMPLETED" and findings == math.ceil(args.files / DEFECT_EVERY), (state, findings)
+            hosted.append(seconds)
+        bare = baseline(files, script, args.tasks)
+
+        idle_kib = rss_kib(worker_pid)
+        peak_kib = idle_kib
+        sampling = threading.Event()
+
+        def sample() -> None:
+            nonlocal peak_kib
+            while not sampling.wait(0.05):
+                peak_kib = max(peak_kib, rss_kib(worker_pid))
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+
+        async def burst() -> list[tuple[float, int, str]]:
+            return await asyncio.gather(*(review(base, token, files) for _ in range(args.concurrent)))
+
+        started = time.perf_counter()
+        concurrent = asyncio.run(burst())
+        burst_s = time.perf_counter() - started
+        sampling.set()
+        sampler.join()
+        assert all(state == "TASK_STATE_COMPLETED" for _, _, state in concurrent)
+
+        with engine.connect() as conn:
+            checkpoints = conn.execute(text("SELECT count(*), coalesce(avg(length(data)), 0) FROM specialist_checkpoints")).one()
+            calls = conn.execute(text("SELECT count(*) FROM specialist_calls")).scalar_one()
+            # Where the time goes, on the database clock, for the one-at-a-time tasks.
+            stages = conn.execute(text(
+                "SELECT extract(epoch FROM c.first_claimed_at - e.admitted_at) AS to_claim, "
+                "extract(epoch FROM r.started_at - c.first_claimed_at) AS to_run, "
+                "extract(epoch FROM r.ended_at - r.started_at) AS run, "
+                "extract(epoch FROM c.finished_at - r.ended_at) AS to_finish "
+                "FROM edge_tasks e JOIN dispatch_outbox o ON o.task_id = e.task_id "
+                "JOIN job_claims c ON c.job_id = o.task_id || '.' || o.dispatch_id "
+                "JOIN specialist_runs r ON r.job_id = c.job_id ORDER BY e.admitted_at LIMIT :n OFFSET 1"),
+                {"n": args.tasks}).all()
+        hosted_over = [t - model_s for t in hosted]
+        bare_over = [t - model_s for t in bare]
+        h50, h99 = percentiles(hosted)
+        o50, o99 = percentiles(hosted_over)
+        b50, b99 = percentiles(bare)
+        bo50, bo99 = percentiles(bare_over)
+        print(f"\n{'run':<34} {'p50 ms':>8} {'p99 ms':>8}")
+        print(f"{'hosted: admission to completion':<34} {h50:8.0f} {h99:8.0f}")
+        print(f"{'hosted: worker overhead':<34} {o50:8.0f} {o99:8.0f}")
+        print(f"{'baseline: bare rlm.Session':<34} {b50:8.0f} {b99:8.0f}")
+        print(f"{'baseline: library overhead':<34} {bo50:8.0f} {bo99:8.0f}")
+        print(f"\nhosted overhead / library overhead (p50): {o50 / max(bo50, 1e-9):.1f}x; "
+              f"hosted overhead is {o50 / (h50 or 1) * 100:.0f}% of the task's time")
+        for label, index in (("admission -> claim", 0), ("claim -> run starts (message, journal, plan)", 1),
+                             ("the run (Session, Monty, journal, checkpoints, model time)", 2),
+                             ("run ends -> finished and settled", 3)):
+            p50, p99 = percentiles([float(row[index]) for row in stages])
+            print(f"  {label:<58} p50 {p50:6.0f} ms  p99 {p99:6.0f} ms")
+        print(f"{args.concurrent} tasks at once: {burst_s:.2f} s wall; worker RSS idle {idle_kib / 1024:.0f} MiB, "
+              f"peak {peak_kib / 1024:.0f} MiB: {(peak_kib - idle_kib) / 1024 / args.concurrent:.1f} MiB per concurrent task")
+        print(f"journal: {calls} model calls; {checkpoints[0]} checkpoints kept, {checkpoints[1] / 1024:.0f} KiB each "
+              f"on average; load average {os.getloadavg()[0]:.1f}")
+    finally:
+        engine.dispose()
+        stop(serve)
+        cleanup()
+
+
+if __name__ == "__main__":
+    main()
