@@ -369,7 +369,10 @@ def cmd_worker(ctx: Ctx, args: argparse.Namespace) -> int:
         if value is not None:
             settings.__pydantic_validator__.validate_assignment(settings, name, value)
     _configure_logging(settings)
-    signal.signal(signal.SIGTERM, lambda *_: None)  # uvicorn re-raises it after its graceful stop: exit 0 then
+    # uvicorn re-raises the signal it stopped on once it has stopped; with these handlers that ends here
+    # (exit 0) instead of in a KeyboardInterrupt traceback or a kill by the default SIGTERM action.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: None)
     try:
         run_worker(settings, host=settings.worker_host, port=settings.worker_port, database_url=ctx.url)
     except WorkerNotConfigured as problem:

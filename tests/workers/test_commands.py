@@ -135,5 +135,6 @@ def test_serve_runs_the_whole_system_in_one_command_and_ctrl_c_stops_every_part(
             os.killpg(serve.pid, signal.SIGKILL)
             serve.wait()
         drop_database(server_url, url)
-    log = log_path.read_text()
+    log = log_path.read_text()  # the children write to the same terminal
     assert "service starting" in log and "embedded to http://127.0.0.1:" in log
+    assert "Traceback" not in log  # every part stopped cleanly, not by an interrupt's stack trace
