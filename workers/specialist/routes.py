@@ -183,8 +183,13 @@ class ModelRoutes:
                 route,
             )
         except RLMError as exc:
-            # Never the key itself: the provider's messages name the variable only.
-            raise RouteNotReady(f"model route {name!r}: {exc.message}", code=_problem_code(exc)) from None
+            # Never the key itself: only the variable's name is ever shown.
+            if exc.code == "missing_api_key" and isinstance(route, OpenAIRoute):
+                message = (f"the environment variable {route.api_key_env} is not set on this worker; put the key for "
+                           f"{route.base_url} in it, or name another variable (api_key_env) in the routes file")
+            else:
+                message = exc.message
+            raise RouteNotReady(f"model route {name!r}: {message}", code=_problem_code(exc)) from None
 
 
 def _problem_code(exc: RLMError) -> str:
