@@ -185,7 +185,8 @@ class Delegations:
 
     # ---------- start ----------
 
-    def start(self, peer_alias: str, task: str, context_text: str = "", *, required: bool = True,
+    def start(self, peer_alias: str, task: str, context_text: str = "", *,
+              evidence: list[dict[str, Any]] | None = None, required: bool = True,
               deadline_seconds: float | None = None, request_id: str | None = None,
               follow_up_of: Delegation | None = None) -> Delegation:
         self._require_routing()
@@ -199,7 +200,9 @@ class Delegations:
             request_id = uuid.uuid4().hex
         if not isinstance(request_id, str) or not 0 < len(request_id) <= MAX_REQUEST_ID_CHARS:
             raise A2AError(f"request_id must be text of 1-{MAX_REQUEST_ID_CHARS} characters")
-        digest = fingerprint(peer=peer.alias, task=task, context=context_text, required=bool(required),
+        evidence = list(evidence or [])
+        extra = {"evidence": evidence} if evidence else {}
+        digest = fingerprint(peer=peer.alias, task=task, context=context_text, **extra, required=bool(required),
                              deadline_seconds=deadline_seconds, follow_up_of=follow_up_of.id if follow_up_of else None)
         existing = self.store.find(self.root_id, request_id)
         if existing is not None:
@@ -210,7 +213,7 @@ class Delegations:
 
         message_id = str(uuid.uuid4())
         message = user_message(
-            [task, context_text], message_id=message_id,
+            [task, context_text], evidence_items=evidence, message_id=message_id,
             context_id=follow_up_of.remote_context_id if follow_up_of else None,
             reference_task_ids=[follow_up_of.remote_task_id] if follow_up_of and follow_up_of.remote_task_id else None,
             credit_ceiling=peer.tariff_credits if peer.paid else None,
@@ -431,7 +434,8 @@ class Delegations:
         outcome = "canceled" if view.state == "canceled" else f"not canceled: the peer reports {view.state}"
         return self._record(row, view, event="cancel_answered", cancel_outcome=outcome)
 
-    def follow_up(self, delegation_id: str, task: str, context_text: str = "", *, required: bool = True,
+    def follow_up(self, delegation_id: str, task: str, context_text: str = "", *,
+                  evidence: list[dict[str, Any]] | None = None, required: bool = True,
                   deadline_seconds: float | None = None, request_id: str | None = None) -> Delegation:
         row = self.owned(delegation_id)
         if row.state not in TERMINAL_STATES:
@@ -440,8 +444,8 @@ class Delegations:
                 "peer asks for input, wait() while it works)")
         if not row.remote_context_id:
             raise FollowUpNotAllowed(f"peer {row.peer_alias!r} gave delegation {row.id} no context id to continue")
-        return self.start(row.peer_alias, task, context_text, required=required, deadline_seconds=deadline_seconds,
-                          request_id=request_id, follow_up_of=row)
+        return self.start(row.peer_alias, task, context_text, evidence=evidence, required=required,
+                          deadline_seconds=deadline_seconds, request_id=request_id, follow_up_of=row)
 
     def tasks(self) -> list[Delegation]:
         if not self.settings.a2a_path.exists():

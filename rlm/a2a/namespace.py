@@ -82,7 +82,8 @@ a2a = _A2A()
 class A2ABridge:
     """Host functions of the ``a2a`` namespace for one agent; results are JSON-like and hold no secrets."""
 
-    def __init__(self, delegations: Delegations, resolve_context: Callable[[Any], str]) -> None:
+    def __init__(self, delegations: Delegations,
+                 resolve_context: Callable[[Any], tuple[str, list[dict[str, Any]]]]) -> None:
         self.delegations = delegations
         self.resolve_context = resolve_context
 
@@ -97,7 +98,8 @@ class A2ABridge:
 
     def _a2a_start(self, peer: str, task: str, context: Any = "", required: bool = True,
                    deadline_seconds: float | None = None, request_id: str | None = None) -> dict[str, Any]:
-        row = self.delegations.start(peer, task, self.resolve_context(context), required=bool(required),
+        text, evidence = self.resolve_context(context)
+        row = self.delegations.start(peer, task, text, evidence=evidence, required=bool(required),
                                      deadline_seconds=deadline_seconds, request_id=request_id)
         return self.delegations.describe(row)
 
@@ -133,7 +135,8 @@ class A2ABridge:
 
     def _a2a_follow_up(self, delegation_id: str, task: str, context: Any = "", required: bool = True,
                        deadline_seconds: float | None = None, request_id: str | None = None) -> dict[str, Any]:
-        row = self.delegations.follow_up(str(delegation_id), task, self.resolve_context(context),
+        text, evidence = self.resolve_context(context)
+        row = self.delegations.follow_up(str(delegation_id), task, text, evidence=evidence,
                                          required=bool(required), deadline_seconds=deadline_seconds,
                                          request_id=request_id)
         return self.delegations.describe(row)

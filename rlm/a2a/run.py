@@ -38,20 +38,36 @@ work and returns a handle at once: `h.status()`, `h.wait(timeout)` (a timeout le
 before relying on them. The run does not end while required work is still running."""
 
 
-def context_text(context: Context, value: Any) -> str:
-    """Text sent to a peer for ``context``: a string, a chunk or search hit (labelled with its source), or a list."""
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict):
-        if {"path", "start", "end"} <= set(value):
-            path, start, end = str(value["path"]), int(value["start"]), int(value["end"])
-            return f"=== {path} [{start}:{end}] ===\n" + context.chunk_text(path, start, end)
-        raise ContextError("a dict context must be a chunk reference or search hit with path, start and end")
-    if isinstance(value, (list, tuple)):
-        return "\n\n".join(context_text(context, v) for v in value)
-    return str(value)
+def context_payload(context: Context, value: Any) -> tuple[str, list[dict[str, Any]]]:
+    """What is sent to a peer for ``context``: text, and evidence items for chunks and search hits.
+
+    A string travels as text. A chunk or search hit travels as an evidence item
+    ``{path, start, end, text}`` in one data part (``{"items": [...]}``), the form the
+    hosted specialists take as their bundle, so the peer sees where each slice came from.
+    A list may mix both.
+    """
+    texts: list[str] = []
+    items: list[dict[str, Any]] = []
+
+    def add(part: Any) -> None:
+        if part is None:
+            return
+        if isinstance(part, str):
+            if part:
+                texts.append(part)
+        elif isinstance(part, dict):
+            if not {"path", "start", "end"} <= set(part):
+                raise ContextError("a dict context must be a chunk reference or search hit with path, start and end")
+            path, start, end = str(part["path"]), int(part["start"]), int(part["end"])
+            items.append({"path": path, "start": start, "end": end, "text": context.chunk_text(path, start, end)})
+        elif isinstance(part, (list, tuple)):
+            for each in part:
+                add(each)
+        else:
+            texts.append(str(part))
+
+    add(value)
+    return "\n\n".join(texts), items
 
 
 class A2AExtension:
@@ -63,7 +79,7 @@ class A2AExtension:
         self.info = info
         self.settings = info.settings
         self.delegations = Delegations(info.settings, root_id=info.root_id, agent_id=info.agent_id)
-        self.bridge = A2ABridge(self.delegations, lambda value: context_text(info.context, value))
+        self.bridge = A2ABridge(self.delegations, lambda value: context_payload(info.context, value))
         self.notes = PROMPT_NOTE if info.settings.a2a_enabled else ""
 
     def functions(self) -> dict[str, Callable[..., Any]]:

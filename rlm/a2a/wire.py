@@ -24,6 +24,7 @@ from a2a.types.a2a_pb2 import (
     TaskState,
 )
 from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
+from google.protobuf.struct_pb2 import Value
 
 from rlm.a2a.errors import PeerProtocolError
 
@@ -57,11 +58,14 @@ class RemoteView:
     message_ids: tuple[str, ...] = ()  # ids of the messages in the task's history (for reconciliation)
 
 
-def user_message(text_parts: list[str], *, message_id: str, context_id: str | None = None,
+def user_message(text_parts: list[str], *, message_id: str, evidence_items: list[dict[str, Any]] | None = None,
+                 context_id: str | None = None,
                  task_id: str | None = None, reference_task_ids: list[str] | None = None,
                  credit_ceiling: int | None = None) -> Message:
     message = Message(message_id=message_id, role=Role.ROLE_USER,
                       parts=[Part(text=t, media_type="text/plain") for t in text_parts if t])
+    if evidence_items:
+        message.parts.append(Part(data=ParseDict({"items": evidence_items}, Value()), media_type="application/json"))
     if context_id:
         message.context_id = context_id
     if task_id:

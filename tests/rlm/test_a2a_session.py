@@ -78,7 +78,11 @@ final_answer("the peer says: " + h.read(0, 40))
     assert "refused: [peer_not_found] no peer 'nobody'" in trajectory
     assert "completed False False" in trajectory  # state, timed_out, verified
     sent = peer.recorder.messages[-1]["parts"]
-    assert sent[0]["text"] == "review this file" and sent[1]["text"].startswith("=== src/limits.py [0:")
+    # The chunk travels as an evidence item (where it came from and its text), the hosted specialists' bundle form.
+    assert sent[0]["text"] == "review this file" and len(sent) == 2
+    [item] = sent[1]["data"]["items"]
+    assert item["path"] == "src/limits.py" and item["start"] == 0 and item["text"]
+    assert sent[1]["mediaType"] == "application/json"
     # The key went to the peer in the Authorization header, and nowhere else.
     assert peer.recorder.bearers[bearers:] == [KEY] * (len(peer.recorder.bearers) - bearers)
     assert len(peer.recorder.bearers) > bearers
