@@ -59,7 +59,7 @@ def context_payload(context: Context, value: Any) -> tuple[str, list[dict[str, A
             if not {"path", "start", "end"} <= set(part):
                 raise ContextError("a dict context must be a chunk reference or search hit with path, start and end")
             path, start, end = str(part["path"]), int(part["start"]), int(part["end"])
-            items.append({"path": path, "start": start, "end": end, "text": context.chunk_text(path, start, end)})
+            items.append({"path": path, "start": start, "end": end, "text": context.read(path, start, end - start)})
         elif isinstance(part, (list, tuple)):
             for each in part:
                 add(each)

@@ -81,7 +81,8 @@ final_answer("the peer says: " + h.read(0, 40))
     # The chunk travels as an evidence item (where it came from and its text), the hosted specialists' bundle form.
     assert sent[0]["text"] == "review this file" and len(sent) == 2
     [item] = sent[1]["data"]["items"]
-    assert item["path"] == "src/limits.py" and item["start"] == 0 and item["text"]
+    assert item["path"] == "src/limits.py" and item["start"] == 0
+    assert len(item["text"]) == item["end"] - item["start"]  # the slice itself: offsets and text agree
     assert sent[1]["mediaType"] == "application/json"
     # The key went to the peer in the Authorization header, and nowhere else.
     assert peer.recorder.bearers[bearers:] == [KEY] * (len(peer.recorder.bearers) - bearers)

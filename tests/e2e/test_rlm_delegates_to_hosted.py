@@ -1,0 +1,152 @@
+"""A local `rlm` root delegates a review to this project's own hosted service, end to end.
+
+The service runs as `specialists serve` (edge, embedded dispatcher and a worker) on
+127.0.0.1 with the shipped specs and the scripted demo routes. The operator issues a
+key and grants credits with the `specialists` command; a local RLM run (Monty kernel,
+scripted root model) sends the example project's files as evidence to the hosted
+`reviewer` through `a2a.start`, waits, and reads the findings through a bounded
+handle. The ledger shows one reservation settled once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from core.settings import PROJECT_ROOT
+from tests.app.conftest import edge_env, free_port
+from tests.specialists import support
+from tests.workers.conftest import WORKER_SECRET
+from tests.workers.system import drop_database, fresh_database
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+
+EXAMPLE = PROJECT_ROOT / "specs" / "demo" / "shop"
+KEY_ENV = "SPECIALISTS_REVIEW_KEY"
+REVIEWER_TARIFF = 20
+
+
+def specialists(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "specialists.cli", *args], env=env, cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=90)
+
+
+@pytest.fixture
+def hosted(server_url, engine, tmp_path):
+    engine.dispose()  # hand the session engine's idle connections back; the server allows 100
+    url = fresh_database(server_url)
+    port = free_port()
+    env = edge_env(url, PROJECT_ROOT / "specs", serve_worker="true", serve_dispatcher="true",
+                   worker_job_secrets=WORKER_SECRET, worker_port=str(free_port()), worker_drain_s="1",
+                   model_routes_allow_scripted="true", specialist_checkpoint_key=support.CHECKPOINT_KEY.decode(),
+                   db_pool_size="3", db_max_overflow="6")
+    log_path = tmp_path / "serve.log"
+    serve = subprocess.Popen([sys.executable, "-m", "specialists.cli", "serve", "--port", str(port)], env=env,
+                             cwd=PROJECT_ROOT, stdout=log_path.open("wb"), stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert serve.poll() is None, log_path.read_text()
+            try:
+                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the service did not become ready:\n" + log_path.read_text()
+            time.sleep(0.1)
+        yield base, env
+    finally:
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGINT)
+            try:
+                serve.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(serve.pid, signal.SIGKILL)
+                serve.wait()
+        drop_database(server_url, url)
+
+
+def test_a_local_rlm_root_delegates_a_review_to_the_hosted_service_and_is_charged_once(hosted, tmp_path):
+    base, env = hosted
+    issued = specialists(env, "keys", "issue", "--customer", "rlm-user", "--json")
+    assert issued.returncode == 0, issued.stderr
+    key = json.loads(issued.stdout)["key"]
+    granted = specialists(env, "credits", "grant", "--customer", "rlm-user", "--credits", "100",
+                          "--skill", "reviewer", "--json")  # the entitlement is the specialist id
+    assert granted.returncode == 0, granted.stdout + granted.stderr
+
+    peers = tmp_path / "peers.toml"
+    peers.write_text(
+        "[[peers]]\n"
+        'alias = "reviewer"\n'
+        f'url = "{base}/specialists/reviewer"\n'
+        'description = "The hosted reviewer"\n'
+        'skill = "review"\n'
+        f'credential_env = "{KEY_ENV}"\n'
+        f"tariff_credits = {REVIEWER_TARIFF}\n"
+        "deadline_s = 120\n"
+    )
+    script = tmp_path / "root.toml"
+    script.write_text(
+        'model = "scripted-root"\n'
+        "[[root]]\n"
+        "code = '''\n"
+        'files = context.select("shop/*.py")\n'
+        "h = a2a.start('reviewer', 'Find SQL statements built from caller input.', files.chunk(4000),\n"
+        "              request_id='review-1')\n"
+        "r = h.wait(90)\n"
+        "print(r['state'], r['timed_out'])\n"
+        "'''\n"
+        "[[root]]\n"
+        "code = '''\n"
+        "again = a2a.start('reviewer', 'Find SQL statements built from caller input.', files.chunk(4000),\n"
+        "                  request_id='review-1')\n"
+        "print('same handle:', again.id == h.id)\n"
+        "final_answer(h.read(0, 2000))\n"
+        "'''\n"
+    )
+    rlm_env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECIALISTS_", "RLM_"))}
+    rlm_env.update({
+        KEY_ENV: key,
+        "RLM_DATA_DIR": str(tmp_path / "rlm"),
+        "RLM_A2A_ENABLED": "true",
+        "RLM_A2A_PAID_ENABLED": "true",
+        "RLM_A2A_CREDIT_ALLOWANCE": "50",
+        "RLM_A2A_PEERS_FILE": str(peers),
+    })
+    run = subprocess.run(
+        [str(PROJECT_ROOT / ".venv" / "bin" / "rlm"), "run", "--repo", str(EXAMPLE), "--script", str(script),
+         "--json", "Is there SQL built from caller input in the shop?"],
+        env=rlm_env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=150,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    result = json.loads(run.stdout)
+    assert result["stop_reason"] == "answered", result
+    # The hosted reviewer found the defect in the file the root sent as evidence, read through the handle.
+    assert "shop/customers.py" in result["answer"], json.dumps(result, indent=1)[:6000]
+    assert "same handle: True" in Path(result["trajectory_path"]).read_text()  # request_id: nothing sent twice
+    [delegation] = result["extra"]["delegations"]
+    assert delegation["state"] == "completed" and delegation["verified"] is False
+    assert key not in run.stdout + run.stderr
+
+    # Exactly one reservation, settled once, for the one task; the ledger verifies.
+    shown = json.loads(specialists(env, "reservations", "list", "--customer", "rlm-user", "--json").stdout)
+    rows = shown if isinstance(shown, list) else shown["reservations"]
+    assert len(rows) == 1 and rows[0]["state"] == "settled", rows
+    history = json.loads(specialists(env, "credits", "history", "--customer", "rlm-user", "--json").stdout)
+    entries = history if isinstance(history, list) else history["entries"]
+    journal_entries = {(e["entry_id"], e["kind"]) for e in entries}  # history lists postings; count entries
+    kinds = sorted(kind for _, kind in journal_entries)
+    assert kinds == ["grant", "reserve", "settle"], kinds
+    verify = specialists(env, "ledger", "verify", "--json")
+    assert verify.returncode == 0, verify.stdout
