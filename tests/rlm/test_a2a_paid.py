@@ -89,23 +89,28 @@ def test_the_family_allowance_is_drawn_atomically_by_racing_agents(peer: SdkPeer
     before = peer.recorder.calls["SendMessage"]
     admitted: list[str] = []
     refused: list[str] = []
+    unexpected: list[str] = []
     barrier = threading.Barrier(8)
 
     def agent(n: int) -> None:
         # Each thread is its own agent of the same root family (as children are), with its own store handle.
-        delegations = paid(peer.url, tmp_path)
+        # Generous timeouts: eight threads and the in-process peer share one GIL on a loaded 2-core machine.
+        delegations = paid(peer.url, tmp_path, a2a_request_timeout_s=30.0, a2a_connect_timeout_s=15.0)
         delegations.agent_id = f"agent-{n}"
         barrier.wait()
         try:
             admitted.append(delegations.start("review", f"review part {n}").id)
         except CreditAllowanceExhausted as exc:
             refused.append(exc.message)
+        except BaseException as exc:  # anything else is a bug the assertion below must show, not a lost thread
+            unexpected.append(repr(exc))
 
     threads = [threading.Thread(target=agent, args=(n,)) for n in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(30)
+    assert unexpected == []
     assert (len(admitted), len(refused)) == (3, 5)  # 3 x 3 credits fit in 10, a fourth would not
     assert peer.recorder.calls["SendMessage"] - before == 3
     assert DelegationStore(tmp_path / "data" / "a2a.sqlite3").credits("root-1") == {
