@@ -16,5 +16,7 @@ settle. Modules:
 - ``answer``: the answer as a report and findings; the output limit.
 - ``claim``: the claim that resumes an expired lease with a checkpoint.
 - ``runner``: ``SpecialistRunner``, the worker's ``Runner`` for executor ``rlm``.
+- ``service``: which specs a worker serves, and the readiness report.
+- ``settle``: what a job settles, and the task's final metadata (``a2a``: as A2A events).
 - ``usage``: per-job usage for operators.
 """

@@ -45,13 +45,7 @@ from rlm.kernels.monty import MontyKernel
 from rlm.namespace import render_answer
 from rlm.providers.base import Completion, Provider
 from rlm.settings import RLMSettings
-from workers.specialist.journal import (
-    Journal,
-    ResumePlan,
-    completion_from_json,
-    step_from_json,
-    step_to_json,
-)
+from workers.specialist.journal import Journal, ResumePlan, completion_from_json, step_from_json
 from workers.specialist.routes import OpenAIRoute, ScriptedRoute
 from workers.specialist.store import PgCheckpointStore
 
@@ -471,5 +465,3 @@ def _stopped_step() -> StepResult:
                       error="the run was asked to stop (cancel, deadline or a lost claim); this step did not run",
                       duration_s=0.0, restored_from_checkpoint=False)
 
-
-__all__ = ["HostedRun", "HostedKernel", "JournalProvider", "hosted_settings", "session_id_for", "step_to_json"]
