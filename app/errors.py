@@ -101,6 +101,16 @@ class UnsupportedMediaType(EdgeError):
     json_rpc_code = -41501
 
 
+class MalformedRequest(EdgeError):
+    """Not a request the edge reads safely: a body that is not UTF-8 or nests past the limit, or a NUL
+    character (which PostgreSQL cannot store) in the body or the path."""
+
+    code = "malformed_request"
+    http_status = 400
+    grpc_status = "INVALID_ARGUMENT"
+    json_rpc_code = -32700  # JSON-RPC's own parse error
+
+
 class ServiceBusy(EdgeError):
     code = "service_busy"
     http_status = 503

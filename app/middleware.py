@@ -29,6 +29,7 @@ from app.errors import (
     EdgeError,
     KeyRejected,
     KeyRequired,
+    MalformedRequest,
     PayloadTooLarge,
     RateLimited,
     UnknownSpecialist,
@@ -70,6 +71,43 @@ def operation_of(path: str) -> str:
     if path.startswith("/specialists/"):
         return "jsonrpc" if path.endswith("/jsonrpc") else "http_json"
     return "other"
+
+
+def check_json_text(body: bytes, max_depth: int) -> None:
+    """Refuse a body the JSON parsers downstream would choke on: not UTF-8, or nested past ``max_depth``.
+
+    Only the bracket depth outside strings is measured here (one pass, no parsing);
+    whether the text is valid JSON is left to the protocol layer, which answers that
+    with its own parse error.
+    """
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        raise MalformedRequest(
+            f"the body is not UTF-8 (invalid byte at offset {bad.start}); A2A bodies are UTF-8 JSON"
+        ) from None
+    if "\x00" in text or (b"\\u0000" in body.lower() and _ESCAPED_NUL.search(text)):
+        raise MalformedRequest("the body carries a NUL character (\\u0000), which A2A text here cannot hold; remove it")
+    if body.count(b"[") + body.count(b"{") <= max_depth:
+        return  # cannot nest deeper than it has brackets: the usual case, at C speed
+    depth = 0
+    # Strings removed first (in C, by the regex engine), so the loop only visits brackets.
+    for bracket in _BRACKETS.finditer(_JSON_STRING.sub("", text)):
+        if bracket.group() in "[{":
+            depth += 1
+            if depth > max_depth:
+                raise MalformedRequest(
+                    f"the body nests JSON deeper than {max_depth} levels (SPECIALISTS_MAX_JSON_DEPTH)",
+                    limit="max_json_depth",
+                )
+        else:
+            depth -= 1
+
+
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_BRACKETS = re.compile(r"[\[\]{}]")
+# \u0000 as a JSON escape: preceded by an even number of backslashes (so not an escaped backslash).
+_ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000", re.IGNORECASE)
 
 
 class RequestLog:
@@ -148,6 +186,8 @@ class A2AGuard:
         specialist_id = path.split("/", 3)[2]
         loaded = self.specs.get(specialist_id)
         try:
+            if "\x00" in path:
+                raise MalformedRequest("the request path carries a NUL character (%00); ids never contain one")
             if loaded is None:
                 raise UnknownSpecialist(f"there is no specialist {specialist_id!r}; GET /specialists lists them")
             identity = await self._authenticate(scope, loaded)
@@ -226,6 +266,7 @@ class A2AGuard:
         body = b"".join(chunks)
         if body and not media_type:
             raise UnsupportedMediaType("the body has no Content-Type; send application/json (or application/a2a+json)")
+        check_json_text(body, self.settings.max_json_depth)
         replayed = False
 
         async def replay() -> Message:

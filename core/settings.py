@@ -76,6 +76,13 @@ class Settings(BaseSettings):
         le=64 * 1024 * 1024,
         description="Largest HTTP request body accepted; refused with 413 before it is read whole.",
     )
+    max_json_depth: int = Field(
+        default=100,
+        ge=8,
+        le=100,
+        description="Deepest JSON nesting a request body may have (refused as malformed before parsing; "
+        "protobuf's JSON reader stops at 100).",
+    )
     max_message_id_chars: int = Field(
         default=256, ge=8, le=1024, description="Longest A2A messageId accepted (it is the idempotency key)."
     )

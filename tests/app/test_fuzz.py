@@ -6,11 +6,11 @@ with a 4xx status), never a 500, and nothing may be admitted or reserved: the cu
 stays empty and the task, outbox, message and reservation tables do not grow. The customer holds
 credits and the paid specialist's entitlement, so a request that slipped through would be admitted.
 
-Two faults this fuzz found are not fixed yet (in app/, whose owner decides how): a body that is not
-UTF-8, and JSON nested deeper than Python's parser recurses, reach the a2a-sdk's dispatchers, which
-answer with an internal error. The fuzz keeps to UTF-8 and to a depth the parser survives; the
-``KNOWN_FAULTS`` tests below state the behaviour that is owed and fail strictly once it is delivered,
-so that their mark is removed and the fuzz widened then.
+Three faults this fuzz found are now refused by the edge's guard before the SDK or SQL sees them
+(app/middleware.py, ``check_json_text``): a body that is not UTF-8, JSON nested deeper than
+SPECIALISTS_MAX_JSON_DEPTH, and a NUL character (which PostgreSQL refuses in a text value) in the body
+or the path. They used to be internal errors whose JSON-RPC message carried the failed SQL. The tests at
+the end pin each of them.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ FUZZ = settings(
     max_examples=100,
     deadline=None,
     derandomize=True,  # the same cases every run: a failure here is reproducible, not a flake
+    database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
 )
 # Methods the edge serves (A2A 1.0 names and the 0.3 ones): an "unknown" method is none of these.
@@ -69,17 +70,23 @@ def table_sizes(engine: Engine) -> dict[str, int]:
 
 # --- strategies ------------------------------------------------------------------------------------
 
+
+def texts(**sizes: int) -> st.SearchStrategy[str]:
+    """Any text but NUL, which PostgreSQL refuses in a text value (pinned by the tests at the end)."""
+    return st.text(alphabet=st.characters(exclude_characters="\x00"), **sizes)
+
+
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=40),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | texts(max_size=40),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(texts(max_size=12), inner, max_size=4),
     max_leaves=12,
 )
-not_an_object = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=40), st.lists(json_values, max_size=4))
-not_a_string = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.lists(st.text(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(), max_size=3))
-not_a_list = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=20), st.dictionaries(st.text(max_size=5), st.integers(), max_size=3))
+not_an_object = st.one_of(st.none(), st.booleans(), st.integers(), texts(max_size=40), st.lists(json_values, max_size=4))
+not_a_string = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.lists(texts(), max_size=3), st.dictionaries(texts(max_size=5), st.integers(), max_size=3))
+not_a_list = st.one_of(st.none(), st.booleans(), st.integers(), texts(max_size=20), st.dictionaries(texts(max_size=5), st.integers(), max_size=3))
 huge_text = st.sampled_from([1_025, 70_000, 600_000, BODY_LIMIT_BYTES + 1]).map(lambda n: "x" * n)
 # Deeper than a spec's metadata allows (512 bytes) and than protobuf's Struct parsing (100 levels); JSON-RPC
-# stays below Python's recursion limit (KNOWN_FAULTS), HTTP+JSON already refuses any depth properly.
+# stays below Python's recursion limit (pinned by the tests at the end), HTTP+JSON already refuses any depth properly.
 jsonrpc_depth = st.integers(min_value=120, max_value=600)
 rest_depth = st.integers(min_value=120, max_value=4_000)
 
@@ -113,7 +120,7 @@ def faulty_params(draw: st.DrawFn) -> dict | object:
     if fault == "message_id_long":
         return a_message(messageId="m" * draw(st.integers(min_value=257, max_value=200_000)))
     if fault == "role":
-        return a_message(role=draw(st.text(max_size=20).filter(lambda r: r not in ("ROLE_USER", "user", "1"))))
+        return a_message(role=draw(texts(max_size=20).filter(lambda r: r not in ("ROLE_USER", "user", "1"))))
     if fault == "missing":
         key = draw(st.sampled_from(["messageId", "parts", "role"]))
         params = a_message()
@@ -136,7 +143,7 @@ def truncated(document: dict, cut: int) -> bytes:
 
 def not_json(draw: st.DrawFn) -> bytes:
     return draw(st.one_of(
-        st.text(max_size=200).map(str.encode).filter(lambda raw: not _parses(raw)),  # UTF-8: KNOWN_FAULTS
+        texts(max_size=200).map(str.encode).filter(lambda raw: not _parses(raw)),  # non-UTF-8: pinned by the tests at the end
         st.integers(min_value=1, max_value=400).map(lambda cut: truncated(envelope("SendMessage", a_message()), cut)),
     ))
 
@@ -161,26 +168,26 @@ def jsonrpc_bodies(draw: st.DrawFn) -> bytes:
     if kind == "not_an_object":
         return json.dumps(draw(not_an_object)).encode()
     if kind == "unknown_method":
-        method = draw(st.one_of(st.text(max_size=60), huge_text).filter(lambda m: m not in KNOWN_METHODS))
+        method = draw(st.one_of(texts(max_size=60), huge_text).filter(lambda m: m not in KNOWN_METHODS))
         return json.dumps(envelope(method, draw(json_values))).encode()
     if kind == "envelope":  # valid params in a broken envelope: no method, a method of the wrong type, bad ids
         fault = draw(st.sampled_from(["jsonrpc", "no_method", "method_type", "id"]))
         body = envelope("SendMessage", a_message())
         if fault == "jsonrpc":
-            body["jsonrpc"] = draw(st.one_of(st.just("1.0"), st.integers(), st.none(), st.text(max_size=5).filter(lambda v: v != "2.0")))
+            body["jsonrpc"] = draw(st.one_of(st.just("1.0"), st.integers(), st.none(), texts(max_size=5).filter(lambda v: v != "2.0")))
         elif fault == "no_method":
             del body["method"]
         elif fault == "method_type":
             body["method"] = draw(not_a_string)
         else:
-            body["id"] = draw(st.one_of(st.lists(st.integers(), max_size=3), st.dictionaries(st.text(max_size=5), st.integers(), max_size=3)))
+            body["id"] = draw(st.one_of(st.lists(st.integers(), max_size=3), st.dictionaries(texts(max_size=5), st.integers(), max_size=3)))
         return json.dumps(body).encode()
     if kind == "params":
         method = draw(st.sampled_from(["SendMessage", "SendStreamingMessage"]))
         return json.dumps(envelope(method, draw(faulty_params()))).encode()
     if kind == "task_id":  # tasks that are not there, or ids that are not ids
         method = draw(st.sampled_from(["GetTask", "CancelTask", "SubscribeToTask"]))
-        task_id = draw(st.one_of(st.text(max_size=80), huge_text, not_a_string))
+        task_id = draw(st.one_of(texts(max_size=80), huge_text, not_a_string))
         return json.dumps(envelope(method, {"id": task_id})).encode()
     levels, as_list = draw(jsonrpc_depth), draw(st.booleans())
     if as_list:
@@ -270,7 +277,7 @@ def test_hostile_http_json_requests_get_protocol_errors_and_admit_nothing(edge_a
         @given(
             route=st.sampled_from(["send", "stream", "get", "cancel", "subscribe"]),
             body=rest_bodies(),
-            task_id=st.one_of(st.text(min_size=1, max_size=80), huge_text.map(lambda s: s[:8_000])),
+            task_id=st.one_of(texts(min_size=1, max_size=80), huge_text.map(lambda s: s[:8_000])),
         )
         def probe(route: str, body: bytes, task_id: str) -> None:
             quoted = quote(task_id, safe="")
@@ -291,16 +298,13 @@ def test_hostile_http_json_requests_get_protocol_errors_and_admit_nothing(edge_a
     assert table_sizes(engine) == before
 
 
-# --- KNOWN_FAULTS: found by this fuzz, owed by app/ --------------------------------------------------
-# Fix where the edge already reads the whole body (app/middleware.py, A2AGuard._bounded_body): refuse a
-# body that is not UTF-8, or whose nesting passes a named bound, as a parse error (JSON-RPC -32700,
-# HTTP+JSON 400) before the SDK parses it. Then drop these marks and widen the strategies above.
+# --- Faults this fuzz found, now refused by the edge's guard (app/middleware.py, check_json_text) ------
+# A body that is not UTF-8, nests past SPECIALISTS_MAX_JSON_DEPTH, or carries a NUL (which PostgreSQL
+# cannot store), and a NUL in the path: a parse error (JSON-RPC -32700) or 400, before the SDK or SQL.
 
-KNOWN_FAULT = pytest.mark.xfail(strict=True, raises=AssertionError, reason="app/ answers with an internal error")
 NOT_UTF8 = [b"\x80", b'{"message": {"messageId": "m-\xc3"}}']
 
 
-@KNOWN_FAULT
 @pytest.mark.parametrize("body", NOT_UTF8)
 def test_a_json_rpc_body_that_is_not_utf8_is_a_parse_error(edge_a, customer, body):
     with client_for(customer) as client:
@@ -309,15 +313,37 @@ def test_a_json_rpc_body_that_is_not_utf8_is_a_parse_error(edge_a, customer, bod
     assert answer.json()["error"]["code"] == -32700
 
 
-@KNOWN_FAULT
 @pytest.mark.parametrize("body", NOT_UTF8 + [b"\xff\xfe{}"])  # JSON-RPC reads this one as UTF-16: a parse error
 def test_an_http_json_body_that_is_not_utf8_is_a_bad_request(edge_a, customer, body):
     with client_for(customer) as client:
         assert_rest_error(client.post(f"{edge_a.specialist(PAID)}/message:send", content=body))
 
 
-@KNOWN_FAULT
 def test_json_rpc_nested_deeper_than_the_parser_recurses_is_a_parse_error(edge_a, customer):
     body = deeply_nested('{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":', "}", 2_000, True)
     with client_for(customer) as client:
         assert_jsonrpc_error(client.post(f"{edge_a.specialist(PAID)}/jsonrpc", content=body))
+
+
+NUL_REQUESTS = [
+    ("jsonrpc", "GetTask", {"id": "a\x00b"}),
+    ("jsonrpc", "CancelTask", {"id": "\x00"}),
+    ("jsonrpc", "ListTasks", {"contextId": "a\x00"}),
+    ("jsonrpc", "SendMessage", {"message": {"messageId": "m-\x00", "role": "ROLE_USER", "parts": [{"text": "hi"}]}}),
+    ("rest", "GET", "/tasks/a%00b"),
+    ("rest", "POST", "/tasks/%00:cancel"),
+]
+
+
+@pytest.mark.parametrize("binding, method, target", NUL_REQUESTS, ids=lambda v: str(v)[:24])
+def test_a_nul_character_in_an_id_is_refused_as_a_bad_request_without_telling_the_sql(
+    edge_a, customer, binding, method, target
+):
+    with client_for(customer) as client:
+        if binding == "jsonrpc":
+            answer = client.post(f"{edge_a.specialist(PAID)}/jsonrpc", content=json.dumps(envelope(method, target)))
+            assert_jsonrpc_error(answer)
+        else:
+            answer = client.request(method, f"{edge_a.specialist(PAID)}{target}", content=b"{}" if method == "POST" else None)
+            assert_rest_error(answer)
+    assert "SQL" not in answer.text
