@@ -72,8 +72,8 @@ def table_sizes(engine: Engine) -> dict[str, int]:
 
 
 def texts(**sizes: int) -> st.SearchStrategy[str]:
-    """Any text but NUL, which PostgreSQL refuses in a text value (pinned by the tests at the end)."""
-    return st.text(alphabet=st.characters(exclude_characters="\x00"), **sizes)
+    """Any text, NUL included (PostgreSQL cannot store it: the guard refuses it, pinned at the end)."""
+    return st.text(**sizes)
 
 
 json_values = st.recursive(
@@ -85,10 +85,11 @@ not_an_object = st.one_of(st.none(), st.booleans(), st.integers(), texts(max_siz
 not_a_string = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.lists(texts(), max_size=3), st.dictionaries(texts(max_size=5), st.integers(), max_size=3))
 not_a_list = st.one_of(st.none(), st.booleans(), st.integers(), texts(max_size=20), st.dictionaries(texts(max_size=5), st.integers(), max_size=3))
 huge_text = st.sampled_from([1_025, 70_000, 600_000, BODY_LIMIT_BYTES + 1]).map(lambda n: "x" * n)
-# Deeper than a spec's metadata allows (512 bytes) and than protobuf's Struct parsing (100 levels); JSON-RPC
-# stays below Python's recursion limit (pinned by the tests at the end), HTTP+JSON already refuses any depth properly.
-jsonrpc_depth = st.integers(min_value=120, max_value=600)
-rest_depth = st.integers(min_value=120, max_value=4_000)
+# Nested lists never make valid params, at any depth: below and far above SPECIALISTS_MAX_JSON_DEPTH (100) and
+# Python's own recursion limit. Nested metadata starts at 120 levels, over 512 bytes: more than the paid
+# specialist's max_metadata_bytes, so even a depth the guard lets through could not be admitted.
+list_depth = st.integers(min_value=2, max_value=4_000)
+metadata_depth = st.integers(min_value=120, max_value=4_000)
 
 
 def a_message(**overrides: object) -> dict:
@@ -143,7 +144,7 @@ def truncated(document: dict, cut: int) -> bytes:
 
 def not_json(draw: st.DrawFn) -> bytes:
     return draw(st.one_of(
-        texts(max_size=200).map(str.encode).filter(lambda raw: not _parses(raw)),  # non-UTF-8: pinned by the tests at the end
+        st.binary(max_size=200).filter(lambda raw: not _parses(raw)),  # mostly not UTF-8 either
         st.integers(min_value=1, max_value=400).map(lambda cut: truncated(envelope("SendMessage", a_message()), cut)),
     ))
 
@@ -189,9 +190,9 @@ def jsonrpc_bodies(draw: st.DrawFn) -> bytes:
         method = draw(st.sampled_from(["GetTask", "CancelTask", "SubscribeToTask"]))
         task_id = draw(st.one_of(texts(max_size=80), huge_text, not_a_string))
         return json.dumps(envelope(method, {"id": task_id})).encode()
-    levels, as_list = draw(jsonrpc_depth), draw(st.booleans())
-    if as_list:
-        return deeply_nested('{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":', "}", levels, True)
+    if draw(st.booleans()):
+        return deeply_nested('{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":', "}", draw(list_depth), True)
+    levels = draw(metadata_depth)
     return deeply_nested(
         '{"jsonrpc":"2.0","id":1,"method":"SendMessage","params":{"message":{"messageId":"m-deep","role":"ROLE_USER",'
         '"parts":[{"text":"hi"}],"metadata":',
@@ -211,9 +212,9 @@ def rest_bodies(draw: st.DrawFn) -> bytes:
     if kind == "params":
         params = draw(faulty_params())
         return json.dumps(params).encode()
-    levels, as_list = draw(rest_depth), draw(st.booleans())
-    if as_list:
-        return deeply_nested('{"message":', "}", levels, True)
+    if draw(st.booleans()):
+        return deeply_nested('{"message":', "}", draw(list_depth), True)
+    levels = draw(metadata_depth)
     return deeply_nested(
         '{"message":{"messageId":"m-deep","role":"ROLE_USER","parts":[{"text":"hi"}],"metadata":', "}}", levels, False
     )
