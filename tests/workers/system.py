@@ -244,14 +244,16 @@ class System:
             ).scalar_one()
         return f"{task_id}.{dispatch_id}"
 
-    def wait_for(self, what: str, check: Any, timeout_s: float = 15, interval_s: float = 0.05) -> Any:
+    def wait_for(
+        self, what: str, check: Any, timeout_s: float = 15, interval_s: float = 0.05, explain: Any = None
+    ) -> Any:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             value = check()
             if value:
                 return value
             time.sleep(interval_s)
-        raise AssertionError(f"timed out waiting for {what}")
+        raise AssertionError(f"timed out waiting for {what}" + (f": {explain()}" if explain else ""))
 
 
 def script_message(steps: list[dict[str, Any]], *, message_id: str | None = None, **configuration: Any) -> dict:

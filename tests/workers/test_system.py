@@ -412,7 +412,7 @@ def test_a_relay_killed_after_enqueueing_and_before_recording_it_enqueues_again_
             with system.engine.connect() as conn:  # its transaction died with it: the row was never marked sent
                 assert conn.execute(text("SELECT status FROM dispatch_outbox WHERE task_id = :t"),
                                     {"t": task_id}).scalar() == "pending"
-            cloud_tasks_relay(system, emulator)  # enqueues the same task name again (the emulator keeps both)
+            cloud_tasks_relay(system, emulator)  # enqueues the same task name again
 
             def sent_at() -> object:
                 with system.engine.connect() as conn:
@@ -421,9 +421,11 @@ def test_a_relay_killed_after_enqueueing_and_before_recording_it_enqueues_again_
 
             system.wait_for("the second enqueue", sent_at)
             gate.rollback()
-        system.wait_for("both deliveries", lambda: state_of(system, customer, task_id) == "TASK_STATE_COMPLETED"
-                        and claim(system, job)["deliveries"] >= 2, timeout_s=30)
-        assert len(system.runs(job)) == 1
+        # Whether the emulator then delivers the duplicate too is its own business (real Cloud Tasks answers
+        # ALREADY_EXISTS); what must hold is that the job ran once and settled once.
+        system.wait_for("the job to complete", lambda: state_of(system, customer, task_id) == "TASK_STATE_COMPLETED",
+                        timeout_s=45, explain=lambda: f"task {state_of(system, customer, task_id)}, claim {claim(system, job)}")
+        assert len(system.runs(job)) == 1 and claim(system, job)["claims"] == 1
         assert settlements(system, task_id) == [("settle", SCRIPTED_TARIFF)]
     finally:
         system.stop_dispatchers()
