@@ -135,7 +135,9 @@ class Settings(BaseSettings):
         le=60.0,
         description="How long the conformance specialist keeps `test-resubscribe-message-id` tasks working.",
     )
-    log_level: str = Field(default="INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$")
+    log_level: str = Field(
+        default="INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$", description="Lowest level of the JSON logs written."
+    )
 
     @property
     def public_url(self) -> str:
@@ -180,7 +182,9 @@ class Settings(BaseSettings):
         description="Largest signed job body a dispatcher sends and a worker reads "
         "(the Cloud Tasks API caps a task at 100 KB; the job's input lives in PostgreSQL).",
     )
-    dispatch_enqueue_timeout_s: float = Field(default=10.0, ge=1.0, le=60.0)
+    dispatch_enqueue_timeout_s: float = Field(
+        default=10.0, ge=1.0, le=60.0, description="How long one enqueue to Cloud Tasks may take, retries included."
+    )
     dispatch_worker_url: str = Field(
         default="http://127.0.0.1:8081/jobs",
         description="The private worker endpoint that dispatched jobs are delivered to. The embedded "
@@ -231,9 +235,9 @@ class Settings(BaseSettings):
         default=None,
         description="Service account whose OIDC token Cloud Tasks attaches, and the only one workers accept.",
     )
-    cloud_tasks_project: str | None = None
-    cloud_tasks_location: str | None = None
-    cloud_tasks_queue: str | None = None
+    cloud_tasks_project: str | None = Field(default=None, description="Google Cloud project of the Cloud Tasks queue.")
+    cloud_tasks_location: str | None = Field(default=None, description="Region of the Cloud Tasks queue.")
+    cloud_tasks_queue: str | None = Field(default=None, description="Name of the Cloud Tasks queue jobs are enqueued to.")
     cloud_tasks_emulator_host: str | None = Field(
         default=None,
         description="host:port of a local Cloud Tasks emulator (insecure gRPC). Unset: Google's API.",
@@ -246,7 +250,9 @@ class Settings(BaseSettings):
         description="The worker service's audience (its Cloud Run URL in production); "
         "both the OIDC token and the signed job body are bound to it.",
     )
-    worker_job_min_secret_chars: int = Field(default=32, ge=16, le=1024)
+    worker_job_min_secret_chars: int = Field(
+        default=32, ge=16, le=1024, description="Shortest job-body signing secret accepted at start-up."
+    )
     worker_job_secrets: Annotated[list[SecretStr], NoDecode] = Field(
         default_factory=list,
         description="Comma-separated secrets that sign job bodies, newest first. None: workers refuse every job.",
@@ -261,9 +267,16 @@ class Settings(BaseSettings):
         default=True,
         description="Check the Cloud Tasks OIDC token. Turn off only on one machine (embedded dispatch or emulator).",
     )
-    worker_oidc_certs_url: str = Field(default="https://www.googleapis.com/oauth2/v1/certs")
-    worker_oidc_certs_cache_s: float = Field(default=300.0, ge=0.0, le=86400.0)
-    worker_oidc_clock_skew_s: int = Field(default=10, ge=0, le=300)
+    worker_oidc_certs_url: str = Field(
+        default="https://www.googleapis.com/oauth2/v1/certs",
+        description="Where the public keys that sign Cloud Tasks OIDC tokens are published.",
+    )
+    worker_oidc_certs_cache_s: float = Field(
+        default=300.0, ge=0.0, le=86400.0, description="How long a worker keeps the OIDC public keys before fetching again."
+    )
+    worker_oidc_clock_skew_s: int = Field(
+        default=10, ge=0, le=300, description="Clock difference tolerated on an OIDC token's issue and expiry times."
+    )
     worker_lease_s: float = Field(
         default=30.0,
         ge=1.0,
@@ -286,7 +299,9 @@ class Settings(BaseSettings):
         default=4, ge=1, le=256, description="Jobs one worker runs at once; also what the embedded dispatcher "
         "sends one worker endpoint at once."
     )
-    worker_finish_attempts: int = Field(default=3, ge=1, le=20)
+    worker_finish_attempts: int = Field(
+        default=3, ge=1, le=20, description="Tries to record a job's finish and settlement before giving it to the sweeper."
+    )
     worker_drain_s: float = Field(
         default=10.0,
         ge=0.0,
@@ -379,7 +394,9 @@ class Settings(BaseSettings):
         description="Serve scripted (canned) model routes with an external database too; on one machine "
         "(embedded database) they are always allowed.",
     )
-    specialist_checkpoint_key_min_chars: int = Field(default=32, ge=16, le=1024)
+    specialist_checkpoint_key_min_chars: int = Field(
+        default=32, ge=16, le=1024, description="Shortest checkpoint-signing key accepted at start-up."
+    )
     specialist_checkpoint_key: SecretStr | None = Field(
         default=None,
         description="HMAC key that signs Monty checkpoints in PostgreSQL; a worker refuses to run rlm "
