@@ -47,8 +47,9 @@ RUN pip install --no-deps -e . && python -m compileall -q /app /opt/venv
 # --- final: the runtime, no compilers -------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime
 
+# A writable home of its own (libraries may cache under ~); /app stays read-only to it.
 RUN groupadd --system --gid 10001 specialists \
-    && useradd --system --uid 10001 --gid specialists --home-dir /app --no-create-home \
+    && useradd --system --uid 10001 --gid specialists --create-home --home-dir /home/specialists \
        --shell /usr/sbin/nologin specialists
 
 # Owned by root and not writable by the service user: the code cannot be changed at run time.
