@@ -70,7 +70,9 @@ def settings(database_url: str) -> Settings:
 
 @pytest.fixture(scope="session")
 def engine(database_url: str, settings: Settings) -> Iterator[Engine]:
-    eng = db.make_engine(database_url, settings.model_copy(update={"db_pool_size": 70, "db_max_overflow": 10}))
+    # A small pool with a large overflow: 64-thread races get their connections, and the extra ones are
+    # closed when returned instead of idling against the server's 100-connection limit.
+    eng = db.make_engine(database_url, settings.model_copy(update={"db_pool_size": 4, "db_max_overflow": 76}))
     yield eng
     eng.dispose()
 
