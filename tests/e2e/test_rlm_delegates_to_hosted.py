@@ -12,20 +12,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from core.settings import PROJECT_ROOT
-from tests.app.conftest import edge_env, free_port
-from tests.specialists import support
-from tests.workers.conftest import WORKER_SECRET
-from tests.workers.system import drop_database, fresh_database
+from tests.serve import running_service
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -42,38 +36,8 @@ def specialists(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
 @pytest.fixture
 def hosted(server_url, engine, tmp_path):
     engine.dispose()  # hand the session engine's idle connections back; the server allows 100
-    url = fresh_database(server_url)
-    port = free_port()
-    env = edge_env(url, PROJECT_ROOT / "specs", serve_worker="true", serve_dispatcher="true",
-                   worker_job_secrets=WORKER_SECRET, worker_port=str(free_port()), worker_drain_s="1",
-                   model_routes_allow_scripted="true", specialist_checkpoint_key=support.CHECKPOINT_KEY.decode(),
-                   db_pool_size="3", db_max_overflow="6")
-    log_path = tmp_path / "serve.log"
-    serve = subprocess.Popen([sys.executable, "-m", "specialists.cli", "serve", "--port", str(port)], env=env,
-                             cwd=PROJECT_ROOT, stdout=log_path.open("wb"), stderr=subprocess.STDOUT,
-                             start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert serve.poll() is None, log_path.read_text()
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the service did not become ready:\n" + log_path.read_text()
-            time.sleep(0.1)
-        yield base, env
-    finally:
-        if serve.poll() is None:
-            os.killpg(serve.pid, signal.SIGINT)
-            try:
-                serve.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(serve.pid, signal.SIGKILL)
-                serve.wait()
-        drop_database(server_url, url)
+    with running_service(server_url, tmp_path) as service:
+        yield service.base_url, service.env
 
 
 def test_a_local_rlm_root_delegates_a_review_to_the_hosted_service_and_is_charged_once(hosted, tmp_path):

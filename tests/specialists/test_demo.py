@@ -4,21 +4,14 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
-import time
-from pathlib import Path
 
-import httpx
 import pytest
 
 from core.settings import PROJECT_ROOT
 from tests.app.conftest import edge_env, free_port
-from tests.specialists import support
-from tests.workers.conftest import WORKER_SECRET
-from tests.workers.system import drop_database, fresh_database
+from tests.serve import running_service
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
@@ -30,29 +23,8 @@ def specialists(env: dict[str, str], *args: str, timeout_s: float = 90) -> subpr
 
 def test_the_demo_reviews_the_example_project_through_the_running_service(server_url, engine, tmp_path):
     engine.dispose()  # the session engine's idle connections back to a server that allows 100
-    url = fresh_database(server_url)
-    port = free_port()
-    # The shipped specs and the default (scripted) routes; an external database needs scripted routes allowed.
-    env = edge_env(url, PROJECT_ROOT / "specs", serve_worker="true", serve_dispatcher="true",
-                   worker_job_secrets=WORKER_SECRET, worker_port=str(free_port()), worker_drain_s="1",
-                   model_routes_allow_scripted="true", specialist_checkpoint_key=support.CHECKPOINT_KEY.decode(),
-                   db_pool_size="3", db_max_overflow="6")
-    log_path = tmp_path / "serve.log"
-    serve = subprocess.Popen([sys.executable, "-m", "specialists.cli", "serve", "--port", str(port)], env=env,
-                             cwd=PROJECT_ROOT, stdout=log_path.open("wb"), stderr=subprocess.STDOUT,
-                             start_new_session=True)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 40
-        while time.monotonic() < deadline:
-            assert serve.poll() is None, log_path.read_text()
-            try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-
+    with running_service(server_url, tmp_path) as service:
+        env, base, log_path = service.env, service.base_url, service.log_path
         demo = specialists(env, "demo", "--url", base)
         assert demo.returncode == 0, demo.stdout + demo.stderr
         assert "shop/customers.py" in demo.stdout and "high" in demo.stdout  # the findings table
@@ -77,15 +49,6 @@ def test_the_demo_reviews_the_example_project_through_the_running_service(server
         assert one.returncode == 0 and "model calls of" in one.stdout and "subcall" in one.stdout
         missing = specialists(env, "usage", "--job", "no-such-job", "--json")
         assert missing.returncode == 1 and json.loads(missing.stdout)["error"]["code"] == "job_not_found"
-    finally:
-        if serve.poll() is None:
-            os.killpg(serve.pid, signal.SIGINT)
-            try:
-                serve.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(serve.pid, signal.SIGKILL)
-                serve.wait()
-        drop_database(server_url, url)
     assert "not ready" in log_path.read_text()
 
 
