@@ -34,8 +34,10 @@ MAX_SPEC_FILE_BYTES = 256 * 1024
 MAX_SPECS = 200
 
 # Executors a spec may name. "conformance" runs in-process (no model, tariff 0);
-# "rlm" is run by workers (the dispatch issue) with the specialist's model route.
-Executor = Literal["conformance", "rlm"]
+# "rlm" is run by workers (the dispatch issue) with the specialist's model route;
+# "scripted" is run by workers too, without a model: it runs the steps, delays and failures the
+# message's data part scripts (the drill specialist, specs/drill.yaml).
+Executor = Literal["conformance", "rlm", "scripted"]
 
 
 class SpecInvalid(ServiceError):

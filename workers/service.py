@@ -23,6 +23,7 @@ from sqlalchemy import Engine
 from core import db
 from core.errors import ServiceError
 from core.settings import Settings
+from core.specs import load_specs
 from workers.auth import CertsFetcher, JobSigner, OidcVerifier, VerifiedJob
 from workers.conformance import ConformanceExecutor
 from workers.executor_runner import ExecutorRunner
@@ -65,10 +66,16 @@ def script_in_message(tasks: TaskEvents) -> Callable[[VerifiedJob], Any]:
 def default_runners(settings: Settings, tasks: TaskEvents, on_step: StepObserver | None = None) -> dict[str, Runner]:
     """The built-in specialists every worker serves, by specialist id (the rlm specs are added by
     ``build_worker_service`` from ``workers.specialist.service``)."""
-    return {
-        "scripted": ScriptedRunner(on_step=on_step, script_of=script_in_message(tasks)),
+    scripted = ScriptedRunner(on_step=on_step, script_of=script_in_message(tasks))
+    runners: dict[str, Runner] = {
+        "scripted": scripted,
         "conformance": ExecutorRunner(ConformanceExecutor(settings.conformance_hold_working_s), tasks),
     }
+    # Every spec of executor "scripted" (the drill specialist) runs the scripted runner under its own id.
+    for specialist_id, loaded in load_specs(settings.specs_dir).items():
+        if loaded.spec.executor == "scripted":
+            runners.setdefault(specialist_id, scripted)
+    return runners
 
 
 def with_specialists(

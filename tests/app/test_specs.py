@@ -47,7 +47,7 @@ def test_a_valid_spec_loads_with_default_limits(tmp_path):
         (("tariff_credits: 7", "tariff_credits: 7\ntarif: 1"), "tarif", "Extra inputs are not permitted"),
         (("input_modes: [text/plain]", "input_modes: [plain text]"), "input_modes", "is not a media type"),
         (("input_modes: [text/plain]", "input_modes: []"), "input_modes", "at least 1 item"),
-        (("executor: rlm", "executor: magic"), "executor", "'conformance' or 'rlm'"),
+        (("executor: rlm", "executor: magic"), "executor", "'conformance', 'rlm' or 'scripted'"),
         (("tariff_credits: 7", "tariff_credits: 7\nlimits: {max_parts: 0}"), "limits.max_parts", "greater than or equal to 1"),
     ],
 )
