@@ -4,7 +4,11 @@
 #   invoker   the identity of Cloud Tasks deliveries: may invoke the worker service, nothing else
 #   worker    runs jobs: reaches Cloud SQL
 #   migrate   the migration job: reaches Cloud SQL
-#   deployer  Cloud Build (cloudbuild.yaml): pushes the image, updates the services and the job
+#   drill     the drill job: reaches Cloud SQL and reads what an operator uses (the database URL, the
+#             key-signing secrets); calls the API like a customer, and may neither enqueue on the
+#             jobs queue, act as the invoker nor call the workers
+#   deployer  Cloud Build (cloudbuild.yaml): pushes the image, updates the services and the jobs,
+#             executes the jobs
 # Secret access is granted per secret, to the accounts whose service reads it.
 
 resource "google_service_account" "api" {
@@ -27,6 +31,11 @@ resource "google_service_account" "migrate" {
   display_name = "specialists: migration job"
 }
 
+resource "google_service_account" "drill" {
+  account_id   = "specialists-drill"
+  display_name = "specialists: drill job (operator access)"
+}
+
 resource "google_service_account" "deployer" {
   account_id   = "specialists-deployer"
   display_name = "specialists: Cloud Build deployments"
@@ -39,6 +48,7 @@ resource "google_project_iam_member" "cloudsql_client" {
     api     = google_service_account.api.email
     worker  = google_service_account.worker.email
     migrate = google_service_account.migrate.email
+    drill   = google_service_account.drill.email
   }
   project = var.project_id
   role    = "roles/cloudsql.client"
@@ -118,6 +128,16 @@ resource "google_secret_manager_secret_iam_member" "migrate_reads" {
   member    = "serviceAccount:${google_service_account.migrate.email}"
 }
 
+resource "google_secret_manager_secret_iam_member" "drill_reads" {
+  for_each = {
+    database_url = google_secret_manager_secret.database_url.id
+    key_signing  = google_secret_manager_secret.key_signing.id
+  }
+  secret_id = each.value
+  role      = "roles/secretmanager.secretAccessor"
+  member    = "serviceAccount:${google_service_account.drill.email}"
+}
+
 # --- the deployer (Cloud Build) -------------------------------------------------------------------
 
 resource "google_artifact_registry_repository_iam_member" "deployer_pushes" {
@@ -129,20 +149,22 @@ resource "google_artifact_registry_repository_iam_member" "deployer_pushes" {
 
 resource "google_project_iam_member" "deployer" {
   for_each = toset([
-    "roles/run.developer",      # deploy revisions, move traffic, update and execute the migration job
-    "roles/logging.logWriter",  # the build's own logs (CLOUD_LOGGING_ONLY)
+    "roles/run.developer",     # deploy revisions, move traffic, update and execute the jobs (with overridden args)
+    "roles/logging.logWriter", # the build's own logs (CLOUD_LOGGING_ONLY)
   ])
   project = var.project_id
   role    = each.value
   member  = "serviceAccount:${google_service_account.deployer.email}"
 }
 
-# Deploying a revision that runs as an account needs actAs on that account: only the three runtime accounts.
+# Deploying a revision (or updating a job) that runs as an account needs actAs on that account: only
+# the runtime accounts.
 resource "google_service_account_iam_member" "deployer_acts_as" {
   for_each = {
     api     = google_service_account.api.name
     worker  = google_service_account.worker.name
     migrate = google_service_account.migrate.name
+    drill   = google_service_account.drill.name
   }
   service_account_id = each.value
   role               = "roles/iam.serviceAccountUser"

@@ -1,6 +1,7 @@
-# The two Cloud Run services (the public A2A edge, the private workers) and the migration job, all on
-# the one image (../Dockerfile), and every setting each needs, by its real name (core/settings.py;
-# docs/SETTINGS.md). Plain values in *_env, Secret Manager secrets in *_secret_env (name => secret id).
+# The two Cloud Run services (the public A2A edge, the private workers), the migration job and the
+# drill job, all on the one image (../Dockerfile), and every setting each needs, by its real name
+# (core/settings.py; docs/SETTINGS.md). Plain values in *_env, Secret Manager secrets in *_secret_env
+# (name => secret id).
 # tests/deploy/test_infra.py starts the real service from these maps.
 #
 # cloudbuild.yaml owns the image and the API's traffic after the first apply (lifecycle below).
@@ -63,6 +64,29 @@ locals {
   }
   migrate_secret_env = {
     DATABASE_URL = google_secret_manager_secret.database_url.secret_id
+  }
+
+  # `specialists drill --target <URL>`, with an operator's access, as `specialists keys`, `credits` and
+  # `ledger` get it on an operator's host: the database (drill keys, credits for `drill-…` customers,
+  # reservations, settlements, `ledger verify`), and the API's key-signing secrets and key environment,
+  # so that the API accepts the keys the drill issues.
+  drill_env = {
+    SPECIALISTS_KEY_ENVIRONMENT = var.key_environment
+    SPECIALISTS_LOG_LEVEL       = "INFO"
+    # The bounds the drill checks must be the ones the deployment runs with: any of
+    # SPECIALISTS_WORKER_HEARTBEAT_S, SPECIALISTS_WORKER_CANCEL_GRACE_S, SPECIALISTS_WORKER_LEASE_S,
+    # SPECIALISTS_DISPATCH_SWEEP_INTERVAL_S and SPECIALISTS_REVOCATION_CACHE_S set in api_env or
+    # worker_env is set here to the same value (tests/deploy/test_infra.py checks it). None is set now:
+    # the services and the drill all run with the settings' defaults.
+    #
+    # The process-control hooks (SPECIALISTS_DRILL_RESTART_API_HOOK, SPECIALISTS_DRILL_RESTART_WORKER_HOOK,
+    # SPECIALISTS_DRILL_KILL_WORKER_HOOK, SPECIALISTS_DRILL_ROLL_API_HOOK) stay unset: the image has no
+    # gcloud to restart, kill or roll a service with, so the drill reports those scenarios as skipped,
+    # naming the setting.
+  }
+  drill_secret_env = {
+    DATABASE_URL                    = google_secret_manager_secret.database_url.secret_id
+    SPECIALISTS_KEY_SIGNING_SECRETS = google_secret_manager_secret.key_signing.secret_id
   }
 
   vpc_egress = {
@@ -367,6 +391,92 @@ resource "google_cloud_run_v2_job" "migrate" {
 
         dynamic "env" {
           for_each = local.migrate_secret_env
+          content {
+            name = env.key
+            value_source {
+              secret_key_ref {
+                secret  = env.value
+                version = "latest"
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  lifecycle {
+    ignore_changes = [template[0].template[0].containers[0].image, client, client_version]
+  }
+}
+
+# --- the drill job --------------------------------------------------------------------------------
+
+# Runs inside the project, so it reaches Cloud SQL the way the migration job does; it calls the API
+# at its public URL like any customer. It may not enqueue jobs or call the workers (infra/iam.tf).
+resource "google_cloud_run_v2_job" "drill" {
+  name                = var.drill_job_name
+  location            = var.region
+  deletion_protection = false
+  depends_on = [
+    google_project_service.apis,
+    google_secret_manager_secret_iam_member.drill_reads,
+    google_secret_manager_secret_version.database_url,
+    google_secret_manager_secret_version.key_signing,
+  ]
+
+  template {
+    task_count  = 1
+    parallelism = 1
+
+    template {
+      service_account = google_service_account.drill.email
+      timeout         = "${var.drill_timeout_s}s"
+      max_retries     = 0 # a failed drill stops the release; a retry could hide the failure
+
+      vpc_access {
+        network_interfaces {
+          network    = local.vpc_egress.network
+          subnetwork = local.vpc_egress.subnetwork
+        }
+        egress = "PRIVATE_RANGES_ONLY" # the API's run.app URL is public: reached directly, not through the VPC
+      }
+
+      volumes {
+        name = "cloudsql"
+        cloud_sql_instance {
+          instances = [google_sql_database_instance.main.connection_name]
+        }
+      }
+
+      containers {
+        image = var.image
+        # The release executes the job with the new API revision's tag URL instead (cloudbuild.yaml
+        # overrides these args); executed by hand as it is, it drills the revision with the traffic.
+        args = ["drill", "--target", local.api_run_url]
+
+        resources {
+          limits = {
+            cpu    = "1"
+            memory = "1Gi"
+          }
+        }
+
+        volume_mounts {
+          name       = "cloudsql"
+          mount_path = local.cloudsql_mount
+        }
+
+        dynamic "env" {
+          for_each = local.drill_env
+          content {
+            name  = env.key
+            value = env.value
+          }
+        }
+
+        dynamic "env" {
+          for_each = local.drill_secret_env
           content {
             name = env.key
             value_source {

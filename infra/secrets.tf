@@ -5,7 +5,7 @@
 # DATABASE_URL, the first key-signing secret, worker job secret and checkpoint key. Rotations add
 # versions with gcloud (docs/OPERATIONS.md). Model keys cannot be generated: an operator adds them.
 
-# SPECIALISTS_KEY_SIGNING_SECRETS (API): signs and verifies customer keys; comma-separated, newest first.
+# SPECIALISTS_KEY_SIGNING_SECRETS (API, drill job): signs and verifies customer keys; comma-separated, newest first.
 resource "google_secret_manager_secret" "key_signing" {
   secret_id = "specialists-key-signing-secrets"
   replication {
@@ -41,7 +41,7 @@ resource "google_secret_manager_secret" "database_password" {
   depends_on = [google_project_service.apis]
 }
 
-# DATABASE_URL (API, workers, migration job): the password inside, the Cloud SQL socket as host.
+# DATABASE_URL (API, workers, migration and drill jobs): the password inside, the Cloud SQL socket as host.
 resource "google_secret_manager_secret" "database_url" {
   secret_id = "specialists-database-url"
   replication {

@@ -32,6 +32,12 @@ variable "migrate_job_name" {
   default     = "specialists-migrate"
 }
 
+variable "drill_job_name" {
+  description = "Cloud Run job that drills a new API revision (`specialists drill --target <revision URL>`); cloudbuild.yaml _DRILL_JOB."
+  type        = string
+  default     = "specialists-drill"
+}
+
 variable "repository_id" {
   description = "Artifact Registry repository of the image; cloudbuild.yaml _REPOSITORY."
   type        = string
@@ -158,6 +164,12 @@ variable "worker_max_instances" {
   description = "Most worker instances; with worker_max_concurrent_jobs it bounds the queue's concurrent dispatches."
   type        = number
   default     = 10
+}
+
+variable "drill_timeout_s" {
+  description = "How long one execution of the drill job may run: every drill scenario against the new revision. cloudbuild.yaml's timeout must leave room for it after the steps before."
+  type        = number
+  default     = 1800
 }
 
 variable "api_min_instances" {

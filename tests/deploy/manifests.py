@@ -344,3 +344,29 @@ def build_steps(document: dict) -> list[BuildStep]:
         BuildStep(id=step["id"], name=step["name"], entrypoint=step.get("entrypoint"), args=[str(a) for a in step.get("args", [])], raw=step)
         for step in document["steps"]
     ]
+
+
+_SUBSTITUTION = re.compile(r"\$\$|\$\{(\w+)\}|\$(\w+)")
+
+
+def substitute(text: str, values: dict[str, str]) -> str:
+    """``text`` as Cloud Build hands it to a step: ``$$`` becomes ``$``, ``${NAME}`` and ``$NAME`` the value.
+
+    Cloud Build refuses a build that names a substitution it does not know, so this raises ``KeyError``.
+    """
+
+    def one(match: re.Match) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        return values[match.group(1) or match.group(2)]
+
+    return _SUBSTITUTION.sub(one, text)
+
+
+def substitutions(document: dict, **built_in: str) -> dict[str, str]:
+    """The build's substitutions with ``built_in`` (PROJECT_ID, SHORT_SHA...) given, each resolved in turn
+    (``dynamicSubstitutions``: one may name another)."""
+    values = dict(built_in)
+    for name, value in document["substitutions"].items():
+        values[name] = substitute(str(value), values)
+    return values

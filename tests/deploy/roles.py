@@ -74,6 +74,14 @@ def run_role(args: list[str], env: Mapping[str, str], log: Path, timeout_s: floa
         )
 
 
+def run_command(args: list[str], env: Mapping[str, str], timeout_s: float = 60) -> subprocess.CompletedProcess:
+    """A one-off command of the image (``specialists keys issue --json``...): its output for the test to read."""
+    return subprocess.run(
+        ["sh", str(ENTRYPOINT), *args], env=dict(env), cwd=PROJECT_ROOT, capture_output=True, text=True,
+        timeout=timeout_s,
+    )
+
+
 def start_role(args: list[str], env: Mapping[str, str], log: Path, *, port: int, ready_path: str = "/healthz") -> Role:
     """Start a listening role and wait until ``ready_path`` answers 200 on ``port``."""
     out = log.open("wb")
@@ -98,4 +106,4 @@ def start_role(args: list[str], env: Mapping[str, str], log: Path, *, port: int,
     raise AssertionError(f"{args} did not answer {ready_path} on port {port} ({last}):\n{role.log_text()}")
 
 
-__all__ = ["Role", "clean_environment", "free_port", "on_this_machine", "run_role", "start_role"]
+__all__ = ["Role", "clean_environment", "free_port", "on_this_machine", "run_command", "run_role", "start_role"]

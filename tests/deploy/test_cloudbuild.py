@@ -7,18 +7,44 @@ those keys are what make "a failed drill stops the rollout" true.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from core.settings import PROJECT_ROOT
-from tests.deploy.manifests import BuildStep, Terraform, build_steps, cloudbuild
+from tests.deploy.manifests import (
+    BuildStep,
+    Terraform,
+    build_steps,
+    cloudbuild,
+    container,
+    revision_template,
+    substitute,
+    substitutions,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
 RELEASE_ORDER = ["test", "build", "push", "migrate", "deploy-worker", "deploy-api", "drill", "traffic"]
 # Built-in substitutions Cloud Build fills in itself.
 BUILT_IN = {"PROJECT_ID", "SHORT_SHA", "COMMIT_SHA", "BUILD_ID", "LOCATION", "PROJECT_NUMBER"}
+# What a trigger gives a build, and a tag URL as the deploy-api step writes it (Cloud Run's form).
+TRIGGER = {"PROJECT_ID": "acme-specialists", "SHORT_SHA": "abc1234"}
+TAG_URL = "https://r-abc1234---specialists-api-x7kq2lmn3a-ew.a.run.app"
+
+# Stands in for gcloud, which cannot reach Google from here: records each call, one JSON list a line,
+# and fails the calls whose subcommand (`update`, `execute`) is named in FAKE_GCLOUD_FAILS.
+FAKE_GCLOUD = """\
+import json, os, sys
+with open(os.environ["FAKE_GCLOUD_CALLS"], "a") as calls:
+    calls.write(json.dumps(sys.argv[1:]) + "\\n")
+sys.exit(1 if set(sys.argv[1:4]) & set(os.environ.get("FAKE_GCLOUD_FAILS", "").split()) else 0)
+"""
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +78,8 @@ def test_the_tests_are_the_readmes_and_cis_test_command(steps):
 def test_the_image_is_built_pushed_and_the_same_image_is_deployed_everywhere(steps):
     assert steps["build"].args[0] == "build" and "${_IMAGE}" in steps["build"].args
     assert steps["push"].args == ["push", "${_IMAGE}"]
-    for step_id in ("migrate", "deploy-worker", "deploy-api"):
+    for step_id in ("migrate", "deploy-worker", "deploy-api", "drill"):
         assert "--image=${_IMAGE}" in steps[step_id].command.replace('"', ""), step_id
-    assert steps["drill"].name == "${_IMAGE}", "the drill runs from the image being released"
 
 
 def test_migrations_run_as_the_cloud_run_job_and_are_waited_for_before_any_deploy(steps):
@@ -75,8 +100,80 @@ def test_the_api_is_deployed_as_a_tagged_revision_without_traffic_and_drilled_th
     assert "gcloud run deploy ${_API_SERVICE}" in deploy
     assert "--no-traffic" in deploy and "--tag=${_REVISION_TAG}" in deploy
     assert "> /workspace/api_tag_url" in deploy, "the tag's URL is handed to the drill"
-    # `$$` is Cloud Build's escape for a literal `$`: bash sees $(cat ...).
-    assert re.search(r"^specialists drill --target \"\$\$\(cat /workspace/api_tag_url\)\"$", steps["drill"].command, re.M)
+
+
+# --- the drill step, run as Cloud Build runs it, with gcloud standing in for Google -------------------
+
+
+def run_step(step: BuildStep, document: dict, tmp_path: Path, *, tag_url: str | None = TAG_URL, fails: str = "") -> tuple[int, list[list[str]]]:
+    """The step's script after Cloud Build's substitutions, run by bash with /workspace in ``tmp_path``: its
+    exit status, and the gcloud calls it made."""
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    if tag_url is not None:
+        (workspace / "api_tag_url").write_text(tag_url + "\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    gcloud = bin_dir / "gcloud"
+    gcloud.write_text(f"#!{sys.executable}\n{FAKE_GCLOUD}")
+    gcloud.chmod(0o755)
+    calls = tmp_path / "gcloud-calls"
+    calls.touch()
+    script = substitute(step.command, substitutions(document, **TRIGGER)).replace("/workspace/", f"{workspace}/")
+    env = {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_GCLOUD_CALLS": str(calls), "FAKE_GCLOUD_FAILS": fails
+    }
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=20)
+    return done.returncode, [json.loads(line) for line in calls.read_text().splitlines()]
+
+
+def test_the_drill_step_puts_the_released_image_on_the_drill_job_then_executes_it_against_the_tag_and_waits(
+    document, steps, tmp_path
+):
+    status, calls = run_step(steps["drill"], document, tmp_path)
+    assert status == 0
+    values = substitutions(document, **TRIGGER)
+    job, region = values["_DRILL_JOB"], f"--region={values['_REGION']}"
+    assert calls == [
+        ["run", "jobs", "update", job, region, f"--image={values['_IMAGE']}"],
+        ["run", "jobs", "execute", job, region, "--wait", f"--args=drill,--target,{TAG_URL}"],
+    ]
+
+
+def test_a_failed_drill_execution_fails_the_step(document, steps, tmp_path):
+    status, calls = run_step(steps["drill"], document, tmp_path, fails="execute")
+    assert status != 0
+    assert [call[2] for call in calls] == ["update", "execute"]
+
+
+def test_the_drill_never_runs_an_older_image_when_the_jobs_update_fails(document, steps, tmp_path):
+    status, calls = run_step(steps["drill"], document, tmp_path, fails="update")
+    assert status != 0
+    assert [call[2] for call in calls] == ["update"]
+
+
+def test_without_the_revisions_tag_url_the_drill_step_fails_before_executing_anything(document, steps, tmp_path):
+    status, calls = run_step(steps["drill"], document, tmp_path, tag_url=None)
+    assert status != 0
+    assert calls == []
+
+
+def test_the_release_overrides_only_the_drill_jobs_target_which_by_hand_is_the_revision_with_the_traffic(
+    document, steps, tf, tmp_path
+):
+    _, calls = run_step(steps["drill"], document, tmp_path)
+    overridden = calls[-1][-1].removeprefix("--args=").split(",")
+    own = [tf.resolve(arg) for arg in container(tf, "google_cloud_run_v2_job", "drill")["args"]]
+    assert own == ["drill", "--target", tf.reference("local.api_run_url")]
+    assert overridden == own[:2] + [TAG_URL]
+
+
+def test_the_build_outlives_the_migration_and_the_drill_it_waits_for(document, tf):
+    def task_timeout_s(job: str) -> int:
+        return int(tf.resolve(revision_template(tf, "google_cloud_run_v2_job", job)["timeout"]).removesuffix("s"))
+
+    build_timeout_s = int(document["timeout"].removesuffix("s"))
+    assert build_timeout_s > task_timeout_s("migrate") + task_timeout_s("drill")
 
 
 def test_only_the_last_step_moves_traffic_and_only_to_the_drilled_tag(steps):
@@ -101,6 +198,7 @@ def test_names_agree_with_terraform(document):
     assert names["_API_SERVICE"] == tf.resolve(tf.resource("google_cloud_run_v2_service", "api")["name"])
     assert names["_WORKER_SERVICE"] == tf.resolve(tf.resource("google_cloud_run_v2_service", "worker")["name"])
     assert names["_MIGRATE_JOB"] == tf.resolve(tf.resource("google_cloud_run_v2_job", "migrate")["name"])
+    assert names["_DRILL_JOB"] == tf.resolve(tf.resource("google_cloud_run_v2_job", "drill")["name"])
     assert names["_DEPLOYER"] == tf.resolve(tf.resource("google_service_account", "deployer")["account_id"])
     # The image path Terraform tells operators about is the one the build pushes.
     image = names["_IMAGE"].replace("${_REGION}", names["_REGION"]).replace("${_REPOSITORY}", names["_REPOSITORY"])
@@ -116,8 +214,8 @@ def test_the_build_runs_as_the_deployer_account_terraform_grants_what_the_releas
     )
     assert document["options"]["logging"] == "CLOUD_LOGGING_ONLY", "required with a user-chosen build account"
     roles = set(re.findall(r"roles/[\w.]+", tf.resource("google_project_iam_member", "deployer")["for_each"]))
-    assert "roles/run.developer" in roles  # deploy revisions, move traffic, update and execute the job
+    assert "roles/run.developer" in roles  # deploy revisions, move traffic, update and execute the jobs with overrides
     pushes = tf.resource("google_artifact_registry_repository_iam_member", "deployer_pushes")
     assert pushes["role"] == "roles/artifactregistry.writer"
     acts_as = set(tf.resource("google_service_account_iam_member", "deployer_acts_as")["for_each"])
-    assert acts_as == {"api", "worker", "migrate"}
+    assert acts_as == {"api", "worker", "migrate", "drill"}  # updating a job needs actAs on its account

@@ -7,8 +7,10 @@ the settings, the specs, the routes and the worker's endpoint.
 
 from __future__ import annotations
 
+import json
 import re
 import tomllib
+import uuid
 from pathlib import Path
 
 import httpx
@@ -23,16 +25,24 @@ from core.specs import load_specs
 from specialists.cli import build_parser, cmd_db_upgrade, cmd_serve, cmd_worker
 from tests.deploy.conftest import terraform_environment
 from tests.deploy.manifests import Terraform, container, container_env, dockerfile_stages, revision_template
-from tests.deploy.roles import on_this_machine, run_role
+from tests.deploy.roles import on_this_machine, run_command, run_role
 from workers.server import JOBS_PATH
 
 pytestmark = pytest.mark.timeout(90)
 
 SERVICE = "google_cloud_run_v2_service"
 JOB = "google_cloud_run_v2_job"
-ROLES = {"api": (SERVICE, "api"), "worker": (SERVICE, "worker"), "migrate": (JOB, "migrate")}
+ROLES = {"api": (SERVICE, "api"), "worker": (SERVICE, "worker"), "migrate": (JOB, "migrate"), "drill": (JOB, "drill")}
 # Which runtime service account each role runs as.
-RUNS_AS = {"api": "api", "worker": "worker", "migrate": "migrate"}
+RUNS_AS = {"api": "api", "worker": "worker", "migrate": "migrate", "drill": "drill"}
+# The bounds the drill checks: it must run with the values the services run with.
+DRILL_BOUNDS = (
+    "SPECIALISTS_WORKER_HEARTBEAT_S",
+    "SPECIALISTS_WORKER_CANCEL_GRACE_S",
+    "SPECIALISTS_WORKER_LEASE_S",
+    "SPECIALISTS_DISPATCH_SWEEP_INTERVAL_S",
+    "SPECIALISTS_REVOCATION_CACHE_S",
+)
 SETTING_NAMES = {env_name(name, field) for name, field in Settings.model_fields.items()}
 
 
@@ -104,6 +114,61 @@ def test_the_migration_job_upgrades_the_database_from_its_environment(tf, databa
 def test_each_container_runs_a_real_command_of_the_image(tf, role, command):
     args = tf.resolve(container(tf, *ROLES[role])["args"])
     assert build_parser().parse_args(args).func is command
+
+
+def test_a_key_and_credits_the_drill_job_gives_from_its_environment_are_honoured_by_the_api(tf, database_url, api_from_terraform):
+    # What the drill does first in target mode: issue a key and grant credits to a `drill-…` customer,
+    # with the database and the key-signing secrets and environment the job is given.
+    env = terraform_environment(tf, JOB, "drill", database_url)
+    customer = f"drill-deploy-{uuid.uuid4().hex[:8]}"
+    issued = run_command(["keys", "issue", "--customer", customer, "--ttl-days", "1", "--json"], env)
+    assert issued.returncode == 0, issued.stderr
+    granted = run_command(["credits", "grant", "--customer", customer, "--credits", "7", "--reason", "deploy test"], env)
+    assert granted.returncode == 0, granted.stderr
+    key = json.loads(issued.stdout)["key"]
+    assert key.startswith(f"sk_{tf.default('key_environment')}_")
+    card = httpx.get(
+        f"{api_from_terraform.url}/specialists/conformance/extendedAgentCard",
+        headers={"Authorization": f"Bearer {key}", "A2A-Version": "1.0"},
+        timeout=5,
+    )
+    assert card.status_code == 200, card.text
+    assert card.json()["capabilities"]["extensions"][0]["params"]["availableCredits"] == 7
+
+
+def test_the_drill_job_has_the_apis_key_signing_secrets_and_key_environment(tf, database_url, monkeypatch):
+    from specialists import local_secrets
+
+    drill = container_env(tf, JOB, "drill")
+    api = container_env(tf, SERVICE, "api")
+    assert drill.secrets["SPECIALISTS_KEY_SIGNING_SECRETS"] == api.secrets["SPECIALISTS_KEY_SIGNING_SECRETS"]
+    assert drill.plain["SPECIALISTS_KEY_ENVIRONMENT"] == api.plain["SPECIALISTS_KEY_ENVIRONMENT"]
+    settings = settings_from(terraform_environment(tf, JOB, "drill", database_url), monkeypatch)
+    assert not settings.embedded
+    local_secrets.require(settings, ["key_signing_secrets"])
+
+
+def test_the_drill_job_checks_the_bounds_the_services_run_with(tf):
+    assert set(DRILL_BOUNDS) <= SETTING_NAMES
+    drill = container_env(tf, JOB, "drill")
+    services = {name: container_env(tf, SERVICE, name).plain for name in ("api", "worker")}
+    for bound in DRILL_BOUNDS:
+        values = {name: env[bound] for name, env in services.items() if bound in env}
+        assert len(set(values.values())) <= 1, f"the services run with different {bound}: {values}"
+        # Not set on the services: they run with the setting's default, and so must the drill.
+        assert drill.plain.get(bound) == next(iter(values.values()), None), (
+            f"{bound}: the drill job runs with {drill.plain.get(bound)!r}, the services with {values or 'the default'}"
+        )
+        assert bound not in drill.secrets
+
+
+def test_the_drill_job_runs_once_per_execution_within_its_timeout(tf):
+    template = revision_template(tf, JOB, "drill")
+    assert template["max_retries"] == 0, "a failed drill must fail the release, not be run again"
+    assert tf.resolve(template["timeout"]) == f"{tf.default('drill_timeout_s')}s"
+    assert tf.resolve(tf.resource(JOB, "drill")["template"][0]["task_count"]) == 1
+    # The release changes the image; Terraform must not put the placeholder back.
+    assert "template[0].template[0].containers[0].image" in str(tf.resource(JOB, "drill")["lifecycle"][0]["ignore_changes"])
 
 
 # --- every setting a service needs in production is set -----------------------------------------------
@@ -285,6 +350,24 @@ def test_the_api_may_enqueue_and_act_as_the_invoker_and_the_invoker_may_do_nothi
         if kind.endswith("_iam_member") and "google_service_account.invoker.email" in str(body.get("member"))
     ]
     assert granted_to_invoker == [("google_cloud_run_v2_service_iam_member", "invoker_calls_worker")]
+
+
+def test_the_drill_account_may_reach_cloud_sql_and_read_its_secrets_and_nothing_else(tf):
+    # Not enqueue on the jobs queue, act as the invoker or call the workers: a drill reaches the workers
+    # only through the API, as a customer's job does.
+    email = "google_service_account.drill.email"
+    granted = {
+        body["role"]
+        for (kind, _), body in tf.resources.items()
+        if kind.endswith(("_iam_member", "_iam_binding")) and email in str(body.get("member")) + str(body.get("for_each"))
+    }
+    assert granted == {"roles/cloudsql.client", "roles/secretmanager.secretAccessor"}
+    assert account(tf, "drill") not in members(
+        tf, "google_cloud_tasks_queue_iam_member", "roles/cloudtasks.enqueuer", "google_cloud_tasks_queue.jobs"
+    )
+    assert account(tf, "drill") not in members(
+        tf, "google_cloud_run_v2_service_iam_member", "roles/run.invoker", "google_cloud_run_v2_service.worker"
+    )
 
 
 def test_the_roles_that_use_the_database_may_reach_cloud_sql(tf):
