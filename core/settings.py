@@ -418,6 +418,44 @@ class Settings(BaseSettings):
         "until then the lease sweeper leaves it, after it the job is recorded unknown.",
     )
 
+    # --- drills (`specialists drill`, docs/OPERATIONS.md) ----------------------------------
+    drill_restart_api_hook: str | None = Field(
+        default=None,
+        max_length=4000,
+        description="`drill --target`: a shell command that restarts the API instances (say, a new revision "
+        "with the same image) while a drill task runs; DRILL_API_URL names the instance. Unset: skipped.",
+    )
+    drill_roll_api_hook: str | None = Field(
+        default=None,
+        max_length=4000,
+        description="`drill --target`: a shell command that rolls the API to a new revision mid-task. Unset: skipped.",
+    )
+    drill_restart_worker_hook: str | None = Field(
+        default=None,
+        max_length=4000,
+        description="`drill --target`: a shell command that restarts the workers gracefully while DRILL_JOB_ID "
+        "runs. Unset: skipped.",
+    )
+    drill_kill_worker_hook: str | None = Field(
+        default=None,
+        max_length=4000,
+        description="`drill --target`: a shell command that kills the worker running DRILL_JOB_ID without "
+        "warning (the retained unknown scenario). Unset: skipped.",
+    )
+    drill_hook_timeout_s: float = Field(
+        default=600.0, ge=1.0, le=3600.0, description="How long a drill hook may run, and the API then take to be ready."
+    )
+    drill_slack_s: float = Field(
+        default=2.0,
+        ge=0.0,
+        le=120.0,
+        description="Time a drill allows above a stated bound (cancel, unknown, revocation) for network and "
+        "load before it calls the bound broken.",
+    )
+    drill_credits: int = Field(
+        default=200, ge=20, le=100_000, description="Credits granted to each customer a drill creates."
+    )
+
     @field_validator("specialist_checkpoint_key")
     @classmethod
     def _checkpoint_key_long_enough(cls, value: SecretStr | None, info) -> SecretStr | None:

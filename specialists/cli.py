@@ -455,6 +455,9 @@ def build_parser() -> argparse.ArgumentParser:
     from specialists import cli_specialists
 
     cli_specialists.register(groups, common)
+    from specialists.drill import cli as cli_drill
+
+    cli_drill.register(groups, common)
     return parser
 
 

@@ -21,7 +21,9 @@ TERMINAL = frozenset({"TASK_STATE_COMPLETED", "TASK_STATE_FAILED", "TASK_STATE_C
 
 _TASKS = text(
     """
-    SELECT e.task_id, e.customer_id, e.tariff_credits, e.reservation_id, e.first_claimed_at IS NOT NULL AS claimed,
+    SELECT e.task_id, e.customer_id, e.tariff_credits, e.reservation_id,
+           EXISTS (SELECT 1 FROM dispatch_outbox o JOIN job_claims c ON c.job_id = o.task_id || '.' || o.dispatch_id
+                    WHERE o.task_id = e.task_id AND c.first_claimed_at IS NOT NULL) AS claimed,
            t.status ->> 'state' AS state, r.state::text AS reservation_state, r.charged,
            (SELECT count(DISTINCT j.entry_id) FROM ledger_journal j
              WHERE j.job_id = e.reservation_id AND j.kind IN ('settle', 'void', 'reconcile')) AS resolutions

@@ -271,16 +271,14 @@ class LocalTopology:
             port = free_port()
             self.api.append(Process(f"api-{index + 1}", ["serve", "--port", str(port)], env,
                                     logs / f"api-{index + 1}.log", f"http://127.0.0.1:{port}/readyz"))
-        starting = self.worker + self.api
-        self.progress(f"starting {self.workers} workers and {self.apis} API instances")
+        self.dispatcher = self._dispatcher(env, logs)
+        starting = self.worker + self.api + [self.dispatcher]
+        self.progress(f"starting {self.workers} workers, {self.apis} API instances and the dispatcher "
+                      f"({self.dispatcher_kind})")
         for process in starting:  # side by side: each is a Python start-up of a few seconds
             process.start()
         for process in starting:
             process.wait_ready()
-        self.dispatcher = self._dispatcher(env, logs)
-        self.progress(f"starting the dispatcher ({self.dispatcher_kind})")
-        self.dispatcher.start()
-        self.dispatcher.wait_ready()
 
     def _dispatcher(self, env: dict[str, str], logs: Path) -> Process:
         worker_urls = ",".join(self.worker_url(w) for w in self.worker)
@@ -333,6 +331,7 @@ class LocalTopology:
 
     def stop(self) -> None:
         processes = ([self.dispatcher] if self.dispatcher else []) + self.worker + self.api
+        self.progress(f"stopping {sum(p.alive for p in processes)} processes and dropping {self.database}")
         for process in processes:  # all at once: each drains on its own
             process.signal(signal.SIGTERM)
         deadline = time.monotonic() + STOP_TIMEOUT_S
