@@ -23,6 +23,7 @@ from core.settings import PROJECT_ROOT, Settings
 from core.settings_doc import env_name
 from core.specs import load_specs
 from specialists.cli import build_parser, cmd_db_upgrade, cmd_serve, cmd_worker
+from specialists.drill.cli import cmd_drill
 from tests.deploy.conftest import terraform_environment
 from tests.deploy.manifests import Terraform, container, container_env, dockerfile_stages, revision_template
 from tests.deploy.roles import on_this_machine, run_command, run_role
@@ -109,7 +110,7 @@ def test_the_migration_job_upgrades_the_database_from_its_environment(tf, databa
 
 
 @pytest.mark.parametrize(
-    "role, command", [("api", cmd_serve), ("worker", cmd_worker), ("migrate", cmd_db_upgrade)]
+    "role, command", [("api", cmd_serve), ("worker", cmd_worker), ("migrate", cmd_db_upgrade), ("drill", cmd_drill)]
 )
 def test_each_container_runs_a_real_command_of_the_image(tf, role, command):
     args = tf.resolve(container(tf, *ROLES[role])["args"])
