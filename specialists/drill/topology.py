@@ -288,7 +288,10 @@ class LocalTopology:
         from workers.dispatch.emulator import CloudTasksEmulator
 
         self.progress("starting the Cloud Tasks emulator (its environment is built on first use)")
-        self.emulator = CloudTasksEmulator([EMULATOR_QUEUE], max_retries=20, log_path=logs / "emulator.log")
+        # The emulator retries about every 100 ms and then drops the task for good (Cloud Tasks retries for
+        # job_max_age_s): enough retries to outlast a killed worker's restart, or its jobs stay SUBMITTED.
+        self.emulator = CloudTasksEmulator([EMULATOR_QUEUE], max_retries=int(START_TIMEOUT_S / 0.1),
+                                           log_path=logs / "emulator.log")
         self.emulator.start()
         project, location, queue = EMULATOR_QUEUE.split("/")[1::2]
         relay_env = {
