@@ -10,13 +10,16 @@ refusal scenario must fail, say why, and the command exit 1.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from core.settings import PROJECT_ROOT
 from specialists.drill.scenarios import SCENARIOS
+from specialists.drill.topology import LocalTopology
 from tests.app.conftest import edge_env, start_edge, stop_edge
 from tests.conftest import TEST_SECRET
 
@@ -95,3 +98,95 @@ def test_target_mode_names_what_it_needs(database_url):
     assert bad.returncode == 2 and json.loads(bad.stdout)["error"]["code"] == "drill_target_invalid"
     unknown = drill(edge_env(database_url, PROJECT_ROOT / "specs"), "--local", "--scenario", "nope", "--json")
     assert unknown.returncode == 2 and "the scenarios are refusal, cancellation" in json.loads(unknown.stdout)["error"]["message"]
+
+
+class Supervisor:
+    """Starts again, at the same address, any process of the topology that stopped: what Cloud Run does for an
+    instance that died or was replaced. Keeps PIDS_FILE (API URL -> pid) current for the hooks."""
+
+    def __init__(self, topology: LocalTopology, pids_file) -> None:
+        self.topology = topology
+        self.pids_file = pids_file
+        self.restarts: list[str] = []
+        self.stopping = threading.Event()
+        self.write_pids()
+        self.thread = threading.Thread(target=self.watch, daemon=True)
+        self.thread.start()
+
+    def write_pids(self) -> None:
+        self.pids_file.write_text(json.dumps({url: p.pid for url, p in zip(self.topology.api_urls, self.topology.api)}))
+
+    def watch(self) -> None:
+        while not self.stopping.wait(0.1):
+            for process in self.topology.api + self.topology.worker:
+                if not process.alive and not self.stopping.is_set():
+                    process.start()
+                    self.restarts.append(process.name)
+                    self.write_pids()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join(5)
+
+
+@pytest.fixture
+def supervised(server_url, engine, tmp_path):
+    engine.dispose()
+    topology = LocalTopology(tmp_path / "topology", server_url)
+    with topology:
+        supervisor = Supervisor(topology, tmp_path / "pids.json")
+        try:
+            yield topology, supervisor
+        finally:
+            supervisor.stop()
+
+
+def target_env(topology: LocalTopology, **settings: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECIALISTS_") and k != "DATABASE_URL"}
+    bounds = topology.bounds
+    env.update({
+        "DATABASE_URL": topology.database_url,
+        "SPECIALISTS_KEY_SIGNING_SECRETS": topology.signing_secret,
+        "SPECIALISTS_KEY_ENVIRONMENT": "test",
+        "SPECIALISTS_WORKER_HEARTBEAT_S": str(bounds.heartbeat_s),
+        "SPECIALISTS_WORKER_CANCEL_GRACE_S": str(bounds.cancel_grace_s),
+        "SPECIALISTS_WORKER_LEASE_S": str(bounds.lease_s),
+        "SPECIALISTS_DISPATCH_SWEEP_INTERVAL_S": str(bounds.sweep_interval_s),
+        "SPECIALISTS_REVOCATION_CACHE_S": str(bounds.revocation_cache_s),
+    })
+    env.update({f"SPECIALISTS_{k.upper()}": v for k, v in settings.items()})
+    return env
+
+
+@pytest.mark.timeout(300)
+def test_target_mode_drills_process_control_through_the_operators_hooks_and_skips_without_them(supervised, tmp_path):
+    topology, supervisor = supervised
+    target = ",".join(topology.api_urls)
+
+    bare = drill(target_env(topology), "--target", target, "--scenario", "retained-unknown,restart-and-rollout",
+                 "--json")
+    assert bare.returncode == 0, bare.stdout + bare.stderr  # skipped is not failed
+    report = json.loads(bare.stdout)
+    assert [(s["scenario"], s["verdict"]) for s in report["scenarios"]] == [
+        ("restart-and-rollout", "skipped"), ("retained-unknown", "skipped")]
+    assert "set SPECIALISTS_DRILL_KILL_WORKER_HOOK" in evidence(report, "retained-unknown")
+    assert supervisor.restarts == []
+
+    hook = f"{sys.executable} -m tests.specialists.drill_hooks {{}} {supervisor.pids_file}"
+    hooked = drill(target_env(topology, drill_restart_api_hook=hook.format("restart-api"),
+                              drill_roll_api_hook=hook.format("roll-api"),
+                              drill_restart_worker_hook=hook.format("restart-worker"),
+                              drill_kill_worker_hook=hook.format("kill-worker")),
+                   "--target", target, "--scenario", "retained-unknown,restart-and-rollout", "--json")
+    assert hooked.returncode == 0, hooked.stdout + hooked.stderr
+    report = json.loads(hooked.stdout)
+    assert [(s["scenario"], s["verdict"]) for s in report["scenarios"]] == [
+        ("restart-and-rollout", "pass"), ("retained-unknown", "pass")]
+    recovery = evidence(report, "restart-and-rollout")
+    assert recovery.count("(drill_") == 3 and "3 tasks: each claimed once, settled once" in recovery
+    unknown = evidence(report, "retained-unknown")
+    assert "(drill_kill_worker_hook) done" in unknown and "never run twice: 1 claim" in unknown
+    assert "skipped: the worker is private" in unknown  # no second delivery from outside
+    # Each hook really stopped a process, and each came back at its address.
+    assert sorted(name for name in supervisor.restarts if name.startswith("api")) == ["api-1", "api-2"]
+    assert len([name for name in supervisor.restarts if name.startswith("worker")]) == 2
