@@ -43,7 +43,7 @@ from app.admission import Admitted, AdmissionService
 from app.errors import EdgeError, KeyRequiredForListing, ServiceBusy
 from app.events import NotifiedEventStream
 from app.identity import EdgeUser, Identity
-from app.observability import Metrics
+from app.observability import Metrics, note_refusal
 from core.settings import Settings
 from core.specs import LoadedSpec
 
@@ -133,6 +133,7 @@ class EdgeRequestHandler(DefaultRequestHandler):
         except EdgeError as refused:
             self.metrics.admissions.labels(specialist=specialist, outcome=refused.stable_code).inc()
             self.metrics.refusals.labels(code=refused.stable_code).inc()
+            note_refusal(refused.stable_code)
             raise
         except Exception as refused:
             self.metrics.admissions.labels(specialist=specialist, outcome=type(refused).__name__).inc()

@@ -37,7 +37,7 @@ from app.errors import (
     error_response,
 )
 from app.identity import Identity
-from app.observability import Metrics, customer_var, request_id_var
+from app.observability import Metrics, customer_var, note_refusal, refusal_var, request_id_var
 from app.ratelimit import RateLimiter
 from core.settings import Settings
 from core.specs import LoadedSpec
@@ -123,6 +123,8 @@ class RequestLog:
         request_id = offered if offered and _SANE_REQUEST_ID.match(offered) else uuid.uuid4().hex
         id_token = request_id_var.set(request_id)
         customer_token = customer_var.set("-")
+        refusal: dict[str, str] = {}
+        refusal_token = refusal_var.set(refusal)
         operation = operation_of(scope["path"])
         started = time.perf_counter()
         status = 500
@@ -153,8 +155,10 @@ class RequestLog:
                     "path": scope["path"],
                     "status": status,
                     "duration_ms": round(duration_s * 1000, 2),
+                    "code": refusal.get("code"),
                 },
             )
+            refusal_var.reset(refusal_token)
             customer_var.reset(customer_token)
             request_id_var.reset(id_token)
 
@@ -282,6 +286,7 @@ class A2AGuard:
 
     async def _refuse(self, refused: EdgeError, binding: Binding, scope: Scope, receive: Receive, send: Send) -> None:
         self.metrics.refusals.labels(code=refused.stable_code).inc()
+        note_refusal(refused.stable_code)
         headers: dict[str, str] = {}
         if isinstance(refused, KeyRequired):
             headers["WWW-Authenticate"] = REALM

@@ -21,6 +21,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 request_id_var: ContextVar[str] = ContextVar("request_id", default="-")
 customer_var: ContextVar[str] = ContextVar("customer_id", default="-")
+# The request's refusal code, for its access line: a holder set per request, filled in by whoever refuses
+# (possibly in a task the SDK started, which sees the same holder).
+refusal_var: ContextVar[dict[str, str] | None] = ContextVar("refusal", default=None)
+
+
+def note_refusal(code: str) -> None:
+    holder = refusal_var.get()
+    if holder is not None:
+        holder["code"] = code
 
 # sk_<env>_<secret id>_<payload>.<signature>, and any "Bearer <credential>".
 _KEY_RE = re.compile(r"sk_(?:live|test)_[0-9a-f]{8}_[A-Za-z0-9_\-]+(?:\.[A-Za-z0-9_\-]+)?")
@@ -49,11 +58,16 @@ class RedactingFilter(logging.Filter):
         return True
 
 
+_SEVERITY = {logging.DEBUG: "DEBUG", logging.INFO: "INFO", logging.WARNING: "WARNING", logging.ERROR: "ERROR",
+             logging.CRITICAL: "CRITICAL"}
+
+
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
             "level": record.levelname,
+            "severity": _SEVERITY.get(record.levelno, "DEFAULT"),  # the field Cloud Logging reads
             "logger": record.name,
             "request_id": request_id_var.get(),
             "message": record.getMessage(),
@@ -61,7 +75,8 @@ class JsonFormatter(logging.Formatter):
         customer = customer_var.get()
         if customer != "-":
             entry["customer_id"] = customer
-        for key in ("event", "method", "path", "status", "duration_ms", "task_id", "specialist", "code"):
+        for key in ("event", "method", "path", "status", "duration_ms", "task_id", "specialist", "code", "job_id",
+                    "outcome", "worker_id"):
             value = record.__dict__.get(key)
             if value is not None:
                 entry[key] = value

@@ -61,6 +61,7 @@ def test_every_response_carries_a_request_id_that_the_json_log_line_repeats(edge
     access = [line for line in lines if line.get("request_id") == mine]
     assert access and access[-1]["event"] == "http_request" and access[-1]["status"] == 200
     assert access[-1]["customer_id"] == customer.customer_id
+    assert access[-1]["severity"] == "INFO"  # Cloud Logging takes the line's severity from this field
 
 
 def test_keys_never_reach_the_logs_even_at_debug(edge_b, make_customer):

@@ -66,6 +66,18 @@ def test_the_local_drill_passes_every_scenario_with_its_evidence(server_url, eng
     assert "[1/6] refusal" in done.stderr and "[6/6] settlement: PASS" in done.stderr
     # The topology's database is dropped when the drill ends.
     assert "dropping specialists_drill_" in done.stderr
+    # The evidence is in the processes' structured logs too: what Cloud Logging and log-based metrics read.
+    lines = [json.loads(line) for log in (tmp_path / "logs").glob("*.log")
+             for line in log.read_text(errors="replace").splitlines() if line.startswith("{")]
+    deliveries = [line for line in lines if line.get("event") == "job_delivery"]
+    codes = {line["code"] for line in deliveries}
+    assert {"job_already_finished", "job_outcome_unknown"} <= codes
+    assert all(line["job_id"].startswith(line["task_id"]) and line["worker_id"] for line in deliveries
+               if line["code"] == "job_outcome_unknown")
+    [unknown] = [line for line in lines if line.get("event") == "job_unknown"]
+    assert unknown["severity"] == "WARNING" and unknown["code"] == "lease_expired"
+    refusals = {line.get("code") for line in lines if line.get("event") == "http_request"}
+    assert {"key_revoked", "not_entitled", "over_credit_ceiling"} <= refusals
 
 
 @pytest.mark.timeout(120)

@@ -80,7 +80,9 @@ class LeaseSweeper:
                         conn, ref, row.job_id, int(token), "its lease expired while it ran; found by the lease sweeper"
                     )
             if newly:
-                log.warning("job %s: its worker's lease expired; recorded unknown for an operator", row.job_id)
+                log.warning("job %s: its worker's lease expired; recorded unknown for an operator", row.job_id,
+                            extra={"event": "job_unknown", "job_id": row.job_id, "task_id": row.task_id,
+                                   "code": "lease_expired"})
                 self.settlement.tasks.notify(ref.task_id)
                 swept.append(Swept(row.job_id, int(token)))
         return swept
