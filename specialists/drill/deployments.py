@@ -66,6 +66,11 @@ class Deployment:
     def redeliver(self, job_id: str) -> tuple[int, str]:
         raise Unavailable("delivering a job again is not available here")
 
+    def slow_review_route(self) -> str:
+        """The reviewer answers from a slow scripted route here, so a worker can be killed mid semantic call."""
+        raise Unavailable("the resume drill kills a worker in the middle of a model call; it runs with --local, "
+                          "where the reviewer's route is scripted (a real model would be paid for)")
+
     def close(self) -> None:
         pass
 
@@ -164,6 +169,9 @@ class LocalDeployment(Deployment):
         dispatcher.signal(signal.SIGCONT)
         self._held = False
         return f"SIGCONT to the {dispatcher.name} (pid {dispatcher.pid})"
+
+    def slow_review_route(self) -> str:
+        return "the reviewer's route is scripted here, each semantic call answered after 2 s"
 
     def redeliver(self, job_id: str) -> tuple[int, str]:
         """Deliver the job again, as Cloud Tasks may: its body signed as the dispatcher signs it."""

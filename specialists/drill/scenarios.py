@@ -13,6 +13,7 @@ The last scenario, settlement, audits every drill customer of the run.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 import traceback
@@ -31,6 +32,7 @@ from specialists.drill.audit import audit
 from specialists.drill.deployments import Deployment, Unavailable
 
 DRILL = "drill"
+REVIEWER = "reviewer"  # the resume drill's rlm specialist
 OPERATOR = "specialists-drill"
 Progress = Callable[[str], None]
 VerdictKind = Literal["pass", "fail", "skipped"]
@@ -451,6 +453,8 @@ def restart_and_rollout(drill: Drill, step: Step) -> None:
         drill.wait(f"task {last} to complete", lambda: drill.state(customer, last) == "TASK_STATE_COMPLETED",
                    timeout_s, interval_s=0.2)
     finished.append(last)
+    if step.attempt(drill.deployment.slow_review_route):
+        _resumed_after_kill(drill, step)
     for task_id in finished:
         job = drill.job_of(task_id)
         claim = drill.claim(job)
@@ -459,6 +463,53 @@ def restart_and_rollout(drill: Drill, step: Step) -> None:
         step.check(reservation.state == "settled" and reservation.charged == tariff,
                    f"task {task_id}: reservation {reservation.state}, charged {reservation.charged}")
     step.note(f"{len(finished)} tasks: each claimed once, settled once at the tariff {tariff}")
+
+
+def _resumed_after_kill(drill: Drill, step: Step) -> None:
+    """An rlm specialist's worker killed mid semantic call: the next delivery resumes the job from its checkpoint
+    (``SPECIALISTS_SPECIALIST_MAX_RESUMES``), it completes with the same findings and is charged once."""
+    from specialists.cli_specialists import DEMO_RULE, KNOWN_DEFECT, _demo_files
+
+    customer = drill.customer("resume", skills=(REVIEWER,))
+    parts: list[dict[str, Any]] = [{"text": DEMO_RULE}] + [
+        {"raw": base64.b64encode(content.encode()).decode(), "filename": name,
+         "mediaType": "text/x-python" if name.endswith(".py") else "text/plain"}
+        for name, content in _demo_files().items()
+    ]
+    url = f"{drill.deployment.api_urls[0]}/specialists/{REVIEWER}"
+    sent = drill.http.post(f"{url}/message:send", headers=customer.headers, json={
+        "message": {"messageId": f"drill-{uuid.uuid4()}", "role": "ROLE_USER", "parts": parts},
+        "configuration": {"returnImmediately": True}})
+    step.check(sent.status_code == 200, f"the review was refused: {sent.status_code} {sent.text[:300]}")
+    task_id = sent.json()["task"]["id"]
+    job = drill.running_job(task_id, drill.claim_timeout_s())
+
+    def in_flight() -> bool:
+        with drill.deployment.engine.connect() as conn:
+            return bool(conn.execute(text("SELECT count(*) FROM specialist_calls WHERE job_id = :j AND "
+                                          "purpose = 'subcall' AND state = 'started'"), {"j": job}).scalar_one())
+
+    drill.wait(f"review {task_id} to ask its semantic call", in_flight, 60, interval_s=0.05)
+    step.note(drill.deployment.kill_worker(job) + " (mid semantic call)")
+    step.note(drill.deployment.revive_workers())
+    bounds = drill.deployment.bounds
+    def state() -> str:
+        return drill.http.get(f"{url}/tasks/{task_id}", headers=customer.headers).json()["status"]["state"]
+
+    drill.wait(f"review {task_id} to complete after its resume", lambda: state() == "TASK_STATE_COMPLETED",
+               bounds.unknown_s + drill.claim_timeout_s() + 60, interval_s=0.2)
+    claim = drill.claim(job)
+    step.check(claim.get("claims") == 2, f"the review was claimed {claim.get('claims')} times; a resume is 2")
+    seen = drill.http.get(f"{url}/tasks/{task_id}", headers=customer.headers).json()
+    findings = [p.get("data") for a in seen.get("artifacts", []) if a.get("name") == "findings" for p in a["parts"]]
+    found = [f for group in findings if isinstance(group, list) for f in group]
+    step.check(any(f.get("path") == KNOWN_DEFECT for f in found), f"the resumed review misses {KNOWN_DEFECT}: {found}")
+    reservation = drill.reservation(task_id)
+    tariff = _tariff(drill, REVIEWER)
+    step.check(reservation.state == "settled" and 0 < (reservation.charged or 0) <= tariff,
+               f"the resumed review: reservation {reservation.state}, charged {reservation.charged} (tariff {tariff})")
+    step.note(f"review {task_id}: resumed from its checkpoint by the next delivery (claims 2), completed with "
+              f"the known defect, charged {reservation.charged} once (tariff {tariff})")
 
 
 def retained_unknown(drill: Drill, step: Step) -> None:
@@ -565,17 +616,17 @@ def settlement(drill: Drill, step: Step) -> None:
     step.note(f"audit of the run's {len(drill.customers)} customers: {json.dumps(found.summary(), sort_keys=True)}")
 
 
-def _tariff(drill: Drill) -> int:
-    from core.specs import load_specs
+def _tariff(drill: Drill, specialist: str = DRILL) -> int:
     from core.settings import Settings
+    from core.specs import load_specs
 
     # The tariff the deployment charges is the one its admission recorded; the local spec is the fallback.
     with drill.deployment.engine.connect() as conn:
         recorded = conn.execute(text("SELECT tariff_credits FROM edge_tasks WHERE specialist_id = :s "
-                                     "ORDER BY admitted_at DESC LIMIT 1"), {"s": DRILL}).scalar_one_or_none()
+                                     "ORDER BY admitted_at DESC LIMIT 1"), {"s": specialist}).scalar_one_or_none()
     if recorded is not None:
         return int(recorded)
-    return load_specs(Settings().specs_dir)[DRILL].spec.tariff_credits
+    return load_specs(Settings().specs_dir)[specialist].spec.tariff_credits
 
 
 SCENARIOS: dict[str, Callable[[Drill, Step], None]] = {

@@ -37,6 +37,8 @@ from ledger.keys import KeySigner
 Progress = Callable[[str], None]
 DispatcherKind = Literal["embedded", "cloud-tasks"]
 
+# The demo's scripted routes, the reviewer's semantic calls slowed down (the resume drill kills a worker mid call).
+DRILL_ROUTES = Path(__file__).with_name("routes.toml")
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
 EMULATOR_QUEUE = "projects/drill-project/locations/drill-location/queues/drill-jobs"
@@ -225,6 +227,7 @@ class LocalTopology:
             "specialist_checkpoint_key": secrets.token_urlsafe(48),
             "specs_dir": str(PROJECT_ROOT / "specs"),
             "model_routes_allow_scripted": "true",
+            "model_routes_file": str(DRILL_ROUTES),
             "data_dir": str(self.folder / "data"),
             "serve_worker": "false",
             "serve_dispatcher": "false",

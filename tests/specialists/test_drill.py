@@ -55,8 +55,9 @@ def test_the_local_drill_passes_every_scenario_with_its_evidence(server_url, eng
     assert "SIGSTOP to the dispatcher" in cancellation and "canceled while running" in cancellation
     assert "read on API 2 (HTTP+JSON)" in evidence(report, "cross-instance")
     recovery = evidence(report, "restart-and-rollout")
-    assert recovery.count("SIGKILL") == 1 and "SIGTERM to the old" in recovery and "after draining" in recovery
+    assert recovery.count("SIGKILL") == 2 and "SIGTERM to the old" in recovery and "after draining" in recovery
     assert "3 tasks: each claimed once, settled once" in recovery
+    assert "mid semantic call" in recovery and "resumed from its checkpoint by the next delivery (claims 2)" in recovery
     unknown = evidence(report, "retained-unknown")
     assert "SIGKILL to pid" in unknown and "200 job_outcome_unknown" in unknown and "never run twice: 1 claim" in unknown
     assert "reconciled by the operator" in unknown
@@ -196,6 +197,7 @@ def test_target_mode_drills_process_control_through_the_operators_hooks_and_skip
         ("restart-and-rollout", "pass"), ("retained-unknown", "pass")]
     recovery = evidence(report, "restart-and-rollout")
     assert recovery.count("(drill_") == 3 and "3 tasks: each claimed once, settled once" in recovery
+    assert "skipped: the resume drill kills a worker in the middle of a model call" in recovery
     unknown = evidence(report, "retained-unknown")
     assert "(drill_kill_worker_hook) done" in unknown and "never run twice: 1 claim" in unknown
     assert "skipped: the worker is private" in unknown  # no second delivery from outside
