@@ -127,9 +127,14 @@ def edge_engine(url: str, settings: Settings) -> AsyncEngine:
     )
 
 
-async def schema_revision(engine: AsyncEngine) -> str | None:
+async def schema_problem(engine: AsyncEngine, head: str) -> tuple[str | None, str | None]:
+    """The schema's revision, and why this code must not serve on it (None: it may; see ``db.schema_problem``)."""
     async with engine.connect() as conn:
-        return (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar_one_or_none()
+        current = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar_one_or_none()
+        chain = {}
+        if current is not None and (await conn.execute(text(db.COMPATIBILITY_EXISTS_SQL))).scalar():
+            chain = db.compatibility_chain((await conn.execute(text(db.COMPATIBILITY_SQL))).all())
+    return current, db.schema_problem(current, head, chain)
 
 
 def create_app(settings: Settings, *, database_url: str | None = None) -> FastAPI:
@@ -181,11 +186,9 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        current = await schema_revision(engine)
-        if current != edge.schema_head:
-            raise db.SchemaNotAtHead(
-                f"the database schema is at {current}, the code needs {edge.schema_head}: run `specialists db upgrade`"
-            )
+        _, problem = await schema_problem(engine, edge.schema_head)
+        if problem:
+            raise db.SchemaNotAtHead(problem)
         listener.start()
         pruner = asyncio.create_task(limiter.prune_forever(), name="rate-window-pruner")
         # Everything built so far (SDK, protobuf, SQLAlchemy) lives as long as the process:
@@ -227,12 +230,13 @@ async def _healthz(request: Request) -> Response:
 def _readyz(edge: Edge):
     async def readyz(request: Request) -> Response:
         try:
-            current = await asyncio.wait_for(schema_revision(edge.engine), READY_CHECK_TIMEOUT_S)
+            current, problem = await asyncio.wait_for(schema_problem(edge.engine, edge.schema_head),
+                                                      READY_CHECK_TIMEOUT_S)
         except Exception as exc:
             return JSONResponse(
                 {"status": "not_ready", "reason": "database_unreachable", "detail": type(exc).__name__}, status_code=503
             )
-        if current != edge.schema_head:
+        if problem:
             return JSONResponse(
                 {"status": "not_ready", "reason": "schema_not_at_head", "schema": current, "head": edge.schema_head},
                 status_code=503,

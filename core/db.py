@@ -126,17 +126,58 @@ def current_revision(engine: Engine) -> str | None:
         return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
 
 
+# What each migration since 0080 recorded about itself: whether the code of the revision before it still
+# runs on the schema it leaves (expand-only: it adds, removes and renames nothing older code uses).
+COMPATIBILITY_EXISTS_SQL = "SELECT to_regclass('schema_compatibility') IS NOT NULL"
+COMPATIBILITY_SQL = "SELECT revision, down_revision, serves_previous_code FROM schema_compatibility"
+_MAX_WALK = 1000
+
+
+def schema_problem(current: str | None, head: str, chain: dict[str, tuple[str | None, bool]]) -> str | None:
+    """Why code at ``head`` must not run on a schema at ``current``, or None when it may.
+
+    It may when the schema is at its head, or ahead of it by migrations that each declared that the code
+    before them still runs (``chain``: revision -> (down revision, serves previous code)), so a revision
+    still serving during a release keeps starting instances after the release migrated the schema.
+    """
+    if current == head:
+        return None
+    if current is None:
+        return f"the database schema is empty, the code needs {head}: run `specialists db upgrade`"
+    revision: str | None = current
+    for _ in range(_MAX_WALK):
+        if revision == head:
+            return None
+        if revision not in chain:
+            break
+        down, serves_previous = chain[revision]
+        if not serves_previous:
+            return (f"the database schema is at {current}, past this code's {head} by {revision}, which older "
+                    "code cannot run on: deploy the code of the schema's revision")
+        revision = down
+    return f"the database schema is at {current}, the code needs {head}: run `specialists db upgrade`"
+
+
+def compatibility_chain(rows: object) -> dict[str, tuple[str | None, bool]]:
+    return {row[0]: (row[1], bool(row[2])) for row in rows}  # type: ignore[attr-defined]
+
+
 def require_schema_at_head(engine: Engine) -> None:
-    """Refuse to run on a schema that Alembic has not brought to head."""
+    """Refuse to run on a schema Alembic has not brought to this code's head (or to a later revision that
+    declared it still serves this code: see ``schema_problem``)."""
     try:
         current = current_revision(engine)
+        with engine.connect() as conn:
+            exists = current is not None and conn.execute(text(COMPATIBILITY_EXISTS_SQL)).scalar()
+            chain = compatibility_chain(conn.execute(text(COMPATIBILITY_SQL)).all()) if exists else {}
     except Exception as exc:  # connection refused, auth failure, ...
         raise DatabaseUnavailable(
             f"cannot reach the database ({type(exc).__name__}); check DATABASE_URL"
         ) from exc
     head = head_revision()
+    problem = schema_problem(current, head, chain)
+    if problem:
+        raise SchemaNotAtHead(problem)
     if current != head:
-        raise SchemaNotAtHead(
-            f"the database schema is at {current or 'nothing (empty database)'}, "
-            f"the code needs {head}: run `specialists db upgrade`"
-        )
+        log.warning("the database schema is at %s, ahead of this code's %s; every migration between declares "
+                    "that older code still runs on it", current, head)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
 from core import db
+from core.settings import PROJECT_ROOT
 from tests.conftest import _with_database
 
 
@@ -40,3 +42,54 @@ def test_an_unreachable_database_names_the_setting(settings):
 
 def test_a_password_never_reaches_printed_urls():
     assert "hunter2" not in db.redact_url("postgresql://app:hunter2@10.0.0.5:5432/ledger")
+
+
+# --- a schema ahead of the code: a release migrates before its code takes traffic -------------------------
+
+HEAD = db.head_revision()
+
+
+def test_the_schema_verdict_follows_what_each_later_migration_declared():
+    expand = {"0090": (HEAD, True), "0091": ("0090", True)}
+    assert db.schema_problem(HEAD, HEAD, {}) is None
+    assert db.schema_problem("0091", HEAD, expand) is None  # two expand-only migrations past this code
+    contract = {**expand, "0092": ("0091", False)}
+    assert "0092, which older code cannot run on" in db.schema_problem("0092", HEAD, contract)
+    assert "specialists db upgrade" in db.schema_problem("0070", HEAD, expand)  # behind: upgrade it
+    assert "specialists db upgrade" in db.schema_problem("0999", HEAD, expand)  # unknown: nothing declared
+    assert "empty" in db.schema_problem(None, HEAD, expand)
+    looping = {"0090": ("0091", True), "0091": ("0090", True)}
+    assert db.schema_problem("0090", HEAD, looping) is not None  # a corrupt chain never passes
+
+
+def test_code_keeps_serving_and_starting_on_a_schema_migrated_past_it_only_while_every_step_serves_it(
+    server_url, tmp_path
+):
+    from tests.app.conftest import start_edge, stop_edge
+    from tests.workers.system import drop_database, fresh_database
+
+    url = fresh_database(server_url)
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:  # what the next release's expand-only migration leaves
+            conn.execute(text("INSERT INTO schema_compatibility VALUES ('0090', :h, true, 'adds a column', now())"),
+                         {"h": HEAD})
+            conn.execute(text("UPDATE alembic_version SET version_num = '0090'"))
+        db.require_schema_at_head(engine)
+        edge = start_edge(url, PROJECT_ROOT / "specs", tmp_path, "previous-revision")  # a new instance starts
+        try:
+            assert httpx.get(f"{edge.url}/readyz", timeout=5).json() == {"status": "ready", "schema": "0090"}
+            with engine.begin() as conn:  # then a contracting one
+                conn.execute(text("INSERT INTO schema_compatibility VALUES ('0091', '0090', false, 'drops a column', "
+                                  "now())"))
+                conn.execute(text("UPDATE alembic_version SET version_num = '0091'"))
+            ready = httpx.get(f"{edge.url}/readyz", timeout=5)
+            assert ready.status_code == 503 and ready.json()["reason"] == "schema_not_at_head"
+        finally:
+            stop_edge(edge)
+        with pytest.raises(db.SchemaNotAtHead) as refused:
+            db.require_schema_at_head(engine)
+        assert "deploy the code of the schema's revision" in str(refused.value)
+    finally:
+        engine.dispose()
+        drop_database(server_url, url)
