@@ -104,7 +104,9 @@ class Drill:
         self.progress = progress
         self.run_id = uuid.uuid4().hex[:8]
         self.customers: list[Customer] = []
-        self.http = httpx.Client(timeout=30)
+        # No keep-alive: the drill restarts the processes it talks to, and a pooled connection an instance
+        # closed as it was reused would fail a request for a reason that is not the deployment's.
+        self.http = httpx.Client(timeout=30, limits=httpx.Limits(max_keepalive_connections=0))
         self.ledger = Ledger(deployment.engine)
 
     # --- customers and requests ---------------------------------------------------------
