@@ -178,8 +178,9 @@ def test_invented_key_ids_cannot_make_the_worker_refetch_in_a_loop(google_key, c
 @pytest.mark.parametrize(
     ("claims", "code", "status"),
     [
-        (dict(exp=int(time.time()) - 60, iat=int(time.time()) - 3660), auth.OIDC_EXPIRED, 401),
-        (dict(iat=int(time.time()) + 600, exp=int(time.time()) + 4200), auth.OIDC_NOT_YET_VALID, 401),
+        # iat/exp as seconds from when the test runs (not from collection: a slow session would age them).
+        (dict(exp=-60, iat=-3660), auth.OIDC_EXPIRED, 401),
+        (dict(iat=600, exp=4200), auth.OIDC_NOT_YET_VALID, 401),
         (dict(iss="https://evil.example"), auth.OIDC_WRONG_ISSUER, 401),
         (dict(aud="https://another-service.run.app"), auth.OIDC_WRONG_AUDIENCE, 403),
         (dict(email="someone@else.iam.gserviceaccount.com"), auth.OIDC_WRONG_ACCOUNT, 403),
@@ -187,6 +188,7 @@ def test_invented_key_ids_cannot_make_the_worker_refetch_in_a_loop(google_key, c
     ],
 )
 def test_a_token_with_the_wrong_claims_is_refused(google_key, certs, claims, code, status) -> None:
+    claims = {k: int(time.time()) + v if k in ("iat", "exp") else v for k, v in claims.items()}
     token = google_key.token(**cloud_tasks_claims(AUDIENCE, SERVICE_ACCOUNT, **claims))
     refused = refusal(lambda: verifier(certs).verify(bearer(token)))
     assert (refused.code, refused.http_status) == (code, status)
