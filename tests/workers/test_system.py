@@ -357,6 +357,40 @@ def test_a_job_no_worker_can_take_is_failed_as_undeliverable_and_charged_nothing
         system.start_dispatcher()
 
 
+def test_a_job_cloud_tasks_stopped_delivering_is_failed_and_voided_once_no_delivery_can_run_it(system, customer):
+    from workers.dispatch.sweeper import LeaseSweeper
+    from workers.settlement import TaskSettlement
+    from workers.tasks import TaskEvents
+
+    system.stop_dispatchers()
+    try:
+        task_id = send(system, customer, [{"op": "complete", "text": "must never run"}])
+        running = send(system, customer, [{"op": "complete"}])
+        job = system.job_of(task_id)
+        # What the relay leaves once the queue dropped the task: handed over, never claimed. The other job was
+        # handed over as long ago but claimed: it is the claim's to finish, not the sweeper's.
+        with system.engine.begin() as conn:
+            conn.execute(text("UPDATE dispatch_outbox SET status = 'sent', sent_at = now() - interval '2 hours', "
+                              "attempts = 1 WHERE task_id = ANY(:t)"), {"t": [task_id, running]})
+            claims.claim(conn, system.job_of(running), worker_id="elsewhere", lease_s=60)
+        settings = Settings()
+        sweeper = LeaseSweeper(system.engine, TaskSettlement(TaskEvents(system.engine), operator="test"),
+                               abandoned_after_s=settings.worker_job_max_age_s + settings.dispatch_deadline_s)
+        assert sweeper.give_up_abandoned() == [job]
+        assert sweeper.give_up_abandoned() == []  # once
+        seen = task_of(system, customer, task_id)
+        assert seen["status"]["state"] == "TASK_STATE_FAILED"
+        assert "the queue stopped delivering it" in seen["status"]["message"]["parts"][0]["text"]
+        assert reservation(system, task_id).state == "voided" and reservation(system, task_id).charged == 0
+        late = system.live_worker().post(signed_body(system, job))  # the queue delivers after all: not run
+        assert (late.status_code, late.json()["code"]) == (200, "job_already_finished")
+        assert system.runs(job) == []
+        assert state_of(system, customer, running) == "TASK_STATE_SUBMITTED"
+        assert reservation(system, running).state == "open"
+    finally:
+        system.start_dispatcher()
+
+
 # --- Cloud Tasks -------------------------------------------------------------------------------
 
 

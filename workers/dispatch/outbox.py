@@ -109,7 +109,7 @@ def mark_sent(conn: Connection, row: OutboxRow) -> None:
     conn.execute(
         text(
             "UPDATE dispatch_outbox SET status = 'sent', sent_at = now(), attempts = :a, last_error = NULL "
-            "WHERE dispatch_id = :d AND status = 'pending'"
+            "WHERE dispatch_id = :d AND status IN ('pending', 'sent')"
         ),
         {"d": row.dispatch_id, "a": row.attempts},
     )
@@ -120,7 +120,7 @@ def mark_delivered(conn: Connection, row: OutboxRow) -> None:
     conn.execute(
         text(
             "UPDATE dispatch_outbox SET status = 'done', finished_at = now(), last_error = NULL "
-            "WHERE dispatch_id = :d AND status = 'pending'"
+            "WHERE dispatch_id = :d AND status IN ('pending', 'sent')"
         ),
         {"d": row.dispatch_id},
     )
@@ -131,7 +131,7 @@ def reschedule(conn: Connection, row: OutboxRow, *, delay_s: float, error: str, 
         text(
             "UPDATE dispatch_outbox SET available_at = now() + make_interval(secs => :delay_s), last_error = :e, "
             "attempts = CASE WHEN :count THEN :a ELSE attempts END "
-            "WHERE dispatch_id = :d AND status = 'pending'"
+            "WHERE dispatch_id = :d AND status IN ('pending', 'sent')"
         ),
         {"d": row.dispatch_id, "delay_s": delay_s, "e": error[:500], "a": row.attempts, "count": count_attempt},
     )
@@ -141,7 +141,7 @@ def mark_undeliverable(conn: Connection, row: OutboxRow, *, error: str) -> None:
     conn.execute(
         text(
             "UPDATE dispatch_outbox SET status = 'undeliverable', finished_at = now(), last_error = :e "
-            "WHERE dispatch_id = :d AND status = 'pending'"
+            "WHERE dispatch_id = :d AND status IN ('pending', 'sent')"
         ),
         {"d": row.dispatch_id, "e": error[:500]},
     )

@@ -127,8 +127,15 @@ def run_dispatcher(
     name = f"dispatcher:{socket.gethostname()[:60]}:{os.getpid()}"
     tasks = TaskEvents(engine)
     backend = build_backend(settings, engine, tasks, name=name, wake=wake)
-    sweeper = LeaseSweeper(engine, TaskSettlement(tasks, operator=name), max_resumes=settings.specialist_max_resumes,
-                           resume_window_s=settings.specialist_resume_window_s)
+    sweeper = LeaseSweeper(
+        engine,
+        TaskSettlement(tasks, operator=name),
+        max_resumes=settings.specialist_max_resumes,
+        resume_window_s=settings.specialist_resume_window_s,
+        abandoned_after_s=settings.worker_job_max_age_s + settings.dispatch_deadline_s
+        if settings.dispatch_backend == "cloud_tasks"
+        else None,
+    )
     listener = OutboxListener(url, wake, settings.db_connect_timeout_s)
     listener.start()
     log.info(
@@ -145,6 +152,7 @@ def run_dispatcher(
                 if time.monotonic() >= next_sweep:
                     next_sweep = time.monotonic() + settings.dispatch_sweep_interval_s
                     sweeper.sweep()
+                    sweeper.give_up_abandoned()
             except Exception as exc:  # the database restarting, a network fault: try again shortly
                 log.warning("dispatch round failed (%s: %s); retrying", type(exc).__name__, exc)
                 delay_s = min(1.0, settings.dispatch_poll_interval_s)

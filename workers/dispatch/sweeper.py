@@ -10,6 +10,11 @@
   after its last heartbeat. Except a job a later delivery can still resume (an
   rlm specialist's, with a checkpoint and resumes left, ``specialist_resumable``):
   it is left to that delivery for ``specialist_resume_window_s``, then swept.
+* ``LeaseSweeper`` also gives up a job handed to Cloud Tasks (``sent``) that no
+  worker claimed within the signed body's lifetime plus one delivery
+  (``worker_job_max_age_s`` + ``dispatch_deadline_s``): Cloud Tasks has stopped
+  retrying it or lost it, and no delivery of that body can run it any more. It is
+  failed and voided as below, instead of holding its task and its credits forever.
 * ``give_up``: after ``dispatch_max_attempts`` a job that no worker ever claimed
   is finished as failed (``job_abandon``: no later delivery runs it), its outbox
   row marked undeliverable, its task FAILED with a message that says so, and its
@@ -49,6 +54,16 @@ _EXPIRED = text(
 )
 
 
+# Handed to Cloud Tasks longer ago than any delivery of its body can run, and never claimed (no claim row:
+# a cancel or an earlier give-up writes one too).
+_ABANDONED = text(
+    "SELECT o.dispatch_id, o.task_id, o.specialist_id, o.owner, o.context_id, o.attempts FROM dispatch_outbox o "
+    "WHERE o.status = 'sent' AND o.sent_at < clock_timestamp() - make_interval(secs => :after_s) "
+    "AND NOT EXISTS (SELECT 1 FROM job_claims c WHERE c.job_id = o.task_id || '.' || o.dispatch_id) "
+    "ORDER BY o.sent_at LIMIT :n"
+)
+
+
 @dataclass(frozen=True)
 class Swept:
     job_id: str
@@ -57,12 +72,36 @@ class Swept:
 
 class LeaseSweeper:
     def __init__(
-        self, engine: Engine, settlement: TaskSettlement, *, max_resumes: int = 0, resume_window_s: float = 0.0
+        self,
+        engine: Engine,
+        settlement: TaskSettlement,
+        *,
+        max_resumes: int = 0,
+        resume_window_s: float = 0.0,
+        abandoned_after_s: float | None = None,
     ) -> None:
         self.engine = engine
         self.settlement = settlement
         self.max_resumes = max_resumes
         self.resume_window_s = resume_window_s
+        self.abandoned_after_s = abandoned_after_s  # None: no job is handed to Cloud Tasks here
+
+    def give_up_abandoned(self) -> list[str]:
+        """Fail and void every job Cloud Tasks was given but no worker claimed in time; their job ids."""
+        if self.abandoned_after_s is None:
+            return []
+        with self.engine.connect() as conn:
+            rows = conn.execute(_ABANDONED, {"after_s": self.abandoned_after_s, "n": MAX_SWEPT_PER_ROUND}).all()
+        given_up = []
+        for row in rows:
+            outbox_row = OutboxRow(int(row.dispatch_id), row.task_id, row.specialist_id, row.owner, row.context_id,
+                                   int(row.attempts))
+            error = (f"no worker claimed it within {self.abandoned_after_s:g} s of its hand-over to Cloud Tasks "
+                     "(SPECIALISTS_WORKER_JOB_MAX_AGE_S + SPECIALISTS_DISPATCH_DEADLINE_S): the queue stopped "
+                     "delivering it")
+            if give_up(self.engine, self.settlement.tasks, outbox_row, error=error):
+                given_up.append(outbox_row.job_id)
+        return given_up
 
     def sweep(self) -> list[Swept]:
         """Record every expired lease of a dispatched job unknown; return those this call recorded."""
