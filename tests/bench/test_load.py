@@ -1,0 +1,47 @@
+"""The load and fault suite (bench/load.py), short: what it holds the service to, asserted through the same run.
+
+Real processes on 127.0.0.1 (two API instances, two workers, the embedded dispatcher), real HTTP, a real
+SIGKILL of a worker while it runs a job, cancels and duplicate sends, then the audit of what is left.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.load import TRANSPORT, run_load
+from specialists.drill.audit import TERMINAL
+from specialists.drill.topology import LocalTopology
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+
+
+def test_under_load_with_a_worker_killed_cancels_and_duplicates_every_task_ends_accounted_for(server_url, tmp_path):
+    with LocalTopology(tmp_path / "topology", server_url) as topology:
+        result = run_load(topology, customers=4, seconds=6.0, cancel_fraction=0.3, duplicate_fraction=0.4,
+                          kill_every_s=2.0, seed=7)
+
+    assert result.failures == []  # what makes `bench/load.py` exit 1; each part is asserted on its own below
+    # What the audit holds: every task terminal or listed unknown, resolved once, nothing charged unclaimed,
+    # `ledger verify` clean; and nothing was still in flight when the wait for quiescence ended.
+    assert result.quiet
+    assert not result.harness_errors
+    assert result.audit.clean, result.audit.problems
+    assert result.audit.tasks == result.admitted
+    # Every customer got work in; no answer was a 5xx and every request was answered.
+    assert set(result.admitted_by_customer) == set(result.customers), result.admitted_by_customer
+    assert result.server_errors == 0, result.answers
+    assert not [key for key in result.answers if key[1] == TRANSPORT], result.answers
+    # A resend of the same body, racing the first or after its answer, is the same task.
+    assert result.duplicates > 0
+    assert result.duplicate_mismatches == []
+    assert result.cancels > 0
+    # At least one worker was killed holding a running job; each such job is now unknown (held for an
+    # operator) or, if it finished just before the kill, terminal.
+    assert result.kills and all(kill.tasks for kill in result.kills)
+    killed = {task for kill in result.kills for task in kill.tasks}
+    assert set(result.killed_outcomes) == killed
+    assert all(outcome == "unknown" or outcome in TERMINAL for outcome in result.killed_outcomes.values()), \
+        result.killed_outcomes
+    held = {task for task, outcome in result.killed_outcomes.items() if outcome == "unknown"}
+    assert held <= set(result.audit.unknown)
+
