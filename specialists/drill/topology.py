@@ -253,12 +253,7 @@ class LocalTopology:
 
     def start(self) -> None:
         self.progress(f"creating database {self.database} on {db.redact_url(self.server)}")
-        admin = create_engine(self.server, isolation_level="AUTOCOMMIT")
-        try:
-            with admin.connect() as conn:
-                conn.execute(text(f'CREATE DATABASE "{self.database}"'))
-        finally:
-            admin.dispose()
+        self._on_server(f'CREATE DATABASE "{self.database}"')
         self._created = True
         db.upgrade(self.database_url)
         env = self.settings_env()
@@ -352,12 +347,15 @@ class LocalTopology:
         if self.engine is not None:
             self.engine.dispose()
         if self._created:
-            admin = create_engine(self.server, isolation_level="AUTOCOMMIT")
-            try:
-                with admin.connect() as conn:
-                    conn.execute(text(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)'))
-            finally:
-                admin.dispose()
+            self._on_server(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
+
+    def _on_server(self, statement: str) -> None:
+        admin = create_engine(self.server, isolation_level="AUTOCOMMIT")
+        try:
+            with admin.connect() as conn:
+                conn.execute(text(statement))
+        finally:
+            admin.dispose()
 
     def __enter__(self) -> LocalTopology:
         try:
