@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hmac
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -212,7 +213,7 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
     routes: list[BaseRoute] = [
         Route("/healthz", _healthz, methods=["GET"]),
         Route("/readyz", _readyz(edge), methods=["GET"]),
-        Route("/metrics", _metrics(metrics), methods=["GET"]),
+        Route("/metrics", _metrics(metrics, settings), methods=["GET"]),
         *discovery_routes(specs, cards, settings),
     ]
     for specialist_id, handler in handlers.items():
@@ -246,8 +247,19 @@ def _readyz(edge: Edge):
     return readyz
 
 
-def _metrics(metrics: Metrics):
+def _metrics(metrics: Metrics, settings: Settings):
+    token = settings.metrics_token.get_secret_value().encode() if settings.metrics_token else None
+
     async def endpoint(request: Request) -> Response:
+        if token is not None:
+            offered = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(offered, b"Bearer " + token):
+                return JSONResponse(
+                    {"code": "metrics_token_required", "message": "/metrics needs the scraper's bearer token "
+                     "(SPECIALISTS_METRICS_TOKEN)"},
+                    status_code=401,
+                    headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
+                )
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return endpoint

@@ -114,6 +114,11 @@ class Settings(BaseSettings):
     max_open_streams: int = Field(
         default=500, ge=1, le=100_000, description="Streams (SendStreamingMessage, subscribe) one instance serves at once."
     )
+    metrics_token: SecretStr | None = Field(
+        default=None,
+        description="When set, GET /metrics answers only a request with `Authorization: Bearer <this>` (the "
+        "scraper's); unset, anyone who reaches the edge reads the counts (fine on one machine, not on a public API).",
+    )
     sse_ping_interval_s: float = Field(
         default=3.0,
         ge=0.5,

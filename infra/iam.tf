@@ -92,9 +92,10 @@ resource "google_cloud_run_v2_service_iam_member" "public_calls_api" {
 
 resource "google_secret_manager_secret_iam_member" "api_reads" {
   for_each = {
-    database_url = google_secret_manager_secret.database_url.id
-    key_signing  = google_secret_manager_secret.key_signing.id
-    worker_job   = google_secret_manager_secret.worker_job.id
+    database_url  = google_secret_manager_secret.database_url.id
+    key_signing   = google_secret_manager_secret.key_signing.id
+    worker_job    = google_secret_manager_secret.worker_job.id
+    metrics_token = google_secret_manager_secret.metrics_token.id
   }
   secret_id = each.value
   role      = "roles/secretmanager.secretAccessor"

@@ -38,6 +38,7 @@ locals {
     DATABASE_URL                    = google_secret_manager_secret.database_url.secret_id
     SPECIALISTS_KEY_SIGNING_SECRETS = google_secret_manager_secret.key_signing.secret_id
     SPECIALISTS_WORKER_JOB_SECRETS  = google_secret_manager_secret.worker_job.secret_id
+    SPECIALISTS_METRICS_TOKEN       = google_secret_manager_secret.metrics_token.secret_id
   }
 
   # `specialists worker`: OIDC from the invoker account and a signed body, both bound to its own URL.
@@ -106,6 +107,7 @@ resource "google_cloud_run_v2_service" "api" {
     google_project_service.apis,
     google_secret_manager_secret_iam_member.api_reads,
     google_secret_manager_secret_version.database_url,
+    google_secret_manager_secret_version.metrics_token,
   ]
 
   template {

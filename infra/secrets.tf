@@ -15,6 +15,16 @@ resource "google_secret_manager_secret" "key_signing" {
 }
 
 # SPECIALISTS_WORKER_JOB_SECRETS (API's relay signs job bodies, workers verify them).
+# The bearer token a Prometheus scraper presents at the API's /metrics; without it the public API answers
+# 401 there. Terraform writes the first version; give the scraper the same value.
+resource "google_secret_manager_secret" "metrics_token" {
+  secret_id = "specialists-metrics-token"
+  replication {
+    auto {}
+  }
+  depends_on = [google_project_service.apis]
+}
+
 resource "google_secret_manager_secret" "worker_job" {
   secret_id = "specialists-worker-job-secrets"
   replication {
@@ -83,6 +93,16 @@ resource "google_secret_manager_secret_version" "key_signing" {
 resource "google_secret_manager_secret_version" "worker_job" {
   secret      = google_secret_manager_secret.worker_job.id
   secret_data = random_password.worker_job.result
+}
+
+resource "random_password" "metrics_token" {
+  length  = 48
+  special = false
+}
+
+resource "google_secret_manager_secret_version" "metrics_token" {
+  secret      = google_secret_manager_secret.metrics_token.id
+  secret_data = random_password.metrics_token.result
 }
 
 resource "google_secret_manager_secret_version" "checkpoint_key" {

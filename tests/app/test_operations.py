@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from core.settings import PROJECT_ROOT
-from tests.app.conftest import PAID, edge_env, message, rpc
+from tests.app.conftest import PAID, edge_env, message, rpc, start_edge, stop_edge
 from tests.conftest import _with_database
 
 pytestmark = pytest.mark.timeout(60)
@@ -125,3 +125,19 @@ def test_serve_refuses_a_port_out_of_range(database_url, edge_specs_dir):
     done = run_serve(edge_env(database_url, edge_specs_dir), "--port", "0")
     assert done.returncode == 3
     assert "edge_port" in done.stderr
+
+
+def test_metrics_answer_only_the_scraper_when_a_metrics_token_is_set(database_url, edge_specs_dir, tmp_path):
+    token = "scraper-" + "s" * 32
+    edge = start_edge(database_url, edge_specs_dir, tmp_path, "metrics-token", metrics_token=token)
+    try:
+        anonymous = httpx.get(f"{edge.url}/metrics")
+        assert anonymous.status_code == 401 and anonymous.json()["code"] == "metrics_token_required"
+        assert "SPECIALISTS_METRICS_TOKEN" in anonymous.json()["message"]
+        assert httpx.get(f"{edge.url}/metrics", headers={"Authorization": "Bearer " + token[:-1]}).status_code == 401
+        scraped = httpx.get(f"{edge.url}/metrics", headers={"Authorization": f"Bearer {token}"})
+        assert scraped.status_code == 200 and "edge_http_requests_total" in scraped.text
+        assert httpx.get(f"{edge.url}/healthz").status_code == 200  # probes stay open
+    finally:
+        stop_edge(edge)
+    assert token not in edge.log_text()
