@@ -231,6 +231,19 @@ class Settings(BaseSettings):
         le=600.0,
         description="How often a dispatcher records running jobs whose lease passed as unknown.",
     )
+    task_events_retention_days: float = Field(
+        default=14.0,
+        ge=0.01,
+        le=3650.0,
+        description="Events of a task finished this long ago are deleted (a finished task cannot be streamed; "
+        "GetTask still answers from the task itself). Dispatchers prune every task_events_prune_interval_s.",
+    )
+    task_events_prune_batch: int = Field(
+        default=5000, ge=100, le=1_000_000, description="Events deleted at most per prune round (one transaction)."
+    )
+    task_events_prune_interval_s: float = Field(
+        default=300.0, ge=1.0, le=86_400.0, description="How often a dispatcher prunes the events of finished tasks."
+    )
     dispatch_crash_point: Literal["none", "before_enqueue", "after_enqueue"] = Field(
         default="none",
         description="Recovery drills only: the dispatcher exits abruptly at this point (after taking rows and "

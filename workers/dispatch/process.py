@@ -33,6 +33,7 @@ from core.errors import ServiceError
 from core.settings import Settings
 from workers.auth import JobSigner
 from workers.dispatch.embedded import EmbeddedDispatcher
+from workers.dispatch.pruner import prune_task_events
 from workers.dispatch.sweeper import LeaseSweeper
 from workers.settlement import TaskSettlement
 from workers.tasks import TaskEvents
@@ -143,7 +144,7 @@ def run_dispatcher(
     )
     if on_ready is not None:
         on_ready()
-    next_sweep = time.monotonic()
+    next_sweep = next_prune = time.monotonic()
     try:
         while not stop.is_set():
             wake.clear()
@@ -153,6 +154,10 @@ def run_dispatcher(
                     next_sweep = time.monotonic() + settings.dispatch_sweep_interval_s
                     sweeper.sweep()
                     sweeper.give_up_abandoned()
+                if time.monotonic() >= next_prune:
+                    next_prune = time.monotonic() + settings.task_events_prune_interval_s
+                    prune_task_events(engine, retention_s=settings.task_events_retention_days * 86_400,
+                                      batch=settings.task_events_prune_batch)
             except Exception as exc:  # the database restarting, a network fault: try again shortly
                 log.warning("dispatch round failed (%s: %s); retrying", type(exc).__name__, exc)
                 delay_s = min(1.0, settings.dispatch_poll_interval_s)
