@@ -11,8 +11,8 @@ columns, new functions; nothing older code uses is removed, renamed or
 re-typed). A contracting migration records false, and the code before it stops
 at once: deploy such a migration only after no revision older than it serves.
 
-Every migration from this one on calls ``record`` in its upgrade (and ``forget``
-in its downgrade). This one only adds a table older code never reads.
+Every migration from this one on calls ``migrations.compat.record`` in its
+upgrade (and ``forget`` in its downgrade). This one only adds a table older code never reads.
 
 Revision ID: 0080
 Revises: 0070
@@ -20,23 +20,12 @@ Revises: 0070
 
 from alembic import op
 
+from migrations.compat import record
+
 revision = "0080"
 down_revision = "0070"
 branch_labels = None
 depends_on = None
-
-
-def record(revision: str, down_revision: str, *, serves_previous_code: bool, note: str) -> None:
-    """Declare whether the code of ``down_revision`` still runs on the schema ``revision`` leaves."""
-    op.execute(
-        "INSERT INTO schema_compatibility (revision, down_revision, serves_previous_code, note) VALUES "
-        f"('{revision}', '{down_revision}', {'true' if serves_previous_code else 'false'}, "
-        f"'{note.replace(chr(39), chr(39) * 2)}')"
-    )
-
-
-def forget(revision: str) -> None:
-    op.execute(f"DELETE FROM schema_compatibility WHERE revision = '{revision}'")
 
 
 def upgrade() -> None:

@@ -129,7 +129,7 @@ def cmd_drill(ctx: Any, args: argparse.Namespace) -> int:
 
 
 def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    from specialists.drill.scenarios import SCENARIOS
+    from specialists.drill import SCENARIO_NAMES
 
     drill = groups.add_parser("drill", parents=[common], help="drill refusal, cancellation, recovery and settlement",
                               description=__doc__)
@@ -140,6 +140,6 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
     drill.add_argument("--dispatcher", choices=["embedded", "cloud-tasks"], default="embedded",
                        help="--local: the embedded dispatcher, or the relay to the Cloud Tasks emulator")
     drill.add_argument("--scenario", action="append", default=None, metavar="NAME[,NAME]",
-                       help=f"only these scenarios (of {', '.join(SCENARIOS)}); default: all")
+                       help=f"only these scenarios (of {', '.join(SCENARIO_NAMES)}); default: all")
     drill.add_argument("--logs", default=None, help="--local: keep the processes' logs in this folder")
     drill.set_defaults(func=cmd_drill)

@@ -28,6 +28,7 @@ from sqlalchemy import text
 
 from ledger import keys
 from ledger.service import Ledger
+from specialists.drill import SCENARIO_NAMES
 from specialists.drill.audit import audit
 from specialists.drill.deployments import Deployment, Unavailable
 
@@ -659,5 +660,7 @@ def run_scenario(drill: Drill, name: str) -> Verdict:
     skipped = name in NEEDS_CONTROL and step.skipped and not step.done
     return Verdict(name, "skipped" if skipped else "pass", time.monotonic() - started, step.evidence)
 
+
+assert tuple(SCENARIOS) == SCENARIO_NAMES, "specialists/drill/__init__.py lists the scenarios in this order"
 
 NEEDS_CONTROL = frozenset({"cross-instance", "restart-and-rollout", "retained-unknown"})

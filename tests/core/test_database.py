@@ -50,16 +50,16 @@ HEAD = db.head_revision()
 
 
 def test_the_schema_verdict_follows_what_each_later_migration_declared():
-    expand = {"0090": (HEAD, True), "0091": ("0090", True)}
+    expand = {"9990": (HEAD, True), "9991": ("9990", True)}
     assert db.schema_problem(HEAD, HEAD, {}) is None
-    assert db.schema_problem("0091", HEAD, expand) is None  # two expand-only migrations past this code
-    contract = {**expand, "0092": ("0091", False)}
-    assert "0092, which older code cannot run on" in db.schema_problem("0092", HEAD, contract)
+    assert db.schema_problem("9991", HEAD, expand) is None  # two expand-only migrations past this code
+    contract = {**expand, "9992": ("9991", False)}
+    assert "9992, which older code cannot run on" in db.schema_problem("9992", HEAD, contract)
     assert "specialists db upgrade" in db.schema_problem("0070", HEAD, expand)  # behind: upgrade it
     assert "specialists db upgrade" in db.schema_problem("0999", HEAD, expand)  # unknown: nothing declared
     assert "empty" in db.schema_problem(None, HEAD, expand)
-    looping = {"0090": ("0091", True), "0091": ("0090", True)}
-    assert db.schema_problem("0090", HEAD, looping) is not None  # a corrupt chain never passes
+    looping = {"9990": ("9991", True), "9991": ("9990", True)}
+    assert db.schema_problem("9990", HEAD, looping) is not None  # a corrupt chain never passes
 
 
 def test_code_keeps_serving_and_starting_on_a_schema_migrated_past_it_only_while_every_step_serves_it(
@@ -72,17 +72,17 @@ def test_code_keeps_serving_and_starting_on_a_schema_migrated_past_it_only_while
     engine = create_engine(url)
     try:
         with engine.begin() as conn:  # what the next release's expand-only migration leaves
-            conn.execute(text("INSERT INTO schema_compatibility VALUES ('0090', :h, true, 'adds a column', now())"),
+            conn.execute(text("INSERT INTO schema_compatibility VALUES ('9990', :h, true, 'adds a column', now())"),
                          {"h": HEAD})
-            conn.execute(text("UPDATE alembic_version SET version_num = '0090'"))
+            conn.execute(text("UPDATE alembic_version SET version_num = '9990'"))
         db.require_schema_at_head(engine)
         edge = start_edge(url, PROJECT_ROOT / "specs", tmp_path, "previous-revision")  # a new instance starts
         try:
-            assert httpx.get(f"{edge.url}/readyz", timeout=5).json() == {"status": "ready", "schema": "0090"}
+            assert httpx.get(f"{edge.url}/readyz", timeout=5).json() == {"status": "ready", "schema": "9990"}
             with engine.begin() as conn:  # then a contracting one
-                conn.execute(text("INSERT INTO schema_compatibility VALUES ('0091', '0090', false, 'drops a column', "
+                conn.execute(text("INSERT INTO schema_compatibility VALUES ('9991', '9990', false, 'drops a column', "
                                   "now())"))
-                conn.execute(text("UPDATE alembic_version SET version_num = '0091'"))
+                conn.execute(text("UPDATE alembic_version SET version_num = '9991'"))
             ready = httpx.get(f"{edge.url}/readyz", timeout=5)
             assert ready.status_code == 503 and ready.json()["reason"] == "schema_not_at_head"
         finally:

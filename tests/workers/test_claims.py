@@ -245,3 +245,27 @@ def test_the_claims_migration_rolls_back_and_forward_cleanly(server_url: str) ->
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+def test_a_claim_that_waited_for_an_aborted_concurrent_claim_gets_its_whole_lease(engine: Engine) -> None:
+    job_id = new_job_id()
+    first = engine.connect()
+    first.begin()
+    assert claims.claim(first, job_id, worker_id="stalls", lease_s=2.0).outcome == "claimed"  # not committed yet
+    waited: dict = {}
+
+    def second_delivery() -> None:
+        with engine.begin() as conn:
+            waited["claim"] = claims.claim(conn, job_id, worker_id="second", lease_s=2.0)
+            waited["at"] = conn.execute(text("SELECT clock_timestamp()")).scalar_one()
+
+    thread = threading.Thread(target=second_delivery)
+    thread.start()
+    time.sleep(2.5)  # longer than the lease: the second insert waits on the first's row all along
+    first.rollback()  # the stalled claim's transaction fails
+    first.close()
+    thread.join(10)
+    result = waited["claim"]
+    assert result.outcome == "claimed" and result.fencing_token == 1
+    remaining_s = (result.lease_expires_at - waited["at"]).total_seconds()
+    assert remaining_s > 1.5  # counted from when it was claimed, not from when its delivery began to wait
