@@ -341,6 +341,8 @@ class LocalTopology:
                 try:
                     process.popen.wait(max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
+                    self.progress(f"{process.name} did not stop within {STOP_TIMEOUT_S:g} s of SIGTERM: SIGKILL "
+                                  f"(its log: {process.log_path})")
                     process.kill()
         if self.emulator is not None:
             self.emulator.stop()

@@ -145,7 +145,7 @@ class Supervisor:
 @pytest.fixture
 def supervised(server_url, engine, tmp_path):
     engine.dispose()
-    topology = LocalTopology(tmp_path / "topology", server_url)
+    topology = LocalTopology(tmp_path / "topology", server_url, progress=print)
     with topology:
         supervisor = Supervisor(topology, tmp_path / "pids.json")
         try:
