@@ -425,7 +425,7 @@ def restart_and_rollout(drill: Drill, step: Step) -> None:
     every task still ends completed and is charged once."""
     customer = drill.customer("restart")
     tariff = _tariff(drill)
-    work = [{"op": "progress", "text": "working"}, {"op": "sleep", "seconds": 3}, {"op": "complete", "text": "done"}]
+    work = [{"op": "progress", "text": "working"}, {"op": "sleep", "seconds": 2}, {"op": "complete", "text": "done"}]
     finished: list[str] = []
     timeout_s = drill.claim_timeout_s() + 10
 
