@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import httpx
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
 from core.settings import Settings
 from ledger.keys import KeySigner
@@ -179,15 +179,11 @@ class LocalDeployment(Deployment):
         from workers.dispatch import outbox
 
         with self.engine.connect() as conn:
-            row = conn.execute(
-                text("SELECT dispatch_id, task_id, specialist_id, owner, context_id, attempts FROM dispatch_outbox "
-                     "WHERE task_id || '.' || dispatch_id = :j"),
-                {"j": job_id},
-            ).one()
+            row = outbox.row_of_job(conn, job_id)
         settings = Settings(worker_job_secrets=[self.topology.worker_secret])
         worker = next(w for w in self.topology.worker if w.alive)
         url = self.topology.worker_url(worker)
-        body = outbox.build_job(outbox.OutboxRow(*row), JobSigner.from_settings(settings), settings, url).body
+        body = outbox.build_job(row, JobSigner.from_settings(settings), settings, url).body
         answer = httpx.post(url, content=body, timeout=30)
         try:
             code = str(answer.json().get("code", ""))

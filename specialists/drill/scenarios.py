@@ -126,8 +126,8 @@ class Drill:
         self.customers.append(customer)
         return customer
 
-    def url(self, via: int) -> str:
-        return f"{self.deployment.api_urls[via % len(self.deployment.api_urls)]}/specialists/{DRILL}"
+    def url(self, via: int, specialist: str = DRILL) -> str:
+        return f"{self.deployment.api_urls[via % len(self.deployment.api_urls)]}/specialists/{specialist}"
 
     def send(self, customer: Customer | None, steps: list[dict[str, Any]], *, via: int = 0,
              message_id: str | None = None, extra_parts: list[dict] | None = None,
@@ -149,14 +149,14 @@ class Drill:
             raise Broken(f"a drill task was refused through API {via + 1}: {answer.status_code} {answer.text[:300]}")
         return answer.json()["task"]["id"]
 
-    def task(self, customer: Customer, task_id: str, *, via: int = 0) -> dict[str, Any]:
-        answer = self.http.get(f"{self.url(via)}/tasks/{task_id}", headers=customer.headers)
+    def task(self, customer: Customer, task_id: str, *, via: int = 0, specialist: str = DRILL) -> dict[str, Any]:
+        answer = self.http.get(f"{self.url(via, specialist)}/tasks/{task_id}", headers=customer.headers)
         if answer.status_code != 200:
             raise Broken(f"GetTask {task_id} through API {via + 1}: {answer.status_code} {answer.text[:300]}")
         return answer.json()
 
-    def state(self, customer: Customer, task_id: str, *, via: int = 0) -> str:
-        return self.task(customer, task_id, via=via)["status"]["state"]
+    def state(self, customer: Customer, task_id: str, *, via: int = 0, specialist: str = DRILL) -> str:
+        return self.task(customer, task_id, via=via, specialist=specialist)["status"]["state"]
 
     def cancel(self, customer: Customer, task_id: str, *, via: int = 0) -> httpx.Response:
         return self.http.post(f"{self.url(via)}/tasks/{task_id}:cancel", headers=customer.headers, json={})
@@ -479,8 +479,7 @@ def _resumed_after_kill(drill: Drill, step: Step) -> None:
          "mediaType": "text/x-python" if name.endswith(".py") else "text/plain"}
         for name, content in _demo_files().items()
     ]
-    url = f"{drill.deployment.api_urls[0]}/specialists/{REVIEWER}"
-    sent = drill.http.post(f"{url}/message:send", headers=customer.headers, json={
+    sent = drill.http.post(f"{drill.url(0, REVIEWER)}/message:send", headers=customer.headers, json={
         "message": {"messageId": f"drill-{uuid.uuid4()}", "role": "ROLE_USER", "parts": parts},
         "configuration": {"returnImmediately": True}})
     step.check(sent.status_code == 200, f"the review was refused: {sent.status_code} {sent.text[:300]}")
@@ -496,14 +495,12 @@ def _resumed_after_kill(drill: Drill, step: Step) -> None:
     step.note(drill.deployment.kill_worker(job) + " (mid semantic call)")
     step.note(drill.deployment.revive_workers())
     bounds = drill.deployment.bounds
-    def state() -> str:
-        return drill.http.get(f"{url}/tasks/{task_id}", headers=customer.headers).json()["status"]["state"]
-
-    drill.wait(f"review {task_id} to complete after its resume", lambda: state() == "TASK_STATE_COMPLETED",
+    drill.wait(f"review {task_id} to complete after its resume",
+               lambda: drill.state(customer, task_id, specialist=REVIEWER) == "TASK_STATE_COMPLETED",
                bounds.unknown_s + drill.claim_timeout_s() + 60, interval_s=0.2)
     claim = drill.claim(job)
     step.check(claim.get("claims") == 2, f"the review was claimed {claim.get('claims')} times; a resume is 2")
-    seen = drill.http.get(f"{url}/tasks/{task_id}", headers=customer.headers).json()
+    seen = drill.task(customer, task_id, specialist=REVIEWER)
     findings = [p.get("data") for a in seen.get("artifacts", []) if a.get("name") == "findings" for p in a["parts"]]
     found = [f for group in findings if isinstance(group, list) for f in group]
     step.check(any(f.get("path") == KNOWN_DEFECT for f in found), f"the resumed review misses {KNOWN_DEFECT}: {found}")

@@ -117,13 +117,9 @@ def claim(system: System, job_id: str) -> dict | None:
 def signed_body(system: System, job_id: str, *, audience: str = "specialists-worker") -> bytes:
     """A valid body for the job, as the dispatcher signs it (what a captured delivery looks like)."""
     with system.engine.connect() as conn:
-        row = conn.execute(
-            text("SELECT dispatch_id, task_id, specialist_id, owner, context_id, attempts FROM dispatch_outbox "
-                 "WHERE task_id || '.' || dispatch_id = :j"),
-            {"j": job_id},
-        ).one()
+        row = outbox.row_of_job(conn, job_id)
     settings = Settings(worker_job_secrets=[WORKER_SECRET], worker_audience=audience)
-    return outbox.build_job(outbox.OutboxRow(*row), JobSigner.from_settings(settings), settings, "http://x/jobs").body
+    return outbox.build_job(row, JobSigner.from_settings(settings), settings, "http://x/jobs").body
 
 
 def settlements(system: System, task_id: str) -> list[tuple[str, int]]:

@@ -182,3 +182,13 @@ def build_job(row: OutboxRow, signer: JobSigner, settings: Settings, worker_url:
         worker_url=worker_url,
         deadline_s=deadline_s,
     )
+
+
+def row_of_job(conn: Connection, job_id: str) -> OutboxRow:
+    """The outbox row of a job id (``<task id>.<dispatch id>``): what a repeated delivery is signed from."""
+    row = conn.execute(
+        text("SELECT dispatch_id, task_id, specialist_id, owner, context_id, attempts FROM dispatch_outbox "
+             "WHERE task_id || '.' || dispatch_id = :j"),
+        {"j": job_id},
+    ).one()
+    return OutboxRow(*row)
