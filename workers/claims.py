@@ -1,7 +1,7 @@
 """Claims: at most one execution per job, whatever the deliveries do (migration 0020).
 
-A claim row is unique per job. Claiming takes a lease (database clock) and a
-fencing token that grows on every claim; renewing and finishing name the token,
+A claim row is unique per job. Claiming takes a lease and a fencing token that
+grows on every claim; renewing and finishing name the token,
 so a worker that lost its claim cannot extend it or report into it. Each call is
 one server-side function, one round trip, at default isolation.
 
@@ -10,6 +10,11 @@ transaction: the finish, the task's final state and the ledger settlement commit
 together (see ``workers.finish``), and a newly unknown job can be marked in the
 ledger in the same transaction as the claim that discovered it. ``Claims`` wraps
 an engine for callers that want one transaction per call.
+
+The functions that decide by the clock (claim, renew, finish, expire_lease) take
+``now``, as the ledger's do: None is the database clock, which is what workers
+use; a time decides as of then (migration 0100), so a test lets a lease pass, or
+keeps one alive, without waiting on the machine.
 """
 
 from __future__ import annotations
@@ -69,10 +74,17 @@ def _check_lease(lease_s: float) -> None:
         raise ClaimError(f"a lease must be positive, got {lease_s} s (SPECIALISTS_WORKER_LEASE_S)", code="lease_invalid")
 
 
-def claim(conn: Connection, job_id: str, *, worker_id: str, lease_s: float) -> ClaimResult:
+def _aware(now: datetime | None) -> datetime | None:
+    if now is not None and now.tzinfo is None:
+        raise ClaimError("now must carry a time zone", code="now_invalid")
+    return now
+
+
+def claim(conn: Connection, job_id: str, *, worker_id: str, lease_s: float, now: datetime | None = None) -> ClaimResult:
     _check_lease(lease_s)
     row = conn.execute(
-        text("SELECT * FROM job_claim(:j, :w, :l)"), {"j": job_id, "w": worker_id[:200], "l": lease_s}
+        text("SELECT * FROM job_claim(:j, :w, :l, CAST(:n AS timestamptz))"),
+        {"j": job_id, "w": worker_id[:200], "l": lease_s, "n": _aware(now)},
     ).mappings().one()
     return ClaimResult(
         outcome=row["outcome"],
@@ -85,10 +97,13 @@ def claim(conn: Connection, job_id: str, *, worker_id: str, lease_s: float) -> C
     )
 
 
-def renew(conn: Connection, job_id: str, *, fencing_token: int, lease_s: float) -> RenewResult:
+def renew(
+    conn: Connection, job_id: str, *, fencing_token: int, lease_s: float, now: datetime | None = None
+) -> RenewResult:
     _check_lease(lease_s)
     row = conn.execute(
-        text("SELECT * FROM job_renew(:j, :t, :l)"), {"j": job_id, "t": fencing_token, "l": lease_s}
+        text("SELECT * FROM job_renew(:j, :t, :l, CAST(:n AS timestamptz))"),
+        {"j": job_id, "t": fencing_token, "l": lease_s, "n": _aware(now)},
     ).mappings().one()
     return RenewResult(row["outcome"], row["lease_expires_at"], bool(row["cancel_requested"]))
 
@@ -101,17 +116,19 @@ def finish(
     outcome: str,
     detail: dict[str, Any] | None,
     worker_id: str,
+    now: datetime | None = None,
 ) -> FinishResult:
     if outcome not in JOB_OUTCOMES:
         raise ClaimError(f"job outcome {outcome!r} is not one of {JOB_OUTCOMES}", code="outcome_invalid")
     row = conn.execute(
-        text("SELECT * FROM job_finish(:j, :t, :o, CAST(:d AS jsonb), :w)"),
+        text("SELECT * FROM job_finish(:j, :t, :o, CAST(:d AS jsonb), :w, CAST(:n AS timestamptz))"),
         {
             "j": job_id,
             "t": fencing_token,
             "o": outcome,
             "d": None if detail is None else json.dumps(detail, sort_keys=True),
             "w": worker_id[:200],
+            "n": _aware(now),
         },
     ).mappings().one()
     return FinishResult(row["outcome"], row["state"])
@@ -142,10 +159,12 @@ def resolve_unknown(conn: Connection, job_id: str, *, outcome: str, reason: str,
     )
 
 
-def expire_lease(conn: Connection, job_id: str) -> tuple[bool, int | None]:
+def expire_lease(conn: Connection, job_id: str, *, now: datetime | None = None) -> tuple[bool, int | None]:
     """The lease sweeper's call: a running claim whose lease passed becomes unknown.
     Returns (whether this call made it unknown, the claim's fencing token)."""
-    row = conn.execute(text("SELECT * FROM job_expire_lease(:j)"), {"j": job_id}).one()
+    row = conn.execute(
+        text("SELECT * FROM job_expire_lease(:j, CAST(:n AS timestamptz))"), {"j": job_id, "n": _aware(now)}
+    ).one()
     return bool(row.expired), row.fencing_token
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from sqlalchemy import Engine, text
@@ -45,6 +46,12 @@ def do(engine: Engine, fn, *args, **kwargs):
         return fn(conn, *args, **kwargs)
 
 
+def clock() -> datetime:
+    """A start for the tests' own clock: the claim calls decide as of the time they are given (``now``),
+    so a lease passes, or stays alive, exactly when a test says, however slow the machine is."""
+    return datetime.now(timezone.utc)
+
+
 def test_a_new_job_is_claimed_with_token_one_and_a_live_lease(engine: Engine) -> None:
     job = new_job_id()
     result = do(engine, claims.claim, job, worker_id="w1", lease_s=30)
@@ -77,9 +84,10 @@ def test_a_delivery_during_a_live_lease_is_told_when_to_retry(engine: Engine) ->
 
 def test_an_expired_lease_becomes_unknown_and_the_job_never_runs_again(engine: Engine) -> None:
     job = new_job_id()
-    do(engine, claims.claim, job, worker_id="crashed", lease_s=0.2)
-    time.sleep(0.3)
-    results = at_once(5, lambda i: do(engine, claims.claim, job, worker_id=f"w{i}", lease_s=30))
+    t0 = clock()
+    do(engine, claims.claim, job, worker_id="crashed", lease_s=20, now=t0)
+    past_lease = t0 + timedelta(seconds=21)
+    results = at_once(5, lambda i: do(engine, claims.claim, job, worker_id=f"w{i}", lease_s=30, now=past_lease))
     assert {r.outcome for r in results} == {"lease_expired_unknown"}
     assert sum(r.newly_unknown for r in results) == 1  # exactly one delivery marks it (and the ledger)
     later = do(engine, claims.claim, job, worker_id="w9", lease_s=30)
@@ -125,9 +133,10 @@ def test_only_one_of_two_racing_finishes_is_accepted(engine: Engine) -> None:
 
 def test_a_result_arriving_after_the_lease_expired_is_refused_and_the_job_is_unknown(engine: Engine) -> None:
     job = new_job_id()
-    token = do(engine, claims.claim, job, worker_id="slow", lease_s=0.2).fencing_token
-    time.sleep(0.3)
-    late = do(engine, claims.finish, job, fencing_token=token, outcome="completed", detail={"x": 1}, worker_id="slow")
+    t0 = clock()
+    token = do(engine, claims.claim, job, worker_id="slow", lease_s=20, now=t0).fencing_token
+    late = do(engine, claims.finish, job, fencing_token=token, outcome="completed", detail={"x": 1}, worker_id="slow",
+              now=t0 + timedelta(seconds=20))
     assert late.outcome == "stale" and late.state == "unknown"
     with engine.connect() as conn:
         row = claims.get(conn, job)
@@ -157,22 +166,25 @@ def test_a_delivery_of_a_finished_job_gets_the_stored_outcome(engine: Engine) ->
 
 def test_renewal_extends_the_lease_and_carries_a_cancel_request(engine: Engine) -> None:
     job = new_job_id()
-    token = do(engine, claims.claim, job, worker_id="w", lease_s=0.5).fencing_token
-    for _ in range(4):  # outlives the first lease only because it is renewed
-        time.sleep(0.2)
-        renewed = do(engine, claims.renew, job, fencing_token=token, lease_s=0.5)
+    t0 = clock()
+    token = do(engine, claims.claim, job, worker_id="w", lease_s=10, now=t0).fencing_token
+    beat = timedelta(seconds=8)
+    for n in range(1, 5):  # outlives the first lease (10 s) only because it is renewed every 8 s
+        renewed = do(engine, claims.renew, job, fencing_token=token, lease_s=10, now=t0 + n * beat)
         assert renewed.outcome == "renewed" and not renewed.cancel_requested
+        assert renewed.lease_expires_at == t0 + n * beat + timedelta(seconds=10)
     assert do(engine, claims.request_cancel, job, reason="customer asked") == "cancel_requested"
-    renewed = do(engine, claims.renew, job, fencing_token=token, lease_s=0.5)
+    renewed = do(engine, claims.renew, job, fencing_token=token, lease_s=10, now=t0 + 5 * beat)
     assert renewed.outcome == "renewed" and renewed.cancel_requested
 
 
 def test_renewal_with_a_stale_token_is_fenced_and_after_expiry_the_job_is_unknown(engine: Engine) -> None:
     job = new_job_id()
-    token = do(engine, claims.claim, job, worker_id="w", lease_s=0.2).fencing_token
-    assert do(engine, claims.renew, job, fencing_token=token + 1, lease_s=30).outcome == "fenced"
-    time.sleep(0.3)
-    assert do(engine, claims.renew, job, fencing_token=token, lease_s=30).outcome == "expired"
+    t0 = clock()
+    token = do(engine, claims.claim, job, worker_id="w", lease_s=20, now=t0).fencing_token
+    assert do(engine, claims.renew, job, fencing_token=token + 1, lease_s=30, now=t0).outcome == "fenced"
+    past_lease = t0 + timedelta(seconds=20)
+    assert do(engine, claims.renew, job, fencing_token=token, lease_s=30, now=past_lease).outcome == "expired"
     assert do(engine, claims.claim, job, worker_id="w2", lease_s=30).outcome == "lease_expired_unknown"
 
 
@@ -185,9 +197,10 @@ def test_a_job_canceled_before_any_claim_never_runs(engine: Engine) -> None:
 
 def test_an_operator_resolves_an_unknown_job_once_with_a_reason(engine: Engine) -> None:
     job = new_job_id()
-    do(engine, claims.claim, job, worker_id="w", lease_s=0.1)
-    time.sleep(0.2)
-    do(engine, claims.claim, job, worker_id="w2", lease_s=30)
+    t0 = clock()
+    do(engine, claims.claim, job, worker_id="w", lease_s=20, now=t0)
+    assert do(engine, claims.claim, job, worker_id="w2", lease_s=30,
+              now=t0 + timedelta(seconds=21)).outcome == "lease_expired_unknown"
     with pytest.raises(claims.ClaimError) as refused:
         do(engine, claims.resolve_unknown, job, outcome="completed", reason=" ", operator="ops")
     assert refused.value.code == "reason_required"
@@ -238,8 +251,11 @@ def test_the_claims_migration_rolls_back_and_forward_cleanly(server_url: str) ->
         with probe.connect() as conn:
             assert conn.execute(text("SELECT to_regclass('job_claims'), to_regproc('job_claim')")).one() == (None, None)
         db.upgrade(url, "0020")
+        with probe.begin() as conn:  # the 0020 signature, as the code of its time called it
+            assert conn.execute(text("SELECT outcome FROM job_claim('job-after-roundtrip', 'w', 5)")).scalar_one() == "claimed"
+        db.upgrade(url)
         with probe.begin() as conn:
-            assert claims.claim(conn, "job-after-roundtrip", worker_id="w", lease_s=5).outcome == "claimed"
+            assert claims.claim(conn, "job-at-head", worker_id="w", lease_s=5).outcome == "claimed"
     finally:
         probe.dispose()
         with admin.connect() as conn:
@@ -257,15 +273,22 @@ def test_a_claim_that_waited_for_an_aborted_concurrent_claim_gets_its_whole_leas
     def second_delivery() -> None:
         with engine.begin() as conn:
             waited["claim"] = claims.claim(conn, job_id, worker_id="second", lease_s=2.0)
-            waited["at"] = conn.execute(text("SELECT clock_timestamp()")).scalar_one()
 
+    first_pid = first.execute(text("SELECT pg_backend_pid()")).scalar_one()
     thread = threading.Thread(target=second_delivery)
     thread.start()
-    time.sleep(2.5)  # longer than the lease: the second insert waits on the first's row all along
+    deadline = time.monotonic() + 30
+    with engine.connect() as probe:  # the second insert is waiting on the first's row
+        while not probe.execute(text("SELECT count(*) FROM pg_stat_activity WHERE :p = ANY(pg_blocking_pids(pid))"),
+                                {"p": first_pid}).scalar_one():
+            assert time.monotonic() < deadline, "the second claim never waited on the first"
+            time.sleep(0.01)
+    time.sleep(0.2)  # the wall clock runs on while it waits (job_claim corrects a wait over 50 ms)
+    stalled_until = first.execute(text("SELECT clock_timestamp()")).scalar_one()
     first.rollback()  # the stalled claim's transaction fails
     first.close()
     thread.join(10)
     result = waited["claim"]
     assert result.outcome == "claimed" and result.fencing_token == 1
-    remaining_s = (result.lease_expires_at - waited["at"]).total_seconds()
-    assert remaining_s > 1.5  # counted from when it was claimed, not from when its delivery began to wait
+    # Counted from when it was claimed (after the rollback), not from when its delivery began to wait.
+    assert result.lease_expires_at >= stalled_until + timedelta(seconds=2.0)

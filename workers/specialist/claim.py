@@ -13,10 +13,11 @@ before (``newly_unknown``: mark the ledger and the task in this transaction).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import Connection, text
 
-from workers.claims import ClaimResult, _check_lease
+from workers.claims import ClaimResult, _aware, _check_lease
 
 
 @dataclass(frozen=True)
@@ -25,11 +26,14 @@ class SpecialistClaim:
     resumed: bool
 
 
-def claim(conn: Connection, job_id: str, *, worker_id: str, lease_s: float, max_resumes: int) -> SpecialistClaim:
+def claim(
+    conn: Connection, job_id: str, *, worker_id: str, lease_s: float, max_resumes: int, now: datetime | None = None
+) -> SpecialistClaim:
+    """``now``: None is the database clock; a time decides as of then (see ``workers.claims``)."""
     _check_lease(lease_s)
     row = conn.execute(
-        text("SELECT * FROM specialist_claim(:j, :w, :l, :m)"),
-        {"j": job_id, "w": worker_id[:200], "l": lease_s, "m": max_resumes},
+        text("SELECT * FROM specialist_claim(:j, :w, :l, :m, CAST(:n AS timestamptz))"),
+        {"j": job_id, "w": worker_id[:200], "l": lease_s, "m": max_resumes, "n": _aware(now)},
     ).mappings().one()
     return SpecialistClaim(
         claim=ClaimResult(
