@@ -28,6 +28,14 @@ tried before the top-level ones:
 
 Any entry may also set ``usage = "unknown"`` or ``usage = {prompt_tokens = 1, completion_tokens = 2}``,
 ``delay_s`` (seconds to wait before answering) and ``error`` (a provider failure to raise).
+
+A sub-call rule may hold calls open until someone lets them go, so that a test or
+a drill can act while a call is certainly in flight (kill the process, cancel the
+job) instead of racing a delay:
+
+    hold_after = 2                   # the first 2 calls this rule matches answer as usual;
+    hold_until_file = "release"      # later ones wait until this file exists (relative to
+                                     # the script's folder), or fail once their timeout passes
 Without ``usage``, tokens are estimated at 4 characters a token and the cost is 0
 unless the price table names the script's model. Calls are counted by purpose.
 """
@@ -48,7 +56,8 @@ from rlm.errors import ProviderError, ScriptExhausted, ScriptInvalid
 from rlm.providers.base import Completion, PriceTable, ToolCall, Usage, estimate_tokens, message_chars
 
 ENTRY_KEYS = {"code", "text", "usage", "delay_s", "error"}
-RULE_KEYS = {"pattern", "answer", "usage", "delay_s", "error"}
+RULE_KEYS = {"pattern", "answer", "usage", "delay_s", "error", "hold_after", "hold_until_file"}
+HOLD_POLL_S = 0.01
 CHILD_KEYS = {"pattern", "root", "subcall"}
 
 
@@ -68,13 +77,17 @@ class _Rule:
     usage: Any
     delay_s: float
     error: str | None
+    hold_after: int = 0
+    hold_until_file: Path | None = None
 
 
 class ScriptedProvider:
     name = "scripted"
 
-    def __init__(self, script: dict[str, Any], *, prices: PriceTable | None = None, source: str = "<script>") -> None:
+    def __init__(self, script: dict[str, Any], *, prices: PriceTable | None = None, source: str = "<script>",
+                 folder: Path | None = None) -> None:
         self.source = source
+        self.folder = folder or Path.cwd()  # where relative hold files are
         self.default_model = str(script.get("model", "scripted"))
         self.default_answer: str | None = script.get("default_answer")
         self.prices = prices or PriceTable()
@@ -87,6 +100,7 @@ class ScriptedProvider:
         self._children = [self._child(i, c) for i, c in enumerate(script.get("child", []))]
         self._lock = Lock()
         self._next_root = 0
+        self._matched: Counter[int] = Counter()  # calls each sub-call rule matched
         self.calls: Counter[str] = Counter()
 
     @classmethod
@@ -102,7 +116,7 @@ class ScriptedProvider:
             raise ScriptInvalid(f"script {file} is not valid {'JSON' if file.suffix == '.json' else 'TOML'}: {exc}") from None
         if not isinstance(data, dict):
             raise ScriptInvalid(f"script {file} must be a table/object at the top level")
-        return cls(data, prices=prices, source=str(file))
+        return cls(data, prices=prices, source=str(file), folder=file.resolve().parent)
 
     # ---------- validation ----------
 
@@ -125,8 +139,13 @@ class ScriptedProvider:
             raise ScriptInvalid(f"{where}: invalid pattern: {exc}") from None
         if "answer" not in raw and "error" not in raw:
             raise ScriptInvalid(f"{where}: needs 'answer' or 'error'")
+        hold_after = raw.get("hold_after", 0)
+        if ("hold_after" in raw) != ("hold_until_file" in raw) or not isinstance(hold_after, int) or hold_after < 0:
+            raise ScriptInvalid(f"{where}: 'hold_after' (a count >= 0) and 'hold_until_file' go together")
+        hold_file = Path(raw["hold_until_file"]) if "hold_until_file" in raw else None
         return _Rule(pattern, str(raw.get("answer", "")), _usage(where, raw.get("usage")),
-                     float(raw.get("delay_s", 0)), raw.get("error"))
+                     float(raw.get("delay_s", 0)), raw.get("error"), hold_after,
+                     None if hold_file is None else self.folder / hold_file)
 
     def _child(self, index: int, raw: Any) -> re.Pattern[str]:
         where = f"{self.source}: child {index + 1}"
@@ -153,7 +172,8 @@ class ScriptedProvider:
                 }
                 if self.default_answer is not None:
                     script["default_answer"] = self.default_answer
-                return ScriptedProvider(script, prices=self.prices, source=f"{self.source} [child {pattern.pattern!r}]")
+                return ScriptedProvider(script, prices=self.prices, source=f"{self.source} [child {pattern.pattern!r}]",
+                                        folder=self.folder)
         raise ScriptInvalid(f"{self.source}: no [[child]] entry's pattern matches the child's prompt {prompt[:120]!r}")
 
     # ---------- serving ----------
@@ -184,14 +204,28 @@ class ScriptedProvider:
         if purpose == "root":
             return self._serve(entry.code, entry.text, entry.usage, entry.delay_s, entry.error, messages, model)
         request = "\n\n".join(m["content"] for m in messages if isinstance(m.get("content"), str))
-        for rule in self._rules:
+        for index, rule in enumerate(self._rules):
             match = rule.pattern.search(request)
             if match:
+                if rule.hold_until_file is not None:
+                    with self._lock:
+                        self._matched[index] += 1
+                        held = self._matched[index] > rule.hold_after
+                    if held:
+                        self._hold(rule.hold_until_file, timeout_s)
                 return self._serve(None, match.expand(rule.answer), rule.usage, rule.delay_s, rule.error, messages, model)
         if self.default_answer is not None:
             return self._serve(None, self.default_answer, None, 0.0, None, messages, model)
         raise ProviderError(f"{self.source}: no subcall rule matches this request and no default_answer is set",
                             billed=False)
+
+    def _hold(self, release: Path, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not release.exists():
+            if time.monotonic() >= deadline:
+                raise ProviderError(f"{self.source}: the call was held for {timeout_s:g} s and {release} never "
+                                    "appeared", billed=False)
+            time.sleep(HOLD_POLL_S)
 
     def _serve(self, code: str | None, text: str, usage: Any, delay_s: float, error: str | None,
                messages: list[dict[str, Any]], model: str | None) -> Completion:

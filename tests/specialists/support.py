@@ -10,6 +10,7 @@ route whose script lives in ``tests/specialists/scripts``.
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 import uuid
@@ -71,6 +72,14 @@ def message(text: str, *, files: dict[str, str] | None = None, items: list[dict[
     if items is not None:
         parts.append(Part(data=ParseDict(items, Value())))
     return Message(message_id=str(uuid.uuid4()), role=Role.ROLE_USER, parts=parts)
+
+
+def held_script(folder: Path) -> tuple[Path, Path]:
+    """A copy of scripts/review_held.toml in ``folder``, and the file whose creation lets its held calls go."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "review_held.toml"
+    shutil.copy(SCRIPTS / "review_held.toml", script)
+    return script, folder / "release"
 
 
 def new_job_id() -> str:

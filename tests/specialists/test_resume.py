@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,9 @@ from workers.specialist import usage
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
-LEASE_S = 1.0
+# Long enough that no heartbeat missed on a loaded machine loses it; the resume lets it pass by the claim's
+# own clock (claims take ``now``), not by waiting.
+LEASE_S = 30.0
 FILES = {
     f"svc/{name}.py": (
         f"def {name}(conn, key):\n"
@@ -56,10 +59,11 @@ class Heartbeat:
         self.thread.join(5)
 
 
-def spawn(tmp_path: Path, name: str, database_url: str, job_id: str, token: int, spec_path: Path) -> tuple[subprocess.Popen, dict[str, Any]]:
+def spawn(tmp_path: Path, name: str, database_url: str, job_id: str, token: int, spec_path: Path,
+          script: Path) -> tuple[subprocess.Popen, dict[str, Any]]:
     config = {
         "database_url": database_url, "job_id": job_id, "token": token, "spec": str(spec_path),
-        "script": str(support.SCRIPTS / "review_slow.toml"), "text": RULE, "files": FILES,
+        "script": str(script), "text": RULE, "files": FILES,
         "calls_log": str(tmp_path / f"{name}.calls"), "outcome": str(tmp_path / f"{name}.json"),
     }
     path = tmp_path / f"{name}.config.json"
@@ -88,30 +92,36 @@ def test_a_job_killed_mid_subcall_resumes_in_a_new_process_without_repeating_ans
     engine, database_url, tmp_path
 ):
     spec = support.write_spec(tmp_path / "specs")
+    script, release = support.held_script(tmp_path / "script")
 
-    # The uninterrupted run, for comparison.
+    # The uninterrupted run, for comparison: nothing is held.
+    release.touch()
     clean_job = support.new_job_id()
-    clean, clean_config = spawn(tmp_path, "clean", database_url, clean_job, support.claim(engine, clean_job), spec.path)
+    clean, clean_config = spawn(tmp_path, "clean", database_url, clean_job, support.claim(engine, clean_job), spec.path,
+                                script)
     assert clean.wait(60) == 0
+    release.unlink()
     expected = json.loads(Path(clean_config["outcome"]).read_text())
     assert expected["state"] == "completed" and len(support.artifact_of(expected, "findings")) == 4
 
-    # The run that dies: SIGKILL once two semantic calls were answered and the next are in flight.
+    # The run that dies: SIGKILL once two semantic calls were answered and the next two are in flight (the
+    # script holds them open until the release file appears, which it does not before the kill).
     job_id = support.new_job_id()
     token = support.claim(engine, job_id, lease_s=LEASE_S)
     heartbeat = Heartbeat(engine, job_id, token)
-    first, first_config = spawn(tmp_path, "first", database_url, job_id, token, spec.path)
+    first, first_config = spawn(tmp_path, "first", database_url, job_id, token, spec.path, script)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         states = subcall_states(engine, job_id)
-        if states.get("completed", 0) >= 2 and states.get("started", 0) >= 1:
+        if states.get("completed", 0) >= 2 and states.get("started", 0) >= 2:
             break
+        assert first.poll() is None, f"the run ended before its held calls: exit {first.returncode}"
         time.sleep(0.02)
     os.kill(first.pid, signal.SIGKILL)
     first.wait(10)
     heartbeat.end()
     states = subcall_states(engine, job_id)
-    assert states.get("completed") == 2 and states.get("started", 0) >= 1, states
+    assert states.get("completed") == 2 and states.get("started") == 2, states
     assert calls_made(first_config).count("root") == 2
     with engine.connect() as conn:
         latest = conn.execute(
@@ -120,13 +130,18 @@ def test_a_job_killed_mid_subcall_resumes_in_a_new_process_without_repeating_ans
     pending = Checkpoint.decode(bytes(latest), key=support.CHECKPOINT_KEY)
     assert pending.kind == "pending_call" and pending.pending.function_name == "_llm_query_batched"
 
-    # The next delivery finds the lease expired with a checkpoint: it is claimed again, not unknown.
-    time.sleep(LEASE_S + 0.2)
+    # The next delivery, once the lease has passed, finds it expired with a checkpoint: it is claimed again,
+    # not unknown.
+    with engine.connect() as conn:
+        lease_ends = claims.get(conn, job_id)["lease_expires_at"]
     with engine.begin() as conn:
-        resumed = specialist_claim.claim(conn, job_id, worker_id="second", lease_s=60, max_resumes=2)
+        resumed = specialist_claim.claim(conn, job_id, worker_id="second", lease_s=3600, max_resumes=2,
+                                         now=lease_ends + timedelta(seconds=1))
     assert resumed.resumed and resumed.claim.outcome == "claimed" and resumed.claim.fencing_token == token + 1
 
-    second, second_config = spawn(tmp_path, "second", database_url, job_id, resumed.claim.fencing_token, spec.path)
+    release.touch()
+    second, second_config = spawn(tmp_path, "second", database_url, job_id, resumed.claim.fencing_token, spec.path,
+                                  script)
     assert second.wait(60) == 0
     outcome = json.loads(Path(second_config["outcome"]).read_text())
 
@@ -167,8 +182,10 @@ def test_a_job_killed_mid_subcall_resumes_in_a_new_process_without_repeating_ans
 
 def test_an_expired_lease_without_a_checkpoint_or_past_the_resume_limit_is_unknown(engine):
     job_id = support.new_job_id()
-    support.claim(engine, job_id, lease_s=0.2)
-    time.sleep(0.4)
+    support.claim(engine, job_id, lease_s=LEASE_S)
+    with engine.connect() as conn:
+        lease_ends = claims.get(conn, job_id)["lease_expires_at"]
     with engine.begin() as conn:
-        found = specialist_claim.claim(conn, job_id, worker_id="w", lease_s=30, max_resumes=2)
+        found = specialist_claim.claim(conn, job_id, worker_id="w", lease_s=30, max_resumes=2,
+                                       now=lease_ends + timedelta(seconds=1))
     assert not found.resumed and found.claim.outcome == "lease_expired_unknown" and found.claim.newly_unknown

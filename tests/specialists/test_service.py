@@ -37,9 +37,10 @@ def system(server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     support.write_spec(running.specs_dir, "reviewer")
     support.write_spec(running.specs_dir, "reviewer-slow", model_route="slow")
     routes = running.folder / "routes.toml"
+    held, _ = support.held_script(running.folder / "held")
     routes.write_text(
         f'[routes.test]\nkind = "scripted"\nscript = "{support.SCRIPTS / "review_sql.toml"}"\n'
-        f'[routes.slow]\nkind = "scripted"\nscript = "{support.SCRIPTS / "review_slow.toml"}"\n'
+        f'[routes.slow]\nkind = "scripted"\nscript = "{held}"\n'
     )
     running.settings.update(
         model_routes_file=str(routes),
@@ -129,15 +130,17 @@ def test_a_worker_killed_mid_subcall_is_resumed_by_the_next_delivery_and_settled
             states = dict(conn.execute(text(
                 "SELECT state, count(*) FROM specialist_calls WHERE job_id = :j AND purpose = 'subcall' GROUP BY 1"),
                 {"j": job}).all())
-        return states.get("completed", 0) >= 2 and states.get("started", 0) >= 1
+        return states.get("completed", 0) >= 2 and states.get("started", 0) >= 2
 
-    system.wait_for("two answered semantic calls and one in flight", in_flight, 60, interval_s=0.02)
+    # The route's script holds every semantic call after the first two until its release file appears.
+    system.wait_for("two answered semantic calls and two held in flight", in_flight, 60, interval_s=0.02)
     with system.engine.connect() as conn:
         worker_id = conn.execute(text("SELECT worker_id FROM job_claims WHERE job_id = :j"), {"j": job}).scalar_one()
     victim = [w for w in system.workers if str(w.process.pid) == worker_id.split(":")[1]]
     assert victim, worker_id
     os.kill(victim[0].process.pid, signal.SIGKILL)
     victim[0].process.wait(10)
+    (system.folder / "held" / "release").touch()  # the resumed run's calls go through
 
     task = system.wait_for("the resumed review to finish", lambda: finished(system, customer, "reviewer-slow", task_id), 60)
     assert task["status"]["state"] == "TASK_STATE_COMPLETED", task["status"]

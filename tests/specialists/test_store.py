@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from sqlalchemy import text
@@ -59,8 +59,9 @@ def test_only_snapshots_before_paid_calls_are_written(engine):
 
 def test_a_lease_that_passed_stops_writes_even_before_anyone_else_claims(engine):
     job_id = support.new_job_id()
-    token = support.claim(engine, job_id, lease_s=0.2)
-    time.sleep(0.3)
+    with engine.begin() as conn:  # claimed a minute ago with a 20 s lease: it has passed by the database's clock
+        token = claims.claim(conn, job_id, worker_id="w", lease_s=20,
+                             now=datetime.now(timezone.utc) - timedelta(minutes=1)).fencing_token
     with pytest.raises(ClaimLost):
         PgCheckpointStore(engine, job_id=job_id, fencing_token=token, session_id=session_id_for(job_id)).put(
             session_id_for(job_id), 0, b"late"
@@ -68,16 +69,20 @@ def test_a_lease_that_passed_stops_writes_even_before_anyone_else_claims(engine)
 
 
 def finished_then_resumed(engine, tmp_path):
-    """A run that answered, then its worker 'died' before finishing the claim; the lease passes; resumed."""
+    """A run that answered, then its worker 'died' before finishing the claim; the lease passes (by the claim's
+    clock, however long the run took); resumed."""
     spec = support.write_spec(tmp_path / "specs")
     routes = support.routes_for("review_sql.toml")
     job_id = support.new_job_id()
-    token = support.claim(engine, job_id, lease_s=1.0)
+    token = support.claim(engine, job_id, lease_s=60)
     msg = support.message(RULE, files=FILES)
     first = support.runner(engine, spec, routes, msg).run(support.context(job_id, "reviewer", token))
-    time.sleep(1.1)
+    assert first.state == "completed", first
+    with engine.connect() as conn:
+        lease_ends = claims.get(conn, job_id)["lease_expires_at"]
     with engine.begin() as conn:
-        resumed = specialist_claim.claim(conn, job_id, worker_id="second", lease_s=30, max_resumes=2)
+        resumed = specialist_claim.claim(conn, job_id, worker_id="second", lease_s=3600, max_resumes=2,
+                                         now=lease_ends + timedelta(seconds=1))
     assert resumed.resumed
     return spec, routes, msg, job_id, resumed.claim.fencing_token, first
 

@@ -33,7 +33,9 @@ from tests.app.conftest import EdgeProcess, edge_env, start_edge, stop_edge
 from tests.conftest import _with_database
 from tests.workers.conftest import WORKER_SECRET
 
-LEASE_S = 1.5
+# Twenty heartbeats a lease: a worker starved for seconds on a loaded machine keeps its claim. Tests that need a
+# dead worker's lease to pass wait for it as an observable event (the claim row), never for a fixed time.
+LEASE_S = 5.0
 HEARTBEAT_S = 0.25
 CANCEL_GRACE_S = 0.5
 SWEEP_INTERVAL_S = 0.3

@@ -236,7 +236,12 @@ def test_a_cancel_through_the_other_api_instance_stops_the_running_job_within_he
                     interval_s=0.02)
     stopped_after_s = time.monotonic() - asked_at
     assert claim(system, job)["outcome"] == "canceled"
-    assert stopped_after_s < HEARTBEAT_S + CANCEL_GRACE_S + 1.0  # the stated bound, with room for a loaded machine
+    # The promise is heartbeat + grace; a loaded machine may take a few times that, while a cancel that did not
+    # reach the worker would let the job sleep its 30 s (or until the lease).
+    bound_s = HEARTBEAT_S + CANCEL_GRACE_S
+    assert stopped_after_s < 8 * bound_s, (
+        f"the worker stopped {stopped_after_s:.1f} s after the cancel: SPECIALISTS_WORKER_HEARTBEAT_S + "
+        f"SPECIALISTS_WORKER_CANCEL_GRACE_S = {bound_s} s, and 8 x that is the slack of a loaded machine")
     assert "complete" not in system.steps(job)
     assert state_of(system, customer, task_id, via=0) == "TASK_STATE_CANCELED"
     # It was claimed, so work started: the worker's settlement charged the tariff (docs/WORKERS.md).

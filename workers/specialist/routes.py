@@ -169,7 +169,7 @@ class ModelRoutes:
             if isinstance(route, ScriptedRoute):
                 script = ScriptedProvider.from_file(route.script).script
                 script = dict(script, root=list(script.get("root", []))[skip_root_turns:])
-                return ScriptedProvider(script, source=str(route.script)), route
+                return ScriptedProvider(script, source=str(route.script), folder=Path(route.script).resolve().parent), route
             return (
                 OpenAIProvider(
                     base_url=route.base_url,
