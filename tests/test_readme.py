@@ -6,6 +6,7 @@ import os
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +30,7 @@ def test_the_offline_rlm_demo_in_the_readme_answers(tmp_path):
     env = dict(os.environ, RLM_DATA_DIR=str(tmp_path))
     outputs = []
     for args in commands:
-        done = subprocess.run([str(ROOT / ".venv" / "bin" / "rlm"), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        done = subprocess.run([str(Path(sys.executable).parent / "rlm"), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         outputs.append(done.stdout)
     assert "tried 5 times" in outputs[0]

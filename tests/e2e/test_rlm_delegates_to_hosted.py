@@ -89,7 +89,7 @@ def test_a_local_rlm_root_delegates_a_review_to_the_hosted_service_and_is_charge
         "RLM_A2A_PEERS_FILE": str(peers),
     })
     run = subprocess.run(
-        [str(PROJECT_ROOT / ".venv" / "bin" / "rlm"), "run", "--repo", str(EXAMPLE), "--script", str(script),
+        [str(Path(sys.executable).parent / "rlm"), "run", "--repo", str(EXAMPLE), "--script", str(script),
          "--json", "Is there SQL built from caller input in the shop?"],
         env=rlm_env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=150,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from sqlalchemy import text
 
 from tests.ledger.conftest import new_customer, new_job
 
-SPECIALISTS = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "specialists"
+SPECIALISTS = Path(sys.executable).parent / "specialists"  # the environment that runs the tests has the project
 
 pytestmark = pytest.mark.timeout(120)
 
