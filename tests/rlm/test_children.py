@@ -94,8 +94,8 @@ final_answer({"ok": len([r for r in results if r.ok]), "refused": [r.error_code 
 def test_admission_limits_are_raised_at_once_with_the_settings_name(make_settings, tmp_path: Path) -> None:
     settings = make_settings(max_children=2, max_parallel_children=1, max_calls=20, max_prompt_chars=150,
                              **MESSAGE_WAIT_SETTINGS)
-    # Each child waits for the root's message, sent only after the refusal: a refusal that waited
-    # for a slot (or for the child) would never come, and the child would end "never released".
+    # Each child waits for the root's message, sent only after the refusal: a refusal that waited for
+    # a slot (or for the child) would come only after the child gave up waiting ("never released").
     root = """
 def refused(start):
     try:
