@@ -46,8 +46,11 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+from .holds import POLL_S, Hold
+
 SKILL = "code-review"
 BIG_RESULT_CHARS = 60_000
+HELD_BODY_BYTES = 1_000_000  # what a hostile body sends before it holds: more than any max_result_bytes tested
 
 
 def free_socket() -> socket.socket:
@@ -83,10 +86,24 @@ class Recorder:
         self.bodies: list[dict[str, Any]] = []  # every JSON-RPC request as it arrived on the wire
         self.file_fetches = 0
         self.lock = threading.Lock()
+        self._gates: dict[str, threading.Event] = {}
+        self.closed = threading.Event()
+
+    def gate(self, name: str) -> threading.Event:
+        """What ``held <name>`` work waits for: ``release(name)``, or the peer's close."""
+        with self.lock:
+            return self._gates.setdefault(name, threading.Event())
+
+    def release(self, name: str) -> None:
+        self.gate(name).set()
 
 
 class ScriptedExecutor(AgentExecutor):
-    """Behaviour by the task's first word: hello (direct Message), ask, auth, slow, big, file, fail; else a review."""
+    """Behaviour by the task's first word: hello (direct Message), ask, auth, slow, held, big, file, fail; else a review.
+
+    ``slow N`` works N seconds; ``held NAME`` works until the test calls ``recorder.release(NAME)``
+    (or the peer closes), so a test that needs the work still running never races a sleep.
+    """
 
     def __init__(self, recorder: Recorder, base: str) -> None:
         self.recorder = recorder
@@ -123,6 +140,13 @@ class ScriptedExecutor(AgentExecutor):
             seconds = float(text.split()[1]) if len(text.split()) > 1 else 30.0
             await asyncio.sleep(seconds)
             await updater.add_artifact([Part(text="slow review done")])
+            await updater.complete()
+        elif word == "held":
+            await updater.start_work()
+            gate = self.recorder.gate(text.split()[1] if len(text.split()) > 1 else "")
+            while not (gate.is_set() or self.recorder.closed.is_set()):
+                await asyncio.sleep(POLL_S)
+            await updater.add_artifact([Part(text="held review done")])
             await updater.complete()
         elif word == "big":
             await updater.add_artifact([Part(text="".join(f"line {i:05d} ok\n" for i in range(BIG_RESULT_CHARS // 14)))])
@@ -208,6 +232,7 @@ class SdkPeer:
         assert self.server.started, "uvicorn did not start"
 
     def close(self) -> None:
+        self.recorder.closed.set()
         self.server.should_exit = True
         self.thread.join(10)
         self.sock.close()
@@ -229,6 +254,7 @@ class HostilePeer:
         self.task_id = str(uuid.uuid4())
         self.accepted_message_ids: list[str] = []
         self.task_state = "TASK_STATE_COMPLETED"  # what GetTask reports
+        self.hold = Hold()  # where an oversized or endless body stops, until close
         self.lock = threading.Lock()
         peer = self
 
@@ -279,20 +305,23 @@ class HostilePeer:
                 elif mode == "gzip":
                     body = gzip.compress(json.dumps(peer._task_result(request)).encode())
                     self._send(200, body, {"Content-Encoding": "gzip"})
-                elif mode == "oversized":
-                    self._send(200, b'{"jsonrpc": "2.0", "result": "' + b"x" * 3_000_000 + b'"}')
-                elif mode == "endless":
-                    # No Content-Length: the body only ends when the client stops reading.
+                elif mode in ("oversized", "endless"):
+                    # Both bodies never end: after HELD_BODY_BYTES the peer holds the connection open,
+                    # so a client that read to the end would wait for its request timeout instead.
                     self.send_response(200)
                     self.send_header("Content-Type", "application/json")
-                    self.send_header("Connection", "close")
+                    if mode == "oversized":
+                        self.send_header("Content-Length", str(3_000_000))
+                    else:  # no Content-Length: the body ends only when the connection does
+                        self.send_header("Connection", "close")
                     self.end_headers()
                     try:
                         self.wfile.write(b'{"jsonrpc": "2.0", "result": "')
-                        for _ in range(2000):
+                        for _ in range(HELD_BODY_BYTES // 4096):
                             self.wfile.write(b"y" * 4096)
                     except (BrokenPipeError, ConnectionResetError):
-                        pass
+                        pass  # the client stopped reading: the point of the test
+                    peer.hold()
                     self.close_connection = True
                 elif mode == "ask_then_drop_reply" and "taskId" not in request["params"]["message"]:
                     result = peer._task_result(request)
@@ -335,6 +364,7 @@ class HostilePeer:
             "id": self.task_id, "contextId": "ctx-1", "status": {"state": "TASK_STATE_WORKING"}}}}
 
     def close(self) -> None:
+        self.hold.release()
         self.server.shutdown()
         self.server.server_close()
 

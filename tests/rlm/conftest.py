@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -17,6 +16,8 @@ from typing import Any
 import pytest
 
 from rlm.settings import RLMSettings, load_settings
+
+from .holds import Hold
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SECRET_SENTENCE = "The vault combination is 31-41-59 and nobody may print it in a prompt."
@@ -96,9 +97,13 @@ def write_script(tmp_path: Path) -> Callable[..., Path]:
 
 
 class FakeOpenAI:
-    """A chat-completions server on 127.0.0.1. Queue responses; it records every request it saw."""
+    """A chat-completions server on 127.0.0.1. Queue responses; it records every request it saw.
+
+    A response pushed with ``hold=True`` is not sent until the test calls ``hold.release()``.
+    """
 
     def __init__(self) -> None:
+        self.hold = Hold()
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
         self._queue: list[dict[str, Any]] = []
@@ -116,8 +121,8 @@ class FakeOpenAI:
                     fake.requests.append(body)
                     fake.headers.append({k.lower(): v for k, v in self.headers.items()})
                     spec = fake._queue.pop(0) if fake._queue else {"text": "default answer"}
-                if spec.get("delay_s"):
-                    time.sleep(spec["delay_s"])
+                if spec.get("hold"):
+                    fake.hold()
                 status = spec.get("status", 200)
                 if status != 200:
                     payload = {"error": {"message": spec.get("message", "boom"), "type": "server_error"}}
@@ -164,6 +169,7 @@ class FakeOpenAI:
         return payload
 
     def close(self) -> None:
+        self.hold.release()
         self.server.shutdown()
         self.server.server_close()
 

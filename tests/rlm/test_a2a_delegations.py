@@ -76,18 +76,19 @@ def test_a_large_result_stays_on_the_host_and_what_the_code_sees_is_bounded(peer
 
 def test_a_wait_that_times_out_leaves_the_work_running(peer: SdkPeer, tmp_path: Path) -> None:
     delegations = make(peer, tmp_path)
-    row = delegations.start("review", "slow 1.0")
+    row = delegations.start("review", "held wait-test")
     waited, timed_out = delegations.wait(row.id, 0.2)
     assert timed_out is True and waited.state in ("submitted", "working")
+    peer.recorder.release("wait-test")
     finished, timed_out = delegations.wait(row.id, 10)
     assert (finished.state, timed_out) == ("completed", False)
-    assert delegations.read(row.id) == "slow review done"
+    assert delegations.read(row.id) == "held review done"
 
 
 def test_cancel_records_the_peers_actual_answer_and_a_refusal_is_not_a_cancellation(
         peer: SdkPeer, tmp_path: Path) -> None:
     delegations = make(peer, tmp_path)
-    running = delegations.start("review", "slow 30")
+    running = delegations.start("review", "held until-cancelled")
     delegations.wait(running.id, 0.2)
     canceled = delegations.cancel(running.id)
     assert (canceled.state, canceled.cancel_outcome) == ("canceled", "canceled")
@@ -152,7 +153,7 @@ def test_follow_up_sends_new_work_in_the_same_remote_context_after_the_first_fin
     second, _ = delegations.wait(second.id, 10)
     assert second.state == "completed" and second.remote_task_id != first.remote_task_id
     assert delegations.owned(first.id).state == "completed"  # the first keeps its own record
-    running = delegations.start("review", "slow 30")
+    running = delegations.start("review", "held until-cancelled")
     with pytest.raises(FollowUpNotAllowed, match="follow_up\\(\\) continues finished work"):
         delegations.follow_up(running.id, "more")
     delegations.cancel(running.id)
@@ -214,7 +215,7 @@ def test_payload_task_and_concurrency_limits_are_checked_before_sending(peer: Sd
     with pytest.raises(DelegationPayloadTooLarge) as too_big:
         delegations.start("review", "review", "x" * 5000)
     assert "accepts at most 2,000" in too_big.value.message
-    running = delegations.start("review", "slow 30")
+    running = delegations.start("review", "held until-cancelled")
     with pytest.raises(DelegationLimitReached, match="max_concurrent"):
         delegations.start("review", "another")
     delegations.cancel(running.id)

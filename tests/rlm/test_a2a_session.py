@@ -101,7 +101,7 @@ def test_required_remote_work_holds_the_end_of_the_run_and_its_evidence_is_in_th
     result = run(run_settings, fixture_repo, [
         """
 h = a2a.start("review", "slow 0.8")
-optional = a2a.start("review", "slow 30", required=False)
+optional = a2a.start("review", "held optional-work", required=False)
 final_answer("started " + h.id)
 """,
     ])

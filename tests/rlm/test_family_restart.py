@@ -19,25 +19,20 @@ from rlm.family.store import Agent, FamilyStore
 
 from .conftest import REPO_ROOT
 from .family_support import DOCUMENT, child, script
+from .holds import Gate, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
 PARENT = """
 import json, sys
-from rlm import Context, ScriptedProvider, Session, load_settings
-data_dir, document, script_file, run_id = sys.argv[1:5]
+from rlm import Context, Session, load_settings
+from tests.rlm.family_support import GatedScript
+data_dir, document, script_file, gates, run_id = sys.argv[1:6]
 settings = load_settings(data_dir=data_dir)
-provider = ScriptedProvider(json.loads(open(script_file).read()), source="parent")
+provider = GatedScript(json.loads(open(script_file).read()), json.loads(gates), source="parent")
 Session(context=Context.from_document(document, settings), provider=provider, settings=settings,
         run_id=run_id).run("question")
 """
-
-
-def _wait_for(condition, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def _kill_tree(pid: int) -> None:
@@ -55,32 +50,35 @@ def test_after_the_parent_is_killed_a_live_child_is_reattached_and_a_dead_one_is
     root_id = "restart-root"
     (tmp_path / "ferry.txt").write_text(DOCUMENT)
     data = script(["a = rlm.run('long')\nb = rlm.run('doomed')\nfinal_answer(rlm.wait_all([a, b], 50))"], [
-        child("long", {"code": "final_answer('long result')", "delay_s": 3.0}),
-        child("doomed", {"code": "final_answer('never')", "delay_s": 30.0}),
+        child("long", "final_answer('long result')"),
+        child("doomed", "final_answer('never')"),
     ])
+    # Both children hold their model turn at a gate: "long" until the test opens it, "doomed" for good.
+    gates = {"long": Gate(tmp_path / "long"), "doomed": Gate(tmp_path / "doomed")}
     (tmp_path / "script.json").write_text(json.dumps(data))
     (tmp_path / "parent.py").write_text(PARENT)
     parent = subprocess.Popen(
         [sys.executable, str(tmp_path / "parent.py"), str(settings.data_dir), str(tmp_path / "ferry.txt"),
-         str(tmp_path / "script.json"), root_id],
+         str(tmp_path / "script.json"), json.dumps({p: str(g.directory) for p, g in gates.items()}), root_id],
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT)}, start_new_session=True,
     )
     store = FamilyStore(settings.family_path)
     long_id, doomed_id = f"{root_id}.c1", f"{root_id}.c2"
     try:
-        _wait_for(lambda: settings.family_path.exists() and len(store.runs(root_id)) == 2
-                  and all(r.state == "running" for r in store.runs(root_id)))
+        wait_until(lambda: all(g.entered() == 1 for g in gates.values()), "both children are in their model turn")
+        assert [r.state for r in store.runs(root_id)] == ["running", "running"]
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait(10)
         doomed = store.run(doomed_id)
         _kill_tree(doomed.pid)  # this child dies too, without writing a result
-        _wait_for(lambda: not procs.alive(doomed.pid))
+        wait_until(lambda: not procs.alive(doomed.pid), "the doomed child is dead")
 
         # The restart: a new process (here, the test) opens the family.
         family = Family.open(settings, root_id)
         report = {r["run_id"]: r["outcome"] for r in family.recover()}
         assert report == {long_id: "reattached", doomed_id: "interrupted"}
         assert "process is gone" in store.run(doomed_id).note
+        gates["long"].open()
         finished = family.wait(None, long_id, 20)
         assert (finished.state, finished.answer) == ("completed", "long result")
 
@@ -105,8 +103,8 @@ def test_a_recycled_pid_is_never_taken_for_a_child(settings, tmp_path: Path) -> 
     token = "b" * 32
     # A live process that is not the child: one without the token, one with it but started at another time.
     strangers = [
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]),
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", token]),
+        subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"]),
+        subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()", token]),
     ]
     try:
         starts = [procs.start_time(s.pid) for s in strangers]
@@ -130,22 +128,26 @@ def test_a_recycled_pid_is_never_taken_for_a_child(settings, tmp_path: Path) -> 
 
 
 def test_a_child_that_never_confirms_its_start_is_stopped_and_failed(make_settings, tmp_path: Path) -> None:
+    # One record, judged twice: by a family whose start timeout it is surely within, then, once the
+    # clock is past it, by one with a short RLM_CHILD_START_TIMEOUT_S.
+    patient = make_settings(child_start_timeout_s=600, child_cancel_grace_s=0.5)
     settings = make_settings(child_start_timeout_s=0.5, child_cancel_grace_s=0.5)
     store = FamilyStore(settings.family_path)
     store.ensure_root("R")
     token = "c" * 32
     # Our process (its token is on its command line) that hangs before confirming its start.
-    hung = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", token])
+    hung = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()", token])
     try:
         with store.transaction() as conn:
             FamilyStore.insert_agent(conn, Agent("R.c1", "R", "R", 1, []))
             FamilyStore.insert_run(conn, run_id="R.c1", agent_id="R.c1", root_id="R", kind="run", follows=None,
                                    prompt="p", token=token)
         store.set_spawned("R.c1", hung.pid, procs.start_time(hung.pid))
-        family = Family.open(settings, "R")
-        assert family.recover()[0]["outcome"] == "reattached"  # proven, and still within its start time
-        time.sleep(0.6)
-        assert family.recover()[0]["outcome"] == "failed"
+        assert Family.open(patient, "R").recover()[0]["outcome"] == "reattached"  # proven, within its start time
+        admitted_at = store.run("R.c1").admitted_at
+        wait_until(lambda: time.time() - admitted_at > settings.child_start_timeout_s,
+                   "the clock passes RLM_CHILD_START_TIMEOUT_S after the admission")
+        assert Family.open(settings, "R").recover()[0]["outcome"] == "failed"
         run = store.run("R.c1")
         assert run.state == "failed" and "RLM_CHILD_START_TIMEOUT_S" in run.error
         assert hung.wait(5) == -signal.SIGTERM

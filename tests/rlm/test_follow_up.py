@@ -14,13 +14,14 @@ from rlm.family.children import CONVERSATION_FILE
 from rlm.family.store import FamilyStore
 
 from .family_support import child, run_root, runs_of, script
+from .holds import Gate, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
 FIRST = child("audit alpha", "found = 41\nfinal_answer('found ' + str(found))")
 # The follow-up's code uses `found` from the child's first run: a Monty child keeps its namespace too.
 SECOND = child("recount", "final_answer('recount ' + str(found + 1))")
-SLOW = child("slow poke", {"code": "final_answer('late')", "delay_s": 30})
+SLOW = child("slow poke", "final_answer('late')")  # held at a gate that is never opened: only a cancel ends it
 
 
 def test_a_follow_up_continues_the_childs_conversation_and_keeps_the_first_record(make_settings,
@@ -63,8 +64,9 @@ except ValueError as e:
 h.cancel()
 final_answer(refusal)
 """
-    result = run_root(settings, tmp_path, script([root], [child("slow", {"code": "final_answer('x')",
-                                                                         "delay_s": 5})]))
+    # The child holds its model turn at a gate that is never opened: it is still working at the follow-up.
+    result = run_root(settings, tmp_path, script([root], [child("slow", "final_answer('x')")]),
+                      gates={"slow": Gate(tmp_path / "never-opened")})
     assert result.answer.startswith("[child_not_completed]") and "still working" in result.answer
     assert [r.kind for r in runs_of(settings, result.run_id)] == ["run"]
 
@@ -72,8 +74,9 @@ final_answer(refusal)
 def test_rlm_follow_up_on_the_command_line_draws_on_the_roots_budget(make_settings, tmp_path: Path,
                                                                      capsys) -> None:
     settings = make_settings()
+    slow_poke = Gate(tmp_path / "never-opened")
     result = run_root(settings, tmp_path, script(["h = rlm.run('audit alpha')\nfinal_answer(h.wait(50)['answer'])"],
-                                                 [FIRST, SECOND, SLOW]))
+                                                 [FIRST, SECOND, SLOW]), gates={"slow poke": slow_poke})
     assert result.answer == "found 41"
     calls_before = BudgetLedger(settings.budget_path).snapshot(result.run_id).calls
     data = ["--data-dir", str(settings.data_dir)]
@@ -98,6 +101,7 @@ def test_rlm_follow_up_on_the_command_line_draws_on_the_roots_budget(make_settin
     assert main([*data, "follow-up", result.run_id, "c1", "slow poke", "--detach", "--json"]) == 0
     detached = json.loads(capsys.readouterr().out)
     assert detached["state"] in ("admitted", "running") and detached["id"] == f"{result.run_id}.c1.f3"
+    wait_until(lambda: slow_poke.entered() == 1, "the detached follow-up is in its model turn")
     assert main([*data, "children", result.run_id, "--cancel", "c1.f3", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)["children"]
     assert (listed[-1]["state"], listed[-1]["note"]) == ("cancelled", "cancelled from the command line")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -15,6 +16,8 @@ from rlm.llm import LLMResult, SubcallRunner
 from rlm.namespace import AnswerBox, Bridge
 from rlm.providers import ScriptedProvider
 from rlm.providers.base import Completion
+
+from .holds import DEADLINE_SLACK_S, HOLD_LIMIT_S, Hold, wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -65,19 +68,39 @@ def test_a_provider_error_comes_back_as_data(tmp_path: Path, make_settings, writ
     assert runner.budget.snapshot().calls == 1 and runner.budget.snapshot().unknown_tokens == 0
 
 
+class _HeldProvider:
+    """Holds the calls whose prompt matches ``held`` until the test releases them; records every prompt sent."""
+
+    name = "held"
+
+    def __init__(self, inner: ScriptedProvider, hold: Hold, held: str) -> None:
+        self.inner = inner
+        self.default_model = inner.default_model
+        self.hold = hold
+        self.held = re.compile(held)
+        self.sent: list[str] = []
+
+    def complete(self, messages: list[dict[str, Any]], **kw: Any) -> Completion:
+        prompt = messages[-1]["content"]
+        self.sent.append(prompt)
+        if self.held.search(prompt):
+            self.hold()
+        return self.inner.complete(messages, **kw)
+
+
 def test_a_timeout_comes_back_as_data_and_the_late_answer_still_settles(tmp_path: Path, make_settings,
                                                                        write_script) -> None:
-    provider = _scripted(write_script, [{"pattern": "slow", "answer": "finally", "delay_s": 1.0}])
+    hold = Hold()
+    provider = _HeldProvider(_scripted(write_script, [{"pattern": "slow", "answer": "finally"}]), hold, "slow")
     runner = _runner(tmp_path, make_settings, provider, subcall_timeout_s=0.3, limits=BudgetLimits(max_tokens=10_000))
-    started = time.monotonic()
     result = runner.query("slow question")
-    assert time.monotonic() - started < 0.9
+    assert hold.let_go == 0, "RLM_SUBCALL_TIMEOUT_S must end the call while the provider still holds its answer"
+    assert result.duration_s < runner.settings.subcall_timeout_s + DEADLINE_SLACK_S, "RLM_SUBCALL_TIMEOUT_S"
     assert result.error_code == "timeout" and "RLM_SUBCALL_TIMEOUT_S" in result.error
     assert runner.budget.snapshot().unknown_tokens == 1
-    deadline = time.monotonic() + 5
-    while runner.budget.snapshot().unknown_tokens and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert runner.budget.snapshot().unknown_tokens == 0 and runner.budget.snapshot().tokens > 0
+    hold.release()
+    wait_until(lambda: runner.budget.snapshot().unknown_tokens == 0, "the late answer settles its usage")
+    assert runner.budget.snapshot().tokens > 0
 
 
 def test_a_spent_budget_comes_back_as_data(tmp_path: Path, make_settings, write_script) -> None:
@@ -113,13 +136,19 @@ def test_a_batch_over_the_cap_is_refused_as_data(tmp_path: Path, make_settings, 
 
 
 class _CountingProvider:
-    """Wraps the scripted provider to record how many calls overlap."""
+    """Wraps the scripted provider to record how many calls overlap.
+
+    Every call waits until ``expected`` calls are in at once (or HOLD_LIMIT_S passes), so the
+    overlap does not depend on how promptly the pool's threads are scheduled.
+    """
 
     name = "counting"
 
-    def __init__(self, inner: ScriptedProvider) -> None:
+    def __init__(self, inner: ScriptedProvider, expected: int) -> None:
         self.inner = inner
         self.default_model = inner.default_model
+        self.expected = expected
+        self.all_in = threading.Event()
         self.active = 0
         self.peak = 0
         self.lock = threading.Lock()
@@ -128,8 +157,10 @@ class _CountingProvider:
         with self.lock:
             self.active += 1
             self.peak = max(self.peak, self.active)
+            if self.active >= self.expected:
+                self.all_in.set()
         try:
-            time.sleep(0.05)
+            self.all_in.wait(HOLD_LIMIT_S)
             return self.inner.complete(messages, **kw)
         finally:
             with self.lock:
@@ -137,11 +168,11 @@ class _CountingProvider:
 
 
 def test_a_batch_runs_concurrently_within_the_named_bound(tmp_path: Path, make_settings, write_script) -> None:
-    provider = _CountingProvider(_scripted(write_script))
+    provider = _CountingProvider(_scripted(write_script), expected=3)
     runner = _runner(tmp_path, make_settings, provider, max_concurrency=3)
     results = runner.query_batched([f"item {i}" for i in range(12)])
     assert all(r.ok for r in results)
-    assert provider.peak == 3
+    assert provider.peak == 3, "RLM_MAX_CONCURRENCY=3 calls must run at once, and never more"
 
 
 def test_chunks_and_search_hits_are_sent_as_their_labelled_text(tmp_path: Path, make_settings, write_script,
@@ -168,12 +199,22 @@ def test_a_prompt_that_is_not_a_string_is_refused_as_data(tmp_path: Path, make_s
 
 def test_a_slow_batch_returns_what_arrived_before_its_host_call_deadline(tmp_path: Path, make_settings,
                                                                          write_script) -> None:
-    provider = _scripted(write_script, [{"pattern": r"item (\d+)", "answer": r"answer \1", "delay_s": 0.4}])
-    runner = _runner(tmp_path, make_settings, provider, host_call_timeout_s=1.0, subcall_timeout_s=0.9,
+    hold = Hold()
+    provider = _HeldProvider(_scripted(write_script), hold, r"item [23]")
+    # One call at a time: items 0 and 1 answer at once, item 2 is held past the batch's deadline
+    # (a share of RLM_HOST_CALL_TIMEOUT_S, shorter than RLM_SUBCALL_TIMEOUT_S), item 3 is never sent.
+    # The deadline leaves items 0 and 1 ample time on a loaded machine.
+    runner = _runner(tmp_path, make_settings, provider, host_call_timeout_s=2.0, subcall_timeout_s=2.0,
                      max_concurrency=1, max_batch_size=4)
     started = time.monotonic()
-    results = runner.query_batched([f"item {i}" for i in range(4)])
-    assert time.monotonic() - started < 1.0, "the batch must end inside its host call's deadline"
+    try:
+        results = runner.query_batched([f"item {i}" for i in range(4)])
+        assert hold.let_go == 0, "the batch must end at its own deadline while item 2's answer is still held"
+    finally:
+        hold.release()
+    assert time.monotonic() - started < runner.settings.host_call_timeout_s + DEADLINE_SLACK_S, \
+        "the batch must end by its host call's deadline (RLM_HOST_CALL_TIMEOUT_S)"
     assert [r.text for r in results[:2]] == ["answer 0", "answer 1"]
     assert [r.error_code for r in results[2:]] == ["timeout", "timeout"]
     assert "RLM_HOST_CALL_TIMEOUT_S" in results[3].error
+    assert provider.sent == ["item 0", "item 1", "item 2"], "a prompt with no time left is never sent"

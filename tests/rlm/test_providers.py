@@ -12,6 +12,8 @@ from rlm.errors import MissingAPIKey, ProviderError, ProviderTimeout, ScriptExha
 from rlm.providers import OpenAIProvider, PriceTable, ScriptedProvider
 from rlm.settings import load_settings
 
+from .holds import DEADLINE_SLACK_S
+
 pytestmark = pytest.mark.timeout(30)
 
 USER = [{"role": "user", "content": "hi"}]
@@ -131,11 +133,13 @@ def test_retries_give_up_after_the_named_limit(fake_openai) -> None:
 
 
 def test_a_slow_endpoint_times_out_with_unknown_billing(fake_openai) -> None:
-    fake_openai.push(text="late", delay_s=2)
+    fake_openai.push(text="late", hold=True)
+    timeout_s = 0.5
     started = time.monotonic()
     with pytest.raises(ProviderTimeout) as info:
-        _provider(fake_openai).complete(USER, tools=None, model=None, timeout_s=0.5, purpose="subcall")
-    assert time.monotonic() - started < 1.8
+        _provider(fake_openai).complete(USER, tools=None, model=None, timeout_s=timeout_s, purpose="subcall")
+    assert fake_openai.hold.let_go == 0, "the call's timeout_s must end it while the endpoint still holds the answer"
+    assert time.monotonic() - started < timeout_s + DEADLINE_SLACK_S, "the call must end by its timeout_s"
     assert info.value.billed is None
 
 
