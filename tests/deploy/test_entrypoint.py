@@ -19,9 +19,10 @@ WORKER_SECRET = WHOLE_SYSTEM["worker_job_secrets"]
 
 
 def refused(url: str) -> bool:
+    """Nothing listens there: the connection is refused (a slow answer is an answer, not a refusal)."""
     try:
-        httpx.get(url, timeout=1)
-    except httpx.HTTPError:
+        httpx.get(url, timeout=10)
+    except httpx.ConnectError:
         return True
     return False
 
