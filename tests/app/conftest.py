@@ -55,6 +55,10 @@ limits:
 PAID = "paid-echo"
 PAID_TARIFF = 5
 STARTUP_TIMEOUT_S = 30.0
+# How long the conformance specialist keeps a `test-resubscribe-message-id` task WORKING: the window in which
+# a test that saw it WORKING subscribes to it or cancels it. Long enough for a loaded machine to get a few
+# requests through; each test that waits for such a task to complete pays it once.
+CONFORMANCE_HOLD_S = 5.0
 
 
 @dataclass
@@ -84,7 +88,7 @@ def edge_env(database_url: str, specs_dir: Path, **settings: str) -> dict[str, s
             "SPECIALISTS_KEY_SIGNING_SECRETS": TEST_SECRET,
             "SPECIALISTS_SPECS_DIR": str(specs_dir),
             "SPECIALISTS_REVOCATION_CACHE_S": "0",
-            "SPECIALISTS_CONFORMANCE_HOLD_WORKING_S": "2",
+            "SPECIALISTS_CONFORMANCE_HOLD_WORKING_S": str(CONFORMANCE_HOLD_S),
             # The edge alone, unless a fixture asks for the whole system (edge_a).
             "SPECIALISTS_SERVE_WORKER": "false",
             "SPECIALISTS_SERVE_DISPATCHER": "false",
