@@ -15,7 +15,7 @@ from sqlalchemy import text
 
 from tests.app.conftest import CONFORMANCE_HOLD_S, message, rpc
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(60, func_only=True)
 CONFORMANCE = "conformance"
 
 

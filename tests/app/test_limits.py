@@ -15,7 +15,7 @@ import pytest
 
 from tests.app.conftest import NOTHING, PAID, footprint, message, rpc
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(60, func_only=True)
 LIMIT = 4096
 
 

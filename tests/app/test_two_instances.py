@@ -30,7 +30,7 @@ from sqlalchemy import Engine, text
 
 from tests.app.conftest import CONFORMANCE_HOLD_S, message
 
-pytestmark = [pytest.mark.timeout(60), pytest.mark.anyio]
+pytestmark = [pytest.mark.timeout(60, func_only=True), pytest.mark.anyio]
 CONFORMANCE = "conformance"
 # How long a test waits for something the service owes it (a state, the end of a run): generous, since only
 # "never" is a failure; past the conformance hold, so that a runner left to itself has ended by then.

@@ -10,7 +10,7 @@ import pytest
 from core.settings import Settings
 from tests.app.conftest import message, rpc
 
-pytestmark = pytest.mark.timeout(40)
+pytestmark = pytest.mark.timeout(40, func_only=True)
 CONFORMANCE = "conformance"
 PING_INTERVAL_S = Settings.model_fields["sse_ping_interval_s"].default  # the test edges run with the default
 # A keep-alive is checked with this much room: what the test proves is that keep-alives keep coming on a quiet

@@ -13,7 +13,7 @@ from tests.app.conftest import WHOLE_SYSTEM
 from tests.conftest import TEST_SECRET
 from tests.deploy.roles import clean_environment, free_port, run_role, start_role
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(240, func_only=True)
 
 WORKER_SECRET = WHOLE_SYSTEM["worker_job_secrets"]
 
