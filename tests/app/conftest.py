@@ -54,7 +54,15 @@ limits:
 """
 PAID = "paid-echo"
 PAID_TARIFF = 5
-STARTUP_TIMEOUT_S = 30.0
+# How long an edge may take to answer /readyz after it is started: generous, since only "never" is a failure
+# (edge_a, a worker then the edge, took 17 s with the database at load 7 on 2 cores; `serve` took over 30 s
+# at load 11 in tests/deploy). The tests using the edges time their own body only (``func_only``): the first
+# test of a session also sets up the database and the edges, each bounded by its own deadline.
+STARTUP_TIMEOUT_S = 90.0
+# How long the conformance specialist keeps a `test-resubscribe-message-id` task WORKING: the window in which
+# a test that saw it WORKING subscribes to it or cancels it. Long enough for a loaded machine to get a few
+# requests through; each test that waits for such a task to complete pays it once.
+CONFORMANCE_HOLD_S = 5.0
 
 
 @dataclass
@@ -84,7 +92,7 @@ def edge_env(database_url: str, specs_dir: Path, **settings: str) -> dict[str, s
             "SPECIALISTS_KEY_SIGNING_SECRETS": TEST_SECRET,
             "SPECIALISTS_SPECS_DIR": str(specs_dir),
             "SPECIALISTS_REVOCATION_CACHE_S": "0",
-            "SPECIALISTS_CONFORMANCE_HOLD_WORKING_S": "2",
+            "SPECIALISTS_CONFORMANCE_HOLD_WORKING_S": str(CONFORMANCE_HOLD_S),
             # The edge alone, unless a fixture asks for the whole system (edge_a).
             "SPECIALISTS_SERVE_WORKER": "false",
             "SPECIALISTS_SERVE_DISPATCHER": "false",

@@ -8,7 +8,7 @@ from sqlalchemy import text
 
 from tests.app.conftest import NOTHING, PAID, PAID_TARIFF, footprint, message, rpc
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(60, func_only=True)
 
 
 def send(edge, customer, body: dict, specialist: str = PAID) -> httpx.Response:

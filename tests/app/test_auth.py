@@ -9,7 +9,7 @@ from sqlalchemy import text
 from ledger import keys
 from tests.app.conftest import NOTHING, PAID, footprint, message, rpc
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(60, func_only=True)
 
 
 def send_rest(edge, headers: dict, specialist: str = PAID, body: dict | None = None) -> httpx.Response:

@@ -9,7 +9,7 @@ import pytest
 
 from tests.app.conftest import PAID, PAID_TARIFF
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(30, func_only=True)
 CARD = "/.well-known/agent-card.json"
 
 

@@ -29,7 +29,7 @@ from sqlalchemy import Engine, text
 from ledger import keys
 from tests.app.conftest import NOTHING, PAID, Customer, footprint
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(120, func_only=True)
 
 FUZZ = settings(
     max_examples=100,

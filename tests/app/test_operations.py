@@ -17,7 +17,7 @@ from core.settings import PROJECT_ROOT
 from tests.app.conftest import PAID, edge_env, message, rpc, start_edge, stop_edge
 from tests.conftest import _with_database
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(60, func_only=True)
 
 
 def test_healthz_says_alive(edge_a):

@@ -9,7 +9,7 @@ import pytest
 
 from tests.app.conftest import message, rpc
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(60, func_only=True)
 CONFORMANCE = "conformance"
 
 

@@ -26,11 +26,15 @@ from a2a.types.a2a_pb2 import (
     SubscribeToTaskRequest,
     TaskState,
 )
+from sqlalchemy import Engine, text
 
-from tests.app.conftest import message
+from tests.app.conftest import CONFORMANCE_HOLD_S, message
 
-pytestmark = [pytest.mark.timeout(60), pytest.mark.anyio]
+pytestmark = [pytest.mark.timeout(60, func_only=True), pytest.mark.anyio]
 CONFORMANCE = "conformance"
+# How long a test waits for something the service owes it (a state, the end of a run): generous, since only
+# "never" is a failure; past the conformance hold, so that a runner left to itself has ended by then.
+WAIT_TIMEOUT_S = CONFORMANCE_HOLD_S + 20
 
 
 def new_message(prefix: str, **fields: str) -> Message:
@@ -50,14 +54,30 @@ async def one(client, request: SendMessageRequest):
     return events[0]
 
 
-async def wait_for_state(client, task_id: str, state: int, timeout_s: float = 10):
+async def wait_for_state(client, task_id: str, state: int, timeout_s: float = WAIT_TIMEOUT_S):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         task = await client.get_task(GetTaskRequest(id=task_id))
         if task.status.state == state:
             return task
         await asyncio.sleep(0.05)
-    raise AssertionError(f"task {task_id} never reached {TaskState.Name(state)}")
+    raise AssertionError(f"task {task_id} never reached {TaskState.Name(state)} within {timeout_s:g} s")
+
+
+async def wait_for_the_run_to_end(engine: Engine, task_id: str) -> None:
+    """Until the task's job claim is no longer running: its runner can write nothing after that."""
+    deadline = time.monotonic() + WAIT_TIMEOUT_S
+    while time.monotonic() < deadline:
+        with engine.connect() as conn:
+            ended = conn.execute(
+                text("SELECT c.state FROM job_claims c JOIN dispatch_outbox o ON c.job_id = o.task_id || '.' || o.dispatch_id "
+                     "WHERE o.task_id = :t AND c.state IN ('finished', 'unknown')"),
+                {"t": task_id},
+            ).first()
+        if ended is not None:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the job of task {task_id} was still running after {WAIT_TIMEOUT_S:g} s")
 
 
 @pytest.mark.parametrize("binding", ["JSONRPC", "HTTP+JSON"])
@@ -111,7 +131,9 @@ async def test_a_streamed_send_on_one_instance_relays_every_event(edge_a, make_c
     assert events[3].status_update.status.state == TaskState.TASK_STATE_COMPLETED
 
 
-async def test_a_running_task_is_canceled_through_the_other_instance_and_stays_canceled(edge_a, edge_b, make_customer):
+async def test_a_running_task_is_canceled_through_the_other_instance_and_stays_canceled(
+    edge_a, edge_b, engine, make_customer
+):
     customer = make_customer()
     on_a, http_a = await sdk_client(edge_a, customer, "JSONRPC")
     on_b, http_b = await sdk_client(edge_b, customer, "HTTP+JSON")
@@ -122,7 +144,7 @@ async def test_a_running_task_is_canceled_through_the_other_instance_and_stays_c
         await wait_for_state(on_b, task_id, TaskState.TASK_STATE_WORKING)
         canceled = await on_b.cancel_task(CancelTaskRequest(id=task_id))
         assert canceled.status.state == TaskState.TASK_STATE_CANCELED
-        await asyncio.sleep(2.5)  # past the conformance hold: the runner must not complete it after all
+        await wait_for_the_run_to_end(engine, task_id)  # whatever the runner did, it did: it must not have completed it
         assert (await on_a.get_task(GetTaskRequest(id=task_id))).status.state == TaskState.TASK_STATE_CANCELED
     finally:
         await http_a.aclose()

@@ -1,7 +1,7 @@
 """Starting the image's roles as the container would: ``sh infra/entrypoint.sh <role>`` with a given environment.
 
-There is no Docker engine here, so the entry point runs on this machine with the project's
-virtual environment first on PATH, and with the environment Terraform would give the container
+There is no Docker engine here, so the entry point runs on this machine with the environment
+running the tests first on PATH, and with the environment Terraform would give the container
 (secrets replaced by test values, ``DATABASE_URL`` by this run's database, ``/app`` by the project).
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -21,18 +22,22 @@ from core.settings import PROJECT_ROOT
 from tests.app.conftest import free_port
 from tests.deploy.manifests import ENTRYPOINT
 
-START_TIMEOUT_S = 30.0
+# How long a listening role may take to answer after it is started: generous, since only "never" is a failure
+# (`serve` took over 20 s at load 7 on 2 cores, and over 30 s at load 11). The tests time their own body only
+# (``func_only``): a session's roles are started by fixtures, each bounded by this.
+START_TIMEOUT_S = 90.0
 IMAGE_ROOT = "/app"  # the Dockerfile's WORKDIR: where the project lives in the image
 
 
 def clean_environment(**overrides: str) -> dict[str, str]:
-    """This process's environment without any of the service's settings, the project's venv first on PATH."""
+    """This process's environment without any of the service's settings, the project's environment first on PATH
+    (the bin directory of the interpreter running the tests, which has the project installed)."""
     env = {
         key: value
         for key, value in os.environ.items()
         if not key.startswith("SPECIALISTS_") and key not in ("DATABASE_URL", "PORT")
     }
-    env["PATH"] = f"{PROJECT_ROOT / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env.update(overrides)
     return env
 

@@ -29,7 +29,7 @@ from tests.deploy.manifests import Terraform, container, container_env, dockerfi
 from tests.deploy.roles import on_this_machine, run_command, run_role
 from workers.server import JOBS_PATH
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(90, func_only=True)
 
 SERVICE = "google_cloud_run_v2_service"
 JOB = "google_cloud_run_v2_job"

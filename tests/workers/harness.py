@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -60,24 +62,50 @@ def worker_settings(database_url: str, **overrides: Any) -> Settings:
 
 
 class StepLog:
-    """Records every scripted step a worker starts, so a test can count real runs."""
+    """Records every scripted step a worker starts, so a test can count real runs.
+
+    A job under ``holding(job_id)`` stops at its first step until the block ends: a test that needs the job
+    to be running while something else happens (another delivery, a full worker) holds it there, instead of
+    hoping a sleep in the script lasts long enough.
+    """
+
+    # A held job waits at most this long, so that a test that forgets to let go cannot hang its worker.
+    MAX_HOLD_S = 60.0
 
     def __init__(self) -> None:
         self.steps: list[tuple[str, int, str]] = []
         self._lock = threading.Lock()
+        self._held: dict[str, threading.Event] = {}
 
     def __call__(self, job_id: str, index: int, step: ScriptStep) -> None:
         with self._lock:
             self.steps.append((job_id, index, step.op))
+            released = self._held.get(job_id) if index == 0 else None
+        if released is not None:
+            released.wait(self.MAX_HOLD_S)
 
     def runs(self, job_id: str) -> int:
-        return sum(1 for j, index, _ in self.steps if j == job_id and index == 0)
+        with self._lock:
+            return sum(1 for j, index, _ in self.steps if j == job_id and index == 0)
 
-    def wait_for_run(self, job_id: str, timeout_s: float = 10) -> None:
+    def wait_for_run(self, job_id: str, timeout_s: float = 30) -> None:
         deadline = time.monotonic() + timeout_s
         while self.runs(job_id) == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert self.runs(job_id), f"job {job_id} never started"
+        assert self.runs(job_id), f"job {job_id} never started within {timeout_s:g} s"
+
+    @contextlib.contextmanager
+    def holding(self, job_id: str) -> Iterator[None]:
+        """Within the block, the job's run waits at its first step (after it is recorded); it goes on after."""
+        released = threading.Event()
+        with self._lock:
+            self._held[job_id] = released
+        try:
+            yield
+        finally:
+            released.set()
+            with self._lock:
+                del self._held[job_id]
 
 
 class TestWorker:

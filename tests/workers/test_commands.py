@@ -70,7 +70,8 @@ def test_serve_in_production_never_generates_secrets_and_names_the_missing_one(d
     assert "never generated" in done.stderr
 
 
-def test_local_secrets_are_generated_once_on_one_machine_only(tmp_path: Path, database_url: str) -> None:
+def test_local_secrets_are_generated_once_on_one_machine_only(tmp_path: Path, database_url: str, monkeypatch) -> None:
+    monkeypatch.delenv("DATABASE_URL", raising=False)  # the run's own server may be given that way
     embedded = Settings(data_dir=tmp_path)  # no DATABASE_URL: the embedded database's machine
     filled, generated = local_secrets.with_local_secrets(embedded, generate=True)
     assert sorted(generated) == ["key_signing_secrets", "specialist_checkpoint_key", "worker_job_secrets"]
@@ -109,6 +110,8 @@ def test_serve_runs_the_whole_system_in_one_command_and_ctrl_c_stops_every_part(
             except httpx.HTTPError:
                 pass
             time.sleep(0.1)
+        else:
+            pytest.fail(f"serve did not answer /readyz within 40 s:\n{log_path.read_text()}")
         children = [int(pid) for pid in Path(f"/proc/{serve.pid}/task/{serve.pid}/children").read_text().split()]
         assert len(children) == 2  # the worker and the dispatcher
         own = db.make_engine(url, Settings(database_url=url))

@@ -29,13 +29,14 @@ def dispatch(worker: TestWorker, job_id: str, steps: list[dict], url: str | None
 
 def test_finished_busy_and_unknown_answers_tell_the_queue_what_to_do(worker: TestWorker) -> None:
     job = "job-" + secrets.token_hex(8)
-    slow = dispatch(worker, job, [{"op": "sleep", "seconds": 0.5}, {"op": "complete"}])
+    running = dispatch(worker, job, [{"op": "complete"}])
     with httpx.Client() as client, ThreadPoolExecutor(1) as pool:
-        first = pool.submit(deliver_over_http, slow, client=client, timeout_s=10)
-        worker.log.wait_for_run(job)
-        busy = deliver_over_http(slow, client=client, timeout_s=10)
-        done = first.result(timeout=10)
-        again = deliver_over_http(slow, client=client, timeout_s=10)
+        with worker.log.holding(job):  # the first delivery's run goes on only once the second one is answered
+            first = pool.submit(deliver_over_http, running, client=client, timeout_s=30)
+            worker.log.wait_for_run(job)
+            busy = deliver_over_http(running, client=client, timeout_s=30)
+        done = first.result(timeout=30)
+        again = deliver_over_http(running, client=client, timeout_s=30)
     assert (busy.verdict, busy.status, busy.code) == ("retry", 503, "job_busy") and busy.retry_after_s >= 1
     assert (done.verdict, done.code) == ("done", "job_finished")
     assert (again.verdict, again.code) == ("done", "job_already_finished")
@@ -60,7 +61,8 @@ def test_an_unreachable_worker_is_retried(worker: TestWorker) -> None:
 def test_a_delivery_that_outlives_its_deadline_is_retried_later(worker: TestWorker) -> None:
     job = "job-" + secrets.token_hex(8)
     with httpx.Client() as client:
-        result = deliver_over_http(dispatch(worker, job, [{"op": "sleep", "seconds": 1}]), client=client, timeout_s=0.3)
+        with worker.log.holding(job):  # the worker answers only after the delivery has given up on it
+            result = deliver_over_http(dispatch(worker, job, [{"op": "complete"}]), client=client, timeout_s=0.3)
     assert (result.verdict, result.code) == ("retry", "worker_timed_out")
 
 
