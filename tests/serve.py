@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 
 from core.settings import PROJECT_ROOT
+from tests import http_calls
 from tests.app.conftest import edge_env, free_port
 from tests.specialists import support
 from tests.workers.conftest import WORKER_SECRET
@@ -48,7 +49,7 @@ def running_service(server_url: str, log_dir: Path, ready_timeout_s: float = 60)
         while True:
             assert serve.poll() is None, log_path.read_text()
             try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                if http_calls.get(f"{base}/readyz", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass

@@ -33,6 +33,7 @@ from sqlalchemy import Engine, text
 from core.settings import PROJECT_ROOT
 from ledger import keys
 from ledger.service import Ledger
+from tests import http_calls
 from tests.conftest import TEST_SECRET
 
 PAID_SPEC = """\
@@ -119,7 +120,7 @@ def start_edge(database_url: str, specs_dir: Path, log_dir: Path, name: str, **s
         if process.poll() is not None:
             raise RuntimeError(f"edge {name} exited with {process.returncode}:\n{log_path.read_text()}")
         try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+            if http_calls.get(f"{url}/readyz", timeout=1).status_code == 200:
                 return EdgeProcess(url=url, process=process, log_path=log_path)
         except httpx.HTTPError:
             pass

@@ -6,13 +6,14 @@ import httpx
 import pytest
 from sqlalchemy import text
 
+from tests import http_calls
 from tests.app.conftest import NOTHING, PAID, PAID_TARIFF, footprint, message, rpc
 
 pytestmark = pytest.mark.timeout(60, func_only=True)
 
 
 def send(edge, customer, body: dict, specialist: str = PAID) -> httpx.Response:
-    return httpx.post(f"{edge.specialist(specialist)}/message:send", json=body, headers=customer.headers, timeout=10)
+    return http_calls.post(f"{edge.specialist(specialist)}/message:send", json=body, headers=customer.headers)
 
 
 def reason(response: httpx.Response) -> str:
@@ -128,7 +129,7 @@ def test_a_resend_through_the_other_instance_and_the_other_binding_is_the_same_t
     customer = make_customer(credits=50)
     body = message(returnImmediately=True)
     first = send(edge_a, customer, body)
-    again = httpx.post(
+    again = http_calls.post(
         f"{edge_b.specialist(PAID)}/jsonrpc", json=rpc("SendMessage", body), headers=customer.headers, timeout=10
     )
     assert again.json()["result"]["task"]["id"] == first.json()["task"]["id"]
@@ -166,7 +167,7 @@ def test_cancel_before_any_worker_claimed_the_task_voids_its_reservation(edge_a,
     customer = make_customer(credits=PAID_TARIFF)
     task_id = send(edge_a, customer, message(returnImmediately=True)).json()["task"]["id"]
     assert ledger.account(customer.customer_id).available == 0
-    canceled = httpx.post(f"{edge_b.specialist(PAID)}/tasks/{task_id}:cancel", json={}, headers=customer.headers)
+    canceled = http_calls.post(f"{edge_b.specialist(PAID)}/tasks/{task_id}:cancel", json={}, headers=customer.headers)
     assert canceled.status_code == 200, canceled.text
     assert canceled.json()["status"]["state"] == "TASK_STATE_CANCELED"
     assert reservation_state(engine, task_id) == ("voided", 0)
@@ -175,7 +176,7 @@ def test_cancel_before_any_worker_claimed_the_task_voids_its_reservation(edge_a,
         assert conn.execute(
             text("SELECT status FROM dispatch_outbox WHERE task_id = :t"), {"t": task_id}
         ).scalar_one() == "canceled"
-    again = httpx.post(f"{edge_a.specialist(PAID)}/tasks/{task_id}:cancel", json={}, headers=customer.headers)
+    again = http_calls.post(f"{edge_a.specialist(PAID)}/tasks/{task_id}:cancel", json={}, headers=customer.headers)
     assert again.status_code == 400
     assert again.json()["error"]["details"][0]["reason"] == "TASK_NOT_CANCELABLE"
 
@@ -234,6 +235,6 @@ def test_cancel_of_a_task_waiting_for_input_after_a_run_charges_the_tariff(edge_
         task, version = taskrows.load_locked(conn, task_id, owner)
         task.status.state = TaskState.TASK_STATE_INPUT_REQUIRED
         taskrows.write(conn, task, owner, version, task)
-    canceled = httpx.post(f"{edge_a.specialist(PAID)}/tasks/{task_id}:cancel", json={}, headers=customer.headers)
+    canceled = http_calls.post(f"{edge_a.specialist(PAID)}/tasks/{task_id}:cancel", json={}, headers=customer.headers)
     assert canceled.json()["status"]["state"] == "TASK_STATE_CANCELED"
     assert reservation_state(engine, task_id) == ("settled", PAID_TARIFF)

@@ -7,13 +7,14 @@ import pytest
 from sqlalchemy import text
 
 from ledger import keys
+from tests import http_calls
 from tests.app.conftest import NOTHING, PAID, footprint, message, rpc
 
 pytestmark = pytest.mark.timeout(60, func_only=True)
 
 
 def send_rest(edge, headers: dict, specialist: str = PAID, body: dict | None = None) -> httpx.Response:
-    return httpx.post(f"{edge.specialist(specialist)}/message:send", json=body or message(), headers=headers)
+    return http_calls.post(f"{edge.specialist(specialist)}/message:send", json=body or message(), headers=headers)
 
 
 def test_a_request_without_a_key_is_refused_with_the_header_to_send(edge_a):
@@ -26,7 +27,7 @@ def test_a_request_without_a_key_is_refused_with_the_header_to_send(edge_a):
 
 
 def test_json_rpc_callers_get_the_refusal_as_a_json_rpc_error(edge_a):
-    answer = httpx.post(f"{edge_a.specialist(PAID)}/jsonrpc", json=rpc("SendMessage", message()))
+    answer = http_calls.post(f"{edge_a.specialist(PAID)}/jsonrpc", json=rpc("SendMessage", message()))
     assert answer.status_code == 401
     assert answer.headers["www-authenticate"].startswith("Bearer")
     body = answer.json()
@@ -78,13 +79,13 @@ def test_a_revoked_key_is_refused_on_every_instance_and_leaves_nothing(edge_a, e
 
 
 def test_reads_need_a_key_too(edge_a):
-    answer = httpx.get(f"{edge_a.specialist(PAID)}/tasks", headers={"A2A-Version": "1.0"})
+    answer = http_calls.get(f"{edge_a.specialist(PAID)}/tasks", headers={"A2A-Version": "1.0"})
     assert answer.status_code == 401
 
 
 def test_the_public_card_and_the_specialist_list_need_no_key(edge_a):
-    assert httpx.get(f"{edge_a.url}/specialists").status_code == 200
-    assert httpx.get(f"{edge_a.specialist(PAID)}/.well-known/agent-card.json").status_code == 200
+    assert http_calls.get(f"{edge_a.url}/specialists").status_code == 200
+    assert http_calls.get(f"{edge_a.specialist(PAID)}/.well-known/agent-card.json").status_code == 200
 
 
 def test_an_unknown_specialist_is_not_found(edge_a, make_customer):
@@ -98,7 +99,7 @@ def test_an_unknown_specialist_is_not_found(edge_a, make_customer):
 
 
 def test_anonymous_callers_are_served_for_a_free_specialist_when_the_operator_allows_it(strict_edge, engine):
-    answer = httpx.post(
+    answer = http_calls.post(
         f"{strict_edge.specialist('conformance')}/message:send",
         json=message(returnImmediately=True),
         headers={"A2A-Version": "1.0"},
@@ -110,7 +111,7 @@ def test_anonymous_callers_are_served_for_a_free_specialist_when_the_operator_al
             text("SELECT customer_id, tariff_credits FROM edge_tasks WHERE task_id = :t"), {"t": task_id}
         ).one()
     assert (row.customer_id, row.tariff_credits) == (None, 0)
-    fetched = httpx.get(f"{strict_edge.specialist('conformance')}/tasks/{task_id}", headers={"A2A-Version": "1.0"})
+    fetched = http_calls.get(f"{strict_edge.specialist('conformance')}/tasks/{task_id}", headers={"A2A-Version": "1.0"})
     assert fetched.status_code == 200
 
 
@@ -126,7 +127,7 @@ def test_anonymous_callers_are_refused_by_default(edge_a):
 
 
 def test_anonymous_callers_cannot_list_tasks(strict_edge):
-    answer = httpx.get(f"{strict_edge.specialist('conformance')}/tasks", headers={"A2A-Version": "1.0"})
+    answer = http_calls.get(f"{strict_edge.specialist('conformance')}/tasks", headers={"A2A-Version": "1.0"})
     assert answer.status_code == 401
     assert answer.json()["error"]["details"][0]["metadata"]["code"] == "key_required_for_listing"
 
@@ -134,7 +135,7 @@ def test_anonymous_callers_cannot_list_tasks(strict_edge):
 def test_an_anonymous_resend_of_a_message_id_is_refused_rather_than_answered(strict_edge):
     body = message(returnImmediately=True)
     url = f"{strict_edge.specialist('conformance')}/message:send"
-    assert httpx.post(url, json=body, headers={"A2A-Version": "1.0"}).status_code == 200
-    again = httpx.post(url, json=body, headers={"A2A-Version": "1.0"})
+    assert http_calls.post(url, json=body, headers={"A2A-Version": "1.0"}).status_code == 200
+    again = http_calls.post(url, json=body, headers={"A2A-Version": "1.0"})
     assert again.status_code == 409
     assert again.json()["error"]["details"][0]["metadata"]["code"] == "message_id_conflict"

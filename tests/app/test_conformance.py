@@ -13,6 +13,7 @@ from a2a.client.card_resolver import A2ACardResolver
 from a2a.types.a2a_pb2 import Message, Part, Role, SendMessageRequest, TaskState
 from sqlalchemy import text
 
+from tests import http_calls
 from tests.app.conftest import CONFORMANCE_HOLD_S, message, rpc
 
 pytestmark = pytest.mark.timeout(60, func_only=True)
@@ -20,7 +21,7 @@ CONFORMANCE = "conformance"
 
 
 def send(edge, customer, prefix: str) -> dict:
-    answer = httpx.post(
+    answer = http_calls.post(
         f"{edge.specialist(CONFORMANCE)}/jsonrpc",
         json=rpc("SendMessage", message(f"{prefix}-{uuid.uuid4()}")),
         headers=customer.headers,
@@ -139,7 +140,7 @@ async def test_stream_artifact_chunked_streams_two_chunks_of_one_artifact(edge_a
 def test_the_resubscribe_scenario_stays_working_before_it_completes(edge_a, make_customer):
     customer = make_customer()
     base = edge_a.specialist(CONFORMANCE)
-    task = httpx.post(
+    task = http_calls.post(
         f"{base}/message:send",
         json=message(f"test-resubscribe-message-id-{uuid.uuid4()}", returnImmediately=True),
         headers=customer.headers,
@@ -148,7 +149,7 @@ def test_the_resubscribe_scenario_stays_working_before_it_completes(edge_a, make
     # Generous, since only "never" is a failure; past the hold, which the task must sit out before it completes.
     deadline = time.monotonic() + CONFORMANCE_HOLD_S + 20
     while time.monotonic() < deadline:
-        state = httpx.get(f"{base}/tasks/{task['id']}", headers=customer.headers).json()["status"]["state"]
+        state = http_calls.get(f"{base}/tasks/{task['id']}", headers=customer.headers).json()["status"]["state"]
         seen.add(state)
         if state == "TASK_STATE_COMPLETED":
             break

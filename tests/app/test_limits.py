@@ -13,6 +13,7 @@ import time
 import httpx
 import pytest
 
+from tests import http_calls
 from tests.app.conftest import NOTHING, PAID, footprint, message, rpc
 
 pytestmark = pytest.mark.timeout(60, func_only=True)
@@ -22,7 +23,7 @@ LIMIT = 4096
 def test_a_declared_body_over_the_limit_is_refused_before_it_is_read(strict_edge, engine, make_customer):
     customer = make_customer(credits=50)
     body = json.dumps(message(text="x" * (2 * LIMIT))).encode()
-    answer = httpx.post(
+    answer = http_calls.post(
         f"{strict_edge.specialist(PAID)}/message:send",
         content=body,
         headers={**customer.headers, "Content-Type": "application/json"},
@@ -43,7 +44,7 @@ def test_a_streamed_body_is_counted_as_it_arrives_and_refused_past_the_limit(str
             sent.append(1024)
             yield b" " * 1024
 
-    answer = httpx.post(
+    answer = http_calls.post(
         f"{strict_edge.specialist(PAID)}/jsonrpc",
         content=chunks(),
         headers={**customer.headers, "Content-Type": "application/json"},
@@ -55,7 +56,7 @@ def test_a_streamed_body_is_counted_as_it_arrives_and_refused_past_the_limit(str
 
 def test_a_compressed_body_is_refused(strict_edge, engine, make_customer):
     customer = make_customer(credits=50)
-    answer = httpx.post(
+    answer = http_calls.post(
         f"{strict_edge.specialist(PAID)}/message:send",
         content=gzip.compress(json.dumps(message()).encode()),
         headers={**customer.headers, "Content-Type": "application/json", "Content-Encoding": "gzip"},
@@ -71,7 +72,7 @@ def test_a_body_that_is_not_json_is_refused_as_unsupported_media(strict_edge, ma
     headers = dict(customer.headers)
     if content_type:
         headers["Content-Type"] = content_type
-    answer = httpx.post(
+    answer = http_calls.post(
         f"{strict_edge.specialist(PAID)}/message:send", content=json.dumps(message()).encode(), headers=headers
     )
     assert answer.status_code == 415
@@ -81,7 +82,7 @@ def test_a_body_that_is_not_json_is_refused_as_unsupported_media(strict_edge, ma
 @pytest.mark.parametrize("content_type", ["application/json", "application/a2a+json", "application/json; charset=utf-8"])
 def test_both_json_media_types_are_accepted(strict_edge, make_customer, content_type):
     customer = make_customer(credits=50)
-    answer = httpx.post(
+    answer = http_calls.post(
         f"{strict_edge.specialist(PAID)}/message:send",
         content=json.dumps(message(returnImmediately=True)).encode(),
         headers={**customer.headers, "Content-Type": content_type},
@@ -94,7 +95,7 @@ def test_a_key_over_its_rate_limit_gets_429_with_retry_after_and_leaves_no_task(
     answers = []
     # 4 per window; a window boundary mid-test resets the count once, so 9 requests always hit the limit.
     for _ in range(9):
-        answer = httpx.post(
+        answer = http_calls.post(
             f"{strict_edge.specialist(PAID)}/message:send",
             json=message(returnImmediately=True),
             headers=customer.headers,
@@ -116,7 +117,7 @@ def test_rate_limited_json_rpc_callers_get_a_json_rpc_error(strict_edge, make_cu
     customer = make_customer()
     url = f"{strict_edge.specialist('conformance')}/jsonrpc"
     for _ in range(9):
-        answer = httpx.post(url, json=rpc("GetTask", {"id": "nope"}), headers=customer.headers)
+        answer = http_calls.post(url, json=rpc("GetTask", {"id": "nope"}), headers=customer.headers)
         if answer.status_code == 429:
             break
     assert answer.status_code == 429
@@ -127,14 +128,14 @@ def test_rate_limited_json_rpc_callers_get_a_json_rpc_error(strict_edge, make_cu
 def test_the_rate_limit_is_per_key(strict_edge, make_customer):
     first, second = make_customer(), make_customer()
     url = f"{strict_edge.specialist('conformance')}/tasks"
-    statuses = [httpx.get(url, headers=first.headers).status_code for _ in range(9)]
+    statuses = [http_calls.get(url, headers=first.headers).status_code for _ in range(9)]
     assert 429 in statuses
-    assert httpx.get(url, headers=second.headers).status_code == 200
+    assert http_calls.get(url, headers=second.headers).status_code == 200
 
 
 def open_streams(edge) -> float:
     """The instance's own count of the streams it serves (its ``edge_open_streams`` gauge)."""
-    metrics = httpx.get(f"{edge.url}/metrics", timeout=30).text
+    metrics = http_calls.get(f"{edge.url}/metrics", timeout=30).text
     return float(re.search(r"^edge_open_streams (\S+)$", metrics, re.MULTILINE).group(1))
 
 
@@ -151,7 +152,7 @@ def test_streams_beyond_the_instance_limit_are_refused_with_503_until_one_closes
     base = strict_edge.specialist(PAID)
     owners = [make_customer(credits=20) for _ in range(3)]
     tasks = [
-        httpx.post(f"{base}/message:send", json=message(returnImmediately=True), headers=c.headers).json()["task"]["id"]
+        http_calls.post(f"{base}/message:send", json=message(returnImmediately=True), headers=c.headers).json()["task"]["id"]
         for c in owners
     ]
 
@@ -172,7 +173,7 @@ def test_streams_beyond_the_instance_limit_are_refused_with_503_until_one_closes
 
 def test_a_json_rpc_body_that_is_not_json_gets_415_as_a_json_rpc_error(strict_edge, make_customer):
     customer = make_customer()
-    answer = httpx.post(
+    answer = http_calls.post(
         f"{strict_edge.specialist('conformance')}/jsonrpc",
         content=json.dumps(rpc("GetTask", {"id": "x"})).encode(),
         headers={**customer.headers, "Content-Type": "text/plain"},

@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from core.settings import PROJECT_ROOT
+from tests import http_calls
 from tests.app.conftest import PAID, edge_env, message, rpc, start_edge, stop_edge
 from tests.conftest import _with_database
 
@@ -21,26 +22,26 @@ pytestmark = pytest.mark.timeout(60, func_only=True)
 
 
 def test_healthz_says_alive(edge_a):
-    answer = httpx.get(f"{edge_a.url}/healthz")
+    answer = http_calls.get(f"{edge_a.url}/healthz")
     assert answer.status_code == 200 and answer.json() == {"status": "alive"}
 
 
 def test_readyz_checks_the_database_and_the_schema(edge_a):
     from core import db
 
-    answer = httpx.get(f"{edge_a.url}/readyz")
+    answer = http_calls.get(f"{edge_a.url}/readyz")
     assert answer.status_code == 200
     assert answer.json() == {"status": "ready", "schema": db.head_revision()}
 
 
 def test_metrics_count_requests_and_admissions_in_prometheus_format(edge_a, make_customer):
     customer = make_customer()
-    httpx.post(
+    http_calls.post(
         f"{edge_a.specialist('conformance')}/message:send",
         json=message(f"tck-complete-task-{uuid.uuid4()}"),
         headers=customer.headers,
     )
-    answer = httpx.get(f"{edge_a.url}/metrics")
+    answer = http_calls.get(f"{edge_a.url}/metrics")
     assert answer.status_code == 200
     assert answer.headers["content-type"].startswith("text/plain")
     body = answer.text
@@ -51,11 +52,11 @@ def test_metrics_count_requests_and_admissions_in_prometheus_format(edge_a, make
 def test_every_response_carries_a_request_id_that_the_json_log_line_repeats(edge_a, make_customer):
     customer = make_customer()
     mine = f"req-{uuid.uuid4().hex[:12]}"
-    answer = httpx.get(
+    answer = http_calls.get(
         f"{edge_a.specialist('conformance')}/tasks", headers={**customer.headers, "X-Request-Id": mine}
     )
     assert answer.headers["x-request-id"] == mine
-    generated = httpx.get(f"{edge_a.url}/healthz").headers["x-request-id"]
+    generated = http_calls.get(f"{edge_a.url}/healthz").headers["x-request-id"]
     assert len(generated) == 32
     lines = [json.loads(line) for line in edge_a.log_text().splitlines() if line.startswith("{")]
     access = [line for line in lines if line.get("request_id") == mine]
@@ -75,7 +76,7 @@ def test_keys_never_reach_the_logs_even_at_debug(edge_b, make_customer):
         with http.stream("POST", f"{base}/message:stream", json=message(f"tck-stream-001-{uuid.uuid4()}")) as s:
             s.read()
     tampered = customer.key[:-3] + "xyz"
-    httpx.post(f"{base}/message:send", json=message(), headers={"Authorization": f"Bearer {tampered}"})
+    http_calls.post(f"{base}/message:send", json=message(), headers={"Authorization": f"Bearer {tampered}"})
     log = edge_b.log_text()
     assert "DEBUG" in log  # the SDK's debug lines (call contexts, bodies) are there...
     secret_part = customer.key.split("_", 3)[3]
@@ -131,13 +132,13 @@ def test_metrics_answer_only_the_scraper_when_a_metrics_token_is_set(database_ur
     token = "scraper-" + "s" * 32
     edge = start_edge(database_url, edge_specs_dir, tmp_path, "metrics-token", metrics_token=token)
     try:
-        anonymous = httpx.get(f"{edge.url}/metrics")
+        anonymous = http_calls.get(f"{edge.url}/metrics")
         assert anonymous.status_code == 401 and anonymous.json()["code"] == "metrics_token_required"
         assert "SPECIALISTS_METRICS_TOKEN" in anonymous.json()["message"]
-        assert httpx.get(f"{edge.url}/metrics", headers={"Authorization": "Bearer " + token[:-1]}).status_code == 401
-        scraped = httpx.get(f"{edge.url}/metrics", headers={"Authorization": f"Bearer {token}"})
+        assert http_calls.get(f"{edge.url}/metrics", headers={"Authorization": "Bearer " + token[:-1]}).status_code == 401
+        scraped = http_calls.get(f"{edge.url}/metrics", headers={"Authorization": f"Bearer {token}"})
         assert scraped.status_code == 200 and "edge_http_requests_total" in scraped.text
-        assert httpx.get(f"{edge.url}/healthz").status_code == 200  # probes stay open
+        assert http_calls.get(f"{edge.url}/healthz").status_code == 200  # probes stay open
     finally:
         stop_edge(edge)
     assert token not in edge.log_text()

@@ -7,6 +7,7 @@ import uuid
 import httpx
 import pytest
 
+from tests import http_calls
 from tests.app.conftest import message, rpc
 
 pytestmark = pytest.mark.timeout(60, func_only=True)
@@ -16,7 +17,7 @@ CONFORMANCE = "conformance"
 @pytest.fixture
 def owners_task(edge_a, make_customer) -> tuple[str, str]:
     owner = make_customer()
-    answer = httpx.post(
+    answer = http_calls.post(
         f"{edge_a.specialist(CONFORMANCE)}/message:send",
         json=message(f"tck-input-required-{uuid.uuid4()}"),
         headers=owner.headers,
@@ -74,25 +75,25 @@ def test_another_customers_task_answers_like_a_missing_one_over_json_rpc(edge_b,
 def test_another_customers_tasks_are_not_listed(edge_a, make_customer, owners_task):
     task_id, _ = owners_task
     stranger = make_customer()
-    listed = httpx.get(f"{edge_a.specialist(CONFORMANCE)}/tasks", headers=stranger.headers).json()
+    listed = http_calls.get(f"{edge_a.specialist(CONFORMANCE)}/tasks", headers=stranger.headers).json()
     assert listed["tasks"] == [] and listed["totalSize"] == 0
 
 
 def test_a_task_of_one_specialist_is_not_found_through_another(edge_a, make_customer):
     customer = make_customer(credits=50)
-    task_id = httpx.post(
+    task_id = http_calls.post(
         f"{edge_a.specialist('paid-echo')}/message:send",
         json=message(returnImmediately=True),
         headers=customer.headers,
     ).json()["task"]["id"]
-    answer = httpx.get(f"{edge_a.specialist(CONFORMANCE)}/tasks/{task_id}", headers=customer.headers)
+    answer = http_calls.get(f"{edge_a.specialist(CONFORMANCE)}/tasks/{task_id}", headers=customer.headers)
     assert answer.status_code == 404
 
 
 def test_a_context_id_stays_with_its_first_customer(edge_a, make_customer, owners_task):
     _, context_id = owners_task
     stranger = make_customer()
-    answer = httpx.post(
+    answer = http_calls.post(
         f"{edge_a.specialist(CONFORMANCE)}/message:send",
         json=message(f"tck-complete-task-{uuid.uuid4()}", contextId=context_id),
         headers=stranger.headers,
@@ -104,8 +105,8 @@ def test_a_context_id_stays_with_its_first_customer(edge_a, make_customer, owner
 def test_the_owner_continues_its_own_context_with_a_new_task(edge_a, make_customer):
     owner = make_customer()
     url = f"{edge_a.specialist(CONFORMANCE)}/message:send"
-    first = httpx.post(url, json=message(f"tck-complete-task-{uuid.uuid4()}"), headers=owner.headers).json()["task"]
-    second = httpx.post(
+    first = http_calls.post(url, json=message(f"tck-complete-task-{uuid.uuid4()}"), headers=owner.headers).json()["task"]
+    second = http_calls.post(
         url, json=message(f"tck-complete-task-{uuid.uuid4()}", contextId=first["contextId"]), headers=owner.headers
     ).json()["task"]
     assert second["contextId"] == first["contextId"] and second["id"] != first["id"]

@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from core.settings import Settings
+from tests import http_calls
 from tests.app.conftest import message, rpc
 
 pytestmark = pytest.mark.timeout(40, func_only=True)
@@ -23,7 +24,7 @@ def jsonrpc(edge, customer, body: dict, *, version: str | None = "1.0") -> dict:
     headers = {"Authorization": f"Bearer {customer.key}"}
     if version is not None:
         headers["A2A-Version"] = version
-    return httpx.post(f"{edge.specialist(CONFORMANCE)}/jsonrpc", json=body, headers=headers, timeout=30).json()
+    return http_calls.post(f"{edge.specialist(CONFORMANCE)}/jsonrpc", json=body, headers=headers, timeout=30).json()
 
 
 def test_a_request_without_a2a_version_is_read_as_0_3_so_a_1_0_method_is_refused(edge_a, make_customer):
@@ -48,7 +49,7 @@ def test_a_request_without_a2a_version_may_use_the_0_3_method_names(edge_a, make
 
 def test_an_http_json_request_without_a2a_version_is_refused_as_unsupported_version(edge_a, make_customer):
     customer = make_customer()
-    answer = httpx.post(
+    answer = http_calls.post(
         f"{edge_a.specialist(CONFORMANCE)}/message:send",
         json=message(),
         headers={"Authorization": f"Bearer {customer.key}"},
@@ -113,7 +114,7 @@ def test_a_follow_up_naming_another_context_than_its_tasks_is_refused(edge_a, ma
 
 def test_tenant_prefixed_paths_are_not_served(edge_a, make_customer):
     customer = make_customer()
-    answer = httpx.get(f"{edge_a.url}/some-tenant/specialists/{CONFORMANCE}/tasks", headers=customer.headers)
+    answer = http_calls.get(f"{edge_a.url}/some-tenant/specialists/{CONFORMANCE}/tasks", headers=customer.headers)
     assert answer.status_code == 404
 
 
@@ -135,11 +136,11 @@ def test_a_quiet_stream_sends_keep_alives_within_the_sdk_clients_five_second_tim
     assert PING_INTERVAL_S < sdk_read_timeout_s, "SPECIALISTS_SSE_PING_INTERVAL_S must stay below the SDK's timeout"
     customer = make_customer(credits=20)
     base = edge_a.specialist("paid-echo")  # nothing runs paid tasks here: the stream stays quiet
-    task = httpx.post(f"{base}/message:send", json=message(returnImmediately=True), headers=customer.headers).json()
+    task = http_calls.post(f"{base}/message:send", json=message(returnImmediately=True), headers=customer.headers).json()
     pings = 0
     # On the wire, keep-alives keep coming: none is ever more than a generous multiple of the interval late.
     gap_bound_s = PING_GAP_MARGIN_FACTOR * PING_INTERVAL_S
-    with httpx.stream(
+    with http_calls.stream(
         "GET", f"{base}/tasks/{task['task']['id']}:subscribe", headers=customer.headers, timeout=gap_bound_s
     ) as stream:
         assert stream.status_code == 200

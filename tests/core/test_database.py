@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
 from core import db
 from core.settings import PROJECT_ROOT
+from tests import http_calls
 from tests.conftest import _with_database
 
 
@@ -78,12 +78,12 @@ def test_code_keeps_serving_and_starting_on_a_schema_migrated_past_it_only_while
         db.require_schema_at_head(engine)
         edge = start_edge(url, PROJECT_ROOT / "specs", tmp_path, "previous-revision")  # a new instance starts
         try:
-            assert httpx.get(f"{edge.url}/readyz", timeout=5).json() == {"status": "ready", "schema": "9990"}
+            assert http_calls.get(f"{edge.url}/readyz").json() == {"status": "ready", "schema": "9990"}
             with engine.begin() as conn:  # then a contracting one
                 conn.execute(text("INSERT INTO schema_compatibility VALUES ('9991', '9990', false, 'drops a column', "
                                   "now())"))
                 conn.execute(text("UPDATE alembic_version SET version_num = '9991'"))
-            ready = httpx.get(f"{edge.url}/readyz", timeout=5)
+            ready = http_calls.get(f"{edge.url}/readyz")
             assert ready.status_code == 503 and ready.json()["reason"] == "schema_not_at_head"
         finally:
             stop_edge(edge)

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from core.settings import PROJECT_ROOT
+from tests import http_calls
 from tests.app.conftest import free_port
 from tests.deploy.manifests import ENTRYPOINT
 
@@ -100,7 +101,7 @@ def start_role(args: list[str], env: Mapping[str, str], log: Path, *, port: int,
         if process.poll() is not None:
             raise AssertionError(f"{args} exited with {process.returncode}:\n{role.log_text()}")
         try:
-            answer = httpx.get(f"{role.url}{ready_path}", timeout=2)
+            answer = http_calls.get(f"{role.url}{ready_path}", timeout=2)
             if answer.status_code == 200:
                 return role
             last = f"{answer.status_code} {answer.text}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from tests import http_calls
 from tests.app.conftest import WHOLE_SYSTEM
 from tests.conftest import TEST_SECRET
 from tests.deploy.roles import clean_environment, free_port, run_role, start_role
@@ -21,7 +22,7 @@ WORKER_SECRET = WHOLE_SYSTEM["worker_job_secrets"]
 def refused(url: str) -> bool:
     """Nothing listens there: the connection is refused (a slow answer is an answer, not a refusal)."""
     try:
-        httpx.get(url, timeout=10)
+        http_calls.get(url)
     except httpx.ConnectError:
         return True
     return False
@@ -29,8 +30,8 @@ def refused(url: str) -> bool:
 
 def test_the_edge_and_the_worker_listen_on_the_port_cloud_run_gives_their_container(api_from_terraform, worker_from_terraform):
     # Both were started with PORT only (no SPECIALISTS_*_PORT: infra/ sets none, test_infra checks it).
-    assert httpx.get(f"{api_from_terraform.url}/healthz", timeout=5).json()["status"] == "alive"
-    assert httpx.get(f"{worker_from_terraform.url}/healthz", timeout=5).json()["status"] == "ok"
+    assert http_calls.get(f"{api_from_terraform.url}/healthz").json()["status"] == "alive"
+    assert http_calls.get(f"{worker_from_terraform.url}/healthz").json()["status"] == "ok"
 
 
 def test_a_roles_own_port_setting_wins_over_port(database_url, tmp_path):
@@ -63,7 +64,7 @@ def test_serve_gives_port_to_the_edge_and_keeps_its_own_worker_on_the_workers_se
     )
     service = start_role(["serve"], env, tmp_path / "serve.log", port=port, ready_path="/readyz")
     try:
-        assert httpx.get(f"http://127.0.0.1:{worker_port}/healthz", timeout=5).json()["status"] == "ok"
+        assert http_calls.get(f"http://127.0.0.1:{worker_port}/healthz").json()["status"] == "ok"
     finally:
         service.stop()
     assert service.process.returncode == 0, service.log_text()

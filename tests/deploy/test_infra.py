@@ -13,7 +13,6 @@ import tomllib
 import uuid
 from pathlib import Path
 
-import httpx
 import psycopg
 import pytest
 
@@ -24,6 +23,7 @@ from core.settings_doc import env_name
 from core.specs import load_specs
 from specialists.cli import build_parser, cmd_db_upgrade, cmd_serve, cmd_worker
 from specialists.drill.cli import cmd_drill
+from tests import http_calls
 from tests.deploy.conftest import terraform_environment
 from tests.deploy.manifests import Terraform, container, container_env, dockerfile_stages, revision_template
 from tests.deploy.roles import on_this_machine, run_command, run_role
@@ -86,15 +86,15 @@ def account(tf: Terraform, name: str) -> str:
 
 
 def test_the_worker_starts_from_terraforms_environment_and_serves_every_specialist(worker_from_terraform):
-    ready = httpx.get(f"{worker_from_terraform.url}/readyz", timeout=5)
+    ready = http_calls.get(f"{worker_from_terraform.url}/readyz")
     assert ready.status_code == 200, ready.text
     assert set(rlm_specs()) <= set(ready.json()["specialists"])
     assert ready.json()["problems"] == []
 
 
 def test_the_api_starts_from_terraforms_environment_with_its_relay_and_publishes_the_public_url(tf, api_from_terraform):
-    assert httpx.get(f"{api_from_terraform.url}/readyz", timeout=5).status_code == 200
-    card = httpx.get(f"{api_from_terraform.url}/specialists/conformance/.well-known/agent-card.json", timeout=5).json()
+    assert http_calls.get(f"{api_from_terraform.url}/readyz").status_code == 200
+    card = http_calls.get(f"{api_from_terraform.url}/specialists/conformance/.well-known/agent-card.json").json()
     public_url = container_env(tf, SERVICE, "api").plain["SPECIALISTS_EDGE_PUBLIC_URL"]
     assert public_url == tf.reference("local.api_run_url")
     assert all(interface["url"].startswith(public_url) for interface in card["supportedInterfaces"])
@@ -128,7 +128,7 @@ def test_a_key_and_credits_the_drill_job_gives_from_its_environment_are_honoured
     assert granted.returncode == 0, granted.stderr
     key = json.loads(issued.stdout)["key"]
     assert key.startswith(f"sk_{tf.default('key_environment')}_")
-    card = httpx.get(
+    card = http_calls.get(
         f"{api_from_terraform.url}/specialists/conformance/extendedAgentCard",
         headers={"Authorization": f"Bearer {key}", "A2A-Version": "1.0"},
         timeout=5,

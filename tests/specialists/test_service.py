@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
-import httpx
 import pytest
 from sqlalchemy import text
 
@@ -20,6 +19,7 @@ from core import db
 from core.settings import Settings
 from ledger import keys
 from ledger.service import Ledger
+from tests import http_calls
 from tests.conftest import TEST_SECRET
 from tests.specialists import support
 from tests.specialists.test_resume import FILES as FOUR_DEFECTS
@@ -77,13 +77,13 @@ def send(system: System, headers: dict[str, str], specialist: str, files: dict[s
     ]
     body = {"message": {"messageId": f"m-{uuid.uuid4()}", "role": "ROLE_USER", "parts": parts},
             "configuration": {"returnImmediately": True}}
-    answer = httpx.post(f"{system.edges[0].specialist(specialist)}/message:send", json=body, headers=headers, timeout=30)
+    answer = http_calls.post(f"{system.edges[0].specialist(specialist)}/message:send", json=body, headers=headers, timeout=30)
     assert answer.status_code == 200, answer.text
     return answer.json()["task"]["id"]
 
 
 def task_of(system: System, headers: dict[str, str], specialist: str, task_id: str) -> dict:
-    return httpx.get(f"{system.edges[0].specialist(specialist)}/tasks/{task_id}", headers=headers, timeout=10).json()
+    return http_calls.get(f"{system.edges[0].specialist(specialist)}/tasks/{task_id}", headers=headers).json()
 
 
 def finished(system: System, headers: dict[str, str], specialist: str, task_id: str) -> dict | None:

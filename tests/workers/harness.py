@@ -15,6 +15,7 @@ import uvicorn
 from sqlalchemy import Engine
 
 from core.settings import Settings
+from tests import http_calls
 from tests.workers.conftest import WORKER_SECRET
 from workers.auth import JobSigner
 from workers.runner import ScriptedRunner, ScriptStep
@@ -139,7 +140,7 @@ class TestWorker:
         )
 
     def post(self, body: bytes, *, headers: dict[str, str] | None = None, timeout_s: float = 30) -> httpx.Response:
-        return httpx.post(
+        return http_calls.post(
             self.jobs_url,
             content=body,
             headers={"Content-Type": "application/vnd.specialists.job", **(headers or {})},

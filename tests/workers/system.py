@@ -29,6 +29,7 @@ from sqlalchemy import Engine, create_engine, text
 
 from core import db
 from core.settings import PROJECT_ROOT
+from tests import http_calls
 from tests.app.conftest import EdgeProcess, edge_env, start_edge, stop_edge
 from tests.conftest import _with_database
 from tests.workers.conftest import WORKER_SECRET
@@ -110,7 +111,7 @@ class Worker:
     url: str  # the jobs endpoint
 
     def post(self, body: bytes, timeout_s: float = 30) -> httpx.Response:
-        return httpx.post(self.url, content=body, timeout=timeout_s)
+        return http_calls.post(self.url, content=body, timeout=timeout_s)
 
     def kill(self) -> None:
         os.kill(self.process.pid, signal.SIGKILL)

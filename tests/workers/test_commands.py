@@ -20,6 +20,7 @@ from core import db
 from core.settings import PROJECT_ROOT, Settings
 from ledger import keys
 from specialists import local_secrets
+from tests import http_calls
 from tests.app.conftest import edge_env, free_port
 from tests.conftest import TEST_SECRET
 from tests.workers.conftest import WORKER_SECRET
@@ -105,7 +106,7 @@ def test_serve_runs_the_whole_system_in_one_command_and_ctrl_c_stops_every_part(
         while time.monotonic() < deadline:
             assert serve.poll() is None, log_path.read_text()
             try:
-                if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                if http_calls.get(f"{base}/readyz", timeout=1).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
@@ -120,7 +121,7 @@ def test_serve_runs_the_whole_system_in_one_command_and_ctrl_c_stops_every_part(
                                     ttl=timedelta(days=1))
         finally:
             own.dispose()
-        answer = httpx.post(
+        answer = http_calls.post(
             f"{base}/specialists/conformance/message:send",
             json={"message": {"messageId": f"tck-complete-task-{uuid.uuid4()}", "role": "ROLE_USER",
                               "parts": [{"text": "hi"}]}},

@@ -30,6 +30,7 @@ from core import db
 from core.settings import PROJECT_ROOT, Settings
 from ledger import keys
 from ledger.service import Ledger
+from tests import http_calls
 from tests.conftest import TEST_SECRET
 from tests.workers.conftest import QUEUE, SERVICE_ACCOUNT, WORKER_SECRET
 from tests.workers.system import (
@@ -91,14 +92,14 @@ def api(system: System, index: int) -> str:
 
 
 def send(system: System, headers: dict, steps: list[dict], *, via: int = 0) -> str:
-    answer = httpx.post(f"{api(system, via)}/message:send", json=script_message(steps, returnImmediately=True),
+    answer = http_calls.post(f"{api(system, via)}/message:send", json=script_message(steps, returnImmediately=True),
                         headers=headers, timeout=30)
     assert answer.status_code == 200, answer.text
     return answer.json()["task"]["id"]
 
 
 def task_of(system: System, headers: dict, task_id: str, *, via: int = 1) -> dict:
-    return httpx.get(f"{api(system, via)}/tasks/{task_id}", headers=headers, timeout=10).json()
+    return http_calls.get(f"{api(system, via)}/tasks/{task_id}", headers=headers).json()
 
 
 def state_of(system: System, headers: dict, task_id: str, *, via: int = 1) -> str:
@@ -229,7 +230,7 @@ def test_a_cancel_through_the_other_api_instance_stops_the_running_job_within_he
     task_id = send(system, customer, [{"op": "progress", "text": "working"}, {"op": "sleep", "seconds": 30},
                                       {"op": "complete", "text": "should never happen"}], via=0)
     job = system.wait_for("the job to start", lambda: system.runs(system.job_of(task_id)) and system.job_of(task_id))
-    canceled = httpx.post(f"{api(system, 1)}/tasks/{task_id}:cancel", json={}, headers=customer, timeout=10)
+    canceled = http_calls.post(f"{api(system, 1)}/tasks/{task_id}:cancel", json={}, headers=customer)
     asked_at = time.monotonic()
     assert canceled.status_code == 200 and canceled.json()["status"]["state"] == "TASK_STATE_CANCELED"
     system.wait_for("the worker to stop", lambda: (claim(system, job) or {}).get("state") == "finished",
@@ -325,7 +326,7 @@ def killed_mid_job_then_reconciled(system: System, customer: dict) -> None:
     later = survivor.post(signed_body(system, job))  # a later delivery does not run it
     assert (later.status_code, later.json()["code"]) == (200, "job_outcome_unknown")
     assert system.runs(job) == [pid]
-    cancel = httpx.post(f"{api(system, 0)}/tasks/{task_id}:cancel", json={}, headers=customer, timeout=10)
+    cancel = http_calls.post(f"{api(system, 0)}/tasks/{task_id}:cancel", json={}, headers=customer)
     assert "under reconciliation" in cancel.json()["error"]["message"]
     assert state_of(system, customer, task_id) == "TASK_STATE_WORKING"
 

@@ -18,6 +18,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from core.settings import PROJECT_ROOT
+from tests import http_calls
 from tests.workers.conftest import WORKER_SECRET
 from workers import claims
 from workers.auth import JobSigner
@@ -53,7 +54,7 @@ class WorkerProcess:
         raise AssertionError("the worker process did not start")
 
     def post(self, body: bytes, timeout_s: float = 30) -> httpx.Response:
-        return httpx.post(self.url, content=body, timeout=timeout_s)
+        return http_calls.post(self.url, content=body, timeout=timeout_s)
 
     def kill(self) -> None:
         os.kill(self.process.pid, signal.SIGKILL)
