@@ -70,7 +70,8 @@ async def wait_for_the_run_to_end(engine: Engine, task_id: str) -> None:
     while time.monotonic() < deadline:
         with engine.connect() as conn:
             ended = conn.execute(
-                text("SELECT c.state FROM job_claims c JOIN dispatch_outbox o ON c.job_id = o.task_id || '.' || o.dispatch_id "
+                text("SELECT c.state FROM job_claims c "
+                     "JOIN dispatch_outbox o ON c.job_id = o.task_id || '.' || o.dispatch_id "
                      "WHERE o.task_id = :t AND c.state IN ('finished', 'unknown')"),
                 {"t": task_id},
             ).first()
