@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import secrets
 import threading
 import time
@@ -82,7 +83,8 @@ def test_the_same_job_delivered_five_times_at_once_runs_once(worker: TestWorker,
     told_to_retry = [a for a in answered if a.json()["code"] in ("job_busy", "worker_at_capacity")]
     assert len(finished) == 1 and len(told_to_retry) == 4  # 4 slots: a fifth request may not even get to claim
     for retry in told_to_retry:
-        assert retry.status_code == 503 and 1 <= int(retry.headers["Retry-After"]) <= 2
+        # When the claim's lease would run out: at most the lease (rounded up), at least a second.
+        assert retry.status_code == 503 and 1 <= int(retry.headers["Retry-After"]) <= math.ceil(worker.settings.worker_lease_s)
     assert worker.log.runs(job) == 1
     again = worker.post(body)  # a later redelivery gets the stored outcome, and nothing runs
     assert again.status_code == 200 and again.json()["code"] == "job_already_finished"
@@ -134,10 +136,12 @@ def test_a_specialist_this_worker_does_not_serve_is_refused_without_a_claim(work
     assert claim_row(engine, job) is None
 
 
-def test_a_running_job_keeps_its_lease_beyond_the_first_lease_by_heartbeats(worker: TestWorker, engine: Engine) -> None:
+def test_a_running_job_keeps_its_lease_beyond_the_first_lease_by_heartbeats(database_url: str, engine: Engine) -> None:
     job = new_job_id()
-    # The run outlasts the lease (1 s, the database's clock) by wall-clock time: only renewals keep the claim.
-    answer = worker.post(worker.body(job, [{"op": "sleep", "seconds": 2.5}, {"op": "complete"}]))
+    # The run outlasts the lease (2 s, the database's clock) by wall-clock time: only renewals (ten a lease) keep
+    # the claim.
+    with TestWorker(worker_settings(database_url, worker_lease_s=2.0), engine) as worker:
+        answer = worker.post(worker.body(job, [{"op": "sleep", "seconds": 3.0}, {"op": "complete"}]))
     assert answer.json()["code"] == "job_finished"
     row = claim_row(engine, job)
     assert row["state"] == "finished" and row["fencing_token"] == 1 and row["renewed_at"] is not None
