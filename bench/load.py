@@ -121,7 +121,7 @@ class LoadResult:
     gave_up: int = 0
     harness_errors: list[str] = field(default_factory=list)  # a customer or the killer stopped on an exception
     quiescence_s: float = 0.0
-    quiet: bool = False  # every task terminal or listed unknown within the bound
+    quiet: bool = False  # every task terminal and resolved, or listed unknown, within the bound
     audit: Audit = field(default_factory=Audit)
 
     @property
@@ -219,8 +219,8 @@ _OPEN = text(
     SELECT count(*) FROM edge_tasks e
       JOIN tasks t ON t.id = e.task_id
       LEFT JOIN ledger_reservations r ON r.job_id = e.reservation_id
-     WHERE e.customer_id IN :customers AND NOT (t.status ->> 'state') IN :terminal
-       AND r.state::text IS DISTINCT FROM 'unknown'
+     WHERE e.customer_id IN :customers AND r.state::text IS DISTINCT FROM 'unknown'
+       AND (NOT (t.status ->> 'state') IN :terminal OR r.state::text = 'open')
     """
 ).bindparams(bindparam("customers", expanding=True), bindparam("terminal", expanding=True))
 
@@ -452,7 +452,9 @@ class LoadRun:
         return result
 
     def quiesce(self) -> bool:
-        """Wait until every task is terminal or listed unknown. A backlog may take long to drain (the Cloud
+        """Wait until every task is terminal with its reservation resolved, or listed unknown (a task canceled
+        while its worker was killed is terminal at once, but its credits are held until the lease passes and
+        the sweeper records it unknown). A backlog may take long to drain (the Cloud
         Tasks emulator delivers one job at a time), so the bound is on a stall: no task settling for
         ``quiescence_timeout_s``; and on the whole wait, ``QUIESCENCE_MAX_S``."""
         gave_up_at = time.monotonic() + QUIESCENCE_MAX_S
