@@ -35,6 +35,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY core ./core
 COPY ledger ./ledger
+COPY taskstate ./taskstate
 COPY app ./app
 COPY workers ./workers
 COPY rlm ./rlm

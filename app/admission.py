@@ -7,6 +7,9 @@ Then ONE transaction: the idempotency record (customer, messageId, content
 fingerprint), the context binding, the ledger reservation, the task row (in the
 a2a-sdk store's format) and the dispatch outbox row. Any refusal raises and
 rolls everything back, so a refused request leaves no task and no reservation.
+This module owns ``edge_messages`` and ``edge_contexts``; the other rows are
+written through their owners' common table expressions (``taskstate.rows``,
+``taskstate.admitted``, ``taskstate.outbox``), so a new task is one statement.
 
 A follow-up message (``message.taskId`` set) continues a task that asks for
 input: no new reservation (the task's hold covers it), the task goes back to
@@ -44,13 +47,14 @@ from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app import ledger_port, taskrows
+from app import ledger_port
 from app.errors import ContextUnavailable, MessageIdConflict, OverCreditCeiling, PayloadTooLarge, TaskNotAwaitingInput
 from app.identity import Identity
-from app.notify import Notifier
 from core.settings import Settings
 from core.specs import LoadedSpec, media_type_matches
-from workers.dispatch import jobs
+from taskstate import admitted, outbox, rows
+from taskstate.cancel import CancelRefused, cancel_task
+from taskstate.notify import Notifier
 
 CREDIT_CEILING_KEY = "credit_ceiling"
 # A cancel that deadlocks with a job's claim or its first event (PostgreSQL picks one to abort) is
@@ -215,24 +219,31 @@ class AdmissionService:
     async def cancel(self, task_id: str, owner: str) -> Task:
         """Cancel the caller's task from any instance, in one transaction with what it charges.
 
-        Each open job of the task is cancelled through its claim (``workers.dispatch.jobs``):
-        one no worker claimed never runs; a running one is stopped by its worker within a
-        heartbeat. The task is CANCELED at once. The reservation is voided when no work was
-        done, settled at the tariff when a run already happened (the task waited for input),
-        and left to the running job's settlement otherwise. Raises TaskNotFoundError for a
+        The transaction is ``taskstate.cancel.cancel_task``'s. Raises TaskNotFoundError for a
         task that is not the caller's, TaskNotCancelableError for a finished one or one whose
         outcome is under reconciliation.
         """
         for attempt in range(CANCEL_ATTEMPTS):
             try:
                 async with self.engine.begin() as conn:
-                    canceled = await conn.run_sync(_cancel, task_id, owner)
+                    canceled = await conn.run_sync(cancel_task, task_id, owner)
                 break
+            except CancelRefused as refused:
+                raise _cancel_error(refused) from None
             except DBAPIError as exc:  # a deadlock with a job starting at that very moment: try again
                 if attempt + 1 == CANCEL_ATTEMPTS or getattr(exc.orig, "sqlstate", None) not in _RETRYABLE:
                     raise
         await self.notifier.task_event(task_id)
         return canceled
+
+
+def _cancel_error(refused: CancelRefused) -> Exception:
+    """The task state's refusal as the A2A error a customer gets for it."""
+    if refused.code == "task_not_found":
+        return TaskNotFoundError()
+    if refused.code == "outcome_under_reconciliation":
+        return TaskNotCancelableError(message=refused.message)
+    return TaskNotCancelableError()
 
 
 # --- the transactions (sync code on the async connection, via run_sync) -------------------
@@ -244,9 +255,6 @@ _CLAIM_MESSAGE = text(
 )
 _FIRST_SEND = text(
     "SELECT fingerprint, specialist_id, task_id FROM edge_messages WHERE customer_key = :c AND message_id = :m"
-)
-_TASK_WITH_VERSION = text(
-    "SELECT t.*, v.version FROM tasks t JOIN task_versions v ON v.task_id = t.id WHERE t.id = :t AND t.owner = :o"
 )
 _CONTEXT_HOLDER = text("SELECT customer_key FROM edge_contexts WHERE context_id = :x")
 # A new task in one statement: the idempotency claim, and only if it is new, the context
@@ -264,21 +272,9 @@ _ADMIT_NEW = text(
         SELECT CAST(:context_id AS varchar), CAST(:customer_key AS text) WHERE EXISTS (SELECT 1 FROM claim)
         ON CONFLICT (context_id) DO NOTHING RETURNING 1
     ),
-    {taskrows.new_task_ctes(when="EXISTS (SELECT 1 FROM claim)")},
-    edge_row AS (
-        INSERT INTO edge_tasks (task_id, customer_id, key_id, specialist_id, skill_id, owner, tariff_credits,
-                                reservation_id)
-        SELECT CAST(:task_id AS varchar), CAST(:customer_id AS text), CAST(:key_id AS text),
-               CAST(:specialist_id AS text), CAST(:skill_id AS text), CAST(:owner AS varchar),
-               CAST(:tariff AS bigint), CASE WHEN CAST(:tariff AS bigint) > 0 THEN CAST(:task_id AS text) END
-        WHERE EXISTS (SELECT 1 FROM claim)
-    ),
-    outbox_row AS (
-        INSERT INTO dispatch_outbox (task_id, specialist_id, executor, owner, context_id, message)
-        SELECT CAST(:task_id AS varchar), CAST(:specialist_id AS text), CAST(:executor AS text),
-               CAST(:owner AS varchar), CAST(:context_id AS varchar), CAST(:message AS bytea)
-        WHERE EXISTS (SELECT 1 FROM claim)
-    )
+    {rows.new_task_ctes(when="EXISTS (SELECT 1 FROM claim)")},
+    {admitted.new_row_cte("edge_row", when="EXISTS (SELECT 1 FROM claim)")},
+    {outbox.new_row_cte("outbox_row", when="EXISTS (SELECT 1 FROM claim)")}
     SELECT EXISTS (SELECT 1 FROM claim) AS new,
            EXISTS (SELECT 1 FROM context_claim) AS context_claimed,
            (SELECT customer_key FROM edge_contexts WHERE context_id = :context_id) AS context_holder
@@ -319,8 +315,8 @@ def _replay(
             f"messageId {message.message_id!r} was already sent with other content; a resend must be identical, "
             "a new message needs a new messageId",
         )
-    row = conn.execute(_TASK_WITH_VERSION, {"t": first.task_id, "o": owner}).one()
-    return Admitted(task=taskrows.task_from_row(row), version=int(row.version), replay=True)
+    task, version = rows.load(conn, first.task_id, owner)
+    return Admitted(task=task, version=version, replay=True)
 
 
 def _create(
@@ -339,12 +335,12 @@ def _create(
     stored.task_id = task_id
     stored.context_id = context_id
     task = Task(id=task_id, context_id=context_id, status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED))
-    taskrows.stamp(task)
+    rows.stamp(task)
     task.history.append(stored)
     row = conn.execute(
         _ADMIT_NEW,
         {
-            **taskrows.new_task_params(task, owner),
+            **rows.new_task_params(task, owner),
             "customer_key": identity.customer_key,
             "message_id": message.message_id,
             "fingerprint": checked.fingerprint,
@@ -370,7 +366,7 @@ def _create(
     if spec.tariff_credits > 0:
         # After the rows, in the same transaction: a refusal rolls all of them back.
         assert identity.customer_id is not None  # anonymous callers only reach tariff-0 specialists
-        # The reservation's job id is the task id (edge_tasks.reservation_id says so already).
+        # The reservation's job id is the task id (taskstate.admitted records it so).
         ledger_port.reserve(
             conn,
             customer_id=identity.customer_id,
@@ -384,7 +380,7 @@ def _create(
 
 def _continue(conn: Connection, loaded: LoadedSpec, owner: str, message: Message) -> Admitted:
     spec = loaded.spec
-    loaded_task = taskrows.load_locked(conn, message.task_id, owner)
+    loaded_task = rows.load_locked(conn, message.task_id, owner)
     if loaded_task is None:
         raise TaskNotFoundError(message="Task not found")
     task, version = loaded_task
@@ -409,88 +405,9 @@ def _continue(conn: Connection, loaded: LoadedSpec, owner: str, message: Message
         task.history.append(task.status.message)
     task.history.append(stored)
     task.status.CopyFrom(TaskStatus(state=TaskState.TASK_STATE_SUBMITTED))
-    taskrows.stamp(task)
+    rows.stamp(task)
     event = TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=task.status)
-    new_version = taskrows.write(conn, task, owner, version, event)
-    _enqueue(conn, spec.id, spec.executor, owner, stored)
+    new_version = rows.write(conn, task, owner, version, event)
+    outbox.enqueue(conn, task_id=task.id, specialist_id=spec.id, executor=spec.executor, owner=owner,
+                   context_id=stored.context_id, message=stored.SerializeToString())
     return Admitted(task=task, version=new_version, replay=False)
-
-
-def _enqueue(conn: Connection, specialist_id: str, executor: str, owner: str, message: Message) -> None:
-    conn.execute(
-        text(
-            "INSERT INTO dispatch_outbox (task_id, specialist_id, executor, owner, context_id, message) "
-            "VALUES (:t, :s, :e, :o, :x, :m)"
-        ),
-        {
-            "t": message.task_id,
-            "s": specialist_id,
-            "e": executor,
-            "o": owner,
-            "x": message.context_id,
-            "m": message.SerializeToString(),
-        },
-    )
-
-
-def _cancel(conn: Connection, task_id: str, owner: str) -> Task:
-    # Lock order, as everywhere a job and its task meet: claims, outbox rows, task rows, ledger.
-    reason = "canceled by the customer"
-    outcomes = {
-        dispatch_id: jobs.request_cancel(conn, task_id, dispatch_id, reason=reason)
-        for dispatch_id in _open_jobs(conn, task_id, owner)
-    }
-    if "unknown" in outcomes.values() or jobs.any_unknown(conn, task_id):
-        raise TaskNotCancelableError(
-            message="the outcome of this task is under reconciliation by the operator; it cannot be canceled now"
-        )
-    loaded_task = taskrows.load_locked(conn, task_id, owner)
-    if loaded_task is None:
-        raise TaskNotFoundError
-    task, version = loaded_task
-    if task.status.state in TERMINAL_TASK_STATES:
-        raise TaskNotCancelableError
-    # A follow-up admitted before we locked the task is a job too. (Rare: admission needs the task lock.)
-    for dispatch_id in _open_jobs(conn, task_id, owner):
-        if dispatch_id not in outcomes:
-            outcomes[dispatch_id] = jobs.request_cancel(conn, task_id, dispatch_id, reason=reason)
-    closed = [d for d, outcome in outcomes.items() if outcome in ("canceled_before_claim", "already_finished")]
-    if closed:
-        conn.execute(
-            text(
-                "UPDATE dispatch_outbox SET status = 'canceled', finished_at = now() "
-                "WHERE dispatch_id = ANY(:ids) AND status IN ('pending', 'sent')"
-            ),
-            {"ids": closed},
-        )
-    running = "cancel_requested" in outcomes.values()
-    edge = conn.execute(
-        text("SELECT reservation_id, tariff_credits FROM edge_tasks WHERE task_id = :t"), {"t": task_id}
-    ).one()
-    if edge.reservation_id is not None and not running:
-        if jobs.any_claimed(conn, task_id):
-            # It ran before (it was waiting for input): the work done is charged.
-            ledger_port.settle(conn, edge.reservation_id, int(edge.tariff_credits), reason="canceled after work started")
-        else:
-            ledger_port.void(conn, edge.reservation_id, reason="canceled before any work started")
-    # Running: the worker stops within a heartbeat and its settlement charges the tariff (docs/WORKERS.md).
-    if task.status.HasField("message"):
-        task.history.append(task.status.message)
-    task.status.CopyFrom(TaskStatus(state=TaskState.TASK_STATE_CANCELED))
-    taskrows.stamp(task)
-    event = TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=task.status)
-    taskrows.write(conn, task, owner, version, event)
-    return task
-
-
-def _open_jobs(conn: Connection, task_id: str, owner: str) -> list[int]:
-    """The task's jobs not yet done: waiting for a dispatcher, sent to Cloud Tasks, or running."""
-    return list(
-        conn.execute(
-            text(
-                "SELECT dispatch_id FROM dispatch_outbox WHERE task_id = :t AND owner = :o "
-                "AND status IN ('pending', 'sent') ORDER BY dispatch_id"
-            ),
-            {"t": task_id, "o": owner},
-        ).scalars()
-    )

@@ -23,7 +23,7 @@ from sqlalchemy import and_, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.notify import TASK_EVENTS, Listener, Notifier
+from taskstate.notify import TASK_EVENTS, Listener, Notifier
 
 log = logging.getLogger(__name__)
 

@@ -9,16 +9,10 @@ specialist's id.
 
 from __future__ import annotations
 
-import logging
-
 from sqlalchemy import Connection
 
 from app.errors import RESERVATION_REFUSALS, ReservationConflict
 from ledger import operations, reads, results
-from ledger.errors import ResolutionRefused
-
-log = logging.getLogger(__name__)
-
 
 def _customer_message(result: results.ReserveResult, specialist_id: str, credits: int) -> str:
     outcome = result.outcome
@@ -61,22 +55,6 @@ def reserve(
     if result.max_parallel is not None:
         details["max_parallel"] = result.max_parallel
     raise refusal(_customer_message(result, specialist_id, credits), **details)
-
-
-def void(conn: Connection, job_id: str, *, reason: str) -> bool:
-    return settle(conn, job_id, 0, reason=reason)
-
-
-def settle(conn: Connection, job_id: str, charged: int, *, reason: str) -> bool:
-    """Resolve the task's reservation; False when the ledger refuses (already resolved otherwise, or
-    its outcome is unknown): the cancel still stands, and the reservation is left to its holder or to
-    an operator's reconcile."""
-    try:
-        operations.settle(conn, job_id, charged, reason)
-    except ResolutionRefused as refused:
-        log.warning("reservation of task %s not resolved on cancel: %s (%s)", job_id, refused.code, refused.message)
-        return False
-    return True
 
 
 def available_credits(conn: Connection, customer_id: str) -> int | None:

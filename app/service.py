@@ -39,7 +39,7 @@ from app.events import NotifiedEventStream
 from app.handler import EdgeRequestHandler, StreamGate, identity_of
 from app.identity import EdgeUser
 from app.middleware import IDENTITY_SCOPE_KEY, SPECIALIST_SCOPE_KEY, A2AGuard, RequestLog
-from app.notify import Listener, Notifier
+from taskstate.notify import Listener, Notifier
 from app.observability import Metrics
 from app.ratelimit import RateLimiter
 from core import db
@@ -131,7 +131,7 @@ def edge_engine(url: str, settings: Settings) -> AsyncEngine:
 async def schema_problem(engine: AsyncEngine, head: str) -> tuple[str | None, str | None]:
     """The schema's revision, and why this code must not serve on it (None: it may; see ``db.schema_problem``)."""
     async with engine.connect() as conn:
-        current = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar_one_or_none()
+        current = (await conn.execute(text(db.REVISION_SQL))).scalar_one_or_none()
         chain = {}
         if current is not None and (await conn.execute(text(db.COMPATIBILITY_EXISTS_SQL))).scalar():
             chain = db.compatibility_chain((await conn.execute(text(db.COMPATIBILITY_SQL))).all())

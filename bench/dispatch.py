@@ -117,7 +117,7 @@ def baseline_consumer(url: str) -> None:
     """LISTEN, claim due rows with SKIP LOCKED (one statement), then mark each done (one statement)."""
     import psycopg
 
-    from app.notify import libpq_url
+    from taskstate.notify import libpq_url
 
     conninfo = libpq_url(url)
     with psycopg.connect(conninfo, autocommit=True) as listen, psycopg.connect(conninfo, autocommit=True) as work:
@@ -139,7 +139,7 @@ def baseline_produce(url: str, seconds: float, rate_per_s: float, threads: int) 
     """Insert rows (each its own transaction) and NOTIFY after the commit, like admission does."""
     import psycopg
 
-    from app.notify import libpq_url
+    from taskstate.notify import libpq_url
 
     conninfo = libpq_url(url)
     stop_at = time.perf_counter() + seconds

@@ -123,11 +123,12 @@ def current_revision(engine: Engine) -> str | None:
         exists = conn.execute(text("SELECT to_regclass('alembic_version') IS NOT NULL")).scalar()
         if not exists:
             return None
-        return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+        return conn.execute(text(REVISION_SQL)).scalar()
 
 
 # What each migration since 0080 recorded about itself: whether the code of the revision before it still
 # runs on the schema it leaves (expand-only: it adds, removes and renames nothing older code uses).
+REVISION_SQL = "SELECT version_num FROM alembic_version"
 COMPATIBILITY_EXISTS_SQL = "SELECT to_regclass('schema_compatibility') IS NOT NULL"
 COMPATIBILITY_SQL = "SELECT revision, down_revision, serves_previous_code FROM schema_compatibility"
 _MAX_WALK = 1000

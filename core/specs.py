@@ -120,7 +120,8 @@ class LimitsSpec(_Closed):
 
 
 class PricingSpec(_Closed):
-    """What a task costs. ``fixed`` settles the tariff; ``metered`` settles base + per semantic call."""
+    """What a task costs. ``fixed`` settles the tariff; ``metered`` settles base + per semantic call, never above
+    the tariff. The rule itself is ``taskstate.charge.charged_credits``."""
 
     mode: Literal["fixed", "metered"] = "fixed"
     base_credits: int | None = Field(default=None, ge=0, le=1_000_000_000)
@@ -134,14 +135,6 @@ class PricingSpec(_Closed):
         if self.mode == "metered" and any(value is None for value in metered_fields):
             raise ValueError("metered pricing needs base_credits and credits_per_semantic_call")
         return self
-
-    def credits_for(self, tariff_credits: int, semantic_calls_charged: int) -> int:
-        """What a run that ended with ``semantic_calls_charged`` answered calls settles (never above the tariff)."""
-        if self.mode == "fixed":
-            return tariff_credits
-        assert self.base_credits is not None and self.credits_per_semantic_call is not None
-        metered = self.base_credits + self.credits_per_semantic_call * max(0, semantic_calls_charged)
-        return min(tariff_credits, metered)
 
 
 class SandboxSpec(_Closed):

@@ -46,12 +46,12 @@ _CALL_COLUMNS = ["call_id", "purpose", "turn", "step_index", "state", "model", "
 
 
 def cmd_usage(ctx: Any, args: argparse.Namespace) -> int:
-    from workers.specialist import usage
+    from workers.specialist import journal
 
     engine = ctx.engine_at_head()
     with engine.connect() as conn:
-        jobs = usage.jobs(conn, specialist_id=args.specialist, job_id=args.job, limit=args.limit)
-        calls = usage.calls(conn, args.job) if args.job else None
+        jobs = journal.usage_by_job(conn, specialist_id=args.specialist, job_id=args.job, limit=args.limit)
+        calls = journal.usage_calls(conn, args.job) if args.job else None
     if args.job and not jobs:
         return fail("job_not_found", f"no specialist run for job {args.job!r}", as_json=ctx.as_json)
     if ctx.as_json:

@@ -26,7 +26,7 @@ from a2a.server.events.event_queue import Event, EventQueue
 from a2a.types.a2a_pb2 import Message, SendMessageRequest, Task, TaskArtifactUpdateEvent, TaskState, TaskStatusUpdateEvent
 
 from workers.runner import RunContext, RunOutcome
-from workers.tasks import TaskEvents
+from taskstate.updates import TaskEvents
 
 log = logging.getLogger(__name__)
 

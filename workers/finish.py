@@ -25,7 +25,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from core.errors import ServiceError
-from workers import claims
+from taskstate import claims
 from workers.auth import VerifiedJob
 from workers.runner import RunOutcome
 

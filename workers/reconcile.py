@@ -10,6 +10,11 @@ ledger (``ledger_reconcile``: charged N, the rest released, once). A task of a
 free specialist has no reservation: ``--charged`` must be 0. A ledger job with no
 A2A task (marked unknown by hand) is reconciled in the ledger alone.
 
+The operator states the charge. Beside it the record shows what the charge rule
+(``taskstate.charge``) would have charged had the job ended in the stated state
+(``rule_credits``), from the reserved credits and, for an rlm specialist, its
+journal: a figure to compare, never applied on its own.
+
 Repeating the same reconcile answers "exists"; a different amount is refused by
 the ledger, and nothing else changes. Lock order as everywhere: claims, outbox,
 task, ledger.
@@ -26,22 +31,11 @@ from core.errors import ServiceError
 from ledger import operations
 from ledger.limits import LedgerLimits
 from ledger.results import ResolveResult
-from workers import claims
-from workers.tasks import TaskEvents, TaskRef
+from taskstate import admitted, charge, claims, outbox
+from taskstate.updates import TaskEvents
+from workers.specialist import journal
 
 RECONCILE_STATES = ("completed", "failed", "canceled")
-
-_UNKNOWN_JOBS = text(
-    "SELECT c.job_id, o.task_id, o.dispatch_id, o.owner, o.context_id "
-    "FROM dispatch_outbox o JOIN job_claims c ON c.job_id = o.task_id || '.' || o.dispatch_id "
-    "WHERE o.task_id = :task AND c.state = 'unknown' ORDER BY o.dispatch_id FOR UPDATE OF c"
-)
-_EDGE_TASK = text("SELECT task_id, reservation_id, owner FROM edge_tasks WHERE task_id = :task")
-_CLOSE_ROW = text(
-    "UPDATE dispatch_outbox SET status = 'done', finished_at = now() "
-    "WHERE dispatch_id = :d AND status IN ('pending', 'sent', 'undeliverable')"
-)
-
 
 class ReconcileRefused(ServiceError):
     """codes: state_required, state_invalid, charge_without_reservation."""
@@ -55,12 +49,14 @@ class Reconciled:
     jobs_resolved: tuple[str, ...]  # the claims resolved now (one per unknown job of the task)
     task_state: str | None  # the A2A task's final state, when this reconcile finished it
     ledger: ResolveResult | None  # None: the task reserved nothing
+    rule_credits: int | None = None  # what the charge rule gives for the stated state (None: not an A2A task)
 
     def as_record(self) -> dict[str, Any]:
         from dataclasses import asdict
 
         record: dict[str, Any] = asdict(self.ledger) if self.ledger else {"job_id": self.job_id, "outcome": "reconciled"}
-        record.update(jobs_resolved=list(self.jobs_resolved), task_state=self.task_state)
+        record.update(jobs_resolved=list(self.jobs_resolved), task_state=self.task_state,
+                      rule_credits=self.rule_credits)
         return record
 
 
@@ -96,43 +92,55 @@ def _reconcile(
     operator: str,
     limits: LedgerLimits | None,
 ) -> Reconciled:
-    unknown = conn.execute(_UNKNOWN_JOBS, {"task": job_id}).all()
-    edge = conn.execute(_EDGE_TASK, {"task": job_id}).one_or_none()
-    if edge is None:  # a ledger job without an A2A task
+    unknown = claims.unknown_of_task(conn, job_id)
+    hold = admitted.hold_of(conn, job_id)
+    if hold is None:  # a ledger job without an A2A task
         return Reconciled(job_id, (), None, operations.reconcile(conn, job_id, charged, reason, operator, limits=limits))
     if state is None:
         raise ReconcileRefused(
             f"job {job_id} is an A2A task: say how it ended with --state {'|'.join(RECONCILE_STATES)}",
             code="state_required",
         )
-    if edge.reservation_id is None and charged != 0:
+    if hold.reservation_id is None and charged != 0:
         raise ReconcileRefused(
             f"task {job_id} is of a free specialist and reserved nothing; --charged must be 0",
             code="charge_without_reservation",
         )
     resolved: list[str] = []
     finished = False
-    for row in unknown:
-        claims.resolve_unknown(conn, row.job_id, outcome=state, reason=reason, operator=operator)
-        conn.execute(_CLOSE_ROW, {"d": row.dispatch_id})
-        resolved.append(row.job_id)
-        ref = TaskRef(row.task_id, int(row.dispatch_id), row.owner, row.context_id)
-        finished = tasks.resolve(conn, ref, state) or finished
+    rule = _rule_credits(conn, state, hold, [job.job_id for job in unknown])
+    for job in unknown:
+        claims.resolve_unknown(conn, job.job_id, outcome=state, reason=reason, operator=operator)
+        outbox.close(conn, job.ref.dispatch_id)
+        resolved.append(job.job_id)
+        finished = tasks.resolve(conn, job.ref, state) or finished
     ledger = (
-        operations.reconcile(conn, edge.reservation_id, charged, reason, operator, limits=limits)
-        if edge.reservation_id is not None
+        operations.reconcile(conn, hold.reservation_id, charged, reason, operator, limits=limits)
+        if hold.reservation_id is not None
         else None
     )
-    return Reconciled(job_id, tuple(resolved), state if finished else None, ledger)
+    return Reconciled(job_id, tuple(resolved), state if finished else None, ledger, rule)
+
+
+def _rule_credits(conn: Connection, state: str, hold: admitted.Hold, job_ids: list[str]) -> int:
+    """What the charge rule gives for the stated state: the last unknown job's journal, if it is an rlm run."""
+    if hold.reservation_id is None:
+        return 0
+    run = journal.run_record(conn, job_ids[-1]) if job_ids else None
+    credits = charge.charged_credits(
+        state,  # type: ignore[arg-type]  # one of RECONCILE_STATES, checked above
+        reserved_credits=hold.reserved_credits,
+        pricing=charge.FIXED if run is None else run.pricing,
+        usage=charge.NO_USAGE if run is None else charge.Usage(run.semantic_calls_charged),
+    )
+    return credits or 0
 
 
 _UNKNOWN_FREE = text(
-    "SELECT o.task_id AS job_id, e.customer_id, e.specialist_id AS skill, 0 AS credits, 'unknown' AS state, "
-    "NULL AS charged, e.admitted_at AS created_at, c.unknown_reason, NULL AS resolved_by "
-    "FROM job_claims c JOIN dispatch_outbox o ON c.job_id = o.task_id || '.' || o.dispatch_id "
-    "JOIN edge_tasks e ON e.task_id = o.task_id "
-    "WHERE c.state = 'unknown' AND e.reservation_id IS NULL "
-    "AND (CAST(:customer AS text) IS NULL OR e.customer_id = :customer) ORDER BY c.unknown_at LIMIT :n"
+    "SELECT u.task_id AS job_id, f.customer_id, f.specialist_id AS skill, 0 AS credits, 'unknown' AS state, "
+    "NULL AS charged, f.admitted_at AS created_at, u.unknown_reason, NULL AS resolved_by "
+    f"FROM {claims.unknown_tasks_relation()} u JOIN {admitted.free_tasks_relation()} f ON f.task_id = u.task_id "
+    "WHERE (CAST(:customer AS text) IS NULL OR f.customer_id = :customer) ORDER BY u.unknown_at LIMIT :n"
 )
 
 

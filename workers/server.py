@@ -46,11 +46,10 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from core.settings import Settings
-from workers import claims
+from taskstate import claims, ids
 from workers.auth import BODY_TOO_LARGE, JobSigner, OidcVerifier, VerifiedJob, WorkerAuthRefused
 from workers.finish import Finisher, Settlement
 from workers.runner import EventSink, RunContext, Runner, RunOutcome
-from workers.specialist import claim as specialist_claim
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +124,7 @@ class WorkerService:
         log.info(
             "delivery answered %s %s%s", response.status_code, answer.get("code", "-"), f" for {job_id}" if job_id else "",
             extra={"event": "job_delivery", "status": response.status_code, "code": answer.get("code"),
-                   "job_id": job_id, "task_id": job_id.rsplit(".", 1)[0] if job_id else None,
+                   "job_id": job_id, "task_id": ids.task_id_of(job_id) if job_id else None,
                    "outcome": answer.get("outcome"), "worker_id": self.worker_id,
                    "duration_ms": round((time.monotonic() - started) * 1000, 1)},
         )
@@ -214,7 +213,7 @@ class WorkerService:
                 result = claims.claim(conn, job.job_id, worker_id=self.worker_id, lease_s=self.limits.lease_s)
             else:
                 # A runner that checkpoints (rlm specialists): an expired lease with a checkpoint is resumed.
-                found = specialist_claim.claim(
+                found = claims.claim_resumable(
                     conn, job.job_id, worker_id=self.worker_id, lease_s=self.limits.lease_s, max_resumes=max_resumes
                 )
                 result = found.claim

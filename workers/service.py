@@ -32,7 +32,8 @@ from workers.runner import EventSink, Runner, ScriptedRunner, ScriptStep
 from workers.server import WorkerLimits, WorkerService, create_worker_app
 from workers.settlement import TaskSettlement
 from workers.specialist.service import specialist_runners
-from workers.tasks import TaskEvents, TaskRef
+from taskstate.ids import TaskRef
+from taskstate.updates import TaskEvents
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def script_in_message(tasks: TaskEvents) -> Callable[[VerifiedJob], Any]:
     """The scripted specialist's script, from the ``script`` key of the A2A message's first data part."""
 
     def script_of(job: VerifiedJob) -> Any:
-        if TaskRef.of(job) is None:
+        if TaskRef.of_payload(job.payload) is None:
             return None
         for part in tasks.load(job).message.parts:
             if part.WhichOneof("content") == "data":

@@ -1,74 +1,62 @@
 """Settlement: a job's final A2A state and its ledger resolution, in the transaction that finishes its claim.
 
 ``TaskSettlement`` is the service's ``workers.finish.Settlement``. For a job
-that serves an A2A task (``workers.tasks.TaskRef``):
+that serves an A2A task (``taskstate.ids.TaskRef``):
 
 * ``settle`` (the fenced finish's own transaction, only when the finish was
   accepted for the first time): closes the job's outbox row, writes the task's
   final state (unless the customer already cancelled it) and settles the
-  task's reservation by the tariff policy below. A stale worker never gets here:
-  its result is kept in ``job_stale_reports`` and moves no money.
+  task's reservation with what the charge rule (``taskstate.charge``) decides
+  from the outcome, the reserved credits, and for an rlm specialist the pricing
+  and the semantic calls of its journal. A stale worker never gets here: its
+  result is kept in ``job_stale_reports`` and moves no money.
 * ``mark_unknown`` (the transaction that recorded the claim unknown): the
   reservation is marked unknown in the ledger (it keeps its hold and its slot)
   and the task stays unfinished with a message saying it is under
   reconciliation. Idempotent.
 
-Tariff policy (docs/WORKERS.md, docs/A2A_EDGE.md):
-
-=================  =====================================================
-job outcome        the reservation
-=================  =====================================================
-completed, failed  charged the tariff (the work was done or attempted); an rlm
-                   specialist charges its pricing: fixed, or metered (base +
-                   answered semantic calls, never above the tariff)
-canceled           charged the tariff: it was claimed, so work started (an rlm
-                   specialist: its pricing, as above)
-rejected           charged 0: the specialist declined the work
-input_required     not settled: the task goes on with the next message
-unknown            held until an operator reconciles it
-=================  =====================================================
-
 A task cancelled before any worker claimed it never reaches a worker: the edge
-voids its reservation (charged 0) in the cancel's transaction.
+voids its reservation in the cancel's transaction (``taskstate.cancel``).
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from sqlalchemy import Connection, text
 
 from ledger import operations
 from ledger.errors import ResolutionRefused
+from ledger.limits import default_limits
+from taskstate import admitted, charge, outbox
+from taskstate.ids import TaskRef
+from taskstate.updates import TaskEvents
 from workers.auth import VerifiedJob
 from workers.runner import RunOutcome
-from workers.specialist import settle as specialist_settle
-from workers.tasks import TaskEvents, TaskRef
+from workers.specialist import a2a, journal
 
 log = logging.getLogger(__name__)
 
-# The job's outbox row is closed, and the task's reservation read, in one round trip.
+# The job's outbox row is closed, and the task's hold read, in one round trip.
 _CLOSE_JOB = text(
-    """
-    WITH closed AS (
-        UPDATE dispatch_outbox SET status = 'done', finished_at = now()
-         WHERE dispatch_id = :d AND task_id = :t AND status IN ('pending', 'sent', 'undeliverable')
-        RETURNING 1
-    )
-    SELECT reservation_id, tariff_credits, EXISTS (SELECT 1 FROM closed) AS closed
-      FROM edge_tasks WHERE task_id = :t
+    f"""
+    WITH {outbox.close_cte("closed")}, {admitted.hold_cte("hold")}
+    SELECT reservation_id, tariff_credits, EXISTS (SELECT 1 FROM closed) AS closed FROM hold
     """
 )
-_RESERVATION = text("SELECT reservation_id, tariff_credits FROM edge_tasks WHERE task_id = :t")
 
 
-def charged_credits(outcome: str, tariff_credits: int) -> int | None:
-    """What a job's outcome charges of the tariff; None: nothing is settled yet (the task goes on)."""
-    if outcome == "input_required":
-        return None
-    if outcome == "rejected":
-        return 0
-    return tariff_credits  # completed, failed, canceled after a claim
+def ledger_reason(reason: str) -> str:
+    """A reason clipped to what the ledger accepts (SPECIALISTS_LEDGER_MAX_REASON_CHARS), so that recording an
+    outcome is never refused for the length of its explanation."""
+    return reason[: default_limits().max_reason_chars]
+
+
+def _runner_credits(detail: dict[str, Any]) -> int | None:
+    """The figure a specialist runner recorded (``credits_to_settle``), if it stated one."""
+    credits = detail.get("credits_to_settle")
+    return credits if isinstance(credits, int) and not isinstance(credits, bool) else None
 
 
 class TaskSettlement:
@@ -77,41 +65,54 @@ class TaskSettlement:
         self.operator = operator  # who marks reservations unknown, for the ledger's audit record
 
     def settle(self, conn: Connection, job: VerifiedJob, fencing_token: int, outcome: RunOutcome) -> None:
-        ref = TaskRef.of(job)
+        ref = TaskRef.of_payload(job.payload)
         if ref is None:
             return
         row = conn.execute(_CLOSE_JOB, {"d": ref.dispatch_id, "t": ref.task_id}).one_or_none()
-        reserved = row is not None and row.reservation_id is not None
-        charged = charged_credits(outcome.state, int(row.tariff_credits)) if reserved else None
-        specialist = specialist_settle.credits_for_job(conn, job.job_id, outcome.state, outcome.detail)
-        if specialist is not None and charged is not None:
-            charged = min(specialist, charged)  # an rlm specialist's pricing (fixed or metered), never above
-        metadata = specialist_settle.final_metadata(conn, job.job_id, outcome.detail, charged if reserved else 0)
-        self.tasks.finish(conn, ref, outcome, metadata=metadata)
-        if not reserved or charged is None:
+        hold = None if row is None else admitted.Hold(row.reservation_id, int(row.tariff_credits))
+        run = journal.run_record(conn, job.job_id)
+        charged = None
+        if hold is not None and hold.reservation_id is not None:
+            usage = (charge.NO_USAGE if run is None
+                     else charge.Usage(run.semantic_calls_charged, runner_credits=_runner_credits(outcome.detail)))
+            charged = charge.charged_credits(outcome.state, reserved_credits=hold.reserved_credits,
+                                             pricing=charge.FIXED if run is None else run.pricing, usage=usage)
+        self.tasks.finish(conn, ref, outcome, metadata=self._final_metadata(run, outcome, hold, charged))
+        if hold is None or hold.reservation_id is None or charged is None:
             return  # a free task (nothing was reserved), or one that goes on
         # A refusal raises: the finish rolls back, is retried, and a finish that cannot commit leaves the
         # job to expire into unknown, where an operator sees it. Money is never moved on a guess.
-        operations.settle(conn, row.reservation_id, charged, f"job {job.job_id} {outcome.state} (claim {fencing_token})")
+        operations.settle(conn, hold.reservation_id, charged,
+                          ledger_reason(f"job {job.job_id} {outcome.state} (claim {fencing_token})"))
+
+    @staticmethod
+    def _final_metadata(run: journal.RunRecord | None, outcome: RunOutcome, hold: admitted.Hold | None,
+                        charged: int | None) -> dict[str, Any] | None:
+        """The ``specialist`` metadata of the task's final state (None: not a specialist run)."""
+        if run is None:
+            return None
+        reserved = hold is not None and hold.reservation_id is not None
+        merged = {**outcome.detail, "semantic_calls_used": run.semantic_calls_used,
+                  "semantic_calls_charged": run.semantic_calls_charged, "resumes": run.resumes}
+        return a2a.final_metadata(merged, charged if reserved else 0)
 
     def mark_unknown(self, conn: Connection, job: VerifiedJob, fencing_token: int, reason: str) -> None:
-        ref = TaskRef.of(job)
+        ref = TaskRef.of_payload(job.payload)
         if ref is not None:
-            self.mark_unknown_ref(conn, ref, job.job_id, fencing_token, reason)
+            self.mark_unknown_ref(conn, ref, fencing_token, reason)
 
-    def mark_unknown_ref(self, conn: Connection, ref: TaskRef, job_id: str, fencing_token: int, reason: str) -> None:
+    def mark_unknown_ref(self, conn: Connection, ref: TaskRef, fencing_token: int, reason: str) -> None:
         self.tasks.mark_unknown(conn, ref)
-        row = conn.execute(_RESERVATION, {"t": ref.task_id}).one_or_none()
-        if row is None or row.reservation_id is None:
+        hold = admitted.hold_of(conn, ref.task_id)
+        if hold is None or hold.reservation_id is None:
             return
         try:
-            operations.mark_unknown(
-                conn, row.reservation_id, f"job {job_id} (claim {fencing_token}): {reason}"[:500], self.operator
-            )
+            operations.mark_unknown(conn, hold.reservation_id,
+                                    ledger_reason(f"job {ref.job_id} (claim {fencing_token}): {reason}"), self.operator)
         except ResolutionRefused as refused:  # already resolved: its outcome is known, nothing to hold
-            log.error("job %s is unknown but its reservation is not open: %s", job_id, refused.message)
+            log.error("job %s is unknown but its reservation is not open: %s", ref.job_id, refused.message)
 
     def committed(self, job: VerifiedJob) -> None:
-        ref = TaskRef.of(job)
+        ref = TaskRef.of_payload(job.payload)
         if ref is not None:
             self.tasks.notify(ref.task_id)

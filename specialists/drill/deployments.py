@@ -176,14 +176,15 @@ class LocalDeployment(Deployment):
     def redeliver(self, job_id: str) -> tuple[int, str]:
         """Deliver the job again, as Cloud Tasks may: its body signed as the dispatcher signs it."""
         from workers.auth import JobSigner
-        from workers.dispatch import outbox
+        from taskstate import outbox
+        from workers.dispatch import jobs
 
         with self.engine.connect() as conn:
             row = outbox.row_of_job(conn, job_id)
         settings = Settings(worker_job_secrets=[self.topology.worker_secret])
         worker = next(w for w in self.topology.worker if w.alive)
         url = self.topology.worker_url(worker)
-        body = outbox.build_job(row, JobSigner.from_settings(settings), settings, url).body
+        body = jobs.build_job(row, JobSigner.from_settings(settings), settings, url).body
         answer = httpx.post(url, content=body, timeout=30)
         try:
             code = str(answer.json().get("code", ""))

@@ -23,9 +23,9 @@ from google.protobuf.json_format import ParseDict
 from google.protobuf.struct_pb2 import Struct, Value
 from sqlalchemy import text
 
-from app import taskrows
+from taskstate import rows as taskrows
 from app.identity import OwnerUser
-from app.notify import Listener, Notifier
+from taskstate.notify import Listener, Notifier
 from app.observability import JsonFormatter, RedactingFilter
 from core import db
 

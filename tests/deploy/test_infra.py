@@ -16,7 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from app.notify import libpq_url
+from taskstate.notify import libpq_url
 from core import db
 from core.settings import PROJECT_ROOT, Settings
 from core.settings_doc import env_name

@@ -21,9 +21,8 @@ from sqlalchemy import Engine, text
 from core.settings import PROJECT_ROOT
 from tests.specialists import support
 from rlm.kernels.checkpoints import Checkpoint
-from workers import claims
-from workers.specialist import claim as specialist_claim
-from workers.specialist import usage
+from taskstate import claims
+from workers.specialist import journal
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
@@ -135,7 +134,7 @@ def test_a_job_killed_mid_subcall_resumes_in_a_new_process_without_repeating_ans
     with engine.connect() as conn:
         lease_ends = claims.get(conn, job_id)["lease_expires_at"]
     with engine.begin() as conn:
-        resumed = specialist_claim.claim(conn, job_id, worker_id="second", lease_s=3600, max_resumes=2,
+        resumed = claims.claim_resumable(conn, job_id, worker_id="second", lease_s=3600, max_resumes=2,
                                          now=lease_ends + timedelta(seconds=1))
     assert resumed.resumed and resumed.claim.outcome == "claimed" and resumed.claim.fencing_token == token + 1
 
@@ -167,8 +166,8 @@ def test_a_job_killed_mid_subcall_resumes_in_a_new_process_without_repeating_ans
     assert outcome["detail"]["credits_to_settle"] == expected["detail"]["credits_to_settle"] == 4 + 4
     assert outcome["detail"]["resumes"] == 1
     with engine.connect() as conn:
-        [job] = usage.jobs(conn, job_id=job_id)
-        unknown = [c for c in usage.calls(conn, job_id) if c["state"] == "unknown"]
+        [job] = journal.usage_by_job(conn, job_id=job_id)
+        unknown = [c for c in journal.usage_calls(conn, job_id) if c["state"] == "unknown"]
     assert job["resumes"] == 1 and job["calls_with_unknown_tokens"] == len(unknown) >= 1
     assert all(c["prompt_tokens"] is None and c["cost_usd"] is None for c in unknown)  # unknown, never zero
     with engine.connect() as conn:
@@ -186,6 +185,6 @@ def test_an_expired_lease_without_a_checkpoint_or_past_the_resume_limit_is_unkno
     with engine.connect() as conn:
         lease_ends = claims.get(conn, job_id)["lease_expires_at"]
     with engine.begin() as conn:
-        found = specialist_claim.claim(conn, job_id, worker_id="w", lease_s=30, max_resumes=2,
+        found = claims.claim_resumable(conn, job_id, worker_id="w", lease_s=30, max_resumes=2,
                                        now=lease_ends + timedelta(seconds=1))
     assert not found.resumed and found.claim.outcome == "lease_expired_unknown" and found.claim.newly_unknown

@@ -9,7 +9,7 @@ from sqlalchemy import text
 from core.settings import PROJECT_ROOT, Settings
 from core.specs import load_specs
 from tests.specialists import support
-from workers.specialist import usage
+from workers.specialist import journal
 from workers.specialist.routes import ModelRoutes, readiness
 
 pytestmark = pytest.mark.timeout(60)
@@ -66,8 +66,8 @@ def test_a_review_finds_the_defects_with_their_path_and_line_and_drops_foreign_p
     assert (run["state"], run["outcome"], run["stop_reason"], run["credits_to_settle"]) == (
         "ended", "completed", "answered", 6)
     with engine.connect() as conn:
-        [row] = usage.jobs(conn, job_id=job_id)
-        listed = usage.calls(conn, job_id)
+        [row] = journal.usage_by_job(conn, job_id=job_id)
+        listed = journal.usage_calls(conn, job_id)
     assert (row["specialist_id"], row["model_calls"], row["semantic_calls_charged"], row["credits_to_settle"]) == (
         "reviewer", 5, 2, 6)
     assert row["prompt_tokens"] == sum(c.prompt_tokens for c in calls) and row["calls_with_unknown_tokens"] == 0

@@ -10,7 +10,9 @@ import yaml
 
 from core.settings import PROJECT_ROOT
 from core.specs import SpecInvalid, load_spec, load_specs, require_runnable
+from taskstate import charge
 from tests.specialists import support
+from workers.specialist.journal import pricing_of
 
 
 def refused(tmp_path: Path, **overrides) -> str:
@@ -80,8 +82,10 @@ def test_pricing_fields_must_fit_the_mode(tmp_path):
 
 
 def test_metered_pricing_settles_base_plus_answered_calls_and_never_above_the_tariff(tmp_path):
-    pricing = support.write_spec(tmp_path).spec.pricing
-    assert [pricing.credits_for(20, n) for n in (0, 3, 16, 40)] == [4, 7, 20, 20]
+    pricing = pricing_of(support.write_spec(tmp_path).spec.pricing)
+    charged = [charge.charged_credits("completed", reserved_credits=20, pricing=pricing, usage=charge.Usage(n))
+               for n in (0, 3, 16, 40)]
+    assert charged == [4, 7, 20, 20]
 
 
 def test_the_deadline_must_leave_time_to_investigate(tmp_path):

@@ -10,9 +10,8 @@ from sqlalchemy import text
 from tests.specialists import support
 from tests.specialists.test_runner import FILES, RULE
 from rlm.kernels.checkpoints import Checkpoint, PendingCall, RuntimeIdentity
-from workers import claims
-from workers.specialist import claim as specialist_claim
-from workers.specialist import settle
+from taskstate import charge, claims
+from workers.specialist import journal
 from workers.specialist.hosted import session_id_for
 from workers.specialist.journal import Journal
 from workers.specialist.store import ClaimLost, PgCheckpointStore
@@ -81,7 +80,7 @@ def finished_then_resumed(engine, tmp_path):
     with engine.connect() as conn:
         lease_ends = claims.get(conn, job_id)["lease_expires_at"]
     with engine.begin() as conn:
-        resumed = specialist_claim.claim(conn, job_id, worker_id="second", lease_s=3600, max_resumes=2,
+        resumed = claims.claim_resumable(conn, job_id, worker_id="second", lease_s=3600, max_resumes=2,
                                          now=lease_ends + timedelta(seconds=1))
     assert resumed.resumed
     return spec, routes, msg, job_id, resumed.claim.fencing_token, first
@@ -122,12 +121,19 @@ def test_a_tampered_checkpoint_is_refused_and_the_job_fails_saying_why(engine, t
 def test_the_journal_decides_what_a_job_settles_and_whether_it_may_still_be_resumed(engine, tmp_path):
     spec, routes, msg, job_id, token, first = finished_then_resumed(engine, tmp_path)
     with engine.connect() as conn:
-        assert settle.credits_for_job(conn, job_id, "completed", first.detail) == 4 + 2
-        assert settle.credits_for_job(conn, job_id, "failed", {}) == 4 + 2  # stopped by the worker: the journal's
-        assert settle.credits_for_job(conn, job_id, "rejected", {}) == 0
-        assert settle.credits_for_job(conn, job_id, "failed", {"credits_to_settle": 0}) == 0
-        assert settle.credits_for_job(conn, "not-a-specialist-job", "completed", {}) is None
-        assert settle.semantic_calls_used(conn, job_id) == 2
+        run = journal.run_record(conn, job_id)
+        assert journal.run_record(conn, "not-a-specialist-job") is None
+    assert (run.pricing, run.semantic_calls_used, run.semantic_calls_charged) == (
+        charge.Pricing("metered", 4, 1), 2, 2)
+
+    def charged(outcome: str, runner_credits: int | None) -> int | None:
+        usage = charge.Usage(run.semantic_calls_charged, runner_credits=runner_credits)
+        return charge.charged_credits(outcome, reserved_credits=20, pricing=run.pricing, usage=usage)
+
+    assert charged("completed", first.detail["credits_to_settle"]) == 4 + 2
+    assert charged("failed", None) == 4 + 2  # stopped by the worker: the journal's
+    assert charged("rejected", None) == 0
+    assert charged("failed", 0) == 0
     with engine.begin() as conn:  # the resumed claim's lease passes too
         conn.execute(text("UPDATE job_claims SET lease_expires_at = clock_timestamp() - interval '10 seconds' "
                           "WHERE job_id = :j"), {"j": job_id})

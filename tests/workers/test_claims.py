@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import Engine, text
 
-from workers import claims
+from taskstate import claims
 
 pytestmark = pytest.mark.timeout(60)
 

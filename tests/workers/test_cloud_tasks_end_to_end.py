@@ -11,7 +11,7 @@ from sqlalchemy import Engine
 
 from tests.workers.conftest import cloud_tasks_settings
 from tests.workers.harness import TestWorker, worker_settings
-from workers import claims
+from taskstate import claims
 from workers.dispatch.base import DispatchJob
 from workers.dispatch.cloud_tasks import CloudTasksDispatcher
 

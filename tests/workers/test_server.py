@@ -14,7 +14,7 @@ from sqlalchemy import Connection, Engine, text
 from tests.workers.conftest import SERVICE_ACCOUNT
 from tests.workers.harness import TestWorker, worker_settings
 from tests.workers.oidc_issuer import CertsEndpoint, LocalKey, cloud_tasks_claims
-from workers import claims
+from taskstate import claims
 from workers.auth import JobSigner
 from workers.finish import NoSettlement
 

@@ -45,9 +45,10 @@ from tests.workers.system import (
     fresh_database,
     script_message,
 )
-from workers import claims
+from taskstate import claims
 from workers.auth import JobSigner
-from workers.dispatch import outbox
+from taskstate import outbox
+from workers.dispatch import jobs
 from workers.dispatch.embedded import CRASH_EXIT_CODE
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
@@ -120,7 +121,7 @@ def signed_body(system: System, job_id: str, *, audience: str = "specialists-wor
     with system.engine.connect() as conn:
         row = outbox.row_of_job(conn, job_id)
     settings = Settings(worker_job_secrets=[WORKER_SECRET], worker_audience=audience)
-    return outbox.build_job(row, JobSigner.from_settings(settings), settings, "http://x/jobs").body
+    return jobs.build_job(row, JobSigner.from_settings(settings), settings, "http://x/jobs").body
 
 
 def settlements(system: System, task_id: str) -> list[tuple[str, int]]:

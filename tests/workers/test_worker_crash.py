@@ -20,7 +20,7 @@ from sqlalchemy import Engine, text
 from core.settings import PROJECT_ROOT
 from tests import http_calls
 from tests.workers.conftest import WORKER_SECRET
-from workers import claims
+from taskstate import claims
 from workers.auth import JobSigner
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.slow]

@@ -79,11 +79,6 @@ class Dispatcher(Protocol):
         ...
 
 
-def job_id_for(task_id: str, dispatch_id: int) -> str:
-    """The job of one outbox row: one per message, so a follow-up to a task is a job of its own."""
-    return f"{task_id}.{dispatch_id}"
-
-
 def task_id_for(job_id: str) -> str:
     """The queue's task id for a job: deterministic, legal for Cloud Tasks, evenly spread."""
     return TASK_ID_PREFIX + hashlib.sha256(job_id.encode()).hexdigest()

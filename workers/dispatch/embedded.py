@@ -30,10 +30,11 @@ from sqlalchemy import Engine
 
 from core.settings import Settings
 from workers.auth import JobSigner
-from workers.dispatch import outbox
+from taskstate import outbox
+from workers.dispatch import jobs
 from workers.dispatch.delivery import DeliveryResult, deliver_over_http, retry_delay_s
 from workers.dispatch.sweeper import give_up
-from workers.tasks import TaskEvents
+from taskstate.updates import TaskEvents
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ class EmbeddedDispatcher:
 
     def _deliver(self, row: outbox.OutboxRow, url: str) -> None:
         try:
-            job = outbox.build_job(row, self.signer, self.settings, url)
+            job = jobs.build_job(row, self.signer, self.settings, url)
             result = deliver_over_http(job, client=self.client, timeout_s=self.settings.dispatch_deadline_s)
             with self._lock:
                 self._unanswered[url] = 0 if result.status is not None else self._unanswered[url] + 1

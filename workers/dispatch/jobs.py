@@ -1,49 +1,59 @@
-"""What the edge may ask about the jobs it dispatched: their ids, whether any ran, and cancel.
+"""The signed job of an outbox row: what a dispatcher hands to a worker, and the deadline it carries.
 
-The edge imports dispatch only (docs/ARCHITECTURE.md); cancelling is the one
-claim operation it needs, so it is offered here rather than the edge reaching
-into ``workers.claims``. Every function runs on the caller's connection, inside
-its transaction (the cancel's: claim rows first, then outbox, task and ledger).
+The row itself is ``taskstate.outbox``'s; a dispatcher signs the job it names
+(``build_job``) with the job's deadline (its spec's ``limits.deadline_s``, within
+``dispatch_job_deadline_s``). The message stays in the row: the worker reads it
+from there.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, text
+import functools
+import logging
+from pathlib import Path
 
-from workers import claims
-from workers.claims import CancelOutcome
-from workers.dispatch.base import job_id_for
+from core.settings import Settings
+from core.specs import SpecInvalid, load_specs
+from taskstate import ids
+from taskstate.outbox import OutboxRow
+from workers.auth import JobSigner
+from workers.dispatch.base import DispatchJob
 
-__all__ = ["CancelOutcome", "any_claimed", "any_unknown", "job_id_for", "request_cancel"]
-
-
-def request_cancel(conn: Connection, task_id: str, dispatch_id: int, *, reason: str) -> CancelOutcome:
-    """Cancel one job: ``canceled_before_claim`` (it never runs), ``cancel_requested`` (its worker stops
-    within a heartbeat), ``already_finished`` or ``unknown``."""
-    return claims.request_cancel(conn, job_id_for(task_id, dispatch_id), reason=reason)
+log = logging.getLogger(__name__)
 
 
-def any_claimed(conn: Connection, task_id: str) -> bool:
-    """Whether a worker ever claimed one of the task's jobs (work started: a cancel charges the tariff)."""
-    return bool(
-        conn.execute(
-            text(
-                "SELECT EXISTS (SELECT 1 FROM dispatch_outbox o JOIN job_claims c "
-                "ON c.job_id = o.task_id || '.' || o.dispatch_id WHERE o.task_id = :t AND c.claims > 0)"
-            ),
-            {"t": task_id},
-        ).scalar()
+@functools.lru_cache(maxsize=4)
+def _spec_deadlines(specs_dir: str) -> dict[str, float]:
+    try:
+        return {sid: loaded.spec.limits.deadline_s for sid, loaded in load_specs(Path(specs_dir)).items()}
+    except SpecInvalid as invalid:  # the edge refuses to start on it; here the setting still bounds every job
+        log.warning("specs cannot be read for their deadlines (%s); every job gets SPECIALISTS_DISPATCH_JOB_DEADLINE_S",
+                    invalid.message)
+        return {}
+
+
+def job_deadline_s(settings: Settings, specialist_id: str) -> float:
+    """A job's deadline: its spec's ``limits.deadline_s``, within ``dispatch_job_deadline_s`` (which keeps every
+    job inside the dispatch deadline)."""
+    spec_deadline = _spec_deadlines(str(settings.specs_dir)).get(specialist_id)
+    if spec_deadline is None:
+        return settings.dispatch_job_deadline_s
+    return min(settings.dispatch_job_deadline_s, spec_deadline)
+
+
+def build_job(row: OutboxRow, signer: JobSigner, settings: Settings, worker_url: str) -> DispatchJob:
+    """The signed job for a row: its id, its task, the deadline; the message stays in the row."""
+    deadline_s = job_deadline_s(settings, row.specialist_id)
+    body = signer.sign(
+        job_id=row.job_id,
+        specialist_id=row.specialist_id,
+        deadline_s=deadline_s,
+        payload=ids.task_payload(row.task_id, row.dispatch_id, row.owner, row.context_id),
     )
-
-
-def any_unknown(conn: Connection, task_id: str) -> bool:
-    """Whether one of the task's jobs has an unknown outcome (its row may be closed: the claim decides)."""
-    return bool(
-        conn.execute(
-            text(
-                "SELECT EXISTS (SELECT 1 FROM dispatch_outbox o JOIN job_claims c "
-                "ON c.job_id = o.task_id || '.' || o.dispatch_id WHERE o.task_id = :t AND c.state = 'unknown')"
-            ),
-            {"t": task_id},
-        ).scalar()
+    return DispatchJob(
+        job_id=row.job_id,
+        specialist_id=row.specialist_id,
+        body=body,
+        worker_url=worker_url,
+        deadline_s=deadline_s,
     )

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import psycopg
 from sqlalchemy import Engine
 
-from app.notify import DISPATCH, libpq_url
+from taskstate.notify import DISPATCH, libpq_url
 from core import db
 from core.errors import ServiceError
 from core.settings import Settings
@@ -36,7 +36,7 @@ from workers.dispatch.embedded import EmbeddedDispatcher
 from workers.dispatch.pruner import prune_task_events
 from workers.dispatch.sweeper import LeaseSweeper
 from workers.settlement import TaskSettlement
-from workers.tasks import TaskEvents
+from taskstate.updates import TaskEvents
 
 if TYPE_CHECKING:
     from workers.dispatch.relay import CloudTasksRelay

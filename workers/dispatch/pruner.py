@@ -6,37 +6,25 @@ GetTask answers from the task row itself (its status, artifacts and history), so
 its events serve nobody. Dispatchers delete the events of tasks that ended more
 than ``task_events_retention_days`` ago, ``task_events_prune_batch`` at a time,
 every ``task_events_prune_interval_s`` (a scan of ``tasks``: it has no index on
-the state, so the interval is minutes, not the sweep's seconds).
+the state, so the interval is minutes, not the sweep's seconds). The statement
+is the task tables' owner's (``taskstate.rows.prune_finished_events``).
 """
 
 from __future__ import annotations
 
 import logging
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
+
+from taskstate import rows
 
 log = logging.getLogger(__name__)
-
-_PRUNE = text(
-    """
-    WITH doomed AS (
-        SELECT e.seq
-          FROM task_events e
-          JOIN tasks t ON t.id = e.task_id
-         WHERE t.status ->> 'state' IN ('TASK_STATE_COMPLETED', 'TASK_STATE_FAILED', 'TASK_STATE_CANCELED',
-                                        'TASK_STATE_REJECTED')
-           AND t.last_updated < now() - make_interval(secs => :retention_s)
-         LIMIT :batch
-    )
-    DELETE FROM task_events WHERE seq IN (SELECT seq FROM doomed)
-    """
-)
 
 
 def prune_task_events(engine: Engine, *, retention_s: float, batch: int) -> int:
     """Delete up to ``batch`` events of tasks terminal for longer than ``retention_s``; how many were deleted."""
     with engine.begin() as conn:
-        deleted = conn.execute(_PRUNE, {"retention_s": retention_s, "batch": batch}).rowcount
+        deleted = rows.prune_finished_events(conn, retention_s=retention_s, batch=batch)
     if deleted:
         log.info("pruned %d event(s) of finished tasks", deleted, extra={"event": "task_events_pruned"})
     return deleted

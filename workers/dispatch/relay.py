@@ -22,12 +22,13 @@ from sqlalchemy import Engine
 
 from core.settings import Settings
 from workers.auth import JobSigner
-from workers.dispatch import outbox
+from taskstate import outbox
+from workers.dispatch import jobs
 from workers.dispatch.base import DispatchError, DispatchRefused, Dispatcher
 from workers.dispatch.delivery import retry_delay_s
 from workers.dispatch.embedded import crash_here
 from workers.dispatch.sweeper import give_up
-from workers.tasks import TaskEvents
+from taskstate.updates import TaskEvents
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class CloudTasksRelay:
                 crash_here("before_enqueue", self.settings)
             for row in rows:
                 try:
-                    result = self.dispatcher.enqueue(outbox.build_job(row, self.signer, self.settings, self.worker_url))
+                    result = self.dispatcher.enqueue(jobs.build_job(row, self.signer, self.settings, self.worker_url))
                 except DispatchRefused as refused:
                     to_give_up.append((row, f"{refused.code}: {refused.message}"))
                     continue

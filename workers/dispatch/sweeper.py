@@ -19,7 +19,7 @@
   is finished as failed (``job_abandon``: no later delivery runs it), its outbox
   row marked undeliverable, its task FAILED with a message that says so, and its
   reservation voided (it never ran) or, for a follow-up of a task that already
-  ran, charged the tariff like any cancel after work started.
+  ran, charged by the charge rule like any cancel after work started.
 
 Lock order as everywhere: claim, outbox, task, ledger.
 """
@@ -29,40 +29,19 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
 from ledger import operations
 from ledger.errors import ResolutionRefused
-from workers import claims
-from workers.dispatch import jobs
-from workers.dispatch.base import job_id_for
-from workers.dispatch.outbox import OutboxRow, mark_undeliverable
+from taskstate import admitted, charge, claims, outbox
+from taskstate.outbox import OutboxRow
+from taskstate.updates import TaskEvents
 from workers.runner import RunOutcome
-from workers.settlement import TaskSettlement
-from workers.tasks import TaskEvents, TaskRef
+from workers.settlement import TaskSettlement, ledger_reason
 
 log = logging.getLogger(__name__)
 
 MAX_SWEPT_PER_ROUND = 100
-
-_EXPIRED = text(
-    "SELECT c.job_id, o.task_id, o.dispatch_id, o.owner, o.context_id "
-    "FROM job_claims c JOIN dispatch_outbox o ON c.job_id = o.task_id || '.' || o.dispatch_id "
-    "WHERE c.state = 'running' AND c.lease_expires_at < clock_timestamp() AND o.status IN ('pending', 'sent') "
-    "AND NOT specialist_resumable(c.job_id, :max_resumes, :window_s) "
-    "ORDER BY c.lease_expires_at LIMIT :n"
-)
-
-
-# Handed to Cloud Tasks longer ago than any delivery of its body can run, and never claimed (no claim row:
-# a cancel or an earlier give-up writes one too).
-_ABANDONED = text(
-    "SELECT o.dispatch_id, o.task_id, o.specialist_id, o.owner, o.context_id, o.attempts FROM dispatch_outbox o "
-    "WHERE o.status = 'sent' AND o.sent_at < clock_timestamp() - make_interval(secs => :after_s) "
-    "AND NOT EXISTS (SELECT 1 FROM job_claims c WHERE c.job_id = o.task_id || '.' || o.dispatch_id) "
-    "ORDER BY o.sent_at LIMIT :n"
-)
-
 
 @dataclass(frozen=True)
 class Swept:
@@ -91,11 +70,9 @@ class LeaseSweeper:
         if self.abandoned_after_s is None:
             return []
         with self.engine.connect() as conn:
-            rows = conn.execute(_ABANDONED, {"after_s": self.abandoned_after_s, "n": MAX_SWEPT_PER_ROUND}).all()
+            rows = claims.sent_never_claimed(conn, sent_before_s=self.abandoned_after_s, limit=MAX_SWEPT_PER_ROUND)
         given_up = []
-        for row in rows:
-            outbox_row = OutboxRow(int(row.dispatch_id), row.task_id, row.specialist_id, row.owner, row.context_id,
-                                   int(row.attempts))
+        for outbox_row in rows:
             error = (f"no worker claimed it within {self.abandoned_after_s:g} s of its hand-over to Cloud Tasks "
                      "(SPECIALISTS_WORKER_JOB_MAX_AGE_S + SPECIALISTS_DISPATCH_DEADLINE_S): the queue stopped "
                      "delivering it")
@@ -106,51 +83,49 @@ class LeaseSweeper:
     def sweep(self) -> list[Swept]:
         """Record every expired lease of a dispatched job unknown; return those this call recorded."""
         with self.engine.connect() as conn:
-            expired = conn.execute(
-                _EXPIRED, {"n": MAX_SWEPT_PER_ROUND, "max_resumes": self.max_resumes, "window_s": self.resume_window_s}
-            ).all()
+            expired = claims.expired_dispatched(conn, limit=MAX_SWEPT_PER_ROUND, max_resumes=self.max_resumes,
+                                                resume_window_s=self.resume_window_s)
         swept: list[Swept] = []
-        for row in expired:
-            ref = TaskRef(row.task_id, int(row.dispatch_id), row.owner, row.context_id)
+        for job in expired:
             with self.engine.begin() as conn:
-                newly, token = claims.expire_lease(conn, row.job_id)
+                newly, token = claims.expire_lease(conn, job.job_id)
                 if newly:
                     self.settlement.mark_unknown_ref(
-                        conn, ref, row.job_id, int(token), "its lease expired while it ran; found by the lease sweeper"
+                        conn, job.ref, int(token), "its lease expired while it ran; found by the lease sweeper"
                     )
             if newly:
-                log.warning("job %s: its worker's lease expired; recorded unknown for an operator", row.job_id,
-                            extra={"event": "job_unknown", "job_id": row.job_id, "task_id": row.task_id,
+                log.warning("job %s: its worker's lease expired; recorded unknown for an operator", job.job_id,
+                            extra={"event": "job_unknown", "job_id": job.job_id, "task_id": job.ref.task_id,
                                    "code": "lease_expired"})
-                self.settlement.tasks.notify(ref.task_id)
-                swept.append(Swept(row.job_id, int(token)))
+                self.settlement.tasks.notify(job.ref.task_id)
+                swept.append(Swept(job.job_id, int(token)))
         return swept
 
 
 def give_up(engine: Engine, tasks: TaskEvents, row: OutboxRow, *, error: str) -> bool:
     """Fail a job that no worker ever claimed; False (nothing changed) when one did."""
-    ref = TaskRef(row.task_id, row.dispatch_id, row.owner, row.context_id)
-    job_id = job_id_for(row.task_id, row.dispatch_id)
+    job_id = row.job_id
     with engine.begin() as conn:
         if not claims.abandon(conn, job_id, reason=f"undeliverable after {row.attempts} attempts: {error}"):
             return False
-        mark_undeliverable(conn, row, error=error)
+        outbox.mark_undeliverable(conn, row, error=error)
         tasks.finish(
             conn,
-            ref,
+            row.ref,
             RunOutcome(
                 "failed",
                 f"no worker accepted this task after {row.attempts} attempts ({error}); the service's operator "
                 "has been told",
             ),
         )
-        edge = conn.execute(
-            text("SELECT reservation_id, tariff_credits FROM edge_tasks WHERE task_id = :t"), {"t": row.task_id}
-        ).one_or_none()
-        if edge is not None and edge.reservation_id is not None:
-            charged = int(edge.tariff_credits) if jobs.any_claimed(conn, row.task_id) else 0
+        hold = admitted.hold_of(conn, row.task_id)
+        if hold is not None and hold.reservation_id is not None:
+            # A follow-up of a task that already ran: the work done is charged, as a cancel after work started.
+            ran: charge.Outcome = "failed" if claims.task_jobs(conn, row.task_id).any_claimed else "never_ran"
+            charged = charge.charged_credits(ran, reserved_credits=hold.reserved_credits)
+            assert charged is not None
             try:
-                operations.settle(conn, edge.reservation_id, charged, f"job {job_id} undeliverable")
+                operations.settle(conn, hold.reservation_id, charged, ledger_reason(f"job {job_id} undeliverable"))
             except ResolutionRefused as refused:
                 log.error("job %s given up, but its reservation was not resolved: %s", job_id, refused.message)
     log.error("job %s given up after %d attempts: %s", job_id, row.attempts, error)

@@ -11,12 +11,11 @@ settle. Modules:
   the readiness check.
 - ``bundle``: the A2A message as the specialist's task and evidence bundle.
 - ``store``: the PostgreSQL ``CheckpointStore`` (fenced by the claim).
-- ``journal``: model calls, steps and the run's record; what a resume starts from.
+- ``journal``: model calls, steps and the run's record; what a resume starts from; what the finish reads.
 - ``hosted``: the hosted profile around ``rlm.Session`` (settings, kernel, provider).
 - ``answer``: the answer as a report and findings; the output limit.
-- ``claim``: the claim that resumes an expired lease with a checkpoint.
 - ``runner``: ``SpecialistRunner``, the worker's ``Runner`` for executor ``rlm``.
 - ``service``: which specs a worker serves, and the readiness report.
-- ``settle``: what a job settles, and the task's final metadata (``a2a``: as A2A events).
-- ``usage``: per-job usage for operators.
+- ``a2a``: the run's artifacts and the task's final metadata as A2A events.
+
 """

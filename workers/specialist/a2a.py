@@ -4,7 +4,7 @@ The runner reports the artifacts as task events (``ctx.report("a2a", ...)``) jus
 before it returns, so every API instance streams them; the final status carries
 ``specialist`` metadata: semantic calls used and charged, credits charged, the
 stop reason, findings kept and dropped, resumes. The credits are what the
-finish's settlement posts (``workers.specialist.settle``), written in the same
+finish's settlement posts (``workers.settlement``), written in the same
 transaction.
 """
 

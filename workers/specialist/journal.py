@@ -16,6 +16,10 @@ interrupted step are served from the journal instead of being paid again, and
 calls that were in flight become ``unknown`` and are ``superseded_by`` the call
 that replaces them. Counting semantic calls ignores superseded rows, so a resume
 never makes a customer pay for a call twice.
+
+This module is the one owner of ``specialist_runs``, ``specialist_calls`` and
+``specialist_steps``: the finish's settlement reads a run through ``run_record``,
+operators through ``usage_by_job`` and ``usage_calls``.
 """
 
 from __future__ import annotations
@@ -25,15 +29,54 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 from core.specs import PricingSpec
+from taskstate import charge
 from rlm.kernels.base import StepResult
 from rlm.kernels.checkpoints import Checkpoint
 from rlm.providers.base import Completion, ToolCall, Usage
 from workers.specialist.store import check_fence
 
 IN_FLIGHT_NOTE = "in flight when the worker running it stopped; its usage is unknown"
+
+
+def pricing_of(spec: PricingSpec) -> charge.Pricing:
+    """A spec's pricing, as the charge rule takes it."""
+    return charge.Pricing(spec.mode, spec.base_credits or 0, spec.credits_per_semantic_call or 0)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What the finish's transaction reads of a run: the pricing it was opened under, and its semantic calls
+    (a call superseded after a resume counts once)."""
+
+    pricing: charge.Pricing
+    semantic_calls_used: int
+    semantic_calls_charged: int
+    resumes: int
+
+
+_RUN_RECORD = text(
+    """
+    SELECT r.pricing, r.base_credits, r.credits_per_semantic_call, r.resumes,
+           count(c.call_id) FILTER (WHERE c.purpose = 'subcall' AND c.superseded_by IS NULL) AS used,
+           count(c.call_id) FILTER (WHERE c.purpose = 'subcall' AND c.superseded_by IS NULL
+                                      AND c.state = 'completed') AS charged
+      FROM specialist_runs r LEFT JOIN specialist_calls c ON c.job_id = r.job_id
+     WHERE r.job_id = :j
+     GROUP BY r.job_id
+    """
+)
+
+
+def run_record(conn: Connection, job_id: str) -> RunRecord | None:
+    """The run of a job, in the caller's transaction; None: the job is not a specialist run."""
+    row = conn.execute(_RUN_RECORD, {"j": job_id}).one_or_none()
+    if row is None:
+        return None
+    pricing = charge.Pricing(row.pricing, int(row.base_credits or 0), int(row.credits_per_semantic_call or 0))
+    return RunRecord(pricing, int(row.used), int(row.charged), int(row.resumes))
 
 
 def completion_to_json(completion: Completion) -> dict[str, Any]:
@@ -387,3 +430,58 @@ class Journal:
             answer = (row["response"] or {}).get("text") if row["state"] == "completed" else (row["note"] or "")
             plan.step_subcalls[where].append((row["request_text"] or "", answer or ""))
         return plan
+
+
+# --- what runs used, for operators (``specialists usage``) -----------------------------------
+# Tokens and cost are the sums of what providers reported. A call whose usage nobody knows (in flight when
+# a worker died, a timeout, an answer without usage, a model without a price) is counted apart and never as
+# zero: a total next to a non-zero ``calls_with_unknown_*`` is a lower bound.
+
+MAX_ROWS = 1000
+
+_JOBS = text(
+    """
+    SELECT r.job_id, r.specialist_id, r.route, r.state, r.outcome, r.stop_reason, r.resumes, r.turns,
+           r.semantic_calls_used, r.semantic_calls_charged, r.pricing, r.tariff_credits, r.credits_to_settle,
+           r.started_at, r.ended_at,
+           count(c.call_id) AS model_calls,
+           coalesce(sum(c.replays), 0) AS replayed_calls,
+           coalesce(sum(c.prompt_tokens), 0) AS prompt_tokens,
+           coalesce(sum(c.completion_tokens), 0) AS completion_tokens,
+           coalesce(sum(c.cost_usd), 0) AS cost_usd,
+           count(c.call_id) FILTER (WHERE c.state IN ('started', 'unknown')
+                                    OR (c.state = 'completed' AND (c.prompt_tokens IS NULL OR c.completion_tokens IS NULL)))
+             AS calls_with_unknown_tokens,
+           count(c.call_id) FILTER (WHERE c.state IN ('started', 'unknown')
+                                    OR (c.state = 'completed' AND c.cost_usd IS NULL)) AS calls_with_unknown_cost
+      FROM specialist_runs r LEFT JOIN specialist_calls c ON c.job_id = r.job_id
+     WHERE (CAST(:sp AS text) IS NULL OR r.specialist_id = :sp)
+       AND (CAST(:job AS text) IS NULL OR r.job_id = :job)
+     GROUP BY r.job_id
+     ORDER BY r.started_at DESC, r.job_id
+     LIMIT :n
+    """
+)
+
+_CALLS = text(
+    """
+    SELECT call_id, purpose, turn, step_index, state, model, prompt_tokens, completion_tokens, cost_usd, replays,
+           superseded_by, fencing_token AS claim, note, started_at, ended_at
+      FROM specialist_calls WHERE job_id = :job ORDER BY call_id LIMIT :n
+    """
+)
+
+
+def usage_by_job(conn: Connection, *, specialist_id: str | None = None, job_id: str | None = None,
+         limit: int = 50) -> list[dict[str, Any]]:
+    """One row per job, newest first."""
+    rows = conn.execute(
+        _JOBS, {"sp": specialist_id, "job": job_id, "n": max(1, min(limit, MAX_ROWS))}
+    ).mappings()
+    return [{**row, "cost_usd": float(row["cost_usd"])} for row in rows]
+
+
+def usage_calls(conn: Connection, job_id: str, *, limit: int = MAX_ROWS) -> list[dict[str, Any]]:
+    """Every model call of one job, in order, with what it reported (None: unknown)."""
+    rows = conn.execute(_CALLS, {"job": job_id, "n": max(1, min(limit, MAX_ROWS))}).mappings()
+    return [{**row, "cost_usd": None if row["cost_usd"] is None else float(row["cost_usd"])} for row in rows]

@@ -6,14 +6,14 @@ in Monty with the hosted profile (``hosted``), journaled and checkpointed in
 PostgreSQL under the job; the answer becomes a text report and, for the
 reviewer, findings (``answer``); the run's record gets the amount to settle.
 
-A job that already has checkpoints was resumed by ``workers.specialist.claim``
-after its worker died: the run replays what the journal holds and continues
-from the newest checkpoint. The amount to settle (``RunOutcome.detail
-["credits_to_settle"]``) follows the spec's pricing: ``fixed`` settles the
-tariff, ``metered`` the base plus the price of each answered semantic call,
-never above the tariff; a refused task, and a job whose checkpoint cannot be
-used (tampered, another key or Monty version), settle 0: the failure is the
-service's, not the customer's.
+A job that already has checkpoints was resumed by
+``taskstate.claims.claim_resumable`` after its worker died: the run replays
+what the journal holds and continues from the newest checkpoint. The runner's
+own figure (``RunOutcome.detail["credits_to_settle"]``) is the charge rule's
+(``taskstate.charge``) for the spec's pricing and the answered semantic calls; a
+refused task, and a job whose checkpoint cannot be used (tampered, another key
+or Monty version), state 0: the failure is the service's, not the customer's.
+The settlement charges from the reservation, with this figure as a cap.
 """
 
 from __future__ import annotations
@@ -34,13 +34,14 @@ from rlm.context import Context
 from rlm.errors import RLMError
 from rlm.kernels.checkpoints import Checkpoint
 from rlm.session import Session
+from taskstate import charge
 from workers.auth import VerifiedJob
 from workers.runner import RunContext, RunOutcome
 from workers.specialist.a2a import artifact_events
 from workers.specialist.answer import Verdict, verdict_of
 from workers.specialist.bundle import SpecialistTask, TaskRefused, task_from_message
 from workers.specialist.hosted import HostedRun, hosted_settings, session_id_for
-from workers.specialist.journal import Journal
+from workers.specialist.journal import Journal, pricing_of
 from workers.specialist.routes import ModelRoutes, RouteNotReady
 from workers.specialist.store import ClaimLost, PgCheckpointStore
 
@@ -168,7 +169,10 @@ class SpecialistRunner:
              *, replayed: int = 0) -> RunOutcome:
         spec = loaded.spec
         totals = journal.totals()
-        credits = 0 if verdict.free else spec.pricing.credits_for(spec.tariff_credits, totals["semantic_calls_charged"])
+        credits = 0 if verdict.free else charge.charged_credits(
+            verdict.state, reserved_credits=spec.tariff_credits, pricing=pricing_of(spec.pricing),
+            usage=charge.Usage(totals["semantic_calls_charged"]),
+        )
         try:
             totals = journal.end_run(
                 outcome=verdict.state, stop_reason=result.stop_reason if result is not None else None,

@@ -1,7 +1,8 @@
 """Monty checkpoints in PostgreSQL: the ``rlm`` ``CheckpointStore`` protocol, one job per store, fenced.
 
 Records are the signed bytes ``rlm.kernels.checkpoints`` produces, kept in
-``specialist_checkpoints`` by job and sequence number (migration 0070).
+``specialist_checkpoints`` (this module is the table's one owner) by job and
+sequence number (migration 0070).
 
 Only the snapshots worth their write are kept: every idle session record, and a
 step suspended before a *paid* host call (``llm_query``, ``llm_query_batched``).
@@ -28,13 +29,10 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import IntegrityError
 
 from rlm.kernels.checkpoints import MAGIC, CheckpointConflict, CheckpointNotFound, check_session_id
+from taskstate import claims
 
 PAID_HOST_CALLS = frozenset({"_llm_query", "_llm_query_batched"})
 
-FENCE = text(
-    "SELECT 1 FROM job_claims WHERE job_id = :j AND fencing_token = :t AND state = 'running' "
-    "AND lease_expires_at > clock_timestamp() FOR SHARE"
-)
 
 
 class ClaimLost(CheckpointConflict):
@@ -58,7 +56,7 @@ def pending_call_of(data: bytes) -> str | None:
 
 def check_fence(conn: Connection, job_id: str, fencing_token: int) -> None:
     """In the caller's transaction: lock the claim row (share) and require it to be ours and live."""
-    if conn.execute(FENCE, {"j": job_id, "t": fencing_token}).first() is None:
+    if not claims.hold_fence(conn, job_id, fencing_token):
         raise ClaimLost(
             f"claim {fencing_token} on job {job_id} is no longer current (its lease passed or another worker "
             "resumed the job); this worker stops writing"

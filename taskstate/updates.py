@@ -1,20 +1,20 @@
-"""The A2A task a job serves, on the worker: its input, its progress events, its final state, unknown.
+"""A job's writes to the A2A task it serves: its input, its progress events, its final state, unknown.
 
-A job dispatched from the edge's outbox names its task in the signed payload
-(``t`` task id, ``d`` dispatch id, ``o`` owner scope, ``x`` context id; see
-``task_payload``); a job without them (a test's raw job) has no task and every
-call here leaves it alone. The job's message itself stays in the outbox row.
+A job dispatched from the outbox names its task in its signed payload
+(``taskstate.ids.TaskRef``); a job without one (a test's raw job) has no task
+and every call here leaves it alone. The job's message itself stays in its
+outbox row.
 
-Every write goes to the edge's task tables in the a2a-sdk cluster store's format
-(``app.taskrows``: with ``app.notify``'s channel names, the only edge code that
-workers import, because both sides must write the SDK's rows identically), so every API instance reads and
-streams what a worker wrote. After each commit a notification on the edge's
-``edge_task_events`` channel wakes their streams at once (they also poll).
+Every write goes through the task tables' owner (``taskstate.rows``, the a2a-sdk
+cluster store's format), so every API instance reads and streams what a worker
+wrote. After each commit a notification (``taskstate.notify``) wakes their
+streams at once (they also poll).
 
 * Progress and artifacts (``TaskEvents.emit``) are **fenced**: each write first
-  takes a share lock on the job's claim and checks that it is still this
-  worker's running claim with a live lease, so a stale worker writes nothing, and
-  a finish or a lease expiry cannot slip in between the check and the write.
+  takes a share lock on the job's claim (``claims.hold_fence``) and checks that it
+  is still this worker's running claim with a live lease, so a stale worker
+  writes nothing, and a finish or a lease expiry cannot slip in between the check
+  and the write.
 * The final state (``TaskEvents.finish``) and the unknown mark
   (``TaskEvents.mark_unknown``) run inside the caller's transaction: the claim's
   finish and the ledger move with them (``workers.settlement``).
@@ -28,8 +28,10 @@ ledger. The edge's cancel and the operator's reconcile take them in the same ord
 from __future__ import annotations
 
 import logging
+import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from a2a.server.agent_execution.active_task import TERMINAL_TASK_STATES
 from a2a.server.tasks.task_manager import append_artifact_to_task
@@ -44,12 +46,33 @@ from a2a.types.a2a_pb2 import (
     TaskStatus,
     TaskStatusUpdateEvent,
 )
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine
 
-from app import taskrows
-from app.notify import TASK_EVENTS
-from workers.auth import VerifiedJob
-from workers.runner import RunOutcome
+from taskstate import claims, notify, outbox, rows
+from taskstate.ids import TaskRef
+
+
+class Job(Protocol):
+    """A verified job, as the worker holds it (``workers.auth.VerifiedJob``)."""
+
+    @property
+    def job_id(self) -> str: ...
+
+    @property
+    def payload(self) -> Mapping[str, Any]: ...
+
+
+class Outcome(Protocol):
+    """How a run ended, as the runner says it (``workers.runner.RunOutcome``)."""
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def message(self) -> str: ...
+
+    @property
+    def final_event(self) -> Any: ...
 
 log = logging.getLogger(__name__)
 
@@ -66,40 +89,6 @@ OUTCOME_STATES: dict[str, int] = {
     "input_required": TaskState.TASK_STATE_INPUT_REQUIRED,
 }
 
-_FENCE = text(
-    "SELECT 1 FROM job_claims WHERE job_id = :j AND fencing_token = :t AND state = 'running' "
-    "AND lease_expires_at > clock_timestamp() FOR SHARE"
-)
-_INPUT = text(
-    "SELECT o.message, t.id, t.context_id, t.status, t.artifacts, t.history, t.metadata "
-    "FROM dispatch_outbox o LEFT JOIN tasks t ON t.id = o.task_id AND t.owner = o.owner "
-    "WHERE o.dispatch_id = :d AND o.task_id = :t"
-)
-_NOTIFY = text("SELECT pg_notify(:channel, :task_id)")
-
-
-@dataclass(frozen=True)
-class TaskRef:
-    """Which A2A task a job serves, from the job's verified payload."""
-
-    task_id: str
-    dispatch_id: int
-    owner: str
-    context_id: str
-
-    @classmethod
-    def of(cls, job: VerifiedJob) -> "TaskRef | None":
-        payload = job.payload
-        if "t" not in payload:
-            return None
-        return cls(str(payload["t"]), int(payload["d"]), str(payload["o"]), str(payload["x"]))
-
-
-def task_payload(task_id: str, dispatch_id: int, owner: str, context_id: str) -> dict[str, Any]:
-    """The signed payload naming a job's task (what ``TaskRef.of`` reads back)."""
-    return {"t": task_id, "d": dispatch_id, "o": owner, "x": context_id}
-
-
 @dataclass(frozen=True)
 class TaskInput:
     ref: TaskRef
@@ -108,8 +97,6 @@ class TaskInput:
 
 
 def agent_message(text_: str, ref: TaskRef) -> Message:
-    import uuid
-
     return Message(
         message_id=str(uuid.uuid4()),
         role=Role.ROLE_AGENT,
@@ -133,7 +120,7 @@ def _apply(task: Task, event: TaskStatusUpdateEvent | TaskArtifactUpdateEvent) -
             task.metadata.MergeFrom(event.metadata)
         task.status.CopyFrom(event.status)
         if not task.status.HasField("timestamp"):
-            taskrows.stamp(task)
+            rows.stamp(task)
     else:
         append_artifact_to_task(task, event)
 
@@ -147,24 +134,21 @@ class TaskEvents:
 
     # --- input ----------------------------------------------------------------------
 
-    def load(self, job: VerifiedJob) -> TaskInput:
-        ref = TaskRef.of(job)
+    def load(self, job: Job) -> TaskInput:
+        ref = TaskRef.of_payload(job.payload)
         if ref is None:
             raise LookupError(f"job {job.job_id} names no A2A task")
         with self.engine.connect() as conn:
-            row = conn.execute(_INPUT, {"d": ref.dispatch_id, "t": ref.task_id}).one_or_none()
-        if row is None:
+            message = outbox.message_of(conn, ref)
+            task = rows.read(conn, ref.task_id, ref.owner) if message is not None else None
+        if message is None:
             raise LookupError(f"job {job.job_id}: outbox row {ref.dispatch_id} of task {ref.task_id} is gone")
-        return TaskInput(
-            ref=ref,
-            message=Message.FromString(bytes(row.message)),
-            task=taskrows.task_from_row(row) if row.id is not None else None,
-        )
+        return TaskInput(ref=ref, message=Message.FromString(message), task=task)
 
     # --- progress (EventSink) ---------------------------------------------------------
 
-    def emit(self, job: VerifiedJob, fencing_token: int, kind: str, data: dict[str, Any]) -> None:
-        ref = TaskRef.of(job)
+    def emit(self, job: Job, fencing_token: int, kind: str, data: dict[str, Any]) -> None:
+        ref = TaskRef.of_payload(job.payload)
         if ref is None:
             log.info("job %s (claim %s) %s %s", job.job_id, fencing_token, kind, data)
             return
@@ -173,7 +157,7 @@ class TaskEvents:
             log.warning("job %s: progress of kind %r is not an A2A event; dropped", job.job_id, kind)
             return
         with self.engine.begin() as conn:
-            if conn.execute(_FENCE, {"j": job.job_id, "t": fencing_token}).first() is None:
+            if not claims.hold_fence(conn, job.job_id, fencing_token):
                 log.info("job %s: claim %s is no longer current; its %s event is dropped", job.job_id, fencing_token, kind)
                 return
             written = self._write(conn, ref, event)
@@ -199,7 +183,7 @@ class TaskEvents:
         return None
 
     def _write(self, conn: Connection, ref: TaskRef, event: Any, *, unless_unknown: bool = False) -> bool:
-        loaded = taskrows.load_locked(conn, ref.task_id, ref.owner)
+        loaded = rows.load_locked(conn, ref.task_id, ref.owner)
         if loaded is None:
             return False
         task, version = loaded
@@ -211,19 +195,19 @@ class TaskEvents:
             if task.status.HasField("message"):
                 task.history.append(task.status.message)
             task.status.CopyFrom(TaskStatus(state=TaskState.TASK_STATE_COMPLETED, message=event))
-            taskrows.stamp(task)
+            rows.stamp(task)
         else:
             try:
                 _apply(task, event)
             except Exception as exc:  # an agent protocol violation (e.g. appending to no artifact)
                 log.warning("task %s: event dropped: %s", ref.task_id, exc)
                 return False
-        taskrows.write(conn, task, ref.owner, version, event)
+        rows.write(conn, task, ref.owner, version, event)
         return True
 
     # --- in the finish / claim / reconcile transactions ------------------------------------
 
-    def finish(self, conn: Connection, ref: TaskRef, outcome: RunOutcome, *,
+    def finish(self, conn: Connection, ref: TaskRef, outcome: Outcome, *,
                metadata: dict[str, Any] | None = None) -> bool:
         """Write the job's final state (the caller's transaction). False if the task was already final.
         ``metadata`` is merged into the final event's (and so the task's) metadata."""
@@ -263,8 +247,4 @@ class TaskEvents:
 
     def notify(self, task_id: str) -> None:
         """Wake every API instance's streams of the task (after the commit; best effort: they also poll)."""
-        try:
-            with self._autocommit.connect() as conn:
-                conn.execute(_NOTIFY, {"channel": TASK_EVENTS, "task_id": task_id})
-        except Exception as exc:
-            log.debug("could not notify task %s (%s); streams will poll", task_id, type(exc).__name__)
+        notify.task_event_now(self._autocommit, task_id)

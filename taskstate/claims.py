@@ -1,4 +1,4 @@
-"""Claims: at most one execution per job, whatever the deliveries do (migration 0020).
+"""The owner of ``job_claims`` and ``job_stale_reports``: at most one execution per job, whatever the deliveries do.
 
 A claim row is unique per job. Claiming takes a lease and a fencing token that
 grows on every claim; renewing and finishing name the token,
@@ -15,6 +15,12 @@ The functions that decide by the clock (claim, renew, finish, expire_lease) take
 ``now``, as the ledger's do: None is the database clock, which is what workers
 use; a time decides as of then (migration 0100), so a test lets a lease pass, or
 keeps one alive, without waiting on the machine.
+
+A specialist worker claims with ``claim_resumable`` (``specialist_claim``,
+migration 0070): an expired lease of a job with a Monty checkpoint is resumed,
+within ``max_resumes``. ``hold_fence`` is the share lock every fenced write of a
+running job takes first. The queries that meet a job's outbox row join
+``taskstate.outbox.jobs_relation``.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Engine, text
 
 from core.errors import ServiceError
+from taskstate import outbox
+from taskstate.ids import TaskRef
 
 ClaimOutcome = Literal["claimed", "finished", "busy", "lease_expired_unknown"]
 RenewOutcome = Literal["renewed", "expired", "fenced"]
@@ -34,6 +42,11 @@ FinishOutcome = Literal["finished", "already_finished", "stale"]
 CancelOutcome = Literal["canceled_before_claim", "cancel_requested", "already_finished", "unknown"]
 JobOutcome = Literal["completed", "failed", "canceled", "rejected", "input_required"]
 JOB_OUTCOMES: tuple[str, ...] = ("completed", "failed", "canceled", "rejected", "input_required")
+
+
+# CHECK constraints of migration 0020 (``worker_id``, ``cancel_reason``); every reason is kept within the latter.
+MAX_WORKER_ID_CHARS = 200
+MAX_REASON_CHARS = 500
 
 
 class ClaimError(ServiceError):
@@ -84,8 +97,12 @@ def claim(conn: Connection, job_id: str, *, worker_id: str, lease_s: float, now:
     _check_lease(lease_s)
     row = conn.execute(
         text("SELECT * FROM job_claim(:j, :w, :l, CAST(:n AS timestamptz))"),
-        {"j": job_id, "w": worker_id[:200], "l": lease_s, "n": _aware(now)},
+        {"j": job_id, "w": worker_id[:MAX_WORKER_ID_CHARS], "l": lease_s, "n": _aware(now)},
     ).mappings().one()
+    return _claim_result(row)
+
+
+def _claim_result(row: Any) -> ClaimResult:
     return ClaimResult(
         outcome=row["outcome"],
         fencing_token=int(row["fencing_token"]),
@@ -95,6 +112,38 @@ def claim(conn: Connection, job_id: str, *, worker_id: str, lease_s: float, now:
         job_outcome_detail=row["job_outcome_detail"],
         newly_unknown=bool(row["newly_unknown"]),
     )
+
+
+@dataclass(frozen=True)
+class ResumableClaim:
+    claim: ClaimResult
+    resumed: bool
+
+
+def claim_resumable(
+    conn: Connection, job_id: str, *, worker_id: str, lease_s: float, max_resumes: int, now: datetime | None = None
+) -> ResumableClaim:
+    """``claim``, except that a running claim whose lease expired is claimed again (next token, ``resumed``) when the
+    job has a checkpoint and fewer than ``max_resumes`` (SPECIALISTS_SPECIALIST_MAX_RESUMES) resumes, decided under
+    the claim row's lock; without a checkpoint, or past the limit, the job becomes unknown exactly as before."""
+    _check_lease(lease_s)
+    row = conn.execute(
+        text("SELECT * FROM specialist_claim(:j, :w, :l, :m, CAST(:n AS timestamptz))"),
+        {"j": job_id, "w": worker_id[:MAX_WORKER_ID_CHARS], "l": lease_s, "m": max_resumes, "n": _aware(now)},
+    ).mappings().one()
+    return ResumableClaim(claim=_claim_result(row), resumed=bool(row["resumed"]))
+
+
+_FENCE = text(
+    "SELECT 1 FROM job_claims WHERE job_id = :j AND fencing_token = :t AND state = 'running' "
+    "AND lease_expires_at > clock_timestamp() FOR SHARE"
+)
+
+
+def hold_fence(conn: Connection, job_id: str, fencing_token: int) -> bool:
+    """In the caller's transaction: share-lock the claim and tell whether it is still this running, live claim.
+    A finish or a lease expiry cannot slip in between this check and the caller's write."""
+    return conn.execute(_FENCE, {"j": job_id, "t": fencing_token}).first() is not None
 
 
 def renew(
@@ -127,7 +176,7 @@ def finish(
             "t": fencing_token,
             "o": outcome,
             "d": None if detail is None else json.dumps(detail, sort_keys=True),
-            "w": worker_id[:200],
+            "w": worker_id[:MAX_WORKER_ID_CHARS],
             "n": _aware(now),
         },
     ).mappings().one()
@@ -142,7 +191,7 @@ def release(conn: Connection, job_id: str, *, fencing_token: int) -> bool:
 def request_cancel(conn: Connection, job_id: str, *, reason: str) -> CancelOutcome:
     """Cancel from any API instance: before a claim the job never runs; while running the worker
     sees it at its next heartbeat (the cancellation bound is worker_heartbeat_s)."""
-    return conn.execute(text("SELECT job_request_cancel(:j, :r)"), {"j": job_id, "r": reason[:500]}).scalar_one()
+    return conn.execute(text("SELECT job_request_cancel(:j, :r)"), {"j": job_id, "r": reason[:MAX_REASON_CHARS]}).scalar_one()
 
 
 def resolve_unknown(conn: Connection, job_id: str, *, outcome: str, reason: str, operator: str) -> bool:
@@ -154,7 +203,7 @@ def resolve_unknown(conn: Connection, job_id: str, *, outcome: str, reason: str,
     return bool(
         conn.execute(
             text("SELECT job_resolve_unknown(:j, :o, :r, :p)"),
-            {"j": job_id, "o": outcome, "r": reason.strip()[:500], "p": operator},
+            {"j": job_id, "o": outcome, "r": reason.strip()[:MAX_REASON_CHARS], "p": operator},
         ).scalar()
     )
 
@@ -171,7 +220,87 @@ def expire_lease(conn: Connection, job_id: str, *, now: datetime | None = None) 
 def abandon(conn: Connection, job_id: str, *, reason: str) -> bool:
     """Finish a job no worker ever claimed as failed, so that no later delivery runs it.
     False when a claim exists (a worker has it, had it, or a cancel got there first)."""
-    return bool(conn.execute(text("SELECT job_abandon(:j, :r)"), {"j": job_id, "r": reason[:500]}).scalar())
+    return bool(conn.execute(text("SELECT job_abandon(:j, :r)"), {"j": job_id, "r": reason[:MAX_REASON_CHARS]}).scalar())
+
+
+# --- the claims of a task's jobs (joined to their outbox rows) -------------------------------
+
+_TASK_JOBS = text(
+    f"SELECT c.state, c.claims FROM {outbox.jobs_relation()} o JOIN job_claims c ON c.job_id = o.job_id "
+    "WHERE o.task_id = :t"
+)
+
+
+@dataclass(frozen=True)
+class TaskJobs:
+    """What the claims of a task's jobs say."""
+
+    any_claimed: bool  # a worker ever claimed one: work started
+    any_unknown: bool  # one's outcome is unknown (its row may be closed: the claim decides)
+
+
+def task_jobs(conn: Connection, task_id: str) -> TaskJobs:
+    rows = conn.execute(_TASK_JOBS, {"t": task_id}).all()
+    return TaskJobs(any(r.claims > 0 for r in rows), any(r.state == "unknown" for r in rows))
+
+
+@dataclass(frozen=True)
+class DispatchedJob:
+    job_id: str
+    ref: TaskRef
+
+
+_EXPIRED = text(
+    f"SELECT c.job_id, o.task_id, o.dispatch_id, o.owner, o.context_id "
+    f"FROM job_claims c JOIN {outbox.jobs_relation()} o ON o.job_id = c.job_id "
+    "WHERE c.state = 'running' AND c.lease_expires_at < clock_timestamp() AND o.status IN ('pending', 'sent') "
+    "AND NOT specialist_resumable(c.job_id, :max_resumes, :window_s) "
+    "ORDER BY c.lease_expires_at LIMIT :n"
+)
+
+
+def expired_dispatched(conn: Connection, *, limit: int, max_resumes: int, resume_window_s: float
+                       ) -> list[DispatchedJob]:
+    """Dispatched jobs whose running claim's lease passed and that no later delivery may resume: the lease
+    sweeper's work, oldest lease first."""
+    rows = conn.execute(_EXPIRED, {"n": limit, "max_resumes": max_resumes, "window_s": resume_window_s}).all()
+    return [DispatchedJob(r.job_id, TaskRef(r.task_id, int(r.dispatch_id), r.owner, r.context_id)) for r in rows]
+
+
+# Handed to Cloud Tasks longer ago than any delivery of its body can run, and never claimed (no claim row:
+# a cancel or an earlier give-up writes one too).
+_ABANDONED = text(
+    f"SELECT o.dispatch_id, o.task_id, o.specialist_id, o.owner, o.context_id, o.attempts FROM {outbox.jobs_relation()} o "
+    "WHERE o.status = 'sent' AND o.sent_at < clock_timestamp() - make_interval(secs => :after_s) "
+    "AND NOT EXISTS (SELECT 1 FROM job_claims c WHERE c.job_id = o.job_id) "
+    "ORDER BY o.sent_at LIMIT :n"
+)
+
+
+def sent_never_claimed(conn: Connection, *, sent_before_s: float, limit: int) -> list[outbox.OutboxRow]:
+    """Rows handed to Cloud Tasks more than ``sent_before_s`` ago whose job no worker ever claimed."""
+    rows = conn.execute(_ABANDONED, {"after_s": sent_before_s, "n": limit}).all()
+    return [outbox.OutboxRow(int(r.dispatch_id), r.task_id, r.specialist_id, r.owner, r.context_id, int(r.attempts))
+            for r in rows]
+
+
+_UNKNOWN_OF_TASK = text(
+    f"SELECT c.job_id, o.task_id, o.dispatch_id, o.owner, o.context_id "
+    f"FROM {outbox.jobs_relation()} o JOIN job_claims c ON c.job_id = o.job_id "
+    "WHERE o.task_id = :task AND c.state = 'unknown' ORDER BY o.dispatch_id FOR UPDATE OF c"
+)
+
+
+def unknown_of_task(conn: Connection, task_id: str) -> list[DispatchedJob]:
+    """The task's jobs whose outcome is unknown, their claims locked (an operator's reconcile)."""
+    rows = conn.execute(_UNKNOWN_OF_TASK, {"task": task_id}).all()
+    return [DispatchedJob(r.job_id, TaskRef(r.task_id, int(r.dispatch_id), r.owner, r.context_id)) for r in rows]
+
+
+def unknown_tasks_relation() -> str:
+    """Tasks with a job whose outcome is unknown, as a sub-query (task_id, unknown_at, unknown_reason)."""
+    return (f"(SELECT o.task_id, c.unknown_at, c.unknown_reason FROM job_claims c "
+            f"JOIN {outbox.jobs_relation()} o ON o.job_id = c.job_id WHERE c.state = 'unknown')")
 
 
 def get(conn: Connection, job_id: str) -> dict[str, Any] | None:

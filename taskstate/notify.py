@@ -1,4 +1,4 @@
-"""PostgreSQL LISTEN/NOTIFY for the edge: wake event streams and runners on any instance at once.
+"""PostgreSQL LISTEN/NOTIFY: wake event streams and dispatchers on any instance at once; the channels' one owner.
 
 Writers notify after they commit (``Notifier``): ``edge_task_events`` with the
 task id when a task event was written, ``edge_dispatch`` with the executor when
@@ -20,7 +20,7 @@ import logging
 from collections import defaultdict
 
 import psycopg
-from sqlalchemy import text
+from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -161,3 +161,16 @@ class Notifier:
         """Send what is pending (shutdown)."""
         if self._flusher is not None and not self._flusher.done():
             await self._flusher
+
+
+_NOTIFY_ONE = text("SELECT pg_notify(:channel, :payload)")
+
+
+def task_event_now(autocommit_engine: Engine, task_id: str) -> None:
+    """From synchronous code (a worker, a dispatcher, an operator's command), after its commit: wake the task's
+    streams on every instance. Best effort: they also poll."""
+    try:
+        with autocommit_engine.connect() as conn:
+            conn.execute(_NOTIFY_ONE, {"channel": TASK_EVENTS, "payload": task_id})
+    except Exception as exc:
+        log.debug("could not notify task %s (%s); streams will poll", task_id, type(exc).__name__)

@@ -1,4 +1,4 @@
-"""Task rows written inside the edge's own transactions, in exactly the a2a-sdk cluster store's format.
+"""The owner of the task tables: ``tasks``, ``task_versions`` and ``task_events``, in the a2a-sdk cluster store's format.
 
 Admission must create the task in the same transaction as the reservation and
 the outbox row, and cancel-before-claim must mark it canceled in the same
@@ -9,6 +9,11 @@ the SDK's ``VersionedDatabaseTaskStore`` writes (``tasks``, ``task_versions``,
 ``_from_orm``), the same version counter (first write 1, +1 per write) and the
 same lock order (version row before task row). ``tests/app`` checks that a
 task written here reads back identically through the SDK store.
+
+The SDK's own store (``VersionedDatabaseTaskStore``, the edge's reads and the
+in-process conformance executor) is the one other writer of these tables, by
+design: these functions mirror it. Events of tasks that ended long ago are
+pruned here too (``prune_finished_events``).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from a2a.server.models import TaskEventModel, TaskModel, TaskVersionModel
-from a2a.types.a2a_pb2 import Message, StreamResponse, Task, TaskArtifactUpdateEvent, TaskStatusUpdateEvent
+from a2a.types.a2a_pb2 import Message, Task, TaskArtifactUpdateEvent, TaskStatusUpdateEvent
 from a2a.utils.proto_utils import to_stream_response
 from google.protobuf.json_format import MessageToDict, ParseDict
 from sqlalchemy import Connection, and_, insert, select, text, update
@@ -119,6 +124,23 @@ def insert_new(conn: Connection, task: Task, owner: str) -> int:
     return 1
 
 
+_TASK_WITH_VERSION = text(
+    "SELECT t.*, v.version FROM tasks t JOIN task_versions v ON v.task_id = t.id WHERE t.id = :t AND t.owner = :o"
+)
+
+
+def read(conn: Connection, task_id: str, owner: str) -> Task | None:
+    """The owner's task as stored, unlocked; None if not theirs."""
+    row = conn.execute(select(TASKS).where(and_(TASKS.c.id == task_id, TASKS.c.owner == owner))).one_or_none()
+    return None if row is None else task_from_row(row)
+
+
+def load(conn: Connection, task_id: str, owner: str) -> tuple[Task, int]:
+    """The owner's task and its version, unlocked (the caller knows it exists: an idempotent resend)."""
+    row = conn.execute(_TASK_WITH_VERSION, {"t": task_id, "o": owner}).one()
+    return task_from_row(row), int(row.version)
+
+
 def load_locked(conn: Connection, task_id: str, owner: str) -> tuple[Task, int] | None:
     """The owner's task and its version, both rows locked until the transaction ends; None if not theirs."""
     version = conn.execute(
@@ -152,7 +174,22 @@ def stamp(task: Task) -> None:
     task.status.timestamp.FromDatetime(now_utc())
 
 
-def decode_event(data: bytes) -> StreamResponse:
-    response = StreamResponse()
-    response.ParseFromString(data)
-    return response
+_PRUNE = text(
+    """
+    WITH doomed AS (
+        SELECT e.seq
+          FROM task_events e
+          JOIN tasks t ON t.id = e.task_id
+         WHERE t.status ->> 'state' IN ('TASK_STATE_COMPLETED', 'TASK_STATE_FAILED', 'TASK_STATE_CANCELED',
+                                        'TASK_STATE_REJECTED')
+           AND t.last_updated < now() - make_interval(secs => :retention_s)
+         LIMIT :batch
+    )
+    DELETE FROM task_events WHERE seq IN (SELECT seq FROM doomed)
+    """
+)
+
+
+def prune_finished_events(conn: Connection, *, retention_s: float, batch: int) -> int:
+    """Delete up to ``batch`` events of tasks terminal for longer than ``retention_s``; how many were deleted."""
+    return int(conn.execute(_PRUNE, {"retention_s": retention_s, "batch": batch}).rowcount)

@@ -1,0 +1,59 @@
+"""The owner of ``edge_tasks``: the edge's record of an admitted task, and what it reserved.
+
+One row per task, written once, by admission (``new_row_cte``, in admission's
+one statement): who sent it (customer and key), to which specialist and skill,
+the owner scope of its rows, and the credits reserved for it with the
+reservation's id (the task id; NULL for a free specialist). Everything that
+later moves the task's money (a finish, a cancel, a give-up, a reconcile) reads
+the reserved amount here (``hold_of``), never from a spec file, which may have
+changed since.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, text
+
+
+@dataclass(frozen=True)
+class Hold:
+    """What a task reserved: ``reservation_id`` None for a free specialist (nothing held)."""
+
+    reservation_id: str | None
+    reserved_credits: int
+
+
+def new_row_cte(name: str, *, when: str) -> str:
+    """The task's row as a common table expression ``name``, written only ``when`` the condition holds.
+    Parameters: task_id, customer_id, key_id, specialist_id, skill_id, owner, tariff (the credits reserved)."""
+    return f"""
+    {name} AS (
+        INSERT INTO edge_tasks (task_id, customer_id, key_id, specialist_id, skill_id, owner, tariff_credits,
+                                reservation_id)
+        SELECT CAST(:task_id AS varchar), CAST(:customer_id AS text), CAST(:key_id AS text),
+               CAST(:specialist_id AS text), CAST(:skill_id AS text), CAST(:owner AS varchar),
+               CAST(:tariff AS bigint), CASE WHEN CAST(:tariff AS bigint) > 0 THEN CAST(:task_id AS text) END
+        WHERE {when}
+    )"""
+
+
+def hold_cte(name: str) -> str:
+    """``hold_of`` as a common table expression ``name`` (reservation_id, tariff_credits) of the task ``:t``, for
+    a statement that does more in the same round trip (the finish closes the job's outbox row with it)."""
+    return f"{name} AS (SELECT reservation_id, tariff_credits FROM edge_tasks WHERE task_id = :t)"
+
+
+_HOLD = text("SELECT reservation_id, tariff_credits FROM edge_tasks WHERE task_id = :t")
+
+
+def hold_of(conn: Connection, task_id: str) -> Hold | None:
+    """What the task reserved; None when it is not an admitted task (a test's raw job)."""
+    row = conn.execute(_HOLD, {"t": task_id}).one_or_none()
+    return None if row is None else Hold(row.reservation_id, int(row.tariff_credits))
+
+
+def free_tasks_relation() -> str:
+    """Admitted tasks that reserved nothing, as a sub-query (task_id, customer_id, specialist_id, admitted_at)."""
+    return ("(SELECT task_id, customer_id, specialist_id, admitted_at FROM edge_tasks "
+            "WHERE reservation_id IS NULL)")

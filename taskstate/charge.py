@@ -1,0 +1,83 @@
+"""What a job is charged: one pure function, decided from the reservation, never from a spec file.
+
+``charged_credits`` is the only place the rule is written. The worker's finish,
+the customer's cancel, the dispatcher's give-up and the operator's reconcile
+all call it (``workers.settlement``, ``taskstate.cancel``,
+``workers.dispatch.sweeper``, ``workers.reconcile``); the hosted runner calls it
+for the figure it records in its journal. Its inputs:
+
+- the **outcome** of the job (below);
+- the **reserved** credits: what admission reserved for the task
+  (``taskstate.admitted``), the ceiling of every charge;
+- the **pricing** the run was started under (recorded in its journal when an
+  rlm specialist opened it; ``FIXED`` for every other executor);
+- the **metered usage**: answered semantic calls (a call superseded after a
+  resume counts once), and the runner's own figure when it stated one.
+
+=====================  ====================================================
+outcome                charged
+=====================  ====================================================
+``input_required``     nothing is settled yet (``None``): the task goes on
+                       with the next message, under the same reservation
+``rejected``           0: the specialist declined the work
+``never_ran``          0: canceled before any claim, or given up undelivered
+``completed``,         the pricing, capped by the reservation and by the
+``failed``,            runner's own figure: ``fixed`` charges the reserved
+``canceled``           credits, ``metered`` ``base + per call x answered
+                       calls``; a runner figure of 0 (a refused task, a
+                       resume the service could not make) charges 0
+=====================  ====================================================
+
+An outcome that is *unknown* is not an input: nothing is charged until an
+operator reconciles it, and then the operator states the charge
+(``workers.reconcile`` shows what this rule would have charged beside it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Outcome = Literal["completed", "failed", "canceled", "rejected", "input_required", "never_ran"]
+OUTCOMES: tuple[Outcome, ...] = ("completed", "failed", "canceled", "rejected", "input_required", "never_ran")
+PricingMode = Literal["fixed", "metered"]
+
+
+@dataclass(frozen=True)
+class Pricing:
+    mode: PricingMode = "fixed"
+    base_credits: int = 0
+    credits_per_semantic_call: int = 0
+
+
+FIXED = Pricing()
+
+
+@dataclass(frozen=True)
+class Usage:
+    semantic_calls_charged: int = 0
+    runner_credits: int | None = None  # the runner's own figure, when it stated one: a cap, never a floor
+
+
+NO_USAGE = Usage()
+
+
+def charged_credits(
+    outcome: Outcome, *, reserved_credits: int, pricing: Pricing = FIXED, usage: Usage = NO_USAGE
+) -> int | None:
+    """The credits a job with this outcome is charged, between 0 and ``reserved_credits``; None: not yet."""
+    if outcome not in OUTCOMES:
+        raise ValueError(f"outcome {outcome!r} is not one of {OUTCOMES}")
+    if reserved_credits < 0:
+        raise ValueError(f"reserved credits cannot be negative, got {reserved_credits}")
+    if outcome == "input_required":
+        return None
+    if outcome in ("rejected", "never_ran"):
+        return 0
+    if pricing.mode == "fixed":
+        priced = reserved_credits
+    else:
+        priced = pricing.base_credits + pricing.credits_per_semantic_call * max(0, usage.semantic_calls_charged)
+    if usage.runner_credits is not None:
+        priced = min(priced, max(0, usage.runner_credits))
+    return min(reserved_credits, priced)

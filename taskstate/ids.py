@@ -1,0 +1,59 @@
+"""Ids of jobs and tasks: the one place a job id is built or read.
+
+A job is one outbox row: one per message, so a follow-up to a task is a job of
+its own. Its id is ``<task id>.<dispatch id>`` (the task id is a UUID, which has
+no dot). ``job_id_sql`` builds the same id in SQL, for the queries that meet a
+claim (keyed by job id) and an outbox row (keyed by dispatch id).
+
+A job dispatched from the outbox names its task in the signed payload
+(``task_payload``: ``t`` task id, ``d`` dispatch id, ``o`` owner scope, ``x``
+context id); ``TaskRef.of_payload`` reads it back. A job without them (a test's
+raw job) serves no task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+SEPARATOR = "."
+
+
+def job_id_for(task_id: str, dispatch_id: int) -> str:
+    return f"{task_id}{SEPARATOR}{dispatch_id}"
+
+
+def task_id_of(job_id: str) -> str:
+    """The task a job id belongs to (the job id itself when it names none)."""
+    return job_id.rsplit(SEPARATOR, 1)[0]
+
+
+def job_id_sql(alias: str) -> str:
+    """``job_id_for`` in SQL, over an outbox row aliased ``alias``."""
+    return f"({alias}.task_id || '{SEPARATOR}' || {alias}.dispatch_id)"
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    """Which A2A task a job serves, from the job's verified payload."""
+
+    task_id: str
+    dispatch_id: int
+    owner: str
+    context_id: str
+
+    @property
+    def job_id(self) -> str:
+        return job_id_for(self.task_id, self.dispatch_id)
+
+    @classmethod
+    def of_payload(cls, payload: Mapping[str, Any]) -> "TaskRef | None":
+        if "t" not in payload:
+            return None
+        return cls(str(payload["t"]), int(payload["d"]), str(payload["o"]), str(payload["x"]))
+
+
+def task_payload(task_id: str, dispatch_id: int, owner: str, context_id: str) -> dict[str, Any]:
+    """The signed payload naming a job's task (what ``TaskRef.of_payload`` reads back)."""
+    return {"t": task_id, "d": dispatch_id, "o": owner, "x": context_id}

@@ -1,0 +1,246 @@
+"""The owner of ``dispatch_outbox``: one row per message to dispatch, from admission to its job's end.
+
+Admission commits one row per message with the task and its reservation
+(``new_row_cte``; a follow-up's row: ``enqueue``). A row is due when it is
+``pending`` and its ``available_at`` has come. Dispatchers never hold a row across a failure:
+
+* the embedded dispatcher **takes** due rows in one statement (``FOR UPDATE SKIP
+  LOCKED``, so any number of dispatchers share the queue), pushing
+  ``available_at`` forward by its delivery lease and counting the attempt; it
+  renews that lease while the delivery lasts. If it dies, the rows come due
+  again when the lease passes: nothing is lost, and a repeated delivery is
+  answered from the job's claim;
+* the Cloud Tasks relay **locks** due rows in a transaction, enqueues them and
+  marks them ``sent`` before committing: if it dies in between, the transaction
+  rolls back and the rows are enqueued again (the deterministic task name makes
+  that harmless).
+
+A failed attempt is rescheduled (``reschedule``); a job given up is marked
+``undeliverable``; the finish of a job closes its row (``close_cte``, in the
+finish's statement), a cancel before any claim marks it ``canceled``
+(``cancel_rows``), an operator's reconcile closes it (``close``). Other owners
+read the rows through ``jobs_relation`` (``taskstate.claims`` joins it to the
+claims).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, text
+
+from taskstate import ids
+
+# CHECK constraints of migration 0030 and the claim functions' own bound on who took a row.
+MAX_LAST_ERROR_CHARS = 500
+MAX_TAKEN_BY_CHARS = 200
+
+_TAKE = text(
+    """
+    UPDATE dispatch_outbox o
+       SET attempts = o.attempts + 1, available_at = now() + make_interval(secs => :lease_s),
+           taken_by = :me, taken_at = now()
+     WHERE o.dispatch_id IN (SELECT dispatch_id FROM dispatch_outbox
+                              WHERE status = 'pending' AND available_at <= now()
+                              ORDER BY available_at, dispatch_id
+                              FOR UPDATE SKIP LOCKED LIMIT :n)
+    RETURNING o.dispatch_id, o.task_id, o.specialist_id, o.owner, o.context_id, o.attempts
+    """
+)
+_LOCK = text(
+    """
+    SELECT dispatch_id, task_id, specialist_id, owner, context_id, attempts + 1 AS attempts
+      FROM dispatch_outbox
+     WHERE status = 'pending' AND available_at <= now()
+     ORDER BY available_at, dispatch_id
+       FOR UPDATE SKIP LOCKED LIMIT :n
+    """
+)
+
+
+@dataclass(frozen=True)
+class OutboxRow:
+    dispatch_id: int
+    task_id: str
+    specialist_id: str
+    owner: str
+    context_id: str
+    attempts: int  # including the attempt about to be made
+
+    @property
+    def job_id(self) -> str:
+        return ids.job_id_for(self.task_id, self.dispatch_id)
+
+    @property
+    def ref(self) -> ids.TaskRef:
+        return ids.TaskRef(self.task_id, self.dispatch_id, self.owner, self.context_id)
+
+
+def _rows(result) -> list[OutboxRow]:  # type: ignore[no-untyped-def]
+    return sorted(
+        (OutboxRow(r.dispatch_id, r.task_id, r.specialist_id, r.owner, r.context_id, r.attempts) for r in result),
+        key=lambda row: row.dispatch_id,
+    )
+
+
+def take(conn: Connection, *, limit: int, lease_s: float, me: str) -> list[OutboxRow]:
+    """Embedded: take up to ``limit`` due rows for ``lease_s`` (commit right after)."""
+    return _rows(conn.execute(_TAKE, {"n": limit, "lease_s": lease_s, "me": me[:MAX_TAKEN_BY_CHARS]}))
+
+
+def lock_due(conn: Connection, *, limit: int) -> list[OutboxRow]:
+    """Cloud Tasks relay: lock up to ``limit`` due rows until the caller's transaction ends."""
+    return _rows(conn.execute(_LOCK, {"n": limit}))
+
+
+def renew(conn: Connection, dispatch_ids: list[int], *, lease_s: float) -> None:
+    """Embedded: keep rows whose delivery is still in flight from coming due again."""
+    if dispatch_ids:
+        conn.execute(
+            text(
+                "UPDATE dispatch_outbox SET available_at = now() + make_interval(secs => :lease_s) "
+                "WHERE dispatch_id = ANY(:ids) AND status = 'pending'"
+            ),
+            {"ids": dispatch_ids, "lease_s": lease_s},
+        )
+
+
+def mark_sent(conn: Connection, row: OutboxRow) -> None:
+    conn.execute(
+        text(
+            "UPDATE dispatch_outbox SET status = 'sent', sent_at = now(), attempts = :a, last_error = NULL "
+            "WHERE dispatch_id = :d AND status IN ('pending', 'sent')"
+        ),
+        {"d": row.dispatch_id, "a": row.attempts},
+    )
+
+
+def mark_delivered(conn: Connection, row: OutboxRow) -> None:
+    """The worker answered for good (finished, already finished, unknown, stale): stop delivering."""
+    conn.execute(
+        text(
+            "UPDATE dispatch_outbox SET status = 'done', finished_at = now(), last_error = NULL "
+            "WHERE dispatch_id = :d AND status IN ('pending', 'sent')"
+        ),
+        {"d": row.dispatch_id},
+    )
+
+
+def reschedule(conn: Connection, row: OutboxRow, *, delay_s: float, error: str, count_attempt: bool = False) -> None:
+    conn.execute(
+        text(
+            "UPDATE dispatch_outbox SET available_at = now() + make_interval(secs => :delay_s), last_error = :e, "
+            "attempts = CASE WHEN :count THEN :a ELSE attempts END "
+            "WHERE dispatch_id = :d AND status IN ('pending', 'sent')"
+        ),
+        {"d": row.dispatch_id, "delay_s": delay_s, "e": error[:MAX_LAST_ERROR_CHARS], "a": row.attempts, "count": count_attempt},
+    )
+
+
+def mark_undeliverable(conn: Connection, row: OutboxRow, *, error: str) -> None:
+    conn.execute(
+        text(
+            "UPDATE dispatch_outbox SET status = 'undeliverable', finished_at = now(), last_error = :e "
+            "WHERE dispatch_id = :d AND status IN ('pending', 'sent')"
+        ),
+        {"d": row.dispatch_id, "e": error[:MAX_LAST_ERROR_CHARS]},
+    )
+
+
+def row_of_job(conn: Connection, job_id: str) -> OutboxRow:
+    """The outbox row of a job id: what a repeated delivery is signed from."""
+    task_id, _, dispatch_id = job_id.rpartition(ids.SEPARATOR)
+    row = conn.execute(
+        text("SELECT dispatch_id, task_id, specialist_id, owner, context_id, attempts FROM dispatch_outbox "
+             "WHERE task_id = :t AND dispatch_id = :d"),
+        {"t": task_id, "d": int(dispatch_id)},
+    ).one()
+    return OutboxRow(*row)
+
+
+# --- written by admission, read by the job -----------------------------------------------
+
+
+def new_row_cte(name: str, *, when: str) -> str:
+    """A new task's first row as a common table expression ``name``, written only ``when`` the condition holds.
+    Parameters: task_id, specialist_id, executor, owner, context_id, message (the serialized Message)."""
+    return f"""
+    {name} AS (
+        INSERT INTO dispatch_outbox (task_id, specialist_id, executor, owner, context_id, message)
+        SELECT CAST(:task_id AS varchar), CAST(:specialist_id AS text), CAST(:executor AS text),
+               CAST(:owner AS varchar), CAST(:context_id AS varchar), CAST(:message AS bytea)
+        WHERE {when}
+    )"""
+
+
+_ENQUEUE = text(
+    "INSERT INTO dispatch_outbox (task_id, specialist_id, executor, owner, context_id, message) "
+    "VALUES (:t, :s, :e, :o, :x, :m)"
+)
+
+
+def enqueue(conn: Connection, *, task_id: str, specialist_id: str, executor: str, owner: str, context_id: str,
+            message: bytes) -> None:
+    """A follow-up message's row: a new job of the same task."""
+    conn.execute(_ENQUEUE, {"t": task_id, "s": specialist_id, "e": executor, "o": owner, "x": context_id,
+                            "m": message})
+
+
+def message_of(conn: Connection, ref: ids.TaskRef) -> bytes | None:
+    """The serialized message a job processes; None when its row is gone."""
+    message = conn.execute(
+        text("SELECT message FROM dispatch_outbox WHERE dispatch_id = :d AND task_id = :t"),
+        {"d": ref.dispatch_id, "t": ref.task_id},
+    ).scalar_one_or_none()
+    return None if message is None else bytes(message)
+
+
+# --- closed by the finish, the cancel and the reconcile ----------------------------------
+
+
+def close_cte(name: str) -> str:
+    """Close the job's row (``:d`` of task ``:t``) as done, as a common table expression ``name`` that returns a
+    row when it did: the finish puts it in its statement with the task's hold."""
+    return f"""
+    {name} AS (
+        UPDATE dispatch_outbox SET status = 'done', finished_at = now()
+         WHERE dispatch_id = :d AND task_id = :t AND status IN ('pending', 'sent', 'undeliverable')
+        RETURNING 1
+    )"""
+
+
+def close(conn: Connection, dispatch_id: int) -> None:
+    """An operator's verdict ended the job: its row is done, whatever became of its delivery."""
+    conn.execute(
+        text("UPDATE dispatch_outbox SET status = 'done', finished_at = now() "
+             "WHERE dispatch_id = :d AND status IN ('pending', 'sent', 'undeliverable')"),
+        {"d": dispatch_id},
+    )
+
+
+def cancel_rows(conn: Connection, dispatch_ids: list[int]) -> None:
+    """Rows whose jobs will never run (canceled before a claim) or already ended: stop delivering them."""
+    if dispatch_ids:
+        conn.execute(
+            text("UPDATE dispatch_outbox SET status = 'canceled', finished_at = now() "
+                 "WHERE dispatch_id = ANY(:ids) AND status IN ('pending', 'sent')"),
+            {"ids": dispatch_ids},
+        )
+
+
+def open_dispatch_ids(conn: Connection, task_id: str, owner: str) -> list[int]:
+    """The task's jobs not yet done: waiting for a dispatcher, sent to Cloud Tasks, or running."""
+    return list(
+        conn.execute(
+            text("SELECT dispatch_id FROM dispatch_outbox WHERE task_id = :t AND owner = :o "
+                 "AND status IN ('pending', 'sent') ORDER BY dispatch_id"),
+            {"t": task_id, "o": owner},
+        ).scalars()
+    )
+
+
+def jobs_relation() -> str:
+    """Every row as a sub-query with its job id (job_id, dispatch_id, task_id, specialist_id, owner, context_id,
+    status, attempts, sent_at), for owners that join it to their own table."""
+    return (f"(SELECT {ids.job_id_sql('r')} AS job_id, r.dispatch_id, r.task_id, r.specialist_id, r.owner, "
+            "r.context_id, r.status, r.attempts, r.sent_at FROM dispatch_outbox r)")

@@ -1,0 +1,140 @@
+"""The rooms' rules, checked from the source (docs/ARCHITECTURE.md, "Rooms"): who may import whom, no import
+cycles, and one owner module for every table."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from core.settings import PROJECT_ROOT
+from tests.import_graph import cycles, module_graph
+
+ROOMS = ["core", "ledger", "taskstate", "app", "workers", "specialists", "rlm"]
+
+# Which rooms each room may import (besides itself). Arrows point one way.
+MAY_IMPORT = {
+    "core": set(),
+    "ledger": {"core"},
+    "taskstate": {"core", "ledger"},
+    "app": {"core", "ledger", "taskstate"},
+    "workers": {"core", "ledger", "taskstate", "rlm"},
+    "specialists": {"core", "ledger", "taskstate", "app", "workers", "rlm"},
+    "rlm": set(),
+}
+
+# Every table of the schema, and the one module (or, for the ledger, the room) whose SQL may name it.
+OWNERS = {
+    "tasks": "taskstate/rows.py",
+    "task_versions": "taskstate/rows.py",
+    "task_events": "taskstate/rows.py",
+    "edge_tasks": "taskstate/admitted.py",
+    "dispatch_outbox": "taskstate/outbox.py",
+    "job_claims": "taskstate/claims.py",
+    "job_stale_reports": "taskstate/claims.py",
+    "edge_messages": "app/admission.py",
+    "edge_contexts": "app/admission.py",
+    "edge_rate_windows": "app/ratelimit.py",
+    "specialist_runs": "workers/specialist/journal.py",
+    "specialist_calls": "workers/specialist/journal.py",
+    "specialist_steps": "workers/specialist/journal.py",
+    "specialist_checkpoints": "workers/specialist/store.py",
+    "schema_compatibility": "core/db.py",
+    "alembic_version": "core/db.py",
+    # The ledger's tables change only through its server-side functions (migration 0002, called from
+    # ledger/statements.py); its reads and its verification are the ledger room's own.
+    "customers": "ledger/",
+    "api_keys": "ledger/",
+    "ledger_accounts": "ledger/",
+    "ledger_grants": "ledger/",
+    "ledger_lots": "ledger/",
+    "ledger_entitlements": "ledger/",
+    "ledger_reservations": "ledger/",
+    "ledger_settlements": "ledger/",
+    "ledger_journal": "ledger/",
+}
+# Auditors read every table to check what the owners did, and never write: an audit that went through the
+# code it audits would trust it. The drill's scenarios and end-state audit are the service's auditors.
+AUDITORS = ("specialists/drill/",)
+SQL = re.compile(r"\b(SELECT|INSERT INTO|UPDATE|DELETE FROM|CREATE TABLE|ALTER TABLE)\b")
+WRITES = re.compile(r"\b(INSERT INTO|UPDATE|DELETE FROM|TRUNCATE)\s+(\w+)")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                ids.add(id(first.value))
+    return ids
+
+
+def sql_strings(path: Path) -> list[tuple[int, str]]:
+    """The string literals of a file that read as SQL (f-strings by their literal parts), docstrings aside."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    skip = _docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            text = "".join(v.value for v in node.values if isinstance(v, ast.Constant) and isinstance(v.value, str))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            text = node.value
+        else:
+            continue
+        if SQL.search(text):
+            found.append((node.lineno, text))
+    return found
+
+
+def product_files() -> list[Path]:
+    return [p for room in ROOMS if room != "rlm" for p in sorted((PROJECT_ROOT / room).rglob("*.py"))]
+
+
+def test_every_table_is_named_in_sql_only_by_its_owner():
+    misplaced = []
+    for path in product_files():
+        where = path.relative_to(PROJECT_ROOT).as_posix()
+        if where.startswith(AUDITORS):
+            continue
+        for line, sql in sql_strings(path):
+            for table, owner in OWNERS.items():
+                if re.search(rf"(?<![\w.]){table}(?!\w)", sql) and not where.startswith(owner):
+                    misplaced.append(f"{where}:{line} names {table} (owner: {owner})")
+    assert not misplaced, "SQL outside a table's owner:\n" + "\n".join(misplaced)
+
+
+def test_auditors_only_read():
+    writes = [
+        f"{path.relative_to(PROJECT_ROOT)}:{line} {match.group(0)}"
+        for room in AUDITORS
+        for path in sorted((PROJECT_ROOT / room).rglob("*.py"))
+        for line, sql in sql_strings(path)
+        for match in WRITES.finditer(sql)
+        if match.group(2) in OWNERS
+    ]
+    assert not writes, "an auditor writes:\n" + "\n".join(writes)
+
+
+def test_the_ownership_table_knows_every_table_of_the_schema():
+    created = set()
+    for path in (PROJECT_ROOT / "migrations" / "versions").glob("*.py"):
+        created |= set(re.findall(r"CREATE (?:UNLOGGED )?TABLE (?:IF NOT EXISTS )?(\w+)", path.read_text()))
+    sdk_tables = {"tasks", "task_versions", "task_events"}  # created by migration 0010 from the a2a-sdk's models
+    assert created | sdk_tables | {"alembic_version"} == set(OWNERS)
+
+
+def test_rooms_import_only_downward():
+    graph = module_graph(PROJECT_ROOT, ROOMS)
+    upward = [
+        f"{module} imports {target}"
+        for module, targets in sorted(graph.items())
+        for target in sorted(targets)
+        if (room := module.split(".")[0]) != (other := target.split(".")[0]) and other not in MAY_IMPORT[room]
+    ]
+    assert not upward, "imports against docs/ARCHITECTURE.md's rooms:\n" + "\n".join(upward)
+
+
+def test_no_module_is_part_of_an_import_cycle():
+    found = cycles(module_graph(PROJECT_ROOT, ROOMS))
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(cycle) for cycle in found)
