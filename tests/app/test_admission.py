@@ -217,8 +217,8 @@ def test_an_expired_entitlement_is_refused_as_expired_and_nothing_is_left(edge_a
 def test_cancel_of_a_task_waiting_for_input_after_a_run_charges_the_tariff(edge_a, engine, make_customer):
     from a2a.types.a2a_pb2 import TaskState
 
-    from app import taskrows
-    from workers import claims
+    from taskstate import rows as taskrows
+    from taskstate import claims
 
     customer = make_customer(credits=20)
     task_id = send(edge_a, customer, message(returnImmediately=True)).json()["task"]["id"]

@@ -87,7 +87,7 @@ def new_job_id() -> str:
 
 
 def claim(engine: Engine, job_id: str, *, lease_s: float = 60.0) -> int:
-    from workers import claims
+    from taskstate import claims
 
     with engine.begin() as conn:
         result = claims.claim(conn, job_id, worker_id="test-worker", lease_s=lease_s)

@@ -363,7 +363,7 @@ def test_a_job_no_worker_can_take_is_failed_as_undeliverable_and_charged_nothing
 def test_a_job_cloud_tasks_stopped_delivering_is_failed_and_voided_once_no_delivery_can_run_it(system, customer):
     from workers.dispatch.sweeper import LeaseSweeper
     from workers.settlement import TaskSettlement
-    from workers.tasks import TaskEvents
+    from taskstate.updates import TaskEvents
 
     system.stop_dispatchers()
     try:
