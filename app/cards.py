@@ -35,11 +35,11 @@ BEARER = "bearer"
 
 
 def specialist_base(settings: Settings, specialist_id: str) -> str:
-    return f"{settings.public_url}/specialists/{specialist_id}"
+    return f"{settings.edge.url}/specialists/{specialist_id}"
 
 
 def anonymous_allowed(settings: Settings, loaded: LoadedSpec) -> bool:
-    return settings.anonymous_free_skills and loaded.spec.tariff_credits == 0
+    return settings.edge.anonymous_free_skills and loaded.spec.tariff_credits == 0
 
 
 def build_card(loaded: LoadedSpec, settings: Settings) -> AgentCard:
@@ -53,7 +53,7 @@ def build_card(loaded: LoadedSpec, settings: Settings) -> AgentCard:
         "name": spec.name,
         "description": spec.description,
         "version": spec.version,
-        "provider": {"organization": "specialists", "url": settings.public_url},
+        "provider": {"organization": "specialists", "url": settings.edge.url},
         "supportedInterfaces": [
             {"url": f"{base}/jsonrpc", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
             {"url": base, "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"},
@@ -74,7 +74,7 @@ def build_card(loaded: LoadedSpec, settings: Settings) -> AgentCard:
                         "maxInputBytes": limits.max_input_bytes,
                         "maxParts": limits.max_parts,
                         "maxMetadataBytes": limits.max_metadata_bytes,
-                        "maxRequestBodyBytes": settings.max_request_body_bytes,
+                        "maxRequestBodyBytes": settings.edge.max_request_body_bytes,
                     },
                 }
             ],
@@ -139,7 +139,7 @@ def serve(rendered: Rendered, settings: Settings) -> Any:
         headers = {
             "ETag": rendered.etag,
             "Last-Modified": format_datetime(rendered.last_modified, usegmt=True),
-            "Cache-Control": f"public, max-age={settings.card_max_age_s}",
+            "Cache-Control": f"public, max-age={settings.edge.card_max_age_s}",
         }
         if _not_modified(request, rendered):
             return Response(status_code=304, headers=headers)

@@ -90,9 +90,9 @@ def _route_kind(settings: Any) -> tuple[str, float]:
     from core.specs import load_specs
     from workers.specialist.routes import ModelRoutes, RouteNotReady
 
-    spec = load_specs(settings.specs_dir)[DEMO_SPECIALIST].spec
+    spec = load_specs(settings.hosted.specs_dir)[DEMO_SPECIALIST].spec
     try:
-        route = ModelRoutes.load(settings.model_routes_file).get(spec.model_route or "")
+        route = ModelRoutes.load(settings.hosted.model_routes_file).get(spec.model_route or "")
     except RouteNotReady:
         return "missing", spec.limits.deadline_s
     return route.kind, spec.limits.deadline_s
@@ -145,10 +145,10 @@ def cmd_demo(ctx: Any, args: argparse.Namespace) -> int:
     from ledger.service import Ledger
 
     settings = ctx.settings
-    base_url = (args.url or settings.public_url).rstrip("/")
+    base_url = (args.url or settings.edge.url).rstrip("/")
     engine = ctx.engine_at_head()
-    signer = keys.KeySigner([s.get_secret_value() for s in settings.key_signing_secrets], settings.key_environment)
-    if not settings.key_signing_secrets:
+    signer = keys.KeySigner([s.get_secret_value() for s in settings.keys.signing_secrets], settings.keys.environment)
+    if not settings.keys.signing_secrets:
         return fail("secret_missing", "SPECIALISTS_KEY_SIGNING_SECRETS is not set; on one machine run "
                     "`specialists serve` first (it generates it)", as_json=ctx.as_json, exit_code=EXIT_CONFIG)
     route, deadline_s = _route_kind(settings)

@@ -38,7 +38,7 @@ class SecretMissing(ServiceError):
 
 
 def secrets_path(settings: Settings) -> Path:
-    return settings.data_dir / FILE_NAME
+    return settings.database.data_dir / FILE_NAME
 
 
 def _read(path: Path) -> dict[str, str]:
@@ -65,7 +65,7 @@ def with_local_secrets(settings: Settings, *, generate: bool) -> tuple[Settings,
 
     Returns the settings and the names of the settings that were generated now.
     """
-    if not settings.embedded:
+    if not settings.database.embedded:
         return settings, []
     missing = [name for name in GENERATED if not getattr(settings, name)]
     if not missing:
@@ -91,7 +91,7 @@ def require(settings: Settings, names: list[str]) -> None:
         if not getattr(settings, name):
             how = (
                 "set it in the environment (with DATABASE_URL set, secrets are never generated)"
-                if not settings.embedded
+                if not settings.database.embedded
                 else f"set it, or run `specialists serve` once to generate it into {secrets_path(settings)}"
             )
             raise SecretMissing(f"{GENERATED[name]} is not set; {how}")

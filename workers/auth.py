@@ -121,9 +121,9 @@ class JobSigner:
     @classmethod
     def from_settings(cls, settings: Settings) -> "JobSigner":
         return cls(
-            [secret.get_secret_value() for secret in settings.worker_job_secrets],
-            audience=settings.worker_audience,
-            max_age_s=settings.worker_job_max_age_s,
+            [secret.get_secret_value() for secret in settings.worker.job_secrets],
+            audience=settings.worker.audience,
+            max_age_s=settings.worker.job_max_age_s,
         )
 
     def sign(
@@ -266,11 +266,11 @@ class OidcVerifier:
     @classmethod
     def from_settings(cls, settings: Settings, fetch_certs: CertsFetcher | None = None) -> "OidcVerifier":
         return cls(
-            audience=settings.worker_audience,
-            service_account_email=settings.dispatch_service_account,
-            certs_url=settings.worker_oidc_certs_url,
-            certs_cache_s=settings.worker_oidc_certs_cache_s,
-            clock_skew_s=settings.worker_oidc_clock_skew_s,
+            audience=settings.worker.audience,
+            service_account_email=settings.dispatch.service_account,
+            certs_url=settings.worker.oidc_certs_url,
+            certs_cache_s=settings.worker.oidc_certs_cache_s,
+            clock_skew_s=settings.worker.oidc_clock_skew_s,
             fetch_certs=fetch_certs,
         )
 

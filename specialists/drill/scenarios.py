@@ -626,7 +626,7 @@ def _tariff(drill: Drill, specialist: str = DRILL) -> int:
                                      "ORDER BY admitted_at DESC LIMIT 1"), {"s": specialist}).scalar_one_or_none()
     if recorded is not None:
         return int(recorded)
-    return load_specs(Settings().specs_dir)[specialist].spec.tariff_credits
+    return load_specs(Settings().hosted.specs_dir)[specialist].spec.tariff_credits
 
 
 SCENARIOS: dict[str, Callable[[Drill, Step], None]] = {
