@@ -32,6 +32,7 @@ from core.specs import LoadedSpec
 CARD_PATH = "/.well-known/agent-card.json"
 TARIFF_EXTENSION = "urn:specialists:extension:tariff-and-limits:v1"
 BEARER = "bearer"
+ETAG_DIGEST_CHARS = 32  # hex characters of the body's SHA-256 in a card's ETag
 
 
 def specialist_base(settings: Settings, specialist_id: str) -> str:
@@ -117,7 +118,7 @@ class Rendered:
     @classmethod
     def of(cls, document: Any, last_modified: datetime) -> Rendered:
         body = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
-        return cls(body=body, etag=f'"{hashlib.sha256(body).hexdigest()[:32]}"', last_modified=last_modified)
+        return cls(body=body, etag=f'"{hashlib.sha256(body).hexdigest()[:ETAG_DIGEST_CHARS]}"', last_modified=last_modified)
 
 
 def _not_modified(request: Request, rendered: Rendered) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -570,7 +570,7 @@ class DrillSettings(Section):
 
 
 class LedgerSettings(Section):
-    """The credit ledger (ledger/): every bound a caller can hit, up to the schema's ceilings above.
+    """The credit ledger (ledger/): every bound a caller can hit, up to the schema's ceilings (SCHEMA_MAX_*).
 
     The errors that enforce them name the variable to change (``LedgerSettings.env_name``).
     """
@@ -663,3 +663,23 @@ class Settings(BaseModel):
 SECTIONS: dict[str, type[Section]] = {
     name: field.annotation for name, field in Settings.model_fields.items()  # type: ignore[misc]
 }
+
+
+_SECTION_BY_CLASS = {section.__name__: section for section in SECTIONS.values()}
+
+
+def describe_invalid(invalid: ValidationError) -> str:
+    """A ValidationError of the settings as '<VARIABLE>: <problem>; ...', naming the variable to change."""
+    section = _SECTION_BY_CLASS.get(invalid.title)
+    problems = []
+    for error in invalid.errors(include_input=False):
+        loc = [str(part) for part in error["loc"]]
+        owner = section
+        if owner is None and loc and loc[0] in SECTIONS:  # an error of Settings itself: (section, field, ...)
+            owner = SECTIONS[loc.pop(0)]
+        if owner is not None and loc and loc[0] in owner.model_fields:
+            loc[0] = owner.env_name(loc[0])
+        where = ".".join(loc)
+        message = error["msg"].removeprefix("Value error, ")
+        problems.append(f"{where}: {message}" if where else message)
+    return "; ".join(problems)

@@ -23,7 +23,7 @@ from sqlalchemy import Engine
 
 from core import db
 from core.errors import ServiceError
-from core.settings import Settings
+from core.settings import Settings, describe_invalid
 from core.specs import SpecInvalid
 from ledger import keys
 from specialists import local_secrets, output
@@ -137,7 +137,9 @@ def cmd_keys_list(ctx: Ctx, args: argparse.Namespace) -> int:
 
 
 def cmd_keys_revoke(ctx: Ctx, args: argparse.Namespace) -> int:
-    changed = keys.revoke_key(ctx.engine_at_head(), args.key_id, reason=args.reason, operator=ctx.operator)
+    changed = keys.revoke_key(
+        ctx.engine_at_head(), args.key_id, reason=args.reason, operator=ctx.operator, limits=ctx.settings.ledger
+    )
     emit(
         {
             "key_id": args.key_id,
@@ -216,7 +218,7 @@ def _child_env(settings: Settings, url: str, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["DATABASE_URL"] = url
     for name, variable in local_secrets.GENERATED.items():
-        value = getattr(settings, name)
+        value = local_secrets.current(settings, name)
         values = [secret.get_secret_value() for secret in (value if isinstance(value, list) else [value] if value else [])]
         if values:
             env[variable] = ",".join(values)
@@ -264,6 +266,12 @@ def _stop_children(children: list[subprocess.Popen], wait_s: float) -> None:
             child.wait()
 
 
+def _assign(settings: Settings, section: str, name: str, value: object) -> None:
+    """Set one field of a section, validated as its environment variable would be."""
+    part = getattr(settings, section)
+    part.__pydantic_validator__.validate_assignment(part, name, value)
+
+
 def _config_problem(problem: ServiceError, as_json: bool) -> int:
     return fail(problem.code, problem.message, as_json=as_json, exit_code=EXIT_CONFIG)
 
@@ -274,17 +282,17 @@ def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
     from workers.dispatch.process import DispatcherNotConfigured, check_dispatcher_settings
     from workers.service import WorkerNotConfigured, check_worker_settings
 
-    settings = ctx.settings.model_copy()
-    for name, value in (("edge_host", args.host), ("edge_port", args.port), ("worker_port", args.worker_port)):
+    settings = ctx.settings.model_copy(deep=True)
+    for section, name, value in (("edge", "host", args.host), ("edge", "port", args.port), ("worker", "port", args.worker_port)):
         if value is not None:  # validated like the environment variable would be
-            settings.__pydantic_validator__.validate_assignment(settings, name, value)
+            _assign(settings, section, name, value)
     child_settings: dict[str, str] = {}
     if settings.database.embedded:
         # The children get the embedded database's URL (DATABASE_URL), but they run on this one machine too.
         child_settings["SPECIALISTS_MODEL_ROUTES_ALLOW_SCRIPTED"] = "true"
     if settings.serve.worker and settings.dispatch.backend == "embedded":
         # One machine: its own dispatcher sends no OIDC token; the signed body is the worker's check.
-        settings.__pydantic_validator__.validate_assignment(settings, "worker_oidc_verify", False)
+        _assign(settings, "worker", "oidc_verify", False)
         child_settings["SPECIALISTS_WORKER_OIDC_VERIFY"] = "false"
     try:
         needed = ["key_signing_secrets"]
@@ -364,10 +372,10 @@ def cmd_worker(ctx: Ctx, args: argparse.Namespace) -> int:
     """Serve the private worker endpoint (POST /jobs) until stopped."""
     from workers.service import WorkerNotConfigured, run_worker
 
-    settings = ctx.settings.model_copy()
-    for name, value in (("worker_host", args.host), ("worker_port", args.port)):
+    settings = ctx.settings.model_copy(deep=True)
+    for name, value in (("host", args.host), ("port", args.port)):
         if value is not None:
-            settings.__pydantic_validator__.validate_assignment(settings, name, value)
+            _assign(settings, "worker", name, value)
     _configure_logging(settings)
     # uvicorn re-raises the signal it stopped on once it has stopped; with these handlers that ends here
     # (exit 0) instead of in a KeyboardInterrupt traceback or a kill by the default SIGTERM action.
@@ -472,10 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = _load_settings()
     except ValidationError as invalid:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in invalid.errors(include_input=False)
-        )
-        return fail("settings_invalid", f"invalid settings: {problems}", as_json=as_json, exit_code=EXIT_CONFIG)
+        return fail("settings_invalid", f"invalid settings: {describe_invalid(invalid)}", as_json=as_json,
+                    exit_code=EXIT_CONFIG)
     try:
         # One machine: secrets `serve` generated into the data dir (only `serve` generates them).
         settings, generated = local_secrets.with_local_secrets(settings, generate=args.func is cmd_serve)
@@ -485,8 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(ctx, args)
     except ValidationError as invalid:  # e.g. serve --port 0
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in invalid.errors(include_input=False))
-        return fail("settings_invalid", f"invalid settings: {problems}", as_json=as_json, exit_code=EXIT_CONFIG)
+        return fail("settings_invalid", f"invalid settings: {describe_invalid(invalid)}", as_json=as_json,
+                    exit_code=EXIT_CONFIG)
     except (db.SchemaNotAtHead, db.DatabaseUnavailable) as problem:
         return fail(problem.code, problem.message, as_json=as_json, exit_code=EXIT_DATABASE)
     except SpecInvalid as invalid_spec:

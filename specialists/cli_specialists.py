@@ -35,6 +35,7 @@ DEMO_RULE = (
 KNOWN_DEFECT = "shop/customers.py"
 DEMO_SPECIALIST = "reviewer"
 DEMO_CREDITS = 100
+DEMO_CUSTOMER_SUFFIX_CHARS = 8  # random hex characters that make each demo customer new
 # Beyond the reviewer's own deadline: time for a worker to take the task and for the settlement.
 DEMO_MARGIN_S = 60.0
 
@@ -154,7 +155,7 @@ def cmd_demo(ctx: Any, args: argparse.Namespace) -> int:
     route, deadline_s = _route_kind(settings)
     timeout_s = args.timeout_s if args.timeout_s is not None else deadline_s + DEMO_MARGIN_S
     _progress(f"the reviewer's model route is {route}" + (" (no model: a scripted replay)" if route == "scripted" else ""))
-    customer = f"demo-{uuid.uuid4().hex[:8]}"
+    customer = f"demo-{uuid.uuid4().hex[:DEMO_CUSTOMER_SUFFIX_CHARS]}"
     issued = keys.issue_key(engine, signer, customer_id=customer, ttl=timedelta(days=1), label="specialists demo")
     _progress(f"issued a demo key for customer {customer}")
     ledger = Ledger(engine)

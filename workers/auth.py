@@ -41,6 +41,8 @@ from core.settings import Settings
 _SALT = "specialists.worker-job.v1"
 BODY_VERSION = "v1"
 MAX_PAYLOAD_KEYS = 64
+SECRET_ID_CHARS = 8  # hex characters of a secret's digest that name it in a signed body
+SHOWN_VERSION_CHARS = 16  # of an unknown body version, quoted in the refusal
 
 
 class WorkerAuthRefused(ServiceError):
@@ -101,7 +103,7 @@ class VerifiedJob:
 
 
 def _secret_id(secret: str) -> str:
-    return hashlib.sha256(("specialists-worker-secret-id:" + secret).encode()).hexdigest()[:8]
+    return hashlib.sha256(("specialists-worker-secret-id:" + secret).encode()).hexdigest()[:SECRET_ID_CHARS]
 
 
 class JobSigner:
@@ -148,7 +150,7 @@ class JobSigner:
                 "the job body is not of the form v1.<secret id>.<token>", code=BODY_MALFORMED
             ) from None
         if version != BODY_VERSION:
-            raise WorkerAuthRefused(f"job body version {version[:16]!r} is not {BODY_VERSION}", code=BODY_MALFORMED)
+            raise WorkerAuthRefused(f"job body version {version[:SHOWN_VERSION_CHARS]!r} is not {BODY_VERSION}", code=BODY_MALFORMED)
         serializer = self._serializers.get(secret_id)
         if serializer is None:
             raise WorkerAuthRefused(

@@ -24,7 +24,7 @@ from sqlalchemy import Connection, Engine, text
 
 from core.errors import ServiceError
 from ledger import operations
-from ledger.limits import LedgerLimits
+from ledger.limits import LedgerSettings
 from ledger.results import ResolveResult
 from workers import claims
 from workers.tasks import TaskEvents, TaskRef
@@ -72,7 +72,7 @@ def reconcile(
     state: str | None,
     reason: str,
     operator: str,
-    limits: LedgerLimits | None = None,
+    limits: LedgerSettings | None = None,
 ) -> Reconciled:
     if state is not None and state not in RECONCILE_STATES:
         raise ReconcileRefused(f"--state must be one of {', '.join(RECONCILE_STATES)}", code="state_invalid")
@@ -94,7 +94,7 @@ def _reconcile(
     state: str | None,
     reason: str,
     operator: str,
-    limits: LedgerLimits | None,
+    limits: LedgerSettings | None,
 ) -> Reconciled:
     unknown = conn.execute(_UNKNOWN_JOBS, {"task": job_id}).all()
     edge = conn.execute(_EDGE_TASK, {"task": job_id}).one_or_none()

@@ -24,10 +24,12 @@ from core import db
 from core.errors import ServiceError
 from core.settings import Settings
 from core.specs import load_specs
+from ledger.limits import SCHEMA_MAX_ID_CHARS
 from workers.auth import CertsFetcher, JobSigner, OidcVerifier, VerifiedJob
 from workers.conformance import ConformanceExecutor
 from workers.executor_runner import ExecutorRunner
 from workers.finish import ClaimFinisher, Settlement
+from workers.instance import host_name
 from workers.runner import EventSink, Runner, ScriptedRunner, ScriptStep
 from workers.server import WorkerLimits, WorkerService, create_worker_app
 from workers.settlement import TaskSettlement
@@ -44,7 +46,7 @@ class WorkerNotConfigured(ServiceError):
 
 
 def new_worker_id() -> str:
-    return f"{socket.gethostname()[:60]}:{os.getpid()}:{secrets.token_hex(3)}"
+    return f"{host_name()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
 def script_in_message(tasks: TaskEvents) -> Callable[[VerifiedJob], Any]:
@@ -123,7 +125,7 @@ def build_worker_service(
     check_worker_settings(settings)
     worker_id = worker_id or new_worker_id()
     tasks = TaskEvents(engine)
-    settlement = settlement or TaskSettlement(tasks, operator=f"worker:{worker_id}"[:200])
+    settlement = settlement or TaskSettlement(tasks, operator=f"worker:{worker_id}"[:SCHEMA_MAX_ID_CHARS])
     problems: list[dict[str, Any]] = []
     if runners is None:
         runners, problems = with_specialists(settings, engine, tasks, default_runners(settings, tasks, on_step))

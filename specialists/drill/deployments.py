@@ -24,7 +24,7 @@ from typing import Callable
 import httpx
 from sqlalchemy import Engine
 
-from core.settings import Settings
+from core.settings import DrillSettings, Settings
 from ledger.keys import KeySigner
 from specialists.drill.topology import Bounds, LocalTopology, Process, free_port
 
@@ -218,9 +218,10 @@ class TargetDeployment(Deployment):
 
     def _hook(self, action: str, **values: str) -> str:
         setting = HOOKS[action]
-        command = getattr(self.settings, setting)
+        field = f"{action}_hook"
+        command = getattr(self.settings.drill, field)
         if not command:
-            raise Unavailable(f"no hook: set SPECIALISTS_{setting.upper()} to a command that does it")
+            raise Unavailable(f"no hook: set {DrillSettings.env_name(field)} to a command that does it")
         env = {**os.environ, **{f"DRILL_{k.upper()}": v for k, v in values.items()},
                "DRILL_API_URLS": ",".join(self.api_urls)}
         self.progress(f"    running {setting}: {command}")

@@ -18,8 +18,8 @@ import pytest
 
 from app.notify import libpq_url
 from core import db
-from core.settings import PROJECT_ROOT, Settings
-from core.settings_doc import env_name
+from core.settings import PROJECT_ROOT, Settings, WorkerSettings
+from core.settings_doc import settings_fields
 from core.specs import load_specs
 from specialists.cli import build_parser, cmd_db_upgrade, cmd_serve, cmd_worker
 from specialists.drill.cli import cmd_drill
@@ -44,7 +44,7 @@ DRILL_BOUNDS = (
     "SPECIALISTS_DISPATCH_SWEEP_INTERVAL_S",
     "SPECIALISTS_REVOCATION_CACHE_S",
 )
-SETTING_NAMES = {env_name(name, field) for name, field in Settings.model_fields.items()}
+SETTING_NAMES = {env for _, _, _, env in settings_fields()}
 
 
 def settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
@@ -289,7 +289,7 @@ def test_the_dispatch_deadline_outlives_every_specialists_deadline_and_the_worke
     dispatch_deadline_s = int(api["SPECIALISTS_DISPATCH_DEADLINE_S"])
     assert dispatch_deadline_s == int(worker["SPECIALISTS_DISPATCH_DEADLINE_S"])
     assert 15 <= dispatch_deadline_s <= 1800, "Cloud Tasks' range"
-    grace_s = Settings.model_fields["worker_cancel_grace_s"].default
+    grace_s = WorkerSettings.model_fields["cancel_grace_s"].default
     longest_s = max(
         [float(api["SPECIALISTS_DISPATCH_JOB_DEADLINE_S"])]
         + [loaded.spec.limits.deadline_s for loaded in load_specs(PROJECT_ROOT / "specs").values()]

@@ -22,9 +22,10 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CloudTasksEmu
     emu.stop()
 
 
-def cloud_tasks_settings(host: str, **extra: object) -> Settings:
-    return Settings(
-        dispatch={
+def cloud_tasks_settings(host: str, **sections: dict[str, object]) -> Settings:
+    """Settings for Cloud Tasks at ``host``; ``sections`` override fields section by section."""
+    options: dict[str, dict[str, object]] = {
+        "dispatch": {
             "backend": "cloud_tasks",
             "cloud_tasks_project": "test-project",
             "cloud_tasks_location": "test-location",
@@ -32,6 +33,8 @@ def cloud_tasks_settings(host: str, **extra: object) -> Settings:
             "service_account": SERVICE_ACCOUNT,
             "cloud_tasks_emulator_host": host,
         },
-        worker={"job_secrets": [WORKER_SECRET]},
-        **extra,
-    )
+        "worker": {"job_secrets": [WORKER_SECRET]},
+    }
+    for section, fields in sections.items():
+        options.setdefault(section, {}).update(fields)
+    return Settings(**options)

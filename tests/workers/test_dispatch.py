@@ -112,7 +112,7 @@ def test_a_job_that_would_outlive_the_dispatch_deadline_is_refused_before_enqueu
 
 @pytest.mark.parametrize("deadline_s", [14, 1801])
 def test_a_dispatch_deadline_outside_what_cloud_tasks_allows_stops_start_up(deadline_s: int) -> None:
-    with pytest.raises(ValidationError, match="dispatch_deadline_s"):
+    with pytest.raises(ValidationError, match=r"dispatch\.deadline_s"):
         Settings(dispatch={"deadline_s": deadline_s})
 
 
@@ -122,20 +122,17 @@ def test_cloud_tasks_settings_name_what_is_missing() -> None:
 
 
 def test_oidc_checking_cannot_be_turned_off_with_real_cloud_tasks() -> None:
-    real = dict(
-        dispatch_backend="cloud_tasks",
-        cloud_tasks_project="p",
-        cloud_tasks_location="l",
-        cloud_tasks_queue="q",
-        dispatch_service_account=SERVICE_ACCOUNT,
-    )
+    real = {
+        "backend": "cloud_tasks",
+        "cloud_tasks_project": "p",
+        "cloud_tasks_location": "l",
+        "cloud_tasks_queue": "q",
+        "service_account": SERVICE_ACCOUNT,
+    }
     with pytest.raises(ValidationError, match="SPECIALISTS_WORKER_OIDC_VERIFY"):
-        Settings(**real, worker={"oidc_verify": False})
-    Settings(
-        **real,
-        worker={"oidc_verify": False},
-        dispatch={"cloud_tasks_emulator_host": "127.0.0.1:8123"},
-    )  # one machine: allowed
+        Settings(dispatch=real, worker={"oidc_verify": False})
+    emulated = {**real, "cloud_tasks_emulator_host": "127.0.0.1:8123"}
+    Settings(dispatch=emulated, worker={"oidc_verify": False})  # one machine: allowed
 
 
 def test_an_oversized_body_or_bad_job_id_is_refused_before_enqueue() -> None:

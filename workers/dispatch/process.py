@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from workers.auth import JobSigner
 from workers.dispatch.embedded import EmbeddedDispatcher
 from workers.dispatch.pruner import prune_task_events
 from workers.dispatch.sweeper import LeaseSweeper
+from workers.instance import host_name
 from workers.settlement import TaskSettlement
 from workers.tasks import TaskEvents
 
@@ -125,7 +125,7 @@ def run_dispatcher(
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: (stop.set(), wake.set()))
-    name = f"dispatcher:{socket.gethostname()[:60]}:{os.getpid()}"
+    name = f"dispatcher:{host_name()}:{os.getpid()}"
     tasks = TaskEvents(engine)
     backend = build_backend(settings, engine, tasks, name=name, wake=wake)
     sweeper = LeaseSweeper(
