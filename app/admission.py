@@ -110,9 +110,9 @@ def check_message(loaded: LoadedSpec, params: SendMessageRequest, settings: Sett
     validate_history_length(params.configuration)
     if params.configuration.HasField("task_push_notification_config"):
         raise PushNotificationNotSupportedError(message="this specialist does not send push notifications")
-    if len(message.message_id) > settings.max_message_id_chars:
+    if len(message.message_id) > settings.edge.max_message_id_chars:
         raise invalid(
-            f"messageId has {len(message.message_id)} characters; at most {settings.max_message_id_chars} are accepted",
+            f"messageId has {len(message.message_id)} characters; at most {settings.edge.max_message_id_chars} are accepted",
             "message_id_too_long",
         )
     if message.role != Role.ROLE_USER:

@@ -32,14 +32,15 @@ from core.specs import LoadedSpec
 CARD_PATH = "/.well-known/agent-card.json"
 TARIFF_EXTENSION = "urn:specialists:extension:tariff-and-limits:v1"
 BEARER = "bearer"
+ETAG_DIGEST_CHARS = 32  # hex characters of the body's SHA-256 in a card's ETag
 
 
 def specialist_base(settings: Settings, specialist_id: str) -> str:
-    return f"{settings.public_url}/specialists/{specialist_id}"
+    return f"{settings.edge.url}/specialists/{specialist_id}"
 
 
 def anonymous_allowed(settings: Settings, loaded: LoadedSpec) -> bool:
-    return settings.anonymous_free_skills and loaded.spec.tariff_credits == 0
+    return settings.edge.anonymous_free_skills and loaded.spec.tariff_credits == 0
 
 
 def build_card(loaded: LoadedSpec, settings: Settings) -> AgentCard:
@@ -53,7 +54,7 @@ def build_card(loaded: LoadedSpec, settings: Settings) -> AgentCard:
         "name": spec.name,
         "description": spec.description,
         "version": spec.version,
-        "provider": {"organization": "specialists", "url": settings.public_url},
+        "provider": {"organization": "specialists", "url": settings.edge.url},
         "supportedInterfaces": [
             {"url": f"{base}/jsonrpc", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
             {"url": base, "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"},
@@ -74,7 +75,7 @@ def build_card(loaded: LoadedSpec, settings: Settings) -> AgentCard:
                         "maxInputBytes": limits.max_input_bytes,
                         "maxParts": limits.max_parts,
                         "maxMetadataBytes": limits.max_metadata_bytes,
-                        "maxRequestBodyBytes": settings.max_request_body_bytes,
+                        "maxRequestBodyBytes": settings.edge.max_request_body_bytes,
                     },
                 }
             ],
@@ -117,7 +118,7 @@ class Rendered:
     @classmethod
     def of(cls, document: Any, last_modified: datetime) -> Rendered:
         body = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
-        return cls(body=body, etag=f'"{hashlib.sha256(body).hexdigest()[:32]}"', last_modified=last_modified)
+        return cls(body=body, etag=f'"{hashlib.sha256(body).hexdigest()[:ETAG_DIGEST_CHARS]}"', last_modified=last_modified)
 
 
 def _not_modified(request: Request, rendered: Rendered) -> bool:
@@ -139,7 +140,7 @@ def serve(rendered: Rendered, settings: Settings) -> Any:
         headers = {
             "ETag": rendered.etag,
             "Last-Modified": format_datetime(rendered.last_modified, usegmt=True),
-            "Cache-Control": f"public, max-age={settings.card_max_age_s}",
+            "Cache-Control": f"public, max-age={settings.edge.card_max_age_s}",
         }
         if _not_modified(request, rendered):
             return Response(status_code=304, headers=headers)

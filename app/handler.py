@@ -156,7 +156,7 @@ class EdgeRequestHandler(DefaultRequestHandler):
         if params.configuration.return_immediately or task.status.state in STOP_STATES:
             return apply_history_length(task, params.configuration)
         try:
-            async with asyncio.timeout(self.settings.blocking_wait_max_s):
+            async with asyncio.timeout(self.settings.edge.blocking_wait_max_s):
                 async for event in self._tail(task.id, admitted.version):
                     if isinstance(event, Message):
                         return event

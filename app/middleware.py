@@ -231,7 +231,7 @@ class A2AGuard:
         """Check media type and encoding, then read the body up to the limit; replay it to the app."""
         if scope["method"] not in ("POST", "PUT", "PATCH"):
             return receive
-        limit = self.settings.max_request_body_bytes
+        limit = self.settings.edge.max_request_body_bytes
         encoding = (_header(scope, b"content-encoding") or "identity").strip().lower()
         if encoding != "identity":
             raise UnsupportedMediaType(
@@ -270,7 +270,7 @@ class A2AGuard:
         body = b"".join(chunks)
         if body and not media_type:
             raise UnsupportedMediaType("the body has no Content-Type; send application/json (or application/a2a+json)")
-        check_json_text(body, self.settings.max_json_depth)
+        check_json_text(body, self.settings.edge.max_json_depth)
         replayed = False
 
         async def replay() -> Message:

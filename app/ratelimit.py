@@ -47,14 +47,14 @@ class RateLimiter:
     async def check(self, identity: Identity) -> None:
         s = self.settings
         if identity.anonymous:
-            bucket, limit, setting = f"addr:{identity.client_address}", s.rate_limit_anonymous_per_address, (
+            bucket, limit, setting = f"addr:{identity.client_address}", s.edge.rate_limit_anonymous_per_address, (
                 "SPECIALISTS_RATE_LIMIT_ANONYMOUS_PER_ADDRESS"
             )
         else:
-            bucket, limit, setting = f"key:{identity.key_id}", s.rate_limit_per_key, "SPECIALISTS_RATE_LIMIT_PER_KEY"
+            bucket, limit, setting = f"key:{identity.key_id}", s.edge.rate_limit_per_key, "SPECIALISTS_RATE_LIMIT_PER_KEY"
         async with self.engine.connect() as conn:
             rows = (
-                await conn.execute(_COUNT, {"window_s": s.rate_limit_window_s, "buckets": [bucket, GLOBAL]})
+                await conn.execute(_COUNT, {"window_s": s.edge.rate_limit_window_s, "buckets": [bucket, GLOBAL]})
             ).all()
         counts = {row.bucket: (int(row.requests), float(row.remaining_s)) for row in rows}
         own, remaining_s = counts[bucket]
@@ -63,20 +63,20 @@ class RateLimiter:
         if own > limit:
             raise RateLimited(
                 f"this {'address' if identity.anonymous else 'key'} made {own} requests in the current "
-                f"{s.rate_limit_window_s}-second window; the limit is {limit} ({setting}). "
+                f"{s.edge.rate_limit_window_s}-second window; the limit is {limit} ({setting}). "
                 f"Retry after {retry_after_s} seconds",
                 retry_after_s=retry_after_s,
             )
-        if total > s.rate_limit_global:
+        if total > s.edge.rate_limit_global:
             raise RateLimited(
-                f"the service is at its overall request ceiling for this {s.rate_limit_window_s}-second window; "
+                f"the service is at its overall request ceiling for this {s.edge.rate_limit_window_s}-second window; "
                 f"retry after {retry_after_s} seconds",
                 retry_after_s=retry_after_s,
             )
 
     async def prune_forever(self) -> None:
         """Drop windows older than two window lengths, once per window (any instance may do it)."""
-        window_s = self.settings.rate_limit_window_s
+        window_s = self.settings.edge.rate_limit_window_s
         while True:
             await asyncio.sleep(window_s)
             try:

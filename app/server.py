@@ -13,12 +13,12 @@ GRACEFUL_SHUTDOWN_S = 10
 
 
 def serve(settings: Settings, database_url: str) -> None:
-    configure_logging(settings.log_level)
+    configure_logging(settings.log.level)
     app = create_app(settings, database_url=database_url)
     uvicorn.run(
         app,
-        host=settings.edge_host,
-        port=settings.edge_port,
+        host=settings.edge.host,
+        port=settings.edge.port,
         log_config=None,  # configure_logging owns the handlers: JSON, redacted
         access_log=False,  # RequestLog writes one line per request, with its request id
         proxy_headers=False,

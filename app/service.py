@@ -120,11 +120,11 @@ def edge_engine(url: str, settings: Settings) -> AsyncEngine:
     """
     return create_async_engine(
         url,
-        pool_size=settings.db_pool_size,
-        max_overflow=settings.db_max_overflow,
+        pool_size=settings.database.pool_size,
+        max_overflow=settings.database.max_overflow,
         pool_pre_ping=False,
         pool_recycle=POOL_RECYCLE_S,
-        connect_args={"connect_timeout": settings.db_connect_timeout_s},
+        connect_args={"connect_timeout": settings.database.connect_timeout_s},
     )
 
 
@@ -140,19 +140,19 @@ async def schema_problem(engine: AsyncEngine, head: str) -> tuple[str | None, st
 
 def create_app(settings: Settings, *, database_url: str | None = None) -> FastAPI:
     """The edge as an ASGI app. Raises SpecInvalid for a bad spec before anything starts."""
-    specs = load_specs(settings.specs_dir)
+    specs = load_specs(settings.hosted.specs_dir)
     url = database_url or db.database_url(settings)
     engine = edge_engine(url, settings)
     metrics = Metrics()
-    listener = Listener(url, settings.db_connect_timeout_s)
+    listener = Listener(url, settings.database.connect_timeout_s)
     notifier = Notifier(engine)
     store = VersionedDatabaseTaskStore(engine, create_table=False)
-    events = NotifiedEventStream(engine, listener, notifier, settings.event_poll_interval_s)
+    events = NotifiedEventStream(engine, listener, notifier, settings.edge.event_poll_interval_s)
     admission = AdmissionService(engine, settings, notifier)
     limiter = RateLimiter(engine, settings)
-    signer = KeySigner([s.get_secret_value() for s in settings.key_signing_secrets], settings.key_environment)
-    verifier = AsyncKeyVerifier(signer, engine, settings.revocation_cache_s)
-    streams = StreamGate(settings.max_open_streams, metrics)
+    signer = KeySigner([s.get_secret_value() for s in settings.keys.signing_secrets], settings.keys.environment)
+    verifier = AsyncKeyVerifier(signer, engine, settings.keys.revocation_cache_s)
+    streams = StreamGate(settings.edge.max_open_streams, metrics)
     builder = EdgeCallContextBuilder()
     cards = {specialist_id: build_card(loaded, settings) for specialist_id, loaded in specs.items()}
     handlers = {
@@ -183,7 +183,7 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
         schema_head=db.head_revision(),
     )
     # A keep-alive comment more often than the a2a-sdk client's default 5 s read timeout.
-    EventSourceResponse.DEFAULT_PING_INTERVAL = settings.sse_ping_interval_s
+    EventSourceResponse.DEFAULT_PING_INTERVAL = settings.edge.sse_ping_interval_s
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -197,7 +197,7 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
         # second or two under load for ~90 ms each (the tail of the latency).
         gc.collect()
         gc.freeze()
-        log.info("edge ready: %d specialist(s) at %s", len(specs), settings.public_url, extra={"event": "ready"})
+        log.info("edge ready: %d specialist(s) at %s", len(specs), settings.edge.url, extra={"event": "ready"})
         try:
             yield
         finally:
@@ -248,7 +248,7 @@ def _readyz(edge: Edge):
 
 
 def _metrics(metrics: Metrics, settings: Settings):
-    token = settings.metrics_token.get_secret_value().encode() if settings.metrics_token else None
+    token = settings.edge.metrics_token.get_secret_value().encode() if settings.edge.metrics_token else None
 
     async def endpoint(request: Request) -> Response:
         if token is not None:

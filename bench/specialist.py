@@ -215,7 +215,7 @@ def main() -> None:
     })
     serve = subprocess.Popen([sys.executable, "-m", "specialists.cli", "serve"], cwd=ROOT, env=env,
                              stdout=subprocess.DEVNULL, stderr=(folder / "serve.log").open("wb"))
-    engine = db.make_engine(url, Settings(database_url=url))
+    engine = db.make_engine(url, Settings(database={"url": url}))
     base = f"http://127.0.0.1:{port}"
     try:
         wait_ready(f"{base}/readyz", serve)

@@ -68,28 +68,28 @@ def redact_url(url: str) -> str:
 
 def database_url(settings: Settings) -> str:
     """The SQLAlchemy URL of the service's database, starting the embedded server if needed."""
-    if settings.database_url:
-        return sqlalchemy_url(settings.database_url)
-    return sqlalchemy_url(start_embedded_postgres(settings.data_dir))
+    if settings.database.url:
+        return sqlalchemy_url(settings.database.url)
+    return sqlalchemy_url(start_embedded_postgres(settings.database.data_dir))
 
 
 def make_engine(url: str, settings: Settings) -> Engine:
     return create_engine(
         url,
-        pool_size=settings.db_pool_size,
-        max_overflow=settings.db_max_overflow,
+        pool_size=settings.database.pool_size,
+        max_overflow=settings.database.max_overflow,
         pool_pre_ping=True,
-        connect_args={"connect_timeout": settings.db_connect_timeout_s},
+        connect_args={"connect_timeout": settings.database.connect_timeout_s},
     )
 
 
 def make_async_engine(url: str, settings: Settings) -> AsyncEngine:
     return create_async_engine(
         url,
-        pool_size=settings.db_pool_size,
-        max_overflow=settings.db_max_overflow,
+        pool_size=settings.database.pool_size,
+        max_overflow=settings.database.max_overflow,
         pool_pre_ping=True,
-        connect_args={"connect_timeout": settings.db_connect_timeout_s},
+        connect_args={"connect_timeout": settings.database.connect_timeout_s},
     )
 
 

@@ -1,74 +1,139 @@
-"""The service's one settings object, read from the environment.
+"""The service's one settings object, read from the environment, with a section per room.
 
 Nothing else in the service reads ``os.environ``. Every limit is a named field
 with a default that works on one machine, validated when the settings load.
+Each section is a pydantic-settings class that reads its own variables (the
+names are in docs/SETTINGS.md, rendered from these classes by core/settings_doc.py);
+``Settings`` holds one of each and checks the rules that span two sections.
+
+In tests, give a section as a dict of its fields: ``Settings(database={"url": url})``
+reads the rest of that section, and every other section, from the environment.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
-
-from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
+# Ceilings the ledger's schema enforces with CHECK constraints (migrations/versions/0002_ledger.py);
+# the ledger section's bounds stop at them. ledger/limits.py gives them to the ledger, and
+# tests/ledger/test_schema_limits.py checks them against the live schema.
+SCHEMA_MAX_CREDITS = 10**15
+SCHEMA_MAX_PRIORITY = 1000
+SCHEMA_MAX_PARALLEL = 100_000
+SCHEMA_MAX_TEXT_CHARS = 500
+SCHEMA_MAX_ID_CHARS = 200
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SPECIALISTS_", extra="ignore")
 
-    # --- database -----------------------------------------------------------
-    database_url: str | None = Field(
+def _split_commas(value: object) -> object:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+# A list of secrets in one variable: comma-separated, newest first.
+SecretList = Annotated[list[SecretStr], NoDecode, BeforeValidator(_split_commas)]
+
+
+class Section(BaseSettings):
+    """One room's settings: the variables ``env_prefix`` + FIELD, or a field's own ``validation_alias``."""
+
+    model_config = SettingsConfigDict(extra="ignore", populate_by_name=True)
+
+    @classmethod
+    def env_name(cls, field: str) -> str:
+        """The environment variable that sets ``field``, for error messages and the reference."""
+        alias = cls.model_fields[field].validation_alias
+        if isinstance(alias, str):
+            return alias
+        return (cls.model_config.get("env_prefix") or "") + field.upper()
+
+
+class DatabaseSettings(Section):
+    """The database: which PostgreSQL, and the connection pool of each process."""
+
+    model_config = SettingsConfigDict(env_prefix="SPECIALISTS_DB_")
+
+    url: str | None = Field(
         default=None,
         validation_alias="DATABASE_URL",
-        description="PostgreSQL URL. Unset: start the embedded PostgreSQL in data_dir.",
+        description="PostgreSQL URL. Unset: start the embedded PostgreSQL in SPECIALISTS_DATA_DIR.",
     )
     data_dir: Path = Field(
         default=PROJECT_ROOT / ".data",
+        validation_alias="SPECIALISTS_DATA_DIR",
         description="Project-local folder for the embedded database and local secrets.",
     )
-    db_pool_size: int = Field(default=10, ge=1, le=200, description="Connections each process keeps open to PostgreSQL.")
-    db_max_overflow: int = Field(
+    pool_size: int = Field(default=10, ge=1, le=200, description="Connections each process keeps open to PostgreSQL.")
+    max_overflow: int = Field(
         default=20, ge=0, le=500, description="Extra connections a process may open under load, above the pool."
     )
-    db_connect_timeout_s: int = Field(
+    connect_timeout_s: int = Field(
         default=10, ge=1, le=120, description="Seconds to wait for a new database connection before failing."
     )
 
-    # --- customer keys ------------------------------------------------------
-    key_min_secret_chars: int = Field(
-        default=32, ge=16, le=1024, description="Shortest key-signing secret accepted at start-up."
-    )
-    key_signing_secrets: Annotated[list[SecretStr], NoDecode] = Field(
+    @property
+    def embedded(self) -> bool:
+        return self.url is None
+
+
+class KeySettings(Section):
+    """Customer keys: the signing secrets and the revocation bound (ledger/keys.py)."""
+
+    model_config = SettingsConfigDict(env_prefix="SPECIALISTS_KEY_")
+
+    min_secret_chars: int = Field(default=32, ge=16, le=1024, description="Shortest key-signing secret accepted at start-up.")
+    signing_secrets: SecretList = Field(
         default_factory=list,
         description="Comma-separated key-signing secrets, newest first. The newest signs, all verify.",
     )
-    key_environment: str = Field(
+    environment: str = Field(
         default="test", pattern="^(live|test)$", description="Key prefix this service issues and accepts: live or test."
     )
-    key_default_ttl_days: int = Field(
+    default_ttl_days: int = Field(
         default=365, ge=1, le=3650, description="Lifetime of a new key unless `keys issue --ttl-days` says otherwise."
     )
     revocation_cache_s: float = Field(
         default=5.0,
         ge=0.0,
         le=300.0,
+        validation_alias="SPECIALISTS_REVOCATION_CACHE_S",
         description="How long an instance may trust a key's revocation status: the revocation bound.",
     )
 
-    # --- A2A edge -------------------------------------------------------------
-    # Every bound the edge enforces. docs/A2A_EDGE.md lists them for customers.
-    edge_host: str = Field(default="127.0.0.1", description="Interface the edge listens on.")
-    edge_port: int = Field(default=8080, ge=1, le=65535, description="TCP port the edge listens on.")
-    edge_public_url: str | None = Field(
+    @field_validator("signing_secrets")
+    @classmethod
+    def _secrets_long_enough(cls, value: list[SecretStr], info) -> list[SecretStr]:
+        minimum = info.data.get("min_secret_chars", 32)
+        for index, secret in enumerate(value):
+            if len(secret.get_secret_value()) < minimum:
+                raise ValueError(
+                    f"key-signing secret #{index + 1} has {len(secret.get_secret_value())} characters; "
+                    f"at least {minimum} are required (SPECIALISTS_KEY_MIN_SECRET_CHARS)"
+                )
+        return value
+
+
+class EdgeSettings(Section):
+    """The A2A edge (app/): every bound it enforces. docs/A2A_EDGE.md lists them for customers."""
+
+    model_config = SettingsConfigDict(env_prefix="SPECIALISTS_")
+
+    host: str = Field(default="127.0.0.1", validation_alias="SPECIALISTS_EDGE_HOST", description="Interface the edge listens on.")
+    port: int = Field(
+        default=8080, ge=1, le=65535, validation_alias="SPECIALISTS_EDGE_PORT", description="TCP port the edge listens on."
+    )
+    public_url: str | None = Field(
         default=None,
         pattern=r"^https?://[^\s/]+(/[^\s]*)?$",
-        description="Base URL customers reach the edge at (put in Agent Cards). Unset: http://edge_host:edge_port.",
-    )
-    specs_dir: Path = Field(
-        default=PROJECT_ROOT / "specs", description="Folder of specialist specs (one YAML file each)."
+        validation_alias="SPECIALISTS_EDGE_PUBLIC_URL",
+        description="Base URL customers reach the edge at (put in Agent Cards). "
+        "Unset: http://SPECIALISTS_EDGE_HOST:SPECIALISTS_EDGE_PORT.",
     )
     max_request_body_bytes: int = Field(
         default=2 * 1024 * 1024,
@@ -140,92 +205,85 @@ class Settings(BaseSettings):
         le=60.0,
         description="How long the conformance specialist keeps `test-resubscribe-message-id` tasks working.",
     )
-    log_level: str = Field(
+
+    @property
+    def url(self) -> str:
+        """The base URL customers reach the edge at: public_url, or http://host:port."""
+        return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
+
+
+class LogSettings(Section):
+    """The JSON logs every process writes."""
+
+    model_config = SettingsConfigDict(env_prefix="SPECIALISTS_LOG_")
+
+    level: str = Field(
         default="INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$", description="Lowest level of the JSON logs written."
     )
 
-    @property
-    def public_url(self) -> str:
-        return (self.edge_public_url or f"http://{self.edge_host}:{self.edge_port}").rstrip("/")
 
-    @field_validator("key_signing_secrets", mode="before")
-    @classmethod
-    def _split_secrets(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
+class DispatchSettings(Section):
+    """Dispatch (workers/dispatch): getting an admitted job to a worker. docs/WORKERS.md explains each bound."""
 
-    @field_validator("key_signing_secrets")
-    @classmethod
-    def _secrets_long_enough(cls, value: list[SecretStr], info) -> list[SecretStr]:
-        minimum = info.data.get("key_min_secret_chars", 32)
-        for index, secret in enumerate(value):
-            if len(secret.get_secret_value()) < minimum:
-                raise ValueError(
-                    f"key-signing secret #{index + 1} has {len(secret.get_secret_value())} characters; "
-                    f"at least {minimum} are required (SPECIALISTS_KEY_MIN_SECRET_CHARS)"
-                )
-        return value
+    model_config = SettingsConfigDict(env_prefix="SPECIALISTS_DISPATCH_")
 
-    # --- dispatch and workers -------------------------------------------------
-    # Owned by workers/ (docs/WORKERS.md explains each bound).
-    dispatch_backend: Literal["embedded", "cloud_tasks"] = Field(
+    backend: Literal["embedded", "cloud_tasks"] = Field(
         default="embedded",
         description="How admitted jobs reach a worker: the embedded PostgreSQL queue or Cloud Tasks.",
     )
-    dispatch_deadline_s: int = Field(
+    deadline_s: int = Field(
         default=600,
         ge=15,
         le=1800,
         description="Cloud Tasks dispatch deadline: how long one delivery may hold the worker request. "
-        "Must exceed every specialist deadline plus worker_cancel_grace_s.",
+        "Must exceed every specialist deadline plus SPECIALISTS_WORKER_CANCEL_GRACE_S.",
     )
-    dispatch_max_body_bytes: int = Field(
+    max_body_bytes: int = Field(
         default=64 * 1024,
         ge=1024,
         le=100_000,
         description="Largest signed job body a dispatcher sends and a worker reads "
         "(the Cloud Tasks API caps a task at 100 KB; the job's input lives in PostgreSQL).",
     )
-    dispatch_enqueue_timeout_s: float = Field(
+    enqueue_timeout_s: float = Field(
         default=10.0, ge=1.0, le=60.0, description="How long one enqueue to Cloud Tasks may take, retries included."
     )
-    dispatch_worker_url: str = Field(
+    worker_url: str = Field(
         default="http://127.0.0.1:8081/jobs",
         description="The private worker endpoint that dispatched jobs are delivered to. The embedded "
         "dispatcher accepts several, comma-separated, and spreads deliveries over them.",
     )
-    dispatch_job_deadline_s: float = Field(
+    job_deadline_s: float = Field(
         default=300.0,
         ge=1.0,
         le=1800.0,
         description="The deadline a worker gives every job (until specs carry their own).",
     )
-    dispatch_poll_interval_s: float = Field(
+    poll_interval_s: float = Field(
         default=1.0,
         ge=0.05,
         le=60.0,
         description="How often a dispatcher looks at the outbox when no notification woke it.",
     )
-    dispatch_batch_size: int = Field(default=32, ge=1, le=1000, description="Outbox rows one dispatcher round takes.")
-    dispatch_delivery_lease_s: float = Field(
+    batch_size: int = Field(default=32, ge=1, le=1000, description="Outbox rows one dispatcher round takes.")
+    delivery_lease_s: float = Field(
         default=30.0,
         ge=1.0,
         le=3600.0,
         description="Embedded: how long a row being delivered is held by its dispatcher (renewed while the "
         "delivery lasts); a dispatcher that dies releases its rows after this long.",
     )
-    dispatch_retry_base_s: float = Field(default=0.5, ge=0.01, le=60.0, description="First retry delay of a delivery.")
-    dispatch_retry_max_s: float = Field(
+    retry_base_s: float = Field(default=0.5, ge=0.01, le=60.0, description="First retry delay of a delivery.")
+    retry_max_s: float = Field(
         default=60.0, ge=0.1, le=3600.0, description="Longest delay between two deliveries (or enqueues) of one job."
     )
-    dispatch_max_attempts: int = Field(
+    max_attempts: int = Field(
         default=50,
         ge=1,
         le=10_000,
         description="Deliveries (or enqueues) of a job that no worker claimed before it is failed as undeliverable.",
     )
-    dispatch_sweep_interval_s: float = Field(
+    sweep_interval_s: float = Field(
         default=5.0,
         ge=0.1,
         le=600.0,
@@ -235,148 +293,63 @@ class Settings(BaseSettings):
         default=14.0,
         ge=0.01,
         le=3650.0,
+        validation_alias="SPECIALISTS_TASK_EVENTS_RETENTION_DAYS",
         description="Events of a task finished this long ago are deleted (a finished task cannot be streamed; "
-        "GetTask still answers from the task itself). Dispatchers prune every task_events_prune_interval_s.",
+        "GetTask still answers from the task itself). Dispatchers prune every SPECIALISTS_TASK_EVENTS_PRUNE_INTERVAL_S.",
     )
     task_events_prune_batch: int = Field(
-        default=5000, ge=100, le=1_000_000, description="Events deleted at most per prune round (one transaction)."
+        default=5000,
+        ge=100,
+        le=1_000_000,
+        validation_alias="SPECIALISTS_TASK_EVENTS_PRUNE_BATCH",
+        description="Events deleted at most per prune round (one transaction).",
     )
     task_events_prune_interval_s: float = Field(
-        default=300.0, ge=1.0, le=86_400.0, description="How often a dispatcher prunes the events of finished tasks."
+        default=300.0,
+        ge=1.0,
+        le=86_400.0,
+        validation_alias="SPECIALISTS_TASK_EVENTS_PRUNE_INTERVAL_S",
+        description="How often a dispatcher prunes the events of finished tasks.",
     )
-    dispatch_crash_point: Literal["none", "before_enqueue", "after_enqueue"] = Field(
+    crash_point: Literal["none", "before_enqueue", "after_enqueue"] = Field(
         default="none",
         description="Recovery drills only: the dispatcher exits abruptly at this point (after taking rows and "
         "before handing them over, or after handing them over and before recording it).",
     )
-    dispatch_service_account: str | None = Field(
+    service_account: str | None = Field(
         default=None,
         description="Service account whose OIDC token Cloud Tasks attaches, and the only one workers accept.",
     )
-    cloud_tasks_project: str | None = Field(default=None, description="Google Cloud project of the Cloud Tasks queue.")
-    cloud_tasks_location: str | None = Field(default=None, description="Region of the Cloud Tasks queue.")
-    cloud_tasks_queue: str | None = Field(default=None, description="Name of the Cloud Tasks queue jobs are enqueued to.")
+    cloud_tasks_project: str | None = Field(
+        default=None, validation_alias="SPECIALISTS_CLOUD_TASKS_PROJECT", description="Google Cloud project of the Cloud Tasks queue."
+    )
+    cloud_tasks_location: str | None = Field(
+        default=None, validation_alias="SPECIALISTS_CLOUD_TASKS_LOCATION", description="Region of the Cloud Tasks queue."
+    )
+    cloud_tasks_queue: str | None = Field(
+        default=None, validation_alias="SPECIALISTS_CLOUD_TASKS_QUEUE", description="Name of the Cloud Tasks queue jobs are enqueued to."
+    )
     cloud_tasks_emulator_host: str | None = Field(
         default=None,
+        validation_alias="SPECIALISTS_CLOUD_TASKS_EMULATOR_HOST",
         description="host:port of a local Cloud Tasks emulator (insecure gRPC). Unset: Google's API.",
     )
 
-    worker_audience: str = Field(
-        default="specialists-worker",
-        min_length=1,
-        max_length=500,
-        description="The worker service's audience (its Cloud Run URL in production); "
-        "both the OIDC token and the signed job body are bound to it.",
-    )
-    worker_job_min_secret_chars: int = Field(
-        default=32, ge=16, le=1024, description="Shortest job-body signing secret accepted at start-up."
-    )
-    worker_job_secrets: Annotated[list[SecretStr], NoDecode] = Field(
-        default_factory=list,
-        description="Comma-separated secrets that sign job bodies, newest first. None: workers refuse every job.",
-    )
-    worker_job_max_age_s: int = Field(
-        default=3600,
-        ge=60,
-        le=30 * 24 * 3600,
-        description="Oldest signed job body a worker accepts; must cover the queue's retry window.",
-    )
-    worker_oidc_verify: bool = Field(
-        default=True,
-        description="Check the Cloud Tasks OIDC token. Turn off only on one machine (embedded dispatch or emulator).",
-    )
-    worker_oidc_certs_url: str = Field(
-        default="https://www.googleapis.com/oauth2/v1/certs",
-        description="Where the public keys that sign Cloud Tasks OIDC tokens are published.",
-    )
-    worker_oidc_certs_cache_s: float = Field(
-        default=300.0, ge=0.0, le=86400.0, description="How long a worker keeps the OIDC public keys before fetching again."
-    )
-    worker_oidc_clock_skew_s: int = Field(
-        default=10, ge=0, le=300, description="Clock difference tolerated on an OIDC token's issue and expiry times."
-    )
-    worker_lease_s: float = Field(
-        default=30.0,
-        ge=1.0,
-        le=600.0,
-        description="How long a claim stays live without a heartbeat; past it a running job becomes unknown.",
-    )
-    worker_heartbeat_s: float = Field(
-        default=5.0,
-        ge=0.05,
-        le=200.0,
-        description="Lease renewal interval, at most a third of worker_lease_s; also the cancellation bound.",
-    )
-    worker_cancel_grace_s: float = Field(
-        default=5.0,
-        ge=0.0,
-        le=300.0,
-        description="How long a runner may take to stop after a cancel or its deadline before the job is finished without it.",
-    )
-    worker_max_concurrent_jobs: int = Field(
-        default=4, ge=1, le=256, description="Jobs one worker runs at once; also what the embedded dispatcher "
-        "sends one worker endpoint at once."
-    )
-    worker_finish_attempts: int = Field(
-        default=3, ge=1, le=20, description="Tries to record a job's finish and settlement before giving it to the sweeper."
-    )
-    worker_drain_s: float = Field(
-        default=10.0,
-        ge=0.0,
-        le=3600.0,
-        description="On shutdown, how long running jobs may finish; jobs still running then become unknown "
-        "after their lease.",
-    )
-    worker_host: str = Field(default="127.0.0.1", description="Interface `specialists worker` listens on.")
-    worker_port: int = Field(default=8081, ge=1, le=65535, description="TCP port `specialists worker` listens on.")
-
-    # --- one command for one machine ---------------------------------------
-    serve_worker: bool = Field(
-        default=True, description="`specialists serve` also starts a worker (a child process)."
-    )
-    serve_dispatcher: bool = Field(
-        default=True, description="`specialists serve` also starts a dispatcher (a child process)."
-    )
-
-    @field_validator("worker_job_secrets", mode="before")
-    @classmethod
-    def _split_worker_secrets(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
+    @property
+    def worker_urls(self) -> list[str]:
+        return [url.strip() for url in self.worker_url.split(",") if url.strip()]
 
     @model_validator(mode="after")
-    def _dispatch_and_workers_consistent(self) -> "Settings":
-        for index, secret in enumerate(self.worker_job_secrets):
-            if len(secret.get_secret_value()) < self.worker_job_min_secret_chars:
-                raise ValueError(
-                    f"worker job secret #{index + 1} has {len(secret.get_secret_value())} characters; at least "
-                    f"{self.worker_job_min_secret_chars} are required (SPECIALISTS_WORKER_JOB_SECRETS)"
-                )
-        if self.worker_heartbeat_s * 3 > self.worker_lease_s:
-            raise ValueError(
-                f"worker_heartbeat_s ({self.worker_heartbeat_s}) must be at most a third of worker_lease_s "
-                f"({self.worker_lease_s}) so that two lost heartbeats do not lose the lease; lower "
-                "SPECIALISTS_WORKER_HEARTBEAT_S or raise SPECIALISTS_WORKER_LEASE_S"
-            )
-        urls = self.dispatch_worker_urls
+    def _consistent(self) -> "DispatchSettings":
+        urls = self.worker_urls
         if not urls or not all(url.startswith(("http://", "https://")) for url in urls):
             raise ValueError(
                 f"SPECIALISTS_DISPATCH_WORKER_URL must be one or more comma-separated http(s) URLs, got "
-                f"{self.dispatch_worker_url!r}"
+                f"{self.worker_url!r}"
             )
-        if self.dispatch_job_deadline_s + self.worker_cancel_grace_s >= self.dispatch_deadline_s:
-            raise ValueError(
-                f"dispatch_job_deadline_s ({self.dispatch_job_deadline_s:g}) plus worker_cancel_grace_s "
-                f"({self.worker_cancel_grace_s:g}) must stay below dispatch_deadline_s ({self.dispatch_deadline_s}): "
-                "a delivery must outlive its job; lower SPECIALISTS_DISPATCH_JOB_DEADLINE_S or raise "
-                "SPECIALISTS_DISPATCH_DEADLINE_S"
-            )
-        if self.dispatch_retry_base_s > self.dispatch_retry_max_s:
-            raise ValueError(
-                "SPECIALISTS_DISPATCH_RETRY_BASE_S must not exceed SPECIALISTS_DISPATCH_RETRY_MAX_S"
-            )
-        if self.dispatch_backend == "cloud_tasks":
+        if self.retry_base_s > self.retry_max_s:
+            raise ValueError("SPECIALISTS_DISPATCH_RETRY_BASE_S must not exceed SPECIALISTS_DISPATCH_RETRY_MAX_S")
+        if self.backend == "cloud_tasks":
             if len(urls) != 1:
                 raise ValueError(
                     "with dispatch_backend cloud_tasks, SPECIALISTS_DISPATCH_WORKER_URL names exactly one worker "
@@ -384,51 +357,158 @@ class Settings(BaseSettings):
                 )
             missing = [
                 name
-                for name in ("cloud_tasks_project", "cloud_tasks_location", "cloud_tasks_queue", "dispatch_service_account")
+                for name in ("cloud_tasks_project", "cloud_tasks_location", "cloud_tasks_queue", "service_account")
                 if not getattr(self, name)
             ]
             if missing:
                 raise ValueError(
                     "dispatch_backend is cloud_tasks but "
-                    + ", ".join(f"SPECIALISTS_{name.upper()}" for name in missing)
+                    + ", ".join(self.env_name(name) for name in missing)
                     + " is not set"
-                )
-            if not self.worker_oidc_verify and not self.cloud_tasks_emulator_host:
-                raise ValueError(
-                    "SPECIALISTS_WORKER_OIDC_VERIFY=false is only allowed on one machine (embedded dispatch or "
-                    "the local emulator); with real Cloud Tasks the OIDC token must be checked"
                 )
         return self
 
-    # --- hosted RLM specialists (issue 7) -------------------------------------------
-    # Owned by workers/specialist (docs/SPECIALISTS.md). Spec limits live in specs/*.yaml.
+
+class WorkerSettings(Section):
+    """The worker endpoint (workers/): who may send it jobs, leases, heartbeats, draining."""
+
+    model_config = SettingsConfigDict(env_prefix="SPECIALISTS_WORKER_")
+
+    audience: str = Field(
+        default="specialists-worker",
+        min_length=1,
+        max_length=500,
+        description="The worker service's audience (its Cloud Run URL in production); "
+        "both the OIDC token and the signed job body are bound to it.",
+    )
+    job_min_secret_chars: int = Field(
+        default=32, ge=16, le=1024, description="Shortest job-body signing secret accepted at start-up."
+    )
+    job_secrets: SecretList = Field(
+        default_factory=list,
+        description="Comma-separated secrets that sign job bodies, newest first. None: workers refuse every job.",
+    )
+    job_max_age_s: int = Field(
+        default=3600,
+        ge=60,
+        le=30 * 24 * 3600,
+        description="Oldest signed job body a worker accepts; must cover the queue's retry window.",
+    )
+    oidc_verify: bool = Field(
+        default=True,
+        description="Check the Cloud Tasks OIDC token. Turn off only on one machine (embedded dispatch or emulator).",
+    )
+    oidc_certs_url: str = Field(
+        default="https://www.googleapis.com/oauth2/v1/certs",
+        description="Where the public keys that sign Cloud Tasks OIDC tokens are published.",
+    )
+    oidc_certs_cache_s: float = Field(
+        default=300.0, ge=0.0, le=86400.0, description="How long a worker keeps the OIDC public keys before fetching again."
+    )
+    oidc_clock_skew_s: int = Field(
+        default=10, ge=0, le=300, description="Clock difference tolerated on an OIDC token's issue and expiry times."
+    )
+    lease_s: float = Field(
+        default=30.0,
+        ge=1.0,
+        le=600.0,
+        description="How long a claim stays live without a heartbeat; past it a running job becomes unknown.",
+    )
+    heartbeat_s: float = Field(
+        default=5.0,
+        ge=0.05,
+        le=200.0,
+        description="Lease renewal interval, at most a third of SPECIALISTS_WORKER_LEASE_S; also the cancellation bound.",
+    )
+    cancel_grace_s: float = Field(
+        default=5.0,
+        ge=0.0,
+        le=300.0,
+        description="How long a runner may take to stop after a cancel or its deadline before the job is finished without it.",
+    )
+    max_concurrent_jobs: int = Field(
+        default=4, ge=1, le=256, description="Jobs one worker runs at once; also what the embedded dispatcher "
+        "sends one worker endpoint at once."
+    )
+    finish_attempts: int = Field(
+        default=3, ge=1, le=20, description="Tries to record a job's finish and settlement before giving it to the sweeper."
+    )
+    drain_s: float = Field(
+        default=10.0,
+        ge=0.0,
+        le=3600.0,
+        description="On shutdown, how long running jobs may finish; jobs still running then become unknown "
+        "after their lease.",
+    )
+    host: str = Field(default="127.0.0.1", description="Interface `specialists worker` listens on.")
+    port: int = Field(default=8081, ge=1, le=65535, description="TCP port `specialists worker` listens on.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "WorkerSettings":
+        for index, secret in enumerate(self.job_secrets):
+            if len(secret.get_secret_value()) < self.job_min_secret_chars:
+                raise ValueError(
+                    f"worker job secret #{index + 1} has {len(secret.get_secret_value())} characters; at least "
+                    f"{self.job_min_secret_chars} are required (SPECIALISTS_WORKER_JOB_SECRETS)"
+                )
+        if self.heartbeat_s * 3 > self.lease_s:
+            raise ValueError(
+                f"worker_heartbeat_s ({self.heartbeat_s}) must be at most a third of worker_lease_s "
+                f"({self.lease_s}) so that two lost heartbeats do not lose the lease; lower "
+                "SPECIALISTS_WORKER_HEARTBEAT_S or raise SPECIALISTS_WORKER_LEASE_S"
+            )
+        return self
+
+
+class ServeSettings(Section):
+    """`specialists serve`: the one command that runs the whole service on one machine."""
+
+    model_config = SettingsConfigDict(env_prefix="SPECIALISTS_SERVE_")
+
+    worker: bool = Field(default=True, description="`specialists serve` also starts a worker (a child process).")
+    dispatcher: bool = Field(default=True, description="`specialists serve` also starts a dispatcher (a child process).")
+
+
+class HostedSettings(Section):
+    """The hosted specialists (workers/specialist, docs/SPECIALISTS.md): which specs, which model routes,
+    checkpoints and resumes. A spec's own limits live in specs/*.yaml, bounded by core/specs.py."""
+
+    model_config = SettingsConfigDict(env_prefix="SPECIALISTS_SPECIALIST_")
+
+    specs_dir: Path = Field(
+        default=PROJECT_ROOT / "specs",
+        validation_alias="SPECIALISTS_SPECS_DIR",
+        description="Folder of specialist specs (one YAML file each).",
+    )
     model_routes_file: Path = Field(
         default=PROJECT_ROOT / "specs" / "demo" / "routes.toml",
+        validation_alias="SPECIALISTS_MODEL_ROUTES_FILE",
         description="Model routes (TOML, JSON or YAML): named OpenAI-compatible endpoints with the NAME of the "
         "variable holding each key, or scripted routes. The default holds the scripted demo routes.",
     )
     model_routes_allow_scripted: bool = Field(
         default=False,
+        validation_alias="SPECIALISTS_MODEL_ROUTES_ALLOW_SCRIPTED",
         description="Serve scripted (canned) model routes with an external database too; on one machine "
         "(embedded database) they are always allowed.",
     )
-    specialist_checkpoint_key_min_chars: int = Field(
+    checkpoint_key_min_chars: int = Field(
         default=32, ge=16, le=1024, description="Shortest checkpoint-signing key accepted at start-up."
     )
-    specialist_checkpoint_key: SecretStr | None = Field(
+    checkpoint_key: SecretStr | None = Field(
         default=None,
         description="HMAC key that signs Monty checkpoints in PostgreSQL; a worker refuses to run rlm "
         "specialists without it. Changing it makes checkpoints of running jobs unusable: their resume fails, "
         "charged nothing.",
     )
-    specialist_max_resumes: int = Field(
+    max_resumes: int = Field(
         default=2,
         ge=0,
         le=10,
         description="Times one job may be resumed from its checkpoint after the worker running it died; "
         "past it (or without a checkpoint) the job is unknown.",
     )
-    specialist_resume_window_s: float = Field(
+    resume_window_s: float = Field(
         default=300.0,
         ge=1.0,
         le=86_400.0,
@@ -436,48 +516,10 @@ class Settings(BaseSettings):
         "until then the lease sweeper leaves it, after it the job is recorded unknown.",
     )
 
-    # --- drills (`specialists drill`, docs/OPERATIONS.md) ----------------------------------
-    drill_restart_api_hook: str | None = Field(
-        default=None,
-        max_length=4000,
-        description="`drill --target`: a shell command that restarts the API instances (say, a new revision "
-        "with the same image) while a drill task runs; DRILL_API_URL names the instance. Unset: skipped.",
-    )
-    drill_roll_api_hook: str | None = Field(
-        default=None,
-        max_length=4000,
-        description="`drill --target`: a shell command that rolls the API to a new revision mid-task. Unset: skipped.",
-    )
-    drill_restart_worker_hook: str | None = Field(
-        default=None,
-        max_length=4000,
-        description="`drill --target`: a shell command that restarts the workers gracefully while DRILL_JOB_ID "
-        "runs. Unset: skipped.",
-    )
-    drill_kill_worker_hook: str | None = Field(
-        default=None,
-        max_length=4000,
-        description="`drill --target`: a shell command that kills the worker running DRILL_JOB_ID without "
-        "warning (the retained unknown scenario). Unset: skipped.",
-    )
-    drill_hook_timeout_s: float = Field(
-        default=600.0, ge=1.0, le=3600.0, description="How long a drill hook may run, and the API then take to be ready."
-    )
-    drill_slack_s: float = Field(
-        default=2.0,
-        ge=0.0,
-        le=120.0,
-        description="Time a drill allows above a stated bound (cancel, unknown, revocation) for network and "
-        "load before it calls the bound broken.",
-    )
-    drill_credits: int = Field(
-        default=200, ge=20, le=100_000, description="Credits granted to each customer a drill creates."
-    )
-
-    @field_validator("specialist_checkpoint_key")
+    @field_validator("checkpoint_key")
     @classmethod
     def _checkpoint_key_long_enough(cls, value: SecretStr | None, info) -> SecretStr | None:
-        minimum = info.data.get("specialist_checkpoint_key_min_chars", 32)
+        minimum = info.data.get("checkpoint_key_min_chars", 32)
         if value is not None and len(value.get_secret_value()) < minimum:
             raise ValueError(
                 f"the checkpoint key has {len(value.get_secret_value())} characters; at least {minimum} are "
@@ -485,19 +527,159 @@ class Settings(BaseSettings):
             )
         return value
 
+
+class DrillSettings(Section):
+    """Drills (`specialists drill`, docs/OPERATIONS.md): the hooks that restart and roll a deployment."""
+
+    model_config = SettingsConfigDict(env_prefix="SPECIALISTS_DRILL_")
+
+    restart_api_hook: str | None = Field(
+        default=None,
+        max_length=4000,
+        description="`drill --target`: a shell command that restarts the API instances (say, a new revision "
+        "with the same image) while a drill task runs; DRILL_API_URL names the instance. Unset: skipped.",
+    )
+    roll_api_hook: str | None = Field(
+        default=None,
+        max_length=4000,
+        description="`drill --target`: a shell command that rolls the API to a new revision mid-task. Unset: skipped.",
+    )
+    restart_worker_hook: str | None = Field(
+        default=None,
+        max_length=4000,
+        description="`drill --target`: a shell command that restarts the workers gracefully while DRILL_JOB_ID "
+        "runs. Unset: skipped.",
+    )
+    kill_worker_hook: str | None = Field(
+        default=None,
+        max_length=4000,
+        description="`drill --target`: a shell command that kills the worker running DRILL_JOB_ID without "
+        "warning (the retained unknown scenario). Unset: skipped.",
+    )
+    hook_timeout_s: float = Field(
+        default=600.0, ge=1.0, le=3600.0, description="How long a drill hook may run, and the API then take to be ready."
+    )
+    slack_s: float = Field(
+        default=2.0,
+        ge=0.0,
+        le=120.0,
+        description="Time a drill allows above a stated bound (cancel, unknown, revocation) for network and "
+        "load before it calls the bound broken.",
+    )
+    credits: int = Field(default=200, ge=20, le=100_000, description="Credits granted to each customer a drill creates.")
+
+
+class LedgerSettings(Section):
+    """The credit ledger (ledger/): every bound a caller can hit, up to the schema's ceilings (SCHEMA_MAX_*).
+
+    The errors that enforce them name the variable to change (``LedgerSettings.env_name``).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="SPECIALISTS_LEDGER_")
+
+    max_credits_per_operation: int = Field(
+        default=10**12,
+        ge=1,
+        le=SCHEMA_MAX_CREDITS,
+        description="Largest grant, reservation, charge or adjustment, in credits.",
+    )
+    max_skills_per_grant: int = Field(default=64, ge=1, le=1000, description="Skill entitlements one grant may name.")
+    max_reason_chars: int = Field(
+        default=500,
+        ge=1,
+        le=SCHEMA_MAX_TEXT_CHARS,
+        description="Longest reason on a settlement, adjustment, reconcile or key revocation.",
+    )
+    max_job_id_chars: int = Field(
+        default=200, ge=16, le=SCHEMA_MAX_ID_CHARS, description="Longest job id a reservation may carry."
+    )
+    max_fingerprint_chars: int = Field(
+        default=200, ge=16, le=SCHEMA_MAX_ID_CHARS, description="Longest request fingerprint a reservation may carry."
+    )
+    max_idempotency_key_chars: int = Field(
+        default=200, ge=8, le=SCHEMA_MAX_ID_CHARS, description="Longest idempotency key of a grant."
+    )
+    default_max_parallel: int = Field(
+        default=8,
+        ge=0,
+        le=SCHEMA_MAX_PARALLEL,
+        description="Open reservations a new customer may hold at once, until a grant sets max_parallel.",
+    )
+    default_priority: int = Field(
+        default=100,
+        ge=0,
+        le=SCHEMA_MAX_PRIORITY,
+        description="Priority of a lot whose grant names none. Lower priorities are drawn down first.",
+    )
+    max_expire_lots_per_call: int = Field(
+        default=10_000,
+        ge=1,
+        le=1_000_000,
+        description="Lots one expiry sweep handles in one transaction; run it again for the rest.",
+    )
+    max_rows_per_listing: int = Field(
+        default=1000, ge=1, le=100_000, description="Most rows one listing (history, reservations) returns."
+    )
+
+
+class Settings(BaseModel):
+    """The service's settings: one section per room, each read from the environment when not given."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    keys: KeySettings = Field(default_factory=KeySettings)
+    edge: EdgeSettings = Field(default_factory=EdgeSettings)
+    log: LogSettings = Field(default_factory=LogSettings)
+    dispatch: DispatchSettings = Field(default_factory=DispatchSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    serve: ServeSettings = Field(default_factory=ServeSettings)
+    hosted: HostedSettings = Field(default_factory=HostedSettings)
+    drill: DrillSettings = Field(default_factory=DrillSettings)
+    ledger: LedgerSettings = Field(default_factory=LedgerSettings)
+
+    @model_validator(mode="after")
+    def _sections_consistent(self) -> "Settings":
+        dispatch, worker = self.dispatch, self.worker
+        if dispatch.job_deadline_s + worker.cancel_grace_s >= dispatch.deadline_s:
+            raise ValueError(
+                f"dispatch_job_deadline_s ({dispatch.job_deadline_s:g}) plus worker_cancel_grace_s "
+                f"({worker.cancel_grace_s:g}) must stay below dispatch_deadline_s ({dispatch.deadline_s}): "
+                "a delivery must outlive its job; lower SPECIALISTS_DISPATCH_JOB_DEADLINE_S or raise "
+                "SPECIALISTS_DISPATCH_DEADLINE_S"
+            )
+        if dispatch.backend == "cloud_tasks" and not worker.oidc_verify and not dispatch.cloud_tasks_emulator_host:
+            raise ValueError(
+                "SPECIALISTS_WORKER_OIDC_VERIFY=false is only allowed on one machine (embedded dispatch or "
+                "the local emulator); with real Cloud Tasks the OIDC token must be checked"
+            )
+        return self
+
     @property
     def scripted_routes_allowed(self) -> bool:
-        return self.embedded or self.model_routes_allow_scripted
-
-    @property
-    def embedded(self) -> bool:
-        return self.database_url is None
-
-    @property
-    def dispatch_worker_urls(self) -> list[str]:
-        return [url.strip() for url in self.dispatch_worker_url.split(",") if url.strip()]
+        return self.database.embedded or self.hosted.model_routes_allow_scripted
 
 
-@lru_cache(maxsize=1)
-def get_settings() -> Settings:
-    return Settings()
+SECTIONS: dict[str, type[Section]] = {
+    name: field.annotation for name, field in Settings.model_fields.items()  # type: ignore[misc]
+}
+
+
+_SECTION_BY_CLASS = {section.__name__: section for section in SECTIONS.values()}
+
+
+def describe_invalid(invalid: ValidationError) -> str:
+    """A ValidationError of the settings as '<VARIABLE>: <problem>; ...', naming the variable to change."""
+    section = _SECTION_BY_CLASS.get(invalid.title)
+    problems = []
+    for error in invalid.errors(include_input=False):
+        loc = [str(part) for part in error["loc"]]
+        owner = section
+        if owner is None and loc and loc[0] in SECTIONS:  # an error of Settings itself: (section, field, ...)
+            owner = SECTIONS[loc.pop(0)]
+        if owner is not None and loc and loc[0] in owner.model_fields:
+            loc[0] = owner.env_name(loc[0])
+        where = ".".join(loc)
+        message = error["msg"].removeprefix("Value error, ")
+        problems.append(f"{where}: {message}" if where else message)
+    return "; ".join(problems)

@@ -1,27 +1,38 @@
-"""Renders the settings reference (docs/SETTINGS.md) from the Settings class itself.
+"""Renders the settings reference (docs/SETTINGS.md) from the settings classes themselves.
 
-``python -m core.settings_doc`` rewrites the file; a test fails when it is stale,
-so a limit that nobody can find cannot be added.
+One table per section of ``Settings`` (the ledger's included), then the ceilings the
+ledger's schema enforces and the ceilings a spec file may not exceed (core/specs.py),
+so every limit can be found in one document. ``python -m core.settings_doc`` rewrites
+the file; a test fails when it is stale, so a limit that nobody can find cannot be added.
 """
 
 from __future__ import annotations
 
 import sys
+import typing
+from collections.abc import Iterator
 from pathlib import Path
 
+from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from core.settings import PROJECT_ROOT, Settings
+from core import settings as settings_module
+from core import specs
+from core.settings import PROJECT_ROOT, SECTIONS, Section
 
 DOC_PATH = PROJECT_ROOT / "docs" / "SETTINGS.md"
 
 
-def env_name(name: str, field: FieldInfo) -> str:
-    alias = field.validation_alias
-    if isinstance(alias, str):
-        return alias
-    return (Settings.model_config.get("env_prefix") or "") + name.upper()
+def settings_fields() -> Iterator[tuple[str, str, FieldInfo, str]]:
+    """(section, field name, field, environment variable) of every setting, in the order of the document."""
+    for section_name, section in SECTIONS.items():
+        for name, field in section.model_fields.items():
+            yield section_name, name, field, section.env_name(name)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def _default(field: FieldInfo) -> str:
@@ -31,6 +42,8 @@ def _default(field: FieldInfo) -> str:
         return "required"
     else:
         value = field.default
+    if isinstance(value, BaseModel):
+        return "see below"
     if value is None or value == []:
         return "unset"
     if isinstance(value, Path):
@@ -43,17 +56,73 @@ def _default(field: FieldInfo) -> str:
     return str(value)
 
 
-def _bounds(field: FieldInfo) -> str:
+def _bounds_of(metadata: list[object]) -> list[str]:
     parts = []
-    for meta in field.metadata:
+    for meta in metadata:
         for attr, symbol in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
             bound = getattr(meta, attr, None)
             if bound is not None:
                 parts.append(f"{symbol} {bound}")
+        for attr, words in (("min_length", "length >="), ("max_length", "length <=")):
+            bound = getattr(meta, attr, None)
+            if bound is not None:
+                parts.append(f"{words} {bound}")
         pattern = getattr(meta, "pattern", None)
         if pattern:
             parts.append(f"matches `{pattern}`")
-    return ", ".join(parts)
+    return parts
+
+
+def _item_bounds(annotation: object) -> list[str]:
+    """Bounds on each item of a list field (``list[Annotated[str, Field(max_length=40)]]``)."""
+    if typing.get_origin(annotation) is not list:
+        return []
+    (item,) = typing.get_args(annotation) or (None,)
+    metadata: list[object] = []
+    for meta in getattr(item, "__metadata__", ()):
+        metadata.extend(getattr(meta, "metadata", [meta]))
+    parts = _bounds_of(metadata)
+    return [f"each item: {', '.join(parts)}"] if parts else []
+
+
+def _bounds(field: FieldInfo) -> str:
+    return ", ".join(_bounds_of(field.metadata) + _item_bounds(field.annotation))
+
+
+def _section_table(name: str, section: type[Section]) -> list[str]:
+    summary = (section.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+    lines = [
+        f"## `settings.{name}`: {summary}",
+        "",
+        "| variable | default | bounds | meaning |",
+        "|---|---|---|---|",
+    ]
+    for field_name, field in section.model_fields.items():
+        lines.append(
+            f"| `{section.env_name(field_name)}` | `{_default(field)}` | {_cell(_bounds(field))} "
+            f"| {_cell(field.description or '')} |"
+        )
+    return lines + [""]
+
+
+def _constants(module: object, prefix: str) -> list[tuple[str, object]]:
+    return [
+        (name, value)
+        for name, value in vars(module).items()
+        if name.startswith(prefix) and isinstance(value, int) and not isinstance(value, bool)
+    ]
+
+
+def _spec_rows(model: type[BaseModel], path: str = "") -> Iterator[str]:
+    for name, field in model.model_fields.items():
+        key = f"{path}{name}"
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            yield from _spec_rows(annotation, key + ".")
+            continue
+        bounds = _bounds(field)
+        if bounds:
+            yield f"| `{key}` | `{_default(field)}` | {_cell(bounds)} | {_cell(field.description or '')} |"
 
 
 def render() -> str:
@@ -64,12 +133,41 @@ def render() -> str:
         "(generated by `python -m core.settings_doc`; a test keeps it current).",
         "Invalid values stop start-up with the variable's name.",
         "",
-        "| variable | default | bounds | meaning |",
+        "`Settings` is one object with a section per room; each section below is read from",
+        "its own variables. The last two tables are the ceilings no setting can raise: the ones",
+        "the ledger's schema enforces, and the ones a spec file may not exceed.",
+        "",
+    ]
+    for name, section in SECTIONS.items():
+        lines += _section_table(name, section)
+    lines += [
+        "## Ceilings of the ledger's schema",
+        "",
+        "CHECK constraints of the ledger's tables (migrations/versions/0002_ledger.py), defined once in",
+        "`core/settings.py` and given to the ledger by `ledger/limits.py`; tests/ledger/test_schema_limits.py",
+        "compares them with the live schema. The ledger's settings above stop at them.",
+        "",
+        "| constant | value |",
+        "|---|---|",
+    ]
+    lines += [f"| `{name}` | `{value}` |" for name, value in _constants(settings_module, "SCHEMA_MAX_")]
+    lines += [
+        "",
+        "## Ceilings of a spec file",
+        "",
+        "What a specialist's YAML file (`specs/*.yaml`, validated by `core/specs.py`) may state: a spec may ask",
+        "for less, never more.",
+        "",
+        "| constant | value |",
+        "|---|---|",
+    ]
+    lines += [f"| `{name}` | `{value}` |" for name, value in _constants(specs, "MAX_")]
+    lines += [
+        "",
+        "| spec field | default | bounds | meaning |",
         "|---|---|---|---|",
     ]
-    for name, field in Settings.model_fields.items():
-        description = (field.description or "").replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| `{env_name(name, field)}` | `{_default(field)}` | {_bounds(field).replace('|', chr(92) + '|')} | {description} |")
+    lines += list(_spec_rows(specs.SpecialistSpec))
     return "\n".join(lines) + "\n"
 
 

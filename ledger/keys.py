@@ -32,11 +32,17 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.errors import ServiceError
+from ledger.limits import LedgerSettings, default_limits, env_name
 
 KEY_PREFIX = "sk"
 _SALT = "specialists.api-key.v1"
-_KEY_RE = re.compile(r"^sk_(live|test)_([0-9a-f]{8})_([A-Za-z0-9_\-]+\.[A-Za-z0-9_\-]+)$")
+SECRET_ID_CHARS = 8  # hex characters of a secret's digest that name it in the key
+_KEY_RE = re.compile(
+    rf"^sk_(live|test)_([0-9a-f]{{{SECRET_ID_CHARS}}})_([A-Za-z0-9_\-]+\.[A-Za-z0-9_\-]+)$"
+)
 MAX_KEY_CHARS = 1024
+MAX_LABEL_CHARS = 200  # the CHECK on api_keys.label (migration 0001)
+MAX_CACHED_KEYS = 100_000  # key statuses one verifier keeps; past it the cache starts again
 CUSTOMER_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 TIER_RE = re.compile(r"^[a-z0-9_-]{1,32}$")
 
@@ -94,7 +100,7 @@ class IssuedKey:
 
 
 def _secret_id(secret: str) -> str:
-    return hashlib.sha256(("specialists-key-secret-id:" + secret).encode()).hexdigest()[:8]
+    return hashlib.sha256(("specialists-key-secret-id:" + secret).encode()).hexdigest()[:SECRET_ID_CHARS]
 
 
 class KeySigner:
@@ -187,8 +193,8 @@ def issue_key(
     """Create a key row and return the signed token. The token is not stored anywhere."""
     if not TIER_RE.match(tier):
         raise ServiceError(f"tier {tier!r} is not valid: use 1-32 of a-z, 0-9, '_', '-'", code="tier_invalid")
-    if len(label) > 200:
-        raise ServiceError("a key label has at most 200 characters", code="label_too_long")
+    if len(label) > MAX_LABEL_CHARS:
+        raise ServiceError(f"a key label has at most {MAX_LABEL_CHARS} characters", code="label_too_long")
     issued_at = (now or datetime.now(timezone.utc)).replace(microsecond=0)
     identity = KeyIdentity(
         key_id=new_key_id(),
@@ -219,17 +225,31 @@ def issue_key(
     return IssuedKey(identity=identity, token=token)
 
 
-def revoke_key(engine: Engine, key_id: str, *, reason: str, operator: str) -> bool:
-    """Revoke a key. Returns False when it was already revoked; raises when there is no such key."""
-    if not reason.strip():
+def revoke_key(
+    engine: Engine, key_id: str, *, reason: str, operator: str, limits: LedgerSettings | None = None
+) -> bool:
+    """Revoke a key. Returns False when it was already revoked; raises when there is no such key.
+
+    The reason is refused over ``max_reason_chars`` (SPECIALISTS_LEDGER_MAX_REASON_CHARS), like every
+    reason the ledger keeps.
+    """
+    reason = reason.strip()
+    if not reason:
         raise ServiceError("a revocation needs a reason (--reason)", code="reason_required")
+    max_chars = (limits or default_limits()).max_reason_chars
+    if len(reason) > max_chars:
+        raise ServiceError(
+            f"the reason has {len(reason)} characters; at most {max_chars} are accepted "
+            f"({env_name('max_reason_chars')})",
+            code="reason_too_long",
+        )
     with engine.begin() as conn:
         row = conn.execute(
             text(
                 "UPDATE api_keys SET revoked_at = now(), revoked_reason = :r, revoked_by = :o "
                 "WHERE key_id = :k AND revoked_at IS NULL RETURNING key_id"
             ),
-            {"k": key_id, "r": reason.strip()[:500], "o": operator},
+            {"k": key_id, "r": reason, "o": operator},
         ).first()
         if row:
             return True
@@ -272,7 +292,7 @@ class KeyVerifier:
         self.revocation_cache_s = revocation_cache_s
         self._cache: dict[str, _Status] = {}
         self._lock = threading.Lock()
-        self._max_cache_entries = 100_000
+        self._max_cache_entries = MAX_CACHED_KEYS
 
     def verify(self, key: str, *, now: datetime | None = None) -> KeyIdentity:
         identity = self.signer.check(key, now=now)
@@ -312,7 +332,7 @@ class AsyncKeyVerifier:
         self.engine = engine
         self.revocation_cache_s = revocation_cache_s
         self._cache: dict[str, _Status] = {}
-        self._max_cache_entries = 100_000
+        self._max_cache_entries = MAX_CACHED_KEYS
 
     async def verify(self, key: str, *, now: datetime | None = None) -> KeyIdentity:
         identity = self.signer.check(key, now=now)

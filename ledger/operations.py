@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import Connection
 
 from ledger import statements as st
-from ledger.limits import LedgerLimits, default_limits
+from ledger.limits import LedgerSettings, default_limits
 from ledger.results import AdjustResult, ExpiredLot, GrantResult, ReserveResult, ResolveResult, UnknownResult
 
 
@@ -36,7 +36,7 @@ def grant(
     idempotency_key: str | None = None,
     reason: str = "",
     now: datetime | None = None,
-    limits: LedgerLimits | None = None,
+    limits: LedgerSettings | None = None,
 ) -> GrantResult:
     """Grant a lot of ``credits`` (its own expiry and priority) and skill entitlements.
 
@@ -71,7 +71,7 @@ def reserve(
     credits: int,
     *,
     now: datetime | None = None,
-    limits: LedgerLimits | None = None,
+    limits: LedgerSettings | None = None,
 ) -> ReserveResult:
     """Hold ``credits`` for ``job_id``. Refusals are outcomes, not exceptions.
 
@@ -89,7 +89,7 @@ def settle(
     reason: str = "",
     *,
     now: datetime | None = None,
-    limits: LedgerLimits | None = None,
+    limits: LedgerSettings | None = None,
 ) -> ResolveResult:
     """Charge ``charged`` (0 <= charged <= reserved) and release the rest, once.
 
@@ -101,7 +101,7 @@ def settle(
 
 
 def void(
-    conn: Connection, job_id: str, reason: str = "", *, now: datetime | None = None, limits: LedgerLimits | None = None
+    conn: Connection, job_id: str, reason: str = "", *, now: datetime | None = None, limits: LedgerSettings | None = None
 ) -> ResolveResult:
     """Release the whole reservation: a settlement that charges nothing."""
     return settle(conn, job_id, 0, reason, now=now, limits=limits)
@@ -114,7 +114,7 @@ def mark_unknown(
     operator: str,
     *,
     now: datetime | None = None,
-    limits: LedgerLimits | None = None,
+    limits: LedgerSettings | None = None,
 ) -> UnknownResult:
     """Record that the job's outcome cannot be established. It keeps its hold and its slot.
 
@@ -132,7 +132,7 @@ def reconcile(
     operator: str,
     *,
     now: datetime | None = None,
-    limits: LedgerLimits | None = None,
+    limits: LedgerSettings | None = None,
 ) -> ResolveResult:
     """Resolve an unknown reservation once, with an audit record (operator, time, reason, charge).
 
@@ -143,7 +143,7 @@ def reconcile(
 
 
 def expire(
-    conn: Connection, *, now: datetime | None = None, max_lots: int | None = None, limits: LedgerLimits | None = None
+    conn: Connection, *, now: datetime | None = None, max_lots: int | None = None, limits: LedgerSettings | None = None
 ) -> list[ExpiredLot]:
     """Move the unreserved remainder of expired lots to breakage; return what moved."""
     params = st.expire_params(now=now, max_lots=max_lots, limits=limits or default_limits())
@@ -158,7 +158,7 @@ def adjust(
     operator: str,
     *,
     now: datetime | None = None,
-    limits: LedgerLimits | None = None,
+    limits: LedgerSettings | None = None,
 ) -> AdjustResult:
     """An operator correction: + adds a non-expiring lot, - removes available credits (never below zero)."""
     params = st.adjust_params(customer_id, credits, reason, operator, now=now, limits=limits or default_limits())

@@ -20,7 +20,7 @@ from sqlalchemy import Engine
 
 from ledger import reads
 from ledger import statements as st
-from ledger.limits import LedgerLimits, default_limits
+from ledger.limits import LedgerSettings, default_limits
 from ledger.results import (
     AdjustResult,
     ExpiredLot,
@@ -34,7 +34,7 @@ from ledger.verify import AccountTotal, totals, verify
 
 
 class Ledger:
-    def __init__(self, engine: Engine, limits: LedgerLimits | None = None) -> None:
+    def __init__(self, engine: Engine, limits: LedgerSettings | None = None) -> None:
         self.engine = engine
         self.limits = limits or default_limits()
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")

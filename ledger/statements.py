@@ -23,7 +23,7 @@ from typing import Any
 
 from ledger import keys
 from ledger.errors import AdjustRefused, GrantRefused, LedgerInputInvalid, ResolutionRefused
-from ledger.limits import SCHEMA_MAX_PRIORITY, LedgerLimits, env_name
+from ledger.limits import SCHEMA_MAX_ID_CHARS, SCHEMA_MAX_PARALLEL, SCHEMA_MAX_PRIORITY, LedgerSettings, env_name
 from ledger.results import (
     AdjustResult,
     ExpiredLot,
@@ -83,7 +83,7 @@ def _customer(customer_id: str) -> str:
     return customer_id
 
 
-def _credits(value: int, what: str, limits: LedgerLimits, *, minimum: int = 1) -> int:
+def _credits(value: int, what: str, limits: LedgerSettings, *, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise _invalid(f"{what} must be a whole number of credits, got {value!r}")
     ceiling = limits.max_credits_per_operation
@@ -109,7 +109,7 @@ def _skill(skill: str) -> str:
     return skill
 
 
-def _reason(reason: str, limits: LedgerLimits, *, required: bool) -> str:
+def _reason(reason: str, limits: LedgerSettings, *, required: bool) -> str:
     if not isinstance(reason, str):
         raise _invalid(f"reason must be text, got {reason!r}")
     reason = reason.strip()
@@ -124,8 +124,15 @@ def _reason(reason: str, limits: LedgerLimits, *, required: bool) -> str:
 
 
 def _operator(operator: str) -> str:
-    if not isinstance(operator, str) or not operator.strip() or _CONTROL_RE.search(operator) or len(operator) > 200:
-        raise _invalid(f"operator must be 1-200 characters naming who acts (--operator), got {operator!r}")
+    if (
+        not isinstance(operator, str)
+        or not operator.strip()
+        or _CONTROL_RE.search(operator)
+        or len(operator) > SCHEMA_MAX_ID_CHARS
+    ):
+        raise _invalid(
+            f"operator must be 1-{SCHEMA_MAX_ID_CHARS} characters naming who acts (--operator), got {operator!r}"
+        )
     return operator.strip()
 
 
@@ -135,7 +142,7 @@ def _aware(value: datetime | None, what: str) -> datetime | None:
     return value
 
 
-def _priority(priority: int | None, limits: LedgerLimits) -> int:
+def _priority(priority: int | None, limits: LedgerSettings) -> int:
     if priority is None:
         return limits.default_priority
     if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= SCHEMA_MAX_PRIORITY:
@@ -160,7 +167,7 @@ def grant_params(
     operator: str,
     reason: str,
     now: datetime | None,
-    limits: LedgerLimits,
+    limits: LedgerSettings,
 ) -> dict[str, Any]:
     _customer(customer_id)
     _credits(credits, "credits", limits, minimum=0)
@@ -182,9 +189,9 @@ def grant_params(
     if expires_in is not None and (not isinstance(expires_in, timedelta) or expires_in <= timedelta(0)):
         raise _invalid(f"expires_in must be a positive duration, got {expires_in!r}")
     if max_parallel is not None and (
-        isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or not 0 <= max_parallel <= 100_000
+        isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or not 0 <= max_parallel <= SCHEMA_MAX_PARALLEL
     ):
-        raise _invalid(f"max_parallel must be a whole number from 0 to 100000, got {max_parallel!r}")
+        raise _invalid(f"max_parallel must be a whole number from 0 to {SCHEMA_MAX_PARALLEL}, got {max_parallel!r}")
     resolved_priority = _priority(priority, limits)
     if idempotency_key is not None:
         _identifier(idempotency_key, "idempotency key", limits.max_idempotency_key_chars, "max_idempotency_key_chars")
@@ -226,7 +233,7 @@ def grant_params(
 
 
 def reserve_params(
-    customer_id: str, job_id: str, fingerprint: str, skill: str, credits: int, *, now: datetime | None, limits: LedgerLimits
+    customer_id: str, job_id: str, fingerprint: str, skill: str, credits: int, *, now: datetime | None, limits: LedgerSettings
 ) -> dict[str, Any]:
     return {
         "customer_id": _customer(customer_id),
@@ -238,7 +245,7 @@ def reserve_params(
     }
 
 
-def settle_params(job_id: str, charged: int, reason: str, *, now: datetime | None, limits: LedgerLimits) -> dict[str, Any]:
+def settle_params(job_id: str, charged: int, reason: str, *, now: datetime | None, limits: LedgerSettings) -> dict[str, Any]:
     return {
         "job_id": _identifier(job_id, "job id", limits.max_job_id_chars, "max_job_id_chars"),
         "charged": _credits(charged, "charged", limits, minimum=0),
@@ -248,7 +255,7 @@ def settle_params(job_id: str, charged: int, reason: str, *, now: datetime | Non
 
 
 def mark_unknown_params(
-    job_id: str, reason: str, operator: str, *, now: datetime | None, limits: LedgerLimits
+    job_id: str, reason: str, operator: str, *, now: datetime | None, limits: LedgerSettings
 ) -> dict[str, Any]:
     return {
         "job_id": _identifier(job_id, "job id", limits.max_job_id_chars, "max_job_id_chars"),
@@ -259,7 +266,7 @@ def mark_unknown_params(
 
 
 def reconcile_params(
-    job_id: str, charged: int, reason: str, operator: str, *, now: datetime | None, limits: LedgerLimits
+    job_id: str, charged: int, reason: str, operator: str, *, now: datetime | None, limits: LedgerSettings
 ) -> dict[str, Any]:
     return {
         "job_id": _identifier(job_id, "job id", limits.max_job_id_chars, "max_job_id_chars"),
@@ -270,7 +277,7 @@ def reconcile_params(
     }
 
 
-def expire_params(*, now: datetime | None, max_lots: int | None, limits: LedgerLimits) -> dict[str, Any]:
+def expire_params(*, now: datetime | None, max_lots: int | None, limits: LedgerSettings) -> dict[str, Any]:
     ceiling = limits.max_expire_lots_per_call
     if max_lots is None:
         max_lots = ceiling
@@ -280,7 +287,7 @@ def expire_params(*, now: datetime | None, max_lots: int | None, limits: LedgerL
 
 
 def adjust_params(
-    customer_id: str, credits: int, reason: str, operator: str, *, now: datetime | None, limits: LedgerLimits
+    customer_id: str, credits: int, reason: str, operator: str, *, now: datetime | None, limits: LedgerSettings
 ) -> dict[str, Any]:
     if isinstance(credits, bool) or not isinstance(credits, int) or credits == 0:
         raise _invalid(f"an adjustment is a non-zero whole number of credits (+ adds, - removes), got {credits!r}")

@@ -23,7 +23,7 @@ from sqlalchemy import Engine
 
 from core import db
 from core.errors import ServiceError
-from core.settings import Settings
+from core.settings import Settings, describe_invalid
 from core.specs import SpecInvalid
 from ledger import keys
 from specialists import local_secrets, output
@@ -56,7 +56,7 @@ class Ctx:
 
     def signer(self) -> keys.KeySigner:
         return keys.KeySigner(
-            [s.get_secret_value() for s in self.settings.key_signing_secrets], self.settings.key_environment
+            [s.get_secret_value() for s in self.settings.keys.signing_secrets], self.settings.keys.environment
         )
 
 
@@ -101,7 +101,7 @@ _KEY_COLUMNS = ["key_id", "customer_id", "environment", "tier", "label", "issued
 
 
 def cmd_keys_issue(ctx: Ctx, args: argparse.Namespace) -> int:
-    ttl_days = args.ttl_days if args.ttl_days is not None else ctx.settings.key_default_ttl_days
+    ttl_days = args.ttl_days if args.ttl_days is not None else ctx.settings.keys.default_ttl_days
     if not 1 <= ttl_days <= 3650:
         return fail("ttl_invalid", "--ttl-days must be between 1 and 3650", as_json=ctx.as_json)
     issued = keys.issue_key(
@@ -137,13 +137,15 @@ def cmd_keys_list(ctx: Ctx, args: argparse.Namespace) -> int:
 
 
 def cmd_keys_revoke(ctx: Ctx, args: argparse.Namespace) -> int:
-    changed = keys.revoke_key(ctx.engine_at_head(), args.key_id, reason=args.reason, operator=ctx.operator)
+    changed = keys.revoke_key(
+        ctx.engine_at_head(), args.key_id, reason=args.reason, operator=ctx.operator, limits=ctx.settings.ledger
+    )
     emit(
         {
             "key_id": args.key_id,
             "revoked": True,
             "already_revoked": not changed,
-            "effective_within_s": ctx.settings.revocation_cache_s,
+            "effective_within_s": ctx.settings.keys.revocation_cache_s,
         },
         as_json=ctx.as_json,
         title="key revoked" if changed else "key was already revoked",
@@ -216,7 +218,7 @@ def _child_env(settings: Settings, url: str, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["DATABASE_URL"] = url
     for name, variable in local_secrets.GENERATED.items():
-        value = getattr(settings, name)
+        value = local_secrets.current(settings, name)
         values = [secret.get_secret_value() for secret in (value if isinstance(value, list) else [value] if value else [])]
         if values:
             env[variable] = ",".join(values)
@@ -264,6 +266,12 @@ def _stop_children(children: list[subprocess.Popen], wait_s: float) -> None:
             child.wait()
 
 
+def _assign(settings: Settings, section: str, name: str, value: object) -> None:
+    """Set one field of a section, validated as its environment variable would be."""
+    part = getattr(settings, section)
+    part.__pydantic_validator__.validate_assignment(part, name, value)
+
+
 def _config_problem(problem: ServiceError, as_json: bool) -> int:
     return fail(problem.code, problem.message, as_json=as_json, exit_code=EXIT_CONFIG)
 
@@ -274,54 +282,54 @@ def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
     from workers.dispatch.process import DispatcherNotConfigured, check_dispatcher_settings
     from workers.service import WorkerNotConfigured, check_worker_settings
 
-    settings = ctx.settings.model_copy()
-    for name, value in (("edge_host", args.host), ("edge_port", args.port), ("worker_port", args.worker_port)):
+    settings = ctx.settings.model_copy(deep=True)
+    for section, name, value in (("edge", "host", args.host), ("edge", "port", args.port), ("worker", "port", args.worker_port)):
         if value is not None:  # validated like the environment variable would be
-            settings.__pydantic_validator__.validate_assignment(settings, name, value)
+            _assign(settings, section, name, value)
     child_settings: dict[str, str] = {}
-    if settings.embedded:
+    if settings.database.embedded:
         # The children get the embedded database's URL (DATABASE_URL), but they run on this one machine too.
         child_settings["SPECIALISTS_MODEL_ROUTES_ALLOW_SCRIPTED"] = "true"
-    if settings.serve_worker and settings.dispatch_backend == "embedded":
+    if settings.serve.worker and settings.dispatch.backend == "embedded":
         # One machine: its own dispatcher sends no OIDC token; the signed body is the worker's check.
-        settings.__pydantic_validator__.validate_assignment(settings, "worker_oidc_verify", False)
+        _assign(settings, "worker", "oidc_verify", False)
         child_settings["SPECIALISTS_WORKER_OIDC_VERIFY"] = "false"
     try:
         needed = ["key_signing_secrets"]
-        if settings.serve_worker or settings.serve_dispatcher:
+        if settings.serve.worker or settings.serve.dispatcher:
             needed.append("worker_job_secrets")
         local_secrets.require(settings, needed)
-        if settings.serve_worker:
+        if settings.serve.worker:
             check_worker_settings(settings)
-        if settings.serve_dispatcher:
+        if settings.serve.dispatcher:
             check_dispatcher_settings(settings)
     except (local_secrets.SecretMissing, WorkerNotConfigured, DispatcherNotConfigured) as problem:
         return _config_problem(problem, ctx.as_json)
-    if settings.embedded:
+    if settings.database.embedded:
         # The embedded database belongs to this machine's service: bring it to head.
         db.upgrade(ctx.url)
     db.require_schema_at_head(ctx.engine)
     from app.server import serve  # the web stack loads only for this command
     from core.specs import load_specs
 
-    specs = load_specs(settings.specs_dir)  # an invalid spec stops here, naming the file and field
+    specs = load_specs(settings.hosted.specs_dir)  # an invalid spec stops here, naming the file and field
     from workers.specialist.service import check_readiness
 
     # A route whose key is missing is reported now (and by the worker's /readyz), not by a customer's task.
-    not_ready = check_readiness(settings) if settings.serve_worker else []
-    worker_url = f"http://{settings.worker_host}:{settings.worker_port}"
-    dispatch_to = f"{worker_url}/jobs" if settings.serve_worker else settings.dispatch_worker_url
+    not_ready = check_readiness(settings) if settings.serve.worker else []
+    worker_url = f"http://{settings.worker.host}:{settings.worker.port}"
+    dispatch_to = f"{worker_url}/jobs" if settings.serve.worker else settings.dispatch.worker_url
     emit(
         {
             "database": db.redact_url(ctx.url),
-            "embedded": settings.embedded,
+            "embedded": settings.database.embedded,
             "schema": db.current_revision(ctx.engine),
             "specialists": ", ".join(sorted(specs)),
             "not ready": "; ".join(f"{p.specialist_id}: {p.message}" for p in not_ready) if not_ready else "none",
-            "url": settings.public_url,
-            "worker": worker_url if settings.serve_worker else "not started here (SPECIALISTS_SERVE_WORKER)",
-            "dispatcher": f"{settings.dispatch_backend} to {dispatch_to}"
-            if settings.serve_dispatcher
+            "url": settings.edge.url,
+            "worker": worker_url if settings.serve.worker else "not started here (SPECIALISTS_SERVE_WORKER)",
+            "dispatcher": f"{settings.dispatch.backend} to {dispatch_to}"
+            if settings.serve.dispatcher
             else "not started here (SPECIALISTS_SERVE_DISPATCHER)",
             "local secrets": ", ".join(ctx.generated_secrets) + f" generated into {local_secrets.secrets_path(settings)}"
             if ctx.generated_secrets
@@ -334,14 +342,14 @@ def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
     stopping = _Stopping()
     children: list[subprocess.Popen] = []
     try:
-        if settings.serve_worker:
+        if settings.serve.worker:
             worker = _start_child(
-                ["worker", "--host", settings.worker_host, "--port", str(settings.worker_port)],
+                ["worker", "--host", settings.worker.host, "--port", str(settings.worker.port)],
                 _child_env(settings, ctx.url, **child_settings),
             )
             children.append(worker)
             _wait_for_worker(worker, f"{worker_url}/healthz", stopping)
-        if settings.serve_dispatcher:
+        if settings.serve.dispatcher:
             children.append(
                 _start_child(["dispatcher"], _child_env(settings, ctx.url, SPECIALISTS_DISPATCH_WORKER_URL=dispatch_to))
             )
@@ -350,31 +358,31 @@ def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
     except _ChildFailed as problem:
         return fail(problem.code, problem.message, as_json=ctx.as_json)
     finally:
-        _stop_children(children, settings.worker_drain_s + CHILD_STOP_MARGIN_S)
+        _stop_children(children, settings.worker.drain_s + CHILD_STOP_MARGIN_S)
     return EXIT_OK
 
 
 def _configure_logging(settings: Settings) -> None:
     from app.observability import configure_logging
 
-    configure_logging(settings.log_level)
+    configure_logging(settings.log.level)
 
 
 def cmd_worker(ctx: Ctx, args: argparse.Namespace) -> int:
     """Serve the private worker endpoint (POST /jobs) until stopped."""
     from workers.service import WorkerNotConfigured, run_worker
 
-    settings = ctx.settings.model_copy()
-    for name, value in (("worker_host", args.host), ("worker_port", args.port)):
+    settings = ctx.settings.model_copy(deep=True)
+    for name, value in (("host", args.host), ("port", args.port)):
         if value is not None:
-            settings.__pydantic_validator__.validate_assignment(settings, name, value)
+            _assign(settings, "worker", name, value)
     _configure_logging(settings)
     # uvicorn re-raises the signal it stopped on once it has stopped; with these handlers that ends here
     # (exit 0) instead of in a KeyboardInterrupt traceback or a kill by the default SIGTERM action.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: None)
     try:
-        run_worker(settings, host=settings.worker_host, port=settings.worker_port, database_url=ctx.url)
+        run_worker(settings, host=settings.worker.host, port=settings.worker.port, database_url=ctx.url)
     except WorkerNotConfigured as problem:
         return _config_problem(problem, ctx.as_json)
     return EXIT_OK
@@ -472,10 +480,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = _load_settings()
     except ValidationError as invalid:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in invalid.errors(include_input=False)
-        )
-        return fail("settings_invalid", f"invalid settings: {problems}", as_json=as_json, exit_code=EXIT_CONFIG)
+        return fail("settings_invalid", f"invalid settings: {describe_invalid(invalid)}", as_json=as_json,
+                    exit_code=EXIT_CONFIG)
     try:
         # One machine: secrets `serve` generated into the data dir (only `serve` generates them).
         settings, generated = local_secrets.with_local_secrets(settings, generate=args.func is cmd_serve)
@@ -485,8 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(ctx, args)
     except ValidationError as invalid:  # e.g. serve --port 0
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in invalid.errors(include_input=False))
-        return fail("settings_invalid", f"invalid settings: {problems}", as_json=as_json, exit_code=EXIT_CONFIG)
+        return fail("settings_invalid", f"invalid settings: {describe_invalid(invalid)}", as_json=as_json,
+                    exit_code=EXIT_CONFIG)
     except (db.SchemaNotAtHead, db.DatabaseUnavailable) as problem:
         return fail(problem.code, problem.message, as_json=as_json, exit_code=EXIT_DATABASE)
     except SpecInvalid as invalid_spec:

@@ -15,35 +15,22 @@ from datetime import datetime, timedelta, timezone
 from functools import wraps
 from typing import Any
 
-from pydantic import ValidationError
 
 from ledger.errors import LedgerInputInvalid
-from ledger.limits import LedgerLimits
 from ledger.service import Ledger
 from specialists import output
-from specialists.output import EXIT_CONFIG, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit, fail, say
+from specialists.output import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit, fail, say
 
 Handler = Callable[[Any, argparse.Namespace], int]
 
 
-class _ConfigProblem(Exception):
-    pass
-
-
 def _ledger(ctx) -> Ledger:
-    try:
-        limits = LedgerLimits()
-    except ValidationError as invalid:
-        problems = "; ".join(
-            f"SPECIALISTS_LEDGER_{'.'.join(str(p) for p in e['loc']).upper()}: {e['msg']}"
-            for e in invalid.errors(include_input=False)
-        )
-        raise _ConfigProblem(f"invalid ledger settings: {problems}") from None
-    return Ledger(ctx.engine_at_head(), limits)
+    # Invalid ledger settings stopped the command before it got here (exit 3, naming the variable).
+    return Ledger(ctx.engine_at_head(), ctx.settings.ledger)
 
 
 def _handler(func: Handler) -> Handler:
-    """Bad input is a usage error (exit 2); invalid ledger settings are a configuration error (exit 3)."""
+    """Bad input is a usage error (exit 2)."""
 
     @wraps(func)
     def run(ctx, args: argparse.Namespace) -> int:
@@ -51,8 +38,6 @@ def _handler(func: Handler) -> Handler:
             return func(ctx, args)
         except LedgerInputInvalid as invalid:
             return fail(invalid.code, invalid.message, as_json=ctx.as_json, exit_code=EXIT_USAGE)
-        except _ConfigProblem as problem:
-            return fail("settings_invalid", str(problem), as_json=ctx.as_json, exit_code=EXIT_CONFIG)
 
     return run
 

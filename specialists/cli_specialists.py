@@ -35,6 +35,7 @@ DEMO_RULE = (
 KNOWN_DEFECT = "shop/customers.py"
 DEMO_SPECIALIST = "reviewer"
 DEMO_CREDITS = 100
+DEMO_CUSTOMER_SUFFIX_CHARS = 8  # random hex characters that make each demo customer new
 # Beyond the reviewer's own deadline: time for a worker to take the task and for the settlement.
 DEMO_MARGIN_S = 60.0
 
@@ -90,9 +91,9 @@ def _route_kind(settings: Any) -> tuple[str, float]:
     from core.specs import load_specs
     from workers.specialist.routes import ModelRoutes, RouteNotReady
 
-    spec = load_specs(settings.specs_dir)[DEMO_SPECIALIST].spec
+    spec = load_specs(settings.hosted.specs_dir)[DEMO_SPECIALIST].spec
     try:
-        route = ModelRoutes.load(settings.model_routes_file).get(spec.model_route or "")
+        route = ModelRoutes.load(settings.hosted.model_routes_file).get(spec.model_route or "")
     except RouteNotReady:
         return "missing", spec.limits.deadline_s
     return route.kind, spec.limits.deadline_s
@@ -145,16 +146,16 @@ def cmd_demo(ctx: Any, args: argparse.Namespace) -> int:
     from ledger.service import Ledger
 
     settings = ctx.settings
-    base_url = (args.url or settings.public_url).rstrip("/")
+    base_url = (args.url or settings.edge.url).rstrip("/")
     engine = ctx.engine_at_head()
-    signer = keys.KeySigner([s.get_secret_value() for s in settings.key_signing_secrets], settings.key_environment)
-    if not settings.key_signing_secrets:
+    signer = keys.KeySigner([s.get_secret_value() for s in settings.keys.signing_secrets], settings.keys.environment)
+    if not settings.keys.signing_secrets:
         return fail("secret_missing", "SPECIALISTS_KEY_SIGNING_SECRETS is not set; on one machine run "
                     "`specialists serve` first (it generates it)", as_json=ctx.as_json, exit_code=EXIT_CONFIG)
     route, deadline_s = _route_kind(settings)
     timeout_s = args.timeout_s if args.timeout_s is not None else deadline_s + DEMO_MARGIN_S
     _progress(f"the reviewer's model route is {route}" + (" (no model: a scripted replay)" if route == "scripted" else ""))
-    customer = f"demo-{uuid.uuid4().hex[:8]}"
+    customer = f"demo-{uuid.uuid4().hex[:DEMO_CUSTOMER_SUFFIX_CHARS]}"
     issued = keys.issue_key(engine, signer, customer_id=customer, ttl=timedelta(days=1), label="specialists demo")
     _progress(f"issued a demo key for customer {customer}")
     ledger = Ledger(engine)

@@ -20,15 +20,17 @@ from pathlib import Path
 from pydantic import SecretStr
 
 from core.errors import ServiceError
-from core.settings import Settings
+from core.settings import SECTIONS, Settings
 
 FILE_NAME = "local-secrets.json"
-# The settings this file may fill, and the environment variable that sets each one.
-GENERATED = {
-    "key_signing_secrets": "SPECIALISTS_KEY_SIGNING_SECRETS",
-    "worker_job_secrets": "SPECIALISTS_WORKER_JOB_SECRETS",
-    "specialist_checkpoint_key": "SPECIALISTS_SPECIALIST_CHECKPOINT_KEY",
+# The settings this file may fill, by the name the file keeps them under, and their (section, field).
+PLACES = {
+    "key_signing_secrets": ("keys", "signing_secrets"),
+    "worker_job_secrets": ("worker", "job_secrets"),
+    "specialist_checkpoint_key": ("hosted", "checkpoint_key"),
 }
+# The environment variable that sets each one.
+GENERATED = {name: SECTIONS[section].env_name(field) for name, (section, field) in PLACES.items()}
 # Settings that hold a list of secrets (newest first); the others hold one.
 LISTS = frozenset({"key_signing_secrets", "worker_job_secrets"})
 
@@ -37,8 +39,14 @@ class SecretMissing(ServiceError):
     code = "secret_missing"
 
 
+def current(settings: Settings, name: str) -> object:
+    """The value the settings hold for one of the secrets this file may fill."""
+    section, field = PLACES[name]
+    return getattr(getattr(settings, section), field)
+
+
 def secrets_path(settings: Settings) -> Path:
-    return settings.data_dir / FILE_NAME
+    return settings.database.data_dir / FILE_NAME
 
 
 def _read(path: Path) -> dict[str, str]:
@@ -65,9 +73,9 @@ def with_local_secrets(settings: Settings, *, generate: bool) -> tuple[Settings,
 
     Returns the settings and the names of the settings that were generated now.
     """
-    if not settings.embedded:
+    if not settings.database.embedded:
         return settings, []
-    missing = [name for name in GENERATED if not getattr(settings, name)]
+    missing = [name for name in GENERATED if not current(settings, name)]
     if not missing:
         return settings, []
     path = secrets_path(settings)
@@ -78,20 +86,22 @@ def with_local_secrets(settings: Settings, *, generate: bool) -> tuple[Settings,
         _write(path, stored)
     else:
         generated = []
-    update = {
-        name: [SecretStr(stored[name])] if name in LISTS else SecretStr(stored[name])
-        for name in missing if name in stored
-    }
-    return settings.model_copy(update=update), generated
+    update: dict[str, dict[str, object]] = {}
+    for name in missing:
+        if name in stored:
+            section, field = PLACES[name]
+            update.setdefault(section, {})[field] = [SecretStr(stored[name])] if name in LISTS else SecretStr(stored[name])
+    sections = {section: getattr(settings, section).model_copy(update=fields) for section, fields in update.items()}
+    return settings.model_copy(update=sections), generated
 
 
 def require(settings: Settings, names: list[str]) -> None:
     """Stop start-up when a secret that the started parts need is missing, naming its setting."""
     for name in names:
-        if not getattr(settings, name):
+        if not current(settings, name):
             how = (
                 "set it in the environment (with DATABASE_URL set, secrets are never generated)"
-                if not settings.embedded
+                if not settings.database.embedded
                 else f"set it, or run `specialists serve` once to generate it into {secrets_path(settings)}"
             )
             raise SecretMissing(f"{GENERATED[name]} is not set; {how}")

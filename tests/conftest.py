@@ -121,14 +121,14 @@ def database_url(server_url: str) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def settings(database_url: str) -> Settings:
-    return Settings(database_url=database_url, key_signing_secrets=[TEST_SECRET])
+    return Settings(database={"url": database_url}, keys={"signing_secrets": [TEST_SECRET]})
 
 
 @pytest.fixture(scope="session")
 def engine(database_url: str, settings: Settings) -> Iterator[Engine]:
     # A small pool with a large overflow: 64-thread races get their connections, and the extra ones are
     # closed when returned instead of idling against the server's 100-connection limit.
-    eng = db.make_engine(database_url, settings.model_copy(update={"db_pool_size": 4, "db_max_overflow": 76}))
+    eng = db.make_engine(database_url, settings.model_copy(update={"database": settings.database.model_copy(update={"pool_size": 4, "max_overflow": 76})}))
     yield eng
     eng.dispose()
 

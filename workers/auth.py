@@ -41,6 +41,8 @@ from core.settings import Settings
 _SALT = "specialists.worker-job.v1"
 BODY_VERSION = "v1"
 MAX_PAYLOAD_KEYS = 64
+SECRET_ID_CHARS = 8  # hex characters of a secret's digest that name it in a signed body
+SHOWN_VERSION_CHARS = 16  # of an unknown body version, quoted in the refusal
 
 
 class WorkerAuthRefused(ServiceError):
@@ -101,7 +103,7 @@ class VerifiedJob:
 
 
 def _secret_id(secret: str) -> str:
-    return hashlib.sha256(("specialists-worker-secret-id:" + secret).encode()).hexdigest()[:8]
+    return hashlib.sha256(("specialists-worker-secret-id:" + secret).encode()).hexdigest()[:SECRET_ID_CHARS]
 
 
 class JobSigner:
@@ -121,9 +123,9 @@ class JobSigner:
     @classmethod
     def from_settings(cls, settings: Settings) -> "JobSigner":
         return cls(
-            [secret.get_secret_value() for secret in settings.worker_job_secrets],
-            audience=settings.worker_audience,
-            max_age_s=settings.worker_job_max_age_s,
+            [secret.get_secret_value() for secret in settings.worker.job_secrets],
+            audience=settings.worker.audience,
+            max_age_s=settings.worker.job_max_age_s,
         )
 
     def sign(
@@ -148,7 +150,7 @@ class JobSigner:
                 "the job body is not of the form v1.<secret id>.<token>", code=BODY_MALFORMED
             ) from None
         if version != BODY_VERSION:
-            raise WorkerAuthRefused(f"job body version {version[:16]!r} is not {BODY_VERSION}", code=BODY_MALFORMED)
+            raise WorkerAuthRefused(f"job body version {version[:SHOWN_VERSION_CHARS]!r} is not {BODY_VERSION}", code=BODY_MALFORMED)
         serializer = self._serializers.get(secret_id)
         if serializer is None:
             raise WorkerAuthRefused(
@@ -266,11 +268,11 @@ class OidcVerifier:
     @classmethod
     def from_settings(cls, settings: Settings, fetch_certs: CertsFetcher | None = None) -> "OidcVerifier":
         return cls(
-            audience=settings.worker_audience,
-            service_account_email=settings.dispatch_service_account,
-            certs_url=settings.worker_oidc_certs_url,
-            certs_cache_s=settings.worker_oidc_certs_cache_s,
-            clock_skew_s=settings.worker_oidc_clock_skew_s,
+            audience=settings.worker.audience,
+            service_account_email=settings.dispatch.service_account,
+            certs_url=settings.worker.oidc_certs_url,
+            certs_cache_s=settings.worker.oidc_certs_cache_s,
+            clock_skew_s=settings.worker.oidc_clock_skew_s,
             fetch_certs=fetch_certs,
         )
 

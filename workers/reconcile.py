@@ -29,7 +29,7 @@ from sqlalchemy import Connection, Engine, text
 
 from core.errors import ServiceError
 from ledger import operations
-from ledger.limits import LedgerLimits
+from ledger.limits import LedgerSettings
 from ledger.results import ResolveResult
 from taskstate import admitted, charge, claims, outbox
 from taskstate.updates import TaskEvents
@@ -68,7 +68,7 @@ def reconcile(
     state: str | None,
     reason: str,
     operator: str,
-    limits: LedgerLimits | None = None,
+    limits: LedgerSettings | None = None,
 ) -> Reconciled:
     if state is not None and state not in RECONCILE_STATES:
         raise ReconcileRefused(f"--state must be one of {', '.join(RECONCILE_STATES)}", code="state_invalid")
@@ -90,7 +90,7 @@ def _reconcile(
     state: str | None,
     reason: str,
     operator: str,
-    limits: LedgerLimits | None,
+    limits: LedgerSettings | None,
 ) -> Reconciled:
     unknown = claims.unknown_of_task(conn, job_id)
     hold = admitted.hold_of(conn, job_id)

@@ -67,11 +67,11 @@ class WorkerLimits:
     @classmethod
     def from_settings(cls, settings: Settings) -> "WorkerLimits":
         return cls(
-            lease_s=settings.worker_lease_s,
-            heartbeat_s=settings.worker_heartbeat_s,
-            cancel_grace_s=settings.worker_cancel_grace_s,
-            max_concurrent_jobs=settings.worker_max_concurrent_jobs,
-            max_body_bytes=settings.dispatch_max_body_bytes,
+            lease_s=settings.worker.lease_s,
+            heartbeat_s=settings.worker.heartbeat_s,
+            cancel_grace_s=settings.worker.cancel_grace_s,
+            max_concurrent_jobs=settings.worker.max_concurrent_jobs,
+            max_body_bytes=settings.dispatch.max_body_bytes,
         )
 
 

@@ -24,10 +24,12 @@ from core import db
 from core.errors import ServiceError
 from core.settings import Settings
 from core.specs import load_specs
+from ledger.limits import SCHEMA_MAX_ID_CHARS
 from workers.auth import CertsFetcher, JobSigner, OidcVerifier, VerifiedJob
 from workers.conformance import ConformanceExecutor
 from workers.executor_runner import ExecutorRunner
 from workers.finish import ClaimFinisher, Settlement
+from workers.instance import host_name
 from workers.runner import EventSink, Runner, ScriptedRunner, ScriptStep
 from workers.server import WorkerLimits, WorkerService, create_worker_app
 from workers.settlement import TaskSettlement
@@ -45,7 +47,7 @@ class WorkerNotConfigured(ServiceError):
 
 
 def new_worker_id() -> str:
-    return f"{socket.gethostname()[:60]}:{os.getpid()}:{secrets.token_hex(3)}"
+    return f"{host_name()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
 def script_in_message(tasks: TaskEvents) -> Callable[[VerifiedJob], Any]:
@@ -70,10 +72,10 @@ def default_runners(settings: Settings, tasks: TaskEvents, on_step: StepObserver
     scripted = ScriptedRunner(on_step=on_step, script_of=script_in_message(tasks))
     runners: dict[str, Runner] = {
         "scripted": scripted,
-        "conformance": ExecutorRunner(ConformanceExecutor(settings.conformance_hold_working_s), tasks),
+        "conformance": ExecutorRunner(ConformanceExecutor(settings.edge.conformance_hold_working_s), tasks),
     }
     # Every spec of executor "scripted" (the drill specialist) runs the scripted runner under its own id.
-    for specialist_id, loaded in load_specs(settings.specs_dir).items():
+    for specialist_id, loaded in load_specs(settings.hosted.specs_dir).items():
         if loaded.spec.executor == "scripted":
             runners.setdefault(specialist_id, scripted)
     return runners
@@ -96,17 +98,17 @@ def with_specialists(
 
 def check_worker_settings(settings: Settings) -> None:
     """Refuse to start a worker that would refuse every job, or check no token while it should."""
-    if not settings.worker_job_secrets:
+    if not settings.worker.job_secrets:
         raise WorkerNotConfigured(
             "no worker job secret is configured, so this worker would refuse every job; set "
             "SPECIALISTS_WORKER_JOB_SECRETS (the same value as the dispatcher's)"
         )
-    if settings.worker_oidc_verify and not settings.dispatch_service_account:
+    if settings.worker.oidc_verify and not settings.dispatch.service_account:
         raise WorkerNotConfigured(
             "the worker checks OIDC tokens but no account is accepted; set SPECIALISTS_DISPATCH_SERVICE_ACCOUNT, "
             "or on one machine only SPECIALISTS_WORKER_OIDC_VERIFY=false"
         )
-    if not settings.worker_oidc_verify:
+    if not settings.worker.oidc_verify:
         log.warning("OIDC tokens are NOT checked (SPECIALISTS_WORKER_OIDC_VERIFY=false): one-machine mode")
 
 
@@ -124,7 +126,7 @@ def build_worker_service(
     check_worker_settings(settings)
     worker_id = worker_id or new_worker_id()
     tasks = TaskEvents(engine)
-    settlement = settlement or TaskSettlement(tasks, operator=f"worker:{worker_id}"[:200])
+    settlement = settlement or TaskSettlement(tasks, operator=f"worker:{worker_id}"[:SCHEMA_MAX_ID_CHARS])
     problems: list[dict[str, Any]] = []
     if runners is None:
         runners, problems = with_specialists(settings, engine, tasks, default_runners(settings, tasks, on_step))
@@ -133,10 +135,10 @@ def build_worker_service(
         limits=WorkerLimits.from_settings(settings),
         worker_id=worker_id,
         signer=JobSigner.from_settings(settings),
-        oidc=OidcVerifier.from_settings(settings, fetch_certs) if settings.worker_oidc_verify else None,
+        oidc=OidcVerifier.from_settings(settings, fetch_certs) if settings.worker.oidc_verify else None,
         runners=runners,
         finisher=ClaimFinisher(
-            engine, worker_id=worker_id, settlement=settlement, attempts=settings.worker_finish_attempts
+            engine, worker_id=worker_id, settlement=settlement, attempts=settings.worker.finish_attempts
         ),
         settlement=settlement,
         events=events or tasks,
@@ -168,7 +170,7 @@ def run_worker(
             app,
             log_level="warning",
             access_log=False,
-            timeout_graceful_shutdown=max(1, int(settings.worker_drain_s)),
+            timeout_graceful_shutdown=max(1, int(settings.worker.drain_s)),
         )
     )
     if on_listening is not None:

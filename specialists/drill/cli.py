@@ -42,7 +42,7 @@ def _scenarios(requested: list[str] | None) -> list[str]:
 def _drill(deployment: Any, names: list[str], settings: Any) -> list[Any]:
     from specialists.drill.scenarios import Drill, run_scenario
 
-    drill = Drill(deployment, slack_s=settings.drill_slack_s, credits=settings.drill_credits, progress=_progress)
+    drill = Drill(deployment, slack_s=settings.drill.slack_s, credits=settings.drill.credits, progress=_progress)
     _progress(f"drill {drill.run_id}: {len(names)} scenarios against {', '.join(deployment.api_urls)}")
     verdicts = []
     try:
@@ -106,11 +106,11 @@ def cmd_drill(ctx: Any, args: argparse.Namespace) -> int:
     if not urls or not all(url.startswith(("http://", "https://")) for url in urls):
         return fail("drill_target_invalid", f"--target takes one or more comma-separated http(s) URLs, got "
                     f"{args.target!r}", as_json=ctx.as_json, exit_code=2)
-    if settings.embedded:
+    if settings.database.embedded:
         return fail("drill_needs_database", "drill --target needs the deployment's database (it issues drill keys, "
                     "grants their credits and reads the ledger): set DATABASE_URL", as_json=ctx.as_json,
                     exit_code=EXIT_CONFIG)
-    if not settings.key_signing_secrets:
+    if not settings.keys.signing_secrets:
         return fail("drill_needs_signing_secret", "drill --target signs its customers' keys with the deployment's "
                     "secret: set SPECIALISTS_KEY_SIGNING_SECRETS (and SPECIALISTS_KEY_ENVIRONMENT)",
                     as_json=ctx.as_json, exit_code=EXIT_CONFIG)

@@ -24,7 +24,7 @@ from typing import Callable
 import httpx
 from sqlalchemy import Engine
 
-from core.settings import Settings
+from core.settings import DrillSettings, Settings
 from ledger.keys import KeySigner
 from specialists.drill.topology import Bounds, LocalTopology, Process, free_port
 
@@ -181,7 +181,7 @@ class LocalDeployment(Deployment):
 
         with self.engine.connect() as conn:
             row = outbox.row_of_job(conn, job_id)
-        settings = Settings(worker_job_secrets=[self.topology.worker_secret])
+        settings = Settings(worker={"job_secrets": [self.topology.worker_secret]})
         worker = next(w for w in self.topology.worker if w.alive)
         url = self.topology.worker_url(worker)
         body = jobs.build_job(row, JobSigner.from_settings(settings), settings, url).body
@@ -219,24 +219,25 @@ class TargetDeployment(Deployment):
 
     def _hook(self, action: str, **values: str) -> str:
         setting = HOOKS[action]
-        command = getattr(self.settings, setting)
+        field = f"{action}_hook"
+        command = getattr(self.settings.drill, field)
         if not command:
-            raise Unavailable(f"no hook: set SPECIALISTS_{setting.upper()} to a command that does it")
+            raise Unavailable(f"no hook: set {DrillSettings.env_name(field)} to a command that does it")
         env = {**os.environ, **{f"DRILL_{k.upper()}": v for k, v in values.items()},
                "DRILL_API_URLS": ",".join(self.api_urls)}
         self.progress(f"    running {setting}: {command}")
         started = time.monotonic()
         try:
             done = subprocess.run(command, shell=True, env=env, capture_output=True, text=True,
-                                  timeout=self.settings.drill_hook_timeout_s)
+                                  timeout=self.settings.drill.hook_timeout_s)
         except subprocess.TimeoutExpired as exc:
             raise RuntimeError(f"SPECIALISTS_{setting.upper()} did not finish within "
-                               f"{self.settings.drill_hook_timeout_s:g} s (SPECIALISTS_DRILL_HOOK_TIMEOUT_S)") from exc
+                               f"{self.settings.drill.hook_timeout_s:g} s (SPECIALISTS_DRILL_HOOK_TIMEOUT_S)") from exc
         if done.returncode != 0:
             raise RuntimeError(f"SPECIALISTS_{setting.upper()} exited {done.returncode}: "
                                f"{(done.stderr or done.stdout).strip()[-500:]}")
         for url in self.api_urls:
-            wait_ready(url, self.settings.drill_hook_timeout_s)
+            wait_ready(url, self.settings.drill.hook_timeout_s)
         return f"{shlex.split(command)[0]} ({setting}) done in {time.monotonic() - started:.1f} s"
 
     def restart_api(self, index: int) -> str:

@@ -35,6 +35,8 @@ from specialists.drill.deployments import Deployment, Unavailable
 DRILL = "drill"
 REVIEWER = "reviewer"  # the resume drill's rlm specialist
 OPERATOR = "specialists-drill"
+RUN_ID_CHARS = 8  # random hex characters of a drill run id (in customer names and reasons)
+SHOWN_BODY_CHARS = 300  # of an unexpected HTTP answer, quoted in a step's evidence
 Progress = Callable[[str], None]
 VerdictKind = Literal["pass", "fail", "skipped"]
 
@@ -103,7 +105,7 @@ class Drill:
         self.slack_s = slack_s
         self.credits = credits
         self.progress = progress
-        self.run_id = uuid.uuid4().hex[:8]
+        self.run_id = uuid.uuid4().hex[:RUN_ID_CHARS]
         self.customers: list[Customer] = []
         # No keep-alive: the drill restarts the processes it talks to, and a pooled connection an instance
         # closed as it was reused would fail a request for a reason that is not the deployment's.
@@ -146,13 +148,13 @@ class Drill:
     def start(self, customer: Customer, steps: list[dict[str, Any]], *, via: int = 0) -> str:
         answer = self.send(customer, steps, via=via)
         if answer.status_code != 200:
-            raise Broken(f"a drill task was refused through API {via + 1}: {answer.status_code} {answer.text[:300]}")
+            raise Broken(f"a drill task was refused through API {via + 1}: {answer.status_code} {answer.text[:SHOWN_BODY_CHARS]}")
         return answer.json()["task"]["id"]
 
     def task(self, customer: Customer, task_id: str, *, via: int = 0, specialist: str = DRILL) -> dict[str, Any]:
         answer = self.http.get(f"{self.url(via, specialist)}/tasks/{task_id}", headers=customer.headers)
         if answer.status_code != 200:
-            raise Broken(f"GetTask {task_id} through API {via + 1}: {answer.status_code} {answer.text[:300]}")
+            raise Broken(f"GetTask {task_id} through API {via + 1}: {answer.status_code} {answer.text[:SHOWN_BODY_CHARS]}")
         return answer.json()
 
     def state(self, customer: Customer, task_id: str, *, via: int = 0, specialist: str = DRILL) -> str:
@@ -237,7 +239,7 @@ def refusal(drill: Drill, step: Step) -> None:
 
     # A key the service has seen (so any instance may have cached it as valid), then revoked.
     listed = drill.http.get(f"{drill.url(0)}/tasks", headers=revoked.headers)
-    step.check(listed.status_code == 200, f"the revoked customer's key was refused before revocation: {listed.text[:200]}")
+    step.check(listed.status_code == 200, f"the revoked customer's key was refused before revocation: {listed.text[:SHOWN_BODY_CHARS]}")
     keys.revoke_key(drill.deployment.engine, revoked.key_id, reason=f"specialists drill {drill.run_id}",
                     operator=OPERATOR)
     revoked_at = time.monotonic()
@@ -264,7 +266,7 @@ def refusal(drill: Drill, step: Step) -> None:
         answer = drill.send(customer, script, via=index, **extra)
         got = refusal_code(answer)
         step.check((answer.status_code, got) == (status, code),
-                   f"{name}: expected {status} {code}, got {answer.status_code} {got}: {answer.text[:300]}")
+                   f"{name}: expected {status} {code}, got {answer.status_code} {got}: {answer.text[:SHOWN_BODY_CHARS]}")
         step.note(f"{name}: {answer.status_code} {code} through API {index % len(drill.deployment.api_urls) + 1}")
 
     refused = [unentitled.id, expired.id, revoked.id, payer.id, poor.id]
@@ -296,7 +298,7 @@ def cancellation(drill: Drill, step: Step) -> None:
         if held:
             step.note(drill.deployment.release_dispatch())
     step.check(answer.status_code == 200 and answer.json()["status"]["state"] == "TASK_STATE_CANCELED",
-               f"cancel before claim: {answer.status_code} {answer.text[:300]}")
+               f"cancel before claim: {answer.status_code} {answer.text[:SHOWN_BODY_CHARS]}")
     time.sleep(1.0 + drill.slack_s)  # a held delivery, now released, must find the job closed
     job = drill.job_of(task_id)
     claim = drill.claim(job)
@@ -321,7 +323,7 @@ def cancellation(drill: Drill, step: Step) -> None:
     asked = time.monotonic()
     answer = drill.cancel(customer, task_id, via=1)
     step.check(answer.status_code == 200 and answer.json()["status"]["state"] == "TASK_STATE_CANCELED",
-               f"cancel while running: {answer.status_code} {answer.text[:300]}")
+               f"cancel while running: {answer.status_code} {answer.text[:SHOWN_BODY_CHARS]}")
     bound = bounds.cancel_s
     drill.wait("the running job to stop after the cancel", lambda: drill.claim(job).get("state") == "finished",
                bound + drill.slack_s, interval_s=0.02)
@@ -482,7 +484,7 @@ def _resumed_after_kill(drill: Drill, step: Step) -> None:
     sent = drill.http.post(f"{drill.url(0, REVIEWER)}/message:send", headers=customer.headers, json={
         "message": {"messageId": f"drill-{uuid.uuid4()}", "role": "ROLE_USER", "parts": parts},
         "configuration": {"returnImmediately": True}})
-    step.check(sent.status_code == 200, f"the review was refused: {sent.status_code} {sent.text[:300]}")
+    step.check(sent.status_code == 200, f"the review was refused: {sent.status_code} {sent.text[:SHOWN_BODY_CHARS]}")
     task_id = sent.json()["task"]["id"]
     job = drill.running_job(task_id, drill.claim_timeout_s())
 
@@ -576,10 +578,10 @@ def settlement(drill: Drill, step: Step) -> None:
         message_id = f"drill-{uuid.uuid4()}"
         steps = [{"op": "progress", "text": f"task {index}"}, {"op": "complete", "text": "settled"}]
         first = drill.send(customer, steps, via=index, message_id=message_id)
-        step.check(first.status_code == 200, f"send: {first.status_code} {first.text[:200]}")
+        step.check(first.status_code == 200, f"send: {first.status_code} {first.text[:SHOWN_BODY_CHARS]}")
         again = drill.send(customer, steps, via=index + 1, message_id=message_id)
         step.check(again.status_code == 200 and again.json()["task"]["id"] == first.json()["task"]["id"],
-                   f"a duplicate send was not answered with the same task: {again.status_code} {again.text[:200]}")
+                   f"a duplicate send was not answered with the same task: {again.status_code} {again.text[:SHOWN_BODY_CHARS]}")
         tasks.append(first.json()["task"]["id"])
     step.note(f"3 tasks, each sent twice through both instances: 3 tasks admitted")
     for task_id in tasks:
@@ -626,7 +628,7 @@ def _tariff(drill: Drill, specialist: str = DRILL) -> int:
                                      "ORDER BY admitted_at DESC LIMIT 1"), {"s": specialist}).scalar_one_or_none()
     if recorded is not None:
         return int(recorded)
-    return load_specs(Settings().specs_dir)[specialist].spec.tariff_credits
+    return load_specs(Settings().hosted.specs_dir)[specialist].spec.tariff_credits
 
 
 SCENARIOS: dict[str, Callable[[Drill, Step], None]] = {

@@ -61,11 +61,11 @@ class Bounds:
     @classmethod
     def from_settings(cls, settings: Settings) -> Bounds:
         return cls(
-            heartbeat_s=settings.worker_heartbeat_s,
-            cancel_grace_s=settings.worker_cancel_grace_s,
-            lease_s=settings.worker_lease_s,
-            sweep_interval_s=settings.dispatch_sweep_interval_s,
-            revocation_cache_s=settings.revocation_cache_s,
+            heartbeat_s=settings.worker.heartbeat_s,
+            cancel_grace_s=settings.worker.cancel_grace_s,
+            lease_s=settings.worker.lease_s,
+            sweep_interval_s=settings.dispatch.sweep_interval_s,
+            revocation_cache_s=settings.keys.revocation_cache_s,
         )
 
     @property
@@ -95,8 +95,8 @@ def with_database(url: str, name: str) -> str:
 
 def server_url(settings: Settings) -> str:
     """The maintenance database of the PostgreSQL server to build on: ``DATABASE_URL``'s server, or the embedded."""
-    if settings.database_url:
-        return with_database(db.sqlalchemy_url(settings.database_url), "postgres")
+    if settings.database.url:
+        return with_database(db.sqlalchemy_url(settings.database.url), "postgres")
     return with_database(db.database_url(settings), "postgres")
 
 
@@ -257,8 +257,9 @@ class LocalTopology:
         self._created = True
         db.upgrade(self.database_url)
         env = self.settings_env()
-        self.engine = db.make_engine(self.database_url, Settings(database_url=self.database_url, db_pool_size=4,
-                                                                  db_max_overflow=16))
+        self.engine = db.make_engine(self.database_url, Settings(
+            database={"url": self.database_url, "pool_size": 4, "max_overflow": 16},
+        ))
         logs = self.folder / "logs"
         logs.mkdir(exist_ok=True)
         for index in range(self.workers):

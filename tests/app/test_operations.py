@@ -125,7 +125,7 @@ def test_serve_refuses_to_start_on_a_schema_that_is_not_at_head(server_url, edge
 def test_serve_refuses_a_port_out_of_range(database_url, edge_specs_dir):
     done = run_serve(edge_env(database_url, edge_specs_dir), "--port", "0")
     assert done.returncode == 3
-    assert "edge_port" in done.stderr
+    assert "SPECIALISTS_EDGE_PORT" in done.stderr
 
 
 def test_metrics_answer_only_the_scraper_when_a_metrics_token_is_set(database_url, edge_specs_dir, tmp_path):

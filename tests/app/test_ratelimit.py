@@ -33,7 +33,7 @@ def private_window_s() -> int:
 
 
 async def test_two_instances_count_one_keys_requests_together(async_engine, settings):
-    strict = settings.model_copy(update={"rate_limit_per_key": 3, "rate_limit_window_s": private_window_s()})
+    strict = settings.model_copy(update={"edge": settings.edge.model_copy(update={"rate_limit_per_key": 3, "rate_limit_window_s": private_window_s()})})
     instance_a, instance_b = RateLimiter(async_engine, strict), RateLimiter(async_engine, strict)
     key = f"key_{uuid.uuid4().hex[:8]}"
     await instance_a.check(caller(key))
@@ -48,7 +48,7 @@ async def test_two_instances_count_one_keys_requests_together(async_engine, sett
 
 
 async def test_the_global_ceiling_refuses_once_all_callers_together_reach_it(async_engine, settings):
-    ceiling = settings.model_copy(update={"rate_limit_window_s": private_window_s(), "rate_limit_global": 2})
+    ceiling = settings.model_copy(update={"edge": settings.edge.model_copy(update={"rate_limit_window_s": private_window_s(), "rate_limit_global": 2})})
     instance_a, instance_b = RateLimiter(async_engine, ceiling), RateLimiter(async_engine, ceiling)
     await instance_a.check(caller(f"key_{uuid.uuid4().hex[:8]}"))
     await instance_b.check(caller(f"key_{uuid.uuid4().hex[:8]}"))
@@ -58,7 +58,7 @@ async def test_the_global_ceiling_refuses_once_all_callers_together_reach_it(asy
 
 async def test_anonymous_callers_are_counted_per_address(async_engine, settings):
     strict = settings.model_copy(
-        update={"rate_limit_anonymous_per_address": 2, "rate_limit_window_s": private_window_s()}
+        update={"edge": settings.edge.model_copy(update={"rate_limit_anonymous_per_address": 2, "rate_limit_window_s": private_window_s()})}
     )
     limiter = RateLimiter(async_engine, strict)
     await limiter.check(caller(address="10.0.0.9"))

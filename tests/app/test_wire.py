@@ -7,13 +7,13 @@ import uuid
 import httpx
 import pytest
 
-from core.settings import Settings
+from core.settings import EdgeSettings
 from tests import http_calls
 from tests.app.conftest import message, rpc
 
 pytestmark = pytest.mark.timeout(40, func_only=True)
 CONFORMANCE = "conformance"
-PING_INTERVAL_S = Settings.model_fields["sse_ping_interval_s"].default  # the test edges run with the default
+PING_INTERVAL_S = EdgeSettings.model_fields["sse_ping_interval_s"].default  # the test edges run with the default
 # A keep-alive is checked with this much room: what the test proves is that keep-alives keep coming on a quiet
 # stream at the configured interval (not once, not never, not sse-starlette's own 15 s), not how promptly a
 # loaded machine sends them.

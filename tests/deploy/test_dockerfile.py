@@ -13,15 +13,15 @@ import tomllib
 
 import pytest
 
-from core.settings import PROJECT_ROOT, Settings
-from core.settings_doc import env_name
+from core.settings import PROJECT_ROOT
+from core.settings_doc import settings_fields
 from tests.deploy.manifests import DOCKERIGNORE, ENTRYPOINT, Stage, dockerfile_stages
 from tests.deploy.roles import IMAGE_ROOT, clean_environment, free_port
 
 pytestmark = pytest.mark.timeout(60, func_only=True)
 
 COMPILERS = re.compile(r"\b(gcc|g\+\+|cc|clang|make|build-essential|libc6-dev|python3-dev)\b")
-SETTING_NAMES = {env_name(name, field) for name, field in Settings.model_fields.items()}
+SETTING_NAMES = {env for _, _, _, env in settings_fields()}
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ import pytest
 
 from taskstate.notify import libpq_url
 from core import db
-from core.settings import PROJECT_ROOT, Settings
-from core.settings_doc import env_name
+from core.settings import PROJECT_ROOT, Settings, WorkerSettings
+from core.settings_doc import settings_fields
 from core.specs import load_specs
 from specialists.cli import build_parser, cmd_db_upgrade, cmd_serve, cmd_worker
 from specialists.drill.cli import cmd_drill
@@ -44,7 +44,7 @@ DRILL_BOUNDS = (
     "SPECIALISTS_DISPATCH_SWEEP_INTERVAL_S",
     "SPECIALISTS_REVOCATION_CACHE_S",
 )
-SETTING_NAMES = {env_name(name, field) for name, field in Settings.model_fields.items()}
+SETTING_NAMES = {env for _, _, _, env in settings_fields()}
 
 
 def settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
@@ -145,7 +145,7 @@ def test_the_drill_job_has_the_apis_key_signing_secrets_and_key_environment(tf, 
     assert drill.secrets["SPECIALISTS_KEY_SIGNING_SECRETS"] == api.secrets["SPECIALISTS_KEY_SIGNING_SECRETS"]
     assert drill.plain["SPECIALISTS_KEY_ENVIRONMENT"] == api.plain["SPECIALISTS_KEY_ENVIRONMENT"]
     settings = settings_from(terraform_environment(tf, JOB, "drill", database_url), monkeypatch)
-    assert not settings.embedded
+    assert not settings.database.embedded
     local_secrets.require(settings, ["key_signing_secrets"])
 
 
@@ -188,17 +188,17 @@ def test_the_api_gets_everything_serve_and_its_relay_refuse_to_start_without(tf,
     from workers.dispatch.process import check_dispatcher_settings
 
     settings = settings_from(terraform_environment(tf, SERVICE, "api", database_url), monkeypatch)
-    assert not settings.embedded
+    assert not settings.database.embedded
     local_secrets.require(settings, ["key_signing_secrets", "worker_job_secrets"])
     check_dispatcher_settings(settings)
-    assert settings.serve_dispatcher and not settings.serve_worker
+    assert settings.serve.dispatcher and not settings.serve.worker
     # The settings validated the Cloud Tasks setup as a whole; these are the values it has.
-    assert settings.dispatch_backend == "cloud_tasks"
-    assert settings.cloud_tasks_queue == tf.resolve(tf.resource("google_cloud_tasks_queue", "jobs")["name"])
-    assert settings.cloud_tasks_location == tf.resolve(tf.resource("google_cloud_tasks_queue", "jobs")["location"])
-    assert settings.cloud_tasks_project == tf.default("project_id")
-    assert settings.key_environment == "live"
-    assert settings.edge_public_url and settings.public_url.startswith("https://")
+    assert settings.dispatch.backend == "cloud_tasks"
+    assert settings.dispatch.cloud_tasks_queue == tf.resolve(tf.resource("google_cloud_tasks_queue", "jobs")["name"])
+    assert settings.dispatch.cloud_tasks_location == tf.resolve(tf.resource("google_cloud_tasks_queue", "jobs")["location"])
+    assert settings.dispatch.cloud_tasks_project == tf.default("project_id")
+    assert settings.keys.environment == "live"
+    assert settings.edge.public_url and settings.edge.url.startswith("https://")
 
 
 def test_the_worker_gets_everything_it_refuses_to_start_or_serve_without(tf, database_url, monkeypatch):
@@ -208,9 +208,9 @@ def test_the_worker_gets_everything_it_refuses_to_start_or_serve_without(tf, dat
     env = terraform_environment(tf, SERVICE, "worker", database_url)
     settings = settings_from(env, monkeypatch)
     check_worker_settings(settings)
-    assert settings.worker_oidc_verify, "production workers check the Cloud Tasks OIDC token"
-    assert settings.specialist_checkpoint_key is not None
-    assert not settings.model_routes_allow_scripted
+    assert settings.worker.oidc_verify, "production workers check the Cloud Tasks OIDC token"
+    assert settings.hosted.checkpoint_key is not None
+    assert not settings.hosted.model_routes_allow_scripted
     assert check_readiness(settings, environ=env) == []
 
 
@@ -289,7 +289,7 @@ def test_the_dispatch_deadline_outlives_every_specialists_deadline_and_the_worke
     dispatch_deadline_s = int(api["SPECIALISTS_DISPATCH_DEADLINE_S"])
     assert dispatch_deadline_s == int(worker["SPECIALISTS_DISPATCH_DEADLINE_S"])
     assert 15 <= dispatch_deadline_s <= 1800, "Cloud Tasks' range"
-    grace_s = Settings.model_fields["worker_cancel_grace_s"].default
+    grace_s = WorkerSettings.model_fields["cancel_grace_s"].default
     longest_s = max(
         [float(api["SPECIALISTS_DISPATCH_JOB_DEADLINE_S"])]
         + [loaded.spec.limits.deadline_s for loaded in load_specs(PROJECT_ROOT / "specs").values()]

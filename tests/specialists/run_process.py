@@ -50,7 +50,7 @@ class CountingRoutes(ModelRoutes):
 
 def main() -> None:
     config = json.loads(Path(sys.argv[1]).read_text())
-    settings = Settings(database_url=config["database_url"])
+    settings = Settings(database={"url": config["database_url"]})
     engine = db.make_engine(db.sqlalchemy_url(config["database_url"]), settings)
     spec = load_spec(Path(config["spec"]))
     routes = CountingRoutes(support.routes_for(Path(config["script"])), config["calls_log"])

@@ -83,10 +83,13 @@ def test_a_refused_message_ends_the_job_rejected_and_charges_nothing(engine, tmp
 
 
 def test_the_default_routes_serve_the_demo_on_one_machine_only():
-    embedded = Settings(database_url=None)
-    external = Settings(database_url="postgresql://db.example/specialists")
+    embedded = Settings(database={"url": None})
+    external = Settings(database={"url": "postgresql://db.example/specialists"})
     assert embedded.scripted_routes_allowed and not external.scripted_routes_allowed
-    assert Settings(database_url="postgresql://x/y", model_routes_allow_scripted=True).scripted_routes_allowed
-    routes = ModelRoutes.load(embedded.model_routes_file)
+    assert Settings(
+        database={"url": "postgresql://x/y"},
+        hosted={"model_routes_allow_scripted": True},
+    ).scripted_routes_allowed
+    routes = ModelRoutes.load(embedded.hosted.model_routes_file)
     specs = load_specs(PROJECT_ROOT / "specs")
     assert readiness(specs, routes, environ={}, allow_scripted=embedded.scripted_routes_allowed) == []

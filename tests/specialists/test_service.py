@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 @pytest.fixture(scope="module")
 def system(server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
     url = fresh_database(server_url)
-    engine = db.make_engine(url, Settings(database_url=url))
+    engine = db.make_engine(url, Settings(database={"url": url}))
     running = System(url, tmp_path_factory.mktemp("specialists"), engine)
     support.write_spec(running.specs_dir, "reviewer")
     support.write_spec(running.specs_dir, "reviewer-slow", model_route="slow")

@@ -27,9 +27,9 @@ def test_a_route_whose_key_is_missing_is_not_served_and_readyz_says_why(database
     routes.write_text('[routes.test]\nkind = "openai"\nbase_url = "https://models.example/v1"\nmodel = "m"\n'
                       'api_key_env = "REVIEWER_MODEL_KEY"\n')
     configured = Settings(
-        database_url=database_url,
-        specs_dir=specs, model_routes_file=routes, worker_job_secrets=WORKER_SECRET,
-        worker_oidc_verify=False, specialist_checkpoint_key=support.CHECKPOINT_KEY.decode(),
+        database={"url": database_url},
+        hosted={"specs_dir": specs, "model_routes_file": routes, "checkpoint_key": support.CHECKPOINT_KEY.decode()},
+        worker={"job_secrets": WORKER_SECRET, "oidc_verify": False},
     )
     with worker(configured, engine) as client:
         answer = client.get("/readyz")
@@ -45,9 +45,9 @@ def test_without_a_checkpoint_key_no_rlm_specialist_is_served(database_url, engi
     specs = tmp_path / "specs"
     support.write_spec(specs, "reviewer")
     configured = Settings(
-        database_url=database_url,
-        specs_dir=specs, worker_job_secrets=WORKER_SECRET, worker_oidc_verify=False,
-        model_routes_file=tmp_path / "unused.toml", specialist_checkpoint_key=None,
+        database={"url": database_url},
+        hosted={"specs_dir": specs, "model_routes_file": tmp_path / "unused.toml", "checkpoint_key": None},
+        worker={"job_secrets": WORKER_SECRET, "oidc_verify": False},
     )
     with worker(configured, engine) as client:
         body = client.get("/readyz").json()
@@ -61,10 +61,15 @@ def test_a_ready_specialist_is_served_by_the_specialist_runner(database_url, eng
     routes = tmp_path / "routes.toml"
     routes.write_text(f'[routes.test]\nkind = "scripted"\nscript = "{support.SCRIPTS / "review_sql.toml"}"\n')
     configured = Settings(
-        database_url=database_url,
-        specs_dir=specs, model_routes_file=routes, model_routes_allow_scripted=True,
-        worker_job_secrets=WORKER_SECRET, worker_oidc_verify=False,
-        specialist_checkpoint_key=support.CHECKPOINT_KEY.decode(), specialist_max_resumes=3,
+        database={"url": database_url},
+        hosted={
+            "specs_dir": specs,
+            "model_routes_file": routes,
+            "model_routes_allow_scripted": True,
+            "checkpoint_key": support.CHECKPOINT_KEY.decode(),
+            "max_resumes": 3,
+        },
+        worker={"job_secrets": WORKER_SECRET, "oidc_verify": False},
     )
     service = build_worker_service(configured, engine)
     runner = service.runners["reviewer"]

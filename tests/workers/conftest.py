@@ -22,14 +22,19 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CloudTasksEmu
     emu.stop()
 
 
-def cloud_tasks_settings(host: str, **extra: object) -> Settings:
-    return Settings(
-        dispatch_backend="cloud_tasks",
-        cloud_tasks_project="test-project",
-        cloud_tasks_location="test-location",
-        cloud_tasks_queue="jobs",
-        dispatch_service_account=SERVICE_ACCOUNT,
-        cloud_tasks_emulator_host=host,
-        worker_job_secrets=[WORKER_SECRET],
-        **extra,
-    )
+def cloud_tasks_settings(host: str, **sections: dict[str, object]) -> Settings:
+    """Settings for Cloud Tasks at ``host``; ``sections`` override fields section by section."""
+    options: dict[str, dict[str, object]] = {
+        "dispatch": {
+            "backend": "cloud_tasks",
+            "cloud_tasks_project": "test-project",
+            "cloud_tasks_location": "test-location",
+            "cloud_tasks_queue": "jobs",
+            "service_account": SERVICE_ACCOUNT,
+            "cloud_tasks_emulator_host": host,
+        },
+        "worker": {"job_secrets": [WORKER_SECRET]},
+    }
+    for section, fields in sections.items():
+        options.setdefault(section, {}).update(fields)
+    return Settings(**options)

@@ -109,7 +109,7 @@ def test_secrets_rotate_the_newest_signs_and_every_configured_one_verifies() -> 
 
 def test_a_short_worker_secret_stops_start_up() -> None:
     with pytest.raises(ValidationError, match="SPECIALISTS_WORKER_JOB_SECRETS"):
-        Settings(worker_job_secrets="short")
+        Settings(worker={"job_secrets": "short"})
 
 
 # --- OIDC ----------------------------------------------------------------------------

@@ -37,7 +37,10 @@ def wait_for_claim(engine: Engine, job_id: str, condition: Callable[[dict], bool
 def test_a_job_enqueued_twice_through_the_emulator_runs_once_on_the_worker(emulator, database_url, engine) -> None:
     """The emulator delivers a duplicate task name twice (real Cloud Tasks would refuse it): the claim holds."""
     with TestWorker(worker_settings(database_url), engine) as worker:
-        dispatcher = CloudTasksDispatcher.from_settings(cloud_tasks_settings(emulator.host, worker_oidc_verify=False))
+        dispatcher = CloudTasksDispatcher.from_settings(cloud_tasks_settings(
+            emulator.host,
+            worker={"oidc_verify": False},
+        ))
         job = "job-" + secrets.token_hex(8)
         signed = worker.body(job, [{"op": "progress", "text": "working"}, {"op": "complete", "text": "via cloud tasks"}],
                              deadline_s=10)

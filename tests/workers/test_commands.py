@@ -73,17 +73,17 @@ def test_serve_in_production_never_generates_secrets_and_names_the_missing_one(d
 
 def test_local_secrets_are_generated_once_on_one_machine_only(tmp_path: Path, database_url: str, monkeypatch) -> None:
     monkeypatch.delenv("DATABASE_URL", raising=False)  # the run's own server may be given that way
-    embedded = Settings(data_dir=tmp_path)  # no DATABASE_URL: the embedded database's machine
+    embedded = Settings(database={"data_dir": tmp_path})  # no DATABASE_URL: the embedded database's machine
     filled, generated = local_secrets.with_local_secrets(embedded, generate=True)
     assert sorted(generated) == ["key_signing_secrets", "specialist_checkpoint_key", "worker_job_secrets"]
     path = local_secrets.secrets_path(embedded)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    again, generated_again = local_secrets.with_local_secrets(Settings(data_dir=tmp_path), generate=True)
+    again, generated_again = local_secrets.with_local_secrets(Settings(database={"data_dir": tmp_path}), generate=True)
     assert generated_again == []  # the next command reuses them
-    assert again.key_signing_secrets[0].get_secret_value() == filled.key_signing_secrets[0].get_secret_value()
-    assert again.worker_job_secrets[0].get_secret_value() == filled.worker_job_secrets[0].get_secret_value()
-    assert again.specialist_checkpoint_key.get_secret_value() == filled.specialist_checkpoint_key.get_secret_value()
-    production = Settings(data_dir=tmp_path / "prod", database_url=database_url)
+    assert again.keys.signing_secrets[0].get_secret_value() == filled.keys.signing_secrets[0].get_secret_value()
+    assert again.worker.job_secrets[0].get_secret_value() == filled.worker.job_secrets[0].get_secret_value()
+    assert again.hosted.checkpoint_key.get_secret_value() == filled.hosted.checkpoint_key.get_secret_value()
+    production = Settings(database={"data_dir": tmp_path / "prod", "url": database_url})
     assert local_secrets.with_local_secrets(production, generate=True) == (production, [])
     assert not (tmp_path / "prod").exists()
 
@@ -115,7 +115,7 @@ def test_serve_runs_the_whole_system_in_one_command_and_ctrl_c_stops_every_part(
             pytest.fail(f"serve did not answer /readyz within 40 s:\n{log_path.read_text()}")
         children = [int(pid) for pid in Path(f"/proc/{serve.pid}/task/{serve.pid}/children").read_text().split()]
         assert len(children) == 2  # the worker and the dispatcher
-        own = db.make_engine(url, Settings(database_url=url))
+        own = db.make_engine(url, Settings(database={"url": url}))
         try:
             issued = keys.issue_key(own, keys.KeySigner([TEST_SECRET], "test"), customer_id=f"c-{uuid.uuid4().hex[:8]}",
                                     ttl=timedelta(days=1))

@@ -38,7 +38,10 @@ def job(worker_url: str = "http://127.0.0.1:9/jobs", deadline_s: float = 30, bod
 
 def test_the_task_carries_the_signed_body_the_oidc_token_and_the_dispatch_deadline() -> None:
     with FakeCloudTasks() as fake:
-        dispatcher = CloudTasksDispatcher.from_settings(cloud_tasks_settings(fake.host, dispatch_deadline_s=120, dispatch_job_deadline_s=60))
+        dispatcher = CloudTasksDispatcher.from_settings(cloud_tasks_settings(
+            fake.host,
+            dispatch={"deadline_s": 120, "job_deadline_s": 60},
+        ))
         result = dispatcher.enqueue(job(body=b"v1.abc.signed"))
     assert result.created
     sent = fake.requests[0]
@@ -77,9 +80,9 @@ ENQUEUE_TIMEOUT_MARGIN_FACTOR = 20
 
 
 def test_an_unreachable_queue_is_a_dispatch_error_within_the_enqueue_timeout() -> None:
-    unreachable = cloud_tasks_settings("127.0.0.1:1", dispatch_enqueue_timeout_s=1.0)
+    unreachable = cloud_tasks_settings("127.0.0.1:1", dispatch={"enqueue_timeout_s": 1.0})
     dispatcher = CloudTasksDispatcher.from_settings(unreachable)
-    bound_s = ENQUEUE_TIMEOUT_MARGIN_FACTOR * unreachable.dispatch_enqueue_timeout_s
+    bound_s = ENQUEUE_TIMEOUT_MARGIN_FACTOR * unreachable.dispatch.enqueue_timeout_s
     started = time.monotonic()
     with pytest.raises(Exception) as failed:
         dispatcher.enqueue(job())
@@ -87,14 +90,18 @@ def test_an_unreachable_queue_is_a_dispatch_error_within_the_enqueue_timeout() -
     assert getattr(failed.value, "code", None) == "dispatch_failed"
     assert took_s < bound_s, (
         f"the enqueue gave up after {took_s:.1f} s; SPECIALISTS_DISPATCH_ENQUEUE_TIMEOUT_S is "
-        f"{unreachable.dispatch_enqueue_timeout_s:g} s (checked with {ENQUEUE_TIMEOUT_MARGIN_FACTOR}x room)"
+        f"{unreachable.dispatch.enqueue_timeout_s:g} s (checked with {ENQUEUE_TIMEOUT_MARGIN_FACTOR}x room)"
     )
 
 
 def test_a_job_that_would_outlive_the_dispatch_deadline_is_refused_before_enqueue() -> None:
     with FakeCloudTasks() as fake:
         dispatcher = CloudTasksDispatcher.from_settings(
-            cloud_tasks_settings(fake.host, dispatch_deadline_s=60, dispatch_job_deadline_s=30, worker_cancel_grace_s=5)
+            cloud_tasks_settings(
+                fake.host,
+                dispatch={"deadline_s": 60, "job_deadline_s": 30},
+                worker={"cancel_grace_s": 5},
+            )
         )
         with pytest.raises(DispatchRefused) as refused:
             dispatcher.enqueue(job(deadline_s=58))
@@ -105,31 +112,35 @@ def test_a_job_that_would_outlive_the_dispatch_deadline_is_refused_before_enqueu
 
 @pytest.mark.parametrize("deadline_s", [14, 1801])
 def test_a_dispatch_deadline_outside_what_cloud_tasks_allows_stops_start_up(deadline_s: int) -> None:
-    with pytest.raises(ValidationError, match="dispatch_deadline_s"):
-        Settings(dispatch_deadline_s=deadline_s)
+    with pytest.raises(ValidationError, match=r"dispatch\.deadline_s"):
+        Settings(dispatch={"deadline_s": deadline_s})
 
 
 def test_cloud_tasks_settings_name_what_is_missing() -> None:
     with pytest.raises(ValidationError, match="SPECIALISTS_CLOUD_TASKS_QUEUE.*SPECIALISTS_DISPATCH_SERVICE_ACCOUNT"):
-        Settings(dispatch_backend="cloud_tasks", cloud_tasks_project="p", cloud_tasks_location="l")
+        Settings(dispatch={"backend": "cloud_tasks", "cloud_tasks_project": "p", "cloud_tasks_location": "l"})
 
 
 def test_oidc_checking_cannot_be_turned_off_with_real_cloud_tasks() -> None:
-    real = dict(
-        dispatch_backend="cloud_tasks",
-        cloud_tasks_project="p",
-        cloud_tasks_location="l",
-        cloud_tasks_queue="q",
-        dispatch_service_account=SERVICE_ACCOUNT,
-    )
+    real = {
+        "backend": "cloud_tasks",
+        "cloud_tasks_project": "p",
+        "cloud_tasks_location": "l",
+        "cloud_tasks_queue": "q",
+        "service_account": SERVICE_ACCOUNT,
+    }
     with pytest.raises(ValidationError, match="SPECIALISTS_WORKER_OIDC_VERIFY"):
-        Settings(**real, worker_oidc_verify=False)
-    Settings(**real, worker_oidc_verify=False, cloud_tasks_emulator_host="127.0.0.1:8123")  # one machine: allowed
+        Settings(dispatch=real, worker={"oidc_verify": False})
+    emulated = {**real, "cloud_tasks_emulator_host": "127.0.0.1:8123"}
+    Settings(dispatch=emulated, worker={"oidc_verify": False})  # one machine: allowed
 
 
 def test_an_oversized_body_or_bad_job_id_is_refused_before_enqueue() -> None:
     with FakeCloudTasks() as fake:
-        dispatcher = CloudTasksDispatcher.from_settings(cloud_tasks_settings(fake.host, dispatch_max_body_bytes=1024))
+        dispatcher = CloudTasksDispatcher.from_settings(cloud_tasks_settings(
+            fake.host,
+            dispatch={"max_body_bytes": 1024},
+        ))
         with pytest.raises(DispatchRefused) as too_big:
             dispatcher.enqueue(job(body=b"x" * 1025))
         with pytest.raises(DispatchRefused) as bad_id:
@@ -161,7 +172,7 @@ def test_the_real_client_enqueues_through_the_emulator_and_the_request_arrives_w
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
-        settings = cloud_tasks_settings(emulator.host, worker_oidc_verify=False)
+        settings = cloud_tasks_settings(emulator.host, worker={"oidc_verify": False})
         body = JobSigner.from_settings(settings).sign(job_id="job-emu-1", specialist_id="scripted", deadline_s=5)
         url = f"http://127.0.0.1:{server.server_port}/jobs"
         result = CloudTasksDispatcher.from_settings(settings).enqueue(

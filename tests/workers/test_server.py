@@ -84,7 +84,7 @@ def test_the_same_job_delivered_five_times_at_once_runs_once(worker: TestWorker,
     assert len(finished) == 1 and len(told_to_retry) == 4  # 4 slots: a fifth request may not even get to claim
     for retry in told_to_retry:
         # When the claim's lease would run out: at most the lease (rounded up), at least a second.
-        assert retry.status_code == 503 and 1 <= int(retry.headers["Retry-After"]) <= math.ceil(worker.settings.worker_lease_s)
+        assert retry.status_code == 503 and 1 <= int(retry.headers["Retry-After"]) <= math.ceil(worker.settings.worker.lease_s)
     assert worker.log.runs(job) == 1
     again = worker.post(body)  # a later redelivery gets the stored outcome, and nothing runs
     assert again.status_code == 200 and again.json()["code"] == "job_already_finished"
@@ -99,7 +99,7 @@ def test_the_same_job_delivered_five_times_at_once_runs_once(worker: TestWorker,
         (lambda w, job: JobSigner(["someone-elses-secret-" + "q" * 30], audience="specialists-worker", max_age_s=60)
          .sign(job_id=job, specialist_id="scripted", deadline_s=5), "job_body_unknown_secret", 401),
         (lambda w, job: w.body(job, [])[:-3] + b"AAA", "job_body_tampered", 401),
-        (lambda w, job: JobSigner([w.settings.worker_job_secrets[0].get_secret_value()], audience="another-worker",
+        (lambda w, job: JobSigner([w.settings.worker.job_secrets[0].get_secret_value()], audience="another-worker",
                                   max_age_s=60).sign(job_id=job, specialist_id="scripted", deadline_s=5),
          "job_body_wrong_audience", 403),
         (lambda w, job: b'{"job_id": "%s"}' % job.encode(), "job_body_malformed", 401),
@@ -124,7 +124,7 @@ def test_the_job_id_comes_from_the_body_never_from_headers(worker: TestWorker, e
 
 
 def test_an_oversized_body_is_refused_before_it_is_read(database_url: str, engine: Engine) -> None:
-    with TestWorker(worker_settings(database_url, dispatch_max_body_bytes=1024), engine) as small:
+    with TestWorker(worker_settings(database_url, dispatch={"max_body_bytes": 1024}), engine) as small:
         answer = small.post(b"v1." + b"x" * 5000)
     assert answer.status_code == 413 and answer.json()["code"] == "job_body_too_large"
 
@@ -140,7 +140,7 @@ def test_a_running_job_keeps_its_lease_beyond_the_first_lease_by_heartbeats(data
     job = new_job_id()
     # The run outlasts the lease (2 s, the database's clock) by wall-clock time: only renewals (ten a lease) keep
     # the claim.
-    with TestWorker(worker_settings(database_url, worker_lease_s=2.0), engine) as worker:
+    with TestWorker(worker_settings(database_url, worker={"lease_s": 2.0}), engine) as worker:
         answer = worker.post(worker.body(job, [{"op": "sleep", "seconds": 3.0}, {"op": "complete"}]))
     assert answer.json()["code"] == "job_finished"
     row = claim_row(engine, job)
@@ -150,7 +150,7 @@ def test_a_running_job_keeps_its_lease_beyond_the_first_lease_by_heartbeats(data
 def test_a_cancel_from_any_instance_stops_the_running_job_within_one_heartbeat(worker: TestWorker, engine: Engine) -> None:
     job = new_job_id()
     limits = worker.settings
-    bound_s = BOUND_MARGIN_FACTOR * (limits.worker_heartbeat_s + limits.worker_cancel_grace_s)
+    bound_s = BOUND_MARGIN_FACTOR * (limits.worker.heartbeat_s + limits.worker.cancel_grace_s)
     with ThreadPoolExecutor(1) as pool:  # left alone, the run would last 20 s: far beyond the bound
         pending = pool.submit(worker.post, worker.body(job, [{"op": "sleep", "seconds": 20}, {"op": "complete"}]))
         worker.log.wait_for_run(job)
@@ -171,7 +171,7 @@ def test_a_cancel_from_any_instance_stops_the_running_job_within_one_heartbeat(w
 def test_the_specialists_deadline_stops_the_job_and_fails_it(worker: TestWorker, engine: Engine) -> None:
     job = new_job_id()
     limits, deadline_s = worker.settings, 0.6
-    bound_s = BOUND_MARGIN_FACTOR * (deadline_s + limits.worker_heartbeat_s + limits.worker_cancel_grace_s)
+    bound_s = BOUND_MARGIN_FACTOR * (deadline_s + limits.worker.heartbeat_s + limits.worker.cancel_grace_s)
     started = time.monotonic()
     answer = worker.post(worker.body(job, [{"op": "sleep", "seconds": 20}], deadline_s=deadline_s))
     took_s = time.monotonic() - started
@@ -186,7 +186,7 @@ def test_the_specialists_deadline_stops_the_job_and_fails_it(worker: TestWorker,
 def test_a_specialist_that_ignores_cancellation_is_abandoned_after_the_grace(worker: TestWorker, engine: Engine) -> None:
     job = new_job_id()
     limits, deadline_s = worker.settings, 0.3
-    bound_s = BOUND_MARGIN_FACTOR * (deadline_s + limits.worker_heartbeat_s + limits.worker_cancel_grace_s)
+    bound_s = BOUND_MARGIN_FACTOR * (deadline_s + limits.worker.heartbeat_s + limits.worker.cancel_grace_s)
     started = time.monotonic()
     # The runner ignores the stop for 20 s, far beyond the bound (in a daemon thread: the test does not wait for it).
     answer = worker.post(worker.body(job, [{"op": "stubborn_sleep", "seconds": 20}], deadline_s=deadline_s))
@@ -209,7 +209,7 @@ def test_a_crashing_or_failing_specialist_finishes_the_job_as_failed(worker: Tes
 
 
 def test_a_full_worker_asks_for_a_retry_without_claiming(database_url: str, engine: Engine) -> None:
-    with TestWorker(worker_settings(database_url, worker_max_concurrent_jobs=1), engine) as single:
+    with TestWorker(worker_settings(database_url, worker={"max_concurrent_jobs": 1}), engine) as single:
         busy_job, refused_job = new_job_id(), new_job_id()
         with ThreadPoolExecutor(1) as pool:
             with single.log.holding(busy_job):  # the one slot stays taken until the second delivery is answered
@@ -286,8 +286,9 @@ def test_with_oidc_on_a_delivery_needs_a_valid_cloud_tasks_token(database_url: s
     key = LocalKey("google-key")
     with CertsEndpoint([key]) as certs:
         settings = worker_settings(
-            database_url, worker_oidc_verify=True, worker_oidc_certs_url=certs.url,
-            dispatch_service_account=SERVICE_ACCOUNT, worker_audience="https://worker.test",
+            database_url,
+            worker={"oidc_verify": True, "oidc_certs_url": certs.url, "audience": "https://worker.test"},
+            dispatch={"service_account": SERVICE_ACCOUNT},
         )
         with TestWorker(settings, engine) as w:
             job = new_job_id()

@@ -62,7 +62,7 @@ def system(server_url: str, engine, tmp_path_factory: pytest.TempPathFactory) ->
     # connections idle in its pool: hand those back before starting eight processes.
     engine.dispose()
     url = fresh_database(server_url)
-    system_engine = db.make_engine(url, Settings(database_url=url, db_pool_size=2, db_max_overflow=8))
+    system_engine = db.make_engine(url, Settings(database={"url": url, "pool_size": 2, "max_overflow": 8}))
     running = System(url, tmp_path_factory.mktemp("system"), system_engine)
     try:
         with ThreadPoolExecutor(4) as pool:  # start the processes side by side: each is a Python start-up
@@ -120,7 +120,7 @@ def signed_body(system: System, job_id: str, *, audience: str = "specialists-wor
     """A valid body for the job, as the dispatcher signs it (what a captured delivery looks like)."""
     with system.engine.connect() as conn:
         row = outbox.row_of_job(conn, job_id)
-    settings = Settings(worker_job_secrets=[WORKER_SECRET], worker_audience=audience)
+    settings = Settings(worker={"job_secrets": [WORKER_SECRET], "audience": audience})
     return jobs.build_job(row, JobSigner.from_settings(settings), settings, "http://x/jobs").body
 
 
@@ -378,7 +378,7 @@ def test_a_job_cloud_tasks_stopped_delivering_is_failed_and_voided_once_no_deliv
             claims.claim(conn, system.job_of(running), worker_id="elsewhere", lease_s=60)
         settings = Settings()
         sweeper = LeaseSweeper(system.engine, TaskSettlement(TaskEvents(system.engine), operator="test"),
-                               abandoned_after_s=settings.worker_job_max_age_s + settings.dispatch_deadline_s)
+                               abandoned_after_s=settings.worker.job_max_age_s + settings.dispatch.deadline_s)
         assert sweeper.give_up_abandoned() == [job]
         assert sweeper.give_up_abandoned() == []  # once
         seen = task_of(system, customer, task_id)

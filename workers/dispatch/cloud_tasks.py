@@ -36,11 +36,11 @@ BODY_CONTENT_TYPE = "application/vnd.specialists.job"  # ASCII: v1.<secret id>.<
 
 
 def make_client(settings: Settings) -> tasks_v2.CloudTasksClient:
-    if settings.cloud_tasks_emulator_host:
+    if settings.dispatch.cloud_tasks_emulator_host:
         import grpc
         from google.cloud.tasks_v2.services.cloud_tasks.transports import CloudTasksGrpcTransport
 
-        channel = grpc.insecure_channel(settings.cloud_tasks_emulator_host)
+        channel = grpc.insecure_channel(settings.dispatch.cloud_tasks_emulator_host)
         return tasks_v2.CloudTasksClient(transport=CloudTasksGrpcTransport(channel=channel))
     return tasks_v2.CloudTasksClient()  # application default credentials (the service's own account)
 
@@ -80,25 +80,25 @@ class CloudTasksDispatcher:
 
     @classmethod
     def from_settings(cls, settings: Settings, client: tasks_v2.CloudTasksClient | None = None) -> "CloudTasksDispatcher":
-        if not (settings.cloud_tasks_project and settings.cloud_tasks_location and settings.cloud_tasks_queue):
+        if not (settings.dispatch.cloud_tasks_project and settings.dispatch.cloud_tasks_location and settings.dispatch.cloud_tasks_queue):
             raise DispatchRefused(
                 "Cloud Tasks needs SPECIALISTS_CLOUD_TASKS_PROJECT, _LOCATION and _QUEUE", code="dispatch_not_configured"
             )
-        if not settings.dispatch_service_account:
+        if not settings.dispatch.service_account:
             raise DispatchRefused(
                 "Cloud Tasks needs SPECIALISTS_DISPATCH_SERVICE_ACCOUNT for the OIDC token", code="dispatch_not_configured"
             )
         return cls(
             client or make_client(settings),
             queue_path=tasks_v2.CloudTasksClient.queue_path(
-                settings.cloud_tasks_project, settings.cloud_tasks_location, settings.cloud_tasks_queue
+                settings.dispatch.cloud_tasks_project, settings.dispatch.cloud_tasks_location, settings.dispatch.cloud_tasks_queue
             ),
-            service_account_email=settings.dispatch_service_account,
-            audience=settings.worker_audience,
-            dispatch_deadline_s=settings.dispatch_deadline_s,
-            cancel_grace_s=settings.worker_cancel_grace_s,
-            max_body_bytes=settings.dispatch_max_body_bytes,
-            enqueue_timeout_s=settings.dispatch_enqueue_timeout_s,
+            service_account_email=settings.dispatch.service_account,
+            audience=settings.worker.audience,
+            dispatch_deadline_s=settings.dispatch.deadline_s,
+            cancel_grace_s=settings.worker.cancel_grace_s,
+            max_body_bytes=settings.dispatch.max_body_bytes,
+            enqueue_timeout_s=settings.dispatch.enqueue_timeout_s,
         )
 
     def build_task(self, job: DispatchJob) -> tasks_v2.Task:

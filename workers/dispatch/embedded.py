@@ -43,7 +43,7 @@ CRASH_EXIT_CODE = 70  # a recovery drill's abrupt exit (dispatch_crash_point)
 
 def crash_here(point: str, settings: Settings) -> None:
     """The recovery-drill hook: die without cleanup, as a killed process would."""
-    if settings.dispatch_crash_point == point:
+    if settings.dispatch.crash_point == point:
         log.error("dispatch_crash_point=%s: exiting abruptly (a recovery drill)", point)
         logging.shutdown()
         os._exit(CRASH_EXIT_CODE)
@@ -67,8 +67,8 @@ class EmbeddedDispatcher:
         self.tasks = tasks
         self.name = name
         self.wake = wake
-        self.urls = settings.dispatch_worker_urls
-        self.slots_per_url = settings.worker_max_concurrent_jobs
+        self.urls = settings.dispatch.worker_urls
+        self.slots_per_url = settings.worker.max_concurrent_jobs
         self.capacity = self.slots_per_url * len(self.urls)
         self.client = client or httpx.Client(limits=httpx.Limits(max_connections=self.capacity + 4))
         self._lock = threading.Lock()
@@ -76,7 +76,7 @@ class EmbeddedDispatcher:
         # Deliveries in a row that got no HTTP answer, per URL: a dead worker is tried only when every other
         # one failed too (a job whose worker died must reach another one to be resumed).
         self._unanswered: dict[str, int] = {url: 0 for url in self.urls}
-        self._renew_every_s = settings.dispatch_delivery_lease_s / 3
+        self._renew_every_s = settings.dispatch.delivery_lease_s / 3
         self._next_renewal = time.monotonic() + self._renew_every_s
 
     @property
@@ -91,9 +91,9 @@ class EmbeddedDispatcher:
             free = self.capacity - len(self._in_flight)
         if free <= 0:
             return self._renew_every_s  # a delivery ending wakes us sooner
-        limit = min(free, self.settings.dispatch_batch_size)
+        limit = min(free, self.settings.dispatch.batch_size)
         with self.engine.begin() as conn:
-            rows = outbox.take(conn, limit=limit, lease_s=self.settings.dispatch_delivery_lease_s, me=self.name)
+            rows = outbox.take(conn, limit=limit, lease_s=self.settings.dispatch.delivery_lease_s, me=self.name)
         if rows:
             crash_here("before_enqueue", self.settings)
         for row in rows:
@@ -106,7 +106,7 @@ class EmbeddedDispatcher:
             # Daemon threads: stopping the dispatcher abandons deliveries in flight, which is safe (their rows
             # come due again after the lease and a redelivery is answered from the job's claim).
             threading.Thread(target=self._deliver, args=(row, url), name=f"deliver-{row.dispatch_id}", daemon=True).start()
-        return 0.0 if len(rows) == limit else self.settings.dispatch_poll_interval_s
+        return 0.0 if len(rows) == limit else self.settings.dispatch.poll_interval_s
 
     def _renew_due(self) -> None:
         if time.monotonic() < self._next_renewal:
@@ -117,14 +117,14 @@ class EmbeddedDispatcher:
         if ids:
             try:
                 with self.engine.begin() as conn:
-                    outbox.renew(conn, ids, lease_s=self.settings.dispatch_delivery_lease_s)
+                    outbox.renew(conn, ids, lease_s=self.settings.dispatch.delivery_lease_s)
             except Exception as exc:  # the rows come due again: a redelivery is answered from the claim
                 log.warning("renewing %d delivery lease(s) failed: %s", len(ids), type(exc).__name__)
 
     def _deliver(self, row: outbox.OutboxRow, url: str) -> None:
         try:
             job = jobs.build_job(row, self.signer, self.settings, url)
-            result = deliver_over_http(job, client=self.client, timeout_s=self.settings.dispatch_deadline_s)
+            result = deliver_over_http(job, client=self.client, timeout_s=self.settings.dispatch.deadline_s)
             with self._lock:
                 self._unanswered[url] = 0 if result.status is not None else self._unanswered[url] + 1
             crash_here("after_enqueue", self.settings)
@@ -142,21 +142,21 @@ class EmbeddedDispatcher:
                 outbox.mark_delivered(conn, row)
             return
         error = f"{result.code} (HTTP {result.status})" if result.status else result.code
-        if row.attempts >= self.settings.dispatch_max_attempts and give_up(self.engine, self.tasks, row, error=error):
+        if row.attempts >= self.settings.dispatch.max_attempts and give_up(self.engine, self.tasks, row, error=error):
             return
         if result.verdict == "refused":
             log.warning(
                 "job %s: the worker refused the delivery (%s); check SPECIALISTS_WORKER_JOB_SECRETS, "
                 "SPECIALISTS_WORKER_AUDIENCE and the specialists the workers serve. Retrying in %g s",
-                row.job_id, error, self.settings.dispatch_retry_max_s,
+                row.job_id, error, self.settings.dispatch.retry_max_s,
             )
-            delay_s = self.settings.dispatch_retry_max_s
+            delay_s = self.settings.dispatch.retry_max_s
         else:
             delay_s = retry_delay_s(
                 row.attempts - 1,
                 result.retry_after_s,
-                base_s=self.settings.dispatch_retry_base_s,
-                max_s=self.settings.dispatch_retry_max_s,
+                base_s=self.settings.dispatch.retry_base_s,
+                max_s=self.settings.dispatch.retry_max_s,
             )
         with self.engine.begin() as conn:
             outbox.reschedule(conn, row, delay_s=delay_s, error=error)

@@ -35,10 +35,10 @@ def _spec_deadlines(specs_dir: str) -> dict[str, float]:
 def job_deadline_s(settings: Settings, specialist_id: str) -> float:
     """A job's deadline: its spec's ``limits.deadline_s``, within ``dispatch_job_deadline_s`` (which keeps every
     job inside the dispatch deadline)."""
-    spec_deadline = _spec_deadlines(str(settings.specs_dir)).get(specialist_id)
+    spec_deadline = _spec_deadlines(str(settings.hosted.specs_dir)).get(specialist_id)
     if spec_deadline is None:
-        return settings.dispatch_job_deadline_s
-    return min(settings.dispatch_job_deadline_s, spec_deadline)
+        return settings.dispatch.job_deadline_s
+    return min(settings.dispatch.job_deadline_s, spec_deadline)
 
 
 def build_job(row: OutboxRow, signer: JobSigner, settings: Settings, worker_url: str) -> DispatchJob:

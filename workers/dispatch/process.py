@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from workers.auth import JobSigner
 from workers.dispatch.embedded import EmbeddedDispatcher
 from workers.dispatch.pruner import prune_task_events
 from workers.dispatch.sweeper import LeaseSweeper
+from workers.instance import host_name
 from workers.settlement import TaskSettlement
 from taskstate.updates import TaskEvents
 
@@ -51,7 +51,7 @@ class DispatcherNotConfigured(ServiceError):
 
 
 def check_dispatcher_settings(settings: Settings) -> None:
-    if not settings.worker_job_secrets:
+    if not settings.worker.job_secrets:
         raise DispatcherNotConfigured(
             "no worker job secret is configured, so the dispatcher cannot sign jobs and every worker would refuse "
             "them; set SPECIALISTS_WORKER_JOB_SECRETS (the same value as the workers')"
@@ -100,7 +100,7 @@ def build_backend(
     settings: Settings, engine: Engine, tasks: TaskEvents, *, name: str, wake: threading.Event
 ) -> "EmbeddedDispatcher | CloudTasksRelay":
     signer = JobSigner.from_settings(settings)
-    if settings.dispatch_backend == "cloud_tasks":
+    if settings.dispatch.backend == "cloud_tasks":
         from workers.dispatch.cloud_tasks import CloudTasksDispatcher
         from workers.dispatch.relay import CloudTasksRelay
 
@@ -125,22 +125,22 @@ def run_dispatcher(
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: (stop.set(), wake.set()))
-    name = f"dispatcher:{socket.gethostname()[:60]}:{os.getpid()}"
+    name = f"dispatcher:{host_name()}:{os.getpid()}"
     tasks = TaskEvents(engine)
     backend = build_backend(settings, engine, tasks, name=name, wake=wake)
     sweeper = LeaseSweeper(
         engine,
         TaskSettlement(tasks, operator=name),
-        max_resumes=settings.specialist_max_resumes,
-        resume_window_s=settings.specialist_resume_window_s,
-        abandoned_after_s=settings.worker_job_max_age_s + settings.dispatch_deadline_s
-        if settings.dispatch_backend == "cloud_tasks"
+        max_resumes=settings.hosted.max_resumes,
+        resume_window_s=settings.hosted.resume_window_s,
+        abandoned_after_s=settings.worker.job_max_age_s + settings.dispatch.deadline_s
+        if settings.dispatch.backend == "cloud_tasks"
         else None,
     )
-    listener = OutboxListener(url, wake, settings.db_connect_timeout_s)
+    listener = OutboxListener(url, wake, settings.database.connect_timeout_s)
     listener.start()
     log.info(
-        "dispatcher %s ready: %s to %s", name, settings.dispatch_backend, ", ".join(settings.dispatch_worker_urls)
+        "dispatcher %s ready: %s to %s", name, settings.dispatch.backend, ", ".join(settings.dispatch.worker_urls)
     )
     if on_ready is not None:
         on_ready()
@@ -151,16 +151,16 @@ def run_dispatcher(
             try:
                 delay_s = backend.round()
                 if time.monotonic() >= next_sweep:
-                    next_sweep = time.monotonic() + settings.dispatch_sweep_interval_s
+                    next_sweep = time.monotonic() + settings.dispatch.sweep_interval_s
                     sweeper.sweep()
                     sweeper.give_up_abandoned()
                 if time.monotonic() >= next_prune:
-                    next_prune = time.monotonic() + settings.task_events_prune_interval_s
-                    prune_task_events(engine, retention_s=settings.task_events_retention_days * 86_400,
-                                      batch=settings.task_events_prune_batch)
+                    next_prune = time.monotonic() + settings.dispatch.task_events_prune_interval_s
+                    prune_task_events(engine, retention_s=settings.dispatch.task_events_retention_days * 86_400,
+                                      batch=settings.dispatch.task_events_prune_batch)
             except Exception as exc:  # the database restarting, a network fault: try again shortly
                 log.warning("dispatch round failed (%s: %s); retrying", type(exc).__name__, exc)
-                delay_s = min(1.0, settings.dispatch_poll_interval_s)
+                delay_s = min(1.0, settings.dispatch.poll_interval_s)
             if delay_s > 0:
                 wake.wait(min(delay_s, max(0.0, next_sweep - time.monotonic())))
     finally:

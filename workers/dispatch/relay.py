@@ -42,14 +42,14 @@ class CloudTasksRelay:
         self.signer = signer
         self.tasks = tasks
         self.dispatcher = dispatcher
-        self.worker_url = settings.dispatch_worker_urls[0]
+        self.worker_url = settings.dispatch.worker_urls[0]
 
     @property
     def in_flight(self) -> int:
         return 0
 
     def round(self) -> float:
-        limit = self.settings.dispatch_batch_size
+        limit = self.settings.dispatch.batch_size
         to_give_up: list[tuple[outbox.OutboxRow, str]] = []
         with self.engine.begin() as conn:
             rows = outbox.lock_due(conn, limit=limit)
@@ -62,12 +62,12 @@ class CloudTasksRelay:
                     to_give_up.append((row, f"{refused.code}: {refused.message}"))
                     continue
                 except DispatchError as failed:
-                    if row.attempts >= self.settings.dispatch_max_attempts:
+                    if row.attempts >= self.settings.dispatch.max_attempts:
                         to_give_up.append((row, failed.message))
                         continue
                     delay_s = retry_delay_s(
-                        row.attempts - 1, None, base_s=self.settings.dispatch_retry_base_s,
-                        max_s=self.settings.dispatch_retry_max_s,
+                        row.attempts - 1, None, base_s=self.settings.dispatch.retry_base_s,
+                        max_s=self.settings.dispatch.retry_max_s,
                     )
                     log.warning("enqueueing job %s failed (%s); retrying in %.1f s", row.job_id, failed.message, delay_s)
                     outbox.reschedule(conn, row, delay_s=delay_s, error=failed.message, count_attempt=True)
@@ -80,7 +80,7 @@ class CloudTasksRelay:
             if not give_up(self.engine, self.tasks, row, error=error):
                 with self.engine.begin() as conn:  # the job has a claim after all (a cancel got there): it decides
                     outbox.mark_delivered(conn, row)
-        return 0.0 if len(rows) == limit else self.settings.dispatch_poll_interval_s
+        return 0.0 if len(rows) == limit else self.settings.dispatch.poll_interval_s
 
     def close(self) -> None:
         return None

@@ -51,6 +51,8 @@ from workers.specialist.store import PgCheckpointStore
 
 # At most one progress report about semantic calls per this many seconds (turns are always reported).
 SUBCALL_REPORT_INTERVAL_S = 1.0
+SESSION_ID_DIGEST_CHARS = 40  # hex characters of the job id's SHA-256 in its Monty session id
+SUBCALL_TITLE_CHARS = 80  # of a semantic call's prompt, as its history title (as rlm/session.py titles it)
 # Refusals the sandbox's code gets back as data, which the customer is told about.
 COUNTED_REFUSALS = ("subcall_limit", "prompt_too_large", "batch_too_large")
 RESULT_LOST = (
@@ -88,7 +90,7 @@ class ResumeDiverged(KernelError):
 
 def session_id_for(job_id: str) -> str:
     """The Monty session id of a job (job ids may hold characters session ids may not)."""
-    return "job-" + hashlib.sha256(job_id.encode()).hexdigest()[:40]
+    return "job-" + hashlib.sha256(job_id.encode()).hexdigest()[:SESSION_ID_DIGEST_CHARS]
 
 
 def hosted_settings(
@@ -429,7 +431,7 @@ class HostedKernel:
         assert self.run.plan is not None and self.run.info is not None
         history = self.run.info.history
         for prompt, answer in self.run.plan.step_subcalls.get((turn, index), ()):
-            history.add("subcall", f"PROMPT:\n{prompt}\n\nANSWER:\n{answer}", turn=turn, title=prompt[:80])
+            history.add("subcall", f"PROMPT:\n{prompt}\n\nANSWER:\n{answer}", turn=turn, title=prompt[:SUBCALL_TITLE_CHARS])
 
     def _go_live(self, turn: int, index: int) -> StepResult | None:
         """Recover the newest checkpoint; finish the interrupted step if this is it. None: run the code."""

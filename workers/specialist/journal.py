@@ -38,6 +38,7 @@ from rlm.kernels.checkpoints import Checkpoint
 from rlm.providers.base import Completion, ToolCall, Usage
 from workers.specialist.store import check_fence
 
+MAX_NOTE_CHARS = 500  # of the note on a model call that ended without an answer (kept for the operator)
 IN_FLIGHT_NOTE = "in flight when the worker running it stopped; its usage is unknown"
 
 
@@ -310,7 +311,7 @@ class Journal:
                     "WHERE call_id = :id AND job_id = :j AND state = 'started'"
                 ),
                 {"s": state, "r": None if response is None else json.dumps(response), "pt": prompt_tokens,
-                 "ct": completion_tokens, "c": cost_usd, "m": model, "n": None if note is None else note[:500],
+                 "ct": completion_tokens, "c": cost_usd, "m": model, "n": None if note is None else note[:MAX_NOTE_CHARS],
                  "id": call_id, "j": self.job_id},
             )
 

@@ -48,7 +48,7 @@ def _runnable(loaded: LoadedSpec) -> bool:
 
 
 def rlm_specs(settings: Settings) -> dict[str, LoadedSpec]:
-    return {sid: loaded for sid, loaded in load_specs(settings.specs_dir).items() if loaded.spec.executor == "rlm"}
+    return {sid: loaded for sid, loaded in load_specs(settings.hosted.specs_dir).items() if loaded.spec.executor == "rlm"}
 
 
 @dataclass(frozen=True)
@@ -66,14 +66,14 @@ def _plan(settings: Settings, environ: Mapping[str, str]) -> _Plan:
             RouteProblem(sid, loaded.spec.model_route, "spec_not_runnable", "the spec names no model route or prompt")
             for sid, loaded in sorted(specs.items())
         ), None)
-    if settings.specialist_checkpoint_key is None:
+    if settings.hosted.checkpoint_key is None:
         return _Plan({}, tuple(
             RouteProblem(sid, loaded.spec.model_route, "checkpoint_key_missing",
                          "no key signs checkpoints on this worker; set SPECIALISTS_SPECIALIST_CHECKPOINT_KEY "
                          "(the same value on every worker)")
             for sid, loaded in sorted(runnable.items())
         ), None)
-    routes = ModelRoutes.load(settings.model_routes_file)
+    routes = ModelRoutes.load(settings.hosted.model_routes_file)
     problems = readiness(specs, routes, environ=environ, allow_scripted=settings.scripted_routes_allowed)
     refused = {problem.specialist_id for problem in problems}
     return _Plan({sid: loaded for sid, loaded in specs.items() if sid not in refused}, tuple(problems), routes)
@@ -96,14 +96,14 @@ def specialist_runners(
     plan = _plan(settings, environ)
     if not plan.ready:
         return SpecialistService(problems=plan.problems)
-    assert plan.routes is not None and settings.specialist_checkpoint_key is not None
+    assert plan.routes is not None and settings.hosted.checkpoint_key is not None
     runner = SpecialistRunner(
         engine=engine,
         specs=plan.ready,
         routes=plan.routes,
-        checkpoint_key=settings.specialist_checkpoint_key.get_secret_value().encode(),
+        checkpoint_key=settings.hosted.checkpoint_key.get_secret_value().encode(),
         message_of=message_of,
         environ=environ,
-        max_resumes=settings.specialist_max_resumes,
+        max_resumes=settings.hosted.max_resumes,
     )
     return SpecialistService(runners={sid: runner for sid in plan.ready}, problems=plan.problems)
