@@ -126,7 +126,9 @@ def build_worker_service(
     check_worker_settings(settings)
     worker_id = worker_id or new_worker_id()
     tasks = TaskEvents(engine)
-    settlement = settlement or TaskSettlement(tasks, operator=f"worker:{worker_id}"[:SCHEMA_MAX_ID_CHARS])
+    settlement = settlement or TaskSettlement(
+        tasks, operator=f"worker:{worker_id}"[:SCHEMA_MAX_ID_CHARS], limits=settings.ledger
+    )
     problems: list[dict[str, Any]] = []
     if runners is None:
         runners, problems = with_specialists(settings, engine, tasks, default_runners(settings, tasks, on_step))

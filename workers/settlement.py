@@ -28,7 +28,7 @@ from sqlalchemy import Connection, text
 
 from ledger import operations
 from ledger.errors import ResolutionRefused
-from ledger.limits import default_limits
+from ledger.limits import LedgerSettings, default_limits
 from taskstate import admitted, charge, outbox
 from taskstate.ids import TaskRef
 from taskstate.updates import TaskEvents
@@ -47,10 +47,10 @@ _CLOSE_JOB = text(
 )
 
 
-def ledger_reason(reason: str) -> str:
-    """A reason clipped to what the ledger accepts (SPECIALISTS_LEDGER_MAX_REASON_CHARS), so that recording an
-    outcome is never refused for the length of its explanation."""
-    return reason[: default_limits().max_reason_chars]
+def ledger_reason(reason: str, limits: LedgerSettings) -> str:
+    """A reason the service wrote, clipped to what the ledger accepts (SPECIALISTS_LEDGER_MAX_REASON_CHARS), so
+    that recording an outcome is never refused for the length of its explanation."""
+    return reason[: limits.max_reason_chars]
 
 
 def _runner_credits(detail: dict[str, Any]) -> int | None:
@@ -60,9 +60,10 @@ def _runner_credits(detail: dict[str, Any]) -> int | None:
 
 
 class TaskSettlement:
-    def __init__(self, tasks: TaskEvents, *, operator: str) -> None:
+    def __init__(self, tasks: TaskEvents, *, operator: str, limits: LedgerSettings | None = None) -> None:
         self.tasks = tasks
         self.operator = operator  # who marks reservations unknown, for the ledger's audit record
+        self.limits = limits or default_limits()  # settings.ledger
 
     def settle(self, conn: Connection, job: VerifiedJob, fencing_token: int, outcome: RunOutcome) -> None:
         ref = TaskRef.of_payload(job.payload)
@@ -83,7 +84,8 @@ class TaskSettlement:
         # A refusal raises: the finish rolls back, is retried, and a finish that cannot commit leaves the
         # job to expire into unknown, where an operator sees it. Money is never moved on a guess.
         operations.settle(conn, hold.reservation_id, charged,
-                          ledger_reason(f"job {job.job_id} {outcome.state} (claim {fencing_token})"))
+                          ledger_reason(f"job {job.job_id} {outcome.state} (claim {fencing_token})", self.limits),
+                          limits=self.limits)
 
     @staticmethod
     def _final_metadata(run: journal.RunRecord | None, outcome: RunOutcome, hold: admitted.Hold | None,
@@ -108,7 +110,8 @@ class TaskSettlement:
             return
         try:
             operations.mark_unknown(conn, hold.reservation_id,
-                                    ledger_reason(f"job {ref.job_id} (claim {fencing_token}): {reason}"), self.operator)
+                                    ledger_reason(f"job {ref.job_id} (claim {fencing_token}): {reason}", self.limits),
+                                    self.operator, limits=self.limits)
         except ResolutionRefused as refused:  # already resolved: its outcome is known, nothing to hold
             log.error("job %s is unknown but its reservation is not open: %s", ref.job_id, refused.message)
 

@@ -142,7 +142,7 @@ class EmbeddedDispatcher:
                 outbox.mark_delivered(conn, row)
             return
         error = f"{result.code} (HTTP {result.status})" if result.status else result.code
-        if row.attempts >= self.settings.dispatch.max_attempts and give_up(self.engine, self.tasks, row, error=error):
+        if row.attempts >= self.settings.dispatch.max_attempts and give_up(self.engine, self.tasks, row, error=error, limits=self.settings.ledger):
             return
         if result.verdict == "refused":
             log.warning(

@@ -130,7 +130,7 @@ def run_dispatcher(
     backend = build_backend(settings, engine, tasks, name=name, wake=wake)
     sweeper = LeaseSweeper(
         engine,
-        TaskSettlement(tasks, operator=name),
+        TaskSettlement(tasks, operator=name, limits=settings.ledger),
         max_resumes=settings.hosted.max_resumes,
         resume_window_s=settings.hosted.resume_window_s,
         abandoned_after_s=settings.worker.job_max_age_s + settings.dispatch.deadline_s

@@ -77,7 +77,7 @@ class CloudTasksRelay:
             if rows:
                 crash_here("after_enqueue", self.settings)
         for row, error in to_give_up:
-            if not give_up(self.engine, self.tasks, row, error=error):
+            if not give_up(self.engine, self.tasks, row, error=error, limits=self.settings.ledger):
                 with self.engine.begin() as conn:  # the job has a claim after all (a cancel got there): it decides
                     outbox.mark_delivered(conn, row)
         return 0.0 if len(rows) == limit else self.settings.dispatch.poll_interval_s

@@ -33,6 +33,7 @@ from sqlalchemy import Engine
 
 from ledger import operations
 from ledger.errors import ResolutionRefused
+from ledger.limits import LedgerSettings
 from taskstate import admitted, charge, claims, outbox
 from taskstate.outbox import OutboxRow
 from taskstate.updates import TaskEvents
@@ -76,7 +77,7 @@ class LeaseSweeper:
             error = (f"no worker claimed it within {self.abandoned_after_s:g} s of its hand-over to Cloud Tasks "
                      "(SPECIALISTS_WORKER_JOB_MAX_AGE_S + SPECIALISTS_DISPATCH_DEADLINE_S): the queue stopped "
                      "delivering it")
-            if give_up(self.engine, self.settlement.tasks, outbox_row, error=error):
+            if give_up(self.engine, self.settlement.tasks, outbox_row, error=error, limits=self.settlement.limits):
                 given_up.append(outbox_row.job_id)
         return given_up
 
@@ -102,7 +103,7 @@ class LeaseSweeper:
         return swept
 
 
-def give_up(engine: Engine, tasks: TaskEvents, row: OutboxRow, *, error: str) -> bool:
+def give_up(engine: Engine, tasks: TaskEvents, row: OutboxRow, *, error: str, limits: LedgerSettings) -> bool:
     """Fail a job that no worker ever claimed; False (nothing changed) when one did."""
     job_id = row.job_id
     with engine.begin() as conn:
@@ -125,7 +126,8 @@ def give_up(engine: Engine, tasks: TaskEvents, row: OutboxRow, *, error: str) ->
             charged = charge.charged_credits(ran, reserved_credits=hold.reserved_credits)
             assert charged is not None
             try:
-                operations.settle(conn, hold.reservation_id, charged, ledger_reason(f"job {job_id} undeliverable"))
+                operations.settle(conn, hold.reservation_id, charged, ledger_reason(f"job {job_id} undeliverable", limits),
+                                  limits=limits)
             except ResolutionRefused as refused:
                 log.error("job %s given up, but its reservation was not resolved: %s", job_id, refused.message)
     log.error("job %s given up after %d attempts: %s", job_id, row.attempts, error)
