@@ -39,7 +39,7 @@ COPY taskstate ./taskstate
 COPY app ./app
 COPY workers ./workers
 COPY rlm ./rlm
-COPY specialists ./specialists
+COPY ops ./ops
 COPY migrations ./migrations
 COPY specs ./specs
 COPY infra/model_routes.toml infra/entrypoint.sh ./infra/

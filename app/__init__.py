@@ -5,5 +5,5 @@ builders, the request handler, the cluster task store and event stream); this
 package adds what the SDK leaves to the service: authentication, tenancy,
 admission (limits, idempotency, credits), rate limits, the dispatch outbox,
 cancel, and observability. Specialists run on workers (``workers/``), never in
-the edge. ``app.service.create_app`` assembles it.
+the edge. ``app.assembly.create_app`` assembles it.
 """

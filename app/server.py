@@ -5,7 +5,7 @@ from __future__ import annotations
 import uvicorn
 
 from app.observability import configure_logging
-from app.service import create_app
+from app.assembly import create_app
 from core.settings import Settings
 
 # Streams get this long to end on their own when the server stops.

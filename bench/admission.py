@@ -288,7 +288,7 @@ def customers(url: str, count: int) -> list[str]:
     from sqlalchemy import create_engine
 
     from ledger import keys
-    from ledger.service import Ledger
+    from ledger.client import Ledger
 
     engine = create_engine(url)
     signer = keys.KeySigner([SECRET], "test")
@@ -334,7 +334,7 @@ def main() -> None:
         }
     )
     edge = subprocess.Popen(
-        [sys.executable, "-m", "specialists.cli", "serve", "--port", str(edge_port)],
+        [sys.executable, "-m", "ops.cli", "serve", "--port", str(edge_port)],
         env=env,
         cwd=ROOT,
         stdout=subprocess.DEVNULL,

@@ -195,7 +195,7 @@ def customers(url: str, count: int, prefix: str) -> list[str]:
     from sqlalchemy import create_engine
 
     from ledger import keys
-    from ledger.service import Ledger
+    from ledger.client import Ledger
 
     engine = create_engine(url)
     signer = keys.KeySigner([KEY_SECRET], "test")
@@ -310,13 +310,13 @@ def main() -> None:
     results: dict[str, dict] = {}
     try:
         for port in worker_ports:
-            processes.append(subprocess.Popen([sys.executable, "-m", "specialists.cli", "worker", "--port", str(port)],
+            processes.append(subprocess.Popen([sys.executable, "-m", "ops.cli", "worker", "--port", str(port)],
                                               env=env, cwd=ROOT, stdout=subprocess.DEVNULL))
         processes.append(subprocess.Popen(
-            [sys.executable, "-m", "specialists.cli", "dispatcher"], cwd=ROOT, stdout=subprocess.DEVNULL,
+            [sys.executable, "-m", "ops.cli", "dispatcher"], cwd=ROOT, stdout=subprocess.DEVNULL,
             env={**env, "SPECIALISTS_DISPATCH_WORKER_URL": ",".join(f"http://127.0.0.1:{p}/jobs" for p in worker_ports)},
         ))
-        edge = subprocess.Popen([sys.executable, "-m", "specialists.cli", "serve", "--port", str(edge_port)],
+        edge = subprocess.Popen([sys.executable, "-m", "ops.cli", "serve", "--port", str(edge_port)],
                                 env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
         processes.append(edge)
         for index, port in enumerate(worker_ports):

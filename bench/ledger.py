@@ -5,7 +5,7 @@
 Starts its own database: a fresh database on the server named by DATABASE_URL when it
 is set (dropped afterwards), otherwise an embedded PostgreSQL in a temporary folder.
 Each of ``--clients`` threads repeatedly reserves 5 credits for a new job and settles
-it charging 3, through ``ledger.service.Ledger`` (the code path of own-transaction
+it charging 3, through ``ledger.client.Ledger`` (the code path of own-transaction
 calls), on one hot account and then spread over ``--accounts`` accounts.
 
 The baseline, run side by side in the same process and the same client threads, is the
@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from sqlalchemy import create_engine, text  # noqa: E402
 
 from core import db  # noqa: E402
-from ledger.service import Ledger  # noqa: E402
+from ledger.client import Ledger  # noqa: E402
 
 RESERVE_CREDITS = 5
 CHARGE_CREDITS = 3

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.load [--customers 16] [--seconds 30] [--cancel 0.1] [--duplicate 0.1]
                                    [--kill-every 8] [--dispatcher embedded|cloud-tasks] [--no-baseline] [--json]
 
-Builds the service as a deployment on 127.0.0.1 (``specialists.drill.topology.LocalTopology``: a
+Builds the service as a deployment on 127.0.0.1 (``ops.drill.topology.LocalTopology``: a
 fresh database on DATABASE_URL's server or on the embedded PostgreSQL, two API instances, two
 workers with 4 job slots each, the dispatcher; leases of 2 s), then runs the same load twice on it,
 each run with customers of its own:
@@ -26,7 +26,7 @@ A customer waits for its task at most the script's time + the cancel bound + the
 (the time a dead worker's job takes to become unknown) + 5 s, as ``gave_up``. After each run: no
 more sends; wait until every task is terminal or listed unknown (given up when no task settles
 for the longest script + the cancel bound + the lease and sweep + 30 s, for a restarting worker
-and redeliveries, or after 10 minutes in all); then ``specialists.drill.audit.audit`` (every task
+and redeliveries, or after 10 minutes in all); then ``ops.drill.audit.audit`` (every task
 terminal or unknown, each resolved once, nothing charged without a claim, ``ledger verify`` clean).
 
 With ``--dispatcher cloud-tasks`` the relay hands jobs to the Cloud Tasks emulator, which calls the
@@ -73,9 +73,9 @@ from sqlalchemy import bindparam, text  # noqa: E402
 from bench.dispatch import percentiles  # noqa: E402
 from core.settings import Settings  # noqa: E402
 from ledger import keys  # noqa: E402
-from ledger.service import Ledger  # noqa: E402
-from specialists.drill.audit import TERMINAL, Audit, audit  # noqa: E402
-from specialists.drill.topology import DispatcherKind, LocalTopology, Progress, server_url  # noqa: E402
+from ledger.client import Ledger  # noqa: E402
+from ops.drill.audit import TERMINAL, Audit, audit  # noqa: E402
+from ops.drill.topology import DispatcherKind, LocalTopology, Progress, server_url  # noqa: E402
 
 SPECIALIST = "drill"  # specs/drill.yaml: executor scripted, tariff 2 credits, skill `drill`
 CREDITS_PER_CUSTOMER = 100_000

@@ -193,7 +193,7 @@ def main() -> None:
     from core import db
     from core.settings import Settings
     from ledger import keys
-    from ledger.service import Ledger
+    from ledger.client import Ledger
 
     files = bundle(args.files)
     size_kib = sum(len(t.encode()) for t in files.values()) / 1024
@@ -213,7 +213,7 @@ def main() -> None:
         "SPECIALISTS_SERVE_DISPATCHER": "true", "SPECIALISTS_LOG_LEVEL": "WARNING",
         "SPECIALISTS_MAX_REQUEST_BODY_BYTES": str(4 * 1024 * 1024),
     })
-    serve = subprocess.Popen([sys.executable, "-m", "specialists.cli", "serve"], cwd=ROOT, env=env,
+    serve = subprocess.Popen([sys.executable, "-m", "ops.cli", "serve"], cwd=ROOT, env=env,
                              stdout=subprocess.DEVNULL, stderr=(folder / "serve.log").open("wb"))
     engine = db.make_engine(url, Settings(database={"url": url}))
     base = f"http://127.0.0.1:{port}"

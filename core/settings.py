@@ -470,7 +470,7 @@ class ServeSettings(Section):
 
 
 class HostedSettings(Section):
-    """The hosted specialists (workers/specialist, docs/SPECIALISTS.md): which specs, which model routes,
+    """The hosted specialists (workers/hosted_rlm, docs/SPECIALISTS.md): which specs, which model routes,
     checkpoints and resumes. A spec's own limits live in specs/*.yaml, bounded by core/specs.py."""
 
     model_config = SettingsConfigDict(env_prefix="SPECIALISTS_SPECIALIST_")

@@ -6,7 +6,7 @@ row in one transaction, and a worker can finish a task and settle it in one. Use
 READ COMMITTED (PostgreSQL's default): the functions lock the customer's account row
 and rely on re-reading the newest row versions after that lock.
 
-For an operation in its own transaction, use ``ledger.service.Ledger``.
+For an operation in its own transaction, use ``ledger.client.Ledger``.
 """
 
 from __future__ import annotations

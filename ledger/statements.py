@@ -3,7 +3,7 @@
 Pure, so every way of running a statement shares every line of it: the functions on a
 caller's ``Connection`` (``ledger.operations``, via ``exec_driver_sql``), an async twin on
 an ``AsyncConnection`` (``await conn.exec_driver_sql(...)``), and the own-transaction
-fast path (``ledger.service``). Build the parameters with a ``*_params`` function (it
+fast path (``ledger.client``). Build the parameters with a ``*_params`` function (it
 refuses bad input before anything reaches the database), execute the statement, hand
 the row mapping to the matching ``parse_*``.
 

@@ -63,7 +63,7 @@ class Job(Protocol):
 
 
 class Outcome(Protocol):
-    """How a run ended, as the runner says it (``workers.runner.RunOutcome``)."""
+    """How a run ended, as the runner says it (``workers.runs.RunOutcome``)."""
 
     @property
     def state(self) -> str: ...

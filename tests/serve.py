@@ -17,7 +17,7 @@ import httpx
 from core.settings import PROJECT_ROOT
 from tests import http_calls
 from tests.app.conftest import edge_env, free_port
-from tests.specialists import support
+from tests.workers.hosted_rlm import support
 from tests.workers.conftest import WORKER_SECRET
 from tests.workers.system import drop_database, fresh_database
 
@@ -40,7 +40,7 @@ def running_service(server_url: str, log_dir: Path, ready_timeout_s: float = 60)
                    model_routes_allow_scripted="true", specialist_checkpoint_key=support.CHECKPOINT_KEY.decode(),
                    db_pool_size="3", db_max_overflow="6")
     log_path = log_dir / "serve.log"
-    serve = subprocess.Popen([sys.executable, "-m", "specialists.cli", "serve", "--port", str(port)], env=env,
+    serve = subprocess.Popen([sys.executable, "-m", "ops.cli", "serve", "--port", str(port)], env=env,
                              cwd=PROJECT_ROOT, stdout=log_path.open("wb"), stderr=subprocess.STDOUT,
                              start_new_session=True)
     base = f"http://127.0.0.1:{port}"

@@ -10,7 +10,7 @@ from pathlib import Path
 from core.settings import PROJECT_ROOT
 from tests.import_graph import cycles, module_graph
 
-ROOMS = ["core", "ledger", "taskstate", "app", "workers", "specialists", "rlm"]
+ROOMS = ["core", "ledger", "taskstate", "app", "workers", "ops", "rlm"]
 
 # Which rooms each room may import (besides itself). Arrows point one way.
 MAY_IMPORT = {
@@ -19,7 +19,7 @@ MAY_IMPORT = {
     "taskstate": {"core", "ledger"},
     "app": {"core", "ledger", "taskstate"},
     "workers": {"core", "ledger", "taskstate", "rlm"},
-    "specialists": {"core", "ledger", "taskstate", "app", "workers", "rlm"},
+    "ops": {"core", "ledger", "taskstate", "app", "workers", "rlm"},
     "rlm": set(),
 }
 
@@ -35,10 +35,10 @@ OWNERS = {
     "edge_messages": "app/admission.py",
     "edge_contexts": "app/admission.py",
     "edge_rate_windows": "app/ratelimit.py",
-    "specialist_runs": "workers/specialist/journal.py",
-    "specialist_calls": "workers/specialist/journal.py",
-    "specialist_steps": "workers/specialist/journal.py",
-    "specialist_checkpoints": "workers/specialist/store.py",
+    "specialist_runs": "workers/hosted_rlm/journal.py",
+    "specialist_calls": "workers/hosted_rlm/journal.py",
+    "specialist_steps": "workers/hosted_rlm/journal.py",
+    "specialist_checkpoints": "workers/hosted_rlm/store.py",
     "schema_compatibility": "core/db.py",
     "alembic_version": "core/db.py",
     # The ledger's tables change only through its server-side functions (migration 0002, called from
@@ -55,7 +55,7 @@ OWNERS = {
 }
 # Auditors read every table to check what the owners did, and never write: an audit that went through the
 # code it audits would trust it. The drill's scenarios and end-state audit are the service's auditors.
-AUDITORS = ("specialists/drill/",)
+AUDITORS = ("ops/drill/",)
 SQL = re.compile(r"\b(SELECT|INSERT INTO|UPDATE|DELETE FROM|CREATE TABLE|ALTER TABLE)\b")
 WRITES = re.compile(r"\b(INSERT INTO|UPDATE|DELETE FROM|TRUNCATE)\s+(\w+)")
 

@@ -25,7 +25,7 @@ from a2a.server.context import ServerCallContext
 from a2a.server.events.event_queue import Event, EventQueue
 from a2a.types.a2a_pb2 import Message, SendMessageRequest, Task, TaskArtifactUpdateEvent, TaskState, TaskStatusUpdateEvent
 
-from workers.runner import RunContext, RunOutcome
+from workers.runs import RunContext, RunOutcome
 from taskstate.updates import TaskEvents
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from sqlalchemy.exc import DBAPIError
 from core.errors import ServiceError
 from taskstate import claims
 from workers.auth import VerifiedJob
-from workers.runner import RunOutcome
+from workers.runs import RunOutcome
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from ledger.limits import LedgerSettings
 from ledger.results import ResolveResult
 from taskstate import admitted, charge, claims, outbox
 from taskstate.updates import TaskEvents
-from workers.specialist import journal
+from workers.hosted_rlm import journal
 
 RECONCILE_STATES = ("completed", "failed", "canceled")
 

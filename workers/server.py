@@ -49,7 +49,7 @@ from core.settings import Settings
 from taskstate import claims, ids
 from workers.auth import BODY_TOO_LARGE, JobSigner, OidcVerifier, VerifiedJob, WorkerAuthRefused
 from workers.finish import Finisher, Settlement
-from workers.runner import EventSink, RunContext, Runner, RunOutcome
+from workers.runs import EventSink, RunContext, Runner, RunOutcome
 
 log = logging.getLogger(__name__)
 

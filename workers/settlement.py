@@ -33,8 +33,8 @@ from taskstate import admitted, charge, outbox
 from taskstate.ids import TaskRef
 from taskstate.updates import TaskEvents
 from workers.auth import VerifiedJob
-from workers.runner import RunOutcome
-from workers.specialist import a2a, journal
+from workers.runs import RunOutcome
+from workers.hosted_rlm import a2a, journal
 
 log = logging.getLogger(__name__)
 

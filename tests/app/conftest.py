@@ -32,7 +32,7 @@ from sqlalchemy import Engine, text
 
 from core.settings import PROJECT_ROOT
 from ledger import keys
-from ledger.service import Ledger
+from ledger.client import Ledger
 from tests import http_calls
 from tests.conftest import TEST_SECRET
 
@@ -108,7 +108,7 @@ def start_edge(database_url: str, specs_dir: Path, log_dir: Path, name: str, **s
     log_path = log_dir / f"{name}.log"
     log_file = log_path.open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "specialists.cli", "serve", "--port", str(port)],
+        [sys.executable, "-m", "ops.cli", "serve", "--port", str(port)],
         env=edge_env(database_url, specs_dir, **settings),
         cwd=PROJECT_ROOT,
         stdout=log_file,

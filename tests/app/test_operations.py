@@ -87,7 +87,7 @@ def test_keys_never_reach_the_logs_even_at_debug(edge_b, make_customer):
 
 def run_serve(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "specialists.cli", "serve", *args],
+        [sys.executable, "-m", "ops.cli", "serve", *args],
         env=env,
         cwd=PROJECT_ROOT,
         capture_output=True,

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from bench.load import TRANSPORT, run_load
-from specialists.drill.audit import TERMINAL
-from specialists.drill.topology import LocalTopology
+from ops.drill.audit import TERMINAL
+from ops.drill.topology import LocalTopology
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 

@@ -21,8 +21,8 @@ from core import db
 from core.settings import PROJECT_ROOT, Settings, WorkerSettings
 from core.settings_doc import settings_fields
 from core.specs import load_specs
-from specialists.cli import build_parser, cmd_db_upgrade, cmd_serve, cmd_worker
-from specialists.drill.cli import cmd_drill
+from ops.cli import build_parser, cmd_db_upgrade, cmd_serve, cmd_worker
+from ops.drill.cli import cmd_drill
 from tests import http_calls
 from tests.deploy.conftest import terraform_environment
 from tests.deploy.manifests import Terraform, container, container_env, dockerfile_stages, revision_template
@@ -138,7 +138,7 @@ def test_a_key_and_credits_the_drill_job_gives_from_its_environment_are_honoured
 
 
 def test_the_drill_job_has_the_apis_key_signing_secrets_and_key_environment(tf, database_url, monkeypatch):
-    from specialists import local_secrets
+    from ops import local_secrets
 
     drill = container_env(tf, JOB, "drill")
     api = container_env(tf, SERVICE, "api")
@@ -184,7 +184,7 @@ def test_every_variable_terraform_sets_is_a_real_setting_or_a_model_key(tf, role
 
 
 def test_the_api_gets_everything_serve_and_its_relay_refuse_to_start_without(tf, database_url, monkeypatch):
-    from specialists import local_secrets
+    from ops import local_secrets
     from workers.dispatch.process import check_dispatcher_settings
 
     settings = settings_from(terraform_environment(tf, SERVICE, "api", database_url), monkeypatch)
@@ -202,8 +202,8 @@ def test_the_api_gets_everything_serve_and_its_relay_refuse_to_start_without(tf,
 
 
 def test_the_worker_gets_everything_it_refuses_to_start_or_serve_without(tf, database_url, monkeypatch):
-    from workers.service import check_worker_settings
-    from workers.specialist.service import check_readiness
+    from workers.assembly import check_worker_settings
+    from workers.hosted_rlm.serving import check_readiness
 
     env = terraform_environment(tf, SERVICE, "worker", database_url)
     settings = settings_from(env, monkeypatch)

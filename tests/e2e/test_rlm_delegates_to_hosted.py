@@ -29,7 +29,7 @@ REVIEWER_TARIFF = 20
 
 
 def specialists(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specialists.cli", *args], env=env, cwd=PROJECT_ROOT,
+    return subprocess.run([sys.executable, "-m", "ops.cli", *args], env=env, cwd=PROJECT_ROOT,
                           capture_output=True, text=True, timeout=90)
 
 

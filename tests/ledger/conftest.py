@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from ledger.service import Ledger
+from ledger.client import Ledger
 
 
 def new_customer(prefix: str = "t") -> str:

@@ -559,7 +559,7 @@ def test_available_credits_cover_every_lot_whatever_the_listing_limit(engine, le
 def test_an_autocommit_engine_keeps_its_mode_after_ledger_calls(database_url, settings, customer, t0):
     from sqlalchemy import create_engine
 
-    from ledger.service import Ledger
+    from ledger.client import Ledger
 
     engine = create_engine(database_url, isolation_level="AUTOCOMMIT", pool_size=1, max_overflow=0)
     try:

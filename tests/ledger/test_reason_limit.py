@@ -15,7 +15,7 @@ from core.errors import ServiceError
 from core.settings import Settings
 from ledger import keys
 from ledger.errors import LedgerInputInvalid
-from ledger.service import Ledger
+from ledger.client import Ledger
 from tests.conftest import TEST_SECRET
 from tests.ledger.conftest import new_customer, new_job
 

@@ -18,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from ledger.errors import AdjustRefused, GrantRefused, LedgerInputInvalid, ResolutionRefused
 from ledger.limits import default_limits
-from ledger.service import Ledger
+from ledger.client import Ledger
 
 SKILLS = ("review", "translate")
 

@@ -18,9 +18,9 @@ from core.settings import Settings
 from tests import http_calls
 from tests.workers.conftest import WORKER_SECRET
 from workers.auth import JobSigner
-from workers.runner import ScriptedRunner, ScriptStep
+from workers.runs import ScriptedRunner, ScriptStep
 from workers.server import JOBS_PATH, create_worker_app
-from workers.service import build_worker_service
+from workers.assembly import build_worker_service
 
 
 class Served:

@@ -195,7 +195,7 @@ class System:
         urls = worker_urls or [w.url for w in self.workers if w.process.poll() is None]
         log_path = self.folder / f"dispatcher-{len(self.dispatchers)}.log"
         process = subprocess.Popen(
-            [sys.executable, "-m", "specialists.cli", "dispatcher"],
+            [sys.executable, "-m", "ops.cli", "dispatcher"],
             cwd=PROJECT_ROOT,
             env=self.env(dispatch_worker_url=",".join(urls), **overrides),
             stdout=subprocess.DEVNULL,

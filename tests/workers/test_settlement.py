@@ -8,7 +8,7 @@ from a2a.types.a2a_pb2 import Task, TaskState, TaskStatus
 from sqlalchemy import text
 
 from core.settings import Settings
-from ledger.service import Ledger
+from ledger.client import Ledger
 from taskstate import rows
 from taskstate.ids import TaskRef
 from taskstate.updates import TaskEvents

@@ -29,7 +29,7 @@ from sqlalchemy import text
 from core import db
 from core.settings import PROJECT_ROOT, Settings
 from ledger import keys
-from ledger.service import Ledger
+from ledger.client import Ledger
 from tests import http_calls
 from tests.conftest import TEST_SECRET
 from tests.workers.conftest import QUEUE, SERVICE_ACCOUNT, WORKER_SECRET
@@ -139,7 +139,7 @@ def specialists(system: System, *args: str) -> subprocess.CompletedProcess:
     env = system.env()
     env["SPECIALISTS_KEY_SIGNING_SECRETS"] = TEST_SECRET
     return subprocess.run(
-        [sys.executable, "-m", "specialists.cli", *args, "--json", "--operator", "ops-drill"],
+        [sys.executable, "-m", "ops.cli", *args, "--json", "--operator", "ops-drill"],
         env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60,
     )
 

@@ -1,6 +1,6 @@
 """A worker in its own process, for crash tests: ``python -m tests.workers.worker_process STEP_LOG``.
 
-The real worker (``workers.service.run_worker``: the default runners, the real
+The real worker (``workers.assembly.run_worker``: the default runners, the real
 settlement and task events), with settings from the environment like any
 worker's, on a free port. The scripted runner appends each step it starts to
 STEP_LOG (flushed at once, so a SIGKILL loses nothing written before it), which
@@ -14,8 +14,8 @@ import os
 import sys
 
 from core.settings import Settings
-from workers.runner import ScriptStep
-from workers.service import run_worker
+from workers.runs import ScriptStep
+from workers.assembly import run_worker
 
 
 def main() -> None:

@@ -37,7 +37,7 @@ from ledger.limits import LedgerSettings
 from taskstate import admitted, charge, claims, outbox
 from taskstate.outbox import OutboxRow
 from taskstate.updates import TaskEvents
-from workers.runner import RunOutcome
+from workers.runs import RunOutcome
 from workers.settlement import TaskSettlement, ledger_reason
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,511 @@
+"""The `specialists` operator command: database, keys, credits, reservations, the ledger, the service
+(`serve` the whole service on one machine, or its parts: `worker`, `dispatcher`).
+
+Every subcommand prints a table for people and accepts ``--json`` for scripts;
+exit codes are listed in ``ops.output``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import cached_property
+
+from pydantic import ValidationError
+from sqlalchemy import Engine
+
+from core import db
+from core.errors import ServiceError
+from core.settings import Settings, describe_invalid
+from core.specs import SpecInvalid
+from ledger import keys
+from ops import local_secrets, output
+from ops.output import EXIT_CONFIG, EXIT_DATABASE, EXIT_OK, EXIT_REFUSED, emit, fail, say
+
+
+@dataclass
+class Ctx:
+    """What a subcommand needs: settings, the database (opened on first use), output mode."""
+
+    settings: Settings
+    as_json: bool
+    operator: str
+    generated_secrets: list[str] = field(default_factory=list)
+    _engine: Engine | None = field(default=None, init=False)
+
+    @cached_property
+    def url(self) -> str:
+        return db.database_url(self.settings)
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = db.make_engine(self.url, self.settings)
+        return self._engine
+
+    def engine_at_head(self) -> Engine:
+        db.require_schema_at_head(self.engine)
+        return self.engine
+
+    def signer(self) -> keys.KeySigner:
+        return keys.KeySigner(
+            [s.get_secret_value() for s in self.settings.keys.signing_secrets], self.settings.keys.environment
+        )
+
+
+# --- db ---------------------------------------------------------------------
+
+
+def cmd_db_upgrade(ctx: Ctx, args: argparse.Namespace) -> int:
+    before = _current_or_none(ctx)
+    db.upgrade(ctx.url)
+    after = db.current_revision(ctx.engine)
+    emit(
+        {"database": db.redact_url(ctx.url), "from": before, "to": after, "head": db.head_revision()},
+        as_json=ctx.as_json,
+        title="schema upgraded" if before != after else "schema already at head",
+    )
+    return EXIT_OK
+
+
+def cmd_db_status(ctx: Ctx, args: argparse.Namespace) -> int:
+    current = _current_or_none(ctx)
+    head = db.head_revision()
+    emit(
+        {"database": db.redact_url(ctx.url), "current": current, "head": head, "at_head": current == head},
+        as_json=ctx.as_json,
+        title="schema",
+    )
+    return EXIT_OK if current == head else EXIT_DATABASE
+
+
+def _current_or_none(ctx: Ctx) -> str | None:
+    try:
+        return db.current_revision(ctx.engine)
+    except Exception as exc:
+        raise db.DatabaseUnavailable(
+            f"cannot reach the database at {db.redact_url(ctx.url)} ({type(exc).__name__}); check DATABASE_URL"
+        ) from exc
+
+
+# --- keys -------------------------------------------------------------------
+
+_KEY_COLUMNS = ["key_id", "customer_id", "environment", "tier", "label", "issued_at", "expires_at", "revoked_at"]
+
+
+def cmd_keys_issue(ctx: Ctx, args: argparse.Namespace) -> int:
+    ttl_days = args.ttl_days if args.ttl_days is not None else ctx.settings.keys.default_ttl_days
+    if not 1 <= ttl_days <= 3650:
+        return fail("ttl_invalid", "--ttl-days must be between 1 and 3650", as_json=ctx.as_json)
+    issued = keys.issue_key(
+        ctx.engine_at_head(),
+        ctx.signer(),
+        customer_id=args.customer,
+        tier=args.tier,
+        ttl=timedelta(days=ttl_days),
+        label=args.label,
+    )
+    record = {
+        "key_id": issued.identity.key_id,
+        "customer_id": issued.identity.customer_id,
+        "tier": issued.identity.tier,
+        "environment": issued.identity.environment,
+        "issued_at": issued.identity.issued_at,
+        "expires_at": issued.identity.expires_at,
+        "key": issued.token,
+    }
+    if ctx.as_json:
+        output.emit_json(record)
+    else:
+        emit({k: v for k, v in record.items() if k != "key"}, as_json=False, title="key issued")
+        say("The key is shown once and is not stored; hand it to the customer now:")
+        print(issued.token)
+    return EXIT_OK
+
+
+def cmd_keys_list(ctx: Ctx, args: argparse.Namespace) -> int:
+    rows = keys.list_keys(ctx.engine_at_head(), args.customer)
+    emit(rows, as_json=ctx.as_json, columns=_KEY_COLUMNS, title="keys")
+    return EXIT_OK
+
+
+def cmd_keys_revoke(ctx: Ctx, args: argparse.Namespace) -> int:
+    changed = keys.revoke_key(
+        ctx.engine_at_head(), args.key_id, reason=args.reason, operator=ctx.operator, limits=ctx.settings.ledger
+    )
+    emit(
+        {
+            "key_id": args.key_id,
+            "revoked": True,
+            "already_revoked": not changed,
+            "effective_within_s": ctx.settings.keys.revocation_cache_s,
+        },
+        as_json=ctx.as_json,
+        title="key revoked" if changed else "key was already revoked",
+    )
+    return EXIT_OK
+
+
+def cmd_keys_verify(ctx: Ctx, args: argparse.Namespace) -> int:
+    presented = sys.stdin.readline(keys.MAX_KEY_CHARS + 2).strip()
+    if not presented:
+        return fail("key_missing", "pipe the key on standard input: `specialists keys verify < key.txt`", as_json=ctx.as_json)
+    verifier = keys.KeyVerifier(ctx.signer(), ctx.engine_at_head(), revocation_cache_s=0)
+    try:
+        identity = verifier.verify(presented)
+    except keys.KeyRefused as refused:
+        if ctx.as_json:
+            output.emit_json({"valid": False, "reason": refused.code, "message": refused.message})
+            return EXIT_REFUSED
+        return fail(refused.code, refused.message, as_json=False)
+    emit(
+        {
+            "valid": True,
+            "key_id": identity.key_id,
+            "customer_id": identity.customer_id,
+            "tier": identity.tier,
+            "environment": identity.environment,
+            "expires_at": identity.expires_at,
+        },
+        as_json=ctx.as_json,
+        title="key is valid",
+    )
+    return EXIT_OK
+
+
+# --- serve, worker, dispatcher ---------------------------------------------
+
+# How long `serve` waits for its worker to answer before it gives up starting.
+CHILD_START_TIMEOUT_S = 30.0
+# After its drain, how long a child may take to exit once asked before it is killed.
+CHILD_STOP_MARGIN_S = 5.0
+
+
+class _Stopping:
+    """SIGINT/SIGTERM while `serve` runs: remembered, so that shutdown stops the children before exiting.
+
+    uvicorn re-raises the signal it handled once it stops; with these handlers in place that
+    ends here instead of killing the process before its children are stopped."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.signal = signum
+
+
+def _die_with_parent() -> None:
+    """In a child of `serve`: get SIGTERM when `serve` dies, even by SIGKILL (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _child_env(settings: Settings, url: str, **extra: str) -> dict[str, str]:
+    """A child's environment: this one, plus what `serve` resolved (the database, local secrets)."""
+    env = dict(os.environ)
+    env["DATABASE_URL"] = url
+    for name, variable in local_secrets.GENERATED.items():
+        value = local_secrets.current(settings, name)
+        values = [secret.get_secret_value() for secret in (value if isinstance(value, list) else [value] if value else [])]
+        if values:
+            env[variable] = ",".join(values)
+    env.update(extra)
+    return env
+
+
+def _start_child(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "ops.cli", *command], env=env, preexec_fn=_die_with_parent
+    )
+
+
+def _wait_for_worker(worker: subprocess.Popen, url: str, stopping: _Stopping) -> None:
+    import httpx
+
+    deadline = time.monotonic() + CHILD_START_TIMEOUT_S
+    while time.monotonic() < deadline and stopping.signal is None:
+        if worker.poll() is not None:
+            raise _ChildFailed(f"the worker exited with status {worker.returncode} while starting (see its log above)")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    if stopping.signal is None:
+        raise _ChildFailed(f"the worker did not answer {url} within {CHILD_START_TIMEOUT_S:g} s")
+
+
+class _ChildFailed(ServiceError):
+    code = "child_failed"
+
+
+def _stop_children(children: list[subprocess.Popen], wait_s: float) -> None:
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    for child in children:
+        try:
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def _assign(settings: Settings, section: str, name: str, value: object) -> None:
+    """Set one field of a section, validated as its environment variable would be."""
+    part = getattr(settings, section)
+    part.__pydantic_validator__.validate_assignment(part, name, value)
+
+
+def _config_problem(problem: ServiceError, as_json: bool) -> int:
+    return fail(problem.code, problem.message, as_json=as_json, exit_code=EXIT_CONFIG)
+
+
+def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
+    """The whole service on this machine: the A2A edge here, and a worker and a dispatcher as child processes
+    (SPECIALISTS_SERVE_WORKER, SPECIALISTS_SERVE_DISPATCHER). Ctrl-C stops all three."""
+    from workers.dispatch.process import DispatcherNotConfigured, check_dispatcher_settings
+    from workers.assembly import WorkerNotConfigured, check_worker_settings
+
+    settings = ctx.settings.model_copy(deep=True)
+    for section, name, value in (("edge", "host", args.host), ("edge", "port", args.port), ("worker", "port", args.worker_port)):
+        if value is not None:  # validated like the environment variable would be
+            _assign(settings, section, name, value)
+    child_settings: dict[str, str] = {}
+    if settings.database.embedded:
+        # The children get the embedded database's URL (DATABASE_URL), but they run on this one machine too.
+        child_settings["SPECIALISTS_MODEL_ROUTES_ALLOW_SCRIPTED"] = "true"
+    if settings.serve.worker and settings.dispatch.backend == "embedded":
+        # One machine: its own dispatcher sends no OIDC token; the signed body is the worker's check.
+        _assign(settings, "worker", "oidc_verify", False)
+        child_settings["SPECIALISTS_WORKER_OIDC_VERIFY"] = "false"
+    try:
+        needed = ["key_signing_secrets"]
+        if settings.serve.worker or settings.serve.dispatcher:
+            needed.append("worker_job_secrets")
+        local_secrets.require(settings, needed)
+        if settings.serve.worker:
+            check_worker_settings(settings)
+        if settings.serve.dispatcher:
+            check_dispatcher_settings(settings)
+    except (local_secrets.SecretMissing, WorkerNotConfigured, DispatcherNotConfigured) as problem:
+        return _config_problem(problem, ctx.as_json)
+    if settings.database.embedded:
+        # The embedded database belongs to this machine's service: bring it to head.
+        db.upgrade(ctx.url)
+    db.require_schema_at_head(ctx.engine)
+    from app.server import serve  # the web stack loads only for this command
+    from core.specs import load_specs
+
+    specs = load_specs(settings.hosted.specs_dir)  # an invalid spec stops here, naming the file and field
+    from workers.hosted_rlm.serving import check_readiness
+
+    # A route whose key is missing is reported now (and by the worker's /readyz), not by a customer's task.
+    not_ready = check_readiness(settings) if settings.serve.worker else []
+    worker_url = f"http://{settings.worker.host}:{settings.worker.port}"
+    dispatch_to = f"{worker_url}/jobs" if settings.serve.worker else settings.dispatch.worker_url
+    emit(
+        {
+            "database": db.redact_url(ctx.url),
+            "embedded": settings.database.embedded,
+            "schema": db.current_revision(ctx.engine),
+            "specialists": ", ".join(sorted(specs)),
+            "not ready": "; ".join(f"{p.specialist_id}: {p.message}" for p in not_ready) if not_ready else "none",
+            "url": settings.edge.url,
+            "worker": worker_url if settings.serve.worker else "not started here (SPECIALISTS_SERVE_WORKER)",
+            "dispatcher": f"{settings.dispatch.backend} to {dispatch_to}"
+            if settings.serve.dispatcher
+            else "not started here (SPECIALISTS_SERVE_DISPATCHER)",
+            "local secrets": ", ".join(ctx.generated_secrets) + f" generated into {local_secrets.secrets_path(settings)}"
+            if ctx.generated_secrets
+            else "none generated",
+        },
+        as_json=ctx.as_json,
+        title="service starting",
+    )
+    ctx.engine.dispose()
+    stopping = _Stopping()
+    children: list[subprocess.Popen] = []
+    try:
+        if settings.serve.worker:
+            worker = _start_child(
+                ["worker", "--host", settings.worker.host, "--port", str(settings.worker.port)],
+                _child_env(settings, ctx.url, **child_settings),
+            )
+            children.append(worker)
+            _wait_for_worker(worker, f"{worker_url}/healthz", stopping)
+        if settings.serve.dispatcher:
+            children.append(
+                _start_child(["dispatcher"], _child_env(settings, ctx.url, SPECIALISTS_DISPATCH_WORKER_URL=dispatch_to))
+            )
+        if stopping.signal is None:
+            serve(settings, ctx.url)
+    except _ChildFailed as problem:
+        return fail(problem.code, problem.message, as_json=ctx.as_json)
+    finally:
+        _stop_children(children, settings.worker.drain_s + CHILD_STOP_MARGIN_S)
+    return EXIT_OK
+
+
+def _configure_logging(settings: Settings) -> None:
+    from app.observability import configure_logging
+
+    configure_logging(settings.log.level)
+
+
+def cmd_worker(ctx: Ctx, args: argparse.Namespace) -> int:
+    """Serve the private worker endpoint (POST /jobs) until stopped."""
+    from workers.assembly import WorkerNotConfigured, run_worker
+
+    settings = ctx.settings.model_copy(deep=True)
+    for name, value in (("host", args.host), ("port", args.port)):
+        if value is not None:
+            _assign(settings, "worker", name, value)
+    _configure_logging(settings)
+    # uvicorn re-raises the signal it stopped on once it has stopped; with these handlers that ends here
+    # (exit 0) instead of in a KeyboardInterrupt traceback or a kill by the default SIGTERM action.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: None)
+    try:
+        run_worker(settings, host=settings.worker.host, port=settings.worker.port, database_url=ctx.url)
+    except WorkerNotConfigured as problem:
+        return _config_problem(problem, ctx.as_json)
+    return EXIT_OK
+
+
+def cmd_dispatcher(ctx: Ctx, args: argparse.Namespace) -> int:
+    """Deliver the outbox to workers (embedded) or relay it to Cloud Tasks, and sweep expired leases."""
+    from workers.dispatch.base import DispatchRefused
+    from workers.dispatch.process import DispatcherNotConfigured, run_dispatcher
+
+    _configure_logging(ctx.settings)
+    try:
+        run_dispatcher(ctx.settings, database_url=ctx.url)
+    except (DispatcherNotConfigured, DispatchRefused) as problem:
+        return _config_problem(problem, ctx.as_json)
+    return EXIT_OK
+
+
+# --- wiring -----------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
+    common.add_argument("--operator", default=None, help="who is acting, for audit records (default: OS user)")
+
+    parser = argparse.ArgumentParser(prog="specialists", description=__doc__.splitlines()[0], parents=[common])
+    groups = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
+
+    serve = groups.add_parser(
+        "serve", parents=[common], help="run the service on this machine: the A2A edge, a dispatcher and a worker"
+    )
+    serve.add_argument("--host", default=None, help="default: SPECIALISTS_EDGE_HOST (127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="default: SPECIALISTS_EDGE_PORT (8080)")
+    serve.add_argument("--worker-port", type=int, default=None, help="default: SPECIALISTS_WORKER_PORT (8081)")
+    serve.set_defaults(func=cmd_serve)
+
+    worker = groups.add_parser("worker", parents=[common], help="serve the private worker endpoint")
+    worker.add_argument("--host", default=None, help="default: SPECIALISTS_WORKER_HOST (127.0.0.1)")
+    worker.add_argument("--port", type=int, default=None, help="default: SPECIALISTS_WORKER_PORT (8081)")
+    worker.set_defaults(func=cmd_worker)
+
+    dispatcher = groups.add_parser(
+        "dispatcher", parents=[common], help="deliver admitted jobs to workers (embedded) or to Cloud Tasks"
+    )
+    dispatcher.set_defaults(func=cmd_dispatcher)
+
+    dbp = groups.add_parser("db", parents=[common], help="database schema").add_subparsers(
+        dest="action", required=True
+    )
+    dbp.add_parser("upgrade", parents=[common], help="apply migrations up to head").set_defaults(
+        func=cmd_db_upgrade
+    )
+    dbp.add_parser("status", parents=[common], help="show the schema revision").set_defaults(func=cmd_db_status)
+
+    kp = groups.add_parser("keys", parents=[common], help="customer API keys").add_subparsers(
+        dest="action", required=True
+    )
+    issue = kp.add_parser("issue", parents=[common], help="issue a key (shown once)")
+    issue.add_argument("--customer", required=True)
+    issue.add_argument("--tier", default="standard")
+    issue.add_argument("--ttl-days", type=int, default=None, help="default: SPECIALISTS_KEY_DEFAULT_TTL_DAYS")
+    issue.add_argument("--label", default="")
+    issue.set_defaults(func=cmd_keys_issue)
+    lst = kp.add_parser("list", parents=[common], help="list keys (never the keys themselves)")
+    lst.add_argument("--customer", default=None)
+    lst.set_defaults(func=cmd_keys_list)
+    revoke = kp.add_parser("revoke", parents=[common], help="revoke a key on every instance")
+    revoke.add_argument("key_id")
+    revoke.add_argument("--reason", required=True)
+    revoke.set_defaults(func=cmd_keys_revoke)
+    verify = kp.add_parser("verify", parents=[common], help="check a key read from standard input")
+    verify.set_defaults(func=cmd_keys_verify)
+
+    from ops import cli_ledger
+
+    cli_ledger.register(groups, common)
+    from ops import cli_specialists
+
+    cli_specialists.register(groups, common)
+    from ops.drill import cli as cli_drill
+
+    cli_drill.register(groups, common)
+    return parser
+
+
+def _load_settings() -> Settings:
+    return Settings()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    as_json = bool(getattr(args, "json", False))
+    try:
+        settings = _load_settings()
+    except ValidationError as invalid:
+        return fail("settings_invalid", f"invalid settings: {describe_invalid(invalid)}", as_json=as_json,
+                    exit_code=EXIT_CONFIG)
+    try:
+        # One machine: secrets `serve` generated into the data dir (only `serve` generates them).
+        settings, generated = local_secrets.with_local_secrets(settings, generate=args.func is cmd_serve)
+    except local_secrets.SecretMissing as problem:
+        return fail(problem.code, problem.message, as_json=as_json, exit_code=EXIT_CONFIG)
+    ctx = Ctx(settings=settings, as_json=as_json, operator=args.operator or getpass.getuser(), generated_secrets=generated)
+    try:
+        return args.func(ctx, args)
+    except ValidationError as invalid:  # e.g. serve --port 0
+        return fail("settings_invalid", f"invalid settings: {describe_invalid(invalid)}", as_json=as_json,
+                    exit_code=EXIT_CONFIG)
+    except (db.SchemaNotAtHead, db.DatabaseUnavailable) as problem:
+        return fail(problem.code, problem.message, as_json=as_json, exit_code=EXIT_DATABASE)
+    except SpecInvalid as invalid_spec:
+        return fail(invalid_spec.code, invalid_spec.message, as_json=as_json, exit_code=EXIT_CONFIG)
+    except keys.KeyRefused as refused:
+        exit_code = EXIT_CONFIG if refused.code == keys.NO_SECRET else EXIT_REFUSED
+        return fail(refused.code, refused.message, as_json=as_json, exit_code=exit_code)
+    except ServiceError as problem:
+        return fail(problem.code, problem.message, as_json=as_json)
+    finally:
+        if ctx._engine is not None:
+            ctx._engine.dispose()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

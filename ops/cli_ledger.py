@@ -1,0 +1,351 @@
+"""`specialists credits|reservations|reconcile|ledger` subcommands: the operator's view of the credit ledger
+(and, for `reconcile`, of the unknown job behind a reservation: its claim and its A2A task).
+
+Every command prints tables for people and JSON with ``--json``; exit codes come from
+``ops.output`` (0 done, 1 refused or violations found, 2 bad arguments,
+3 invalid settings, 4 database unreachable or not at head).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import asdict
+from datetime import datetime, timedelta, timezone
+from functools import wraps
+from typing import Any
+
+
+from ledger.errors import LedgerInputInvalid
+from ledger.client import Ledger
+from ops import output
+from ops.output import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit, fail, say
+
+Handler = Callable[[Any, argparse.Namespace], int]
+
+
+def _ledger(ctx) -> Ledger:
+    # Invalid ledger settings stopped the command before it got here (exit 3, naming the variable).
+    return Ledger(ctx.engine_at_head(), ctx.settings.ledger)
+
+
+def _handler(func: Handler) -> Handler:
+    """Bad input is a usage error (exit 2)."""
+
+    @wraps(func)
+    def run(ctx, args: argparse.Namespace) -> int:
+        try:
+            return func(ctx, args)
+        except LedgerInputInvalid as invalid:
+            return fail(invalid.code, invalid.message, as_json=ctx.as_json, exit_code=EXIT_USAGE)
+
+    return run
+
+
+def _instant(value: str) -> datetime:
+    """An ISO 8601 date or time; without a zone it is read as UTC."""
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not an ISO 8601 date or time (e.g. 2030-01-31 or 2030-01-31T12:00:00+00:00)"
+        ) from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return number
+
+
+def _whole(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of credits") from None
+
+
+# --- credits ----------------------------------------------------------------
+
+
+@_handler
+def cmd_credits_grant(ctx, args: argparse.Namespace) -> int:
+    result = _ledger(ctx).grant(
+        args.customer,
+        args.credits,
+        operator=ctx.operator,
+        skills=args.skill or (),
+        expires_at=args.expires_at,
+        expires_in=timedelta(days=args.expires_in_days) if args.expires_in_days is not None else None,
+        skill_expires_at=args.skill_expires_at,
+        max_parallel=args.max_parallel,
+        priority=args.priority,
+        idempotency_key=args.idempotency_key,
+        reason=args.reason,
+    )
+    emit(
+        asdict(result),
+        as_json=ctx.as_json,
+        title="credits granted" if result.outcome == "created" else "grant already recorded (idempotent replay)",
+    )
+    return EXIT_OK
+
+
+_LOT_COLUMNS = ["lot_id", "source", "priority", "granted", "held", "spent", "expired", "removed", "remaining", "expires_at", "usable"]
+_RESERVATION_COLUMNS = ["job_id", "customer_id", "skill", "credits", "state", "charged", "created_at", "unknown_reason", "resolved_by"]
+
+
+@_handler
+def cmd_credits_show(ctx, args: argparse.Namespace) -> int:
+    view = _ledger(ctx).account(args.customer)
+    if view is None:
+        return fail(
+            "account_not_found",
+            f"customer {args.customer} has no credit account; `specialists credits grant --customer {args.customer}` creates it",
+            as_json=ctx.as_json,
+        )
+    if ctx.as_json:
+        output.emit_json(asdict(view))
+        return EXIT_OK
+    emit(
+        {
+            "customer_id": view.customer_id,
+            "available": view.available,
+            "held": view.held,
+            "expired, not yet swept": view.expired_unswept,
+            "open reservations": f"{view.open_reservations} of max_parallel {view.max_parallel}",
+        },
+        as_json=False,
+        title=f"credits of {view.customer_id}",
+    )
+    emit([asdict(lot) for lot in view.lots], as_json=False, columns=_LOT_COLUMNS, title="lots (draw-down order)")
+    emit(
+        [asdict(e) for e in view.entitlements],
+        as_json=False,
+        columns=["skill", "grant_id", "expires_at", "active"],
+        title="entitlements",
+    )
+    emit(
+        [asdict(r) for r in view.unresolved],
+        as_json=False,
+        columns=_RESERVATION_COLUMNS[:-1],
+        title="open and unknown reservations",
+    )
+    return EXIT_OK
+
+
+@_handler
+def cmd_credits_history(ctx, args: argparse.Namespace) -> int:
+    lines = _ledger(ctx).history(args.customer, limit=args.limit)
+    emit(
+        [asdict(line) for line in lines],
+        as_json=ctx.as_json,
+        columns=["at", "entry_id", "kind", "lot_id", "job_id", "from_account", "to_account", "credits", "reason", "operator"],
+        title=f"journal of {args.customer} (newest first)",
+    )
+    return EXIT_OK
+
+
+@_handler
+def cmd_credits_adjust(ctx, args: argparse.Namespace) -> int:
+    result = _ledger(ctx).adjust(args.customer, args.credits, args.reason, ctx.operator)
+    emit(asdict(result), as_json=ctx.as_json, title="adjustment journaled")
+    return EXIT_OK
+
+
+# --- reservations and reconcile ------------------------------------------------
+
+
+@_handler
+def cmd_reservations_list(ctx, args: argparse.Namespace) -> int:
+    states: tuple[str, ...] | None = None
+    if args.unknown or args.open:
+        states = (("unknown",) if args.unknown else ()) + (("open",) if args.open else ())
+    ledger = _ledger(ctx)
+    rows = [asdict(r) for r in ledger.reservations(customer_id=args.customer, states=states, limit=args.limit)]
+    if args.unknown:
+        # Tasks of free specialists reserve nothing, yet their unknown jobs wait for an operator too.
+        from workers.reconcile import unknown_free_tasks
+
+        rows += unknown_free_tasks(ledger.engine, customer_id=args.customer, limit=max(0, args.limit - len(rows)))
+    emit(rows, as_json=ctx.as_json, columns=_RESERVATION_COLUMNS, title="reservations")
+    return EXIT_OK
+
+
+@_handler
+def cmd_reservations_show(ctx, args: argparse.Namespace) -> int:
+    found = _ledger(ctx).reservation(args.job_id)
+    if found is None:
+        return fail("reservation_not_found", f"no reservation for job {args.job_id}", as_json=ctx.as_json)
+    emit(asdict(found), as_json=ctx.as_json, title=f"reservation {args.job_id}")
+    return EXIT_OK
+
+
+@_handler
+def cmd_reservations_mark_unknown(ctx, args: argparse.Namespace) -> int:
+    result = _ledger(ctx).mark_unknown(args.job_id, args.reason, ctx.operator)
+    emit(
+        asdict(result),
+        as_json=ctx.as_json,
+        title="marked unknown (hold and slot kept until reconciled)" if result.outcome == "marked" else "already unknown",
+    )
+    return EXIT_OK
+
+
+@_handler
+def cmd_reconcile(ctx, args: argparse.Namespace) -> int:
+    """The ledger's reconcile; for an A2A task also its unknown job's claim and the task's final state,
+    all in one transaction (workers.reconcile)."""
+    from workers.reconcile import ReconcileRefused, reconcile
+
+    ledger = _ledger(ctx)
+    try:
+        result = reconcile(
+            ledger.engine,
+            args.job_id,
+            charged=args.charged,
+            state=args.state,
+            reason=args.reason,
+            operator=ctx.operator,
+            limits=ledger.limits,
+        )
+    except ReconcileRefused as refused:
+        return fail(refused.code, refused.message, as_json=ctx.as_json, exit_code=EXIT_USAGE)
+    record = result.as_record()
+    emit(
+        record,
+        as_json=ctx.as_json,
+        title="reconciled" if record["outcome"] == "reconciled" else "already reconciled the same way",
+    )
+    return EXIT_OK
+
+
+# --- ledger -----------------------------------------------------------------
+
+
+@_handler
+def cmd_ledger_verify(ctx, args: argparse.Namespace) -> int:
+    ledger = _ledger(ctx)
+    violations = ledger.verify(args.customer)
+    if ctx.as_json:
+        output.emit_json(
+            {
+                "clean": not violations,
+                "violations": [asdict(v) for v in violations],
+                "totals": {t.account: t.balance for t in ledger.totals()},
+            }
+        )
+    elif violations:
+        emit([asdict(v) for v in violations], as_json=False, columns=["check", "subject", "detail"], title="ledger violations")
+    else:
+        emit(
+            [asdict(t) for t in ledger.totals()],
+            as_json=False,
+            columns=["account", "balance"],
+            title="ledger is clean; journal account balances",
+        )
+    if violations:
+        if not ctx.as_json:
+            say(f"{len(violations)} violation(s): the ledger does not match its journal. Do not adjust around it; investigate.")
+        return EXIT_REFUSED
+    return EXIT_OK
+
+
+@_handler
+def cmd_ledger_expire(ctx, args: argparse.Namespace) -> int:
+    moved = _ledger(ctx).expire(max_lots=args.max_lots)
+    emit(
+        [asdict(lot) for lot in moved],
+        as_json=ctx.as_json,
+        columns=["customer_id", "lot_id", "credits", "expires_at"],
+        title="expired credits moved to breakage",
+    )
+    return EXIT_OK
+
+
+# --- wiring -----------------------------------------------------------------
+
+
+def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """Add the ledger's subcommands to the `specialists` parser."""
+    credits = groups.add_parser("credits", parents=[common], help="customer credits and entitlements").add_subparsers(
+        dest="action", required=True
+    )
+    grant = credits.add_parser("grant", parents=[common], help="grant a lot of credits and/or skill entitlements")
+    grant.add_argument("--customer", required=True)
+    grant.add_argument("--credits", type=_whole, required=True, help="credits in this lot (0: entitlements only)")
+    grant.add_argument("--skill", action="append", help="entitle a skill (repeat for several)")
+    expiry = grant.add_mutually_exclusive_group()
+    expiry.add_argument("--expires-at", type=_instant, help="when this lot expires (ISO 8601; UTC if no zone)")
+    expiry.add_argument("--expires-in-days", type=_positive_int, help="this lot expires this many days from now")
+    grant.add_argument("--skill-expires-at", type=_instant, help="when these skill entitlements expire (default: never)")
+    grant.add_argument("--max-parallel", type=int, help="the customer's cap on open reservations from now on")
+    grant.add_argument("--priority", type=int, help="lower is drawn down first (default SPECIALISTS_LEDGER_DEFAULT_PRIORITY)")
+    grant.add_argument("--idempotency-key", help="repeat the command with the same key safely: nothing moves twice")
+    grant.add_argument("--reason", default="", help="why, for the audit record")
+    grant.set_defaults(func=cmd_credits_grant)
+
+    show = credits.add_parser("show", parents=[common], help="lots, available, held, entitlements, open reservations")
+    show.add_argument("--customer", required=True)
+    show.set_defaults(func=cmd_credits_show)
+
+    history = credits.add_parser("history", parents=[common], help="the customer's journal, newest first")
+    history.add_argument("--customer", required=True)
+    history.add_argument("--limit", type=_positive_int, default=50)
+    history.set_defaults(func=cmd_credits_history)
+
+    adjust = credits.add_parser("adjust", parents=[common], help="an operator correction (+ adds, - removes)")
+    adjust.add_argument("--customer", required=True)
+    adjust.add_argument("--credits", type=_whole, required=True, help="e.g. 25 or -25")
+    adjust.add_argument("--reason", required=True)
+    adjust.set_defaults(func=cmd_credits_adjust)
+
+    reservations = groups.add_parser("reservations", parents=[common], help="reservations held for jobs").add_subparsers(
+        dest="action", required=True
+    )
+    lst = reservations.add_parser("list", parents=[common], help="list reservations, oldest first")
+    lst.add_argument("--customer", default=None)
+    lst.add_argument("--unknown", action="store_true", help="only those whose outcome is unknown (to reconcile)")
+    lst.add_argument("--open", action="store_true", help="only open ones")
+    lst.add_argument("--limit", type=_positive_int, default=100)
+    lst.set_defaults(func=cmd_reservations_list)
+    one = reservations.add_parser("show", parents=[common], help="one reservation and its resolution")
+    one.add_argument("job_id")
+    one.set_defaults(func=cmd_reservations_show)
+    mark = reservations.add_parser(
+        "mark-unknown", parents=[common], help="record that a job's outcome cannot be established (keeps its hold)"
+    )
+    mark.add_argument("job_id")
+    mark.add_argument("--reason", required=True)
+    mark.set_defaults(func=cmd_reservations_mark_unknown)
+
+    reconcile = groups.add_parser(
+        "reconcile",
+        parents=[common],
+        help="resolve an unknown job once, with an audit record: its reservation, its claim and its A2A task",
+    )
+    reconcile.add_argument("job_id", help="the reservation's job id (an A2A task's id)")
+    reconcile.add_argument("--charged", type=_whole, required=True, help="credits to charge (0 releases it all)")
+    reconcile.add_argument(
+        "--state",
+        choices=("completed", "failed", "canceled"),
+        default=None,
+        help="how the task ended, as the customer will see it (required for an A2A task)",
+    )
+    reconcile.add_argument("--reason", required=True)
+    reconcile.set_defaults(func=cmd_reconcile)
+
+    ledger = groups.add_parser("ledger", parents=[common], help="ledger integrity and expiry").add_subparsers(
+        dest="action", required=True
+    )
+    verify = ledger.add_parser("verify", parents=[common], help="recompute from the journal; exit 1 on any violation")
+    verify.add_argument("--customer", default=None, help="only this customer")
+    verify.set_defaults(func=cmd_ledger_verify)
+    expire = ledger.add_parser("expire", parents=[common], help="move expired, unreserved credits to breakage now")
+    expire.add_argument("--max-lots", type=_positive_int, default=None)
+    expire.set_defaults(func=cmd_ledger_expire)

@@ -1,0 +1,219 @@
+"""`specialists usage` and `specialists demo`: what the rlm specialists used, and the product in one command.
+
+``usage`` lists one row per specialist job (outcome, semantic calls, tokens,
+cost, credits to settle; unknown usage counted apart, never as zero) and, with
+``--job``, every model call of that job.
+
+``demo`` drives the running service (``specialists serve`` in another terminal,
+or ``SPECIALISTS_EDGE_PUBLIC_URL``) as a customer would: it issues a demo key,
+grants credits, delegates a review of the bundled example project
+(``specs/demo/shop``, one known defect) to the ``reviewer`` through the a2a-sdk
+client over HTTP, streams the progress, prints the findings and the ledger
+movements, and exits non-zero if any step fails (including a review that misses
+the known defect). It uses whatever route the reviewer has: the scripted demo
+route by default, a real model once the routes file names one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import uuid
+from dataclasses import asdict
+from datetime import timedelta
+from typing import Any
+
+from core.settings import PROJECT_ROOT
+from ops.output import EXIT_CONFIG, EXIT_OK, emit, emit_json, fail
+
+DEMO_PROJECT = PROJECT_ROOT / "specs" / "demo" / "shop"
+DEMO_RULE = (
+    "Review this project against one rule: no SQL statement may be built from caller input "
+    "(f-strings, concatenation or % formatting); values must be passed as query parameters."
+)
+KNOWN_DEFECT = "shop/customers.py"
+DEMO_SPECIALIST = "reviewer"
+DEMO_CREDITS = 100
+DEMO_CUSTOMER_SUFFIX_CHARS = 8  # random hex characters that make each demo customer new
+# Beyond the reviewer's own deadline: time for a worker to take the task and for the settlement.
+DEMO_MARGIN_S = 60.0
+
+_JOB_COLUMNS = ["job_id", "specialist_id", "outcome", "stop_reason", "resumes", "turns", "semantic_calls_used",
+                "semantic_calls_charged", "credits_to_settle", "model_calls", "replayed_calls", "prompt_tokens",
+                "completion_tokens", "cost_usd", "calls_with_unknown_tokens", "calls_with_unknown_cost"]
+_CALL_COLUMNS = ["call_id", "purpose", "turn", "step_index", "state", "model", "prompt_tokens", "completion_tokens",
+                 "cost_usd", "replays", "superseded_by", "claim", "note"]
+
+
+def cmd_usage(ctx: Any, args: argparse.Namespace) -> int:
+    from workers.hosted_rlm import journal
+
+    engine = ctx.engine_at_head()
+    with engine.connect() as conn:
+        jobs = journal.usage_by_job(conn, specialist_id=args.specialist, job_id=args.job, limit=args.limit)
+        calls = journal.usage_calls(conn, args.job) if args.job else None
+    if args.job and not jobs:
+        return fail("job_not_found", f"no specialist run for job {args.job!r}", as_json=ctx.as_json)
+    if ctx.as_json:
+        emit_json({"jobs": jobs, **({"calls": calls} if calls is not None else {})})
+        return EXIT_OK
+    emit(jobs, as_json=False, columns=_JOB_COLUMNS, title="specialist runs (newest first)")
+    if calls is not None:
+        emit(calls, as_json=False, columns=_CALL_COLUMNS, title=f"model calls of {args.job} (usage '-' is unknown)")
+    return EXIT_OK
+
+
+# --- the demo -----------------------------------------------------------------------
+
+
+def _whole(value: Any) -> Any:
+    """Protobuf Struct numbers are floats; show 8, not 8.0."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _whole(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_whole(v) for v in value]
+    return value
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _demo_files() -> dict[str, str]:
+    return {p.relative_to(DEMO_PROJECT).as_posix(): p.read_text() for p in sorted(DEMO_PROJECT.rglob("*")) if p.is_file()}
+
+
+def _route_kind(settings: Any) -> tuple[str, float]:
+    """The kind of the reviewer's model route here (scripted, openai, missing) and the reviewer's deadline."""
+    from core.specs import load_specs
+    from workers.hosted_rlm.routes import ModelRoutes, RouteNotReady
+
+    spec = load_specs(settings.hosted.specs_dir)[DEMO_SPECIALIST].spec
+    try:
+        route = ModelRoutes.load(settings.hosted.model_routes_file).get(spec.model_route or "")
+    except RouteNotReady:
+        return "missing", spec.limits.deadline_s
+    return route.kind, spec.limits.deadline_s
+
+
+async def _delegate(base_url: str, token: str, files: dict[str, str], timeout_s: float) -> dict[str, Any]:
+    """Send the review through the a2a-sdk client, streaming; return what the customer saw."""
+    import httpx
+    from a2a.client import ClientConfig, ClientFactory
+    from a2a.client.card_resolver import A2ACardResolver
+    from a2a.types.a2a_pb2 import Message, Part, Role, SendMessageRequest, TaskState
+    from google.protobuf.json_format import MessageToDict
+
+    parts = [Part(text=DEMO_RULE)] + [
+        Part(raw=content.encode(), filename=name, media_type="text/x-python" if name.endswith(".py") else "text/plain")
+        for name, content in files.items()
+    ]
+    message = Message(message_id=f"demo-{uuid.uuid4()}", role=Role.ROLE_USER, parts=parts)
+    seen: dict[str, Any] = {"task_id": None, "state": None, "status_message": "", "artifacts": {}, "metadata": {}}
+    # The SDK client's default timeout is 5 s; the edge pings streams every few seconds, a run takes longer.
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=timeout_s) as http:
+        card = await A2ACardResolver(http, f"{base_url}/specialists/{DEMO_SPECIALIST}").get_agent_card()
+        _progress(f"delegating to {card.name} ({len(files)} files) ...")
+        client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(card)
+        async for event in client.send_message(SendMessageRequest(message=message)):
+            kind = event.WhichOneof("payload")
+            if kind == "task":
+                seen["task_id"] = event.task.id
+                seen["state"] = TaskState.Name(event.task.status.state)
+            elif kind == "status_update":
+                status = event.status_update.status
+                seen["state"] = TaskState.Name(status.state)
+                text = " ".join(p.text for p in status.message.parts if p.text)
+                seen["status_message"] = text or seen["status_message"]
+                if event.status_update.metadata.fields:
+                    seen["metadata"] = _whole(MessageToDict(event.status_update.metadata))
+                _progress(f"  [{seen['state'].removeprefix('TASK_STATE_').lower()}] {text}")
+            elif kind == "artifact_update":
+                artifact = event.artifact_update.artifact
+                part = artifact.parts[0]
+                seen["artifacts"][artifact.name] = _whole(MessageToDict(part.data)) if part.HasField("data") else part.text
+                _progress(f"  artifact: {artifact.name}")
+            elif kind == "message":
+                seen["status_message"] = " ".join(p.text for p in event.message.parts if p.text)
+    return seen
+
+
+def cmd_demo(ctx: Any, args: argparse.Namespace) -> int:
+    from ledger import keys
+    from ledger.client import Ledger
+
+    settings = ctx.settings
+    base_url = (args.url or settings.edge.url).rstrip("/")
+    engine = ctx.engine_at_head()
+    signer = keys.KeySigner([s.get_secret_value() for s in settings.keys.signing_secrets], settings.keys.environment)
+    if not settings.keys.signing_secrets:
+        return fail("secret_missing", "SPECIALISTS_KEY_SIGNING_SECRETS is not set; on one machine run "
+                    "`specialists serve` first (it generates it)", as_json=ctx.as_json, exit_code=EXIT_CONFIG)
+    route, deadline_s = _route_kind(settings)
+    timeout_s = args.timeout_s if args.timeout_s is not None else deadline_s + DEMO_MARGIN_S
+    _progress(f"the reviewer's model route is {route}" + (" (no model: a scripted replay)" if route == "scripted" else ""))
+    customer = f"demo-{uuid.uuid4().hex[:DEMO_CUSTOMER_SUFFIX_CHARS]}"
+    issued = keys.issue_key(engine, signer, customer_id=customer, ttl=timedelta(days=1), label="specialists demo")
+    _progress(f"issued a demo key for customer {customer}")
+    ledger = Ledger(engine)
+    ledger.grant(customer, DEMO_CREDITS, operator=ctx.operator, skills=[DEMO_SPECIALIST], reason="specialists demo")
+    _progress(f"granted {DEMO_CREDITS} credits and the {DEMO_SPECIALIST} skill")
+    files = _demo_files()
+    try:
+        seen = asyncio.run(asyncio.wait_for(_delegate(base_url, issued.token, files, timeout_s), timeout_s))
+    except (TimeoutError, asyncio.TimeoutError):
+        return fail("demo_timed_out", f"the review did not finish within {timeout_s:g} s (--timeout-s); is a worker "
+                    "serving the reviewer? `curl <worker>/readyz` lists what it cannot serve", as_json=ctx.as_json)
+    except Exception as exc:  # the service is not running, refused the key, the stream broke...
+        return fail("demo_failed", f"delegating to {base_url} failed ({type(exc).__name__}: {exc}); is "
+                    "`specialists serve` running?", as_json=ctx.as_json)
+    findings = seen["artifacts"].get("findings") or []
+    movements = [asdict(line) for line in ledger.history(customer, limit=20)]
+    summary = {
+        "customer": customer,
+        "task_id": seen["task_id"],
+        "state": seen["state"],
+        "message": seen["status_message"],
+        "route": route,
+        "findings": findings,
+        "specialist": seen["metadata"].get("specialist", {}),
+        "ledger": movements,
+    }
+    if ctx.as_json:
+        emit_json(summary)
+    else:
+        emit(findings, as_json=False, columns=["path", "line", "severity", "message"], title="findings")
+        emit({k: v for k, v in summary["specialist"].items()}, as_json=False, title="the task's final metadata")
+        emit(movements, as_json=False, columns=["at", "kind", "job_id", "from_account", "to_account", "credits",
+                                                "reason"], title=f"ledger movements of {customer}")
+    if seen["state"] != "TASK_STATE_COMPLETED":
+        return fail("demo_task_not_completed", f"the review ended {seen['state']}: {seen['status_message']}",
+                    as_json=False)
+    if not any(f.get("path") == KNOWN_DEFECT for f in findings):
+        return fail("demo_defect_missed", f"the review did not report the known defect in {KNOWN_DEFECT}",
+                    as_json=False)
+    if not any(m["kind"] == "settle" for m in movements):
+        return fail("demo_not_settled", "the task completed but no settlement is in the customer's journal",
+                    as_json=False)
+    return EXIT_OK
+
+
+def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    """Add `usage` and `demo` to the `specialists` parser."""
+    usage = groups.add_parser("usage", parents=[common], help="what rlm specialist runs used, per job")
+    usage.add_argument("--job", default=None, help="one job, with every model call it made")
+    usage.add_argument("--specialist", default=None, help="only this specialist's jobs")
+    usage.add_argument("--limit", type=int, default=50, help="jobs listed, newest first (at most 1000)")
+    usage.set_defaults(func=cmd_usage)
+
+    demo = groups.add_parser(
+        "demo", parents=[common], help="delegate a review of the bundled example project to the running service"
+    )
+    demo.add_argument("--url", default=None, help="the service's base URL (default: SPECIALISTS_EDGE_PUBLIC_URL)")
+    demo.add_argument("--timeout-s", type=float, default=None,
+                      help="give up after this long (default: the reviewer's deadline plus a minute)")
+    demo.set_defaults(func=cmd_demo)
+

@@ -1,0 +1,144 @@
+"""The commands that run the service: `specialists serve` (the whole system), `worker`, `dispatcher`; local secrets."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+
+from core import db
+from core.settings import PROJECT_ROOT, Settings
+from ledger import keys
+from ops import local_secrets
+from tests import http_calls
+from tests.app.conftest import edge_env, free_port
+from tests.conftest import TEST_SECRET
+from tests.workers.conftest import WORKER_SECRET
+from tests.workers.system import drop_database, fresh_database
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture(scope="module")
+def specs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("specs")
+    shutil.copy(PROJECT_ROOT / "specs" / "conformance.yaml", folder / "conformance.yaml")
+    return folder
+
+
+def specialists(env: dict[str, str], *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ops.cli", *args], env=env, cwd=PROJECT_ROOT, capture_output=True, text=True,
+        timeout=timeout_s,
+    )
+
+
+def test_a_worker_without_a_job_secret_refuses_to_start_naming_the_setting(database_url, specs_dir):
+    done = specialists(edge_env(database_url, specs_dir), "worker", "--port", str(free_port()))
+    assert done.returncode == 3
+    assert "SPECIALISTS_WORKER_JOB_SECRETS" in done.stderr
+
+
+def test_a_dispatcher_without_a_job_secret_or_with_half_a_cloud_tasks_setup_refuses_to_start(database_url, specs_dir):
+    no_secret = specialists(edge_env(database_url, specs_dir), "dispatcher")
+    assert no_secret.returncode == 3 and "SPECIALISTS_WORKER_JOB_SECRETS" in no_secret.stderr
+    half = specialists(
+        edge_env(database_url, specs_dir, worker_job_secrets=WORKER_SECRET, dispatch_backend="cloud_tasks",
+                 cloud_tasks_project="p"),
+        "dispatcher",
+    )
+    assert half.returncode == 3 and "SPECIALISTS_CLOUD_TASKS_LOCATION" in half.stderr
+
+
+def test_serve_in_production_never_generates_secrets_and_names_the_missing_one(database_url, specs_dir):
+    env = edge_env(database_url, specs_dir, serve_worker="true", serve_dispatcher="true")
+    without_keys = dict(env)
+    del without_keys["SPECIALISTS_KEY_SIGNING_SECRETS"]
+    done = specialists(without_keys, "serve", "--port", str(free_port()))
+    assert done.returncode == 3 and "SPECIALISTS_KEY_SIGNING_SECRETS" in done.stderr
+    done = specialists(env, "serve", "--port", str(free_port()))  # a worker and a dispatcher need the job secret
+    assert done.returncode == 3 and "SPECIALISTS_WORKER_JOB_SECRETS" in done.stderr
+    assert "never generated" in done.stderr
+
+
+def test_local_secrets_are_generated_once_on_one_machine_only(tmp_path: Path, database_url: str, monkeypatch) -> None:
+    monkeypatch.delenv("DATABASE_URL", raising=False)  # the run's own server may be given that way
+    embedded = Settings(database={"data_dir": tmp_path})  # no DATABASE_URL: the embedded database's machine
+    filled, generated = local_secrets.with_local_secrets(embedded, generate=True)
+    assert sorted(generated) == ["key_signing_secrets", "specialist_checkpoint_key", "worker_job_secrets"]
+    path = local_secrets.secrets_path(embedded)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    again, generated_again = local_secrets.with_local_secrets(Settings(database={"data_dir": tmp_path}), generate=True)
+    assert generated_again == []  # the next command reuses them
+    assert again.keys.signing_secrets[0].get_secret_value() == filled.keys.signing_secrets[0].get_secret_value()
+    assert again.worker.job_secrets[0].get_secret_value() == filled.worker.job_secrets[0].get_secret_value()
+    assert again.hosted.checkpoint_key.get_secret_value() == filled.hosted.checkpoint_key.get_secret_value()
+    production = Settings(database={"data_dir": tmp_path / "prod", "url": database_url})
+    assert local_secrets.with_local_secrets(production, generate=True) == (production, [])
+    assert not (tmp_path / "prod").exists()
+
+
+def test_serve_runs_the_whole_system_in_one_command_and_ctrl_c_stops_every_part(server_url, engine, specs_dir, tmp_path):
+    engine.dispose()  # the session engine's idle connections back to a server that allows 100
+    url = fresh_database(server_url)
+    port = free_port()
+    env = edge_env(url, specs_dir, serve_worker="true", serve_dispatcher="true", worker_job_secrets=WORKER_SECRET,
+                   worker_port=str(free_port()), worker_drain_s="1")
+    log_path = tmp_path / "serve.log"
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "ops.cli", "serve", "--port", str(port)],
+        env=env, cwd=PROJECT_ROOT, stdout=log_path.open("wb"), stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group, as a terminal gives it
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            assert serve.poll() is None, log_path.read_text()
+            try:
+                if http_calls.get(f"{base}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        else:
+            pytest.fail(f"serve did not answer /readyz within 40 s:\n{log_path.read_text()}")
+        children = [int(pid) for pid in Path(f"/proc/{serve.pid}/task/{serve.pid}/children").read_text().split()]
+        assert len(children) == 2  # the worker and the dispatcher
+        own = db.make_engine(url, Settings(database={"url": url}))
+        try:
+            issued = keys.issue_key(own, keys.KeySigner([TEST_SECRET], "test"), customer_id=f"c-{uuid.uuid4().hex[:8]}",
+                                    ttl=timedelta(days=1))
+        finally:
+            own.dispose()
+        answer = http_calls.post(
+            f"{base}/specialists/conformance/message:send",
+            json={"message": {"messageId": f"tck-complete-task-{uuid.uuid4()}", "role": "ROLE_USER",
+                              "parts": [{"text": "hi"}]}},
+            headers={"Authorization": f"Bearer {issued.token}", "A2A-Version": "1.0"},
+            timeout=30,
+        )
+        assert answer.json()["task"]["status"]["state"] == "TASK_STATE_COMPLETED"  # edge -> dispatcher -> worker
+
+        os.killpg(serve.pid, signal.SIGINT)  # Ctrl-C in the terminal: the whole group gets it
+        assert serve.wait(30) == 0
+        for child in children:
+            assert not Path(f"/proc/{child}").exists() or "zombie" in Path(f"/proc/{child}/status").read_text()
+    finally:
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGKILL)
+            serve.wait()
+        drop_database(server_url, url)
+    log = log_path.read_text()  # the children write to the same terminal
+    assert "service starting" in log and "embedded to http://127.0.0.1:" in log
+    assert "Traceback" not in log  # every part stopped cleanly, not by an interrupt's stack trace

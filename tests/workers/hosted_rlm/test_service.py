@@ -1,0 +1,166 @@
+"""The reviewer as customers reach it: HTTP -> admission -> dispatch -> a worker process -> Monty with the scripted
+route -> settlement; and a worker killed with SIGKILL in the middle of a semantic call, whose job the next delivery
+resumes and settles once. Separate processes on 127.0.0.1 (tests/workers/system.py), a database of their own."""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import text
+
+from core import db
+from core.settings import Settings
+from ledger import keys
+from ledger.client import Ledger
+from tests import http_calls
+from tests.conftest import TEST_SECRET
+from tests.workers.hosted_rlm import support
+from tests.workers.hosted_rlm.test_resume import FILES as FOUR_DEFECTS
+from tests.workers.hosted_rlm.test_runner import FILES, RULE
+from tests.workers.system import System, drop_database, fresh_database
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def system(server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    url = fresh_database(server_url)
+    engine = db.make_engine(url, Settings(database={"url": url}))
+    running = System(url, tmp_path_factory.mktemp("specialists"), engine)
+    support.write_spec(running.specs_dir, "reviewer")
+    support.write_spec(running.specs_dir, "reviewer-slow", model_route="slow")
+    routes = running.folder / "routes.toml"
+    held, _ = support.held_script(running.folder / "held")
+    routes.write_text(
+        f'[routes.test]\nkind = "scripted"\nscript = "{support.SCRIPTS / "review_sql.toml"}"\n'
+        f'[routes.slow]\nkind = "scripted"\nscript = "{held}"\n'
+    )
+    running.settings.update(
+        model_routes_file=str(routes),
+        model_routes_allow_scripted="true",
+        specialist_checkpoint_key=support.CHECKPOINT_KEY.decode(),
+    )
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            starting = [pool.submit(running.start_worker) for _ in range(2)] + [pool.submit(running.start_edge, "api")]
+            for future in starting:
+                future.result()
+        running.start_dispatcher()
+        yield running
+    finally:
+        running.stop()
+        engine.dispose()
+        drop_database(server_url, url)
+
+
+@pytest.fixture
+def customer(system: System) -> dict[str, str]:
+    customer_id = f"c-{uuid.uuid4().hex[:12]}"
+    issued = keys.issue_key(system.engine, keys.KeySigner([TEST_SECRET], "test"), customer_id=customer_id,
+                            ttl=timedelta(days=1))
+    Ledger(system.engine).grant(customer_id, 100, operator="tests", skills=["reviewer", "reviewer-slow"],
+                                reason="specialist tests")
+    return {"Authorization": f"Bearer {issued.token}", "A2A-Version": "1.0"}
+
+
+def send(system: System, headers: dict[str, str], specialist: str, files: dict[str, str]) -> str:
+    parts = [{"text": RULE}] + [
+        {"raw": base64.b64encode(content.encode()).decode(), "filename": name, "mediaType": "text/x-python"}
+        for name, content in files.items()
+    ]
+    body = {"message": {"messageId": f"m-{uuid.uuid4()}", "role": "ROLE_USER", "parts": parts},
+            "configuration": {"returnImmediately": True}}
+    answer = http_calls.post(f"{system.edges[0].specialist(specialist)}/message:send", json=body, headers=headers, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return answer.json()["task"]["id"]
+
+
+def task_of(system: System, headers: dict[str, str], specialist: str, task_id: str) -> dict:
+    return http_calls.get(f"{system.edges[0].specialist(specialist)}/tasks/{task_id}", headers=headers).json()
+
+
+def finished(system: System, headers: dict[str, str], specialist: str, task_id: str) -> dict | None:
+    task = task_of(system, headers, specialist, task_id)
+    return task if task["status"]["state"] in ("TASK_STATE_COMPLETED", "TASK_STATE_FAILED") else None
+
+
+def settlements(system: System, task_id: str) -> list[tuple[str, int]]:
+    with system.engine.connect() as conn:
+        return [tuple(row) for row in conn.execute(
+            text("SELECT kind::text, charged FROM ledger_settlements WHERE job_id = :j"), {"j": task_id})]
+
+
+def artifacts(task: dict) -> dict[str, dict]:
+    return {artifact["name"]: artifact["parts"][0] for artifact in task.get("artifacts", [])}
+
+
+def test_a_review_runs_end_to_end_with_findings_one_settlement_and_usage_recorded(system, customer):
+    task_id = send(system, customer, "reviewer", FILES)
+    task = system.wait_for("the review to finish", lambda: finished(system, customer, "reviewer", task_id), 60)
+
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED", task["status"]
+    found = artifacts(task)
+    assert [(f["path"], f["line"]) for f in found["findings"]["data"]] == [("app/db.py", 4), ("app/orders.py", 3)]
+    assert "app/db.py:4 [high]" in found["report"]["text"]
+    meta = task["metadata"]["specialist"]
+    assert (meta["semanticCallsUsed"], meta["creditsCharged"], meta["stopReason"]) == (2, 6, "answered")
+    assert meta["findingsDropped"] == {"path_not_in_bundle": 2}
+    assert settlements(system, task_id) == [("settle", 6)]  # metered: 4 + 2 x 1, of the 20 reserved
+    job = system.job_of(task_id)
+    with system.engine.connect() as conn:
+        calls = conn.execute(text("SELECT purpose, state, prompt_tokens FROM specialist_calls WHERE job_id = :j"),
+                             {"j": job}).all()
+    assert sorted(c.purpose for c in calls) == ["root", "root", "root", "subcall", "subcall"]
+    assert all(c.state == "completed" and c.prompt_tokens > 0 for c in calls)
+
+
+def test_a_worker_killed_mid_subcall_is_resumed_by_the_next_delivery_and_settled_once(system, customer):
+    task_id = send(system, customer, "reviewer-slow", FOUR_DEFECTS)
+    job = system.wait_for("the job to be dispatched", lambda: _job(system, task_id), 30)
+
+    def in_flight() -> bool:
+        with system.engine.connect() as conn:
+            states = dict(conn.execute(text(
+                "SELECT state, count(*) FROM specialist_calls WHERE job_id = :j AND purpose = 'subcall' GROUP BY 1"),
+                {"j": job}).all())
+        return states.get("completed", 0) >= 2 and states.get("started", 0) >= 2
+
+    # The route's script holds every semantic call after the first two until its release file appears.
+    system.wait_for("two answered semantic calls and two held in flight", in_flight, 60, interval_s=0.02)
+    with system.engine.connect() as conn:
+        worker_id = conn.execute(text("SELECT worker_id FROM job_claims WHERE job_id = :j"), {"j": job}).scalar_one()
+    victim = [w for w in system.workers if str(w.process.pid) == worker_id.split(":")[1]]
+    assert victim, worker_id
+    os.kill(victim[0].process.pid, signal.SIGKILL)
+    victim[0].process.wait(10)
+    (system.folder / "held" / "release").touch()  # the resumed run's calls go through
+
+    task = system.wait_for("the resumed review to finish", lambda: finished(system, customer, "reviewer-slow", task_id), 60)
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED", task["status"]
+    assert [f["path"] for f in artifacts(task)["findings"]["data"]] == list(FOUR_DEFECTS)  # the order of the bundle
+    with system.engine.connect() as conn:
+        claim = conn.execute(text("SELECT state, fencing_token, outcome FROM job_claims WHERE job_id = :j"),
+                             {"j": job}).one()
+        rows = conn.execute(text("SELECT state, superseded_by, request_sha256 FROM specialist_calls "
+                                 "WHERE job_id = :j AND purpose = 'subcall'"), {"j": job}).all()
+    assert (claim.state, claim.fencing_token, claim.outcome) == ("finished", 2, "completed")  # resumed once
+    answered = [r for r in rows if r.state == "completed"]
+    assert len(answered) == 4 and len({bytes(r.request_sha256) for r in answered}) == 4  # none asked twice
+    assert all(r.superseded_by is not None for r in rows if r.state == "unknown")
+    meta = task["metadata"]["specialist"]
+    assert (meta["semanticCallsUsed"], meta["creditsCharged"], meta["resumes"]) == (4, 8, 1)
+    assert settlements(system, task_id) == [("settle", 8)]  # once, for the four calls answered once each
+
+
+def _job(system: System, task_id: str) -> str | None:
+    with system.engine.connect() as conn:
+        return conn.execute(text(
+            "SELECT o.task_id || '.' || o.dispatch_id FROM dispatch_outbox o JOIN job_claims c "
+            "ON c.job_id = o.task_id || '.' || o.dispatch_id WHERE o.task_id = :t"), {"t": task_id}).scalar()

@@ -1,0 +1,146 @@
+"""Checkpoints and the journal in PostgreSQL: fenced by the claim, signed, and what a resume replays."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import text
+
+from tests.workers.hosted_rlm import support
+from tests.workers.hosted_rlm.test_runner import FILES, RULE
+from rlm.kernels.checkpoints import Checkpoint, PendingCall, RuntimeIdentity
+from taskstate import charge, claims
+from workers.hosted_rlm import journal
+from workers.hosted_rlm.hosted import session_id_for
+from workers.hosted_rlm.journal import Journal
+from workers.hosted_rlm.store import ClaimLost, PgCheckpointStore
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_a_worker_that_lost_its_claim_writes_no_checkpoint_and_no_journal(engine):
+    job_id = support.new_job_id()
+    old = support.claim(engine, job_id)
+    store = PgCheckpointStore(engine, job_id=job_id, fencing_token=old, session_id=session_id_for(job_id))
+    store.put(store.session_id, 0, b"record zero")
+    with engine.begin() as conn:  # the claim moves on: released, then claimed by another worker
+        assert claims.release(conn, job_id, fencing_token=old)
+        assert claims.claim(conn, job_id, worker_id="other", lease_s=30).fencing_token == old + 1
+    with pytest.raises(ClaimLost):
+        store.put(store.session_id, 1, b"a stale worker's record")
+    with pytest.raises(ClaimLost):
+        Journal(engine, job_id=job_id, fencing_token=old).start_step(1, 0, 0)
+    assert store.list(store.session_id) == [0]
+    new = PgCheckpointStore(engine, job_id=job_id, fencing_token=old + 1, session_id=store.session_id)
+    new.put(new.session_id, 1, b"the current worker's record")
+    assert new.latest(new.session_id) == (1, b"the current worker's record")
+
+
+def test_only_snapshots_before_paid_calls_are_written(engine):
+    job_id = support.new_job_id()
+    store = PgCheckpointStore(engine, job_id=job_id, fencing_token=support.claim(engine, job_id),
+                              session_id=session_id_for(job_id))
+
+    def record(seq: int, kind: str, call: str | None = None) -> bytes:
+        pending = None if call is None else PendingCall(call, 1, 0, "", 0, False)
+        return Checkpoint.create(session_id=store.session_id, seq=seq, kind=kind, dump=b"dump", limits={},
+                                 identity=RuntimeIdentity("1", "x"), pending=pending).encode(key=support.CHECKPOINT_KEY)
+
+    store.put(store.session_id, 0, record(0, "session"))
+    store.put(store.session_id, 1, record(1, "pending_call", "_context_read"))
+    store.put(store.session_id, 2, record(2, "pending_call", "_llm_query_batched"))
+    store.put(store.session_id, 3, record(3, "pending_call", "_context_search"))
+    store.put(store.session_id, 4, record(4, "pending_call", "_llm_query"))
+    assert store.list(store.session_id) == [0, 2, 4]
+    assert store.last_seq == 4
+
+
+def test_a_lease_that_passed_stops_writes_even_before_anyone_else_claims(engine):
+    job_id = support.new_job_id()
+    with engine.begin() as conn:  # claimed a minute ago with a 20 s lease: it has passed by the database's clock
+        token = claims.claim(conn, job_id, worker_id="w", lease_s=20,
+                             now=datetime.now(timezone.utc) - timedelta(minutes=1)).fencing_token
+    with pytest.raises(ClaimLost):
+        PgCheckpointStore(engine, job_id=job_id, fencing_token=token, session_id=session_id_for(job_id)).put(
+            session_id_for(job_id), 0, b"late"
+        )
+
+
+def finished_then_resumed(engine, tmp_path):
+    """A run that answered, then its worker 'died' before finishing the claim; the lease passes (by the claim's
+    clock, however long the run took); resumed."""
+    spec = support.write_spec(tmp_path / "specs")
+    routes = support.routes_for("review_sql.toml")
+    job_id = support.new_job_id()
+    token = support.claim(engine, job_id, lease_s=60)
+    msg = support.message(RULE, files=FILES)
+    first = support.runner(engine, spec, routes, msg).run(support.context(job_id, "reviewer", token))
+    assert first.state == "completed", first
+    with engine.connect() as conn:
+        lease_ends = claims.get(conn, job_id)["lease_expires_at"]
+    with engine.begin() as conn:
+        resumed = claims.claim_resumable(conn, job_id, worker_id="second", lease_s=3600, max_resumes=2,
+                                         now=lease_ends + timedelta(seconds=1))
+    assert resumed.resumed
+    return spec, routes, msg, job_id, resumed.claim.fencing_token, first
+
+
+def test_a_run_resumed_after_it_answered_replays_everything_and_calls_no_model(engine, tmp_path):
+    spec, routes, msg, job_id, token, first = finished_then_resumed(engine, tmp_path)
+    with engine.connect() as conn:
+        calls_before = conn.execute(text("SELECT count(*) FROM specialist_calls WHERE job_id = :j"), {"j": job_id}).scalar()
+    again = support.runner(engine, spec, routes, msg).run(support.context(job_id, "reviewer", token))
+    assert (again.state, again.artifacts) == (first.state, first.artifacts)
+    with engine.connect() as conn:
+        calls_after = conn.execute(
+            text("SELECT count(*), sum(replays) FROM specialist_calls WHERE job_id = :j"), {"j": job_id}
+        ).one()
+    assert calls_after[0] == calls_before  # nothing new was asked of the model
+    # The three root turns are replayed from the journal; the steps are replayed from their recorded results, so
+    # the semantic calls inside them are not asked at all.
+    assert calls_after[1] == 3
+    assert again.detail["credits_to_settle"] == first.detail["credits_to_settle"]
+
+
+def test_a_tampered_checkpoint_is_refused_and_the_job_fails_saying_why(engine, tmp_path):
+    spec, routes, msg, job_id, token, _ = finished_then_resumed(engine, tmp_path)
+    with engine.begin() as conn:
+        conn.execute(
+            text("UPDATE specialist_checkpoints SET data = overlay(data placing '\\x00'::bytea from length(data) - 3) "
+                 "WHERE job_id = :j AND seq = (SELECT max(seq) FROM specialist_checkpoints WHERE job_id = :j)"),
+            {"j": job_id},
+        )
+    outcome = support.runner(engine, spec, routes, msg).run(support.context(job_id, "reviewer", token))
+    assert outcome.state == "failed"
+    assert outcome.detail["code"] == "checkpoint_tampered"
+    assert "could not be resumed" in outcome.message and "digest mismatch" in outcome.message
+    assert outcome.detail["credits_to_settle"] == 0  # the service's failure, not the customer's
+
+
+def test_the_journal_decides_what_a_job_settles_and_whether_it_may_still_be_resumed(engine, tmp_path):
+    spec, routes, msg, job_id, token, first = finished_then_resumed(engine, tmp_path)
+    with engine.connect() as conn:
+        run = journal.run_record(conn, job_id)
+        assert journal.run_record(conn, "not-a-specialist-job") is None
+    assert (run.pricing, run.semantic_calls_used, run.semantic_calls_charged) == (
+        charge.Pricing("metered", 4, 1), 2, 2)
+
+    def charged(outcome: str, runner_credits: int | None) -> int | None:
+        usage = charge.Usage(run.semantic_calls_charged, runner_credits=runner_credits)
+        return charge.charged_credits(outcome, reserved_credits=20, pricing=run.pricing, usage=usage)
+
+    assert charged("completed", first.detail["credits_to_settle"]) == 4 + 2
+    assert charged("failed", None) == 4 + 2  # stopped by the worker: the journal's
+    assert charged("rejected", None) == 0
+    assert charged("failed", 0) == 0
+    with engine.begin() as conn:  # the resumed claim's lease passes too
+        conn.execute(text("UPDATE job_claims SET lease_expires_at = clock_timestamp() - interval '10 seconds' "
+                          "WHERE job_id = :j"), {"j": job_id})
+    with engine.connect() as conn:
+        resumable = lambda resumes, window: conn.execute(  # noqa: E731
+            text("SELECT specialist_resumable(:j, :m, :w)"), {"j": job_id, "m": resumes, "w": window}
+        ).scalar()
+        assert resumable(2, 60) is True
+        assert resumable(1, 60) is False  # resumed once already: the limit is reached
+        assert resumable(2, 5) is False  # the lease expired longer ago than the window

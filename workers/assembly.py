@@ -1,0 +1,189 @@
+"""Assembling a worker from settings, and serving it: what `specialists worker` calls.
+
+``build_worker_service`` wires the signer, the OIDC check (unless turned off), the
+runners (the built-in ones and every ready rlm spec, see ``workers.hosted_rlm``), the finisher, the settlement (the task's final state and the ledger, in
+the finish's transaction) and the fenced task events. ``run_worker`` checks the
+configuration (schema at head, a job secret present), then serves the endpoint
+with uvicorn until stopped; on shutdown running jobs get ``worker_drain_s`` to
+finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from google.protobuf.json_format import MessageToDict
+from sqlalchemy import Engine
+
+from core import db
+from core.errors import ServiceError
+from core.settings import Settings
+from core.specs import load_specs
+from ledger.limits import SCHEMA_MAX_ID_CHARS
+from workers.auth import CertsFetcher, JobSigner, OidcVerifier, VerifiedJob
+from workers.conformance import ConformanceExecutor
+from workers.executor_runner import ExecutorRunner
+from workers.finish import ClaimFinisher, Settlement
+from workers.instance import host_name
+from workers.runs import EventSink, Runner, ScriptedRunner, ScriptStep
+from workers.server import WorkerLimits, WorkerService, create_worker_app
+from workers.settlement import TaskSettlement
+from workers.hosted_rlm.serving import specialist_runners
+from taskstate.ids import TaskRef
+from taskstate.updates import TaskEvents
+
+log = logging.getLogger(__name__)
+
+StepObserver = Callable[[str, int, ScriptStep], None]
+
+
+class WorkerNotConfigured(ServiceError):
+    code = "worker_not_configured"
+
+
+def new_worker_id() -> str:
+    return f"{host_name()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def script_in_message(tasks: TaskEvents) -> Callable[[VerifiedJob], Any]:
+    """The scripted specialist's script, from the ``script`` key of the A2A message's first data part."""
+
+    def script_of(job: VerifiedJob) -> Any:
+        if TaskRef.of_payload(job.payload) is None:
+            return None
+        for part in tasks.load(job).message.parts:
+            if part.WhichOneof("content") == "data":
+                data = MessageToDict(part.data)
+                if isinstance(data, dict) and "script" in data:
+                    return data["script"]
+        return None
+
+    return script_of
+
+
+def default_runners(settings: Settings, tasks: TaskEvents, on_step: StepObserver | None = None) -> dict[str, Runner]:
+    """The built-in specialists every worker serves, by specialist id (the rlm specs are added by
+    ``build_worker_service`` from ``workers.hosted_rlm.serving``)."""
+    scripted = ScriptedRunner(on_step=on_step, script_of=script_in_message(tasks))
+    runners: dict[str, Runner] = {
+        "scripted": scripted,
+        "conformance": ExecutorRunner(ConformanceExecutor(settings.edge.conformance_hold_working_s), tasks),
+    }
+    # Every spec of executor "scripted" (the drill specialist) runs the scripted runner under its own id.
+    for specialist_id, loaded in load_specs(settings.hosted.specs_dir).items():
+        if loaded.spec.executor == "scripted":
+            runners.setdefault(specialist_id, scripted)
+    return runners
+
+
+def with_specialists(
+    settings: Settings, engine: Engine, tasks: TaskEvents, runners: Mapping[str, Runner]
+) -> tuple[dict[str, Runner], list[dict[str, Any]]]:
+    """``runners`` plus a ``SpecialistRunner`` for every ready rlm spec not served by them, and the readiness
+    problems of the others (what ``/readyz`` reports)."""
+    served = specialist_runners(settings, engine, lambda job: tasks.load(job).message)
+    combined = dict(runners)
+    for specialist_id, runner in served.runners.items():
+        combined.setdefault(specialist_id, runner)
+    problems = [problem.as_dict() for problem in served.problems if problem.specialist_id not in runners]
+    for problem in problems:
+        log.warning("specialist %s is not served: %s", problem["specialist"], problem["message"])
+    return combined, problems
+
+
+def check_worker_settings(settings: Settings) -> None:
+    """Refuse to start a worker that would refuse every job, or check no token while it should."""
+    if not settings.worker.job_secrets:
+        raise WorkerNotConfigured(
+            "no worker job secret is configured, so this worker would refuse every job; set "
+            "SPECIALISTS_WORKER_JOB_SECRETS (the same value as the dispatcher's)"
+        )
+    if settings.worker.oidc_verify and not settings.dispatch.service_account:
+        raise WorkerNotConfigured(
+            "the worker checks OIDC tokens but no account is accepted; set SPECIALISTS_DISPATCH_SERVICE_ACCOUNT, "
+            "or on one machine only SPECIALISTS_WORKER_OIDC_VERIFY=false"
+        )
+    if not settings.worker.oidc_verify:
+        log.warning("OIDC tokens are NOT checked (SPECIALISTS_WORKER_OIDC_VERIFY=false): one-machine mode")
+
+
+def build_worker_service(
+    settings: Settings,
+    engine: Engine,
+    *,
+    runners: Mapping[str, Runner] | None = None,
+    settlement: Settlement | None = None,
+    events: EventSink | None = None,
+    fetch_certs: CertsFetcher | None = None,
+    worker_id: str | None = None,
+    on_step: StepObserver | None = None,
+) -> WorkerService:
+    check_worker_settings(settings)
+    worker_id = worker_id or new_worker_id()
+    tasks = TaskEvents(engine)
+    settlement = settlement or TaskSettlement(
+        tasks, operator=f"worker:{worker_id}"[:SCHEMA_MAX_ID_CHARS], limits=settings.ledger
+    )
+    problems: list[dict[str, Any]] = []
+    if runners is None:
+        runners, problems = with_specialists(settings, engine, tasks, default_runners(settings, tasks, on_step))
+    return WorkerService(
+        engine=engine,
+        limits=WorkerLimits.from_settings(settings),
+        worker_id=worker_id,
+        signer=JobSigner.from_settings(settings),
+        oidc=OidcVerifier.from_settings(settings, fetch_certs) if settings.worker.oidc_verify else None,
+        runners=runners,
+        finisher=ClaimFinisher(
+            engine, worker_id=worker_id, settlement=settlement, attempts=settings.worker.finish_attempts
+        ),
+        settlement=settlement,
+        events=events or tasks,
+        readiness_problems=problems,
+    )
+
+
+def run_worker(
+    settings: Settings,
+    *,
+    host: str,
+    port: int,
+    database_url: str | None = None,
+    on_step: StepObserver | None = None,
+    on_listening: Callable[[int], None] | None = None,
+) -> None:
+    """Serve the worker endpoint until stopped (blocking). Port 0 picks a free port (see ``on_listening``)."""
+    import uvicorn
+
+    check_worker_settings(settings)
+    engine = db.make_engine(database_url or db.database_url(settings), settings)
+    db.require_schema_at_head(engine)
+    app = create_worker_app(build_worker_service(settings, engine, on_step=on_step))
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=max(1, int(settings.worker.drain_s)),
+        )
+    )
+    if on_listening is not None:
+        original_startup = server.startup
+
+        async def startup(sockets=None):  # type: ignore[no-untyped-def]
+            await original_startup(sockets=sockets)
+            on_listening(sock.getsockname()[1])
+
+        server.startup = startup  # type: ignore[method-assign]
+    try:
+        server.run(sockets=[sock])
+    finally:
+        engine.dispose()
