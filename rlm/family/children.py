@@ -1,6 +1,6 @@
 """Children of a family: admission, their processes, handles (status, wait, cancel), follow-ups, recovery.
 
-Each child run is its own OS process (``python -m rlm.family.runner``) running
+Each child run is its own OS process (``python -m rlm.family.child_process``) running
 its own session loop with its own kernel and history, drawing on the root's one
 durable budget. Processes make the things that matter real: children progress
 in parallel on several cores, ``cancel`` stops a whole process tree, and a child
@@ -223,7 +223,7 @@ class Family:
         run_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH", "")) if p)
-        command = [sys.executable, "-m", "rlm.family.runner", "--data-dir", str(self.settings.data_dir),
+        command = [sys.executable, "-m", "rlm.family.child_process", "--data-dir", str(self.settings.data_dir),
                    "--run", run_id, "--token", token]
         try:
             with open(run_dir / RUNNER_LOG, "ab") as log:

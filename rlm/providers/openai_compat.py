@@ -62,6 +62,9 @@ class OpenAIProvider:
         self.calls: Counter[str] = Counter()
         self.attempts = 0
 
+    def reports_cost(self, model: str) -> bool:
+        return self.prices.has(model)
+
     def complete(
         self,
         messages: list[dict[str, Any]],

@@ -178,6 +178,10 @@ class ScriptedProvider:
 
     # ---------- serving ----------
 
+    def reports_cost(self, model: str) -> bool:
+        """Always: a replayed call costs what the price table says for its model, else nothing."""
+        return True
+
     @property
     def root_turns_left(self) -> int:
         return len(self._root) - self._next_root
