@@ -31,11 +31,10 @@ from rlm.namespace import PRELUDE, AnswerBox, Bridge, _guest_errors
 from rlm.prompts import NUDGE, PYTHON_TOOL, final_request, first_message, system_prompt
 from rlm.providers.base import Completion, Provider, estimate_tokens, message_chars, usd_cost_known
 from rlm.settings import RLMSettings, load_settings
-from rlm.trajectory import FILENAME, TrajectoryWriter
+from rlm.trajectory import FILENAME, PREVIEW_CHARS, TrajectoryWriter
 
 STOP_REASONS = ("answered", "max_turns", "budget_exhausted", "deadline", "error")
-PREVIEW_CHARS = 500  # of a sub-call's prompt and response in the trajectory (the history keeps them whole)
-MAX_TITLE_CHARS = 80  # of a history entry's title: the first line of the code, or the sub-call's prompt
+ENTRY_TITLE_CHARS = 80  # of a history entry's title: the first line of the code, or the sub-call's prompt
 MARKER_ROOM_CHARS = 160  # kept free in a bounded observation for the "[... omitted ...]" line
 
 Event = dict[str, Any]
@@ -350,7 +349,7 @@ class _Run:
                      "(RLM_MAX_OUTPUT_BYTES)]")
         if result.error:
             full += ("\n" if full else "") + result.error
-        title = code.strip().splitlines()[0][:MAX_TITLE_CHARS]
+        title = code.strip().splitlines()[0][:ENTRY_TITLE_CHARS]
         hid = self.history.add("observation", full, turn=self.turn, title=title) if full else None
         body = bounded(full, settings.max_observation_chars, settings.observation_tail_chars, hid,
                        settings.max_history_read_chars) if full else "(no output; print() what you want to see)"
@@ -368,7 +367,7 @@ class _Run:
 
     def record_subcall(self, record: SubcallRecord) -> None:
         hid = self.history.add("subcall", f"PROMPT:\n{record.prompt}\n\nANSWER:\n{record.response}",
-                               turn=record.turn, title=record.prompt[:MAX_TITLE_CHARS])
+                               turn=record.turn, title=record.prompt[:ENTRY_TITLE_CHARS])
         with self._subcall_lock:  # batches record from several threads; keep the count and the events in step
             self.subcall_count += 1
             self.trajectory.write(

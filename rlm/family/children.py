@@ -53,6 +53,7 @@ RUNNER_LOG = "runner.log"
 CHILD_MIN_CALLS = 2  # a child needs one turn and the call it keeps back for its final answer
 POLL_S = 0.05
 LOG_TAIL_BYTES = 1500
+SUMMARY_PROMPT_CHARS = 200  # of a child's prompt in its summary (status, the final record)
 
 # Processes this Python process started, by run id: reaped here, watched without /proc guesses.
 _PROCS: dict[str, subprocess.Popen[bytes]] = {}
@@ -393,5 +394,5 @@ def summary(run: RunRecord, *, max_answer_chars: int | None = None) -> dict[str,
     return {
         "id": run.run_id, "agent": run.agent_id, "kind": run.kind, "follows": run.follows, "state": run.state,
         "answer": answer, "stop_reason": run.stop_reason, "error": run.error, "note": run.note,
-        "prompt": run.prompt[:200], "elapsed_s": round(now - run.admitted_at, 3),
+        "prompt": run.prompt[:SUMMARY_PROMPT_CHARS], "elapsed_s": round(now - run.admitted_at, 3),
     }
