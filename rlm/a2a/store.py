@@ -22,7 +22,13 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from rlm.a2a.errors import CreditAllowanceExhausted, CreditAllowanceMismatch, DelegationLimitReached, DelegationNotFound
+from rlm.a2a.errors import (
+    A2AError,
+    CreditAllowanceExhausted,
+    CreditAllowanceMismatch,
+    DelegationLimitReached,
+    DelegationNotFound,
+)
 from rlm.budget import _owner, _owner_alive  # the same live-owner test the inference budget uses
 from rlm.sqlite_file import SQLiteFile
 
@@ -277,7 +283,7 @@ class DelegationStore(SQLiteFile):
         """Set columns and append an event in one transaction (``only_if_state`` guards a transition)."""
         bad = set(values) - set(_COLUMNS)
         if bad:
-            raise ValueError(f"unknown delegation columns: {sorted(bad)}")
+            raise A2AError(f"unknown delegation columns: {sorted(bad)} (a bug in the caller: the columns are {_COLUMNS})")
         with self.transaction() as conn:
             row = conn.execute("SELECT * FROM delegations WHERE id = ?", (delegation_id,)).fetchone()
             if row is None:

@@ -35,6 +35,7 @@ from rlm.budget import BudgetLedger
 from rlm.errors import BudgetExhausted, BudgetUnknownUsage, UsageEntryNotFound
 from rlm.family import procs
 from rlm.family.errors import (
+    FamilyArgumentInvalid,
     AgentNotFound,
     ChildDepthExceeded,
     ChildLimitReached,
@@ -87,7 +88,7 @@ class Family:
               spec_source: Callable[[], dict[str, Any]] | None = None) -> RunRecord:
         """Admit a child of ``parent_id`` and start its process; raises at once when a limit refuses."""
         if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError("rlm.run needs a prompt: rlm.run('what the child should find out')")
+            raise FamilyArgumentInvalid("rlm.run needs a prompt: rlm.run('what the child should find out')")
         self._check_prompt(prompt)
         self._ensure_spec(spec_source)
         self._refresh_active()
@@ -124,7 +125,7 @@ class Family:
     def follow_up(self, caller_id: str | None, child: str, prompt: str) -> RunRecord:
         """New work for a completed child, continuing its conversation; its earlier records stay as they are."""
         if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError("rlm.follow_up needs a prompt: rlm.follow_up(child, 'what to do next')")
+            raise FamilyArgumentInvalid("rlm.follow_up needs a prompt: rlm.follow_up(child, 'what to do next')")
         self._check_prompt(prompt)
         agent = self._child_agent(caller_id, child)
         runs = self.store.runs(self.root_id, agent_id=agent.agent_id)
