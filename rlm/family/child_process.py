@@ -20,11 +20,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlm.composition import KernelFactory, default_kernel_factory
 from rlm.errors import KernelError, RLMError
 from rlm.family import procs
 from rlm.family.children import CONVERSATION_FILE
 from rlm.family.spec import rebuild_context, rebuild_provider, rebuild_settings
 from rlm.family.store import FamilyStore, RunRecord
+from rlm.kernels.base import Kernel
 from rlm.settings import RLMSettings, load_settings
 
 EXIT_STOPPED = 143
@@ -71,15 +73,14 @@ class _WatchedKernel:
         self._kernel.close()
 
 
-def _kernel_factory(store: FamilyStore, run: RunRecord) -> Callable[..., Any]:
-    from rlm.composition import default_kernel_factory
+def _kernel_factory(store: FamilyStore, run: RunRecord) -> KernelFactory:
 
     def on_started(kernel: Any) -> None:
         pid = getattr(kernel, "pid", None) or getattr(kernel, "worker_pid", None)
         if pid:
             store.set_kernel(run.run_id, pid, procs.start_time(pid))
 
-    def factory(name: str, settings: RLMSettings, run_dir: Path, run_id: str) -> Any:
+    def factory(name: str, settings: RLMSettings, run_dir: Path, run_id: str) -> Kernel:
         fresh = lambda: default_kernel_factory(name, settings, run_dir, run_id)  # noqa: E731
         if run.kind != "follow_up" or name != "monty":
             return _WatchedKernel(fresh, on_started)
