@@ -122,6 +122,7 @@ def _process_start(pid: int) -> str:
 
 
 _HOST = socket.gethostname()
+MAX_NOTE_CHARS = 500  # of the note kept on a failed or unknown usage entry
 
 
 def _owner() -> str:
@@ -150,11 +151,8 @@ class BudgetLedger(SQLiteFile):
     SCHEMA = SCHEMA
 
     def roots(self) -> list[str]:
-        conn = self._connect()
-        try:
+        with self.reading() as conn:
             return [r["root_id"] for r in conn.execute("SELECT root_id FROM budgets ORDER BY created_at")]
-        finally:
-            conn.close()
 
     def entries(self, root_id: str | None = None, *, unresolved_only: bool = False) -> list[UsageEntry]:
         """Usage entries, oldest first.
@@ -171,11 +169,8 @@ class BudgetLedger(SQLiteFile):
         if unresolved_only:
             sql += (" AND (u.state = 'unknown' OR (u.state IN ('settled', 'reconciled') AND u.cost_usd IS NULL"
                     " AND b.max_usd IS NOT NULL))")
-        conn = self._connect()
-        try:
+        with self.reading() as conn:
             return [_entry(r) for r in conn.execute(sql + " ORDER BY u.id", args)]
-        finally:
-            conn.close()
 
     def reconcile(self, entry_id: int, *, tokens: int, usd: float | None, reason: str) -> UsageEntry:
         """Record the real usage of an entry whose usage was unknown, with an audit reason."""
@@ -203,11 +198,8 @@ class BudgetLedger(SQLiteFile):
             return _entry(conn.execute("SELECT * FROM usage WHERE id = ?", (entry_id,)).fetchone())
 
     def limits(self, root_id: str) -> BudgetLimits:
-        conn = self._connect()
-        try:
+        with self.reading() as conn:
             row = conn.execute("SELECT * FROM budgets WHERE root_id = ?", (root_id,)).fetchone()
-        finally:
-            conn.close()
         if row is None:
             raise UsageEntryNotFound(f"no inference budget for run {root_id!r}; `rlm usage` lists them")
         return BudgetLimits(row["max_calls"], row["max_tokens"], row["max_usd"])
@@ -215,23 +207,17 @@ class BudgetLedger(SQLiteFile):
     def snapshot(self, root_id: str) -> BudgetSnapshot:
         limits = self.limits(root_id)
         self._expire_dead_reservations(root_id)
-        conn = self._connect()
-        try:
+        with self.reading() as conn:
             calls, _, tokens, usd, unknown_tokens, unknown_usd = _totals(conn, root_id)
             in_flight = conn.execute(
                 "SELECT COUNT(*) FROM usage WHERE root_id = ? AND state = 'reserved'", (root_id,)
             ).fetchone()[0]
-        finally:
-            conn.close()
         return BudgetSnapshot(root_id, limits, calls, in_flight, tokens, usd, unknown_tokens, unknown_usd)
 
     def _expire_dead_reservations(self, root_id: str | None) -> None:
-        conn = self._connect()
-        try:
+        with self.reading() as conn:
             sql = "SELECT id, owner FROM usage WHERE state = 'reserved'"
             rows = conn.execute(sql + (" AND root_id = ?" if root_id else ""), (root_id,) if root_id else ()).fetchall()
-        finally:
-            conn.close()
         dead = [r["id"] for r in rows if not _owner_alive(r["owner"])]
         if not dead:
             return
@@ -341,7 +327,7 @@ class Budget:
             conn.execute(
                 "UPDATE usage SET state = 'failed', prompt_tokens = 0, completion_tokens = 0, tokens = 0, "
                 "cost_usd = 0, resolved_at = ?, note = ? WHERE id = ? AND root_id = ? AND state IN ('reserved', 'unknown')",
-                (time.time(), note[:500], entry_id, self.root_id),
+                (time.time(), note[:MAX_NOTE_CHARS], entry_id, self.root_id),
             )
 
     def mark_unknown(self, entry_id: int, note: str) -> None:
@@ -349,7 +335,7 @@ class Budget:
             conn.execute(
                 "UPDATE usage SET state = 'unknown', resolved_at = ?, note = ? "
                 "WHERE id = ? AND root_id = ? AND state = 'reserved'",
-                (time.time(), note[:500], entry_id, self.root_id),
+                (time.time(), note[:MAX_NOTE_CHARS], entry_id, self.root_id),
             )
 
     # ---------- reading ----------

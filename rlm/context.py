@@ -37,6 +37,8 @@ from rlm.settings import RLMSettings
 
 BINARY_SNIFF_BYTES = 8192
 MAX_SKIPPED_EXAMPLES = 50
+LARGEST_FILES_SHOWN = 5  # in stats()
+MAX_SUGGESTIONS = 3  # same-named paths a FileNotInContext suggests
 Filters = tuple[tuple[str, ...], ...]
 
 
@@ -107,7 +109,7 @@ def _matches(path: str, globs: Sequence[str]) -> bool:
     for pattern in globs:
         if fnmatch.fnmatchcase(path, pattern):
             return True
-        if pattern.startswith("**/") and fnmatch.fnmatchcase(path, pattern[3:]):
+        if pattern.startswith("**/") and fnmatch.fnmatchcase(path, pattern.removeprefix("**/")):
             return True
     return False
 
@@ -281,7 +283,7 @@ class Context:
             ext = PurePosixPath(p).suffix.lower() or "(none)"
             exts[ext] += 1
             ext_bytes[ext] += size
-        largest = sorted(self._paths, key=lambda p: -self._docs[p].size_bytes)[:5]
+        largest = sorted(self._paths, key=lambda p: -self._docs[p].size_bytes)[:LARGEST_FILES_SHOWN]
         skipped = self._shared["skipped"]
         return {
             "source": self.source,
@@ -313,7 +315,7 @@ class Context:
         doc = self._docs.get(path)
         if doc is None or path not in self._paths:
             where = "this view" if self.filters else "the context"
-            close = [p for p in self._paths if PurePosixPath(p).name == PurePosixPath(path).name][:3]
+            close = [p for p in self._paths if PurePosixPath(p).name == PurePosixPath(path).name][:MAX_SUGGESTIONS]
             hint = f"; did you mean {', '.join(close)}?" if close else "; context.files() lists the paths"
             raise FileNotInContext(f"{path!r} is not in {where}{hint}")
         return doc

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+# An error that names what matched (runs of a prefix, open delegations) lists at most this many.
+MAX_LISTED_NAMES = 5
+
 
 class RLMError(Exception):
     """Base class. ``code`` is stable; ``message`` is for people; ``setting`` names the knob."""
@@ -118,6 +121,12 @@ class HistoryEntryNotFound(RLMError):
 
 class RunNotFound(RLMError):
     code = "run_not_found"
+
+
+class StoreUnavailable(RLMError):
+    """A library file (budget, history, family, delegations) cannot be opened, read or written."""
+
+    code = "store_unavailable"
 
 
 class TrajectoryInvalid(RLMError):

@@ -12,6 +12,8 @@ An extension is built once per run from a ``RunInfo`` and then:
 - ``close()`` releases what it holds; it is called even when the run failed.
 
 Extensions are independent of each other; the session calls them in list order.
+This module is the seam only: it knows no implementation. Which extensions a run
+gets unless its caller names them is decided in rlm/composition.py.
 """
 
 from __future__ import annotations
@@ -63,11 +65,3 @@ class Extension(Protocol):
 
 
 ExtensionFactory = Callable[[RunInfo], Extension]
-
-
-def default_extensions() -> list[ExtensionFactory]:
-    """The extensions every session gets unless it is given its own list."""
-    from rlm.a2a.run import A2AExtension
-    from rlm.family.extension import FamilyExtension
-
-    return [FamilyExtension, A2AExtension]

@@ -8,14 +8,14 @@ scoped to a run (a branch of a family): one run never reads another's.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any
 
 from rlm.errors import HistoryEntryNotFound, ReadTooLarge
+from rlm.sqlite_file import SQLiteFile
 
-BUSY_TIMEOUT_S = 30.0
+MAX_TITLE_CHARS = 200  # an entry's title is kept to this many characters (the body is kept whole)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS history (
@@ -31,37 +31,24 @@ CREATE INDEX IF NOT EXISTS history_by_scope ON history (scope, id);
 """
 
 
-class History:
+class History(SQLiteFile):
     """One run's history, stored in a SQLite file shared by all runs (WAL)."""
 
+    SCHEMA = SCHEMA
+
     def __init__(self, path: str | Path, scope: str, *, max_read_chars: int = 20_000, max_hits: int = 50) -> None:
-        self.path = Path(path)
+        super().__init__(path)
         self.scope = scope
         self.max_read_chars = max_read_chars
         self.max_hits = max_hits
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = self._connect()
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(SCHEMA)
-        finally:
-            conn.close()
-
-    def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-        conn.row_factory = sqlite3.Row
-        return conn
 
     def add(self, kind: str, body: str, *, turn: int | None = None, title: str = "") -> int:
-        conn = self._connect()
-        try:
+        with self.transaction() as conn:
             cursor = conn.execute(
                 "INSERT INTO history (scope, kind, turn, title, body, created_at) VALUES (?, ?, ?, ?, ?, ?)",
-                (self.scope, kind, turn, title[:200], body, time.time()),
+                (self.scope, kind, turn, title[:MAX_TITLE_CHARS], body, time.time()),
             )
             return int(cursor.lastrowid or 0)
-        finally:
-            conn.close()
 
     def read(self, entry_id: int, start: int = 0, size: int | None = None) -> str:
         """Characters [start, start+size) of an entry; at most ``max_read_chars`` (RLM_MAX_HISTORY_READ_CHARS)."""
@@ -73,27 +60,21 @@ class History:
                 setting="max_history_read_chars",
             )
         start = max(0, int(start))
-        conn = self._connect()
-        try:
+        with self.reading() as conn:
             row = conn.execute(
                 "SELECT substr(body, ?, ?) AS part FROM history WHERE id = ? AND scope = ?",
                 (start + 1, max(0, size), int(entry_id), self.scope),
             ).fetchone()
-        finally:
-            conn.close()
         if row is None:
             raise HistoryEntryNotFound(f"history has no entry {entry_id} in this run; history.search() finds entries")
         return str(row["part"])
 
     def entry(self, entry_id: int) -> dict[str, Any]:
-        conn = self._connect()
-        try:
+        with self.reading() as conn:
             row = conn.execute(
                 "SELECT id, kind, turn, title, length(body) AS chars FROM history WHERE id = ? AND scope = ?",
                 (int(entry_id), self.scope),
             ).fetchone()
-        finally:
-            conn.close()
         if row is None:
             raise HistoryEntryNotFound(f"history has no entry {entry_id} in this run")
         return dict(row)
@@ -105,28 +86,22 @@ class History:
             return []
         limit = max(1, min(int(limit), self.max_hits))
         where = " AND ".join("instr(lower(body), ?) > 0" for _ in words)
-        conn = self._connect()
-        try:
+        with self.reading() as conn:
             rows = conn.execute(
                 f"SELECT id, kind, turn, title, length(body) AS chars, "
                 f"substr(body, max(1, instr(lower(body), ?) - 80), 240) AS snippet "
                 f"FROM history WHERE scope = ? AND {where} ORDER BY id DESC LIMIT ?",
                 (words[0], self.scope, *words, limit),
             ).fetchall()
-        finally:
-            conn.close()
         return [dict(r) for r in rows]
 
     def stats(self) -> dict[str, Any]:
-        conn = self._connect()
-        try:
+        with self.reading() as conn:
             rows = conn.execute(
                 "SELECT kind, COUNT(*) AS n, COALESCE(SUM(length(body)), 0) AS chars FROM history "
                 "WHERE scope = ? GROUP BY kind ORDER BY kind",
                 (self.scope,),
             ).fetchall()
-        finally:
-            conn.close()
         return {
             "entries": sum(r["n"] for r in rows),
             "chars": sum(r["chars"] for r in rows),

@@ -24,7 +24,7 @@ from typing import Any
 from rlm.context import Context
 from rlm.errors import ContextError, RLMError
 from rlm.history import History
-from rlm.llm import SubcallRunner
+from rlm.llm import PREVIEW_CHARS, SubcallRunner
 
 RESERVED_NAMES = ("context", "llm_query", "llm_query_batched", "history", "final_answer")
 
@@ -88,6 +88,8 @@ class _Context:
 
 
 class _LLMResult:
+    _PREVIEW_CHARS = @PREVIEW_CHARS@  # rlm.llm.PREVIEW_CHARS, as the host's LLMResult
+
     def __init__(self, d):
         self._rlm_kind = "llm_result"
         self.text = d["text"]
@@ -100,9 +102,9 @@ class _LLMResult:
 
     def __repr__(self):
         if not self.ok:
-            return "LLMResult(error=" + str(self.error_code) + ": " + repr(str(self.error)[:60]) + ")"
-        preview = self.text[:60]
-        if len(self.text) > 60:
+            return "LLMResult(error=" + str(self.error_code) + ": " + repr(str(self.error)[:self._PREVIEW_CHARS]) + ")"
+        preview = self.text[:self._PREVIEW_CHARS]
+        if len(self.text) > self._PREVIEW_CHARS:
             preview = preview + "..."
         extra = ", truncated" if self.truncated else ""
         return "LLMResult(" + repr(preview) + ", " + str(len(self.text)) + " chars" + extra + ")"
@@ -159,7 +161,7 @@ def final_answer(value):
 
 context = _Context([])
 history = _History()
-'''
+'''.replace("@PREVIEW_CHARS@", str(PREVIEW_CHARS))
 
 
 @dataclass

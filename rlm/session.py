@@ -11,7 +11,6 @@ sub-call draws on the run's one budget; every run writes a trajectory.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import threading
 import time
@@ -22,21 +21,23 @@ from typing import Any
 
 from rlm.budget import Budget, BudgetLedger, BudgetLimits, BudgetSnapshot
 from rlm.context import Context
-from rlm.errors import BudgetError, KernelUnavailable, ProviderError, RLMError, SettingsInvalid
-from rlm.extensions import Extension, ExtensionFactory, RunInfo, default_extensions
+from rlm.composition import KERNEL_NAMES, KernelFactory, default_extensions, default_kernel_factory
+from rlm.errors import BudgetError, ProviderError, RLMError, SettingsInvalid
+from rlm.extensions import Extension, ExtensionFactory, RunInfo
 from rlm.history import History
+from rlm.kernels.base import Kernel, StepResult
 from rlm.llm import SubcallRecord, SubcallRunner
 from rlm.namespace import PRELUDE, AnswerBox, Bridge, _guest_errors
 from rlm.prompts import NUDGE, PYTHON_TOOL, final_request, first_message, system_prompt
-from rlm.providers.base import Completion, Provider, estimate_tokens, message_chars
+from rlm.providers.base import Completion, Provider, estimate_tokens, message_chars, usd_cost_known
 from rlm.settings import RLMSettings, load_settings
-from rlm.trajectory import FILENAME, TrajectoryWriter
+from rlm.trajectory import FILENAME, PREVIEW_CHARS, TrajectoryWriter
 
 STOP_REASONS = ("answered", "max_turns", "budget_exhausted", "deadline", "error")
-PREVIEW_CHARS = 500
+ENTRY_TITLE_CHARS = 80  # of a history entry's title: the first line of the code, or the sub-call's prompt
+MARKER_ROOM_CHARS = 160  # kept free in a bounded observation for the "[... omitted ...]" line
 
 Event = dict[str, Any]
-KernelFactory = Callable[[str, RLMSettings, Path, str], Any]
 
 
 @dataclass(frozen=True)
@@ -66,37 +67,11 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
 
 
-def default_kernel_factory(name: str, settings: RLMSettings, run_dir: Path, run_id: str) -> Any:
-    """A real kernel: ``host`` (the user's Python in a child process) or ``monty`` (the sandbox)."""
-    limits = settings.kernel_limits()
-    try:
-        if name == "host":
-            from rlm.kernels.host import HostKernel
-
-            from rlm.a2a.run import secret_env_names
-
-            # The model's code never gets the model key nor an A2A peer's key: the child inherits the
-            # environment without them.
-            hidden = {settings.api_key_env} | secret_env_names(settings)
-            env = {k: v for k, v in os.environ.items() if k not in hidden}
-            return HostKernel(limits=limits, env=env)
-        from rlm.kernels.checkpoints import FileCheckpointStore
-        from rlm.kernels.monty import MontyKernel
-
-        # Step checkpoints are kept; snapshots before every host call are for a replacement worker
-        # resuming a step (the service), which a local run never does: they would cost ~2 ms per call.
-        return MontyKernel(limits=limits, store=FileCheckpointStore(run_dir / "checkpoints"), session_id=run_id,
-                           record_pending_calls=False)
-    except ImportError as exc:
-        raise KernelUnavailable(f"the {name} kernel cannot be loaded: {exc}") from None
-
-
 def bounded(text: str, max_chars: int, tail_chars: int, history_id: int | None, read_cap: int) -> str:
     """Head and tail of ``text`` within ``max_chars``, naming the history entry that holds the middle."""
     if len(text) <= max_chars:
         return text
-    marker_room = 160
-    head_chars = max(0, max_chars - tail_chars - marker_room)
+    head_chars = max(0, max_chars - tail_chars - MARKER_ROOM_CHARS)
     omitted_start = head_chars
     omitted = len(text) - head_chars - tail_chars
     where = (
@@ -104,15 +79,6 @@ def bounded(text: str, max_chars: int, tail_chars: int, history_id: int | None, 
         if history_id is not None else "they were not stored"
     )
     return f"{text[:head_chars]}\n[... {omitted:,} characters omitted; {where}]\n{text[len(text) - tail_chars:]}"
-
-
-@dataclass
-class _RunState:
-    run_id: str
-    turn: int = 0
-    subcalls: int = 0
-    root_chars_sent: int = 0
-    root_chars_last: int = 0
 
 
 class Session:
@@ -137,10 +103,10 @@ class Session:
         self.context = context
         self.provider = provider
         self.kernel_name = kernel or self.settings.kernel
-        if self.kernel_name not in ("host", "monty"):
+        if self.kernel_name not in KERNEL_NAMES:
             raise SettingsInvalid(f"unknown kernel {self.kernel_name!r}: use 'host' or 'monty' (RLM_KERNEL)",
                                   setting="kernel")
-        self.kernel_factory = kernel_factory or default_kernel_factory
+        self.kernel_factory: KernelFactory = kernel_factory or default_kernel_factory
         self.model = model
         self.run_id = run_id or new_run_id()
         # A member of a family draws on its root's allowance (root_id) and keeps its own history (agent_id).
@@ -150,10 +116,8 @@ class Session:
         self.messages: list[dict[str, Any]] = []  # the conversation, kept for a follow-up
         self.on_event = on_event
         self._used = False
-        prices = getattr(provider, "prices", None)
         model_id = model or getattr(provider, "default_model", None)
-        if self.settings.max_usd is not None and prices is not None and model_id and not prices.has(model_id) \
-                and getattr(provider, "name", "") != "scripted":
+        if self.settings.max_usd is not None and model_id and not usd_cost_known(provider, model_id):
             # Without a price every call's cost is unknown, which would block a USD limit after one call.
             raise SettingsInvalid(
                 f"max_usd is set but model {model_id!r} has no price; add it to RLM_PRICES_USD_PER_MTOK "
@@ -161,190 +125,191 @@ class Session:
                 setting="prices_usd_per_mtok",
             )
 
-    # ---------- the run ----------
-
     def run(self, question: str, *, prior_messages: Sequence[dict[str, Any]] | None = None) -> RunResult:
         """Answer ``question``; with ``prior_messages`` (a finished run's conversation) it is a follow-up."""
         if self._used:
             raise RLMError("a Session runs once; make a new Session for a new question")
         self._used = True
-        settings = self.settings
-        started = time.monotonic()
-        run_dir = settings.runs_dir / self.run_id
-        trajectory = TrajectoryWriter(run_dir / FILENAME)
-        state = _RunState(self.run_id)
-        ledger = BudgetLedger(settings.budget_path)
-        # A family member never brings its own allowance: it draws on the root's, as the root set it.
-        limits = (BudgetLimits(settings.max_calls, settings.max_tokens, settings.max_usd)
-                  if self.root_id == self.run_id else ledger.limits(self.root_id))
-        budget = Budget(ledger, self.root_id, limits)
-        history = History(settings.history_path, self.agent_id, max_read_chars=settings.max_history_read_chars,
-                          max_hits=settings.max_history_hits)
-        answer = AnswerBox()
-        stats = self.context.stats()
-
-        subcall_lock = threading.Lock()
-
-        def on_subcall(record: SubcallRecord) -> None:
-            hid = history.add("subcall", f"PROMPT:\n{record.prompt}\n\nANSWER:\n{record.response}",
-                              turn=record.turn, title=record.prompt[:80])
-            with subcall_lock:  # batches record from several threads; keep the count and the events in step
-                state.subcalls += 1
-                trajectory.write(
-                    "subcall", seq=record.seq, turn=record.turn, prompt=record.prompt[:PREVIEW_CHARS],
-                    prompt_chars=len(record.prompt), context_chars=record.context_chars, ok=record.ok,
-                    error_code=record.error_code, response=record.response[:PREVIEW_CHARS],
-                    response_chars=len(record.response), truncated=record.truncated, usage=record.usage,
-                model=record.model, duration_s=record.duration_s, budget_entry=record.budget_entry, history_id=hid,
-                )
-                self._emit({"event": "subcall", "turn": record.turn, "subcalls": state.subcalls, "ok": record.ok,
-                            "budget": budget.snapshot().to_dict()})
-
-        subcalls = SubcallRunner(
-            provider=self.provider, budget=budget, settings=settings, on_record=on_subcall,
-            model=settings.subcall_model, resolve_context=lambda value: bridge.resolve_context(value),
-        )
-        bridge = Bridge(context=self.context, subcalls=subcalls, history=history, answer=answer,
-                        max_answer_chars=settings.max_answer_chars, current_turn=lambda: state.turn)
-        limits_shown = {
-            "turns": settings.max_turns, "sub-calls": settings.max_subcalls,
-            "observation chars": settings.max_observation_chars, "seconds per step": settings.step_timeout_s,
-            "sub-call prompt chars": settings.max_prompt_chars,
-        }
-        if prior_messages:
-            messages: list[dict[str, Any]] = [dict(m) for m in prior_messages]
-            messages.append({"role": "user", "content": f"Follow-up: {question}\n\n"
-                             "Continue with the python tool, then call final_answer(value)."})
-        else:
-            messages = [
-                {"role": "system", "content": system_prompt(self.kernel_name, limits_shown)},
-                {"role": "user", "content": first_message(question, stats)},
-            ]
-        self.messages = messages
-        trajectory.write(
-            "run_started", run_id=self.run_id, question=question, kernel=self.kernel_name,
-            provider=getattr(self.provider, "name", type(self.provider).__name__),
-            model=self.model or getattr(self.provider, "default_model", None), corpus=stats,
-            limits={"max_turns": settings.max_turns, "max_calls": settings.max_calls,
-                    "max_tokens": settings.max_tokens, "max_usd": settings.max_usd,
-                    "max_subcalls": settings.max_subcalls, "max_observation_chars": settings.max_observation_chars},
-            first_message=messages[-1]["content"],
-        )
-        self._emit({"event": "run_started", "run_id": self.run_id, "max_turns": settings.max_turns,
-                    "budget": budget.snapshot().to_dict()})
-
-        stop_reason: str | None = None
-        error: str | None = None
-        why = ""
-        kernel = None
-        deadline = started + settings.max_run_s
-        extensions: list[Extension] = []
-        info = RunInfo(
-            run_id=self.run_id, root_id=self.root_id, agent_id=self.agent_id, settings=settings,
-            context=self.context, provider=self.provider, kernel=self.kernel_name, model=self.model, budget=budget,
-            history=history, trajectory=trajectory, deadline=deadline, emit=self._emit, current_turn=lambda: state.turn,
-        )
+        run = _Run.open(self, question, prior_messages)
         try:
-            functions = bridge.functions()
-            for factory in self.extension_factories:
-                extension = factory(info)
-                extensions.append(extension)
-                functions.update({name: _guest_errors(fn) for name, fn in extension.functions().items()})
-            if not prior_messages:
-                messages[0]["content"] += "".join(e.notes for e in extensions)
-            kernel = self.kernel_factory(self.kernel_name, settings, run_dir, self.run_id)
-            kernel.start(functions, PRELUDE + "".join(e.prelude for e in extensions))
-            while True:
-                if state.turn >= settings.max_turns:
-                    stop_reason, why = "max_turns", f"all {settings.max_turns} turns are used (RLM_MAX_TURNS)"
+            run.start(follow_up=bool(prior_messages))
+            while (entry := run.admit_turn()) is not None:
+                run.play_turn(entry)
+                if run.answer.value is not None:
+                    run.stop_reason = "answered"
                     break
-                if time.monotonic() >= deadline:
-                    stop_reason, why = "deadline", f"the run reached its {settings.max_run_s:g} s limit (RLM_MAX_RUN_S)"
-                    break
-                try:
-                    entry = budget.admit("root", tokens_estimate=estimate_tokens(message_chars(messages)), keep_calls=1)
-                except BudgetError as exc:
-                    stop_reason, why = "budget_exhausted", exc.message
-                    trajectory.write("budget_refused", turn=state.turn + 1, code=exc.code, message=exc.message)
-                    break
-                state.turn += 1
-                subcalls.current_turn = state.turn
-                self._emit({"event": "turn_started", "turn": state.turn, "max_turns": settings.max_turns,
-                            "subcalls": state.subcalls, "budget": budget.snapshot().to_dict()})
-                completion = self._root_call(messages, budget, entry, state)
-                self._after_completion(completion, messages, kernel, history, answer, trajectory, state)
-                if answer.value is not None:
-                    stop_reason = "answered"
-                    break
-            if stop_reason != "answered":
-                self._ask_for_final(why, messages, kernel, history, answer, budget, trajectory, state)
-        except ProviderError as exc:
-            stop_reason, error = "error", f"{exc.code}: {exc.message}"
-        except RLMError as exc:
-            stop_reason, error = "error", f"{exc.code}: {exc.message}"
+            if run.stop_reason != "answered":
+                run.ask_for_final()
+        except RLMError as exc:  # provider, budget, kernel: the run ends with its error recorded
+            run.stop_reason, run.error = "error", f"{exc.code}: {exc.message}"
         finally:
-            if kernel is not None:
-                try:
-                    kernel.close()
-                except Exception as exc:  # noqa: BLE001 - closing must not hide the run's outcome
-                    error = error or f"kernel close failed: {exc}"
-        # The run is complete only once what it started is resolved (children, required remote work).
-        extra: dict[str, Any] = {}
-        for extension in extensions:
-            try:
-                extension.finish()
-            except RLMError as exc:
-                error = error or f"{exc.code}: {exc.message}"
-            try:
-                extra.update(extension.record())
-            finally:
-                extension.close()
-        snapshot = budget.snapshot()
-        duration = round(time.monotonic() - started, 3)
-        trajectory.write(
-            "run_finished", stop_reason=stop_reason, answer=answer.value, error=error, turns=state.turn,
-            subcalls=state.subcalls, budget=snapshot.to_dict(), root_chars_sent=state.root_chars_sent,
-            root_chars_last=state.root_chars_last, corpus_bytes=stats["bytes"], duration_s=duration, **extra,
-        )
-        trajectory.close()
-        result = RunResult(
-            run_id=self.run_id, answer=answer.value, stop_reason=stop_reason or "error", turns=state.turn,
-            subcalls=state.subcalls, error=error, trajectory_path=trajectory.path, budget=snapshot,
-            corpus_bytes=stats["bytes"], root_chars_sent=state.root_chars_sent,
-            root_chars_last=state.root_chars_last, duration_s=duration, extra=extra,
-        )
-        self._emit({"event": "run_finished", "stop_reason": result.stop_reason, "turns": state.turn,
-                    "subcalls": state.subcalls, "budget": snapshot.to_dict()})
-        return result
-
-    # ---------- pieces ----------
+            run.close_kernel()
+        return run.close()
 
     def _emit(self, event: Event) -> None:
         if self.on_event is not None:
             self.on_event(event)
 
-    def _root_call(self, messages: list[dict[str, Any]], budget: Budget, entry: int, state: _RunState,
-                   tools: bool = True) -> Completion:
-        chars = message_chars(messages)
-        state.root_chars_sent += chars
-        state.root_chars_last = max(state.root_chars_last, chars)
+
+@dataclass
+class _Run:
+    """One run of a Session: its budget, history, trajectory, conversation and counters, and its moves."""
+
+    session: Session
+    question: str
+    started: float  # time.monotonic()
+    trajectory: TrajectoryWriter
+    budget: Budget
+    history: History
+    stats: dict[str, Any]
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    answer: AnswerBox = field(default_factory=AnswerBox)
+    turn: int = 0
+    subcall_count: int = 0
+    root_chars_sent: int = 0
+    root_chars_last: int = 0
+    stop_reason: str | None = None
+    why: str = ""  # why the loop stopped, for the final request
+    error: str | None = None
+    kernel: Kernel | None = None
+    extensions: list[Extension] = field(default_factory=list)
+    subcalls: SubcallRunner = field(init=False)
+    bridge: Bridge = field(init=False)
+    _subcall_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # ---------- open ----------
+
+    @classmethod
+    def open(cls, session: Session, question: str, prior_messages: Sequence[dict[str, Any]] | None) -> _Run:
+        """The run's stores, bridge and first messages; the trajectory says the run started."""
+        settings = session.settings
+        ledger = BudgetLedger(settings.budget_path)
+        # A family member never brings its own allowance: it draws on the root's, as the root set it.
+        limits = (BudgetLimits(settings.max_calls, settings.max_tokens, settings.max_usd)
+                  if session.root_id == session.run_id else ledger.limits(session.root_id))
+        run = cls(
+            session=session, question=question, started=time.monotonic(),
+            trajectory=TrajectoryWriter(settings.runs_dir / session.run_id / FILENAME),
+            budget=Budget(ledger, session.root_id, limits),
+            history=History(settings.history_path, session.agent_id, max_read_chars=settings.max_history_read_chars,
+                            max_hits=settings.max_history_hits),
+            stats=session.context.stats(),
+        )
+        run.subcalls = SubcallRunner(
+            provider=session.provider, budget=run.budget, settings=settings, on_record=run.record_subcall,
+            model=settings.subcall_model, resolve_context=lambda value: run.bridge.resolve_context(value),
+        )
+        run.bridge = Bridge(context=session.context, subcalls=run.subcalls, history=run.history, answer=run.answer,
+                            max_answer_chars=settings.max_answer_chars, current_turn=lambda: run.turn)
+        run.messages = run.first_messages(prior_messages)
+        session.messages = run.messages
+        run.write_started()
+        return run
+
+    @property
+    def settings(self) -> RLMSettings:
+        return self.session.settings
+
+    @property
+    def deadline(self) -> float:
+        return self.started + self.settings.max_run_s
+
+    def first_messages(self, prior_messages: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]]:
+        if prior_messages:
+            messages = [dict(m) for m in prior_messages]
+            messages.append({"role": "user", "content": f"Follow-up: {self.question}\n\n"
+                             "Continue with the python tool, then call final_answer(value)."})
+            return messages
+        settings = self.settings
+        limits_shown = {
+            "turns": settings.max_turns, "sub-calls": settings.max_subcalls,
+            "observation chars": settings.max_observation_chars, "seconds per step": settings.step_timeout_s,
+            "sub-call prompt chars": settings.max_prompt_chars,
+        }
+        return [
+            {"role": "system", "content": system_prompt(self.session.kernel_name, limits_shown)},
+            {"role": "user", "content": first_message(self.question, self.stats)},
+        ]
+
+    def write_started(self) -> None:
+        session, settings = self.session, self.settings
+        self.trajectory.write(
+            "run_started", run_id=session.run_id, question=self.question, kernel=session.kernel_name,
+            provider=getattr(session.provider, "name", type(session.provider).__name__),
+            model=session.model or getattr(session.provider, "default_model", None), corpus=self.stats,
+            limits={"max_turns": settings.max_turns, "max_calls": settings.max_calls,
+                    "max_tokens": settings.max_tokens, "max_usd": settings.max_usd,
+                    "max_subcalls": settings.max_subcalls, "max_observation_chars": settings.max_observation_chars},
+            first_message=self.messages[-1]["content"],
+        )
+        self.emit({"event": "run_started", "run_id": session.run_id, "max_turns": settings.max_turns,
+                   "budget": self.budget.snapshot().to_dict()})
+
+    def start(self, *, follow_up: bool) -> None:
+        """Build the extensions, then the kernel with every host function and prelude."""
+        session = self.session
+        info = RunInfo(
+            run_id=session.run_id, root_id=session.root_id, agent_id=session.agent_id, settings=self.settings,
+            context=session.context, provider=session.provider, kernel=session.kernel_name, model=session.model,
+            budget=self.budget, history=self.history, trajectory=self.trajectory, deadline=self.deadline,
+            emit=self.emit, current_turn=lambda: self.turn,
+        )
+        functions = self.bridge.functions()
+        for factory in session.extension_factories:
+            extension = factory(info)
+            self.extensions.append(extension)
+            functions.update({name: _guest_errors(fn) for name, fn in extension.functions().items()})
+        if not follow_up:
+            self.messages[0]["content"] += "".join(e.notes for e in self.extensions)
+        self.kernel = session.kernel_factory(session.kernel_name, self.settings,
+                                             self.settings.runs_dir / session.run_id, session.run_id)
+        self.kernel.start(functions, PRELUDE + "".join(e.prelude for e in self.extensions))
+
+    # ---------- step ----------
+
+    def admit_turn(self) -> int | None:
+        """The budget entry of the next root turn, or None (and why) when the run must stop."""
+        settings = self.settings
+        if self.turn >= settings.max_turns:
+            self.stop_reason, self.why = "max_turns", f"all {settings.max_turns} turns are used (RLM_MAX_TURNS)"
+            return None
+        if time.monotonic() >= self.deadline:
+            self.stop_reason, self.why = "deadline", f"the run reached its {settings.max_run_s:g} s limit (RLM_MAX_RUN_S)"
+            return None
         try:
-            completion = self.provider.complete(
-                messages, tools=[PYTHON_TOOL] if tools else None, model=self.model,
+            return self.budget.admit("root", tokens_estimate=estimate_tokens(message_chars(self.messages)), keep_calls=1)
+        except BudgetError as exc:
+            self.stop_reason, self.why = "budget_exhausted", exc.message
+            self.trajectory.write("budget_refused", turn=self.turn + 1, code=exc.code, message=exc.message)
+            return None
+
+    def play_turn(self, entry: int) -> None:
+        self.turn += 1
+        self.subcalls.current_turn = self.turn
+        self.emit({"event": "turn_started", "turn": self.turn, "max_turns": self.settings.max_turns,
+                   "subcalls": self.subcall_count, "budget": self.budget.snapshot().to_dict()})
+        self.after_completion(self.root_call(entry))
+
+    def root_call(self, entry: int) -> Completion:
+        chars = message_chars(self.messages)
+        self.root_chars_sent += chars
+        self.root_chars_last = max(self.root_chars_last, chars)
+        try:
+            completion = self.session.provider.complete(
+                self.messages, tools=[PYTHON_TOOL], model=self.session.model,
                 timeout_s=self.settings.root_timeout_s, purpose="root",
             )
         except ProviderError as exc:
             if exc.billed is False:
-                budget.fail(entry, exc.message)
+                self.budget.fail(entry, exc.message)
             else:
-                budget.mark_unknown(entry, exc.message)
+                self.budget.mark_unknown(entry, exc.message)
             raise
-        budget.settle(entry, completion.usage)
+        self.budget.settle(entry, completion.usage)
         return completion
 
-    def _after_completion(self, completion: Completion, messages: list[dict[str, Any]], kernel: Any,
-                          history: History, answer: AnswerBox, trajectory: TrajectoryWriter, state: _RunState,
-                          *, max_steps: int | None = None) -> None:
+    def after_completion(self, completion: Completion, *, max_steps: int | None = None) -> None:
+        """Record the assistant's message and run its python calls (at most ``max_steps``)."""
         calls = completion.tool_calls
         assistant: dict[str, Any] = {"role": "assistant", "content": completion.text or None}
         if calls:
@@ -353,77 +318,139 @@ class Session:
                  "function": {"name": c.name, "arguments": json.dumps({"code": c.code})}}
                 for c in calls
             ]
-        messages.append(assistant)
-        trajectory.write(
-            "turn", turn=state.turn, text=completion.text, code=[c.code for c in calls],
+        self.messages.append(assistant)
+        self.trajectory.write(
+            "turn", turn=self.turn, text=completion.text, code=[c.code for c in calls],
             usage=completion.usage.to_dict() if completion.usage else None, model=completion.model,
         )
         if not calls:
-            messages.append({"role": "user", "content": NUDGE})
+            self.messages.append({"role": "user", "content": NUDGE})
             return
         for index, call in enumerate(calls):
-            if answer.value is not None or (max_steps is not None and index >= max_steps):
+            if self.answer.value is not None or (max_steps is not None and index >= max_steps):
                 observation = "[not run: the run is ending]"
             elif call.name != "python":
                 observation = f"[error: there is no tool {call.name!r}; the only tool is python]"
             else:
-                observation = self._step(call.code, kernel, history, answer, trajectory, state)
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": observation})
+                observation = self.step(call.code)
+            self.messages.append({"role": "tool", "tool_call_id": call.id, "content": observation})
 
-    def _step(self, code: str, kernel: Any, history: History, answer: AnswerBox,
-              trajectory: TrajectoryWriter, state: _RunState) -> str:
-        settings = self.settings
+    def step(self, code: str) -> str:
+        """Run one python call in the kernel; the model sees a bounded observation, the history keeps it all."""
         if not code.strip():
             return "[error: empty code; send Python source in the code argument]"
-        self._emit({"event": "step_started", "turn": state.turn})
-        result = kernel.execute(code)
+        assert self.kernel is not None, "start() builds the kernel before the first step"
+        settings = self.settings
+        self.emit({"event": "step_started", "turn": self.turn})
+        result = self.kernel.execute(code)
         full = result.stdout
         if result.stdout_truncated:
             full += (f"\n[printed {result.stdout_bytes:,} bytes; the first {settings.max_output_bytes:,} were kept "
                      "(RLM_MAX_OUTPUT_BYTES)]")
         if result.error:
             full += ("\n" if full else "") + result.error
-        hid = history.add("observation", full, turn=state.turn, title=code.strip().splitlines()[0][:80]) if full else None
-        if result.ok:
-            header = f"[ok in {result.duration_s:.2f} s]"
-        else:
-            header = f"[error: {result.error_code} after {result.duration_s:.2f} s]"
-        if result.restored_from_checkpoint:
-            header += " [the namespace was restored to its state after the last successful step]"
-            lost = getattr(result, "lost_names", ())
-            if lost:
-                header += f" [not restored: {', '.join(lost)}]"
+        title = code.strip().splitlines()[0][:ENTRY_TITLE_CHARS]
+        hid = self.history.add("observation", full, turn=self.turn, title=title) if full else None
         body = bounded(full, settings.max_observation_chars, settings.observation_tail_chars, hid,
                        settings.max_history_read_chars) if full else "(no output; print() what you want to see)"
-        observation = header + "\n" + body
-        if answer.value is not None and answer.turn == state.turn:
+        observation = _step_header(result) + "\n" + body
+        if self.answer.value is not None and self.answer.turn == self.turn:
             observation += "\n[final answer recorded]"
-        trajectory.write(
-            "step", turn=state.turn, code=code, ok=result.ok, error_code=result.error_code, error=result.error,
+        self.trajectory.write(
+            "step", turn=self.turn, code=code, ok=result.ok, error_code=result.error_code, error=result.error,
             stdout_bytes=result.stdout_bytes, stdout_truncated=result.stdout_truncated,
             duration_s=round(result.duration_s, 4), restored=result.restored_from_checkpoint,
             observation=observation, observation_chars=len(observation), full_chars=len(full), history_id=hid,
         )
-        self._emit({"event": "step_finished", "turn": state.turn, "ok": result.ok})
+        self.emit({"event": "step_finished", "turn": self.turn, "ok": result.ok})
         return observation
 
-    def _ask_for_final(self, why: str, messages: list[dict[str, Any]], kernel: Any, history: History,
-                       answer: AnswerBox, budget: Budget, trajectory: TrajectoryWriter, state: _RunState) -> None:
+    def record_subcall(self, record: SubcallRecord) -> None:
+        hid = self.history.add("subcall", f"PROMPT:\n{record.prompt}\n\nANSWER:\n{record.response}",
+                               turn=record.turn, title=record.prompt[:ENTRY_TITLE_CHARS])
+        with self._subcall_lock:  # batches record from several threads; keep the count and the events in step
+            self.subcall_count += 1
+            self.trajectory.write(
+                "subcall", seq=record.seq, turn=record.turn, prompt=record.prompt[:PREVIEW_CHARS],
+                prompt_chars=len(record.prompt), context_chars=record.context_chars, ok=record.ok,
+                error_code=record.error_code, response=record.response[:PREVIEW_CHARS],
+                response_chars=len(record.response), truncated=record.truncated, usage=record.usage,
+                model=record.model, duration_s=record.duration_s, budget_entry=record.budget_entry, history_id=hid,
+            )
+            self.emit({"event": "subcall", "turn": record.turn, "subcalls": self.subcall_count, "ok": record.ok,
+                       "budget": self.budget.snapshot().to_dict()})
+
+    # ---------- ask for the answer ----------
+
+    def ask_for_final(self) -> None:
         """One last root call that asks for the answer now; at most one python step is run."""
-        trajectory.write("final_request", turn=state.turn + 1, why=why)
+        self.trajectory.write("final_request", turn=self.turn + 1, why=self.why)
         try:
-            entry = budget.admit("root_final", tokens_estimate=estimate_tokens(message_chars(messages)))
+            entry = self.budget.admit("root_final", tokens_estimate=estimate_tokens(message_chars(self.messages)))
         except BudgetError as exc:
-            trajectory.write("budget_refused", turn=state.turn + 1, code=exc.code, message=exc.message)
+            self.trajectory.write("budget_refused", turn=self.turn + 1, code=exc.code, message=exc.message)
             return
-        state.turn += 1
-        self._emit({"event": "turn_started", "turn": state.turn, "max_turns": self.settings.max_turns,
-                    "final": True, "subcalls": state.subcalls, "budget": budget.snapshot().to_dict()})
-        messages.append({"role": "user", "content": final_request(why)})
-        completion = self._root_call(messages, budget, entry, state)
-        self._after_completion(completion, messages, kernel, history, answer, trajectory, state, max_steps=1)
-        if answer.value is None and completion.text.strip():
-            answer.set(completion.text.strip()[: self.settings.max_answer_chars], state.turn)
+        self.turn += 1
+        self.emit({"event": "turn_started", "turn": self.turn, "max_turns": self.settings.max_turns,
+                   "final": True, "subcalls": self.subcall_count, "budget": self.budget.snapshot().to_dict()})
+        self.messages.append({"role": "user", "content": final_request(self.why)})
+        completion = self.root_call(entry)
+        self.after_completion(completion, max_steps=1)
+        if self.answer.value is None and completion.text.strip():
+            self.answer.set(completion.text.strip()[: self.settings.max_answer_chars], self.turn)
+
+    # ---------- close ----------
+
+    def close_kernel(self) -> None:
+        if self.kernel is None:
+            return
+        try:
+            self.kernel.close()
+        except Exception as exc:  # noqa: BLE001 - closing must not hide the run's outcome
+            self.error = self.error or f"kernel close failed: {exc}"
+
+    def close(self) -> RunResult:
+        """Wait for what the run started (children, required remote work), then record and return the result."""
+        extra: dict[str, Any] = {}
+        for extension in self.extensions:
+            try:
+                extension.finish()
+            except RLMError as exc:
+                self.error = self.error or f"{exc.code}: {exc.message}"
+            try:
+                extra.update(extension.record())
+            finally:
+                extension.close()
+        snapshot = self.budget.snapshot()
+        duration = round(time.monotonic() - self.started, 3)
+        self.trajectory.write(
+            "run_finished", stop_reason=self.stop_reason, answer=self.answer.value, error=self.error, turns=self.turn,
+            subcalls=self.subcall_count, budget=snapshot.to_dict(), root_chars_sent=self.root_chars_sent,
+            root_chars_last=self.root_chars_last, corpus_bytes=self.stats["bytes"], duration_s=duration, **extra,
+        )
+        self.trajectory.close()
+        result = RunResult(
+            run_id=self.session.run_id, answer=self.answer.value, stop_reason=self.stop_reason or "error",
+            turns=self.turn, subcalls=self.subcall_count, error=self.error, trajectory_path=self.trajectory.path,
+            budget=snapshot, corpus_bytes=self.stats["bytes"], root_chars_sent=self.root_chars_sent,
+            root_chars_last=self.root_chars_last, duration_s=duration, extra=extra,
+        )
+        self.emit({"event": "run_finished", "stop_reason": result.stop_reason, "turns": self.turn,
+                   "subcalls": self.subcall_count, "budget": snapshot.to_dict()})
+        return result
+
+    def emit(self, event: Event) -> None:
+        self.session._emit(event)  # noqa: SLF001 - the run is the session's own
+
+
+def _step_header(result: StepResult) -> str:
+    header = (f"[ok in {result.duration_s:.2f} s]" if result.ok
+              else f"[error: {result.error_code} after {result.duration_s:.2f} s]")
+    if result.restored_from_checkpoint:
+        header += " [the namespace was restored to its state after the last successful step]"
+        if result.lost_names:
+            header += f" [not restored: {', '.join(result.lost_names)}]"
+    return header
 
 
 def run_question(

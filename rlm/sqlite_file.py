@@ -3,6 +3,8 @@
 The inference budget, the family store and the delegation store each keep their
 own schema in such a file. Writers take the write lock first (``BEGIN
 IMMEDIATE``), so a check and the write it guards are atomic across processes.
+This is the one place where ``sqlite3`` errors (a locked, unreadable or corrupt
+file, a full disk) become the library's own ``StoreUnavailable``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from rlm.errors import StoreUnavailable
 
 BUSY_TIMEOUT_MS = 30_000
 
@@ -23,13 +27,14 @@ class SQLiteFile:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = self._connect()
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot create the folder of {self.path}: {exc} (setting RLM_DATA_DIR)",
+                                   setting="data_dir") from None
+        with self.reading() as conn:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.executescript(self.SCHEMA)
-        finally:
-            conn.close()
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
@@ -43,22 +48,35 @@ class SQLiteFile:
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """A write transaction that holds the write lock from its first statement."""
-        conn = self._connect()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
+        with self._converted():
+            conn = self._connect()
             try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-        finally:
-            conn.close()
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
 
     @contextmanager
     def reading(self) -> Iterator[sqlite3.Connection]:
-        conn = self._connect()
+        """A connection in autocommit mode, for reads (and a single statement that needs no lock held)."""
+        with self._converted():
+            conn = self._connect()
+            try:
+                yield conn
+            finally:
+                conn.close()
+
+    @contextmanager
+    def _converted(self) -> Iterator[None]:
         try:
-            yield conn
-        finally:
-            conn.close()
+            yield
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(
+                f"the library file {self.path} cannot be used: {exc}; check that it is readable, writable and "
+                "not damaged (its folder is RLM_DATA_DIR)", setting="data_dir", path=str(self.path),
+            ) from exc

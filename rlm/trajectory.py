@@ -17,9 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlm.errors import RunNotFound, TrajectoryInvalid
+from rlm.errors import MAX_LISTED_NAMES, RunNotFound, TrajectoryInvalid
 
 FILENAME = "trajectory.jsonl"
+# Characters of a prompt or a response a trajectory event keeps (the history keeps them whole).
+PREVIEW_CHARS = 500
 
 
 class TrajectoryWriter:
@@ -78,4 +80,4 @@ def find_run(runs_dir: Path, run: str) -> Path:
         return matches[0] / FILENAME
     if not matches:
         raise RunNotFound(f"no run {run!r} under {runs_dir} (data dir: RLM_DATA_DIR / --data-dir)")
-    raise RunNotFound(f"{run!r} matches {len(matches)} runs: {', '.join(p.name for p in matches[:5])}")
+    raise RunNotFound(f"{run!r} matches {len(matches)} runs: {', '.join(p.name for p in matches[:MAX_LISTED_NAMES])}")

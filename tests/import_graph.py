@@ -1,9 +1,15 @@
-"""The project's import graph, from the source: every import statement, those inside functions included.
+"""The module import graph of a source tree, from every import statement, and its cycles.
 
-``module_graph`` maps each module of the given top-level packages to the project
-modules it imports (``import a.b`` and ``from a import b`` both reach ``a.b``
-when it is a module, else ``a``); ``cycles`` lists the strongly connected
-components with more than one module.
+``module_graph`` reads each ``.py`` file under the given top-level packages with
+``ast`` and records an edge for every ``import`` and ``from ... import`` it holds,
+at any depth (inside functions, ``if TYPE_CHECKING:`` blocks and ``try`` blocks
+too): a lazy import still ties two modules together. ``import a.b`` and
+``from a import b`` are an edge to the module ``a.b`` when it exists; a name that is
+not a submodule (``from pkg import name``) is an edge to the package's
+``__init__``. Relative imports are resolved against the importing module.
+Imports of modules outside the tree (the standard library, third-party packages)
+are kept as edges too, so a caller can check what a room reaches for; ``cycles``
+only ever finds cycles among the tree's own modules.
 """
 
 from __future__ import annotations
@@ -12,99 +18,94 @@ import ast
 from pathlib import Path
 
 
-def _module_name(root: Path, path: Path) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
+def _module_name(root: Path, file: Path) -> str:
+    parts = list(file.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def _resolve(name: str, modules: set[str]) -> str | None:
-    """The longest prefix of ``name`` that is a project module."""
-    parts = name.split(".")
-    for end in range(len(parts), 0, -1):
-        candidate = ".".join(parts[:end])
-        if candidate in modules:
-            return candidate
-    return None
+def _resolve_relative(module: str, is_package: bool, level: int, target: str | None) -> str:
+    base = module.split(".") if is_package else module.split(".")[:-1]
+    if level > 1:
+        base = base[: len(base) - (level - 1)]
+    return ".".join(base + ([target] if target else []))
 
 
-def _imported_names(tree: ast.AST, module: str, is_package: bool) -> list[str]:
-    names: list[str] = []
+def _imports(tree: ast.AST, module: str, is_package: bool, known: set[str]) -> set[str]:
+    found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.extend(alias.name for alias in node.names)
+            found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = module.split(".") if is_package else module.split(".")[:-1]
-                base = base[: len(base) - (node.level - 1)]
-                prefix = ".".join(base + ([node.module] if node.module else []))
-            else:
-                prefix = node.module or ""
-            names.append(prefix)
-            names.extend(f"{prefix}.{alias.name}" for alias in node.names)
-    return names
+            source = (_resolve_relative(module, is_package, node.level, node.module) if node.level
+                      else node.module or "")
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                found.add(submodule if submodule in known else source)
+    return found
 
 
 def module_graph(root: Path, packages: list[str]) -> dict[str, set[str]]:
-    files = {
-        _module_name(root, path): path
-        for package in packages
-        for path in sorted((root / package).rglob("*.py"))
-        if "__pycache__" not in path.parts
-    }
-    modules = set(files)
+    """Every module of ``packages`` (folders under ``root``) -> the modules its import statements name."""
+    files: dict[str, Path] = {}
+    for package in packages:
+        for file in sorted((root / package).rglob("*.py")):
+            files[_module_name(root, file)] = file
+    known = set(files)
     graph: dict[str, set[str]] = {}
-    for module, path in files.items():
-        tree = ast.parse(path.read_text(), filename=str(path))
-        targets = {_resolve(name, modules) for name in _imported_names(tree, module, path.name == "__init__.py")}
-        graph[module] = {target for target in targets if target is not None and target != module}
+    for module, file in files.items():
+        tree = ast.parse(file.read_text(encoding="utf-8"), filename=str(file))
+        graph[module] = _imports(tree, module, file.name == "__init__.py", known)
     return graph
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan, iteratively)."""
+    """Strongly connected components of more than one module, or a module that imports itself (Tarjan)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
-    on_stack: set[str] = set()
     stack: list[str] = []
+    on_stack: set[str] = set()
     found: list[list[str]] = []
     counter = 0
-    for start in sorted(graph):
-        if start in index:
-            continue
-        work = [(start, iter(sorted(graph.get(start, ()))))]
+
+    def connect(start: str) -> None:
+        nonlocal counter
+        # Iterative, so a deep chain of imports cannot exhaust the recursion limit.
+        work: list[tuple[str, list[str]]] = [(start, sorted(graph.get(start, ()) & graph.keys()))]
         index[start] = low[start] = counter
         counter += 1
         stack.append(start)
         on_stack.add(start)
         while work:
-            node, children = work[-1]
-            advanced = False
-            for child in children:
-                if child not in index:
-                    index[child] = low[child] = counter
+            node, targets = work[-1]
+            if targets:
+                target = targets.pop()
+                if target not in index:
+                    index[target] = low[target] = counter
                     counter += 1
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph.get(child, ())))))
-                    advanced = True
-                    break
-                if child in on_stack:
-                    low[node] = min(low[node], index[child])
-            if advanced:
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, sorted(graph.get(target, ()) & graph.keys())))
+                elif target in on_stack:
+                    low[node] = min(low[node], index[target])
                 continue
             work.pop()
             if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
             if low[node] == index[node]:
-                component = []
+                component: list[str] = []
                 while True:
                     member = stack.pop()
                     on_stack.discard(member)
                     component.append(member)
                     if member == node:
                         break
-                if len(component) > 1:
+                if len(component) > 1 or node in graph.get(node, ()):
                     found.append(sorted(component))
-    return found
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return sorted(found)

@@ -24,11 +24,12 @@ from rlm.a2a.delegations import Delegations, reconcile
 from rlm.a2a.errors import A2AError
 from rlm.a2a.peers import load_peers
 from rlm.a2a.store import Delegation, DelegationStore
-from rlm.errors import RunNotFound, SettingsInvalid
+from rlm.errors import MAX_LISTED_NAMES, RunNotFound, SettingsInvalid
 from rlm.settings import RLMSettings
 
 COMMANDS = ("peers", "delegations", "reconcile")
 EXIT_OK = 0
+NOTE_COLUMN_CHARS = 60  # of a delegation's task shown in the note column of `rlm delegations`
 
 
 def add_parsers(sub: Any) -> None:
@@ -111,7 +112,7 @@ def _rows(settings: RLMSettings, run: str | None) -> tuple[list[Delegation], Del
     matches = [r for r in roots if r == run] or [r for r in roots if r.startswith(run)]
     if len(matches) != 1:
         raise RunNotFound(f"no delegations for run {run!r}" if not matches
-                          else f"run prefix {run!r} matches {len(matches)} runs: {', '.join(matches[:5])}")
+                          else f"run prefix {run!r} matches {len(matches)} runs: {', '.join(matches[:MAX_LISTED_NAMES])}")
     return store.list(matches[0]), store
 
 
@@ -134,7 +135,7 @@ def _delegations(args: argparse.Namespace, settings: RLMSettings, out: Console) 
     now = time.time()
     for r in rows:
         note = r.reconcile_reason or r.cancel_outcome or (f"[{r.error_code}] {r.error_message}" if r.error_code
-                                                          else r.task_preview[:60])
+                                                          else r.task_preview[:NOTE_COLUMN_CHARS])
         remote = r.remote_task_id or ("(direct reply)" if r.direct_reply else "-")
         cells = (r.id, r.root_id, r.peer_alias, r.state, remote, str(r.credits_held), "yes" if r.required else "no",
                  f"{now - r.created_at:,.0f}s", note)

@@ -43,6 +43,7 @@ A2A_VERSION = "1.0"
 JSONRPC_BINDING = "JSONRPC"
 JSONRPC_INTERNAL_ERROR = -32603  # the only JSON-RPC error after which the peer's state is unknown
 MAX_PEER_TEXT = 500  # characters of a peer's error text kept in our messages
+MAX_RPC_DATA_CHARS = 2000  # a JSON-RPC error's ``data`` is kept (as ``rpc_data``) only when its JSON is shorter
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ class StrictClient:
             if code == JSONRPC_INTERNAL_ERROR:
                 raise PeerOutcomeUnknown(f"the peer had an internal error during {method}: {message}", rpc_code=code)
             raise PeerRefused(f"the peer refused {method} ({code}): {message}", rpc_code=code,
-                              rpc_data=data if isinstance(data, (dict, list)) and len(json.dumps(data)) < 2000 else None)
+                              rpc_data=data if isinstance(data, (dict, list)) and len(json.dumps(data)) < MAX_RPC_DATA_CHARS else None)
         if status >= 400:
             raise PeerRefused(f"the peer answered HTTP {status} to {method}", http_status=status)
         if envelope.get("id") != request_id:
@@ -202,6 +203,12 @@ class StrictClient:
         except httpx.TransportError as exc:
             raise PeerOutcomeUnknown(
                 f"the connection to {url} broke before an answer was read ({_peer_text(exc) or type(exc).__name__}); "
+                "the request may have been received") from None
+        except httpx.InvalidURL as exc:
+            raise PeerUnreachable(f"{url} cannot be requested: {_peer_text(exc) or type(exc).__name__}") from None
+        except (httpx.HTTPError, httpx.StreamError) as exc:  # anything else httpx raises once a request may be out
+            raise PeerOutcomeUnknown(
+                f"the exchange with {url} failed ({_peer_text(exc) or type(exc).__name__}); "
                 "the request may have been received") from None
 
 

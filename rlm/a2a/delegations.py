@@ -60,6 +60,8 @@ BLOCKING_STATES = ("sending", "submitted", "working", "input_required", "auth_re
 WAITING_STATES = ("sending", "submitted", "working")
 MAX_REQUEST_ID_CHARS = 200
 PREVIEW_CHARS = 200
+QUOTED_STATUS_CHARS = 200  # of a peer's status text quoted in a refusal
+MAX_SUMMARY_REFERENCES = 20  # file references a delegation's summary lists
 RECONCILE_HISTORY_LENGTH = 100
 JSONRPC_ENVELOPE_BYTES = 120  # {"jsonrpc":"2.0","id":"<uuid>","method":"SendMessage","params":...}
 
@@ -368,7 +370,7 @@ class Delegations:
         row = self.owned(delegation_id)
         if row.state == "auth_required":
             raise ReplyNotExpected(
-                f"peer {row.peer_alias!r} asks for authentication, not input ({row.status_text[:200]!r}); that is "
+                f"peer {row.peer_alias!r} asks for authentication, not input ({row.status_text[:QUOTED_STATUS_CHARS]!r}); that is "
                 "resolved outside the run (its key or account), or cancel() the delegation")
         if row.state != "input_required":
             raise ReplyNotExpected(f"delegation {row.id} is {row.state}; reply() answers a peer that asked for input")
@@ -466,7 +468,7 @@ class Delegations:
         pending = self.pending_required()
         if not pending:
             return None
-        listed = ", ".join(f"{r.id} to {r.peer_alias!r} is {r.state}" for r in pending[:5])
+        listed = ", ".join(f"{r.id} to {r.peer_alias!r} is {r.state}" for r in pending[:MAX_LISTED_NAMES])
         return (f"required remote work is still open ({listed}). wait() on it, reply() if the peer asks for input, "
                 "or cancel() it; then call final_answer again (or start work with required=False)")
 
@@ -493,7 +495,7 @@ class Delegations:
         data = self.describe(row)
         data["preview"] = row.result_text[:cap]
         data["preview_truncated"] = len(row.result_text) > cap
-        data["file_references"] = row.references[:20]
+        data["file_references"] = row.references[:MAX_SUMMARY_REFERENCES]
         data["note"] = ("remote evidence from an A2A peer, unverified; read(start, size) returns more"
                         if row.result_text else "no result yet")
         return data

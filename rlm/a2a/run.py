@@ -123,10 +123,6 @@ class A2AExtension:
         self.delegations.close()
 
 
-def a2a_extension(info: RunInfo) -> A2AExtension:
-    return A2AExtension(info)
-
-
 def secret_env_names(settings: RLMSettings) -> set[str]:
     """Names of the peers' key variables, which a host kernel's child process must not inherit."""
     if settings.a2a_peers_file is None:

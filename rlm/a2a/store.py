@@ -22,7 +22,13 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from rlm.a2a.errors import CreditAllowanceExhausted, CreditAllowanceMismatch, DelegationLimitReached, DelegationNotFound
+from rlm.a2a.errors import (
+    A2AError,
+    CreditAllowanceExhausted,
+    CreditAllowanceMismatch,
+    DelegationLimitReached,
+    DelegationNotFound,
+)
 from rlm.budget import _owner, _owner_alive  # the same live-owner test the inference budget uses
 from rlm.sqlite_file import SQLiteFile
 
@@ -150,6 +156,7 @@ class Admission:
 
 
 _COLUMNS = [f.name for f in fields(Delegation)]
+MAX_EVENT_DETAIL_CHARS = 2000  # of an event's detail kept in delegation_events
 
 
 def _row(row: sqlite3.Row) -> Delegation:
@@ -169,62 +176,44 @@ class DelegationStore(SQLiteFile):
 
     def get(self, delegation_id: str) -> Delegation:
         self._expire_dead_senders()
-        conn = self._connect()
-        try:
+        with self.reading() as conn:
             row = conn.execute("SELECT * FROM delegations WHERE id = ?", (delegation_id,)).fetchone()
-        finally:
-            conn.close()
         if row is None:
             raise DelegationNotFound(f"no delegation {delegation_id!r}; a2a.tasks() or `rlm delegations` lists them")
         return _row(row)
 
     def find(self, root_id: str, request_id: str) -> Delegation | None:
-        conn = self._connect()
-        try:
+        with self.reading() as conn:
             row = conn.execute("SELECT * FROM delegations WHERE root_id = ? AND request_id = ?",
                                (root_id, request_id)).fetchone()
-        finally:
-            conn.close()
         return _row(row) if row else None
 
     def list(self, root_id: str | None = None) -> list[Delegation]:
         self._expire_dead_senders()
-        conn = self._connect()
-        try:
+        with self.reading() as conn:
             if root_id is None:
                 rows = conn.execute("SELECT * FROM delegations ORDER BY created_at, id").fetchall()
             else:
                 rows = conn.execute("SELECT * FROM delegations WHERE root_id = ? ORDER BY created_at, id",
                                     (root_id,)).fetchall()
-        finally:
-            conn.close()
         return [_row(r) for r in rows]
 
     def roots(self) -> list[str]:
-        conn = self._connect()
-        try:
+        with self.reading() as conn:
             return [r[0] for r in conn.execute(
                 "SELECT root_id FROM delegations GROUP BY root_id ORDER BY MIN(created_at)")]
-        finally:
-            conn.close()
 
     def events(self, delegation_id: str) -> list[dict[str, Any]]:
-        conn = self._connect()
-        try:
+        with self.reading() as conn:
             return [dict(r) for r in conn.execute(
                 "SELECT at, kind, detail FROM delegation_events WHERE delegation_id = ? ORDER BY id", (delegation_id,))]
-        finally:
-            conn.close()
 
     def credits(self, root_id: str) -> dict[str, int | None]:
-        conn = self._connect()
-        try:
+        with self.reading() as conn:
             allowed = conn.execute("SELECT credits_allowed FROM credit_allowances WHERE root_id = ?",
                                    (root_id,)).fetchone()
             held = conn.execute("SELECT COALESCE(SUM(credits_held), 0) FROM delegations WHERE root_id = ?",
                                 (root_id,)).fetchone()[0]
-        finally:
-            conn.close()
         return {"credits_allowed": allowed[0] if allowed else None, "credits_held": int(held)}
 
     # ---------- admission ----------
@@ -294,7 +283,7 @@ class DelegationStore(SQLiteFile):
         """Set columns and append an event in one transaction (``only_if_state`` guards a transition)."""
         bad = set(values) - set(_COLUMNS)
         if bad:
-            raise ValueError(f"unknown delegation columns: {sorted(bad)}")
+            raise A2AError(f"unknown delegation columns: {sorted(bad)} (a bug in the caller: the columns are {_COLUMNS})")
         with self.transaction() as conn:
             row = conn.execute("SELECT * FROM delegations WHERE id = ?", (delegation_id,)).fetchone()
             if row is None:
@@ -313,14 +302,11 @@ class DelegationStore(SQLiteFile):
     @staticmethod
     def _event(conn: sqlite3.Connection, delegation_id: str, kind: str, detail: str) -> None:
         conn.execute("INSERT INTO delegation_events (delegation_id, at, kind, detail) VALUES (?, ?, ?, ?)",
-                     (delegation_id, time.time(), kind, detail[:2000]))
+                     (delegation_id, time.time(), kind, detail[:MAX_EVENT_DETAIL_CHARS]))
 
     def _expire_dead_senders(self) -> None:
-        conn = self._connect()
-        try:
+        with self.reading() as conn:
             rows = conn.execute("SELECT id, owner FROM delegations WHERE state = 'sending'").fetchall()
-        finally:
-            conn.close()
         for row in rows:
             if not _owner_alive(row["owner"]):
                 self.update(row["id"], event="unknown",

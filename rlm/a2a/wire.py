@@ -28,6 +28,7 @@ from google.protobuf.struct_pb2 import Value
 
 from rlm.a2a.errors import PeerProtocolError
 
+MAX_PARSE_ERROR_CHARS = 300  # of the parser's complaint quoted in a PeerProtocolError
 CREDIT_CEILING_KEY = "credit_ceiling"  # the key the hosted service checks before reserving (app/admission.py)
 
 STATES = {
@@ -111,7 +112,7 @@ def _parse(data: dict[str, Any], message: Any, what: str) -> Any:
         # Unknown fields are ignored (a newer peer may add some); wrong types are not.
         return ParseDict(data, message, ignore_unknown_fields=True)
     except (ParseError, ValueError, TypeError) as exc:
-        raise PeerProtocolError(f"the peer's {what} is not valid A2A 1.0: {str(exc)[:300]}") from None
+        raise PeerProtocolError(f"the peer's {what} is not valid A2A 1.0: {str(exc)[:MAX_PARSE_ERROR_CHARS]}") from None
 
 
 def task_view(task: Task) -> RemoteView:

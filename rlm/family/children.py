@@ -1,6 +1,6 @@
 """Children of a family: admission, their processes, handles (status, wait, cancel), follow-ups, recovery.
 
-Each child run is its own OS process (``python -m rlm.family.runner``) running
+Each child run is its own OS process (``python -m rlm.family.child_process``) running
 its own session loop with its own kernel and history, drawing on the root's one
 durable budget. Processes make the things that matter real: children progress
 in parallel on several cores, ``cancel`` stops a whole process tree, and a child
@@ -35,6 +35,7 @@ from rlm.budget import BudgetLedger
 from rlm.errors import BudgetExhausted, BudgetUnknownUsage, UsageEntryNotFound
 from rlm.family import procs
 from rlm.family.errors import (
+    FamilyArgumentInvalid,
     AgentNotFound,
     ChildDepthExceeded,
     ChildLimitReached,
@@ -53,6 +54,7 @@ RUNNER_LOG = "runner.log"
 CHILD_MIN_CALLS = 2  # a child needs one turn and the call it keeps back for its final answer
 POLL_S = 0.05
 LOG_TAIL_BYTES = 1500
+SUMMARY_PROMPT_CHARS = 200  # of a child's prompt in its summary (status, the final record)
 
 # Processes this Python process started, by run id: reaped here, watched without /proc guesses.
 _PROCS: dict[str, subprocess.Popen[bytes]] = {}
@@ -86,7 +88,7 @@ class Family:
               spec_source: Callable[[], dict[str, Any]] | None = None) -> RunRecord:
         """Admit a child of ``parent_id`` and start its process; raises at once when a limit refuses."""
         if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError("rlm.run needs a prompt: rlm.run('what the child should find out')")
+            raise FamilyArgumentInvalid("rlm.run needs a prompt: rlm.run('what the child should find out')")
         self._check_prompt(prompt)
         self._ensure_spec(spec_source)
         self._refresh_active()
@@ -123,7 +125,7 @@ class Family:
     def follow_up(self, caller_id: str | None, child: str, prompt: str) -> RunRecord:
         """New work for a completed child, continuing its conversation; its earlier records stay as they are."""
         if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError("rlm.follow_up needs a prompt: rlm.follow_up(child, 'what to do next')")
+            raise FamilyArgumentInvalid("rlm.follow_up needs a prompt: rlm.follow_up(child, 'what to do next')")
         self._check_prompt(prompt)
         agent = self._child_agent(caller_id, child)
         runs = self.store.runs(self.root_id, agent_id=agent.agent_id)
@@ -223,7 +225,7 @@ class Family:
         run_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH", "")) if p)
-        command = [sys.executable, "-m", "rlm.family.runner", "--data-dir", str(self.settings.data_dir),
+        command = [sys.executable, "-m", "rlm.family.child_process", "--data-dir", str(self.settings.data_dir),
                    "--run", run_id, "--token", token]
         try:
             with open(run_dir / RUNNER_LOG, "ab") as log:
@@ -393,5 +395,5 @@ def summary(run: RunRecord, *, max_answer_chars: int | None = None) -> dict[str,
     return {
         "id": run.run_id, "agent": run.agent_id, "kind": run.kind, "follows": run.follows, "state": run.state,
         "answer": answer, "stop_reason": run.stop_reason, "error": run.error, "note": run.note,
-        "prompt": run.prompt[:200], "elapsed_s": round(now - run.admitted_at, 3),
+        "prompt": run.prompt[:SUMMARY_PROMPT_CHARS], "elapsed_s": round(now - run.admitted_at, 3),
     }

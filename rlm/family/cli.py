@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rlm.errors import SettingsInvalid
+from rlm.errors import MAX_LISTED_NAMES, SettingsInvalid
 from rlm.family.children import Family, summary
 from rlm.family.errors import ChildNotFound, FamilyNotFound
 from rlm.family.inbox import Inbox, family_messages
@@ -74,7 +74,7 @@ def resolve_root(store: FamilyStore, settings: RLMSettings, run: str) -> str:
         return str(rows[0]["root_id"])
     if not rows:
         raise FamilyNotFound(f"no run {run!r} in {settings.family_path} (data dir: RLM_DATA_DIR / --data-dir)")
-    raise FamilyNotFound(f"{run!r} matches {len(rows)} runs: {', '.join(r['root_id'] for r in rows[:5])}")
+    raise FamilyNotFound(f"{run!r} matches {len(rows)} runs: {', '.join(r['root_id'] for r in rows[:MAX_LISTED_NAMES])}")
 
 
 def _agent_id(store: FamilyStore, root_id: str, name: str | None) -> str:

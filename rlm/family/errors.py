@@ -13,6 +13,12 @@ class FamilyError(RLMError):
     code = "family_error"
 
 
+class FamilyArgumentInvalid(FamilyError):
+    """A call of the family's API with a missing or mistyped argument (a prompt, a message, a delivery id)."""
+
+    code = "family_argument_invalid"
+
+
 class ChildDepthExceeded(FamilyError):
     code = "child_depth_exceeded"
 

@@ -21,6 +21,7 @@ from rlm.family.children import Family, summary
 from rlm.family.inbox import Inbox
 from rlm.family.spec import build_spec
 from rlm.family.store import FamilyStore, RunRecord
+from rlm.trajectory import PREVIEW_CHARS
 
 WAIT_SHARE = 0.9  # of host_call_timeout_s: a wait returns before its host call would be cut off
 
@@ -207,14 +208,14 @@ class FamilyExtension:
         run = self.family.start(self.agent_id, str(prompt), filters=[[str(p) for p in g] for g in filters or []],
                                 spec_source=self._spec)
         self.info.trajectory.write("child_started", turn=self.info.current_turn(), run=run.run_id, agent=run.agent_id,
-                                   kind=run.kind, prompt=run.prompt[:500])
+                                   kind=run.kind, prompt=run.prompt[:PREVIEW_CHARS])
         self.info.emit({"event": "child_started", "child": run.run_id})
         return self._summary(run)
 
     def _rlm_follow_up(self, child: Any, prompt: Any) -> dict[str, Any]:
         run = self.family.follow_up(self.agent_id, str(child), str(prompt))
         self.info.trajectory.write("child_started", turn=self.info.current_turn(), run=run.run_id, agent=run.agent_id,
-                                   kind=run.kind, follows=run.follows, prompt=run.prompt[:500])
+                                   kind=run.kind, follows=run.follows, prompt=run.prompt[:PREVIEW_CHARS])
         return self._summary(run)
 
     def _rlm_status(self, run_id: Any) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from rlm.family.errors import (
+    FamilyArgumentInvalid,
     AckRefused,
     AgentNotFound,
     DeliveryConflict,
@@ -74,7 +75,7 @@ class Inbox:
     def send(self, to: str, text: str, delivery_id: str | None = None) -> dict[str, Any]:
         """Deliver ``text`` to ``to``; returns ``{id, delivery_id, to, duplicate}``."""
         if not isinstance(text, str):
-            raise ValueError("rlm.message(to, text): text must be a string")
+            raise FamilyArgumentInvalid("rlm.message(to, text): text must be a string")
         limit = self.settings.max_message_chars
         if len(text) > limit:
             raise MessageTooLarge(f"the message is {len(text):,} characters; at most {limit:,} are accepted "
@@ -82,7 +83,7 @@ class Inbox:
                                   setting="max_message_chars")
         if delivery_id is not None and (not isinstance(delivery_id, str) or not delivery_id
                                         or len(delivery_id) > MAX_DELIVERY_ID_CHARS):
-            raise ValueError(f"delivery_id must be a non-empty string of at most {MAX_DELIVERY_ID_CHARS} characters")
+            raise FamilyArgumentInvalid(f"delivery_id must be a non-empty string of at most {MAX_DELIVERY_ID_CHARS} characters")
         sender = self._agent(self.agent_id)
         recipient = self._agent(str(to))
         refusal = route_refusal(sender, recipient)

@@ -6,10 +6,10 @@ rebuilds the same corpus, the same kind of provider and the same settings from
 it. Secrets never enter the spec: an OpenAI-compatible provider is described by
 the *name* of its key's environment variable, read again in the child process.
 
-Providers: ``ScriptedProvider`` and ``OpenAIProvider`` are known; any other
-provider can offer ``child_spec() -> {"factory": "package.module:function",
-"kwargs": {...}}``, and the child calls ``function(settings=..., prompt=...,
-**kwargs)`` to get its provider.
+Providers: a provider offers ``child_spec() -> {"factory": "package.module:function",
+"kwargs": {...}}`` (``ScriptedProvider`` and ``OpenAIProvider`` do), and the child
+calls ``function(settings=..., prompt=..., **kwargs)`` to get its provider. No
+provider is known here by name.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from rlm.context import Context
 from rlm.family.errors import ChildrenUnavailable
-from rlm.providers.base import PriceTable, Provider
+from rlm.providers.base import Provider
 from rlm.settings import RLMSettings, load_settings
 
 BUNDLE_FILE = "family_bundle.json"
@@ -34,7 +34,7 @@ def build_spec(*, settings: RLMSettings, kernel: str, model: str | None, context
         "kernel": kernel,
         "model": model,
         "context": context_spec(context, run_dir),
-        "provider": provider_spec(provider, settings),
+        "provider": provider_spec(provider),
     }
 
 
@@ -55,27 +55,18 @@ def context_spec(context: Context, run_dir: Path) -> dict[str, Any]:
     raise ChildrenUnavailable(f"a child cannot rebuild a context of source {context.source!r}")
 
 
-def provider_spec(provider: Provider, settings: RLMSettings) -> dict[str, Any]:
+def provider_spec(provider: Provider) -> dict[str, Any]:
+    """How a child process rebuilds ``provider``: the factory and arguments its ``child_spec()`` names."""
     offered = getattr(provider, "child_spec", None)
-    if callable(offered):
-        spec = dict(offered())
-        if not isinstance(spec.get("factory"), str) or ":" not in spec["factory"]:
-            raise ChildrenUnavailable("child_spec() must return {'factory': 'package.module:function', 'kwargs': {...}}")
-        return {"kind": "factory", "factory": spec["factory"], "kwargs": dict(spec.get("kwargs") or {})}
-    name = getattr(provider, "name", "")
-    if name == "scripted" and isinstance(getattr(provider, "script", None), dict):
-        return {"kind": "scripted", "script": provider.script, "source": getattr(provider, "source", "<script>")}
-    if name == "openai":
-        return {
-            "kind": "openai", "base_url": provider.base_url, "model": provider.default_model,  # type: ignore[attr-defined]
-            "api_key_env": getattr(provider, "api_key_env", settings.api_key_env),
-            "max_retries": getattr(provider, "max_retries", settings.provider_max_retries),
-            "backoff_s": getattr(provider, "backoff_s", settings.provider_backoff_s),
-        }
-    raise ChildrenUnavailable(
-        f"children run in their own processes and cannot rebuild the provider {type(provider).__name__}; use "
-        "OpenAIProvider or ScriptedProvider, or give the provider a child_spec() method (see rlm/family/spec.py)"
-    )
+    if not callable(offered):
+        raise ChildrenUnavailable(
+            f"children run in their own processes and cannot rebuild the provider {type(provider).__name__}; use "
+            "OpenAIProvider or ScriptedProvider, or give the provider a child_spec() method (see rlm/family/spec.py)"
+        )
+    spec = dict(offered())
+    if not isinstance(spec.get("factory"), str) or ":" not in spec["factory"]:
+        raise ChildrenUnavailable("child_spec() must return {'factory': 'package.module:function', 'kwargs': {...}}")
+    return {"kind": "factory", "factory": spec["factory"], "kwargs": dict(spec.get("kwargs") or {})}
 
 
 def rebuild_settings(spec: dict[str, Any]) -> RLMSettings:
@@ -99,16 +90,6 @@ def rebuild_context(spec: dict[str, Any], settings: RLMSettings, filters: list[l
 def rebuild_provider(spec: dict[str, Any], settings: RLMSettings, prompt: str) -> Provider:
     """The provider of a child whose prompt is ``prompt`` (a script picks the child's turns by it)."""
     source = spec["provider"]
-    prices = PriceTable.load(settings.prices_usd_per_mtok, settings.price_table_file)
-    if source["kind"] == "scripted":
-        from rlm.providers.scripted import ScriptedProvider
-
-        return ScriptedProvider(source["script"], prices=prices, source=source["source"]).for_child(prompt)
-    if source["kind"] == "openai":
-        from rlm.providers.openai_compat import OpenAIProvider
-
-        return OpenAIProvider(base_url=source["base_url"], model=source["model"], api_key_env=source["api_key_env"],
-                              prices=prices, max_retries=source["max_retries"], backoff_s=source["backoff_s"])
     module_name, _, function_name = source["factory"].partition(":")
     factory = getattr(importlib.import_module(module_name), function_name)
     provider: Provider = factory(settings=settings, prompt=prompt, **source["kwargs"])

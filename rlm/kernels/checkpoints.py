@@ -35,6 +35,7 @@ MAGIC: Final = b"RLMCKPT\x01"
 FORMAT_VERSION: Final = 1
 MAX_HEADER_BYTES: Final = 1 << 20
 SESSION_ID_PATTERN: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+DIGEST_PREFIX_CHARS: Final = 16  # of a sha256 shown in a refusal: enough to tell two binaries apart
 
 CheckpointKind = Literal["session", "pending_call"]
 
@@ -218,7 +219,8 @@ class Checkpoint:
         if self.identity.runtime_sha256 != identity.runtime_sha256:
             raise CheckpointRuntimeMismatch(
                 "checkpoint refused: written by a different monty worker binary "
-                f"(sha256 {self.identity.runtime_sha256[:16]}..., this process has {identity.runtime_sha256[:16]}...)"
+                f"(sha256 {self.identity.runtime_sha256[:DIGEST_PREFIX_CHARS]}..., "
+                f"this process has {identity.runtime_sha256[:DIGEST_PREFIX_CHARS]}...)"
             )
         if _canonical(self.limits) != _canonical(limits):
             changed = sorted(k for k in set(self.limits) | set(limits) if self.limits.get(k) != limits.get(k))
@@ -346,7 +348,7 @@ class FileCheckpointStore:
             names = os.listdir(folder)
         except FileNotFoundError:
             return []
-        return sorted(int(n[:-5]) for n in names if n.endswith(".ckpt") and n[:-5].isdigit())
+        return sorted(int(n.removesuffix(".ckpt")) for n in names if n.endswith(".ckpt") and n.removesuffix(".ckpt").isdigit())
 
     def delete_before(self, session_id: str, seq: int) -> None:
         folder = self._dir(session_id)

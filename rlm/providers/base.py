@@ -54,10 +54,18 @@ class Completion:
 
 
 class Provider(Protocol):
-    """Anything that answers chat messages. ``purpose`` is "root" for root turns, "subcall" for llm_query."""
+    """Anything that answers chat messages. ``purpose`` is "root" for root turns, "subcall" for llm_query.
+
+    ``reports_cost(model)`` says whether every call of ``model`` gets a USD cost; a
+    session refuses a USD limit (``max_usd``) for a model whose cost would be unknown.
+    A provider without the method is judged by its ``prices`` table, if it has one
+    (see ``usd_cost_known``).
+    """
 
     name: str
     default_model: str
+
+    def reports_cost(self, model: str) -> bool: ...
 
     def complete(
         self,
@@ -107,6 +115,15 @@ class PriceTable:
         if price is None or prompt_tokens is None or completion_tokens is None:
             return None
         return (prompt_tokens * price["prompt"] + completion_tokens * price["completion"]) / 1_000_000
+
+
+def usd_cost_known(provider: Any, model: str) -> bool:
+    """Whether ``provider``'s calls of ``model`` get a USD cost: its own answer, else its price table's."""
+    reports_cost = getattr(provider, "reports_cost", None)
+    if callable(reports_cost):
+        return bool(reports_cost(model))
+    prices = getattr(provider, "prices", None)
+    return prices is None or prices.has(model)
 
 
 def estimate_tokens(chars: int) -> int:

@@ -23,8 +23,15 @@ import openai
 
 from rlm.errors import MissingAPIKey, ProviderError, ProviderTimeout
 from rlm.providers.base import Completion, PriceTable, ToolCall, Usage
+from rlm.settings import RLMSettings
 
 RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
+MAX_STATUS_DETAIL_CHARS = 300  # of an error body quoted in a ProviderError
+MAX_CAUSE_DEPTH = 10  # links of an exception chain searched for a connect error (chains can loop)
+
+
+class _Retryable(ProviderError):
+    """A failure whose request never billed (never sent, or a 408/409/429/5xx answer): ``complete`` retries it."""
 
 
 class OpenAIProvider:
@@ -62,6 +69,16 @@ class OpenAIProvider:
         self.calls: Counter[str] = Counter()
         self.attempts = 0
 
+    def reports_cost(self, model: str) -> bool:
+        return self.prices.has(model)
+
+    def child_spec(self) -> dict[str, Any]:
+        """How a child process rebuilds this provider (rlm/family/spec.py): the key's variable NAME, never the key."""
+        return {"factory": f"{__name__}:child_provider", "kwargs": {
+            "base_url": self.base_url, "model": self.default_model, "api_key_env": self.api_key_env,
+            "max_retries": self.max_retries, "backoff_s": self.backoff_s,
+        }}
+
     def complete(
         self,
         messages: list[dict[str, Any]],
@@ -86,41 +103,45 @@ class OpenAIProvider:
                     f"{model_id} did not answer within {timeout_s:g} s, retries included", billed=None
                 )
             try:
-                kwargs: dict[str, Any] = {"model": model_id, "messages": messages, "timeout": remaining}
-                if tools:
-                    kwargs["tools"] = tools
-                response = self._client.chat.completions.create(**kwargs)
-                return self._completion(response, model_id)
-            except openai.APITimeoutError:
-                raise ProviderTimeout(
-                    f"{model_id} at {self.base_url} did not answer within {timeout_s:g} s "
-                    "(per-call timeout: RLM_SUBCALL_TIMEOUT_S for sub-calls, RLM_STEP_TIMEOUT_S scale for root turns)",
-                    billed=None,
-                ) from None
-            except openai.APIConnectionError as exc:
-                if not _never_sent(exc):
-                    # The request may have reached the model: its usage is unknown, and a retry could bill twice.
+                return self._completion(self._send(messages, tools, model_id, remaining, timeout_s), model_id)
+            except _Retryable as error:
+                if attempt > self.max_retries:
                     raise ProviderError(
-                        f"the connection to {self.base_url} broke during the call: {exc}", billed=None
+                        f"{error.message} (gave up after {attempt} attempts; "
+                        f"RLM_PROVIDER_MAX_RETRIES={self.max_retries})",
+                        billed=error.billed,
+                        **error.details,
                     ) from None
-                error: ProviderError = ProviderError(f"cannot reach {self.base_url}: {exc}", billed=False)
-            except openai.APIStatusError as exc:
-                detail = _status_detail(exc)
-                error = ProviderError(
-                    f"{self.base_url} answered HTTP {exc.status_code} for model {model_id}: {detail}",
-                    billed=False,
-                    status=exc.status_code,
-                )
-                if exc.status_code not in RETRYABLE_STATUS:
-                    raise error from None
-            if attempt > self.max_retries:
-                raise ProviderError(
-                    f"{error.message} (gave up after {attempt} attempts; RLM_PROVIDER_MAX_RETRIES={self.max_retries})",
-                    billed=error.billed,
-                    **error.details,
-                )
             pause = min(self.backoff_s * (2 ** (attempt - 1)), max(0.0, deadline - time.monotonic()))
             time.sleep(pause)
+
+    def _send(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, model_id: str,
+              remaining_s: float, timeout_s: float) -> Any:
+        """One request. The one place where the client's exceptions (openai, httpx) become ProviderErrors."""
+        kwargs: dict[str, Any] = {"model": model_id, "messages": messages, "timeout": remaining_s}
+        if tools:
+            kwargs["tools"] = tools
+        try:
+            return self._client.chat.completions.create(**kwargs)
+        except openai.APITimeoutError:
+            raise ProviderTimeout(
+                f"{model_id} at {self.base_url} did not answer within {timeout_s:g} s "
+                "(per-call timeout: RLM_SUBCALL_TIMEOUT_S for sub-calls, RLM_STEP_TIMEOUT_S scale for root turns)",
+                billed=None,
+            ) from None
+        except openai.APIConnectionError as exc:
+            if not _never_sent(exc):
+                # The request may have reached the model: its usage is unknown, and a retry could bill twice.
+                raise ProviderError(f"the connection to {self.base_url} broke during the call: {exc}",
+                                    billed=None) from None
+            raise _Retryable(f"cannot reach {self.base_url}: {exc}", billed=False) from None
+        except openai.APIStatusError as exc:
+            error = _Retryable if exc.status_code in RETRYABLE_STATUS else ProviderError
+            raise error(f"{self.base_url} answered HTTP {exc.status_code} for model {model_id}: {_status_detail(exc)}",
+                        billed=False, status=exc.status_code) from None
+        except (openai.OpenAIError, httpx.HTTPError) as exc:  # e.g. an answer the client cannot parse
+            raise ProviderError(f"{self.base_url} failed for model {model_id}: {type(exc).__name__}: {exc}",
+                                billed=None) from None
 
     def _completion(self, response: Any, model_id: str) -> Completion:
         if not getattr(response, "choices", None):
@@ -149,6 +170,14 @@ class OpenAIProvider:
         )
 
 
+def child_provider(*, settings: RLMSettings, prompt: str, base_url: str, model: str, api_key_env: str,
+                   max_retries: int, backoff_s: float) -> OpenAIProvider:
+    """A child process's provider (``child_spec``'s factory); the key is read again from its environment."""
+    prices = PriceTable.load(settings.prices_usd_per_mtok, settings.price_table_file)
+    return OpenAIProvider(base_url=base_url, model=model, api_key_env=api_key_env, prices=prices,
+                          max_retries=max_retries, backoff_s=backoff_s)
+
+
 def _code_from_arguments(arguments: str | None) -> str:
     # Models occasionally send the code raw instead of {"code": "..."}: run what they meant.
     if not arguments:
@@ -166,7 +195,7 @@ def _code_from_arguments(arguments: str | None) -> str:
 def _never_sent(exc: BaseException) -> bool:
     """True when the connection was never opened (refused, DNS, connect timeout): the request did not leave."""
     seen: BaseException | None = exc
-    for _ in range(10):  # a bounded walk: exception chains can loop
+    for _ in range(MAX_CAUSE_DEPTH):
         if seen is None:
             break
         if isinstance(seen, (httpx.ConnectError, httpx.ConnectTimeout, ConnectionRefusedError)):
@@ -180,5 +209,5 @@ def _status_detail(exc: openai.APIStatusError) -> str:
     if isinstance(body, dict):
         inner = body.get("error", body)
         if isinstance(inner, dict) and inner.get("message"):
-            return str(inner["message"])[:300]
-    return str(exc.message)[:300]
+            return str(inner["message"])[:MAX_STATUS_DETAIL_CHARS]
+    return str(exc.message)[:MAX_STATUS_DETAIL_CHARS]

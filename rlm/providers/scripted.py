@@ -50,14 +50,18 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from threading import Lock
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlm.errors import ProviderError, ScriptExhausted, ScriptInvalid
 from rlm.providers.base import Completion, PriceTable, ToolCall, Usage, estimate_tokens, message_chars
 
+if TYPE_CHECKING:
+    from rlm.settings import RLMSettings
+
 ENTRY_KEYS = {"code", "text", "usage", "delay_s", "error"}
 RULE_KEYS = {"pattern", "answer", "usage", "delay_s", "error", "hold_after", "hold_until_file"}
 HOLD_POLL_S = 0.01
+QUOTED_PROMPT_CHARS = 120  # of a child's prompt quoted when no [[child]] entry matches it
 CHILD_KEYS = {"pattern", "root", "subcall"}
 
 
@@ -174,9 +178,17 @@ class ScriptedProvider:
                     script["default_answer"] = self.default_answer
                 return ScriptedProvider(script, prices=self.prices, source=f"{self.source} [child {pattern.pattern!r}]",
                                         folder=self.folder)
-        raise ScriptInvalid(f"{self.source}: no [[child]] entry's pattern matches the child's prompt {prompt[:120]!r}")
+        raise ScriptInvalid(f"{self.source}: no [[child]] entry's pattern matches the child's prompt {prompt[:QUOTED_PROMPT_CHARS]!r}")
+
+    def child_spec(self) -> dict[str, Any]:
+        """How a child process rebuilds this provider (rlm/family/spec.py): the script itself travels."""
+        return {"factory": f"{__name__}:child_provider", "kwargs": {"script": self.script, "source": self.source}}
 
     # ---------- serving ----------
+
+    def reports_cost(self, model: str) -> bool:
+        """Always: a replayed call costs what the price table says for its model, else nothing."""
+        return True
 
     @property
     def root_turns_left(self) -> int:
@@ -250,6 +262,12 @@ class ScriptedProvider:
         # A replayed script costs nothing unless the price table says otherwise.
         cost = self.prices.cost(model_id, prompt, completion)
         return 0.0 if cost is None else cost
+
+
+def child_provider(*, settings: RLMSettings, prompt: str, script: dict[str, Any], source: str) -> ScriptedProvider:
+    """A child process's provider (``child_spec``'s factory): the ``[[child]]`` entry matching its prompt."""
+    prices = PriceTable.load(settings.prices_usd_per_mtok, settings.price_table_file)
+    return ScriptedProvider(script, prices=prices, source=source).for_child(prompt)
 
 
 def _usage(where: str, raw: Any) -> Any:

@@ -15,8 +15,8 @@ from rlm.a2a.delegations import Delegations, reconcile
 from rlm.a2a.errors import DelegationReconcileRefused, PeerCardMovesOrigin, PeerRedirectRefused, ReplyNotExpected
 from rlm.a2a.store import DelegationStore
 
-from .a2a_peers import HostilePeer, a2a_settings, peers_of
-from .conftest import REPO_ROOT
+from ..conftest import REPO_ROOT
+from .peer_servers import HostilePeer, a2a_settings, peers_of
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -23,7 +23,7 @@ from rlm.a2a.errors import (
     RequestIdConflict,
 )
 
-from .a2a_peers import BIG_RESULT_CHARS, HostilePeer, SdkPeer, a2a_settings, peers_of
+from .peer_servers import BIG_RESULT_CHARS, HostilePeer, SdkPeer, a2a_settings, peers_of
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -18,11 +18,11 @@ from rlm.kernels.base import KernelLimits
 from rlm.kernels.checkpoints import Checkpoint, FileCheckpointStore
 from rlm.kernels.monty import MontyKernel
 
-from .holds import DEADLINE_SLACK_S, POLL_LIMIT_S, Hold, wait_until
+from ..holds import DEADLINE_SLACK_S, POLL_LIMIT_S, Hold, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 KILL_STEP_TIMEOUT_S = 30.0  # a step that is to be killed: its own timeout must not end it first
 
 FAST = KernelLimits(

@@ -46,7 +46,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from .holds import POLL_S, Hold
+from ..holds import POLL_S, Hold
 
 SKILL = "code-review"
 BIG_RESULT_CHARS = 60_000

@@ -13,7 +13,7 @@ from rlm.family.inbox import Inbox
 from rlm.family.store import Agent, FamilyStore
 from rlm.settings import RLMSettings
 
-from .family_support import child, run_root, script
+from .support import child, run_root, script
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,8 +13,8 @@ from rlm.family import procs
 from rlm.family.children import CONVERSATION_FILE
 from rlm.family.store import FamilyStore
 
-from .family_support import child, run_root, runs_of, script
-from .holds import Gate, wait_until
+from ..holds import Gate, wait_until
+from .support import child, run_root, runs_of, script
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,7 +12,7 @@ import pytest
 from rlm.kernels.base import KernelLimits, KernelLimitsInvalid, KernelNotStarted
 from rlm.kernels.host import HostKernel
 
-from .holds import DEADLINE_SLACK_S, POLL_LIMIT_S, Hold
+from ..holds import DEADLINE_SLACK_S, POLL_LIMIT_S, Hold
 
 pytestmark = pytest.mark.timeout(60)
 

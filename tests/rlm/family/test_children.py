@@ -12,7 +12,8 @@ from rlm.budget import BudgetLedger
 from rlm.family import procs
 from rlm.family.store import FamilyStore
 
-from .family_support import (
+from ..holds import DEADLINE_SLACK_S, Gate
+from .support import (
     MESSAGE_WAIT_SETTINGS,
     WAIT_FOR_PARENT,
     child,
@@ -23,7 +24,6 @@ from .family_support import (
     script,
     trajectory_has,
 )
-from .holds import DEADLINE_SLACK_S, Gate
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -22,7 +22,7 @@ from rlm.a2a.store import DelegationStore
 from rlm.errors import SettingsInvalid
 from rlm.settings import load_settings
 
-from .a2a_peers import HostilePeer, SdkPeer, a2a_settings, peers_of
+from .peer_servers import HostilePeer, SdkPeer, a2a_settings, peers_of
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,7 +13,7 @@ import pytest
 from rlm import Context, ScriptedProvider, Session
 from rlm.settings import RLMSettings
 
-from .a2a_peers import SdkPeer, a2a_settings
+from .peer_servers import SdkPeer, a2a_settings
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -17,16 +17,16 @@ from rlm.family import procs
 from rlm.family.children import Family
 from rlm.family.store import Agent, FamilyStore
 
-from .conftest import REPO_ROOT
-from .family_support import DOCUMENT, child, script
-from .holds import Gate, wait_until
+from ..conftest import REPO_ROOT
+from ..holds import Gate, wait_until
+from .support import DOCUMENT, child, script
 
 pytestmark = pytest.mark.timeout(60)
 
 PARENT = """
 import json, sys
 from rlm import Context, Session, load_settings
-from tests.rlm.family_support import GatedScript
+from tests.rlm.family.support import GatedScript
 data_dir, document, script_file, gates, run_id = sys.argv[1:6]
 settings = load_settings(data_dir=data_dir)
 provider = GatedScript(json.loads(open(script_file).read()), json.loads(gates), source="parent")

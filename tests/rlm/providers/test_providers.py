@@ -12,7 +12,7 @@ from rlm.errors import MissingAPIKey, ProviderError, ProviderTimeout, ScriptExha
 from rlm.providers import OpenAIProvider, PriceTable, ScriptedProvider
 from rlm.settings import load_settings
 
-from .holds import DEADLINE_SLACK_S
+from ..holds import DEADLINE_SLACK_S
 
 pytestmark = pytest.mark.timeout(30)
 

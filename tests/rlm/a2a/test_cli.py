@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from .a2a_peers import HostilePeer
-from .test_cli import rlm
+from ..test_cli import rlm
+from .peer_servers import HostilePeer
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,4 +1,4 @@
-"""One child run in its own process: ``python -m rlm.family.runner --data-dir D --run RUN --token T``.
+"""One child run in its own process: ``python -m rlm.family.child_process --data-dir D --run RUN --token T``.
 
 Started by ``Family`` (rlm/family/children.py). It proves it is the process the
 run was admitted for (only it holds the token, which also stays on its command
@@ -20,11 +20,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlm.composition import KernelFactory, default_kernel_factory
 from rlm.errors import KernelError, RLMError
 from rlm.family import procs
 from rlm.family.children import CONVERSATION_FILE
 from rlm.family.spec import rebuild_context, rebuild_provider, rebuild_settings
 from rlm.family.store import FamilyStore, RunRecord
+from rlm.kernels.base import Kernel
 from rlm.settings import RLMSettings, load_settings
 
 EXIT_STOPPED = 143
@@ -71,15 +73,14 @@ class _WatchedKernel:
         self._kernel.close()
 
 
-def _kernel_factory(store: FamilyStore, run: RunRecord) -> Callable[..., Any]:
-    from rlm.session import default_kernel_factory
+def _kernel_factory(store: FamilyStore, run: RunRecord) -> KernelFactory:
 
     def on_started(kernel: Any) -> None:
         pid = getattr(kernel, "pid", None) or getattr(kernel, "worker_pid", None)
         if pid:
             store.set_kernel(run.run_id, pid, procs.start_time(pid))
 
-    def factory(name: str, settings: RLMSettings, run_dir: Path, run_id: str) -> Any:
+    def factory(name: str, settings: RLMSettings, run_dir: Path, run_id: str) -> Kernel:
         fresh = lambda: default_kernel_factory(name, settings, run_dir, run_id)  # noqa: E731
         if run.kind != "follow_up" or name != "monty":
             return _WatchedKernel(fresh, on_started)
@@ -110,11 +111,11 @@ def run_child(data_dir: str, run_id: str, token: str) -> int:
     store = FamilyStore(paths.family_path)
     run = store.run(run_id)
     if run is None or run.token != token:
-        print(f"rlm.family.runner: no run {run_id} with this token in {paths.family_path}", file=sys.stderr)
+        print(f"rlm.family.child_process: no run {run_id} with this token in {paths.family_path}", file=sys.stderr)
         return 2
     me = os.getpid()
     if not store.confirm_start(run_id, token, me, procs.start_time(me)):
-        print(f"rlm.family.runner: run {run_id} is no longer waiting to start (cancelled?)", file=sys.stderr)
+        print(f"rlm.family.child_process: run {run_id} is no longer waiting to start (cancelled?)", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
@@ -149,7 +150,7 @@ def run_child(data_dir: str, run_id: str, token: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlm.family.runner")
+    parser = argparse.ArgumentParser(prog="python -m rlm.family.child_process")
     parser.add_argument("--data-dir", required=True)
     parser.add_argument("--run", required=True)
     parser.add_argument("--token", required=True)

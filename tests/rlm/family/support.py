@@ -20,7 +20,7 @@ from rlm.session import RunResult, Session
 from rlm.settings import RLMSettings
 from rlm.trajectory import FILENAME, read_trajectory
 
-from .holds import Gate
+from ..holds import Gate
 
 DOCUMENT = "Ferry log.\nMAX_CRATES = 40\nDOCK_TIMEOUT_S = 90\n"
 
