@@ -19,7 +19,6 @@ import logging
 import re
 import time
 import uuid
-from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -299,6 +298,3 @@ class A2AGuard:
         response = error_response(refused, binding, headers)
         await response(scope, receive, send)
 
-
-def request_identity(scope: dict[str, Any]) -> Identity | None:
-    return scope.get(IDENTITY_SCOPE_KEY)
