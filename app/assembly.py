@@ -35,6 +35,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from app import ledger_port
 from app.admission import AdmissionService
 from app.cards import build_card, discovery_routes
+from app.errors import register_with_sdk
 from app.events import NotifiedEventStream
 from app.handler import EdgeRequestHandler, StreamGate, identity_of
 from app.identity import EdgeUser
@@ -141,6 +142,7 @@ async def schema_problem(engine: AsyncEngine, head: str) -> tuple[str | None, st
 def create_app(settings: Settings, *, database_url: str | None = None) -> FastAPI:
     """The edge as an ASGI app. Raises SpecInvalid for a bad spec before anything starts."""
     specs = load_specs(settings.hosted.specs_dir)
+    register_with_sdk()  # the edge's refusals get their wire forms before any route can raise one
     url = database_url or db.database_url(settings)
     engine = edge_engine(url, settings)
     metrics = Metrics()

@@ -1,23 +1,39 @@
-"""The edge's refusals: one class per reason, each with a stable code and its wire form in both bindings.
+"""The edge's refusals: one class per reason, each with a stable code, and the one table of their wire forms.
 
-The a2a-sdk chooses the JSON-RPC code, the HTTP status and the ``ErrorInfo``
-reason of an error by looking its exact class up in four public tables
-(``JSON_RPC_ERROR_CODE_MAP``, ``A2A_ERROR_MAPPING``, ``A2A_ERROR_REASONS`` and
-the JSON-RPC ``EXCEPTION_MAP``); an unknown class becomes an internal error.
-Every ``EdgeError`` subclass registers itself there, so a refusal raised inside
-the SDK's request handler reaches the customer with its own code.
+Shape: like every error of the project (``core.errors.ServiceError``,
+``rlm.errors.RLMError``), an ``EdgeError`` has ``code`` (the instance's stable
+reason, lower snake case: ``KeyRejected`` carries ``key_expired``, ``key_revoked``
+and so on), a ``message`` that says what to do, and ``to_dict()``. On the wire
+``code`` travels as ``ErrorInfo.metadata.code``, next to the details.
 
-Codes: ``code`` (lower snake case, in ``ErrorInfo.metadata.code``) is the
-machine-readable reason; the JSON-RPC code is ``-(HTTP status * 100 + n)``,
-outside the range JSON-RPC reserves, so both bindings agree on the status.
+Wire form: the a2a-sdk chooses the JSON-RPC code, the HTTP status, the gRPC
+status and the ``ErrorInfo`` reason of an error by looking its exact class up in
+its public tables (``JSON_RPC_ERROR_CODE_MAP``, ``A2A_ERROR_MAPPING``,
+``A2A_ERROR_REASONS``, ``A2A_REASON_TO_ERROR`` and the JSON-RPC ``EXCEPTION_MAP``);
+a class it does not know becomes an internal error. ``WIRE_FORMS`` below is the
+one place the edge chooses them, and ``register_with_sdk()`` (called once where
+the app is built) copies it into those tables. The JSON-RPC code is
+``-(HTTP status * 100 + n)``, outside the range JSON-RPC reserves, so both
+bindings agree on the status; the reason is the class's ``code`` in upper case.
+
+Foreign errors: ``converting_foreign_errors`` wraps every method the SDK calls on
+the request handler, so whatever else escapes (SQL, a bug) reaches the customer
+as an ``InternalError`` with a generic message, never with its own text; the
+original goes to the log with the request id.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import inspect
 import json
-from typing import ClassVar, Literal
+import logging
+from collections.abc import AsyncGenerator, Callable, Iterator
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from a2a.server.jsonrpc_models import JSONRPCError
+from a2a.server.request_handlers.request_handler import RequestHandler
 from a2a.server.request_handlers.response_helpers import EXCEPTION_MAP, build_error_response
 from a2a.utils.error_handlers import build_rest_error_payload
 from a2a.utils.errors import (
@@ -27,38 +43,31 @@ from a2a.utils.errors import (
     JSON_RPC_ERROR_CODE_MAP,
     A2AError,
     ErrorMapping,
+    InternalError,
 )
 from starlette.responses import Response
+
+log = logging.getLogger(__name__)
 
 Binding = Literal["jsonrpc", "rest"]
 
 
 class EdgeError(A2AError):
-    """A refusal by the edge. ``message`` says what to do; ``data['code']`` is the stable reason."""
+    """A refusal by the edge. ``code`` is the stable reason, ``message`` says what to do."""
 
-    code: ClassVar[str] = "edge_error"
-    http_status: ClassVar[int] = 400
-    grpc_status: ClassVar[str] = "FAILED_PRECONDITION"
-    json_rpc_code: ClassVar[int] = 0  # 0: abstract, not registered
+    code: str = "edge_error"  # the class's default reason (and, upper-cased, its ErrorInfo reason)
 
     def __init__(self, message: str, *, code: str | None = None, **details: object) -> None:
+        self.code = code or type(self).code
         # ErrorInfo.metadata is a map of strings on the wire.
-        data = {"code": code or self.code, **{key: str(value) for key, value in details.items()}}
-        super().__init__(message, data=data)
+        self.details = {key: str(value) for key, value in details.items()}
+        super().__init__(message, data={"code": self.code, **self.details})
 
-    @property
-    def stable_code(self) -> str:
-        return str((self.data or {}).get("code", self.code))
-
-    def __init_subclass__(cls, **kwargs: object) -> None:
-        super().__init_subclass__(**kwargs)
-        if cls.json_rpc_code:
-            reason = cls.code.upper()
-            JSON_RPC_ERROR_CODE_MAP[cls] = cls.json_rpc_code
-            A2A_ERROR_MAPPING[cls] = ErrorMapping(cls.http_status, cls.grpc_status, reason)
-            A2A_ERROR_REASONS[cls] = reason
-            A2A_REASON_TO_ERROR[reason] = cls
-            EXCEPTION_MAP[cls] = JSONRPCError
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.details:
+            data["details"] = self.details
+        return data
 
 
 # --- authentication and traffic (answered by middleware, before the SDK) ------------
@@ -66,39 +75,24 @@ class EdgeError(A2AError):
 
 class KeyRequired(EdgeError):
     code = "key_required"
-    http_status = 401
-    grpc_status = "UNAUTHENTICATED"
-    json_rpc_code = -40100
 
 
 class KeyRejected(EdgeError):
-    """The presented key was refused; ``data['code']`` is the reason from ``ledger.keys``."""
+    """The presented key was refused; ``code`` is the reason from ``ledger.keys`` (``key_expired``, ...)."""
 
     code = "key_refused"
-    http_status = 401
-    grpc_status = "UNAUTHENTICATED"
-    json_rpc_code = -40101
 
 
 class RateLimited(EdgeError):
     code = "rate_limited"
-    http_status = 429
-    grpc_status = "RESOURCE_EXHAUSTED"
-    json_rpc_code = -42901
 
 
 class PayloadTooLarge(EdgeError):
     code = "payload_too_large"
-    http_status = 413
-    grpc_status = "INVALID_ARGUMENT"
-    json_rpc_code = -41301
 
 
 class UnsupportedMediaType(EdgeError):
     code = "unsupported_media_type"
-    http_status = 415
-    grpc_status = "INVALID_ARGUMENT"
-    json_rpc_code = -41501
 
 
 class MalformedRequest(EdgeError):
@@ -106,23 +100,14 @@ class MalformedRequest(EdgeError):
     character (which PostgreSQL cannot store) in the body or the path."""
 
     code = "malformed_request"
-    http_status = 400
-    grpc_status = "INVALID_ARGUMENT"
-    json_rpc_code = -32700  # JSON-RPC's own parse error
 
 
 class ServiceBusy(EdgeError):
     code = "service_busy"
-    http_status = 503
-    grpc_status = "UNAVAILABLE"
-    json_rpc_code = -50301
 
 
 class UnknownSpecialist(EdgeError):
     code = "specialist_not_found"
-    http_status = 404
-    grpc_status = "NOT_FOUND"
-    json_rpc_code = -40401
 
 
 # --- admission (raised inside the request handler) ------------------------------
@@ -130,80 +115,101 @@ class UnknownSpecialist(EdgeError):
 
 class OverCreditCeiling(EdgeError):
     code = "over_credit_ceiling"
-    http_status = 400
-    grpc_status = "FAILED_PRECONDITION"
-    json_rpc_code = -40001
 
 
 class MessageIdConflict(EdgeError):
     code = "message_id_conflict"
-    http_status = 409
-    grpc_status = "ALREADY_EXISTS"
-    json_rpc_code = -40901
 
 
 class ContextUnavailable(EdgeError):
     code = "context_id_unavailable"
-    http_status = 409
-    grpc_status = "FAILED_PRECONDITION"
-    json_rpc_code = -40902
 
 
 class TaskNotAwaitingInput(EdgeError):
     code = "task_not_awaiting_input"
-    http_status = 409
-    grpc_status = "FAILED_PRECONDITION"
-    json_rpc_code = -40903
 
 
 class KeyRequiredForListing(EdgeError):
     code = "key_required_for_listing"
-    http_status = 401
-    grpc_status = "UNAUTHENTICATED"
-    json_rpc_code = -40102
 
 
 # The ledger refused the reservation; the codes are the ledger's reserve outcomes.
 class InsufficientCredits(EdgeError):
     code = "insufficient_credits"
-    http_status = 402
-    grpc_status = "FAILED_PRECONDITION"
-    json_rpc_code = -40201
 
 
 class NotEntitled(EdgeError):
     code = "not_entitled"
-    http_status = 403
-    grpc_status = "PERMISSION_DENIED"
-    json_rpc_code = -40301
 
 
 class EntitlementExpired(EdgeError):
     code = "expired"
-    http_status = 403
-    grpc_status = "PERMISSION_DENIED"
-    json_rpc_code = -40302
 
 
 class ConcurrencyCap(EdgeError):
     code = "concurrency_cap"
-    http_status = 429
-    grpc_status = "RESOURCE_EXHAUSTED"
-    json_rpc_code = -42902
 
 
 class ReservationConflict(EdgeError):
     """The ledger already holds a reservation for this task id with other terms (a bug, never a retry)."""
 
     code = "reservation_conflict"
-    http_status = 409
-    grpc_status = "ABORTED"
-    json_rpc_code = -40904
 
 
 RESERVATION_REFUSALS: dict[str, type[EdgeError]] = {
     cls.code: cls for cls in (InsufficientCredits, NotEntitled, EntitlementExpired, ConcurrencyCap)
 }
+
+
+# --- the wire forms: the one place they are chosen ------------------------------------
+
+
+class WireForm(NamedTuple):
+    json_rpc_code: int
+    http_status: int
+    grpc_status: str
+
+
+WIRE_FORMS: dict[type[EdgeError], WireForm] = {
+    KeyRequired: WireForm(-40100, 401, "UNAUTHENTICATED"),
+    KeyRejected: WireForm(-40101, 401, "UNAUTHENTICATED"),
+    KeyRequiredForListing: WireForm(-40102, 401, "UNAUTHENTICATED"),
+    RateLimited: WireForm(-42901, 429, "RESOURCE_EXHAUSTED"),
+    PayloadTooLarge: WireForm(-41301, 413, "INVALID_ARGUMENT"),
+    UnsupportedMediaType: WireForm(-41501, 415, "INVALID_ARGUMENT"),
+    MalformedRequest: WireForm(-32700, 400, "INVALID_ARGUMENT"),  # JSON-RPC's own parse error
+    ServiceBusy: WireForm(-50301, 503, "UNAVAILABLE"),
+    UnknownSpecialist: WireForm(-40401, 404, "NOT_FOUND"),
+    OverCreditCeiling: WireForm(-40001, 400, "FAILED_PRECONDITION"),
+    MessageIdConflict: WireForm(-40901, 409, "ALREADY_EXISTS"),
+    ContextUnavailable: WireForm(-40902, 409, "FAILED_PRECONDITION"),
+    TaskNotAwaitingInput: WireForm(-40903, 409, "FAILED_PRECONDITION"),
+    ReservationConflict: WireForm(-40904, 409, "ABORTED"),
+    InsufficientCredits: WireForm(-40201, 402, "FAILED_PRECONDITION"),
+    NotEntitled: WireForm(-40301, 403, "PERMISSION_DENIED"),
+    EntitlementExpired: WireForm(-40302, 403, "PERMISSION_DENIED"),
+    ConcurrencyCap: WireForm(-42902, 429, "RESOURCE_EXHAUSTED"),
+}
+
+
+def reason_of(cls: type[EdgeError]) -> str:
+    """The ``ErrorInfo`` reason of a class (what an a2a-sdk client maps back to the class)."""
+    return cls.code.upper()
+
+
+def wire_form(error: EdgeError) -> WireForm:
+    return WIRE_FORMS[type(error)]
+
+
+def register_with_sdk() -> None:
+    """Copy ``WIRE_FORMS`` into the a2a-sdk's error tables. Idempotent: every call writes the same entries."""
+    for cls, form in WIRE_FORMS.items():
+        reason = reason_of(cls)
+        JSON_RPC_ERROR_CODE_MAP[cls] = form.json_rpc_code
+        A2A_ERROR_MAPPING[cls] = ErrorMapping(form.http_status, form.grpc_status, reason)
+        A2A_ERROR_REASONS[cls] = reason
+        A2A_REASON_TO_ERROR[reason] = cls
+        EXCEPTION_MAP[cls] = JSONRPCError
 
 
 def error_response(error: EdgeError, binding: Binding, headers: dict[str, str] | None = None) -> Response:
@@ -215,13 +221,79 @@ def error_response(error: EdgeError, binding: Binding, headers: dict[str, str] |
     """
     if binding == "jsonrpc":
         payload = build_error_response(None, error)
-        media_type = "application/json"
     else:
         payload = build_rest_error_payload(error)
-        media_type = "application/json"
     return Response(
         content=json.dumps(payload, separators=(",", ":")),
-        status_code=error.http_status,
-        media_type=media_type,
+        status_code=wire_form(error).http_status,
+        media_type="application/json",
         headers=headers,
     )
+
+
+# --- foreign errors: the one boundary between the request handler and the SDK ----------
+
+# What a customer reads when the edge failed in a way it did not foresee: nothing of the failure itself.
+INTERNAL_MESSAGE = "the service could not answer this request; retry later, or give the operator the X-Request-Id"
+
+
+def edge_error_for(exc: Exception) -> A2AError:
+    """What the customer sees for an exception that left the request handler.
+
+    An A2A error (the edge's refusals and the SDK's own) is already a wire error.
+    Anything else (a database fault, a bug) is logged here, with its traceback and
+    the request id, and answered as an internal error whose message says nothing of
+    it: the SDK's JSON-RPC dispatcher would otherwise send ``str(exc)``, SQL included.
+    """
+    if isinstance(exc, A2AError):
+        return exc
+    log.error("request failed: %s", type(exc).__name__, exc_info=exc, extra={"event": "request_failed"})
+    return InternalError(message=INTERNAL_MESSAGE)
+
+
+@contextlib.contextmanager
+def _converted() -> Iterator[None]:
+    try:
+        yield
+    except A2AError:
+        raise
+    except Exception as exc:
+        raise edge_error_for(exc) from exc
+
+
+Method = TypeVar("Method", bound=Callable[..., Any])
+
+
+def _converting(method: Method) -> Method:
+    if inspect.isasyncgenfunction(method):
+
+        @functools.wraps(method)
+        async def stream(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
+            with _converted():
+                async with contextlib.aclosing(method(*args, **kwargs)) as events:
+                    async for event in events:
+                        yield event
+
+        stream.converts_foreign_errors = True  # type: ignore[attr-defined]
+        return stream  # type: ignore[return-value]
+
+    @functools.wraps(method)
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        with _converted():
+            return await method(*args, **kwargs)
+
+    call.converts_foreign_errors = True  # type: ignore[attr-defined]
+    return call  # type: ignore[return-value]
+
+
+# Every method the SDK's dispatchers (JSON-RPC 1.0 and 0.3, HTTP+JSON) call on a request handler.
+SDK_ENTRY_POINTS: tuple[str, ...] = tuple(sorted(RequestHandler.__abstractmethods__))
+
+Handler = TypeVar("Handler", bound=type[RequestHandler])
+
+
+def converting_foreign_errors(handler_class: Handler) -> Handler:
+    """Class decorator: every SDK entry point of the handler raises only A2A errors (see ``edge_error_for``)."""
+    for name in SDK_ENTRY_POINTS:
+        setattr(handler_class, name, _converting(getattr(handler_class, name)))
+    return handler_class

@@ -40,7 +40,7 @@ from a2a.utils.errors import InternalError
 from a2a.utils.task import apply_history_length
 
 from app.admission import Admitted, AdmissionService
-from app.errors import EdgeError, KeyRequiredForListing, ServiceBusy
+from app.errors import EdgeError, KeyRequiredForListing, ServiceBusy, converting_foreign_errors
 from app.events import NotifiedEventStream
 from app.identity import EdgeUser, Identity
 from app.observability import Metrics, note_refusal
@@ -97,6 +97,7 @@ def _stops(event: Event) -> bool:
     return isinstance(event, TaskStatusUpdateEvent | Task) and event.status.state in STOP_STATES
 
 
+@converting_foreign_errors  # the edge's one boundary for foreign errors: see app/errors.py
 class EdgeRequestHandler(DefaultRequestHandler):
     def __init__(
         self,
@@ -131,9 +132,9 @@ class EdgeRequestHandler(DefaultRequestHandler):
         try:
             admitted = await self.admission.admit(self.loaded, identity_of(context), params)
         except EdgeError as refused:
-            self.metrics.admissions.labels(specialist=specialist, outcome=refused.stable_code).inc()
-            self.metrics.refusals.labels(code=refused.stable_code).inc()
-            note_refusal(refused.stable_code)
+            self.metrics.admissions.labels(specialist=specialist, outcome=refused.code).inc()
+            self.metrics.refusals.labels(code=refused.code).inc()
+            note_refusal(refused.code)
             raise
         except Exception as refused:
             self.metrics.admissions.labels(specialist=specialist, outcome=type(refused).__name__).inc()

@@ -19,7 +19,6 @@ import logging
 import re
 import time
 import uuid
-from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -285,20 +284,17 @@ class A2AGuard:
         return replay
 
     async def _refuse(self, refused: EdgeError, binding: Binding, scope: Scope, receive: Receive, send: Send) -> None:
-        self.metrics.refusals.labels(code=refused.stable_code).inc()
-        note_refusal(refused.stable_code)
+        self.metrics.refusals.labels(code=refused.code).inc()
+        note_refusal(refused.code)
         headers: dict[str, str] = {}
         if isinstance(refused, KeyRequired):
             headers["WWW-Authenticate"] = REALM
         elif isinstance(refused, KeyRejected):
-            headers["WWW-Authenticate"] = f'{REALM}, error="invalid_token", error_description="{refused.stable_code}"'
+            headers["WWW-Authenticate"] = f'{REALM}, error="invalid_token", error_description="{refused.code}"'
         elif isinstance(refused, RateLimited):
-            headers["Retry-After"] = str((refused.data or {}).get("retry_after_s", 1))
+            headers["Retry-After"] = refused.details.get("retry_after_s", "1")
         if isinstance(refused, PayloadTooLarge):
             headers["Connection"] = "close"  # the unread rest of the body is not wanted
         response = error_response(refused, binding, headers)
         await response(scope, receive, send)
 
-
-def request_identity(scope: dict[str, Any]) -> Identity | None:
-    return scope.get(IDENTITY_SCOPE_KEY)

@@ -7,8 +7,10 @@ processes. Set, it names the server to use (Cloud SQL in production).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -163,18 +165,27 @@ def compatibility_chain(rows: object) -> dict[str, tuple[str | None, bool]]:
     return {row[0]: (row[1], bool(row[2])) for row in rows}  # type: ignore[attr-defined]
 
 
+@contextlib.contextmanager
+def reaching_the_database(url: str | None = None) -> Iterator[None]:
+    """Where a command first talks to the database: any failure (connection refused, authentication, DNS, a
+    driver error) becomes ``DatabaseUnavailable`` naming its kind and the setting to check, never its text."""
+    try:
+        yield
+    except Exception as exc:
+        where = f" at {redact_url(url)}" if url else ""
+        raise DatabaseUnavailable(
+            f"cannot reach the database{where} ({type(exc).__name__}); check DATABASE_URL"
+        ) from exc
+
+
 def require_schema_at_head(engine: Engine) -> None:
     """Refuse to run on a schema Alembic has not brought to this code's head (or to a later revision that
     declared it still serves this code: see ``schema_problem``)."""
-    try:
+    with reaching_the_database():
         current = current_revision(engine)
         with engine.connect() as conn:
             exists = current is not None and conn.execute(text(COMPATIBILITY_EXISTS_SQL)).scalar()
             chain = compatibility_chain(conn.execute(text(COMPATIBILITY_SQL)).all()) if exists else {}
-    except Exception as exc:  # connection refused, auth failure, ...
-        raise DatabaseUnavailable(
-            f"cannot reach the database ({type(exc).__name__}); check DATABASE_URL"
-        ) from exc
     head = head_revision()
     problem = schema_problem(current, head, chain)
     if problem:

@@ -87,12 +87,8 @@ def cmd_db_status(ctx: Ctx, args: argparse.Namespace) -> int:
 
 
 def _current_or_none(ctx: Ctx) -> str | None:
-    try:
+    with db.reaching_the_database(ctx.url):
         return db.current_revision(ctx.engine)
-    except Exception as exc:
-        raise db.DatabaseUnavailable(
-            f"cannot reach the database at {db.redact_url(ctx.url)} ({type(exc).__name__}); check DATABASE_URL"
-        ) from exc
 
 
 # --- keys -------------------------------------------------------------------

@@ -90,7 +90,7 @@ def with_specialists(
     combined = dict(runners)
     for specialist_id, runner in served.runners.items():
         combined.setdefault(specialist_id, runner)
-    problems = [problem.as_dict() for problem in served.problems if problem.specialist_id not in runners]
+    problems = [problem.to_dict() for problem in served.problems if problem.specialist_id not in runners]
     for problem in problems:
         log.warning("specialist %s is not served: %s", problem["specialist"], problem["message"])
     return combined, problems

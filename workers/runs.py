@@ -19,7 +19,6 @@ specialist). Monty specialists register under their own ids (issue 7).
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -28,8 +27,6 @@ from typing import Any, Callable, Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from workers.auth import VerifiedJob
-
-log = logging.getLogger(__name__)
 
 MAX_MESSAGE_CHARS = 2000
 MAX_ARTIFACTS = 32
@@ -43,13 +40,6 @@ class EventSink(Protocol):
         TaskStatusUpdateEvent or TaskArtifactUpdateEvent).
         """
         ...
-
-
-class LoggingEventSink:
-    """Progress to the log only (a worker without task tables, e.g. in a unit test)."""
-
-    def emit(self, job: VerifiedJob, fencing_token: int, kind: str, data: dict[str, Any]) -> None:
-        log.info("job %s (claim %s) %s %s", job.job_id, fencing_token, kind, data)
 
 
 @dataclass

@@ -63,7 +63,7 @@ def _report(ctx: Any, mode: str, verdicts: list[Any], started: float, logs: Path
         "mode": mode,
         "passed": not failed,
         "seconds": round(time.monotonic() - started, 1),
-        "scenarios": [v.as_dict() for v in verdicts],
+        "scenarios": [v.to_dict() for v in verdicts],
         **({"logs": str(logs)} if logs else {}),
     }
     if ctx.as_json:

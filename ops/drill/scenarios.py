@@ -52,7 +52,7 @@ class Verdict:
     seconds: float
     evidence: list[str]
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"scenario": self.scenario, "verdict": self.verdict, "seconds": round(self.seconds, 2),
                 "evidence": self.evidence}
 

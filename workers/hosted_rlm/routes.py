@@ -102,7 +102,7 @@ class RouteProblem:
     code: str  # route_missing | route_key_missing | route_script_invalid | route_scripted_refused | spec_not_runnable
     message: str
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"specialist": self.specialist_id, "route": self.route, "code": self.code, "message": self.message}
 
 
