@@ -142,12 +142,13 @@ class Ledger:
             conn.rollback()
             return view
 
-    def history(self, customer_id: str, *, limit: int = 50) -> list[reads.JournalLine]:
+    def history(self, customer_id: str, *, limit: int = reads.DEFAULT_HISTORY_LINES) -> list[reads.JournalLine]:
         with self._autocommit.connect() as conn:
             return reads.history(conn, customer_id, limit=min(limit, self.limits.max_rows_per_listing))
 
     def reservations(
-        self, *, customer_id: str | None = None, states: tuple[str, ...] | None = None, limit: int = 100
+        self, *, customer_id: str | None = None, states: tuple[str, ...] | None = None,
+        limit: int = reads.DEFAULT_LISTED_RESERVATIONS,
     ) -> list[reads.ReservationView]:
         with self._autocommit.connect() as conn:
             return reads.list_reservations(

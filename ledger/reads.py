@@ -93,6 +93,11 @@ _RESERVATION_COLUMNS = """
 """
 
 
+# How many reservations a listing shows when its caller names no number (within max_rows_per_listing).
+DEFAULT_LISTED_RESERVATIONS = 100
+# How many journal lines a customer's history shows when its caller names no number.
+DEFAULT_HISTORY_LINES = 50
+
 def _reservation(row) -> ReservationView:
     data = dict(row)
     data["hold_lot_ids"] = tuple(data["hold_lot_ids"])
@@ -100,7 +105,7 @@ def _reservation(row) -> ReservationView:
     return ReservationView(**data)
 
 
-def account(conn: Connection, customer_id: str, *, now: datetime | None = None, max_rows: int = 1000) -> AccountView | None:
+def account(conn: Connection, customer_id: str, *, max_rows: int, now: datetime | None = None) -> AccountView | None:
     """The customer's account with its lots, entitlements and unresolved reservations; None if it has none.
 
     ``max_rows`` bounds each listed part; the totals always cover every lot.
@@ -159,7 +164,7 @@ def account(conn: Connection, customer_id: str, *, now: datetime | None = None, 
     )
 
 
-def history(conn: Connection, customer_id: str, *, limit: int = 50) -> list[JournalLine]:
+def history(conn: Connection, customer_id: str, *, limit: int = DEFAULT_HISTORY_LINES) -> list[JournalLine]:
     """The customer's journal postings, newest first."""
     rows = conn.execute(
         text(
@@ -176,7 +181,7 @@ def list_reservations(
     *,
     customer_id: str | None = None,
     states: tuple[str, ...] | None = None,
-    limit: int = 100,
+    limit: int = DEFAULT_LISTED_RESERVATIONS,
 ) -> list[ReservationView]:
     """The newest ``limit`` reservations (optionally of one customer, in some states), oldest first.
 
