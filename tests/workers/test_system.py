@@ -339,6 +339,8 @@ def killed_mid_job_then_reconciled(system: System, customer: dict) -> None:
     record = json.loads(done.stdout)
     assert (record["outcome"], record["charged"], record["task_state"], record["jobs_resolved"]) == (
         "reconciled", 1, "failed", [job])
+    # Beside the operator's charge, what the charge rule gives a failed run: the whole reservation (fixed pricing).
+    assert record["rule_credits"] == SCRIPTED_TARIFF
     assert state_of(system, customer, task_id) == "TASK_STATE_FAILED"
     assert claim(system, job)["state"] == "finished" and claim(system, job)["outcome"] == "failed"
     verify = specialists(system, "ledger", "verify")
