@@ -31,8 +31,9 @@ from sqlalchemy import Connection, text
 
 from taskstate import ids
 
-# CHECK constraints of migration 0030 and the claim functions' own bound on who took a row.
+# The CHECK constraint of migration 0030 on ``last_error`` (tests/taskstate/test_schema_limits.py).
 MAX_LAST_ERROR_CHARS = 500
+# Who took a row: a dispatcher's name, bounded as a worker's id is in its claims (``claims.MAX_WORKER_ID_CHARS``).
 MAX_TAKEN_BY_CHARS = 200
 
 _TAKE = text(
