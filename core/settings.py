@@ -467,6 +467,16 @@ class ServeSettings(Section):
 
     worker: bool = Field(default=True, description="`specialists serve` also starts a worker (a child process).")
     dispatcher: bool = Field(default=True, description="`specialists serve` also starts a dispatcher (a child process).")
+    child_start_timeout_s: float = Field(
+        default=30.0, gt=0, le=600,
+        description="How long `specialists serve` waits for its worker to answer before it gives up starting "
+        "(raise it on a slow or heavily loaded machine).",
+    )
+    child_stop_margin_s: float = Field(
+        default=5.0, gt=0, le=300,
+        description="After its drain (SPECIALISTS_WORKER_DRAIN_S), how long a child of `specialists serve` may take "
+        "to exit once asked before it is killed.",
+    )
 
 
 class HostedSettings(Section):

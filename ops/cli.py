@@ -178,12 +178,6 @@ def cmd_keys_verify(ctx: Ctx, args: argparse.Namespace) -> int:
 
 # --- serve, worker, dispatcher ---------------------------------------------
 
-# How long `serve` waits for its worker to answer before it gives up starting.
-CHILD_START_TIMEOUT_S = 30.0
-# After its drain, how long a child may take to exit once asked before it is killed.
-CHILD_STOP_MARGIN_S = 5.0
-
-
 class _Stopping:
     """SIGINT/SIGTERM while `serve` runs: remembered, so that shutdown stops the children before exiting.
 
@@ -228,10 +222,10 @@ def _start_child(command: list[str], env: dict[str, str]) -> subprocess.Popen:
     )
 
 
-def _wait_for_worker(worker: subprocess.Popen, url: str, stopping: _Stopping) -> None:
+def _wait_for_worker(worker: subprocess.Popen, url: str, stopping: _Stopping, timeout_s: float) -> None:
     import httpx
 
-    deadline = time.monotonic() + CHILD_START_TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and stopping.signal is None:
         if worker.poll() is not None:
             raise _ChildFailed(f"the worker exited with status {worker.returncode} while starting (see its log above)")
@@ -242,7 +236,8 @@ def _wait_for_worker(worker: subprocess.Popen, url: str, stopping: _Stopping) ->
             pass
         time.sleep(0.1)
     if stopping.signal is None:
-        raise _ChildFailed(f"the worker did not answer {url} within {CHILD_START_TIMEOUT_S:g} s")
+        raise _ChildFailed(f"the worker did not answer {url} within {timeout_s:g} s "
+                           "(SPECIALISTS_SERVE_CHILD_START_TIMEOUT_S)")
 
 
 class _ChildFailed(ServiceError):
@@ -344,7 +339,7 @@ def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
                 _child_env(settings, ctx.url, **child_settings),
             )
             children.append(worker)
-            _wait_for_worker(worker, f"{worker_url}/healthz", stopping)
+            _wait_for_worker(worker, f"{worker_url}/healthz", stopping, settings.serve.child_start_timeout_s)
         if settings.serve.dispatcher:
             children.append(
                 _start_child(["dispatcher"], _child_env(settings, ctx.url, SPECIALISTS_DISPATCH_WORKER_URL=dispatch_to))
@@ -354,7 +349,7 @@ def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
     except _ChildFailed as problem:
         return fail(problem.code, problem.message, as_json=ctx.as_json)
     finally:
-        _stop_children(children, settings.worker.drain_s + CHILD_STOP_MARGIN_S)
+        _stop_children(children, settings.worker.drain_s + settings.serve.child_stop_margin_s)
     return EXIT_OK
 
 

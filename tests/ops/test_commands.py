@@ -71,6 +71,15 @@ def test_serve_in_production_never_generates_secrets_and_names_the_missing_one(d
     assert "never generated" in done.stderr
 
 
+def test_serve_gives_up_on_a_worker_that_does_not_answer_in_time_and_names_the_setting(database_url, specs_dir):
+    env = edge_env(database_url, specs_dir, serve_worker="true", worker_job_secrets=WORKER_SECRET,
+                   worker_port=str(free_port()), serve_child_start_timeout_s="0.001", worker_drain_s="1")
+    done = specialists(env, "serve", "--port", str(free_port()))
+    assert done.returncode == 1, done.stderr
+    assert "child_failed" in done.stderr and "SPECIALISTS_SERVE_CHILD_START_TIMEOUT_S" in done.stderr
+    assert "service starting" in done.stdout  # it got as far as starting its worker
+
+
 def test_local_secrets_are_generated_once_on_one_machine_only(tmp_path: Path, database_url: str, monkeypatch) -> None:
     monkeypatch.delenv("DATABASE_URL", raising=False)  # the run's own server may be given that way
     embedded = Settings(database={"data_dir": tmp_path})  # no DATABASE_URL: the embedded database's machine
