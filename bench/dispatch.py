@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.admission import _Connection, database, free_port, stop, wait_ready  # noqa: E402
+from taskstate.ids import job_id_sql  # noqa: E402
 
 SPEC_ID = "scripted"  # the worker's scripted runner; no script in the message: it completes at once
 TARIFF = 1
@@ -222,7 +223,7 @@ def measure_path(engine, url: str, keys: list[str], prefix: str, seconds: float,
                 "SELECT extract(epoch FROM c.first_claimed_at - e.admitted_at) AS to_claim, "
                 "extract(epoch FROM s.at - e.admitted_at) AS to_settled, c.finished_at "
                 "FROM edge_tasks e JOIN dispatch_outbox o ON o.task_id = e.task_id "
-                "JOIN job_claims c ON c.job_id = o.task_id || '.' || o.dispatch_id "
+                f"JOIN job_claims c ON c.job_id = {job_id_sql('o')} "
                 "LEFT JOIN ledger_settlements s ON s.job_id = e.task_id "
                 "WHERE e.customer_id LIKE :p AND e.admitted_at >= :since + make_interval(secs => :warmup)"
             ),

@@ -76,6 +76,7 @@ from ledger import keys  # noqa: E402
 from ledger.client import Ledger  # noqa: E402
 from ops.drill.audit import TERMINAL, Audit, audit  # noqa: E402
 from ops.drill.topology import DispatcherKind, LocalTopology, Progress, server_url  # noqa: E402
+from taskstate.ids import task_id_of  # noqa: E402
 
 SPECIALIST = "drill"  # specs/drill.yaml: executor scripted, tariff 2 credits, skill `drill`
 CREDITS_PER_CUSTOMER = 100_000
@@ -398,7 +399,7 @@ class LoadRun:
         """The tasks whose jobs the process ``pid`` held unfinished claims on (a claim's worker id carries the pid)."""
         with self.engine.connect() as conn:
             rows = conn.execute(_UNFINISHED).all()
-        return tuple(sorted(job_id.rsplit(".", 1)[0] for job_id, worker_id in rows
+        return tuple(sorted(task_id_of(job_id) for job_id, worker_id in rows
                             if worker_id and worker_id.split(":")[-2] == str(pid)))
 
     def victim(self, rng: random.Random) -> Any | None:

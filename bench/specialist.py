@@ -49,6 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.admission import database, free_port, stop, wait_ready  # noqa: E402
+from taskstate.ids import job_id_sql  # noqa: E402
 
 KEY_SECRET = "bench-signing-secret-" + "b" * 40
 JOB_SECRET = "bench-worker-secret-" + "w" * 40
@@ -269,7 +270,7 @@ def main() -> None:
                 "extract(epoch FROM r.ended_at - r.started_at) AS run, "
                 "extract(epoch FROM c.finished_at - r.ended_at) AS to_finish "
                 "FROM edge_tasks e JOIN dispatch_outbox o ON o.task_id = e.task_id "
-                "JOIN job_claims c ON c.job_id = o.task_id || '.' || o.dispatch_id "
+                f"JOIN job_claims c ON c.job_id = {job_id_sql('o')} "
                 "JOIN specialist_runs r ON r.job_id = c.job_id ORDER BY e.admitted_at LIMIT :n OFFSET 1"),
                 {"n": args.tasks}).all()
         hosted_over = [t - model_s for t in hosted]

@@ -38,6 +38,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from core.errors import ServiceError
+
 Outcome = Literal["completed", "failed", "canceled", "rejected", "input_required", "never_ran"]
 OUTCOMES: tuple[Outcome, ...] = ("completed", "failed", "canceled", "rejected", "input_required", "never_ran")
 PricingMode = Literal["fixed", "metered"]
@@ -51,6 +53,12 @@ class Pricing:
 
 
 FIXED = Pricing()
+
+
+class ChargeInputInvalid(ServiceError, ValueError):
+    """A caller asked the rule about an outcome it does not know, or a negative reservation: a bug, not a charge."""
+
+    code = "charge_input_invalid"
 
 
 @dataclass(frozen=True)
@@ -67,9 +75,9 @@ def charged_credits(
 ) -> int | None:
     """The credits a job with this outcome is charged, between 0 and ``reserved_credits``; None: not yet."""
     if outcome not in OUTCOMES:
-        raise ValueError(f"outcome {outcome!r} is not one of {OUTCOMES}")
+        raise ChargeInputInvalid(f"outcome {outcome!r} is not one of {OUTCOMES}")
     if reserved_credits < 0:
-        raise ValueError(f"reserved credits cannot be negative, got {reserved_credits}")
+        raise ChargeInputInvalid(f"reserved credits cannot be negative, got {reserved_credits}")
     if outcome == "input_required":
         return None
     if outcome in ("rejected", "never_ran"):

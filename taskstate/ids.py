@@ -26,7 +26,15 @@ def job_id_for(task_id: str, dispatch_id: int) -> str:
 
 def task_id_of(job_id: str) -> str:
     """The task a job id belongs to (the job id itself when it names none)."""
-    return job_id.rsplit(SEPARATOR, 1)[0]
+    return job_id.rpartition(SEPARATOR)[0] or job_id
+
+
+def split_job_id(job_id: str) -> tuple[str, int]:
+    """``job_id_for`` read back: (task id, dispatch id). ValueError for an id no outbox row has."""
+    task_id, _, dispatch_id = job_id.rpartition(SEPARATOR)
+    if not task_id or not dispatch_id.isdigit():
+        raise ValueError(f"{job_id!r} is not a job id of an outbox row (<task id>{SEPARATOR}<dispatch id>)")
+    return task_id, int(dispatch_id)
 
 
 def job_id_sql(alias: str) -> str:

@@ -150,11 +150,11 @@ def mark_undeliverable(conn: Connection, row: OutboxRow, *, error: str) -> None:
 
 def row_of_job(conn: Connection, job_id: str) -> OutboxRow:
     """The outbox row of a job id: what a repeated delivery is signed from."""
-    task_id, _, dispatch_id = job_id.rpartition(ids.SEPARATOR)
+    task_id, dispatch_id = ids.split_job_id(job_id)
     row = conn.execute(
         text("SELECT dispatch_id, task_id, specialist_id, owner, context_id, attempts FROM dispatch_outbox "
              "WHERE task_id = :t AND dispatch_id = :d"),
-        {"t": task_id, "d": int(dispatch_id)},
+        {"t": task_id, "d": dispatch_id},
     ).one()
     return OutboxRow(*row)
 
@@ -200,8 +200,8 @@ def message_of(conn: Connection, ref: ids.TaskRef) -> bytes | None:
 
 
 def close_cte(name: str) -> str:
-    """Close the job's row (``:d`` of task ``:t``) as done, as a common table expression ``name`` that returns a
-    row when it did: the finish puts it in its statement with the task's hold."""
+    """Close the job's row (``:d`` of task ``:t``) as done, as a common table expression ``name``: the finish puts
+    it in its statement with the task's hold."""
     return f"""
     {name} AS (
         UPDATE dispatch_outbox SET status = 'done', finished_at = now()

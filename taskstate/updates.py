@@ -74,6 +74,7 @@ class Outcome(Protocol):
     @property
     def final_event(self) -> Any: ...
 
+
 log = logging.getLogger(__name__)
 
 UNDER_RECONCILIATION = (
@@ -88,6 +89,7 @@ OUTCOME_STATES: dict[str, int] = {
     "rejected": TaskState.TASK_STATE_REJECTED,
     "input_required": TaskState.TASK_STATE_INPUT_REQUIRED,
 }
+
 
 @dataclass(frozen=True)
 class TaskInput:
@@ -135,15 +137,31 @@ class TaskEvents:
     # --- input ----------------------------------------------------------------------
 
     def load(self, job: Job) -> TaskInput:
+        """The job's message and its task as stored (an executor that continues the task needs both)."""
+        ref = self._ref(job)
+        with self.engine.connect() as conn:
+            message = self._message(conn, job, ref)
+            return TaskInput(ref=ref, message=message, task=rows.read(conn, ref.task_id, ref.owner))
+
+    def message(self, job: Job) -> Message:
+        """The job's message alone (one read of its outbox row): what a runner that starts afresh needs."""
+        ref = self._ref(job)
+        with self.engine.connect() as conn:
+            return self._message(conn, job, ref)
+
+    @staticmethod
+    def _ref(job: Job) -> TaskRef:
         ref = TaskRef.of_payload(job.payload)
         if ref is None:
             raise LookupError(f"job {job.job_id} names no A2A task")
-        with self.engine.connect() as conn:
-            message = outbox.message_of(conn, ref)
-            task = rows.read(conn, ref.task_id, ref.owner) if message is not None else None
+        return ref
+
+    @staticmethod
+    def _message(conn: Connection, job: Job, ref: TaskRef) -> Message:
+        message = outbox.message_of(conn, ref)
         if message is None:
             raise LookupError(f"job {job.job_id}: outbox row {ref.dispatch_id} of task {ref.task_id} is gone")
-        return TaskInput(ref=ref, message=Message.FromString(message), task=task)
+        return Message.FromString(message)
 
     # --- progress (EventSink) ---------------------------------------------------------
 

@@ -56,7 +56,7 @@ def script_in_message(tasks: TaskEvents) -> Callable[[VerifiedJob], Any]:
     def script_of(job: VerifiedJob) -> Any:
         if TaskRef.of_payload(job.payload) is None:
             return None
-        for part in tasks.load(job).message.parts:
+        for part in tasks.message(job).parts:
             if part.WhichOneof("content") == "data":
                 data = MessageToDict(part.data)
                 if isinstance(data, dict) and "script" in data:
@@ -86,7 +86,7 @@ def with_specialists(
 ) -> tuple[dict[str, Runner], list[dict[str, Any]]]:
     """``runners`` plus a ``SpecialistRunner`` for every ready rlm spec not served by them, and the readiness
     problems of the others (what ``/readyz`` reports)."""
-    served = specialist_runners(settings, engine, lambda job: tasks.load(job).message)
+    served = specialist_runners(settings, engine, tasks.message)
     combined = dict(runners)
     for specialist_id, runner in served.runners.items():
         combined.setdefault(specialist_id, runner)

@@ -38,11 +38,12 @@ from workers.hosted_rlm import a2a, journal
 
 log = logging.getLogger(__name__)
 
-# The job's outbox row is closed, and the task's hold read, in one round trip.
+# The job's outbox row is closed, and the task's hold read, in one round trip (PostgreSQL runs a data-modifying
+# WITH clause whether or not the query reads it).
 _CLOSE_JOB = text(
     f"""
     WITH {outbox.close_cte("closed")}, {admitted.hold_cte("hold")}
-    SELECT reservation_id, tariff_credits, EXISTS (SELECT 1 FROM closed) AS closed FROM hold
+    SELECT reservation_id, tariff_credits FROM hold
     """
 )
 

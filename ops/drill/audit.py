@@ -16,13 +16,14 @@ from typing import Any
 from sqlalchemy import Engine, bindparam, text
 
 from ledger.client import Ledger
+from taskstate.ids import job_id_sql
 
 TERMINAL = frozenset({"TASK_STATE_COMPLETED", "TASK_STATE_FAILED", "TASK_STATE_CANCELED", "TASK_STATE_REJECTED"})
 
 _TASKS = text(
-    """
+    f"""
     SELECT e.task_id, e.customer_id, e.tariff_credits, e.reservation_id,
-           EXISTS (SELECT 1 FROM dispatch_outbox o JOIN job_claims c ON c.job_id = o.task_id || '.' || o.dispatch_id
+           EXISTS (SELECT 1 FROM dispatch_outbox o JOIN job_claims c ON c.job_id = {job_id_sql("o")}
                     WHERE o.task_id = e.task_id AND c.first_claimed_at IS NOT NULL) AS claimed,
            t.status ->> 'state' AS state, r.state::text AS reservation_state, r.charged,
            (SELECT count(DISTINCT j.entry_id) FROM ledger_journal j

@@ -15,6 +15,7 @@ from sqlalchemy import text
 
 from tests import http_calls
 from tests.app.conftest import CONFORMANCE_HOLD_S, message, rpc
+from taskstate.ids import job_id_for
 
 pytestmark = pytest.mark.timeout(60, func_only=True)
 CONFORMANCE = "conformance"
@@ -169,7 +170,7 @@ def test_conformance_work_flows_through_admission_the_outbox_and_a_worker_claim(
         ).one()
         claim = conn.execute(
             text("SELECT state, outcome, fencing_token, worker_id FROM job_claims WHERE job_id = :j"),
-            {"j": f"{task['id']}.{outbox.dispatch_id}"},
+            {"j": job_id_for(task["id"], outbox.dispatch_id)},
         ).one()
     assert edge_task.tariff_credits == 0 and edge_task.reservation_id is None
     assert (outbox.status, outbox.executor) == ("done", "conformance")

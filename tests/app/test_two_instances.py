@@ -29,6 +29,7 @@ from a2a.types.a2a_pb2 import (
 from sqlalchemy import Engine, text
 
 from tests.app.conftest import CONFORMANCE_HOLD_S, message
+from taskstate.ids import job_id_sql
 
 pytestmark = [pytest.mark.timeout(60, func_only=True), pytest.mark.anyio]
 CONFORMANCE = "conformance"
@@ -71,7 +72,7 @@ async def wait_for_the_run_to_end(engine: Engine, task_id: str) -> None:
         with engine.connect() as conn:
             ended = conn.execute(
                 text("SELECT c.state FROM job_claims c "
-                     "JOIN dispatch_outbox o ON c.job_id = o.task_id || '.' || o.dispatch_id "
+                     f"JOIN dispatch_outbox o ON c.job_id = {job_id_sql('o')} "
                      "WHERE o.task_id = :t AND c.state IN ('finished', 'unknown')"),
                 {"t": task_id},
             ).first()

@@ -40,8 +40,9 @@ def test_a_runner_that_states_zero_is_charged_nothing_whatever_the_pricing():
 
 
 def test_an_outcome_outside_the_table_or_a_negative_reservation_is_refused():
-    with pytest.raises(ValueError, match="outcome 'unknown' is not one of"):
+    with pytest.raises(ValueError, match="outcome 'unknown' is not one of") as refused:
         charged_credits("unknown", reserved_credits=7)  # type: ignore[arg-type]
+    assert refused.value.to_dict()["code"] == "charge_input_invalid"
     with pytest.raises(ValueError, match="cannot be negative"):
         charged_credits("completed", reserved_credits=-1)
 

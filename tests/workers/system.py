@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,15 @@ class System:
         return edge_env(self.database_url, self.specs_dir, **{**self.settings, **overrides})
 
     # --- processes --------------------------------------------------------------------
+
+    def start(self, *, workers: int, edges: tuple[str, ...]) -> None:
+        """Workers and API instances side by side (each is a Python start-up), then a dispatcher to the workers."""
+        with ThreadPoolExecutor(workers + len(edges)) as pool:
+            starting = [pool.submit(self.start_worker) for _ in range(workers)]
+            starting += [pool.submit(self.start_edge, name) for name in edges]
+            for future in starting:
+                future.result()
+        self.start_dispatcher()
 
     def start_edge(self, name: str) -> EdgeProcess:
         edge = start_edge(self.database_url, self.specs_dir, self.folder, name, **self.settings)

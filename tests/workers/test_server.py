@@ -7,6 +7,7 @@ import secrets
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from sqlalchemy import Connection, Engine, text
@@ -271,9 +272,8 @@ def test_a_worker_that_lost_its_lease_stops_marks_the_job_unknown_and_moves_no_m
 
 def test_the_delivery_that_finds_an_expired_lease_marks_it_unknown_in_the_same_transaction(database_url, engine) -> None:
     job = new_job_id()
-    with engine.begin() as conn:
-        claims.claim(conn, job, worker_id="crashed-worker", lease_s=0.1)
-    time.sleep(0.2)  # past the 0.1 s lease by the clock (the database's is this machine's): no process to wait for
+    with engine.begin() as conn:  # a worker that crashed a minute ago: its 1 s lease ran out long before now
+        claims.claim(conn, job, worker_id="crashed-worker", lease_s=1, now=datetime.now(timezone.utc) - timedelta(minutes=1))
     with TestWorker(worker_settings(database_url), engine, settlement=RecordingSettlement(engine)) as w:
         body = w.body(job, [{"op": "complete"}])
         first, second = w.post(body), w.post(body)

@@ -65,12 +65,7 @@ def system(server_url: str, engine, tmp_path_factory: pytest.TempPathFactory) ->
     system_engine = db.make_engine(url, Settings(database={"url": url, "pool_size": 2, "max_overflow": 8}))
     running = System(url, tmp_path_factory.mktemp("system"), system_engine)
     try:
-        with ThreadPoolExecutor(4) as pool:  # start the processes side by side: each is a Python start-up
-            starting = [pool.submit(running.start_worker) for _ in range(2)]
-            starting += [pool.submit(running.start_edge, name) for name in ("api-a", "api-b")]
-            for future in starting:
-                future.result()
-        running.start_dispatcher()
+        running.start(workers=2, edges=("api-a", "api-b"))
         yield running
     finally:
         running.stop()

@@ -9,7 +9,6 @@ import os
 import signal
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import pytest
@@ -25,6 +24,7 @@ from tests.workers.hosted_rlm import support
 from tests.workers.hosted_rlm.test_resume import FILES as FOUR_DEFECTS
 from tests.workers.hosted_rlm.test_runner import FILES, RULE
 from tests.workers.system import System, drop_database, fresh_database
+from taskstate.ids import job_id_sql
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
@@ -48,11 +48,7 @@ def system(server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         specialist_checkpoint_key=support.CHECKPOINT_KEY.decode(),
     )
     try:
-        with ThreadPoolExecutor(3) as pool:
-            starting = [pool.submit(running.start_worker) for _ in range(2)] + [pool.submit(running.start_edge, "api")]
-            for future in starting:
-                future.result()
-        running.start_dispatcher()
+        running.start(workers=2, edges=("api",))
         yield running
     finally:
         running.stop()
@@ -162,5 +158,5 @@ def test_a_worker_killed_mid_subcall_is_resumed_by_the_next_delivery_and_settled
 def _job(system: System, task_id: str) -> str | None:
     with system.engine.connect() as conn:
         return conn.execute(text(
-            "SELECT o.task_id || '.' || o.dispatch_id FROM dispatch_outbox o JOIN job_claims c "
-            "ON c.job_id = o.task_id || '.' || o.dispatch_id WHERE o.task_id = :t"), {"t": task_id}).scalar()
+            f"SELECT c.job_id FROM dispatch_outbox o JOIN job_claims c ON c.job_id = {job_id_sql('o')} "
+            "WHERE o.task_id = :t"), {"t": task_id}).scalar()
