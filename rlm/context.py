@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import re
 import subprocess
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -32,13 +32,16 @@ from rlm.errors import (
     ContextSourceMissing,
     FileNotInContext,
     ReadTooLarge,
+    SearchTimeout,
 )
+from rlm.patterns import compile_pattern
 from rlm.settings import RLMSettings
 
 BINARY_SNIFF_BYTES = 8192
 MAX_SKIPPED_EXAMPLES = 50
 LARGEST_FILES_SHOWN = 5  # in stats()
 MAX_SUGGESTIONS = 3  # same-named paths a FileNotInContext suggests
+MAX_BUNDLE_PATH_CHARS = 4096  # a bundle item's path: Linux's PATH_MAX, so any real file's path fits
 Filters = tuple[tuple[str, ...], ...]
 
 
@@ -90,6 +93,8 @@ class BundleItem(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> BundleItem:
+        if len(self.path) > MAX_BUNDLE_PATH_CHARS:
+            raise ValueError(f"a path is {len(self.path):,} characters; at most {MAX_BUNDLE_PATH_CHARS} are accepted")
         if self.start < 0 or self.end < self.start:
             raise ValueError(f"{self.path}: need 0 <= start <= end, got start={self.start} end={self.end}")
         if self.end - self.start != len(self.text):
@@ -217,33 +222,41 @@ class Context:
 
     @classmethod
     def from_bundle(cls, items: Iterable[dict[str, Any] | BundleItem], settings: RLMSettings) -> Context:
-        """An explicit evidence bundle of ``{path, start, end, text}`` items, in the given order."""
+        """An explicit evidence bundle of ``{path, start, end, text}`` items, in the given order.
+
+        Linear in the items: the count is checked while reading (an endless iterable stops at
+        ``max_bundle_items`` + 1), names are checked against a set.
+        """
+        cap = settings.max_bundle_items
         parsed: list[BundleItem] = []
         for index, raw in enumerate(items):
+            if index >= cap:
+                raise BundleInvalid(
+                    f"bundle has more than {cap:,} items; at most {cap:,} are accepted (RLM_MAX_BUNDLE_ITEMS)",
+                    setting="max_bundle_items",
+                )
             try:
                 parsed.append(raw if isinstance(raw, BundleItem) else BundleItem.model_validate(raw))
             except ValidationError as exc:
                 first = exc.errors()[0]
                 raise BundleInvalid(f"bundle item {index}: {first['msg']}") from None
-        if len(parsed) > settings.max_files:
-            raise BundleInvalid(
-                f"bundle has {len(parsed)} items; at most {settings.max_files} are accepted (RLM_MAX_FILES)",
-                setting="max_files",
-            )
-        total = sum(len(item.text.encode()) for item in parsed)
+        sizes = [_utf8_bytes(item.text) for item in parsed]
+        total = sum(sizes)
         if total > settings.max_total_bytes:
             raise BundleInvalid(
                 f"bundle is {total:,} bytes; at most {settings.max_total_bytes:,} are accepted (RLM_MAX_TOTAL_BYTES)",
                 setting="max_total_bytes",
             )
         counts = Counter(item.path for item in parsed)
-        documents = []
-        for item in parsed:
+        documents: list[Document] = []
+        names: set[str] = set()
+        for item, size in zip(parsed, sizes):
             # A path quoted twice becomes two documents, each named with its range.
             name = item.path if counts[item.path] == 1 else f"{item.path}:{item.start}-{item.end}"
-            if any(d.path == name for d in documents):
+            if name in names:
                 raise BundleInvalid(f"bundle quotes {name} twice with the same range")
-            documents.append(Document(name, len(item.text.encode()), item.start, None, item.text))
+            names.add(name)
+            documents.append(Document(name, size, item.start, None, item.text))
         return cls(documents, settings=settings, source="bundle", root="(evidence bundle)")
 
     # ---------- the view ----------
@@ -352,39 +365,63 @@ class Context:
         return text[local : local + want]
 
     def search(self, pattern: str, limit: int = 20) -> list[dict[str, Any]]:
-        """Regex hits in the view, in file order: path, line, start, end, match and a one-line snippet."""
-        try:
-            regex = re.compile(pattern, re.MULTILINE)
-        except re.error as exc:
-            raise ContextError(f"invalid regular expression {pattern!r}: {exc}") from None
-        cap = self.settings.max_search_hits
-        limit = max(1, min(int(limit), cap))
-        width = self.settings.search_snippet_chars
+        """Regex hits in the view, in file order: path, line, start, end, match and a one-line snippet.
+
+        The pattern is RE2 syntax, MULTILINE, run in linear time (rlm/patterns.py says what it refuses).
+        At most ``limit`` hits (capped by RLM_MAX_SEARCH_HITS); past RLM_SEARCH_TIMEOUT_S (or the host
+        call's deadline, if shorter) it stops between two matches with SearchTimeout.
+        """
+        regex = compile_pattern(pattern, self.settings)
+        limit = max(1, min(int(limit), self.settings.max_search_hits))
+        timeout_s = min(self.settings.search_timeout_s, self.settings.host_call_timeout_s)
+        deadline = time.monotonic() + timeout_s
         hits: list[dict[str, Any]] = []
-        for path in self._paths:
+        for index, path in enumerate(self._paths):
             doc = self._docs[path]
             text = self._full_text(doc)
-            for m in regex.finditer(text):
-                line_start = text.rfind("\n", 0, m.start()) + 1
-                line_end = text.find("\n", m.start())
-                line_end = len(text) if line_end == -1 else line_end
-                snippet = text[line_start:line_end]
-                if len(snippet) > width:
-                    left = max(line_start, m.start() - width // 2)
-                    snippet = text[left : left + width]
-                hits.append(
-                    {
-                        "path": path,
-                        "line": text.count("\n", 0, m.start()) + 1,
-                        "start": doc.origin + m.start(),
-                        "end": doc.origin + m.end(),
-                        "match": m.group(0)[:width],
-                        "snippet": snippet,
-                    }
-                )
+            line, counted = 1, 0  # lines are counted incrementally: each character once per file
+            for start, end in regex.spans(text):
+                line += text.count("\n", counted, start)
+                counted = start
+                hits.append(self._hit(path, doc, text, start, end, line))
                 if len(hits) >= limit:
                     return hits
+                if time.monotonic() > deadline:
+                    raise self._search_timeout(timeout_s, index, len(hits))
+            if time.monotonic() > deadline and index + 1 < len(self._paths):
+                raise self._search_timeout(timeout_s, index + 1, len(hits))
         return hits
+
+    def _hit(self, path: str, doc: Document, text: str, start: int, end: int, line: int) -> dict[str, Any]:
+        # The snippet is the hit's line when it fits in search_snippet_chars, else a window around the hit;
+        # only that many characters on either side are looked at, however long the line.
+        width = self.settings.search_snippet_chars
+        low, high = max(0, start - width), min(len(text), start + width + 1)
+        before = text.rfind("\n", low, start)
+        line_start = before + 1 if before != -1 else (0 if low == 0 else None)
+        after = text.find("\n", start, high)
+        line_end = after if after != -1 else (len(text) if high == len(text) else None)
+        if line_start is not None and line_end is not None and line_end - line_start <= width:
+            snippet = text[line_start:line_end]
+        else:
+            left = max(line_start or 0, start - width // 2)
+            snippet = text[left : left + width]
+        return {
+            "path": path,
+            "line": line,
+            "start": doc.origin + start,
+            "end": doc.origin + end,
+            "match": text[start : min(end, start + width)],
+            "snippet": snippet,
+        }
+
+    def _search_timeout(self, timeout_s: float, files_done: int, hits: int) -> SearchTimeout:
+        return SearchTimeout(
+            f"search stopped after {timeout_s:g} s (RLM_SEARCH_TIMEOUT_S, or RLM_HOST_CALL_TIMEOUT_S if shorter) "
+            f"with {hits} hits in {files_done} of {len(self._paths)} files; select() fewer files, or search for a "
+            "more specific pattern",
+            setting="search_timeout_s",
+        )
 
     def chunk(self, size: int = 20_000, overlap: int = 0) -> list[Chunk]:
         """Slices of at most ``size`` characters per file, ``overlap`` characters shared by neighbours."""
@@ -434,6 +471,11 @@ class Context:
     def chunk_text(self, path: str, start: int, end: int) -> str:
         """Labelled text of a chunk reference (what llm_query receives for a chunk)."""
         return label(path, start, end) + "\n" + self.read(path, start, end - start)
+
+
+def _utf8_bytes(text: str) -> int:
+    # A bundle's text comes from JSON, which can carry a lone surrogate (\ud800): count it, do not crash.
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def _git_tracked(root: Path) -> list[str] | None:

@@ -57,6 +57,18 @@ class BundleInvalid(ContextError):
     code = "bundle_invalid"
 
 
+class PatternUnsupported(ContextError):
+    """A search pattern the linear-time engine (RE2) refuses, or one over the pattern caps."""
+
+    code = "pattern_unsupported"
+
+
+class SearchTimeout(ContextError):
+    """One search ran past ``search_timeout_s``; it stopped between two matches or files."""
+
+    code = "search_timeout"
+
+
 class ProviderError(RLMError):
     """The model endpoint failed. ``billed`` is None when nobody can know if it charged."""
 

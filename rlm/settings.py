@@ -56,10 +56,18 @@ class RLMSettings(BaseSettings):
 
     # The corpus.
     max_files: int = Field(20_000, ge=1)
+    max_bundle_items: int = Field(20_000, ge=1, le=10_000_000)  # evidence items of one bundle
     max_file_bytes: int = Field(2_000_000, ge=1)
     max_total_bytes: int = Field(64_000_000, ge=1)
     max_read_chars: int = Field(200_000, ge=100)
     max_search_hits: int = Field(200, ge=1)
+    # A search pattern: its length, its RE2 program (instructions: the NFA's worst case is linear in
+    # text x program), the engine's memory for it, and the search's own deadline, checked between matches
+    # (the smaller of it and host_call_timeout_s: a search never outlives its host call by more than one match).
+    max_search_pattern_chars: int = Field(1000, ge=10, le=100_000)
+    max_search_program_size: int = Field(2500, ge=100, le=1_000_000)
+    max_search_pattern_memory_bytes: int = Field(8 << 20, ge=1 << 20, le=1 << 30)
+    search_timeout_s: float = Field(30.0, gt=0, le=86_400)
     search_snippet_chars: int = Field(240, ge=20)
     max_chunks: int = Field(5000, ge=1)
     max_context_text_chars: int = Field(20_000, ge=100)
