@@ -37,7 +37,7 @@ from rlm.a2a.errors import (
     PeerResponseTooLarge,
     PeerUnreachable,
 )
-from rlm.a2a.peers import PeerConfig, origin_of
+from rlm.a2a.peers import PeerConfig, origin_of, url_problem
 
 A2A_VERSION = "1.0"
 JSONRPC_BINDING = "JSONRPC"
@@ -93,6 +93,11 @@ class StrictClient:
         if not interfaces:
             raise PeerCardInvalid(f"peer {peer.alias!r}: its Agent Card lists no supportedInterfaces")
         for iface in interfaces:
+            problem = url_problem(iface.url)
+            if problem is not None:
+                # Refused before it is pinned: a pinned URL httpx cannot parse fails every later call.
+                raise PeerCardInvalid(f"peer {peer.alias!r}: its Agent Card lists a {iface.protocol_binding or '?'} "
+                                      f"interface whose {_peer_text(problem)}")
             if origin_of(iface.url) != peer.origin:
                 raise PeerCardMovesOrigin(
                     f"peer {peer.alias!r}: its Agent Card points a {iface.protocol_binding or '?'} interface at "

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rlm.a2a.errors import PeerNotFound, PeersFileInvalid
@@ -74,6 +75,9 @@ class PeerConfig(BaseModel):
     @field_validator("url")
     @classmethod
     def _url(cls, value: str) -> str:
+        problem = url_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         parts = urlsplit(value)
         if parts.scheme not in ("https", "http") or not parts.hostname:
             raise ValueError("url must be an absolute http(s) URL")
@@ -117,6 +121,22 @@ class PeerConfig(BaseModel):
             "max_payload_bytes": self.max_payload_bytes, "max_result_bytes": self.max_result_bytes,
             "max_tasks": self.max_tasks, "max_concurrent": self.max_concurrent,
         }
+
+
+def url_problem(url: str) -> str | None:
+    """What makes ``url`` unusable by the client, or None. Checked where a URL is configured or pinned.
+
+    ``urlsplit`` silently drops tabs and newlines, so a URL that passes every other check here could
+    still make every later request fail in httpx: the raw text is checked, then parsed as httpx will.
+    """
+    for position, char in enumerate(url):
+        if char.isspace() or not char.isprintable():
+            return f"url has a control or whitespace character {char!r} at position {position}"
+    try:
+        httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        return f"url cannot be requested: {exc}"
+    return None
 
 
 def origin_of(url: str) -> str:

@@ -244,8 +244,8 @@ class SdkPeer:
 class HostilePeer:
     """Misbehaves according to ``mode``; ``hits`` counts requests by (method, path) and JSON-RPC method."""
 
-    MODES = ("redirect_card", "redirect_rpc", "moved_card", "gzip", "oversized", "endless", "drop_after_accept",
-             "error_rpc", "wrong_task", "ask_then_drop_reply")
+    MODES = ("redirect_card", "redirect_rpc", "moved_card", "tab_card", "gzip", "oversized", "endless",
+             "drop_after_accept", "error_rpc", "wrong_task", "ask_then_drop_reply")
 
     def __init__(self, mode: str) -> None:
         assert mode in self.MODES, mode
@@ -278,6 +278,9 @@ class HostilePeer:
                 if self.path.endswith("/.well-known/agent-card.json"):
                     if peer.mode == "redirect_card":
                         self._send(302, b"", {"Location": "http://127.0.0.1:9/elsewhere.json"})
+                    elif peer.mode == "tab_card":  # same origin, but a tab httpx refuses (issue 15)
+                        self._send(200, json.dumps(card_dict(peer.url, interface_url=f"{peer.url}/json\trpc"))
+                                   .encode())
                     elif peer.mode == "moved_card":
                         self._send(200, json.dumps(card_dict(peer.url, interface_url="http://127.0.0.2:8443/rpc"))
                                    .encode())

@@ -12,7 +12,13 @@ from typing import Any
 import pytest
 
 from rlm.a2a.delegations import Delegations, reconcile
-from rlm.a2a.errors import DelegationReconcileRefused, PeerCardMovesOrigin, PeerRedirectRefused, ReplyNotExpected
+from rlm.a2a.errors import (
+    DelegationReconcileRefused,
+    PeerCardInvalid,
+    PeerCardMovesOrigin,
+    PeerRedirectRefused,
+    ReplyNotExpected,
+)
 from rlm.a2a.store import DelegationStore
 
 from ..conftest import REPO_ROOT
@@ -56,6 +62,21 @@ def test_a_card_that_moves_the_origin_is_refused_before_anything_is_sent(hostile
     with pytest.raises(PeerCardMovesOrigin) as caught:
         delegations.start("hostile", "review this")
     assert "http://127.0.0.2:8443" in caught.value.message and "may not move the origin" in caught.value.message
+    assert peer.hits["SendMessage"] == 0 and delegations.tasks() == []
+
+
+def test_a_card_whose_interface_url_holds_a_tab_is_refused_before_it_is_pinned(hostile: Any,
+                                                                              tmp_path: Path) -> None:
+    # Issue 15: urlsplit drops the tab, so the origin check passed, the URL was pinned, and every later
+    # call raised a raw httpx.InvalidURL. Now the card is refused, naming the peer and the character.
+    peer = hostile("tab_card")
+    delegations = delegations_for(peer, tmp_path)
+    for _ in range(2):  # nothing was pinned: the second start reads the card again and is refused again
+        with pytest.raises(PeerCardInvalid) as caught:
+            delegations.start("hostile", "review this")
+        assert caught.value.code == "peer_card_invalid" and caught.value.outcome == "not_sent"
+        assert "'hostile'" in caught.value.message and "'\\t'" in caught.value.message
+    assert peer.hits["GET /.well-known/agent-card.json"] == 2
     assert peer.hits["SendMessage"] == 0 and delegations.tasks() == []
 
 

@@ -87,6 +87,21 @@ def test_a_url_with_credentials_a_query_or_plain_http_off_loopback_is_refused(tm
     assert "sk_live_1" not in caught.value.message and "pw" not in caught.value.message
 
 
+@pytest.mark.parametrize(("url", "why"), [
+    ("http://127.0.0.1:8000/a\\tb", "'\\t' at position 23"),
+    ("http://127.0.\\n0.1:8000/", "'\\n' at position 13"),
+    ("http://127.0.0.1:8000/a b", "' ' at position 23"),
+    ("http://127.0.0.1:8000/\\u0000", "'\\x00' at position 22"),
+])
+def test_a_url_with_a_tab_or_another_character_httpx_refuses_is_refused_naming_the_peer(tmp_path: Path, url: str,
+                                                                                       why: str) -> None:
+    # Issue 15: urlsplit drops tabs and newlines, so such a URL passed, and every call failed in httpx later.
+    with pytest.raises(PeersFileInvalid) as caught:
+        load_peers(write(tmp_path, f'[[peers]]\nalias = "tabbed"\nurl = "{url}"\n'))
+    assert "'tabbed'" in caught.value.message and why in caught.value.message
+    assert caught.value.setting == "a2a_peers_file"
+
+
 @pytest.mark.parametrize(("extra", "why"), [
     ('credential_env = "sk_live_abc123"', "NAME of an environment variable"),
     ('tariff_credits = 3\ncredential_env = "K"', "needs a skill and a credential_env"),
