@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -109,14 +110,21 @@ def label(path: str, start: int, end: int) -> str:
     return f"=== {path} [{start}:{end}] ==="
 
 
-def _matches(path: str, globs: Sequence[str]) -> bool:
-    # fnmatch's "*" already crosses "/", so "*.py" finds nested files; "**/x" also matches a top-level "x".
+def _glob_matcher(globs: Sequence[str]) -> Callable[[str], bool]:
+    """Whether a path matches any of ``globs``: fnmatch's syntax, compiled once per view.
+
+    fnmatch's "*" already crosses "/", so "*.py" finds nested files; "**/x" also matches a top-level "x".
+    Compiled through ``re`` (whose cache keeps 512 patterns) rather than ``fnmatch.fnmatchcase``, whose
+    cache keeps 32,768: distinct globs from the sandbox must not pile up in this process. fnmatch's
+    translation uses atomic groups, so one match is linear in the path and the glob.
+    """
+    sources = []
     for pattern in globs:
-        if fnmatch.fnmatchcase(path, pattern):
-            return True
-        if pattern.startswith("**/") and fnmatch.fnmatchcase(path, pattern.removeprefix("**/")):
-            return True
-    return False
+        sources.append(fnmatch.translate(pattern))
+        if pattern.startswith("**/"):
+            sources.append(fnmatch.translate(pattern.removeprefix("**/")))
+    regex = re.compile("|".join(sources))
+    return lambda path: regex.match(path) is not None
 
 
 class Context:
@@ -147,7 +155,9 @@ class Context:
             }
         self._shared = _shared
         self._docs: dict[str, Document] = _shared["docs"]
-        self._paths = [p for p in self._docs if all(_matches(p, g) for g in filters)]
+        matchers = [_glob_matcher(g) for g in filters]
+        self._paths = [p for p in self._docs if all(match(p) for match in matchers)]
+        self._in_view = set(self._paths)
 
     # ---------- construction ----------
 
@@ -265,6 +275,7 @@ class Context:
         """A narrowed view: files matching any of ``globs`` (fnmatch; ``*`` crosses folders). Views nest."""
         if not globs:
             return self
+        self._check_globs(globs)
         return Context(
             (),
             settings=self.settings,
@@ -273,6 +284,25 @@ class Context:
             filters=self.filters + (tuple(globs),),
             _shared=self._shared,
         )
+
+    def _check_globs(self, globs: Sequence[str]) -> None:
+        # Every path is matched against every glob of a view: bound both, at the boundary.
+        max_globs, max_chars = self.settings.max_select_globs, self.settings.max_glob_chars
+        count = sum(len(g) for g in self.filters) + len(globs)
+        if count > max_globs:
+            raise ContextError(
+                f"this view would match paths against {count} globs; at most {max_globs} are accepted "
+                "(RLM_MAX_SELECT_GLOBS). Select with fewer, wider globs",
+                setting="max_select_globs",
+            )
+        for glob in globs:
+            if not isinstance(glob, str):
+                raise ContextError(f"select() takes glob strings, e.g. select('*.py'), not {type(glob).__name__}")
+            if len(glob) > max_chars:
+                raise ContextError(
+                    f"a glob of {len(glob):,} characters; at most {max_chars} are accepted (RLM_MAX_GLOB_CHARS)",
+                    setting="max_glob_chars",
+                )
 
     def files(self) -> list[str]:
         return list(self._paths)
@@ -326,7 +356,7 @@ class Context:
 
     def _doc(self, path: str) -> Document:
         doc = self._docs.get(path)
-        if doc is None or path not in self._paths:
+        if doc is None or path not in self._in_view:
             where = "this view" if self.filters else "the context"
             close = [p for p in self._paths if PurePosixPath(p).name == PurePosixPath(path).name][:MAX_SUGGESTIONS]
             hint = f"; did you mean {', '.join(close)}?" if close else "; context.files() lists the paths"

@@ -131,6 +131,10 @@ class HistoryEntryNotFound(RLMError):
     code = "history_entry_not_found"
 
 
+class HistoryQueryTooLong(RLMError):
+    code = "history_query_too_long"
+
+
 class RunNotFound(RLMError):
     code = "run_not_found"
 

@@ -12,10 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlm.errors import HistoryEntryNotFound, ReadTooLarge
+from rlm.errors import HistoryEntryNotFound, HistoryQueryTooLong, ReadTooLarge
 from rlm.sqlite_file import SQLiteFile
 
 MAX_TITLE_CHARS = 200  # an entry's title is kept to this many characters (the body is kept whole)
+SQLITE_MAX_INTEGER = 2**63 - 1  # no id is larger (sqlite3 raises OverflowError past it)
+SQLITE_MAX_TEXT_CHARS = 2**31 - 1  # no body is longer: offsets past it are clipped to it (substr would overflow)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS history (
@@ -36,11 +38,13 @@ class History(SQLiteFile):
 
     SCHEMA = SCHEMA
 
-    def __init__(self, path: str | Path, scope: str, *, max_read_chars: int = 20_000, max_hits: int = 50) -> None:
+    def __init__(self, path: str | Path, scope: str, *, max_read_chars: int = 20_000, max_hits: int = 50,
+                 max_query_words: int = 16) -> None:
         super().__init__(path)
         self.scope = scope
         self.max_read_chars = max_read_chars
         self.max_hits = max_hits
+        self.max_query_words = max_query_words
 
     def add(self, kind: str, body: str, *, turn: int | None = None, title: str = "") -> int:
         with self.transaction() as conn:
@@ -59,7 +63,10 @@ class History(SQLiteFile):
                 f"(RLM_MAX_HISTORY_READ_CHARS); asked for {size:,}. Read it in slices",
                 setting="max_history_read_chars",
             )
-        start = max(0, int(start))
+        start, entry_id = max(0, int(start)), int(entry_id)
+        if not 0 <= entry_id <= SQLITE_MAX_INTEGER:
+            raise HistoryEntryNotFound(f"history has no entry {entry_id} in this run; history.search() finds entries")
+        start = min(start, SQLITE_MAX_TEXT_CHARS)
         with self.reading() as conn:
             row = conn.execute(
                 "SELECT substr(body, ?, ?) AS part FROM history WHERE id = ? AND scope = ?",
@@ -84,6 +91,13 @@ class History(SQLiteFile):
         words = [w.lower() for w in str(query).split() if w]
         if not words:
             return []
+        # Each word is one scan of every entry's body: bound them (and sqlite's parameter count).
+        if len(words) > self.max_query_words:
+            raise HistoryQueryTooLong(
+                f"history.search takes at most {self.max_query_words} words (RLM_MAX_HISTORY_QUERY_WORDS); "
+                f"the query has {len(words)}. Search for the few most specific words",
+                setting="max_history_query_words",
+            )
         limit = max(1, min(int(limit), self.max_hits))
         where = " AND ".join("instr(lower(body), ?) > 0" for _ in words)
         with self.reading() as conn:

@@ -31,6 +31,8 @@ SUBCALL_SYSTEM = (
 PREVIEW_CHARS = 60
 BATCH_DEADLINE_SHARE = 0.95  # of host_call_timeout_s: a batch returns what it has before its host call is cut
 MIN_CALL_S = 0.05  # less time than this left: do not send the call at all
+PROMPT_TOO_LARGE_ADVICE = ("Split the text with context.chunk(size=...) or select() fewer files, "
+                           "then ask about each piece with llm_query_batched.")
 
 
 @dataclass(frozen=True)
@@ -169,6 +171,8 @@ class SubcallRunner:
         try:
             context_text = self.resolve_context(context)
         except RLMError as exc:
+            if exc.setting == "max_prompt_chars":  # the resolver stopped at the cap rather than read it all
+                return _failure("prompt_too_large", exc.message, PROMPT_TOO_LARGE_ADVICE)
             return _failure("invalid_context", exc.message, "Pass a string, a chunk, or a list of them as context.")
         total = len(prompt) + len(context_text)
         cap = self.settings.max_prompt_chars
@@ -176,8 +180,7 @@ class SubcallRunner:
             return _failure(
                 "prompt_too_large",
                 f"prompt and context are {total:,} characters; a sub-call takes at most {cap:,} (RLM_MAX_PROMPT_CHARS)",
-                "Split the text with context.chunk(size=...) or select() fewer files, "
-                "then ask about each piece with llm_query_batched.",
+                PROMPT_TOO_LARGE_ADVICE,
             )
         with self._lock:
             if self._admitted >= self.settings.max_subcalls:

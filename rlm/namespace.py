@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,8 @@ from rlm.history import History
 from rlm.llm import PREVIEW_CHARS, SubcallRunner
 
 RESERVED_NAMES = ("context", "llm_query", "llm_query_batched", "history", "final_answer")
+MAX_CACHED_VIEWS = 64  # views (context.select results) the bridge keeps built; older ones are rebuilt on use
+MAX_CONTEXT_DEPTH = 64  # lists in lists of a sub-call's context, as deep as a host call's value may be
 
 PRELUDE = r'''
 class _Chunk:
@@ -178,10 +180,19 @@ class AnswerBox:
             self.turn = turn
 
 
-def render_answer(value: Any) -> str:
+def render_answer(value: Any, max_chars: int | None = None) -> str:
+    """The answer as text; a structure is JSON. Past ``max_chars`` the encoding stops (the caller refuses it)."""
     if isinstance(value, str):
         return value
-    return json.dumps(value, ensure_ascii=False, indent=2, default=str)
+    encoder = json.JSONEncoder(ensure_ascii=False, indent=2, default=str)
+    pieces: list[str] = []
+    used = 0
+    for piece in encoder.iterencode(value):
+        pieces.append(piece)
+        used += len(piece)
+        if max_chars is not None and used > max_chars:
+            break
+    return "".join(pieces)
 
 
 def _guest_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -234,13 +245,21 @@ class Bridge:
             return self.context
         if not isinstance(filters, (list, tuple)) or not all(isinstance(g, (list, tuple)) for g in filters):
             raise ContextError("select() takes glob strings, e.g. context.select('*.py', 'docs/*')")
-        key = tuple(tuple(str(p) for p in g) for g in filters)
+        max_globs = self.context.settings.max_select_globs
+        if len(filters) > max_globs or sum(len(g) for g in filters) > max_globs:
+            raise ContextError(f"a view of more than {max_globs} globs (RLM_MAX_SELECT_GLOBS); select with fewer",
+                               setting="max_select_globs")
+        key = tuple(tuple(p if isinstance(p, str) else str(p) for p in g) for g in filters)
         with self._views_lock:
             view = self._views.get(key)
-            if view is None:
-                view = self.context
-                for globs in key:
-                    view = view.select(*globs)
+        if view is None:
+            view = self.context
+            for globs in key:
+                view = view.select(*globs)
+            with self._views_lock:
+                # Each view holds a list of its paths: keep the most recent few, not every view ever asked for.
+                while len(self._views) >= MAX_CACHED_VIEWS:
+                    self._views.pop(next(iter(self._views)))
                 self._views[key] = view
         return view
 
@@ -269,20 +288,42 @@ class Bridge:
         return self.view(filters).describe()
 
     def resolve_context(self, value: Any) -> str:
-        """Text for a sub-call's ``context``: a string, a chunk reference, a search hit, or a list of them."""
+        """Text for a sub-call's ``context``: a string, a chunk reference, a search hit, or a list of them.
+
+        Resolved against ``max_prompt_chars``: a list of a million chunk references stops at the cap with
+        an error naming the setting, instead of reading them all first and refusing afterwards.
+        """
+        cap = self.context.settings.max_prompt_chars
+        parts: list[str] = []
+        used = 0
+        for part in self._context_parts(value, depth=0):
+            used += len(part) + (2 if parts else 0)
+            if used > cap:
+                raise ContextError(
+                    f"the context is over {cap:,} characters; a sub-call takes at most {cap:,} (RLM_MAX_PROMPT_CHARS)",
+                    setting="max_prompt_chars",
+                )
+            parts.append(part)
+        return "\n\n".join(parts)
+
+    def _context_parts(self, value: Any, depth: int) -> Iterator[str]:
+        if depth > MAX_CONTEXT_DEPTH:
+            raise ContextError(f"a context nested deeper than {MAX_CONTEXT_DEPTH} lists")
         if value is None:
-            return ""
-        if isinstance(value, str):
-            return value
-        if isinstance(value, dict):
-            if {"path", "start", "end"} <= set(value):
-                return self.context.chunk_text(str(value["path"]), int(value["start"]), int(value["end"]))
-            raise ContextError("a dict context must be a chunk reference with path, start and end")
-        if isinstance(value, (list, tuple)):
-            return "\n\n".join(self.resolve_context(v) for v in value)
-        if hasattr(value, "labelled"):
-            return str(value.labelled())
-        return str(value)
+            yield ""
+        elif isinstance(value, str):
+            yield value
+        elif isinstance(value, dict):
+            if not {"path", "start", "end"} <= set(value):
+                raise ContextError("a dict context must be a chunk reference with path, start and end")
+            yield self.context.chunk_text(str(value["path"]), int(value["start"]), int(value["end"]))
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                yield from self._context_parts(item, depth + 1)
+        elif hasattr(value, "labelled"):
+            yield str(value.labelled())
+        else:
+            yield str(value)
 
     # ---------- sub-calls ----------
 
@@ -297,10 +338,10 @@ class Bridge:
     def _final_answer(self, value: Any) -> str:
         if value is None:
             raise ValueError("final_answer needs a value: final_answer('the answer')")
-        text = render_answer(value)
+        text = render_answer(value, self.max_answer_chars)
         if len(text) > self.max_answer_chars:
             raise ValueError(
-                f"the answer is {len(text):,} characters; at most {self.max_answer_chars:,} are accepted "
+                f"the answer is over {self.max_answer_chars:,} characters, the most accepted "
                 "(RLM_MAX_ANSWER_CHARS). Summarise it"
             )
         self.answer.set(text, self.current_turn())

@@ -192,7 +192,7 @@ class _Run:
             trajectory=TrajectoryWriter(settings.runs_dir / session.run_id / FILENAME),
             budget=Budget(ledger, session.root_id, limits),
             history=History(settings.history_path, session.agent_id, max_read_chars=settings.max_history_read_chars,
-                            max_hits=settings.max_history_hits),
+                            max_hits=settings.max_history_hits, max_query_words=settings.max_history_query_words),
             stats=session.context.stats(),
         )
         run.subcalls = SubcallRunner(

@@ -70,6 +70,8 @@ class RLMSettings(BaseSettings):
     search_timeout_s: float = Field(30.0, gt=0, le=86_400)
     search_snippet_chars: int = Field(240, ge=20)
     max_chunks: int = Field(5000, ge=1)
+    max_select_globs: int = Field(64, ge=1, le=10_000)  # globs of one view, nested selects counted together
+    max_glob_chars: int = Field(500, ge=10, le=100_000)  # one glob
     max_context_text_chars: int = Field(20_000, ge=100)
 
     # Sub-calls (llm_query, llm_query_batched).
@@ -99,6 +101,7 @@ class RLMSettings(BaseSettings):
     # History.
     max_history_read_chars: int = Field(20_000, ge=100)
     max_history_hits: int = Field(50, ge=1)
+    max_history_query_words: int = Field(16, ge=1, le=1000)  # words of one history.search, each a scan of every entry
 
     # Families (rlm/family): children run as separate processes and share the root's allowance.
     max_child_depth: int = Field(1, ge=0, le=8)  # 1: a root may start children, children may not

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rlm.a2a.delegations import WAITING_STATES, Delegations
-from rlm.a2a.errors import PeersFileInvalid
+from rlm.a2a.errors import DelegationPayloadTooLarge, PeersFileInvalid
 from rlm.a2a.namespace import A2A_PRELUDE, A2ABridge
 from rlm.a2a.peers import load_peers
 from rlm.errors import ContextError
@@ -38,7 +38,14 @@ work and returns a handle at once: `h.status()`, `h.wait(timeout)` (a timeout le
 before relying on them. The run does not end while required work is still running."""
 
 
-def context_payload(context: Context, value: Any) -> tuple[str, list[dict[str, Any]]]:
+# The ceiling of any peer's max_payload_bytes (peers.py): a context with more characters than this has more
+# bytes too, so it can never be sent, and resolving stops there instead of reading every chunk first.
+MAX_CONTEXT_PAYLOAD_CHARS = 64 << 20
+MAX_CONTEXT_DEPTH = 64  # lists in lists, as deep as a host call's value may be
+
+
+def context_payload(context: Context, value: Any,
+                    max_chars: int = MAX_CONTEXT_PAYLOAD_CHARS) -> tuple[str, list[dict[str, Any]]]:
     """What is sent to a peer for ``context``: text, and evidence items for chunks and search hits.
 
     A string travels as text. A chunk or search hit travels as an evidence item
@@ -48,23 +55,40 @@ def context_payload(context: Context, value: Any) -> tuple[str, list[dict[str, A
     """
     texts: list[str] = []
     items: list[dict[str, Any]] = []
+    used = 0
 
-    def add(part: Any) -> None:
+    def count(text: str) -> None:
+        nonlocal used
+        used += len(text)
+        if used > max_chars:
+            raise DelegationPayloadTooLarge(
+                f"the context is over {max_chars:,} characters, more than any peer accepts (max_payload_bytes in "
+                "the peers file). Send a selection or a summary"
+            )
+
+    def add(part: Any, depth: int = 0) -> None:
+        if depth > MAX_CONTEXT_DEPTH:
+            raise ContextError(f"a context nested deeper than {MAX_CONTEXT_DEPTH} lists")
         if part is None:
             return
         if isinstance(part, str):
             if part:
+                count(part)
                 texts.append(part)
         elif isinstance(part, dict):
             if not {"path", "start", "end"} <= set(part):
                 raise ContextError("a dict context must be a chunk reference or search hit with path, start and end")
             path, start, end = str(part["path"]), int(part["start"]), int(part["end"])
-            items.append({"path": path, "start": start, "end": end, "text": context.read(path, start, end - start)})
+            text = context.read(path, start, end - start)
+            count(text)
+            items.append({"path": path, "start": start, "end": end, "text": text})
         elif isinstance(part, (list, tuple)):
             for each in part:
-                add(each)
+                add(each, depth + 1)
         else:
-            texts.append(str(part))
+            text = str(part)
+            count(text)
+            texts.append(text)
 
     add(value)
     return "\n\n".join(texts), items

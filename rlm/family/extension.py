@@ -18,6 +18,7 @@ from typing import Any
 
 from rlm.extensions import RunInfo
 from rlm.family.children import Family, summary
+from rlm.family.errors import FamilyArgumentInvalid
 from rlm.family.inbox import Inbox
 from rlm.family.spec import build_spec
 from rlm.family.store import FamilyStore, RunRecord
@@ -227,6 +228,12 @@ class FamilyExtension:
     def _rlm_wait_all(self, run_ids: Any, timeout: Any = None) -> list[dict[str, Any]]:
         if not isinstance(run_ids, (list, tuple)):
             raise ValueError("rlm.wait_all(handles, timeout=None) takes a list of handles")
+        cap = self.info.settings.max_children
+        if len(run_ids) > cap:
+            # A family has at most max_children children: a longer list repeats them, and every entry is
+            # read again at each poll while any is active.
+            raise FamilyArgumentInvalid(f"rlm.wait_all takes at most {cap} handles, one per child "
+                                        "(RLM_MAX_CHILDREN)", setting="max_children")
         runs = self.family.wait_all(self.agent_id, [str(r) for r in run_ids], self._timeout(timeout))
         return [self._summary(r) for r in runs]
 

@@ -217,3 +217,136 @@ def test_a_bundle_at_the_default_cap_builds_with_each_path_once_or_twice(make_se
 def test_a_bundle_path_over_path_max_is_refused(make_settings) -> None:
     with pytest.raises(BundleInvalid, match="at most 4096"):
         Context.from_bundle([{"path": "p" * 5000, "start": 0, "end": 1, "text": "x"}], make_settings())
+
+
+# ---------- select(): globs ----------
+
+
+def test_globs_are_bounded_in_count_and_length_naming_the_settings(make_settings) -> None:
+    ctx = Context.from_bundle(_bundle("x", "src/a.py"), make_settings(max_select_globs=4, max_glob_chars=20))
+    with pytest.raises(ContextError) as too_many:
+        ctx.select("*.py", "*.md").select("a*", "b*", "c*")
+    assert too_many.value.setting == "max_select_globs" and "RLM_MAX_SELECT_GLOBS" in too_many.value.message
+    with pytest.raises(ContextError) as too_long:
+        ctx.select("*" * 21)
+    assert too_long.value.setting == "max_glob_chars" and "RLM_MAX_GLOB_CHARS" in too_long.value.message
+    with pytest.raises(ContextError, match="glob strings"):
+        ctx.select(42)  # type: ignore[arg-type]
+    assert ctx.select("src/*", "**/a.py").files() == ["src/a.py"]
+
+
+def test_distinct_globs_from_the_sandbox_do_not_pile_up_in_fnmatchs_cache(make_settings) -> None:
+    import fnmatch
+
+    ctx = Context.from_bundle(_bundle("x", "src/a.py"), make_settings())
+    before = fnmatch._compile_pattern.cache_info().currsize  # type: ignore[attr-defined]
+    for index in range(2000):
+        ctx.select(f"src/{index}*")
+    assert fnmatch._compile_pattern.cache_info().currsize == before  # type: ignore[attr-defined]
+
+
+def test_a_pathological_glob_is_matched_in_linear_time(make_settings) -> None:
+    # fnmatch's translation uses atomic groups: '*a*a*...*b' against a long run of 'a' does not backtrack.
+    items = [{"path": "a" * 4000 + str(i), "start": 0, "end": 1, "text": "x"} for i in range(200)]
+    ctx = Context.from_bundle(items, make_settings())
+    started = time.perf_counter()
+    assert ctx.select("*a" * 200 + "*b").files() == []
+    # Backtracking would take longer than the universe's age; linear takes milliseconds. 10 s is margin.
+    assert time.perf_counter() - started < 10
+
+
+def test_the_bridge_keeps_a_bounded_number_of_views(make_settings) -> None:
+    from rlm.namespace import MAX_CACHED_VIEWS, AnswerBox, Bridge
+
+    ctx = Context.from_bundle(_bundle("x", "src/a.py"), make_settings())
+    bridge = Bridge(context=ctx, subcalls=None, history=None, answer=AnswerBox(),  # type: ignore[arg-type]
+                    max_answer_chars=1000, current_turn=lambda: 1)
+    for index in range(MAX_CACHED_VIEWS * 3):
+        assert bridge._context_files([[f"src/{index}*"]]) == []
+    assert len(bridge._views) == MAX_CACHED_VIEWS
+    with pytest.raises(ContextError) as refused:
+        bridge._context_files([["*"]] * 65)
+    assert refused.value.setting == "max_select_globs"
+
+
+# ---------- a sub-call's context, a delegation's context, the answer ----------
+
+
+def _counting_reads(ctx: Context, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    reads: list[int] = []
+    original = ctx.read
+
+    def read(path: str, start: int | None = None, size: int | None = None) -> str:
+        reads.append(1)
+        return original(path, start, size)
+
+    monkeypatch.setattr(ctx, "read", read)
+    return reads
+
+
+def test_a_subcall_context_of_a_million_chunks_stops_at_max_prompt_chars(make_settings,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlm.namespace import AnswerBox, Bridge
+
+    ctx = Context.from_bundle(_bundle("y" * 1000, "src/a.py"), make_settings(max_prompt_chars=10_000))
+    bridge = Bridge(context=ctx, subcalls=None, history=None, answer=AnswerBox(),  # type: ignore[arg-type]
+                    max_answer_chars=1000, current_turn=lambda: 1)
+    reads = _counting_reads(ctx, monkeypatch)
+    ref = {"path": "src/a.py", "start": 0, "end": 1000}
+    with pytest.raises(ContextError) as refused:
+        bridge.resolve_context([ref] * 1_000_000)
+    assert refused.value.setting == "max_prompt_chars" and "RLM_MAX_PROMPT_CHARS" in refused.value.message
+    assert len(reads) <= 11  # what fits under the cap, and the one that went over it
+    with pytest.raises(ContextError, match="nested deeper"):
+        nested: Any = "x"
+        for _ in range(100):
+            nested = [nested]
+        bridge.resolve_context(nested)
+
+
+def test_a_delegation_context_stops_at_the_largest_payload_a_peer_accepts(make_settings,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlm.a2a.errors import DelegationPayloadTooLarge
+    from rlm.a2a.run import context_payload
+
+    ctx = Context.from_bundle(_bundle("y" * 1000, "src/a.py"), make_settings())
+    reads = _counting_reads(ctx, monkeypatch)
+    ref = {"path": "src/a.py", "start": 0, "end": 1000}
+    with pytest.raises(DelegationPayloadTooLarge):
+        context_payload(ctx, [ref] * 1_000_000, max_chars=10_000)
+    assert len(reads) <= 11
+    text, items = context_payload(ctx, ["a note", ref])
+    assert text == "a note" and items == [{**ref, "text": "y" * 1000}]
+
+
+def test_a_giant_structured_answer_is_refused_without_encoding_it_all() -> None:
+    from rlm.namespace import AnswerBox, Bridge, render_answer
+
+    value = [{"finding": "x" * 20}] * 1_000_000  # about 45 MB as indented JSON
+    assert len(render_answer(value, 1000)) < 1100
+    bridge = Bridge(context=None, subcalls=None, history=None, answer=AnswerBox(),  # type: ignore[arg-type]
+                    max_answer_chars=1000, current_turn=lambda: 1)
+    with pytest.raises(ValueError, match="RLM_MAX_ANSWER_CHARS"):
+        bridge._final_answer(value)
+    assert render_answer({"a": [1, 2]}) == '{\n  "a": [\n    1,\n    2\n  ]\n}'
+
+
+# ---------- history ----------
+
+
+def test_history_search_words_and_huge_ids_are_bounded(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from rlm.errors import HistoryEntryNotFound, HistoryQueryTooLong
+    from rlm.history import History
+
+    history = History(tmp_path / "h.sqlite3", "run-1", max_query_words=3)
+    entry = history.add("observation", "alpha beta gamma delta")
+    assert [h["id"] for h in history.search("alpha beta gamma")] == [entry]
+    with pytest.raises(HistoryQueryTooLong) as refused:
+        history.search("alpha beta gamma delta")
+    assert refused.value.setting == "max_history_query_words"
+    assert "RLM_MAX_HISTORY_QUERY_WORDS" in refused.value.message
+    with pytest.raises(HistoryEntryNotFound):
+        history.read(10**30)
+    with pytest.raises(HistoryEntryNotFound):
+        history.read(-1)
+    assert history.read(entry, 10**30, 10) == ""

@@ -257,3 +257,18 @@ final_answer("leaf says " + g.wait(50)["answer"])
     assert result.answer == "leaf says hi"
     assert [r.run_id for r in runs_of(settings, result.run_id)] == [f"{result.run_id}.c1", f"{result.run_id}.c1.c1"]
     assert observations(result)
+
+
+def test_wait_all_takes_at_most_one_handle_per_child(make_settings, tmp_path: Path) -> None:
+    # Issue 15's audit: every entry of wait_all's list is read again at each poll; a family has at most
+    # max_children children, so a longer list only repeats them.
+    root = """
+try:
+    rlm.wait_all(["x"] * 3, 1)
+    final_answer("accepted")
+except ValueError as e:
+    final_answer(str(e))
+"""
+    result = run_root(make_settings(max_children=2), tmp_path, script([root]))
+    assert result.stop_reason == "answered", result.error
+    assert result.answer.startswith("[family_argument_invalid]") and "RLM_MAX_CHILDREN" in result.answer
