@@ -358,6 +358,9 @@ class Context:
         doc = self._docs.get(path)
         if doc is None or path not in self._in_view:
             where = "this view" if self.filters else "the context"
+            if len(path) > MAX_BUNDLE_PATH_CHARS:  # no path is that long: do not echo it, nor look for its name
+                raise FileNotInContext(f"a path of {len(path):,} characters is not in {where}; context.files() "
+                                       "lists the paths")
             close = [p for p in self._paths if PurePosixPath(p).name == PurePosixPath(path).name][:MAX_SUGGESTIONS]
             hint = f"; did you mean {', '.join(close)}?" if close else "; context.files() lists the paths"
             raise FileNotInContext(f"{path!r} is not in {where}{hint}")

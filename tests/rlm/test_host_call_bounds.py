@@ -350,3 +350,12 @@ def test_history_search_words_and_huge_ids_are_bounded(tmp_path) -> None:  # typ
     with pytest.raises(HistoryEntryNotFound):
         history.read(-1)
     assert history.read(entry, 10**30, 10) == ""
+
+
+def test_a_giant_path_is_not_echoed_back(make_settings) -> None:
+    from rlm.errors import FileNotInContext
+
+    ctx = Context.from_bundle(_bundle("x", "src/a.py"), make_settings())
+    with pytest.raises(FileNotInContext) as missing:
+        ctx.read("p" * 10_000_000)
+    assert len(missing.value.message) < 200 and "10,000,000 characters" in missing.value.message
