@@ -93,7 +93,7 @@ def _current_or_none(ctx: Ctx) -> str | None:
 
 # --- keys -------------------------------------------------------------------
 
-_KEY_COLUMNS = ["key_id", "customer_id", "environment", "tier", "label", "issued_at", "expires_at", "revoked_at"]
+_KEY_COLUMNS = ["key_id", "customer_id", "environment", "key_form", "tier", "label", "issued_at", "expires_at", "revoked_at"]
 
 
 def cmd_keys_issue(ctx: Ctx, args: argparse.Namespace) -> int:
@@ -113,6 +113,7 @@ def cmd_keys_issue(ctx: Ctx, args: argparse.Namespace) -> int:
         "customer_id": issued.identity.customer_id,
         "tier": issued.identity.tier,
         "environment": issued.identity.environment,
+        "key_form": issued.identity.form,
         "issued_at": issued.identity.issued_at,
         "expires_at": issued.identity.expires_at,
         "key": issued.token,
@@ -168,6 +169,7 @@ def cmd_keys_verify(ctx: Ctx, args: argparse.Namespace) -> int:
             "customer_id": identity.customer_id,
             "tier": identity.tier,
             "environment": identity.environment,
+            "key_form": identity.form,
             "expires_at": identity.expires_at,
         },
         as_json=ctx.as_json,
