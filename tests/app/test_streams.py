@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from ledger.verify import verify
 from tests import http_calls
 from tests.app.conftest import PAID, message, rpc, start_edge, stop_edge
 from tests.app.test_limits import wait_for_open_streams
@@ -50,7 +51,12 @@ def refused_over_http_json(http: httpx.Client, base: str, customer, task_id: str
     return http.get(f"{base}/tasks/{task_id}:subscribe", headers=customer.headers)
 
 
-def test_one_customer_gets_its_cap_of_streams_and_another_still_streams(streams_edge, make_customer):
+def books_are_clean(engine, *customers) -> bool:
+    with engine.connect() as conn:
+        return all(verify(conn, customer.customer_id) == [] for customer in customers)
+
+
+def test_one_customer_gets_its_cap_of_streams_and_another_still_streams(streams_edge, engine, make_customer):
     base = streams_edge.specialist(PAID)
     greedy, other = make_customer(credits=50), make_customer(credits=50)
     tasks = [paid_task(base, greedy) for _ in range(CUSTOMER_STREAMS + 1)]
@@ -67,9 +73,10 @@ def test_one_customer_gets_its_cap_of_streams_and_another_still_streams(streams_
         with subscribed(http, base, other, paid_task(base, other)):
             pass
     wait_for_open_streams(streams_edge, 0)
+    assert books_are_clean(engine, greedy, other)
 
 
-def test_a_full_instance_answers_503_with_retry_after_on_both_bindings(streams_edge, make_customer):
+def test_a_full_instance_answers_503_with_retry_after_on_both_bindings(streams_edge, engine, make_customer):
     base = streams_edge.specialist(PAID)
     customers = [make_customer(credits=50) for _ in range(INSTANCE_STREAMS + 1)]
     tasks = [paid_task(base, customer) for customer in customers]
@@ -88,3 +95,4 @@ def test_a_full_instance_answers_503_with_retry_after_on_both_bindings(streams_e
     wait_for_open_streams(streams_edge, 0)
     with httpx.Client(timeout=10) as http, subscribed(http, base, customers[-1], tasks[-1]):
         pass  # a slot is free again
+    assert books_are_clean(engine, *customers)
