@@ -37,12 +37,13 @@ from app.admission import AdmissionService
 from app.cards import build_card, discovery_routes
 from app.errors import register_with_sdk
 from app.events import NotifiedEventStream
-from app.handler import EdgeRequestHandler, StreamGate, identity_of
+from app.handler import EdgeRequestHandler, identity_of
 from app.identity import EdgeUser
 from app.middleware import IDENTITY_SCOPE_KEY, SPECIALIST_SCOPE_KEY, A2AGuard, RequestLog
 from taskstate.notify import Listener, Notifier
 from app.observability import Metrics
 from app.ratelimit import RateLimiter
+from app.streams import StreamGate, StreamRefusalStatus
 from core import db
 from core.settings import Settings
 from core.specs import LoadedSpec, load_specs
@@ -154,7 +155,7 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
     limiter = RateLimiter(engine, settings)
     signer = KeySigner([s.get_secret_value() for s in settings.keys.signing_secrets], settings.keys.environment)
     verifier = AsyncKeyVerifier(signer, engine, settings.keys.revocation_cache_s)
-    streams = StreamGate(settings.edge.max_open_streams, metrics)
+    streams = StreamGate(settings.edge, metrics)
     builder = EdgeCallContextBuilder()
     cards = {specialist_id: build_card(loaded, settings) for specialist_id, loaded in specs.items()}
     handlers = {
@@ -221,6 +222,7 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
     for specialist_id, handler in handlers.items():
         routes.extend(_a2a_routes(specialist_id, handler, builder))
     app.router.routes.extend(routes)
+    app.add_middleware(StreamRefusalStatus)  # innermost: around the SDK's routes, where a stream is refused
     app.add_middleware(A2AGuard, specs=specs, verifier=verifier, limiter=limiter, settings=settings, metrics=metrics)
     app.add_middleware(RequestLog, metrics=metrics)  # added last: outermost
     return app

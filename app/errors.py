@@ -106,6 +106,12 @@ class ServiceBusy(EdgeError):
     code = "service_busy"
 
 
+class CustomerStreamCap(EdgeError):
+    """The caller holds its maximum of streams on this instance (SPECIALISTS_MAX_OPEN_STREAMS_PER_CUSTOMER)."""
+
+    code = "customer_stream_cap"
+
+
 class UnknownSpecialist(EdgeError):
     code = "specialist_not_found"
 
@@ -179,6 +185,7 @@ WIRE_FORMS: dict[type[EdgeError], WireForm] = {
     UnsupportedMediaType: WireForm(-41501, 415, "INVALID_ARGUMENT"),
     MalformedRequest: WireForm(-32700, 400, "INVALID_ARGUMENT"),  # JSON-RPC's own parse error
     ServiceBusy: WireForm(-50301, 503, "UNAVAILABLE"),
+    CustomerStreamCap: WireForm(-42903, 429, "RESOURCE_EXHAUSTED"),
     UnknownSpecialist: WireForm(-40401, 404, "NOT_FOUND"),
     OverCreditCeiling: WireForm(-40001, 400, "FAILED_PRECONDITION"),
     MessageIdConflict: WireForm(-40901, 409, "ALREADY_EXISTS"),

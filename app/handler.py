@@ -40,38 +40,15 @@ from a2a.utils.errors import InternalError
 from a2a.utils.task import apply_history_length
 
 from app.admission import Admitted, AdmissionService
-from app.errors import EdgeError, KeyRequiredForListing, ServiceBusy, converting_foreign_errors
+from app.errors import EdgeError, KeyRequiredForListing, converting_foreign_errors
 from app.events import NotifiedEventStream
 from app.identity import EdgeUser, Identity
 from app.observability import Metrics, note_refusal
+from app.streams import StreamGate, caller_of
 from core.settings import Settings
 from core.specs import LoadedSpec
 
 STOP_STATES = TERMINAL_TASK_STATES | INTERRUPTED_TASK_STATES
-
-
-class StreamGate:
-    """Counts the event streams this instance serves and refuses one over ``max_open_streams``."""
-
-    def __init__(self, limit: int, metrics: Metrics) -> None:
-        self.limit = limit
-        self.open = 0
-        self.metrics = metrics
-
-    @contextlib.asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        if self.open >= self.limit:
-            raise ServiceBusy(
-                f"this instance already serves {self.limit} streams (SPECIALISTS_MAX_OPEN_STREAMS); "
-                "retry shortly, or poll with GetTask"
-            )
-        self.open += 1
-        self.metrics.open_streams.inc()
-        try:
-            yield
-        finally:
-            self.open -= 1
-            self.metrics.open_streams.dec()
 
 
 class _EdgeRunsNothing(AgentExecutor):
@@ -173,7 +150,7 @@ class EdgeRequestHandler(DefaultRequestHandler):
     async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Event, None]:
-        async with self.streams.slot():
+        async with self.streams.slot(caller_of(identity_of(context))):
             admitted = await self._admit(params, context)
             yield apply_history_length(admitted.task, params.configuration)
             if admitted.task.status.state in STOP_STATES:
@@ -186,7 +163,7 @@ class EdgeRequestHandler(DefaultRequestHandler):
     async def on_subscribe_to_task(
         self, params: SubscribeToTaskRequest, context: ServerCallContext
     ) -> AsyncGenerator[Event, None]:
-        async with self.streams.slot():
+        async with self.streams.slot(caller_of(identity_of(context))):
             async with contextlib.aclosing(super().on_subscribe_to_task(params, context)) as events:
                 async for event in events:
                     yield event

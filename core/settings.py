@@ -179,6 +179,20 @@ class EdgeSettings(Section):
     max_open_streams: int = Field(
         default=500, ge=1, le=100_000, description="Streams (SendStreamingMessage, subscribe) one instance serves at once."
     )
+    max_open_streams_per_customer: int = Field(
+        default=50,
+        ge=1,
+        le=100_000,
+        description="Streams one customer (an anonymous caller: one client address) may hold open on one instance, "
+        "so that no customer takes every slot (one above SPECIALISTS_MAX_OPEN_STREAMS caps nothing more). "
+        "Over it: 429, `customer_stream_cap`.",
+    )
+    stream_retry_after_s: int = Field(
+        default=5,
+        ge=1,
+        le=300,
+        description="`Retry-After` of a stream refused for want of a slot (the instance's or the customer's).",
+    )
     metrics_token: SecretStr | None = Field(
         default=None,
         description="When set, GET /metrics answers only a request with `Authorization: Bearer <this>` (the "

@@ -1,7 +1,16 @@
 """Customer API keys: signed tokens that carry who the caller is, and their revocation.
 
 A key reads ``sk_<environment>_<secret id>_<payload>.<signature>``. The payload (key id,
-customer, tier, issue and expiry times) is signed with itsdangerous (HMAC-SHA256).
+customer, tier, issue and expiry times, and the environment) is signed with itsdangerous
+(HMAC-SHA256), so a ``sk_live_`` key rewritten to ``sk_test_`` does not verify wherever
+the secrets are shared.
+
+Keys issued before migration 0110 did not sign their environment (form
+``env_unsigned``; ``env_signed`` since). Their payload has no ``env``, and a payload
+cannot be changed without the secret, so a new key can never pass for an old one.
+They keep working until they expire, vouched for by their record instead: it must
+say ``env_unsigned`` and name the prefix's environment. `specialists keys list`
+shows each key's form.
 The key itself is shown once and never stored: the database keeps its id and
 metadata, and revocation is a row update.
 
@@ -25,6 +34,7 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from itsdangerous import BadSignature, Signer
 from itsdangerous.encoding import base64_decode, base64_encode
@@ -63,6 +73,10 @@ EXPIRED = "key_expired"
 REVOKED = "key_revoked"
 UNKNOWN = "key_unknown"
 
+# What a key's signature covers (api_keys.key_form, migration 0110).
+FORM_ENV_UNSIGNED = "env_unsigned"  # issued before 0110: the environment is only in the prefix
+FORM_ENV_SIGNED = "env_signed"
+
 _REASON_TEXT = {
     NO_SECRET: "this service has no key-signing secret configured, so it accepts no key; "
     "the operator must set SPECIALISTS_KEY_SIGNING_SECRETS",
@@ -91,6 +105,11 @@ class KeyIdentity:
     environment: str
     issued_at: datetime
     expires_at: datetime
+    environment_signed: bool = True  # False: a key from before migration 0110, see the module's docstring
+
+    @property
+    def form(self) -> str:
+        return FORM_ENV_SIGNED if self.environment_signed else FORM_ENV_UNSIGNED
 
 
 @dataclass(frozen=True)
@@ -123,6 +142,7 @@ class KeySigner:
             "tier": identity.tier,
             "iat": int(identity.issued_at.timestamp()),
             "exp": int(identity.expires_at.timestamp()),
+            "env": identity.environment,
         }
         body = base64_encode(json.dumps(payload, separators=(",", ":"), sort_keys=True))
         token = self._signers[self._newest].sign(body).decode()
@@ -149,6 +169,7 @@ class KeySigner:
             raise refuse(TAMPERED) from None
         try:
             payload = json.loads(base64_decode(body))
+            signed_environment = payload.get("env")
             identity = KeyIdentity(
                 key_id=str(payload["kid"]),
                 customer_id=str(payload["cus"]),
@@ -156,9 +177,12 @@ class KeySigner:
                 environment=environment,
                 issued_at=datetime.fromtimestamp(int(payload["iat"]), timezone.utc),
                 expires_at=datetime.fromtimestamp(int(payload["exp"]), timezone.utc),
+                environment_signed=signed_environment is not None,
             )
-        except (KeyError, TypeError, ValueError):
+        except (AttributeError, KeyError, TypeError, ValueError):
             raise refuse(MALFORMED) from None
+        if signed_environment is not None and signed_environment != environment:
+            raise refuse(TAMPERED)  # the prefix was rewritten: the signature says another environment
         if (now or datetime.now(timezone.utc)) >= identity.expires_at:
             raise refuse(EXPIRED, identity.expires_at.isoformat())
         return identity
@@ -209,8 +233,8 @@ def issue_key(
         ensure_customer(conn, customer_id)
         conn.execute(
             text(
-                "INSERT INTO api_keys (key_id, customer_id, environment, tier, label, issued_at, expires_at) "
-                "VALUES (:k, :c, :e, :t, :l, :i, :x)"
+                "INSERT INTO api_keys (key_id, customer_id, environment, tier, label, issued_at, expires_at, "
+                "key_form) VALUES (:k, :c, :e, :t, :l, :i, :x, :f)"
             ),
             {
                 "k": identity.key_id,
@@ -220,6 +244,7 @@ def issue_key(
                 "l": label,
                 "i": identity.issued_at,
                 "x": identity.expires_at,
+                "f": identity.form,
             },
         )
     return IssuedKey(identity=identity, token=token)
@@ -263,8 +288,8 @@ def list_keys(engine: Engine, customer_id: str | None = None) -> list[dict]:
     with engine.connect() as conn:
         rows = conn.execute(
             text(
-                "SELECT key_id, customer_id, environment, tier, label, issued_at, expires_at, revoked_at, "
-                "revoked_reason FROM api_keys WHERE (CAST(:c AS text) IS NULL OR customer_id = :c) "
+                "SELECT key_id, customer_id, environment, key_form, tier, label, issued_at, expires_at, "
+                "revoked_at, revoked_reason FROM api_keys WHERE (CAST(:c AS text) IS NULL OR customer_id = :c) "
                 "ORDER BY issued_at, key_id"
             ),
             {"c": customer_id},
@@ -277,6 +302,30 @@ class _Status:
     revoked_at: datetime | None
     exists: bool
     checked_at: float
+    environment: str | None = None
+    form: str | None = None
+
+
+_STATUS = text("SELECT revoked_at, environment, key_form FROM api_keys WHERE key_id = :k")
+
+
+def _status_of(row: Any, checked_at: float) -> _Status:
+    if row is None:
+        return _Status(revoked_at=None, exists=False, checked_at=checked_at)
+    return _Status(revoked_at=row.revoked_at, exists=True, checked_at=checked_at, environment=row.environment,
+                   form=row.key_form)
+
+
+def _accept(identity: KeyIdentity, status: _Status) -> KeyIdentity:
+    """The database's word on a signed key: it exists, is not revoked, and vouches for an old key's prefix."""
+    if not status.exists:
+        raise refuse(UNKNOWN)
+    if status.revoked_at is not None:
+        raise refuse(REVOKED, status.revoked_at.isoformat())
+    if not identity.environment_signed and (status.form != FORM_ENV_UNSIGNED
+                                            or status.environment != identity.environment):
+        raise refuse(TAMPERED)  # an old key's prefix rewritten, or a new key's record with an unsigned payload
+    return identity
 
 
 class KeyVerifier:
@@ -296,12 +345,7 @@ class KeyVerifier:
 
     def verify(self, key: str, *, now: datetime | None = None) -> KeyIdentity:
         identity = self.signer.check(key, now=now)
-        status = self._status(identity.key_id)
-        if not status.exists:
-            raise refuse(UNKNOWN)
-        if status.revoked_at is not None:
-            raise refuse(REVOKED, status.revoked_at.isoformat())
-        return identity
+        return _accept(identity, self._status(identity.key_id))
 
     def _status(self, key_id: str) -> _Status:
         now = time.monotonic()
@@ -310,8 +354,8 @@ class KeyVerifier:
         if cached and now - cached.checked_at < self.revocation_cache_s:
             return cached
         with self.engine.connect() as conn:
-            row = conn.execute(text("SELECT revoked_at FROM api_keys WHERE key_id = :k"), {"k": key_id}).first()
-        status = _Status(revoked_at=row[0] if row else None, exists=row is not None, checked_at=now)
+            row = conn.execute(_STATUS, {"k": key_id}).first()
+        status = _status_of(row, now)
         with self._lock:
             if len(self._cache) >= self._max_cache_entries:
                 self._cache.clear()
@@ -336,12 +380,7 @@ class AsyncKeyVerifier:
 
     async def verify(self, key: str, *, now: datetime | None = None) -> KeyIdentity:
         identity = self.signer.check(key, now=now)
-        status = await self._status(identity.key_id)
-        if not status.exists:
-            raise refuse(UNKNOWN)
-        if status.revoked_at is not None:
-            raise refuse(REVOKED, status.revoked_at.isoformat())
-        return identity
+        return _accept(identity, await self._status(identity.key_id))
 
     async def _status(self, key_id: str) -> _Status:
         now = time.monotonic()
@@ -349,10 +388,8 @@ class AsyncKeyVerifier:
         if cached and now - cached.checked_at < self.revocation_cache_s:
             return cached
         async with self.engine.connect() as conn:
-            row = (
-                await conn.execute(text("SELECT revoked_at FROM api_keys WHERE key_id = :k"), {"k": key_id})
-            ).first()
-        status = _Status(revoked_at=row[0] if row else None, exists=row is not None, checked_at=now)
+            row = (await conn.execute(_STATUS, {"k": key_id})).first()
+        status = _status_of(row, now)
         if len(self._cache) >= self._max_cache_entries:
             self._cache.clear()
         self._cache[key_id] = status

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -93,7 +94,7 @@ def _current_or_none(ctx: Ctx) -> str | None:
 
 # --- keys -------------------------------------------------------------------
 
-_KEY_COLUMNS = ["key_id", "customer_id", "environment", "tier", "label", "issued_at", "expires_at", "revoked_at"]
+_KEY_COLUMNS = ["key_id", "customer_id", "environment", "key_form", "tier", "label", "issued_at", "expires_at", "revoked_at"]
 
 
 def cmd_keys_issue(ctx: Ctx, args: argparse.Namespace) -> int:
@@ -113,6 +114,7 @@ def cmd_keys_issue(ctx: Ctx, args: argparse.Namespace) -> int:
         "customer_id": issued.identity.customer_id,
         "tier": issued.identity.tier,
         "environment": issued.identity.environment,
+        "key_form": issued.identity.form,
         "issued_at": issued.identity.issued_at,
         "expires_at": issued.identity.expires_at,
         "key": issued.token,
@@ -168,6 +170,7 @@ def cmd_keys_verify(ctx: Ctx, args: argparse.Namespace) -> int:
             "customer_id": identity.customer_id,
             "tier": identity.tier,
             "environment": identity.environment,
+            "key_form": identity.form,
             "expires_at": identity.expires_at,
         },
         as_json=ctx.as_json,
@@ -216,10 +219,45 @@ def _child_env(settings: Settings, url: str, **extra: str) -> dict[str, str]:
     return env
 
 
-def _start_child(command: list[str], env: dict[str, str]) -> subprocess.Popen:
+def _child_preexec() -> None:
+    """In a child of `serve`, before it runs: it dies with `serve`, and it ignores SIGINT until its command
+    installs its own handler. Ctrl-C reaches the whole process group, and a child still loading its modules
+    would end in a KeyboardInterrupt traceback; `serve` stops its children itself, with SIGTERM."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # kept across exec, and Python keeps an ignored SIGINT ignored
+
+
+def _start_child(command: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "ops.cli", *command], env=env, preexec_fn=_die_with_parent
+        [sys.executable, "-m", "ops.cli", *command], env=env, preexec_fn=_child_preexec, pass_fds=pass_fds
     )
+
+
+def _start_dispatcher(env: dict[str, str], stopping: "_Stopping", timeout_s: float) -> subprocess.Popen:
+    """Start the dispatcher child and wait until it says it is ready (a byte on a pipe, once its loop can run):
+    `serve` answers /readyz only once every part it starts is up."""
+    read_end, write_end = os.pipe()
+    try:
+        child = _start_child(["dispatcher", "--ready-fd", str(write_end)], env, pass_fds=(write_end,))
+    finally:
+        os.close(write_end)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and stopping.signal is None:
+            readable, _, _ = select.select([read_end], [], [], 0.1)
+            if readable:
+                if os.read(read_end, 1):
+                    return child
+                child.wait()  # the pipe closed without a byte: the child ended before it was ready
+            if child.poll() is not None:
+                raise _ChildFailed(f"the dispatcher exited with status {child.returncode} while starting "
+                                   "(see its log above)", child=child)
+        if stopping.signal is None:
+            raise _ChildFailed(f"the dispatcher was not ready within {timeout_s:g} s "
+                               "(SPECIALISTS_SERVE_CHILD_START_TIMEOUT_S)", child=child)
+        return child
+    finally:
+        os.close(read_end)
 
 
 def _wait_for_worker(worker: subprocess.Popen, url: str, stopping: _Stopping, timeout_s: float) -> None:
@@ -242,6 +280,10 @@ def _wait_for_worker(worker: subprocess.Popen, url: str, stopping: _Stopping, ti
 
 class _ChildFailed(ServiceError):
     code = "child_failed"
+
+    def __init__(self, message: str, *, child: subprocess.Popen | None = None) -> None:
+        super().__init__(message)
+        self.child = child  # to stop with the others
 
 
 def _stop_children(children: list[subprocess.Popen], wait_s: float) -> None:
@@ -269,7 +311,8 @@ def _config_problem(problem: ServiceError, as_json: bool) -> int:
 
 def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
     """The whole service on this machine: the A2A edge here, and a worker and a dispatcher as child processes
-    (SPECIALISTS_SERVE_WORKER, SPECIALISTS_SERVE_DISPATCHER). Ctrl-C stops all three."""
+    (SPECIALISTS_SERVE_WORKER, SPECIALISTS_SERVE_DISPATCHER). Ctrl-C stops all three, at any moment."""
+    stopping = _Stopping()  # first: a Ctrl-C during start-up is remembered, and start-up stops at the next step
     from workers.dispatch.process import DispatcherNotConfigured, check_dispatcher_settings
     from workers.assembly import WorkerNotConfigured, check_worker_settings
 
@@ -330,23 +373,23 @@ def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
         title="service starting",
     )
     ctx.engine.dispose()
-    stopping = _Stopping()
     children: list[subprocess.Popen] = []
     try:
-        if settings.serve.worker:
+        if settings.serve.worker and stopping.signal is None:
             worker = _start_child(
                 ["worker", "--host", settings.worker.host, "--port", str(settings.worker.port)],
                 _child_env(settings, ctx.url, **child_settings),
             )
             children.append(worker)
             _wait_for_worker(worker, f"{worker_url}/healthz", stopping, settings.serve.child_start_timeout_s)
-        if settings.serve.dispatcher:
-            children.append(
-                _start_child(["dispatcher"], _child_env(settings, ctx.url, SPECIALISTS_DISPATCH_WORKER_URL=dispatch_to))
-            )
+        if settings.serve.dispatcher and stopping.signal is None:
+            children.append(_start_dispatcher(_child_env(settings, ctx.url, SPECIALISTS_DISPATCH_WORKER_URL=dispatch_to),
+                                              stopping, settings.serve.child_start_timeout_s))
         if stopping.signal is None:
             serve(settings, ctx.url)
     except _ChildFailed as problem:
+        if problem.child is not None:
+            children.append(problem.child)
         return fail(problem.code, problem.message, as_json=ctx.as_json)
     finally:
         _stop_children(children, settings.worker.drain_s + settings.serve.child_stop_margin_s)
@@ -385,8 +428,15 @@ def cmd_dispatcher(ctx: Ctx, args: argparse.Namespace) -> int:
     from workers.dispatch.process import DispatcherNotConfigured, run_dispatcher
 
     _configure_logging(ctx.settings)
+    on_ready = None
+    if args.ready_fd is not None:  # `serve` waits for this byte before it answers /readyz
+
+        def on_ready() -> None:
+            os.write(args.ready_fd, b"1")
+            os.close(args.ready_fd)
+
     try:
-        run_dispatcher(ctx.settings, database_url=ctx.url)
+        run_dispatcher(ctx.settings, database_url=ctx.url, on_ready=on_ready)
     except (DispatcherNotConfigured, DispatchRefused) as problem:
         return _config_problem(problem, ctx.as_json)
     return EXIT_OK
@@ -419,6 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     dispatcher = groups.add_parser(
         "dispatcher", parents=[common], help="deliver admitted jobs to workers (embedded) or to Cloud Tasks"
     )
+    dispatcher.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)  # for `serve`
     dispatcher.set_defaults(func=cmd_dispatcher)
 
     dbp = groups.add_parser("db", parents=[common], help="database schema").add_subparsers(
@@ -464,7 +515,17 @@ def _load_settings() -> Settings:
     return Settings()
 
 
+EXIT_INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C before a command installed its own handler: an exit, not a traceback
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     as_json = bool(getattr(args, "json", False))

@@ -7,7 +7,8 @@ by the charge rule (``taskstate.charge``) when a run already happened (the task
 waited for input), and left to the running job's settlement otherwise.
 
 Refusals (``CancelRefused``) leave everything as it was: the caller's
-transaction rolls back. Lock order, as everywhere a job and its task meet:
+transaction rolls back. A task that is not the caller's is refused as not found
+before anything else is read of it, so no refusal tells a stranger its state. Lock order, as everywhere a job and its task meet:
 claims, outbox rows, task rows, ledger.
 """
 
@@ -38,6 +39,10 @@ class CancelRefused(ServiceError):
 
 def cancel_task(conn: Connection, task_id: str, owner: str) -> Task:
     """Cancel the owner's task in the caller's transaction; the CANCELED task. Raises ``CancelRefused``."""
+    # Ownership first: another customer's task, in whatever state (unknown included), answers exactly as a
+    # missing one does. Unlocked, so the lock order below holds; the locked load confirms it.
+    if not rows.owns(conn, task_id, owner):
+        raise CancelRefused("task not found", code="task_not_found")
     outcomes = {d: _cancel_job(conn, task_id, d) for d in outbox.open_dispatch_ids(conn, task_id, owner)}
     jobs = claims.task_jobs(conn, task_id)
     if "unknown" in outcomes.values() or jobs.any_unknown:

@@ -135,6 +135,13 @@ def read(conn: Connection, task_id: str, owner: str) -> Task | None:
     return None if row is None else task_from_row(row)
 
 
+def owns(conn: Connection, task_id: str, owner: str) -> bool:
+    """Whether the task exists and is the owner's, without a lock (a task's owner never changes)."""
+    return conn.execute(
+        select(VERSIONS.c.version).where(and_(VERSIONS.c.task_id == task_id, VERSIONS.c.owner == owner))
+    ).first() is not None
+
+
 def load(conn: Connection, task_id: str, owner: str) -> tuple[Task, int]:
     """The owner's task and its version, unlocked (the caller knows it exists: an idempotent resend)."""
     row = conn.execute(_TASK_WITH_VERSION, {"t": task_id, "o": owner}).one()

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime, timedelta, timezone
 
 import httpx
 import pytest
 
+from ledger.verify import verify
+from taskstate import claims, ids, outbox
+from taskstate.updates import TaskEvents
 from tests import http_calls
-from tests.app.conftest import message, rpc
+from tests.app.conftest import PAID, message, rpc
+from workers.dispatch.sweeper import LeaseSweeper
+from workers.settlement import TaskSettlement
 
 pytestmark = pytest.mark.timeout(60, func_only=True)
 CONFORMANCE = "conformance"
@@ -110,3 +116,44 @@ def test_the_owner_continues_its_own_context_with_a_new_task(edge_a, make_custom
         url, json=message(f"tck-complete-task-{uuid.uuid4()}", contextId=first["contextId"]), headers=owner.headers
     ).json()["task"]
     assert second["contextId"] == first["contextId"] and second["id"] != first["id"]
+
+
+def _unknown_paid_task(base: str, engine, owner) -> str:
+    """A paid task whose job a worker claimed and then died in: the lease sweeper records it unknown, as it
+    would for a worker killed mid-job (tests/workers/test_worker_crash.py kills one for real)."""
+    task_id = http_calls.post(
+        f"{base}/message:send", json=message(returnImmediately=True), headers=owner.headers
+    ).json()["task"]["id"]
+    with engine.begin() as conn:
+        (dispatch_id,) = outbox.open_dispatch_ids(conn, task_id, f"{owner.customer_id}:{PAID}")
+        job_id = ids.job_id_for(task_id, dispatch_id)
+        a_minute_ago = datetime.now(timezone.utc) - timedelta(minutes=1)
+        assert claims.claim(conn, job_id, worker_id="a-worker-that-died", lease_s=1, now=a_minute_ago).outcome == "claimed"
+    LeaseSweeper(engine, TaskSettlement(TaskEvents(engine), operator="tests")).sweep()
+    with engine.connect() as conn:
+        assert claims.get(conn, job_id)["state"] == "unknown"  # whichever sweeper (this one, edge_a's) got it
+    return task_id
+
+
+def test_cancel_of_another_customers_unknown_task_answers_like_a_missing_one_on_both_bindings(
+    edge_b, engine, make_customer
+):
+    base = edge_b.specialist(PAID)
+    owner, stranger = make_customer(credits=50), make_customer(credits=50)
+    task_id = _unknown_paid_task(base, engine, owner)
+    missing = str(uuid.uuid4())
+    with httpx.Client(headers=stranger.headers, timeout=10) as http:
+        rpc_url = f"{base}/jsonrpc"
+        foreign = http.post(rpc_url, json=rpc("CancelTask", {"id": task_id}))
+        absent = http.post(rpc_url, json=rpc("CancelTask", {"id": missing}))
+        assert (foreign.status_code, foreign.json()) == (absent.status_code, absent.json())
+        assert foreign.json()["error"]["code"] == -32001
+        foreign = http.post(f"{base}/tasks/{task_id}:cancel", json={})
+        absent = http.post(f"{base}/tasks/{missing}:cancel", json={})
+        assert (foreign.status_code, foreign.json()) == (absent.status_code, absent.json())
+        assert foreign.status_code == 404
+    # The owner is told the truth about its own task.
+    own = http_calls.post(f"{base}/tasks/{task_id}:cancel", json={}, headers=owner.headers)
+    assert own.status_code == 400 and "under reconciliation" in own.json()["error"]["message"], own.json()
+    with engine.connect() as conn:
+        assert verify(conn, owner.customer_id) == [] and verify(conn, stranger.customer_id) == []

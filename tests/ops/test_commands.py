@@ -151,3 +151,106 @@ def test_serve_runs_the_whole_system_in_one_command_and_ctrl_c_stops_every_part(
     log = log_path.read_text()  # the children write to the same terminal
     assert "service starting" in log and "embedded to http://127.0.0.1:" in log
     assert "Traceback" not in log  # every part stopped cleanly, not by an interrupt's stack trace
+
+
+# --- start-up: ready means every part is up, and Ctrl-C at any moment of it is clean (issue 15) ------------------
+
+
+def _start_serve(url: str, specs_dir: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = edge_env(url, specs_dir, serve_worker="true", serve_dispatcher="true", worker_job_secrets=WORKER_SECRET,
+                   worker_port=str(free_port()), worker_drain_s="1")
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "ops.cli", "serve", "--port", str(port)],
+        env=env, cwd=PROJECT_ROOT, stdout=log_path.open("wb"), stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group, as a terminal gives it
+    )
+    return serve, f"http://127.0.0.1:{port}"
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
+
+
+def _wait_until(condition, what: str, serve: subprocess.Popen, log_path: Path, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert serve.poll() is None, f"serve exited with {serve.returncode} before {what}:\n{log_path.read_text()}"
+        assert time.monotonic() < deadline, f"not within {timeout_s:g} s: {what}\n{log_path.read_text()}"
+        time.sleep(0.01)
+
+
+def _ready(base: str) -> bool:
+    try:
+        return http_calls.get(f"{base}/readyz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _ctrl_c_and_wait(serve: subprocess.Popen, log_path: Path) -> str:
+    os.killpg(serve.pid, signal.SIGINT)  # Ctrl-C in the terminal: the whole group gets it
+    try:
+        assert serve.wait(30) in (0, 130), log_path.read_text()
+    finally:
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGKILL)
+            serve.wait()
+    return log_path.read_text()
+
+
+@pytest.fixture
+def serve_database(server_url, engine):
+    engine.dispose()  # the session engine's idle connections back to a server that allows 100
+    url = fresh_database(server_url)
+    yield url
+    drop_database(server_url, url)
+
+
+def test_serve_is_ready_only_once_its_dispatcher_is_and_ctrl_c_then_is_clean(serve_database, specs_dir, tmp_path):
+    log_path = tmp_path / "serve.log"
+    serve, base = _start_serve(serve_database, specs_dir, log_path)
+    _wait_until(lambda: _ready(base), "/readyz answers 200", serve, log_path)
+    log = log_path.read_text()
+    assert "dispatcher" in log and " ready: embedded to " in log, log  # the dispatcher's own ready line, before
+    log = _ctrl_c_and_wait(serve, log_path)
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log
+
+
+SIGINT_BIT = 1 << (signal.SIGINT - 1)
+
+
+def _started(pid: int, command: bytes) -> bool:
+    """A child of ``pid`` runs ``specialists <command>`` and Python has taken over SIGINT (caught, or kept
+    ignored): it is loading its modules, where an unhandled Ctrl-C ends in a KeyboardInterrupt traceback."""
+    for child in _children(pid):
+        try:
+            if command not in Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0"):
+                continue
+            status = dict(line.split(":\t", 1) for line in Path(f"/proc/{child}/status").read_text().splitlines()
+                          if ":\t" in line)
+        except FileNotFoundError:
+            continue
+        if (int(status["SigCgt"], 16) | int(status["SigIgn"], 16)) & SIGINT_BIT:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("command", ["worker", "dispatcher"])
+def test_ctrl_c_while_serve_starts_its_children_ends_cleanly(serve_database, specs_dir, tmp_path, command):
+    log_path = tmp_path / "serve.log"
+    serve, _ = _start_serve(serve_database, specs_dir, log_path)
+    _wait_until(lambda: _started(serve.pid, command.encode()), f"the {command} child runs", serve, log_path)
+    log = _ctrl_c_and_wait(serve, log_path)  # the child is still importing its modules
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log
+    assert "service starting" in log
+
+
+def test_ctrl_c_while_serve_itself_starts_ends_cleanly(serve_database, specs_dir, tmp_path):
+    log_path = tmp_path / "serve.log"
+    serve, _ = _start_serve(serve_database, specs_dir, log_path)
+    _wait_until(lambda: "service starting" in log_path.read_text(), "serve says it is starting", serve, log_path)
+    log = _ctrl_c_and_wait(serve, log_path)
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log
