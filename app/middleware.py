@@ -4,11 +4,15 @@ The a2a-sdk's routes bypass FastAPI dependencies, so whatever must hold for
 every A2A call is middleware, in this order:
   1. ``RequestLog``: a request id (the caller's ``X-Request-Id`` when sane),
      one JSON access line and the HTTP metrics per request;
-  2. ``A2AGuard``, for ``/specialists/<id>/...`` except the public card:
+  2. ``ErrorBoundary`` (app/boundary.py): nothing unexpected leaves the guard or
+     the SDK with its own text;
+  3. ``A2AGuard``, for ``/specialists/<id>/...`` except the public card:
      unknown specialist (404), the key (401 + ``WWW-Authenticate``), the rate
      limits (429 + ``Retry-After``), the body's media type and encoding (415),
-     and its size while it is read (413, before it is read whole). The
-     resolved caller is put in the ASGI scope for the call-context builder.
+     its size while it is read (413, before it is read whole), then what it
+     holds, before anything parses it (app/bodies.py: element count, number
+     literals). The resolved caller is put in the ASGI scope for the
+     call-context builder.
 Refusals use the binding's own error format (JSON-RPC error object or the
 HTTP+JSON error payload).
 """
@@ -22,6 +26,7 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.bodies import check_numbers, count_elements
 from app.cards import CARD_PATH, anonymous_allowed
 from app.errors import (
     Binding,
@@ -269,7 +274,9 @@ class A2AGuard:
         body = b"".join(chunks)
         if body and not media_type:
             raise UnsupportedMediaType("the body has no Content-Type; send application/json (or application/a2a+json)")
+        count_elements(body, self.settings.edge.max_body_elements)  # before anything walks the body: app/bodies.py
         check_json_text(body, self.settings.edge.max_json_depth)
+        check_numbers(body, self.settings.edge)
         replayed = False
 
         async def replay() -> Message:
