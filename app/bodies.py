@@ -35,22 +35,63 @@ _WHITESPACE = b" \t\r\n"
 
 
 def count_elements(body: bytes, max_elements: int) -> int:
-    """The body's JSON values, exactly when it may be over ``max_elements``; refuse it when it is."""
-    # Every value is the root, or follows a comma, or is the first member of a container.
-    bound = 1 + body.count(b",") + body.count(b"[") + body.count(b"{")
+    """The body's JSON values, exactly when it may be over ``max_elements``; refuse it when it is.
+
+    Every value is the root, follows a comma, or is the first member of a container,
+    so commas and opening brackets bound the count from above. Only when that bound
+    is over the cap are strings set aside and the exact count taken, first on a prefix
+    just long enough to hold an eighth more than the cap if the bound is right (a
+    prefix holds no more values than the body), then on prefixes twice as long: a
+    body of 100,000 parts is refused after 170 KB of it were read.
+    """
+    bound = 1 + _structural(body)
     if bound <= max_elements:
         return bound
-    bare = outside_strings(body).translate(None, _WHITESPACE)
-    empty = bare.count(b"[]") + bare.count(b"{}")
-    elements = 1 + bare.count(b",") + bare.count(b"[") + bare.count(b"{") - empty
-    if elements > max_elements:
-        raise PayloadTooLarge(
-            f"the request body holds {elements} JSON values; at most {max_elements} are accepted "
-            "(SPECIALISTS_MAX_BODY_ELEMENTS)",
-            code="body_elements_over_limit",
-            limit="max_body_elements",
-        )
-    return elements
+    end = min(len(body), len(body) * 9 * max_elements // (8 * bound) + 1)
+    while True:
+        bare = outside_strings(body[:end]).translate(None, _WHITESPACE)
+        elements = 1 + _structural(bare) - bare.count(b"[]") - bare.count(b"{}")
+        if end < len(body) and bare.endswith((b"[", b"{")):
+            elements -= 1  # the cut may have split an empty container
+        if elements > max_elements:
+            raise PayloadTooLarge(
+                f"the request body holds {'over ' if end < len(body) else ''}{elements} JSON values; at most "
+                f"{max_elements} are accepted (SPECIALISTS_MAX_BODY_ELEMENTS)",
+                code="body_elements_over_limit",
+                limit="max_body_elements",
+            )
+        if end == len(body):
+            return elements
+        end = min(len(body), end * 2)
+
+
+class ElementCounter:
+    """``count_elements`` while the body arrives: a body over the cap is refused without reading the rest.
+
+    The upper bound grows with each chunk, in C; the exact count of what has arrived (a
+    lower bound of the body's) is taken only when the bound has doubled since the last
+    one, so a body is scanned a few times at most.
+    """
+
+    def __init__(self, max_elements: int) -> None:
+        self.max_elements = max_elements
+        self.bound = 1
+        self._next_exact = max_elements
+
+    def feed(self, received: list[bytes], chunk: bytes) -> None:
+        """``received``: the chunks so far, ``chunk`` the last of them."""
+        self.bound += _structural(chunk)
+        if self.bound > self._next_exact:
+            count_elements(b"".join(received), self.max_elements)
+            self._next_exact = 2 * self.bound
+
+
+# Everything but the three bytes that start a value: deleting them leaves those to count, in one pass.
+_NOT_STRUCTURAL = bytes(byte for byte in range(256) if byte not in b",[{")
+
+
+def _structural(text: bytes) -> int:
+    return len(text.translate(None, _NOT_STRUCTURAL))
 
 
 def outside_strings(body: bytes) -> bytes:

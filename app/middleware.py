@@ -26,7 +26,7 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.bodies import check_numbers, count_elements
+from app.bodies import ElementCounter, check_numbers, count_elements
 from app.cards import CARD_PATH, anonymous_allowed
 from app.errors import (
     Binding,
@@ -255,6 +255,7 @@ class A2AGuard:
             )
         chunks: list[bytes] = []
         size = 0
+        elements = ElementCounter(self.settings.edge.max_body_elements)
         trailing: list[Message] = []
         while True:
             message = await receive()
@@ -269,6 +270,7 @@ class A2AGuard:
                     limit="max_request_body_bytes",
                 )
             chunks.append(chunk)
+            elements.feed(chunks, chunk)  # a body of too many values is refused before the rest arrives
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
