@@ -194,8 +194,8 @@ class A2AGuard:
         specialist_id = path.split("/", 3)[2]
         loaded = self.specs.get(specialist_id)
         try:
-            if "\x00" in path:
-                raise MalformedRequest("the request path carries a NUL character (%00); ids never contain one")
+            if "\x00" in path or b"%00" in scope.get("query_string", b""):
+                raise MalformedRequest("the request path or query carries a NUL character (%00); ids never contain one")
             if loaded is None:
                 raise UnknownSpecialist(f"there is no specialist {specialist_id!r}; GET /specialists lists them")
             identity = await self._authenticate(scope, loaded)
