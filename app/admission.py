@@ -19,12 +19,14 @@ SUBMITTED with the message in its history, and a new outbox row is written.
 from __future__ import annotations
 
 import hashlib
+import math
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from a2a.server.agent_execution.active_task import INTERRUPTED_TASK_STATES, TERMINAL_TASK_STATES
 from a2a.types.a2a_pb2 import (
+    ListTasksRequest,
     Message,
     Role,
     SendMessageRequest,
@@ -41,14 +43,21 @@ from a2a.utils.errors import (
     TaskNotFoundError,
     UnsupportedOperationError,
 )
-from a2a.utils.task import validate_history_length
+from a2a.utils.task import decode_list_tasks_cursor, validate_history_length
 from google.protobuf.json_format import MessageToDict
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import ledger_port
-from app.errors import ContextUnavailable, MessageIdConflict, OverCreditCeiling, PayloadTooLarge, TaskNotAwaitingInput
+from app.errors import (
+    ContextUnavailable,
+    InvalidValue,
+    MessageIdConflict,
+    OverCreditCeiling,
+    PayloadTooLarge,
+    TaskNotAwaitingInput,
+)
 from app.identity import Identity
 from core.settings import Settings
 from core.specs import LoadedSpec, media_type_matches
@@ -79,19 +88,6 @@ def part_media_type(part: Any) -> str:
         return part.media_type
     kind = part.WhichOneof("content")
     return {"text": "text/plain", "data": "application/json"}.get(kind or "", "application/octet-stream")
-
-
-def part_size_bytes(part: Any) -> int:
-    kind = part.WhichOneof("content")
-    if kind == "text":
-        return len(part.text.encode("utf-8"))
-    if kind == "raw":
-        return len(part.raw)
-    if kind == "url":
-        return len(part.url.encode("utf-8"))
-    if kind == "data":
-        return part.data.ByteSize()
-    return 0
 
 
 @dataclass(frozen=True)
@@ -125,7 +121,7 @@ def check_message(loaded: LoadedSpec, params: SendMessageRequest, settings: Sett
             f"the message has {len(message.parts)} parts; this specialist accepts at most {spec.limits.max_parts}",
             limit="limits.max_parts",
         )
-    total = 0
+    check_fields(params, settings)
     for index, part in enumerate(message.parts):
         if part.WhichOneof("content") is None:
             raise invalid(f"part {index} has no content (text, raw, url or data)", "part_empty")
@@ -136,10 +132,12 @@ def check_message(loaded: LoadedSpec, params: SendMessageRequest, settings: Sett
                     f"part {index} is {media_type}; this specialist accepts {', '.join(spec.input_modes)}"
                 )
             )
-        total += part_size_bytes(part)
+    # The whole message as received counts (ids, parts with their names and metadata, extensions, references),
+    # except its metadata, which has a limit of its own: a 1.9 MB filename once slipped past a count of content.
+    total = message_size_bytes(message)
     if total > spec.limits.max_input_bytes:
         raise PayloadTooLarge(
-            f"the message's parts are {_mib(total)}; this specialist accepts at most "
+            f"the message is {_mib(total)} (its metadata aside); this specialist accepts at most "
             f"{_mib(spec.limits.max_input_bytes)} (limits.max_input_bytes in {where})",
             limit="limits.max_input_bytes",
         )
@@ -169,16 +167,93 @@ def check_message(loaded: LoadedSpec, params: SendMessageRequest, settings: Sett
     return Checked(fingerprint=fingerprint(spec.id, message), ceiling=ceiling)
 
 
+def message_size_bytes(message: Message) -> int:
+    """The message in protobuf's encoding (what is stored: text as UTF-8, raw as bytes) without its metadata."""
+    without_metadata = message.ByteSize()
+    if message.HasField("metadata"):
+        without_metadata -= message.metadata.ByteSize()
+    return without_metadata
+
+
+def check_fields(params: SendMessageRequest, settings: Settings) -> None:
+    """Every list and short string of the request against its named cap (content is bounded by the spec)."""
+    edge = settings.edge
+    message = params.message
+    lists = (
+        ("message.referenceTaskIds", message.reference_task_ids, MAX_ID_CHARS, "MAX_ID_CHARS (36, a task id)"),
+        ("message.extensions", message.extensions, edge.max_uri_chars, "SPECIALISTS_MAX_URI_CHARS"),
+        ("configuration.acceptedOutputModes", params.configuration.accepted_output_modes, edge.max_name_chars,
+         "SPECIALISTS_MAX_NAME_CHARS"),
+    )
+    for name, values, max_chars, setting in lists:
+        if len(values) > edge.max_list_items:
+            raise PayloadTooLarge(
+                f"{name} has {len(values)} entries; at most {edge.max_list_items} are accepted "
+                "(SPECIALISTS_MAX_LIST_ITEMS)",
+                code="list_too_long", field=name, limit="max_list_items",
+            )
+        for index, value in enumerate(values):
+            _check_chars(f"{name}[{index}]", value, max_chars, setting)
+    _check_chars("tenant", params.tenant, edge.max_name_chars, "SPECIALISTS_MAX_NAME_CHARS")
+    for index, part in enumerate(message.parts):
+        _check_chars(f"message.parts[{index}].filename", part.filename, edge.max_name_chars,
+                     "SPECIALISTS_MAX_NAME_CHARS")
+        _check_chars(f"message.parts[{index}].mediaType", part.media_type, edge.max_name_chars,
+                     "SPECIALISTS_MAX_NAME_CHARS")
+
+
+def _check_chars(name: str, value: str, max_chars: int, setting: str) -> None:
+    if len(value) > max_chars:
+        raise PayloadTooLarge(
+            f"{name} has {len(value)} characters; at most {max_chars} are accepted ({setting})",
+            code="field_too_long", field=name, limit=setting,
+        )
+
+
 def _credit_ceiling(message: Message) -> int | None:
     if CREDIT_CEILING_KEY not in message.metadata.fields:
         return None
-    value = MessageToDict(message.metadata).get(CREDIT_CEILING_KEY)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 0:
+    field = message.metadata.fields[CREDIT_CEILING_KEY]
+    value = field.number_value if field.WhichOneof("kind") == "number_value" else MessageToDict(field)
+    if not isinstance(value, float) or not math.isfinite(value) or value != int(value) or value < 0:
         raise invalid(
             f'metadata["{CREDIT_CEILING_KEY}"] must be a whole number of credits, 0 or more; got {value!r}',
             "credit_ceiling_invalid",
         )
     return int(value)
+
+
+# Page tokens are the a2a-sdk store's cursors (base64 of {"ts": <ns>, "id": <task id>}): under 100 characters.
+MAX_PAGE_TOKEN_CHARS = 256
+# The latest instant PostgreSQL's timestamp (and Python's datetime) hold: 9999-12-31, in ns since the epoch.
+_MAX_CURSOR_NS = 253_402_300_799 * 10**9
+
+
+def check_list_request(params: ListTasksRequest) -> None:
+    """Refuse a ListTasks request the store would choke on: a page token the edge did not issue, ids too long.
+
+    A page token is opaque to the caller: the store decodes it (base64, then JSON) and
+    compares its parts in SQL. One that decodes to anything else (``AAAA`` is three NUL
+    bytes) reached PostgreSQL and failed there; now it is ``page_token_invalid``.
+    """
+    if len(params.context_id) > MAX_ID_CHARS:
+        raise invalid(f"contextId has {len(params.context_id)} characters; at most {MAX_ID_CHARS} are accepted",
+                      "id_too_long")
+    token = params.page_token
+    if not token:
+        return
+    cursor = decode_list_tasks_cursor(token) if len(token) <= MAX_PAGE_TOKEN_CHARS else None
+    if (
+        cursor is None
+        or not 0 < len(cursor.task_id) <= MAX_ID_CHARS
+        or not cursor.task_id.isprintable()
+        or (cursor.timestamp_ns is not None and not 0 <= cursor.timestamp_ns <= _MAX_CURSOR_NS)
+    ):
+        raise InvalidValue(
+            "pageToken is not a page token this service issued; send the nextPageToken of a previous ListTasks "
+            "answer unchanged, or omit it for the first page",
+            code="page_token_invalid",
+        )
 
 
 def fingerprint(specialist_id: str, message: Message) -> bytes:

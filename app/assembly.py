@@ -34,6 +34,7 @@ from starlette.routing import BaseRoute, Mount, Route
 
 from app import ledger_port
 from app.admission import AdmissionService
+from app.boundary import ErrorBoundary
 from app.cards import build_card, discovery_routes
 from app.errors import register_with_sdk
 from app.events import NotifiedEventStream
@@ -224,6 +225,8 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
     app.router.routes.extend(routes)
     app.add_middleware(StreamRefusalStatus)  # innermost: around the SDK's routes, where a stream is refused
     app.add_middleware(A2AGuard, specs=specs, verifier=verifier, limiter=limiter, settings=settings, metrics=metrics)
+    # Around the guard and the SDK: nothing unexpected leaves with its own text (app/boundary.py).
+    app.add_middleware(ErrorBoundary, metrics=metrics, retry_after_s=settings.edge.db_retry_after_s)
     app.add_middleware(RequestLog, metrics=metrics)  # added last: outermost
     return app
 

@@ -45,7 +45,11 @@ from a2a.utils.errors import (
     ErrorMapping,
     InternalError,
 )
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.responses import Response
+
+from app.observability import request_id_var
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +114,19 @@ class CustomerStreamCap(EdgeError):
     """The caller holds its maximum of streams on this instance (SPECIALISTS_MAX_OPEN_STREAMS_PER_CUSTOMER)."""
 
     code = "customer_stream_cap"
+
+
+class DatabaseUnavailable(EdgeError):
+    """The edge cannot reach PostgreSQL (an outage, a failover): nothing was done, retry after ``Retry-After``."""
+
+    code = "database_unavailable"
+
+
+class InvalidValue(EdgeError):
+    """A value the edge cannot take whatever the method: a number that is not finite or too long to convert
+    (``number_not_finite``, ``number_too_long``), a page token the edge did not issue (``page_token_invalid``)."""
+
+    code = "invalid_value"
 
 
 class UnknownSpecialist(EdgeError):
@@ -186,6 +203,8 @@ WIRE_FORMS: dict[type[EdgeError], WireForm] = {
     MalformedRequest: WireForm(-32700, 400, "INVALID_ARGUMENT"),  # JSON-RPC's own parse error
     ServiceBusy: WireForm(-50301, 503, "UNAVAILABLE"),
     CustomerStreamCap: WireForm(-42903, 429, "RESOURCE_EXHAUSTED"),
+    DatabaseUnavailable: WireForm(-50302, 503, "UNAVAILABLE"),
+    InvalidValue: WireForm(-32602, 400, "INVALID_ARGUMENT"),  # JSON-RPC's own invalid params
     UnknownSpecialist: WireForm(-40401, 404, "NOT_FOUND"),
     OverCreditCeiling: WireForm(-40001, 400, "FAILED_PRECONDITION"),
     MessageIdConflict: WireForm(-40901, 409, "ALREADY_EXISTS"),
@@ -208,6 +227,13 @@ def wire_form(error: EdgeError) -> WireForm:
     return WIRE_FORMS[type(error)]
 
 
+def http_status(error: A2AError) -> int:
+    """The HTTP status of any error the edge answers: its own (``WIRE_FORMS``) or the SDK's."""
+    if isinstance(error, EdgeError):
+        return wire_form(error).http_status
+    return A2A_ERROR_MAPPING.get(type(error), ErrorMapping(500, "INTERNAL", "INTERNAL_ERROR")).http_code
+
+
 def register_with_sdk() -> None:
     """Copy ``WIRE_FORMS`` into the a2a-sdk's error tables. Idempotent: every call writes the same entries."""
     for cls, form in WIRE_FORMS.items():
@@ -219,7 +245,7 @@ def register_with_sdk() -> None:
         EXCEPTION_MAP[cls] = JSONRPCError
 
 
-def error_response(error: EdgeError, binding: Binding, headers: dict[str, str] | None = None) -> Response:
+def error_response(error: A2AError, binding: Binding, headers: dict[str, str] | None = None) -> Response:
     """The HTTP answer for a refusal made before the SDK saw the request.
 
     JSON-RPC gets a JSON-RPC error object with ``id: null`` (the body was not
@@ -232,7 +258,7 @@ def error_response(error: EdgeError, binding: Binding, headers: dict[str, str] |
         payload = build_rest_error_payload(error)
     return Response(
         content=json.dumps(payload, separators=(",", ":")),
-        status_code=wire_form(error).http_status,
+        status_code=http_status(error),
         media_type="application/json",
         headers=headers,
     )
@@ -242,30 +268,61 @@ def error_response(error: EdgeError, binding: Binding, headers: dict[str, str] |
 
 # What a customer reads when the edge failed in a way it did not foresee: nothing of the failure itself.
 INTERNAL_MESSAGE = "the service could not answer this request; retry later, or give the operator the X-Request-Id"
+# Retry-After of a database outage met inside the request handler (the edge's setting, read once by create_app).
+DATABASE_RETRY_AFTER_S = 5
 
 
-def edge_error_for(exc: Exception) -> A2AError:
-    """What the customer sees for an exception that left the request handler.
+INTERNAL_CODE = "internal_error"
+
+
+def internal_error() -> InternalError:
+    """The catalogue's one internal error: a fixed message, and the request id the operator can look up."""
+    return InternalError(message=INTERNAL_MESSAGE, data={"code": INTERNAL_CODE, "request_id": request_id_var.get()})
+
+
+def is_database_outage(exc: BaseException) -> bool:
+    """A failure to reach PostgreSQL (refused, reset, timed out, the pool exhausted), not a fault of the request."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, (OperationalError, InterfaceError, PoolTimeout, ConnectionError, TimeoutError, OSError))
+
+
+def database_unavailable(retry_after_s: int) -> DatabaseUnavailable:
+    return DatabaseUnavailable(
+        f"the service cannot reach its database; nothing was done: retry in {retry_after_s} s",
+        retry_after_s=retry_after_s,
+    )
+
+
+def edge_error_for(exc: Exception, *, retry_after_s: int = DATABASE_RETRY_AFTER_S) -> A2AError:
+    """What the customer sees for an exception that left the request handler (or the guard).
 
     An A2A error (the edge's refusals and the SDK's own) is already a wire error.
-    Anything else (a database fault, a bug) is logged here, with its traceback and
-    the request id, and answered as an internal error whose message says nothing of
-    it: the SDK's JSON-RPC dispatcher would otherwise send ``str(exc)``, SQL included.
+    A database that cannot be reached is ``DatabaseUnavailable`` (503, retry). Anything
+    else (a bug) is logged here, with its traceback and the request id, and answered as
+    the catalogue's internal error, whose message says nothing of it: the SDK's JSON-RPC
+    dispatcher would otherwise send ``str(exc)``, SQL included.
     """
     if isinstance(exc, A2AError):
         return exc
+    if is_database_outage(exc):
+        log.warning("request failed: the database cannot be reached (%s)", type(exc).__name__,
+                    extra={"event": "database_unavailable"})
+        return database_unavailable(retry_after_s)
     log.error("request failed: %s", type(exc).__name__, exc_info=exc, extra={"event": "request_failed"})
-    return InternalError(message=INTERNAL_MESSAGE)
+    return internal_error()
 
 
 @contextlib.contextmanager
-def _converted() -> Iterator[None]:
+def _converted(handler: object) -> Iterator[None]:
     try:
         yield
     except A2AError:
         raise
     except Exception as exc:
-        raise edge_error_for(exc) from exc
+        settings = getattr(handler, "settings", None)  # the edge handler's; a bare RequestHandler has none
+        retry_after_s = settings.edge.db_retry_after_s if settings is not None else DATABASE_RETRY_AFTER_S
+        raise edge_error_for(exc, retry_after_s=retry_after_s) from exc
 
 
 Method = TypeVar("Method", bound=Callable[..., Any])
@@ -276,7 +333,7 @@ def _converting(method: Method) -> Method:
 
         @functools.wraps(method)
         async def stream(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
-            with _converted():
+            with _converted(args[0] if args else None):
                 async with contextlib.aclosing(method(*args, **kwargs)) as events:
                     async for event in events:
                         yield event
@@ -286,7 +343,7 @@ def _converting(method: Method) -> Method:
 
     @functools.wraps(method)
     async def call(*args: Any, **kwargs: Any) -> Any:
-        with _converted():
+        with _converted(args[0] if args else None):
             return await method(*args, **kwargs)
 
     call.converts_foreign_errors = True  # type: ignore[attr-defined]

@@ -39,7 +39,7 @@ from a2a.types.a2a_pb2 import (
 from a2a.utils.errors import InternalError
 from a2a.utils.task import apply_history_length
 
-from app.admission import Admitted, AdmissionService
+from app.admission import Admitted, AdmissionService, check_list_request
 from app.errors import EdgeError, KeyRequiredForListing, converting_foreign_errors
 from app.events import NotifiedEventStream
 from app.identity import EdgeUser, Identity
@@ -178,4 +178,5 @@ class EdgeRequestHandler(DefaultRequestHandler):
             raise KeyRequiredForListing(
                 "listing tasks needs a key: without one, tasks are reachable only by their id"
             )
+        check_list_request(params)
         return await super().on_list_tasks(params, context)

@@ -4,11 +4,15 @@ The a2a-sdk's routes bypass FastAPI dependencies, so whatever must hold for
 every A2A call is middleware, in this order:
   1. ``RequestLog``: a request id (the caller's ``X-Request-Id`` when sane),
      one JSON access line and the HTTP metrics per request;
-  2. ``A2AGuard``, for ``/specialists/<id>/...`` except the public card:
+  2. ``ErrorBoundary`` (app/boundary.py): nothing unexpected leaves the guard or
+     the SDK with its own text;
+  3. ``A2AGuard``, for ``/specialists/<id>/...`` except the public card:
      unknown specialist (404), the key (401 + ``WWW-Authenticate``), the rate
      limits (429 + ``Retry-After``), the body's media type and encoding (415),
-     and its size while it is read (413, before it is read whole). The
-     resolved caller is put in the ASGI scope for the call-context builder.
+     its size while it is read (413, before it is read whole), then what it
+     holds, before anything parses it (app/bodies.py: element count, number
+     literals). The resolved caller is put in the ASGI scope for the
+     call-context builder.
 Refusals use the binding's own error format (JSON-RPC error object or the
 HTTP+JSON error payload).
 """
@@ -22,6 +26,7 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.bodies import ElementCounter, check_numbers, count_elements
 from app.cards import CARD_PATH, anonymous_allowed
 from app.errors import (
     Binding,
@@ -189,8 +194,8 @@ class A2AGuard:
         specialist_id = path.split("/", 3)[2]
         loaded = self.specs.get(specialist_id)
         try:
-            if "\x00" in path:
-                raise MalformedRequest("the request path carries a NUL character (%00); ids never contain one")
+            if "\x00" in path or b"%00" in scope.get("query_string", b""):
+                raise MalformedRequest("the request path or query carries a NUL character (%00); ids never contain one")
             if loaded is None:
                 raise UnknownSpecialist(f"there is no specialist {specialist_id!r}; GET /specialists lists them")
             identity = await self._authenticate(scope, loaded)
@@ -250,6 +255,7 @@ class A2AGuard:
             )
         chunks: list[bytes] = []
         size = 0
+        elements = ElementCounter(self.settings.edge.max_body_elements)
         trailing: list[Message] = []
         while True:
             message = await receive()
@@ -264,12 +270,15 @@ class A2AGuard:
                     limit="max_request_body_bytes",
                 )
             chunks.append(chunk)
+            elements.feed(chunks, chunk)  # a body of too many values is refused before the rest arrives
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
         if body and not media_type:
             raise UnsupportedMediaType("the body has no Content-Type; send application/json (or application/a2a+json)")
+        count_elements(body, self.settings.edge.max_body_elements)  # before anything walks the body: app/bodies.py
         check_json_text(body, self.settings.edge.max_json_depth)
+        check_numbers(body, self.settings.edge)
         replayed = False
 
         async def replay() -> Message:

@@ -151,6 +151,42 @@ class EdgeSettings(Section):
     max_message_id_chars: int = Field(
         default=256, ge=8, le=1024, description="Longest A2A messageId accepted (it is the idempotency key)."
     )
+    max_body_elements: int = Field(
+        default=20_000,
+        ge=100,
+        le=1_000_000,
+        description="Most JSON values (objects, arrays, strings, numbers, literals) a request body may hold; counted "
+        "on the raw body before any parse, so a body of many tiny elements cannot hold the event loop.",
+    )
+    max_json_number_chars: int = Field(
+        default=40,
+        ge=24,
+        le=4000,
+        description="Longest number literal a request body may hold (a longer integer is refused before Python "
+        "converts it); non-finite numbers (NaN, Infinity, 1e999) are refused whatever their length.",
+    )
+    max_name_chars: int = Field(
+        default=256,
+        ge=16,
+        le=65_536,
+        description="Longest short text field of a message: a part's filename and mediaType, an "
+        "acceptedOutputModes entry, the tenant.",
+    )
+    max_uri_chars: int = Field(
+        default=2048, ge=64, le=65_536, description="Longest extension URI a message or request may name."
+    )
+    max_list_items: int = Field(
+        default=32,
+        ge=1,
+        le=10_000,
+        description="Most entries of a message's referenceTaskIds or extensions, and of acceptedOutputModes.",
+    )
+    db_retry_after_s: int = Field(
+        default=5,
+        ge=1,
+        le=3600,
+        description="Retry-After of the 503 an A2A request gets while the database cannot be reached.",
+    )
     anonymous_free_skills: bool = Field(
         default=False,
         description="Serve callers without a key, only for specialists whose tariff is 0.",

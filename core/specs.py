@@ -90,7 +90,8 @@ class LimitsSpec(_Closed):
     """
 
     max_input_bytes: int = Field(
-        default=256 * 1024, ge=1, le=64 * 1024 * 1024, description="Sum of the message's part sizes."
+        default=256 * 1024, ge=1, le=64 * 1024 * 1024,
+        description="The whole message as received, its metadata aside, in protobuf's encoding."
     )
     max_parts: int = Field(default=16, ge=1, le=1000)
     max_metadata_bytes: int = Field(default=8 * 1024, ge=0, le=1024 * 1024)

@@ -15,7 +15,9 @@ the end pin each of them.
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 import uuid
 from datetime import timedelta
 from urllib.parse import quote
@@ -58,6 +60,19 @@ def customer(engine: Engine, signer: keys.KeySigner, ledger) -> Customer:
     issued = keys.issue_key(engine, signer, customer_id=customer_id, ttl=timedelta(days=1))
     ledger.grant(customer_id, 1_000, operator="tests", skills=[PAID], reason="fuzz")
     return Customer(customer_id=customer_id, key_id=issued.identity.key_id, key=issued.token)
+
+
+@pytest.fixture(scope="module")
+def other_customer(edge_a, engine: Engine, signer: keys.KeySigner, ledger) -> Customer:
+    """Another customer with a task: no answer to the fuzzing customer may name its id, its task or its context."""
+    customer_id = f"other-{uuid.uuid4().hex[:12]}"
+    issued = keys.issue_key(engine, signer, customer_id=customer_id, ttl=timedelta(days=1))
+    ledger.grant(customer_id, 100, operator="tests", skills=[PAID], reason="fuzz bystander")
+    other = Customer(customer_id=customer_id, key_id=issued.identity.key_id, key=issued.token)
+    task = httpx.post(f"{edge_a.specialist(PAID)}/message:send", json=a_message(), timeout=60,
+                      headers={"Authorization": f"Bearer {other.key}", "A2A-Version": "1.0"}).json()["task"]
+    FOREIGN_IDS.update({customer_id, task["id"], task["contextId"]})
+    return other
 
 
 def table_sizes(engine: Engine) -> dict[str, int]:
@@ -105,7 +120,14 @@ def faulty_params(draw: st.DrawFn) -> dict | object:
     """SendMessage params with one fault each: wrong types, missing pieces, huge strings, bad values."""
     fault = draw(st.sampled_from([
         "params", "message", "parts", "part", "text", "message_id", "message_id_long", "role", "missing", "huge",
+        "counts", "size", "number", "number",
     ]))
+    if fault == "counts":
+        return draw(over_counts())
+    if fault == "size":
+        return draw(over_size())
+    if fault == "number":
+        return draw(bad_numbers())
     if fault == "params":
         return draw(not_an_object)
     if fault == "message":
@@ -128,6 +150,81 @@ def faulty_params(draw: st.DrawFn) -> dict | object:
         del params["message"][key]
         return params
     return a_message(parts=[{"text": draw(huge_text)}])
+
+
+# Counts (issue 15, items 2 and 4): lists over their caps, and bodies of more values than
+# SPECIALISTS_MAX_BODY_ELEMENTS (20,000), all within the 2 MiB body limit.
+@st.composite
+def over_counts(draw: st.DrawFn) -> dict:
+    field = draw(st.sampled_from(["parts", "referenceTaskIds", "extensions", "metadata", "acceptedOutputModes"]))
+    count = draw(st.sampled_from([33, 1_000, 20_001, 100_000]))  # over max_list_items (32), max_parts (2), ...
+    if field == "parts":
+        return a_message(parts=[{"text": "a"}] * count)
+    if field == "referenceTaskIds":
+        return a_message(referenceTaskIds=[f"t{i}" for i in range(min(count, 60_000))])
+    if field == "extensions":
+        return a_message(extensions=[f"urn:x:{i}" for i in range(min(count, 60_000))])
+    if field == "metadata":
+        return a_message(metadata={f"k{i}": 1 for i in range(max(count, 1_000))})  # over 512 bytes
+    params = a_message()
+    params["configuration"]["acceptedOutputModes"] = ["text/plain"] * count
+    return params
+
+
+# Whole-message size: the paid specialist takes 1,024 bytes; every field counts, not only part content.
+@st.composite
+def over_size(draw: st.DrawFn) -> dict:
+    n = draw(st.sampled_from([1_100, 70_000, 1_900_000]))
+    field = draw(st.sampled_from(["filename", "mediaType", "extension", "reference", "partMetadata", "tenant"]))
+    if field == "filename":
+        return a_message(parts=[{"url": "https://example.com/a", "filename": "f" * n}])
+    if field == "mediaType":
+        return a_message(parts=[{"text": "hi", "mediaType": "text/" + "p" * n}])
+    if field == "extension":
+        return a_message(extensions=["urn:" + "x" * n])
+    if field == "reference":
+        return a_message(referenceTaskIds=["t" * n])
+    if field == "partMetadata":
+        return a_message(parts=[{"text": "hi", "metadata": {"k": "v" * n}}])
+    params = a_message()
+    params["tenant"] = "t" * n
+    return params
+
+
+NOT_FINITE = ["NaN", "Infinity", "-Infinity", "1e999", "-1e400", "9" * 5_000, "-" + "1" * 4_400, "1" + "0" * 50]
+
+
+@st.composite
+def bad_numbers(draw: st.DrawFn) -> object:
+    """A number the service cannot hold, in the ceiling, in data, in metadata. Returned as text (json cannot
+    write most of them): the caller splices it into the body."""
+    literal = draw(st.sampled_from(NOT_FINITE))
+    where = draw(st.sampled_from(["ceiling", "data", "metadata", "historyLength"]))
+    return RawParams(literal, where)
+
+
+class RawParams:
+    """Params holding a number literal json.dumps cannot write; ``text()`` is the JSON of them."""
+
+    def __init__(self, literal: str, where: str) -> None:
+        self.literal, self.where = literal, where
+
+    def text(self) -> str:
+        marker = "__NUMBER__"
+        if self.where == "ceiling":
+            params = a_message(metadata={"credit_ceiling": marker})
+        elif self.where == "data":
+            params = a_message(parts=[{"data": {"v": marker}}])
+        elif self.where == "metadata":
+            params = a_message(metadata={"x": [1, marker]})
+        else:
+            params = a_message()
+            params["configuration"]["historyLength"] = marker
+        return json.dumps(params).replace(f'"{marker}"', self.literal)
+
+
+def dumps(value: object) -> str:
+    return value.text() if isinstance(value, RawParams) else json.dumps(value)
 
 
 def deeply_nested(body_prefix: str, body_suffix: str, levels: int, as_list: bool) -> bytes:
@@ -185,7 +282,9 @@ def jsonrpc_bodies(draw: st.DrawFn) -> bytes:
         return json.dumps(body).encode()
     if kind == "params":
         method = draw(st.sampled_from(["SendMessage", "SendStreamingMessage"]))
-        return json.dumps(envelope(method, draw(faulty_params()))).encode()
+        params = draw(faulty_params())
+        marker = '"__PARAMS__"'
+        return json.dumps(envelope(method, "__PARAMS__")).replace(marker, dumps(params)).encode()
     if kind == "task_id":  # tasks that are not there, or ids that are not ids
         method = draw(st.sampled_from(["GetTask", "CancelTask", "SubscribeToTask"]))
         task_id = draw(st.one_of(texts(max_size=80), huge_text, not_a_string))
@@ -210,8 +309,7 @@ def rest_bodies(draw: st.DrawFn) -> bytes:
     if kind == "not_an_object":
         return json.dumps(draw(not_an_object)).encode()
     if kind == "params":
-        params = draw(faulty_params())
-        return json.dumps(params).encode()
+        return dumps(draw(faulty_params())).encode()
     if draw(st.booleans()):
         return deeply_nested('{"message":', "}", draw(list_depth), True)
     levels = draw(metadata_depth)
@@ -223,7 +321,24 @@ def rest_bodies(draw: st.DrawFn) -> bytes:
 # --- what every answer must be ---------------------------------------------------------------------
 
 
-def assert_jsonrpc_error(answer: httpx.Response) -> None:
+# What no answer may carry (item 3 of issue 15): SQL and its parameters, tracebacks, file paths, driver names.
+# A pattern the request itself carried is an echo of the caller's own text, not a leak.
+INTERNAL_TEXT = (
+    "[SQL:", "[parameters:", "Background on this error", "sqlalchemy", "psycopg", "Traceback (most recent",
+    'File "/', "site-packages", "/work/", "ledger_", "edge_tasks", "dispatch_outbox", "Exceeds the limit",
+)
+# Ids that belong to another customer, filled by the ``other_customer`` fixture: no answer may name them.
+FOREIGN_IDS: set[str] = set()
+
+
+def assert_no_internal_text(answer: httpx.Response, sent: bytes | str = b"") -> None:
+    sent_text = sent.decode("utf-8", "replace") if isinstance(sent, bytes) else sent
+    for pattern in (*INTERNAL_TEXT, *FOREIGN_IDS):
+        assert pattern not in answer.text or pattern in sent_text, f"{pattern!r} in {answer.text[:500]}"
+
+
+def assert_jsonrpc_error(answer: httpx.Response, sent: bytes | str = b"") -> None:
+    assert_no_internal_text(answer, sent)
     assert answer.status_code < 500, f"{answer.status_code}: {answer.text[:300]}"
     assert answer.headers["content-type"].startswith("application/json"), answer.text[:300]
     payload = answer.json()
@@ -233,9 +348,10 @@ def assert_jsonrpc_error(answer: httpx.Response) -> None:
     assert payload["error"]["code"] != INTERNAL_ERROR, f"JSON-RPC's own 500: {payload}"
 
 
-def assert_rest_error(answer: httpx.Response, *, routed_elsewhere: bool = False) -> None:
+def assert_rest_error(answer: httpx.Response, *, routed_elsewhere: bool = False, sent: bytes | str = b"") -> None:
     """A 4xx with the A2A error payload. A task id holding "/" (sent as %2F, which the router decodes)
     names another path: then no A2A handler is reached, and only "no success, no 5xx" is owed."""
+    assert_no_internal_text(answer, sent)
     if routed_elsewhere:
         assert answer.status_code < 500 and not 200 <= answer.status_code < 300, f"{answer.status_code}: {answer.text[:300]}"
         return
@@ -254,7 +370,7 @@ def client_for(customer: Customer) -> httpx.Client:
 # --- the fuzz ------------------------------------------------------------------------------------
 
 
-def test_hostile_json_rpc_requests_get_protocol_errors_and_admit_nothing(edge_a, engine, customer):
+def test_hostile_json_rpc_requests_get_protocol_errors_and_admit_nothing(edge_a, engine, customer, other_customer):
     before = table_sizes(engine)
     url = f"{edge_a.specialist(PAID)}/jsonrpc"
     with client_for(customer) as client:
@@ -262,14 +378,14 @@ def test_hostile_json_rpc_requests_get_protocol_errors_and_admit_nothing(edge_a,
         @FUZZ
         @given(body=jsonrpc_bodies())
         def probe(body: bytes) -> None:
-            assert_jsonrpc_error(client.post(url, content=body))
+            assert_jsonrpc_error(client.post(url, content=body), body)
 
         probe()
     assert footprint(engine, customer.customer_id) == NOTHING
     assert table_sizes(engine) == before
 
 
-def test_hostile_http_json_requests_get_protocol_errors_and_admit_nothing(edge_a, engine, customer):
+def test_hostile_http_json_requests_get_protocol_errors_and_admit_nothing(edge_a, engine, customer, other_customer):
     before = table_sizes(engine)
     base = edge_a.specialist(PAID)
     with client_for(customer) as client:
@@ -292,7 +408,8 @@ def test_hostile_http_json_requests_get_protocol_errors_and_admit_nothing(edge_a
                 answer = client.post(f"{base}/tasks/{quoted}:cancel", content=b"{}")
             else:
                 answer = client.get(f"{base}/tasks/{quoted}:subscribe")
-            assert_rest_error(answer, routed_elsewhere=route != "send" and route != "stream" and "/" in task_id)
+            assert_rest_error(answer, routed_elsewhere=route != "send" and route != "stream" and "/" in task_id,
+                              sent=body + task_id.encode("utf-8", "replace"))
 
         probe()
     assert footprint(engine, customer.customer_id) == NOTHING
@@ -348,3 +465,99 @@ def test_a_nul_character_in_an_id_is_refused_as_a_bad_request_without_telling_th
             answer = client.request(method, f"{edge_a.specialist(PAID)}{target}", content=b"{}" if method == "POST" else None)
             assert_rest_error(answer)
     assert "SQL" not in answer.text
+
+
+# --- Reads: ListTasks and GetTask (issue 15, item 3) ----------------------------------------------------------
+# A page token is opaque: the store decodes it (base64, then JSON) and compares its parts in SQL. "AAAA" (three
+# NUL bytes once decoded) used to reach PostgreSQL and answer -32603 / 500. Every answer here must be a result
+# or a 4xx refusal, never internal text or another customer's ids.
+
+
+def _b64(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+page_tokens = st.one_of(
+    st.sampled_from(["AAAA", "AA==", "====", "%%%", "e30", _b64(b'{"ts":1,"id":""}'), _b64(b'{"ts":-1,"id":"x"}'),
+                     _b64(b'{"ts":1e999,"id":"x"}'), _b64(b'{"ts":' + b"9" * 30 + b',"id":"x"}'),
+                     _b64(b'{"ts":null,"id":"' + b"x" * 400 + b'"}'), _b64(b'{"ts":null,"id":"a\\u0000"}')]),
+    texts(max_size=80),
+    st.binary(max_size=120).map(_b64),
+    st.builds(lambda ts, task_id: _b64(json.dumps({"ts": ts, "id": task_id}).encode()),
+              st.one_of(st.none(), st.integers(), st.booleans(), texts(max_size=5)), texts(max_size=60)),
+    st.integers(min_value=300, max_value=100_000).map(lambda n: "A" * n),
+)
+list_params = st.fixed_dictionaries({}, optional={
+    "pageToken": page_tokens,
+    "pageSize": st.one_of(st.integers(min_value=-2**31, max_value=2**31 - 1), st.integers(), texts(max_size=8)),
+    "contextId": st.one_of(texts(max_size=80), st.just("x" * 5_000)),
+    "status": st.one_of(st.integers(min_value=-5, max_value=20), texts(max_size=30)),
+    "statusTimestampAfter": st.one_of(texts(max_size=40), st.sampled_from(
+        ["0001-01-01T00:00:00Z", "9999-12-31T23:59:59Z", "10000-01-01T00:00:00Z", "-1", "1e999"])),
+    "historyLength": st.one_of(st.integers(min_value=-2**31, max_value=2**31 - 1), texts(max_size=8)),
+    "includeArtifacts": st.one_of(st.booleans(), texts(max_size=5)),
+})
+
+
+@pytest.mark.parametrize("binding", ["jsonrpc", "rest"])
+def test_hostile_list_and_get_requests_answer_results_or_refusals_never_internal_text(
+    edge_a, customer, other_customer, binding
+):
+    base = edge_a.specialist(PAID)
+    with client_for(customer) as client:
+        # One task of its own, so that a listing has something to page through.
+        client.post(f"{base}/message:send", content=json.dumps(a_message()))
+
+        @FUZZ
+        @given(params=list_params, task_id=st.one_of(texts(max_size=60), st.sampled_from(list(FOREIGN_IDS))),
+               get=st.booleans())
+        def probe(params: dict, task_id: str, get: bool) -> None:
+            if binding == "jsonrpc":
+                method, sent = ("GetTask", {"id": task_id, **params}) if get else ("ListTasks", params)
+                body = json.dumps(envelope(method, sent))
+                answer = client.post(f"{base}/jsonrpc", content=body)
+                assert_no_internal_text(answer, body)
+                assert answer.status_code < 500, answer.text[:300]
+                payload = answer.json()
+                assert "result" in payload or payload["error"]["code"] != INTERNAL_ERROR, payload
+                if "result" in payload:
+                    assert not FOREIGN_IDS & set(re.findall(r'"([^"]+)"', answer.text)), answer.text[:300]
+                return
+            query = {key: value if isinstance(value, str) else json.dumps(value) for key, value in params.items()}
+            if get:
+                answer = client.get(f"{base}/tasks/{quote(task_id, safe='')}", params=query)
+            else:
+                answer = client.get(f"{base}/tasks", params=query)
+            sent = json.dumps(params) + task_id
+            assert_no_internal_text(answer, sent)
+            assert answer.status_code < 500, f"{answer.status_code}: {answer.text[:300]}"
+            if answer.status_code == 200:
+                assert not FOREIGN_IDS & set(re.findall(r'"([^"]+)"', answer.text)), answer.text[:300]
+
+        probe()
+
+
+@pytest.mark.parametrize("token", ["AAAA", _b64(b'{"ts":null,"id":"a\\u0000"}'), "A" * 400])
+def test_a_page_token_the_edge_did_not_issue_is_refused_with_a_stable_code(edge_a, customer, token):
+    base = edge_a.specialist(PAID)
+    with client_for(customer) as client:
+        rpc_answer = client.post(f"{base}/jsonrpc", content=json.dumps(envelope("ListTasks", {"pageToken": token})))
+        rest_answer = client.get(f"{base}/tasks", params={"pageToken": token})
+    error = rpc_answer.json()["error"]
+    assert (error["code"], error["data"][0]["metadata"]["code"]) == (-32602, "page_token_invalid"), error
+    assert rest_answer.status_code == 400, rest_answer.text
+    assert rest_answer.json()["error"]["details"][0]["metadata"]["code"] == "page_token_invalid"
+
+
+def test_a_page_token_the_edge_issued_still_pages(edge_a, make_customer):
+    owner = make_customer()
+    base = edge_a.specialist("conformance")
+    headers = {**owner.headers, "Content-Type": "application/json"}
+    for _ in range(3):
+        httpx.post(f"{base}/message:send", content=json.dumps(a_message()), headers=headers, timeout=60)
+    first = httpx.get(f"{base}/tasks", params={"pageSize": 2}, headers=headers, timeout=60).json()
+    assert len(first["tasks"]) == 2 and first["nextPageToken"]
+    second = httpx.get(f"{base}/tasks", params={"pageSize": 2, "pageToken": first["nextPageToken"]},
+                       headers=headers, timeout=60).json()
+    assert len(second["tasks"]) == 1
+    assert {t["id"] for t in first["tasks"]}.isdisjoint(t["id"] for t in second["tasks"])

@@ -181,3 +181,75 @@ def test_a_json_rpc_body_that_is_not_json_gets_415_as_a_json_rpc_error(strict_ed
     assert answer.status_code == 415
     body = answer.json()
     assert body["jsonrpc"] == "2.0" and body["id"] is None and body["error"]["code"] == -41501
+
+
+# --- The whole message and every list and short string in it (issue 15, item 4) --------------------------------
+# Seen before: on conformance (limits.max_input_bytes 64 KiB) a 1.9 MB filename, a 1.9 MB extension URI and
+# 100,000 referenceTaskIds were admitted and stored, because only part content was counted.
+
+BIG = 1_900_000
+
+
+def conformance_send(edge, customer, body: dict) -> httpx.Response:
+    return http_calls.post(f"{edge.specialist('conformance')}/message:send", json=body,
+                           headers={**customer.headers, "Content-Type": "application/json"})
+
+
+def with_message(**fields: object) -> dict:
+    body = message(returnImmediately=True)
+    body["message"].update(fields)
+    return body
+
+
+OVERSIZE = {
+    "filename": (with_message(parts=[{"url": "https://example.com/a", "filename": "f" * BIG}]), "field_too_long",
+                 "SPECIALISTS_MAX_NAME_CHARS"),
+    "mediaType": (with_message(parts=[{"text": "hi", "mediaType": "text/" + "p" * 300}]), "field_too_long",
+                  "SPECIALISTS_MAX_NAME_CHARS"),
+    "extension-uri": (with_message(extensions=["urn:" + "x" * BIG]), "field_too_long", "SPECIALISTS_MAX_URI_CHARS"),
+    "extensions": (with_message(extensions=[f"urn:x:{i}" for i in range(33)]), "list_too_long",
+                   "SPECIALISTS_MAX_LIST_ITEMS"),
+    "referenceTaskIds-100k": (with_message(referenceTaskIds=[f"{i}" for i in range(100_000)]),
+                              "body_elements_over_limit", "SPECIALISTS_MAX_BODY_ELEMENTS"),
+    "referenceTaskIds": (with_message(referenceTaskIds=[f"t{i}" for i in range(33)]), "list_too_long",
+                         "SPECIALISTS_MAX_LIST_ITEMS"),
+    "referenceTaskId-long": (with_message(referenceTaskIds=["t" * 37]), "field_too_long", "MAX_ID_CHARS"),
+    "acceptedOutputModes": ({**message(), "configuration": {"returnImmediately": True,
+                                                            "acceptedOutputModes": ["text/plain"] * 33}},
+                            "list_too_long", "SPECIALISTS_MAX_LIST_ITEMS"),
+    "tenant": ({**message(returnImmediately=True), "tenant": "t" * 300}, "field_too_long",
+               "SPECIALISTS_MAX_NAME_CHARS"),
+    "part-metadata": (with_message(parts=[{"text": "hi", "metadata": {"k": "v" * 70_000}}]), "payload_too_large",
+                      "limits.max_input_bytes"),
+}
+
+
+@pytest.mark.parametrize("case", list(OVERSIZE))
+def test_every_field_of_a_message_is_bounded_and_refused_with_a_stable_code(edge_a, engine, make_customer, case):
+    customer = make_customer()
+    body, code, setting = OVERSIZE[case]
+    answer = conformance_send(edge_a, customer, body)
+    assert answer.status_code == 413, answer.text[:300]
+    error = answer.json()["error"]
+    assert error["details"][0]["metadata"]["code"] == code, error
+    assert setting in error["message"], error["message"]
+    assert footprint(engine, customer.customer_id) == NOTHING
+
+
+def test_the_whole_message_counts_against_the_specs_input_limit(edge_a, engine, make_customer):
+    """64 KiB on conformance: text under it is admitted; the same text with 2 KiB of part names is not."""
+    customer = make_customer()
+    text = "x" * (64 * 1024 - 512)
+    assert conformance_send(edge_a, customer, with_message(parts=[{"text": text}])).status_code == 200
+    names = [{"text": "y", "filename": "n" * 250, "mediaType": "text/plain"} for _ in range(10)]
+    answer = conformance_send(edge_a, customer, with_message(parts=[{"text": text}, *names]))
+    assert answer.status_code == 413, answer.text[:300]
+    assert "limits.max_input_bytes" in answer.json()["error"]["message"]
+    assert footprint(engine, customer.customer_id)["tasks"] == 1
+
+
+def test_lists_and_names_at_their_caps_are_admitted(edge_a, make_customer):
+    customer = make_customer()
+    body = with_message(referenceTaskIds=[f"t{i}" for i in range(32)], extensions=[f"urn:x:{i}" for i in range(32)],
+                        parts=[{"url": "https://example.com/a", "filename": "f" * 256, "mediaType": "text/plain"}])
+    assert conformance_send(edge_a, customer, body).status_code == 200
