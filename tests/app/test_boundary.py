@@ -11,7 +11,7 @@ import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 import httpx
 import pytest
@@ -22,9 +22,11 @@ pytestmark = pytest.mark.timeout(120, func_only=True)
 
 
 class Relay:
-    """127.0.0.1:<port> -> the database, until ``cut()``: then every connection, open or new, is closed."""
+    """127.0.0.1:<port> -> the database, until ``cut()``: then every connection, open or new, is closed.
 
-    def __init__(self, target: tuple[str, int]) -> None:
+    ``target`` is a TCP address, or the path of PostgreSQL's Unix socket (the embedded server listens there)."""
+
+    def __init__(self, target: tuple[str, int] | str) -> None:
         self.target = target
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
@@ -42,7 +44,11 @@ class Relay:
             if not self.open:
                 client.close()
                 continue
-            upstream = socket.create_connection(self.target)
+            if isinstance(self.target, str):
+                upstream = socket.socket(socket.AF_UNIX)
+                upstream.connect(self.target)
+            else:
+                upstream = socket.create_connection(self.target)
             with self.lock:
                 self.sockets += [client, upstream]
             for source, sink in ((client, upstream), (upstream, client)):
@@ -81,10 +87,15 @@ class Relay:
 @pytest.fixture
 def relayed_edge(database_url: str, edge_specs_dir: Path, edge_logs: Path) -> Iterator[tuple[EdgeProcess, Relay]]:
     parts = urlsplit(database_url)
-    relay = Relay((parts.hostname or "127.0.0.1", parts.port or 5432))
+    query = parse_qs(parts.query)
+    socket_dir = query.pop("host", [None])[0]  # libpq's host parameter wins over the URL's host
+    if socket_dir is not None and socket_dir.startswith("/"):
+        relay = Relay(f"{socket_dir}/.s.PGSQL.{parts.port or 5432}")
+    else:
+        relay = Relay((parts.hostname or "127.0.0.1", parts.port or 5432))
     netloc = parts.netloc.rsplit("@", 1)
     via_relay = urlunsplit(parts._replace(netloc=f"{netloc[0]}@127.0.0.1:{relay.port}" if len(netloc) == 2
-                                          else f"127.0.0.1:{relay.port}"))
+                                          else f"127.0.0.1:{relay.port}", query=urlencode(query, doseq=True)))
     edge = start_edge(via_relay, edge_specs_dir, edge_logs, "relayed", db_connect_timeout_s="2")
     yield edge, relay
     stop_edge(edge)
