@@ -61,6 +61,9 @@ def worker_settings(database_url: str, **sections: dict[str, Any]) -> Settings:
             "lease_s": 5.0,
             "heartbeat_s": 0.2,
             "cancel_grace_s": 0.5,
+            # TestWorker's runners hold in-process callbacks (StepLog.holding); tests of the process model set
+            # "process" and script their jobs instead.
+            "job_isolation": "thread",
         },
     }
     for section, fields in sections.items():
