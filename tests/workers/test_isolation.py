@@ -13,8 +13,8 @@ the test stays short.
 from __future__ import annotations
 
 import json
-import threading
-import time
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -22,10 +22,9 @@ from datetime import timedelta
 import pytest
 
 from core import db
-from core.settings import Settings
+from core.settings import PROJECT_ROOT, Settings
 from ledger import keys
 from ledger.client import Ledger
-from tests import http_calls
 from tests.conftest import TEST_SECRET
 from tests.workers.system import SCRIPTED_TARIFF, System, drop_database, fresh_database
 from tests.workers.test_system import claim, send, settlements, specialists, state_of
@@ -63,33 +62,23 @@ def new_customer(system: System) -> dict[str, str]:
 
 
 class HealthSampler:
-    """Asks the worker's /healthz back to back from a thread, and keeps how long each answer took."""
+    """The worker's /healthz asked back to back by ``tests.workers.healthz_probe`` (a process of its own, so the
+    figures are the worker's, not this process's); ``samples_s`` once the block ends (a failed answer: inf)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.samples_s: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            started = time.monotonic()
-            try:
-                answer = http_calls.get(self.url, timeout=30)
-                ok = answer.status_code == 200
-            except Exception:  # a timeout is a failed sample, recorded as its duration
-                ok = False
-            took_s = time.monotonic() - started
-            self.samples_s.append(took_s if ok else float("inf"))
-            self._stop.wait(0.02)
 
     def __enter__(self) -> "HealthSampler":
-        self._thread.start()
+        self.probe = subprocess.Popen([sys.executable, "-m", "tests.workers.healthz_probe", self.url], cwd=PROJECT_ROOT,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(60)
+        out, _ = self.probe.communicate(timeout=60)  # closes its stdin: it stops after the sample in flight
+        for line in out.splitlines():
+            took_s, status = line.split()
+            self.samples_s.append(float(took_s) if status == "200" else float("inf"))
 
 
 def test_a_job_holding_the_gil_for_several_leases_stops_neither_another_customers_job_nor_the_workers_health(
