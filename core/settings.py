@@ -369,8 +369,9 @@ class DispatchSettings(Section):
         return self
 
 
-# A job's process maps about 400 MiB of address space before it runs anything (Python, the service's libraries,
-# glibc's per-thread arenas): a cap below this would fail every job.
+# A job's process maps about 140 MiB of address space before it runs anything (Python and the service's libraries,
+# measured on the scripted specialist), and each thread it starts may reserve a 64 MiB malloc arena: below this
+# a cap would fail ordinary jobs.
 MIN_JOB_MEMORY_BYTES = 512 * 1024**2
 
 

@@ -26,7 +26,7 @@ from sqlalchemy import Engine
 from core import db
 from core.errors import ServiceError
 from core.settings import Settings
-from core.specs import load_specs
+from core.specs import LoadedSpec, load_specs
 from ledger.limits import SCHEMA_MAX_ID_CHARS
 from workers.auth import CertsFetcher, JobSigner, OidcVerifier, VerifiedJob
 from workers.conformance import ConformanceExecutor
@@ -70,36 +70,41 @@ def script_in_message(tasks: TaskEvents) -> Callable[[VerifiedJob], Any]:
     return script_of
 
 
-def default_runners(settings: Settings, tasks: TaskEvents, on_step: StepObserver | None = None) -> dict[str, Runner]:
+def default_runners(
+    settings: Settings, tasks: TaskEvents, on_step: StepObserver | None = None,
+    specs: Mapping[str, LoadedSpec] | None = None,
+) -> dict[str, Runner]:
     """The built-in specialists every worker serves, by specialist id (the rlm specs are added by
-    ``build_worker_service`` from ``workers.hosted_rlm.serving``)."""
+    ``build_worker_service`` from ``workers.hosted_rlm.serving``). ``specs``: as loaded, or the specs folder's."""
     scripted = ScriptedRunner(on_step=on_step, script_of=script_in_message(tasks))
     runners: dict[str, Runner] = {
         "scripted": scripted,
         "conformance": ExecutorRunner(ConformanceExecutor(settings.edge.conformance_hold_working_s), tasks),
     }
     # Every spec of executor "scripted" (the drill specialist) runs the scripted runner under its own id.
-    for specialist_id, loaded in load_specs(settings.hosted.specs_dir).items():
+    for specialist_id, loaded in (load_specs(settings.hosted.specs_dir) if specs is None else specs).items():
         if loaded.spec.executor == "scripted":
             runners.setdefault(specialist_id, scripted)
     return runners
 
 
 def with_specialists(
-    settings: Settings, engine: Engine, tasks: TaskEvents, runners: Mapping[str, Runner]
+    settings: Settings, engine: Engine, tasks: TaskEvents, runners: Mapping[str, Runner],
+    specs: Mapping[str, LoadedSpec] | None = None,
 ) -> tuple[dict[str, Runner], list[dict[str, Any]]]:
     """``runners`` plus a ``SpecialistRunner`` for every ready rlm spec not served by them, and the readiness
     problems of the others (what ``/readyz`` reports; logged here, once, by the worker)."""
-    combined, problems = _served(settings, engine, tasks, runners)
+    combined, problems = _served(settings, engine, tasks, runners, specs)
     for problem in problems:
         log.warning("specialist %s is not served: %s", problem["specialist"], problem["message"])
     return combined, problems
 
 
 def _served(
-    settings: Settings, engine: Engine, tasks: TaskEvents, runners: Mapping[str, Runner]
+    settings: Settings, engine: Engine, tasks: TaskEvents, runners: Mapping[str, Runner],
+    specs: Mapping[str, LoadedSpec] | None,
 ) -> tuple[dict[str, Runner], list[dict[str, Any]]]:
-    served = specialist_runners(settings, engine, tasks.message)
+    served = specialist_runners(settings, engine, tasks.message, specs=specs)
     combined = dict(runners)
     for specialist_id, runner in served.runners.items():
         combined.setdefault(specialist_id, runner)
@@ -131,6 +136,7 @@ class RunnerRecipe:
 
     settings: Settings
     database_url: str
+    specs: Mapping[str, LoadedSpec]  # as the worker loaded them at start-up: parsing YAML costs a job ~50 ms
     on_step: StepObserver | None = None
 
 
@@ -139,7 +145,8 @@ def build_job_runner(recipe: RunnerRecipe, specialist_id: str) -> BuiltRunner:
     settings = recipe.settings
     engine = db.make_engine(recipe.database_url, settings)
     tasks = TaskEvents(engine)
-    runners, _ = _served(settings, engine, tasks, default_runners(settings, tasks, recipe.on_step))
+    runners, _ = _served(settings, engine, tasks, default_runners(settings, tasks, recipe.on_step, recipe.specs),
+                         recipe.specs)
     return BuiltRunner(runner=runners[specialist_id], events=tasks, close=engine.dispose)
 
 
@@ -168,12 +175,14 @@ def build_worker_service(
         tasks, operator=f"worker:{worker_id}"[:SCHEMA_MAX_ID_CHARS], limits=settings.ledger
     )
     problems: list[dict[str, Any]] = []
+    specs = load_specs(settings.hosted.specs_dir) if runners is None else {}
     if runners is None:
-        runners, problems = with_specialists(settings, engine, tasks, default_runners(settings, tasks, on_step))
+        runners, problems = with_specialists(settings, engine, tasks, default_runners(settings, tasks, on_step, specs),
+                                             specs)
     events = events or tasks
     jobs: JobHost
     if settings.worker.job_isolation == "process":
-        recipe = RunnerRecipe(settings, engine.url.render_as_string(hide_password=False), on_step)
+        recipe = RunnerRecipe(settings, engine.url.render_as_string(hide_password=False), specs, on_step)
         jobs = ProcessJobs(build_job_runner, recipe, max_memory_bytes=settings.worker.job_max_memory_bytes)
     else:
         jobs = ThreadJobs(runners, events)

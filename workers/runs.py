@@ -1,10 +1,11 @@
 """Running a specialist on a worker: the Runner protocol, its context, and the scripted specialist.
 
-A runner is synchronous and runs in its own thread. It must stop cooperatively:
+A runner is synchronous and runs in a process of its own (``workers.isolation``;
+in tests, possibly a thread of the worker). It should stop cooperatively:
 ``ctx.cancelled()`` turns true when the job is cancelled, its deadline passes or
 the worker lost its claim, and ``ctx.wait(s)`` sleeps but wakes on any of those.
-A runner that does not stop within ``worker_cancel_grace_s`` is abandoned (its
-result is ignored). Progress goes through ``ctx.report`` to an ``EventSink``:
+A runner that does not stop within ``worker_cancel_grace_s`` is killed (a thread:
+abandoned) and its result is ignored. Progress goes through ``ctx.report`` to an ``EventSink``:
 on a worker that is ``workers.tasks.TaskEvents``, which writes fenced task events
 every API instance streams. The outcome a runner returns becomes the task's
 final state in the finish transaction (``RunOutcome.final_event`` carries the
@@ -49,7 +50,7 @@ class RunContext:
     job: VerifiedJob
     fencing_token: int
     deadline_at: float  # time.monotonic() value
-    cancel: threading.Event
+    cancel: threading.Event  # or a multiprocessing Event, in a job's process: the same is_set/wait
     events: EventSink
 
     def cancelled(self) -> bool:
