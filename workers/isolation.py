@@ -33,6 +33,7 @@ and holds its slot until it ends.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import logging.handlers
 import multiprocessing
@@ -46,6 +47,9 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
+
+from google.protobuf import descriptor_pool, message_factory
+from google.protobuf.message import Message as ProtoMessage
 
 from workers.auth import VerifiedJob
 from workers.runs import EventSink, RunContext, Runner, RunOutcome
@@ -162,6 +166,30 @@ class _PipeQueue:
             self.conn.send(("log", record))
 
 
+@dataclass(frozen=True)
+class _ProtoBytes:
+    """A protobuf message across the pipe: a2a-sdk's generated classes do not pickle (their module, ``a2a_pb2``,
+    is not importable by that name), so the final A2A event crosses as its type's full name and its bytes."""
+
+    full_name: str
+    data: bytes
+
+
+def _portable(outcome: RunOutcome) -> RunOutcome:
+    event = outcome.final_event
+    if isinstance(event, ProtoMessage):
+        return dataclasses.replace(outcome, final_event=_ProtoBytes(event.DESCRIPTOR.full_name, event.SerializeToString()))
+    return outcome
+
+
+def _restored(outcome: RunOutcome) -> RunOutcome:
+    event = outcome.final_event
+    if isinstance(event, _ProtoBytes):
+        kind = message_factory.GetMessageClass(descriptor_pool.Default().FindMessageTypeByName(event.full_name))
+        return dataclasses.replace(outcome, final_event=kind.FromString(event.data))
+    return outcome
+
+
 def _die_with_forkserver() -> None:
     """SIGKILL when the forkserver (the parent) ends; it ends when the worker dies, even by SIGKILL."""
     parent = os.getppid()
@@ -201,7 +229,12 @@ def _job_process(build: RunnerBuild, recipe: Any, job: VerifiedJob, fencing_toke
     if outcome.detail.get("error") == "job_memory_exceeded" and max_memory_bytes > 0:
         outcome = RunOutcome("failed", f"the specialist ran out of memory: a job may use {max_memory_bytes} bytes",
                              outcome.artifacts, {**outcome.detail, "max_memory_bytes": max_memory_bytes})
-    conn.send(("outcome", outcome))
+    try:
+        conn.send(("outcome", _portable(outcome)))
+    except Exception as exc:  # something in it does not pickle: say so, rather than die without an outcome
+        log.exception("job %s: its outcome could not be sent to the worker", job.job_id)
+        conn.send(("outcome", RunOutcome("failed", "the specialist's outcome could not be recorded",
+                                         detail={"error": type(exc).__name__})))
     conn.close()
     if built is not None:
         built.close()
@@ -296,7 +329,7 @@ class ProcessJobs:
                     if logger.isEnabledFor(value.levelno):
                         logger.handle(value)
                 elif kind == "outcome":
-                    outcome = value
+                    outcome = _restored(value)
         except (EOFError, OSError):
             pass  # it died, or was killed: its exit code says how
         except Exception as exc:  # a message that did not unpickle: the run's outcome is lost, not the worker
