@@ -162,7 +162,10 @@ class _PipeQueue:
 
     def put_nowait(self, record: logging.LogRecord) -> None:
         with self.lock:
-            self.conn.send(("log", record))
+            try:
+                self.conn.send(("log", record))
+            except OSError:  # the worker is gone (it stopped while this job ran): nobody is left to read it
+                pass
 
 
 @dataclass(frozen=True)
@@ -230,6 +233,8 @@ def _job_process(build: RunnerBuild, recipe: Any, job: VerifiedJob, fencing_toke
                              outcome.artifacts, {**outcome.detail, "max_memory_bytes": max_memory_bytes})
     try:
         conn.send(("outcome", _portable(outcome)))
+    except OSError:  # the worker is gone (it stopped while this job ran): the job becomes unknown after its lease
+        os._exit(0)
     except Exception as exc:  # something in it does not pickle: say so, rather than die without an outcome
         log.exception("job %s: its outcome could not be sent to the worker", job.job_id)
         conn.send(("outcome", RunOutcome("failed", "the specialist's outcome could not be recorded",
