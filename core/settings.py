@@ -419,6 +419,12 @@ class DispatchSettings(Section):
         return self
 
 
+# A job's process maps about 140 MiB of address space before it runs anything (Python and the service's libraries,
+# measured on the scripted specialist), and each thread it starts may reserve a 64 MiB malloc arena: below this
+# a cap would fail ordinary jobs.
+MIN_JOB_MEMORY_BYTES = 512 * 1024**2
+
+
 class WorkerSettings(Section):
     """The worker endpoint (workers/): who may send it jobs, leases, heartbeats, draining."""
 
@@ -490,6 +496,19 @@ class WorkerSettings(Section):
         description="On shutdown, how long running jobs may finish; jobs still running then become unknown "
         "after their lease.",
     )
+    job_isolation: Literal["process", "thread"] = Field(
+        default="process",
+        description="Where a job's runner runs: `process` (its own process, forked from a forkserver the worker "
+        "starts; no job's code can stall the worker's heartbeats or health answers, and a runner past its grace "
+        "is killed) or `thread` (a thread of the worker; only for tests that inject in-process callbacks).",
+    )
+    job_max_memory_bytes: int = Field(
+        default=4 * 1024**3,
+        ge=0,
+        le=1024**4,
+        description="Address space (RLIMIT_AS) of each process of a job, in bytes, process isolation only; "
+        "0: no cap. A job past it fails, and the worker and its other jobs go on.",
+    )
     host: str = Field(default="127.0.0.1", description="Interface `specialists worker` listens on.")
     port: int = Field(default=8081, ge=1, le=65535, description="TCP port `specialists worker` listens on.")
 
@@ -506,6 +525,12 @@ class WorkerSettings(Section):
                 f"worker_heartbeat_s ({self.heartbeat_s}) must be at most a third of worker_lease_s "
                 f"({self.lease_s}) so that two lost heartbeats do not lose the lease; lower "
                 "SPECIALISTS_WORKER_HEARTBEAT_S or raise SPECIALISTS_WORKER_LEASE_S"
+            )
+        if 0 < self.job_max_memory_bytes < MIN_JOB_MEMORY_BYTES:
+            raise ValueError(
+                f"worker_job_max_memory_bytes ({self.job_max_memory_bytes}) is below {MIN_JOB_MEMORY_BYTES}, where a "
+                "job's Python and its libraries do not even load; raise SPECIALISTS_WORKER_JOB_MAX_MEMORY_BYTES, "
+                "or set 0 for no cap"
             )
         return self
 

@@ -1,8 +1,10 @@
 """Assembling a worker from settings, and serving it: what `specialists worker` calls.
 
 ``build_worker_service`` wires the signer, the OIDC check (unless turned off), the
-runners (the built-in ones and every ready rlm spec, see ``workers.hosted_rlm``), the finisher, the settlement (the task's final state and the ledger, in
-the finish's transaction) and the fenced task events. ``run_worker`` checks the
+runners (the built-in ones and every ready rlm spec, see ``workers.hosted_rlm``),
+where they run (``workers.isolation``: a process per job, from a ``RunnerRecipe``
+through ``build_job_runner``), the finisher, the settlement (the task's final
+state and the ledger, in the finish's transaction) and the fenced task events. ``run_worker`` checks the
 configuration (schema at head, a job secret present), then serves the endpoint
 with uvicorn until stopped; on shutdown running jobs get ``worker_drain_s`` to
 finish.
@@ -15,6 +17,7 @@ import os
 import secrets
 import socket
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.json_format import MessageToDict
@@ -23,13 +26,14 @@ from sqlalchemy import Engine
 from core import db
 from core.errors import ServiceError
 from core.settings import Settings
-from core.specs import load_specs
+from core.specs import LoadedSpec, load_specs
 from ledger.limits import SCHEMA_MAX_ID_CHARS
 from workers.auth import CertsFetcher, JobSigner, OidcVerifier, VerifiedJob
 from workers.conformance import ConformanceExecutor
 from workers.executor_runner import ExecutorRunner
 from workers.finish import ClaimFinisher, Settlement
 from workers.instance import host_name
+from workers.isolation import BuiltRunner, JobHost, ProcessJobs, ThreadJobs
 from workers.runs import EventSink, Runner, ScriptedRunner, ScriptStep
 from workers.server import WorkerLimits, WorkerService, create_worker_app
 from workers.settlement import TaskSettlement
@@ -66,34 +70,45 @@ def script_in_message(tasks: TaskEvents) -> Callable[[VerifiedJob], Any]:
     return script_of
 
 
-def default_runners(settings: Settings, tasks: TaskEvents, on_step: StepObserver | None = None) -> dict[str, Runner]:
+def default_runners(
+    settings: Settings, tasks: TaskEvents, on_step: StepObserver | None = None,
+    specs: Mapping[str, LoadedSpec] | None = None,
+) -> dict[str, Runner]:
     """The built-in specialists every worker serves, by specialist id (the rlm specs are added by
-    ``build_worker_service`` from ``workers.hosted_rlm.serving``)."""
+    ``build_worker_service`` from ``workers.hosted_rlm.serving``). ``specs``: as loaded, or the specs folder's."""
     scripted = ScriptedRunner(on_step=on_step, script_of=script_in_message(tasks))
     runners: dict[str, Runner] = {
         "scripted": scripted,
         "conformance": ExecutorRunner(ConformanceExecutor(settings.edge.conformance_hold_working_s), tasks),
     }
     # Every spec of executor "scripted" (the drill specialist) runs the scripted runner under its own id.
-    for specialist_id, loaded in load_specs(settings.hosted.specs_dir).items():
+    for specialist_id, loaded in (load_specs(settings.hosted.specs_dir) if specs is None else specs).items():
         if loaded.spec.executor == "scripted":
             runners.setdefault(specialist_id, scripted)
     return runners
 
 
 def with_specialists(
-    settings: Settings, engine: Engine, tasks: TaskEvents, runners: Mapping[str, Runner]
+    settings: Settings, engine: Engine, tasks: TaskEvents, runners: Mapping[str, Runner],
+    specs: Mapping[str, LoadedSpec] | None = None,
 ) -> tuple[dict[str, Runner], list[dict[str, Any]]]:
     """``runners`` plus a ``SpecialistRunner`` for every ready rlm spec not served by them, and the readiness
-    problems of the others (what ``/readyz`` reports)."""
-    served = specialist_runners(settings, engine, tasks.message)
-    combined = dict(runners)
-    for specialist_id, runner in served.runners.items():
-        combined.setdefault(specialist_id, runner)
-    problems = [problem.to_dict() for problem in served.problems if problem.specialist_id not in runners]
+    problems of the others (what ``/readyz`` reports; logged here, once, by the worker)."""
+    combined, problems = _served(settings, engine, tasks, runners, specs)
     for problem in problems:
         log.warning("specialist %s is not served: %s", problem["specialist"], problem["message"])
     return combined, problems
+
+
+def _served(
+    settings: Settings, engine: Engine, tasks: TaskEvents, runners: Mapping[str, Runner],
+    specs: Mapping[str, LoadedSpec] | None,
+) -> tuple[dict[str, Runner], list[dict[str, Any]]]:
+    served = specialist_runners(settings, engine, tasks.message, specs=specs)
+    combined = dict(runners)
+    for specialist_id, runner in served.runners.items():
+        combined.setdefault(specialist_id, runner)
+    return combined, [problem.to_dict() for problem in served.problems if problem.specialist_id not in runners]
 
 
 def check_worker_settings(settings: Settings) -> None:
@@ -112,6 +127,29 @@ def check_worker_settings(settings: Settings) -> None:
         log.warning("OIDC tokens are NOT checked (SPECIALISTS_WORKER_OIDC_VERIFY=false): one-machine mode")
 
 
+@dataclass(frozen=True)
+class RunnerRecipe:
+    """What a job's process needs to build its runner: picklable (it crosses to the forkserver's child).
+
+    ``on_step`` observes the scripted specialist's steps in the job's process, so it must pickle too (a
+    module-level class; tests use one that appends to a file)."""
+
+    settings: Settings
+    database_url: str
+    specs: Mapping[str, LoadedSpec]  # as the worker loaded them at start-up: parsing YAML costs a job ~50 ms
+    on_step: StepObserver | None = None
+
+
+def build_job_runner(recipe: RunnerRecipe, specialist_id: str) -> BuiltRunner:
+    """In a job's process: the runner of ``specialist_id`` as the worker serves it, on an engine of its own."""
+    settings = recipe.settings
+    engine = db.make_engine(recipe.database_url, settings)
+    tasks = TaskEvents(engine)
+    runners, _ = _served(settings, engine, tasks, default_runners(settings, tasks, recipe.on_step, recipe.specs),
+                         recipe.specs)
+    return BuiltRunner(runner=runners[specialist_id], events=tasks, close=engine.dispose)
+
+
 def build_worker_service(
     settings: Settings,
     engine: Engine,
@@ -123,15 +161,31 @@ def build_worker_service(
     worker_id: str | None = None,
     on_step: StepObserver | None = None,
 ) -> WorkerService:
+    """A worker. ``runners`` given (objects, with their in-process callbacks) run in threads of the worker, so they
+    need ``SPECIALISTS_WORKER_JOB_ISOLATION=thread``; otherwise the served runners run as the setting says."""
     check_worker_settings(settings)
+    if runners is not None and settings.worker.job_isolation == "process":
+        raise WorkerNotConfigured(
+            "runner objects given to a worker run in its own threads; set SPECIALISTS_WORKER_JOB_ISOLATION=thread "
+            "to run them"
+        )
     worker_id = worker_id or new_worker_id()
     tasks = TaskEvents(engine)
     settlement = settlement or TaskSettlement(
         tasks, operator=f"worker:{worker_id}"[:SCHEMA_MAX_ID_CHARS], limits=settings.ledger
     )
     problems: list[dict[str, Any]] = []
+    specs = load_specs(settings.hosted.specs_dir) if runners is None else {}
     if runners is None:
-        runners, problems = with_specialists(settings, engine, tasks, default_runners(settings, tasks, on_step))
+        runners, problems = with_specialists(settings, engine, tasks, default_runners(settings, tasks, on_step, specs),
+                                             specs)
+    events = events or tasks
+    jobs: JobHost
+    if settings.worker.job_isolation == "process":
+        recipe = RunnerRecipe(settings, engine.url.render_as_string(hide_password=False), specs, on_step)
+        jobs = ProcessJobs(build_job_runner, recipe, max_memory_bytes=settings.worker.job_max_memory_bytes)
+    else:
+        jobs = ThreadJobs(runners, events)
     return WorkerService(
         engine=engine,
         limits=WorkerLimits.from_settings(settings),
@@ -139,11 +193,12 @@ def build_worker_service(
         signer=JobSigner.from_settings(settings),
         oidc=OidcVerifier.from_settings(settings, fetch_certs) if settings.worker.oidc_verify else None,
         runners=runners,
+        jobs=jobs,
         finisher=ClaimFinisher(
             engine, worker_id=worker_id, settlement=settlement, attempts=settings.worker.finish_attempts
         ),
         settlement=settlement,
-        events=events or tasks,
+        events=events,
         readiness_problems=problems,
     )
 

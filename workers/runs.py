@@ -1,10 +1,11 @@
 """Running a specialist on a worker: the Runner protocol, its context, and the scripted specialist.
 
-A runner is synchronous and runs in its own thread. It must stop cooperatively:
+A runner is synchronous and runs in a process of its own (``workers.isolation``;
+in tests, possibly a thread of the worker). It should stop cooperatively:
 ``ctx.cancelled()`` turns true when the job is cancelled, its deadline passes or
 the worker lost its claim, and ``ctx.wait(s)`` sleeps but wakes on any of those.
-A runner that does not stop within ``worker_cancel_grace_s`` is abandoned (its
-result is ignored). Progress goes through ``ctx.report`` to an ``EventSink``:
+A runner that does not stop within ``worker_cancel_grace_s`` is killed (a thread:
+abandoned) and its result is ignored. Progress goes through ``ctx.report`` to an ``EventSink``:
 on a worker that is ``workers.tasks.TaskEvents``, which writes fenced task events
 every API instance streams. The outcome a runner returns becomes the task's
 final state in the finish transaction (``RunOutcome.final_event`` carries the
@@ -19,6 +20,8 @@ specialist). Monty specialists register under their own ids (issue 7).
 
 from __future__ import annotations
 
+import math
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -47,7 +50,7 @@ class RunContext:
     job: VerifiedJob
     fencing_token: int
     deadline_at: float  # time.monotonic() value
-    cancel: threading.Event
+    cancel: threading.Event  # or a multiprocessing Event, in a job's process: the same is_set/wait
     events: EventSink
 
     def cancelled(self) -> bool:
@@ -88,11 +91,14 @@ class Runner(Protocol):
 
 
 class ScriptStep(BaseModel):
-    """One step. ``sleep`` wakes on cancel; ``stubborn_sleep`` ignores it (to test the grace bound)."""
+    """One step. ``sleep`` wakes on cancel; ``stubborn_sleep`` ignores it (to test the grace bound);
+    ``hold_gil`` keeps the interpreter's lock for ``seconds`` the way a long C call does (a catastrophic regex
+    match in the host code of an rlm run, issue 15): it cannot be interrupted, and in the job's process nothing
+    else of Python runs meanwhile."""
 
     model_config = ConfigDict(extra="forbid")
 
-    op: Literal["progress", "sleep", "stubborn_sleep", "artifact", "fail", "raise", "complete"]
+    op: Literal["progress", "sleep", "stubborn_sleep", "hold_gil", "artifact", "fail", "raise", "complete"]
     text: str = Field(default="", max_length=MAX_MESSAGE_CHARS)
     seconds: float = Field(default=0.0, ge=0.0, le=600.0)
 
@@ -104,6 +110,24 @@ class Script(BaseModel):
 
 
 ScriptSource = Callable[[VerifiedJob], Any]
+
+# Catastrophic backtracking: ``(a+)+$`` against n ``a`` and a ``!`` tries about 2**n ways, in one C call of
+# Python's ``re`` that never releases the GIL. Calibrated at CALIBRATION_CHARS, each match is sized to the time
+# that is left, so one call lasts as long as possible (the seen case: a single match of about 100 s).
+_CATASTROPHIC = re.compile(r"(a+)+$")
+CALIBRATION_CHARS = 16
+MAX_HOLD_CHARS = 40
+
+
+def hold_gil(seconds: float) -> None:
+    """Hold the GIL for about ``seconds`` (at least), in uninterruptible regex matches."""
+    start = time.monotonic()
+    _CATASTROPHIC.match("a" * CALIBRATION_CHARS + "!")
+    unit_s = max(1e-6, time.monotonic() - start)  # one match of CALIBRATION_CHARS
+    while (left_s := seconds - (time.monotonic() - start)) > 0:
+        doublings = math.floor(math.log2(left_s / unit_s)) if left_s > unit_s else 0
+        chars = min(MAX_HOLD_CHARS, CALIBRATION_CHARS + max(0, doublings))
+        _CATASTROPHIC.match("a" * chars + "!")
 
 
 class ScriptedRunner:
@@ -142,6 +166,8 @@ class ScriptedRunner:
                     return RunOutcome("canceled", f"stopped during step {index}", tuple(artifacts))
             elif step.op == "stubborn_sleep":
                 time.sleep(step.seconds)
+            elif step.op == "hold_gil":
+                hold_gil(step.seconds)
             elif step.op == "artifact":
                 artifact = {"name": f"artifact-{len(artifacts) + 1}", "text": step.text}
                 artifacts.append(artifact)

@@ -24,7 +24,11 @@ While a job runs the worker renews its lease every ``worker_heartbeat_s``; the
 renewal also carries cancel requests, so a cancel from any API instance reaches
 the runner within one heartbeat. The job's deadline and a lost lease stop the
 runner the same way; a runner that does not stop within ``worker_cancel_grace_s``
-is abandoned and the job finishes without it.
+is killed (in thread mode: abandoned) and the job finishes without it.
+
+The runner runs in a process of its own (``workers.isolation``): this process
+keeps the HTTP server, the heartbeats and the finish, so no job's code can stall
+them (issue 15).
 """
 
 from __future__ import annotations
@@ -49,7 +53,8 @@ from core.settings import Settings
 from taskstate import claims, ids
 from workers.auth import BODY_TOO_LARGE, JobSigner, OidcVerifier, VerifiedJob, WorkerAuthRefused
 from workers.finish import Finisher, Settlement
-from workers.runs import EventSink, RunContext, Runner, RunOutcome
+from workers.isolation import JobHost, RunningJob
+from workers.runs import EventSink, Runner, RunOutcome
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +95,7 @@ class WorkerService:
         signer: JobSigner,
         oidc: OidcVerifier | None,
         runners: Mapping[str, Runner],
+        jobs: JobHost,
         finisher: Finisher,
         settlement: Settlement,
         events: EventSink,
@@ -100,13 +106,15 @@ class WorkerService:
         self.worker_id = worker_id
         self.signer = signer
         self.oidc = oidc
+        # What this worker serves, and how each specialist claims (``max_resumes``); ``jobs`` runs them.
         self.runners = dict(runners)
+        self.jobs = jobs
         self.finisher = finisher
         self.settlement = settlement
         self.events = events
         # Specialists this worker could not serve (route, key, spec): /readyz reports them.
         self.readiness_problems = list(readiness_problems or [])
-        # Counts runner threads, not requests: an abandoned runner that keeps going still holds its slot.
+        # Counts running runners, not requests: a runner holds its slot until its process (or thread) has ended.
         self._slots = threading.BoundedSemaphore(limits.max_concurrent_jobs)
 
     # --- the request ------------------------------------------------------------------
@@ -182,7 +190,7 @@ class WorkerService:
                 )
             started = True
             # Shielded: a dispatcher that hangs up does not stop the job or its finish.
-            return await asyncio.shield(asyncio.ensure_future(self._execute(job, claim.fencing_token, runner)))
+            return await asyncio.shield(asyncio.ensure_future(self._execute(job, claim.fencing_token)))
         finally:
             if not started:
                 self._slots.release()
@@ -239,31 +247,29 @@ class WorkerService:
 
     # --- running under the lease -----------------------------------------------------
 
-    async def _execute(self, job: VerifiedJob, token: int, runner: Runner) -> JSONResponse:
+    async def _execute(self, job: VerifiedJob, token: int) -> JSONResponse:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[RunOutcome] = loop.create_future()
-        cancel = threading.Event()
-        ctx = RunContext(job, token, time.monotonic() + job.deadline_s, cancel, self.events)
+        deadline_at = time.monotonic() + job.deadline_s
 
         def deliver_outcome(outcome: RunOutcome) -> None:
             if not done.done():
                 done.set_result(outcome)
 
-        def run() -> None:
-            outcome = RunOutcome("failed", "the specialist stopped without an outcome")
-            try:
-                outcome = runner.run(ctx)
-            except Exception as exc:  # a crashing specialist is a failed job, not a crashed worker
-                log.exception("specialist %s crashed on job %s", job.specialist_id, job.job_id)
-                outcome = RunOutcome("failed", f"the specialist failed ({type(exc).__name__})", detail={"error": type(exc).__name__})
-            finally:
-                self._slots.release()
+        def finished(outcome: RunOutcome) -> None:  # from the job's watcher thread, once its runner has ended
+            self._slots.release()
             try:
                 loop.call_soon_threadsafe(deliver_outcome, outcome)
-            except RuntimeError:  # the server stopped while an abandoned runner was still going
+            except RuntimeError:  # the server stopped while a runner was still going
                 log.info("job %s: runner ended after the worker stopped; its outcome is dropped", job.job_id)
 
-        threading.Thread(target=run, name=f"job-{job.job_id}", daemon=True).start()
+        try:
+            running: RunningJob = await anyio.to_thread.run_sync(self.jobs.start, job, token, deadline_at, finished)
+        except Exception as exc:  # no process could be started (fork failed, out of memory): a failed run
+            log.exception("job %s: its runner could not be started", job.job_id)
+            finished(RunOutcome("failed", "the worker could not start the specialist",
+                                detail={"error": type(exc).__name__}))
+            running = _NotStarted()
 
         stop_reason: str | None = None
         give_up_at = math.inf
@@ -274,10 +280,10 @@ class WorkerService:
             if stop_reason is None:
                 stop_reason = reason
                 give_up_at = time.monotonic() + self.limits.cancel_grace_s
-                cancel.set()
+                running.stop()
 
         while not done.done():
-            wake_at = min(next_renewal, give_up_at, ctx.deadline_at if stop_reason is None else math.inf)
+            wake_at = min(next_renewal, give_up_at, deadline_at if stop_reason is None else math.inf)
             await asyncio.wait([done], timeout=max(0.0, wake_at - time.monotonic()))
             if done.done():
                 break
@@ -293,9 +299,10 @@ class WorkerService:
                         stop("lease_lost")
                     elif renewal.cancel_requested:
                         stop("canceled")
-            if stop_reason is None and now >= ctx.deadline_at:
+            if stop_reason is None and now >= deadline_at:
                 stop("deadline")
             if now >= give_up_at:
+                running.kill()  # frees its slot once its process is gone (a thread is only abandoned)
                 break
 
         outcome = self._final_outcome(job, done.result() if done.done() else None, stop_reason)
@@ -340,6 +347,14 @@ class WorkerService:
             return RunOutcome("failed", f"the worker lost its lease and the specialist did not stop {grace}",
                               detail={"stopped": stop_reason})
         return outcome
+
+
+class _NotStarted:
+    def stop(self) -> None:
+        return None
+
+    def kill(self) -> None:
+        return None
 
 
 def create_worker_app(service: WorkerService) -> FastAPI:

@@ -61,6 +61,9 @@ def worker_settings(database_url: str, **sections: dict[str, Any]) -> Settings:
             "lease_s": 5.0,
             "heartbeat_s": 0.2,
             "cancel_grace_s": 0.5,
+            # TestWorker's runners hold in-process callbacks (StepLog.holding); tests of the process model set
+            # "process" and script their jobs instead.
+            "job_isolation": "thread",
         },
     }
     for section, fields in sections.items():
@@ -116,15 +119,23 @@ class StepLog:
 
 
 class TestWorker:
-    """A worker app with a scripted runner, served on loopback."""
+    """A worker app with a scripted runner, served on loopback.
+
+    With ``job_isolation`` ``thread`` (``worker_settings``' default) its runners are objects of this process and
+    ``log`` is a ``StepLog``; with ``process`` the worker serves its default runners, each job in a process of
+    its own, and ``log`` is the ``on_step`` given (a picklable ``tests.workers.step_file.StepFile``)."""
 
     __test__ = False  # not a test class
 
     def __init__(self, settings: Settings, engine: Engine, **service_options: Any) -> None:
         self.settings = settings
-        self.log = StepLog()
-        runners = service_options.pop("runners", None) or {"scripted": ScriptedRunner(on_step=self.log)}
-        self.service = build_worker_service(settings, engine, runners=runners, **service_options)
+        if settings.worker.job_isolation == "thread":
+            self.log: Any = StepLog()
+            runners = service_options.pop("runners", None) or {"scripted": ScriptedRunner(on_step=self.log)}
+            self.service = build_worker_service(settings, engine, runners=runners, **service_options)
+        else:
+            self.log = service_options["on_step"]
+            self.service = build_worker_service(settings, engine, **service_options)
         self.served = Served(create_worker_app(self.service))
         self.signer = JobSigner.from_settings(settings)
         self.counter = collections.Counter()

@@ -47,8 +47,10 @@ def _runnable(loaded: LoadedSpec) -> bool:
     return True
 
 
-def rlm_specs(settings: Settings) -> dict[str, LoadedSpec]:
-    return {sid: loaded for sid, loaded in load_specs(settings.hosted.specs_dir).items() if loaded.spec.executor == "rlm"}
+def rlm_specs(settings: Settings, specs: Mapping[str, LoadedSpec] | None = None) -> dict[str, LoadedSpec]:
+    """The rlm specs of ``specs``, or of the specs folder when none are given."""
+    specs = load_specs(settings.hosted.specs_dir) if specs is None else specs
+    return {sid: loaded for sid, loaded in specs.items() if loaded.spec.executor == "rlm"}
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,8 @@ class _Plan:
     routes: ModelRoutes | None
 
 
-def _plan(settings: Settings, environ: Mapping[str, str]) -> _Plan:
-    specs = rlm_specs(settings)
+def _plan(settings: Settings, environ: Mapping[str, str], loaded_specs: Mapping[str, LoadedSpec] | None = None) -> _Plan:
+    specs = rlm_specs(settings, loaded_specs)
     runnable = {sid: loaded for sid, loaded in specs.items() if _runnable(loaded)}
     if not runnable:  # e.g. rlm specs served by other runners, or half-made ones: nothing needs a model here
         return _Plan({}, tuple(
@@ -90,10 +92,12 @@ def specialist_runners(
     message_of: Callable[[VerifiedJob], Any],
     *,
     environ: Mapping[str, str] | None = None,
+    specs: Mapping[str, LoadedSpec] | None = None,
 ) -> SpecialistService:
-    """The ready rlm specialists as runners; the others as problems."""
+    """The ready rlm specialists as runners; the others as problems. ``specs``: as loaded already (a job's process
+    gets the worker's, so it serves what the worker decided to serve, without parsing the files again)."""
     environ = os.environ if environ is None else environ
-    plan = _plan(settings, environ)
+    plan = _plan(settings, environ, specs)
     if not plan.ready:
         return SpecialistService(problems=plan.problems)
     assert plan.routes is not None and settings.hosted.checkpoint_key is not None

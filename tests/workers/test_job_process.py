@@ -1,0 +1,119 @@
+"""Each job in a process of its own (``SPECIALISTS_WORKER_JOB_ISOLATION=process``, the default), over real HTTP.
+
+The worker runs in this test process (served on loopback); its jobs run in processes forked from its
+forkserver, found here through /proc. What changes from a thread: a runner that ignores the stop is killed
+after the grace and its slot is free again, and a job whose process dies is a failed run while the worker goes
+on. tests/workers/test_isolation.py shows the reason for all this with real worker processes.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from taskstate import claims
+from tests.workers.harness import TestWorker, worker_settings
+from tests.workers.step_file import StepFile
+
+pytestmark = pytest.mark.timeout(90)
+
+ANSWER_TIMEOUT_S = 30.0
+BOUND_MARGIN_FACTOR = 5  # as tests/workers/test_server.py: the bound is respected at all, with room for load
+
+
+def new_job_id() -> str:
+    return "job-" + secrets.token_hex(8)
+
+
+def claim_row(engine: Engine, job_id: str) -> dict:
+    with engine.connect() as conn:
+        row = claims.get(conn, job_id)
+    assert row is not None
+    return row
+
+
+@pytest.fixture
+def worker(database_url: str, engine: Engine, tmp_path: Path) -> Iterator[TestWorker]:
+    steps = tmp_path / "steps.log"
+    steps.touch()
+    settings = worker_settings(database_url, worker={"job_isolation": "process", "max_concurrent_jobs": 1})
+    with TestWorker(settings, engine, on_step=StepFile(steps)) as served:
+        yield served
+
+
+def job_processes() -> list[int]:
+    """The running job processes of the worker in this process: the children of its forkserver."""
+    mine = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()
+    servers = [pid for pid in mine if b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    return [int(child) for pid in servers for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def wait_for(what: str, check, timeout_s: float = ANSWER_TIMEOUT_S):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def started(worker: TestWorker, job_id: str) -> bool:
+    return any(line[1:3] == [job_id, "0"] for line in worker.log.lines())
+
+
+def test_a_job_runs_in_a_process_of_its_own_and_finishes_as_it_did_in_a_thread(worker: TestWorker, engine: Engine):
+    job = new_job_id()
+    answer = worker.post(worker.body(job, [{"op": "progress", "text": "reading"}, {"op": "artifact", "text": "report"},
+                                           {"op": "complete", "text": "all good"}]))
+    assert (answer.status_code, answer.json()["code"], answer.json()["outcome"]) == (200, "job_finished", "completed")
+    row = claim_row(engine, job)
+    assert row["outcome_detail"]["artifacts"] == [{"name": "artifact-1", "text": "report"}]
+    assert [line[3] for line in worker.log.lines() if line[1] == job] == ["progress", "artifact", "complete"]
+    crashed = new_job_id()
+    assert worker.post(worker.body(crashed, [{"op": "raise", "text": "boom"}])).json()["outcome"] == "failed"
+    assert claim_row(engine, crashed)["outcome_detail"]["detail"] == {"error": "RuntimeError"}
+
+
+def test_a_runner_that_ignores_the_stop_is_killed_after_the_grace_and_its_slot_is_free_again(
+    worker: TestWorker, engine: Engine
+):
+    stubborn, next_job = new_job_id(), new_job_id()
+    deadline_s = 0.3
+    bound_s = BOUND_MARGIN_FACTOR * (deadline_s + worker.settings.worker.heartbeat_s + worker.settings.worker.cancel_grace_s)
+    began = time.monotonic()
+    # It ignores the stop for 60 s; the worker's one slot (max_concurrent_jobs=1) is what the next job needs.
+    answer = worker.post(worker.body(stubborn, [{"op": "stubborn_sleep", "seconds": 60}], deadline_s=deadline_s))
+    assert time.monotonic() - began < bound_s
+    assert answer.json()["outcome"] == "failed"
+    assert "did not stop within worker_cancel_grace_s" in claim_row(engine, stubborn)["outcome_detail"]["message"]
+    # Killed, not abandoned: the slot comes back (a thread would keep it for the 60 s of its sleep).
+    body = worker.body(next_job, [{"op": "complete"}])
+    served = wait_for("the slot to be free again",
+                      lambda: (a := worker.post(body)).json()["code"] != "worker_at_capacity" and a, timeout_s=bound_s)
+    assert served.json()["code"] == "job_finished"
+    assert job_processes() == []
+
+
+def test_a_job_whose_process_dies_is_a_failed_run_and_the_worker_goes_on(worker: TestWorker, engine: Engine):
+    from concurrent.futures import ThreadPoolExecutor
+
+    doomed, after = new_job_id(), new_job_id()
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(worker.post, worker.body(doomed, [{"op": "sleep", "seconds": 60}]))
+        wait_for("the job to start", lambda: started(worker, doomed))
+        [pid] = job_processes()
+        os.kill(pid, signal.SIGKILL)  # what the kernel's OOM killer, or a crash in native code, looks like
+        answer = pending.result(timeout=ANSWER_TIMEOUT_S)
+    assert (answer.status_code, answer.json()["outcome"]) == (200, "failed")
+    record = claim_row(engine, doomed)["outcome_detail"]
+    assert "killed by SIGKILL" in record["message"]
+    assert record["detail"] == {"error": "job_process_died", "exitcode": -9, "killed_by_worker": False}
+    assert worker.post(worker.body(after, [{"op": "complete"}])).json()["outcome"] == "completed"

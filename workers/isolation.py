@@ -1,0 +1,356 @@
+"""Where a job's runner runs: in a process of its own (the default), or in a thread of the worker (tests).
+
+The worker process keeps what must never stall: the HTTP server (deliveries,
+``/healthz``), every job's lease heartbeat, the cancel, deadline and grace
+decisions, and the finish. A job's code runs elsewhere, so that whatever it does
+(a C call that holds the GIL for minutes, a memory blow-up, a crash of the
+interpreter) it cannot stop another job's heartbeat or the worker's answers
+(issue 15: a catastrophic regex in one customer's run cost another customer's
+job its lease).
+
+``ProcessJobs`` (``SPECIALISTS_WORKER_JOB_ISOLATION=process``). Each job runs in
+a process forked from a multiprocessing *forkserver* that the worker starts once,
+with the heavy modules imported (``PRELOAD``): a fork of a clean, single-threaded
+server, never of the multi-threaded worker (whose other threads may hold locks).
+Runners hold engines and callbacks that do not pickle, so the child builds its
+runner from a picklable recipe (``RunnerBuild``: ``workers.assembly`` gives the
+settings and the specialist id), with an engine of its own. The run's cancel is
+a cross-process event; ``ctx.report`` writes task events from the child (fenced
+by the claim's token, as from a thread); the child's log records and its
+``RunOutcome`` come back over a pipe. A runner still going
+``worker_cancel_grace_s`` after it was asked to stop is killed (SIGKILL to its
+process group, so the Monty processes it started go too) and its slot is free
+again. A child that dies (a signal, the kernel's OOM killer, its memory cap) is a
+failed run whose detail says so, not a crashed worker. A child gets SIGKILL when
+the forkserver ends, which it does when the worker dies.
+
+``ThreadJobs`` (``SPECIALISTS_WORKER_JOB_ISOLATION=thread``): the runner in a
+thread of the worker, sharing its GIL, as before issue 15. It exists for tests
+that inject in-process Python callbacks (a runner object, a step observer that
+blocks on a threading.Event); a runner past the grace is abandoned, not killed,
+and holds its slot until it ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import logging.handlers
+import multiprocessing
+import multiprocessing.connection
+import multiprocessing.forkserver
+import os
+import resource
+import signal
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from google.protobuf import descriptor_pool, message_factory
+from google.protobuf.message import Message as ProtoMessage
+
+from workers.auth import VerifiedJob
+from workers.runs import EventSink, RunContext, Runner, RunOutcome
+
+log = logging.getLogger(__name__)
+
+JobIsolation = Literal["process", "thread"]
+
+# Imported once by the forkserver, so a job's process starts with them loaded (a fork, not an import).
+PRELOAD = (
+    "workers.assembly", "workers.hosted_rlm.runner", "rlm.session", "rlm.kernels.monty",
+    "sqlalchemy.dialects.postgresql",  # imported by the first create_engine of a process: 50-100 ms a job
+)
+# After its outcome a child only has to exit; one that does not within this long is killed.
+EXIT_WAIT_S = 5.0
+_PR_SET_PDEATHSIG = 1
+
+Finished = Callable[[RunOutcome], None]
+
+
+class RunningJob(Protocol):
+    def stop(self) -> None:
+        """Ask the runner to stop (its context's cancel): a cancel, the deadline or a lost lease."""
+        ...
+
+    def kill(self) -> None:
+        """The runner did not stop within the grace: end it (a process) or abandon it (a thread)."""
+        ...
+
+
+class JobHost(Protocol):
+    isolation: JobIsolation
+
+    def start(self, job: VerifiedJob, fencing_token: int, deadline_at: float, finished: Finished) -> RunningJob:
+        """Start the job's runner. ``finished(outcome)`` is called once, from another thread, when the runner
+        has ended (its process has exited): the slot it held is free then."""
+        ...
+
+    def close(self) -> None: ...
+
+
+# --- in a thread of the worker ----------------------------------------------------------------
+
+
+@dataclass
+class _ThreadJob:
+    cancel: threading.Event
+
+    def stop(self) -> None:
+        self.cancel.set()
+
+    def kill(self) -> None:
+        """A thread cannot be killed: it is abandoned, and its late outcome is dropped by the caller."""
+
+
+class ThreadJobs:
+    isolation: JobIsolation = "thread"
+
+    def __init__(self, runners: Mapping[str, Runner], events: EventSink) -> None:
+        self.runners = dict(runners)
+        self.events = events
+
+    def start(self, job: VerifiedJob, fencing_token: int, deadline_at: float, finished: Finished) -> RunningJob:
+        cancel = threading.Event()
+        ctx = RunContext(job, fencing_token, deadline_at, cancel, self.events)
+        runner = self.runners[job.specialist_id]
+
+        def run() -> None:
+            finished(_run_guarded(runner, ctx))
+
+        threading.Thread(target=run, name=f"job-{job.job_id}", daemon=True).start()
+        return _ThreadJob(cancel)
+
+    def close(self) -> None:
+        return None
+
+
+def _run_guarded(runner: Runner, ctx: RunContext) -> RunOutcome:
+    """The runner's outcome; a crash is a failed job, not a crashed worker."""
+    try:
+        return runner.run(ctx)
+    except MemoryError:
+        return RunOutcome("failed", "the specialist ran out of memory", detail={"error": "job_memory_exceeded"})
+    except Exception as exc:
+        log.exception("specialist %s crashed on job %s", ctx.job.specialist_id, ctx.job.job_id)
+        return RunOutcome("failed", f"the specialist failed ({type(exc).__name__})", detail={"error": type(exc).__name__})
+
+
+# --- in a process of its own ------------------------------------------------------------------
+
+
+@dataclass
+class BuiltRunner:
+    """What a job's process builds from its recipe: the runner, where its events go, and how to let go."""
+
+    runner: Runner
+    events: EventSink
+    close: Callable[[], None]
+
+
+# A module-level function (it is pickled by name): (recipe, specialist id) -> the runner, in the child.
+RunnerBuild = Callable[[Any, str], BuiltRunner]
+
+
+class _PipeQueue:
+    """The child's log records go to the parent through the job's pipe, one record a message."""
+
+    def __init__(self, conn: multiprocessing.connection.Connection) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()  # a runner may log from several threads; a Connection is not thread-safe
+
+    def put_nowait(self, record: logging.LogRecord) -> None:
+        with self.lock:
+            try:
+                self.conn.send(("log", record))
+            except OSError:  # the worker is gone (it stopped while this job ran): nobody is left to read it
+                pass
+
+
+@dataclass(frozen=True)
+class _ProtoBytes:
+    """A protobuf message across the pipe: a2a-sdk's generated classes do not pickle (their module, ``a2a_pb2``,
+    is not importable by that name), so the final A2A event crosses as its type's full name and its bytes."""
+
+    full_name: str
+    data: bytes
+
+
+def _portable(outcome: RunOutcome) -> RunOutcome:
+    event = outcome.final_event
+    if isinstance(event, ProtoMessage):
+        return dataclasses.replace(outcome, final_event=_ProtoBytes(event.DESCRIPTOR.full_name, event.SerializeToString()))
+    return outcome
+
+
+def _restored(outcome: RunOutcome) -> RunOutcome:
+    event = outcome.final_event
+    if isinstance(event, _ProtoBytes):
+        kind = message_factory.GetMessageClass(descriptor_pool.Default().FindMessageTypeByName(event.full_name))
+        return dataclasses.replace(outcome, final_event=kind.FromString(event.data))
+    return outcome
+
+
+def _die_with_forkserver() -> None:
+    """SIGKILL when the forkserver (the parent) ends; it ends when the worker dies, even by SIGKILL."""
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it ended before the signal was armed
+        os._exit(1)
+
+
+def _cap_memory(max_memory_bytes: int) -> None:
+    if max_memory_bytes > 0:
+        resource.setrlimit(resource.RLIMIT_AS, (max_memory_bytes, max_memory_bytes))
+
+
+def _job_process(build: RunnerBuild, recipe: Any, job: VerifiedJob, fencing_token: int, deadline_at: float,
+                 cancel: Any, conn: multiprocessing.connection.Connection, max_memory_bytes: int, log_level: int) -> None:
+    """The body of a job's process: build the runner, run it, send its outcome back."""
+    os.setpgid(0, 0)  # its own process group: a kill reaches whatever it started (Monty's processes)
+    _die_with_forkserver()
+    root = logging.getLogger()
+    root.handlers[:] = [logging.handlers.QueueHandler(_PipeQueue(conn))]  # type: ignore[arg-type]
+    root.setLevel(log_level)
+    _cap_memory(max_memory_bytes)
+    built: BuiltRunner | None = None
+    try:
+        built = build(recipe, job.specialist_id)
+        # Linux's monotonic clock is the machine's: the worker's deadline means the same here.
+        outcome = _run_guarded(built.runner, RunContext(job, fencing_token, deadline_at, cancel, built.events))
+    except Exception as exc:
+        log.exception("the runner of specialist %s could not be built for job %s", job.specialist_id, job.job_id)
+        outcome = RunOutcome("failed", f"the specialist could not start ({type(exc).__name__})",
+                             detail={"error": type(exc).__name__})
+    if outcome.detail.get("error") == "job_memory_exceeded" and max_memory_bytes > 0:
+        outcome = RunOutcome("failed", f"the specialist ran out of memory: a job may use {max_memory_bytes} bytes",
+                             outcome.artifacts, {**outcome.detail, "max_memory_bytes": max_memory_bytes})
+    try:
+        conn.send(("outcome", _portable(outcome)))
+    except OSError:  # the worker is gone (it stopped while this job ran): the job becomes unknown after its lease
+        os._exit(0)
+    except Exception as exc:  # something in it does not pickle: say so, rather than die without an outcome
+        log.exception("job %s: its outcome could not be sent to the worker", job.job_id)
+        conn.send(("outcome", RunOutcome("failed", "the specialist's outcome could not be recorded",
+                                         detail={"error": type(exc).__name__})))
+    conn.close()
+    if built is not None:
+        built.close()
+
+
+def _death(exitcode: int | None, killed: bool) -> RunOutcome:
+    """The outcome of a job whose process ended without sending one."""
+    if exitcode is not None and exitcode < 0:
+        name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else str(-exitcode)
+        how = f"was killed by {name}"
+        if not killed and -exitcode == signal.SIGKILL:
+            how += " (the machine's out-of-memory killer, or an operator)"
+    else:
+        how = f"exited with status {exitcode}"
+    return RunOutcome("failed", f"the specialist's process {how} before it reported an outcome",
+                      detail={"error": "job_process_died", "exitcode": exitcode, "killed_by_worker": killed})
+
+
+@dataclass
+class _ProcessJob:
+    process: Any  # a forkserver context's Process
+    cancel: Any  # its Event
+    killed: bool = False
+
+    def stop(self) -> None:
+        self.cancel.set()
+
+    def kill(self) -> None:
+        if self.process.exitcode is None:  # still running, so its pid and its group are still its own
+            self.killed = True
+            _kill_group(self.process.pid)
+
+
+def _kill_group(pid: int) -> None:
+    for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+        try:
+            kill()  # the group, and the process itself in case it has not made its group yet
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _nothing() -> None:
+    return None
+
+
+class ProcessJobs:
+    isolation: JobIsolation = "process"
+
+    def __init__(self, build: RunnerBuild, recipe: Any, *, max_memory_bytes: int) -> None:
+        self.build = build
+        self.recipe = recipe
+        self.max_memory_bytes = max_memory_bytes
+        self.context = multiprocessing.get_context("forkserver")
+        # multiprocessing re-runs the module the worker started from in each child (as __mp_main__): about 8 ms
+        # for ops.cli. Preloading it would save 4 of them and print runpy's "found in sys.modules" warning a job.
+        self.context.set_forkserver_preload(list(PRELOAD))
+        # At start-up, not on the first job: the forkserver imports PRELOAD (seconds on a loaded machine), and a
+        # first process started from it waits for that.
+        warm = self.context.Process(target=_nothing, name="job-warm-up", daemon=True)
+        warm.start()
+        warm.join()
+
+    def start(self, job: VerifiedJob, fencing_token: int, deadline_at: float, finished: Finished) -> RunningJob:
+        reader, writer = self.context.Pipe(duplex=False)
+        cancel = self.context.Event()
+        process = self.context.Process(
+            target=_job_process,
+            args=(self.build, self.recipe, job, fencing_token, deadline_at, cancel, writer, self.max_memory_bytes,
+                  logging.getLogger().getEffectiveLevel()),
+            name=f"job-{job.job_id}",
+            daemon=True,  # a worker that exits ends its jobs' processes (they become unknown after their lease)
+        )
+        try:
+            process.start()
+        finally:
+            writer.close()
+        running = _ProcessJob(process, cancel)
+        threading.Thread(target=self._watch, args=(job, running, reader, finished), name=f"job-{job.job_id}",
+                         daemon=True).start()
+        return running
+
+    def _watch(self, job: VerifiedJob, running: _ProcessJob, reader: multiprocessing.connection.Connection,
+               finished: Finished) -> None:
+        """Relay the child's log records until its outcome, wait for it to exit, then report it finished."""
+        outcome: RunOutcome | None = None
+        try:
+            while outcome is None:
+                kind, value = reader.recv()
+                if kind == "log":
+                    logger = logging.getLogger(value.name)
+                    if logger.isEnabledFor(value.levelno):
+                        logger.handle(value)
+                elif kind == "outcome":
+                    outcome = _restored(value)
+        except (EOFError, OSError):
+            pass  # it died, or was killed: its exit code says how
+        except Exception as exc:  # a message that did not unpickle: the run's outcome is lost, not the worker
+            log.error("job %s: its process sent what could not be read (%s)", job.job_id, type(exc).__name__)
+        finally:
+            reader.close()
+        process = running.process
+        process.join(EXIT_WAIT_S)
+        if process.exitcode is None:  # it closed its pipe but goes on: it has nothing left to say
+            log.warning("job %s: its process did not exit after its pipe closed; killing it", job.job_id)
+            _kill_group(process.pid)
+            process.join()
+        if outcome is None:
+            outcome = _death(process.exitcode, running.killed)
+            if not running.killed:
+                log.error("job %s: %s", job.job_id, outcome.message)
+        process.close()
+        finished(outcome)
+
+    def close(self) -> None:
+        return None
