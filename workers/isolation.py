@@ -15,7 +15,9 @@ server, never of the multi-threaded worker (whose other threads may hold locks).
 Runners hold engines and callbacks that do not pickle, so the child builds its
 runner from a picklable recipe (``RunnerBuild``: ``workers.assembly`` gives the
 settings and the specialist id), with an engine of its own. The run's cancel is
-a cross-process event; ``ctx.report`` writes task events from the child (fenced
+a pipe: a message on it, or its end (the worker gone), sets the child's cancel
+event (a pipe, not a multiprocessing Event: those are named semaphores that a
+worker stopped mid-job leaves behind, with a warning at exit); ``ctx.report`` writes task events from the child (fenced
 by the claim's token, as from a thread); the child's log records and its
 ``RunOutcome`` come back over a pipe. A runner still going
 ``worker_cancel_grace_s`` after it was asked to stop is killed (SIGKILL to its
@@ -210,11 +212,28 @@ def _cap_memory(max_memory_bytes: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (max_memory_bytes, max_memory_bytes))
 
 
+def _cancel_of(stop: multiprocessing.connection.Connection) -> threading.Event:
+    """The run's cancel in the job's process: set by the worker's word on ``stop``, or by the worker's end."""
+    cancel = threading.Event()
+
+    def listen() -> None:
+        try:
+            stop.recv_bytes()
+        except (EOFError, OSError):
+            pass
+        cancel.set()
+
+    threading.Thread(target=listen, name="job-cancel", daemon=True).start()
+    return cancel
+
+
 def _job_process(build: RunnerBuild, recipe: Any, job: VerifiedJob, fencing_token: int, deadline_at: float,
-                 cancel: Any, conn: multiprocessing.connection.Connection, max_memory_bytes: int, log_level: int) -> None:
+                 stop: multiprocessing.connection.Connection, conn: multiprocessing.connection.Connection,
+                 max_memory_bytes: int, log_level: int) -> None:
     """The body of a job's process: build the runner, run it, send its outcome back."""
     os.setpgid(0, 0)  # its own process group: a kill reaches whatever it started (Monty's processes)
     _die_with_forkserver()
+    cancel = _cancel_of(stop)
     root = logging.getLogger()
     root.handlers[:] = [logging.handlers.QueueHandler(_PipeQueue(conn))]  # type: ignore[arg-type]
     root.setLevel(log_level)
@@ -229,6 +248,8 @@ def _job_process(build: RunnerBuild, recipe: Any, job: VerifiedJob, fencing_toke
         outcome = RunOutcome("failed", f"the specialist could not start ({type(exc).__name__})",
                              detail={"error": type(exc).__name__})
     if outcome.detail.get("error") == "job_memory_exceeded" and max_memory_bytes > 0:
+        log.warning("job %s reached its memory cap of %d bytes (SPECIALISTS_WORKER_JOB_MAX_MEMORY_BYTES)",
+                    job.job_id, max_memory_bytes)
         outcome = RunOutcome("failed", f"the specialist ran out of memory: a job may use {max_memory_bytes} bytes",
                              outcome.artifacts, {**outcome.detail, "max_memory_bytes": max_memory_bytes})
     try:
@@ -260,11 +281,21 @@ def _death(exitcode: int | None, killed: bool) -> RunOutcome:
 @dataclass
 class _ProcessJob:
     process: Any  # a forkserver context's Process
-    cancel: Any  # its Event
+    stopper: multiprocessing.connection.Connection  # the worker's end of the job's cancel pipe
     killed: bool = False
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)  # stop() and ended() race
 
     def stop(self) -> None:
-        self.cancel.set()
+        with self.lock:
+            if not self.stopper.closed:
+                try:
+                    self.stopper.send_bytes(b"stop")
+                except OSError:  # it has exited: nothing is left to stop
+                    pass
+
+    def ended(self) -> None:
+        with self.lock:
+            self.stopper.close()
 
     def kill(self) -> None:
         if self.process.exitcode is None:  # still running, so its pid and its group are still its own
@@ -303,19 +334,24 @@ class ProcessJobs:
 
     def start(self, job: VerifiedJob, fencing_token: int, deadline_at: float, finished: Finished) -> RunningJob:
         reader, writer = self.context.Pipe(duplex=False)
-        cancel = self.context.Event()
+        stop_reader, stopper = self.context.Pipe(duplex=False)
         process = self.context.Process(
             target=_job_process,
-            args=(self.build, self.recipe, job, fencing_token, deadline_at, cancel, writer, self.max_memory_bytes,
-                  logging.getLogger().getEffectiveLevel()),
+            args=(self.build, self.recipe, job, fencing_token, deadline_at, stop_reader, writer,
+                  self.max_memory_bytes, logging.getLogger().getEffectiveLevel()),
             name=f"job-{job.job_id}",
             daemon=True,  # a worker that exits ends its jobs' processes (they become unknown after their lease)
         )
         try:
             process.start()
+        except BaseException:
+            reader.close()
+            stopper.close()
+            raise
         finally:
             writer.close()
-        running = _ProcessJob(process, cancel)
+            stop_reader.close()
+        running = _ProcessJob(process, stopper)
         threading.Thread(target=self._watch, args=(job, running, reader, finished), name=f"job-{job.job_id}",
                          daemon=True).start()
         return running
@@ -350,6 +386,7 @@ class ProcessJobs:
             if not running.killed:
                 log.error("job %s: %s", job.job_id, outcome.message)
         process.close()
+        running.ended()
         finished(outcome)
 
     def close(self) -> None:

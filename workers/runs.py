@@ -94,13 +94,15 @@ class ScriptStep(BaseModel):
     """One step. ``sleep`` wakes on cancel; ``stubborn_sleep`` ignores it (to test the grace bound);
     ``hold_gil`` keeps the interpreter's lock for ``seconds`` the way a long C call does (a catastrophic regex
     match in the host code of an rlm run, issue 15): it cannot be interrupted, and in the job's process nothing
-    else of Python runs meanwhile."""
+    else of Python runs meanwhile; ``allocate`` takes ``megabytes`` of memory at once and lets it go (a run whose
+    state blows up, against the job's memory cap)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    op: Literal["progress", "sleep", "stubborn_sleep", "hold_gil", "artifact", "fail", "raise", "complete"]
+    op: Literal["progress", "sleep", "stubborn_sleep", "hold_gil", "allocate", "artifact", "fail", "raise", "complete"]
     text: str = Field(default="", max_length=MAX_MESSAGE_CHARS)
     seconds: float = Field(default=0.0, ge=0.0, le=600.0)
+    megabytes: int = Field(default=0, ge=0, le=65_536)
 
 
 class Script(BaseModel):
@@ -168,6 +170,9 @@ class ScriptedRunner:
                 time.sleep(step.seconds)
             elif step.op == "hold_gil":
                 hold_gil(step.seconds)
+            elif step.op == "allocate":
+                held = bytearray(step.megabytes << 20)
+                del held
             elif step.op == "artifact":
                 artifact = {"name": f"artifact-{len(artifacts) + 1}", "text": step.text}
                 artifacts.append(artifact)

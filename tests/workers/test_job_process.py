@@ -117,3 +117,25 @@ def test_a_job_whose_process_dies_is_a_failed_run_and_the_worker_goes_on(worker:
     assert "killed by SIGKILL" in record["message"]
     assert record["detail"] == {"error": "job_process_died", "exitcode": -9, "killed_by_worker": False}
     assert worker.post(worker.body(after, [{"op": "complete"}])).json()["outcome"] == "completed"
+
+
+def test_a_job_over_its_memory_cap_is_a_failed_run_and_the_worker_and_the_next_job_go_on(
+    database_url: str, engine: Engine, tmp_path: Path
+):
+    cap_bytes = 1 << 30
+    steps = tmp_path / "steps.log"
+    steps.touch()
+    settings = worker_settings(database_url, worker={"job_isolation": "process", "max_concurrent_jobs": 1,
+                                                     "job_max_memory_bytes": cap_bytes})
+    with TestWorker(settings, engine, on_step=StepFile(steps)) as worker:
+        greedy, within, after = new_job_id(), new_job_id(), new_job_id()
+        answer = worker.post(worker.body(greedy, [{"op": "allocate", "megabytes": 2 * (cap_bytes >> 20)},
+                                                  {"op": "complete"}]))
+        assert (answer.status_code, answer.json()["outcome"]) == (200, "failed")
+        record = claim_row(engine, greedy)["outcome_detail"]
+        assert record["message"] == f"the specialist ran out of memory: a job may use {cap_bytes} bytes"
+        assert record["detail"] == {"error": "job_memory_exceeded", "max_memory_bytes": cap_bytes}
+        # Under the cap the same step runs; the cap is the job's, not the worker's.
+        within_cap = [{"op": "allocate", "megabytes": 64}, {"op": "complete"}]
+        assert worker.post(worker.body(within, within_cap)).json()["outcome"] == "completed"
+        assert worker.post(worker.body(after, [{"op": "complete"}])).json()["outcome"] == "completed"
