@@ -174,7 +174,9 @@ def edge_a(database_url: str, edge_specs_dir: Path, edge_logs: Path) -> Iterator
 
 
 @pytest.fixture(scope="session")
-def edge_b(database_url: str, edge_specs_dir: Path, edge_logs: Path) -> Iterator[EdgeProcess]:
+def edge_b(database_url: str, edge_specs_dir: Path, edge_logs: Path, edge_a: EdgeProcess) -> Iterator[EdgeProcess]:
+    # The second instance of edge_a's system: its tasks run on the worker and dispatcher edge_a serves beside it.
+    # Without edge_a a test on edge_b alone waited for a worker that only an earlier test file had started.
     # DEBUG on purpose: the a2a-sdk logs call contexts and bodies at DEBUG, and keys must still not appear.
     edge = start_edge(database_url, edge_specs_dir, edge_logs, "b", log_level="DEBUG")
     yield edge
