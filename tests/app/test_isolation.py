@@ -162,7 +162,8 @@ def test_a_flood_of_many_element_bodies_stalls_neither_health_nor_another_custom
         assert json.loads(text)["error"]["message"].startswith("the request body holds"), text[:300]
     assert p99(health_loaded) < HEALTH_P99_S, figures
     assert p99(sends_loaded) <= SEND_P99_RATIO * p99(sends_unloaded), figures
-    assert ledger.verify() == []
+    # Per customer: the session's database also holds the violations other tests plant on purpose.
+    assert ledger.verify(attacker.customer_id) == [] and ledger.verify(victim.customer_id) == []
 
 
 @pytest.mark.parametrize("body, code", [
