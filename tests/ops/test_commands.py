@@ -97,32 +97,13 @@ def test_local_secrets_are_generated_once_on_one_machine_only(tmp_path: Path, da
     assert not (tmp_path / "prod").exists()
 
 
-def test_serve_runs_the_whole_system_in_one_command_and_ctrl_c_stops_every_part(server_url, engine, specs_dir, tmp_path):
-    engine.dispose()  # the session engine's idle connections back to a server that allows 100
-    url = fresh_database(server_url)
-    port = free_port()
-    env = edge_env(url, specs_dir, serve_worker="true", serve_dispatcher="true", worker_job_secrets=WORKER_SECRET,
-                   worker_port=str(free_port()), worker_drain_s="1")
+def test_serve_runs_the_whole_system_in_one_command_and_ctrl_c_stops_every_part(serve_database, specs_dir, tmp_path):
+    url = serve_database
     log_path = tmp_path / "serve.log"
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "ops.cli", "serve", "--port", str(port)],
-        env=env, cwd=PROJECT_ROOT, stdout=log_path.open("wb"), stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group, as a terminal gives it
-    )
+    serve, base = _start_serve(url, specs_dir, log_path)
     try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 40
-        while time.monotonic() < deadline:
-            assert serve.poll() is None, log_path.read_text()
-            try:
-                if http_calls.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        else:
-            pytest.fail(f"serve did not answer /readyz within 40 s:\n{log_path.read_text()}")
-        children = [int(pid) for pid in Path(f"/proc/{serve.pid}/task/{serve.pid}/children").read_text().split()]
+        _wait_until(lambda: _ready(base), "/readyz answers 200", serve, log_path)
+        children = _children(serve.pid)
         assert len(children) == 2  # the worker and the dispatcher
         own = db.make_engine(url, Settings(database={"url": url}))
         try:
@@ -147,7 +128,6 @@ def test_serve_runs_the_whole_system_in_one_command_and_ctrl_c_stops_every_part(
         if serve.poll() is None:
             os.killpg(serve.pid, signal.SIGKILL)
             serve.wait()
-        drop_database(server_url, url)
     log = log_path.read_text()  # the children write to the same terminal
     assert "service starting" in log and "embedded to http://127.0.0.1:" in log
     assert "Traceback" not in log  # every part stopped cleanly, not by an interrupt's stack trace
