@@ -38,7 +38,8 @@ def running_service(server_url: str, log_dir: Path, ready_timeout_s: float = 60)
     env = edge_env(url, PROJECT_ROOT / "specs", serve_worker="true", serve_dispatcher="true",
                    worker_job_secrets=WORKER_SECRET, worker_port=str(free_port()), worker_drain_s="1",
                    model_routes_allow_scripted="true", specialist_checkpoint_key=support.CHECKPOINT_KEY.decode(),
-                   db_pool_size="3", db_max_overflow="6")
+                   db_pool_size="3", db_max_overflow="6",
+                   serve_child_start_timeout_s=str(ready_timeout_s))  # a loaded machine's worker start-up
     log_path = log_dir / "serve.log"
     serve = subprocess.Popen([sys.executable, "-m", "ops.cli", "serve", "--port", str(port)], env=env,
                              cwd=PROJECT_ROOT, stdout=log_path.open("wb"), stderr=subprocess.STDOUT,

@@ -163,6 +163,9 @@ WHOLE_SYSTEM = dict(
     worker_cancel_grace_s="1",
     worker_drain_s="1",
     dispatch_poll_interval_s="0.5",
+    # As generous as STARTUP_TIMEOUT_S: the worker's imports alone took 17 s at load 13 on 2 cores, and serve's
+    # default 30 s for its child then failed the whole session.
+    serve_child_start_timeout_s=str(STARTUP_TIMEOUT_S),
 )
 
 
