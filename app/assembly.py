@@ -44,6 +44,7 @@ from app.middleware import IDENTITY_SCOPE_KEY, SPECIALIST_SCOPE_KEY, A2AGuard, R
 from taskstate.notify import Listener, Notifier
 from app.observability import Metrics
 from app.ratelimit import RateLimiter
+from app.slashes import TrailingSlash
 from app.streams import StreamGate, StreamRefusalStatus
 from core import db
 from core.settings import Settings
@@ -212,7 +213,8 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
             await listener.stop()
             await engine.dispose()
 
-    app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    # No redirects: one trailing slash is served as the route itself (TrailingSlash, app/slashes.py).
+    app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
     app.state.edge = edge
     routes: list[BaseRoute] = [
         Route("/healthz", _healthz, methods=["GET"]),
@@ -227,7 +229,8 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
     app.add_middleware(A2AGuard, specs=specs, verifier=verifier, limiter=limiter, settings=settings, metrics=metrics)
     # Around the guard and the SDK: nothing unexpected leaves with its own text (app/boundary.py).
     app.add_middleware(ErrorBoundary, metrics=metrics, retry_after_s=settings.edge.db_retry_after_s)
-    app.add_middleware(RequestLog, metrics=metrics)  # added last: outermost
+    app.add_middleware(RequestLog, metrics=metrics)
+    app.add_middleware(TrailingSlash)  # added last: outermost, so every layer sees the one form routes have
     return app
 
 
