@@ -28,7 +28,7 @@ from typing import Any
 from a2a.utils.errors import A2AError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.cards import CARD_PATH
+from app.cards import CARD_PATHS
 from app.errors import INTERNAL_MESSAGE, Binding, edge_error_for, error_response, internal_error
 from app.observability import Metrics, note_refusal
 
@@ -39,7 +39,7 @@ JSON_RPC_INTERNAL = -32603
 
 def is_a2a_call(scope: Scope) -> bool:
     path = scope.get("path", "")
-    return scope["type"] == "http" and path.startswith("/specialists/") and not path.endswith(CARD_PATH)
+    return scope["type"] == "http" and path.startswith("/specialists/") and not path.endswith(CARD_PATHS)
 
 
 def binding_of(path: str) -> Binding:

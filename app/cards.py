@@ -3,11 +3,20 @@
 Each specialist's card lists its one skill, input and output modes, the bearer
 security scheme, its JSON-RPC and HTTP+JSON interfaces (A2A 1.0, plus the 0.3
 JSON-RPC names on the same endpoint), and its tariff and limits in the
-``TARIFF_EXTENSION`` params (the card has no other place for them). Cards are
-the same for every caller, so they are rendered once: a strong ``ETag`` from
-their bytes, ``Last-Modified`` from the spec file, ``Cache-Control`` from
-``card_max_age_s``; ``If-None-Match`` (or ``If-Modified-Since``) answers 304,
-and HEAD answers the headers alone.
+``TARIFF_EXTENSION`` params (the card has no other place for them).
+
+Two documents per specialist: ``CARD_PATH`` is the A2A 1.0 card, exactly the
+protobuf ``AgentCard`` in ProtoJSON (``card_document``). The a2a-sdk's
+``agent_card_to_dict`` is not used for it: because the card lists a 0.3
+interface, it merges a 0.3 card's fields (``url``, ``preferredTransport``,
+``protocolVersion``, ``security``, ...) into the top level, which the 1.0 schema
+refuses. 0.3 clients read ``CARD_V03_PATH`` instead: the SDK's own 0.3 conversion
+of the same card (``card_document_v03``).
+
+Cards are the same for every caller, so they are rendered once: a strong
+``ETag`` from their bytes, ``Last-Modified`` from the spec file,
+``Cache-Control`` from ``card_max_age_s``; ``If-None-Match`` (or
+``If-Modified-Since``) answers 304, and HEAD answers the headers alone.
 """
 
 from __future__ import annotations
@@ -19,9 +28,9 @@ from datetime import datetime
 from email.utils import format_datetime, parsedate_to_datetime
 from typing import Any
 
-from a2a.server.request_handlers.response_helpers import agent_card_to_dict
+from a2a.compat.v0_3.conversions import to_compat_agent_card
 from a2a.types.a2a_pb2 import AgentCard
-from google.protobuf.json_format import ParseDict
+from google.protobuf.json_format import MessageToDict, ParseDict
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -30,6 +39,8 @@ from core.settings import Settings
 from core.specs import LoadedSpec
 
 CARD_PATH = "/.well-known/agent-card.json"
+CARD_V03_PATH = "/.well-known/agent-card-0.3.json"  # the same card in A2A 0.3's shape, for 0.3 clients
+CARD_PATHS = (CARD_PATH, CARD_V03_PATH)  # public documents: no key, no rate limit (``str.endswith`` takes the tuple)
 TARIFF_EXTENSION = "urn:specialists:extension:tariff-and-limits:v1"
 BEARER = "bearer"
 ETAG_DIGEST_CHARS = 32  # hex characters of the body's SHA-256 in a card's ETag
@@ -107,6 +118,16 @@ def build_card(loaded: LoadedSpec, settings: Settings) -> AgentCard:
     return ParseDict(card, AgentCard())
 
 
+def card_document(card: AgentCard) -> dict[str, Any]:
+    """The A2A 1.0 card as published: the protobuf message in ProtoJSON, nothing merged in."""
+    return MessageToDict(card)
+
+
+def card_document_v03(card: AgentCard) -> dict[str, Any]:
+    """The card as an A2A 0.3 client reads it (``url``, ``preferredTransport``: the 0.3 JSON-RPC interface)."""
+    return to_compat_agent_card(card).model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
 @dataclass(frozen=True)
 class Rendered:
     """A JSON document served with validators: its bytes, strong ETag and Last-Modified."""
@@ -153,14 +174,18 @@ def serve(rendered: Rendered, settings: Settings) -> Any:
 
 
 def discovery_routes(specs: dict[str, LoadedSpec], cards: dict[str, AgentCard], settings: Settings) -> list[Route]:
-    """GET/HEAD /specialists and each specialist's /.well-known/agent-card.json."""
+    """GET/HEAD /specialists and each specialist's 1.0 card (``CARD_PATH``) and 0.3 card (``CARD_V03_PATH``)."""
     routes = []
     listing = []
     for specialist_id, loaded in sorted(specs.items()):
-        rendered = Rendered.of(agent_card_to_dict(cards[specialist_id]), loaded.modified_at)
-        routes.append(
-            Route(f"/specialists/{specialist_id}{CARD_PATH}", serve(rendered, settings), methods=["GET", "HEAD"])
-        )
+        for path, document in (
+            (CARD_PATH, card_document(cards[specialist_id])),
+            (CARD_V03_PATH, card_document_v03(cards[specialist_id])),
+        ):
+            rendered = Rendered.of(document, loaded.modified_at)
+            routes.append(
+                Route(f"/specialists/{specialist_id}{path}", serve(rendered, settings), methods=["GET", "HEAD"])
+            )
         base = specialist_base(settings, specialist_id)
         listing.append(
             {
@@ -170,6 +195,7 @@ def discovery_routes(specs: dict[str, LoadedSpec], cards: dict[str, AgentCard], 
                 "skill": loaded.spec.skill.id,
                 "tariff_credits": loaded.spec.tariff_credits,
                 "card_url": f"{base}{CARD_PATH}",
+                "card_v03_url": f"{base}{CARD_V03_PATH}",
                 "jsonrpc_url": f"{base}/jsonrpc",
                 "http_json_url": base,
             }

@@ -27,7 +27,7 @@ import uuid
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.bodies import ElementCounter, check_numbers, count_elements
-from app.cards import CARD_PATH, anonymous_allowed
+from app.cards import CARD_PATHS, anonymous_allowed
 from app.errors import (
     Binding,
     EdgeError,
@@ -70,7 +70,7 @@ def operation_of(path: str) -> str:
         return path.lstrip("/")
     if path == "/specialists":
         return "list_specialists"
-    if path.endswith(CARD_PATH):
+    if path.endswith(CARD_PATHS):
         return "agent_card"
     if path.startswith("/specialists/"):
         return "jsonrpc" if path.endswith("/jsonrpc") else "http_json"
@@ -187,7 +187,7 @@ class A2AGuard:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
-        if scope["type"] != "http" or not path.startswith("/specialists/") or path.endswith(CARD_PATH):
+        if scope["type"] != "http" or not path.startswith("/specialists/") or path.endswith(CARD_PATHS):
             await self.app(scope, receive, send)
             return
         binding: Binding = "jsonrpc" if path.endswith("/jsonrpc") else "rest"

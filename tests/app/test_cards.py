@@ -1,16 +1,31 @@
-"""Discovery: one Agent Card per specialist, the specialist list, and HTTP caching (ETag, Last-Modified, 304, HEAD)."""
+"""Discovery: one Agent Card per specialist, the specialist list, and HTTP caching (ETag, Last-Modified, 304, HEAD).
+
+The published card is the A2A 1.0 card and nothing else: ``tests/app/a2a_schema.py`` checks
+it strictly against the schema of the SDK's compiled ``a2a.proto``. 0.3 clients have
+their own document, ``agent-card-0.3.json``.
+"""
 
 from __future__ import annotations
 
 from email.utils import format_datetime, parsedate_to_datetime
 
 import pytest
+from a2a.server.request_handlers.response_helpers import agent_card_to_dict
+from a2a.types.a2a_pb2 import AgentCard
+from google.protobuf.json_format import ParseDict
 
+from app.cards import build_card, card_document
+from core.settings import Settings
+from core.specs import load_specs
 from tests import http_calls
-from tests.app.conftest import PAID, PAID_TARIFF
+from tests.app.a2a_schema import problems
+from tests.app.conftest import PAID, PAID_TARIFF, rpc
 
 pytestmark = pytest.mark.timeout(30, func_only=True)
 CARD = "/.well-known/agent-card.json"
+CARD_V03 = "/.well-known/agent-card-0.3.json"
+# What the a2a-sdk's agent_card_to_dict merged into the 1.0 card from a 0.3 one (the TCK's CARD-STRUCT-001 failure).
+V03_TOP_LEVEL = {"url", "preferredTransport", "protocolVersion", "security", "supportsAuthenticatedExtendedCard"}
 
 
 def test_the_specialist_list_links_every_card(edge_a):
@@ -96,3 +111,88 @@ def test_the_authenticated_extended_card_shows_the_callers_available_credits(edg
 def test_the_extended_card_needs_a_key(edge_a):
     answer = http_calls.get(f"{edge_a.specialist(PAID)}/extendedAgentCard", headers={"A2A-Version": "1.0"})
     assert answer.status_code == 401
+
+
+# --- the A2A 1.0 schema ---------------------------------------------------------------------
+
+
+def test_every_served_card_is_a_valid_a2a_1_0_card(edge_a):
+    listed = http_calls.get(f"{edge_a.url}/specialists").json()["specialists"]
+    for entry in listed:
+        card = http_calls.get(entry["card_url"]).json()
+        assert problems(card, AgentCard) == [], entry["id"]
+        assert not V03_TOP_LEVEL & set(card), entry["id"]
+
+
+def test_every_shipped_specs_card_is_a_valid_a2a_1_0_card():
+    settings = Settings()
+    specs = load_specs(settings.hosted.specs_dir)
+    assert specs
+    for specialist_id, loaded in specs.items():
+        assert problems(card_document(build_card(loaded, settings)), AgentCard) == [], specialist_id
+
+
+def test_the_extended_card_is_a_valid_a2a_1_0_card_on_both_bindings(edge_a, make_customer):
+    customer = make_customer(credits=7)
+    rest = http_calls.get(f"{edge_a.specialist(PAID)}/extendedAgentCard", headers=customer.headers).json()
+    over_rpc = http_calls.post(f"{edge_a.specialist(PAID)}/jsonrpc", json=rpc("GetExtendedAgentCard", {}),
+                               headers=customer.headers).json()["result"]
+    for card in (rest, over_rpc):
+        assert problems(card, AgentCard) == []
+        assert card["capabilities"]["extensions"][0]["params"]["availableCredits"] == 7
+
+
+def test_the_checker_refuses_the_card_the_sdk_merged_with_0_3_fields(edge_a):
+    # The form served before: agent_card_to_dict adds the 0.3 card's fields because the card lists a 0.3 interface.
+    served = http_calls.get(f"{edge_a.specialist(PAID)}{CARD}").json()
+    merged = agent_card_to_dict(build_card_from(served))
+    found = problems(merged, AgentCard)
+    for name in V03_TOP_LEVEL:
+        assert any(f"'{name}' is not a field of lf.a2a.v1.AgentCard" in problem for problem in found), (name, found)
+    assert any(problem.startswith("$.securitySchemes.bearer:") for problem in found), found
+
+
+def test_the_checker_refuses_missing_required_fields_wrong_types_and_unknown_enum_names(edge_a):
+    card = http_calls.get(f"{edge_a.specialist(PAID)}{CARD}").json()
+    broken = dict(card, capabilities={"streaming": "yes"}, skills=[{"id": "x", "name": "x", "description": "x"}])
+    del broken["version"]
+    broken["supportedInterfaces"] = [{"url": "u", "protocolBinding": "JSONRPC"}]
+    broken["securitySchemes"] = {"k": {"apiKeySecurityScheme": {"name": "n"}, "mtlsSecurityScheme": {}}}
+    found = "\n".join(problems(broken, AgentCard))
+    assert "required field 'version' of lf.a2a.v1.AgentCard is missing" in found
+    assert "$.capabilities.streaming: expected a boolean" in found
+    assert "required field 'tags' of lf.a2a.v1.AgentSkill is missing" in found
+    assert "required field 'protocolVersion' of lf.a2a.v1.AgentInterface is missing" in found
+    assert "$.securitySchemes.k: only one of" in found
+
+
+def build_card_from(document: dict) -> AgentCard:
+    return ParseDict(document, AgentCard())
+
+
+# --- 0.3 clients ------------------------------------------------------------------------------
+
+
+def test_0_3_clients_find_the_json_rpc_endpoint_in_the_0_3_card(edge_a):
+    listed = {s["id"]: s for s in http_calls.get(f"{edge_a.url}/specialists").json()["specialists"]}
+    assert listed[PAID]["card_v03_url"] == f"{edge_a.specialist(PAID)}{CARD_V03}"
+    card = http_calls.get(listed[PAID]["card_v03_url"]).json()
+    assert card["url"] == f"{edge_a.specialist(PAID)}/jsonrpc"
+    assert (card["preferredTransport"], card["protocolVersion"]) == ("JSONRPC", "0.3")
+    assert card["supportsAuthenticatedExtendedCard"] is True
+    assert card["security"] == [{"bearer": []}]
+    assert card["securitySchemes"]["bearer"]["scheme"] == "Bearer"
+    assert card["capabilities"]["extensions"][0]["params"]["tariffCredits"] == PAID_TARIFF
+    assert "supportedInterfaces" not in card
+
+
+def test_a_0_3_client_is_served_on_the_endpoint_its_card_names(edge_a, make_customer):
+    customer = make_customer()
+    card = http_calls.get(f"{edge_a.specialist('conformance')}{CARD_V03}").json()
+    body = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": {
+        "kind": "message", "messageId": "tck-complete-task-v03-card", "role": "user",
+        "parts": [{"kind": "text", "text": "hello"}]}}}
+    # No A2A-Version header: a 0.3 request (A2A 1.0 section 3.6.2).
+    answer = http_calls.post(card["url"], json=body, headers={"Authorization": customer.headers["Authorization"]})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["result"]["kind"] == "task"
