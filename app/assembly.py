@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
-from app import ledger_port
+from app import integers, ledger_port
 from app.admission import AdmissionService
 from app.boundary import ErrorBoundary
 from app.cards import build_card, discovery_routes
@@ -146,6 +146,7 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
     """The edge as an ASGI app. Raises SpecInvalid for a bad spec before anything starts."""
     specs = load_specs(settings.hosted.specs_dir)
     register_with_sdk()  # the edge's refusals get their wire forms before any route can raise one
+    integers.install()  # whole numbers print as integers in every JSON answer (raises if protobuf moved the hook)
     url = database_url or db.database_url(settings)
     engine = edge_engine(url, settings)
     metrics = Metrics()

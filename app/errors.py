@@ -49,6 +49,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.responses import Response
 
+from app.integers import metadata_text
 from app.observability import request_id_var
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ class EdgeError(A2AError):
     def __init__(self, message: str, *, code: str | None = None, **details: object) -> None:
         self.code = code or type(self).code
         # ErrorInfo.metadata is a map of strings on the wire.
-        self.details = {key: str(value) for key, value in details.items()}
+        self.details = {key: metadata_text(value) for key, value in details.items()}
         super().__init__(message, data={"code": self.code, **self.details})
 
     def to_dict(self) -> dict[str, Any]:
