@@ -19,6 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from google.protobuf import json_format
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.struct_pb2 import Struct
 
@@ -74,6 +75,12 @@ def test_installing_twice_patches_once():
     struct = Struct()
     struct.update({"n": 7})
     assert type(MessageToDict(struct)["n"]) is int
+
+
+def test_start_up_fails_loudly_when_protobuf_moved_the_printer_hook(monkeypatch):
+    monkeypatch.setattr(json_format, "_Printer", type("_Printer", (), {}))  # a release without the method
+    with pytest.raises(integers.IntegerPrintingUnavailable, match="_ValueMessageToJsonObject"):
+        integers.install()
 
 
 def test_error_details_carry_whole_numbers_without_a_decimal_point():
