@@ -250,10 +250,13 @@ class EdgeSettings(Section):
         default=300, ge=0, le=86_400, description="Cache-Control max-age of Agent Cards and the specialist list."
     )
     conformance_hold_working_s: float = Field(
-        default=4.0,
+        default=5.0,
         ge=0.0,
         le=60.0,
-        description="How long the conformance specialist keeps `test-resubscribe-message-id` tasks working.",
+        description=(
+            "How long the conformance specialist keeps a `slow` task (text starting with `slow`, or messageId "
+            "`test-resubscribe-message-id`) working: long enough for a foreign client to cancel it."
+        ),
     )
 
     @property

@@ -1,4 +1,11 @@
-"""The strict A2A peer client: Agent Card discovery and JSON-RPC calls over one careful HTTP path.
+"""The strict A2A peer client: Agent Card discovery, and calls on both HTTP bindings over one careful HTTP path.
+
+The two bindings A2A 1.0 defines over HTTP are spoken: JSON-RPC 2.0
+(``JSONRPC``) and HTTP+JSON (``HTTP+JSON``, the SDK's REST routes). Both
+build their requests from the same ProtoJSON params (``rlm.a2a.wire``), go
+through the same ``_exchange`` below, and map the peer's errors to the same
+classes, ``rpc_code`` and ``reason`` (``_refusal``), so a delegation behaves
+the same whichever binding the card offered.
 
 Strict on purpose, because a peer is untrusted:
 - redirects are never followed (a 3xx answer is an error);
@@ -21,6 +28,7 @@ import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import httpx
 
@@ -37,11 +45,22 @@ from rlm.a2a.errors import (
     PeerResponseTooLarge,
     PeerUnreachable,
 )
-from rlm.a2a.peers import PeerConfig, origin_of, url_problem
+from rlm.a2a.peers import BINDINGS, HTTP_JSON_BINDING, JSONRPC_BINDING, PeerConfig, origin_of, url_problem
 
 A2A_VERSION = "1.0"
-JSONRPC_BINDING = "JSONRPC"
 JSONRPC_INTERNAL_ERROR = -32603  # the only JSON-RPC error after which the peer's state is unknown
+# A2A 1.0's error table (the a2a-sdk's ``A2A_ERROR_MAPPING``): the HTTP+JSON ``ErrorInfo.reason`` of each
+# JSON-RPC code. Both bindings report the pair, so a caller reads one error whichever binding carried it.
+REASON_BY_RPC_CODE = {
+    -32001: "TASK_NOT_FOUND", -32002: "TASK_NOT_CANCELABLE", -32003: "PUSH_NOTIFICATION_NOT_SUPPORTED",
+    -32004: "UNSUPPORTED_OPERATION", -32005: "CONTENT_TYPE_NOT_SUPPORTED", -32006: "INVALID_AGENT_RESPONSE",
+    -32007: "EXTENDED_AGENT_CARD_NOT_CONFIGURED", -32008: "EXTENSION_SUPPORT_REQUIRED",
+    -32009: "VERSION_NOT_SUPPORTED", -32602: "INVALID_PARAMS", -32600: "INVALID_REQUEST",
+    -32601: "METHOD_NOT_FOUND", -32603: "INTERNAL_ERROR",
+}
+RPC_CODE_BY_REASON = {reason: code for code, reason in REASON_BY_RPC_CODE.items()}
+ERROR_INFO_TYPE = "type.googleapis.com/google.rpc.ErrorInfo"
+MAX_REASON_CHARS = 64  # of a peer's ErrorInfo reason kept (reasons are short upper-case words)
 MAX_PEER_TEXT = 500  # characters of a peer's error text kept in our messages
 MAX_RPC_DATA_CHARS = 2000  # a JSON-RPC error's ``data`` is kept (as ``rpc_data``) only when its JSON is shorter
 
@@ -104,11 +123,7 @@ class StrictClient:
                     f"{origin_of(iface.url)}, away from the configured {peer.origin}; a card may not move the "
                     "origin. Configure the other origin as its own peer if you trust it"
                 )
-        candidates = [i for i in interfaces
-                      if i.protocol_binding == JSONRPC_BINDING and (i.protocol_version or "").split(".")[0] == "1"]
-        if not candidates:
-            offered = ", ".join(f"{i.protocol_binding} {i.protocol_version}" for i in interfaces)
-            raise PeerCardInvalid(f"peer {peer.alias!r} offers no A2A 1.0 JSON-RPC interface (it offers {offered})")
+        chosen = _choose_interface(peer, interfaces)
         if peer.skill and peer.skill not in {s.id for s in card.skills}:
             offered = ", ".join(s.id for s in card.skills) or "none"
             raise PeerCardInvalid(
@@ -122,8 +137,22 @@ class StrictClient:
                 f"{peer.tariff_credits}; raise tariff_credits there if you accept the price",
                 setting="a2a_peers_file",
             )
-        chosen = candidates[0]
-        return PinnedInterface(url=chosen.url, binding=JSONRPC_BINDING, version=chosen.protocol_version)
+        return PinnedInterface(url=chosen.url, binding=chosen.protocol_binding, version=chosen.protocol_version)
+
+    # ---------- one call, on the pinned binding ----------
+
+    def call(self, binding: str, url: str, method: str, params: dict[str, Any], *, bearer: str | None,
+             max_response_bytes: int) -> Any:
+        """``method`` (SendMessage, GetTask, CancelTask) with ProtoJSON ``params`` on ``binding`` at ``url``.
+
+        Returns what JSON-RPC calls ``result`` (the same ProtoJSON on both bindings) or raises a PeerClientError.
+        """
+        if binding == JSONRPC_BINDING:
+            return self.rpc(url, method, params, bearer=bearer, max_response_bytes=max_response_bytes)
+        if binding == HTTP_JSON_BINDING:
+            return self.rest(url, method, params, bearer=bearer, max_response_bytes=max_response_bytes)
+        raise PeerProtocolError(f"binding {binding!r} is not spoken by this client (it speaks {', '.join(BINDINGS)})",
+                                outcome="not_sent")
 
     # ---------- JSON-RPC ----------
 
@@ -156,12 +185,10 @@ class StrictClient:
         if error is not None:
             if not isinstance(error, dict):
                 raise PeerProtocolError(f"the peer's answer to {method} has a malformed error")
-            code, message = error.get("code"), _peer_text(error.get("message", ""))
-            data = error.get("data")
-            if code == JSONRPC_INTERNAL_ERROR:
-                raise PeerOutcomeUnknown(f"the peer had an internal error during {method}: {message}", rpc_code=code)
-            raise PeerRefused(f"the peer refused {method} ({code}): {message}", rpc_code=code,
-                              rpc_data=data if isinstance(data, (dict, list)) and len(json.dumps(data)) < MAX_RPC_DATA_CHARS else None)
+            code = error.get("code")
+            raise _refusal(method, code=code if isinstance(code, int) else None,
+                           reason=REASON_BY_RPC_CODE.get(code) if isinstance(code, int) else None,
+                           message=error.get("message", ""), data=error.get("data"))
         if status >= 400:
             raise PeerRefused(f"the peer answered HTTP {status} to {method}", http_status=status)
         if envelope.get("id") != request_id:
@@ -169,6 +196,42 @@ class StrictClient:
         if "result" not in envelope:
             raise PeerProtocolError(f"the peer's answer to {method} has neither result nor error")
         return envelope["result"]
+
+    # ---------- HTTP+JSON ----------
+
+    def rest(self, url: str, method: str, params: dict[str, Any], *, bearer: str | None,
+             max_response_bytes: int) -> Any:
+        """One HTTP+JSON call (A2A 1.0's REST routes under ``url``); returns the answer's JSON or raises."""
+        verb, target, body = _rest_request(url, method, params)
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        if bearer:
+            headers["Authorization"] = f"Bearer {bearer}"
+        status, raw = self._exchange(verb, target, body, headers, max_response_bytes, "max_result_bytes")
+        if status in (401, 403):
+            raise PeerRefused(f"the peer refused the credential (HTTP {status}) for {method}; check the key in the "
+                              "peer's credential_env variable", http_status=status)
+        try:
+            answer = json.loads(raw)
+        except ValueError:
+            answer = None
+            if status < 400:
+                raise PeerProtocolError(f"the peer's answer to {method} is not JSON (HTTP {status})") from None
+        if status >= 500:
+            raise PeerOutcomeUnknown(f"the peer answered HTTP {status} to {method}; it may or may not have "
+                                     "accepted the request", http_status=status)
+        if status >= 400:
+            error = answer.get("error") if isinstance(answer, dict) else None
+            if not isinstance(error, dict):
+                raise PeerRefused(f"the peer answered HTTP {status} to {method}: {_peer_text(raw[:MAX_PEER_TEXT])}",
+                                  http_status=status)
+            reason, metadata = _error_info(error.get("details"))
+            raise _refusal(method, code=RPC_CODE_BY_REASON.get(reason or ""), reason=reason,
+                           message=error.get("message", ""), data=metadata, http_status=status)
+        if status != 200:
+            raise PeerProtocolError(f"the peer answered HTTP {status} to {method}; A2A answers 200")
+        return answer
 
     # ---------- one HTTP exchange ----------
 
@@ -215,6 +278,75 @@ class StrictClient:
             raise PeerOutcomeUnknown(
                 f"the exchange with {url} failed ({_peer_text(exc) or type(exc).__name__}); "
                 "the request may have been received") from None
+
+
+def _choose_interface(peer: PeerConfig, interfaces: list[Any]) -> Any:
+    """The peers file's ``binding`` if the card offers it at A2A 1.x; else JSON-RPC, then HTTP+JSON."""
+    usable = [i for i in interfaces
+              if i.protocol_binding in BINDINGS and (i.protocol_version or "").split(".")[0] == "1"]
+    offered = ", ".join(f"{i.protocol_binding} {i.protocol_version}" for i in interfaces)
+    wanted = (peer.binding,) if peer.binding else BINDINGS
+    for binding in wanted:
+        for iface in usable:
+            if iface.protocol_binding == binding:
+                return iface
+    if peer.binding:
+        raise PeerCardInvalid(f"peer {peer.alias!r}: the peers file asks for binding {peer.binding!r}, which its "
+                              f"card does not offer at A2A 1.0 (it offers {offered}); remove `binding` or pick "
+                              "one the card lists")
+    raise PeerCardInvalid(f"peer {peer.alias!r} offers no A2A 1.0 JSON-RPC or HTTP+JSON interface (it offers "
+                          f"{offered})")
+
+
+def _rest_request(url: str, method: str, params: dict[str, Any]) -> tuple[str, str, bytes | None]:
+    """The HTTP verb, target and body of ``method`` on A2A 1.0's HTTP+JSON binding (the a2a-sdk's routes)."""
+    base = url.rstrip("/")
+    if method == "SendMessage":
+        return "POST", f"{base}/message:send", _json_body(params)
+    task_id = params.get("id")
+    if not isinstance(task_id, str) or not task_id or task_id in (".", ".."):
+        # The id becomes a path segment: a dot segment would name another route.
+        raise PeerProtocolError(f"{method} needs a task id usable in a URL path, got {_peer_text(repr(task_id))}",
+                                outcome="not_sent")
+    path = f"{base}/tasks/{quote(task_id, safe='')}"
+    if method == "GetTask":
+        query = {k: v for k, v in params.items() if k not in ("id", "tenant")}
+        return "GET", path + (f"?{urlencode(query)}" if query else ""), None
+    if method == "CancelTask":
+        return "POST", f"{path}:cancel", _json_body(params)
+    raise PeerProtocolError(f"{method} has no HTTP+JSON route in this client", outcome="not_sent")
+
+
+def _json_body(params: dict[str, Any]) -> bytes:
+    return json.dumps(params, ensure_ascii=False).encode()
+
+
+def _error_info(details: Any) -> tuple[str | None, dict[str, Any] | None]:
+    """The ``reason`` and ``metadata`` of the first ``google.rpc.ErrorInfo`` in an HTTP+JSON error's details."""
+    for detail in details if isinstance(details, list) else []:
+        if isinstance(detail, dict) and detail.get("@type") == ERROR_INFO_TYPE:
+            reason = detail.get("reason")
+            metadata = detail.get("metadata")
+            return (reason[:MAX_REASON_CHARS] if isinstance(reason, str) and reason else None,
+                    metadata if isinstance(metadata, dict) and metadata else None)
+    return None, None
+
+
+def _refusal(method: str, *, code: int | None, reason: str | None, message: Any, data: Any,
+             http_status: int | None = None) -> PeerClientError:
+    """The error a peer's A2A error becomes, the same on both bindings.
+
+    An internal error leaves the peer's state unknown; any other error is a refusal. ``rpc_code`` and
+    ``reason`` are A2A 1.0's pair for the error (either may be None for a code outside its table).
+    """
+    text = _peer_text(message)
+    details = {k: v for k, v in (("rpc_code", code), ("reason", reason), ("http_status", http_status))
+               if v is not None}
+    if code == JSONRPC_INTERNAL_ERROR:
+        return PeerOutcomeUnknown(f"the peer had an internal error during {method}: {text}", **details)
+    label = code if code is not None else reason or "error"
+    kept = data if isinstance(data, (dict, list)) and len(json.dumps(data)) < MAX_RPC_DATA_CHARS else None
+    return PeerRefused(f"the peer refused {method} ({label}): {text}", rpc_data=kept, **details)
 
 
 def _card_tariff(card: Any) -> int | None:

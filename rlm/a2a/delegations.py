@@ -5,7 +5,9 @@ a positive credit allowance, a skill and a key), then records the admission
 durably and only then sends. The same ``request_id`` with the same inputs
 returns the existing delegation; with other inputs it is refused. A send whose
 answer was lost is ``unknown`` and is never resent: ``rlm reconcile`` attaches
-a verified remote task id. Handles: ``status`` (no network), ``poll`` (GetTask
+a verified remote task id. The interface (URL and binding: JSON-RPC or
+HTTP+JSON) is pinned from the card at admission and used for every later call.
+Handles: ``status`` (no network), ``poll`` (GetTask
 on the pinned interface), ``wait`` (a timeout leaves the work running),
 ``read``/``summary`` (bounded; the result stays on the host), ``reply`` (only
 when the peer asked for input), ``cancel`` (records the peer's actual answer),
@@ -63,7 +65,9 @@ PREVIEW_CHARS = 200
 QUOTED_STATUS_CHARS = 200  # of a peer's status text quoted in a refusal
 MAX_SUMMARY_REFERENCES = 20  # file references a delegation's summary lists
 RECONCILE_HISTORY_LENGTH = 100
-JSONRPC_ENVELOPE_BYTES = 120  # {"jsonrpc":"2.0","id":"<uuid>","method":"SendMessage","params":...}
+# {"jsonrpc":"2.0","id":"<uuid>","method":"SendMessage","params":...}; an HTTP+JSON body is the params alone,
+# so counting the envelope on both bindings keeps one limit that holds on either.
+JSONRPC_ENVELOPE_BYTES = 120
 
 
 def fingerprint(**inputs: Any) -> str:
@@ -275,7 +279,7 @@ class Delegations:
 
         try:
             bearer = _credential(row.credential_env, row.peer_alias)
-            result = self.client.rpc(row.interface_url, "SendMessage", params, bearer=bearer,
+            result = self.client.call(row.protocol_binding, row.interface_url, "SendMessage", params, bearer=bearer,
                                      max_response_bytes=row.max_result_bytes)
             view = parse_send_result(result)
         except MissingPeerCredential as exc:  # the variable vanished since admission: nothing was sent
@@ -328,7 +332,7 @@ class Delegations:
         from rlm.a2a.wire import parse_task
 
         try:
-            result = self.client.rpc(row.interface_url, "GetTask", {"id": row.remote_task_id},
+            result = self.client.call(row.protocol_binding, row.interface_url, "GetTask", {"id": row.remote_task_id},
                                      bearer=_credential(row.credential_env, row.peer_alias),
                                      max_response_bytes=row.max_result_bytes)
             view = parse_task(result)
@@ -395,7 +399,7 @@ class Delegations:
                                             setting="a2a_peers_file")
         self.store.add_event(row.id, "reply_sending", f"message_id={message_id}")  # durable before the send
         try:
-            result = self.client.rpc(row.interface_url, "SendMessage", params,
+            result = self.client.call(row.protocol_binding, row.interface_url, "SendMessage", params,
                                      bearer=_credential(row.credential_env, row.peer_alias),
                                      max_response_bytes=row.max_result_bytes)
             view = parse_send_result(result)
@@ -422,7 +426,7 @@ class Delegations:
         from rlm.a2a.wire import parse_task
 
         try:
-            result = self.client.rpc(row.interface_url, "CancelTask", {"id": row.remote_task_id},
+            result = self.client.call(row.protocol_binding, row.interface_url, "CancelTask", {"id": row.remote_task_id},
                                      bearer=_credential(row.credential_env, row.peer_alias),
                                      max_response_bytes=row.max_result_bytes)
             view = parse_task(result)
@@ -534,7 +538,7 @@ def reconcile(settings: RLMSettings, delegation_id: str, *, reason: str, remote_
     try:
         params = MessageToDict(GetTaskRequest(id=str(remote_task_id), history_length=RECONCILE_HISTORY_LENGTH))
         try:
-            result = client.rpc(row.interface_url, "GetTask", params,
+            result = client.call(row.protocol_binding, row.interface_url, "GetTask", params,
                                 bearer=_credential(row.credential_env, row.peer_alias),
                                 max_response_bytes=row.max_result_bytes)
             view = parse_task(result)

@@ -148,13 +148,17 @@ class PeerResponseTooLarge(PeerClientError):
 
 
 class PeerProtocolError(PeerClientError):
-    """The answer is not the A2A 1.0 JSON-RPC wire format."""
+    """The answer is not the A2A 1.0 wire format (JSON-RPC or HTTP+JSON)."""
 
     code = "peer_protocol_error"
 
 
 class PeerRefused(PeerClientError):
-    """The peer answered with an error (JSON-RPC error or HTTP 4xx): it did not accept the work."""
+    """The peer answered with an error (JSON-RPC error or HTTP 4xx): it did not accept the work.
+
+    ``details`` hold ``rpc_code`` and ``reason`` (A2A 1.0's JSON-RPC code and its HTTP+JSON ``ErrorInfo``
+    reason, the same pair whichever binding carried the error) and ``http_status`` where there was one.
+    """
 
     code = "peer_refused"
     default_outcome = "refused"

@@ -13,6 +13,7 @@ anything but the loopback interface.
     skill = "code-review"
     credential_env = "SPECIALISTS_API_KEY"
     tariff_credits = 5
+    binding = "HTTP+JSON"   # optional: the binding to prefer; else what the card offers, JSON-RPC first
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import httpx
@@ -36,6 +37,9 @@ ALIAS = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 SECRET_KEYS = {"api_key", "apikey", "key", "token", "secret", "password", "authorization", "bearer", "credential",
                "credentials", "auth", "access_token"}
 LOOPBACK_HOSTS = {"127.0.0.1", "::1", "localhost"}
+JSONRPC_BINDING = "JSONRPC"
+HTTP_JSON_BINDING = "HTTP+JSON"
+BINDINGS = (JSONRPC_BINDING, HTTP_JSON_BINDING)  # the order a card's interfaces are chosen in, by default
 
 
 class PeerConfig(BaseModel):
@@ -54,6 +58,7 @@ class PeerConfig(BaseModel):
     max_payload_bytes: int = Field(1_000_000, ge=256, le=64 << 20)  # one request body
     max_result_bytes: int = Field(4_000_000, ge=1024, le=256 << 20)  # one answer body, counted while reading
     deadline_s: float = Field(900.0, gt=0, le=7 * 86_400)  # default and largest deadline of one delegation
+    binding: Literal["JSONRPC", "HTTP+JSON"] | None = None  # the card must offer it; None: JSON-RPC, then HTTP+JSON
 
     @field_validator("alias")
     @classmethod

@@ -40,7 +40,9 @@ def hosted(server_url, engine, tmp_path):
         yield service.base_url, service.env
 
 
-def test_a_local_rlm_root_delegates_a_review_to_the_hosted_service_and_is_charged_once(hosted, tmp_path):
+# The peers file pins the binding: the client uses it or refuses the peer before sending anything.
+@pytest.mark.parametrize("binding", ["JSONRPC", "HTTP+JSON"])
+def test_a_local_rlm_root_delegates_a_review_to_the_hosted_service_and_is_charged_once(hosted, tmp_path, binding):
     base, env = hosted
     issued = specialists(env, "keys", "issue", "--customer", "rlm-user", "--json")
     assert issued.returncode == 0, issued.stderr
@@ -59,6 +61,7 @@ def test_a_local_rlm_root_delegates_a_review_to_the_hosted_service_and_is_charge
         f'credential_env = "{KEY_ENV}"\n'
         f"tariff_credits = {REVIEWER_TARIFF}\n"
         "deadline_s = 120\n"
+        f'binding = "{binding}"\n'
     )
     script = tmp_path / "root.toml"
     script.write_text(

@@ -4,10 +4,13 @@
 - data parts hold evidence items ``{path, start, end, text}``: one item, a list of
   them, or ``{"items": [...]}`` (the ``rlm run --bundle`` form);
 - inline file parts (``raw`` bytes) are whole files: ``{path: filename, start: 0,
-  end: len(text), text}``; they must be UTF-8 text.
+  end: len(text), text}``; they must be UTF-8 text;
+- a message of text parts only is pasted code (``pasted``): fenced blocks that
+  name a path are files, and the text is the task (and, without named blocks,
+  one inline document).
 
 Sizes and media types were checked at admission against the spec. What is left to
-refuse here is what only the content shows: no task, no evidence, a file that is
+refuse here is what only the content shows: no task, a file that is
 not text, an item whose offsets do not match its text, a file URL (references are
 never fetched). A refusal is ``TaskRefused`` with a stable code and a message for
 the customer; the job ends ``rejected`` and charges nothing.
@@ -21,6 +24,8 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 
 from core.errors import ServiceError
+from core.specs import LimitsSpec
+from workers.hosted_rlm.pasted import PastedRefused, read_pasted
 
 MAX_PATH_CHARS = 1024
 
@@ -70,9 +75,10 @@ def _items_of(value: Any, where: str) -> list[dict[str, Any]]:
     return [_item(value, where)]
 
 
-def task_from_message(message: Any) -> SpecialistTask:
-    """Read an a2a-sdk ``Message`` (protobuf). Raises ``TaskRefused``."""
+def task_from_message(message: Any, limits: LimitsSpec) -> SpecialistTask:
+    """Read an a2a-sdk ``Message`` (protobuf) within the spec's ``limits``. Raises ``TaskRefused``."""
     texts: list[str] = []
+    pasted: list[str] = []  # the text parts as sent: line numbers of pasted code count from their first line
     items: list[dict[str, Any]] = []
     for index, part in enumerate(message.parts):
         kind = part.WhichOneof("content")
@@ -80,6 +86,7 @@ def task_from_message(message: Any) -> SpecialistTask:
         if kind == "text":
             if part.text.strip():
                 texts.append(part.text.strip())
+                pasted.append(part.text)
         elif kind == "data":
             items.extend(_items_of(MessageToDict(part.data), where))
         elif kind == "raw":
@@ -102,8 +109,14 @@ def task_from_message(message: Any) -> SpecialistTask:
             code="task_missing",
         )
     if not items:
-        raise TaskRefused(
-            "the message carries no evidence: send files inline, or data parts of {path, start, end, text} items",
-            code="evidence_missing",
-        )
+        return _pasted("\n\n".join(pasted), limits)
     return SpecialistTask(question="\n\n".join(texts), items=tuple(items))
+
+
+def _pasted(text: str, limits: LimitsSpec) -> SpecialistTask:
+    """A text-only message: code pasted in text is the evidence (``workers.hosted_rlm.pasted``)."""
+    try:
+        pasted = read_pasted(text, max_files=limits.max_parts, max_bytes=limits.max_input_bytes)
+    except PastedRefused as refused:
+        raise TaskRefused(refused.message, code=refused.code) from None
+    return SpecialistTask(question=pasted.question, items=pasted.items)

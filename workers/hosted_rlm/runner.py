@@ -100,7 +100,7 @@ class SpecialistRunner:
             raise SpecInvalid(f"specialist {job.specialist_id!r} is not an rlm spec served by this worker")
         spec = loaded.spec
         try:
-            task = task_from_message(self.message_of(job))
+            task = task_from_message(self.message_of(job), spec.limits)
         except TaskRefused as refused:
             return RunOutcome("rejected", refused.message, detail={"code": refused.code, "credits_to_settle": 0})
         journal = Journal(self.engine, job_id=job.job_id, fencing_token=ctx.fencing_token)

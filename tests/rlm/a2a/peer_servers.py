@@ -2,10 +2,12 @@
 
 - ``SdkPeer``: a well-behaved peer built with the a2a-sdk server (in-memory task
   store, a trivial executor whose behaviour is chosen by the task's first word),
-  served by uvicorn. It records every JSON-RPC call and the bearer keys it saw.
+  served by uvicorn on the bindings its card lists (JSON-RPC at ``/jsonrpc``,
+  HTTP+JSON under ``/rest``). It records every call and the bearer keys it saw.
 - ``HostilePeer``: an ``http.server`` peer that misbehaves on purpose (redirects,
   a card that moves the origin, gzip, oversized or endless bodies, a dropped
-  connection after accepting a task). It counts every request it receives.
+  connection after accepting a task), on JSON-RPC or HTTP+JSON. It counts every
+  request it receives.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import uvicorn
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events.event_queue import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
-from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes
+from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes, create_rest_routes
 from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
 from a2a.types.a2a_pb2 import (
     AgentCapabilities,
@@ -49,6 +51,9 @@ from starlette.routing import Route
 from ..holds import POLL_S, Hold
 
 SKILL = "code-review"
+JSONRPC = "JSONRPC"
+HTTP_JSON = "HTTP+JSON"
+INTERFACE_PATHS = {JSONRPC: "/jsonrpc", HTTP_JSON: "/rest"}
 BIG_RESULT_CHARS = 60_000
 HELD_BODY_BYTES = 1_000_000  # what a hostile body sends before it holds: more than any max_result_bytes tested
 
@@ -61,11 +66,15 @@ def free_socket() -> socket.socket:
 
 
 def card_dict(base: str, *, interface_url: str | None = None, skill: str = SKILL,
-              tariff_credits: int | None = None) -> dict[str, Any]:
+              tariff_credits: int | None = None, bindings: tuple[str, ...] = (JSONRPC,)) -> dict[str, Any]:
+    """A card listing one interface per binding, in order (``interface_url`` replaces the first one's URL)."""
+    interfaces = [AgentInterface(url=f"{base}{INTERFACE_PATHS[b]}", protocol_binding=b, protocol_version="1.0")
+                  for b in bindings]
+    if interface_url is not None:
+        interfaces[0].url = interface_url
     card = AgentCard(
         name="reviewer", description="reviews things", version="1.0",
-        supported_interfaces=[AgentInterface(url=interface_url or f"{base}/jsonrpc", protocol_binding="JSONRPC",
-                                             protocol_version="1.0")],
+        supported_interfaces=interfaces,
         capabilities=AgentCapabilities(streaming=False, push_notifications=False),
         default_input_modes=["text/plain"], default_output_modes=["text/plain"],
         skills=[AgentSkill(id=skill, name="Review", description="Reviews a diff", tags=["review"])],
@@ -83,7 +92,8 @@ class Recorder:
         self.calls: Counter[str] = Counter()
         self.bearers: list[str | None] = []
         self.messages: list[dict[str, Any]] = []
-        self.bodies: list[dict[str, Any]] = []  # every JSON-RPC request as it arrived on the wire
+        self.bodies: list[dict[str, Any]] = []  # every JSON-RPC request (or HTTP+JSON body) as it arrived
+        self.bindings: Counter[str] = Counter()  # calls per binding
         self.file_fetches = 0
         self.lock = threading.Lock()
         self._gates: dict[str, threading.Event] = {}
@@ -169,7 +179,8 @@ class ScriptedExecutor(AgentExecutor):
 class SdkPeer:
     """The a2a-sdk server on a free loopback port (uvicorn in a thread) until ``close``."""
 
-    def __init__(self, *, tariff_credits: int | None = None, skill: str = SKILL) -> None:
+    def __init__(self, *, tariff_credits: int | None = None, skill: str = SKILL,
+                 bindings: tuple[str, ...] = (JSONRPC,)) -> None:
         self.sock = free_socket()
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -177,7 +188,7 @@ class SdkPeer:
         card = AgentCard()
         from google.protobuf.json_format import ParseDict
 
-        ParseDict(card_dict(self.url, skill=skill, tariff_credits=tariff_credits), card)
+        ParseDict(card_dict(self.url, skill=skill, tariff_credits=tariff_credits, bindings=bindings), card)
         handler = DefaultRequestHandler(agent_executor=ScriptedExecutor(self.recorder, self.url),
                                         task_store=InMemoryTaskStore(), agent_card=card)
         recorder = self.recorder
@@ -187,15 +198,18 @@ class SdkPeer:
                 recorder.file_fetches += 1
             return PlainTextResponse("never fetched")
 
+        # The REST builder mounts a catch-all tenant route: it goes last.
         app = Starlette(routes=[*create_agent_card_routes(card), *create_jsonrpc_routes(handler, "/jsonrpc"),
-                                Route("/files/{name}", files)])
+                                Route("/files/{name}", files),
+                                *create_rest_routes(handler, path_prefix=INTERFACE_PATHS[HTTP_JSON])])
 
         class Record:
             def __init__(self, inner: Any) -> None:
                 self.inner = inner
 
             async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-                if scope["type"] != "http" or scope["path"] != "/jsonrpc":
+                binding = binding_of(scope["path"]) if scope["type"] == "http" else None
+                if binding is None:
                     await self.inner(scope, receive, send)
                     return
                 chunks: list[bytes] = []
@@ -207,9 +221,13 @@ class SdkPeer:
                 body = b"".join(chunks)
                 headers = dict((k.decode().lower(), v.decode()) for k, v in scope["headers"])
                 auth = headers.get("authorization")
+                parsed = json.loads(body) if body else {}
+                method = parsed.get("method", "?") if binding == JSONRPC else rest_method(scope["method"],
+                                                                                         scope["path"])
                 with recorder.lock:
-                    recorder.bodies.append(json.loads(body))
-                    recorder.calls[json.loads(body).get("method", "?")] += 1
+                    recorder.bodies.append(parsed)
+                    recorder.calls[method] += 1
+                    recorder.bindings[binding] += 1
                     recorder.bearers.append(auth.removeprefix("Bearer ") if auth else None)
                 replayed = False
 
@@ -238,18 +256,41 @@ class SdkPeer:
         self.sock.close()
 
 
+def binding_of(path: str) -> str | None:
+    for binding, prefix in INTERFACE_PATHS.items():
+        if path == prefix or path.startswith(prefix + "/"):
+            return binding
+    return None
+
+
+def rest_method(verb: str, path: str) -> str:
+    """The A2A method an HTTP+JSON request names (the routes the a2a-sdk serves)."""
+    if path.endswith("/message:send"):
+        return "SendMessage"
+    if path.endswith(":cancel"):
+        return "CancelTask"
+    if verb == "GET" and "/tasks/" in path:
+        return "GetTask"
+    return f"{verb} {path}"
+
+
 # ---------- the hostile peer ----------
 
 
 class HostilePeer:
-    """Misbehaves according to ``mode``; ``hits`` counts requests by (method, path) and JSON-RPC method."""
+    """Misbehaves according to ``mode``; ``hits`` counts requests by (method, path) and by A2A method.
+
+    ``binding`` is the one interface its card lists: JSON-RPC (``/jsonrpc``) or HTTP+JSON (``/rest``).
+    Every misbehaviour happens the same way on both.
+    """
 
     MODES = ("redirect_card", "redirect_rpc", "moved_card", "tab_card", "gzip", "oversized", "endless",
              "drop_after_accept", "error_rpc", "wrong_task", "ask_then_drop_reply")
 
-    def __init__(self, mode: str) -> None:
+    def __init__(self, mode: str, *, binding: str = JSONRPC) -> None:
         assert mode in self.MODES, mode
         self.mode = mode
+        self.binding = binding
         self.hits: Counter[str] = Counter()
         self.task_id = str(uuid.uuid4())
         self.accepted_message_ids: list[str] = []
@@ -272,26 +313,53 @@ class HostilePeer:
                 self.end_headers()
                 self.wfile.write(body)
 
+            def _answer(self, request: dict[str, Any], result: dict[str, Any]) -> None:
+                if peer.binding == JSONRPC:
+                    result = {"jsonrpc": "2.0", "id": request["id"], "result": result}
+                self._send(200, json.dumps(result).encode())
+
+            def _error(self, request: dict[str, Any], code: int, reason: str, message: str, http_status: int) -> None:
+                if peer.binding == JSONRPC:
+                    self._send(200, json.dumps({"jsonrpc": "2.0", "id": request["id"], "error": {
+                        "code": code, "message": message}}).encode())
+                    return
+                self._send(http_status, json.dumps({"error": {"code": http_status, "message": message, "details": [
+                    {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason,
+                     "domain": "a2a-protocol.org"}]}}).encode())
+
             def do_GET(self) -> None:  # noqa: N802
                 with peer.lock:
                     peer.hits[f"GET {self.path}"] += 1
                 if self.path.endswith("/.well-known/agent-card.json"):
+                    card = card_dict(peer.url, bindings=(peer.binding,))
                     if peer.mode == "redirect_card":
                         self._send(302, b"", {"Location": "http://127.0.0.1:9/elsewhere.json"})
                     elif peer.mode == "tab_card":  # same origin, but a tab httpx refuses (issue 15)
-                        self._send(200, json.dumps(card_dict(peer.url, interface_url=f"{peer.url}/json\trpc"))
-                                   .encode())
+                        self._send(200, json.dumps(card_dict(peer.url, interface_url=f"{peer.url}/json\trpc",
+                                                             bindings=(peer.binding,))).encode())
                     elif peer.mode == "moved_card":
-                        self._send(200, json.dumps(card_dict(peer.url, interface_url="http://127.0.0.2:8443/rpc"))
-                                   .encode())
+                        self._send(200, json.dumps(card_dict(peer.url, interface_url="http://127.0.0.2:8443/rpc",
+                                                             bindings=(peer.binding,))).encode())
                     else:
-                        self._send(200, json.dumps(card_dict(peer.url)).encode())
+                        self._send(200, json.dumps(card).encode())
+                elif peer.binding == HTTP_JSON and self.path.startswith("/rest/tasks/"):
+                    with peer.lock:
+                        peer.hits["GetTask"] += 1
+                    task_id = self.path.removeprefix("/rest/tasks/").split("?")[0]
+                    self._get_task({"id": None, "params": {"id": task_id}})
                 else:
                     self._send(404, b"{}")
 
-            def do_POST(self) -> None:  # noqa: N802
+            def _read_request(self) -> dict[str, Any]:
+                """The request as JSON-RPC would carry it (``id``, ``method``, ``params``), on either binding."""
                 length = int(self.headers.get("Content-Length", "0"))
-                request = json.loads(self.rfile.read(length) or b"{}")
+                body = json.loads(self.rfile.read(length) or b"{}")
+                if peer.binding == JSONRPC:
+                    return body
+                return {"id": None, "method": rest_method("POST", self.path), "params": body}
+
+            def do_POST(self) -> None:  # noqa: N802
+                request = self._read_request()
                 method = request.get("method", "?")
                 with peer.lock:
                     peer.hits[f"POST {self.path}"] += 1
@@ -306,8 +374,10 @@ class HostilePeer:
                 if mode == "redirect_rpc":
                     self._send(307, b"", {"Location": "http://127.0.0.1:9/jsonrpc"})
                 elif mode == "gzip":
-                    body = gzip.compress(json.dumps(peer._task_result(request)).encode())
-                    self._send(200, body, {"Content-Encoding": "gzip"})
+                    answer = peer._task_result()
+                    if peer.binding == JSONRPC:
+                        answer = {"jsonrpc": "2.0", "id": request["id"], "result": answer}
+                    self._send(200, gzip.compress(json.dumps(answer).encode()), {"Content-Encoding": "gzip"})
                 elif mode in ("oversized", "endless"):
                     # Both bodies never end: after HELD_BODY_BYTES the peer holds the connection open,
                     # so a client that read to the end would wait for its request timeout instead.
@@ -327,25 +397,23 @@ class HostilePeer:
                     peer.hold()
                     self.close_connection = True
                 elif mode == "ask_then_drop_reply" and "taskId" not in request["params"]["message"]:
-                    result = peer._task_result(request)
-                    result["result"]["task"]["status"] = {"state": "TASK_STATE_INPUT_REQUIRED", "message": {
+                    result = peer._task_result()
+                    result["task"]["status"] = {"state": "TASK_STATE_INPUT_REQUIRED", "message": {
                         "messageId": "q1", "role": "ROLE_AGENT", "parts": [{"text": "Which branch?"}]}}
-                    self._send(200, json.dumps(result).encode())
+                    self._answer(request, result)
                 elif mode in ("drop_after_accept", "ask_then_drop_reply"):
                     # The task is accepted, then the connection drops before any answer.
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
                 elif mode == "error_rpc":
-                    self._send(200, json.dumps({"jsonrpc": "2.0", "id": request["id"], "error": {
-                        "code": -32602, "message": "credit_ceiling below the tariff"}}).encode())
+                    self._error(request, -32602, "INVALID_PARAMS", "credit_ceiling below the tariff", 400)
                 else:
-                    self._send(200, json.dumps(peer._task_result(request)).encode())
+                    self._answer(request, peer._task_result())
 
             def _get_task(self, request: dict[str, Any]) -> None:
                 asked = request["params"]["id"]
                 if asked != peer.task_id:
-                    self._send(200, json.dumps({"jsonrpc": "2.0", "id": request["id"], "error": {
-                        "code": -32001, "message": "task not found"}}).encode())
+                    self._error(request, -32001, "TASK_NOT_FOUND", "task not found", 404)
                     return
                 history = [{"messageId": mid, "role": "ROLE_USER", "parts": [{"text": "..."}]}
                            for mid in ([] if peer.mode == "wrong_task" else peer.accepted_message_ids)]
@@ -353,7 +421,7 @@ class HostilePeer:
                 task = {"id": peer.task_id, "contextId": "ctx-1", "status": {"state": peer.task_state},
                         "artifacts": [{"artifactId": "a1", "parts": [{"text": "the result that was lost"}]}],
                         "history": history}
-                self._send(200, json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": task}).encode())
+                self._answer(request, task)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -362,9 +430,9 @@ class HostilePeer:
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self.thread.start()
 
-    def _task_result(self, request: dict[str, Any]) -> dict[str, Any]:
-        return {"jsonrpc": "2.0", "id": request["id"], "result": {"task": {
-            "id": self.task_id, "contextId": "ctx-1", "status": {"state": "TASK_STATE_WORKING"}}}}
+    def _task_result(self) -> dict[str, Any]:
+        """A SendMessage result: the accepted task, working."""
+        return {"task": {"id": self.task_id, "contextId": "ctx-1", "status": {"state": "TASK_STATE_WORKING"}}}
 
     def close(self) -> None:
         self.hold.release()

@@ -1,4 +1,8 @@
-"""A hostile peer on 127.0.0.1: each misbehaviour is handled as specified, and nothing is ever resent."""
+"""A hostile peer on 127.0.0.1: each misbehaviour is handled as specified, and nothing is ever resent.
+
+Every test runs on both bindings the client speaks (the ``hostile`` fixture's parameter): the
+strictness is a property of the one HTTP path, not of JSON-RPC.
+"""
 
 from __future__ import annotations
 
@@ -17,22 +21,23 @@ from rlm.a2a.errors import (
     PeerCardInvalid,
     PeerCardMovesOrigin,
     PeerRedirectRefused,
+    PeerRefused,
     ReplyNotExpected,
 )
 from rlm.a2a.store import DelegationStore
 
 from ..conftest import REPO_ROOT
-from .peer_servers import HostilePeer, a2a_settings, peers_of
+from .peer_servers import HTTP_JSON, INTERFACE_PATHS, JSONRPC, HostilePeer, a2a_settings, peers_of
 
 pytestmark = pytest.mark.timeout(30)
 
 
-@pytest.fixture
-def hostile() -> Iterator[Callable[[str], HostilePeer]]:
+@pytest.fixture(params=[JSONRPC, HTTP_JSON])
+def hostile(request: pytest.FixtureRequest) -> Iterator[Callable[[str], HostilePeer]]:
     made: list[HostilePeer] = []
 
     def make(mode: str) -> HostilePeer:
-        peer = HostilePeer(mode)
+        peer = HostilePeer(mode, binding=request.param)
         made.append(peer)
         return peer
 
@@ -84,6 +89,7 @@ def test_a_redirect_in_answer_to_a_send_is_not_followed_and_the_send_fails(hosti
     peer = hostile("redirect_rpc")
     delegations = delegations_for(peer, tmp_path)
     row = delegations.start("hostile", "review this", request_id="r1")
+    assert row.protocol_binding == peer.binding  # the card's one interface was pinned
     assert (row.state, row.error_code) == ("failed", "peer_redirect_refused")
     assert delegations.start("hostile", "review this", request_id="r1").id == row.id
     assert peer.hits["SendMessage"] == 1
@@ -204,3 +210,16 @@ def test_a_reply_whose_acknowledgement_was_lost_is_not_sent_again_until_a_poll_s
     with pytest.raises(ReplyNotExpected, match="is working"):
         delegations.reply(asked.id, "main")
     assert peer.hits["SendMessage"] == 2
+
+
+def test_a_refusal_reads_the_same_on_both_bindings(hostile: Any, tmp_path: Path) -> None:
+    peer = hostile("error_rpc")  # refuses every send: JSON-RPC -32602, or HTTP 400 with reason INVALID_PARAMS
+    delegations = delegations_for(peer, tmp_path)
+    row = delegations.start("hostile", "review this")
+    assert (row.state, row.error_code, row.credits_held) == ("failed", "peer_refused", 0)
+    assert row.error_message == "the peer refused SendMessage (-32602): credit_ceiling below the tariff"
+    with pytest.raises(PeerRefused) as caught:
+        delegations.client.call(peer.binding, f"{peer.url}{INTERFACE_PATHS[peer.binding]}", "GetTask",
+                                {"id": "not-this-peers-task"}, bearer=None, max_response_bytes=10_000)
+    assert caught.value.outcome == "refused"
+    assert (caught.value.details["rpc_code"], caught.value.details["reason"]) == (-32001, "TASK_NOT_FOUND")

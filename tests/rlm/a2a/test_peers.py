@@ -54,6 +54,16 @@ def test_a_peers_file_in_toml_or_json_gives_every_field_and_limit(tmp_path: Path
     assert peers.credential_names() == {"REVIEW_API_KEY"}
 
 
+def test_a_peer_may_name_one_of_the_two_http_bindings_and_nothing_else(tmp_path: Path) -> None:
+    base = '[[peers]]\nalias = "x"\nurl = "https://x.example"\n'
+    assert load_peers(write(tmp_path, base)).get("x").binding is None  # the card decides, JSON-RPC first
+    for binding in ("JSONRPC", "HTTP+JSON"):
+        assert load_peers(write(tmp_path, base + f'binding = "{binding}"\n')).get("x").binding == binding
+    with pytest.raises(PeersFileInvalid) as caught:
+        load_peers(write(tmp_path, base + 'binding = "GRPC"\n'))
+    assert "binding" in caught.value.message and "'JSONRPC' or 'HTTP+JSON'" in caught.value.message
+
+
 def test_the_model_sees_peers_without_urls_or_key_variable_names(tmp_path: Path) -> None:
     public = load_peers(write(tmp_path, GOOD)).get("review").public()
     assert "url" not in public and "credential_env" not in public

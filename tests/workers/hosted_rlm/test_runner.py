@@ -75,11 +75,32 @@ def test_a_review_finds_the_defects_with_their_path_and_line_and_drops_foreign_p
 def test_a_refused_message_ends_the_job_rejected_and_charges_nothing(engine, tmp_path):
     spec = support.write_spec(tmp_path / "specs")
     job_id = support.new_job_id()
-    runner = support.runner(engine, spec, support.routes_for("review_sql.toml"), support.message("Review these."))
+    pasted = support.message("Review these.\n```python path=/etc/passwd\nroot:x:0:0\n```\n")
+    runner = support.runner(engine, spec, support.routes_for("review_sql.toml"), pasted)
     outcome = runner.run(support.context(job_id, "reviewer", support.claim(engine, job_id)))
     assert outcome.state == "rejected"
-    assert outcome.detail == {"code": "evidence_missing", "credits_to_settle": 0}
-    assert "carries no evidence" in outcome.message
+    assert outcome.detail == {"code": "evidence_path_invalid", "credits_to_settle": 0}
+    assert "'/etc/passwd' is absolute" in outcome.message and "relative path" in outcome.message
+
+
+def pasted_files(rule: str, files: dict[str, str]) -> str:
+    """``files`` pasted in one text the way a foreign agent writes them: a rule, then one named fence each."""
+    blocks = [f"```python path={path}\n{content}```" for path, content in files.items()]
+    return rule + "\n\n" + "\n\n".join(blocks) + "\n"
+
+
+def test_code_pasted_in_text_is_reviewed_with_findings_at_its_path_and_line(engine, tmp_path):
+    spec = support.write_spec(tmp_path / "specs")
+    job_id = support.new_job_id()
+    message = support.message(pasted_files(RULE, FILES))
+    assert [p.WhichOneof("content") for p in message.parts] == ["text"]  # nothing but pasted text
+    runner = support.runner(engine, spec, support.routes_for("review_sql.toml"), message)
+
+    outcome = runner.run(support.context(job_id, "reviewer", support.claim(engine, job_id)))
+
+    assert outcome.state == "completed", outcome
+    findings = support.artifact(outcome, "findings")["data"]
+    assert [(f["path"], f["line"]) for f in findings] == [("app/db.py", 4), ("app/orders.py", 3)]
 
 
 def test_the_default_routes_serve_the_demo_on_one_machine_only():

@@ -22,7 +22,7 @@ from tests import http_calls
 from tests.conftest import TEST_SECRET
 from tests.workers.hosted_rlm import support
 from tests.workers.hosted_rlm.test_resume import FILES as FOUR_DEFECTS
-from tests.workers.hosted_rlm.test_runner import FILES, RULE
+from tests.workers.hosted_rlm.test_runner import FILES, RULE, pasted_files
 from tests.workers.system import System, drop_database, fresh_database
 from taskstate.ids import job_id_sql
 
@@ -66,8 +66,10 @@ def customer(system: System) -> dict[str, str]:
     return {"Authorization": f"Bearer {issued.token}", "A2A-Version": "1.0"}
 
 
-def send(system: System, headers: dict[str, str], specialist: str, files: dict[str, str]) -> str:
-    parts = [{"text": RULE}] + [
+def send(system: System, headers: dict[str, str], specialist: str, files: dict[str, str], *,
+         pasted: bool = False) -> str:
+    """The rule and ``files``: as inline file parts, or (``pasted``) pasted in the one text part."""
+    parts = [{"text": pasted_files(RULE, files)}] if pasted else [{"text": RULE}] + [
         {"raw": base64.b64encode(content.encode()).decode(), "filename": name, "mediaType": "text/x-python"}
         for name, content in files.items()
     ]
@@ -115,6 +117,17 @@ def test_a_review_runs_end_to_end_with_findings_one_settlement_and_usage_recorde
                              {"j": job}).all()
     assert sorted(c.purpose for c in calls) == ["root", "root", "root", "subcall", "subcall"]
     assert all(c.state == "completed" and c.prompt_tokens > 0 for c in calls)
+
+
+def test_code_a_foreign_agent_pastes_in_text_is_reviewed_with_findings_at_its_path_and_line(system, customer):
+    task_id = send(system, customer, "reviewer", FILES, pasted=True)
+    task = system.wait_for("the review to finish", lambda: finished(system, customer, "reviewer", task_id), 60)
+
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED", task["status"]
+    found = artifacts(task)
+    assert [(f["path"], f["line"]) for f in found["findings"]["data"]] == [("app/db.py", 4), ("app/orders.py", 3)]
+    assert "app/db.py:4 [high]" in found["report"]["text"]
+    assert settlements(system, task_id) == [("settle", 6)]
 
 
 def test_a_worker_killed_mid_subcall_is_resumed_by_the_next_delivery_and_settled_once(system, customer):
