@@ -163,6 +163,9 @@ WHOLE_SYSTEM = dict(
     worker_cancel_grace_s="1",
     worker_drain_s="1",
     dispatch_poll_interval_s="0.5",
+    # The worker child imports the whole worker before it answers: at load 14 on 2 cores that took over the
+    # default 30 s. Like STARTUP_TIMEOUT_S, generous: only "never" is a failure.
+    serve_child_start_timeout_s=str(int(STARTUP_TIMEOUT_S)),
 )
 
 
@@ -179,6 +182,15 @@ def edge_b(database_url: str, edge_specs_dir: Path, edge_logs: Path, edge_a: Edg
     # Without edge_a a test on edge_b alone waited for a worker that only an earlier test file had started.
     # DEBUG on purpose: the a2a-sdk logs call contexts and bodies at DEBUG, and keys must still not appear.
     edge = start_edge(database_url, edge_specs_dir, edge_logs, "b", log_level="DEBUG")
+    yield edge
+    stop_edge(edge)
+
+
+@pytest.fixture(scope="session")
+def edge_alone(database_url: str, edge_specs_dir: Path, edge_logs: Path) -> Iterator[EdgeProcess]:
+    """An edge with no worker beside it: one process, quick to start; its tasks wait, unclaimed (what tests of
+    the wire alone need: ids, error forms, refusals)."""
+    edge = start_edge(database_url, edge_specs_dir, edge_logs, "alone")
     yield edge
     stop_edge(edge)
 
