@@ -10,11 +10,18 @@ Wire form: the a2a-sdk chooses the JSON-RPC code, the HTTP status, the gRPC
 status and the ``ErrorInfo`` reason of an error by looking its exact class up in
 its public tables (``JSON_RPC_ERROR_CODE_MAP``, ``A2A_ERROR_MAPPING``,
 ``A2A_ERROR_REASONS``, ``A2A_REASON_TO_ERROR`` and the JSON-RPC ``EXCEPTION_MAP``);
-a class it does not know becomes an internal error. ``WIRE_FORMS`` below is the
-one place the edge chooses them, and ``register_with_sdk()`` (called once where
-the app is built) copies it into those tables. The JSON-RPC code is
-``-(HTTP status * 100 + n)``, outside the range JSON-RPC reserves, so both
-bindings agree on the status; the reason is the class's ``code`` in upper case.
+a class it does not know becomes an internal error. Two tables below are the one
+place the edge chooses them: ``SPEC_WIRE_FORMS``, A2A's own errors exactly as the
+specification's section 5.4 maps them (JSON-RPC code, HTTP status, gRPC status),
+and ``WIRE_FORMS``, the edge's refusals. Where the spec has an error for a
+situation, the edge answers it (an edge class that is one, such as
+``BodyContentTypeNotSupported``, takes its form and reason); the edge's own codes
+are for what the spec does not cover. ``register_with_sdk()`` (called once where
+the app is built) copies both into those tables; ``grpc_status_for()`` gives the
+gRPC binding the same statuses. The edge's own JSON-RPC codes are
+``-(HTTP status * 100 + n)``, outside the ranges JSON-RPC and A2A reserve, so
+both bindings agree on the status; their reason is the class's ``code`` in upper
+case.
 
 Foreign errors: ``converting_foreign_errors`` wraps every method the SDK calls on
 the request handler, so whatever else escapes (SQL, a bug) reaches the customer
