@@ -70,7 +70,8 @@ CREDIT_CEILING_KEY = "credit_ceiling"
 # tried again; serialization failures likewise.
 CANCEL_ATTEMPTS = 3
 _RETRYABLE = {"40P01", "40001"}
-# The a2a-sdk task tables store ids in varchar(36).
+# The a2a-sdk task tables store ids in varchar(36). A longer contextId is refused (InvalidParams: it could
+# never be stored); a longer taskId is TaskNotFoundError, like every id that names no task of the caller's.
 MAX_ID_CHARS = 36
 
 
@@ -113,9 +114,10 @@ def check_message(loaded: LoadedSpec, params: SendMessageRequest, settings: Sett
         )
     if message.role != Role.ROLE_USER:
         raise invalid("a message sent to a specialist must have role ROLE_USER", "role_invalid")
-    for name, value in (("contextId", message.context_id), ("taskId", message.task_id)):
-        if len(value) > MAX_ID_CHARS:
-            raise invalid(f"{name} has {len(value)} characters; at most {MAX_ID_CHARS} are accepted", "id_too_long")
+    if len(message.context_id) > MAX_ID_CHARS:
+        raise invalid(
+            f"contextId has {len(message.context_id)} characters; at most {MAX_ID_CHARS} are accepted", "id_too_long"
+        )
     if len(message.parts) > spec.limits.max_parts:
         raise PayloadTooLarge(
             f"the message has {len(message.parts)} parts; this specialist accepts at most {spec.limits.max_parts}",
@@ -164,6 +166,10 @@ def check_message(loaded: LoadedSpec, params: SendMessageRequest, settings: Sett
             tariff_credits=spec.tariff_credits,
             credit_ceiling=ceiling,
         )
+    if len(message.task_id) > MAX_ID_CHARS:
+        # Longer than any task id there is (the service issues uuids, the store holds 36 characters): it names
+        # no task of the caller's, and is answered as any such id is, after every other check.
+        raise TaskNotFoundError(message="Task not found")
     return Checked(fingerprint=fingerprint(spec.id, message), ceiling=ceiling)
 
 

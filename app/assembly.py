@@ -23,6 +23,7 @@ from a2a.server.cluster import VersionedDatabaseTaskStore
 from a2a.server.context import ServerCallContext
 from a2a.server.routes import ServerCallContextBuilder, create_jsonrpc_routes, create_rest_routes
 from a2a.types.a2a_pb2 import AgentCard
+from a2a.utils.errors import TaskNotFoundError
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
@@ -36,7 +37,7 @@ from app import integers, ledger_port
 from app.admission import AdmissionService
 from app.boundary import ErrorBoundary
 from app.cards import build_card, discovery_routes
-from app.errors import register_with_sdk
+from app.errors import error_response, register_with_sdk
 from app.events import NotifiedEventStream
 from app.handler import EdgeRequestHandler, identity_of
 from app.identity import EdgeUser
@@ -112,7 +113,19 @@ def _a2a_routes(specialist_id: str, handler: EdgeRequestHandler, builder: Server
     )
     rest = create_rest_routes(handler, context_builder=builder, path_prefix=prefix)
     routes.extend(route for route in rest if not isinstance(route, Mount))  # drop the /{tenant} catch-all
+    routes.append(_no_such_task_route(prefix))
     return routes
+
+
+def _no_such_task_route(prefix: str) -> Route:
+    """A task id with a slash in it (``/tasks/a%2Fb``: the path is matched decoded) matches none of the SDK's
+    routes; it names no task, and is answered as any such id is (TaskNotFoundError, 404), not as a bare route
+    miss. Registered after the SDK's routes, so it only sees what they did not take."""
+
+    async def no_such_task(request: Request) -> Response:
+        return error_response(TaskNotFoundError(), "rest")
+
+    return Route(f"{prefix}/tasks/{{head}}/{{tail:path}}", no_such_task, methods=["GET", "POST", "DELETE"])
 
 
 def edge_engine(url: str, settings: Settings) -> AsyncEngine:

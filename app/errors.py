@@ -10,11 +10,18 @@ Wire form: the a2a-sdk chooses the JSON-RPC code, the HTTP status, the gRPC
 status and the ``ErrorInfo`` reason of an error by looking its exact class up in
 its public tables (``JSON_RPC_ERROR_CODE_MAP``, ``A2A_ERROR_MAPPING``,
 ``A2A_ERROR_REASONS``, ``A2A_REASON_TO_ERROR`` and the JSON-RPC ``EXCEPTION_MAP``);
-a class it does not know becomes an internal error. ``WIRE_FORMS`` below is the
-one place the edge chooses them, and ``register_with_sdk()`` (called once where
-the app is built) copies it into those tables. The JSON-RPC code is
-``-(HTTP status * 100 + n)``, outside the range JSON-RPC reserves, so both
-bindings agree on the status; the reason is the class's ``code`` in upper case.
+a class it does not know becomes an internal error. Two tables below are the one
+place the edge chooses them: ``SPEC_WIRE_FORMS``, A2A's own errors exactly as the
+specification's section 5.4 maps them (JSON-RPC code, HTTP status, gRPC status),
+and ``WIRE_FORMS``, the edge's refusals. Where the spec has an error for a
+situation, the edge answers it (an edge class that is one, such as
+``BodyContentTypeNotSupported``, takes its form and reason); the edge's own codes
+are for what the spec does not cover. ``register_with_sdk()`` (called once where
+the app is built) copies both into those tables; ``grpc_status_for()`` gives the
+gRPC binding the same statuses. The edge's own JSON-RPC codes are
+``-(HTTP status * 100 + n)``, outside the ranges JSON-RPC and A2A reserve, so
+both bindings agree on the status; their reason is the class's ``code`` in upper
+case.
 
 Foreign errors: ``converting_foreign_errors`` wraps every method the SDK calls on
 the request handler, so whatever else escapes (SQL, a bug) reaches the customer
@@ -42,8 +49,17 @@ from a2a.utils.errors import (
     A2A_REASON_TO_ERROR,
     JSON_RPC_ERROR_CODE_MAP,
     A2AError,
+    ContentTypeNotSupportedError,
     ErrorMapping,
+    ExtendedAgentCardNotConfiguredError,
+    ExtensionSupportRequiredError,
     InternalError,
+    InvalidAgentResponseError,
+    PushNotificationNotSupportedError,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+    UnsupportedOperationError,
+    VersionNotSupportedError,
 )
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -97,7 +113,16 @@ class PayloadTooLarge(EdgeError):
 
 
 class UnsupportedMediaType(EdgeError):
+    """A compressed request body (``Content-Encoding`` other than ``identity``): the spec has no error for it."""
+
     code = "unsupported_media_type"
+
+
+class BodyContentTypeNotSupported(EdgeError, ContentTypeNotSupportedError):
+    """A request body that is not JSON (``Content-Type: text/plain``, or none): A2A's own
+    ``ContentTypeNotSupportedError``, so it takes the spec's wire form (``SPEC_WIRE_FORMS``), not one of ours."""
+
+    code = "content_type_not_supported"
 
 
 class MalformedRequest(EdgeError):
@@ -191,9 +216,41 @@ RESERVATION_REFUSALS: dict[str, type[EdgeError]] = {
 class WireForm(NamedTuple):
     json_rpc_code: int
     http_status: int
-    grpc_status: str
+    grpc_status: str  # a grpc.StatusCode name
 
 
+# A2A's own errors, exactly as the A2A 1.0 specification's section 5.4 ("Error Code Mappings") states them.
+# The rows are those of the v1.0.1 patch release, which the TCK vendors and the a2a-sdk 1.3 ships; the
+# v1.0.0 tag still carries a superseded table (TaskNotCancelable 409, ContentTypeNotSupported 415,
+# InvalidAgentResponse 502, UNIMPLEMENTED for the three capability errors) that the patch corrected.
+# tests/app/test_spec_codes.py checks these rows against the spec's text and the edge's answers.
+SPEC_WIRE_FORMS: dict[type[A2AError], WireForm] = {
+    TaskNotFoundError: WireForm(-32001, 404, "NOT_FOUND"),
+    TaskNotCancelableError: WireForm(-32002, 400, "FAILED_PRECONDITION"),
+    PushNotificationNotSupportedError: WireForm(-32003, 400, "FAILED_PRECONDITION"),
+    UnsupportedOperationError: WireForm(-32004, 400, "FAILED_PRECONDITION"),
+    ContentTypeNotSupportedError: WireForm(-32005, 400, "INVALID_ARGUMENT"),
+    InvalidAgentResponseError: WireForm(-32006, 500, "INTERNAL"),
+    ExtendedAgentCardNotConfiguredError: WireForm(-32007, 400, "FAILED_PRECONDITION"),
+    ExtensionSupportRequiredError: WireForm(-32008, 400, "FAILED_PRECONDITION"),
+    VersionNotSupportedError: WireForm(-32009, 400, "FAILED_PRECONDITION"),
+}
+
+
+def spec_reason(cls: type[A2AError]) -> str:
+    """The ``ErrorInfo`` reason of an A2A error type (spec 11.6): its name in UPPER_SNAKE_CASE without "Error"."""
+    name = cls.__name__.removesuffix("Error")
+    return "".join(f"_{c}" if c.isupper() and i else c for i, c in enumerate(name)).upper()
+
+
+def spec_error_of(cls: type[A2AError]) -> type[A2AError] | None:
+    """The A2A error type a class is (itself, or the one an edge class refines), or None."""
+    return next((base for base in cls.__mro__ if base in SPEC_WIRE_FORMS), None)
+
+
+# The edge's own refusals. A class that refines one of A2A's errors takes that error's form: where the
+# spec has a code for a situation, every binding uses it; the edge's codes are for what the spec does not
+# cover (docs/A2A_EDGE.md lists them, and why).
 WIRE_FORMS: dict[type[EdgeError], WireForm] = {
     KeyRequired: WireForm(-40100, 401, "UNAUTHENTICATED"),
     KeyRejected: WireForm(-40101, 401, "UNAUTHENTICATED"),
@@ -201,6 +258,7 @@ WIRE_FORMS: dict[type[EdgeError], WireForm] = {
     RateLimited: WireForm(-42901, 429, "RESOURCE_EXHAUSTED"),
     PayloadTooLarge: WireForm(-41301, 413, "INVALID_ARGUMENT"),
     UnsupportedMediaType: WireForm(-41501, 415, "INVALID_ARGUMENT"),
+    BodyContentTypeNotSupported: SPEC_WIRE_FORMS[ContentTypeNotSupportedError],
     MalformedRequest: WireForm(-32700, 400, "INVALID_ARGUMENT"),  # JSON-RPC's own parse error
     ServiceBusy: WireForm(-50301, 503, "UNAVAILABLE"),
     CustomerStreamCap: WireForm(-42903, 429, "RESOURCE_EXHAUSTED"),
@@ -220,30 +278,66 @@ WIRE_FORMS: dict[type[EdgeError], WireForm] = {
 
 
 def reason_of(cls: type[EdgeError]) -> str:
-    """The ``ErrorInfo`` reason of a class (what an a2a-sdk client maps back to the class)."""
-    return cls.code.upper()
+    """The ``ErrorInfo`` reason of a class (what an a2a-sdk client maps back to a class): the A2A error's own
+    reason for a class that refines one, otherwise the class's ``code`` in upper case."""
+    spec = spec_error_of(cls)
+    return spec_reason(spec) if spec is not None else cls.code.upper()
 
 
 def wire_form(error: EdgeError) -> WireForm:
     return WIRE_FORMS[type(error)]
 
 
-def http_status(error: A2AError) -> int:
-    """The HTTP status of any error the edge answers: its own (``WIRE_FORMS``) or the SDK's."""
+_INTERNAL_FORM = WireForm(-32603, 500, "INTERNAL")
+
+
+def wire_form_of(error: A2AError) -> WireForm:
+    """The wire form of any error the edge answers: its own (``WIRE_FORMS``), A2A's (``SPEC_WIRE_FORMS``), or
+    for JSON-RPC's own errors (invalid params, method not found, ...) the a2a-sdk's; anything else is internal."""
     if isinstance(error, EdgeError):
-        return wire_form(error).http_status
-    return A2A_ERROR_MAPPING.get(type(error), ErrorMapping(500, "INTERNAL", "INTERNAL_ERROR")).http_code
+        return wire_form(error)
+    spec = spec_error_of(type(error))
+    if spec is not None:
+        return SPEC_WIRE_FORMS[spec]
+    mapping = A2A_ERROR_MAPPING.get(type(error))
+    code = JSON_RPC_ERROR_CODE_MAP.get(type(error))
+    if mapping is None or code is None:
+        return _INTERNAL_FORM
+    return WireForm(code, mapping.http_code, mapping.grpc_status)
+
+
+def http_status(error: A2AError) -> int:
+    """The HTTP status of any error the edge answers."""
+    return wire_form_of(error).http_status
+
+
+def grpc_status_for(error: A2AError) -> str:
+    """The gRPC status (a ``grpc.StatusCode`` name, e.g. ``NOT_FOUND``) of any error the edge answers: for the
+    gRPC binding, which must use the same table as the other two (``grpc.StatusCode[grpc_status_for(e)]``)."""
+    return wire_form_of(error).grpc_status
 
 
 def register_with_sdk() -> None:
-    """Copy ``WIRE_FORMS`` into the a2a-sdk's error tables. Idempotent: every call writes the same entries."""
-    for cls, form in WIRE_FORMS.items():
-        reason = reason_of(cls)
-        JSON_RPC_ERROR_CODE_MAP[cls] = form.json_rpc_code
-        A2A_ERROR_MAPPING[cls] = ErrorMapping(form.http_status, form.grpc_status, reason)
-        A2A_ERROR_REASONS[cls] = reason
+    """Copy ``SPEC_WIRE_FORMS`` and ``WIRE_FORMS`` into the a2a-sdk's error tables. Idempotent.
+
+    The spec's rows override the SDK's defaults wherever they differ (today they agree: the SDK ships the
+    v1.0.1 table), so an SDK release with another table cannot change what the edge answers. An edge class
+    that refines an A2A error keeps that error's reason, and the reason still maps back to A2A's own class
+    (what a client raises).
+    """
+    for cls, form in SPEC_WIRE_FORMS.items():
+        _register(cls, form, spec_reason(cls), owns_reason=True)
+    for edge_cls, form in WIRE_FORMS.items():
+        _register(edge_cls, form, reason_of(edge_cls), owns_reason=spec_error_of(edge_cls) is None)
+
+
+def _register(cls: type[A2AError], form: WireForm, reason: str, *, owns_reason: bool) -> None:
+    JSON_RPC_ERROR_CODE_MAP[cls] = form.json_rpc_code
+    A2A_ERROR_MAPPING[cls] = ErrorMapping(form.http_status, form.grpc_status, reason)
+    A2A_ERROR_REASONS[cls] = reason
+    if owns_reason:
         A2A_REASON_TO_ERROR[reason] = cls
-        EXCEPTION_MAP[cls] = JSONRPCError
+    EXCEPTION_MAP[cls] = JSONRPCError
 
 
 def error_response(error: A2AError, binding: Binding, headers: dict[str, str] | None = None) -> Response:

@@ -8,7 +8,8 @@ every A2A call is middleware, in this order:
      the SDK with its own text;
   3. ``A2AGuard``, for ``/specialists/<id>/...`` except the public card:
      unknown specialist (404), the key (401 + ``WWW-Authenticate``), the rate
-     limits (429 + ``Retry-After``), the body's media type and encoding (415),
+     limits (429 + ``Retry-After``), the body's media type (A2A's
+     ContentTypeNotSupportedError, 400) and encoding (415),
      its size while it is read (413, before it is read whole), then what it
      holds, before anything parses it (app/bodies.py: element count, number
      literals). The resolved caller is put in the ASGI scope for the
@@ -30,6 +31,7 @@ from app.bodies import ElementCounter, check_numbers, count_elements
 from app.cards import CARD_PATHS, anonymous_allowed
 from app.errors import (
     Binding,
+    BodyContentTypeNotSupported,
     EdgeError,
     KeyRejected,
     KeyRequired,
@@ -243,7 +245,7 @@ class A2AGuard:
             )
         media_type = (_header(scope, b"content-type") or "").split(";", 1)[0].strip().lower()
         if media_type and media_type not in JSON_MEDIA_TYPES:  # refused before reading, like an oversize body
-            raise UnsupportedMediaType(
+            raise BodyContentTypeNotSupported(
                 f"the body's Content-Type is {media_type}; send application/json (or application/a2a+json)"
             )
         declared = _header(scope, b"content-length")
@@ -275,7 +277,9 @@ class A2AGuard:
                 break
         body = b"".join(chunks)
         if body and not media_type:
-            raise UnsupportedMediaType("the body has no Content-Type; send application/json (or application/a2a+json)")
+            raise BodyContentTypeNotSupported(
+                "the body has no Content-Type; send application/json (or application/a2a+json)"
+            )
         count_elements(body, self.settings.edge.max_body_elements)  # before anything walks the body: app/bodies.py
         check_json_text(body, self.settings.edge.max_json_depth)
         check_numbers(body, self.settings.edge)

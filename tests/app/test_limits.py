@@ -67,7 +67,7 @@ def test_a_compressed_body_is_refused(strict_edge, engine, make_customer):
 
 
 @pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
-def test_a_body_that_is_not_json_is_refused_as_unsupported_media(strict_edge, make_customer, content_type):
+def test_a_body_that_is_not_json_is_refused_as_content_type_not_supported(strict_edge, make_customer, content_type):
     customer = make_customer(credits=50)
     headers = dict(customer.headers)
     if content_type:
@@ -75,8 +75,10 @@ def test_a_body_that_is_not_json_is_refused_as_unsupported_media(strict_edge, ma
     answer = http_calls.post(
         f"{strict_edge.specialist(PAID)}/message:send", content=json.dumps(message()).encode(), headers=headers
     )
-    assert answer.status_code == 415
-    assert answer.json()["error"]["details"][0]["metadata"]["code"] == "unsupported_media_type"
+    # A2A's own ContentTypeNotSupportedError in the spec's form (section 5.4: 400), not an edge-private 415.
+    assert answer.status_code == 400
+    assert answer.json()["error"]["details"][0]["reason"] == "CONTENT_TYPE_NOT_SUPPORTED"
+    assert answer.json()["error"]["details"][0]["metadata"]["code"] == "content_type_not_supported"
 
 
 @pytest.mark.parametrize("content_type", ["application/json", "application/a2a+json", "application/json; charset=utf-8"])
@@ -171,16 +173,16 @@ def test_streams_beyond_the_instance_limit_are_refused_with_503_until_one_closes
             assert three.status_code == 200
 
 
-def test_a_json_rpc_body_that_is_not_json_gets_415_as_a_json_rpc_error(strict_edge, make_customer):
+def test_a_json_rpc_body_that_is_not_json_gets_content_type_not_supported_as_a_json_rpc_error(strict_edge, make_customer):
     customer = make_customer()
     answer = http_calls.post(
         f"{strict_edge.specialist('conformance')}/jsonrpc",
         content=json.dumps(rpc("GetTask", {"id": "x"})).encode(),
         headers={**customer.headers, "Content-Type": "text/plain"},
     )
-    assert answer.status_code == 415
+    assert answer.status_code == 400
     body = answer.json()
-    assert body["jsonrpc"] == "2.0" and body["id"] is None and body["error"]["code"] == -41501
+    assert body["jsonrpc"] == "2.0" and body["id"] is None and body["error"]["code"] == -32005
 
 
 # --- The whole message and every list and short string in it (issue 15, item 4) --------------------------------
