@@ -127,14 +127,15 @@ def mark_delivered(conn: Connection, row: OutboxRow) -> None:
     )
 
 
-def reschedule(conn: Connection, row: OutboxRow, *, delay_s: float, error: str, count_attempt: bool = False) -> None:
+def reschedule(conn: Connection, row: OutboxRow, *, delay_s: float, error: str, attempts: int | None = None) -> None:
+    """Make a row due again after ``delay_s``; ``attempts``, when given, is its attempt count from now on."""
     conn.execute(
         text(
             "UPDATE dispatch_outbox SET available_at = now() + make_interval(secs => :delay_s), last_error = :e, "
-            "attempts = CASE WHEN :count THEN :a ELSE attempts END "
+            "attempts = COALESCE(CAST(:a AS integer), attempts) "
             "WHERE dispatch_id = :d AND status IN ('pending', 'sent')"
         ),
-        {"d": row.dispatch_id, "delay_s": delay_s, "e": error[:MAX_LAST_ERROR_CHARS], "a": row.attempts, "count": count_attempt},
+        {"d": row.dispatch_id, "delay_s": delay_s, "e": error[:MAX_LAST_ERROR_CHARS], "a": attempts},
     )
 
 

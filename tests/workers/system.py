@@ -80,7 +80,7 @@ def drop_database(server_url: str, url: str) -> None:
 
 # How long a process this harness starts may take to say it is ready: as tests/app and tests/deploy, a start-up
 # deadline for a loaded machine, not a bound the product promises (a 30 s one failed at a load average of 9).
-START_TIMEOUT_S = 90.0
+START_TIMEOUT_S = 240.0  # only "never" is a failure: a worker took two minutes to start at load 14
 
 
 def _wait_for_line(process: subprocess.Popen, prefix: str, timeout_s: float = START_TIMEOUT_S) -> str:
@@ -187,11 +187,11 @@ class System:
         self.edges.append(edge)
         return edge
 
-    def start_worker(self) -> Worker:
+    def start_worker(self, **overrides: str) -> Worker:
         process = subprocess.Popen(
             [sys.executable, "-m", "tests.workers.worker_process", str(self.step_log)],
             cwd=PROJECT_ROOT,
-            env=self.env(),
+            env=self.env(**overrides),
             stdout=subprocess.PIPE,
             stderr=(self.folder / f"worker-{len(self.workers)}.log").open("wb"),
             text=True,

@@ -43,6 +43,7 @@ from tests.workers.system import (
     System,
     drop_database,
     fresh_database,
+    stop_process,
     script_message,
 )
 from taskstate import claims
@@ -355,6 +356,48 @@ def test_a_job_no_worker_can_take_is_failed_as_undeliverable_and_charged_nothing
     finally:
         system.stop_dispatchers()
         system.start_dispatcher()
+
+
+def test_a_worker_full_with_another_dispatchers_job_delays_a_job_without_giving_it_up(system, customer):
+    # Two dispatchers share a one-slot worker: each believes the slot is free, so one of them delivers into a
+    # full worker and is answered worker_at_capacity. That is a reason to wait for the Retry-After, not a failed
+    # attempt: with dispatch_max_attempts=2 the job used to be given up as undeliverable after two such answers.
+    system.stop_dispatchers()
+    one_slot = system.start_worker(worker_max_concurrent_jobs="1")
+    try:
+        for _ in range(2):
+            system.start_dispatcher(worker_urls=[one_slot.url], dispatch_max_attempts="2")
+        long_task = send(system, customer, [{"op": "sleep", "seconds": 60}, {"op": "complete", "text": "long"}])
+        system.wait_for("the long job to start", lambda: system.runs(system.job_of(long_task)))
+        short_task = send(system, customer, [{"op": "complete", "text": "short"}])
+
+        def last_error() -> str:
+            with system.engine.connect() as conn:
+                return conn.execute(text("SELECT last_error FROM dispatch_outbox WHERE task_id = :t"),
+                                    {"t": short_task}).scalar_one() or ""
+
+        # The long job holds the slot until it is canceled, so the short one meets the full worker again and again.
+        short_job = system.job_of(short_task)
+
+        def times_full() -> int:
+            return sum(d.log_text().count(f"job {short_job}: the worker is full") for d in system.dispatchers)
+
+        system.wait_for("the short job to meet the full worker three times", lambda: times_full() >= 3
+                        or state_of(system, customer, short_task) != "TASK_STATE_SUBMITTED", timeout_s=30)
+        assert "worker_at_capacity" in last_error()
+        assert state_of(system, customer, short_task) == "TASK_STATE_SUBMITTED"  # waiting, not given up
+        canceled = http_calls.post(f"{api(system, 0)}/tasks/{long_task}:cancel", json={}, headers=customer)
+        assert canceled.status_code == 200, canceled.text
+        system.wait_for("the short task to complete once the slot is free",
+                        lambda: state_of(system, customer, short_task) == "TASK_STATE_COMPLETED", timeout_s=30)
+    finally:
+        system.stop_dispatchers()
+        stop_process(one_slot.process)
+        system.workers.remove(one_slot)
+        system.start_dispatcher()
+    assert [len(system.runs(system.job_of(t))) for t in (long_task, short_task)] == [1, 1]
+    assert settlements(system, short_task) == [("settle", SCRIPTED_TARIFF)]
+
 
 
 def test_a_job_cloud_tasks_stopped_delivering_is_failed_and_voided_once_no_delivery_can_run_it(system, customer):

@@ -11,11 +11,20 @@ of rows in flight is renewed every third of ``dispatch_delivery_lease_s``.
 
 What the worker's answer means (``workers.dispatch.delivery``):
 ``done`` (finished, already finished, unknown, stale) marks the row delivered;
-``retry`` (busy, at capacity, unreachable, failing) reschedules it with backoff,
-never sooner than the worker's ``Retry-After``; ``refused`` (authentication,
+``retry`` (busy, unreachable, failing) reschedules it with backoff, never sooner
+than the worker's ``Retry-After``; ``worker_at_capacity`` (the worker claimed
+nothing: its slots are taken, by another dispatcher's deliveries or by a job
+still ending) comes due again after the worker's ``Retry-After`` alone, neither
+growing its backoff nor counting towards ``dispatch_max_attempts``: a full
+worker is a reason to wait, not a sign the job cannot be delivered; ``refused`` (authentication,
 a specialist no worker serves: configuration) reschedules it at the longest
 backoff and says so in the log. After ``dispatch_max_attempts`` a job no worker
 ever claimed is given up (``workers.dispatch.sweeper.give_up``).
+
+A row leaves the set whose lease is renewed before its outcome is recorded, and
+both happen under ``_renewing``: a renewal that read the set just before a
+delivery ended can never push a rescheduled row's ``available_at`` out to a
+whole delivery lease (it did: a job refused as busy waited 30 s instead of 1 s).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from taskstate.updates import TaskEvents
 log = logging.getLogger(__name__)
 
 CRASH_EXIT_CODE = 70  # a recovery drill's abrupt exit (dispatch_crash_point)
+WORKER_FULL = "worker_at_capacity"  # the worker's answer when it claimed nothing because its slots are taken
 
 
 def crash_here(point: str, settings: Settings) -> None:
@@ -72,7 +82,9 @@ class EmbeddedDispatcher:
         self.capacity = self.slots_per_url * len(self.urls)
         self.client = client or httpx.Client(limits=httpx.Limits(max_connections=self.capacity + 4))
         self._lock = threading.Lock()
+        self._renewing = threading.Lock()  # a renewal's read of _in_flight and its UPDATE, against a row leaving it
         self._in_flight: dict[int, str] = {}  # dispatch id -> worker URL
+        self._full_since: float | None = None  # when every delivery slot was last found taken (for the log)
         # Deliveries in a row that got no HTTP answer, per URL: a dead worker is tried only when every other
         # one failed too (a job whose worker died must reach another one to be resumed).
         self._unanswered: dict[str, int] = {url: 0 for url in self.urls}
@@ -90,7 +102,9 @@ class EmbeddedDispatcher:
         with self._lock:
             free = self.capacity - len(self._in_flight)
         if free <= 0:
+            self._note_full()
             return self._renew_every_s  # a delivery ending wakes us sooner
+        self._full_since = None
         limit = min(free, self.settings.dispatch.batch_size)
         with self.engine.begin() as conn:
             rows = outbox.take(conn, limit=limit, lease_s=self.settings.dispatch.delivery_lease_s, me=self.name)
@@ -108,18 +122,35 @@ class EmbeddedDispatcher:
             threading.Thread(target=self._deliver, args=(row, url), name=f"deliver-{row.dispatch_id}", daemon=True).start()
         return 0.0 if len(rows) == limit else self.settings.dispatch.poll_interval_s
 
+    def _note_full(self) -> None:
+        """Say, once a delivery lease, that due jobs wait for a slot (what an operator sees as 'nothing moves')."""
+        now = time.monotonic()
+        if self._full_since is None:
+            self._full_since = now
+        elif now - self._full_since >= self.settings.dispatch.delivery_lease_s:
+            self._full_since = now
+            with self._lock:
+                jobs = sorted(self._in_flight)
+            log.info(
+                "every delivery slot has been taken for %g s (%d per worker, SPECIALISTS_WORKER_MAX_CONCURRENT_JOBS); "
+                "due jobs wait; in flight: dispatch ids %s",
+                self.settings.dispatch.delivery_lease_s, self.slots_per_url, jobs,
+                extra={"event": "dispatch_full"},
+            )
+
     def _renew_due(self) -> None:
         if time.monotonic() < self._next_renewal:
             return
         self._next_renewal = time.monotonic() + self._renew_every_s
-        with self._lock:
-            ids = list(self._in_flight)
-        if ids:
-            try:
-                with self.engine.begin() as conn:
-                    outbox.renew(conn, ids, lease_s=self.settings.dispatch.delivery_lease_s)
-            except Exception as exc:  # the rows come due again: a redelivery is answered from the claim
-                log.warning("renewing %d delivery lease(s) failed: %s", len(ids), type(exc).__name__)
+        with self._renewing:
+            with self._lock:
+                ids = list(self._in_flight)
+            if ids:
+                try:
+                    with self.engine.begin() as conn:
+                        outbox.renew(conn, ids, lease_s=self.settings.dispatch.delivery_lease_s)
+                except Exception as exc:  # the rows come due again: a redelivery is answered from the claim
+                    log.warning("renewing %d delivery lease(s) failed: %s", len(ids), type(exc).__name__)
 
     def _deliver(self, row: outbox.OutboxRow, url: str) -> None:
         try:
@@ -128,13 +159,18 @@ class EmbeddedDispatcher:
             with self._lock:
                 self._unanswered[url] = 0 if result.status is not None else self._unanswered[url] + 1
             crash_here("after_enqueue", self.settings)
+            with self._renewing:  # no renewal can now overwrite what _record writes
+                self._leave(row)
             self._record(row, result)
         except Exception:
             log.exception("delivering job %s failed; it comes due again after its delivery lease", row.job_id)
         finally:
-            with self._lock:
-                self._in_flight.pop(row.dispatch_id, None)
+            self._leave(row)
             self.wake.set()
+
+    def _leave(self, row: outbox.OutboxRow) -> None:
+        with self._lock:
+            self._in_flight.pop(row.dispatch_id, None)
 
     def _record(self, row: outbox.OutboxRow, result: DeliveryResult) -> None:
         if result.verdict == "done":
@@ -142,6 +178,13 @@ class EmbeddedDispatcher:
                 outbox.mark_delivered(conn, row)
             return
         error = f"{result.code} (HTTP {result.status})" if result.status else result.code
+        if result.code == WORKER_FULL:
+            delay_s = result.retry_after_s or self.settings.dispatch.retry_base_s
+            log.info("job %s: the worker is full (%s); delivering again in %g s", row.job_id, error, delay_s,
+                     extra={"event": "dispatch_retry", "job_id": row.job_id, "code": result.code})
+            with self.engine.begin() as conn:
+                outbox.reschedule(conn, row, delay_s=delay_s, error=error, attempts=row.attempts - 1)
+            return
         if row.attempts >= self.settings.dispatch.max_attempts and give_up(self.engine, self.tasks, row, error=error, limits=self.settings.ledger):
             return
         if result.verdict == "refused":
@@ -158,6 +201,9 @@ class EmbeddedDispatcher:
                 base_s=self.settings.dispatch.retry_base_s,
                 max_s=self.settings.dispatch.retry_max_s,
             )
+            log.info("job %s: delivery attempt %d answered %s; delivering again in %.1f s", row.job_id,
+                     row.attempts, error, delay_s,
+                     extra={"event": "dispatch_retry", "job_id": row.job_id, "code": result.code})
         with self.engine.begin() as conn:
             outbox.reschedule(conn, row, delay_s=delay_s, error=error)
 

@@ -5,9 +5,11 @@ rows to the worker endpoint itself (``EmbeddedDispatcher``); ``cloud_tasks``
 relays them to Cloud Tasks (``CloudTasksRelay``). The loop runs a round when the
 edge's ``edge_dispatch`` notification arrives (admission sends it after its
 commit), when a delivery ends, or every ``dispatch_poll_interval_s`` at the
-latest (a missed notification, a rescheduled row coming due); every
-``dispatch_sweep_interval_s`` it also runs the lease sweeper. Any number of
-dispatcher processes may run against one database.
+latest (a missed notification, a rescheduled row coming due). A thread of its
+own runs the lease sweeper every ``dispatch_sweep_interval_s`` and the event
+pruner every ``task_events_prune_interval_s``, so that neither, waiting on a
+lock or a slow scan, can hold up a delivery. Any number of dispatcher
+processes may run against one database.
 
 SIGTERM or SIGINT stops it at once: rows in flight stay leased and come due
 again for another dispatcher; nothing is lost and nothing runs twice.
@@ -108,6 +110,22 @@ def build_backend(
     return EmbeddedDispatcher(engine, settings, signer, tasks, name=name, wake=wake)
 
 
+def _maintain(settings: Settings, engine: Engine, sweeper: LeaseSweeper, stop: threading.Event) -> None:
+    """The sweeper and the pruner, in a thread of their own: a slow sweep or prune never holds up a delivery."""
+    next_prune = time.monotonic()
+    while not stop.is_set():
+        try:
+            sweeper.sweep()
+            sweeper.give_up_abandoned()
+            if time.monotonic() >= next_prune:
+                next_prune = time.monotonic() + settings.dispatch.task_events_prune_interval_s
+                prune_task_events(engine, retention_s=settings.dispatch.task_events_retention_days * 86_400,
+                                  batch=settings.dispatch.task_events_prune_batch)
+        except Exception as exc:  # the database restarting, a network fault: the next interval tries again
+            log.warning("dispatch maintenance failed (%s: %s); retrying", type(exc).__name__, exc)
+        stop.wait(settings.dispatch.sweep_interval_s)
+
+
 def run_dispatcher(
     settings: Settings,
     *,
@@ -144,27 +162,23 @@ def run_dispatcher(
     )
     if on_ready is not None:
         on_ready()
-    next_sweep = next_prune = time.monotonic()
+    maintenance = threading.Thread(
+        target=_maintain, args=(settings, engine, sweeper, stop), name="dispatcher-maintenance", daemon=True
+    )
+    maintenance.start()
     try:
         while not stop.is_set():
             wake.clear()
             try:
                 delay_s = backend.round()
-                if time.monotonic() >= next_sweep:
-                    next_sweep = time.monotonic() + settings.dispatch.sweep_interval_s
-                    sweeper.sweep()
-                    sweeper.give_up_abandoned()
-                if time.monotonic() >= next_prune:
-                    next_prune = time.monotonic() + settings.dispatch.task_events_prune_interval_s
-                    prune_task_events(engine, retention_s=settings.dispatch.task_events_retention_days * 86_400,
-                                      batch=settings.dispatch.task_events_prune_batch)
             except Exception as exc:  # the database restarting, a network fault: try again shortly
                 log.warning("dispatch round failed (%s: %s); retrying", type(exc).__name__, exc)
                 delay_s = min(1.0, settings.dispatch.poll_interval_s)
             if delay_s > 0:
-                wake.wait(min(delay_s, max(0.0, next_sweep - time.monotonic())))
+                wake.wait(delay_s)
     finally:
         listener.stop()
+        maintenance.join(timeout=settings.database.connect_timeout_s)
         backend.close()
         engine.dispose()
         log.info("dispatcher %s stopped", name)

@@ -70,7 +70,7 @@ class CloudTasksRelay:
                         max_s=self.settings.dispatch.retry_max_s,
                     )
                     log.warning("enqueueing job %s failed (%s); retrying in %.1f s", row.job_id, failed.message, delay_s)
-                    outbox.reschedule(conn, row, delay_s=delay_s, error=failed.message, count_attempt=True)
+                    outbox.reschedule(conn, row, delay_s=delay_s, error=failed.message, attempts=row.attempts)
                     continue
                 log.info("job %s enqueued as %s%s", row.job_id, result.task_name, "" if result.created else " (again)")
                 outbox.mark_sent(conn, row)
