@@ -2,8 +2,9 @@
 
 Each specialist's card lists its one skill, input and output modes, the bearer
 security scheme, its JSON-RPC and HTTP+JSON interfaces (A2A 1.0, plus the 0.3
-JSON-RPC names on the same endpoint), and its tariff and limits in the
-``TARIFF_EXTENSION`` params (the card has no other place for them). Cards are
+JSON-RPC names on the same endpoint), its tariff and limits in the
+``TARIFF_EXTENSION`` params (the card has no other place for them), and its
+idempotency policy in the ``IDEMPOTENCY_EXTENSION`` params. Cards are
 the same for every caller, so they are rendered once: a strong ``ETag`` from
 their bytes, ``Last-Modified`` from the spec file, ``Cache-Control`` from
 ``card_max_age_s``; ``If-None-Match`` (or ``If-Modified-Since``) answers 304,
@@ -31,6 +32,8 @@ from core.specs import LoadedSpec
 
 CARD_PATH = "/.well-known/agent-card.json"
 TARIFF_EXTENSION = "urn:specialists:extension:tariff-and-limits:v1"
+IDEMPOTENCY_EXTENSION = "urn:specialists:extension:idempotency:v1"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 BEARER = "bearer"
 ETAG_DIGEST_CHARS = 32  # hex characters of the body's SHA-256 in a card's ETag
 
@@ -104,7 +107,27 @@ def build_card(loaded: LoadedSpec, settings: Settings) -> AgentCard:
             }
         ],
     }
+    card["capabilities"]["extensions"].append(idempotency_extension(loaded, settings))
     return ParseDict(card, AgentCard())
+
+
+def idempotency_extension(loaded: LoadedSpec, settings: Settings) -> dict[str, Any]:
+    """The specialist's idempotency policy (docs/A2A_EDGE.md), after the tariff extension (which the extended card
+    expects first): what makes a resend replay the first answer, and for how long a key is remembered."""
+    return {
+        "uri": IDEMPOTENCY_EXTENSION,
+        "description": (
+            "A resend with the same Idempotency-Key and the same content replays the first answer"
+            + (", and so does one with the same messageId" if loaded.spec.idempotency == "message_id" else "")
+            + "; the same key with other content is refused (idempotency_key_conflict)."
+        ),
+        "required": False,
+        "params": {
+            "policy": loaded.spec.idempotency,
+            "header": IDEMPOTENCY_HEADER,
+            "retentionSeconds": settings.edge.idempotency_key_retention_s,
+        },
+    }
 
 
 @dataclass(frozen=True)

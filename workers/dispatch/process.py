@@ -6,7 +6,9 @@ relays them to Cloud Tasks (``CloudTasksRelay``). The loop runs a round when the
 edge's ``edge_dispatch`` notification arrives (admission sends it after its
 commit), when a delivery ends, or every ``dispatch_poll_interval_s`` at the
 latest (a missed notification, a rescheduled row coming due); every
-``dispatch_sweep_interval_s`` it also runs the lease sweeper. Any number of
+``dispatch_sweep_interval_s`` it also runs the lease sweeper, and every
+``task_events_prune_interval_s`` the pruner (finished tasks' events, expired
+Idempotency-Keys; bounded statements, see ``pruner``). Any number of
 dispatcher processes may run against one database.
 
 SIGTERM or SIGINT stops it at once: rows in flight stay leased and come due
@@ -32,7 +34,7 @@ from core.errors import ServiceError
 from core.settings import Settings
 from workers.auth import JobSigner
 from workers.dispatch.embedded import EmbeddedDispatcher
-from workers.dispatch.pruner import prune_task_events
+from workers.dispatch.pruner import prune_idempotency_keys, prune_task_events
 from workers.dispatch.sweeper import LeaseSweeper
 from workers.instance import host_name
 from workers.settlement import TaskSettlement
@@ -158,6 +160,7 @@ def run_dispatcher(
                     next_prune = time.monotonic() + settings.dispatch.task_events_prune_interval_s
                     prune_task_events(engine, retention_s=settings.dispatch.task_events_retention_days * 86_400,
                                       batch=settings.dispatch.task_events_prune_batch)
+                    prune_idempotency_keys(engine, batch=settings.dispatch.idempotency_keys_prune_batch)
             except Exception as exc:  # the database restarting, a network fault: try again shortly
                 log.warning("dispatch round failed (%s: %s); retrying", type(exc).__name__, exc)
                 delay_s = min(1.0, settings.dispatch.poll_interval_s)
