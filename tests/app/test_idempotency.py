@@ -13,6 +13,7 @@ from a2a.client.card_resolver import A2ACardResolver
 from a2a.types.a2a_pb2 import Message, Part, Role, SendMessageRequest, TaskState
 from sqlalchemy import Engine, text
 
+from app.errors import register_with_sdk
 from core.specs import SpecInvalid, load_spec
 from tests import http_calls
 from tests.app.conftest import PAID, PAID_SPEC, PAID_TARIFF, footprint, message, rpc
@@ -97,6 +98,7 @@ async def test_the_same_key_with_other_content_is_refused_and_leaves_nothing(edg
     key = str(uuid.uuid4())
     await send(edge_a, customer, PAID, binding, request(text_="one", immediately=True), key=key)
     before = footprint(engine, customer.customer_id)
+    register_with_sdk()  # the HTTP+JSON client maps an ErrorInfo reason to a class through the SDK's table
     with pytest.raises(Exception, match="already used with other content"):
         await send(edge_a, customer, PAID, binding, request(text_="two", immediately=True), key=key)
     answer = raw_send(edge_a, customer, PAID, binding, message(text="two", returnImmediately=True), key)
