@@ -367,6 +367,7 @@ def _cancel_error(refused: CancelRefused) -> Exception:
 
 # --- the transactions (sync code on the async connection, via run_sync) -------------------
 
+
 @dataclass(frozen=True)
 class _Send:
     """One send on its way through the admission transaction."""
