@@ -238,3 +238,24 @@ def test_a_paid_spec_with_the_key_only_policy_is_refused_at_load(tmp_path: Path)
     path.write_text(PAID_SPEC + "idempotency: key_only\n")
     with pytest.raises(SpecInvalid, match="key_only is refused for a paid specialist"):
         load_spec(path)
+
+
+@pytest.mark.parametrize("binding", BINDINGS)
+async def test_a_resent_follow_up_with_its_key_replays_instead_of_continuing_the_task_twice(
+    edge_a, engine, make_customer, binding
+):
+    customer = make_customer()
+    asked = await send(edge_a, customer, CONFORMANCE, binding, request(f"tck-input-required-{uuid.uuid4()}"))
+    task = asked[0].task
+    assert task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+    follow_up = request(f"follow-up-{uuid.uuid4()}", "here is more", immediately=True)
+    follow_up.message.task_id = task.id
+    key = str(uuid.uuid4())
+    first = await send(edge_a, customer, CONFORMANCE, binding, follow_up, key=key)
+    again = await send(edge_a, customer, CONFORMANCE, binding, follow_up, key=key)
+    assert first[0].task.id == again[0].task.id == task.id
+    with engine.connect() as conn:
+        outbox_rows = conn.execute(
+            text("SELECT count(*) FROM dispatch_outbox WHERE task_id = :t"), {"t": task.id}
+        ).scalar_one()
+    assert outbox_rows == 2  # the first message and the one follow-up, not a third
