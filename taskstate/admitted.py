@@ -6,9 +6,9 @@ owner scope of its rows, and the credits reserved for it with the reservation's
 id (the task id; NULL for a free specialist). One column changes later:
 ``reply_kind`` becomes ``message`` when the task's answer is a direct Message
 (``record_message_reply``, in the transaction that writes it), so that a resend
-is answered with that Message, as the first send was (``reply_kind``). Everything that
-later moves the task's money (a finish, a cancel, a give-up, a reconcile) reads
-the reserved amount here (``hold_of``), never from a spec file, which may have
+is answered with that Message, as the first send was (``reply_kind``).
+Everything that later moves the task's money (a finish, a cancel, a give-up, a
+reconcile) reads the reserved amount here (``hold_of``), never from a spec file, which may have
 changed since.
 """
 
