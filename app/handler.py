@@ -6,8 +6,8 @@ PostgreSQL store and event stream, scoped by owner. Sends and cancels differ:
     reservation, outbox row; or the replay of the send they repeat, with the
     direct Message it was answered with, if it was) instead of executing in
     this process; a blocking send then waits on the task's event stream for a
-    terminal or interrupted
-    state (at most ``blocking_wait_max_s``), a stream relays the events;
+    terminal or interrupted state (at most ``blocking_wait_max_s``), a stream
+    relays the events;
   - CancelTask is one transaction on any instance: the task's jobs are cancelled
     through their claims (a running one is stopped by its worker within a
     heartbeat), the task is CANCELED, and the reservation resolved as
