@@ -3,13 +3,21 @@
 In order, before anything is written:
   1. the message against the specialist's spec (parts, media types, sizes, ids);
   2. the caller's credit ceiling (``message.metadata["credit_ceiling"]``) against the tariff.
-Then ONE transaction: the idempotency record (customer, messageId, content
-fingerprint), the context binding, the ledger reservation, the task row (in the
-a2a-sdk store's format) and the dispatch outbox row. Any refusal raises and
-rolls everything back, so a refused request leaves no task and no reservation.
-This module owns ``edge_messages`` and ``edge_contexts``; the other rows are
-written through their owners' common table expressions (``taskstate.rows``,
-``taskstate.admitted``, ``taskstate.outbox``), so a new task is one statement.
+Then ONE transaction: the idempotency records, the context binding, the ledger
+reservation, the task row (in the a2a-sdk store's format) and the dispatch
+outbox row. Any refusal raises and rolls everything back, so a refused request
+leaves no task and no reservation. This module owns ``edge_messages`` and
+``edge_contexts``; the other rows are written through their owners' common table
+expressions (``taskstate.idempotency``, ``taskstate.rows``, ``taskstate.admitted``,
+``taskstate.outbox``), so a new task is one statement.
+
+Idempotency (docs/A2A_EDGE.md): an ``Idempotency-Key`` header, scoped to the
+customer and the specialist and kept ``idempotency_key_retention_s``, makes a
+resend with the same content replay the first send's task (a direct Message
+answer included), and one with other content ``idempotency_key_conflict``. Under
+the spec's ``idempotency: message_id`` policy (paid specialists) the messageId
+does the same for ever (``edge_messages``: customer, messageId, fingerprint);
+under ``key_only`` (the conformance specialist) a reused messageId is a new task.
 
 A follow-up message (``message.taskId`` set) continues a task that asks for
 input: no new reservation (the task's hold covers it), the task goes back to
@@ -52,6 +60,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app import ledger_port
 from app.errors import (
     ContextUnavailable,
+    IdempotencyKeyConflict,
     InvalidValue,
     MessageIdConflict,
     OverCreditCeiling,
@@ -61,7 +70,7 @@ from app.errors import (
 from app.identity import Identity
 from core.settings import Settings
 from core.specs import LoadedSpec, media_type_matches
-from taskstate import admitted, outbox, rows
+from taskstate import admitted, idempotency, outbox, rows
 from taskstate.cancel import CancelRefused, cancel_task
 from taskstate.notify import Notifier
 
@@ -97,10 +106,38 @@ class Checked:
 
     fingerprint: bytes
     ceiling: int | None
+    idempotency_key: str | None = None  # the Idempotency-Key header, valid (None: the caller sent none)
 
 
-def check_message(loaded: LoadedSpec, params: SendMessageRequest, settings: Settings) -> Checked:
+# Printable ASCII, the space included (RFC 9110 field values; the draft Idempotency-Key header is a string).
+_PRINTABLE_ASCII = frozenset(chr(code) for code in range(0x20, 0x7F))
+
+
+def check_idempotency_key(key: str | None, settings: Settings) -> str | None:
+    """The ``Idempotency-Key`` header as given, or None without one; refuse an empty, long or non-ASCII key."""
+    if key is None:
+        return None
+    limit = settings.edge.max_idempotency_key_chars
+    if not key or len(key) > limit or not set(key) <= _PRINTABLE_ASCII:
+        problem = (
+            "is empty" if not key
+            else f"has {len(key)} characters; at most {limit} are accepted (SPECIALISTS_MAX_IDEMPOTENCY_KEY_CHARS)"
+            if len(key) > limit
+            else "holds a character that is not printable ASCII"
+        )
+        raise InvalidValue(
+            f"the Idempotency-Key header {problem}; send a unique printable ASCII string such as a UUID, "
+            "or omit the header",
+            code="idempotency_key_invalid",
+        )
+    return key
+
+
+def check_message(
+    loaded: LoadedSpec, params: SendMessageRequest, settings: Settings, idempotency_key: str | None = None
+) -> Checked:
     """Validate the request against the spec and the caller's ceiling; raise the first problem found."""
+    key = check_idempotency_key(idempotency_key, settings)
     spec = loaded.spec
     where = f"specs/{loaded.path.name}"
     message = params.message
@@ -170,7 +207,7 @@ def check_message(loaded: LoadedSpec, params: SendMessageRequest, settings: Sett
         # Longer than any task id there is (the service issues uuids, the store holds 36 characters): it names
         # no task of the caller's, and is answered as any such id is, after every other check.
         raise TaskNotFoundError(message="Task not found")
-    return Checked(fingerprint=fingerprint(spec.id, message), ceiling=ceiling)
+    return Checked(fingerprint=fingerprint(spec.id, message), ceiling=ceiling, idempotency_key=key)
 
 
 def message_size_bytes(message: Message) -> int:
@@ -277,6 +314,8 @@ class Admitted:
     task: Task
     version: int
     replay: bool  # an idempotent resend: nothing was written, this is the task the first send created
+    # A resend of a send the specialist answered with a direct Message: that Message is the answer again.
+    reply: Message | None = None
 
 
 class AdmissionService:
@@ -287,10 +326,15 @@ class AdmissionService:
         self.settings = settings
         self.notifier = notifier
 
-    async def admit(self, loaded: LoadedSpec, identity: Identity, params: SendMessageRequest) -> Admitted:
-        checked = check_message(loaded, params, self.settings)
+    async def admit(
+        self, loaded: LoadedSpec, identity: Identity, params: SendMessageRequest, idempotency_key: str | None = None
+    ) -> Admitted:
+        """Admit the send, or replay the one it repeats; ``idempotency_key`` is the header as received."""
+        checked = check_message(loaded, params, self.settings, idempotency_key)
+        send = _Send(loaded, identity, identity.owner(loaded.spec.id), params.message, checked,
+                     self.settings.edge.idempotency_key_retention_s)
         async with self.engine.begin() as conn:
-            admitted = await conn.run_sync(_admit, loaded, identity, params.message, checked)
+            admitted = await conn.run_sync(_admit, send)
         if not admitted.replay:  # committed: wake the dispatchers, and a follow-up's subscribers
             await self.notifier.dispatch(loaded.spec.executor)
             if admitted.version > 1:
@@ -329,6 +373,33 @@ def _cancel_error(refused: CancelRefused) -> Exception:
 
 # --- the transactions (sync code on the async connection, via run_sync) -------------------
 
+
+@dataclass(frozen=True)
+class _Send:
+    """One send on its way through the admission transaction."""
+
+    loaded: LoadedSpec
+    identity: Identity
+    owner: str
+    message: Message
+    checked: Checked
+    key_retention_s: float
+
+    @property
+    def specialist_id(self) -> str:
+        return self.loaded.spec.id
+
+    @property
+    def by_message_id(self) -> bool:
+        """Whether the messageId makes a resend idempotent (the spec's ``idempotency: message_id``)."""
+        return self.loaded.spec.idempotency == "message_id"
+
+    def key_scope(self) -> dict[str, Any]:
+        assert self.checked.idempotency_key is not None
+        return {"customer_key": self.identity.customer_key, "specialist_id": self.specialist_id,
+                "key": self.checked.idempotency_key}
+
+
 _CLAIM_MESSAGE = text(
     "INSERT INTO edge_messages (customer_key, message_id, fingerprint, specialist_id, task_id) "
     "VALUES (:customer_key, :message_id, :fingerprint, :specialist_id, :task_id) "
@@ -338,77 +409,124 @@ _FIRST_SEND = text(
     "SELECT fingerprint, specialist_id, task_id FROM edge_messages WHERE customer_key = :c AND message_id = :m"
 )
 _CONTEXT_HOLDER = text("SELECT customer_key FROM edge_contexts WHERE context_id = :x")
-# A new task in one statement: the idempotency claim, and only if it is new, the context
-# binding, the task (SDK rows), the edge's row and the outbox row. The final SELECT sees the
-# snapshot from before the statement: the context's earlier holder, if any.
+# A new task in one statement: the key's claim (with a key), then the messageId's (under the message_id policy),
+# and only if both are new, the context binding, the task (SDK rows), the edge's row and the outbox row. The
+# final SELECT sees the snapshot from before the statement: the context's earlier holder, and the key's first
+# use, if any.
+_KEY_GIVEN = "CAST(:idempotency_key AS text) IS NOT NULL"
 _ADMIT_NEW = text(
     f"""
-    WITH claim AS (
+    WITH {idempotency.claim_cte("key_claim", when=_KEY_GIVEN)},
+    claim AS (
         INSERT INTO edge_messages (customer_key, message_id, fingerprint, specialist_id, task_id)
-        VALUES (:customer_key, :message_id, :fingerprint, :specialist_id, :task_id)
+        SELECT CAST(:customer_key AS text), CAST(:message_id AS text), CAST(:fingerprint AS bytea),
+               CAST(:specialist_id AS text), CAST(:task_id AS varchar)
+         WHERE CAST(:by_message_id AS boolean) AND (NOT {_KEY_GIVEN} OR EXISTS (SELECT 1 FROM key_claim))
         ON CONFLICT (customer_key, message_id) DO NOTHING RETURNING 1
+    ),
+    admit AS (
+        SELECT (NOT {_KEY_GIVEN} OR EXISTS (SELECT 1 FROM key_claim))
+               AND (NOT CAST(:by_message_id AS boolean) OR EXISTS (SELECT 1 FROM claim)) AS new
     ),
     context_claim AS (
         INSERT INTO edge_contexts (context_id, customer_key)
-        SELECT CAST(:context_id AS varchar), CAST(:customer_key AS text) WHERE EXISTS (SELECT 1 FROM claim)
+        SELECT CAST(:context_id AS varchar), CAST(:customer_key AS text) WHERE (SELECT new FROM admit)
         ON CONFLICT (context_id) DO NOTHING RETURNING 1
     ),
-    {rows.new_task_ctes(when="EXISTS (SELECT 1 FROM claim)")},
-    {admitted.new_row_cte("edge_row", when="EXISTS (SELECT 1 FROM claim)")},
-    {outbox.new_row_cte("outbox_row", when="EXISTS (SELECT 1 FROM claim)")}
-    SELECT EXISTS (SELECT 1 FROM claim) AS new,
+    {rows.new_task_ctes(when="(SELECT new FROM admit)")},
+    {admitted.new_row_cte("edge_row", when="(SELECT new FROM admit)")},
+    {outbox.new_row_cte("outbox_row", when="(SELECT new FROM admit)")}
+    SELECT (SELECT new FROM admit) AS new,
+           EXISTS (SELECT 1 FROM key_claim) AS key_claimed,
            EXISTS (SELECT 1 FROM context_claim) AS context_claimed,
-           (SELECT customer_key FROM edge_contexts WHERE context_id = :context_id) AS context_holder
+           (SELECT customer_key FROM edge_contexts WHERE context_id = :context_id) AS context_holder,
+           key_holder.fingerprint AS key_fingerprint, key_holder.task_id AS key_task_id
+      FROM (SELECT 1) AS one LEFT JOIN {idempotency.holder_relation()} AS key_holder ON true
     """
 )
 
 
-def _admit(conn: Connection, loaded: LoadedSpec, identity: Identity, message: Message, checked: Checked) -> Admitted:
-    owner = identity.owner(loaded.spec.id)
+def _admit(conn: Connection, send: _Send) -> Admitted:
+    message = send.message
     if not message.task_id:
-        return _create(conn, loaded, identity, owner, message, checked)
-    claimed = conn.execute(
-        _CLAIM_MESSAGE,
-        {
-            "customer_key": identity.customer_key,
-            "message_id": message.message_id,
-            "fingerprint": checked.fingerprint,
-            "specialist_id": loaded.spec.id,
-            "task_id": message.task_id,
-        },
-    ).first()
-    if claimed is None:
-        return _replay(conn, identity, owner, loaded.spec.id, message, checked)
-    return _continue(conn, loaded, owner, message)
+        return _create(conn, send)
+    if send.checked.idempotency_key is not None:
+        if not idempotency.claim(conn, **send.key_scope(), fingerprint=send.checked.fingerprint,
+                                 task_id=message.task_id, retention_s=send.key_retention_s):
+            return _replay_key(conn, send, None)
+    if send.by_message_id:
+        claimed = conn.execute(
+            _CLAIM_MESSAGE,
+            {
+                "customer_key": send.identity.customer_key,
+                "message_id": message.message_id,
+                "fingerprint": send.checked.fingerprint,
+                "specialist_id": send.specialist_id,
+                "task_id": message.task_id,
+            },
+        ).first()
+        if claimed is None:
+            return _replay_message_id(conn, send, key_claimed=send.checked.idempotency_key is not None)
+    return _continue(conn, send.loaded, send.owner, message)
 
 
-def _replay(
-    conn: Connection, identity: Identity, owner: str, specialist_id: str, message: Message, checked: Checked
-) -> Admitted:
+def _replay_key(conn: Connection, send: _Send, first: idempotency.FirstUse | None) -> Admitted:
+    """A send whose Idempotency-Key has a live first use (``first``, or read now): replay it, or refuse."""
+    key = send.checked.idempotency_key
+    if first is None:  # the first use committed while this send waited on it
+        first = idempotency.first_use(conn, **send.key_scope())
+        if first is None:  # it was rolled back, or expired, at that very moment: the caller may send again
+            raise IdempotencyKeyConflict(
+                f"Idempotency-Key {key!r} was being used by another request at the same moment; send again"
+            )
+    if send.identity.anonymous:
+        # Anonymous callers share one namespace: a replay could reveal another caller's task.
+        raise IdempotencyKeyConflict(
+            f"Idempotency-Key {key!r} was already used; without an API key every send needs a new key"
+        )
+    if first.fingerprint != send.checked.fingerprint:
+        raise IdempotencyKeyConflict(
+            f"Idempotency-Key {key!r} was already used with other content; a resend with it must be identical, "
+            "other content needs a new key",
+        )
+    return _replayed(conn, send, first.task_id)
+
+
+def _replay_message_id(conn: Connection, send: _Send, *, key_claimed: bool) -> Admitted:
+    """A send whose messageId was used before (the message_id policy): replay it, or refuse. A key this
+    transaction just claimed is made to name the replayed task."""
+    identity, message, checked = send.identity, send.message, send.checked
     first = conn.execute(_FIRST_SEND, {"c": identity.customer_key, "m": message.message_id}).one()
     if identity.anonymous:
         # Anonymous callers share one namespace: a resend could reveal another caller's task.
         raise MessageIdConflict(
             "this messageId was already used; without a key every message needs a new messageId",
         )
-    if bytes(first.fingerprint) != checked.fingerprint or first.specialist_id != specialist_id:
+    if bytes(first.fingerprint) != checked.fingerprint or first.specialist_id != send.specialist_id:
         raise MessageIdConflict(
             f"messageId {message.message_id!r} was already sent with other content; a resend must be identical, "
             "a new message needs a new messageId",
         )
-    task, version = rows.load(conn, first.task_id, owner)
-    return Admitted(task=task, version=version, replay=True)
+    if key_claimed:
+        idempotency.repoint(conn, **send.key_scope(), task_id=first.task_id)
+    return _replayed(conn, send, first.task_id)
 
 
-def _create(
-    conn: Connection,
-    loaded: LoadedSpec,
-    identity: Identity,
-    owner: str,
-    message: Message,
-    checked: Checked,
-) -> Admitted:
-    spec = loaded.spec
+def _replayed(conn: Connection, send: _Send, task_id: str) -> Admitted:
+    """The task a resend repeats, and the direct Message it answered with, if it did."""
+    task, version = rows.load(conn, task_id, send.owner)
+    reply = None
+    if (
+        task.status.state == TaskState.TASK_STATE_COMPLETED
+        and task.status.HasField("message")
+        and admitted.reply_kind(conn, task_id) == admitted.REPLY_MESSAGE
+    ):
+        reply = task.status.message
+    return Admitted(task=task, version=version, replay=True, reply=reply)
+
+
+def _create(conn: Connection, send: _Send) -> Admitted:
+    spec, identity, message, checked = send.loaded.spec, send.identity, send.message, send.checked
     task_id = str(uuid.uuid4())
     context_id = message.context_id or str(uuid.uuid4())
     stored = Message()
@@ -421,10 +539,13 @@ def _create(
     row = conn.execute(
         _ADMIT_NEW,
         {
-            **rows.new_task_params(task, owner),
+            **rows.new_task_params(task, send.owner),
             "customer_key": identity.customer_key,
             "message_id": message.message_id,
             "fingerprint": checked.fingerprint,
+            "idempotency_key": checked.idempotency_key,
+            "key_retention_s": send.key_retention_s,
+            "by_message_id": send.by_message_id,
             "customer_id": identity.customer_id,
             "key_id": identity.key_id,
             "specialist_id": spec.id,
@@ -435,7 +556,12 @@ def _create(
         },
     ).one()
     if not row.new:
-        return _replay(conn, identity, owner, spec.id, message, checked)
+        if checked.idempotency_key is not None and not row.key_claimed:
+            first = None
+            if row.key_task_id is not None:
+                first = idempotency.FirstUse(bytes(row.key_fingerprint), row.key_task_id)
+            return _replay_key(conn, send, first)
+        return _replay_message_id(conn, send, key_claimed=row.key_claimed)
     if not row.context_claimed:
         holder = row.context_holder
         if holder is None:  # claimed by a transaction that committed after this statement's snapshot

@@ -17,6 +17,15 @@ Cards are the same for every caller, so they are rendered once: a strong
 ``ETag`` from their bytes, ``Last-Modified`` from the spec file,
 ``Cache-Control`` from ``card_max_age_s``; ``If-None-Match`` (or
 ``If-Modified-Since``) answers 304, and HEAD answers the headers alone.
+
+
+JSON-RPC names on the same endpoint), its tariff and limits in the
+``TARIFF_EXTENSION`` params (the card has no other place for them), and its
+idempotency policy in the ``IDEMPOTENCY_EXTENSION`` params. Cards are
+the same for every caller, so they are rendered once: a strong ``ETag`` from
+their bytes, ``Last-Modified`` from the spec file, ``Cache-Control`` from
+``card_max_age_s``; ``If-None-Match`` (or ``If-Modified-Since``) answers 304,
+and HEAD answers the headers alone.
 """
 
 from __future__ import annotations
@@ -42,6 +51,8 @@ CARD_PATH = "/.well-known/agent-card.json"
 CARD_V03_PATH = "/.well-known/agent-card-0.3.json"  # the same card in A2A 0.3's shape, for 0.3 clients
 CARD_PATHS = (CARD_PATH, CARD_V03_PATH)  # public documents: no key, no rate limit (``str.endswith`` takes the tuple)
 TARIFF_EXTENSION = "urn:specialists:extension:tariff-and-limits:v1"
+IDEMPOTENCY_EXTENSION = "urn:specialists:extension:idempotency:v1"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 BEARER = "bearer"
 ETAG_DIGEST_CHARS = 32  # hex characters of the body's SHA-256 in a card's ETag
 
@@ -115,6 +126,7 @@ def build_card(loaded: LoadedSpec, settings: Settings) -> AgentCard:
             }
         ],
     }
+    card["capabilities"]["extensions"].append(idempotency_extension(loaded, settings))
     return ParseDict(card, AgentCard())
 
 
@@ -126,6 +138,25 @@ def card_document(card: AgentCard) -> dict[str, Any]:
 def card_document_v03(card: AgentCard) -> dict[str, Any]:
     """The card as an A2A 0.3 client reads it (``url``, ``preferredTransport``: the 0.3 JSON-RPC interface)."""
     return to_compat_agent_card(card).model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def idempotency_extension(loaded: LoadedSpec, settings: Settings) -> dict[str, Any]:
+    """The specialist's idempotency policy (docs/A2A_EDGE.md), after the tariff extension (which the extended card
+    expects first): what makes a resend replay the first answer, and for how long a key is remembered."""
+    return {
+        "uri": IDEMPOTENCY_EXTENSION,
+        "description": (
+            "A resend with the same Idempotency-Key and the same content replays the first answer"
+            + (", and so does one with the same messageId" if loaded.spec.idempotency == "message_id" else "")
+            + "; the same key with other content is refused (idempotency_key_conflict)."
+        ),
+        "required": False,
+        "params": {
+            "policy": loaded.spec.idempotency,
+            "header": IDEMPOTENCY_HEADER,
+            "retentionSeconds": settings.edge.idempotency_key_retention_s,
+        },
+    }
 
 
 @dataclass(frozen=True)

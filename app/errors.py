@@ -150,7 +150,8 @@ class DatabaseUnavailable(EdgeError):
 
 class InvalidValue(EdgeError):
     """A value the edge cannot take whatever the method: a number that is not finite or too long to convert
-    (``number_not_finite``, ``number_too_long``), a page token the edge did not issue (``page_token_invalid``)."""
+    (``number_not_finite``, ``number_too_long``), a page token the edge did not issue (``page_token_invalid``), an
+    ``Idempotency-Key`` header that is empty, too long or not printable ASCII (``idempotency_key_invalid``)."""
 
     code = "invalid_value"
 
@@ -168,6 +169,13 @@ class OverCreditCeiling(EdgeError):
 
 class MessageIdConflict(EdgeError):
     code = "message_id_conflict"
+
+
+class IdempotencyKeyConflict(EdgeError):
+    """The Idempotency-Key was first used with other content (or, without an API key, by a caller the edge cannot
+    tell apart from another)."""
+
+    code = "idempotency_key_conflict"
 
 
 class ContextUnavailable(EdgeError):
@@ -267,6 +275,7 @@ WIRE_FORMS: dict[type[EdgeError], WireForm] = {
     UnknownSpecialist: WireForm(-40401, 404, "NOT_FOUND"),
     OverCreditCeiling: WireForm(-40001, 400, "FAILED_PRECONDITION"),
     MessageIdConflict: WireForm(-40901, 409, "ALREADY_EXISTS"),
+    IdempotencyKeyConflict: WireForm(-40905, 409, "ALREADY_EXISTS"),
     ContextUnavailable: WireForm(-40902, 409, "FAILED_PRECONDITION"),
     TaskNotAwaitingInput: WireForm(-40903, 409, "FAILED_PRECONDITION"),
     ReservationConflict: WireForm(-40904, 409, "ABORTED"),

@@ -3,9 +3,11 @@
 Reads (GetTask, ListTasks, SubscribeToTask) are the SDK's own, on the shared
 PostgreSQL store and event stream, scoped by owner. Sends and cancels differ:
   - SendMessage / SendStreamingMessage run admission (one transaction: task,
-    reservation, outbox row) instead of executing in this process; a blocking
-    send then waits on the task's event stream for a terminal or interrupted
-    state (at most ``blocking_wait_max_s``), a stream relays the events;
+    reservation, outbox row; or the replay of the send they repeat, with the
+    direct Message it was answered with, if it was) instead of executing in
+    this process; a blocking send then waits on the task's event stream for a
+    terminal or interrupted state (at most ``blocking_wait_max_s``), a stream
+    relays the events;
   - CancelTask is one transaction on any instance: the task's jobs are cancelled
     through their claims (a running one is stopped by its worker within a
     heartbeat), the task is CANCELED, and the reservation resolved as
@@ -49,6 +51,7 @@ from core.settings import Settings
 from core.specs import LoadedSpec
 
 STOP_STATES = TERMINAL_TASK_STATES | INTERRUPTED_TASK_STATES
+IDEMPOTENCY_KEY_HEADER = "idempotency-key"
 
 
 class _EdgeRunsNothing(AgentExecutor):
@@ -66,6 +69,13 @@ def identity_of(context: ServerCallContext) -> Identity:
     if not isinstance(user, EdgeUser):
         raise InternalError(message="request reached the handler without an identity")
     return user.identity
+
+
+def idempotency_key_of(context: ServerCallContext) -> str | None:
+    """The ``Idempotency-Key`` the call carried: an HTTP header (JSON-RPC, HTTP+JSON) or gRPC metadata, which
+    the bindings' call context builders both put in ``state["headers"]`` under lower-case names."""
+    headers = context.state.get("headers") or {}
+    return headers.get(IDEMPOTENCY_KEY_HEADER)
 
 
 def _stops(event: Event) -> bool:
@@ -107,7 +117,9 @@ class EdgeRequestHandler(DefaultRequestHandler):
     async def _admit(self, params: SendMessageRequest, context: ServerCallContext) -> Admitted:
         specialist = self.loaded.spec.id
         try:
-            admitted = await self.admission.admit(self.loaded, identity_of(context), params)
+            admitted = await self.admission.admit(
+                self.loaded, identity_of(context), params, idempotency_key_of(context)
+            )
         except EdgeError as refused:
             self.metrics.admissions.labels(specialist=specialist, outcome=refused.code).inc()
             self.metrics.refusals.labels(code=refused.code).inc()
@@ -130,6 +142,8 @@ class EdgeRequestHandler(DefaultRequestHandler):
     @validate_request_params
     async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Message | Task:
         admitted = await self._admit(params, context)
+        if admitted.reply is not None:  # a resend of a send answered with a direct Message: that Message again
+            return admitted.reply
         task = admitted.task
         if params.configuration.return_immediately or task.status.state in STOP_STATES:
             return apply_history_length(task, params.configuration)
@@ -152,6 +166,9 @@ class EdgeRequestHandler(DefaultRequestHandler):
     ) -> AsyncGenerator[Event, None]:
         async with self.streams.slot(caller_of(identity_of(context))):
             admitted = await self._admit(params, context)
+            if admitted.reply is not None:  # a resend of a send answered with a direct Message: that Message again
+                yield admitted.reply
+                return
             yield apply_history_length(admitted.task, params.configuration)
             if admitted.task.status.state in STOP_STATES:
                 return

@@ -1,6 +1,6 @@
 """Admission benchmark: SendMessage with returnImmediately through the edge, against a bare a2a-sdk server.
 
-    .venv/bin/python bench/admission.py [--seconds 10] [--clients 32] [--warmup 2] [--rounds 2]
+    .venv/bin/python bench/admission.py [--seconds 10] [--clients 32] [--warmup 2] [--rounds 2] [--idempotency-key]
 
 Starts its own database: a fresh database on the server named by DATABASE_URL when it
 is set (dropped afterwards), otherwise an embedded PostgreSQL in a temporary folder.
@@ -56,6 +56,8 @@ output_modes: [text/plain]
 """
 SECRET = "bench-signing-secret-" + "b" * 40
 LOAD_PROCESSES = 2
+# Set by --idempotency-key for the load processes: every send then carries a new Idempotency-Key header.
+KEY_SWITCH = "BENCH_IDEMPOTENCY_KEY"
 
 
 # --- the baseline server (run as a subprocess: `admission.py baseline-server PORT`) -----------
@@ -148,6 +150,7 @@ async def _load(url: str, seconds: float, warmup_s: float, keys: list[str], rate
     interval_s = len(keys) / rate_per_s if rate_per_s > 0 else 0.0
     latencies: list[float] = []
     errors: dict[str, int] = {}
+    with_key = os.environ.get(KEY_SWITCH) == "1"
     start = time.perf_counter()
     measure_from = start + warmup_s
     stop_at = measure_from + seconds
@@ -166,6 +169,8 @@ async def _load(url: str, seconds: float, warmup_s: float, keys: list[str], rate
                 now, scheduled = scheduled, scheduled + interval_s
             if now >= stop_at:
                 return
+            if with_key:
+                headers["Idempotency-Key"] = str(uuid.uuid4())
             body = json.dumps(
                 {
                     "message": {"messageId": str(uuid.uuid4()), "role": "ROLE_USER", "parts": [{"text": "go"}]},
@@ -308,7 +313,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--idempotency-key", action="store_true",
+                        help="every send carries a new Idempotency-Key (the key's claim joins admission's statement)")
     args = parser.parse_args()
+    if args.idempotency_key:
+        os.environ[KEY_SWITCH] = "1"
 
     load_before = os.getloadavg()[0]
     url, drop = database(os.environ.get("DATABASE_URL"))
@@ -379,7 +388,7 @@ def main() -> None:
         drop()
 
     print(
-        f"\nSendMessage(returnImmediately), {args.clients} clients, {args.seconds:g} s per run, {os.cpu_count()} CPUs, "
+        f"\nSendMessage(returnImmediately{', Idempotency-Key' if args.idempotency_key else ''}), {args.clients} clients, {args.seconds:g} s per run, {os.cpu_count()} CPUs, "
         f"load average {load_before:.1f} before and {os.getloadavg()[0]:.1f} after (other work on the machine skews both)"
     )
     print(f"{'run':<12}{'admissions/s':>14}{'p50 ms':>10}{'p99 ms':>10}  errors")

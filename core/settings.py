@@ -151,6 +151,20 @@ class EdgeSettings(Section):
     max_message_id_chars: int = Field(
         default=256, ge=8, le=1024, description="Longest A2A messageId accepted (it is the idempotency key)."
     )
+    max_idempotency_key_chars: int = Field(
+        default=255,
+        ge=8,
+        le=1024,
+        description="Longest Idempotency-Key header accepted (printable ASCII; refused as idempotency_key_invalid).",
+    )
+    idempotency_key_retention_s: int = Field(
+        default=86_400,
+        ge=60,
+        le=30 * 86_400,
+        validation_alias="SPECIALISTS_IDEMPOTENCY_KEY_RETENTION_S",
+        description="How long an Idempotency-Key is remembered after its first use: a resend within it replays "
+        "the first answer; past it the key starts a new task. Dispatchers prune expired keys.",
+    )
     max_body_elements: int = Field(
         default=20_000,
         ge=100,
@@ -363,6 +377,14 @@ class DispatchSettings(Section):
         le=86_400.0,
         validation_alias="SPECIALISTS_TASK_EVENTS_PRUNE_INTERVAL_S",
         description="How often a dispatcher prunes the events of finished tasks.",
+    )
+    idempotency_keys_prune_batch: int = Field(
+        default=1000,
+        ge=10,
+        le=100_000,
+        validation_alias="SPECIALISTS_IDEMPOTENCY_KEYS_PRUNE_BATCH",
+        description="Expired Idempotency-Keys deleted at most per prune round (one short transaction, oldest first "
+        "through an index); rounds run every SPECIALISTS_TASK_EVENTS_PRUNE_INTERVAL_S.",
     )
     crash_point: Literal["none", "before_enqueue", "after_enqueue"] = Field(
         default="none",

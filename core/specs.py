@@ -40,6 +40,11 @@ MAX_SPECS = 200
 Executor = Literal["conformance", "rlm", "scripted"]
 
 
+# How a resend is recognised (docs/SPECIALISTS.md): ``message_id``, by the customer's messageId and content, or by
+# an ``Idempotency-Key`` header; ``key_only``, by the header alone (a reused messageId is a new task).
+IdempotencyPolicy = Literal["message_id", "key_only"]
+
+
 class SpecInvalid(ServiceError):
     code = "spec_invalid"
 
@@ -201,6 +206,11 @@ class SpecialistSpec(_Closed):
     output_modes: list[MediaRange] = Field(min_length=1, max_length=50)
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
     streaming: bool = True
+    idempotency: IdempotencyPolicy = Field(
+        default="message_id",
+        description="message_id: a resend with the same messageId (or Idempotency-Key) and content replays the "
+        "first task; key_only: only the Idempotency-Key header makes a send idempotent.",
+    )
     # --- hosted RLM specialists (executor "rlm") ---
     pricing: PricingSpec = Field(default_factory=PricingSpec)
     model_route: str | None = Field(
@@ -228,6 +238,18 @@ class SpecialistSpec(_Closed):
         # The in-process runner does not settle reservations, so it only runs free work.
         if self.executor == "conformance" and self.tariff_credits != 0:
             raise ValueError("executor 'conformance' runs in-process and settles nothing: tariff_credits must be 0")
+        return self
+
+    @model_validator(mode="after")
+    def _paid_work_is_never_charged_twice(self) -> SpecialistSpec:
+        # An agent that retries after a timeout resends the same messageId, rarely with a key: under key_only that
+        # resend would be a second task and a second charge.
+        if self.idempotency == "key_only" and self.tariff_credits > 0:
+            raise ValueError(
+                f"idempotency: key_only is refused for a paid specialist (tariff_credits {self.tariff_credits}): "
+                "a client that resends after a timeout without an Idempotency-Key would be charged twice; "
+                "use idempotency: message_id"
+            )
         return self
 
     @model_validator(mode="after")

@@ -1,11 +1,14 @@
 """The owner of ``edge_tasks``: the edge's record of an admitted task, and what it reserved.
 
-One row per task, written once, by admission (``new_row_cte``, in admission's
-one statement): who sent it (customer and key), to which specialist and skill,
-the owner scope of its rows, and the credits reserved for it with the
-reservation's id (the task id; NULL for a free specialist). Everything that
-later moves the task's money (a finish, a cancel, a give-up, a reconcile) reads
-the reserved amount here (``hold_of``), never from a spec file, which may have
+One row per task, written by admission (``new_row_cte``, in admission's one
+statement): who sent it (customer and key), to which specialist and skill, the
+owner scope of its rows, and the credits reserved for it with the reservation's
+id (the task id; NULL for a free specialist). One column changes later:
+``reply_kind`` becomes ``message`` when the task's answer is a direct Message
+(``record_message_reply``, in the transaction that writes it), so that a resend
+is answered with that Message, as the first send was (``reply_kind``).
+Everything that later moves the task's money (a finish, a cancel, a give-up, a
+reconcile) reads the reserved amount here (``hold_of``), never from a spec file, which may have
 changed since.
 """
 
@@ -57,3 +60,19 @@ def free_tasks_relation() -> str:
     """Admitted tasks that reserved nothing, as a sub-query (task_id, customer_id, specialist_id, admitted_at)."""
     return ("(SELECT task_id, customer_id, specialist_id, admitted_at FROM edge_tasks "
             "WHERE reservation_id IS NULL)")
+
+
+REPLY_TASK = "task"
+REPLY_MESSAGE = "message"
+_RECORD_MESSAGE_REPLY = text("UPDATE edge_tasks SET reply_kind = 'message' WHERE task_id = :t")
+_REPLY_KIND = text("SELECT reply_kind FROM edge_tasks WHERE task_id = :t")
+
+
+def record_message_reply(conn: Connection, task_id: str) -> None:
+    """The task answered with a direct Message (the caller's transaction writes that answer)."""
+    conn.execute(_RECORD_MESSAGE_REPLY, {"t": task_id})
+
+
+def reply_kind(conn: Connection, task_id: str) -> str:
+    """``message`` when the task answered with a direct Message, ``task`` otherwise (and for a raw job's task)."""
+    return conn.execute(_REPLY_KIND, {"t": task_id}).scalar_one_or_none() or REPLY_TASK

@@ -48,7 +48,7 @@ from a2a.types.a2a_pb2 import (
 )
 from sqlalchemy import Connection, Engine
 
-from taskstate import claims, notify, outbox, rows
+from taskstate import admitted, claims, notify, outbox, rows
 from taskstate.ids import TaskRef
 
 
@@ -210,6 +210,7 @@ class TaskEvents:
         if unless_unknown and _shows_unknown(task):
             return False
         if isinstance(event, Message):  # a direct reply: the task completes with it as its status message
+            admitted.record_message_reply(conn, ref.task_id)  # a resend is answered with it too
             if task.status.HasField("message"):
                 task.history.append(task.status.message)
             task.status.CopyFrom(TaskStatus(state=TaskState.TASK_STATE_COMPLETED, message=event))

@@ -32,6 +32,7 @@ OWNERS = {
     "task_versions": "taskstate/rows.py",
     "task_events": "taskstate/rows.py",
     "edge_tasks": "taskstate/admitted.py",
+    "edge_idempotency_keys": "taskstate/idempotency.py",
     "dispatch_outbox": "taskstate/outbox.py",
     "job_claims": "taskstate/claims.py",
     "job_stale_reports": "taskstate/claims.py",

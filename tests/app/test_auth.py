@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import httpx
 import pytest
 from sqlalchemy import text
@@ -132,10 +134,17 @@ def test_anonymous_callers_cannot_list_tasks(strict_edge):
     assert answer.json()["error"]["details"][0]["metadata"]["code"] == "key_required_for_listing"
 
 
-def test_an_anonymous_resend_of_a_message_id_is_refused_rather_than_answered(strict_edge):
+def test_an_anonymous_resend_is_never_answered_with_the_first_task(strict_edge):
+    # Anonymous callers share one namespace: answering a resend could hand one caller another's task. The
+    # conformance specialist is key_only, so a reused messageId is a new task, and a reused key is refused.
     body = message(returnImmediately=True)
     url = f"{strict_edge.specialist('conformance')}/message:send"
-    assert http_calls.post(url, json=body, headers={"A2A-Version": "1.0"}).status_code == 200
+    first = http_calls.post(url, json=body, headers={"A2A-Version": "1.0"})
     again = http_calls.post(url, json=body, headers={"A2A-Version": "1.0"})
-    assert again.status_code == 409
-    assert again.json()["error"]["details"][0]["metadata"]["code"] == "message_id_conflict"
+    assert first.status_code == again.status_code == 200
+    assert first.json()["task"]["id"] != again.json()["task"]["id"]
+    keyed = {"A2A-Version": "1.0", "Idempotency-Key": f"anonymous-{uuid.uuid4()}"}
+    assert http_calls.post(url, json=body, headers=keyed).status_code == 200
+    refused = http_calls.post(url, json=body, headers=keyed)
+    assert refused.status_code == 409
+    assert refused.json()["error"]["details"][0]["metadata"]["code"] == "idempotency_key_conflict"

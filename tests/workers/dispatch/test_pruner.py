@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import text
 
-from workers.dispatch.pruner import prune_task_events
+from workers.dispatch.pruner import prune_idempotency_keys, prune_task_events
 
 DAY = 86_400.0
 
@@ -55,3 +55,34 @@ def test_a_prune_round_deletes_at_most_its_batch(engine):
     doomed = task(engine, "TASK_STATE_COMPLETED", 40, events=250)
     assert prune_task_events(engine, retention_s=14 * DAY, batch=100) == 100
     assert events_of(engine, doomed) == 150
+
+
+def key(engine, expires_in_s: float) -> str:
+    """An Idempotency-Key record of a customer of its own, expiring ``expires_in_s`` from now (< 0: expired)."""
+    customer = f"pruner-{uuid.uuid4()}"
+    with engine.begin() as conn:
+        conn.execute(
+            text("INSERT INTO edge_idempotency_keys (customer_key, specialist_id, idempotency_key, fingerprint, "
+                 "task_id, expires_at) VALUES (:c, 'paid-echo', 'k', :f, :t, now() + make_interval(secs => :s))"),
+            {"c": customer, "f": b"\0" * 32, "t": str(uuid.uuid4()), "s": expires_in_s},
+        )
+    return customer
+
+
+def keys_left(engine, customers: list[str]) -> set[str]:
+    with engine.connect() as conn:
+        return set(conn.execute(text("SELECT customer_key FROM edge_idempotency_keys WHERE customer_key = ANY(:c)"),
+                                {"c": customers}).scalars())
+
+
+def test_expired_idempotency_keys_are_pruned_in_bounded_rounds_and_live_ones_are_kept(engine):
+    expired = [key(engine, -60 - i) for i in range(5)]
+    live = [key(engine, 3600), key(engine, 60)]
+    while prune_idempotency_keys(engine, batch=1000):  # other tests' expired keys of this database too
+        pass
+    assert keys_left(engine, expired + live) == set(live)
+    more = [key(engine, -1) for _ in range(5)]
+    assert prune_idempotency_keys(engine, batch=2) == 2  # a round deletes at most its batch
+    while prune_idempotency_keys(engine, batch=2):
+        pass
+    assert keys_left(engine, more + live) == set(live)
