@@ -13,10 +13,9 @@ Idempotency-Keys past their retention (``SPECIALISTS_IDEMPOTENCY_KEY_RETENTION_S
 are deleted in the same rounds, ``idempotency_keys_prune_batch`` at a time,
 oldest first through the index on ``expires_at`` (``taskstate.idempotency``).
 An expired key is already ignored by admission, so the prune only keeps the
-table small. The dispatcher runs these rounds inline, between two delivery
-rounds (deliveries themselves run on their own threads): each statement is
-bounded by ``PRUNE_STATEMENT_TIMEOUT_MS`` so a prune can delay the next delivery
-round by at most that, and a prune that fails is logged and tried next round.
+table small. The dispatcher runs these rounds in its maintenance thread, beside
+the sweeper and apart from deliveries; each statement is still bounded by
+``PRUNE_STATEMENT_TIMEOUT_MS``, and a prune that fails is logged and tried next round.
 """
 
 from __future__ import annotations
