@@ -2,7 +2,7 @@
 
 Each specialist's card lists its one skill, input and output modes, the bearer
 security scheme, its JSON-RPC and HTTP+JSON interfaces (A2A 1.0, plus the 0.3
-JSON-RPC names on the same endpoint), and its tariff and limits in the
+JSON-RPC names on the same endpoint) and, when gRPC is on, its GRPC interface, and its tariff and limits in the
 ``TARIFF_EXTENSION`` params (the card has no other place for them). Cards are
 the same for every caller, so they are rendered once: a strong ``ETag`` from
 their bytes, ``Last-Modified`` from the spec file, ``Cache-Control`` from
@@ -50,16 +50,23 @@ def build_card(loaded: LoadedSpec, settings: Settings) -> AgentCard:
     if anonymous_allowed(settings, loaded):
         requirements.append({})  # an empty requirement: callers without a key are served too
     limits = spec.limits
+    interfaces: list[dict[str, str]] = [
+        {"url": f"{base}/jsonrpc", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
+        {"url": base, "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"},
+        {"url": f"{base}/jsonrpc", "protocolBinding": "JSONRPC", "protocolVersion": "0.3"},
+    ]
+    if settings.edge.grpc_url:
+        # One gRPC server serves every specialist: the tenant, which a client copies into each
+        # request, chooses it (app/grpc_binding.py).
+        interfaces.append(
+            {"url": settings.edge.grpc_url, "protocolBinding": "GRPC", "protocolVersion": "1.0", "tenant": spec.id}
+        )
     card = {
         "name": spec.name,
         "description": spec.description,
         "version": spec.version,
         "provider": {"organization": "specialists", "url": settings.edge.url},
-        "supportedInterfaces": [
-            {"url": f"{base}/jsonrpc", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
-            {"url": base, "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"},
-            {"url": f"{base}/jsonrpc", "protocolBinding": "JSONRPC", "protocolVersion": "0.3"},
-        ],
+        "supportedInterfaces": interfaces,
         "capabilities": {
             "streaming": spec.streaming,
             "pushNotifications": False,

@@ -71,6 +71,7 @@ class EdgeProcess:
     url: str
     process: subprocess.Popen
     log_path: Path
+    grpc_address: str = ""  # host:port of its A2A gRPC binding (every test edge serves one)
 
     def specialist(self, specialist_id: str) -> str:
         return f"{self.url}/specialists/{specialist_id}"
@@ -104,11 +105,11 @@ def edge_env(database_url: str, specs_dir: Path, **settings: str) -> dict[str, s
 
 
 def start_edge(database_url: str, specs_dir: Path, log_dir: Path, name: str, **settings: str) -> EdgeProcess:
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     log_path = log_dir / f"{name}.log"
     log_file = log_path.open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "ops.cli", "serve", "--port", str(port)],
+        [sys.executable, "-m", "ops.cli", "serve", "--port", str(port), "--grpc-port", str(grpc_port)],
         env=edge_env(database_url, specs_dir, **settings),
         cwd=PROJECT_ROOT,
         stdout=log_file,
@@ -121,7 +122,7 @@ def start_edge(database_url: str, specs_dir: Path, log_dir: Path, name: str, **s
             raise RuntimeError(f"edge {name} exited with {process.returncode}:\n{log_path.read_text()}")
         try:
             if http_calls.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return EdgeProcess(url=url, process=process, log_path=log_path)
+                return EdgeProcess(url=url, process=process, log_path=log_path, grpc_address=f"127.0.0.1:{grpc_port}")
         except httpx.HTTPError:
             pass
         time.sleep(0.1)
