@@ -2,8 +2,9 @@
 
 Each specialist's card lists its one skill, input and output modes, the bearer
 security scheme, its JSON-RPC and HTTP+JSON interfaces (A2A 1.0, plus the 0.3
-JSON-RPC names on the same endpoint) and, when gRPC is on, its GRPC interface, and its tariff and limits in the
-``TARIFF_EXTENSION`` params (the card has no other place for them). Cards are
+JSON-RPC names on the same endpoint), its GRPC interface when gRPC is on
+(``EdgeSettings.grpc_url``, with the specialist as the tenant), and its tariff
+and limits in the ``TARIFF_EXTENSION`` params (the card has no other place for them). Cards are
 the same for every caller, so they are rendered once: a strong ``ETag`` from
 their bytes, ``Last-Modified`` from the spec file, ``Cache-Control`` from
 ``card_max_age_s``; ``If-None-Match`` (or ``If-Modified-Since``) answers 304,
