@@ -13,7 +13,10 @@ request, in the same order and with the same checks:
      request); an unknown one is ``UnknownSpecialist`` (NOT_FOUND);
   3. the key, from the ``authorization`` metadata (``Bearer <key>``), with the
      guard's own ``authenticate``; then the rate limits;
-  4. the SDK's handler, with the caller in the call context and the metadata
+  4. what the request holds (app/bodies.py ``check_parsed``): its parts and
+     metadata values against ``max_body_elements``, and no non-finite number,
+     before anything walks it in Python;
+  5. the SDK's handler, with the caller in the call context and the metadata
      (less credentials) in ``state["headers"]``, as ``EdgeCallContextBuilder``
      puts the HTTP headers there.
 A refusal is answered with the gRPC status and ``ErrorInfo`` reason of the edge's
@@ -48,6 +51,7 @@ from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 
+from app.bodies import check_parsed
 from app.errors import (
     EdgeError,
     MalformedRequest,
@@ -214,6 +218,7 @@ class GrpcBinding:
         identity = await authenticate(authorization, _peer_address(context), loaded, self.settings, self.verifier)
         customer_var.set(identity.customer_id or "anonymous")
         await self.limiter.check(identity)
+        check_parsed(request, self.settings.edge)  # what the request holds, before the SDK walks it
         return request, self.handlers[specialist_id], _Caller(identity, specialist_id)
 
 

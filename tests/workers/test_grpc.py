@@ -295,3 +295,22 @@ async def test_a_message_over_the_body_limit_or_a_field_over_its_cap_is_refused_
     status, _, message = refusal(refused.value)
     assert status == grpc.StatusCode.INVALID_ARGUMENT and "SPECIALISTS_MAX_NAME_CHARS" in message, message
     assert Ledger(system.engine).verify(customer_id) == []
+
+
+async def test_a_request_of_too_many_values_or_a_non_finite_number_is_refused_as_over_http(system):
+    customer_id, key = new_customer(system)
+    client = await grpc_client(system, 0)
+    limit = Settings().edge.max_body_elements
+    many = Message(message_id=f"m-{uuid.uuid4()}", role=Role.ROLE_USER, parts=[Part(text="x")] * (limit + 1))
+    with pytest.raises(Exception) as refused:
+        await only(client.send_message(SendMessageRequest(message=many), context=calling_as(key)))
+    _, code, message = refusal(refused.value)
+    assert code == "body_elements_over_limit" and "SPECIALISTS_MAX_BODY_ELEMENTS" in message, message
+    not_a_number = Message(message_id=f"m-{uuid.uuid4()}", role=Role.ROLE_USER, parts=[Part(text="x")])
+    not_a_number.metadata.update({"score": float("nan")})
+    with pytest.raises(Exception) as refused:
+        await only(client.send_message(SendMessageRequest(message=not_a_number), context=calling_as(key)))
+    status, code, message = refusal(refused.value)
+    assert (status, code) == (grpc.StatusCode.INVALID_ARGUMENT, "number_not_finite"), message
+    assert "message.metadata.score" in message
+    assert Ledger(system.engine).verify(customer_id) == []
