@@ -43,7 +43,7 @@ from app.events import NotifiedEventStream
 from app.grpc_binding import GRACEFUL_STOP_S, GrpcBinding, build_server
 from app.handler import EdgeRequestHandler, identity_of
 from app.identity import EdgeUser
-from app.middleware import IDENTITY_SCOPE_KEY, SPECIALIST_SCOPE_KEY, A2AGuard, RequestLog
+from app.middleware import CREDENTIAL_HEADERS, IDENTITY_SCOPE_KEY, SPECIALIST_SCOPE_KEY, A2AGuard, RequestLog
 from taskstate.notify import Listener, Notifier
 from app.observability import Metrics
 from app.ratelimit import RateLimiter
@@ -55,8 +55,6 @@ from ledger.keys import AsyncKeyVerifier, KeySigner
 
 log = logging.getLogger(__name__)
 
-# Headers that carry credentials never enter the SDK's call context (which it logs at DEBUG).
-_SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
 READY_CHECK_TIMEOUT_S = 2.0
 POOL_RECYCLE_S = 3600
 
@@ -67,7 +65,7 @@ class EdgeCallContextBuilder(ServerCallContextBuilder):
     def build(self, request: Request) -> ServerCallContext:
         identity = request.scope[IDENTITY_SCOPE_KEY]
         specialist_id = request.scope[SPECIALIST_SCOPE_KEY]
-        headers = {k: v for k, v in request.headers.items() if k not in _SECRET_HEADERS}
+        headers = {k: v for k, v in request.headers.items() if k not in CREDENTIAL_HEADERS}
         return ServerCallContext(
             user=EdgeUser(identity, specialist_id),
             state={"headers": headers},

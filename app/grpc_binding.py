@@ -63,7 +63,7 @@ from app.errors import (
 )
 from app.handler import EdgeRequestHandler
 from app.identity import EdgeUser, Identity
-from app.middleware import SANE_REQUEST_ID, authenticate
+from app.middleware import CREDENTIAL_HEADERS, SANE_REQUEST_ID, authenticate
 from app.observability import Metrics, customer_var, note_refusal, refusal_var, request_id_var
 from app.ratelimit import RateLimiter
 from core.settings import Settings
@@ -74,8 +74,6 @@ log = logging.getLogger("app.access")
 
 SERVICE_NAME = "lf.a2a.v1.A2AService"
 ERROR_DOMAIN = "a2a-protocol.org"
-# Metadata that carries credentials never enters the SDK's call context (which it logs at DEBUG).
-SECRET_METADATA = frozenset({"authorization", "proxy-authorization", "cookie"})
 TRANSPORT_CAP_FACTOR = 2  # gRPC's own receive limit, in body limits: see the module's docstring
 # Seconds a stopping server gives calls in flight (streams included) to end on their own.
 GRACEFUL_STOP_S = 10.0
@@ -108,7 +106,7 @@ class EdgeGrpcContextBuilder(GrpcServerCallContextBuilder):
         pairs = _metadata(context)
         return ServerCallContext(
             user=EdgeUser(caller.identity, caller.specialist_id),
-            state={"headers": {key: value for key, value in pairs if key not in SECRET_METADATA}},
+            state={"headers": {key: value for key, value in pairs if key not in CREDENTIAL_HEADERS}},
             requested_extensions=get_requested_extensions(
                 [value for key, value in pairs if key == HTTP_EXTENSION_HEADER.lower()]
             ),
@@ -132,8 +130,8 @@ async def abort(error: A2AError, context: grpc.aio.ServicerContext) -> NoReturn:
         status.details.append(bad_request)
     rich = status_to_grpc(status)
     trailing = list(rich.trailing_metadata)
-    if isinstance(error, RateLimited) or (isinstance(error, EdgeError) and "retry_after_s" in error.details):
-        trailing.append(("retry-after", error.details.get("retry_after_s", "1")))
+    if isinstance(error, EdgeError) and (isinstance(error, RateLimited) or "retry_after_s" in error.details):
+        trailing.append(("retry-after", error.details.get("retry_after_s", "1")))  # as HTTP's Retry-After
     await context.abort(rich.code, rich.details, trailing_metadata=tuple(trailing))
     raise AssertionError("context.abort returns only by raising")  # pragma: no cover
 
@@ -167,7 +165,7 @@ class GrpcBinding:
         self.handlers = {sid: _EdgeGrpcHandler(handler, context_builder=builder) for sid, handler in handlers.items()}
 
     def method_handlers(self) -> dict[str, grpc.RpcMethodHandler]:
-        """The SDK's method table for the A2A service, each method behind ``_call`` and taking raw bytes."""
+        """The SDK's generated method table for the A2A service, each method behind the checks and taking raw bytes."""
         table = _MethodTable()
         add_A2AServiceServicer_to_server(_Unused(), table)
         return {name: self._guarded(name, handler) for name, handler in table.handlers.items()}
@@ -191,8 +189,10 @@ class GrpcBinding:
 
         return handler._replace(request_deserializer=None, unary_unary=unary)
 
-    async def check(self, raw: bytes, parse: Callable[[bytes], Any], context: grpc.aio.ServicerContext) -> tuple[Any, GrpcHandler, _Caller]:
-        """The guard's checks for one call; raises the refusal."""
+    async def check(
+        self, raw: bytes, parse: Callable[[bytes], Any], context: grpc.aio.ServicerContext
+    ) -> tuple[Any, GrpcHandler, _Caller]:
+        """The guard's checks for one call, in the module docstring's order; raises the refusal."""
         limit = self.settings.edge.max_request_body_bytes
         if len(raw) > limit:
             raise PayloadTooLarge(

@@ -49,6 +49,8 @@ from ledger.keys import AsyncKeyVerifier, KeyRefused
 
 log = logging.getLogger("app.access")
 
+# Headers (and gRPC metadata) that carry credentials never enter the SDK's call context (which it logs at DEBUG).
+CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
 IDENTITY_SCOPE_KEY = "specialists.identity"
 SPECIALIST_SCOPE_KEY = "specialists.specialist"
 REQUEST_ID_HEADER = "x-request-id"

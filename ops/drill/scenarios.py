@@ -436,7 +436,8 @@ async def _created_over_grpc(drill: Drill, step: Step, customer: Customer, card:
     from a2a.types.a2a_pb2 import CancelTaskRequest, GetTaskRequest, TaskState
 
     if not any(i.protocol_binding == "GRPC" for i in card.supported_interfaces):
-        step.note("gRPC skipped: API 1's card lists no GRPC interface (SPECIALISTS_GRPC_PUBLIC_URL, SPECIALISTS_GRPC_PORT)")
+        step.note("gRPC skipped: API 1's card lists no GRPC interface "
+                  "(SPECIALISTS_GRPC_PUBLIC_URL, SPECIALISTS_GRPC_PORT)")
         step.skipped += 1
         return
 

@@ -102,7 +102,9 @@ def test_the_api_starts_from_terraforms_environment_with_its_relay_and_publishes
     assert http_bindings and all(interface["url"].startswith(public_url) for interface in http_bindings)
     # The gRPC binding is its own service; the API's cards name it, with the specialist as the tenant.
     grpc_interfaces = [i for i in card["supportedInterfaces"] if i["protocolBinding"] == "GRPC"]
-    assert [(i["url"], i["tenant"]) for i in grpc_interfaces] == [(tf.reference("local.grpc_public_url"), "conformance")]
+    assert [(i["url"], i["tenant"]) for i in grpc_interfaces] == [
+        (tf.reference("local.grpc_public_url"), "conformance")
+    ]
     # The relay to Cloud Tasks started as the edge's child (production mode), with the worker as its target.
     assert "cloud_tasks to " + tf.reference("local.worker_url") + JOBS_PATH in api_from_terraform.log_text()
 

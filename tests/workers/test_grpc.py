@@ -202,7 +202,8 @@ async def test_a_streaming_send_over_grpc_relays_progress_artifacts_and_the_end(
     )]
     kinds = [event.WhichOneof("payload") for event in events]
     assert kinds[0] == "task" and "artifact_update" in kinds
-    artifacts = [e.artifact_update.artifact.parts[0].text for e in events if e.WhichOneof("payload") == "artifact_update"]
+    artifacts = [e.artifact_update.artifact.parts[0].text for e in events
+                 if e.WhichOneof("payload") == "artifact_update"]
     assert artifacts == ["the report"]
     last = events[-1].status_update.status
     assert last.state == TaskState.TASK_STATE_COMPLETED and last.message.parts[0].text == "all good"
