@@ -13,7 +13,8 @@ locals {
   api_run_url    = "https://${var.api_service_name}-${data.google_project.this.number}.${var.region}.run.app"
   api_public_url = coalesce(var.public_url, local.api_run_url)
   # gRPC clients dial host:port; Cloud Run serves every service with TLS on 443.
-  grpc_public_url = coalesce(var.grpc_public_url, "${var.grpc_service_name}-${data.google_project.this.number}.${var.region}.run.app:443")
+  grpc_run_address = "${var.grpc_service_name}-${data.google_project.this.number}.${var.region}.run.app:443"
+  grpc_public_url  = coalesce(var.grpc_public_url, local.grpc_run_address)
   # The gRPC service's container port (Cloud Run's PORT), which the binding listens on; the same process's
   # HTTP bindings listen on another port that Cloud Run routes nothing to (one port per service).
   grpc_container_port = 8080
