@@ -1,5 +1,8 @@
 """Fixtures for the A2A edge: real `specialists serve` processes on 127.0.0.1 against this run's database.
 
+Every edge started here also serves the gRPC binding, on a port of its own (``EdgeProcess.grpc_address``),
+which its cards name.
+
 Server processes are started once per test session and shared: two ordinary
 instances (``edge_a`` and ``edge_b``, one database: "two instances behave as
 one service"; ``edge_b`` logs at DEBUG into a file the key-leak test reads) and
