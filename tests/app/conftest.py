@@ -167,6 +167,9 @@ WHOLE_SYSTEM = dict(
     worker_cancel_grace_s="1",
     worker_drain_s="1",
     dispatch_poll_interval_s="0.5",
+    # `serve` waits this long for its worker: the harness's start-up deadline, as for every process it starts
+    # (the worker's imports alone took 12-28 s at a load of 10-15 on 2 cores, past the 30 s default with the rest).
+    serve_child_start_timeout_s=str(STARTUP_TIMEOUT_S),
 )
 
 
