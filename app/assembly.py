@@ -3,7 +3,9 @@
 ``create_app`` is the only place the pieces meet. The edge runs no specialist:
 admitted work leaves through the dispatch outbox to workers (docs/WORKERS.md). Per specialist, under
 ``/specialists/<id>``: the Agent Card, the JSON-RPC endpoint at ``/jsonrpc``
-(A2A 1.0 methods, plus the 0.3 names), and the HTTP+JSON routes. The SDK's
+(A2A 1.0 methods, plus the 0.3 names), and the HTTP+JSON routes; with
+SPECIALISTS_GRPC_PORT set, one gRPC server for all of them (app/grpc_binding.py),
+started and stopped with the app's lifespan. The SDK's
 REST builder also mounts a catch-all ``/{tenant}`` route at the root; the edge
 serves no tenants by path (the key names the customer), so it is dropped.
 """
@@ -39,9 +41,10 @@ from app.boundary import ErrorBoundary
 from app.cards import build_card, discovery_routes
 from app.errors import error_response, register_with_sdk
 from app.events import NotifiedEventStream
+from app.grpc_binding import GRACEFUL_STOP_S, GrpcBinding, build_server
 from app.handler import EdgeRequestHandler, identity_of
 from app.identity import EdgeUser
-from app.middleware import IDENTITY_SCOPE_KEY, SPECIALIST_SCOPE_KEY, A2AGuard, RequestLog
+from app.middleware import CREDENTIAL_HEADERS, IDENTITY_SCOPE_KEY, SPECIALIST_SCOPE_KEY, A2AGuard, RequestLog
 from taskstate.notify import Listener, Notifier
 from app.observability import Metrics
 from app.ratelimit import RateLimiter
@@ -54,8 +57,6 @@ from ledger.keys import AsyncKeyVerifier, KeySigner
 
 log = logging.getLogger(__name__)
 
-# Headers that carry credentials never enter the SDK's call context (which it logs at DEBUG).
-_SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
 READY_CHECK_TIMEOUT_S = 2.0
 POOL_RECYCLE_S = 3600
 
@@ -66,7 +67,7 @@ class EdgeCallContextBuilder(ServerCallContextBuilder):
     def build(self, request: Request) -> ServerCallContext:
         identity = request.scope[IDENTITY_SCOPE_KEY]
         specialist_id = request.scope[SPECIALIST_SCOPE_KEY]
-        headers = {k: v for k, v in request.headers.items() if k not in _SECRET_HEADERS}
+        headers = {k: v for k, v in request.headers.items() if k not in CREDENTIAL_HEADERS}
         return ServerCallContext(
             user=EdgeUser(identity, specialist_id),
             state={"headers": headers},
@@ -201,6 +202,11 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
         handlers=handlers,
         schema_head=db.head_revision(),
     )
+    binding = None
+    if settings.edge.grpc_port:
+        binding = GrpcBinding(
+            specs=specs, handlers=handlers, verifier=verifier, limiter=limiter, settings=settings, metrics=metrics
+        )
     # A keep-alive comment more often than the a2a-sdk client's default 5 s read timeout.
     EventSourceResponse.DEFAULT_PING_INTERVAL = settings.edge.sse_ping_interval_s
 
@@ -211,6 +217,11 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
             raise db.SchemaNotAtHead(problem)
         listener.start()
         pruner = asyncio.create_task(limiter.prune_forever(), name="rate-window-pruner")
+        grpc_server = None
+        if binding is not None:  # in this event loop, on the same handlers as the HTTP bindings
+            grpc_server = build_server(binding, settings)
+            await grpc_server.start()
+            log.info("gRPC binding at %s:%d", settings.edge.host, settings.edge.grpc_port, extra={"event": "grpc_ready"})
         # Everything built so far (SDK, protobuf, SQLAlchemy) lives as long as the process:
         # keep it out of the collector's full passes, which otherwise scanned it every
         # second or two under load for ~90 ms each (the tail of the latency).
@@ -220,6 +231,8 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
         try:
             yield
         finally:
+            if grpc_server is not None:
+                await grpc_server.stop(GRACEFUL_STOP_S)
             pruner.cancel()
             for handler in handlers.values():
                 await handler.aclose()

@@ -2,8 +2,10 @@
 
 Each specialist's card lists its one skill, input and output modes, the bearer
 security scheme, its JSON-RPC and HTTP+JSON interfaces (A2A 1.0, plus the 0.3
-JSON-RPC names on the same endpoint), and its tariff and limits in the
-``TARIFF_EXTENSION`` params (the card has no other place for them).
+JSON-RPC names on the same endpoint), its GRPC interface when gRPC is on
+(``EdgeSettings.grpc_url``, with the specialist as the tenant), its tariff and
+limits in the ``TARIFF_EXTENSION`` params (the card has no other place for
+them), and its idempotency policy in the ``IDEMPOTENCY_EXTENSION`` params.
 
 Two documents per specialist: ``CARD_PATH`` is the A2A 1.0 card, exactly the
 protobuf ``AgentCard`` in ProtoJSON (``card_document``). The a2a-sdk's
@@ -17,15 +19,6 @@ Cards are the same for every caller, so they are rendered once: a strong
 ``ETag`` from their bytes, ``Last-Modified`` from the spec file,
 ``Cache-Control`` from ``card_max_age_s``; ``If-None-Match`` (or
 ``If-Modified-Since``) answers 304, and HEAD answers the headers alone.
-
-
-JSON-RPC names on the same endpoint), its tariff and limits in the
-``TARIFF_EXTENSION`` params (the card has no other place for them), and its
-idempotency policy in the ``IDEMPOTENCY_EXTENSION`` params. Cards are
-the same for every caller, so they are rendered once: a strong ``ETag`` from
-their bytes, ``Last-Modified`` from the spec file, ``Cache-Control`` from
-``card_max_age_s``; ``If-None-Match`` (or ``If-Modified-Since``) answers 304,
-and HEAD answers the headers alone.
 """
 
 from __future__ import annotations
@@ -72,16 +65,23 @@ def build_card(loaded: LoadedSpec, settings: Settings) -> AgentCard:
     if anonymous_allowed(settings, loaded):
         requirements.append({})  # an empty requirement: callers without a key are served too
     limits = spec.limits
+    interfaces: list[dict[str, str]] = [
+        {"url": f"{base}/jsonrpc", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
+        {"url": base, "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"},
+        {"url": f"{base}/jsonrpc", "protocolBinding": "JSONRPC", "protocolVersion": "0.3"},
+    ]
+    if settings.edge.grpc_url:
+        # One gRPC server serves every specialist: the tenant, which a client copies into each
+        # request, chooses it (app/grpc_binding.py).
+        interfaces.append(
+            {"url": settings.edge.grpc_url, "protocolBinding": "GRPC", "protocolVersion": "1.0", "tenant": spec.id}
+        )
     card = {
         "name": spec.name,
         "description": spec.description,
         "version": spec.version,
         "provider": {"organization": "specialists", "url": settings.edge.url},
-        "supportedInterfaces": [
-            {"url": f"{base}/jsonrpc", "protocolBinding": "JSONRPC", "protocolVersion": "1.0"},
-            {"url": base, "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"},
-            {"url": f"{base}/jsonrpc", "protocolBinding": "JSONRPC", "protocolVersion": "0.3"},
-        ],
+        "supportedInterfaces": interfaces,
         "capabilities": {
             "streaming": spec.streaming,
             "pushNotifications": False,
@@ -99,7 +99,8 @@ def build_card(loaded: LoadedSpec, settings: Settings) -> AgentCard:
                         "maxMetadataBytes": limits.max_metadata_bytes,
                         "maxRequestBodyBytes": settings.edge.max_request_body_bytes,
                     },
-                }
+                },
+                idempotency_extension(loaded, settings),
             ],
         },
         "securitySchemes": {
@@ -126,7 +127,6 @@ def build_card(loaded: LoadedSpec, settings: Settings) -> AgentCard:
             }
         ],
     }
-    card["capabilities"]["extensions"].append(idempotency_extension(loaded, settings))
     return ParseDict(card, AgentCard())
 
 

@@ -7,7 +7,7 @@ and so on), a ``message`` that says what to do, and ``to_dict()``. On the wire
 ``code`` travels as ``ErrorInfo.metadata.code``, next to the details.
 
 Wire form: the a2a-sdk chooses the JSON-RPC code, the HTTP status, the gRPC
-status and the ``ErrorInfo`` reason of an error by looking its exact class up in
+status (``grpc_form`` for the edge's gRPC binding) and the ``ErrorInfo`` reason of an error by looking its exact class up in
 its public tables (``JSON_RPC_ERROR_CODE_MAP``, ``A2A_ERROR_MAPPING``,
 ``A2A_ERROR_REASONS``, ``A2A_REASON_TO_ERROR`` and the JSON-RPC ``EXCEPTION_MAP``);
 a class it does not know becomes an internal error. Two tables below are the one
@@ -324,6 +324,18 @@ def grpc_status_for(error: A2AError) -> str:
     """The gRPC status (a ``grpc.StatusCode`` name, e.g. ``NOT_FOUND``) of any error the edge answers: for the
     gRPC binding, which must use the same table as the other two (``grpc.StatusCode[grpc_status_for(e)]``)."""
     return wire_form_of(error).grpc_status
+
+
+def grpc_form(error: A2AError) -> tuple[str, str]:
+    """The gRPC status name and ``ErrorInfo`` reason of any error the edge answers: its own or the SDK's.
+
+    The a2a-sdk's gRPC handler looks statuses up in a private table of its own classes only, so the
+    edge's gRPC binding (app/grpc_binding.py) asks here, from the same tables as the HTTP bindings.
+    """
+    if isinstance(error, EdgeError):
+        return wire_form(error).grpc_status, reason_of(type(error))
+    mapping = A2A_ERROR_MAPPING.get(type(error), ErrorMapping(500, "INTERNAL", "INTERNAL_ERROR"))
+    return mapping.grpc_status, A2A_ERROR_REASONS.get(type(error), mapping.reason)
 
 
 def register_with_sdk() -> None:

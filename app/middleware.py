@@ -51,10 +51,12 @@ from ledger.keys import AsyncKeyVerifier, KeyRefused
 
 log = logging.getLogger("app.access")
 
+# Headers (and gRPC metadata) that carry credentials never enter the SDK's call context (which it logs at DEBUG).
+CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "cookie"})
 IDENTITY_SCOPE_KEY = "specialists.identity"
 SPECIALIST_SCOPE_KEY = "specialists.specialist"
 REQUEST_ID_HEADER = "x-request-id"
-_SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
+SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
 JSON_MEDIA_TYPES = ("application/json", "application/a2a+json")
 REALM = 'Bearer realm="specialists"'
 
@@ -116,6 +118,29 @@ _BRACKETS = re.compile(r"[\[\]{}]")
 _ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000", re.IGNORECASE)
 
 
+async def authenticate(
+    authorization: str | None, address: str, loaded: LoadedSpec, settings: Settings, verifier: AsyncKeyVerifier
+) -> Identity:
+    """The caller of one A2A request, from its ``Authorization`` value: the one key check of every binding.
+
+    No value: anonymous where the specialist allows it (``anonymous_allowed``), else ``KeyRequired``.
+    A value that is not ``Bearer <key>``, or a key the verifier refuses: ``KeyRejected`` with the reason.
+    The HTTP guard passes the header, the gRPC binding (app/grpc_binding.py) the ``authorization`` metadata.
+    """
+    if authorization is None or not authorization.strip():
+        if anonymous_allowed(settings, loaded):
+            return Identity(customer_id=None, key_id=None, tier=None, client_address=address)
+        raise KeyRequired("this request needs an API key: send `Authorization: Bearer <key>` (the operator issues keys)")
+    scheme, _, credential = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not credential.strip():
+        raise KeyRejected("the Authorization header must read `Bearer <key>`", code="key_malformed")
+    try:
+        verified = await verifier.verify(credential.strip())
+    except KeyRefused as refused:
+        raise KeyRejected(refused.message, code=refused.code) from None
+    return Identity(customer_id=verified.customer_id, key_id=verified.key_id, tier=verified.tier, client_address=address)
+
+
 class RequestLog:
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -126,7 +151,7 @@ class RequestLog:
             await self.app(scope, receive, send)
             return
         offered = _header(scope, REQUEST_ID_HEADER.encode())
-        request_id = offered if offered and _SANE_REQUEST_ID.match(offered) else uuid.uuid4().hex
+        request_id = offered if offered and SANE_REQUEST_ID.match(offered) else uuid.uuid4().hex
         id_token = request_id_var.set(request_id)
         customer_token = customer_var.set("-")
         refusal: dict[str, str] = {}
@@ -213,25 +238,7 @@ class A2AGuard:
 
     async def _authenticate(self, scope: Scope, loaded: LoadedSpec) -> Identity:
         address = (scope.get("client") or ("unknown", 0))[0]
-        authorization = _header(scope, b"authorization")
-        if authorization is None or not authorization.strip():
-            if anonymous_allowed(self.settings, loaded):
-                return Identity(customer_id=None, key_id=None, tier=None, client_address=address)
-            raise KeyRequired(
-                "this request needs an API key: send `Authorization: Bearer <key>` (the operator issues keys)"
-            )
-        scheme, _, credential = authorization.strip().partition(" ")
-        if scheme.lower() != "bearer" or not credential.strip():
-            raise KeyRejected(
-                "the Authorization header must read `Bearer <key>`", code="key_malformed"
-            )
-        try:
-            verified = await self.verifier.verify(credential.strip())
-        except KeyRefused as refused:
-            raise KeyRejected(refused.message, code=refused.code) from None
-        return Identity(
-            customer_id=verified.customer_id, key_id=verified.key_id, tier=verified.tier, client_address=address
-        )
+        return await authenticate(_header(scope, b"authorization"), address, loaded, self.settings, self.verifier)
 
     async def _bounded_body(self, scope: Scope, receive: Receive) -> Receive:
         """Check media type and encoding, then read the body up to the limit; replay it to the app."""

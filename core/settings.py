@@ -135,6 +135,21 @@ class EdgeSettings(Section):
         description="Base URL customers reach the edge at (put in Agent Cards). "
         "Unset: http://SPECIALISTS_EDGE_HOST:SPECIALISTS_EDGE_PORT.",
     )
+    grpc_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        validation_alias="SPECIALISTS_GRPC_PORT",
+        description="TCP port of the A2A gRPC binding, on SPECIALISTS_EDGE_HOST (h2c: HTTP/2 without TLS). "
+        "0: no gRPC server in this process (several edges may start on one machine).",
+    )
+    grpc_public_url: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$",
+        validation_alias="SPECIALISTS_GRPC_PUBLIC_URL",
+        description="host:port customers reach the gRPC binding at (each Agent Card's GRPC interface). "
+        "Unset: 127.0.0.1:SPECIALISTS_GRPC_PORT when that is set, else the cards list no GRPC interface.",
+    )
     max_request_body_bytes: int = Field(
         default=2 * 1024 * 1024,
         ge=1024,
@@ -277,6 +292,22 @@ class EdgeSettings(Section):
     def url(self) -> str:
         """The base URL customers reach the edge at: public_url, or http://host:port."""
         return (self.public_url or f"http://{self.host}:{self.port}").rstrip("/")
+
+    @property
+    def grpc_url(self) -> str | None:
+        """Where customers reach the gRPC binding (host:port), or None when the cards list none."""
+        if self.grpc_public_url:
+            return self.grpc_public_url
+        return f"127.0.0.1:{self.grpc_port}" if self.grpc_port else None
+
+    @model_validator(mode="after")
+    def _grpc_port_is_its_own(self) -> EdgeSettings:
+        if self.grpc_port and self.grpc_port == self.port:
+            raise ValueError(
+                f"SPECIALISTS_GRPC_PORT ({self.grpc_port}) is SPECIALISTS_EDGE_PORT too; "
+                "the gRPC binding needs a port of its own"
+            )
+        return self
 
 
 class LogSettings(Section):

@@ -88,6 +88,15 @@ resource "google_cloud_run_v2_service_iam_member" "public_calls_api" {
   member   = "allUsers"
 }
 
+# The gRPC binding is public in the same way: the key travels in the call's metadata.
+resource "google_cloud_run_v2_service_iam_member" "public_calls_grpc" {
+  project  = var.project_id
+  location = google_cloud_run_v2_service.grpc.location
+  name     = google_cloud_run_v2_service.grpc.name
+  role     = "roles/run.invoker"
+  member   = "allUsers"
+}
+
 # --- secrets --------------------------------------------------------------------------------------
 
 resource "google_secret_manager_secret_iam_member" "api_reads" {

@@ -10,6 +10,16 @@ output "api_public_url" {
   value       = local.api_public_url
 }
 
+output "grpc_url" {
+  description = "The gRPC service's run.app URL."
+  value       = google_cloud_run_v2_service.grpc.uri
+}
+
+output "grpc_public_url" {
+  description = "The host:port in the Agent Cards' GRPC interface (SPECIALISTS_GRPC_PUBLIC_URL)."
+  value       = local.grpc_public_url
+}
+
 output "worker_url" {
   description = "The worker service's URL: reachable only from inside the project (Cloud Tasks)."
   value       = google_cloud_run_v2_service.worker.uri

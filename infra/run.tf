@@ -1,5 +1,5 @@
-# The two Cloud Run services (the public A2A edge, the private workers), the migration job and the
-# drill job, all on the one image (../Dockerfile), and every setting each needs, by its real name
+# The three Cloud Run services (the public A2A edge, its gRPC binding, the private workers), the
+# migration job and the drill job, all on the one image (../Dockerfile), and every setting each needs, by its real name
 # (core/settings.py; docs/SETTINGS.md). Plain values in *_env, Secret Manager secrets in *_secret_env
 # (name => secret id).
 # tests/deploy/test_infra.py starts the real service from these maps.
@@ -12,6 +12,13 @@ locals {
   worker_url     = "https://${var.worker_service_name}-${data.google_project.this.number}.${var.region}.run.app"
   api_run_url    = "https://${var.api_service_name}-${data.google_project.this.number}.${var.region}.run.app"
   api_public_url = coalesce(var.public_url, local.api_run_url)
+  # gRPC clients dial host:port; Cloud Run serves every service with TLS on 443.
+  grpc_run_address = "${var.grpc_service_name}-${data.google_project.this.number}.${var.region}.run.app:443"
+  grpc_public_url  = coalesce(var.grpc_public_url, local.grpc_run_address)
+  # The gRPC service's container port (Cloud Run's PORT), which the binding listens on; the same process's
+  # HTTP bindings listen on another port that Cloud Run routes nothing to (one port per service).
+  grpc_container_port = 8080
+  grpc_edge_http_port = 8081
 
   # Inside the image (WORKDIR /app): the routes of the deployed specialists.
   model_routes_file = "/app/infra/model_routes.toml"
@@ -21,6 +28,7 @@ locals {
   api_env = {
     SPECIALISTS_KEY_ENVIRONMENT          = var.key_environment
     SPECIALISTS_EDGE_PUBLIC_URL          = local.api_public_url
+    SPECIALISTS_GRPC_PUBLIC_URL          = local.grpc_public_url
     SPECIALISTS_SERVE_WORKER             = "false"
     SPECIALISTS_SERVE_DISPATCHER         = "true"
     SPECIALISTS_DISPATCH_BACKEND         = "cloud_tasks"
@@ -39,6 +47,30 @@ locals {
     SPECIALISTS_KEY_SIGNING_SECRETS = google_secret_manager_secret.key_signing.secret_id
     SPECIALISTS_WORKER_JOB_SECRETS  = google_secret_manager_secret.worker_job.secret_id
     SPECIALISTS_METRICS_TOKEN       = google_secret_manager_secret.metrics_token.secret_id
+  }
+
+  # `specialists serve` on the gRPC service: the same edge (same account, secrets and cards), serving the
+  # gRPC binding on the container's port. Its admitted jobs reach Cloud Tasks through the API's relay (the
+  # outbox is in the database), so it runs no relay of its own.
+  # api_env's values, but these three (tests/deploy/test_infra.py checks it); the API's secrets.
+  grpc_env = {
+    SPECIALISTS_KEY_ENVIRONMENT          = var.key_environment
+    SPECIALISTS_EDGE_PUBLIC_URL          = local.api_public_url
+    SPECIALISTS_GRPC_PUBLIC_URL          = local.grpc_public_url
+    SPECIALISTS_GRPC_PORT                = local.grpc_container_port
+    SPECIALISTS_EDGE_PORT                = local.grpc_edge_http_port
+    SPECIALISTS_SERVE_WORKER             = "false"
+    SPECIALISTS_SERVE_DISPATCHER         = "false"
+    SPECIALISTS_DISPATCH_BACKEND         = "cloud_tasks"
+    SPECIALISTS_CLOUD_TASKS_PROJECT      = var.project_id
+    SPECIALISTS_CLOUD_TASKS_LOCATION     = google_cloud_tasks_queue.jobs.location
+    SPECIALISTS_CLOUD_TASKS_QUEUE        = google_cloud_tasks_queue.jobs.name
+    SPECIALISTS_DISPATCH_WORKER_URL      = "${local.worker_url}/jobs"
+    SPECIALISTS_DISPATCH_SERVICE_ACCOUNT = google_service_account.invoker.email
+    SPECIALISTS_WORKER_AUDIENCE          = local.worker_url
+    SPECIALISTS_DISPATCH_DEADLINE_S      = var.dispatch_deadline_s
+    SPECIALISTS_DISPATCH_JOB_DEADLINE_S  = var.job_deadline_s
+    SPECIALISTS_LOG_LEVEL                = "INFO"
   }
 
   # `specialists worker`: OIDC from the invoker account and a signed body, both bound to its own URL.
@@ -210,6 +242,116 @@ resource "google_cloud_run_v2_service" "api" {
 
   lifecycle {
     # cloudbuild.yaml deploys each image as a tagged revision without traffic and moves traffic after the drill.
+    ignore_changes = [template[0].containers[0].image, traffic, client, client_version]
+  }
+}
+
+# --- the gRPC binding: public, HTTP/2 end to end ---------------------------------------------------
+
+resource "google_cloud_run_v2_service" "grpc" {
+  name                = var.grpc_service_name
+  location            = var.region
+  ingress             = "INGRESS_TRAFFIC_ALL"
+  deletion_protection = false
+  depends_on = [
+    google_project_service.apis,
+    google_secret_manager_secret_iam_member.api_reads,
+    google_secret_manager_secret_version.database_url,
+    google_secret_manager_secret_version.metrics_token,
+  ]
+
+  template {
+    service_account = google_service_account.api.email
+    # Streams (SendStreamingMessage, SubscribeToTask) stay open up to Cloud Run's longest request.
+    timeout                          = "3600s"
+    max_instance_request_concurrency = 80
+    execution_environment            = "EXECUTION_ENVIRONMENT_GEN2"
+
+    scaling {
+      min_instance_count = 0
+      max_instance_count = var.api_max_instances
+    }
+
+    vpc_access {
+      network_interfaces {
+        network    = local.vpc_egress.network
+        subnetwork = local.vpc_egress.subnetwork
+      }
+      egress = "PRIVATE_RANGES_ONLY"
+    }
+
+    volumes {
+      name = "cloudsql"
+      cloud_sql_instance {
+        instances = [google_sql_database_instance.main.connection_name]
+      }
+    }
+
+    containers {
+      image = var.image
+      args  = ["serve"]
+
+      # h2c: Cloud Run forwards HTTP/2 to the container without TLS (gRPC needs HTTP/2 end to end).
+      ports {
+        name           = "h2c"
+        container_port = local.grpc_container_port
+      }
+
+      resources {
+        limits = {
+          cpu    = "1"
+          memory = "1Gi"
+        }
+        startup_cpu_boost = true
+      }
+
+      volume_mounts {
+        name       = "cloudsql"
+        mount_path = local.cloudsql_mount
+      }
+
+      dynamic "env" {
+        for_each = local.grpc_env
+        content {
+          name  = env.key
+          value = env.value
+        }
+      }
+
+      dynamic "env" {
+        for_each = local.api_secret_env
+        content {
+          name = env.key
+          value_source {
+            secret_key_ref {
+              secret  = env.value
+              version = "latest"
+            }
+          }
+        }
+      }
+
+      # The gRPC port opens only after the edge found the schema at the code's head (its start-up refuses
+      # otherwise), so a TCP probe on it means what the API's /readyz means at start. Cloud Run routes no
+      # HTTP/1 path to this service, and its liveness probes speak only HTTP or gRPC health (not served).
+      startup_probe {
+        period_seconds    = 2
+        timeout_seconds   = 2
+        failure_threshold = 30
+        tcp_socket {
+          port = local.grpc_container_port
+        }
+      }
+    }
+  }
+
+  traffic {
+    type    = "TRAFFIC_TARGET_ALLOCATION_TYPE_LATEST"
+    percent = 100
+  }
+
+  lifecycle {
+    # cloudbuild.yaml deploys each image as a tagged revision without traffic, as the API's.
     ignore_changes = [template[0].containers[0].image, traffic, client, client_version]
   }
 }

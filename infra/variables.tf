@@ -20,6 +20,12 @@ variable "api_service_name" {
   default     = "specialists-api"
 }
 
+variable "grpc_service_name" {
+  description = "Cloud Run service of the A2A gRPC binding (`specialists serve` with SPECIALISTS_GRPC_PORT, HTTP/2 end to end); cloudbuild.yaml _GRPC_SERVICE."
+  type        = string
+  default     = "specialists-grpc"
+}
+
 variable "worker_service_name" {
   description = "Cloud Run service of the private workers (`specialists worker`); cloudbuild.yaml _WORKER_SERVICE."
   type        = string
@@ -76,6 +82,12 @@ variable "image" {
 
 variable "public_url" {
   description = "Base URL customers reach the edge at (a custom domain). Empty: the API service's run.app URL."
+  type        = string
+  default     = ""
+}
+
+variable "grpc_public_url" {
+  description = "host:port customers reach the gRPC binding at (a custom domain, TLS on 443). Empty: the gRPC service's run.app host on 443."
   type        = string
   default     = ""
 }

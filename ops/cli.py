@@ -317,7 +317,8 @@ def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
     from workers.assembly import WorkerNotConfigured, check_worker_settings
 
     settings = ctx.settings.model_copy(deep=True)
-    for section, name, value in (("edge", "host", args.host), ("edge", "port", args.port), ("worker", "port", args.worker_port)):
+    for section, name, value in (("edge", "host", args.host), ("edge", "port", args.port), ("worker", "port", args.worker_port),
+                                 ("edge", "grpc_port", args.grpc_port)):
         if value is not None:  # validated like the environment variable would be
             _assign(settings, section, name, value)
     child_settings: dict[str, str] = {}
@@ -361,6 +362,9 @@ def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
             "specialists": ", ".join(sorted(specs)),
             "not ready": "; ".join(f"{p.specialist_id}: {p.message}" for p in not_ready) if not_ready else "none",
             "url": settings.edge.url,
+            "grpc": f"{settings.edge.host}:{settings.edge.grpc_port}, cards name {settings.edge.grpc_url}"
+            if settings.edge.grpc_port
+            else f"not served here (SPECIALISTS_GRPC_PORT); cards name {settings.edge.grpc_url or 'none'}",
             "worker": worker_url if settings.serve.worker else "not started here (SPECIALISTS_SERVE_WORKER)",
             "dispatcher": f"{settings.dispatch.backend} to {dispatch_to}"
             if settings.serve.dispatcher
@@ -459,6 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default=None, help="default: SPECIALISTS_EDGE_HOST (127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="default: SPECIALISTS_EDGE_PORT (8080)")
     serve.add_argument("--worker-port", type=int, default=None, help="default: SPECIALISTS_WORKER_PORT (8081)")
+    serve.add_argument(
+        "--grpc-port", type=int, default=None, help="the A2A gRPC binding's port; default: SPECIALISTS_GRPC_PORT (0: off)"
+    )
     serve.set_defaults(func=cmd_serve)
 
     worker = groups.add_parser("worker", parents=[common], help="serve the private worker endpoint")

@@ -116,7 +116,8 @@ class LocalDeployment(Deployment):
         """A new revision takes over: a new process starts and is ready, then the old one gets SIGTERM."""
         old = self.topology.api[index]
         port = free_port()
-        new = Process(f"{old.name}-r{old.starts + 1}", ["serve", "--port", str(port)], old.env,
+        command = ["serve", "--port", str(port), "--grpc-port", str(free_port())]  # a revision serves gRPC too
+        new = Process(f"{old.name}-r{old.starts + 1}", command, old.env,
                       old.log_path.with_name(f"{old.name}-r{old.starts + 1}.log"), f"http://127.0.0.1:{port}/readyz")
         new.start()
         new.wait_ready()

@@ -341,7 +341,8 @@ def cancellation(drill: Drill, step: Step) -> None:
 
 def cross_instance(drill: Drill, step: Step) -> None:
     """A task created through one instance is read, streamed and canceled through the other, with the a2a-sdk
-    client over JSON-RPC on one side and HTTP+JSON on the other."""
+    client over JSON-RPC on one side and HTTP+JSON on the other; and one created over gRPC on the first is read
+    and canceled over JSON-RPC on the second."""
     if len(drill.deployment.api_urls) < 2:
         step.note("skipped: one API URL given; pass two (--target URL,URL) to drill two instances")
         step.skipped += 1
@@ -420,6 +421,50 @@ async def _cross_instance(drill: Drill, step: Step, customer: Customer) -> None:
         step.check(seen.status.state == TaskState.TASK_STATE_CANCELED,
                    f"API 2 shows the canceled task as {TaskState.Name(seen.status.state)}")
         step.note(f"created {held_id} on API 2 (HTTP+JSON), canceled on API 1 (JSON-RPC), canceled on both")
+
+        jsonrpc_b = await client(1, "JSONRPC", http_b)
+        await _created_over_grpc(drill, step, customer, await A2ACardResolver(http_a, drill.url(0)).get_agent_card(),
+                                 jsonrpc_b, message([{"op": "progress", "text": "hold"}, SLEEP]))
+
+
+async def _created_over_grpc(drill: Drill, step: Step, customer: Customer, card: Any, jsonrpc_b: Any,
+                             request: Any) -> None:
+    """Created over gRPC on API 1 (the interface its card names), read and canceled over JSON-RPC on API 2."""
+    import grpc
+    import grpc.aio
+    from a2a.client import ClientCallContext, ClientConfig, ClientFactory
+    from a2a.types.a2a_pb2 import CancelTaskRequest, GetTaskRequest, TaskState
+
+    if not any(i.protocol_binding == "GRPC" for i in card.supported_interfaces):
+        step.note("gRPC skipped: API 1's card lists no GRPC interface "
+                  "(SPECIALISTS_GRPC_PUBLIC_URL, SPECIALISTS_GRPC_PORT)")
+        step.skipped += 1
+        return
+
+    def channel(url: str) -> grpc.aio.Channel:
+        # A public gRPC URL on 443 (Cloud Run's) is TLS; a local one is plain HTTP/2.
+        if url.endswith(":443"):
+            return grpc.aio.secure_channel(url, grpc.ssl_channel_credentials())
+        return grpc.aio.insecure_channel(url)
+
+    config = ClientConfig(streaming=False, supported_protocol_bindings=["GRPC"], grpc_channel_factory=channel)
+    on_grpc = ClientFactory(config).create(card)
+    calling = ClientCallContext(service_parameters={"authorization": f"Bearer {customer.key}"}, timeout=60)
+    try:
+        created = [event async for event in on_grpc.send_message(request, context=calling)]
+        task_id = created[0].task.id
+        drill.running_job(task_id, drill.claim_timeout_s())
+        read = await jsonrpc_b.get_task(GetTaskRequest(id=task_id))
+        step.check(read.id == task_id, "GetTask over JSON-RPC on API 2 returned another task than gRPC created")
+        step.note(f"created {task_id} on API 1 (gRPC); read on API 2 (JSON-RPC): {TaskState.Name(read.status.state)}")
+        canceled = await jsonrpc_b.cancel_task(CancelTaskRequest(id=task_id))
+        step.check(canceled.status.state == TaskState.TASK_STATE_CANCELED, "cancel through API 2 did not cancel")
+        seen = await on_grpc.get_task(GetTaskRequest(id=task_id), context=calling)
+        step.check(seen.status.state == TaskState.TASK_STATE_CANCELED,
+                   f"API 1 (gRPC) shows the canceled task as {TaskState.Name(seen.status.state)}")
+    finally:
+        await on_grpc.close()
+    step.note(f"canceled {task_id} on API 2 (JSON-RPC), canceled on API 1 (gRPC) too")
 
 
 def restart_and_rollout(drill: Drill, step: Step) -> None:

@@ -268,7 +268,9 @@ class LocalTopology:
                                        logs / f"worker-{index + 1}.log", f"http://127.0.0.1:{port}/healthz"))
         for index in range(self.apis):
             port = free_port()
-            self.api.append(Process(f"api-{index + 1}", ["serve", "--port", str(port)], env,
+            # Each instance serves gRPC too; its cards name it, and the cross-instance scenario creates through it.
+            command = ["serve", "--port", str(port), "--grpc-port", str(free_port())]
+            self.api.append(Process(f"api-{index + 1}", command, env,
                                     logs / f"api-{index + 1}.log", f"http://127.0.0.1:{port}/readyz"))
         self.dispatcher = self._dispatcher(env, logs)
         starting = self.worker + self.api + [self.dispatcher]

@@ -1,5 +1,8 @@
 """Fixtures for the A2A edge: real `specialists serve` processes on 127.0.0.1 against this run's database.
 
+Every edge started here also serves the gRPC binding, on a port of its own (``EdgeProcess.grpc_address``),
+which its cards name.
+
 Server processes are started once per test session and shared: two ordinary
 instances (``edge_a`` and ``edge_b``, one database: "two instances behave as
 one service"; ``edge_b`` logs at DEBUG into a file the key-leak test reads) and
@@ -72,6 +75,7 @@ class EdgeProcess:
     url: str
     process: subprocess.Popen
     log_path: Path
+    grpc_address: str = ""  # host:port of its A2A gRPC binding (every test edge serves one)
 
     def specialist(self, specialist_id: str) -> str:
         return f"{self.url}/specialists/{specialist_id}"
@@ -105,11 +109,11 @@ def edge_env(database_url: str, specs_dir: Path, **settings: str) -> dict[str, s
 
 
 def start_edge(database_url: str, specs_dir: Path, log_dir: Path, name: str, **settings: str) -> EdgeProcess:
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     log_path = log_dir / f"{name}.log"
     log_file = log_path.open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "ops.cli", "serve", "--port", str(port)],
+        [sys.executable, "-m", "ops.cli", "serve", "--port", str(port), "--grpc-port", str(grpc_port)],
         env=edge_env(database_url, specs_dir, **settings),
         cwd=PROJECT_ROOT,
         stdout=log_file,
@@ -122,7 +126,7 @@ def start_edge(database_url: str, specs_dir: Path, log_dir: Path, name: str, **s
             raise RuntimeError(f"edge {name} exited with {process.returncode}:\n{log_path.read_text()}")
         try:
             if http_calls.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return EdgeProcess(url=url, process=process, log_path=log_path)
+                return EdgeProcess(url=url, process=process, log_path=log_path, grpc_address=f"127.0.0.1:{grpc_port}")
         except httpx.HTTPError:
             pass
         time.sleep(0.1)

@@ -30,7 +30,7 @@ from tests.deploy.manifests import (
 
 pytestmark = pytest.mark.timeout(30)
 
-RELEASE_ORDER = ["test", "build", "push", "migrate", "deploy-worker", "deploy-api", "drill", "traffic"]
+RELEASE_ORDER = ["test", "build", "push", "migrate", "deploy-worker", "deploy-api", "deploy-grpc", "drill", "traffic"]
 # Built-in substitutions Cloud Build fills in itself.
 BUILT_IN = {"PROJECT_ID", "SHORT_SHA", "COMMIT_SHA", "BUILD_ID", "LOCATION", "PROJECT_NUMBER"}
 # What a trigger gives a build, and a tag URL as the deploy-api step writes it (Cloud Run's form).
@@ -100,6 +100,12 @@ def test_the_api_is_deployed_as_a_tagged_revision_without_traffic_and_drilled_th
     assert "gcloud run deploy ${_API_SERVICE}" in deploy
     assert "--no-traffic" in deploy and "--tag=${_REVISION_TAG}" in deploy
     assert "> /workspace/api_tag_url" in deploy, "the tag's URL is handed to the drill"
+
+
+def test_the_grpc_binding_is_deployed_as_the_api_a_tagged_revision_without_traffic(steps):
+    deploy = steps["deploy-grpc"].command.replace('"', "")
+    assert "gcloud run deploy ${_GRPC_SERVICE}" in deploy
+    assert "--no-traffic" in deploy and "--tag=${_REVISION_TAG}" in deploy
 
 
 # --- the drill step, run as Cloud Build runs it, with gcloud standing in for Google -------------------
@@ -176,12 +182,18 @@ def test_the_build_outlives_the_migration_and_the_drill_it_waits_for(document, t
     assert build_timeout_s > task_timeout_s("migrate") + task_timeout_s("drill")
 
 
-def test_only_the_last_step_moves_traffic_and_only_to_the_drilled_tag(steps):
+def test_only_the_last_step_moves_traffic_and_only_to_the_drilled_tag(document, steps, tmp_path):
     traffic_moves = [step.id for step in steps.values() if "update-traffic" in step.command or "--to-" in step.command]
     assert traffic_moves == ["traffic"]
     assert list(steps)[-1] == "traffic"
-    assert steps["traffic"].args[:4] == ["run", "services", "update-traffic", "${_API_SERVICE}"]
-    assert "--to-tags=${_REVISION_TAG}=100" in steps["traffic"].args
+    status, calls = run_step(steps["traffic"], document, tmp_path)
+    assert status == 0
+    names = substitutions(document, **TRIGGER)
+    assert [call[:4] for call in calls] == [
+        ["run", "services", "update-traffic", names["_API_SERVICE"]],
+        ["run", "services", "update-traffic", names["_GRPC_SERVICE"]],
+    ]
+    assert all(f"--to-tags={names['_REVISION_TAG']}=100" in call for call in calls)
 
 
 def test_every_substitution_used_is_defined(document):
@@ -196,6 +208,7 @@ def test_names_agree_with_terraform(document):
     assert names["_REGION"] == tf.default("region")
     assert names["_REPOSITORY"] == tf.resolve(tf.resource("google_artifact_registry_repository", "images")["repository_id"])
     assert names["_API_SERVICE"] == tf.resolve(tf.resource("google_cloud_run_v2_service", "api")["name"])
+    assert names["_GRPC_SERVICE"] == tf.resolve(tf.resource("google_cloud_run_v2_service", "grpc")["name"])
     assert names["_WORKER_SERVICE"] == tf.resolve(tf.resource("google_cloud_run_v2_service", "worker")["name"])
     assert names["_MIGRATE_JOB"] == tf.resolve(tf.resource("google_cloud_run_v2_job", "migrate")["name"])
     assert names["_DRILL_JOB"] == tf.resolve(tf.resource("google_cloud_run_v2_job", "drill")["name"])

@@ -26,16 +26,17 @@ from ops.drill.cli import cmd_drill
 from tests import http_calls
 from tests.deploy.conftest import terraform_environment
 from tests.deploy.manifests import Terraform, container, container_env, dockerfile_stages, revision_template
-from tests.deploy.roles import on_this_machine, run_command, run_role
+from tests.deploy.roles import free_port, on_this_machine, run_command, run_role, start_role
 from workers.server import JOBS_PATH
 
 pytestmark = pytest.mark.timeout(90, func_only=True)
 
 SERVICE = "google_cloud_run_v2_service"
 JOB = "google_cloud_run_v2_job"
-ROLES = {"api": (SERVICE, "api"), "worker": (SERVICE, "worker"), "migrate": (JOB, "migrate"), "drill": (JOB, "drill")}
-# Which runtime service account each role runs as.
-RUNS_AS = {"api": "api", "worker": "worker", "migrate": "migrate", "drill": "drill"}
+ROLES = {"api": (SERVICE, "api"), "grpc": (SERVICE, "grpc"), "worker": (SERVICE, "worker"), "migrate": (JOB, "migrate"),
+         "drill": (JOB, "drill")}
+# Which runtime service account each role runs as (the gRPC binding is the API's edge, on another port).
+RUNS_AS = {"api": "api", "grpc": "api", "worker": "worker", "migrate": "migrate", "drill": "drill"}
 # The bounds the drill checks: it must run with the values the services run with.
 DRILL_BOUNDS = (
     "SPECIALISTS_WORKER_HEARTBEAT_S",
@@ -97,7 +98,13 @@ def test_the_api_starts_from_terraforms_environment_with_its_relay_and_publishes
     card = http_calls.get(f"{api_from_terraform.url}/specialists/conformance/.well-known/agent-card.json").json()
     public_url = container_env(tf, SERVICE, "api").plain["SPECIALISTS_EDGE_PUBLIC_URL"]
     assert public_url == tf.reference("local.api_run_url")
-    assert all(interface["url"].startswith(public_url) for interface in card["supportedInterfaces"])
+    http_bindings = [i for i in card["supportedInterfaces"] if i["protocolBinding"] != "GRPC"]
+    assert http_bindings and all(interface["url"].startswith(public_url) for interface in http_bindings)
+    # The gRPC binding is its own service; the API's cards name it, with the specialist as the tenant.
+    grpc_interfaces = [i for i in card["supportedInterfaces"] if i["protocolBinding"] == "GRPC"]
+    assert [(i["url"], i["tenant"]) for i in grpc_interfaces] == [
+        (tf.reference("local.grpc_public_url"), "conformance")
+    ]
     # The relay to Cloud Tasks started as the edge's child (production mode), with the worker as its target.
     assert "cloud_tasks to " + tf.reference("local.worker_url") + JOBS_PATH in api_from_terraform.log_text()
 
@@ -110,7 +117,8 @@ def test_the_migration_job_upgrades_the_database_from_its_environment(tf, databa
 
 
 @pytest.mark.parametrize(
-    "role, command", [("api", cmd_serve), ("worker", cmd_worker), ("migrate", cmd_db_upgrade), ("drill", cmd_drill)]
+    "role, command",
+    [("api", cmd_serve), ("grpc", cmd_serve), ("worker", cmd_worker), ("migrate", cmd_db_upgrade), ("drill", cmd_drill)],
 )
 def test_each_container_runs_a_real_command_of_the_image(tf, role, command):
     args = tf.resolve(container(tf, *ROLES[role])["args"])
@@ -170,6 +178,40 @@ def test_the_drill_job_runs_once_per_execution_within_its_timeout(tf):
     assert tf.resolve(tf.resource(JOB, "drill")["template"][0]["task_count"]) == 1
     # The release changes the image; Terraform must not put the placeholder back.
     assert "template[0].template[0].containers[0].image" in str(tf.resource(JOB, "drill")["lifecycle"][0]["ignore_changes"])
+
+
+def test_the_grpc_service_serves_a2a_over_grpc_on_its_container_port_from_terraforms_environment(tf, database_url,
+                                                                                                tmp_path):
+    import grpc
+    from a2a.types import a2a_pb2_grpc
+    from a2a.types.a2a_pb2 import GetTaskRequest
+
+    spec = container(tf, SERVICE, "grpc")
+    env = container_env(tf, SERVICE, "grpc").plain
+    # Cloud Run sends HTTP/2 without TLS to the one port it routes, and the binding listens there; the
+    # edge's HTTP port is another, set explicitly so that the entry point does not give it PORT.
+    assert spec["ports"][0]["name"] == "h2c"
+    assert str(tf.resolve(spec["ports"][0]["container_port"])) == env["SPECIALISTS_GRPC_PORT"]
+    assert env["SPECIALISTS_EDGE_PORT"] != env["SPECIALISTS_GRPC_PORT"]
+    assert env["SPECIALISTS_SERVE_DISPATCHER"] == "false", "the API's relay sends every admitted job"
+    # Otherwise the API's edge: the same settings and secrets (the same cards, keys and database).
+    api = container_env(tf, SERVICE, "api")
+    own = {"SPECIALISTS_GRPC_PORT", "SPECIALISTS_EDGE_PORT", "SPECIALISTS_SERVE_DISPATCHER"}
+    assert {k: v for k, v in env.items() if k not in own} == {k: v for k, v in api.plain.items() if k not in own}
+    assert container_env(tf, SERVICE, "grpc").secrets == api.secrets
+    grpc_port, http_port = free_port(), free_port()
+    running = start_role(["serve"], terraform_environment(
+        tf, SERVICE, "grpc", database_url, PORT=str(grpc_port), SPECIALISTS_GRPC_PORT=str(grpc_port),
+        SPECIALISTS_EDGE_PORT=str(http_port),
+    ), tmp_path / "grpc.log", port=http_port, ready_path="/readyz")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            stub = a2a_pb2_grpc.A2AServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.GetTask(GetTaskRequest(id="t-1", tenant="conformance"), timeout=30)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, refused.value.details()
+    finally:
+        running.stop()
 
 
 # --- every setting a service needs in production is set -----------------------------------------------
@@ -329,14 +371,16 @@ def test_the_worker_is_private_and_only_the_invoker_account_may_call_it(tf):
     assert invokers == {account(tf, "invoker")}
 
 
-def test_nothing_but_the_api_is_granted_to_everyone(tf):
+def test_nothing_but_the_api_and_its_grpc_binding_is_granted_to_everyone(tf):
     public = [
         (kind, name)
         for (kind, name), body in tf.resources.items()
         if kind.endswith(("_iam_member", "_iam_binding")) and re.search(r"allUsers|allAuthenticatedUsers", str(body))
     ]
-    assert public == [("google_cloud_run_v2_service_iam_member", "public_calls_api")]
-    assert "google_cloud_run_v2_service.api" in tf.resource(*public[0])["name"]
+    assert sorted(public) == [("google_cloud_run_v2_service_iam_member", "public_calls_api"),
+                              ("google_cloud_run_v2_service_iam_member", "public_calls_grpc")]
+    assert "google_cloud_run_v2_service.api" in tf.resource(*sorted(public)[0])["name"]
+    assert "google_cloud_run_v2_service.grpc" in tf.resource(*sorted(public)[1])["name"]
 
 
 def test_the_api_may_enqueue_and_act_as_the_invoker_and_the_invoker_may_do_nothing_else(tf):
@@ -401,4 +445,4 @@ def test_each_role_runs_as_its_own_account_and_may_read_exactly_the_secrets_it_i
 def test_the_project_and_region_are_variables_and_the_urls_are_outputs(tf):
     assert "default" not in tf.variables["project_id"]
     assert tf.default("region")
-    assert {"api_url", "worker_url", "api_public_url"} <= set(tf.outputs)
+    assert {"api_url", "worker_url", "api_public_url", "grpc_url", "grpc_public_url"} <= set(tf.outputs)

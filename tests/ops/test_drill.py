@@ -53,7 +53,10 @@ def test_the_local_drill_passes_every_scenario_with_its_evidence(server_url, eng
     cancellation = evidence(report, "cancellation")
     assert "canceled before claim" in cancellation and "charged 0, never run (dispatch was held)" in cancellation
     assert "SIGSTOP to the dispatcher" in cancellation and "canceled while running" in cancellation
-    assert "read on API 2 (HTTP+JSON)" in evidence(report, "cross-instance")
+    cross = evidence(report, "cross-instance")
+    assert "read on API 2 (HTTP+JSON)" in cross
+    # Created over gRPC on one instance (each serves it), read and canceled over JSON-RPC on the other.
+    assert "on API 1 (gRPC); read on API 2 (JSON-RPC)" in cross and "canceled on API 1 (gRPC) too" in cross
     recovery = evidence(report, "restart-and-rollout")
     assert recovery.count("SIGKILL") == 2 and "SIGTERM to the old" in recovery and "after draining" in recovery
     assert "3 tasks: each claimed once, settled once" in recovery
