@@ -85,6 +85,9 @@ SAMPLES: dict[tuple[str, str], Callable[[str, Fixtures], Sample]] = {
         f"/specialists/{s}/tasks/{f.task_id}/pushNotificationConfigs/p-1", None, f.caller.headers),
     ("/specialists/{specialist}/tasks/{id}/pushNotificationConfigs/{push_id}", "DELETE"): lambda s, f: Sample(
         f"/specialists/{s}/tasks/{f.task_id}/pushNotificationConfigs/p-1", None, f.caller.headers),
+    # A task id with a slash in it names no task: TaskNotFound, whatever the method (app/assembly.py).
+    **{("/specialists/{specialist}/tasks/{head}/{tail:path}", method): (lambda s, f: Sample(
+        f"/specialists/{s}/tasks/{f.task_id}/x", None, f.caller.headers)) for method in ("GET", "POST", "DELETE")},
     ("/specialists/{specialist}/extendedAgentCard", "GET"): lambda s, f: Sample(
         f"/specialists/{s}/extendedAgentCard", None, f.caller.headers),
 }

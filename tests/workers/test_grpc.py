@@ -315,3 +315,56 @@ async def test_a_request_of_too_many_values_or_a_non_finite_number_is_refused_as
     assert (status, code) == (grpc.StatusCode.INVALID_ARGUMENT, "number_not_finite"), message
     assert "message.metadata.score" in message
     assert Ledger(system.engine).verify(customer_id) == []
+
+
+# --- Idempotency-Key as metadata ------------------------------------------------------------------------
+
+
+def with_key(key: str, idempotency_key: str) -> ClientCallContext:
+    return ClientCallContext(
+        service_parameters={"authorization": f"Bearer {key}", "idempotency-key": idempotency_key}, timeout=30
+    )
+
+
+def reservations_of(system: System, customer_id: str) -> int:
+    with system.engine.connect() as conn:
+        return conn.execute(
+            text("SELECT count(*) FROM ledger_reservations WHERE customer_id = :c"), {"c": customer_id}
+        ).scalar_one()
+
+
+async def test_an_idempotency_key_in_metadata_replays_across_instances_and_refuses_other_content(system):
+    customer_id, key = new_customer(system)
+    idempotency_key = f"retry-{uuid.uuid4()}"
+    first = await only((await grpc_client(system, 0)).send_message(
+        scripted([{"op": "complete", "text": "once"}]), context=with_key(key, idempotency_key)))
+    # A resend after a lost answer: a new messageId (as SDK clients make), the same key and content, the other
+    # instance. It replays the first task: no second task, no second reservation.
+    replayed = await only((await grpc_client(system, 1)).send_message(
+        scripted([{"op": "complete", "text": "once"}]), context=with_key(key, idempotency_key)))
+    assert replayed.task.id == first.task.id
+    assert replayed.task.status.state == TaskState.TASK_STATE_COMPLETED
+    assert reservations_of(system, customer_id) == 1
+    with pytest.raises(Exception) as refused:
+        await only((await grpc_client(system, 1)).send_message(
+            scripted([{"op": "complete", "text": "other content"}]), context=with_key(key, idempotency_key)))
+    status, code, message = refusal(refused.value)
+    assert (status, code) == (grpc.StatusCode.ALREADY_EXISTS, "idempotency_key_conflict"), message
+    assert reservations_of(system, customer_id) == 1
+    assert Ledger(system.engine).verify(customer_id) == []
+
+
+async def test_a_conformance_task_whose_text_says_slow_works_until_it_is_cancelled_over_grpc(system):
+    # A foreign SDK sends random messageIds; the first word of the text chooses the scenario.
+    _, key = new_customer(system)
+    client = await grpc_client(system, 1, CONFORMANCE)
+    message = Message(message_id=str(uuid.uuid4()), role=Role.ROLE_USER, parts=[Part(text="slow please")])
+    request = SendMessageRequest(message=message, configuration=SendMessageConfiguration(return_immediately=True))
+    task_id = (await only(client.send_message(request, context=calling_as(key)))).task.id
+
+    async def state() -> int:
+        return (await client.get_task(GetTaskRequest(id=task_id), context=calling_as(key))).status.state
+
+    await wait_async(state, TaskState.TASK_STATE_WORKING)
+    cancelled = await client.cancel_task(CancelTaskRequest(id=task_id), context=calling_as(key))
+    assert cancelled.status.state == TaskState.TASK_STATE_CANCELED
