@@ -33,10 +33,11 @@ def specialists(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=90)
 
 
-@pytest.fixture
-def hosted(server_url, engine, tmp_path):
+@pytest.fixture(scope="module")
+def hosted(server_url, engine, tmp_path_factory):
+    # One service for both bindings (a start is most of this test's time); each binding is its own customer.
     engine.dispose()  # hand the session engine's idle connections back; the server allows 100
-    with running_service(server_url, tmp_path) as service:
+    with running_service(server_url, tmp_path_factory.mktemp("hosted")) as service:
         yield service.base_url, service.env
 
 
@@ -44,10 +45,11 @@ def hosted(server_url, engine, tmp_path):
 @pytest.mark.parametrize("binding", ["JSONRPC", "HTTP+JSON"])
 def test_a_local_rlm_root_delegates_a_review_to_the_hosted_service_and_is_charged_once(hosted, tmp_path, binding):
     base, env = hosted
-    issued = specialists(env, "keys", "issue", "--customer", "rlm-user", "--json")
+    customer = f"rlm-user-{binding.lower().replace('+', '-')}"
+    issued = specialists(env, "keys", "issue", "--customer", customer, "--json")
     assert issued.returncode == 0, issued.stderr
     key = json.loads(issued.stdout)["key"]
-    granted = specialists(env, "credits", "grant", "--customer", "rlm-user", "--credits", "100",
+    granted = specialists(env, "credits", "grant", "--customer", customer, "--credits", "100",
                           "--skill", "reviewer", "--json")  # the entitlement is the specialist id
     assert granted.returncode == 0, granted.stdout + granted.stderr
 
@@ -107,10 +109,10 @@ def test_a_local_rlm_root_delegates_a_review_to_the_hosted_service_and_is_charge
     assert key not in run.stdout + run.stderr
 
     # Exactly one reservation, settled once, for the one task; the ledger verifies.
-    shown = json.loads(specialists(env, "reservations", "list", "--customer", "rlm-user", "--json").stdout)
+    shown = json.loads(specialists(env, "reservations", "list", "--customer", customer, "--json").stdout)
     rows = shown if isinstance(shown, list) else shown["reservations"]
     assert len(rows) == 1 and rows[0]["state"] == "settled", rows
-    history = json.loads(specialists(env, "credits", "history", "--customer", "rlm-user", "--json").stdout)
+    history = json.loads(specialists(env, "credits", "history", "--customer", customer, "--json").stdout)
     entries = history if isinstance(history, list) else history["entries"]
     journal_entries = {(e["entry_id"], e["kind"]) for e in entries}  # history lists postings; count entries
     kinds = sorted(kind for _, kind in journal_entries)
