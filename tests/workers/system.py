@@ -19,7 +19,9 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,7 @@ import httpx
 from sqlalchemy import Engine, create_engine, text
 
 from core import db
-from core.settings import PROJECT_ROOT
+from core.settings import PROJECT_ROOT, Settings
 from tests import http_calls
 from tests.app.conftest import EdgeProcess, edge_env, start_edge, stop_edge
 from tests.conftest import _with_database
@@ -286,3 +288,33 @@ def script_message(steps: list[dict[str, Any]], *, message_id: str | None = None
     if configuration:
         body["configuration"] = configuration
     return body
+
+
+@contextmanager
+def system_on_its_own_database(
+    server_url: str,
+    folder: Path,
+    *,
+    workers: int,
+    edges: tuple[str, ...],
+    settings: dict[str, str] | None = None,
+    prepare: Callable[["System"], None] | None = None,
+) -> Iterator["System"]:
+    """A started ``System`` on a database created for it, stopped and dropped afterwards.
+
+    ``settings`` and ``prepare`` (specs, routes files) apply before any process starts.
+    """
+    url = fresh_database(server_url)
+    # Few idle connections: the whole test session shares one PostgreSQL (100 connections).
+    engine = db.make_engine(url, Settings(database={"url": url, "pool_size": 2, "max_overflow": 8}))
+    running = System(url, folder, engine)
+    running.settings.update(settings or {})
+    try:
+        if prepare is not None:
+            prepare(running)
+        running.start(workers=workers, edges=edges)
+        yield running
+    finally:
+        running.stop()
+        engine.dispose()
+        drop_database(server_url, url)

@@ -38,13 +38,12 @@ from google.protobuf.json_format import ParseDict
 from google.rpc import error_details_pb2
 from sqlalchemy import text
 
-from core import db
 from core.settings import Settings
 from ledger import keys
 from ledger.client import Ledger
 from tests import http_calls
 from tests.conftest import TEST_SECRET
-from tests.workers.system import SCRIPTED_TARIFF, System, drop_database, fresh_database
+from tests.workers.system import SCRIPTED_TARIFF, System, system_on_its_own_database
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow, pytest.mark.anyio]
 
@@ -58,17 +57,9 @@ HOLD_S = 60
 @pytest.fixture(scope="module")
 def system(server_url: str, engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
     engine.dispose()
-    url = fresh_database(server_url)
-    system_engine = db.make_engine(url, Settings(database={"url": url, "pool_size": 2, "max_overflow": 8}))
-    running = System(url, tmp_path_factory.mktemp("grpc"), system_engine)
-    running.settings["conformance_hold_working_s"] = str(HOLD_S)
-    try:
-        running.start(workers=1, edges=("api-a", "api-b"))
+    with system_on_its_own_database(server_url, tmp_path_factory.mktemp("grpc"), workers=1, edges=("api-a", "api-b"),
+                                    settings={"conformance_hold_working_s": str(HOLD_S)}) as running:
         yield running
-    finally:
-        running.stop()
-        system_engine.dispose()
-        drop_database(server_url, url)
 
 
 def new_customer(system: System, credits: int = 30) -> tuple[str, str]:

@@ -21,12 +21,11 @@ from datetime import timedelta
 
 import pytest
 
-from core import db
-from core.settings import PROJECT_ROOT, Settings
+from core.settings import PROJECT_ROOT
 from ledger import keys
 from ledger.client import Ledger
 from tests.conftest import TEST_SECRET
-from tests.workers.system import SCRIPTED_TARIFF, System, drop_database, fresh_database
+from tests.workers.system import SCRIPTED_TARIFF, System, system_on_its_own_database
 from tests.workers.test_system import claim, send, settlements, specialists, state_of
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
@@ -40,17 +39,11 @@ HEALTHZ_BOUND_S = 0.1  # what the product promises for /healthz, whatever a job 
 @pytest.fixture(scope="module")
 def system(server_url: str, engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
     engine.dispose()
-    url = fresh_database(server_url)
-    system_engine = db.make_engine(url, Settings(database={"url": url, "pool_size": 2, "max_overflow": 8}))
-    running = System(url, tmp_path_factory.mktemp("isolation"), system_engine)
-    running.settings.update(worker_lease_s=str(LEASE_S), worker_heartbeat_s=str(HEARTBEAT_S))
-    try:
-        running.start(workers=1, edges=("api-a",))  # one worker: both jobs run on it
+    with system_on_its_own_database(  # one worker: both jobs run on it
+        server_url, tmp_path_factory.mktemp("isolation"), workers=1, edges=("api-a",),
+        settings={"worker_lease_s": str(LEASE_S), "worker_heartbeat_s": str(HEARTBEAT_S)},
+    ) as running:
         yield running
-    finally:
-        running.stop()
-        system_engine.dispose()
-        drop_database(server_url, url)
 
 
 def new_customer(system: System) -> dict[str, str]:

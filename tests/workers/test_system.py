@@ -26,7 +26,6 @@ from a2a.client.card_resolver import A2ACardResolver
 from a2a.types.a2a_pb2 import SubscribeToTaskRequest, TaskState
 from sqlalchemy import text
 
-from core import db
 from core.settings import PROJECT_ROOT, Settings
 from ledger import keys
 from ledger.client import Ledger
@@ -42,8 +41,7 @@ from tests.workers.system import (
     START_TIMEOUT_S,
     SWEEP_INTERVAL_S,
     System,
-    drop_database,
-    fresh_database,
+    system_on_its_own_database,
     stop_process,
     script_message,
 )
@@ -63,16 +61,9 @@ def system(server_url: str, engine, tmp_path_factory: pytest.TempPathFactory) ->
     # The session's PostgreSQL allows 100 connections and the session engine keeps its 64-thread tests'
     # connections idle in its pool: hand those back before starting eight processes.
     engine.dispose()
-    url = fresh_database(server_url)
-    system_engine = db.make_engine(url, Settings(database={"url": url, "pool_size": 2, "max_overflow": 8}))
-    running = System(url, tmp_path_factory.mktemp("system"), system_engine)
-    try:
-        running.start(workers=2, edges=("api-a", "api-b"))
+    with system_on_its_own_database(server_url, tmp_path_factory.mktemp("system"), workers=2,
+                                    edges=("api-a", "api-b")) as running:
         yield running
-    finally:
-        running.stop()
-        system_engine.dispose()
-        drop_database(server_url, url)
 
 
 @pytest.fixture

@@ -14,8 +14,6 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import text
 
-from core import db
-from core.settings import Settings
 from ledger import keys
 from ledger.client import Ledger
 from tests import http_calls
@@ -23,7 +21,7 @@ from tests.conftest import TEST_SECRET
 from tests.workers.hosted_rlm import support
 from tests.workers.hosted_rlm.test_resume import FILES as FOUR_DEFECTS
 from tests.workers.hosted_rlm.test_runner import FILES, RULE, pasted_files
-from tests.workers.system import System, drop_database, fresh_database
+from tests.workers.system import System, system_on_its_own_database
 from taskstate.ids import job_id_sql
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
@@ -31,29 +29,24 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def system(server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
-    url = fresh_database(server_url)
-    engine = db.make_engine(url, Settings(database={"url": url}))
-    running = System(url, tmp_path_factory.mktemp("specialists"), engine)
-    support.write_spec(running.specs_dir, "reviewer")
-    support.write_spec(running.specs_dir, "reviewer-slow", model_route="slow")
-    routes = running.folder / "routes.toml"
-    held, _ = support.held_script(running.folder / "held")
-    routes.write_text(
-        f'[routes.test]\nkind = "scripted"\nscript = "{support.SCRIPTS / "review_sql.toml"}"\n'
-        f'[routes.slow]\nkind = "scripted"\nscript = "{held}"\n'
-    )
-    running.settings.update(
-        model_routes_file=str(routes),
-        model_routes_allow_scripted="true",
-        specialist_checkpoint_key=support.CHECKPOINT_KEY.decode(),
-    )
-    try:
-        running.start(workers=2, edges=("api",))
+    def reviewers_on_scripted_routes(running: System) -> None:
+        support.write_spec(running.specs_dir, "reviewer")
+        support.write_spec(running.specs_dir, "reviewer-slow", model_route="slow")
+        routes = running.folder / "routes.toml"
+        held, _ = support.held_script(running.folder / "held")
+        routes.write_text(
+            f'[routes.test]\nkind = "scripted"\nscript = "{support.SCRIPTS / "review_sql.toml"}"\n'
+            f'[routes.slow]\nkind = "scripted"\nscript = "{held}"\n'
+        )
+        running.settings.update(
+            model_routes_file=str(routes),
+            model_routes_allow_scripted="true",
+            specialist_checkpoint_key=support.CHECKPOINT_KEY.decode(),
+        )
+
+    with system_on_its_own_database(server_url, tmp_path_factory.mktemp("specialists"), workers=2, edges=("api",),
+                                    prepare=reviewers_on_scripted_routes) as running:
         yield running
-    finally:
-        running.stop()
-        engine.dispose()
-        drop_database(server_url, url)
 
 
 @pytest.fixture
