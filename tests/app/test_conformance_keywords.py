@@ -8,8 +8,6 @@ chooses. A ``slow`` task works long enough to be canceled.
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,13 +19,12 @@ from a2a.client.card_resolver import A2ACardResolver
 from a2a.types.a2a_pb2 import CancelTaskRequest, GetTaskRequest, Message, Part, Role, SendMessageRequest, TaskState
 from google.protobuf.json_format import MessageToDict
 
-from tests.app.conftest import CONFORMANCE_HOLD_S
-from workers.conformance import DATA_ARTIFACT, FAILED_TEXT, FILE_BYTES, FILE_URL, KEYWORDS, TEXT_ARTIFACT
+from tests.app.test_two_instances import wait_for_state
+from workers.conformance import DATA_ARTIFACT, FAILED_TEXT, FILE_URL, KEYWORDS, TEXT_ARTIFACT
 
 pytestmark = [pytest.mark.timeout(60, func_only=True), pytest.mark.anyio]
 CONFORMANCE = "conformance"
 BINDINGS = ["JSONRPC", "HTTP+JSON"]
-WAIT_TIMEOUT_S = CONFORMANCE_HOLD_S + 20  # only "never" is a failure
 S = TaskState
 
 # keyword -> (final state, the status message's text or None, the one artifact's parts or None)
@@ -115,16 +112,6 @@ async def test_the_first_word_chooses_the_streamed_scenario(edge_a, make_custome
         request = SendMessageRequest(message=random_message(keyword))
         events = [event async for event in client.send_message(request)]
     assert [step(e) for e in events] == STREAMS[keyword]
-
-
-async def wait_for_state(client, task_id: str, state: int):
-    deadline = time.monotonic() + WAIT_TIMEOUT_S
-    while time.monotonic() < deadline:
-        task = await client.get_task(GetTaskRequest(id=task_id))
-        if task.status.state == state:
-            return task
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"task {task_id} never reached {TaskState.Name(state)} within {WAIT_TIMEOUT_S:g} s")
 
 
 @pytest.mark.parametrize("binding", BINDINGS)
