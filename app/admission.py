@@ -587,10 +587,10 @@ def _create(conn: Connection, send: _Send) -> Admitted:
 
 def _continue(conn: Connection, loaded: LoadedSpec, owner: str, message: Message) -> Admitted:
     spec = loaded.spec
-    loaded_task = rows.load_locked(conn, message.task_id, owner)
-    if loaded_task is None:
+    locked = rows.lock(conn, message.task_id, owner, with_artifacts=True)
+    if locked is None:
         raise TaskNotFoundError(message="Task not found")
-    task, version = loaded_task
+    task = locked.task  # without its history until written (rows.Locked)
     if message.context_id and message.context_id != task.context_id:
         raise InvalidParamsError(
             message=f"Context {message.context_id} does not match context {task.context_id} of task {task.id}"
@@ -614,7 +614,7 @@ def _continue(conn: Connection, loaded: LoadedSpec, owner: str, message: Message
     task.status.CopyFrom(TaskStatus(state=TaskState.TASK_STATE_SUBMITTED))
     rows.stamp(task)
     event = TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=task.status)
-    new_version = rows.write(conn, task, owner, version, event)
+    new_version = rows.write_event(conn, locked, event, returning_history=True)
     outbox.enqueue(conn, task_id=task.id, specialist_id=spec.id, executor=spec.executor, owner=owner,
                    context_id=stored.context_id, message=stored.SerializeToString())
     return Admitted(task=task, version=new_version, replay=False)

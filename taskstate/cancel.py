@@ -47,10 +47,10 @@ def cancel_task(conn: Connection, task_id: str, owner: str) -> Task:
     jobs = claims.task_jobs(conn, task_id)
     if "unknown" in outcomes.values() or jobs.any_unknown:
         raise CancelRefused(UNDER_RECONCILIATION, code="outcome_under_reconciliation")
-    loaded = rows.load_locked(conn, task_id, owner)
-    if loaded is None:
+    locked = rows.lock(conn, task_id, owner, with_artifacts=True)
+    if locked is None:
         raise CancelRefused("task not found", code="task_not_found")
-    task, version = loaded
+    task = locked.task  # without its history until written (rows.Locked)
     if task.status.state in TERMINAL_TASK_STATES:
         raise CancelRefused("task is already final", code="task_not_cancelable")
     # A follow-up admitted before we locked the task is a job too. (Rare: admission needs the task lock.)
@@ -65,8 +65,8 @@ def cancel_task(conn: Connection, task_id: str, owner: str) -> Task:
         task.history.append(task.status.message)
     task.status.CopyFrom(TaskStatus(state=TaskState.TASK_STATE_CANCELED))
     rows.stamp(task)
-    rows.write(conn, task, owner, version, TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id,
-                                                                 status=task.status))
+    event = TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=task.status)
+    rows.write_event(conn, locked, event, returning_history=True)
     return task
 
 

@@ -10,6 +10,14 @@ the SDK's ``VersionedDatabaseTaskStore`` writes (``tasks``, ``task_versions``,
 same lock order (version row before task row). ``tests/app`` checks that a
 task written here reads back identically through the SDK store.
 
+An event (``lock`` then ``write_event``) costs what it changes, not what the
+task holds (issue 17): it reads the task without its history, UPDATEs only the
+columns that changed, and appends to the history in SQL. A column left out of
+the UPDATE keeps its stored (TOASTed) value as it is, so a 328 KiB message in
+the history is neither sent again nor WAL-logged again by a progress event.
+An event that does change the history (a status message moves into it) still
+makes PostgreSQL store the history's new value whole: it is one json column.
+
 The SDK's own store (``VersionedDatabaseTaskStore``, the edge's reads and the
 in-process conformance executor) is the one other writer of these tables, by
 design: these functions mirror it. Events of tasks that ended long ago are
@@ -19,6 +27,7 @@ pruned here too (``prune_finished_events``).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -26,13 +35,25 @@ from a2a.server.models import TaskEventModel, TaskModel, TaskVersionModel
 from a2a.types.a2a_pb2 import Message, Task, TaskArtifactUpdateEvent, TaskStatusUpdateEvent
 from a2a.utils.proto_utils import to_stream_response
 from google.protobuf.json_format import MessageToDict, ParseDict
-from sqlalchemy import Connection, and_, insert, select, text, update
+from sqlalchemy import Connection, and_, select, text
 
 TASKS = TaskModel.__table__
 VERSIONS = TaskVersionModel.__table__
 EVENTS = TaskEventModel.__table__
 
 Event = Task | Message | TaskStatusUpdateEvent | TaskArtifactUpdateEvent
+
+
+@dataclass
+class Locked:
+    """A task locked for one event (``lock``), read without its history: what an event needs to decide and
+    apply. ``task.history`` holds only the messages this event appends (``write_event`` appends them in
+    SQL), so an event costs what it changes, not what the task already holds."""
+
+    task: Task
+    version: int
+    owner: str
+    stored: dict[str, Any]  # the columns as read (status, metadata, artifacts if read): SET only what changed
 
 
 def now_utc() -> datetime:
@@ -65,15 +86,6 @@ def task_from_row(row: Any) -> Task:
     if row.metadata:
         task.metadata.update(row.metadata)
     return task
-
-
-def _event_row(task_id: str, owner: str, version: int, event: Event) -> dict[str, Any]:
-    return {
-        "task_id": task_id,
-        "owner": owner,
-        "task_version": version,
-        "event_data": to_stream_response(event).SerializeToString(),
-    }
 
 
 def new_task_ctes(when: str = "true") -> str:
@@ -148,8 +160,10 @@ def load(conn: Connection, task_id: str, owner: str) -> tuple[Task, int]:
     return task_from_row(row), int(row.version)
 
 
-def load_locked(conn: Connection, task_id: str, owner: str) -> tuple[Task, int] | None:
-    """The owner's task and its version, both rows locked until the transaction ends; None if not theirs."""
+def lock(conn: Connection, task_id: str, owner: str, *, with_artifacts: bool = False) -> Locked | None:
+    """The owner's task, both rows locked until the transaction ends, read without its history (``Locked``);
+    its artifacts only ``with_artifacts`` (an artifact event, or a caller that answers with the task).
+    None if not theirs. Locks the version row before the task row, as the SDK's store does."""
     version = conn.execute(
         select(VERSIONS.c.version)
         .where(and_(VERSIONS.c.task_id == task_id, VERSIONS.c.owner == owner))
@@ -157,23 +171,88 @@ def load_locked(conn: Connection, task_id: str, owner: str) -> tuple[Task, int] 
     ).scalar_one_or_none()
     if version is None:
         return None
+    columns = [TASKS.c.id, TASKS.c.context_id, TASKS.c.status, TASKS.c.metadata]
+    if with_artifacts:
+        columns.append(TASKS.c.artifacts)
     row = conn.execute(
-        select(TASKS).where(and_(TASKS.c.id == task_id, TASKS.c.owner == owner)).with_for_update()
+        select(*columns).where(and_(TASKS.c.id == task_id, TASKS.c.owner == owner)).with_for_update()
     ).one_or_none()
     if row is None:
         return None
-    return task_from_row(row), int(version)
+    task = Task(id=row.id, context_id=row.context_id)
+    if row.status:
+        ParseDict(row.status, task.status)
+    if row.metadata:
+        task.metadata.update(row.metadata)
+    stored = {"status": row.status, "metadata": row.metadata or None}
+    if with_artifacts:
+        for artifact in row.artifacts or []:
+            ParseDict(artifact, task.artifacts.add())
+        stored["artifacts"] = row.artifacts or []
+    return Locked(task=task, version=int(version), owner=owner, stored=stored)
 
 
-def write(conn: Connection, task: Task, owner: str, version: int, event: Event) -> int:
-    """Write ``task`` as the next version after ``version`` (rows locked by ``load_locked``)."""
-    new_version = version + 1
-    columns = _columns(task, owner)
-    del columns["id"]
-    conn.execute(update(TASKS).where(TASKS.c.id == task.id).values(**columns))
-    conn.execute(update(VERSIONS).where(VERSIONS.c.task_id == task.id).values(version=new_version))
-    conn.execute(insert(EVENTS).values(**_event_row(task.id, owner, new_version, event)))
+# The history is spliced as json text: jsonb's ``||`` would re-encode it (and jsonb refuses a message's
+# ``\u0000``). The stored text is always a json array written by json.dumps (ours or the SDK's).
+_APPEND_HISTORY = """
+    history = CASE
+        WHEN history IS NULL OR json_typeof(history) <> 'array' OR json_array_length(history) = 0
+            THEN CAST(CAST(:appended AS text) AS json)
+        ELSE CAST(left(rtrim(CAST(history AS text)), -1) || ', ' || substr(CAST(:appended AS text), 2) AS json)
+    END"""
+
+
+def write_event(conn: Connection, locked: Locked, event: Event, *, returning_history: bool = False) -> int:
+    """Write ``event`` as the task's next version (rows locked by ``lock``), in one statement: the task row
+    SETs only the columns the event changed, and appends ``locked.task.history`` to the stored history.
+    ``returning_history``: afterwards ``locked.task`` is the whole task as stored (history included), for a
+    caller that answers with it. Returns the new version."""
+    task, new_version = locked.task, locked.version + 1
+    params: dict[str, Any] = {"task_id": task.id, "owner": locked.owner, "version": new_version,
+                              "event_data": to_stream_response(event).SerializeToString()}
+    sets = []
+    for name, value in _changed_columns(locked).items():
+        sets.append(f"{name} = CAST(:{name} AS {'timestamp' if name == 'last_updated' else 'json'})")
+        params[name] = value if name == "last_updated" or value is None else json.dumps(value)
+    if task.history:
+        sets.append(_APPEND_HISTORY)
+        params["appended"] = json.dumps([MessageToDict(message) for message in task.history])
+    ctes = [
+        "version AS (UPDATE task_versions SET version = :version WHERE task_id = :task_id)",
+        "event AS (INSERT INTO task_events (task_id, owner, task_version, event_data) "
+        "VALUES (:task_id, :owner, :version, :event_data))",
+    ]
+    if sets:
+        ctes.insert(0, f"task AS (UPDATE tasks SET {', '.join(sets)} WHERE id = :task_id RETURNING history)")
+    elif returning_history:
+        ctes.insert(0, "task AS (SELECT history FROM tasks WHERE id = :task_id)")
+    returned = "(SELECT history FROM task)" if returning_history else "NULL"
+    history = conn.execute(text(f"WITH {', '.join(ctes)} SELECT {returned} AS history"), params).scalar_one()
+    if returning_history:
+        del task.history[:]
+        for message in history or []:
+            ParseDict(message, task.history.add())
+    locked.version = new_version
     return new_version
+
+
+def _changed_columns(locked: Locked) -> dict[str, Any]:
+    """The columns of ``locked.task`` (history aside) that differ from what ``lock`` read."""
+    task, changed = locked.task, {}
+    status = MessageToDict(task.status)
+    if status != locked.stored["status"]:
+        changed["status"] = status
+        changed["last_updated"] = task.status.timestamp.ToDatetime() if task.status.HasField("timestamp") else None
+    metadata = MessageToDict(task.metadata) if task.metadata.fields else None
+    if metadata != locked.stored["metadata"]:
+        changed["metadata"] = metadata
+    if "artifacts" in locked.stored:
+        artifacts = [MessageToDict(artifact) for artifact in task.artifacts]
+        if artifacts != locked.stored["artifacts"]:
+            changed["artifacts"] = artifacts
+    else:
+        assert not task.artifacts, "artifacts changed on a task locked without them (lock(with_artifacts=True))"
+    return changed
 
 
 def stamp(task: Task) -> None:

@@ -201,10 +201,10 @@ class TaskEvents:
         return None
 
     def _write(self, conn: Connection, ref: TaskRef, event: Any, *, unless_unknown: bool = False) -> bool:
-        loaded = rows.load_locked(conn, ref.task_id, ref.owner)
-        if loaded is None:
+        locked = rows.lock(conn, ref.task_id, ref.owner, with_artifacts=isinstance(event, TaskArtifactUpdateEvent))
+        if locked is None:
             return False
-        task, version = loaded
+        task = locked.task  # without its history: what it appends (rows.Locked)
         if task.status.state in TERMINAL_TASK_STATES:
             return False  # cancelled by the customer (or finished): nothing overwrites it
         if unless_unknown and _shows_unknown(task):
@@ -221,7 +221,7 @@ class TaskEvents:
             except Exception as exc:  # an agent protocol violation (e.g. appending to no artifact)
                 log.warning("task %s: event dropped: %s", ref.task_id, exc)
                 return False
-        rows.write(conn, task, ref.owner, version, event)
+        rows.write_event(conn, locked, event)
         return True
 
     # --- in the finish / claim / reconcile transactions ------------------------------------

@@ -232,9 +232,9 @@ def test_cancel_of_a_task_waiting_for_input_after_a_run_charges_the_tariff(edge_
         job = f"{task_id}.{dispatch_id}"
         token = claims.claim(conn, job, worker_id="test-worker", lease_s=30).fencing_token
         claims.finish(conn, job, fencing_token=token, outcome="input_required", detail=None, worker_id="test-worker")
-        task, version = taskrows.load_locked(conn, task_id, owner)
-        task.status.state = TaskState.TASK_STATE_INPUT_REQUIRED
-        taskrows.write(conn, task, owner, version, task)
+        locked = taskrows.lock(conn, task_id, owner)
+        locked.task.status.state = TaskState.TASK_STATE_INPUT_REQUIRED
+        taskrows.write_event(conn, locked, locked.task)
     canceled = http_calls.post(f"{edge_a.specialist(PAID)}/tasks/{task_id}:cancel", json={}, headers=customer.headers)
     assert canceled.json()["status"]["state"] == "TASK_STATE_CANCELED"
     assert reservation_state(engine, task_id) == ("settled", PAID_TARIFF)

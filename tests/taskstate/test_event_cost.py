@@ -15,7 +15,7 @@ from a2a.types.a2a_pb2 import Artifact, Part, TaskArtifactUpdateEvent
 
 from taskstate import rows
 from taskstate.updates import TaskEvents
-from tests.taskstate.event_cost import LARGE_MESSAGE_BYTES, OWNER, Cost, claimed_task, ensure_walinspect, measure
+from bench.task_event_cost import LARGE_MESSAGE_BYTES, OWNER, Cost, claimed_task, ensure_walinspect, measure
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -49,6 +49,7 @@ def _events_of(engine, message_bytes: int) -> dict[str, Cost]:
 def test_a_task_events_bytes_do_not_grow_with_the_message_in_its_history(engine):
     ensure_walinspect(engine)
     tiny, large = _events_of(engine, TINY_MESSAGE_BYTES), _events_of(engine, LARGE_MESSAGE_BYTES)
+    print({name: (tiny[name], large[name]) for name in tiny})
     for name in tiny:
         assert large[name].wire.total_bytes - tiny[name].wire.total_bytes <= SLACK_BYTES, (name, tiny[name], large[name])
         assert large[name].wire.statements == tiny[name].wire.statements, name

@@ -70,14 +70,45 @@ async def test_a_task_written_by_the_edge_reads_back_identically_through_the_sdk
 
     # The version counter is shared: the SDK's compare-and-swap continues after the edge's write.
     with engine.begin() as conn:
-        locked, version = taskrows.load_locked(conn, task.id, owner)
-        locked.status.state = TaskState.TASK_STATE_INPUT_REQUIRED
-        assert taskrows.write(conn, locked, owner, version, locked) == 2
+        locked = taskrows.lock(conn, task.id, owner)
+        locked.task.status.state = TaskState.TASK_STATE_INPUT_REQUIRED
+        assert taskrows.write_event(conn, locked, locked.task) == 2
+    task.status.state = TaskState.TASK_STATE_INPUT_REQUIRED
     after = await store.get(task.id, context)
-    assert after.version == TaskVersion(2)
-    after.task.status.state = TaskState.TASK_STATE_COMPLETED
-    new_version = await store.save(after.task, event=None, prev=None, prev_version=after.version, context=context)
+    assert after.task == task and after.version == TaskVersion(2)
+    task.status.state = TaskState.TASK_STATE_WORKING
+    new_version = await store.save(task, event=None, prev=None, prev_version=after.version, context=context)
     assert new_version == TaskVersion(3)
+
+    # An event on the row the SDK wrote: the history appended in SQL, the other columns it changed.
+    odd = Message(message_id="s2", role=Role.ROLE_AGENT, parts=[Part(text='nul \x00, \u00e9, \u2603, "quoted" ]')])
+    with engine.begin() as conn:
+        locked = taskrows.lock(conn, task.id, owner, with_artifacts=True)
+        assert not locked.task.history  # read without it
+        for written in (locked.task, task):
+            written.history.append(written.status.message)
+            written.history.append(odd)
+            written.artifacts.add(artifact_id="a2", parts=[Part(text="more")])
+            written.metadata.update({"n": 4})
+            written.status.CopyFrom(TaskStatus(state=TaskState.TASK_STATE_COMPLETED))
+        taskrows.stamp(locked.task)
+        task.status.timestamp.CopyFrom(locked.task.status.timestamp)
+        assert taskrows.write_event(conn, locked, locked.task, returning_history=True) == 4
+    assert locked.task == task  # returning_history: the whole task as stored
+    final = await store.get(task.id, context)
+    assert final.task == task and final.version == TaskVersion(4)
+
+
+def test_an_event_appends_to_an_empty_history(engine):
+    owner = f"c-{uuid.uuid4().hex[:8]}:conformance"
+    task = Task(id=str(uuid.uuid4()), context_id=str(uuid.uuid4()), status=TaskStatus(state=TaskState.TASK_STATE_WORKING))
+    with engine.begin() as conn:
+        taskrows.insert_new(conn, task, owner)
+        locked = taskrows.lock(conn, task.id, owner)
+        locked.task.history.append(Message(message_id="m1", role=Role.ROLE_USER, parts=[Part(text="hi")]))
+        taskrows.write_event(conn, locked, locked.task)
+        stored = taskrows.read(conn, task.id, owner)
+    assert [m.message_id for m in stored.history] == ["m1"]
 
 
 def test_the_log_filter_redacts_keys_and_bearer_credentials_whoever_logs_them():

@@ -1,6 +1,6 @@
 """What one task event costs the database, counted: the bytes sent and received, and the WAL it writes.
 
-Shared by ``test_event_cost`` and ``bench/task_events.py``. The bytes are those of the
+Shared by ``bench/task_events.py`` and ``tests/taskstate/test_event_cost.py``. The bytes are those of the
 statements' parameters and results as psycopg hands them over (statement text left
 out: it does not depend on the task). The WAL is that of the event's own transaction,
 read back with ``pg_walinspect`` by its transaction id, so other writers of the same
