@@ -20,9 +20,11 @@ from bench.task_event_cost import LARGE_MESSAGE_BYTES, OWNER, Cost, claimed_task
 pytestmark = pytest.mark.timeout(120)
 
 TINY_MESSAGE_BYTES = 16
-# What may differ between the two tasks' events: nothing that depends on the history. The slack covers
-# only encodings of equal-length ids and timestamps (a varint, a timestamp's trailing zeros).
-SLACK_BYTES = 64
+# What may differ between the two tasks' events: nothing that depends on the history. The wire's slack covers
+# encodings of equal-length ids and timestamps (a timestamp's trailing zeros); the WAL's also whether the
+# update found room on its page (a HOT update writes no index entries), which the history does not decide.
+WIRE_SLACK_BYTES = 64
+WAL_SLACK_BYTES = 2048
 
 
 def _events_of(engine, message_bytes: int) -> dict[str, Cost]:
@@ -49,11 +51,11 @@ def _events_of(engine, message_bytes: int) -> dict[str, Cost]:
 def test_a_task_events_bytes_do_not_grow_with_the_message_in_its_history(engine):
     ensure_walinspect(engine)
     tiny, large = _events_of(engine, TINY_MESSAGE_BYTES), _events_of(engine, LARGE_MESSAGE_BYTES)
-    print({name: (tiny[name], large[name]) for name in tiny})
     for name in tiny:
-        assert large[name].wire.total_bytes - tiny[name].wire.total_bytes <= SLACK_BYTES, (name, tiny[name], large[name])
-        assert large[name].wire.statements == tiny[name].wire.statements, name
-    for name in ("first progress", "artifact", "artifact append"):
-        assert large[name].wal_bytes - tiny[name].wal_bytes <= SLACK_BYTES, (name, tiny[name], large[name])
+        pair = (name, tiny[name], large[name])
+        assert large[name].wire.total_bytes - tiny[name].wire.total_bytes <= WIRE_SLACK_BYTES, pair
+        assert large[name].wire.statements == tiny[name].wire.statements, pair
+        if name != "next progress":
+            assert large[name].wal_bytes - tiny[name].wal_bytes <= WAL_SLACK_BYTES, pair
     # The one that moves a message into the history rewrites the history's value (see the module's docstring).
     assert large["next progress"].wal_bytes > LARGE_MESSAGE_BYTES
