@@ -198,7 +198,8 @@ _APPEND_HISTORY = """
     history = CASE
         WHEN history IS NULL OR json_typeof(history) <> 'array' OR json_array_length(history) = 0
             THEN CAST(CAST(:appended AS text) AS json)
-        ELSE CAST(left(rtrim(CAST(history AS text)), -1) || ', ' || substr(CAST(:appended AS text), 2) AS json)
+        ELSE CAST(left(rtrim(CAST(history AS text), E' \\t\\r\\n'), -1) || ', '
+                  || substr(CAST(:appended AS text), 2) AS json)
     END"""
 
 
