@@ -30,6 +30,7 @@ _GSSENC_REQUEST = 80877104
 class Connection:
     application_name: str = ""
     ready: int = 0  # ReadyForQuery messages, the start-up one included
+    asked: int = 0  # round trips the client began (a simple query, or a Sync)
     statements: list[str] = field(default_factory=list)  # what ran: each simple query, each Bind's statement
     prepared: dict[bytes, str] = field(default_factory=dict)  # Parse messages' texts by statement name
 
@@ -49,7 +50,7 @@ class RoundTripCounter:
         netloc = parts.netloc.rsplit("@", 1)
         host = f"127.0.0.1:{self.port}"
         self.url = urlunsplit(parts._replace(netloc=f"{netloc[0]}@{host}" if len(netloc) == 2 else host))
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # held while a chunk is read: a Bind and its Sync are seen together
         self.connections: list[Connection] = []
         self.log: list[tuple[str, str]] = []  # (application_name, what ran), in the order the proxy saw it
         self._stopped = False
@@ -74,6 +75,11 @@ class RoundTripCounter:
             for c in self.connections:
                 counts[c.application_name] += c.round_trips
             return counts
+
+    def settled(self) -> bool:
+        """Whether every round trip begun so far has ended (the server answered each one)."""
+        with self._lock:
+            return all(c.asked <= c.round_trips for c in self.connections)
 
     def statements(self, application_name: str | None = None) -> list[str]:
         """What ran, in order: each simple query's text and each bound statement's."""
@@ -126,9 +132,8 @@ class RoundTripCounter:
         buffer = b""
         try:
             while chunk := server.recv(65536):
-                client.sendall(chunk)
                 buffer += chunk
-                while len(buffer) >= 5:
+                while len(buffer) >= 5:  # counted before the client sees the answer
                     kind, length = buffer[:1], struct.unpack("!i", buffer[1:5])[0]
                     if len(buffer) < 1 + length:
                         break
@@ -136,6 +141,7 @@ class RoundTripCounter:
                         with self._lock:
                             record.ready += 1
                     buffer = buffer[1 + length:]
+                client.sendall(chunk)
         except OSError:
             pass
         finally:
@@ -146,31 +152,39 @@ class RoundTripCounter:
         buffer = b""
         try:
             while chunk := client.recv(65536):
-                server.sendall(chunk)
                 buffer += chunk
-                while len(buffer) >= 5:
-                    kind, length = buffer[:1], struct.unpack("!i", buffer[1:5])[0]
-                    if len(buffer) < 1 + length:
-                        break
-                    body = buffer[5:1 + length]
-                    if kind == b"Q":
-                        self._note(record, body[:-1].decode("utf-8", "replace"))
-                    elif kind == b"P":  # Parse: statement name, then the query text
-                        name_end = body.index(b"\x00")
-                        query = body[name_end + 1:body.index(b"\x00", name_end + 1)]
-                        record.prepared[body[:name_end]] = query.decode("utf-8", "replace")
-                        if name_end:  # a named statement: prepared once, then only bound
-                            self._note(record, f"PREPARE {body[:name_end].decode()}", ran=False)
-                    elif kind == b"B":  # Bind: portal name, then the statement's name
-                        portal_end = body.index(b"\x00")
-                        name = body[portal_end + 1:body.index(b"\x00", portal_end + 1)]
-                        self._note(record, record.prepared.get(name, "?"))
-                    buffer = buffer[1 + length:]
+                with self._lock:
+                    buffer = self._read_client(buffer, record)
+                server.sendall(chunk)
         except OSError:
             pass
         finally:
             for end in (server, client):
                 _close(end)
+
+    def _read_client(self, buffer: bytes, record: Connection) -> bytes:
+        """Note the whole messages at the head of ``buffer``; return the incomplete rest."""
+        while len(buffer) >= 5:
+            kind, length = buffer[:1], struct.unpack("!i", buffer[1:5])[0]
+            if len(buffer) < 1 + length:
+                break
+            body = buffer[5:1 + length]
+            if kind in (b"Q", b"S"):
+                record.asked += 1
+            if kind == b"Q":
+                self._note(record, body[:-1].decode("utf-8", "replace"))
+            elif kind == b"P":  # Parse: statement name, then the query text
+                name_end = body.index(b"\x00")
+                query = body[name_end + 1:body.index(b"\x00", name_end + 1)]
+                record.prepared[body[:name_end]] = query.decode("utf-8", "replace")
+                if name_end:  # a named statement: prepared once, then only bound
+                    self._note(record, f"PREPARE {body[:name_end].decode()}", ran=False)
+            elif kind == b"B":  # Bind: portal name, then the statement's name
+                portal_end = body.index(b"\x00")
+                name = body[portal_end + 1:body.index(b"\x00", portal_end + 1)]
+                self._note(record, record.prepared.get(name, "?"))
+            buffer = buffer[1 + length:]
+        return buffer
 
     def _note(self, record: Connection, query: str, *, ran: bool = True) -> None:
         text = " ".join(query.split())[:300]

@@ -42,10 +42,14 @@ def _notifications(counter: RoundTripCounter) -> int:
     return sum("pg_notify" in statement for statement in counter.statements(""))
 
 
-def _send(edge: EdgeProcess, customer, **extra: object) -> dict:
-    answer = http_calls.post(f"{edge.specialist(PAID)}/message:send", json=message(returnImmediately=True, **extra),
+def _send(edge: EdgeProcess, counter: RoundTripCounter, customer) -> dict:
+    """One paid send, answered, and its wake-up sent: waiting for it keeps one send's count apart from the next's
+    (wake-ups asked for within a few milliseconds of each other share one statement)."""
+    wakeups = _notifications(counter)
+    answer = http_calls.post(f"{edge.specialist(PAID)}/message:send", json=message(returnImmediately=True),
                              headers=customer.headers)
     assert answer.status_code == 200, answer.text
+    wait_until(lambda: _notifications(counter) > wakeups and counter.settled(), what="the send's wake-up")
     return answer.json()["task"]
 
 
@@ -53,15 +57,12 @@ def test_a_paid_admission_makes_two_round_trips_before_it_answers(counted_edge, 
     edge, counter = counted_edge
     customer = make_customer(credits=PAID_TARIFF * (SENDS + 4), max_parallel=SENDS + 4)
     for _ in range(3):  # warm: the pool's connections are open, the key is cached
-        _send(edge, customer)
-    wait_until(lambda: _notifications(counter) >= 3, what="the warm-up's wake-ups")
+        _send(edge, counter, customer)
     before_trips, before_wakeups = counter.round_trips(""), _notifications(counter)
     before_statements = len(counter.statements(""))
-    for sent in range(1, SENDS + 1):
-        task = _send(edge, customer)
+    for _ in range(SENDS):
+        task = _send(edge, counter, customer)
         assert task["status"]["state"] == "TASK_STATE_SUBMITTED"
-        # The wake-up follows the answer; waiting for it here keeps one send's count apart from the next's.
-        wait_until(lambda: _notifications(counter) >= before_wakeups + sent, what=f"send {sent}'s wake-up")
     trips = counter.round_trips("") - before_trips
     wakeups = _notifications(counter) - before_wakeups
     ran = counter.statements("")[before_statements:]
@@ -72,3 +73,19 @@ def test_a_paid_admission_makes_two_round_trips_before_it_answers(counted_edge, 
         f"{trips - wakeups - prepares} round trips for {SENDS} admissions besides their wake-ups "
         f"(budget {REQUEST_PATH_BUDGET} each); what ran: {ran}"
     )
+
+
+def test_a_key_the_instance_has_not_seen_costs_one_round_trip_to_check(counted_edge, make_customer):
+    edge, counter = counted_edge
+    warm = make_customer(credits=PAID_TARIFF * 8, max_parallel=8)
+    for _ in range(6):  # every statement of a send prepared on the connection it uses
+        _send(edge, counter, warm)
+    customer = make_customer(credits=PAID_TARIFF, max_parallel=1)
+    before_trips, before_statements = counter.round_trips(""), len(counter.statements(""))
+    _send(edge, counter, customer)
+    ran = counter.statements("")[before_statements:]
+    checks = [statement for statement in ran if "FROM api_keys" in statement]
+    prepares = sum(statement.startswith("PREPARE ") for statement in ran)
+    assert len(checks) == 1, ran
+    # The key check, the rate-limit count, the admission, the wake-up: no BEGIN or ROLLBACK around the check.
+    assert counter.round_trips("") - before_trips - prepares == 4, ran
