@@ -323,6 +323,7 @@ class AdmissionService:
 
     def __init__(self, engine: AsyncEngine, settings: Settings, notifier: Notifier) -> None:
         self.engine = engine
+        self.autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.settings = settings
         self.notifier = notifier
 
@@ -333,13 +334,34 @@ class AdmissionService:
         checked = check_message(loaded, params, self.settings, idempotency_key)
         send = _Send(loaded, identity, identity.owner(loaded.spec.id), params.message, checked,
                      self.settings.edge.idempotency_key_retention_s)
-        async with self.engine.begin() as conn:
-            admitted = await conn.run_sync(_admit, send)
+        admitted = None if params.message.task_id else await self._admit_at_once(send)
+        if admitted is None:
+            async with self.engine.begin() as conn:
+                admitted = await conn.run_sync(_admit, send)
         if not admitted.replay:  # committed: wake the dispatchers, and a follow-up's subscribers
             await self.notifier.dispatch(loaded.spec.executor)
             if admitted.version > 1:
                 await self.notifier.task_event(admitted.task.id)
         return admitted
+
+    async def _admit_at_once(self, send: _Send) -> Admitted | None:
+        """A new task in one autocommit statement; None when the case needs the transaction (``_ADMIT_AT_ONCE``)."""
+        task, params = _new_task(send)
+        tariff = send.loaded.spec.tariff_credits
+        if tariff > 0:
+            assert send.identity.customer_id is not None  # anonymous callers only reach tariff-0 specialists
+            # The ledger's own checks of what it is handed, before anything is sent (ledger.statements).
+            ledger_port.reserve_params(customer_id=send.identity.customer_id, task_id=task.id,
+                                       fingerprint_hex=send.checked.fingerprint.hex(),
+                                       specialist_id=send.specialist_id, credits=tariff)
+        try:
+            async with self.autocommit.connect() as conn:
+                await conn.execute(_ADMIT_AT_ONCE, {**params, "fingerprint_hex": send.checked.fingerprint.hex()})
+        except DBAPIError as exc:
+            if getattr(exc.orig, "sqlstate", None) == FALLBACK_SQLSTATE:
+                return None
+            raise
+        return Admitted(task=task, version=1, replay=False)
 
     async def cancel(self, task_id: str, owner: str) -> Task:
         """Cancel the caller's task from any instance, in one transaction with what it charges.
@@ -414,9 +436,8 @@ _CONTEXT_HOLDER = text("SELECT customer_key FROM edge_contexts WHERE context_id 
 # final SELECT sees the snapshot from before the statement: the context's earlier holder, and the key's first
 # use, if any.
 _KEY_GIVEN = "CAST(:idempotency_key AS text) IS NOT NULL"
-_ADMIT_NEW = text(
-    f"""
-    WITH {idempotency.claim_cte("key_claim", when=_KEY_GIVEN)},
+_NEW_TASK_CTES = f"""
+    {idempotency.claim_cte("key_claim", when=_KEY_GIVEN)},
     claim AS (
         INSERT INTO edge_messages (customer_key, message_id, fingerprint, specialist_id, task_id)
         SELECT CAST(:customer_key AS text), CAST(:message_id AS text), CAST(:fingerprint AS bytea),
@@ -435,13 +456,41 @@ _ADMIT_NEW = text(
     ),
     {rows.new_task_ctes(when="(SELECT new FROM admit)")},
     {admitted.new_row_cte("edge_row", when="(SELECT new FROM admit)")},
-    {outbox.new_row_cte("outbox_row", when="(SELECT new FROM admit)")}
+    {outbox.new_row_cte("outbox_row", when="(SELECT new FROM admit)")}"""
+_ADMIT_NEW = text(
+    f"""
+    WITH {_NEW_TASK_CTES}
     SELECT (SELECT new FROM admit) AS new,
            EXISTS (SELECT 1 FROM key_claim) AS key_claimed,
            EXISTS (SELECT 1 FROM context_claim) AS context_claimed,
            (SELECT customer_key FROM edge_contexts WHERE context_id = :context_id) AS context_holder,
            key_holder.fingerprint AS key_fingerprint, key_holder.task_id AS key_task_id
       FROM (SELECT 1) AS one LEFT JOIN {idempotency.holder_relation()} AS key_holder ON true
+    """
+)
+# The same new task and its reservation as ONE autocommit statement: one round trip, one commit. Only a clean
+# new task stands: anything else (a resend, a context that is not the caller's or was claimed a moment ago, a
+# reservation the ledger refuses) calls edge_admission_fallback (migration 0170), which raises SQLSTATE SPADM and
+# so turns the whole statement back; then ``_admit`` runs as one transaction and answers the case.
+FALLBACK_SQLSTATE = "SPADM"
+_ADMIT_AT_ONCE = text(
+    f"""
+    WITH {_NEW_TASK_CTES},
+    reserve AS (
+        SELECT r.outcome
+          FROM ledger_reserve(CAST(:customer_id AS text), CAST(:task_id AS text), CAST(:fingerprint_hex AS text),
+                              CAST(:specialist_id AS text), CAST(:tariff AS bigint), NULL) AS r
+         WHERE (SELECT new FROM admit) AND CAST(:tariff AS bigint) > 0
+    )
+    SELECT CASE
+        WHEN NOT (SELECT new FROM admit) THEN edge_admission_fallback('a resend')
+        WHEN NOT EXISTS (SELECT 1 FROM context_claim)
+             AND (SELECT customer_key FROM edge_contexts WHERE context_id = :context_id)
+                 IS DISTINCT FROM CAST(:customer_key AS text) THEN edge_admission_fallback('the context')
+        WHEN CAST(:tariff AS bigint) > 0 AND (SELECT outcome FROM reserve) IS DISTINCT FROM 'created'
+             THEN edge_admission_fallback('the reservation')
+        ELSE true
+    END AS admitted
     """
 )
 
@@ -525,7 +574,8 @@ def _replayed(conn: Connection, send: _Send, task_id: str) -> Admitted:
     return Admitted(task=task, version=version, replay=True, reply=reply)
 
 
-def _create(conn: Connection, send: _Send) -> Admitted:
+def _new_task(send: _Send) -> tuple[Task, dict[str, Any]]:
+    """A new task for the send (SUBMITTED, the message its history) and the parameters of its statement."""
     spec, identity, message, checked = send.loaded.spec, send.identity, send.message, send.checked
     task_id = str(uuid.uuid4())
     context_id = message.context_id or str(uuid.uuid4())
@@ -536,25 +586,30 @@ def _create(conn: Connection, send: _Send) -> Admitted:
     task = Task(id=task_id, context_id=context_id, status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED))
     rows.stamp(task)
     task.history.append(stored)
-    row = conn.execute(
-        _ADMIT_NEW,
-        {
-            **rows.new_task_params(task, send.owner),
-            "customer_key": identity.customer_key,
-            "message_id": message.message_id,
-            "fingerprint": checked.fingerprint,
-            "idempotency_key": checked.idempotency_key,
-            "key_retention_s": send.key_retention_s,
-            "by_message_id": send.by_message_id,
-            "customer_id": identity.customer_id,
-            "key_id": identity.key_id,
-            "specialist_id": spec.id,
-            "skill_id": spec.skill.id,
-            "tariff": spec.tariff_credits,
-            "executor": spec.executor,
-            "message": stored.SerializeToString(),
-        },
-    ).one()
+    params = {
+        **rows.new_task_params(task, send.owner),
+        "customer_key": identity.customer_key,
+        "message_id": message.message_id,
+        "fingerprint": checked.fingerprint,
+        "idempotency_key": checked.idempotency_key,
+        "key_retention_s": send.key_retention_s,
+        "by_message_id": send.by_message_id,
+        "customer_id": identity.customer_id,
+        "key_id": identity.key_id,
+        "specialist_id": spec.id,
+        "skill_id": spec.skill.id,
+        "tariff": spec.tariff_credits,
+        "executor": spec.executor,
+        "message": stored.SerializeToString(),
+    }
+    return task, params
+
+
+def _create(conn: Connection, send: _Send) -> Admitted:
+    spec, identity, checked = send.loaded.spec, send.identity, send.checked
+    task, params = _new_task(send)
+    task_id, context_id = task.id, task.context_id
+    row = conn.execute(_ADMIT_NEW, params).one()
     if not row.new:
         if checked.idempotency_key is not None and not row.key_claimed:
             first = None

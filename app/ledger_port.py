@@ -13,6 +13,8 @@ from sqlalchemy import Connection
 
 from app.errors import RESERVATION_REFUSALS, ReservationConflict
 from ledger import operations, reads, results
+from ledger import statements as ledger_statements
+from ledger.limits import default_limits
 
 def _customer_message(result: results.ReserveResult, specialist_id: str, credits: int) -> str:
     outcome = result.outcome
@@ -55,6 +57,13 @@ def reserve(
     if result.max_parallel is not None:
         details["max_parallel"] = result.max_parallel
     raise refusal(_customer_message(result, specialist_id, credits), **details)
+
+
+def reserve_params(*, customer_id: str, task_id: str, fingerprint_hex: str, specialist_id: str, credits: int) -> None:
+    """Check what ``reserve`` would hand the ledger, as the ledger checks it, without a round trip: admission in one
+    statement calls ``ledger_reserve`` itself (app/admission.py). Raises the ledger's LedgerInputInvalid."""
+    ledger_statements.reserve_params(customer_id, task_id, fingerprint_hex, specialist_id, credits, now=None,
+                                     limits=default_limits())
 
 
 def available_credits(conn: Connection, customer_id: str) -> int | None:

@@ -337,7 +337,7 @@ class KeyVerifier:
 
     def __init__(self, signer: KeySigner, engine: Engine, revocation_cache_s: float) -> None:
         self.signer = signer
-        self.engine = engine
+        self.engine = engine.execution_options(isolation_level="AUTOCOMMIT")  # one read: no BEGIN, no ROLLBACK
         self.revocation_cache_s = revocation_cache_s
         self._cache: dict[str, _Status] = {}
         self._lock = threading.Lock()
@@ -373,7 +373,8 @@ class AsyncKeyVerifier:
 
     def __init__(self, signer: KeySigner, engine: AsyncEngine, revocation_cache_s: float) -> None:
         self.signer = signer
-        self.engine = engine
+        # One read: autocommit, so no BEGIN before it and no ROLLBACK after (one round trip, not three).
+        self.engine = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.revocation_cache_s = revocation_cache_s
         self._cache: dict[str, _Status] = {}
         self._max_cache_entries = MAX_CACHED_KEYS
