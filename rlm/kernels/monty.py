@@ -93,6 +93,9 @@ from rlm.kernels.checkpoints import (
 BRIDGE_MODULE: Final = "rlm_bridge"
 _ATTR_PREFIX: Final = "h_"  # ExternalModule hides attributes starting with "_"
 _MONTY_TIME_LIMIT_MARKS: Final = ("time limit exceeded", "sleep limit exceeded")
+# A record is stored as a delta against the one before while fewer than this many records depend on the
+# chain's whole first record: what a recovery reads at most, and how often a whole dump is written.
+MAX_DELTA_CHAIN: Final = 16
 BOUND_NAMES_TUPLE: Final = "_rlm_bound"  # the sandbox global holding what the setup feed bound
 RESTORE_FUNCTION: Final = "_rlm_restore"  # the sandbox function assigning those names back
 RESTORED_FLAG: Final = "_rlm_restored"
@@ -253,6 +256,11 @@ class MontyKernel:
         self._suspensions_used = 0
         self._seq = -1
         self._last_good: Checkpoint | None = None
+        # The chain of stored records the next delta extends: its first (whole) record, its length, its tip.
+        self._chain_root = 0
+        self._chain_length = 0
+        self._chain_tip: Checkpoint | None = None
+        self.stored_bytes = 0  # bytes of records this kernel handed to its store (diagnostics, benchmarks)
         self._started = False
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -284,6 +292,7 @@ class MontyKernel:
         if latest is None:
             raise CheckpointNotFound(f"no checkpoint for session {self.session_id}")
         checkpoint = self._verified(*latest)
+        self._chain_tip = None  # the next record starts a chain of this process's own
         self._setup(bridge, prelude)
         self._seq = checkpoint.seq
         if checkpoint.kind == "session":
@@ -630,12 +639,27 @@ class MontyKernel:
         self._put(checkpoint)
 
     def _put(self, checkpoint: Checkpoint) -> None:
+        """Store a record: a delta against the newest stored session record while the chain is short and
+        the delta saves, else whole (a new chain). Pruning keeps the chain the newest record needs."""
         assert self._store is not None
-        self._store.put(self.session_id, checkpoint.seq, checkpoint.encode(key=self._key))
-        if self._prune and checkpoint.kind == "session":
-            self._store.delete_before(self.session_id, checkpoint.seq)
+        base = self._chain_tip if self._chain_tip is not None and self._chain_length < MAX_DELTA_CHAIN else None
+        data = checkpoint.encode(key=self._key, base=base)
+        if base is not None and len(data) > len(checkpoint.dump) // 2:
+            base, data = None, checkpoint.encode(key=self._key)
+        self._store.put(self.session_id, checkpoint.seq, data)
+        self.stored_bytes += len(data)
+        if checkpoint.kind != "session":
+            return
+        if base is None:
+            self._chain_root, self._chain_length = checkpoint.seq, 1
+        else:
+            self._chain_length += 1
+        self._chain_tip = checkpoint
+        if self._prune:
+            self._store.delete_before(self.session_id, self._chain_root)
 
-    def _verified(self, seq: int, data: bytes) -> Checkpoint:
+    def _verified(self, seq: int, data: bytes, *, depth: int = 0) -> Checkpoint:
+        """The record ``seq``, checked, its dump rebuilt through its chain of bases (each checked too)."""
         checkpoint = Checkpoint.decode(data, key=self._key)
         if checkpoint.session_id != self.session_id or checkpoint.seq != seq:
             raise CheckpointTampered(
@@ -643,6 +667,13 @@ class MontyKernel:
                 f"seq {checkpoint.seq} of session {checkpoint.session_id}"
             )
         checkpoint.verify(identity=runtime_identity(), limits=self._resource_limits)
+        if checkpoint.base_seq is not None:
+            assert self._store is not None
+            if depth >= MAX_DELTA_CHAIN:
+                raise CheckpointTampered(f"checkpoint refused: seq {seq} is more than {MAX_DELTA_CHAIN} deltas deep")
+            base = self._verified(checkpoint.base_seq, self._store.get(self.session_id, checkpoint.base_seq),
+                                  depth=depth + 1)
+            checkpoint = checkpoint.rebuilt(base)
         return checkpoint
 
     def _resume_pending(self, checkpoint: Checkpoint, result_provider: ResultProvider | None) -> StepResult:
