@@ -43,6 +43,9 @@ FORMAT_VERSION: Final = 2  # 2: a record may be a delta against a base record; 1
 READABLE_FORMATS: Final = (1, 2)
 DELTA_BLOCK_BYTES: Final = 1024  # the unit a delta copies from its base; a change costs at most two of them more
 DELTA_SEARCH_BYTES: Final = 1 << 16  # how far past the expected place a moved block of the base is looked for
+DELTA_FAR_SEARCHES: Final = 8  # blocks per delta looked for in the whole rest of the dump (after a large insert)
+DELTA_MISSES_BEFORE_SKIPPING: Final = 16  # blocks not found in a row before searches thin out (a rewritten region)
+DELTA_MAX_SKIP_BLOCKS: Final = 64  # ... to one search per this many blocks at most
 _COPY: Final = b"C"
 _LITERAL: Final = b"L"
 MAX_HEADER_BYTES: Final = 1 << 20
@@ -289,22 +292,37 @@ def dump_delta(base: bytes, dump: bytes) -> bytes:
     """``dump`` as spans copied from ``base`` and new bytes: blocks of ``base`` found in ``dump`` in order.
 
     Each block is tried where the previous one put it, then searched for within
-    DELTA_SEARCH_BYTES: a dump that only moved (a few bytes inserted before most of
-    the heap) costs a few searches, one that changed everywhere at most one bounded
-    search per block. Correct whatever it finds: what no block covers is copied as is.
+    DELTA_SEARCH_BYTES, and, DELTA_FAR_SEARCHES times per delta, in the whole rest of
+    the dump (new state inserted before most of the heap moves it further). A dump
+    that only moved costs a few searches, one that changed everywhere a bounded search
+    per block, thinned out after DELTA_MISSES_BEFORE_SKIPPING misses in a row (a
+    rewritten region costs a few searches, and resyncs within about its own length).
+    Correct whatever it finds: what no block covers is copied as is.
     """
     ops: list[bytes] = []
     written = 0  # bytes of ``dump`` already described
     copy_from = copy_len = 0  # the copy being extended
     shift = 0
+    far_searches = DELTA_FAR_SEARCHES
+    misses = skip = 0
     block = DELTA_BLOCK_BYTES
     for offset in range(0, len(base) - block + 1, block):
         piece = base[offset : offset + block]
         where = offset + shift
         if not (where >= written and dump[where : where + block] == piece):
-            where = dump.find(piece, written, written + DELTA_SEARCH_BYTES + block)
-            if where < 0:
+            if skip:
+                skip -= 1
                 continue
+            where = dump.find(piece, written, written + DELTA_SEARCH_BYTES + block)
+            if where < 0 and far_searches:
+                far_searches -= 1
+                where = dump.find(piece, written)
+            if where < 0:
+                misses += 1
+                if misses >= DELTA_MISSES_BEFORE_SKIPPING:
+                    skip = min(1 << (misses - DELTA_MISSES_BEFORE_SKIPPING), DELTA_MAX_SKIP_BLOCKS)
+                continue
+        misses = skip = 0
         if where > written or (copy_len and copy_from + copy_len != offset):
             if copy_len:
                 ops.append(_COPY + struct.pack(">QQ", copy_from, copy_len))
