@@ -640,7 +640,8 @@ class MontyKernel:
 
     def _put(self, checkpoint: Checkpoint) -> None:
         """Store a record: a delta against the newest stored session record while the chain is short and
-        the delta saves, else whole (a new chain). Pruning keeps the chain the newest record needs."""
+        the delta saves, else whole (a new chain). Pruning, once per chain, drops what came before it:
+        every record of the chain stays until the next one starts (what the newest record needs)."""
         assert self._store is not None
         base = self._chain_tip if self._chain_tip is not None and self._chain_length < MAX_DELTA_CHAIN else None
         data = checkpoint.encode(key=self._key, base=base)
@@ -650,13 +651,13 @@ class MontyKernel:
         self.stored_bytes += len(data)
         if checkpoint.kind != "session":
             return
-        if base is None:
-            self._chain_root, self._chain_length = checkpoint.seq, 1
-        else:
-            self._chain_length += 1
         self._chain_tip = checkpoint
+        if base is not None:
+            self._chain_length += 1
+            return
+        self._chain_root, self._chain_length = checkpoint.seq, 1
         if self._prune:
-            self._store.delete_before(self.session_id, self._chain_root)
+            self._store.delete_before(self.session_id, checkpoint.seq)
 
     def _verified(self, seq: int, data: bytes, *, depth: int = 0) -> Checkpoint:
         """The record ``seq``, checked, its dump rebuilt through its chain of bases (each checked too)."""
