@@ -13,8 +13,9 @@ A record holds its dump whole, or as a *delta* against an earlier session record
 of the same session (``base_seq``): the spans it copies from the base's dump and
 the bytes that are new. Its size follows what the step changed, not the size of
 the state (a Monty dump moves little between steps: ~2 KB new in 1.2 MB after a
-small step, measured with pydantic-monty 1.4). ``dump_sha256`` is always the
-sha256 of the whole dump, so a dump rebuilt from a chain is checked end to end.
+small step, measured with pydantic-monty 1.4). A stored record's ``dump_sha256`` is
+always the sha256 of the whole dump, so a dump rebuilt from a chain is checked end
+to end.
 
 ``CheckpointStore`` is deliberately small and bytes-based (put / get / latest /
 list / delete_before, by session id and sequence number) so the service can keep
@@ -136,13 +137,16 @@ class Checkpoint:
         identity: RuntimeIdentity,
         limits: dict[str, Any],
         pending: PendingCall | None = None,
+        hashed: bool = True,
     ) -> Checkpoint:
+        """A record of ``dump``. ``hashed=False``: for a record kept only in memory (a rollback target no one
+        reads back), whose ``dump_sha256`` stays "" until ``encode`` needs it."""
         return cls(
             session_id=session_id,
             seq=seq,
             kind=kind,
             dump=dump,
-            dump_sha256=hashlib.sha256(dump).hexdigest(),
+            dump_sha256=hashlib.sha256(dump).hexdigest() if hashed else "",
             identity=identity,
             limits=dict(limits),
             created_at_unix_s=time.time(),
@@ -155,7 +159,7 @@ class Checkpoint:
             "session_id": self.session_id,
             "seq": self.seq,
             "kind": self.kind,
-            "dump_sha256": self.dump_sha256,
+            "dump_sha256": self.dump_sha256 or hashlib.sha256(self.dump).hexdigest(),
             "dump_bytes": len(self.dump),
             "monty_version": self.identity.monty_version,
             "runtime_sha256": self.identity.runtime_sha256,

@@ -599,6 +599,7 @@ class MontyKernel:
             dump=self._session.dump(),
             identity=runtime_identity(),
             limits=self._resource_limits,
+            hashed=self._store is not None,  # without a store it is only ever loaded from memory
         )
         self._last_good = checkpoint
         self._last_good_fresh = self._names_fresh
