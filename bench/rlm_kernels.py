@@ -120,7 +120,7 @@ def main() -> None:
             stored_state_step = median_s(lambda: ok(stored_sized.execute(TRIVIAL)), n)
             per_step = (stored_sized.stored_bytes - before) / (n + 1)
         rows.append(("monty kernel + file store (fsync): trivial step, ~1 MB state", stored_state_step,
-                     f"{per_step / 1e3:.1f} KB stored per step"))
+                     f"{per_step / 1e3:.1f} KB stored per step, amortized"))
 
         with MontyKernel(limits) as sized:
             sized.start({}, "")

@@ -93,9 +93,10 @@ from rlm.kernels.checkpoints import (
 BRIDGE_MODULE: Final = "rlm_bridge"
 _ATTR_PREFIX: Final = "h_"  # ExternalModule hides attributes starting with "_"
 _MONTY_TIME_LIMIT_MARKS: Final = ("time limit exceeded", "sleep limit exceeded")
-# A record is stored as a delta against the one before while fewer than this many records depend on the
-# chain's whole first record: what a recovery reads at most, and how often a whole dump is written.
-MAX_DELTA_CHAIN: Final = 16
+# A record is stored as a delta against the one before while the chain's deltas add up to less than a whole
+# dump (so a chain never costs more than twice what its steps changed) and fewer than this many records
+# depend on its whole first record: what a recovery reads and rebuilds at most.
+MAX_DELTA_CHAIN: Final = 64
 BOUND_NAMES_TUPLE: Final = "_rlm_bound"  # the sandbox global holding what the setup feed bound
 RESTORE_FUNCTION: Final = "_rlm_restore"  # the sandbox function assigning those names back
 RESTORED_FLAG: Final = "_rlm_restored"
@@ -259,6 +260,7 @@ class MontyKernel:
         # The chain of stored records the next delta extends: its first (whole) record, its length, its tip.
         self._chain_root = 0
         self._chain_length = 0
+        self._chain_delta_bytes = 0
         self._chain_tip: Checkpoint | None = None
         self.stored_bytes = 0  # bytes of records this kernel handed to its store (diagnostics, benchmarks)
         self._started = False
@@ -640,13 +642,13 @@ class MontyKernel:
         self._put(checkpoint)
 
     def _put(self, checkpoint: Checkpoint) -> None:
-        """Store a record: a delta against the newest stored session record while the chain is short and
-        the delta saves, else whole (a new chain). Pruning, once per chain, drops what came before it:
+        """Store a record: a delta against the newest stored session record while the chain allows
+        (MAX_DELTA_CHAIN), else whole (a new chain). Pruning, once per chain, drops what came before it:
         every record of the chain stays until the next one starts (what the newest record needs)."""
         assert self._store is not None
         base = self._chain_tip if self._chain_tip is not None and self._chain_length < MAX_DELTA_CHAIN else None
         data = checkpoint.encode(key=self._key, base=base)
-        if base is not None and len(data) > len(checkpoint.dump) // 2:
+        if base is not None and self._chain_delta_bytes + len(data) > len(checkpoint.dump):
             base, data = None, checkpoint.encode(key=self._key)
         self._store.put(self.session_id, checkpoint.seq, data)
         self.stored_bytes += len(data)
@@ -655,8 +657,9 @@ class MontyKernel:
         self._chain_tip = checkpoint
         if base is not None:
             self._chain_length += 1
+            self._chain_delta_bytes += len(data)
             return
-        self._chain_root, self._chain_length = checkpoint.seq, 1
+        self._chain_root, self._chain_length, self._chain_delta_bytes = checkpoint.seq, 1, 0
         if self._prune:
             self._store.delete_before(self.session_id, checkpoint.seq)
 
