@@ -99,7 +99,7 @@ _MONTY_TIME_LIMIT_MARKS: Final = ("time limit exceeded", "sleep limit exceeded")
 MAX_DELTA_CHAIN: Final = 64
 BOUND_NAMES_TUPLE: Final = "_rlm_bound"  # the sandbox global holding what the setup feed bound
 RESTORE_FUNCTION: Final = "_rlm_restore"  # the sandbox function assigning those names back
-RESTORED_FLAG: Final = "_rlm_restored"
+RESTORED_FLAG: Final = "_rlm_ok"
 
 ResultProvider = Callable[[str, tuple[Any, ...], dict[str, Any]], Any]
 """Answers a pending host call on recovery: (bridge name, args, kwargs) -> result."""
@@ -162,10 +162,10 @@ def restore_function(names: Sequence[str]) -> str:
 
 # Appended to a step's code (not prepended: the model's line numbers stay its own). Its value is
 # True when the names were restored; the bare ``except`` catches a restore the step broke (then the
-# next step runs the setup again). Its size does not depend on the prelude: Monty keeps it per step.
+# next step runs the setup again). Short, and its size does not depend on the prelude: Monty keeps it
+# (its source) per step.
 RESTORE_SUFFIX: Final = (
-    f"\ntry:\n    {RESTORED_FLAG} = {RESTORE_FUNCTION}()\nexcept:\n    {RESTORED_FLAG} = False\n"
-    f"{RESTORED_FLAG} is True\n"
+    f"\ntry: {RESTORED_FLAG} = {RESTORE_FUNCTION}()\nexcept: {RESTORED_FLAG} = False\n{RESTORED_FLAG} is True\n"
 )
 
 
