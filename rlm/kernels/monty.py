@@ -18,11 +18,12 @@ snapshots it yields, so every suspension passes through one place:
 Bridges and the prelude's names are restored after every step, so model code that
 overwrites ``llm_query`` breaks nothing after its own step. The *setup* feed binds
 them: ``from rlm_bridge import h_llm_query as llm_query, ...`` (an ExternalModule
-whose attributes the sandbox cannot assign), the prelude, and a tuple of every
-name they bound (``_rlm_bound``). Each step's code is then fed with a few lines
-appended that assign those names back from the tuple and evaluate to whether that
-worked. The setup runs again only before a step that follows one that did not end
-that way (the first step, an exception, a recovery). Feeding the prelude on every
+whose attributes the sandbox cannot assign), the prelude, a tuple of every name
+they bound (``_rlm_bound``) and ``_rlm_restore()``, which assigns them back from it.
+Each step's code is then fed with a short ``try: _rlm_ok = _rlm_restore()``
+appended, whose value says whether that worked. The setup runs again only before a
+step that follows one that did not end that way (the first step, an exception, a
+recovery). Feeding the prelude on every
 step, as this kernel used to, cost two more round trips per step and grew the
 session by the prelude's size every step: Monty keeps the source of every feed
 (measured with pydantic-monty 1.4: ~20 KB per step with the library's prelude, so
@@ -357,7 +358,8 @@ class MontyKernel:
         outcome = self._run_feed(code + self._restore, out, state)
         if outcome.code == "killed" and state.suspensions == before:
             # The worker died before the code made any host call (e.g. between steps): nothing outside
-            # the sandbox saw this step, so it runs again on a fresh worker from the last good state.
+            # the sandbox saw this step, so it runs again, once, on a fresh worker from the last good state.
+            out = CappedOutput(self.limits.max_output_bytes)
             self._rollback()
             if not self._names_fresh:
                 self._run_setup(out, state)
