@@ -16,14 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlm.kernels.base import KernelLimits
-from rlm.kernels.checkpoints import (
-    MAGIC,
-    Checkpoint,
-    CheckpointTampered,
-    FileCheckpointStore,
-    apply_delta,
-    dump_delta,
-)
+from rlm.kernels import checkpoints
+from rlm.kernels.checkpoints import Checkpoint, CheckpointTampered, FileCheckpointStore
 from rlm.kernels.monty import MAX_DELTA_CHAIN, MontyKernel, monty_resource_limits, runtime_identity
 
 pytestmark = pytest.mark.timeout(120)
@@ -124,7 +118,7 @@ def test_a_record_of_format_1_is_still_read(tmp_path: Path) -> None:
     canonical = json.dumps(header, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
     digest = hashlib.sha256(struct.pack(">Q", len(canonical)) + canonical + dump).hexdigest()
     raw = json.dumps({**header, "digest": digest}, sort_keys=True, separators=(",", ":")).encode()
-    store.put(SESSION, seq, MAGIC + struct.pack(">I", len(raw)) + raw + dump)
+    store.put(SESSION, seq, checkpoints.MAGIC + struct.pack(">I", len(raw)) + raw + dump)
     with MontyKernel(LIMITS, store=store, session_id=SESSION) as again:
         assert again.recover({}, "").seq == seq
         assert again.execute("print(kept)").stdout == "from format 1\n"
@@ -150,4 +144,4 @@ def test_a_delta_always_rebuilds_the_dump_it_describes(base: bytes, changes: lis
             del dump[at : at + len(data)]
         else:
             dump[at : at + len(data)] = data
-    assert apply_delta(base, dump_delta(base, bytes(dump))) == bytes(dump)
+    assert checkpoints.apply_delta(base, checkpoints.dump_delta(base, bytes(dump))) == bytes(dump)

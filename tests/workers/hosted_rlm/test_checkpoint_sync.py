@@ -21,10 +21,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 
 from core import db
-from core.settings import Settings
+from core.settings import CheckpointSync, Settings
 from rlm.kernels.checkpoints import Checkpoint
 from rlm.kernels.monty import runtime_identity
 from tests import embedded_pg
@@ -99,12 +99,17 @@ def kept_seqs(engine: Engine, job_id: str) -> list[int]:
         return [int(seq) for (seq,) in rows]
 
 
-def test_each_record_keeps_every_record_whose_put_returned(crashable: CrashableServer) -> None:
-    engine = crashable.engine()
+def claimed_store(engine: Engine, sync: CheckpointSync) -> PgCheckpointStore:
+    """The checkpoint store of a new job claimed by this test."""
     job_id = support.new_job_id()
     token = support.claim(engine, job_id)
-    store = PgCheckpointStore(engine, job_id=job_id, fencing_token=token, session_id=session_id_for(job_id),
-                              sync="each_record")
+    return PgCheckpointStore(engine, job_id=job_id, fencing_token=token, session_id=session_id_for(job_id), sync=sync)
+
+
+def test_each_record_keeps_every_record_whose_put_returned(crashable: CrashableServer) -> None:
+    engine = crashable.engine()
+    store = claimed_store(engine, "each_record")
+    job_id = store.job_id
     store.put(store.session_id, 0, a_record(store.session_id, 0))
     engine.dispose()
     crashable.crash_and_restart()
@@ -115,11 +120,9 @@ def test_each_record_keeps_every_record_whose_put_returned(crashable: CrashableS
 
 def test_with_journal_keeps_every_record_the_journal_refers_to(crashable: CrashableServer) -> None:
     engine = crashable.engine()
-    job_id = support.new_job_id()
-    token = support.claim(engine, job_id)
-    store = PgCheckpointStore(engine, job_id=job_id, fencing_token=token, session_id=session_id_for(job_id),
-                              sync="with_journal")
-    journal = Journal(engine, job_id=job_id, fencing_token=token)
+    store = claimed_store(engine, "with_journal")
+    job_id = store.job_id
+    journal = Journal(engine, job_id=job_id, fencing_token=store.fencing_token)
     store.put(store.session_id, 0, a_record(store.session_id, 0))
     store.put(store.session_id, 1, a_record(store.session_id, 1))
     journal.start_step(1, 0, base_seq=1)  # the step that starts from record 1: a synchronous commit after it
@@ -136,21 +139,15 @@ def test_with_journal_keeps_every_record_the_journal_refers_to(crashable: Crasha
 def test_with_journal_commits_the_record_without_waiting_for_its_flush(crashable: CrashableServer) -> None:
     """The mechanism, seen from the server: the record's transaction ran with synchronous_commit off."""
     engine = crashable.engine()
-    job_id = support.new_job_id()
-    token = support.claim(engine, job_id)
     seen: list[str] = []
-
-    from sqlalchemy import event
 
     @event.listens_for(engine, "commit")
     def _before_commit(conn) -> None:  # type: ignore[no-untyped-def]
         seen.append(conn.exec_driver_sql("SELECT current_setting('synchronous_commit')").scalar())
 
     for sync, expected in (("with_journal", "off"), ("each_record", "on")):
+        store = claimed_store(engine, sync)  # type: ignore[arg-type]
         seen.clear()
-        store = PgCheckpointStore(engine, job_id=job_id, fencing_token=token, session_id=session_id_for(job_id),
-                                  sync=sync)  # type: ignore[arg-type]
-        seq = 0 if sync == "with_journal" else 1
-        store.put(store.session_id, seq, a_record(store.session_id, seq))
+        store.put(store.session_id, 0, a_record(store.session_id, 0))
         assert seen == [expected], sync
     engine.dispose()
