@@ -21,10 +21,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from sqlalchemy import Engine, event, text
 
 from core import db
-from core.settings import CheckpointSync, Settings
+from core.settings import CheckpointSync, HostedSettings, Settings
 from rlm.kernels.checkpoints import Checkpoint
 from rlm.kernels.monty import runtime_identity
 from tests import embedded_pg
@@ -151,3 +152,11 @@ def test_with_journal_commits_the_record_without_waiting_for_its_flush(crashable
         store.put(store.session_id, 0, a_record(store.session_id, 0))
         assert seen == [expected], sync
     engine.dispose()
+
+
+def test_an_unknown_policy_stops_start_up_with_the_values_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECIALISTS_SPECIALIST_CHECKPOINT_SYNC", "sometimes")
+    with pytest.raises(ValidationError, match="with_journal"):
+        HostedSettings()
+    monkeypatch.setenv("SPECIALISTS_SPECIALIST_CHECKPOINT_SYNC", "each_record")
+    assert HostedSettings().checkpoint_sync == "each_record"
