@@ -47,6 +47,11 @@ class CrashableServer:
         self.server = get_server(folder / "pg", cleanup_mode="delete")
         self.url = self.server.get_uri()
         db.upgrade(self.url)
+        engine = self.engine()
+        with engine.connect() as conn:
+            durable = {name: conn.exec_driver_sql(f"SHOW {name}").scalar() for name in ("fsync", "synchronous_commit")}
+        engine.dispose()
+        assert durable == {"fsync": "on", "synchronous_commit": "on"}, durable
 
     def engine(self) -> Engine:
         settings = Settings(database={"url": self.url})

@@ -130,6 +130,7 @@ def test_a_job_killed_mid_subcall_resumes_in_a_new_process_without_repeating_ans
         ).scalar_one()
     pending = Checkpoint.decode(bytes(latest), key=support.CHECKPOINT_KEY)
     assert pending.kind == "pending_call" and pending.pending.function_name == "_llm_query_batched"
+    assert pending.base_seq is not None, "the snapshot is a delta: the resume rebuilds it through its chain"
 
     # The next delivery, once the lease has passed, finds it expired with a checkpoint: it is claimed again,
     # not unknown.
