@@ -125,6 +125,7 @@ class Checkpoint:
     pending: PendingCall | None = None
     base_seq: int | None = None  # a delta record: the session record its dump is rebuilt from
     delta: bytes | None = field(default=None, repr=False)  # as read back, until ``rebuilt`` (dump is b"")
+    delta_dump_bytes: int = 0  # a delta record: the size of the dump it rebuilds (a bound while rebuilding)
 
     @classmethod
     def create(
@@ -227,6 +228,7 @@ class Checkpoint:
                 pending=None if pending is None else PendingCall(**pending),
                 base_seq=None if base_seq is None else int(base_seq),
                 delta=None if base_seq is None else payload,
+                delta_dump_bytes=0 if base_seq is None else int(header["dump_bytes"]),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise CheckpointTampered(f"checkpoint refused: header is malformed ({exc})") from None
@@ -260,14 +262,14 @@ class Checkpoint:
                 f"checkpoint refused: seq {self.seq} is a delta against seq {self.base_seq}, not against seq {base.seq}"
             )
         try:
-            dump = apply_delta(base.dump, self.delta)
+            dump = apply_delta(base.dump, self.delta, max_bytes=self.delta_dump_bytes)
         except ValueError as exc:
             raise CheckpointTampered(f"checkpoint refused: the delta of seq {self.seq} is malformed ({exc})") from None
         if hashlib.sha256(dump).hexdigest() != self.dump_sha256:
             raise CheckpointTampered(
                 f"checkpoint refused: the dump rebuilt for seq {self.seq} from seq {base.seq} does not match its sha256"
             )
-        return replace(self, dump=dump, delta=None)
+        return replace(self, dump=dump, delta=None, delta_dump_bytes=0)
 
     def verify(self, *, identity: RuntimeIdentity, limits: dict[str, Any]) -> None:
         """Refuse a record this process must not load, with the reason as the error code."""
@@ -345,9 +347,11 @@ def dump_delta(base: bytes, dump: bytes) -> bytes:
     return b"".join(ops)
 
 
-def apply_delta(base: bytes, delta: bytes) -> bytes:
-    """The dump ``dump_delta`` described. Raises ValueError on a malformed delta."""
+def apply_delta(base: bytes, delta: bytes, *, max_bytes: int | None = None) -> bytes:
+    """The dump ``dump_delta`` described. Raises ValueError on a malformed delta, or one that would build
+    more than ``max_bytes`` (copies may repeat: a small delta must not build a huge dump)."""
     out: list[bytes] = []
+    built = 0
     at = 0
     while at < len(delta):
         tag = delta[at : at + 1]
@@ -356,15 +360,19 @@ def apply_delta(base: bytes, delta: bytes) -> bytes:
             if start + length > len(base):
                 raise ValueError(f"a copy of {length} bytes at {start} runs past the base ({len(base)} bytes)")
             out.append(base[start : start + length])
+            built += length
             at += 17
         elif tag == _LITERAL and at + 9 <= len(delta):
             (length,) = struct.unpack(">Q", delta[at + 1 : at + 9])
             if at + 9 + length > len(delta):
                 raise ValueError("new bytes run past the end of the delta")
             out.append(delta[at + 9 : at + 9 + length])
+            built += length
             at += 9 + length
         else:
             raise ValueError(f"unknown operation at byte {at}")
+        if max_bytes is not None and built > max_bytes:
+            raise ValueError(f"it builds more than the {max_bytes} bytes its header states")
     return b"".join(out)
 
 

@@ -99,6 +99,14 @@ def test_a_delta_over_a_changed_or_missing_base_is_refused(tmp_path: Path) -> No
         again.recover({}, "")
 
 
+def test_a_delta_that_would_build_more_than_its_header_states_is_refused() -> None:
+    base = b"x" * 1024
+    copies = b"".join(b"C" + struct.pack(">QQ", 0, len(base)) for _ in range(1000))  # 17 KB -> 1 MB
+    with pytest.raises(ValueError, match="builds more"):
+        checkpoints.apply_delta(base, copies, max_bytes=4096)
+    assert len(checkpoints.apply_delta(base, copies)) == 1024 * 1000
+
+
 def test_a_record_of_format_1_is_still_read(tmp_path: Path) -> None:
     """Records written before deltas existed (whole dumps, no base) are read back as they were."""
     store = FileCheckpointStore(tmp_path, fsync=False)
