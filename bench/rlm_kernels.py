@@ -26,10 +26,15 @@ from rlm.kernels.base import KernelLimits  # noqa: E402
 from rlm.kernels.checkpoints import Checkpoint, FileCheckpointStore  # noqa: E402
 from rlm.kernels.host import HostKernel  # noqa: E402
 from rlm.kernels.monty import MontyKernel, monty_resource_limits, runtime_identity  # noqa: E402
+from rlm.namespace import PRELUDE  # noqa: E402
 
 TRIVIAL = "x = 1"
 CALLS_PER_STEP = 100
 STATE_CODE = "state = ['line %d of some retained text ' % i * 3 for i in range(10000)]"  # ~1 MB
+# The host functions the library's prelude calls (rlm/namespace.py); here they answer nothing.
+LIBRARY_BRIDGE = ("_context_files", "_context_size", "_context_stats", "_context_describe", "_context_read",
+                  "_context_search", "_context_chunk", "_context_text", "_llm_query", "_llm_query_batched",
+                  "_final_answer", "_history_search", "_history_read", "_history_stats")
 
 
 def median_s(fn: Callable[[], object], runs: int) -> float:
@@ -83,6 +88,14 @@ def main() -> None:
     rows.append(("monty kernel: trivial step (memory checkpoint)", monty_step, ""))
     rows.append(("monty kernel: host-call round trip", (monty_calls - monty_step) / CALLS_PER_STEP, "per call"))
 
+    with MontyKernel(limits) as library:
+        library.start({name: (lambda *a: None) for name in LIBRARY_BRIDGE}, PRELUDE)
+        library_step = median_s(lambda: ok(library.execute(TRIVIAL)), steps)
+        assert library.last_checkpoint is not None
+        library_dump = len(library.last_checkpoint.dump)
+    rows.append(("monty kernel + library prelude: trivial step", library_step,
+                 f"dump {library_dump / 1e3:.0f} KB after {steps + 1} steps"))
+
     with tempfile.TemporaryDirectory() as folder:
         for fsync in (False, True):
             store = FileCheckpointStore(Path(folder) / f"fsync-{fsync}", fsync=fsync)
@@ -98,6 +111,17 @@ def main() -> None:
                      (stored_calls - stored_step) / CALLS_PER_STEP, "per call, dumped first")
                 )
 
+        store = FileCheckpointStore(Path(folder) / "sized-steps")
+        with MontyKernel(limits, store=store, session_id="sized") as stored_sized:
+            stored_sized.start({}, "")
+            ok(stored_sized.execute(STATE_CODE))
+            before = stored_sized.stored_bytes
+            n = max(steps // 10, 5)
+            stored_state_step = median_s(lambda: ok(stored_sized.execute(TRIVIAL)), n)
+            per_step = (stored_sized.stored_bytes - before) / (n + 1)
+        rows.append(("monty kernel + file store (fsync): trivial step, ~1 MB state", stored_state_step,
+                     f"{per_step / 1e3:.1f} KB stored per step, amortized"))
+
         with MontyKernel(limits) as sized:
             sized.start({}, "")
             ok(sized.execute(STATE_CODE))
@@ -112,6 +136,13 @@ def main() -> None:
             )
             encode_s = median_s(checkpoint.encode, 20)
             record = checkpoint.encode()
+            ok(sized.execute(TRIVIAL))
+            after = Checkpoint.create(
+                session_id="bench", seq=2, kind="session", dump=session.dump(), identity=runtime_identity(),
+                limits=monty_resource_limits(limits),
+            )
+            delta_s = median_s(lambda: after.encode(base=checkpoint), 20)
+            delta_record = after.encode(base=checkpoint)
             decode_s = median_s(lambda: Checkpoint.decode(record).verify(
                 identity=runtime_identity(), limits=monty_resource_limits(limits)), 20)
             store = FileCheckpointStore(Path(folder) / "sized")
@@ -120,6 +151,8 @@ def main() -> None:
         rows.append(("monty kernel: trivial step with ~1 MB state", state_step, ""))
         rows.append(("checkpoint of ~1 MB state: session.dump()", dump_s, f"{len(dump) / 1e6:.2f} MB dump"))
         rows.append(("checkpoint of ~1 MB state: encode (sha256)", encode_s, f"{len(record) / 1e6:.2f} MB record"))
+        rows.append(("checkpoint of ~1 MB state: encode as a delta", delta_s,
+                     f"{len(delta_record) / 1e3:.1f} KB record after a trivial step"))
         rows.append(("checkpoint of ~1 MB state: decode + verify", decode_s, ""))
         rows.append(("checkpoint of ~1 MB state: file put (fsync)", put_s, ""))
 

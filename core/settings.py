@@ -610,6 +610,9 @@ class ServeSettings(Section):
     )
 
 
+CheckpointSync = Literal["with_journal", "each_record"]  # workers/hosted_rlm/store.py carries it out
+
+
 class HostedSettings(Section):
     """The hosted specialists (workers/hosted_rlm, docs/SPECIALISTS.md): which specs, which model routes,
     checkpoints and resumes. A spec's own limits live in specs/*.yaml, bounded by core/specs.py."""
@@ -648,6 +651,14 @@ class HostedSettings(Section):
         le=10,
         description="Times one job may be resumed from its checkpoint after the worker running it died; "
         "past it (or without a checkpoint) the job is unknown.",
+    )
+    checkpoint_sync: CheckpointSync = Field(
+        default="with_journal",
+        description="When a Monty checkpoint's commit reaches disk (docs/WORKERS.md, Checkpoint durability). "
+        "`with_journal`: it commits without waiting for its WAL flush (synchronous_commit off for that "
+        "transaction) and is flushed by the journal's next commit, which always comes before anything relies "
+        "on it; a killed worker loses nothing, a PostgreSQL crash only records no journal entry refers to yet. "
+        "`each_record`: every checkpoint commit waits for its flush, as the database's synchronous_commit says.",
     )
     resume_window_s: float = Field(
         default=300.0,

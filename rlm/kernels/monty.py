@@ -15,10 +15,19 @@ snapshots it yields, so every suspension passes through one place:
   Monty's default refusal; ``time.sleep`` is served here, bounded per step;
 - every suspension is counted against ``max_suspensions_per_step``.
 
-Bridges are re-bound on every step: before the model's code, the kernel feeds
-``from rlm_bridge import h_llm_query as llm_query, ...`` (an ExternalModule whose
-attributes the sandbox cannot assign) followed by the prelude, so model code that
-overwrites ``llm_query`` breaks nothing after its own step.
+Bridges and the prelude's names are restored after every step, so model code that
+overwrites ``llm_query`` breaks nothing after its own step. The *setup* feed binds
+them: ``from rlm_bridge import h_llm_query as llm_query, ...`` (an ExternalModule
+whose attributes the sandbox cannot assign), the prelude, a tuple of every name
+they bound (``_rlm_bound``) and ``_rlm_restore()``, which assigns them back from it.
+Each step's code is then fed with a short ``try: _rlm_ok = _rlm_restore()``
+appended, whose value says whether that worked. The setup runs again only before a
+step that follows one that did not end that way (the first step, an exception, a
+recovery). Feeding the prelude on every
+step, as this kernel used to, cost two more round trips per step and grew the
+session by the prelude's size every step: Monty keeps the source of every feed
+(measured with pydantic-monty 1.4: ~20 KB per step with the library's prelude, so
+a dump of 2 MB after 100 steps, re-dumped at every checkpoint).
 
 Failures. An exception or a caught limit ends the step, never the session. After
 a time limit, a memory error, a suspension overrun or a dead worker the heap is
@@ -32,6 +41,7 @@ functions, never as globals (which would land in every dump).
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import time
@@ -84,6 +94,13 @@ from rlm.kernels.checkpoints import (
 BRIDGE_MODULE: Final = "rlm_bridge"
 _ATTR_PREFIX: Final = "h_"  # ExternalModule hides attributes starting with "_"
 _MONTY_TIME_LIMIT_MARKS: Final = ("time limit exceeded", "sleep limit exceeded")
+# A record is stored as a delta against the one before while the chain's deltas add up to less than a whole
+# dump (so a chain never costs more than twice what its steps changed) and fewer than this many records
+# depend on its whole first record: what a recovery reads and rebuilds at most.
+MAX_DELTA_CHAIN: Final = 64
+BOUND_NAMES_TUPLE: Final = "_rlm_bound"  # the sandbox global holding what the setup feed bound
+RESTORE_FUNCTION: Final = "_rlm_restore"  # the sandbox function assigning those names back
+RESTORED_FLAG: Final = "_rlm_ok"
 
 ResultProvider = Callable[[str, tuple[Any, ...], dict[str, Any]], Any]
 """Answers a pending host call on recovery: (bridge name, args, kwargs) -> result."""
@@ -107,6 +124,50 @@ def monty_resource_limits(limits: KernelLimits) -> dict[str, Any]:
         "max_recursion_depth": int(limits.max_recursion_depth),
         "max_suspensions": int(limits.max_suspensions_per_checkout),
     }
+
+
+def bound_names(source: str) -> list[str] | None:
+    """The names a prelude binds at its top level, in order; None if the host's parser cannot read it.
+
+    Only unconditional top-level bindings count (imports, ``def``, ``class``, assignments to
+    names): what the setup feed saves and each step restores.
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    names: list[str] = []
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names += [(alias.asname or alias.name).split(".")[0] for alias in node.names if alias.name != "*"]
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if isinstance(node, ast.AnnAssign) and node.value is None:
+                continue
+            for target in targets:
+                names += [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
+    return list(dict.fromkeys(names))
+
+
+def restore_function(names: Sequence[str]) -> str:
+    """Defined by the setup feed: assign the setup's names back from their tuple; True when done."""
+    joined = ", ".join(names)
+    return (
+        f"\ndef {RESTORE_FUNCTION}():\n    global {joined}\n"
+        f"    ({joined},) = {BOUND_NAMES_TUPLE}\n    return True\n"
+        f"{BOUND_NAMES_TUPLE} = ({joined},)\n"
+    )
+
+
+# Appended to a step's code (not prepended: the model's line numbers stay its own). Its value is
+# True when the names were restored; the bare ``except`` catches a restore the step broke (then the
+# next step runs the setup again). Short, and its size does not depend on the prelude: Monty keeps it
+# (its source) per step.
+RESTORE_SUFFIX: Final = (
+    f"\ntry: {RESTORED_FLAG} = {RESTORE_FUNCTION}()\nexcept: {RESTORED_FLAG} = False\n{RESTORED_FLAG} is True\n"
+)
 
 
 @dataclass(frozen=True)
@@ -142,6 +203,7 @@ class _FeedOutcome:
     ok: bool
     code: ErrorCode | None = None
     error: str | None = None
+    value: Any = None  # the feed's trailing expression (True: the restore suffix ran)
 
 
 class MontyKernel:
@@ -188,11 +250,20 @@ class MontyKernel:
         self._worker_pid: int | None = None
         self._caller: HostCaller | None = None
         self._bridge_by_function: dict[str, str] = {}
-        self._step_prelude = ""
+        self._setup_code = ""  # bridges, prelude, then the tuple of the names they bound
+        self._restore = ""  # appended to each step's code; "" when the setup must run before every step
+        self._names_fresh = False  # the setup's names are bound as the setup left them
+        self._last_good_fresh = False  # ... in the state of ``_last_good``
         self._external_modules: dict[str, ExternalModule] = {}
         self._suspensions_used = 0
         self._seq = -1
         self._last_good: Checkpoint | None = None
+        # The chain of stored records the next delta extends: its first (whole) record, its length, its tip.
+        self._chain_root = 0
+        self._chain_length = 0
+        self._chain_delta_bytes = 0
+        self._chain_tip: Checkpoint | None = None
+        self.stored_bytes = 0  # bytes of records this kernel handed to its store (diagnostics, benchmarks)
         self._started = False
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -224,6 +295,7 @@ class MontyKernel:
         if latest is None:
             raise CheckpointNotFound(f"no checkpoint for session {self.session_id}")
         checkpoint = self._verified(*latest)
+        self._chain_tip = None  # the next record starts a chain of this process's own
         self._setup(bridge, prelude)
         self._seq = checkpoint.seq
         if checkpoint.kind == "session":
@@ -232,6 +304,7 @@ class MontyKernel:
             return Recovery(kind="session", seq=checkpoint.seq, step=None)
         assert checkpoint.pending is not None
         self._last_good = self._verified(checkpoint.pending.base_seq, self._store.get(self.session_id, checkpoint.pending.base_seq))
+        self._last_good_fresh = False
         if self._last_good.kind != "session":
             raise CheckpointTampered(f"checkpoint seq {checkpoint.pending.base_seq} should be an idle session record")
         return Recovery(kind="pending_call", seq=checkpoint.seq, step=self._resume_pending(checkpoint, result_provider))
@@ -278,17 +351,34 @@ class MontyKernel:
             self._rollback()
         out = CappedOutput(self.limits.max_output_bytes)
         state = _StepState()
-        outcome = self._run_feed(self._step_prelude, out, state)
+        if not self._names_fresh:
+            self._run_setup(out, state)
+        state.record_pending = self._record_pending
+        before = state.suspensions
+        outcome = self._run_feed(code + self._restore, out, state)
+        if outcome.code == "killed" and state.suspensions == before:
+            # The worker died before the code made any host call (e.g. between steps): nothing outside
+            # the sandbox saw this step, so it runs again, once, on a fresh worker from the last good state.
+            out = CappedOutput(self.limits.max_output_bytes)
+            self._rollback()
+            if not self._names_fresh:
+                self._run_setup(out, state)
+            outcome = self._run_feed(code + self._restore, out, state)
+        if outcome.code == "syntax" and self._restore:
+            # Nothing ran. The model gets the message of its own code, not of the code with the suffix
+            # (a last line ending in a backslash joins the suffix): the code alone is fed.
+            outcome = self._run_feed(code, out, state)
+        self._names_fresh = bool(self._restore) and outcome.ok and outcome.value is True
+        return self._finish_step(outcome, out, started)
+
+    def _run_setup(self, out: CappedOutput, state: _StepState) -> None:
+        """Bind the bridges and the prelude. Its failure is not the step's: the step's code still runs."""
+        outcome = self._run_feed(self._setup_code, out, state)
         if outcome.code == "killed":
             # The worker died between steps (nothing of this step ran yet): replace it and go on.
             self._rollback()
-            outcome = self._run_feed(self._step_prelude, out, state)
-        if not outcome.ok:
-            outcome = _FeedOutcome(False, outcome.code, f"the step's prelude failed: {outcome.error}")
-        else:
-            state.record_pending = self._record_pending
-        outcome = self._run_feed(code, out, state)
-        return self._finish_step(outcome, out, started)
+            outcome = self._run_feed(self._setup_code, out, state)
+        self._names_fresh = outcome.ok
 
     def _finish_step(self, outcome: _FeedOutcome, out: CappedOutput, started: float) -> StepResult:
         restored = False
@@ -317,12 +407,12 @@ class MontyKernel:
         assert self._session is not None
         try:
             snapshot = self._session.feed_start(code, print_callback=out, mount=self._mounts or None)
-            self._drive(snapshot, out, state)
+            complete = self._drive(snapshot, out, state)
         except _StepAborted as aborted:
             return _FeedOutcome(False, aborted.code, aborted.message)
         except MontyError as exc:
             return self._classify(exc)
-        return _FeedOutcome(True)
+        return _FeedOutcome(True, value=complete.output)
 
     def _drive(self, snapshot: Any, out: CappedOutput, state: _StepState) -> Any:
         while not isinstance(snapshot, MontyComplete):
@@ -448,7 +538,14 @@ class MontyKernel:
         rebind = ""
         if bridge:
             rebind = f"from {BRIDGE_MODULE} import " + ", ".join(f"{_ATTR_PREFIX}{n} as {n}" for n in bridge) + "\n"
-        self._step_prelude = rebind + prelude
+        names = bound_names(prelude)
+        self._setup_code = rebind + prelude
+        self._restore = ""
+        if names is not None and (bridge or names):
+            every = list(dict.fromkeys([*bridge, *names]))
+            self._setup_code += restore_function(every)
+            self._restore = RESTORE_SUFFIX
+        self._names_fresh = False
         self._mounts = [MountDir(host_path=host, virtual_path=virtual, mode="read-only") for host, virtual in self._mount_specs]
         if self._pool is None:
             self._pool = Monty(min_processes=1, max_processes=2)
@@ -481,13 +578,17 @@ class MontyKernel:
 
     def _rollback(self) -> None:
         assert self._last_good is not None
+        fresh = self._last_good_fresh
         self._checkout()
         self._load_session(self._last_good)
+        self._names_fresh = self._last_good_fresh = fresh
 
     def _load_session(self, checkpoint: Checkpoint) -> None:
         assert self._session is not None
         self._session.load_session(checkpoint.dump)
         self._last_good = checkpoint
+        # A record read back may predate the restore suffix (or lack the names tuple): set up again.
+        self._names_fresh = self._last_good_fresh = False
 
     def _next_seq(self) -> int:
         self._seq += 1
@@ -502,8 +603,10 @@ class MontyKernel:
             dump=self._session.dump(),
             identity=runtime_identity(),
             limits=self._resource_limits,
+            hashed=self._store is not None,  # without a store it is only ever loaded from memory
         )
         self._last_good = checkpoint
+        self._last_good_fresh = self._names_fresh
         if self._store is not None:
             self._put(checkpoint)
 
@@ -541,12 +644,29 @@ class MontyKernel:
         self._put(checkpoint)
 
     def _put(self, checkpoint: Checkpoint) -> None:
+        """Store a record: a delta against the newest stored session record while the chain allows
+        (MAX_DELTA_CHAIN), else whole (a new chain). Pruning, once per chain, drops what came before it:
+        every record of the chain stays until the next one starts (what the newest record needs)."""
         assert self._store is not None
-        self._store.put(self.session_id, checkpoint.seq, checkpoint.encode(key=self._key))
-        if self._prune and checkpoint.kind == "session":
+        base = self._chain_tip if self._chain_tip is not None and self._chain_length < MAX_DELTA_CHAIN else None
+        data = checkpoint.encode(key=self._key, base=base)
+        if base is not None and self._chain_delta_bytes + len(data) > len(checkpoint.dump):
+            base, data = None, checkpoint.encode(key=self._key)
+        self._store.put(self.session_id, checkpoint.seq, data)
+        self.stored_bytes += len(data)
+        if checkpoint.kind != "session":
+            return
+        self._chain_tip = checkpoint
+        if base is not None:
+            self._chain_length += 1
+            self._chain_delta_bytes += len(data)
+            return
+        self._chain_root, self._chain_length, self._chain_delta_bytes = checkpoint.seq, 1, 0
+        if self._prune:
             self._store.delete_before(self.session_id, checkpoint.seq)
 
-    def _verified(self, seq: int, data: bytes) -> Checkpoint:
+    def _verified(self, seq: int, data: bytes, *, depth: int = 0) -> Checkpoint:
+        """The record ``seq``, checked, its dump rebuilt through its chain of bases (each checked too)."""
         checkpoint = Checkpoint.decode(data, key=self._key)
         if checkpoint.session_id != self.session_id or checkpoint.seq != seq:
             raise CheckpointTampered(
@@ -554,6 +674,13 @@ class MontyKernel:
                 f"seq {checkpoint.seq} of session {checkpoint.session_id}"
             )
         checkpoint.verify(identity=runtime_identity(), limits=self._resource_limits)
+        if checkpoint.base_seq is not None:
+            assert self._store is not None
+            if depth >= MAX_DELTA_CHAIN:
+                raise CheckpointTampered(f"checkpoint refused: seq {seq} is more than {MAX_DELTA_CHAIN} deltas deep")
+            base = self._verified(checkpoint.base_seq, self._store.get(self.session_id, checkpoint.base_seq),
+                                  depth=depth + 1)
+            checkpoint = checkpoint.rebuilt(base)
         return checkpoint
 
     def _resume_pending(self, checkpoint: Checkpoint, result_provider: ResultProvider | None) -> StepResult:

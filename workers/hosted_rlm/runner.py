@@ -29,6 +29,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from core.errors import ServiceError
+from core.settings import CheckpointSync
 from core.specs import LoadedSpec, SpecInvalid, require_runnable
 from rlm.context import Context
 from rlm.errors import RLMError
@@ -70,6 +71,7 @@ class SpecialistRunner:
         pool: Any = None,
         scratch_dir: Path | None = None,
         max_resumes: int = 0,
+        checkpoint_sync: CheckpointSync = "with_journal",
     ) -> None:
         if not checkpoint_key:
             raise CheckpointKeyMissing(
@@ -88,6 +90,7 @@ class SpecialistRunner:
         self.scratch_dir = scratch_dir
         # Read by the worker's claim: an expired lease of this runner's job is resumed this many times at most.
         self.max_resumes = max_resumes
+        self.checkpoint_sync = checkpoint_sync
 
     @property
     def specialist_ids(self) -> list[str]:
@@ -105,7 +108,8 @@ class SpecialistRunner:
             return RunOutcome("rejected", refused.message, detail={"code": refused.code, "credits_to_settle": 0})
         journal = Journal(self.engine, job_id=job.job_id, fencing_token=ctx.fencing_token)
         session_id = session_id_for(job.job_id)
-        store = PgCheckpointStore(self.engine, job_id=job.job_id, fencing_token=ctx.fencing_token, session_id=session_id)
+        store = PgCheckpointStore(self.engine, job_id=job.job_id, fencing_token=ctx.fencing_token, session_id=session_id,
+                                  sync=self.checkpoint_sync)
         assert spec.model_route is not None
         resumes = journal.open_run(
             specialist_id=spec.id, route=spec.model_route, pricing=spec.pricing,

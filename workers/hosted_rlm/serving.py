@@ -109,5 +109,6 @@ def specialist_runners(
         message_of=message_of,
         environ=environ,
         max_resumes=settings.hosted.max_resumes,
+        checkpoint_sync=settings.hosted.checkpoint_sync,
     )
     return SpecialistService(runners={sid: runner for sid in plan.ready}, problems=plan.problems)

@@ -130,6 +130,34 @@ def test_overwriting_the_prelude_context_does_not_break_the_next_step(kernel: Mo
     assert run_ok(kernel, "print(context.read('a'))") == "text of a\n"
 
 
+def test_replacing_the_kernels_own_restore_names_costs_nothing_but_a_fresh_setup(kernel: MontyKernel) -> None:
+    run_ok(kernel, "_rlm_bound = 'gone'\n_rlm_restore = None\ncontext = None")
+    assert run_ok(kernel, "print(context.read('a'))") == "text of a\n"
+
+
+def test_the_prelude_is_fed_once_not_on_every_step(corpus: Path) -> None:
+    """Monty keeps the source of every feed in the session: a prelude fed per step grew every dump by its size."""
+    prelude = PRELUDE + "\n" + "\n".join(f"def helper_{i}(x):\n    return x + {i}" for i in range(80))
+    with MontyKernel(FAST, mounts=[(corpus, "/corpus")]) as k:
+        k.start(make_bridge(), prelude)
+        run_ok(k, "x = 0")
+        first = k.last_checkpoint
+        for _ in range(10):
+            run_ok(k, "x = 1")
+        assert first is not None and k.last_checkpoint is not None
+        grown = len(k.last_checkpoint.dump) - len(first.dump)
+        assert grown < len(prelude), f"ten steps grew the session by {grown} bytes, the prelude is {len(prelude)}"
+        assert run_ok(k, "print(helper_3(1), context)") == "4 <context /corpus>\n"
+
+
+def test_errors_name_the_models_own_lines(kernel: MontyKernel) -> None:
+    failed = kernel.execute("a = 1\nb = 2\nraise ValueError('third line')")
+    assert failed.error_code == "exception" and "line 3" in (failed.error or ""), failed.error
+    syntax = kernel.execute("x = (1 +\\")
+    assert syntax.error_code == "syntax" and "_rlm_bound" not in (syntax.error or ""), syntax.error
+    assert run_ok(kernel, "print(llm_query('after'))") == "answer to after\n"
+
+
 def test_host_function_errors_arrive_as_exceptions_the_code_can_catch(kernel: MontyKernel) -> None:
     out = run_ok(
         kernel,

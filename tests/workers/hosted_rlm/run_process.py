@@ -2,7 +2,7 @@
 
 CONFIG is a JSON file: ``database_url``, ``job_id``, ``token``, ``spec`` (a spec file),
 ``script`` (the scripted route's script), ``text`` and ``files`` (the message),
-``calls_log`` and ``outcome``. Every call that reaches the scripted provider is
+``calls_log`` and ``outcome``, optionally ``checkpoint_sync``. Every call that reaches the scripted provider is
 appended to ``calls_log`` (flushed at once, so a SIGKILL loses nothing written
 before it): that is how a test counts what a process really asked the model.
 The outcome is written to ``outcome`` as JSON.
@@ -55,7 +55,7 @@ def main() -> None:
     spec = load_spec(Path(config["spec"]))
     routes = CountingRoutes(support.routes_for(Path(config["script"])), config["calls_log"])
     msg = support.message(config["text"], files=config["files"])
-    runner = support.runner(engine, spec, routes, msg)
+    runner = support.runner(engine, spec, routes, msg, checkpoint_sync=config.get("checkpoint_sync", "with_journal"))
     print("RUNNING", flush=True)
     outcome = runner.run(support.context(config["job_id"], spec.spec.id, config["token"]))
     Path(config["outcome"]).write_text(json.dumps({

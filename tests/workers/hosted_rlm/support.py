@@ -24,7 +24,7 @@ from google.protobuf.json_format import ParseDict
 from google.protobuf.struct_pb2 import Value
 from sqlalchemy import Engine
 
-from core.settings import PROJECT_ROOT
+from core.settings import PROJECT_ROOT, CheckpointSync
 from core.specs import LoadedSpec, load_spec
 
 if TYPE_CHECKING:
@@ -121,12 +121,12 @@ def context(job_id: str, spec_id: str, token: int, *, deadline_s: float = 120.0,
 
 
 def runner(engine: Engine, spec: LoadedSpec, routes: ModelRoutes, msg: Message, *,
-           environ: dict[str, str] | None = None) -> SpecialistRunner:
+           environ: dict[str, str] | None = None, checkpoint_sync: CheckpointSync = "with_journal") -> SpecialistRunner:
     from workers.hosted_rlm.runner import SpecialistRunner
 
     return SpecialistRunner(
         engine=engine, specs={spec.spec.id: spec}, routes=routes, checkpoint_key=CHECKPOINT_KEY,
-        message_of=lambda job: msg, environ=environ or {},
+        message_of=lambda job: msg, environ=environ or {}, checkpoint_sync=checkpoint_sync,
     )
 
 

@@ -59,10 +59,10 @@ class Heartbeat:
 
 
 def spawn(tmp_path: Path, name: str, database_url: str, job_id: str, token: int, spec_path: Path,
-          script: Path) -> tuple[subprocess.Popen, dict[str, Any]]:
+          script: Path, checkpoint_sync: str = "with_journal") -> tuple[subprocess.Popen, dict[str, Any]]:
     config = {
         "database_url": database_url, "job_id": job_id, "token": token, "spec": str(spec_path),
-        "script": str(script), "text": RULE, "files": FILES,
+        "script": str(script), "text": RULE, "files": FILES, "checkpoint_sync": checkpoint_sync,
         "calls_log": str(tmp_path / f"{name}.calls"), "outcome": str(tmp_path / f"{name}.json"),
     }
     path = tmp_path / f"{name}.config.json"
@@ -87,8 +87,10 @@ def subcall_states(engine: Engine, job_id: str) -> dict[str, int]:
     return {state: n for state, n in rows}
 
 
+# Both checkpoint policies: a killed worker (PostgreSQL lives on) loses no committed record under either.
+@pytest.mark.parametrize("checkpoint_sync", ["with_journal", "each_record"])
 def test_a_job_killed_mid_subcall_resumes_in_a_new_process_without_repeating_answered_calls(
-    engine, database_url, tmp_path
+    engine, database_url, tmp_path, checkpoint_sync
 ):
     spec = support.write_spec(tmp_path / "specs")
     script, release = support.held_script(tmp_path / "script")
@@ -108,7 +110,7 @@ def test_a_job_killed_mid_subcall_resumes_in_a_new_process_without_repeating_ans
     job_id = support.new_job_id()
     token = support.claim(engine, job_id, lease_s=LEASE_S)
     heartbeat = Heartbeat(engine, job_id, token)
-    first, first_config = spawn(tmp_path, "first", database_url, job_id, token, spec.path, script)
+    first, first_config = spawn(tmp_path, "first", database_url, job_id, token, spec.path, script, checkpoint_sync)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         states = subcall_states(engine, job_id)
@@ -128,6 +130,7 @@ def test_a_job_killed_mid_subcall_resumes_in_a_new_process_without_repeating_ans
         ).scalar_one()
     pending = Checkpoint.decode(bytes(latest), key=support.CHECKPOINT_KEY)
     assert pending.kind == "pending_call" and pending.pending.function_name == "_llm_query_batched"
+    assert pending.base_seq is not None, "the snapshot is a delta: the resume rebuilds it through its chain"
 
     # The next delivery, once the lease has passed, finds it expired with a checkpoint: it is claimed again,
     # not unknown.
@@ -140,7 +143,7 @@ def test_a_job_killed_mid_subcall_resumes_in_a_new_process_without_repeating_ans
 
     release.touch()
     second, second_config = spawn(tmp_path, "second", database_url, job_id, resumed.claim.fencing_token, spec.path,
-                                  script)
+                                  script, checkpoint_sync)
     assert second.wait(60) == 0
     outcome = json.loads(Path(second_config["outcome"]).read_text())
 
