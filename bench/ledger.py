@@ -162,11 +162,12 @@ def postgres_scenario(
         def pair(rng: random.Random) -> tuple[float, float]:
             job = uuid.uuid4().hex
             t0 = time.perf_counter()
-            reserved = ledger.reserve(rng.choice(customers), job, "fp-" + job, SKILL, RESERVE_CREDITS)
+            customer = rng.choice(customers)
+            reserved = ledger.reserve(customer, job, "fp-" + job, SKILL, RESERVE_CREDITS)
             t1 = time.perf_counter()
             if reserved.outcome != "created":
                 raise RuntimeError(f"reserve answered {reserved.outcome}")
-            ledger.settle(job, CHARGE_CREDITS, "bench")
+            ledger.settle(job, CHARGE_CREDITS, "bench", customer_id=customer)
             return t1 - t0, time.perf_counter() - t1
 
         return pair

@@ -60,6 +60,13 @@ RECONCILE_SQL: str = (
     "SELECT * FROM ledger_reconcile(CAST(%(job_id)s AS text), CAST(%(charged)s AS bigint), CAST(%(reason)s AS text), "
     "CAST(%(operator)s AS text), CAST(%(now)s AS timestamptz))"
 )
+# Concurrent reserves and settles of one customer in one transaction (migration 0150): one row
+# per operation, ``op_index`` (1-based) naming it; parse it with parse_reserve or parse_resolve.
+BATCH_SQL: str = (
+    "SELECT * FROM ledger_batch(CAST(%(customer_id)s AS text), CAST(%(kinds)s AS text[]), "
+    "CAST(%(job_ids)s AS text[]), CAST(%(fingerprints)s AS text[]), CAST(%(skills)s AS text[]), "
+    "CAST(%(credits)s AS bigint[]), CAST(%(reasons)s AS text[]), CAST(%(nows)s AS timestamptz[]))"
+)
 EXPIRE_SQL: str = "SELECT * FROM ledger_expire(CAST(%(now)s AS timestamptz), CAST(%(max_lots)s AS integer))"
 ADJUST_SQL: str = (
     "SELECT * FROM ledger_adjust(CAST(%(customer_id)s AS text), CAST(%(credits)s AS bigint), CAST(%(priority)s AS integer), "
@@ -232,6 +239,11 @@ def grant_params(
     }
 
 
+def customer_id_param(customer_id: str) -> str:
+    """A customer id checked as every statement checks it."""
+    return _customer(customer_id)
+
+
 def reserve_params(
     customer_id: str, job_id: str, fingerprint: str, skill: str, credits: int, *, now: datetime | None, limits: LedgerSettings
 ) -> dict[str, Any]:
@@ -251,6 +263,26 @@ def settle_params(job_id: str, charged: int, reason: str, *, now: datetime | Non
         "charged": _credits(charged, "charged", limits, minimum=0),
         "reason": _reason(reason, limits, required=False),
         "now": _aware(now, "now"),
+    }
+
+
+def batch_params(customer_id: str, operations: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
+    """One ``ledger_batch`` call from ("reserve", reserve_params(...)) and ("settle", settle_params(...)) pairs.
+
+    A settlement's customer is the one its reservation names; ``customer_id`` only groups it.
+    """
+    kinds = [kind for kind, _ in operations]
+    if not kinds or not set(kinds) <= {"reserve", "settle"}:
+        raise _invalid(f"a batch is one or more reserve or settle operations, got {kinds!r}")
+    return {
+        "customer_id": _customer(customer_id),
+        "kinds": kinds,
+        "job_ids": [params["job_id"] for _, params in operations],
+        "fingerprints": [params.get("fingerprint") for _, params in operations],
+        "skills": [params.get("skill") for _, params in operations],
+        "credits": [params["credits"] if kind == "reserve" else params["charged"] for kind, params in operations],
+        "reasons": [params.get("reason") for _, params in operations],
+        "nows": [params["now"] for _, params in operations],
     }
 
 

@@ -1,0 +1,127 @@
+"""Group commit of one customer's own-transaction calls: concurrent reserves and settles share a transaction.
+
+Every reserve and settle of a customer takes that customer's lock, and a transaction's
+lock is held until its commit's WAL flush is done, so on a hot account each call cost a
+critical section plus a flush, one after another (issue 17). Here the calls of one
+customer that arrive while one of its calls is running wait in a queue; when the running
+call returns, the first waiting call leads: it takes up to ``max_operations`` waiting
+calls (its own first), sends them as one ``ledger_batch`` call (one lock, one commit, one
+flush), and hands each caller its own row. A call that finds nobody of its customer
+running goes at once, alone, as its single statement: nothing waits for a timer or a
+batch to fill.
+
+If the batch's statement raises, its transaction rolled back as a whole, and every call
+in it runs again alone: a failure (or a dead connection) reaches only the callers whose
+own call fails. Refusals are rows, never exceptions, so they never take the batch down.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ledger.errors import LedgerError
+
+Row = Mapping[str, Any]
+
+
+@dataclass(eq=False)
+class Call:
+    """One reserve or settle waiting for its answer: a row, or the exception its own run raised."""
+
+    kind: Literal["reserve", "settle"]
+    params: dict[str, Any]
+    done: threading.Event = field(default_factory=threading.Event)
+    leads: bool = False  # set when the call is woken to run the next batch rather than with an answer
+    row: Row | None = None
+    error: BaseException | None = None
+
+    def answer(self) -> Row:
+        if self.error is not None:
+            raise self.error
+        assert self.row is not None, "a call is answered with a row or an error"
+        return self.row
+
+
+class CustomerBatches:
+    """The queue of waiting calls per customer, and the leader hand-off."""
+
+    def __init__(
+        self,
+        run_alone: Callable[[Call], Row],
+        run_together: Callable[[str, list[Call]], list[Row]],
+        max_operations: int,
+    ) -> None:
+        if max_operations < 1:
+            raise ValueError(f"max_operations must be at least 1, got {max_operations}")
+        self._run_alone = run_alone
+        self._run_together = run_together
+        self.max_operations = max_operations
+        self._lock = threading.Lock()
+        self._queued = threading.Condition(self._lock)
+        # A key is present while a call of that customer runs; its deque holds the calls waiting behind it.
+        self._waiting: dict[str, deque[Call]] = {}
+        self.batches_run = 0  # statements that carried more than one call
+        self.largest_batch = 0
+
+    def call(self, customer_id: str, call: Call) -> Row:
+        with self._lock:
+            waiting = self._waiting.get(customer_id)
+            if waiting is None:
+                self._waiting[customer_id] = deque()
+            else:
+                waiting.append(call)
+                self._queued.notify_all()
+        if waiting is not None:
+            call.done.wait()
+            if not call.leads:
+                return call.answer()
+        self._lead(customer_id, call)
+        return call.answer()
+
+    def wait_until_queued(self, customer_id: str, count: int, timeout_s: float) -> bool:
+        """True once ``count`` calls of the customer wait behind a running one (for tests and tools)."""
+        with self._queued:
+            return self._queued.wait_for(lambda: len(self._waiting.get(customer_id, ())) >= count, timeout=timeout_s)
+
+    def _lead(self, customer_id: str, first: Call) -> None:
+        with self._lock:
+            waiting = self._waiting[customer_id]
+            batch = [first] + [waiting.popleft() for _ in range(min(len(waiting), self.max_operations - 1))]
+        try:
+            self._run(customer_id, batch)
+        finally:
+            with self._lock:
+                waiting = self._waiting[customer_id]
+                successor = waiting.popleft() if waiting else None
+                if successor is None:
+                    del self._waiting[customer_id]
+            for follower in batch[1:]:
+                if follower.row is None and follower.error is None:  # the leader was interrupted
+                    follower.error = LedgerError("the ledger call was interrupted before it ran; retry it")
+                follower.done.set()
+            if successor is not None:
+                successor.leads = True
+                successor.done.set()
+
+    def _run(self, customer_id: str, batch: list[Call]) -> None:
+        if len(batch) > 1:
+            try:
+                rows = self._run_together(customer_id, batch)
+            except Exception:  # rolled back as a whole: each call runs alone below
+                pass
+            else:
+                for call, row in zip(batch, rows, strict=True):
+                    call.row = row
+                with self._lock:
+                    self.batches_run += 1
+                    self.largest_batch = max(self.largest_batch, len(batch))
+                return
+        for call in batch:
+            try:
+                call.row = self._run_alone(call)
+            except Exception as problem:  # this call's own failure, raised in its caller's thread
+                call.error = problem
