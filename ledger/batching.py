@@ -74,7 +74,7 @@ class CustomerBatches:
                 self._waiting[customer_id] = deque()
             else:
                 waiting.append(call)
-                self._queued.notify_all()
+            self._queued.notify_all()
         if waiting is not None:
             call.done.wait()
             if not call.leads:
@@ -83,9 +83,13 @@ class CustomerBatches:
         return call.answer()
 
     def wait_until_queued(self, customer_id: str, count: int, timeout_s: float) -> bool:
-        """True once ``count`` calls of the customer wait behind a running one (for tests and tools)."""
+        """True once a call of the customer runs and ``count`` calls wait behind it (for tests and tools)."""
+
+        def queued() -> bool:
+            return customer_id in self._waiting and len(self._waiting[customer_id]) >= count
+
         with self._queued:
-            return self._queued.wait_for(lambda: len(self._waiting.get(customer_id, ())) >= count, timeout=timeout_s)
+            return self._queued.wait_for(queued, timeout=timeout_s)
 
     def _lead(self, customer_id: str, first: Call) -> None:
         with self._lock:

@@ -70,17 +70,17 @@ class Ledger:
     def _run_alone(self, call: Call) -> Mapping[str, Any]:
         return self._rows(st.RESERVE_SQL if call.kind == "reserve" else st.SETTLE_SQL, call.params)[0]
 
-    def _run_together(self, customer_id: str, calls: list[Call]) -> list[Mapping[str, Any]]:
-        return self.run_batch(customer_id, [(call.kind, call.params) for call in calls])
+    def _run_together(self, key: str, calls: list[Call]) -> list[Mapping[str, Any]]:
+        return self.run_batch([(call.kind, call.params) for call in calls])
 
-    def run_batch(self, customer_id: str, operations: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Mapping[str, Any]]:
+    def run_batch(self, operations: Sequence[tuple[str, Mapping[str, Any]]]) -> list[Mapping[str, Any]]:
         """Run ("reserve" | "settle", params) operations in one transaction; their rows, in the order given.
 
         What ``reserve`` and ``settle`` send when calls of one customer overlap: settlements
         first (in job id order), then reservations in the order given. Parse each row with
         ``statements.parse_reserve`` or ``statements.parse_resolve``.
         """
-        rows = self._rows(st.BATCH_SQL, st.batch_params(customer_id, operations))
+        rows = self._rows(st.BATCH_SQL, st.batch_params(operations))
         by_index = {row["op_index"]: row for row in rows}
         return [by_index[index] for index in range(1, len(operations) + 1)]
 

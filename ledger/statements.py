@@ -63,7 +63,7 @@ RECONCILE_SQL: str = (
 # Concurrent reserves and settles of one customer in one transaction (migration 0150): one row
 # per operation, ``op_index`` (1-based) naming it; parse it with parse_reserve or parse_resolve.
 BATCH_SQL: str = (
-    "SELECT * FROM ledger_batch(CAST(%(customer_id)s AS text), CAST(%(kinds)s AS text[]), "
+    "SELECT * FROM ledger_batch(CAST(%(customer_ids)s AS text[]), CAST(%(kinds)s AS text[]), "
     "CAST(%(job_ids)s AS text[]), CAST(%(fingerprints)s AS text[]), CAST(%(skills)s AS text[]), "
     "CAST(%(credits)s AS bigint[]), CAST(%(reasons)s AS text[]), CAST(%(nows)s AS timestamptz[]))"
 )
@@ -266,16 +266,16 @@ def settle_params(job_id: str, charged: int, reason: str, *, now: datetime | Non
     }
 
 
-def batch_params(customer_id: str, operations: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
+def batch_params(operations: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
     """One ``ledger_batch`` call from ("reserve", reserve_params(...)) and ("settle", settle_params(...)) pairs.
 
-    A settlement's customer is the one its reservation names; ``customer_id`` only groups it.
+    A settlement's customer is the one its reservation names.
     """
     kinds = [kind for kind, _ in operations]
     if not kinds or not set(kinds) <= {"reserve", "settle"}:
         raise _invalid(f"a batch is one or more reserve or settle operations, got {kinds!r}")
     return {
-        "customer_id": _customer(customer_id),
+        "customer_ids": [params.get("customer_id") for _, params in operations],
         "kinds": kinds,
         "job_ids": [params["job_id"] for _, params in operations],
         "fingerprints": [params.get("fingerprint") for _, params in operations],

@@ -68,17 +68,17 @@ RETURNS ledger_batch_result LANGUAGE sql IMMUTABLE AS $$
                NULL, NULL, s.charged, s.released, s.expired, s.resolved_at, s.operator, s.reason)::ledger_batch_result;
 $$;
 
--- p_kinds[i] is 'reserve' or 'settle'; for a settlement p_credits[i] is the charge and
--- p_reasons[i] its reason; for a reservation p_fingerprints[i] and p_skills[i] are set.
+-- p_kinds[i] is 'reserve' or 'settle'; for a reservation p_customer_ids[i], p_fingerprints[i]
+-- and p_skills[i] are set; for a settlement p_credits[i] is the charge and p_reasons[i] its
+-- reason (its customer is the one its reservation names).
 CREATE FUNCTION ledger_batch(
-    p_customer_id text, p_kinds text[], p_job_ids text[], p_fingerprints text[], p_skills text[],
+    p_customer_ids text[], p_kinds text[], p_job_ids text[], p_fingerprints text[], p_skills text[],
     p_credits bigint[], p_reasons text[], p_nows timestamptz[]
 ) RETURNS SETOF ledger_batch_result LANGUAGE plpgsql AS $$
 DECLARE
     v_count     integer := cardinality(p_kinds);
     v_claimed   ledger_reservations[];    -- by operation index: the rows the settlements claimed
-    v_refusals  ledger_resolve_result[];  -- by operation index: what an unclaimed settlement answers
-    v_customers text[] := ARRAY[p_customer_id];
+    v_customers text[] := '{}';
     v_now       timestamptz;
     v_customer  text;
     r           ledger_reservations%ROWTYPE;
@@ -86,7 +86,8 @@ DECLARE
     i           integer;
 BEGIN
     -- 1000: SCHEMA_MAX_OPERATIONS_PER_BATCH (core/settings.py), the ceiling of the client's setting.
-    IF NOT v_count BETWEEN 1 AND 1000 OR NOT p_kinds <@ ARRAY['reserve', 'settle'] OR cardinality(p_job_ids) <> v_count OR cardinality(p_fingerprints) <> v_count
+    IF NOT v_count BETWEEN 1 AND 1000 OR NOT p_kinds <@ ARRAY['reserve', 'settle']
+       OR cardinality(p_customer_ids) <> v_count OR cardinality(p_job_ids) <> v_count OR cardinality(p_fingerprints) <> v_count
        OR cardinality(p_skills) <> v_count OR cardinality(p_credits) <> v_count
        OR cardinality(p_reasons) <> v_count OR cardinality(p_nows) <> v_count THEN
         RAISE EXCEPTION 'ledger_batch takes 1 to 1000 reserve or settle operations, every array as long as p_kinds'
@@ -107,30 +108,36 @@ BEGIN
         IF FOUND THEN
             v_claimed[i] := r;
             v_customers := v_customers || r.customer_id;
-        ELSE
-            v_refusals[i] := ledger_settle_refusal(p_job_ids[i], p_credits[i]);
         END IF;
     END LOOP;
 
-    -- 2. The customers' locks, in customer id order (normally the batch's customer alone).
-    FOR v_customer IN SELECT DISTINCT c FROM unnest(v_customers) AS c ORDER BY c LOOP
+    -- 2. The customers' locks, in customer id order.
+    FOR v_customer IN
+        SELECT DISTINCT c FROM (
+            SELECT unnest(v_customers) AS c
+            UNION ALL
+            SELECT t.c FROM unnest(p_kinds, p_customer_ids) AS t(kind, c) WHERE t.kind = 'reserve') AS all_customers
+         ORDER BY c
+    LOOP
         PERFORM ledger_lock_customer(v_customer);
     END LOOP;
 
-    -- 3. The settlements' postings, then the reservations in the order given.
+    -- 3. The claimed settlements' postings; then what the others answer (a second settlement
+    -- of a job this batch settled reads the settlement just written); then the reservations
+    -- in the order given.
     FOR i IN 1 .. v_count LOOP
-        CONTINUE WHEN p_kinds[i] <> 'settle';
-        IF (v_refusals[i]).outcome IS NOT NULL THEN
-            RETURN NEXT ledger_batch_resolved(i, v_refusals[i]);
-        ELSE
-            RETURN NEXT ledger_batch_resolved(i, ledger_resolve_holds(
-                v_claimed[i], p_credits[i], (CASE WHEN p_credits[i] = 0 THEN 'void' ELSE 'settle' END)::ledger_entry_kind,
-                p_reasons[i], NULL, COALESCE(p_nows[i], now())));
-        END IF;
+        CONTINUE WHEN p_kinds[i] <> 'settle' OR (v_claimed[i]).job_id IS NULL;
+        RETURN NEXT ledger_batch_resolved(i, ledger_resolve_holds(
+            v_claimed[i], p_credits[i], (CASE WHEN p_credits[i] = 0 THEN 'void' ELSE 'settle' END)::ledger_entry_kind,
+            p_reasons[i], NULL, COALESCE(p_nows[i], now())));
+    END LOOP;
+    FOR i IN 1 .. v_count LOOP
+        CONTINUE WHEN p_kinds[i] <> 'settle' OR (v_claimed[i]).job_id IS NOT NULL;
+        RETURN NEXT ledger_batch_resolved(i, ledger_settle_refusal(p_job_ids[i], p_credits[i]));
     END LOOP;
     FOR i IN 1 .. v_count LOOP
         CONTINUE WHEN p_kinds[i] <> 'reserve';
-        rv := ledger_reserve(p_customer_id, p_job_ids[i], p_fingerprints[i], p_skills[i], p_credits[i], p_nows[i]);
+        rv := ledger_reserve(p_customer_ids[i], p_job_ids[i], p_fingerprints[i], p_skills[i], p_credits[i], p_nows[i]);
         RETURN NEXT ROW(i, rv.outcome, rv.job_id, rv.customer_id, rv.skill, rv.credits, rv.state, rv.created_at,
                         rv.available, rv.open_reservations, rv.max_parallel, rv.expired_at, rv.hold_lot_ids,
                         rv.hold_credits, NULL, NULL, NULL, NULL, NULL, NULL)::ledger_batch_result;
