@@ -10,11 +10,13 @@ acquisition, one commit and one flush, and each still gets its own answer.
 A batch runs as if its settlements came first, in job id order, then its reservations
 in the order given. The lock order is the ledger's own (0002): the settlements claim
 their reservation rows (job id order) before any customer lock, then the customers'
-locks are taken in customer id order (the batch's customer, and the owner of any
-claimed reservation if the caller named another), then account and lot rows. Each
-operation is the same code as its single call: a reservation is ``ledger_reserve``, a
-claimed settlement ``ledger_resolve_holds``, and an unclaimed one answers what
-``ledger_settle`` would have answered. Refusals are outcomes, so one job's refusal does
+locks are taken in customer id order (the reserving customers and the owners of the
+claimed reservations; the client sends one customer's calls, so normally one lock),
+then account and lot rows. Each operation is the same code as its single call: a
+reservation is ``ledger_reserve``, a claimed settlement ``ledger_resolve_holds``, and an
+unclaimed one answers what ``ledger_settle`` would have answered, read after the
+batch's own settlements are written (so a repeated settlement of a job the batch
+settled answers ``exists`` or ``settle_mismatch``). Refusals are outcomes, so one job's refusal does
 not touch another's; an exception rolls the whole batch back and the client then runs
 each operation alone. ``ledger_reserve``, ``ledger_settle`` and ``ledger_mark_unknown``
 are unchanged.
