@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from ledger.errors import LedgerError
@@ -34,7 +34,7 @@ class Call:
 
     kind: Literal["reserve", "settle"]
     params: dict[str, Any]
-    done: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event | None = None  # made when the call has to wait, so a call that runs at once makes none
     leads: bool = False  # set when the call is woken to run the next batch rather than with an answer
     row: Row | None = None
     error: BaseException | None = None
@@ -44,6 +44,11 @@ class Call:
             raise self.error
         assert self.row is not None, "a call is answered with a row or an error"
         return self.row
+
+
+def _wake(call: Call) -> None:
+    assert call.done is not None, "only a call that waits in the queue is woken"
+    call.done.set()
 
 
 class CustomerBatches:
@@ -62,6 +67,7 @@ class CustomerBatches:
         self.max_operations = max_operations
         self._lock = threading.Lock()
         self._queued = threading.Condition(self._lock)
+        self._watchers = 0  # threads in wait_until_queued: only then is a change announced
         # A key is present while a call of that customer runs; its deque holds the calls waiting behind it.
         self._waiting: dict[str, deque[Call]] = {}
         self.batches_run = 0  # statements that carried more than one call
@@ -76,9 +82,11 @@ class CustomerBatches:
             if waiting is None:
                 self._waiting[customer_id] = deque()
             else:
+                call.done = threading.Event()
                 waiting.append(call)
-            self._queued.notify_all()
-        if waiting is not None:
+            if self._watchers:
+                self._queued.notify_all()
+        if call.done is not None:
             call.done.wait()
             if not call.leads:
                 return call.answer()
@@ -92,7 +100,11 @@ class CustomerBatches:
             return customer_id in self._waiting and len(self._waiting[customer_id]) >= count
 
         with self._queued:
-            return self._queued.wait_for(queued, timeout=timeout_s)
+            self._watchers += 1
+            try:
+                return self._queued.wait_for(queued, timeout=timeout_s)
+            finally:
+                self._watchers -= 1
 
     def _lead(self, customer_id: str, first: Call) -> None:
         with self._lock:
@@ -109,10 +121,10 @@ class CustomerBatches:
             for follower in batch[1:]:
                 if follower.row is None and follower.error is None:  # the leader was interrupted
                     follower.error = LedgerError("the ledger call was interrupted before it ran; retry it")
-                follower.done.set()
+                _wake(follower)
             if successor is not None:
                 successor.leads = True
-                successor.done.set()
+                _wake(successor)
 
     def _run(self, customer_id: str, batch: list[Call]) -> None:
         if len(batch) > 1:
