@@ -19,6 +19,7 @@ from ledger import statements as st
 from ledger.batching import Call, CustomerBatches
 from ledger.client import Ledger
 from ledger.errors import ResolutionRefused
+from ledger.limits import default_limits
 from tests.ledger.conftest import new_customer, new_job
 
 pytestmark = pytest.mark.timeout(120)
@@ -162,4 +163,19 @@ def test_when_a_batch_statement_fails_each_call_runs_alone_and_keeps_its_own_ans
     assert answers == ["created", "created", "insufficient_credits", "created"]
     assert batches.batches_run == 0  # the one batch failed; its calls ran one by one
     assert ledger.account(customer).held == 6
+    assert ledger.verify(customer) == []
+
+
+def test_a_batch_carries_at_most_max_operations_per_batch_calls(engine):
+    ledger = Ledger(engine, default_limits().model_copy(update={"max_operations_per_batch": 2}))
+    customer = new_customer()
+    ledger.grant(customer, 100, operator="test", skills=["review"], max_parallel=8)
+    jobs = [new_job() for _ in range(6)]
+
+    answers = run_queued(
+        ledger.batches, customer, engine, [lambda job=job: ledger.reserve(customer, job, "fp", "review", 1).outcome for job in jobs]
+    )
+
+    assert answers == ["created"] * 6
+    assert (ledger.batches.largest_batch, ledger.batches.batches_run) == (2, 2)  # five queued: 2 + 2 + 1 alone
     assert ledger.verify(customer) == []
