@@ -161,7 +161,8 @@ def postgres_scenario(
     # Clients beyond pool_size wait for a pooled connection (the pool's timeout is generous).
     engine = create_engine(url, pool_size=pool_size, max_overflow=0, pool_pre_ping=pre_ping, pool_timeout=60)
     # Unbatched: every call its own transaction, as before issue 17 (max_operations_per_batch=1).
-    ledger = Ledger(engine, default_limits() if batched else default_limits().model_copy(update={"max_operations_per_batch": 1}))
+    limits = default_limits() if batched else default_limits().model_copy(update={"max_operations_per_batch": 1})
+    ledger = Ledger(engine, limits)
     customers = [f"bench-{name}-{i}" for i in range(accounts)]
     for customer in customers:
         ledger.grant(customer, GRANT_CREDITS, operator="bench", skills=[SKILL], max_parallel=max(clients, 64))
@@ -375,7 +376,10 @@ def main() -> int:
             print(f"running {scenario} ...", flush=True)
             pool_size = args.pool_size or args.clients
             runs = [
-                ("postgres", postgres_scenario(url, tag, accounts, args.clients, args.seconds, args.pre_ping, pool_size, True)),
+                (
+                    "postgres",
+                    postgres_scenario(url, tag, accounts, args.clients, args.seconds, args.pre_ping, pool_size, True),
+                ),
                 (
                     "postgres alone",
                     postgres_scenario(

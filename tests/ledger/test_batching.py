@@ -158,7 +158,8 @@ def test_when_a_batch_statement_fails_each_call_runs_alone_and_keeps_its_own_ans
         params = st.reserve_params(customer, job, "fp", "review", credits, now=None, limits=ledger.limits)
         return lambda: st.parse_reserve(batches.call(customer, Call("reserve", params))).outcome
 
-    answers = run_queued(batches, customer, engine, [reserve(jobs[0], 1), reserve(jobs[1], 2), reserve(jobs[2], 50), reserve(jobs[3], 3)])
+    calls = [reserve(jobs[0], 1), reserve(jobs[1], 2), reserve(jobs[2], 50), reserve(jobs[3], 3)]
+    answers = run_queued(batches, customer, engine, calls)
 
     assert answers == ["created", "created", "insufficient_credits", "created"]
     assert batches.batches_run == 0  # the one batch failed; its calls ran one by one
@@ -172,9 +173,8 @@ def test_a_batch_carries_at_most_max_operations_per_batch_calls(engine):
     ledger.grant(customer, 100, operator="test", skills=["review"], max_parallel=8)
     jobs = [new_job() for _ in range(6)]
 
-    answers = run_queued(
-        ledger.batches, customer, engine, [lambda job=job: ledger.reserve(customer, job, "fp", "review", 1).outcome for job in jobs]
-    )
+    calls = [lambda job=job: ledger.reserve(customer, job, "fp", "review", 1).outcome for job in jobs]
+    answers = run_queued(ledger.batches, customer, engine, calls)
 
     assert answers == ["created"] * 6
     assert (ledger.batches.largest_batch, ledger.batches.batches_run) == (2, 2)  # five queued: 2 + 2 + 1 alone

@@ -208,7 +208,9 @@ class LedgerMachine(RuleBasedStateMachine):
     def batch(self, data, reserves):
         """Reserves and settles in one ledger_batch: as if the settlements ran first, then the reserves in order."""
         open_jobs = self._jobs("open")
-        settles = data.draw(st.lists(st.sampled_from(open_jobs), unique_by=lambda r: r.job_id, max_size=3)) if open_jobs else []
+        settles = []
+        if open_jobs:
+            settles = data.draw(st.lists(st.sampled_from(open_jobs), unique_by=lambda r: r.job_id, max_size=3))
         if not settles and not reserves:
             return
         charges = [data.draw(st.integers(0, r.credits)) for r in settles]
