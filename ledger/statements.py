@@ -23,7 +23,14 @@ from typing import Any
 
 from ledger import keys
 from ledger.errors import AdjustRefused, GrantRefused, LedgerInputInvalid, ResolutionRefused
-from ledger.limits import SCHEMA_MAX_ID_CHARS, SCHEMA_MAX_PARALLEL, SCHEMA_MAX_PRIORITY, LedgerSettings, env_name
+from ledger.limits import (
+    SCHEMA_MAX_ID_CHARS,
+    SCHEMA_MAX_OPERATIONS_PER_BATCH,
+    SCHEMA_MAX_PARALLEL,
+    SCHEMA_MAX_PRIORITY,
+    LedgerSettings,
+    env_name,
+)
 from ledger.results import (
     AdjustResult,
     ExpiredLot,
@@ -60,8 +67,9 @@ RECONCILE_SQL: str = (
     "SELECT * FROM ledger_reconcile(CAST(%(job_id)s AS text), CAST(%(charged)s AS bigint), CAST(%(reason)s AS text), "
     "CAST(%(operator)s AS text), CAST(%(now)s AS timestamptz))"
 )
-# Concurrent reserves and settles of one customer in one transaction (migration 0150): one row
-# per operation, ``op_index`` (1-based) naming it; parse it with parse_reserve or parse_resolve.
+# Reserves and settles in one transaction (migration 0150; ledger.batching sends one customer's
+# concurrent calls): one row per operation, ``op_index`` (1-based) naming it; parse it with
+# parse_reserve or parse_resolve.
 BATCH_SQL: str = (
     "SELECT * FROM ledger_batch(CAST(%(customer_ids)s AS text[]), CAST(%(kinds)s AS text[]), "
     "CAST(%(job_ids)s AS text[]), CAST(%(fingerprints)s AS text[]), CAST(%(skills)s AS text[]), "
@@ -274,6 +282,11 @@ def batch_params(operations: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[st
     kinds = [kind for kind, _ in operations]
     if not kinds or not set(kinds) <= {"reserve", "settle"}:
         raise _invalid(f"a batch is one or more reserve or settle operations, got {kinds!r}")
+    if len(kinds) > SCHEMA_MAX_OPERATIONS_PER_BATCH:
+        raise _invalid(
+            f"a batch of {len(kinds)} operations; at most {SCHEMA_MAX_OPERATIONS_PER_BATCH} are accepted "
+            f"({env_name('max_operations_per_batch')} stops there)"
+        )
     return {
         "customer_ids": [params.get("customer_id") for _, params in operations],
         "kinds": kinds,

@@ -12,14 +12,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import psycopg
 import pytest
 from sqlalchemy import text
 
 from ledger import statements as st
 from ledger.batching import Call, CustomerBatches
 from ledger.client import Ledger
-from ledger.errors import ResolutionRefused
-from ledger.limits import default_limits
+from ledger.errors import LedgerInputInvalid, ResolutionRefused
+from ledger.limits import SCHEMA_MAX_OPERATIONS_PER_BATCH, default_limits
 from tests.ledger.conftest import new_customer, new_job
 
 pytestmark = pytest.mark.timeout(120)
@@ -179,3 +180,16 @@ def test_a_batch_carries_at_most_max_operations_per_batch_calls(engine):
     assert answers == ["created"] * 6
     assert (ledger.batches.largest_batch, ledger.batches.batches_run) == (2, 2)  # five queued: 2 + 2 + 1 alone
     assert ledger.verify(customer) == []
+
+
+def test_the_batch_ceiling_is_the_one_the_database_enforces(ledger):
+    job = new_job()
+    settle = ("settle", st.settle_params(job, 1, "done", now=None, limits=ledger.limits))
+    with pytest.raises(LedgerInputInvalid):
+        st.batch_params([settle] * (SCHEMA_MAX_OPERATIONS_PER_BATCH + 1))
+    too_many = st.batch_params([settle] * SCHEMA_MAX_OPERATIONS_PER_BATCH)
+    too_many = {name: values + values[:1] if isinstance(values, list) else values for name, values in too_many.items()}
+    with pytest.raises(psycopg.errors.InvalidParameterValue):
+        ledger._rows(st.BATCH_SQL, too_many)
+    rows = ledger._rows(st.BATCH_SQL, st.batch_params([settle] * SCHEMA_MAX_OPERATIONS_PER_BATCH))
+    assert {row["outcome"] for row in rows} == {"not_found"}
