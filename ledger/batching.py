@@ -68,7 +68,8 @@ class CustomerBatches:
         self._lock = threading.Lock()
         self._queued = threading.Condition(self._lock)
         self._watchers = 0  # threads in wait_until_queued: only then is a change announced
-        # A key is present while a call of that customer runs; its deque holds the calls waiting behind it.
+        # A key is present while a call of that customer runs; its deque holds the calls waiting behind it,
+        # at most one per calling thread (each waits for its own answer), as many as waited on the lock before.
         self._waiting: dict[str, deque[Call]] = {}
         self.batches_run = 0  # statements that carried more than one call
         self.largest_batch = 0
