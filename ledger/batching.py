@@ -52,10 +52,11 @@ def _wake(call: Call) -> None:
 
 
 # Statements of one customer in flight at once. With two, the next batch is already waiting at
-# the server when the lock is released, so the lock never idles through a client round trip;
+# the server when the lock is released, so the lock never idles through a client round trip,
 # and two calls of one customer that meet by chance (the common collision on many accounts)
-# queue on the database's lock as before, without an extra hop through this process.
-# One in flight measured 0.84-0.98x the unbatched pairs/s on 1,000 accounts (docs/BENCHMARKS.md).
+# queue on the database's lock as before, without a hop through this process. Measured
+# against one in flight, alternating in one process: the same within this machine's noise
+# on one hot account and on 1,000 accounts (docs/BENCHMARKS.md).
 STATEMENTS_IN_FLIGHT_PER_CUSTOMER = 2
 
 
