@@ -28,6 +28,7 @@ SCHEMA_MAX_PRIORITY = 1000
 SCHEMA_MAX_PARALLEL = 100_000
 SCHEMA_MAX_TEXT_CHARS = 500
 SCHEMA_MAX_ID_CHARS = 200
+SCHEMA_MAX_OPERATIONS_PER_BATCH = 1000  # ledger_batch refuses more (migration 0150)
 
 
 def _split_commas(value: object) -> object:
@@ -771,6 +772,15 @@ class LedgerSettings(Section):
     )
     max_rows_per_listing: int = Field(
         default=1000, ge=1, le=100_000, description="Most rows one listing (history, reservations) returns."
+    )
+    max_operations_per_batch: int = Field(
+        default=32,
+        ge=1,
+        le=SCHEMA_MAX_OPERATIONS_PER_BATCH,
+        description=(
+            "Concurrent own-transaction reserves and settles of one customer that one transaction (one lock, "
+            "one commit) may carry; 1 runs every call alone."
+        ),
     )
 
 

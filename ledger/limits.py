@@ -15,6 +15,7 @@ from functools import lru_cache
 from core.settings import (
     SCHEMA_MAX_CREDITS,
     SCHEMA_MAX_ID_CHARS,
+    SCHEMA_MAX_OPERATIONS_PER_BATCH,
     SCHEMA_MAX_PARALLEL,
     SCHEMA_MAX_PRIORITY,
     SCHEMA_MAX_TEXT_CHARS,
@@ -24,6 +25,7 @@ from core.settings import (
 __all__ = [
     "SCHEMA_MAX_CREDITS",
     "SCHEMA_MAX_ID_CHARS",
+    "SCHEMA_MAX_OPERATIONS_PER_BATCH",
     "SCHEMA_MAX_PARALLEL",
     "SCHEMA_MAX_PRIORITY",
     "SCHEMA_MAX_TEXT_CHARS",

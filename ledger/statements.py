@@ -23,7 +23,14 @@ from typing import Any
 
 from ledger import keys
 from ledger.errors import AdjustRefused, GrantRefused, LedgerInputInvalid, ResolutionRefused
-from ledger.limits import SCHEMA_MAX_ID_CHARS, SCHEMA_MAX_PARALLEL, SCHEMA_MAX_PRIORITY, LedgerSettings, env_name
+from ledger.limits import (
+    SCHEMA_MAX_ID_CHARS,
+    SCHEMA_MAX_OPERATIONS_PER_BATCH,
+    SCHEMA_MAX_PARALLEL,
+    SCHEMA_MAX_PRIORITY,
+    LedgerSettings,
+    env_name,
+)
 from ledger.results import (
     AdjustResult,
     ExpiredLot,
@@ -59,6 +66,14 @@ MARK_UNKNOWN_SQL: str = (
 RECONCILE_SQL: str = (
     "SELECT * FROM ledger_reconcile(CAST(%(job_id)s AS text), CAST(%(charged)s AS bigint), CAST(%(reason)s AS text), "
     "CAST(%(operator)s AS text), CAST(%(now)s AS timestamptz))"
+)
+# Reserves and settles in one transaction (migration 0150; ledger.batching sends one customer's
+# concurrent calls): one row per operation, ``op_index`` (1-based) naming it; parse it with
+# parse_reserve or parse_resolve.
+BATCH_SQL: str = (
+    "SELECT * FROM ledger_batch(CAST(%(customer_ids)s AS text[]), CAST(%(kinds)s AS text[]), "
+    "CAST(%(job_ids)s AS text[]), CAST(%(fingerprints)s AS text[]), CAST(%(skills)s AS text[]), "
+    "CAST(%(credits)s AS bigint[]), CAST(%(reasons)s AS text[]), CAST(%(nows)s AS timestamptz[]))"
 )
 EXPIRE_SQL: str = "SELECT * FROM ledger_expire(CAST(%(now)s AS timestamptz), CAST(%(max_lots)s AS integer))"
 ADJUST_SQL: str = (
@@ -232,6 +247,11 @@ def grant_params(
     }
 
 
+def customer_id_param(customer_id: str) -> str:
+    """A customer id checked as every statement checks it."""
+    return _customer(customer_id)
+
+
 def reserve_params(
     customer_id: str, job_id: str, fingerprint: str, skill: str, credits: int, *, now: datetime | None, limits: LedgerSettings
 ) -> dict[str, Any]:
@@ -251,6 +271,31 @@ def settle_params(job_id: str, charged: int, reason: str, *, now: datetime | Non
         "charged": _credits(charged, "charged", limits, minimum=0),
         "reason": _reason(reason, limits, required=False),
         "now": _aware(now, "now"),
+    }
+
+
+def batch_params(operations: Sequence[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
+    """One ``ledger_batch`` call from ("reserve", reserve_params(...)) and ("settle", settle_params(...)) pairs.
+
+    A settlement's customer is the one its reservation names.
+    """
+    kinds = [kind for kind, _ in operations]
+    if not kinds or not set(kinds) <= {"reserve", "settle"}:
+        raise _invalid(f"a batch is one or more reserve or settle operations, got {kinds!r}")
+    if len(kinds) > SCHEMA_MAX_OPERATIONS_PER_BATCH:
+        raise _invalid(
+            f"a batch of {len(kinds)} operations; at most {SCHEMA_MAX_OPERATIONS_PER_BATCH} are accepted "
+            f"({env_name('max_operations_per_batch')} stops there)"
+        )
+    return {
+        "customer_ids": [params.get("customer_id") for _, params in operations],
+        "kinds": kinds,
+        "job_ids": [params["job_id"] for _, params in operations],
+        "fingerprints": [params.get("fingerprint") for _, params in operations],
+        "skills": [params.get("skill") for _, params in operations],
+        "credits": [params["credits"] if kind == "reserve" else params["charged"] for kind, params in operations],
+        "reasons": [params.get("reason") for _, params in operations],
+        "nows": [params["now"] for _, params in operations],
     }
 
 

@@ -92,7 +92,7 @@ def test_racing_reserve_settle_pairs_keep_the_books_exact(ledger, customer, t0):
         reserved = ledger.reserve(customer, job, "fp", "review", 4, now=t0)
         if reserved.outcome != "created":
             return reserved.outcome
-        settled = ledger.settle(job, index % 5, "done", now=t0)
+        settled = ledger.settle(job, index % 5, "done", now=t0, customer_id=customer)  # batched with the reserves
         charged.append(settled.charged)
         return "settled"
 

@@ -16,9 +16,11 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from ledger import statements as sql
 from ledger.errors import AdjustRefused, GrantRefused, LedgerInputInvalid, ResolutionRefused
 from ledger.limits import default_limits
 from ledger.client import Ledger
+from ledger.results import ReserveResult, ResolveResult
 
 SKILLS = ("review", "translate")
 
@@ -173,9 +175,8 @@ class LedgerMachine(RuleBasedStateMachine):
         again = self.ledger.grant(self.customer, credits, operator="model", now=self.now, **kwargs)
         assert again.outcome == "exists"
 
-    @rule(credits=st.integers(1, 50), skill=st.sampled_from(SKILLS))
-    def reserve(self, credits, skill):
-        job = f"job-{uuid.uuid4().hex}"
+    def _check_reserve(self, job: str, skill: str, credits: int, result: ReserveResult) -> None:
+        """Compare a new job's reservation with the model's answer, and apply it to the model."""
         expected = self._expected_reserve(skill, credits)
         plan: list[tuple[int, int]] = []
         need = credits
@@ -185,13 +186,50 @@ class LedgerMachine(RuleBasedStateMachine):
             take = min(need, lot.remaining)
             plan.append((lot.lot_id, take))
             need -= take
-        result = self.ledger.reserve(self.customer, job, f"fp-{job}", skill, credits, now=self.now)
         assert result.outcome == expected, (result, expected)
         if expected == "created":
             assert [(h.lot_id, h.credits) for h in result.holds] == plan
             for lot_id, take in plan:
                 self.model.lots[lot_id].held += take
             self.model.reservations[job] = ModelReservation(job, f"fp-{job}", credits, plan)
+
+    def _check_settle(self, reservation: ModelReservation, charged: int, result: ResolveResult) -> None:
+        released, expired = self.model.resolve(reservation, charged, self.now)
+        reservation.state = "voided" if charged == 0 else "settled"
+        assert (result.outcome, result.charged, result.released, result.expired) == ("settled", charged, released, expired)
+
+    @rule(credits=st.integers(1, 50), skill=st.sampled_from(SKILLS))
+    def reserve(self, credits, skill):
+        job = f"job-{uuid.uuid4().hex}"
+        result = self.ledger.reserve(self.customer, job, f"fp-{job}", skill, credits, now=self.now)
+        self._check_reserve(job, skill, credits, result)
+
+    @rule(data=st.data(), reserves=st.lists(st.tuples(st.integers(1, 50), st.sampled_from(SKILLS)), max_size=4))
+    def batch(self, data, reserves):
+        """Reserves and settles in one ledger_batch: as if the settlements ran first, then the reserves in order."""
+        open_jobs = self._jobs("open")
+        settles = []
+        if open_jobs:
+            settles = data.draw(st.lists(st.sampled_from(open_jobs), unique_by=lambda r: r.job_id, max_size=3))
+        if not settles and not reserves:
+            return
+        charges = [data.draw(st.integers(0, r.credits)) for r in settles]
+        jobs = [f"job-{uuid.uuid4().hex}" for _ in reserves]
+        limits = self.ledger.limits
+        operations = [
+            ("reserve", sql.reserve_params(self.customer, job, f"fp-{job}", skill, credits, now=self.now, limits=limits))
+            for job, (credits, skill) in zip(jobs, reserves)
+        ] + [
+            ("settle", sql.settle_params(r.job_id, charged, "done", now=self.now, limits=limits))
+            for r, charged in zip(settles, charges)
+        ]
+        rows = self.ledger.run_batch(operations)
+        for reservation, charged, row in sorted(
+            zip(settles, charges, rows[len(reserves):]), key=lambda item: item[0].job_id
+        ):
+            self._check_settle(reservation, charged, sql.parse_resolve(row, charged=charged))
+        for job, (credits, skill), row in zip(jobs, reserves, rows):
+            self._check_reserve(job, skill, credits, sql.parse_reserve(row))
 
     @precondition(lambda self: self.model.reservations)
     @rule(data=st.data(), same=st.booleans())
@@ -212,9 +250,7 @@ class LedgerMachine(RuleBasedStateMachine):
         reservation = data.draw(st.sampled_from(self._jobs("open")))
         charged = data.draw(st.integers(0, reservation.credits))
         result = self.ledger.settle(reservation.job_id, charged, "done", now=self.now)
-        released, expired = self.model.resolve(reservation, charged, self.now)
-        reservation.state = "voided" if charged == 0 else "settled"
-        assert (result.outcome, result.charged, result.released, result.expired) == ("settled", charged, released, expired)
+        self._check_settle(reservation, charged, result)
 
     @precondition(lambda self: self._jobs("settled", "voided", "reconciled"))
     @rule(data=st.data(), same=st.booleans())
