@@ -13,7 +13,7 @@ admission as one explicit transaction, which answers each of those cases.
 Expand-only: code before this revision never calls the function.
 
 Revision ID: 0170
-Revises: 0120
+Revises: 0150
 """
 
 from alembic import op
@@ -21,7 +21,7 @@ from alembic import op
 from migrations.compat import forget, record
 
 revision = "0170"
-down_revision = "0120"
+down_revision = "0150"
 branch_labels = None
 depends_on = None
 
