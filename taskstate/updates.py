@@ -98,6 +98,12 @@ class TaskInput:
     task: Task | None  # the task as stored when the run starts
 
 
+def _claimed_message(job: Job) -> Message | None:
+    """The job's message as the worker's claim read it (``workers.auth.VerifiedJob.message``), if it did."""
+    claimed = getattr(job, "message", None)
+    return None if claimed is None else Message.FromString(claimed)
+
+
 def agent_message(text_: str, ref: TaskRef) -> Message:
     return Message(
         message_id=str(uuid.uuid4()),
@@ -137,16 +143,22 @@ class TaskEvents:
     # --- input ----------------------------------------------------------------------
 
     def load(self, job: Job) -> TaskInput:
-        """The job's message and its task as stored (an executor that continues the task needs both)."""
+        """The job's message and its task as stored (an executor that continues the task needs both).
+        Reads in autocommit: one statement each, no BEGIN or ROLLBACK around them."""
         ref = self._ref(job)
-        with self.engine.connect() as conn:
-            message = self._message(conn, job, ref)
+        claimed = _claimed_message(job)
+        with self._autocommit.connect() as conn:
+            message = claimed if claimed is not None else self._message(conn, job, ref)
             return TaskInput(ref=ref, message=message, task=rows.read(conn, ref.task_id, ref.owner))
 
     def message(self, job: Job) -> Message:
-        """The job's message alone (one read of its outbox row): what a runner that starts afresh needs."""
+        """The job's message alone: what a runner that starts afresh needs. The worker's claim read it
+        (``VerifiedJob.message``); otherwise one read of its outbox row, in autocommit."""
         ref = self._ref(job)
-        with self.engine.connect() as conn:
+        claimed = _claimed_message(job)
+        if claimed is not None:
+            return claimed
+        with self._autocommit.connect() as conn:
             return self._message(conn, job, ref)
 
     @staticmethod
