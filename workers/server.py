@@ -34,13 +34,14 @@ them (issue 15).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -367,7 +368,12 @@ class _NotStarted:
 
 
 def create_worker_app(service: WorkerService) -> FastAPI:
-    app = FastAPI(title="specialists worker", docs_url=None, redoc_url=None, openapi_url=None)
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        service.jobs.close()  # the process forked ahead of the next job goes, unused
+
+    app = FastAPI(title="specialists worker", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
 
     @app.post(JOBS_PATH)
     async def deliver(request: Request) -> JSONResponse:
