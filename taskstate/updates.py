@@ -48,6 +48,7 @@ from a2a.types.a2a_pb2 import (
 )
 from sqlalchemy import Connection, Engine
 
+from core import db
 from taskstate import admitted, claims, notify, outbox, rows
 from taskstate.ids import TaskRef
 
@@ -186,13 +187,17 @@ class TaskEvents:
         if event is None:
             log.warning("job %s: progress of kind %r is not an A2A event; dropped", job.job_id, kind)
             return
+        # A connection found dead (no ping on checkout): once more on a new one (a write cut off at its COMMIT
+        # may have landed, so the event may then be written twice: a repeated progress message, never money).
+        if db.retrying_once(lambda: self._write_fenced(job, fencing_token, ref, kind, event)):
+            self.notify(ref.task_id)
+
+    def _write_fenced(self, job: Job, fencing_token: int, ref: TaskRef, kind: str, event: Any) -> bool:
         with self.engine.begin() as conn:
             if not claims.hold_fence(conn, job.job_id, fencing_token):
                 log.info("job %s: claim %s is no longer current; its %s event is dropped", job.job_id, fencing_token, kind)
-                return
-            written = self._write(conn, ref, event)
-        if written:
-            self.notify(ref.task_id)
+                return False
+            return self._write(conn, ref, event)
 
     def _event(
         self, ref: TaskRef, kind: str, data: dict[str, Any]
