@@ -179,15 +179,8 @@ _FINISH_CALL = ("job_finish(:finish_job_id, :finish_token, :finish_outcome, CAST
                 ":finish_worker_id, CAST(:finish_now AS timestamptz))")
 
 
-def finish_params(
-    job_id: str,
-    *,
-    fencing_token: int,
-    outcome: str,
-    detail: dict[str, Any] | None,
-    worker_id: str,
-    now: datetime | None = None,
-) -> dict[str, Any]:
+def finish_params(job_id: str, *, fencing_token: int, outcome: str, detail: dict[str, Any] | None, worker_id: str,
+                  now: datetime | None = None) -> dict[str, Any]:
     """The parameters of ``finish`` and ``finish_cte``, checked."""
     if outcome not in JOB_OUTCOMES:
         raise ClaimError(f"job outcome {outcome!r} is not one of {JOB_OUTCOMES}", code="outcome_invalid")

@@ -23,6 +23,7 @@ import socket
 import struct
 import threading
 from collections import Counter
+from collections.abc import Callable
 from urllib.parse import urlsplit, urlunsplit
 
 _SSL_REQUEST = 80877103
@@ -82,6 +83,24 @@ class _ClientStream:
             self.counter.note_statement(self.statements.get(self.bound, "?"), round_trip=False)
         elif kind == b"S":
             self.counter.note_round_trip()
+
+
+def pump(source: socket.socket, sink: socket.socket, on_data: Callable[[bytes], None] | None = None) -> None:
+    """Copy one direction of a proxied TCP connection until either end closes, then shut both down (a relay's
+    half of a connection; ``on_data`` sees each chunk first)."""
+    try:
+        while data := source.recv(65536):
+            if on_data is not None:
+                on_data(data)
+            sink.sendall(data)
+    except OSError:
+        pass
+    finally:
+        for end in (source, sink):
+            try:
+                end.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 class StatementCounter:
@@ -147,19 +166,7 @@ class StatementCounter:
 
     @staticmethod
     def _pump(source: socket.socket, target: socket.socket, stream: _ClientStream | None) -> None:
-        try:
-            while data := source.recv(65536):
-                if stream is not None:
-                    stream.feed(data)
-                target.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for sock in (source, target):
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+        pump(source, target, None if stream is None else stream.feed)
 
     def close(self) -> None:
         self._closed.set()
