@@ -112,10 +112,13 @@ class EmbeddedDispatcher:
     def round(self) -> float:
         """Take and start what is due and fits; return how soon the next round is worth running (s)."""
         self._renew_due()
+        # Until this round's take says otherwise, a delivery that ends wakes the next round: one that ends after the
+        # slots were counted must not find the flag of an earlier round that had found nothing (issue 17: a closed
+        # loop waited for the poll interval).
+        self._left_due = True
         with self._lock:
             free = self.capacity - len(self._in_flight)
         if free <= 0:
-            self._left_due = True
             self._note_full()
             return self._renew_every_s  # a delivery ending wakes us sooner
         self._full_since = None
