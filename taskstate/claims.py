@@ -62,6 +62,7 @@ class ClaimResult:
     job_outcome: str | None = None  # finished: the stored outcome
     job_outcome_detail: dict[str, Any] | None = None
     newly_unknown: bool = False  # this delivery found the expired lease (mark the ledger now)
+    message: bytes | None = None  # claimed: the job's message, when the claim was asked to read it (``ref``)
 
 
 @dataclass(frozen=True)
@@ -93,13 +94,27 @@ def _aware(now: datetime | None) -> datetime | None:
     return now
 
 
-def claim(conn: Connection, job_id: str, *, worker_id: str, lease_s: float, now: datetime | None = None) -> ClaimResult:
+def _claim_sql(call: str, ref: TaskRef | None) -> str:
+    """The claim function's row; with ``ref``, and only when the job was claimed, the job's message beside it:
+    the run needs it next, and reading it here spares the job's process a connection and a round trip."""
+    if ref is None:
+        return f"SELECT *, CAST(NULL AS bytea) AS message FROM {call}"
+    return (f"SELECT c.*, CASE WHEN c.outcome = 'claimed' THEN ({outbox.message_sql()}) END AS message "
+            f"FROM {call} c")
+
+
+def claim(conn: Connection, job_id: str, *, worker_id: str, lease_s: float, now: datetime | None = None,
+          ref: TaskRef | None = None) -> ClaimResult:
     _check_lease(lease_s)
     row = conn.execute(
-        text("SELECT * FROM job_claim(:j, :w, :l, CAST(:n AS timestamptz))"),
-        {"j": job_id, "w": worker_id[:MAX_WORKER_ID_CHARS], "l": lease_s, "n": _aware(now)},
+        text(_claim_sql("job_claim(:j, :w, :l, CAST(:n AS timestamptz))", ref)),
+        {"j": job_id, "w": worker_id[:MAX_WORKER_ID_CHARS], "l": lease_s, "n": _aware(now), **_ref_params(ref)},
     ).mappings().one()
     return _claim_result(row)
+
+
+def _ref_params(ref: TaskRef | None) -> dict[str, Any]:
+    return {} if ref is None else outbox.message_params(ref)
 
 
 def _claim_result(row: Any) -> ClaimResult:
@@ -111,6 +126,7 @@ def _claim_result(row: Any) -> ClaimResult:
         job_outcome=row["job_outcome"],
         job_outcome_detail=row["job_outcome_detail"],
         newly_unknown=bool(row["newly_unknown"]),
+        message=None if row["message"] is None else bytes(row["message"]),
     )
 
 
@@ -121,15 +137,17 @@ class ResumableClaim:
 
 
 def claim_resumable(
-    conn: Connection, job_id: str, *, worker_id: str, lease_s: float, max_resumes: int, now: datetime | None = None
+    conn: Connection, job_id: str, *, worker_id: str, lease_s: float, max_resumes: int, now: datetime | None = None,
+    ref: TaskRef | None = None,
 ) -> ResumableClaim:
     """``claim``, except that a running claim whose lease expired is claimed again (next token, ``resumed``) when the
     job has a checkpoint and fewer than ``max_resumes`` (SPECIALISTS_SPECIALIST_MAX_RESUMES) resumes, decided under
     the claim row's lock; without a checkpoint, or past the limit, the job becomes unknown exactly as before."""
     _check_lease(lease_s)
     row = conn.execute(
-        text("SELECT * FROM specialist_claim(:j, :w, :l, :m, CAST(:n AS timestamptz))"),
-        {"j": job_id, "w": worker_id[:MAX_WORKER_ID_CHARS], "l": lease_s, "m": max_resumes, "n": _aware(now)},
+        text(_claim_sql("specialist_claim(:j, :w, :l, :m, CAST(:n AS timestamptz))", ref)),
+        {"j": job_id, "w": worker_id[:MAX_WORKER_ID_CHARS], "l": lease_s, "m": max_resumes, "n": _aware(now),
+         **_ref_params(ref)},
     ).mappings().one()
     return ResumableClaim(claim=_claim_result(row), resumed=bool(row["resumed"]))
 
@@ -157,6 +175,38 @@ def renew(
     return RenewResult(row["outcome"], row["lease_expires_at"], bool(row["cancel_requested"]))
 
 
+_FINISH_CALL = ("job_finish(:finish_job_id, :finish_token, :finish_outcome, CAST(:finish_detail AS jsonb), "
+                ":finish_worker_id, CAST(:finish_now AS timestamptz))")
+
+
+def finish_params(job_id: str, *, fencing_token: int, outcome: str, detail: dict[str, Any] | None, worker_id: str,
+                  now: datetime | None = None) -> dict[str, Any]:
+    """The parameters of ``finish`` and ``finish_cte``, checked."""
+    if outcome not in JOB_OUTCOMES:
+        raise ClaimError(f"job outcome {outcome!r} is not one of {JOB_OUTCOMES}", code="outcome_invalid")
+    return {
+        "finish_job_id": job_id,
+        "finish_token": fencing_token,
+        "finish_outcome": outcome,
+        "finish_detail": None if detail is None else json.dumps(detail, sort_keys=True),
+        "finish_worker_id": worker_id[:MAX_WORKER_ID_CHARS],
+        "finish_now": _aware(now),
+    }
+
+
+def finish_cte(name: str) -> str:
+    """``finish`` as a common table expression ``name`` (outcome, state), for a statement that settles the job in
+    the same round trip (``workers.settlement``): what it writes must depend on ``name`` (``finished_in``), so
+    that the claim row is locked, and the finish decided, before anything else (the lock order: claim first)."""
+    return f"{name} AS MATERIALIZED (SELECT * FROM {_FINISH_CALL})"
+
+
+def finished_in(name: str) -> str:
+    """A condition true once the finish ``name`` (``finish_cte``) was accepted for the first time: PostgreSQL
+    evaluates it once, before the statement it guards touches a row."""
+    return f"EXISTS (SELECT 1 FROM {name} WHERE outcome = 'finished')"
+
+
 def finish(
     conn: Connection,
     job_id: str,
@@ -167,19 +217,9 @@ def finish(
     worker_id: str,
     now: datetime | None = None,
 ) -> FinishResult:
-    if outcome not in JOB_OUTCOMES:
-        raise ClaimError(f"job outcome {outcome!r} is not one of {JOB_OUTCOMES}", code="outcome_invalid")
-    row = conn.execute(
-        text("SELECT * FROM job_finish(:j, :t, :o, CAST(:d AS jsonb), :w, CAST(:n AS timestamptz))"),
-        {
-            "j": job_id,
-            "t": fencing_token,
-            "o": outcome,
-            "d": None if detail is None else json.dumps(detail, sort_keys=True),
-            "w": worker_id[:MAX_WORKER_ID_CHARS],
-            "n": _aware(now),
-        },
-    ).mappings().one()
+    params = finish_params(job_id, fencing_token=fencing_token, outcome=outcome, detail=detail, worker_id=worker_id,
+                           now=now)
+    row = conn.execute(text(f"SELECT * FROM {_FINISH_CALL}"), params).mappings().one()
     return FinishResult(row["outcome"], row["state"])
 
 

@@ -26,6 +26,7 @@ claims).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Connection, text
 
@@ -188,25 +189,33 @@ def enqueue(conn: Connection, *, task_id: str, specialist_id: str, executor: str
                             "m": message})
 
 
+def message_sql() -> str:
+    """The serialized message of the job ``:message_dispatch_id`` of task ``:message_task_id`` as a scalar
+    sub-query, for a statement that reads it beside its own row (the claim); parameters: ``message_params``."""
+    return ("SELECT message FROM dispatch_outbox "
+            "WHERE dispatch_id = :message_dispatch_id AND task_id = :message_task_id")
+
+
+def message_params(ref: ids.TaskRef) -> dict[str, Any]:
+    return {"message_dispatch_id": ref.dispatch_id, "message_task_id": ref.task_id}
+
+
 def message_of(conn: Connection, ref: ids.TaskRef) -> bytes | None:
     """The serialized message a job processes; None when its row is gone."""
-    message = conn.execute(
-        text("SELECT message FROM dispatch_outbox WHERE dispatch_id = :d AND task_id = :t"),
-        {"d": ref.dispatch_id, "t": ref.task_id},
-    ).scalar_one_or_none()
+    message = conn.execute(text(message_sql()), message_params(ref)).scalar_one_or_none()
     return None if message is None else bytes(message)
 
 
 # --- closed by the finish, the cancel and the reconcile ----------------------------------
 
 
-def close_cte(name: str) -> str:
-    """Close the job's row (``:d`` of task ``:t``) as done, as a common table expression ``name``: the finish puts
-    it in its statement with the task's hold."""
+def close_cte(name: str, *, when: str = "true") -> str:
+    """Close the job's row (``:d`` of task ``:t``) as done, as a common table expression ``name``, only ``when``
+    the condition holds: the finish puts it in its one statement, after the claim's finish."""
     return f"""
     {name} AS (
         UPDATE dispatch_outbox SET status = 'done', finished_at = now()
-         WHERE dispatch_id = :d AND task_id = :t AND status IN ('pending', 'sent', 'undeliverable')
+         WHERE dispatch_id = :d AND task_id = :t AND status IN ('pending', 'sent', 'undeliverable') AND {when}
         RETURNING 1
     )"""
 

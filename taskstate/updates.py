@@ -48,6 +48,7 @@ from a2a.types.a2a_pb2 import (
 )
 from sqlalchemy import Connection, Engine
 
+from core import db
 from taskstate import admitted, claims, notify, outbox, rows
 from taskstate.ids import TaskRef
 
@@ -98,6 +99,12 @@ class TaskInput:
     task: Task | None  # the task as stored when the run starts
 
 
+def _claimed_message(job: Job) -> Message | None:
+    """The job's message as the worker's claim read it (``workers.auth.VerifiedJob.message``), if it did."""
+    claimed = getattr(job, "message", None)
+    return None if claimed is None else Message.FromString(claimed)
+
+
 def agent_message(text_: str, ref: TaskRef) -> Message:
     return Message(
         message_id=str(uuid.uuid4()),
@@ -137,16 +144,22 @@ class TaskEvents:
     # --- input ----------------------------------------------------------------------
 
     def load(self, job: Job) -> TaskInput:
-        """The job's message and its task as stored (an executor that continues the task needs both)."""
+        """The job's message and its task as stored (an executor that continues the task needs both).
+        Reads in autocommit: one statement each, no BEGIN or ROLLBACK around them."""
         ref = self._ref(job)
-        with self.engine.connect() as conn:
-            message = self._message(conn, job, ref)
+        claimed = _claimed_message(job)
+        with self._autocommit.connect() as conn:
+            message = claimed if claimed is not None else self._message(conn, job, ref)
             return TaskInput(ref=ref, message=message, task=rows.read(conn, ref.task_id, ref.owner))
 
     def message(self, job: Job) -> Message:
-        """The job's message alone (one read of its outbox row): what a runner that starts afresh needs."""
+        """The job's message alone: what a runner that starts afresh needs. The worker's claim read it
+        (``VerifiedJob.message``); otherwise one read of its outbox row, in autocommit."""
         ref = self._ref(job)
-        with self.engine.connect() as conn:
+        claimed = _claimed_message(job)
+        if claimed is not None:
+            return claimed
+        with self._autocommit.connect() as conn:
             return self._message(conn, job, ref)
 
     @staticmethod
@@ -174,13 +187,17 @@ class TaskEvents:
         if event is None:
             log.warning("job %s: progress of kind %r is not an A2A event; dropped", job.job_id, kind)
             return
+        # A connection found dead (no ping on checkout): once more on a new one (a write cut off at its COMMIT
+        # may have landed, so the event may then be written twice: a repeated progress message, never money).
+        if db.retrying_once(lambda: self._write_fenced(job, fencing_token, ref, kind, event)):
+            self.notify(ref.task_id)
+
+    def _write_fenced(self, job: Job, fencing_token: int, ref: TaskRef, kind: str, event: Any) -> bool:
         with self.engine.begin() as conn:
             if not claims.hold_fence(conn, job.job_id, fencing_token):
                 log.info("job %s: claim %s is no longer current; its %s event is dropped", job.job_id, fencing_token, kind)
-                return
-            written = self._write(conn, ref, event)
-        if written:
-            self.notify(ref.task_id)
+                return False
+            return self._write(conn, ref, event)
 
     def _event(
         self, ref: TaskRef, kind: str, data: dict[str, Any]

@@ -28,7 +28,7 @@ import hashlib
 import json
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Callable
 
@@ -100,6 +100,9 @@ class VerifiedJob:
     payload: dict[str, Any]
     signed_at: datetime
     secret_id: str
+    # Not signed: the job's message as the worker's claim read it from its outbox row (``claims.claim``), handed
+    # to the job's process with the job so that the run does not read it again. None: read it when needed.
+    message: bytes | None = field(default=None, compare=False, repr=False)
 
 
 def _secret_id(secret: str) -> str:

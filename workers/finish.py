@@ -1,14 +1,17 @@
 """Finishing a job: the fenced claim finish and, in the same transaction, the settlement seam.
 
 ``Finisher`` is what the worker endpoint calls once a run is over. ``ClaimFinisher``
-finishes the claim (fenced by the token) and, only when that is accepted for the
-first time, calls ``Settlement.settle`` on the same connection, so the claim's
-final state and the money commit together or not at all. A stale claim's result
-is recorded for operators by the claim function and moves no money.
+opens the transaction and calls ``Settlement.finish``, which finishes the claim
+(fenced by the token) and, only when that is accepted for the first time,
+settles on the same connection, so the claim's final state and the money commit
+together or not at all. A stale claim's result is recorded for operators by the
+claim function and moves no money.
 
 ``Settlement`` is where the ledger and the A2A task store plug in:
-``settle`` posts the reservation (tariff policy in docs/WORKERS.md) and writes
-the task's final state; ``mark_unknown`` runs in the transaction that recorded
+``finish`` finishes the claim, posts the reservation (tariff policy in
+docs/WORKERS.md) and writes the task's final state (the service's does the claim's
+finish, the outbox row and the reads the charge needs in one statement);
+``mark_unknown`` runs in the transaction that recorded
 the job unknown (a claim that found an expired lease, a renewal or a late finish
 that found it expired, the lease sweeper), marking the reservation and the task;
 ``committed`` runs after either committed (wake the task's readers).
@@ -37,8 +40,10 @@ class FinishFailed(ServiceError):
 
 
 class Settlement(Protocol):
-    def settle(self, conn: Connection, job: VerifiedJob, fencing_token: int, outcome: RunOutcome) -> None:
-        """Settle the job's reservation and finish its task, in the caller's transaction."""
+    def finish(self, conn: Connection, job: VerifiedJob, fencing_token: int, outcome: RunOutcome, *,
+               worker_id: str) -> claims.FinishResult:
+        """Finish the claim (``claims.finish``: fenced by the token) and, only when that is accepted for the first
+        time, settle the job's reservation and finish its task: all in the caller's transaction."""
         ...
 
     def mark_unknown(self, conn: Connection, job: VerifiedJob, fencing_token: int, reason: str) -> None:
@@ -52,7 +57,16 @@ class Settlement(Protocol):
 
 
 class NoSettlement:
+    def finish(self, conn: Connection, job: VerifiedJob, fencing_token: int, outcome: RunOutcome, *,
+               worker_id: str) -> claims.FinishResult:
+        result = claims.finish(conn, job.job_id, fencing_token=fencing_token, outcome=outcome.state,
+                               detail=outcome.as_record(), worker_id=worker_id)
+        if result.outcome == "finished":
+            self.settle(conn, job, fencing_token, outcome)
+        return result
+
     def settle(self, conn: Connection, job: VerifiedJob, fencing_token: int, outcome: RunOutcome) -> None:
+        """What a settlement does once the finish is accepted (a test's records it)."""
         return None
 
     def mark_unknown(self, conn: Connection, job: VerifiedJob, fencing_token: int, reason: str) -> None:
@@ -84,17 +98,8 @@ class ClaimFinisher:
         for attempt in range(self.attempts):
             try:
                 with self.engine.begin() as conn:
-                    result = claims.finish(
-                        conn,
-                        job.job_id,
-                        fencing_token=fencing_token,
-                        outcome=outcome.state,
-                        detail=outcome.as_record(),
-                        worker_id=self.worker_id,
-                    )
-                    if result.outcome == "finished":
-                        self.settlement.settle(conn, job, fencing_token, outcome)
-                    elif result.outcome == "stale" and result.state == "unknown":
+                    result = self.settlement.finish(conn, job, fencing_token, outcome, worker_id=self.worker_id)
+                    if result.outcome == "stale" and result.state == "unknown":
                         # Our lease ran out before the result arrived: the job is unknown now (or already was).
                         self.settlement.mark_unknown(
                             conn, job, fencing_token, "the worker's result arrived after its lease expired"
@@ -105,7 +110,9 @@ class ClaimFinisher:
             except DBAPIError as exc:  # connection lost, server restarting: the commit may or may not have landed
                 last = exc
                 log.warning("finishing job %s failed (attempt %d): %s", job.job_id, attempt + 1, type(exc).__name__)
-                time.sleep(min(2.0, 0.1 * 2**attempt))
+                # A pooled connection found dead (no ping on checkout, core.db.make_engine): again at once, on a new one.
+                if not (attempt == 0 and exc.connection_invalidated):
+                    time.sleep(min(2.0, 0.1 * 2**attempt))
         raise FinishFailed(
             f"could not record the outcome of job {job.job_id} after {self.attempts} attempts "
             f"(SPECIALISTS_WORKER_FINISH_ATTEMPTS); its lease will expire and it will be reconciled as unknown"

@@ -9,13 +9,15 @@ interpreter) it cannot stop another job's heartbeat or the worker's answers
 job its lease).
 
 ``ProcessJobs`` (``SPECIALISTS_WORKER_JOB_ISOLATION=process``). Each job runs in
-a process forked from a multiprocessing *forkserver* that the worker starts once,
+a one-use process forked from a multiprocessing *forkserver* that the worker starts once,
 with the heavy modules imported (``PRELOAD``): a fork of a clean, single-threaded
 server, never of the multi-threaded worker (whose other threads may hold locks).
+The next job's process is forked ahead of its job and waits for it on its control
+pipe, so a delivery does not wait for a fork (issue 17).
 Runners hold engines and callbacks that do not pickle, so the child builds its
 runner from a picklable recipe (``RunnerBuild``: ``workers.assembly`` gives the
-settings and the specialist id), with an engine of its own. The run's cancel is
-a pipe: a message on it, or its end (the worker gone), sets the child's cancel
+settings and the specialist id), with an engine of its own. The job itself, then the run's cancel, come on
+the control pipe: after the job, a message on it, or its end (the worker gone), sets the child's cancel
 event (a pipe, not a multiprocessing Event: those are named semaphores that a
 worker stopped mid-job leaves behind, with a warning at exit); ``ctx.report`` writes task events from the child (fenced
 by the claim's token, as from a thread); the child's log records and its
@@ -227,17 +229,21 @@ def _cancel_of(stop: multiprocessing.connection.Connection) -> threading.Event:
     return cancel
 
 
-def _job_process(build: RunnerBuild, recipe: Any, job: VerifiedJob, fencing_token: int, deadline_at: float,
-                 stop: multiprocessing.connection.Connection, conn: multiprocessing.connection.Connection,
-                 max_memory_bytes: int, log_level: int) -> None:
-    """The body of a job's process: build the runner, run it, send its outcome back."""
+def _job_process(build: RunnerBuild, recipe: Any, control: multiprocessing.connection.Connection,
+                 conn: multiprocessing.connection.Connection, max_memory_bytes: int, log_level: int) -> None:
+    """The body of a job's process: wait for its job on ``control`` (it was forked before the job came), build the
+    runner, run it, send its outcome back. Later messages on ``control``, or its end, stop the run."""
     os.setpgid(0, 0)  # its own process group: a kill reaches whatever it started (Monty's processes)
     _die_with_forkserver()
-    cancel = _cancel_of(stop)
     root = logging.getLogger()
     root.handlers[:] = [logging.handlers.QueueHandler(_PipeQueue(conn))]  # type: ignore[arg-type]
     root.setLevel(log_level)
     _cap_memory(max_memory_bytes)
+    try:
+        job, fencing_token, deadline_at = control.recv()
+    except (EOFError, OSError):  # the worker let its spare process go (it is stopping): no job came
+        return
+    cancel = _cancel_of(control)
     built: BuiltRunner | None = None
     try:
         built = build(recipe, job.specialist_id)
@@ -311,11 +317,28 @@ def _kill_group(pid: int) -> None:
             pass
 
 
-def _nothing() -> None:
-    return None
+@dataclass
+class _Spare:
+    """A job's process forked before its job came, waiting for it on ``control``."""
+
+    process: Any  # a forkserver context's Process
+    control: multiprocessing.connection.Connection  # the worker's end: the job, then a stop
+    reader: multiprocessing.connection.Connection  # the worker's end of the child's log records and outcome
+
+    def discard(self) -> None:
+        """Let it go unused: its control pipe ends, so it exits without a job."""
+        self.control.close()
+        self.reader.close()
+        self.process.join(EXIT_WAIT_S)
+        if self.process.exitcode is None:
+            _kill_group(self.process.pid)
 
 
 class ProcessJobs:
+    """Each job in a one-use process. The next one is forked while the current one starts (``_spare``): a job's
+    start sends its job to a process already waiting, and the fork (about 40 ms on this machine, most of it the
+    child's start-up) is off the delivery's path. Two jobs at once: the second forks its own, as before."""
+
     isolation: JobIsolation = "process"
 
     def __init__(self, build: RunnerBuild, recipe: Any, *, max_memory_bytes: int) -> None:
@@ -326,33 +349,70 @@ class ProcessJobs:
         # multiprocessing re-runs the module the worker started from in each child (as __mp_main__): about 8 ms
         # for ops.cli. Preloading it would save 4 of them and print runpy's "found in sys.modules" warning a job.
         self.context.set_forkserver_preload(list(PRELOAD))
-        # At start-up, not on the first job: the forkserver imports PRELOAD (seconds on a loaded machine), and a
-        # first process started from it waits for that.
-        warm = self.context.Process(target=_nothing, name="job-warm-up", daemon=True)
-        warm.start()
-        warm.join()
+        self._spare_lock = threading.Lock()
+        self._closed = False
+        # At start-up, not on the first job: the forkserver imports PRELOAD (seconds on a loaded machine), and the
+        # first process forked from it waits for that.
+        self._spare: _Spare | None = self._fork()
 
-    def start(self, job: VerifiedJob, fencing_token: int, deadline_at: float, finished: Finished) -> RunningJob:
+    def _fork(self) -> _Spare:
         reader, writer = self.context.Pipe(duplex=False)
-        stop_reader, stopper = self.context.Pipe(duplex=False)
+        control_reader, control = self.context.Pipe(duplex=False)
         process = self.context.Process(
             target=_job_process,
-            args=(self.build, self.recipe, job, fencing_token, deadline_at, stop_reader, writer,
-                  self.max_memory_bytes, logging.getLogger().getEffectiveLevel()),
-            name=f"job-{job.job_id}",
+            args=(self.build, self.recipe, control_reader, writer, self.max_memory_bytes,
+                  logging.getLogger().getEffectiveLevel()),
+            name="job",
             daemon=True,  # a worker that exits ends its jobs' processes (they become unknown after their lease)
         )
         try:
             process.start()
         except BaseException:
             reader.close()
-            stopper.close()
+            control.close()
             raise
         finally:
             writer.close()
-            stop_reader.close()
-        running = _ProcessJob(process, stopper)
-        threading.Thread(target=self._watch, args=(job, running, reader, finished), name=f"job-{job.job_id}",
+            control_reader.close()
+        return _Spare(process, control, reader)
+
+    @property
+    def waiting_pid(self) -> int | None:
+        """The process forked ahead of the next job, waiting for it (None while it is being forked)."""
+        with self._spare_lock:
+            return None if self._spare is None else self._spare.process.pid
+
+    def _take_spare(self) -> _Spare:
+        with self._spare_lock:
+            spare, self._spare = self._spare, None
+        if spare is not None and spare.process.exitcode is None:
+            return spare
+        if spare is not None:  # it died waiting (killed by an operator, the OOM killer): fork another
+            spare.discard()
+        return self._fork()
+
+    def _replenish(self) -> None:
+        try:
+            spare = self._fork()
+        except Exception as exc:  # the next job forks its own, and says so if it cannot
+            log.warning("could not fork the next job's process ahead of its job (%s)", type(exc).__name__)
+            return
+        with self._spare_lock:
+            if self._spare is None and not self._closed:
+                self._spare = spare
+                return
+        spare.discard()
+
+    def start(self, job: VerifiedJob, fencing_token: int, deadline_at: float, finished: Finished) -> RunningJob:
+        spare = self._take_spare()
+        try:
+            spare.control.send((job, fencing_token, deadline_at))
+        except BaseException:
+            spare.discard()
+            raise
+        threading.Thread(target=self._replenish, name="job-spare", daemon=True).start()
+        running = _ProcessJob(spare.process, spare.control)
+        threading.Thread(target=self._watch, args=(job, running, spare.reader, finished), name=f"job-{job.job_id}",
                          daemon=True).start()
         return running
 
@@ -390,4 +450,8 @@ class ProcessJobs:
         finished(outcome)
 
     def close(self) -> None:
-        return None
+        with self._spare_lock:
+            self._closed = True
+            spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.discard()

@@ -34,12 +34,14 @@ them (issue 15).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import json
 import logging
 import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +51,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
+from core import db
 from core.settings import Settings
 from taskstate import claims, ids
 from workers.auth import BODY_TOO_LARGE, JobSigner, OidcVerifier, VerifiedJob, WorkerAuthRefused
@@ -164,7 +167,7 @@ class WorkerService:
         started = False
         try:
             try:
-                claim = await anyio.to_thread.run_sync(self._claim, job, runner)
+                claim = await anyio.to_thread.run_sync(db.retrying_once, lambda: self._claim(job, runner))
             except DBAPIError as exc:
                 log.warning("claiming job %s failed: %s", job.job_id, type(exc).__name__)
                 return _answer(503, "claim_failed", "the claim could not be recorded; retry later", retry_after_s=1)
@@ -189,6 +192,8 @@ class WorkerService:
                     503, "job_busy", "another worker holds a live lease on this job", retry_after_s=claim.retry_after_s
                 )
             started = True
+            if claim.message is not None:
+                job = dataclasses.replace(job, message=claim.message)
             # Shielded: a dispatcher that hangs up does not stop the job or its finish.
             return await asyncio.shield(asyncio.ensure_future(self._execute(job, claim.fencing_token)))
         finally:
@@ -216,13 +221,15 @@ class WorkerService:
 
     def _claim(self, job: VerifiedJob, runner: Runner) -> claims.ClaimResult:
         max_resumes = getattr(runner, "max_resumes", None)
+        ref = ids.TaskRef.of_payload(job.payload)
         with self.engine.begin() as conn:
             if max_resumes is None:
-                result = claims.claim(conn, job.job_id, worker_id=self.worker_id, lease_s=self.limits.lease_s)
+                result = claims.claim(conn, job.job_id, worker_id=self.worker_id, lease_s=self.limits.lease_s, ref=ref)
             else:
                 # A runner that checkpoints (rlm specialists): an expired lease with a checkpoint is resumed.
                 found = claims.claim_resumable(
-                    conn, job.job_id, worker_id=self.worker_id, lease_s=self.limits.lease_s, max_resumes=max_resumes
+                    conn, job.job_id, worker_id=self.worker_id, lease_s=self.limits.lease_s, max_resumes=max_resumes,
+                    ref=ref,
                 )
                 result = found.claim
                 if found.resumed:
@@ -237,6 +244,9 @@ class WorkerService:
         return result
 
     def _renew(self, job: VerifiedJob, token: int) -> claims.RenewResult:
+        return db.retrying_once(lambda: self._renew_once(job, token))
+
+    def _renew_once(self, job: VerifiedJob, token: int) -> claims.RenewResult:
         with self.engine.begin() as conn:
             result = claims.renew(conn, job.job_id, fencing_token=token, lease_s=self.limits.lease_s)
             if result.outcome == "expired":
@@ -358,7 +368,12 @@ class _NotStarted:
 
 
 def create_worker_app(service: WorkerService) -> FastAPI:
-    app = FastAPI(title="specialists worker", docs_url=None, redoc_url=None, openapi_url=None)
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        service.jobs.close()  # the process forked ahead of the next job goes, unused
+
+    app = FastAPI(title="specialists worker", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
 
     @app.post(JOBS_PATH)
     async def deliver(request: Request) -> JSONResponse:

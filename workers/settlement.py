@@ -3,10 +3,11 @@
 ``TaskSettlement`` is the service's ``workers.finish.Settlement``. For a job
 that serves an A2A task (``taskstate.ids.TaskRef``):
 
-* ``settle`` (the fenced finish's own transaction, only when the finish was
-  accepted for the first time): closes the job's outbox row, writes the task's
-  final state (unless the customer already cancelled it) and settles the
-  task's reservation with what the charge rule (``taskstate.charge``) decides
+* ``finish`` (one transaction): the claim's fenced finish and, only when it
+  was accepted for the first time, in the same statement the job's outbox row
+  closed and the task's hold and the run's journal read; then the task's
+  final state (unless the customer already cancelled it) and the settlement
+  of the task's reservation with what the charge rule (``taskstate.charge``) decides
   from the outcome, the reserved credits, and for an rlm specialist the pricing
   and the semantic calls of its journal. A stale worker never gets here: its
   result is kept in ``job_stale_reports`` and moves no money.
@@ -29,7 +30,7 @@ from sqlalchemy import Connection, text
 from ledger import operations
 from ledger.errors import ResolutionRefused
 from ledger.limits import LedgerSettings, default_limits
-from taskstate import admitted, charge, outbox
+from taskstate import admitted, charge, claims, outbox
 from taskstate.ids import TaskRef
 from taskstate.updates import TaskEvents
 from workers.auth import VerifiedJob
@@ -38,12 +39,18 @@ from workers.hosted_rlm import a2a, journal
 
 log = logging.getLogger(__name__)
 
-# The job's outbox row is closed, and the task's hold read, in one round trip (PostgreSQL runs a data-modifying
-# WITH clause whether or not the query reads it).
-_CLOSE_JOB = text(
+# The claim's fenced finish, and only when it is accepted for the first time the job's outbox row closed, with the
+# task's hold and the run's journal read: one round trip (issue 17: it was four, and a BEGIN). The claim's finish
+# is decided, and its row locked, before the outbox row is touched (``claims.finished_in``), as the lock order says.
+_FINISH_JOB = text(
     f"""
-    WITH {outbox.close_cte("closed")}, {admitted.hold_cte("hold")}
-    SELECT reservation_id, tariff_credits FROM hold
+    WITH {claims.finish_cte("finish")},
+         {outbox.close_cte("closed", when=claims.finished_in("finish"))},
+         {admitted.hold_cte("hold")},
+         {journal.run_record_cte("run", "finish_job_id")}
+    SELECT finish.outcome, finish.state, hold.reservation_id, hold.tariff_credits,
+           run.pricing, run.base_credits, run.credits_per_semantic_call, run.resumes, run.used, run.charged
+      FROM finish LEFT JOIN hold ON finish.outcome = 'finished' LEFT JOIN run ON finish.outcome = 'finished'
     """
 )
 
@@ -66,13 +73,24 @@ class TaskSettlement:
         self.operator = operator  # who marks reservations unknown, for the ledger's audit record
         self.limits = limits or default_limits()  # settings.ledger
 
-    def settle(self, conn: Connection, job: VerifiedJob, fencing_token: int, outcome: RunOutcome) -> None:
+    def finish(self, conn: Connection, job: VerifiedJob, fencing_token: int, outcome: RunOutcome, *,
+               worker_id: str) -> claims.FinishResult:
         ref = TaskRef.of_payload(job.payload)
-        if ref is None:
-            return
-        row = conn.execute(_CLOSE_JOB, {"d": ref.dispatch_id, "t": ref.task_id}).one_or_none()
-        hold = None if row is None else admitted.Hold(row.reservation_id, int(row.tariff_credits))
-        run = journal.run_record(conn, job.job_id)
+        if ref is None:  # a raw job (a test's): no task, no money
+            return claims.finish(conn, job.job_id, fencing_token=fencing_token, outcome=outcome.state,
+                                 detail=outcome.as_record(), worker_id=worker_id)
+        params = claims.finish_params(job.job_id, fencing_token=fencing_token, outcome=outcome.state,
+                                      detail=outcome.as_record(), worker_id=worker_id)
+        row = conn.execute(_FINISH_JOB, {**params, "d": ref.dispatch_id, "t": ref.task_id}).one()
+        result = claims.FinishResult(row.outcome, row.state)
+        if result.outcome == "finished":
+            hold = None if row.tariff_credits is None else admitted.Hold(row.reservation_id, int(row.tariff_credits))
+            self._settle(conn, job, ref, fencing_token, outcome, hold, journal.run_record_of(row))
+        return result
+
+    def _settle(self, conn: Connection, job: VerifiedJob, ref: TaskRef, fencing_token: int, outcome: RunOutcome,
+                hold: admitted.Hold | None, run: journal.RunRecord | None) -> None:
+        """The rest of the finish's transaction: the task's final state, then the ledger settlement."""
         charged = None
         if hold is not None and hold.reservation_id is not None:
             usage = (charge.NO_USAGE if run is None

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.app.conftest import PAID, EdgeProcess, message, rpc, start_edge, stop_edge
+from tests.pg_wire import pump
 
 pytestmark = pytest.mark.timeout(120, func_only=True)
 
@@ -56,17 +57,7 @@ class Relay:
 
     @staticmethod
     def _pipe(source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for end in (source, sink):
-                try:
-                    end.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+        pump(source, sink)
 
     def cut(self) -> None:
         self.open = False

@@ -146,6 +146,7 @@ class TestWorker:
 
     def __exit__(self, *exc: object) -> None:
         self.served.__exit__(*exc)
+        self.service.jobs.close()  # what the app's lifespan does, which Served turns off
 
     @property
     def jobs_url(self) -> str:

@@ -170,8 +170,9 @@ class System:
             "db_max_overflow": "8",
         }
 
-    def env(self, **overrides: str) -> dict[str, str]:
-        return edge_env(self.database_url, self.specs_dir, **{**self.settings, **overrides})
+    def env(self, database_url: str | None = None, **overrides: str) -> dict[str, str]:
+        """The processes' environment; ``database_url`` instead of the system's (a statement counter's proxy)."""
+        return edge_env(database_url or self.database_url, self.specs_dir, **{**self.settings, **overrides})
 
     # --- processes --------------------------------------------------------------------
 
@@ -189,11 +190,11 @@ class System:
         self.edges.append(edge)
         return edge
 
-    def start_worker(self, **overrides: str) -> Worker:
+    def start_worker(self, database_url: str | None = None, **overrides: str) -> Worker:
         process = subprocess.Popen(
             [sys.executable, "-m", "tests.workers.worker_process", str(self.step_log)],
             cwd=PROJECT_ROOT,
-            env=self.env(**overrides),
+            env=self.env(database_url, **overrides),
             stdout=subprocess.PIPE,
             stderr=(self.folder / f"worker-{len(self.workers)}.log").open("wb"),
             text=True,
@@ -203,13 +204,14 @@ class System:
         self.workers.append(worker)
         return worker
 
-    def start_dispatcher(self, *, worker_urls: list[str] | None = None, wait: bool = True, **overrides: str) -> Dispatcher:
+    def start_dispatcher(self, *, worker_urls: list[str] | None = None, wait: bool = True,
+                         database_url: str | None = None, **overrides: str) -> Dispatcher:
         urls = worker_urls or [w.url for w in self.workers if w.process.poll() is None]
         log_path = self.folder / f"dispatcher-{len(self.dispatchers)}.log"
         process = subprocess.Popen(
             [sys.executable, "-m", "ops.cli", "dispatcher"],
             cwd=PROJECT_ROOT,
-            env=self.env(dispatch_worker_url=",".join(urls), **overrides),
+            env=self.env(database_url, dispatch_worker_url=",".join(urls), **overrides),
             stdout=subprocess.DEVNULL,
             stderr=log_path.open("wb"),
         )

@@ -48,11 +48,13 @@ def worker(database_url: str, engine: Engine, tmp_path: Path) -> Iterator[TestWo
         yield served
 
 
-def job_processes() -> list[int]:
-    """The running job processes of the worker in this process: the children of its forkserver."""
+def job_processes(worker: TestWorker) -> list[int]:
+    """The running job processes of the worker in this process: the children of its forkserver, but the one forked
+    ahead of the next job (it waits; it runs nothing)."""
     mine = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()
     servers = [pid for pid in mine if b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-    return [int(child) for pid in servers for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    children = [int(child) for pid in servers for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return [pid for pid in children if pid != worker.service.jobs.waiting_pid]
 
 
 def wait_for(what: str, check, timeout_s: float = ANSWER_TIMEOUT_S):
@@ -99,7 +101,7 @@ def test_a_runner_that_ignores_the_stop_is_killed_after_the_grace_and_its_slot_i
     served = wait_for("the slot to be free again",
                       lambda: (a := worker.post(body)).json()["code"] != "worker_at_capacity" and a, timeout_s=bound_s)
     assert served.json()["code"] == "job_finished"
-    assert job_processes() == []
+    wait_for("no job process but the one waiting for the next job", lambda: job_processes(worker) == [])
 
 
 def test_a_job_whose_process_dies_is_a_failed_run_and_the_worker_goes_on(worker: TestWorker, engine: Engine):
@@ -109,7 +111,7 @@ def test_a_job_whose_process_dies_is_a_failed_run_and_the_worker_goes_on(worker:
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(worker.post, worker.body(doomed, [{"op": "sleep", "seconds": 60}]))
         wait_for("the job to start", lambda: started(worker, doomed))
-        [pid] = job_processes()
+        [pid] = wait_for("one running job process", lambda: (lambda running: running if len(running) == 1 else None)(job_processes(worker)))
         os.kill(pid, signal.SIGKILL)  # what the kernel's OOM killer, or a crash in native code, looks like
         answer = pending.result(timeout=ANSWER_TIMEOUT_S)
     assert (answer.status_code, answer.json()["outcome"]) == (200, "failed")
@@ -139,3 +141,19 @@ def test_a_job_over_its_memory_cap_is_a_failed_run_and_the_worker_and_the_next_j
         within_cap = [{"op": "allocate", "megabytes": 64}, {"op": "complete"}]
         assert worker.post(worker.body(within, within_cap)).json()["outcome"] == "completed"
         assert worker.post(worker.body(after, [{"op": "complete"}])).json()["outcome"] == "completed"
+
+
+def test_a_job_runs_in_the_process_forked_ahead_of_it_and_the_next_one_is_forked_meanwhile(
+    worker: TestWorker, engine: Engine
+):
+    from concurrent.futures import ThreadPoolExecutor
+
+    ahead = wait_for("a process forked ahead of the first job", lambda: worker.service.jobs.waiting_pid)
+    job = new_job_id()
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(worker.post, worker.body(job, [{"op": "sleep", "seconds": 60}], deadline_s=2))
+        wait_for("the job to start", lambda: started(worker, job))
+        wait_for("the job to run in the process forked ahead of it", lambda: job_processes(worker) == [ahead])
+        assert wait_for("the next one forked", lambda: worker.service.jobs.waiting_pid) != ahead
+        answer = pending.result(timeout=ANSWER_TIMEOUT_S)
+    assert answer.json()["outcome"] == "failed"  # stopped at its deadline

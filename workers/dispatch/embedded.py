@@ -21,6 +21,14 @@ a specialist no worker serves: configuration) reschedules it at the longest
 backoff and says so in the log. After ``dispatch_max_attempts`` a job no worker
 ever claimed is given up (``workers.dispatch.sweeper.give_up``).
 
+Each of the dispatcher's writes is one statement in autocommit (a take, a
+renewal, an outcome): no BEGIN or COMMIT around it (issue 17), run once more on
+a new connection when its pooled one was dead (``core.db.retrying_once``). A
+delivery that ends wakes the next round only when the last one left due rows
+behind (every slot taken, or a full batch): otherwise the next round would only
+find nothing, a statement per job for nothing; what comes due later wakes it by
+notification or by the poll.
+
 A row leaves the set whose lease is renewed before its outcome is recorded, and
 both happen under ``_renewing``: a renewal that read the set just before a
 delivery ended can never push a rescheduled row's ``available_at`` out to a
@@ -34,9 +42,12 @@ import os
 import threading
 import time
 
-import httpx
-from sqlalchemy import Engine
+from collections.abc import Callable
 
+import httpx
+from sqlalchemy import Connection, Engine
+
+from core import db
 from core.settings import Settings
 from workers.auth import JobSigner
 from taskstate import outbox
@@ -72,6 +83,7 @@ class EmbeddedDispatcher:
         client: httpx.Client | None = None,
     ) -> None:
         self.engine = engine
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.settings = settings
         self.signer = signer
         self.tasks = tasks
@@ -85,6 +97,7 @@ class EmbeddedDispatcher:
         self._renewing = threading.Lock()  # a renewal's read of _in_flight and its UPDATE, against a row leaving it
         self._in_flight: dict[int, str] = {}  # dispatch id -> worker URL
         self._full_since: float | None = None  # when every delivery slot was last found taken (for the log)
+        self._left_due = False  # the last round may have left due rows behind: a delivery that ends wakes the next
         # Deliveries in a row that got no HTTP answer, per URL: a dead worker is tried only when every other
         # one failed too (a job whose worker died must reach another one to be resumed).
         self._unanswered: dict[str, int] = {url: 0 for url in self.urls}
@@ -99,6 +112,10 @@ class EmbeddedDispatcher:
     def round(self) -> float:
         """Take and start what is due and fits; return how soon the next round is worth running (s)."""
         self._renew_due()
+        # Until this round's take says otherwise, a delivery that ends wakes the next round: one that ends after the
+        # slots were counted must not find the flag of an earlier round that had found nothing (issue 17: a closed
+        # loop waited for the poll interval).
+        self._left_due = True
         with self._lock:
             free = self.capacity - len(self._in_flight)
         if free <= 0:
@@ -106,8 +123,8 @@ class EmbeddedDispatcher:
             return self._renew_every_s  # a delivery ending wakes us sooner
         self._full_since = None
         limit = min(free, self.settings.dispatch.batch_size)
-        with self.engine.begin() as conn:
-            rows = outbox.take(conn, limit=limit, lease_s=self.settings.dispatch.delivery_lease_s, me=self.name)
+        rows = db.retrying_once(lambda: self._take(limit))
+        self._left_due = len(rows) == limit
         if rows:
             crash_here("before_enqueue", self.settings)
         for row in rows:
@@ -121,6 +138,10 @@ class EmbeddedDispatcher:
             # come due again after the lease and a redelivery is answered from the job's claim).
             threading.Thread(target=self._deliver, args=(row, url), name=f"deliver-{row.dispatch_id}", daemon=True).start()
         return 0.0 if len(rows) == limit else self.settings.dispatch.poll_interval_s
+
+    def _take(self, limit: int) -> list[outbox.OutboxRow]:
+        with self._autocommit.connect() as conn:
+            return outbox.take(conn, limit=limit, lease_s=self.settings.dispatch.delivery_lease_s, me=self.name)
 
     def _note_full(self) -> None:
         """Say, once a delivery lease, that due jobs wait for a slot (what an operator sees as 'nothing moves')."""
@@ -147,7 +168,7 @@ class EmbeddedDispatcher:
                 ids = list(self._in_flight)
             if ids:
                 try:
-                    with self.engine.begin() as conn:
+                    with self._autocommit.connect() as conn:
                         outbox.renew(conn, ids, lease_s=self.settings.dispatch.delivery_lease_s)
                 except Exception as exc:  # the rows come due again: a redelivery is answered from the claim
                     log.warning("renewing %d delivery lease(s) failed: %s", len(ids), type(exc).__name__)
@@ -166,7 +187,8 @@ class EmbeddedDispatcher:
             log.exception("delivering job %s failed; it comes due again after its delivery lease", row.job_id)
         finally:
             self._leave(row)
-            self.wake.set()
+            if self._left_due:
+                self.wake.set()
 
     def _leave(self, row: outbox.OutboxRow) -> None:
         with self._lock:
@@ -174,16 +196,15 @@ class EmbeddedDispatcher:
 
     def _record(self, row: outbox.OutboxRow, result: DeliveryResult) -> None:
         if result.verdict == "done":
-            with self.engine.begin() as conn:
-                outbox.mark_delivered(conn, row)
+            self._write(lambda conn: outbox.mark_delivered(conn, row))
             return
         error = f"{result.code} (HTTP {result.status})" if result.status else result.code
         if result.code == WORKER_FULL:
             delay_s = result.retry_after_s or self.settings.dispatch.retry_base_s
             log.info("job %s: the worker is full (%s); delivering again in %g s", row.job_id, error, delay_s,
                      extra={"event": "dispatch_retry", "job_id": row.job_id, "code": result.code})
-            with self.engine.begin() as conn:
-                outbox.reschedule(conn, row, delay_s=delay_s, error=error, attempts=row.attempts - 1)
+            self._write(lambda conn: outbox.reschedule(conn, row, delay_s=delay_s, error=error,
+                                                       attempts=row.attempts - 1))
             return
         if row.attempts >= self.settings.dispatch.max_attempts and give_up(self.engine, self.tasks, row, error=error, limits=self.settings.ledger):
             return
@@ -204,8 +225,16 @@ class EmbeddedDispatcher:
             log.info("job %s: delivery attempt %d answered %s; delivering again in %.1f s", row.job_id,
                      row.attempts, error, delay_s,
                      extra={"event": "dispatch_retry", "job_id": row.job_id, "code": result.code})
-        with self.engine.begin() as conn:
-            outbox.reschedule(conn, row, delay_s=delay_s, error=error)
+        self._write(lambda conn: outbox.reschedule(conn, row, delay_s=delay_s, error=error))
+
+    def _write(self, statement: Callable[[Connection], None]) -> None:
+        """One statement of the row's outcome, in autocommit (each is safe to repeat)."""
+
+        def run() -> None:
+            with self._autocommit.connect() as conn:
+                statement(conn)
+
+        db.retrying_once(run)
 
     def close(self) -> None:
         with self._lock:

@@ -58,26 +58,36 @@ class RunRecord:
     resumes: int
 
 
-_RUN_RECORD = text(
-    """
-    SELECT r.pricing, r.base_credits, r.credits_per_semantic_call, r.resumes,
-           count(c.call_id) FILTER (WHERE c.purpose = 'subcall' AND c.superseded_by IS NULL) AS used,
-           count(c.call_id) FILTER (WHERE c.purpose = 'subcall' AND c.superseded_by IS NULL
-                                      AND c.state = 'completed') AS charged
-      FROM specialist_runs r LEFT JOIN specialist_calls c ON c.job_id = r.job_id
-     WHERE r.job_id = :j
-     GROUP BY r.job_id
-    """
-)
+def run_record_cte(name: str, job_id_param: str = "j") -> str:
+    """``run_record`` of the job ``:<job_id_param>`` as a common table expression ``name`` (pricing, base_credits,
+    credits_per_semantic_call, resumes, used, charged; no row: not a specialist run), for the finish's one
+    statement."""
+    return f"""
+    {name} AS (
+        SELECT r.pricing, r.base_credits, r.credits_per_semantic_call, r.resumes,
+               count(c.call_id) FILTER (WHERE c.purpose = 'subcall' AND c.superseded_by IS NULL) AS used,
+               count(c.call_id) FILTER (WHERE c.purpose = 'subcall' AND c.superseded_by IS NULL
+                                          AND c.state = 'completed') AS charged
+          FROM specialist_runs r LEFT JOIN specialist_calls c ON c.job_id = r.job_id
+         WHERE r.job_id = :{job_id_param}
+         GROUP BY r.job_id
+    )"""
+
+
+_RUN_RECORD = text(f"WITH {run_record_cte('run')} SELECT * FROM run")
+
+
+def run_record_of(row: Any) -> RunRecord | None:
+    """A ``run_record_cte`` row (None, or its columns NULL: not a specialist run) as a RunRecord."""
+    if row is None or row.pricing is None:
+        return None
+    pricing = charge.Pricing(row.pricing, int(row.base_credits or 0), int(row.credits_per_semantic_call or 0))
+    return RunRecord(pricing, int(row.used), int(row.charged), int(row.resumes))
 
 
 def run_record(conn: Connection, job_id: str) -> RunRecord | None:
     """The run of a job, in the caller's transaction; None: the job is not a specialist run."""
-    row = conn.execute(_RUN_RECORD, {"j": job_id}).one_or_none()
-    if row is None:
-        return None
-    pricing = charge.Pricing(row.pricing, int(row.base_credits or 0), int(row.credits_per_semantic_call or 0))
-    return RunRecord(pricing, int(row.used), int(row.charged), int(row.resumes))
+    return run_record_of(conn.execute(_RUN_RECORD, {"j": job_id}).one_or_none())
 
 
 def completion_to_json(completion: Completion) -> dict[str, Any]:

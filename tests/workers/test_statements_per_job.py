@@ -1,0 +1,113 @@
+"""What a dispatched job costs the database: every statement the dispatcher and the worker send, counted.
+
+The edge, one embedded dispatcher and one worker run as real processes on a
+database of their own; the dispatcher and the worker (with the processes its jobs
+run in) reach PostgreSQL through ``tests.pg_wire.StatementCounter``, which reads
+the wire and counts every statement, ``BEGIN``, ``COMMIT``, ``ROLLBACK`` and ping
+included. Work that runs on a clock (lease renewals, the sweeper, the
+dispatcher's idle poll) is set far apart, so what is counted is what a job
+costs, not how long the test took. Counts, never times.
+
+Issue 17 measured 52.5 statements a job, half of them transaction control and
+pings; the bound here is what the finish in one call, reads in autocommit and
+no pre-ping brought it to. A change that adds round trips to a job fails here.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from ledger import keys
+from ledger.client import Ledger
+from tests import http_calls
+from tests.conftest import TEST_SECRET
+from tests.pg_wire import StatementCounter
+from tests.workers.system import System, drop_database, fresh_database, script_message
+from core import db
+from core.settings import Settings
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+
+MAX_STATEMENTS_PER_JOB = 15  # issue 17's target: dispatcher + worker + the job's process, per job
+WARMUP_JOBS = 2  # pools fill, the worker's job process template is ready
+MEASURED_JOBS = 10
+QUIET = {  # nothing on a clock during the test: each of these would add statements per second, not per job
+    "worker_lease_s": "600",
+    "worker_heartbeat_s": "200",
+    "dispatch_delivery_lease_s": "600",
+    "dispatch_sweep_interval_s": "600",
+    "dispatch_poll_interval_s": "60",
+}
+
+
+@pytest.fixture
+def counted(server_url: str, engine, tmp_path: Path) -> Iterator[tuple[System, StatementCounter]]:
+    """A system whose dispatcher and worker talk to PostgreSQL through a statement counter."""
+    engine.dispose()
+    url = fresh_database(server_url)
+    system_engine = db.make_engine(url, Settings(database={"url": url, "pool_size": 2, "max_overflow": 4}))
+    system = System(url, tmp_path, system_engine)
+    system.settings.update(QUIET)
+    counter = StatementCounter(url)
+    try:
+        system.start_edge("api")
+        worker = system.start_worker(database_url=counter.url)
+        system.start_dispatcher(worker_urls=[worker.url], database_url=counter.url)
+        yield system, counter
+    finally:
+        system.stop()
+        counter.close()
+        system_engine.dispose()
+        drop_database(server_url, url)
+
+
+def _customer(system: System) -> dict[str, str]:
+    customer_id = f"c-{uuid.uuid4().hex[:12]}"
+    issued = keys.issue_key(system.engine, keys.KeySigner([TEST_SECRET], "test"), customer_id=customer_id,
+                            ttl=timedelta(days=1))
+    Ledger(system.engine).grant(customer_id, 1000, operator="tests", skills=["scripted"], reason="statement count")
+    return {"Authorization": f"Bearer {issued.token}", "A2A-Version": "1.0"}
+
+
+def _run_one(system: System, headers: dict[str, str]) -> None:
+    """Send a task (no steps: it completes at once) and wait until its outbox row is delivered and its
+    reservation settled: the last writes of the dispatcher and the worker for it."""
+    answer = http_calls.post(f"{system.edges[0].specialist('scripted')}/message:send",
+                             json=script_message([], returnImmediately=True), headers=headers, timeout=30)
+    assert answer.status_code == 200, answer.text
+    task_id = answer.json()["task"]["id"]
+
+    def done() -> bool:
+        with system.engine.connect() as conn:
+            return bool(conn.execute(text(
+                "SELECT bool_and(o.status = 'done') AND bool_and(s.job_id IS NOT NULL) FROM dispatch_outbox o "
+                "LEFT JOIN ledger_settlements s ON s.job_id = o.task_id WHERE o.task_id = :t"), {"t": task_id}
+            ).scalar())
+
+    system.wait_for(f"task {task_id} delivered and settled", done, timeout_s=120)
+
+
+def test_a_dispatched_job_costs_at_most_fifteen_statements(counted: tuple[System, StatementCounter]) -> None:
+    system, counter = counted
+    headers = _customer(system)
+    for _ in range(WARMUP_JOBS):
+        _run_one(system, headers)
+    statements_before, trips_before, kinds_before, texts_before = counter.snapshot()
+    for _ in range(MEASURED_JOBS):
+        _run_one(system, headers)
+    statements, trips, kinds, texts = counter.snapshot()
+
+    per_job = (statements - statements_before) / MEASURED_JOBS
+    kinds.subtract(kinds_before)
+    texts.subtract(texts_before)
+    breakdown = ", ".join(f"{kind} {count / MEASURED_JOBS:.1f}" for kind, count in kinds.most_common() if count)
+    detail = "\n".join(f"{count / MEASURED_JOBS:5.1f}  {sql}" for sql, count in texts.most_common() if count)
+    print(f"\n{per_job:.1f} statements and {(trips - trips_before) / MEASURED_JOBS:.1f} round trips a job: "
+          f"{breakdown}\n{detail}")
+    assert per_job <= MAX_STATEMENTS_PER_JOB, f"{per_job:.1f} statements a job ({breakdown}):\n{detail}"
