@@ -48,6 +48,10 @@ class _ClientStream:
         self.bound = b""  # the statement the last Bind named
 
     def feed(self, data: bytes) -> None:
+        with self.counter.lock:  # a chunk's messages counted at once: a statement and its Sync are seen together
+            self._feed(data)
+
+    def _feed(self, data: bytes) -> None:
         self.buffer += data
         while True:
             if not self.started:
@@ -76,6 +80,8 @@ class _ClientStream:
         elif kind == b"P":
             name, rest = body.split(b"\0", 1)
             self.statements[name] = rest.split(b"\0", 1)[0].decode(errors="replace")
+            if name:  # a named statement: psycopg prepares one at its fifth use on a connection, once
+                self.counter.note_prepare()
         elif kind == b"B":
             _portal, rest = body.split(b"\0", 1)
             self.bound = rest.split(b"\0", 1)[0]
@@ -109,8 +115,9 @@ class StatementCounter:
     def __init__(self, upstream_url: str) -> None:
         parts = urlsplit(upstream_url)
         self.upstream = (parts.hostname or "127.0.0.1", parts.port or 5432)
-        self._lock = threading.Lock()
+        self.lock = threading.RLock()
         self.statements = 0
+        self.prepares = 0
         self.round_trips = 0
         self.connections = 0
         self.kinds: Counter[str] = Counter()
@@ -128,23 +135,27 @@ class StatementCounter:
     # --- what the streams report -----------------------------------------------------------
 
     def note_connection(self) -> None:
-        with self._lock:
+        with self.lock:
             self.connections += 1
 
     def note_statement(self, sql: str, *, round_trip: bool) -> None:
-        with self._lock:
+        with self.lock:
             self.statements += 1
             self.round_trips += round_trip
             self.kinds[_first_word(sql)] += 1
             self.texts[" ".join(sql.split())[:120]] += 1
 
+    def note_prepare(self) -> None:
+        with self.lock:
+            self.prepares += 1
+
     def note_round_trip(self) -> None:
-        with self._lock:
+        with self.lock:
             self.round_trips += 1
 
     def snapshot(self) -> tuple[int, int, Counter[str], Counter[str]]:
         """(statements, round trips, statements by first word, statements by text) so far."""
-        with self._lock:
+        with self.lock:
             return self.statements, self.round_trips, Counter(self.kinds), Counter(self.texts)
 
     # --- the proxy ---------------------------------------------------------------------------
