@@ -68,6 +68,7 @@ from app.errors import (
     TaskNotAwaitingInput,
 )
 from app.identity import Identity
+from core.db import compact_sql
 from core.settings import Settings
 from core.specs import LoadedSpec, media_type_matches
 from taskstate import admitted, idempotency, outbox, rows
@@ -457,7 +458,7 @@ _NEW_TASK_CTES = f"""
     {rows.new_task_ctes(when="(SELECT new FROM admit)")},
     {admitted.new_row_cte("edge_row", when="(SELECT new FROM admit)")},
     {outbox.new_row_cte("outbox_row", when="(SELECT new FROM admit)")}"""
-_ADMIT_NEW = text(
+_ADMIT_NEW = text(compact_sql(
     f"""
     WITH {_NEW_TASK_CTES}
     SELECT (SELECT new FROM admit) AS new,
@@ -467,13 +468,13 @@ _ADMIT_NEW = text(
            key_holder.fingerprint AS key_fingerprint, key_holder.task_id AS key_task_id
       FROM (SELECT 1) AS one LEFT JOIN {idempotency.holder_relation()} AS key_holder ON true
     """
-)
+))
 # The same new task and its reservation as ONE autocommit statement: one round trip, one commit. Only a clean
 # new task stands: anything else (a resend, a context that is not the caller's or was claimed a moment ago, a
 # reservation the ledger refuses) calls edge_admission_fallback (migration 0170), which raises SQLSTATE SPADM and
 # so turns the whole statement back; then ``_admit`` runs as one transaction and answers the case.
 FALLBACK_SQLSTATE = "SPADM"
-_ADMIT_AT_ONCE = text(
+_ADMIT_AT_ONCE = text(compact_sql(
     f"""
     WITH {_NEW_TASK_CTES},
     reserve AS (
@@ -492,7 +493,7 @@ _ADMIT_AT_ONCE = text(
         ELSE true
     END AS admitted
     """
-)
+))
 
 
 def _admit(conn: Connection, send: _Send) -> Admitted:

@@ -223,3 +223,14 @@ def require_schema_at_head(engine: Engine) -> None:
     if current != head:
         log.warning("the database schema is at %s, ahead of this code's %s; every migration between declares "
                     "that older code still runs on it", current, head)
+
+
+# psycopg converts a query's %(name)s placeholders on every execution unless the text is at most this long
+# (psycopg._queries.MAX_CACHED_STATEMENT_LENGTH): then the conversion is cached.
+PSYCOPG_CACHED_QUERY_CHARS = 4096
+
+
+def compact_sql(sql: str) -> str:
+    """``sql`` on one line, each run of whitespace one space: a hot statement stays under psycopg's cached
+    length. Only for SQL whose string literals hold no run of whitespace (the caller's to know)."""
+    return " ".join(sql.split())
