@@ -1,11 +1,12 @@
 """What an admission costs the database, counted on the wire: the round trips of a paid SendMessage.
 
 The edge runs as its own process with its database behind a counting proxy
-(tests/pgwire.py), which sees every round trip: statements, BEGIN and COMMIT,
-pings. The budget (docs/A2A_EDGE.md, "What an admission costs"): two round
-trips on the request's path (the rate-limit count, then the admission call),
-and the wake-up for the dispatchers after the answer, off the request's path
-and shared by the admissions of the moment. These tests count; they never time.
+(tests/pg_wire.py), which sees every round trip: statements, BEGIN and COMMIT,
+pings. The budget (docs/A2A_EDGE.md, "What an admission costs the database"):
+two round trips on the request's path (the rate-limit count, then the admission
+statement), and the wake-up for the dispatchers after the answer, off the
+request's path and shared by the admissions of the moment. These tests count;
+they never time.
 """
 
 from __future__ import annotations
@@ -16,11 +17,10 @@ from pathlib import Path
 import pytest
 
 from core.settings import Settings
-
 from tests import http_calls
 from tests.app.conftest import PAID, PAID_TARIFF, EdgeProcess, message, start_edge, stop_edge
+from tests.pg_wire import StatementCounter
 from tests.rlm.holds import wait_until
-from tests.pgwire import RoundTripCounter
 
 pytestmark = pytest.mark.timeout(120, func_only=True)
 
@@ -29,27 +29,44 @@ SENDS = 12
 
 
 @pytest.fixture(scope="module")
-def counted_edge(database_url: str, edge_specs_dir: Path, edge_logs: Path) -> Iterator[tuple[EdgeProcess, RoundTripCounter]]:
-    with RoundTripCounter(database_url) as counter:
-        # The key check's revocation cache at its default, as a service runs (the shared test edges turn it off).
-        edge = start_edge(counter.url, edge_specs_dir, edge_logs, "counted",
-                          revocation_cache_s=str(Settings().keys.revocation_cache_s))
-        yield edge, counter
-        stop_edge(edge)
+def counted_edge(database_url: str, edge_specs_dir: Path, edge_logs: Path) -> Iterator[tuple[EdgeProcess, StatementCounter]]:
+    counter = StatementCounter(database_url)
+    # The key check's revocation cache at its default, as a service runs (the shared test edges turn it off).
+    edge = start_edge(counter.url, edge_specs_dir, edge_logs, "counted",
+                      revocation_cache_s=str(Settings().keys.revocation_cache_s))
+    yield edge, counter
+    stop_edge(edge)
+    counter.close()
 
 
-def _notifications(counter: RoundTripCounter) -> int:
-    return sum("pg_notify" in statement for statement in counter.statements(""))
+class Count:
+    """What the edge sent since ``Count(counter)``: round trips, wake-ups and key checks (``since``)."""
+
+    def __init__(self, counter: StatementCounter) -> None:
+        self.counter = counter
+        self.start = self._now()
+
+    def _now(self) -> tuple[int, int, int, int]:
+        with self.counter.lock:
+            _, round_trips, _, texts = self.counter.snapshot()
+            wakeups = sum(n for text, n in texts.items() if "pg_notify" in text)
+            key_checks = sum(n for text, n in texts.items() if "FROM api_keys" in text)
+            return round_trips, self.counter.prepares, wakeups, key_checks
+
+    def since(self) -> dict[str, int]:
+        trips, prepares, wakeups, key_checks = (now - then for then, now in zip(self.start, self._now()))
+        # psycopg prepares a statement on a connection once, at its fifth use there: one round trip, once.
+        return {"round_trips": trips - prepares, "wakeups": wakeups, "key_checks": key_checks}
 
 
-def _send(edge: EdgeProcess, counter: RoundTripCounter, customer) -> dict:
+def _send(edge: EdgeProcess, counter: StatementCounter, customer) -> dict:
     """One paid send, answered, and its wake-up sent: waiting for it keeps one send's count apart from the next's
     (wake-ups asked for within a few milliseconds of each other share one statement)."""
-    wakeups = _notifications(counter)
+    count = Count(counter)
     answer = http_calls.post(f"{edge.specialist(PAID)}/message:send", json=message(returnImmediately=True),
                              headers=customer.headers)
     assert answer.status_code == 200, answer.text
-    wait_until(lambda: _notifications(counter) > wakeups and counter.settled(), what="the send's wake-up")
+    wait_until(lambda: count.since()["wakeups"] > 0, what="the send's wake-up")
     return answer.json()["task"]
 
 
@@ -58,20 +75,15 @@ def test_a_paid_admission_makes_two_round_trips_before_it_answers(counted_edge, 
     customer = make_customer(credits=PAID_TARIFF * (SENDS + 4), max_parallel=SENDS + 4)
     for _ in range(3):  # warm: the pool's connections are open, the key is cached
         _send(edge, counter, customer)
-    before_trips, before_wakeups = counter.round_trips(""), _notifications(counter)
-    before_statements = len(counter.statements(""))
+    count = Count(counter)
     for _ in range(SENDS):
         task = _send(edge, counter, customer)
         assert task["status"]["state"] == "TASK_STATE_SUBMITTED"
-    trips = counter.round_trips("") - before_trips
-    wakeups = _notifications(counter) - before_wakeups
-    ran = counter.statements("")[before_statements:]
-    # psycopg prepares a statement on a connection once, at its fifth use there: one round trip, once.
-    prepares = sum(statement.startswith("PREPARE ") for statement in ran)
-    assert wakeups == SENDS, ran
-    assert trips - wakeups - prepares <= REQUEST_PATH_BUDGET * SENDS, (
-        f"{trips - wakeups - prepares} round trips for {SENDS} admissions besides their wake-ups "
-        f"(budget {REQUEST_PATH_BUDGET} each); what ran: {ran}"
+    cost = count.since()
+    assert cost["wakeups"] == SENDS, cost
+    assert cost["round_trips"] - cost["wakeups"] <= REQUEST_PATH_BUDGET * SENDS, (
+        f"{cost['round_trips'] - cost['wakeups']} round trips for {SENDS} admissions besides their wake-ups "
+        f"(budget {REQUEST_PATH_BUDGET} each); statements so far: {counter.snapshot()[3]}"
     )
 
 
@@ -81,14 +93,11 @@ def test_a_key_the_instance_has_not_seen_costs_one_round_trip_to_check(counted_e
     for _ in range(6):  # every statement of a send prepared on the connection it uses
         _send(edge, counter, warm)
     customer = make_customer(credits=PAID_TARIFF, max_parallel=1)
-    before_trips, before_statements = counter.round_trips(""), len(counter.statements(""))
+    count = Count(counter)
     _send(edge, counter, customer)
-    ran = counter.statements("")[before_statements:]
-    checks = [statement for statement in ran if "FROM api_keys" in statement]
-    prepares = sum(statement.startswith("PREPARE ") for statement in ran)
-    assert len(checks) == 1, ran
+    cost = count.since()
     # The key check, the rate-limit count, the admission, the wake-up: no BEGIN or ROLLBACK around the check.
-    assert counter.round_trips("") - before_trips - prepares == 4, ran
+    assert cost == {"round_trips": 4, "wakeups": 1, "key_checks": 1}, (cost, counter.snapshot()[3])
 
 
 def test_the_admission_statement_stays_short_enough_for_psycopg_to_cache_its_conversion():
