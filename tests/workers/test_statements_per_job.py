@@ -34,7 +34,9 @@ from core.settings import Settings
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
-MAX_STATEMENTS_PER_JOB = 15  # issue 17's target: dispatcher + worker + the job's process, per job
+# Dispatcher + worker + the job's process, per job: 13 since task events write only what changed (issue 17's
+# target was 15). The bound is what a job costs now, so a change that adds a statement fails here.
+MAX_STATEMENTS_PER_JOB = 13
 WARMUP_JOBS = 2  # pools fill, the worker's job process template is ready
 MEASURED_JOBS = 10
 QUIET = {  # nothing on a clock during the test: each of these would add statements per second, not per job
@@ -93,7 +95,7 @@ def _run_one(system: System, headers: dict[str, str]) -> None:
     system.wait_for(f"task {task_id} delivered and settled", done, timeout_s=120)
 
 
-def test_a_dispatched_job_costs_at_most_fifteen_statements(counted: tuple[System, StatementCounter]) -> None:
+def test_a_dispatched_job_costs_at_most_thirteen_statements(counted: tuple[System, StatementCounter]) -> None:
     system, counter = counted
     headers = _customer(system)
     for _ in range(WARMUP_JOBS):
