@@ -24,7 +24,7 @@ import struct
 import threading
 from collections import Counter
 from collections.abc import Callable
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 _SSL_REQUEST = 80877103
 _GSSENC_REQUEST = 80877104
@@ -114,7 +114,14 @@ class StatementCounter:
 
     def __init__(self, upstream_url: str) -> None:
         parts = urlsplit(upstream_url)
-        self.upstream = (parts.hostname or "127.0.0.1", parts.port or 5432)
+        # The server's address: a host and port, or (libpq's ``host=/dir`` in the query, as the embedded
+        # PostgreSQL is reached) the Unix socket in that folder.
+        query = [(key, value) for key, value in parse_qsl(parts.query) if key != "host"]
+        socket_dir = dict(parse_qsl(parts.query)).get("host", "")
+        port = parts.port or 5432
+        self.upstream: tuple[str, int] | str = (
+            f"{socket_dir}/.s.PGSQL.{port}" if socket_dir.startswith("/") else (parts.hostname or "127.0.0.1", port)
+        )
         self.lock = threading.RLock()
         self.statements = 0
         self.prepares = 0
@@ -126,7 +133,7 @@ class StatementCounter:
         port = self._listener.getsockname()[1]
         netloc = parts.netloc.rsplit("@", 1)
         host = f"127.0.0.1:{port}"
-        query = "&".join(filter(None, [parts.query, "sslmode=disable", "gssencmode=disable"]))
+        query = urlencode([*query, ("sslmode", "disable"), ("gssencmode", "disable")])
         self.url = urlunsplit((parts.scheme, f"{netloc[0]}@{host}" if len(netloc) == 2 else host, parts.path, query, ""))
         self._sockets: list[socket.socket] = []
         self._closed = threading.Event()
@@ -169,11 +176,18 @@ class StatementCounter:
             if len(self._sockets) >= 2 * _MAX_CONNECTIONS:
                 client.close()
                 continue
-            server = socket.create_connection(self.upstream)
+            server = self._connect_upstream()
             self._sockets += [client, server]
             stream = _ClientStream(self)
             threading.Thread(target=self._pump, args=(client, server, stream), daemon=True).start()
             threading.Thread(target=self._pump, args=(server, client, None), daemon=True).start()
+
+    def _connect_upstream(self) -> socket.socket:
+        if isinstance(self.upstream, str):
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            server.connect(self.upstream)
+            return server
+        return socket.create_connection(self.upstream)
 
     @staticmethod
     def _pump(source: socket.socket, target: socket.socket, stream: _ClientStream | None) -> None:
