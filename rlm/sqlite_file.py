@@ -10,6 +10,7 @@ file, a full disk) become the library's own ``StoreUnavailable``.
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,9 +33,27 @@ class SQLiteFile:
         except OSError as exc:
             raise StoreUnavailable(f"cannot create the folder of {self.path}: {exc} (setting RLM_DATA_DIR)",
                                    setting="data_dir") from None
-        with self.reading() as conn:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(self.SCHEMA)
+        self._initialize()
+
+    def _initialize(self) -> None:
+        """WAL mode and the schema. Switching a new file to WAL answers "database is locked" at once, without
+        waiting out the busy timeout, when another connection opens it at that moment (eight agents of one
+        family starting together did): such a refusal is tried again, for up to the busy timeout."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        pause_s = 0.005
+        while True:
+            try:
+                with self.reading() as conn:
+                    if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                        conn.execute("PRAGMA journal_mode=WAL")
+                    conn.executescript(self.SCHEMA)
+                return
+            except StoreUnavailable as refused:
+                locked = isinstance(refused.__cause__, sqlite3.OperationalError) and "locked" in str(refused.__cause__)
+                if not locked or time.monotonic() >= deadline:
+                    raise
+                time.sleep(pause_s)
+                pause_s = min(2 * pause_s, 0.2)
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
