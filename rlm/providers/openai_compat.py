@@ -16,10 +16,12 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from threading import Lock
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
-import openai
+
+if TYPE_CHECKING:
+    import openai
 
 from rlm.errors import MissingAPIKey, ProviderError, ProviderTimeout
 from rlm.providers.base import Completion, PriceTable, ToolCall, Usage
@@ -63,6 +65,10 @@ class OpenAIProvider:
         self.prices = prices or PriceTable()
         self.max_retries = max_retries
         self.backoff_s = backoff_s
+        # Imported on first use: the client and its types take about a second to import, which every process
+        # that only might call a model (a worker starting, a job's process) would otherwise pay.
+        import openai
+
         # Our own retry loop (below) decides what is safe to retry; the client's would retry timeouts.
         self._client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
         self._lock = Lock()
@@ -118,6 +124,8 @@ class OpenAIProvider:
     def _send(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, model_id: str,
               remaining_s: float, timeout_s: float) -> Any:
         """One request. The one place where the client's exceptions (openai, httpx) become ProviderErrors."""
+        import openai  # imported by __init__ already: a dictionary lookup
+
         kwargs: dict[str, Any] = {"model": model_id, "messages": messages, "timeout": remaining_s}
         if tools:
             kwargs["tools"] = tools
