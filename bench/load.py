@@ -22,8 +22,10 @@ each run with customers of its own:
             lease passes (held, listed for an operator): that is the service's promise, not an
             error. Their customers stop waiting after the bound below and send the next task.
 
-A customer waits for its task at most the script's time + the cancel bound + the lease and sweep
-(the time a dead worker's job takes to become unknown) + 5 s, as ``gave_up``. After each run: no
+A customer stops waiting for its task when GetTask says its outcome is under reconciliation (the
+status message's ``outcomeUnderReconciliation``: its worker died), as an agent reading the status
+would, counted as ``told_unknown``; and waits at most the script's time + the cancel bound + the
+lease and sweep (the time a dead worker's job takes to become unknown) + 5 s, as ``gave_up``. After each run: no
 more sends; wait until every task is terminal or listed unknown (given up when no task settles
 for the longest script + the cancel bound + the lease and sweep + 30 s, for a restarting worker
 and redeliveries, or after 10 minutes in all); then ``ops.drill.audit.audit`` (every task
