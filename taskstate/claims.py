@@ -152,10 +152,18 @@ def claim_resumable(
     return ResumableClaim(claim=_claim_result(row), resumed=bool(row["resumed"]))
 
 
-_FENCE = text(
+_FENCE_SELECT = (
     "SELECT 1 FROM job_claims WHERE job_id = :j AND fencing_token = :t AND state = 'running' "
     "AND lease_expires_at > clock_timestamp() FOR SHARE"
 )
+_FENCE = text(_FENCE_SELECT)
+
+
+def fence_cte(name: str = "fence") -> str:
+    """``hold_fence`` as a common table expression (parameters ``:j``, the job id, and ``:t``, the fencing
+    token): a fenced write in one statement makes its write conditional on ``EXISTS (SELECT 1 FROM <name>)``
+    and reads that too, to tell a lost claim. The share lock is taken before the write and held to the commit."""
+    return f"{name} AS ({_FENCE_SELECT})"
 
 
 def hold_fence(conn: Connection, job_id: str, fencing_token: int) -> bool:

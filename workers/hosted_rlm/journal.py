@@ -32,11 +32,11 @@ from typing import Any
 from sqlalchemy import Connection, Engine, text
 
 from core.specs import PricingSpec
-from taskstate import charge
+from taskstate import charge, claims
 from rlm.kernels.base import StepResult
 from rlm.kernels.checkpoints import Checkpoint
 from rlm.providers.base import Completion, ToolCall, Usage
-from workers.hosted_rlm.store import check_fence
+from workers.hosted_rlm.store import check_fence, claim_lost
 
 MAX_NOTE_CHARS = 500  # of the note on a model call that ended without an answer (kept for the operator)
 IN_FLIGHT_NOTE = "in flight when the worker running it stopped; its usage is unknown"
@@ -180,11 +180,28 @@ class Journal:
 
     def __init__(self, engine: Engine, *, job_id: str, fencing_token: int) -> None:
         self.engine = engine
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.job_id = job_id
         self.fencing_token = fencing_token
 
     def _params(self, **extra: Any) -> dict[str, Any]:
         return {"j": self.job_id, "t": self.fencing_token, **extra}
+
+    def _fenced(self, write: str, params: dict[str, Any], *, returning: str = "NULL", then: str | None = None) -> Any:
+        """One fenced write as one autocommit statement: the claim's share lock (``claims.fence_cte``), then
+        ``write`` (which must hold ``EXISTS (SELECT 1 FROM fence)`` in its condition), one round trip and one
+        commit instead of BEGIN, the fence, the write and COMMIT. Raises ClaimLost as ``check_fence`` does;
+        returns ``returning`` (an expression over the ``written`` relation). ``then``: one more common table
+        expression, after the write (it may read ``written``)."""
+        statement = text(
+            f"WITH {claims.fence_cte()}, written AS ({write}){', ' + then if then else ''} "
+            f"SELECT EXISTS (SELECT 1 FROM fence) AS held, {returning} AS value"
+        )
+        with self._autocommit.connect() as conn:
+            row = conn.execute(statement, params).one()
+        if not row.held:
+            raise claim_lost(self.job_id, self.fencing_token)
+        return row.value
 
     # --- the run ------------------------------------------------------------------------
 
@@ -270,25 +287,18 @@ class Journal:
         self, *, purpose: str, turn: int, step_index: int | None, after_seq: int | None, request_sha256: bytes,
         request_text: str | None, model: str | None, supersedes: int | None = None,
     ) -> int:
-        with self.engine.begin() as conn:
-            check_fence(conn, self.job_id, self.fencing_token)
-            call_id = int(
-                conn.execute(
-                    text(
-                        "INSERT INTO specialist_calls (job_id, fencing_token, purpose, turn, step_index, after_seq, "
-                        "request_sha256, request_text, model, state) "
-                        "VALUES (:j, :t, :p, :turn, :step, :seq, :sha, :req, :m, 'started') RETURNING call_id"
-                    ),
-                    self._params(p=purpose, turn=turn, step=step_index, seq=after_seq, sha=request_sha256,
-                                 req=request_text, m=model),
-                ).scalar_one()
-            )
-            if supersedes is not None:
-                conn.execute(
-                    text("UPDATE specialist_calls SET superseded_by = :new WHERE call_id = :old AND job_id = :j"),
-                    {"new": call_id, "old": supersedes, "j": self.job_id},
-                )
-            return call_id
+        # The new call, and (the first call after a resume) the in-flight call it replaces marked superseded by it.
+        return int(self._fenced(
+            "INSERT INTO specialist_calls (job_id, fencing_token, purpose, turn, step_index, after_seq, "
+            "request_sha256, request_text, model, state) "
+            "SELECT :j, :t, :p, :turn, :step, :seq, :sha, :req, :m, 'started' WHERE EXISTS (SELECT 1 FROM fence) "
+            "RETURNING call_id",
+            self._params(p=purpose, turn=turn, step=step_index, seq=after_seq, sha=request_sha256, req=request_text,
+                         m=model, old=supersedes),
+            then="superseded AS (UPDATE specialist_calls SET superseded_by = (SELECT call_id FROM written) "
+                 "WHERE call_id = CAST(:old AS bigint) AND job_id = :j AND EXISTS (SELECT 1 FROM fence))",
+            returning="(SELECT call_id FROM written)",
+        ))
 
     def complete_call(self, call_id: int, completion: Completion) -> None:
         usage = completion.usage
@@ -312,51 +322,36 @@ class Journal:
     def _resolve(self, call_id: int, *, state: str, response: dict[str, Any] | None = None,
                  prompt_tokens: int | None = None, completion_tokens: int | None = None,
                  cost_usd: float | None = None, model: str | None = None, note: str | None = None) -> None:
-        with self.engine.begin() as conn:
-            check_fence(conn, self.job_id, self.fencing_token)
-            conn.execute(
-                text(
-                    "UPDATE specialist_calls SET state = :s, response = CAST(:r AS jsonb), prompt_tokens = :pt, "
-                    "completion_tokens = :ct, cost_usd = :c, model = COALESCE(:m, model), note = :n, ended_at = now() "
-                    "WHERE call_id = :id AND job_id = :j AND state = 'started'"
-                ),
-                {"s": state, "r": None if response is None else json.dumps(response), "pt": prompt_tokens,
-                 "ct": completion_tokens, "c": cost_usd, "m": model, "n": None if note is None else note[:MAX_NOTE_CHARS],
-                 "id": call_id, "j": self.job_id},
-            )
+        self._fenced(
+            "UPDATE specialist_calls SET state = :s, response = CAST(:r AS jsonb), prompt_tokens = :pt, "
+            "completion_tokens = :ct, cost_usd = :c, model = COALESCE(:m, model), note = :n, ended_at = now() "
+            "WHERE call_id = :id AND job_id = :j AND state = 'started' AND EXISTS (SELECT 1 FROM fence)",
+            self._params(s=state, r=None if response is None else json.dumps(response), pt=prompt_tokens,
+                         ct=completion_tokens, c=cost_usd, m=model, n=None if note is None else note[:MAX_NOTE_CHARS],
+                         id=call_id),
+        )
 
     def replayed(self, call_id: int) -> None:
-        with self.engine.begin() as conn:
-            check_fence(conn, self.job_id, self.fencing_token)
-            conn.execute(
-                text("UPDATE specialist_calls SET replays = replays + 1 WHERE call_id = :id AND job_id = :j"),
-                {"id": call_id, "j": self.job_id},
-            )
+        self._fenced("UPDATE specialist_calls SET replays = replays + 1 "
+                     "WHERE call_id = :id AND job_id = :j AND EXISTS (SELECT 1 FROM fence)", self._params(id=call_id))
 
     # --- steps --------------------------------------------------------------------------
 
     def start_step(self, turn: int, index: int, base_seq: int) -> None:
-        with self.engine.begin() as conn:
-            check_fence(conn, self.job_id, self.fencing_token)
-            conn.execute(
-                text(
-                    "INSERT INTO specialist_steps (job_id, turn, step_index, fencing_token, base_seq) "
-                    "VALUES (:j, :turn, :i, :t, :b)"
-                ),
-                self._params(turn=turn, i=index, b=base_seq),
-            )
+        self._fenced(
+            "INSERT INTO specialist_steps (job_id, turn, step_index, fencing_token, base_seq) "
+            "SELECT :j, :turn, :i, :t, :b WHERE EXISTS (SELECT 1 FROM fence)",
+            self._params(turn=turn, i=index, b=base_seq),
+        )
 
     def finish_step(self, turn: int, index: int, result: StepResult, *, answer: str | None,
                     refusals: dict[str, int]) -> None:
-        with self.engine.begin() as conn:
-            check_fence(conn, self.job_id, self.fencing_token)
-            conn.execute(
-                text(
-                    "UPDATE specialist_steps SET result = CAST(:r AS jsonb), answer = :a, refusals = CAST(:f AS jsonb), "
-                    "fencing_token = :t, ended_at = now() WHERE job_id = :j AND turn = :turn AND step_index = :i"
-                ),
-                self._params(r=json.dumps(step_to_json(result)), a=answer, f=json.dumps(refusals), turn=turn, i=index),
-            )
+        self._fenced(
+            "UPDATE specialist_steps SET result = CAST(:r AS jsonb), answer = :a, refusals = CAST(:f AS jsonb), "
+            "fencing_token = :t, ended_at = now() WHERE job_id = :j AND turn = :turn AND step_index = :i "
+            "AND EXISTS (SELECT 1 FROM fence)",
+            self._params(r=json.dumps(step_to_json(result)), a=answer, f=json.dumps(refusals), turn=turn, i=index),
+        )
 
     def refusals(self) -> dict[str, int]:
         """Semantic calls refused inside the sandbox, by reason, over every recorded step."""

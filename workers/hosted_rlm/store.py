@@ -72,10 +72,15 @@ def pending_call_of(data: bytes) -> str | None:
 def check_fence(conn: Connection, job_id: str, fencing_token: int) -> None:
     """In the caller's transaction: lock the claim row (share) and require it to be ours and live."""
     if not claims.hold_fence(conn, job_id, fencing_token):
-        raise ClaimLost(
-            f"claim {fencing_token} on job {job_id} is no longer current (its lease passed or another worker "
-            "resumed the job); this worker stops writing"
-        )
+        raise claim_lost(job_id, fencing_token)
+
+
+def claim_lost(job_id: str, fencing_token: int) -> ClaimLost:
+    """What a write under a claim that is no longer current raises."""
+    return ClaimLost(
+        f"claim {fencing_token} on job {job_id} is no longer current (its lease passed or another worker "
+        "resumed the job); this worker stops writing"
+    )
 
 
 class PgCheckpointStore:

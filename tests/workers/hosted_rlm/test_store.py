@@ -37,6 +37,47 @@ def test_a_worker_that_lost_its_claim_writes_no_checkpoint_and_no_journal(engine
     assert new.latest(new.session_id) == (1, b"the current worker's record")
 
 
+def test_every_journal_write_of_a_worker_that_lost_its_claim_is_refused_and_writes_nothing(engine):
+    """Each journal write is one statement with the claim's fence in it: a stale worker's writes change nothing."""
+    job_id = support.new_job_id()
+    old = support.claim(engine, job_id)
+    live = Journal(engine, job_id=job_id, fencing_token=old)
+    live.start_step(1, 0, 0)
+    call = live.start_call(purpose="subcall", turn=1, step_index=0, after_seq=0, request_sha256=b"\x01" * 32,
+                           request_text="q", model="m")
+    with engine.begin() as conn:  # the claim moves on: released, then claimed by another worker
+        assert claims.release(conn, job_id, fencing_token=old)
+        assert claims.claim(conn, job_id, worker_id="other", lease_s=30).fencing_token == old + 1
+
+    def snapshot() -> list:
+        with engine.connect() as conn:
+            return [conn.execute(text("SELECT call_id, state, replays, superseded_by FROM specialist_calls "
+                                      "WHERE job_id = :j ORDER BY call_id"), {"j": job_id}).all(),
+                    conn.execute(text("SELECT turn, step_index, ended_at FROM specialist_steps WHERE job_id = :j "
+                                      "ORDER BY turn, step_index"), {"j": job_id}).all()]
+
+    before = snapshot()
+    stale = live  # the same journal, now behind the claim
+    writes = [
+        lambda: stale.start_call(purpose="subcall", turn=1, step_index=0, after_seq=0,
+                                 request_sha256=b"\x02" * 32, request_text="q2", model="m", supersedes=call),
+        lambda: stale.fail_call(call, billed=False, note="refused"),
+        lambda: stale.fail_call(call, billed=None, note="unknown"),
+        lambda: stale.replayed(call),
+        lambda: stale.start_step(1, 1, 0),
+    ]
+    for write in writes:
+        with pytest.raises(ClaimLost):
+            write()
+    assert snapshot() == before
+    # The current claim's journal writes, superseding included, go through.
+    current = Journal(engine, job_id=job_id, fencing_token=old + 1)
+    replacement = current.start_call(purpose="subcall", turn=1, step_index=0, after_seq=0,
+                                     request_sha256=b"\x02" * 32, request_text="q2", model="m", supersedes=call)
+    calls, _ = snapshot()
+    assert [(c.call_id, c.superseded_by) for c in calls] == [(call, replacement), (replacement, None)]
+
+
 def test_only_snapshots_before_paid_calls_are_written(engine):
     job_id = support.new_job_id()
     store = PgCheckpointStore(engine, job_id=job_id, fencing_token=support.claim(engine, job_id),
