@@ -4,6 +4,11 @@
 `specialists worker`, started through the image's entry point with exactly the variables that
 infra/run.tf sets on each Cloud Run service (secrets replaced by test values, the database by this
 run's), listening on the PORT Cloud Run would give them. Shared by the tests of a session.
+
+They run on a database of their own (``deploy_database``): the API's dispatcher is a Cloud Tasks
+relay to an address where nothing answers, and on the session's shared database it took the jobs
+other tests' edges admitted and held each for its lease (a task of tests/app/test_two_instances
+waited 47 s for its worker that way).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import pytest
 
 from tests.deploy.manifests import Terraform, container_env, dockerfile_stages
 from tests.deploy.roles import Role, clean_environment, free_port, on_this_machine, start_role
+from tests.workers.system import drop_database, fresh_database
 
 
 @pytest.fixture(scope="session")
@@ -53,25 +59,33 @@ def deploy_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def worker_from_terraform(tf: Terraform, database_url: str, deploy_logs: Path) -> Iterator[Role]:
+def deploy_database(server_url: str) -> Iterator[str]:
+    """The deployed roles' own database, migrated to head (see the module's docstring)."""
+    url = fresh_database(server_url)
+    yield url
+    drop_database(server_url, url)
+
+
+@pytest.fixture(scope="session")
+def worker_from_terraform(tf: Terraform, deploy_database: str, deploy_logs: Path) -> Iterator[Role]:
     port = free_port()
-    env = terraform_environment(tf, "google_cloud_run_v2_service", "worker", database_url, PORT=str(port))
+    env = terraform_environment(tf, "google_cloud_run_v2_service", "worker", deploy_database, PORT=str(port))
     role = start_role(["worker"], env, deploy_logs / "worker.log", port=port, ready_path="/healthz")
     yield role
     role.stop()
 
 
 @pytest.fixture(scope="session")
-def api_from_terraform(tf: Terraform, database_url: str, deploy_logs: Path) -> Iterator[Role]:
+def api_from_terraform(tf: Terraform, deploy_database: str, deploy_logs: Path) -> Iterator[Role]:
     port = free_port()
     env = terraform_environment(
         tf,
         "google_cloud_run_v2_service",
         "api",
-        database_url,
+        deploy_database,
         PORT=str(port),
         # The relay runs as in production, but talks to a local address instead of Google's API (nothing
-        # leaves this machine). Nothing is admitted in these tests, so it never has a job to send.
+        # leaves this machine). Nothing is admitted on its database, so it never has a job to send.
         SPECIALISTS_CLOUD_TASKS_EMULATOR_HOST=f"127.0.0.1:{free_port()}",
     )
     role = start_role(["serve"], env, deploy_logs / "api.log", port=port, ready_path="/healthz")

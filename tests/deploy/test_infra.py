@@ -125,10 +125,12 @@ def test_each_container_runs_a_real_command_of_the_image(tf, role, command):
     assert build_parser().parse_args(args).func is command
 
 
-def test_a_key_and_credits_the_drill_job_gives_from_its_environment_are_honoured_by_the_api(tf, database_url, api_from_terraform):
+def test_a_key_and_credits_the_drill_job_gives_from_its_environment_are_honoured_by_the_api(
+    tf, deploy_database, api_from_terraform
+):
     # What the drill does first in target mode: issue a key and grant credits to a `drill-…` customer,
     # with the database and the key-signing secrets and environment the job is given.
-    env = terraform_environment(tf, JOB, "drill", database_url)
+    env = terraform_environment(tf, JOB, "drill", deploy_database)
     customer = f"drill-deploy-{uuid.uuid4().hex[:8]}"
     issued = run_command(["keys", "issue", "--customer", customer, "--ttl-days", "1", "--json"], env)
     assert issued.returncode == 0, issued.stderr
