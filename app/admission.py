@@ -348,16 +348,17 @@ class AdmissionService:
     async def _admit_at_once(self, send: _Send) -> Admitted | None:
         """A new task in one autocommit statement; None when the case needs the transaction (``_ADMIT_AT_ONCE``)."""
         task, params = _new_task(send)
+        params["fingerprint_hex"] = send.checked.fingerprint.hex()
         tariff = send.loaded.spec.tariff_credits
         if tariff > 0:
             assert send.identity.customer_id is not None  # anonymous callers only reach tariff-0 specialists
             # The ledger's own checks of what it is handed, before anything is sent (ledger.statements).
-            ledger_port.reserve_params(customer_id=send.identity.customer_id, task_id=task.id,
-                                       fingerprint_hex=send.checked.fingerprint.hex(),
-                                       specialist_id=send.specialist_id, credits=tariff)
+            ledger_port.check_reserve(customer_id=send.identity.customer_id, task_id=task.id,
+                                      fingerprint_hex=params["fingerprint_hex"], specialist_id=send.specialist_id,
+                                      credits=tariff)
         try:
             async with self.autocommit.connect() as conn:
-                await conn.execute(_ADMIT_AT_ONCE, {**params, "fingerprint_hex": send.checked.fingerprint.hex()})
+                await conn.execute(_ADMIT_AT_ONCE, params)
         except DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) == FALLBACK_SQLSTATE:
                 return None

@@ -59,9 +59,9 @@ def reserve(
     raise refusal(_customer_message(result, specialist_id, credits), **details)
 
 
-def reserve_params(*, customer_id: str, task_id: str, fingerprint_hex: str, specialist_id: str, credits: int) -> None:
+def check_reserve(*, customer_id: str, task_id: str, fingerprint_hex: str, specialist_id: str, credits: int) -> None:
     """Check what ``reserve`` would hand the ledger, as the ledger checks it, without a round trip: admission in one
-    statement calls ``ledger_reserve`` itself (app/admission.py). Raises the ledger's LedgerInputInvalid."""
+    statement calls ``ledger_reserve`` itself with these (app/admission.py). Raises the ledger's LedgerInputInvalid."""
     ledger_statements.reserve_params(customer_id, task_id, fingerprint_hex, specialist_id, credits, now=None,
                                      limits=default_limits())
 
