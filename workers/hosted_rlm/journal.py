@@ -40,6 +40,7 @@ from workers.hosted_rlm.store import check_fence, claim_lost
 
 MAX_NOTE_CHARS = 500  # of the note on a model call that ended without an answer (kept for the operator)
 IN_FLIGHT_NOTE = "in flight when the worker running it stopped; its usage is unknown"
+HELD = "EXISTS (SELECT 1 FROM fence)"  # the condition of every journal write (``Journal._fenced``)
 
 
 def pricing_of(spec: PricingSpec) -> charge.Pricing:
@@ -189,13 +190,15 @@ class Journal:
 
     def _fenced(self, write: str, params: dict[str, Any], *, returning: str = "NULL", then: str | None = None) -> Any:
         """One fenced write as one autocommit statement: the claim's share lock (``claims.fence_cte``), then
-        ``write`` (which must hold ``EXISTS (SELECT 1 FROM fence)`` in its condition), one round trip and one
+        ``write`` (which must hold ``HELD`` in its condition), one round trip and one
         commit instead of BEGIN, the fence, the write and COMMIT. Raises ClaimLost as ``check_fence`` does;
         returns ``returning`` (an expression over the ``written`` relation). ``then``: one more common table
         expression, after the write (it may read ``written``)."""
+        # A write without the condition would commit before the lost claim is noticed: none may leave it out.
+        assert all(HELD in part for part in (write, then) if part), "a fenced write must be conditional on the fence"
         statement = text(
             f"WITH {claims.fence_cte()}, written AS ({write}){', ' + then if then else ''} "
-            f"SELECT EXISTS (SELECT 1 FROM fence) AS held, {returning} AS value"
+            f"SELECT {HELD} AS held, {returning} AS value"
         )
         with self._autocommit.connect() as conn:
             row = conn.execute(statement, params).one()
@@ -291,12 +294,12 @@ class Journal:
         return int(self._fenced(
             "INSERT INTO specialist_calls (job_id, fencing_token, purpose, turn, step_index, after_seq, "
             "request_sha256, request_text, model, state) "
-            "SELECT :j, :t, :p, :turn, :step, :seq, :sha, :req, :m, 'started' WHERE EXISTS (SELECT 1 FROM fence) "
+            f"SELECT :j, :t, :p, :turn, :step, :seq, :sha, :req, :m, 'started' WHERE {HELD} "
             "RETURNING call_id",
             self._params(p=purpose, turn=turn, step=step_index, seq=after_seq, sha=request_sha256, req=request_text,
                          m=model, old=supersedes),
             then="superseded AS (UPDATE specialist_calls SET superseded_by = (SELECT call_id FROM written) "
-                 "WHERE call_id = CAST(:old AS bigint) AND job_id = :j AND EXISTS (SELECT 1 FROM fence))",
+                 f"WHERE call_id = CAST(:old AS bigint) AND job_id = :j AND {HELD})",
             returning="(SELECT call_id FROM written)",
         ))
 
@@ -325,22 +328,24 @@ class Journal:
         self._fenced(
             "UPDATE specialist_calls SET state = :s, response = CAST(:r AS jsonb), prompt_tokens = :pt, "
             "completion_tokens = :ct, cost_usd = :c, model = COALESCE(:m, model), note = :n, ended_at = now() "
-            "WHERE call_id = :id AND job_id = :j AND state = 'started' AND EXISTS (SELECT 1 FROM fence)",
+            f"WHERE call_id = :id AND job_id = :j AND state = 'started' AND {HELD}",
             self._params(s=state, r=None if response is None else json.dumps(response), pt=prompt_tokens,
                          ct=completion_tokens, c=cost_usd, m=model, n=None if note is None else note[:MAX_NOTE_CHARS],
                          id=call_id),
         )
 
     def replayed(self, call_id: int) -> None:
-        self._fenced("UPDATE specialist_calls SET replays = replays + 1 "
-                     "WHERE call_id = :id AND job_id = :j AND EXISTS (SELECT 1 FROM fence)", self._params(id=call_id))
+        self._fenced(
+            f"UPDATE specialist_calls SET replays = replays + 1 WHERE call_id = :id AND job_id = :j AND {HELD}",
+            self._params(id=call_id),
+        )
 
     # --- steps --------------------------------------------------------------------------
 
     def start_step(self, turn: int, index: int, base_seq: int) -> None:
         self._fenced(
             "INSERT INTO specialist_steps (job_id, turn, step_index, fencing_token, base_seq) "
-            "SELECT :j, :turn, :i, :t, :b WHERE EXISTS (SELECT 1 FROM fence)",
+            f"SELECT :j, :turn, :i, :t, :b WHERE {HELD}",
             self._params(turn=turn, i=index, b=base_seq),
         )
 
@@ -349,7 +354,7 @@ class Journal:
         self._fenced(
             "UPDATE specialist_steps SET result = CAST(:r AS jsonb), answer = :a, refusals = CAST(:f AS jsonb), "
             "fencing_token = :t, ended_at = now() WHERE job_id = :j AND turn = :turn AND step_index = :i "
-            "AND EXISTS (SELECT 1 FROM fence)",
+            f"AND {HELD}",
             self._params(r=json.dumps(step_to_json(result)), a=answer, f=json.dumps(refusals), turn=turn, i=index),
         )
 
