@@ -1,0 +1,51 @@
+"""What PostgreSQL would do for a query: ``EXPLAIN (FORMAT JSON)`` read back as the scans it plans.
+
+Issue 18: every query the service repeats on a shared table must be served by an index, so that its cost does
+not grow with history. ``seq_scans_of_large_tables`` names each sequential scan the planner chose over a table
+holding at least ``min_rows`` rows (by ``pg_class.reltuples``, so the database must have been ANALYZEd after it
+was seeded). A table smaller than that is cheaper to scan than to index, and the planner knows it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from sqlalchemy import Connection, text
+
+SEQUENTIAL = {"Seq Scan", "Parallel Seq Scan"}
+
+
+def plan(conn: Connection, sql: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The planner's plan of ``sql`` (not run: no ANALYZE), as the JSON tree PostgreSQL prints."""
+    raw = conn.execute(text(f"EXPLAIN (FORMAT JSON) {sql}"), dict(params or {})).scalar_one()
+    document = raw if isinstance(raw, list) else json.loads(raw)
+    return document[0]["Plan"]
+
+
+def nodes(node: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    yield node
+    for child in node.get("Plans", ()):
+        yield from nodes(child)
+
+
+def table_rows(conn: Connection) -> dict[str, float]:
+    """Each ordinary table's row count as the planner believes it (``reltuples``; -1 before any ANALYZE)."""
+    found = conn.execute(text(
+        "SELECT c.relname, c.reltuples FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.relkind = 'r' AND n.nspname = current_schema()"
+    ))
+    return {name: float(rows) for name, rows in found}
+
+
+def seq_scans_of_large_tables(conn: Connection, sql: str, params: Mapping[str, Any] | None = None, *,
+                              min_rows: float) -> list[str]:
+    """Every sequential scan of a table of ``min_rows`` rows or more in ``sql``'s plan, as "table (N rows)"."""
+    sizes = table_rows(conn)
+    found = []
+    for node in nodes(plan(conn, sql, params)):
+        table = node.get("Relation Name")
+        if node["Node Type"] in SEQUENTIAL and table is not None and sizes.get(table, 0) >= min_rows:
+            found.append(f"{table} ({sizes[table]:,.0f} rows)")
+    return found
