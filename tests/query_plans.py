@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, Engine, event, text
 
 SEQUENTIAL = {"Seq Scan", "Parallel Seq Scan"}
 
@@ -45,6 +45,43 @@ def seq_scans_of_large_tables(conn: Connection, sql: str, params: Mapping[str, A
     sizes = table_rows(conn)
     found = []
     for node in nodes(plan(conn, sql, params)):
+        table = node.get("Relation Name")
+        if node["Node Type"] in SEQUENTIAL and table is not None and sizes.get(table, 0) >= min_rows:
+            found.append(f"{table} ({sizes[table]:,.0f} rows)")
+    return found
+
+
+class Statements:
+    """Every statement ``engine`` runs while this is entered, with its parameters, as the driver got them.
+
+    The plan test calls the service's real functions and EXPLAINs what they sent, so it checks the SQL the
+    code runs today, not a copy of it.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.seen: list[tuple[str, Any]] = []
+
+    def _record(self, conn, cursor, statement, parameters, context, executemany) -> None:  # noqa: ANN001
+        if not statement.lstrip().upper().startswith(("EXPLAIN", "SET ", "BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT",
+                                                      "RELEASE", "SHOW ", "SELECT PG_ADVISORY")):
+            self.seen.append((statement, parameters))
+
+    def __enter__(self) -> "Statements":
+        event.listen(self.engine, "before_cursor_execute", self._record)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        event.remove(self.engine, "before_cursor_execute", self._record)
+
+
+def driver_seq_scans(conn: Connection, statement: str, parameters: Any, *, min_rows: float) -> list[str]:
+    """``seq_scans_of_large_tables`` for a statement in the driver's own form (psycopg's ``%(name)s``)."""
+    sizes = table_rows(conn)
+    raw = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {statement}", parameters).scalar_one()
+    document = raw if isinstance(raw, list) else json.loads(raw)
+    found = []
+    for node in nodes(document[0]["Plan"]):
         table = node.get("Relation Name")
         if node["Node Type"] in SEQUENTIAL and table is not None and sizes.get(table, 0) >= min_rows:
             found.append(f"{table} ({sizes[table]:,.0f} rows)")

@@ -1,0 +1,146 @@
+"""Every query the service repeats on a shared table is served by an index (issue 18).
+
+A database of its own is grown by ``bench/seed.py`` (the rows real tasks leave, cloned) to
+``SEEDED_TASKS`` tasks over ``SEEDED_CUSTOMERS`` customers, one of them holding a tenth, and
+ANALYZEd. Each entry of ``QUERIES`` calls the service's real function the way its caller does
+(a request handler, a dispatcher's loop, a worker's job, an operator's command); every statement
+it sends is EXPLAINed, and the test fails on a sequential scan of a table of ``LARGE_TABLE_ROWS``
+rows or more. Functions that write run in a transaction that is rolled back.
+
+What EXPLAIN cannot see: the statements inside a plpgsql function (the ledger's money functions,
+the claim functions). Those look rows up by primary key or by their customer's index, as their
+migrations show; ``bench/scale.py`` measures them from outside at three sizes.
+
+The same seeded database checks the seeder itself: its ledger verifies clean, and it holds the
+template's rows for every task.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+from sqlalchemy import Connection, Engine, create_engine, text
+
+from bench.seed import TABLES, Seeder, load_template
+from core import db
+from ledger import reads, verify
+from taskstate import admitted, claims, idempotency, outbox, rows
+from tests.conftest import _with_database
+from tests.query_plans import Statements, driver_seq_scans
+from workers.hosted_rlm import journal
+
+SEEDED_TASKS = 20_000
+SEEDED_CUSTOMERS = 200
+# Smaller tables are cheaper to scan than to index, and the planner knows it; at 20,000 tasks every table a
+# task writes to holds at least this many rows.
+LARGE_TABLE_ROWS = 10_000
+
+
+@dataclass(frozen=True)
+class Seeded:
+    engine: Engine
+    hot_customer: str
+    hot_owner: str
+    task_id: str  # a completed task of the hot customer
+    context_id: str
+    job_id: str  # its job
+    running_job_id: str
+    small_customer: str
+
+
+@pytest.fixture(scope="module")
+def seeded(server_url: str) -> Iterator[Seeded]:
+    name = f"specialists_plans_{secrets.token_hex(4)}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = _with_database(server_url, name)
+    engine = create_engine(url)
+    try:
+        db.upgrade(url)
+        seeder = Seeder(engine, customers=SEEDED_CUSTOMERS, hot_share=0.10, final_tasks=SEEDED_TASKS)
+        seeder.grow_to(SEEDED_TASKS)
+        with engine.connect() as conn:
+            task = conn.execute(text(
+                "SELECT t.task_id, t.owner, o.context_id, o.task_id || '.' || o.dispatch_id AS job_id "
+                "FROM edge_tasks t JOIN dispatch_outbox o ON o.task_id = t.task_id "
+                "WHERE t.customer_id = :c AND o.status = 'done' ORDER BY t.admitted_at DESC LIMIT 1"),
+                {"c": seeder.hot_customer}).mappings().one()
+            running = conn.execute(text("SELECT job_id FROM job_claims WHERE state = 'running' LIMIT 1")).scalar_one()
+        yield Seeded(engine, seeder.hot_customer, task["owner"], task["task_id"], task["context_id"], task["job_id"],
+                     running, seeder.customer_id(SEEDED_CUSTOMERS - 1))
+    finally:
+        engine.dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+# name -> what its caller does, given a connection (in a transaction that is rolled back) and the seeded facts.
+QUERIES: dict[str, Callable[[Connection, Seeded], Any]] = {
+    # A customer's requests.
+    "GetTask (taskstate.rows.read)": lambda c, s: rows.read(c, s.task_id, s.hot_owner),
+    "a task event's lock (taskstate.rows.lock)": lambda c, s: rows.lock(c, s.task_id, s.hot_owner),
+    "a follow-up's task (taskstate.rows.load)": lambda c, s: rows.load(c, s.task_id, s.hot_owner),
+    "cancel: the task's open jobs (taskstate.outbox.open_dispatch_ids)":
+        lambda c, s: outbox.open_dispatch_ids(c, s.task_id, s.hot_owner),
+    "cancel: the task's claims (taskstate.claims.task_jobs)": lambda c, s: claims.task_jobs(c, s.task_id),
+    "cancel and finish: the task's hold (taskstate.admitted.hold_of)": lambda c, s: admitted.hold_of(c, s.task_id),
+    # The dispatcher's loop.
+    "dispatcher: take due jobs (taskstate.outbox.take)":
+        lambda c, s: outbox.take(c, limit=8, lease_s=30, me="plans"),
+    "dispatcher: lock due jobs (taskstate.outbox.lock_due)": lambda c, s: outbox.lock_due(c, limit=8),
+    "dispatcher: expired Idempotency-Keys (taskstate.idempotency.prune_expired)":
+        lambda c, s: idempotency.prune_expired(c, batch=500),
+    # A worker's job.
+    "worker: a job's message (taskstate.outbox.row_of_job)": lambda c, s: outbox.row_of_job(c, s.job_id),
+    "worker: the run's record (workers.hosted_rlm.journal.run_record)":
+        lambda c, s: journal.run_record(c, s.job_id),
+    "worker: the claim (taskstate.claims.get)": lambda c, s: claims.get(c, s.running_job_id),
+    # Operators.
+    "reconcile: unknown jobs (taskstate.claims.list_unknown)": lambda c, s: claims.list_unknown(c, limit=100),
+    "credits show (ledger.reads.account)": lambda c, s: reads.account(c, s.hot_customer, max_rows=100),
+    "credits history (ledger.reads.history)": lambda c, s: reads.history(c, s.hot_customer),
+    "reservations show (ledger.reads.reservation)": lambda c, s: reads.reservation(c, s.task_id),
+}
+
+
+@pytest.mark.parametrize("name", list(QUERIES))
+def test_a_repeated_query_is_served_by_an_index(seeded: Seeded, name: str) -> None:
+    with Statements(seeded.engine) as sent, seeded.engine.connect() as conn:
+        with conn.begin() as transaction:
+            QUERIES[name](conn, seeded)
+            transaction.rollback()
+    assert sent.seen, f"{name} sent no statement: the entry no longer calls what it names"
+    with seeded.engine.connect() as conn:
+        scans = {statement[:200]: found for statement, parameters in sent.seen
+                 if (found := driver_seq_scans(conn, statement, parameters, min_rows=LARGE_TABLE_ROWS))}
+    assert not scans, f"{name} scans large tables sequentially at {SEEDED_TASKS:,} tasks: {scans}"
+
+
+def test_the_seeded_ledger_verifies_clean(seeded: Seeded) -> None:
+    with seeded.engine.connect() as conn:
+        assert verify.verify(conn) == []
+
+
+def test_every_seeded_task_has_the_rows_a_real_task_leaves(seeded: Seeded) -> None:
+    template = load_template()
+    with seeded.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM tasks")).scalar_one() == SEEDED_TASKS
+        per_task = {table: conn.execute(text(f"SELECT count(*) FROM {table} WHERE {where}"),
+                                        {"T": seeded.task_id, "X": seeded.context_id, "J": seeded.job_id}).scalar_one()
+                    for table, where in TABLES}
+    # A completed clone has every row the completed template has, except the rlm checkpoints, which a finished
+    # run no longer keeps (the retention of specialist checkpoints).
+    expected = {table: len(template["rows"][table]) for table, _ in TABLES}
+    expected["specialist_checkpoints"] = 0
+    assert per_task == expected
