@@ -27,6 +27,9 @@ queries that look for them have something to find (per 10,000 tasks):
   sent        2  handed to Cloud Tasks an hour ago, never claimed: the abandoned-job query's
   pending     5  admitted, not yet taken by a dispatcher
 
+The rlm run's Monty checkpoints (about 30 KB a task, more than all its other rows) are kept as the
+retention keeps them: for jobs that may still resume, and for a day after the others were admitted.
+
 The ledger: each customer gets one grant (``ledger_grant``, the real function) with
 credits for every task it will ever hold. The clones' reservations, settlements and
 postings are then written as the template's are, and each lot's held and spent and each
@@ -78,6 +81,9 @@ CUSTOMER_PREFIX = "scale-"
 SPECIALIST = "reviewer"
 YEAR_S = 365 * 24 * 3600
 BATCH_TASKS = 10_000
+# SPECIALISTS_SPECIALIST_CHECKPOINT_RETENTION_S's default: a job that can no longer resume keeps its checkpoints
+# this long, then a dispatcher deletes them (workers.hosted_rlm.store.prune_ended).
+CHECKPOINTS_KEPT_S = 86_400
 
 
 def capture(conn: Connection, task_id: str | None = None) -> dict[str, Any]:
@@ -315,8 +321,8 @@ class Seeder:
             return {"superseded_by": "NULL"}, "n.v NOT IN ('sent', 'pending')"
         if table == "specialist_steps":
             return {}, "n.v NOT IN ('sent', 'pending')"
-        if table == "specialist_checkpoints":  # a finished run's are pruned (SPECIALISTS_..._RETENTION): see above
-            return {}, "n.v IN ('running', 'expired', 'unknown')"
+        if table == "specialist_checkpoints":  # kept while the job may resume, and a day after (the retention)
+            return {}, f"n.v IN ('running', 'expired') OR n.at > now() - make_interval(secs => {CHECKPOINTS_KEPT_S})"
         del open_job, settle_entry
         return {}, "true"
 

@@ -668,6 +668,20 @@ class HostedSettings(Section):
         description="How long after a dead worker's lease expired a later delivery may still resume its job; "
         "until then the lease sweeper leaves it, after it the job is recorded unknown.",
     )
+    checkpoint_retention_s: float = Field(
+        default=86_400.0,
+        ge=0.0,
+        le=365 * 86_400.0,
+        description="How long the Monty checkpoints of a job that can no longer resume (finished, or unknown) are "
+        "kept, for an operator's look at a run; dispatchers then delete them. A running or released job keeps its "
+        "own whatever their age.",
+    )
+    checkpoints_prune_batch: int = Field(
+        default=500,
+        ge=10,
+        le=100_000,
+        description="Checkpoints deleted at most per prune round (one short transaction, oldest first).",
+    )
 
     @field_validator("checkpoint_key")
     @classmethod

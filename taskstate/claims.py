@@ -403,3 +403,9 @@ class Claims:
     def release(self, job_id: str, fencing_token: int) -> bool:
         with self.engine.begin() as conn:
             return release(conn, job_id, fencing_token=fencing_token)
+
+
+def may_resume_relation() -> str:
+    """The jobs whose claim is running or released, as ``(job_id)``: the only ones a later delivery may resume,
+    for owners that keep something only while a resume may need it (a job's checkpoints)."""
+    return "(SELECT job_id FROM job_claims WHERE state IN ('running', 'released'))"

@@ -32,7 +32,7 @@ from ledger import reads, verify
 from taskstate import admitted, claims, idempotency, outbox, rows
 from tests.conftest import _with_database
 from tests.query_plans import Statements, driver_seq_scans
-from workers.hosted_rlm import journal
+from workers.hosted_rlm import journal, store
 
 SEEDED_TASKS = 20_000
 SEEDED_CUSTOMERS = 200
@@ -46,7 +46,7 @@ class Seeded:
     engine: Engine
     hot_customer: str
     hot_owner: str
-    task_id: str  # a completed task of the hot customer
+    task_id: str  # the hot customer's oldest completed task
     context_id: str
     job_id: str  # its job
     running_job_id: str
@@ -69,9 +69,19 @@ def seeded(server_url: str) -> Iterator[Seeded]:
             task = conn.execute(text(
                 "SELECT t.task_id, t.owner, o.context_id, o.task_id || '.' || o.dispatch_id AS job_id "
                 "FROM edge_tasks t JOIN dispatch_outbox o ON o.task_id = t.task_id "
-                "WHERE t.customer_id = :c AND o.status = 'done' ORDER BY t.admitted_at DESC LIMIT 1"),
+                "JOIN ledger_settlements s ON s.job_id = t.task_id "
+                "WHERE t.customer_id = :c ORDER BY t.admitted_at LIMIT 1"),
                 {"c": seeder.hot_customer}).mappings().one()
             running = conn.execute(text("SELECT job_id FROM job_claims WHERE state = 'running' LIMIT 1")).scalar_one()
+        with engine.begin() as conn:
+            # The checkpoint pruner's table as a busy day leaves it: two small records for each finished job, within
+            # the retention but for one job in fifty (the seeder keeps the real ones of a day's tasks only).
+            conn.execute(text(
+                "INSERT INTO specialist_checkpoints (job_id, seq, session_id, fencing_token, data, created_at) "
+                "SELECT job_id, 100 + g, 'plans', fencing_token, '\\x00', CASE WHEN abs(hashtext(job_id)) % 50 = 0 "
+                "THEN now() - interval '2 days' ELSE now() - interval '1 hour' END "
+                "FROM job_claims, generate_series(1, 2) g WHERE state = 'finished'"))
+            conn.execute(text("ANALYZE specialist_checkpoints"))
         yield Seeded(engine, seeder.hot_customer, task["owner"], task["task_id"], task["context_id"], task["job_id"],
                      running, seeder.customer_id(SEEDED_CUSTOMERS - 1))
     finally:
@@ -101,6 +111,8 @@ QUERIES: dict[str, Callable[[Connection, Seeded], Any]] = {
     "dispatcher: lock due jobs (taskstate.outbox.lock_due)": lambda c, s: outbox.lock_due(c, limit=8),
     "dispatcher: expired Idempotency-Keys (taskstate.idempotency.prune_expired)":
         lambda c, s: idempotency.prune_expired(c, batch=500),
+    "dispatcher: ended jobs' checkpoints (workers.hosted_rlm.store.prune_ended)":
+        lambda c, s: store.prune_ended(c, retention_s=86_400, batch=500),
     # A worker's job.
     "worker: a job's message (taskstate.outbox.row_of_job)": lambda c, s: outbox.row_of_job(c, s.job_id),
     "worker: the run's record (workers.hosted_rlm.journal.run_record)":
@@ -139,8 +151,8 @@ def test_every_seeded_task_has_the_rows_a_real_task_leaves(seeded: Seeded) -> No
         per_task = {table: conn.execute(text(f"SELECT count(*) FROM {table} WHERE {where}"),
                                         {"T": seeded.task_id, "X": seeded.context_id, "J": seeded.job_id}).scalar_one()
                     for table, where in TABLES}
-    # A completed clone has every row the completed template has, except the rlm checkpoints, which a finished
-    # run no longer keeps (the retention of specialist checkpoints).
+    # A completed clone has every row the completed template has, except the rlm checkpoints, which a job that can
+    # no longer resume keeps for SPECIALISTS_SPECIALIST_CHECKPOINT_RETENTION_S only (and the two the fixture added).
     expected = {table: len(template["rows"][table]) for table, _ in TABLES}
-    expected["specialist_checkpoints"] = 0
+    expected["specialist_checkpoints"] = 2
     assert per_task == expected

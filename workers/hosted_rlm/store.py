@@ -181,3 +181,23 @@ class PgCheckpointStore:
             conn.execute(
                 text("DELETE FROM specialist_checkpoints WHERE job_id = :j AND seq < :s"), {"j": self.job_id, "s": seq}
             )
+
+
+# A finished or unknown job never resumes, so its checkpoints serve nobody: a reviewer task leaves about 30 KB of
+# them, more than all its other rows together (bench/scale.py). Dispatchers delete those older than
+# SPECIALISTS_SPECIALIST_CHECKPOINT_RETENTION_S, oldest first through the index on created_at (migration 0210).
+# Only a job that may still resume keeps its own: one whose claim is running or released (given back for another
+# delivery). Those are at most the jobs in flight, so the rows a round skips stay few.
+# (ctid = ANY(ARRAY(...)): the rows chosen are deleted by their address, a TID scan, whatever the table's size.)
+_PRUNE_ENDED = text(
+    "DELETE FROM specialist_checkpoints WHERE ctid = ANY(ARRAY("
+    "SELECT k.ctid FROM specialist_checkpoints k "
+    "WHERE k.created_at < now() - make_interval(secs => :retention_s) "
+    f"AND NOT EXISTS (SELECT 1 FROM {claims.may_resume_relation()} live WHERE live.job_id = k.job_id) "
+    "ORDER BY k.created_at LIMIT :batch FOR UPDATE OF k SKIP LOCKED))"
+)
+
+
+def prune_ended(conn: Connection, *, retention_s: float, batch: int) -> int:
+    """Delete up to ``batch`` checkpoints older than ``retention_s`` of jobs that can no longer resume."""
+    return conn.execute(_PRUNE_ENDED, {"retention_s": retention_s, "batch": batch}).rowcount
