@@ -18,10 +18,16 @@ the history is neither sent again nor WAL-logged again by a progress event.
 An event that does change the history (a status message moves into it) still
 makes PostgreSQL store the history's new value whole: it is one json column.
 
-The SDK's own store (``VersionedDatabaseTaskStore``, the edge's reads and the
-in-process conformance executor) is the one other writer of these tables, by
-design: these functions mirror it. Events of tasks that ended long ago are
-pruned here too (``prune_finished_events``).
+The SDK's own store (``VersionedDatabaseTaskStore``, the edge's GetTask and
+SubscribeToTask, and the in-process conformance executor) is the one other writer
+of these tables, by design: these functions mirror it. Events of tasks that ended
+long ago are pruned here too (``prune_finished_events``).
+
+ListTasks is read here, not through the SDK's store (issue 18): ``list_page`` reads
+one page as keyset ranges of an index in the listing's order (migration 0180), and
+``owner_total`` / ``count_matching`` give its total without counting what a page
+does not hold. The per-owner counts (``task_counts``) are kept by triggers on
+``tasks`` (migration 0180), so every writer, the SDK's store included, keeps them.
 """
 
 from __future__ import annotations
@@ -280,3 +286,181 @@ _PRUNE = text(
 def prune_finished_events(conn: Connection, *, retention_s: float, batch: int) -> int:
     """Delete up to ``batch`` events of tasks terminal for longer than ``retention_s``; how many were deleted."""
     return int(conn.execute(_PRUNE, {"retention_s": retention_s, "batch": batch}).rowcount)
+
+
+# --- ListTasks (issue 18) ------------------------------------------------------------------------------------
+# The order is the a2a-sdk store's: newest first by (last_updated, id), and the tasks without a status timestamp
+# (the SDK's conformance executor writes some) after all the others, by id descending. A page is read as two
+# keyset sections of one index (migration 0180), each LIMITed, in one statement: the timestamped tasks, where the
+# position is a row comparison ``(last_updated, id) < (:after_ts, :after_id)`` (one range of the index, where the
+# SDK's OR was not), then the tasks without one (``last_updated IS NULL AND id < :after_id``, a range too). UNION ALL
+# runs its branches in order and stops once the outer LIMIT is met, so the second section is read only by the page
+# that reaches it. Each filter is an equality that leads an index (``tasks_listing_by_context``,
+# ``tasks_listing_by_state``), and ``updated_after`` a bound of the same range, so a filtered page reads what it
+# returns too. The one combination no index leads, contextId with status, is read from the context's index and
+# ``examine_max`` rows at most per section: a page may then come back short, with the position it reached.
+
+_LISTED = "id, context_id, last_updated, status, metadata"
+# Each statement of the listing has an index whose order is its ORDER BY, and is planned with sorting off (this
+# transaction only) so that it is read in that order whatever the planner believes: believing a customer small (one
+# the statistics have not seen yet, or whose tasks grew since the last ANALYZE), it read all of the customer's rows
+# and sorted them instead (measured: 18,530 rows for a page of 51). Sorting off only prices a sort out; a plan that
+# has no other way still sorts.
+_IN_INDEX_ORDER = text("SET LOCAL enable_sort = off")
+_ORDER = "ORDER BY last_updated DESC, id DESC"
+
+
+@dataclass(frozen=True)
+class ListingFilter:
+    """What a listing is narrowed to (the A2A ListTasksRequest's filters), each served by an index range."""
+
+    context_id: str | None = None
+    state: str | None = None  # the TaskState's name, as ``status ->> 'state'`` stores it (TASK_STATE_WORKING)
+    updated_after: datetime | None = None  # naive UTC: tasks whose last update is at or after it
+
+    @property
+    def narrows(self) -> bool:
+        return self.context_id is not None or self.state is not None or self.updated_after is not None
+
+    @property
+    def examines(self) -> bool:
+        """Whether a page reads more rows than it returns: contextId with status (no index leads with both)."""
+        return self.context_id is not None and self.state is not None
+
+
+@dataclass(frozen=True)
+class Position:
+    """A place in the listing's order: the last task a page covered. ``last_updated`` None: the section of
+    tasks without a status timestamp."""
+
+    last_updated: datetime | None
+    task_id: str
+
+
+@dataclass
+class ListedPage:
+    tasks: list[Task]
+    next: Position | None  # where the next page starts (after it); None: the listing ends here
+
+
+def _filter_conditions(filters: ListingFilter, *, state: bool) -> list[str]:
+    where = ["owner = :owner"]
+    if filters.context_id is not None:
+        where.append("context_id = :context_id")
+    if filters.state is not None and state:
+        where.append("(status ->> 'state') = :state")
+    return where
+
+
+def _section(section: int, filters: ListingFilter, after: Position | None, columns: str) -> str | None:
+    """One keyset range of the page (0: timestamped tasks, 1: without a timestamp), or None if the page cannot
+    reach it. Each row says whether it ``matches`` the filters, and whether it is the ``boundary``: the last row
+    a section that examines may read."""
+    where = _filter_conditions(filters, state=not filters.examines)
+    if section == 0:
+        if after is not None and after.last_updated is None:
+            return None  # the position is past every timestamped task
+        where.append("last_updated IS NOT NULL" if after is None else
+                     "(last_updated, id) < (CAST(:after_ts AS timestamp), CAST(:after_id AS varchar))")
+        if filters.updated_after is not None:
+            where.append("last_updated >= CAST(:updated_after AS timestamp)")
+    else:
+        if filters.updated_after is not None:
+            return None  # a task without a timestamp was never updated after anything
+        where.append("last_updated IS NULL")
+        if after is not None and after.last_updated is None:
+            where.append("id < CAST(:after_id AS varchar)")
+    condition = " AND ".join(where)
+    if not filters.examines:
+        return (f"SELECT {columns}, {section} AS section, true AS matches, false AS boundary "
+                f"FROM tasks WHERE {condition} {_ORDER} LIMIT :limit")
+    return (f"SELECT * FROM (SELECT {columns}, {section} AS section, (status ->> 'state') = :state AS matches, "
+            f"row_number() OVER ({_ORDER}) = :examine_max AS boundary "
+            f"FROM tasks WHERE {condition} {_ORDER} LIMIT :examine_max) AS examined "
+            f"WHERE matches OR boundary {_ORDER}")
+
+
+def page_statement(owner: str, filters: ListingFilter, after: Position | None, page_size: int, *,
+                   with_history: bool, with_artifacts: bool, examine_max: int) -> tuple[str, dict[str, Any]]:
+    """The SQL of one page of ``list_page`` and its parameters (the plan tests EXPLAIN it)."""
+    columns = _LISTED + (", history" if with_history else "") + (", artifacts" if with_artifacts else "")
+    sections = [sql for sql in (_section(0, filters, after, columns), _section(1, filters, after, columns)) if sql]
+    statement = " UNION ALL ".join(f"({sql})" for sql in sections)
+    params: dict[str, Any] = {"owner": owner, "limit": page_size + 1, "examine_max": examine_max,
+                              "context_id": filters.context_id, "state": filters.state,
+                              "updated_after": filters.updated_after}
+    if after is not None:
+        params.update(after_ts=after.last_updated, after_id=after.task_id)
+    return f"SELECT * FROM ({statement}) AS page LIMIT :limit", params
+
+
+def _listed_task(row: Any, *, with_history: bool, with_artifacts: bool) -> Task:
+    task = Task(id=row.id, context_id=row.context_id)
+    if row.status:
+        ParseDict(row.status, task.status)
+    if row.metadata:
+        task.metadata.update(row.metadata)
+    for message in (row.history or []) if with_history else []:
+        ParseDict(message, task.history.add())
+    for artifact in (row.artifacts or []) if with_artifacts else []:
+        ParseDict(artifact, task.artifacts.add())
+    return task
+
+
+def list_page(conn: Connection, owner: str, filters: ListingFilter, after: Position | None, page_size: int, *,
+              with_history: bool, with_artifacts: bool, examine_max: int) -> ListedPage:
+    """The owner's tasks after ``after`` (None: from the newest), at most ``page_size``, in the listing's order;
+    the history and the artifacts only if asked for (a page then reads neither column). ``conn`` must be in a
+    transaction (SQLAlchemy's default): the plan's setting is ``SET LOCAL``."""
+    statement, params = page_statement(owner, filters, after, page_size, with_history=with_history,
+                                       with_artifacts=with_artifacts, examine_max=examine_max)
+    conn.execute(_IN_INDEX_ORDER)
+    listed, reached, section = [], None, 0
+    for row in conn.execute(text(statement), params):
+        assert row.section >= section, "UNION ALL returned the page's sections out of order"
+        section = row.section
+        if row.matches:
+            listed.append(row)
+            if len(listed) > page_size:
+                break
+        if row.boundary:  # the section examined all it may: the page ends at this row, matching or not
+            reached = Position(row.last_updated, row.id)
+            break
+    if len(listed) > page_size:
+        del listed[page_size:]
+        reached = Position(listed[-1].last_updated, listed[-1].id)
+    tasks = [_listed_task(row, with_history=with_history, with_artifacts=with_artifacts) for row in listed]
+    return ListedPage(tasks=tasks, next=reached)
+
+
+_OWNER_TOTAL = text("SELECT coalesce(sum(tasks), 0) FROM task_counts WHERE owner = :owner")
+
+
+def owner_total(conn: Connection, owner: str) -> int:
+    """How many tasks the owner has: the sum of its ``task_counts`` slots (at most one per concurrent writer
+    it ever had), kept exact by the triggers of migration 0180."""
+    return int(conn.execute(_OWNER_TOTAL, {"owner": owner}).scalar_one())
+
+
+def count_statement(owner: str, filters: ListingFilter, limit: int) -> tuple[str, dict[str, Any]]:
+    """The SQL of ``count_matching`` and its parameters: at most ``limit`` rows of one index range are read. The
+    ORDER BY is the index's own: without it, a filter most of the owner's tasks match is planned as a sequential
+    scan that stops at ``limit``, which reads the whole table when the owner's rows are not where it starts."""
+    where = _filter_conditions(filters, state=not filters.examines)
+    if filters.updated_after is not None:
+        where.append("last_updated >= CAST(:updated_after AS timestamp)")
+    matches = "(status ->> 'state') = :state" if filters.examines else "true"
+    statement = (f"SELECT count(*) FILTER (WHERE matches) AS matched, count(*) AS examined "
+                 f"FROM (SELECT {matches} AS matches FROM tasks WHERE {' AND '.join(where)} {_ORDER} LIMIT :limit) AS m")
+    return statement, {"owner": owner, "context_id": filters.context_id, "state": filters.state,
+                       "updated_after": filters.updated_after, "limit": limit}
+
+
+def count_matching(conn: Connection, owner: str, filters: ListingFilter, limit: int) -> tuple[int, bool]:
+    """How many of the owner's tasks match ``filters``, reading at most ``limit`` rows, and whether that is
+    exact. Not exact: at least that many match (contextId with status: that many among ``limit`` of the
+    context's tasks)."""
+    statement, params = count_statement(owner, filters, limit)
+    conn.execute(_IN_INDEX_ORDER)
+    row = conn.execute(text(statement), params).one()
+    return int(row.matched), int(row.examined) < limit

@@ -31,6 +31,7 @@ OWNERS = {
     "tasks": "taskstate/rows.py",
     "task_versions": "taskstate/rows.py",
     "task_events": "taskstate/rows.py",
+    "task_counts": "taskstate/rows.py",
     "edge_tasks": "taskstate/admitted.py",
     "edge_idempotency_keys": "taskstate/idempotency.py",
     "dispatch_outbox": "taskstate/outbox.py",
