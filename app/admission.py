@@ -51,7 +51,7 @@ from a2a.utils.errors import (
     TaskNotFoundError,
     UnsupportedOperationError,
 )
-from a2a.utils.task import decode_list_tasks_cursor, validate_history_length
+from a2a.utils.task import validate_history_length
 from google.protobuf.json_format import MessageToDict
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import DBAPIError
@@ -267,37 +267,12 @@ def _credit_ceiling(message: Message) -> int | None:
     return int(value)
 
 
-# Page tokens are the a2a-sdk store's cursors (base64 of {"ts": <ns>, "id": <task id>}): under 100 characters.
-MAX_PAGE_TOKEN_CHARS = 256
-# The latest instant PostgreSQL's timestamp (and Python's datetime) hold: 9999-12-31, in ns since the epoch.
-_MAX_CURSOR_NS = 253_402_300_799 * 10**9
-
-
 def check_list_request(params: ListTasksRequest) -> None:
-    """Refuse a ListTasks request the store would choke on: a page token the edge did not issue, ids too long.
-
-    A page token is opaque to the caller: the store decodes it (base64, then JSON) and
-    compares its parts in SQL. One that decodes to anything else (``AAAA`` is three NUL
-    bytes) reached PostgreSQL and failed there; now it is ``page_token_invalid``.
-    """
+    """Refuse a ListTasks request whose contextId could never be stored. Its page token is read, and refused
+    if this service did not issue it, by ``app.listing`` (``page_token_invalid``)."""
     if len(params.context_id) > MAX_ID_CHARS:
         raise invalid(f"contextId has {len(params.context_id)} characters; at most {MAX_ID_CHARS} are accepted",
                       "id_too_long")
-    token = params.page_token
-    if not token:
-        return
-    cursor = decode_list_tasks_cursor(token) if len(token) <= MAX_PAGE_TOKEN_CHARS else None
-    if (
-        cursor is None
-        or not 0 < len(cursor.task_id) <= MAX_ID_CHARS
-        or not cursor.task_id.isprintable()
-        or (cursor.timestamp_ns is not None and not 0 <= cursor.timestamp_ns <= _MAX_CURSOR_NS)
-    ):
-        raise InvalidValue(
-            "pageToken is not a page token this service issued; send the nextPageToken of a previous ListTasks "
-            "answer unchanged, or omit it for the first page",
-            code="page_token_invalid",
-        )
 
 
 def fingerprint(specialist_id: str, message: Message) -> bytes:

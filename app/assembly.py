@@ -44,6 +44,7 @@ from app.events import NotifiedEventStream
 from app.grpc_binding import GRACEFUL_STOP_S, GrpcBinding, build_server
 from app.handler import EdgeRequestHandler, identity_of
 from app.identity import EdgeUser
+from app.listing import TaskListing
 from app.middleware import CREDENTIAL_HEADERS, IDENTITY_SCOPE_KEY, SPECIALIST_SCOPE_KEY, A2AGuard, RequestLog
 from taskstate.notify import Listener, Notifier
 from app.observability import Metrics
@@ -169,6 +170,7 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
     store = VersionedDatabaseTaskStore(engine, create_table=False)
     events = NotifiedEventStream(engine, listener, notifier, settings.edge.event_poll_interval_s)
     admission = AdmissionService(engine, settings, notifier)
+    listing = TaskListing(engine, settings)
     limiter = RateLimiter(engine, settings)
     signer = KeySigner([s.get_secret_value() for s in settings.keys.signing_secrets], settings.keys.environment)
     verifier = AsyncKeyVerifier(signer, engine, settings.keys.revocation_cache_s)
@@ -182,6 +184,7 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
             store=store,
             events=events,
             admission=admission,
+            listing=listing,
             streams=streams,
             settings=settings,
             metrics=metrics,

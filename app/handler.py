@@ -1,7 +1,9 @@
 """The A2A request handler of one specialist: the a2a-sdk's default handler with admission in front.
 
-Reads (GetTask, ListTasks, SubscribeToTask) are the SDK's own, on the shared
-PostgreSQL store and event stream, scoped by owner. Sends and cancels differ:
+GetTask and SubscribeToTask are the SDK's own, on the shared PostgreSQL store and
+event stream, scoped by owner. ListTasks is the edge's own (``app.listing``: keyset
+pages served by an index, tokens it signs, a total it does not count per page),
+after the SDK's checks, with the SDK's response. Sends and cancels differ:
   - SendMessage / SendStreamingMessage run admission (one transaction: task,
     reservation, outbox row; or the replay of the send they repeat, with the
     direct Message it was answered with, if it was) instead of executing in
@@ -45,6 +47,7 @@ from app.admission import Admitted, AdmissionService, check_list_request
 from app.errors import EdgeError, KeyRequiredForListing, converting_foreign_errors
 from app.events import NotifiedEventStream
 from app.identity import EdgeUser, Identity
+from app.listing import TaskListing
 from app.observability import Metrics, note_refusal
 from app.streams import StreamGate, caller_of
 from core.settings import Settings
@@ -94,6 +97,7 @@ class EdgeRequestHandler(DefaultRequestHandler):
         store: VersionedDatabaseTaskStore,
         events: NotifiedEventStream,
         admission: AdmissionService,
+        listing: TaskListing,
         streams: StreamGate,
         settings: Settings,
         metrics: Metrics,
@@ -110,6 +114,7 @@ class EdgeRequestHandler(DefaultRequestHandler):
         self.loaded = loaded
         self.events = events
         self.admission = admission
+        self.listing = listing
         self.streams = streams
         self.settings = settings
         self.metrics = metrics
@@ -196,4 +201,4 @@ class EdgeRequestHandler(DefaultRequestHandler):
                 "listing tasks needs a key: without one, tasks are reachable only by their id"
             )
         check_list_request(params)
-        return await super().on_list_tasks(params, context)
+        return await self.listing.list(params, context.user.user_name)

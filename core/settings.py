@@ -279,6 +279,21 @@ class EdgeSettings(Section):
     card_max_age_s: int = Field(
         default=300, ge=0, le=86_400, description="Cache-Control max-age of Agent Cards and the specialist list."
     )
+    list_tasks_scan_max_rows: int = Field(
+        default=1000,
+        ge=100,
+        le=100_000,
+        description="Most task rows a filtered ListTasks reads beyond its page: its totalSize is counted on its "
+        "first page up to this many (exact below it, this number at it), and a page filtered by both contextId "
+        "and status examines at most this many of the context's tasks per section (it may then come back short, "
+        "with a nextPageToken).",
+    )
+    list_tasks_accept_sdk_page_tokens: bool = Field(
+        default=True,
+        description="Accept the a2a-sdk store's page tokens (issued by the release before issue 18's) as positions, "
+        "so a listing that spans a rolling deploy keeps paging. Turn off once no instance of that release serves: "
+        "then every token must be one this service signed.",
+    )
     conformance_hold_working_s: float = Field(
         default=5.0,
         ge=0.0,
