@@ -381,10 +381,13 @@ def _section(section: int, filters: ListingFilter, after: Position | None, colum
 
 
 def page_statement(owner: str, filters: ListingFilter, after: Position | None, page_size: int, *,
-                   with_history: bool, with_artifacts: bool, examine_max: int) -> tuple[str, dict[str, Any]]:
-    """The SQL of one page of ``list_page`` and its parameters (the plan tests EXPLAIN it)."""
+                   with_history: bool, with_artifacts: bool, examine_max: int) -> tuple[str, dict[str, Any]] | None:
+    """The SQL of one page of ``list_page`` and its parameters (the plan tests EXPLAIN it); None when no section
+    can hold a task after ``after`` (a position among the tasks without a timestamp, with ``updated_after``)."""
     columns = _LISTED + (", history" if with_history else "") + (", artifacts" if with_artifacts else "")
     sections = [sql for sql in (_section(0, filters, after, columns), _section(1, filters, after, columns)) if sql]
+    if not sections:
+        return None
     statement = " UNION ALL ".join(f"({sql})" for sql in sections)
     params: dict[str, Any] = {"owner": owner, "limit": page_size + 1, "examine_max": examine_max,
                               "context_id": filters.context_id, "state": filters.state,
@@ -412,8 +415,11 @@ def list_page(conn: Connection, owner: str, filters: ListingFilter, after: Posit
     """The owner's tasks after ``after`` (None: from the newest), at most ``page_size``, in the listing's order;
     the history and the artifacts only if asked for (a page then reads neither column). ``conn`` must be in a
     transaction (SQLAlchemy's default): the plan's setting is ``SET LOCAL``."""
-    statement, params = page_statement(owner, filters, after, page_size, with_history=with_history,
-                                       with_artifacts=with_artifacts, examine_max=examine_max)
+    planned = page_statement(owner, filters, after, page_size, with_history=with_history,
+                             with_artifacts=with_artifacts, examine_max=examine_max)
+    if planned is None:
+        return ListedPage(tasks=[], next=None)
+    statement, params = planned
     conn.execute(_IN_INDEX_ORDER)
     listed, reached, section = [], None, 0
     for row in conn.execute(text(statement), params):

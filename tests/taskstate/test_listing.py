@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from datetime import datetime
 from importlib.machinery import SourceFileLoader
 from importlib.util import module_from_spec, spec_from_loader
 
@@ -15,7 +16,7 @@ from sqlalchemy import Engine, text
 
 from core.settings import PROJECT_ROOT
 from taskstate import rows
-from taskstate.rows import ListingFilter
+from taskstate.rows import ListingFilter, Position
 
 pytestmark = pytest.mark.timeout(120)
 WRITERS = 8
@@ -153,3 +154,16 @@ def test_a_page_filtered_by_context_and_status_stops_where_it_examined_all_it_ma
     assert first.tasks == [] and first.next is not None  # short, with the position it reached
     assert sorted(task.id for task in second.tasks) == sorted(task.id for task in tasks[:3])
     assert second.next is None
+
+
+def test_a_position_among_the_tasks_without_a_timestamp_ends_a_listing_of_tasks_updated_after_a_time(engine):
+    # Only an a2a-sdk cursor can carry it (they are not signed): such a task was never updated after anything.
+    owner = an_owner()
+    insert(engine, owner, [a_task()])
+    after = ListingFilter(updated_after=datetime(2000, 1, 1))
+    with engine.connect() as conn:
+        page = rows.list_page(conn, owner, after, Position(None, "zzzz"), 10, with_history=False,
+                              with_artifacts=False, examine_max=100)
+        assert (page.tasks, page.next) == ([], None)
+        assert len(rows.list_page(conn, owner, after, None, 10, with_history=False, with_artifacts=False,
+                                  examine_max=100).tasks) == 1
