@@ -20,7 +20,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -95,6 +95,23 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+# ListTasks as app.listing calls it: a page of 50 with the history, and, for a filtered listing, its bounded total.
+LIST_SCAN_MAX_ROWS = 1000
+
+
+def _listing(c: Connection, s: Seeded, filters: rows.ListingFilter) -> None:
+    """The first two pages (the second after the first's position), and the total as the first page reads it."""
+    first = rows.list_page(c, s.hot_owner, filters, None, 50, with_history=True, with_artifacts=False,
+                           examine_max=LIST_SCAN_MAX_ROWS)
+    if first.next is not None:
+        rows.list_page(c, s.hot_owner, filters, first.next, 50, with_history=True, with_artifacts=False,
+                       examine_max=LIST_SCAN_MAX_ROWS)
+    if filters.narrows:
+        rows.count_matching(c, s.hot_owner, filters, LIST_SCAN_MAX_ROWS)
+    else:
+        rows.owner_total(c, s.hot_owner)
+
+
 # name -> what its caller does, given a connection (in a transaction that is rolled back) and the seeded facts.
 QUERIES: dict[str, Callable[[Connection, Seeded], Any]] = {
     # A customer's requests.
@@ -105,6 +122,15 @@ QUERIES: dict[str, Callable[[Connection, Seeded], Any]] = {
         lambda c, s: outbox.open_dispatch_ids(c, s.task_id, s.hot_owner),
     "cancel: the task's claims (taskstate.claims.task_jobs)": lambda c, s: claims.task_jobs(c, s.task_id),
     "cancel and finish: the task's hold (taskstate.admitted.hold_of)": lambda c, s: admitted.hold_of(c, s.task_id),
+    "ListTasks (taskstate.rows.list_page, owner_total)": lambda c, s: _listing(c, s, rows.ListingFilter()),
+    "ListTasks by contextId (taskstate.rows.list_page, count_matching)":
+        lambda c, s: _listing(c, s, rows.ListingFilter(context_id=s.context_id)),
+    "ListTasks by a common status": lambda c, s: _listing(c, s, rows.ListingFilter(state="TASK_STATE_COMPLETED")),
+    "ListTasks by a rare status": lambda c, s: _listing(c, s, rows.ListingFilter(state="TASK_STATE_WORKING")),
+    "ListTasks by contextId and status":
+        lambda c, s: _listing(c, s, rows.ListingFilter(context_id=s.context_id, state="TASK_STATE_COMPLETED")),
+    "ListTasks by statusTimestampAfter": lambda c, s: _listing(
+        c, s, rows.ListingFilter(updated_after=(_now() - timedelta(days=30)).replace(tzinfo=None))),
     # The dispatcher's loop.
     "dispatcher: take due jobs (taskstate.outbox.take)":
         lambda c, s: outbox.take(c, limit=8, lease_s=30, me="plans"),

@@ -33,7 +33,7 @@ Expand-only: older code never reads ``task_counts``, and its inserts keep it exa
 through the triggers.
 
 Revision ID: 0180
-Revises: 0170
+Revises: 0210
 """
 
 from alembic import op
@@ -41,7 +41,7 @@ from alembic import op
 from migrations.compat import create_index_online, drop_index_online, forget, record
 
 revision = "0180"
-down_revision = "0170"
+down_revision = "0210"
 branch_labels = None
 depends_on = None
 
