@@ -456,8 +456,8 @@ def count_statement(owner: str, filters: ListingFilter, limit: int) -> tuple[str
     if filters.updated_after is not None:
         where.append("last_updated >= CAST(:updated_after AS timestamp)")
     matches = "(status ->> 'state') = :state" if filters.examines else "true"
-    statement = (f"SELECT count(*) FILTER (WHERE matches) AS matched, count(*) AS examined "
-                 f"FROM (SELECT {matches} AS matches FROM tasks WHERE {' AND '.join(where)} {_ORDER} LIMIT :limit) AS m")
+    statement = (f"SELECT count(*) FILTER (WHERE matches) AS matched, count(*) AS examined FROM "
+                 f"(SELECT {matches} AS matches FROM tasks WHERE {' AND '.join(where)} {_ORDER} LIMIT :limit) AS m")
     return statement, {"owner": owner, "context_id": filters.context_id, "state": filters.state,
                        "updated_after": filters.updated_after, "limit": limit}
 
