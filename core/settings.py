@@ -811,6 +811,31 @@ class LedgerSettings(Section):
             "one commit) may carry; 1 runs every call alone."
         ),
     )
+    verify_database_url: str | None = Field(
+        default=None,
+        description=(
+            "PostgreSQL URL `specialists ledger verify` reads from, e.g. a read replica (a hot standby serves "
+            "its snapshot). Unset: the service's database (DATABASE_URL)."
+        ),
+    )
+    verify_customers_per_chunk: int = Field(
+        default=100,
+        ge=1,
+        le=100_000,
+        description=(
+            "Accounts the whole-ledger `ledger verify` checks per statement, inside its one snapshot; it "
+            "reports progress after each."
+        ),
+    )
+
+    @field_validator("verify_database_url")
+    @classmethod
+    def _verify_url_is_postgresql(cls, value: str | None) -> str | None:
+        if not value:  # set but empty: as unset, like DATABASE_URL
+            return None
+        if value.split("://", 1)[0].split("+", 1)[0] not in ("postgres", "postgresql"):
+            raise ValueError("must be a postgresql:// URL (or unset, to verify the service's database)")
+        return value
 
 
 class Settings(BaseModel):
