@@ -17,7 +17,7 @@ alone, at once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -37,7 +37,16 @@ from ledger.results import (
     UnknownResult,
     Violation,
 )
-from ledger.verify import AccountTotal, totals, verify
+from ledger.verify import (
+    SNAPSHOT_SQL,
+    AccountTotal,
+    Audit,
+    Progress,
+    totals,
+    verify,
+    verify_customer,
+    verify_in_chunks,
+)
 
 
 class Ledger:
@@ -172,12 +181,30 @@ class Ledger:
     # --- reads ------------------------------------------------------------------
 
     def verify(self, customer_id: str | None = None) -> list[Violation]:
+        """Every broken invariant, of one customer or the whole ledger, in one statement (see ``ledger.verify``)."""
         with self._autocommit.connect() as conn:
             return verify(conn, customer_id)
 
-    def totals(self) -> list[AccountTotal]:
+    def audit(
+        self, customer_id: str | None = None, *, on_progress: Callable[[Progress], None] | None = None
+    ) -> Audit:
+        """The operator's verify: one customer's rows, or the whole ledger ``verify_customers_per_chunk`` accounts
+        at a time with progress after each range, and the journal's totals, all in one REPEATABLE READ, READ
+        ONLY snapshot (which a hot standby serves too). Finds what ``verify`` finds."""
+        with self.engine.connect() as conn:
+            conn.exec_driver_sql(SNAPSHOT_SQL)
+            if customer_id is not None:
+                found = verify_customer(conn, customer_id)
+            else:
+                found = verify_in_chunks(
+                    conn, customers_per_chunk=self.limits.verify_customers_per_chunk, on_progress=on_progress
+                )
+            conn.rollback()
+            return found
+
+    def totals(self, customer_id: str | None = None) -> list[AccountTotal]:
         with self._autocommit.connect() as conn:
-            return totals(conn)
+            return totals(conn, customer_id)
 
     def account(self, customer_id: str, *, now: datetime | None = None) -> reads.AccountView | None:
         # Several queries: one REPEATABLE READ snapshot so the parts agree with each other.
@@ -190,14 +217,23 @@ class Ledger:
         with self._autocommit.connect() as conn:
             return reads.history(conn, customer_id, limit=min(limit, self.limits.max_rows_per_listing))
 
+    def reservation_page(
+        self, *, customer_id: str | None = None, states: tuple[str, ...] | None = None,
+        limit: int = reads.DEFAULT_LISTED_RESERVATIONS, before: str | None = None,
+    ) -> reads.ReservationPage:
+        """A page of reservations, newest first from the cursor ``before`` (see ``reads.reservation_page``)."""
+        with self._autocommit.connect() as conn:
+            return reads.reservation_page(
+                conn, customer_id=customer_id, states=states, limit=min(limit, self.limits.max_rows_per_listing),
+                before=before,
+            )
+
     def reservations(
         self, *, customer_id: str | None = None, states: tuple[str, ...] | None = None,
         limit: int = reads.DEFAULT_LISTED_RESERVATIONS,
     ) -> list[reads.ReservationView]:
-        with self._autocommit.connect() as conn:
-            return reads.list_reservations(
-                conn, customer_id=customer_id, states=states, limit=min(limit, self.limits.max_rows_per_listing)
-            )
+        """The newest ``limit`` reservations, oldest first: the first page of ``reservation_page``."""
+        return list(self.reservation_page(customer_id=customer_id, states=states, limit=limit).reservations)
 
     def reservation(self, job_id: str) -> reads.ReservationView | None:
         with self._autocommit.connect() as conn:

@@ -1,15 +1,23 @@
 """Read-only views of the ledger for operators and the edge: accounts, lots, entitlements, journal, reservations.
 
 Reads move no money, so they are plain queries (several per view is fine); every list
-is bounded by the caller's limit.
+is bounded by the caller's limit, and each query is one index range whatever the
+ledger's history (docs/LEDGER.md, "Indexes"). Reservation listings page with a keyset
+cursor on (created_at, job_id).
 """
 
 from __future__ import annotations
 
+import base64
+import json
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
+from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, TextClause, text
+
+from ledger.errors import LedgerInputInvalid
 
 
 @dataclass(frozen=True)
@@ -93,10 +101,47 @@ _RESERVATION_COLUMNS = """
 """
 
 
+# The queries of the views, each served by an index (docs/LEDGER.md, "Indexes"); tests/ledger/test_index_use.py
+# reads their plans on a grown ledger.
+# The account's row (primary key) and the totals of its lots (ledger_lots_drawdown: the customer's lots).
+ACCOUNT_SQL = text(
+    "SELECT a.customer_id, a.max_parallel, a.open_reservations, a.held, t.at, "
+    "COALESCE(SUM(l.granted - l.held - l.spent - l.expired - l.removed) FILTER (WHERE l.swept_at IS NULL "
+    "AND (l.expires_at IS NULL OR l.expires_at > t.at)), 0) AS available, "
+    "COALESCE(SUM(l.granted - l.held - l.spent - l.expired - l.removed) FILTER (WHERE l.swept_at IS NOT NULL "
+    "OR l.expires_at <= t.at), 0) AS expired_unswept "
+    "FROM ledger_accounts a CROSS JOIN (SELECT COALESCE(CAST(:now AS timestamptz), now()) AS at) t "
+    "LEFT JOIN ledger_lots l ON l.customer_id = a.customer_id "
+    "WHERE a.customer_id = :c GROUP BY a.customer_id, a.max_parallel, a.open_reservations, a.held, t.at"
+)
+# The customer's lots in draw-down order (ledger_lots_drawdown).
+LOTS_SQL = text(
+    "SELECT lot_id, CASE WHEN grant_id IS NULL THEN 'adjustment' ELSE 'grant' END AS source, grant_id, priority, "
+    "granted, held, spent, expired, removed, granted - held - spent - expired - removed AS remaining, expires_at, "
+    "swept_at, created_at, (swept_at IS NULL AND (expires_at IS NULL OR expires_at > :at)) AS usable "
+    "FROM ledger_lots WHERE customer_id = :c ORDER BY priority, expires_at NULLS LAST, lot_id LIMIT :n"
+)
+# The customer's entitlements (the primary key, customer first).
+ENTITLEMENTS_SQL = text(
+    "SELECT skill, grant_id, expires_at, (expires_at IS NULL OR expires_at > :at) AS active "
+    "FROM ledger_entitlements WHERE customer_id = :c ORDER BY skill, grant_id LIMIT :n"
+)
+# The customer's newest postings (ledger_journal_customer, read backwards).
+HISTORY_SQL = text(
+    "SELECT posting_id, entry_id, at, kind, lot_id, job_id, from_account, to_account, credits, reason, "
+    "operator FROM ledger_journal WHERE customer_id = :c ORDER BY posting_id DESC LIMIT :n"
+)
+# One reservation and its settlement (both primary keys).
+RESERVATION_SQL = text(
+    f"SELECT {_RESERVATION_COLUMNS} FROM ledger_reservations r "
+    "LEFT JOIN ledger_settlements s ON s.job_id = r.job_id WHERE r.job_id = :j"
+)
+
 # How many reservations a listing shows when its caller names no number (within max_rows_per_listing).
 DEFAULT_LISTED_RESERVATIONS = 100
 # How many journal lines a customer's history shows when its caller names no number.
 DEFAULT_HISTORY_LINES = 50
+
 
 def _reservation(row) -> ReservationView:
     data = dict(row)
@@ -110,43 +155,17 @@ def account(conn: Connection, customer_id: str, *, max_rows: int, now: datetime 
 
     ``max_rows`` bounds each listed part; the totals always cover every lot.
     """
-    head = conn.execute(
-        text(
-            "SELECT a.customer_id, a.max_parallel, a.open_reservations, a.held, t.at, "
-            "COALESCE(SUM(l.granted - l.held - l.spent - l.expired - l.removed) FILTER (WHERE l.swept_at IS NULL "
-            "AND (l.expires_at IS NULL OR l.expires_at > t.at)), 0) AS available, "
-            "COALESCE(SUM(l.granted - l.held - l.spent - l.expired - l.removed) FILTER (WHERE l.swept_at IS NOT NULL "
-            "OR l.expires_at <= t.at), 0) AS expired_unswept "
-            "FROM ledger_accounts a CROSS JOIN (SELECT COALESCE(CAST(:now AS timestamptz), now()) AS at) t "
-            "LEFT JOIN ledger_lots l ON l.customer_id = a.customer_id "
-            "WHERE a.customer_id = :c GROUP BY a.customer_id, a.max_parallel, a.open_reservations, a.held, t.at"
-        ),
-        {"c": customer_id, "now": now},
-    ).mappings().first()
+    head = conn.execute(ACCOUNT_SQL, {"c": customer_id, "now": now}).mappings().first()
     if head is None:
         return None
     at = head["at"]
     lots = tuple(
         LotView(**dict(row))
-        for row in conn.execute(
-            text(
-                "SELECT lot_id, CASE WHEN grant_id IS NULL THEN 'adjustment' ELSE 'grant' END AS source, grant_id, priority, granted, held, spent, expired, removed, "
-                "granted - held - spent - expired - removed AS remaining, expires_at, swept_at, created_at, "
-                "(swept_at IS NULL AND (expires_at IS NULL OR expires_at > :at)) AS usable "
-                "FROM ledger_lots WHERE customer_id = :c ORDER BY priority, expires_at NULLS LAST, lot_id LIMIT :n"
-            ),
-            {"c": customer_id, "at": at, "n": max_rows},
-        ).mappings()
+        for row in conn.execute(LOTS_SQL, {"c": customer_id, "at": at, "n": max_rows}).mappings()
     )
     entitlements = tuple(
         EntitlementView(**dict(row))
-        for row in conn.execute(
-            text(
-                "SELECT skill, grant_id, expires_at, (expires_at IS NULL OR expires_at > :at) AS active "
-                "FROM ledger_entitlements WHERE customer_id = :c ORDER BY skill, grant_id LIMIT :n"
-            ),
-            {"c": customer_id, "at": at, "n": max_rows},
-        ).mappings()
+        for row in conn.execute(ENTITLEMENTS_SQL, {"c": customer_id, "at": at, "n": max_rows}).mappings()
     )
     unresolved = tuple(
         list_reservations(conn, customer_id=customer_id, states=("open", "unknown"), limit=max_rows)
@@ -166,14 +185,119 @@ def account(conn: Connection, customer_id: str, *, max_rows: int, now: datetime 
 
 def history(conn: Connection, customer_id: str, *, limit: int = DEFAULT_HISTORY_LINES) -> list[JournalLine]:
     """The customer's journal postings, newest first."""
-    rows = conn.execute(
-        text(
-            "SELECT posting_id, entry_id, at, kind, lot_id, job_id, from_account, to_account, credits, reason, "
-            "operator FROM ledger_journal WHERE customer_id = :c ORDER BY posting_id DESC LIMIT :n"
-        ),
-        {"c": customer_id, "n": limit},
-    ).mappings()
+    rows = conn.execute(HISTORY_SQL, {"c": customer_id, "n": limit}).mappings()
     return [JournalLine(**dict(row)) for row in rows]
+
+
+# The states a reservation listing may ask for (the enum ledger_reservation_state, migration 0002).
+RESERVATION_STATES = ("open", "unknown", "settled", "voided", "reconciled")
+_UNRESOLVED = {"open", "unknown"}
+# A listing's cursor is a job id (at most SCHEMA_MAX_ID_CHARS) and an instant, encoded: far below this.
+MAX_CURSOR_CHARS = 1024
+
+
+@dataclass(frozen=True)
+class ReservationPage:
+    reservations: tuple[ReservationView, ...]  # oldest first: the newest ones older than the page's cursor
+    next_cursor: str | None  # the page of older ones (pass it as ``before``); None: nothing older is left
+
+
+def encode_cursor(created_at: datetime, job_id: str) -> str:
+    """The opaque cursor of a listing page that starts below (``created_at``, ``job_id``)."""
+    raw = json.dumps([created_at.isoformat(), job_id], separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """(created_at, job_id) of a cursor ``encode_cursor`` made; ``LedgerInputInvalid`` for anything else."""
+    refused = LedgerInputInvalid(
+        "the cursor is not one a reservation listing printed; copy the `--before` value again, "
+        "or list without it to start from the newest"
+    )
+    if not isinstance(cursor, str) or not 0 < len(cursor) <= MAX_CURSOR_CHARS:
+        raise refused
+    try:
+        at, job_id = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        created_at = datetime.fromisoformat(at)
+    except (ValueError, TypeError, UnicodeDecodeError):
+        raise refused from None
+    if not isinstance(job_id, str) or not job_id or created_at.tzinfo is None:
+        raise refused
+    return created_at, job_id
+
+
+@lru_cache(maxsize=64)
+def listing_sql(by_customer: bool, states: frozenset[str] | None, paged: bool) -> TextClause:
+    """The listing's statement, with only the conditions it needs, each as a plain comparison the planner
+    can serve with an index: the customer's (customer_id, created_at); for open and unknown ones the
+    partial index of unresolved reservations (its predicate is written out, for the planner to match);
+    for unknown and reconciled ones the small index of reservations ever marked unknown; otherwise the
+    index on created_at. The cursor is a keyset on (created_at, job_id), newest first."""
+    where = []
+    if by_customer:
+        where.append("r.customer_id = :c")
+    if states is not None:
+        where.append("r.state = ANY(CAST(:states AS ledger_reservation_state[]))")
+        if states <= _UNRESOLVED:
+            where.append("r.state IN ('open', 'unknown')")
+        elif states <= {"unknown", "reconciled"}:
+            where.append("r.unknown_at IS NOT NULL")
+    if paged:
+        where.append("(r.created_at, r.job_id) < (CAST(:before_at AS timestamptz), CAST(:before_job AS text))")
+    return text(
+        f"SELECT {_RESERVATION_COLUMNS} FROM ledger_reservations r "
+        "LEFT JOIN ledger_settlements s ON s.job_id = r.job_id "
+        + (f"WHERE {' AND '.join(where)} " if where else "")
+        + "ORDER BY r.created_at DESC, r.job_id DESC LIMIT :n"
+    )
+
+
+def listing(
+    *,
+    customer_id: str | None = None,
+    states: tuple[str, ...] | None = None,
+    limit: int = DEFAULT_LISTED_RESERVATIONS,
+    before: str | None = None,
+) -> tuple[TextClause, dict[str, Any]]:
+    """The statement of a reservation page and its parameters (``limit`` + 1 rows: the one more says a page
+    follows). Refuses an unknown state and a cursor no listing made (``LedgerInputInvalid``)."""
+    if limit < 1:
+        raise LedgerInputInvalid(f"a listing shows at least 1 row, got {limit}")
+    wanted = None if states is None else frozenset(states)
+    if wanted is not None and not wanted <= set(RESERVATION_STATES):
+        raise LedgerInputInvalid(
+            f"reservation states are {', '.join(RESERVATION_STATES)}; got {', '.join(sorted(wanted))}"
+        )
+    params: dict[str, Any] = {"n": limit + 1}
+    if customer_id is not None:
+        params["c"] = customer_id
+    if wanted is not None:
+        params["states"] = sorted(wanted)
+    if before is not None:
+        params["before_at"], params["before_job"] = decode_cursor(before)
+    return listing_sql(customer_id is not None, wanted, before is not None), params
+
+
+def reservation_page(
+    conn: Connection,
+    *,
+    customer_id: str | None = None,
+    states: tuple[str, ...] | None = None,
+    limit: int = DEFAULT_LISTED_RESERVATIONS,
+    before: str | None = None,
+) -> ReservationPage:
+    """The newest ``limit`` reservations older than the cursor ``before`` (none: from the newest), optionally of
+    one customer and in some states, oldest first; and the cursor of the page before them.
+
+    Each page is one index range read from where the previous one stopped, so a page costs the same at
+    any depth and however long the history; paging on from the first page lists every reservation that
+    existed at the first page exactly once, newest page first.
+    """
+    sql, params = listing(customer_id=customer_id, states=states, limit=limit, before=before)
+    rows = [_reservation(row) for row in conn.execute(sql, params).mappings()]
+    page, rest = rows[:limit], rows[limit:]
+    next_cursor = encode_cursor(page[-1].created_at, page[-1].job_id) if rest else None
+    return ReservationPage(reservations=tuple(reversed(page)), next_cursor=next_cursor)
 
 
 def list_reservations(
@@ -183,33 +307,11 @@ def list_reservations(
     states: tuple[str, ...] | None = None,
     limit: int = DEFAULT_LISTED_RESERVATIONS,
 ) -> list[ReservationView]:
-    """The newest ``limit`` reservations (optionally of one customer, in some states), oldest first.
-
-    Served by the customer index, or for unknown-only lists by the index of reservations
-    ever marked unknown. Open reservations of all customers at once need a table scan:
-    an operator command, not a hot path (see docs/LEDGER.md).
-    """
-    only_ever_unknown = states is not None and set(states) <= {"unknown", "reconciled"}
-    rows = conn.execute(
-        text(
-            f"SELECT {_RESERVATION_COLUMNS} FROM ledger_reservations r "
-            "LEFT JOIN ledger_settlements s ON s.job_id = r.job_id "
-            "WHERE (CAST(:c AS text) IS NULL OR r.customer_id = :c) "
-            "AND (CAST(:states AS text[]) IS NULL OR r.state = ANY(CAST(:states AS ledger_reservation_state[]))) "
-            + ("AND r.unknown_at IS NOT NULL " if only_ever_unknown else "")
-            + "ORDER BY r.created_at DESC, r.job_id DESC LIMIT :n"
-        ),
-        {"c": customer_id, "states": list(states) if states is not None else None, "n": limit},
-    ).mappings()
-    return [_reservation(row) for row in reversed(list(rows))]
+    """The newest ``limit`` reservations (optionally of one customer, in some states), oldest first: the
+    first page of ``reservation_page``."""
+    return list(reservation_page(conn, customer_id=customer_id, states=states, limit=limit).reservations)
 
 
 def reservation(conn: Connection, job_id: str) -> ReservationView | None:
-    row = conn.execute(
-        text(
-            f"SELECT {_RESERVATION_COLUMNS} FROM ledger_reservations r "
-            "LEFT JOIN ledger_settlements s ON s.job_id = r.job_id WHERE r.job_id = :j"
-        ),
-        {"j": job_id},
-    ).mappings().first()
+    row = conn.execute(RESERVATION_SQL, {"j": job_id}).mappings().first()
     return _reservation(row) if row else None

@@ -170,3 +170,4 @@ class Violation:
     check: str  # stable name, e.g. lot_mismatch, account_held_mismatch, resolved_twice
     subject: str  # what it is about: a customer, a lot, a job
     detail: str
+    customer_id: str | None = None  # whose rows disagree (the id the rows are filed under)

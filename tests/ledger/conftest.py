@@ -18,6 +18,14 @@ def new_job() -> str:
     return "job-" + uuid.uuid4().hex
 
 
+def verified(ledger: Ledger, customer: str) -> list:
+    """The customer's violations, after checking that its own verify (its rows only) finds exactly what the
+    whole ledger's verify finds for it."""
+    scoped = ledger.verify(customer)
+    assert scoped == [v for v in ledger.verify() if v.customer_id == customer]
+    return scoped
+
+
 @pytest.fixture(scope="session")
 def ledger(engine) -> Ledger:
     return Ledger(engine)

@@ -10,7 +10,7 @@ from sqlalchemy.exc import DBAPIError
 
 from ledger import operations as ops
 from ledger.errors import AdjustRefused, GrantRefused, LedgerInputInvalid, ResolutionRefused
-from tests.ledger.conftest import new_customer, new_job
+from tests.ledger.conftest import new_customer, new_job, verified
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -481,7 +481,7 @@ def test_verify_finds_a_planted_journal_row(engine, ledger, customer, t0):
             ),
             {"c": customer, "l": lot},
         )
-    checks = {(v.check, v.subject) for v in ledger.verify(customer)}
+    checks = {(v.check, v.subject) for v in verified(ledger, customer)}
     assert ("lot_mismatch", f"lot {lot} of {customer}") in checks
 
 
@@ -490,7 +490,7 @@ def test_verify_finds_a_held_total_that_no_reservation_explains(engine, ledger, 
     funded(ledger, customer, 100, now=t0)
     with engine.begin() as conn:
         conn.execute(text("UPDATE ledger_accounts SET held = 5 WHERE customer_id = :c"), {"c": customer})
-    checks = {v.check for v in ledger.verify(customer)}
+    checks = {v.check for v in verified(ledger, customer)}
     assert "account_held_mismatch" in checks
 
 
@@ -508,7 +508,7 @@ def test_verify_finds_a_job_resolved_twice(engine, ledger, customer, t0):
             ),
             {"c": customer, "l": lot, "j": job},
         )
-    checks = {v.check for v in ledger.verify(customer)}
+    checks = {v.check for v in verified(ledger, customer)}
     assert {"resolved_twice", "hold_mismatch"} <= checks
 
 
