@@ -9,17 +9,22 @@ Every command prints tables for people and JSON with ``--json``; exit codes come
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
 from functools import wraps
 from typing import Any
 
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 
-from ledger.errors import LedgerInputInvalid
+from core import db
 from ledger.client import Ledger
+from ledger.errors import LedgerInputInvalid
+from ledger.verify import Progress
 from ops import output
-from ops.output import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit, fail, say
+from ops.output import EXIT_DATABASE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit, fail, progress, say
 
 Handler = Callable[[Any, argparse.Namespace], int]
 
@@ -167,13 +172,19 @@ def cmd_reservations_list(ctx, args: argparse.Namespace) -> int:
     if args.unknown or args.open:
         states = (("unknown",) if args.unknown else ()) + (("open",) if args.open else ())
     ledger = _ledger(ctx)
-    rows = [asdict(r) for r in ledger.reservations(customer_id=args.customer, states=states, limit=args.limit)]
-    if args.unknown:
-        # Tasks of free specialists reserve nothing, yet their unknown jobs wait for an operator too.
+    page = ledger.reservation_page(customer_id=args.customer, states=states, limit=args.limit, before=args.before)
+    rows = [asdict(r) for r in page.reservations]
+    if args.unknown and args.before is None:
+        # Tasks of free specialists reserve nothing, yet their unknown jobs wait for an operator too (first page only).
         from workers.reconcile import unknown_free_tasks
 
         rows += unknown_free_tasks(ledger.engine, customer_id=args.customer, limit=max(0, args.limit - len(rows)))
-    emit(rows, as_json=ctx.as_json, columns=_RESERVATION_COLUMNS, title="reservations")
+    if ctx.as_json:
+        output.emit_json({"reservations": rows, "next_cursor": page.next_cursor})
+        return EXIT_OK
+    emit(rows, as_json=False, columns=_RESERVATION_COLUMNS, title="reservations (oldest first)")
+    if page.next_cursor is not None:
+        say(f"older reservations: the same command with --before {page.next_cursor}")
     return EXIT_OK
 
 
@@ -228,27 +239,99 @@ def cmd_reconcile(ctx, args: argparse.Namespace) -> int:
 # --- ledger -----------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _VerifySource:
+    engine: Engine
+    url: str  # redacted: safe to print
+    own: bool  # an engine of its own (the verify database setting), disposed after the command
+
+
+def _verify_source(ctx) -> _VerifySource:
+    """The database the verify reads: SPECIALISTS_LEDGER_VERIFY_DATABASE_URL (e.g. a read replica), or the service's."""
+    url = ctx.settings.ledger.verify_database_url
+    if url is None:
+        return _VerifySource(ctx.engine_at_head(), db.redact_url(ctx.settings.database.url or ctx.url), own=False)
+    engine = db.make_engine(db.sqlalchemy_url(url), ctx.settings)
+    try:
+        db.require_schema_at_head(engine)
+    except db.DatabaseUnavailable as unreachable:
+        engine.dispose()
+        raise db.DatabaseUnavailable(
+            f"cannot reach the verify database at {db.redact_url(url)}; check SPECIALISTS_LEDGER_VERIFY_DATABASE_URL "
+            "(unset it to verify the service's database)"
+        ) from unreachable
+    except BaseException:
+        engine.dispose()
+        raise
+    return _VerifySource(engine, db.redact_url(url), own=True)
+
+
+def _database_said(source: _VerifySource, audit) -> dict[str, Any]:
+    return {"url": source.url, "standby": audit.standby, "replayed_at": audit.replayed_at}
+
+
+def _role(audit) -> str:
+    if not audit.standby:
+        return "primary"
+    return f"standby, replayed to {audit.replayed_at:%Y-%m-%d %H:%M:%S}" if audit.replayed_at else "standby"
+
+
 @_handler
 def cmd_ledger_verify(ctx, args: argparse.Namespace) -> int:
-    ledger = _ledger(ctx)
-    violations = ledger.verify(args.customer)
+    source = _verify_source(ctx)
+    started = time.monotonic()
+
+    def report(at: Progress) -> None:
+        if at.customers_done == 0:
+            progress(f"ledger verify: {at.customers_total:,} customers from {source.url}, "
+                     f"{ctx.settings.ledger.verify_customers_per_chunk:,} per statement, in one snapshot")
+        else:
+            progress(f"ledger verify: {at.customers_done:,} of {at.customers_total:,} customers, "
+                     f"{at.violations:,} violation(s), {time.monotonic() - started:.1f} s")
+
+    try:
+        if args.customer is not None:
+            progress(f"ledger verify: customer {args.customer} from {source.url}")
+        audit = Ledger(source.engine, ctx.settings.ledger).audit(args.customer, on_progress=report)
+    except DBAPIError as failed:
+        return fail(
+            "verify_interrupted",
+            f"the verify's read of {source.url} failed ({type(failed.orig).__name__}, SQLSTATE "
+            f"{getattr(failed.orig, 'sqlstate', None) or 'unknown'}); nothing was changed: run it again. On a "
+            "standby a long read is canceled by conflicts with recovery unless hot_standby_feedback is on there.",
+            as_json=ctx.as_json,
+            exit_code=EXIT_DATABASE,
+        )
+    finally:
+        if source.own:
+            source.engine.dispose()
+    violations = audit.violations
+    whose = f"{args.customer}'s postings" if args.customer is not None else "the journal"
+    read = (f"read {audit.customers:,} customer(s) from {source.url} ({_role(audit)}) in "
+            f"{time.monotonic() - started:.1f} s")
     if ctx.as_json:
         output.emit_json(
             {
                 "clean": not violations,
                 "violations": [asdict(v) for v in violations],
-                "totals": {t.account: t.balance for t in ledger.totals()},
+                "totals": {t.account: t.balance for t in audit.totals},
+                "customer_id": args.customer,
+                "customers": audit.customers,
+                "database": _database_said(source, audit),
             }
         )
     elif violations:
-        emit([asdict(v) for v in violations], as_json=False, columns=["check", "subject", "detail"], title="ledger violations")
+        emit([asdict(v) for v in violations], as_json=False, columns=["check", "subject", "customer_id", "detail"],
+             title="ledger violations")
+        say(read)
     else:
         emit(
-            [asdict(t) for t in ledger.totals()],
+            [asdict(t) for t in audit.totals],
             as_json=False,
             columns=["account", "balance"],
-            title="ledger is clean; journal account balances",
+            title=f"ledger is clean; account balances of {whose}",
         )
+        say(read)
     if violations:
         if not ctx.as_json:
             say(f"{len(violations)} violation(s): the ledger does not match its journal. Do not adjust around it; investigate.")
@@ -308,11 +391,15 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
     reservations = groups.add_parser("reservations", parents=[common], help="reservations held for jobs").add_subparsers(
         dest="action", required=True
     )
-    lst = reservations.add_parser("list", parents=[common], help="list reservations, oldest first")
+    lst = reservations.add_parser(
+        "list", parents=[common], help="the newest reservations, oldest first; --before pages to older ones"
+    )
     lst.add_argument("--customer", default=None)
     lst.add_argument("--unknown", action="store_true", help="only those whose outcome is unknown (to reconcile)")
     lst.add_argument("--open", action="store_true", help="only open ones")
     lst.add_argument("--limit", type=_positive_int, default=100)
+    lst.add_argument("--before", metavar="CURSOR", default=None,
+                     help="the page of older reservations: the cursor printed under the previous page")
     lst.set_defaults(func=cmd_reservations_list)
     one = reservations.add_parser("show", parents=[common], help="one reservation and its resolution")
     one.add_argument("job_id")
@@ -343,8 +430,12 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
     ledger = groups.add_parser("ledger", parents=[common], help="ledger integrity and expiry").add_subparsers(
         dest="action", required=True
     )
-    verify = ledger.add_parser("verify", parents=[common], help="recompute from the journal; exit 1 on any violation")
-    verify.add_argument("--customer", default=None, help="only this customer")
+    verify = ledger.add_parser(
+        "verify", parents=[common],
+        help="recompute from the journal, in one snapshot (SPECIALISTS_LEDGER_VERIFY_DATABASE_URL: from a replica); "
+             "exit 1 on any violation",
+    )
+    verify.add_argument("--customer", default=None, help="only this customer (reads only its rows)")
     verify.set_defaults(func=cmd_ledger_verify)
     expire = ledger.add_parser("expire", parents=[common], help="move expired, unreserved credits to breakage now")
     expire.add_argument("--max-lots", type=_positive_int, default=None)

@@ -89,6 +89,11 @@ def say(message: str) -> None:
     _out.print(message)
 
 
+def progress(message: str) -> None:
+    """A line for the person watching a long command, on stderr: stdout stays the command's result (and its JSON)."""
+    _err.print(escape(message))
+
+
 def fail(code: str, message: str, *, as_json: bool, exit_code: int = EXIT_REFUSED) -> int:
     """Report an error on stderr (and as JSON on stdout for scripts); return the exit code."""
     if as_json:

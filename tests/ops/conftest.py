@@ -1,3 +1,3 @@
 """Fixtures the operator command's tests share with the ledger's."""
 
-from tests.ledger.conftest import ledger  # noqa: F401
+from tests.ledger.conftest import ledger, t0  # noqa: F401

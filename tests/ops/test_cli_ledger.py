@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -69,7 +70,8 @@ def test_unknown_reservations_are_listed_and_reconciled_once(service_env, ledger
     marked = run_json(service_env, "reservations", "mark-unknown", job, "--reason", "worker lease expired")
     assert (marked["outcome"], marked["unknown_by"]) == ("marked", "ops-test")
     unknown = run_json(service_env, "reservations", "list", "--unknown", "--customer", customer)
-    assert [(r["job_id"], r["state"]) for r in unknown] == [(job, "unknown")]
+    assert [(r["job_id"], r["state"]) for r in unknown["reservations"]] == [(job, "unknown")]
+    assert unknown["next_cursor"] is None
 
     reconciled = run_json(service_env, "reconcile", job, "--charged", "5", "--reason", "provider log shows success")
     assert (reconciled["outcome"], reconciled["charged"], reconciled["released"], reconciled["operator"]) == (
@@ -80,7 +82,7 @@ def test_unknown_reservations_are_listed_and_reconciled_once(service_env, ledger
     )
     again = run_json(service_env, "reconcile", job, "--charged", "6", "--reason", "second try", expect=1)
     assert again["error"]["code"] == "reservation_already_resolved"
-    assert run_json(service_env, "reservations", "list", "--unknown", "--customer", customer) == []
+    assert run_json(service_env, "reservations", "list", "--unknown", "--customer", customer)["reservations"] == []
     shown = run_json(service_env, "reservations", "show", job)
     assert (shown["resolution_kind"], shown["resolved_by"]) == ("reconcile", "ops-test")
 
@@ -149,3 +151,125 @@ def test_an_invalid_ledger_setting_exits_3_naming_the_variable(service_env):
     done = run(env, "credits", "show", "--customer", new_customer("cli"))
     assert done.returncode == 3
     assert "SPECIALISTS_LEDGER_MAX_CREDITS_PER_OPERATION" in done.stderr
+
+
+# --- reservation pages (issue 18) -------------------------------------------------
+
+
+def test_reservations_list_pages_through_every_reservation_once(service_env, ledger, t0):
+    customer = new_customer("cli")
+    ledger.grant(customer, 1000, operator="test", skills=["review"], max_parallel=20, now=t0)
+    jobs = [new_job() for _ in range(8)]
+    for index, job in enumerate(jobs):  # three reserved at the same instant: the cursor breaks the tie by job id
+        ledger.reserve(customer, job, "fp", "review", 5, now=t0 + timedelta(seconds=min(index, 3)))
+    ledger.settle(jobs[0], 2)
+
+    pages, cursor = [], None
+    while True:
+        args = ["reservations", "list", "--customer", customer, "--limit", "3"] + (["--before", cursor] if cursor else [])
+        page = run_json(service_env, *args)
+        pages.append([(r["created_at"], r["job_id"]) for r in page["reservations"]])
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert [len(p) for p in pages] == [3, 3, 2]
+    assert all(p == sorted(p) for p in pages)  # each page oldest first
+    assert sorted(key for p in pages for key in p) == [key for p in reversed(pages) for key in p]  # newest page first
+    assert sorted(job for p in pages for _, job in p) == sorted(jobs)  # every reservation, once
+
+    open_only = run_json(service_env, "reservations", "list", "--customer", customer, "--open", "--limit", "20")
+    assert sorted(r["job_id"] for r in open_only["reservations"]) == sorted(jobs[1:])
+
+    table = run(service_env, "reservations", "list", "--customer", customer, "--limit", "3")
+    assert table.returncode == 0
+    first_cursor = run_json(service_env, "reservations", "list", "--customer", customer, "--limit", "3")["next_cursor"]
+    assert f"--before {first_cursor}" in table.stdout
+
+    bad = run(service_env, "reservations", "list", "--before", "not-a-cursor")
+    assert bad.returncode == 2 and "cursor" in bad.stderr
+
+
+# --- verify: progress, and the database it reads (issue 18) ----------------------
+
+
+@pytest.fixture(scope="module")
+def other_database(server_url):
+    """A second database at head on the same server, with a ledger of its own: five customers, one of them with
+    a posting no operation made. It stands for a replica whose ledger differs from the primary's."""
+    from sqlalchemy import create_engine
+
+    from core import db
+    from ledger.client import Ledger
+    from tests.conftest import _with_database
+
+    name = f"specialists_verify_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = _with_database(server_url, name)
+    engine = create_engine(url)
+    try:
+        db.upgrade(url)
+        ledger = Ledger(engine)
+        customers = [new_customer("replica") for _ in range(5)]
+        lots = [ledger.grant(customer, 10, operator="test", skills=["review"]).lot_id for customer in customers]
+        broken = customers[2]
+        with engine.begin() as conn:
+            conn.execute(
+                text("INSERT INTO ledger_journal (entry_id, at, kind, customer_id, lot_id, from_account, to_account, "
+                     "credits) VALUES (nextval('ledger_entry_seq'), now(), 'adjust', :c, :l, 'customer_available', "
+                     "'revenue', 4)"),
+                {"c": broken, "l": lots[2]},
+            )
+        yield {"url": url, "customers": sorted(customers), "broken": broken, "lot": lots[2]}
+    finally:
+        engine.dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def test_the_whole_verify_shows_progress_on_stderr_and_only_its_json_on_stdout(service_env, other_database):
+    env = service_env | {"DATABASE_URL": other_database["url"], "SPECIALISTS_LEDGER_VERIFY_CUSTOMERS_PER_CHUNK": "2"}
+    done = run(env, "ledger", "verify", "--json")
+    assert done.returncode == 1, done.stderr
+    verdict = json.loads(done.stdout)  # nothing but the JSON on stdout
+    assert [(v["check"], v["customer_id"]) for v in verdict["violations"]] == [("lot_mismatch", other_database["broken"])]
+    assert (verdict["customers"], verdict["database"]["url"], verdict["database"]["standby"]) == (
+        5, other_database["url"], False)
+    lines = [line for line in done.stderr.splitlines() if line.startswith("ledger verify:")]
+    assert lines[0].startswith("ledger verify: 5 customers from ") and "2 per statement, in one snapshot" in lines[0]
+    assert [line.split(",")[0] for line in lines[1:]] == [
+        "ledger verify: 2 of 5 customers", "ledger verify: 4 of 5 customers", "ledger verify: 5 of 5 customers"]
+    broken_at = other_database["customers"].index(other_database["broken"])  # violations so far, range by range
+    assert [" 1 violation(s)" in line for line in lines[1:]] == [broken_at < 2, broken_at < 4, True]
+
+    table = run(env, "ledger", "verify")
+    assert table.returncode == 1 and "lot_mismatch" in table.stdout
+    assert f"read 5 customer(s) from {other_database['url']} (primary)" in table.stdout
+
+
+def test_verify_reads_the_database_its_setting_names(service_env, ledger, other_database):
+    primary_customer = new_customer("cli")  # exists only in the service's database
+    ledger.grant(primary_customer, 10, operator="test", skills=["review"])
+    env = service_env | {"SPECIALISTS_LEDGER_VERIFY_DATABASE_URL": other_database["url"]}
+
+    whole = run_json(env, "ledger", "verify", expect=1)
+    assert whole["database"]["url"] == other_database["url"]
+    assert [(v["check"], v["customer_id"]) for v in whole["violations"]] == [("lot_mismatch", other_database["broken"])]
+    assert whole["customers"] == 5
+
+    broken = run_json(env, "ledger", "verify", "--customer", other_database["broken"], expect=1)
+    assert [v["subject"] for v in broken["violations"]] == [f"lot {other_database['lot']} of {other_database['broken']}"]
+    absent = run_json(env, "ledger", "verify", "--customer", primary_customer)
+    assert (absent["clean"], absent["customers"], absent["totals"]) == (True, 0, {})
+    assert run_json(service_env, "ledger", "verify", "--customer", primary_customer)["customers"] == 1
+
+
+def test_a_bad_or_unreachable_verify_database_names_its_setting(service_env):
+    invalid = run(service_env | {"SPECIALISTS_LEDGER_VERIFY_DATABASE_URL": "mysql://replica/x"}, "ledger", "verify")
+    assert invalid.returncode == 3 and "SPECIALISTS_LEDGER_VERIFY_DATABASE_URL" in invalid.stderr
+    unreachable = run(service_env | {"SPECIALISTS_LEDGER_VERIFY_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/x"},
+                      "ledger", "verify", "--json")
+    assert unreachable.returncode == 4 and "SPECIALISTS_LEDGER_VERIFY_DATABASE_URL" in unreachable.stderr
+    assert json.loads(unreachable.stdout)["error"]["code"] == "database_unavailable"

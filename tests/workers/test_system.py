@@ -320,7 +320,7 @@ def killed_mid_job_then_reconciled(system: System, customer: dict) -> None:
     assert state_of(system, customer, task_id) == "TASK_STATE_WORKING"
 
     listed = specialists(system, "reservations", "list", "--unknown", "--customer", customer["X-Customer"])
-    assert [r["job_id"] for r in json.loads(listed.stdout)] == [task_id]
+    assert [r["job_id"] for r in json.loads(listed.stdout)["reservations"]] == [task_id]
     done = specialists(system, "reconcile", task_id, "--charged", "1", "--state", "failed",
                        "--reason", "drill: the worker was killed; provider log shows no answer")
     assert done.returncode == 0, done.stderr
