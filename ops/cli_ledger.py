@@ -22,7 +22,7 @@ from sqlalchemy.exc import DBAPIError
 from core import db
 from ledger.client import Ledger
 from ledger.errors import LedgerInputInvalid
-from ledger.verify import Progress
+from ledger.verify import Audit, Progress
 from ops import output
 from ops.output import EXIT_DATABASE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit, fail, progress, say
 
@@ -266,11 +266,7 @@ def _verify_source(ctx) -> _VerifySource:
     return _VerifySource(engine, db.redact_url(url), own=True)
 
 
-def _database_said(source: _VerifySource, audit) -> dict[str, Any]:
-    return {"url": source.url, "standby": audit.standby, "replayed_at": audit.replayed_at}
-
-
-def _role(audit) -> str:
+def _role(audit: Audit) -> str:
     if not audit.standby:
         return "primary"
     return f"standby, replayed to {audit.replayed_at:%Y-%m-%d %H:%M:%S}" if audit.replayed_at else "standby"
@@ -293,7 +289,7 @@ def cmd_ledger_verify(ctx, args: argparse.Namespace) -> int:
         if args.customer is not None:
             progress(f"ledger verify: customer {args.customer} from {source.url}")
         audit = Ledger(source.engine, ctx.settings.ledger).audit(args.customer, on_progress=report)
-    except DBAPIError as failed:
+    except DBAPIError as failed:  # e.g. a standby canceled the read (a conflict with its replay), or the link broke
         return fail(
             "verify_interrupted",
             f"the verify's read of {source.url} failed ({type(failed.orig).__name__}, SQLSTATE "
@@ -305,38 +301,36 @@ def cmd_ledger_verify(ctx, args: argparse.Namespace) -> int:
     finally:
         if source.own:
             source.engine.dispose()
-    violations = audit.violations
-    whose = f"{args.customer}'s postings" if args.customer is not None else "the journal"
-    read = (f"read {audit.customers:,} customer(s) from {source.url} ({_role(audit)}) in "
-            f"{time.monotonic() - started:.1f} s")
+    _emit_audit(ctx, args.customer, source, audit, seconds=time.monotonic() - started)
+    if audit.violations:
+        if not ctx.as_json:
+            say(f"{len(audit.violations)} violation(s): the ledger does not match its journal. Do not adjust "
+                "around it; investigate.")
+        return EXIT_REFUSED
+    return EXIT_OK
+
+
+def _emit_audit(ctx, customer: str | None, source: _VerifySource, audit: Audit, *, seconds: float) -> None:
     if ctx.as_json:
         output.emit_json(
             {
-                "clean": not violations,
-                "violations": [asdict(v) for v in violations],
-                "totals": {t.account: t.balance for t in audit.totals},
-                "customer_id": args.customer,
+                "clean": not audit.violations,
+                "violations": [asdict(v) for v in audit.violations],
+                "totals": {t.account: t.balance for t in audit.totals},  # of the customer's postings with --customer
+                "customer_id": customer,
                 "customers": audit.customers,
-                "database": _database_said(source, audit),
+                "database": {"url": source.url, "standby": audit.standby, "replayed_at": audit.replayed_at},
             }
         )
-    elif violations:
-        emit([asdict(v) for v in violations], as_json=False, columns=["check", "subject", "customer_id", "detail"],
-             title="ledger violations")
-        say(read)
+        return
+    if audit.violations:
+        emit([asdict(v) for v in audit.violations], as_json=False,
+             columns=["check", "subject", "customer_id", "detail"], title="ledger violations")
     else:
-        emit(
-            [asdict(t) for t in audit.totals],
-            as_json=False,
-            columns=["account", "balance"],
-            title=f"ledger is clean; account balances of {whose}",
-        )
-        say(read)
-    if violations:
-        if not ctx.as_json:
-            say(f"{len(violations)} violation(s): the ledger does not match its journal. Do not adjust around it; investigate.")
-        return EXIT_REFUSED
-    return EXIT_OK
+        whose = f"{customer}'s postings" if customer is not None else "the journal"
+        emit([asdict(t) for t in audit.totals], as_json=False, columns=["account", "balance"],
+             title=f"ledger is clean; account balances of {whose}")
+    say(f"read {audit.customers:,} customer(s) from {source.url} ({_role(audit)}) in {seconds:.1f} s")
 
 
 @_handler
