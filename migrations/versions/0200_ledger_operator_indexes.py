@@ -1,18 +1,19 @@
 """The ledger's operator reads served by indexes (issue 18): reservations by time and in flight, settlements by customer.
 
 At 500,000 reservations (1,000 customers, one holding a tenth of them) `reservations list` sorted the whole
-table (535 ms), `--open` scanned it (143 ms), `credits show` of the largest customer read its 50,000
-reservations to find its 210 unresolved ones (68 ms), and `ledger verify --customer` read every table whole
-(1.0 s) because its settlements had no customer index. Measured in docs/LEDGER.md ("Indexes").
+table (487-595 ms), `--open` scanned it (103-124 ms), `credits show` read every reservation of a customer to
+find its unresolved ones (59-117 ms), and `ledger verify --customer` read every table whole (280-370 ms for a
+customer with 500 reservations): its settlements had no customer index. Measured in docs/LEDGER.md ("Indexes").
 
 - ``ledger_reservations_created (created_at)``: every customer's reservations, newest first, a page at a
-  time (keyset on created_at, job_id). created_at never changes, so a settlement's update stays cheap.
+  time (keyset on created_at, job_id). created_at never changes: this index alone would keep a settlement's
+  update HOT.
 - ``ledger_reservations_unresolved (created_at, customer_id) WHERE state IN ('open', 'unknown')``: the
   reservations in flight, which the accounts' ``open_reservations <= max_parallel`` bounds, whatever the
   history. One customer's are found by the index's own customer column, without a visit to the table.
   Its predicate names ``state``, which a settlement changes: a settlement's update is no longer HOT (it
-  adds entries to the reservation's other indexes). The cost was measured within the noise of this machine
-  (docs/LEDGER.md, "Indexes").
+  adds entries to the reservation's other indexes). bench/ledger.py's pairs/s moved by -3%, within its
+  rounds' spread; the server's time per pair rose by up to a fifth (docs/LEDGER.md, "Indexes").
 - ``ledger_settlements_customer (customer_id)``: a customer's settlements, for a verify of that customer
   alone (and of a range of customers, which the whole verify walks). The table is append-only: one more
   index entry per settlement, never updated.
