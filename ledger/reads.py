@@ -101,8 +101,8 @@ _RESERVATION_COLUMNS = """
 """
 
 
-# The queries of the views, each served by an index (docs/LEDGER.md, "Indexes"); tests/ledger/test_index_use.py
-# reads their plans on a grown ledger.
+# The queries of the views, each served by an index (docs/LEDGER.md, "Indexes"); tests/test_query_plans.py
+# reads their plans on a seeded database.
 # The account's row (primary key) and the totals of its lots (ledger_lots_drawdown: the customer's lots).
 ACCOUNT_SQL = text(
     "SELECT a.customer_id, a.max_parallel, a.open_reservations, a.held, t.at, "

@@ -263,6 +263,12 @@ def verify(conn: Connection, customer_id: str | None = None) -> list[Violation]:
     return _ordered(_violations(conn, scope))
 
 
+def verify_range(conn: Connection, from_customer: str | None, to_customer: str | None) -> list[Violation]:
+    """Every broken invariant of the customer ids in ``[from_customer, to_customer)`` (``None``: unbounded):
+    one statement of ``verify_in_chunks``."""
+    return _ordered(_violations(conn, Scope(from_customer=from_customer, to_customer=to_customer)))
+
+
 @dataclass(frozen=True)
 class AccountTotal:
     account: str  # issued, customer_available, customer_held, revenue, breakage, adjustments
@@ -326,7 +332,7 @@ def verify_in_chunks(
             else conn.execute(_NEXT_ACCOUNTS_SQL, limit | {"from_customer": lower})
         ).scalars().all()
         upper = ids[customers_per_chunk] if len(ids) > customers_per_chunk else None
-        found += _violations(conn, Scope(from_customer=lower, to_customer=upper))
+        found += verify_range(conn, lower, upper)
         done += min(len(ids), customers_per_chunk)
         chunks += 1
         if on_progress is not None:

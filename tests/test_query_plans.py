@@ -9,7 +9,9 @@ rows or more. Functions that write run in a transaction that is rolled back.
 
 What EXPLAIN cannot see: the statements inside a plpgsql function (the ledger's money functions,
 the claim functions). Those look rows up by primary key or by their customer's index, as their
-migrations show; ``bench/scale.py`` measures them from outside at three sizes.
+migrations show; ``bench/scale.py`` measures them from outside at three sizes, and
+``tests/ledger/test_function_plans.py`` EXPLAINs the queries the ledger's functions loop over, cut out of
+their migration.
 
 The same seeded database checks the seeder itself: its ledger verifies clean, and it holds the
 template's rows for every task.
@@ -26,12 +28,12 @@ from typing import Any
 import pytest
 from sqlalchemy import Connection, Engine, create_engine, text
 
-from bench.seed import TABLES, Seeder, load_template
+from bench.seed import CUSTOMER_PREFIX, TABLES, Seeder, load_template
 from core import db
 from ledger import reads, verify
 from taskstate import admitted, claims, idempotency, outbox, rows
 from tests.conftest import _with_database
-from tests.query_plans import Statements, driver_seq_scans
+from tests.query_plans import Statements, driver_seq_scans, rows_read
 from workers.hosted_rlm import journal, store
 
 SEEDED_TASKS = 20_000
@@ -112,6 +114,16 @@ def _listing(c: Connection, s: Seeded, filters: rows.ListingFilter) -> None:
         rows.owner_total(c, s.hot_owner)
 
 
+RESERVATION_PAGE = 50
+
+
+def _reservation_pages(c: Connection, **filters: Any) -> None:
+    """`specialists reservations list` and the page after it (`--before` the first page's cursor)."""
+    first = reads.reservation_page(c, limit=RESERVATION_PAGE, **filters)
+    if first.next_cursor is not None:
+        reads.reservation_page(c, limit=RESERVATION_PAGE, before=first.next_cursor, **filters)
+
+
 # name -> what its caller does, given a connection (in a transaction that is rolled back) and the seeded facts.
 QUERIES: dict[str, Callable[[Connection, Seeded], Any]] = {
     # A customer's requests.
@@ -149,6 +161,19 @@ QUERIES: dict[str, Callable[[Connection, Seeded], Any]] = {
     "credits show (ledger.reads.account)": lambda c, s: reads.account(c, s.hot_customer, max_rows=100),
     "credits history (ledger.reads.history)": lambda c, s: reads.history(c, s.hot_customer),
     "reservations show (ledger.reads.reservation)": lambda c, s: reads.reservation(c, s.task_id),
+    "reservations list (ledger.reads.reservation_page), two pages": lambda c, s: _reservation_pages(c),
+    "reservations list --open": lambda c, s: _reservation_pages(c, states=("open",)),
+    "reservations list --unknown": lambda c, s: _reservation_pages(c, states=("unknown",)),
+    "reservations list --customer, the hot customer": lambda c, s: _reservation_pages(c, customer_id=s.hot_customer),
+    "reservations list --customer, a small customer": lambda c, s: _reservation_pages(c, customer_id=s.small_customer),
+    "reservations list --customer --unknown": lambda c, s: _reservation_pages(
+        c, customer_id=s.hot_customer, states=("unknown",)),
+    "ledger verify --customer, the hot customer (ledger.verify.verify, totals)":
+        lambda c, s: (verify.verify(c, s.hot_customer), verify.totals(c, s.hot_customer)),
+    "ledger verify --customer, a small customer": lambda c, s: verify.verify(c, s.small_customer),
+    "ledger verify: a range of customers (ledger.verify.verify_range)":
+        lambda c, s: verify.verify_range(c, f"{CUSTOMER_PREFIX}0100", f"{CUSTOMER_PREFIX}0105"),
+    "ledger verify: the last range": lambda c, s: verify.verify_range(c, f"{CUSTOMER_PREFIX}0195", None),
 }
 
 
@@ -163,6 +188,50 @@ def test_a_repeated_query_is_served_by_an_index(seeded: Seeded, name: str) -> No
         scans = {statement[:200]: found for statement, parameters in sent.seen
                  if (found := driver_seq_scans(conn, statement, parameters, min_rows=LARGE_TABLE_ROWS))}
     assert not scans, f"{name} scans large tables sequentially at {SEEDED_TASKS:,} tasks: {scans}"
+
+
+def _count(conn: Connection, sql: str, **params: Any) -> int:
+    return conn.execute(text(sql), params).scalar_one()
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [{}, {"states": ("open",)}, {"states": ("unknown",)}, {"states": ("open", "unknown")}, {"customer": "small"},
+     {"customer": "hot"}, {"customer": "hot", "states": ("open", "unknown")}],
+    ids=["all", "open", "unknown", "unresolved", "small-customer", "hot-customer", "hot-customer-unresolved"],
+)
+def test_a_reservation_page_reads_about_the_rows_it_shows_at_any_depth(seeded: Seeded, filters: dict) -> None:
+    """No sequential scan is not enough: an index read that filters the history grows with it all the same."""
+    customer = {"hot": seeded.hot_customer, "small": seeded.small_customer}.get(filters.get("customer"))
+    states = filters.get("states")
+    with seeded.engine.connect() as conn:
+        unresolved = _count(conn, "SELECT count(*) FROM ledger_reservations WHERE state IN ('open', 'unknown')")
+        cursors, page = [None], None
+        for _ in range(100 if not filters else 1):  # "all": down to the 100th page, 5,000 reservations deep
+            page = reads.reservation_page(conn, customer_id=customer, states=states, limit=RESERVATION_PAGE,
+                                          before=page.next_cursor if page else None)
+            if page.next_cursor is None:
+                break
+            cursors.append(page.next_cursor)
+        for before in (cursors[0], cursors[1] if len(cursors) > 1 else None, cursors[-1]):
+            sql, params = reads.listing(customer_id=customer, states=states, limit=RESERVATION_PAGE, before=before)
+            read = rows_read(conn, sql.text, params, "ledger_reservations")
+            # a filter by state reads the reservations in flight at most; a hot customer's page skips the others'
+            bound = unresolved if states else 15 * RESERVATION_PAGE
+            assert read <= bound, (filters, before, read, bound)
+
+
+def test_a_customers_view_and_verify_read_its_own_rows_only(seeded: Seeded) -> None:
+    """credits show reads the customer's unresolved reservations, not its history; verify --customer reads its
+    postings, not the journal."""
+    with seeded.engine.connect() as conn:
+        unresolved = _count(conn, "SELECT count(*) FROM ledger_reservations WHERE customer_id = :c "
+                                  "AND state IN ('open', 'unknown')", c=seeded.hot_customer)
+        sql, params = reads.listing(customer_id=seeded.hot_customer, states=("open", "unknown"), limit=1000)
+        assert 0 < unresolved == rows_read(conn, sql.text, params, "ledger_reservations")
+        postings = _count(conn, "SELECT count(*) FROM ledger_journal WHERE customer_id = :c", c=seeded.hot_customer)
+        scope = verify.Scope(customer_id=seeded.hot_customer)
+        assert rows_read(conn, verify.verify_sql(scope).text, scope.params(), "ledger_journal") == postings
 
 
 def test_the_seeded_ledger_verifies_clean(seeded: Seeded) -> None:
