@@ -13,8 +13,9 @@ the first holding a tenth of the tasks) to each size in turn, and at each size m
 * the queries the background loops repeat, through the functions that send them: the lease sweeper's
   expired leases, the abandoned-job query, one round of each pruner (in a transaction rolled back, so
   every round sees the same rows);
-* the operator's commands' reads: ``ledger verify --customer`` (hot and small), ``reservations list`` and
-  ``--open``, and one full ``ledger verify``;
+* the operator's commands' reads: ``ledger verify --customer`` (hot and small), ``reservations list``,
+  ``--open`` and its tenth page (``--before``), and one full ``ledger verify`` as the command runs it (ranges
+  of 100 customers in one read-only snapshot);
 * every table's size, and from them the bytes each task adds per table.
 
 Each operation runs ``--repeat`` times at each size (different tasks where it takes one); the table
@@ -152,6 +153,7 @@ def database_operations(engine: Any, seeder: Seeder, small: str) -> dict[str, Ca
                 return work(conn)
         return run
 
+    deep = deep_reservations_cursor(engine)
     return {
         "sweeper: expired leases": read(lambda c: claims.expired_dispatched(c, limit=100, max_resumes=2,
                                                                            resume_window_s=600)),
@@ -162,7 +164,22 @@ def database_operations(engine: Any, seeder: Seeder, small: str) -> dict[str, Ca
         "verify --customer (small)": read(lambda c: verify.verify(c, small)),
         "reservations list": read(lambda c: reads.list_reservations(c, limit=100)),
         "reservations list --open": read(lambda c: reads.list_reservations(c, states=("open", "unknown"), limit=100)),
+        f"reservations list page {DEEP_PAGE}": read(
+            lambda c: reads.reservation_page(c, limit=100, before=deep)),
     }
+
+
+def deep_reservations_cursor(engine: Any) -> str | None:
+    """The cursor of `reservations list`'s page DEEP_PAGE, paged to once before the timings."""
+    from ledger import reads
+
+    cursor = None
+    with engine.connect() as conn:
+        for _ in range(DEEP_PAGE - 1):
+            cursor = reads.reservation_page(conn, limit=100, before=cursor).next_cursor
+            if cursor is None:
+                break
+    return cursor
 
 
 def first_small_customer(engine: Any, seeder: Seeder) -> str:
@@ -210,11 +227,14 @@ def measure_size(url: str, engine: Any, seeder: Seeder, small: str, repeat: int)
 
 
 def database_operations_verify_all(engine: Any) -> Callable[[], Any]:
+    """`specialists ledger verify`'s path: ranges of 100 customers in one read-only snapshot, then the totals."""
     from ledger import verify
 
     def run() -> Any:
         with engine.connect() as conn:
-            found = verify.verify(conn)
+            conn.exec_driver_sql(verify.SNAPSHOT_SQL)
+            found = verify.verify_in_chunks(conn, customers_per_chunk=100).violations
+            conn.rollback()
         if found:
             raise SystemExit(f"the seeded ledger does not verify: {found[:3]}")
     return run
