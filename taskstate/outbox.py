@@ -20,7 +20,20 @@ A failed attempt is rescheduled (``reschedule``); a job given up is marked
 finish's statement), a cancel before any claim marks it ``canceled``
 (``cancel_rows``), an operator's reconcile closes it (``close``). Other owners
 read the rows through ``jobs_relation`` (``taskstate.claims`` joins it to the
-claims).
+claims: from a row, the claim is ``c.job_id = o.job_id``; from a claim, the row is
+``of_job_sql``, a primary-key lookup either way).
+
+**A row is what makes its job claimable** (issue 18). A delivery's claim reads
+its job's row with ``claimable_cte``, under a ``FOR KEY SHARE`` lock, and claims
+nothing when the row is gone. Finished rows are pruned past
+``SPECIALISTS_DISPATCH_OUTBOX_RETENTION_DAYS`` (``prune_finished_sql``, in
+batches, oldest first through the partial index on ``finished_at``), and a job's
+claim only after its row (``taskstate.claims.prune_finished``), so a late
+delivery of a pruned job finds no row and runs nothing. The key-share lock
+conflicts with nothing but a delete: the dispatchers lock rows ``FOR NO KEY
+UPDATE`` (each other out, never a claim), and every UPDATE here changes no key.
+The prune locks ``FOR UPDATE SKIP LOCKED``, so it skips a row a claim holds, and
+a claim that comes second waits for the prune and then finds no row.
 """
 
 from __future__ import annotations
@@ -45,7 +58,7 @@ _TAKE = text(
      WHERE o.dispatch_id IN (SELECT dispatch_id FROM dispatch_outbox
                               WHERE status = 'pending' AND available_at <= now()
                               ORDER BY available_at, dispatch_id
-                              FOR UPDATE SKIP LOCKED LIMIT :n)
+                              FOR NO KEY UPDATE SKIP LOCKED LIMIT :n)
     RETURNING o.dispatch_id, o.task_id, o.specialist_id, o.owner, o.context_id, o.attempts
     """
 )
@@ -55,7 +68,7 @@ _LOCK = text(
       FROM dispatch_outbox
      WHERE status = 'pending' AND available_at <= now()
      ORDER BY available_at, dispatch_id
-       FOR UPDATE SKIP LOCKED LIMIT :n
+       FOR NO KEY UPDATE SKIP LOCKED LIMIT :n
     """
 )
 
@@ -150,6 +163,18 @@ def mark_undeliverable(conn: Connection, row: OutboxRow, *, error: str) -> None:
     )
 
 
+def of_job_sql(alias: str, job_id: str) -> str:
+    """A join condition: the row ``alias`` of ``jobs_relation`` is that of the job id expression ``job_id`` (a
+    claim's). The dispatch id read back out of the job id makes it a primary-key lookup; the whole id must match."""
+    return f"{alias}.dispatch_id = {ids.dispatch_id_of_sql(job_id)} AND {alias}.job_id = {job_id}"
+
+
+def exists_for_job_sql(job_id: str) -> str:
+    """A condition: the job id expression ``job_id`` has its outbox row (a primary-key lookup)."""
+    return (f"EXISTS (SELECT 1 FROM dispatch_outbox x WHERE x.dispatch_id = {ids.dispatch_id_of_sql(job_id)} "
+            f"AND {ids.job_id_sql('x')} = {job_id} OFFSET 0)")  # a lookup per row (see prune_finished_sql)
+
+
 def row_of_job(conn: Connection, job_id: str) -> OutboxRow:
     """The outbox row of a job id: what a repeated delivery is signed from."""
     task_id, dispatch_id = ids.split_job_id(job_id)
@@ -194,6 +219,16 @@ def message_sql() -> str:
     sub-query, for a statement that reads it beside its own row (the claim); parameters: ``message_params``."""
     return ("SELECT message FROM dispatch_outbox "
             "WHERE dispatch_id = :message_dispatch_id AND task_id = :message_task_id")
+
+
+def claimable_cte(name: str) -> str:
+    """The job's row as a common table expression ``name`` (``job_id``, ``message``), key-share locked: empty
+    when the job ``:j`` of ``message_params`` has no row (it finished long ago and was pruned), so that a claim
+    written over it (``LATERAL ... (name.job_id)``) claims nothing. The lock holds off only the prune's delete
+    until the claim's transaction ends (see the module doc)."""
+    return (f"{name} AS MATERIALIZED (SELECT CAST(:j AS text) AS job_id, r.message FROM dispatch_outbox r "
+            "WHERE r.dispatch_id = :message_dispatch_id AND r.task_id = :message_task_id "
+            f"AND {ids.job_id_sql('r')} = :j FOR KEY SHARE)")
 
 
 def message_params(ref: ids.TaskRef) -> dict[str, Any]:
@@ -255,3 +290,27 @@ def jobs_relation() -> str:
     status, attempts, sent_at), for owners that join it to their own table."""
     return (f"(SELECT {ids.job_id_sql('r')} AS job_id, r.dispatch_id, r.task_id, r.specialist_id, r.owner, "
             "r.context_id, r.status, r.attempts, r.sent_at FROM dispatch_outbox r)")
+
+
+# --- pruned past their retention ---------------------------------------------------------
+
+def prune_finished_sql(*, only: str) -> str:
+    """Delete up to ``:batch`` rows of finished jobs closed more than ``:retention_s`` ago, oldest first, where the
+    condition ``only`` holds too (over the row aliased ``r``: its claim decides nothing any more, its task ended).
+    Served by ``dispatch_outbox_finished`` (migration 0190); rows a claim holds are skipped.
+
+    The owners' conditions in ``only`` are sub-queries fenced with ``OFFSET 0``, so PostgreSQL evaluates them per
+    row, a primary-key lookup each, for the rows the walk reaches: as joins it would hash every ended task or every
+    claim first (it did, on the grown test database: it cannot estimate the share of ended tasks), which grows with
+    history. The delete is by primary key (``= ANY``) for the same reason."""
+    return f"""
+    WITH doomed AS (
+        SELECT r.dispatch_id FROM dispatch_outbox r
+         WHERE r.status IN ('done', 'canceled', 'undeliverable')
+           AND r.finished_at < now() - make_interval(secs => :retention_s)
+           AND {only}
+         ORDER BY r.finished_at
+         LIMIT :batch
+           FOR UPDATE OF r SKIP LOCKED
+    )
+    DELETE FROM dispatch_outbox WHERE dispatch_id = ANY (ARRAY(SELECT dispatch_id FROM doomed))"""
