@@ -466,6 +466,14 @@ class DispatchSettings(Section):
         description="Finished claims deleted at most per prune round (one statement, oldest first through an "
         "index); rounds run every SPECIALISTS_TASK_EVENTS_PRUNE_INTERVAL_S.",
     )
+    prune_rescan_interval_s: float = Field(
+        default=86_400.0,
+        ge=60.0,
+        le=30 * 86_400.0,
+        validation_alias="SPECIALISTS_PRUNE_RESCAN_INTERVAL_S",
+        description="Each prune walks its table's index from a cursor, passing what it must keep (an unknown job, a "
+        "task waiting for input); this often it starts from the oldest again, to delete what has ended since.",
+    )
     crash_point: Literal["none", "before_enqueue", "after_enqueue"] = Field(
         default="none",
         description="Recovery drills only: the dispatcher exits abruptly at this point (after taking rows and "

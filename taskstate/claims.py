@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Literal
 
 from sqlalchemy import Connection, Engine, text
@@ -42,6 +42,7 @@ from sqlalchemy import Connection, Engine, text
 from core.errors import ServiceError
 from taskstate import outbox
 from taskstate.ids import TaskRef
+from taskstate.pages import Page, page_of
 
 # gone: the job serves a task but has no outbox row (finished and pruned past its retention): never run.
 ClaimOutcome = Literal["claimed", "finished", "busy", "lease_expired_unknown", "gone"]
@@ -319,7 +320,7 @@ class DispatchedJob:
 # now(), not clock_timestamp(): a volatile bound is no index condition. job_expire_lease decides by the clock.
 EXPIRED_SQL = (
     f"SELECT c.job_id, o.task_id, o.dispatch_id, o.owner, o.context_id "
-    f"FROM job_claims c JOIN {outbox.jobs_relation()} o ON {outbox.of_job_sql('o', 'c.job_id')} "
+    f"FROM job_claims c CROSS JOIN {outbox.of_job_sql('c.job_id')} o "
     "WHERE c.state = 'running' AND c.lease_expires_at < now() AND o.status IN ('pending', 'sent') "
     "AND NOT specialist_resumable(c.job_id, :max_resumes, :window_s) "
     "ORDER BY c.lease_expires_at LIMIT :n"
@@ -372,7 +373,7 @@ def unknown_of_task(conn: Connection, task_id: str) -> list[DispatchedJob]:
 def unknown_tasks_relation() -> str:
     """Tasks with a job whose outcome is unknown, as a sub-query (task_id, unknown_at, unknown_reason)."""
     return (f"(SELECT o.task_id, c.unknown_at, c.unknown_reason FROM job_claims c "
-            f"JOIN {outbox.jobs_relation()} o ON {outbox.of_job_sql('o', 'c.job_id')} WHERE c.state = 'unknown')")
+            f"CROSS JOIN {outbox.of_job_sql('c.job_id')} o WHERE c.state = 'unknown')")
 
 
 def get(conn: Connection, job_id: str) -> dict[str, Any] | None:
@@ -414,28 +415,46 @@ def settled_sql(job_id: str) -> str:
             "OFFSET 0)")  # OFFSET 0: a lookup per row, never a join over every claim (see outbox.prune_finished_sql)
 
 
-# Finished (or released) claims whose job's outbox row is gone, finished more than :retention_s ago, oldest first
-# through their partial index (``job_claims_finished``, migration 0190), with the stale reports of those jobs. Never
-# a running or unknown claim, and never one whose row remains: the row is what a claim needs (outbox.claimable_cte),
+# Where a walk over the finished claims starts: before the oldest (finished time, ``job_id``).
+PRUNE_START = (datetime(1, 1, 1, tzinfo=timezone.utc), "")
+
+# One page of the walk over finished (or released) claims finished more than :retention_s ago, oldest first from
+# (:after_at, :after_id) through their partial index (``job_claims_finished``, migration 0190): of the :batch it
+# reads, it deletes those whose job's outbox row is gone, with their stale reports, and passes the others. Never a
+# running or unknown claim, and never one whose row remains: the row is what a claim needs (outbox.claimable_cte),
 # so a late delivery of a job pruned here finds no row and runs nothing.
 PRUNE_SQL = f"""
-    WITH doomed AS (
-        SELECT c.job_id FROM job_claims c
+    WITH page AS MATERIALIZED (
+        SELECT c.job_id, COALESCE(c.finished_at, c.claimed_at) AS done_at FROM job_claims c
          WHERE c.state IN ('finished', 'released')
            AND COALESCE(c.finished_at, c.claimed_at) < now() - make_interval(secs => :retention_s)
-           AND NOT {outbox.exists_for_job_sql('c.job_id')}
-         ORDER BY COALESCE(c.finished_at, c.claimed_at)
+           AND (COALESCE(c.finished_at, c.claimed_at), c.job_id) > (CAST(:after_at AS timestamptz),
+                                                                     CAST(:after_id AS text))
+         ORDER BY COALESCE(c.finished_at, c.claimed_at), c.job_id
          LIMIT :batch
+    ),
+    doomed AS (
+        SELECT c.job_id FROM job_claims c
+         WHERE c.job_id = ANY (ARRAY(SELECT job_id FROM page)) AND c.state IN ('finished', 'released')
+           AND NOT {outbox.exists_for_job_sql('c.job_id')}
            FOR UPDATE OF c SKIP LOCKED
     ),
-    reports AS (DELETE FROM job_stale_reports WHERE job_id = ANY (ARRAY(SELECT job_id FROM doomed)))
-    DELETE FROM job_claims WHERE job_id = ANY (ARRAY(SELECT job_id FROM doomed))"""
+    reports AS (DELETE FROM job_stale_reports WHERE job_id = ANY (ARRAY(SELECT job_id FROM doomed))),
+    gone AS (DELETE FROM job_claims WHERE job_id = ANY (ARRAY(SELECT job_id FROM doomed)) RETURNING 1)
+    SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM page) AS examined,
+           last.done_at AS last_at, last.job_id AS last_id
+      FROM (SELECT 1) one
+      LEFT JOIN (SELECT * FROM page ORDER BY done_at DESC, job_id DESC LIMIT 1) last ON true"""
 _PRUNE = text(PRUNE_SQL)
 
 
-def prune_finished(conn: Connection, *, retention_s: float, batch: int) -> int:
-    """Delete up to ``batch`` finished claims past ``retention_s`` whose job's outbox row is gone; how many."""
-    return int(conn.execute(_PRUNE, {"retention_s": retention_s, "batch": batch}).rowcount)
+def prune_finished(conn: Connection, *, retention_s: float, batch: int,
+                   after: tuple[datetime, str] = PRUNE_START) -> Page:
+    """One page of up to ``batch`` finished claims past ``retention_s`` after ``after``: those whose job's outbox
+    row is gone are deleted; the page's last key is where the next one starts."""
+    row = conn.execute(_PRUNE, {"retention_s": retention_s, "batch": batch, "after_at": after[0],
+                                "after_id": after[1]}).one()
+    return page_of(row, asked=batch)
 
 
 class Claims:

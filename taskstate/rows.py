@@ -43,6 +43,8 @@ from a2a.utils.proto_utils import to_stream_response
 from google.protobuf.json_format import MessageToDict, ParseDict
 from sqlalchemy import Connection, and_, select, text
 
+from taskstate.pages import Page, page_of
+
 TASKS = TaskModel.__table__
 VERSIONS = TaskVersionModel.__table__
 EVENTS = TaskEventModel.__table__
@@ -294,21 +296,14 @@ def ended_before_sql(alias: str) -> str:
     return f"{alias}.last_updated < (now() AT TIME ZONE 'UTC') - make_interval(secs => :retention_s)"
 
 
-@dataclass(frozen=True)
-class EndedCursor:
-    """Where the events prune's walk over ended tasks stands: the last task (by ``last_updated``, ``id``) whose
-    events are all gone. Tasks are kept, so without it every round would walk every task that ended long ago."""
-
-    last_updated: datetime
-    task_id: str
-
-
-EVENTS_WALK_START = EndedCursor(datetime(1, 1, 1), "")
+# Where the events prune's walk over ended tasks starts: before the oldest (``last_updated``, ``id``). Tasks are
+# kept, so without a cursor every round would read every task that ever ended.
+EVENTS_WALK_START = (datetime(1, 1, 1), "")
 
 # One page of ended tasks past the retention after the cursor (``tasks_ended``, an index range), and up to
 # :batch of their events, each task's by its index (task_id, seq): the LIMIT inside the LATERAL keeps the planner
-# from hashing the whole event table for it. Returns what was deleted, how many tasks the page held and
-# its last task, from which the next page starts once all its events are gone.
+# from hashing the whole event table for it. Answers what was deleted, how many tasks the page held and, when
+# every event of the page is gone (fewer than :batch deleted), its last task: where the next page starts.
 _PRUNE_EVENTS = text(
     f"""
     WITH page AS MATERIALIZED (
@@ -322,31 +317,24 @@ _PRUNE_EVENTS = text(
                    SELECT seq FROM task_events WHERE task_id = p.id LIMIT :batch) e  -- per task: its index
                LIMIT :batch),
     gone AS (DELETE FROM task_events WHERE seq = ANY (ARRAY(SELECT seq FROM doomed)) RETURNING 1)
-    SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM page) AS tasks,
-           last.last_updated, last.id
+    SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM page) AS examined,
+           last.last_updated AS last_at, last.id AS last_id
       FROM (SELECT 1) one
-      LEFT JOIN (SELECT id, last_updated FROM page ORDER BY last_updated DESC, id DESC LIMIT 1) last ON true
+      LEFT JOIN (SELECT id, last_updated FROM page ORDER BY last_updated DESC, id DESC LIMIT 1) last
+        ON (SELECT count(*) FROM gone) < :batch
     """
 )
 PRUNE_EVENTS_SQL = str(_PRUNE_EVENTS)
 
 
-@dataclass(frozen=True)
-class EventsPruned:
-    deleted: int
-    tasks: int  # ended tasks the page held (fewer than asked: the walk reached the retention's edge)
-    last: EndedCursor | None  # the page's last task
-
-
 def prune_finished_events(conn: Connection, *, retention_s: float, batch: int, page: int | None = None,
-                          after: EndedCursor = EVENTS_WALK_START) -> EventsPruned:
+                          after: tuple[datetime, str] = EVENTS_WALK_START) -> Page:
     """Delete up to ``batch`` events of the next ``page`` (default: ``batch``) tasks after ``after`` that ended
-    more than ``retention_s`` ago. The caller moves its cursor to ``last`` when fewer than ``batch`` were deleted
-    (every event of the page is gone); otherwise the same page goes on next time."""
+    more than ``retention_s`` ago; the page's last task is where the next one starts, once all its events are
+    gone (``Page.last`` None: the batch was spent, this page goes on next time)."""
     row = conn.execute(_PRUNE_EVENTS, {"retention_s": retention_s, "batch": batch, "page": page or batch,
-                                       "after_at": after.last_updated, "after_id": after.task_id}).one()
-    last = None if row.id is None else EndedCursor(row.last_updated, row.id)
-    return EventsPruned(int(row.deleted), int(row.tasks), last)
+                                       "after_at": after[0], "after_id": after[1]}).one()
+    return page_of(row, asked=page or batch)
 
 
 # --- ListTasks (issue 18) ------------------------------------------------------------------------------------

@@ -2,9 +2,9 @@
 
 ``grow(conn, tasks=N)`` writes N tasks as the service leaves them over 60 days (one customer holding a tenth of
 them): most completed long ago, each with four events, its outbox row closed and its claim finished; some
-waiting for input, some whose outcome is unknown (their rows ``sent`` or ``done``, as the two dispatchers leave
-them), and the newest in flight (rows ``pending`` or ``sent``, claims running, a tenth of their leases expired
-for the sweeper). Everything is one
+waiting for input, some whose outcome is unknown (their rows closed, as the transaction that finds them unknown
+leaves them), and the newest 200 in flight (rows ``pending`` or ``sent``, claims running, a tenth of their leases
+expired for the sweeper). Everything is one
 ``generate_series`` statement per table, then ANALYZE, so that ``tests.query_plans`` sees the planner's real
 choices: the dispatcher's, sweeper's and pruners' queries are planned on it (tests/workers/dispatch/
 test_query_plans.py) and measured by hand (docs/BENCHMARKS.md). Tariff 0 throughout: the ledger is not grown here.
@@ -21,15 +21,19 @@ from sqlalchemy import Connection, text
 
 DAYS_OF_HISTORY = 60
 
-# Per task i (1..N): its id, owner, state and times. The newest 1% are in flight; of the rest, i % 100 picks
-# 0: waiting for input, 1: unknown (its worker died), 2: failed, 3: canceled before any claim, else completed.
+# Per task i (1..N): its id, owner, state and times. The newest IN_FLIGHT are in flight, admitted a second apart
+# in the last minutes (what runs at once is bounded by the workers, not by the history); the rest are spread over
+# the days of history, and i % 100 picks 0: waiting for input, 1: unknown (its worker died, not yet reconciled),
+# 2: failed, 3: canceled before any claim, else completed.
+IN_FLIGHT = 200
 _TASKS = """
     CREATE TEMP TABLE grown AS
     SELECT i,
            CAST(md5('task' || i || :salt) AS uuid)::text AS task_id,
            CASE WHEN i % 10 = 0 THEN 'owner-big' ELSE 'owner-' || (i % 997) END AS owner,
-           (now() AT TIME ZONE 'UTC') - make_interval(secs => (:n - i) * :span_s / :n) AS at,
-           CASE WHEN i > :n * 0.99 THEN (CASE WHEN i % 2 = 0 THEN 'pending' ELSE 'running' END)
+           (now() AT TIME ZONE 'UTC') - CASE WHEN i > :n - :in_flight THEN make_interval(secs => :n - i)
+                                             ELSE make_interval(secs => 3600 + (:n - i) * :span_s / :n) END AS at,
+           CASE WHEN i > :n - :in_flight THEN (CASE WHEN i % 2 = 0 THEN 'pending' ELSE 'running' END)
                 WHEN i % 100 = 0 THEN 'input_required'
                 WHEN i % 100 = 1 THEN 'unknown'
                 WHEN i % 100 = 2 THEN 'failed'
@@ -66,12 +70,12 @@ _STATEMENTS = [
                                  created_at, taken_at, taken_by, finished_at, attempts, available_at, sent_at)
     SELECT :base + i, task_id, 'scripted', 'scripted', owner, task_id, convert_to(repeat('m', 400), 'UTF8'),
            CASE WHEN kind = 'pending' THEN 'pending'
-                WHEN kind = 'running' OR (kind = 'unknown' AND i % 200 = 1) THEN 'sent'
+                WHEN kind = 'running' THEN 'sent'
                 WHEN kind = 'canceled' THEN 'canceled'
                 ELSE 'done' END,
-           at, at, 'grown', CASE WHEN kind IN ('pending', 'running') OR (kind = 'unknown' AND i % 200 = 1) THEN NULL
+           at, at, 'grown', CASE WHEN kind IN ('pending', 'running') THEN NULL
                                  ELSE at END,
-           1, at, CASE WHEN kind = 'running' OR (kind = 'unknown' AND i % 200 = 1) THEN at END
+           1, at, CASE WHEN kind = 'running' THEN at END
       FROM grown
     """,
     """
@@ -96,7 +100,8 @@ _STATEMENTS = [
 def grow(conn: Connection, *, tasks: int, salt: str = "") -> None:
     """Add ``tasks`` tasks of history (see the module doc) in the caller's transaction, then ANALYZE."""
     base = int(conn.execute(text("SELECT COALESCE(max(dispatch_id), 0) FROM dispatch_outbox")).scalar_one())
-    params = {"n": tasks, "span_s": DAYS_OF_HISTORY * 86_400.0, "salt": salt, "base": base}
+    params = {"n": tasks, "span_s": DAYS_OF_HISTORY * 86_400.0, "salt": salt, "base": base,
+              "in_flight": min(IN_FLIGHT, tasks // 10)}
     conn.execute(text("DROP TABLE IF EXISTS grown"))
     conn.execute(text(_TASKS), params)
     for statement in _STATEMENTS:

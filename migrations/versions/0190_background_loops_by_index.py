@@ -7,11 +7,12 @@ CONCURRENTLY, so admissions and finishes go on while they build):
   abandoned-job query (every sweep in Cloud Tasks mode) reads the rows handed to
   Cloud Tasks before its bound, instead of scanning the outbox (217 ms at 1M
   tasks in issue 18).
-* ``dispatch_outbox_finished (finished_at) WHERE status IN (done, canceled,
-  undeliverable)``: the outbox prune deletes finished rows oldest first; a pruned
-  row leaves the index, so a round reads what it deletes plus the rows it keeps.
-* ``job_claims_finished (COALESCE(finished_at, claimed_at)) WHERE state IN
-  (finished, released)``: the same for the claims prune. Running and unknown
+* ``dispatch_outbox_finished (finished_at, dispatch_id) WHERE status IN (done,
+  canceled, undeliverable)``: the outbox prune walks finished rows oldest first,
+  a page a statement from a cursor (the key is the cursor's): what it deletes
+  leaves the index, what it must keep is passed, not read again every round.
+* ``job_claims_finished (COALESCE(finished_at, claimed_at), job_id) WHERE state
+  IN (finished, released)``: the same for the claims prune. Running and unknown
   claims are not in it: they are never pruned.
 * ``tasks_ended (last_updated, id) WHERE (status ->> 'state') IN (the four ended
   states)``: the events prune walks the tasks that ended, in the order they
@@ -49,10 +50,10 @@ ENDED = "('TASK_STATE_COMPLETED', 'TASK_STATE_FAILED', 'TASK_STATE_CANCELED', 'T
 INDEXES = {
     "dispatch_outbox_sent": "ON dispatch_outbox (sent_at) WHERE status = 'sent'",
     "dispatch_outbox_finished": (
-        "ON dispatch_outbox (finished_at) WHERE status IN ('done', 'canceled', 'undeliverable')"
+        "ON dispatch_outbox (finished_at, dispatch_id) WHERE status IN ('done', 'canceled', 'undeliverable')"
     ),
     "job_claims_finished": (
-        "ON job_claims ((COALESCE(finished_at, claimed_at))) WHERE state IN ('finished', 'released')"
+        "ON job_claims ((COALESCE(finished_at, claimed_at)), job_id) WHERE state IN ('finished', 'released')"
     ),
     "tasks_ended": f"ON tasks (last_updated, id) WHERE (status ->> 'state') IN {ENDED}",
 }

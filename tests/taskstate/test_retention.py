@@ -75,8 +75,9 @@ def test_a_claim_that_comes_while_the_prune_deletes_the_row_waits_for_it_and_fin
     answered: list[str] = []
     with engine.connect() as pruning:
         pruning.begin()
-        deleted = pruning.execute(text(OUTBOX_PRUNE_SQL), {"retention_s": RETENTION_S, "batch": 1000}).rowcount
-        assert deleted >= 1
+        page = pruning.execute(text(OUTBOX_PRUNE_SQL), {"retention_s": RETENTION_S, "batch": 100_000,
+                                                        "after_at": outbox.PRUNE_START[0], "after_id": 0}).one()
+        assert page.deleted >= 1
         pid = pruning.execute(text("SELECT pg_backend_pid()")).scalar_one()
 
         def deliver() -> None:

@@ -15,8 +15,8 @@ from sqlalchemy import Engine, create_engine, text
 from core.settings import DispatchSettings, Settings, describe_invalid
 from tests.job_history import one_job
 from tests.workers.system import drop_database, fresh_database
-from workers.dispatch.pruner import (Pruner, TaskEventsPruner, prune_finished_claims, prune_finished_outbox,
-                                     prune_idempotency_keys, prune_task_events)
+from workers.dispatch.pruner import (Pruner, outbox_walk, prune_finished_claims, prune_finished_outbox,
+                                     prune_idempotency_keys, prune_task_events, task_events_walk)
 
 DAY = 86_400.0
 
@@ -210,23 +210,24 @@ def test_the_dispatchers_pruner_round_prunes_every_table_with_the_settings(own):
 
 
 def test_the_events_walk_keeps_its_place_and_reaches_tasks_that_end_later(own):
-    while TaskEventsPruner(own, retention_s=RETENTION_S, batch=1000).round():
+    while task_events_walk(own, retention_s=RETENTION_S, batch=1000).round():
         pass  # what the module's other tests left
     with own.begin() as conn:
         first = [one_job(conn, task_state="completed", row_status="done", claim_state="finished",
                          days_ago=60 - i, events=10)[0] for i in range(30)]
-    walk = TaskEventsPruner(own, retention_s=RETENTION_S, batch=100)
+    walk = task_events_walk(own, retention_s=RETENTION_S, batch=100)
     assert [walk.round() for _ in range(4)] == [100, 100, 100, 0]
     assert sum(events_of(own, t) for t in first) == 0
     with own.connect() as conn:  # the walk stands past the last of them: it does not read them again
         newest = conn.execute(text("SELECT last_updated FROM tasks WHERE id = :t"), {"t": first[-1]}).scalar_one()
-    assert walk.after.last_updated >= newest
+    assert walk.after[0] >= newest
     with own.begin() as conn:  # ends within the retention: kept, until the clock moves on past it
         later = one_job(conn, task_state="failed", row_status="done", claim_state="finished", days_ago=13.5,
                         events=4)[0]
     assert walk.round() == 0 and events_of(own, later) == 4
-    walk.retention_s -= DAY  # a day later, as the cut (now - retention) sees it
-    assert walk.round() == 4 and events_of(own, later) == 0
+    later_walk = task_events_walk(own, retention_s=RETENTION_S - DAY, batch=100)  # a day later, as the cut sees it
+    later_walk.after = walk.after  # where the walk stood
+    assert later_walk.round() == 4 and events_of(own, later) == 0
 
 
 @pytest.mark.parametrize("setting", ["outbox_retention_days", "job_claims_retention_days"])
@@ -239,3 +240,18 @@ def test_a_retention_shorter_than_the_longest_a_delivery_can_still_arrive_stops_
     assert DispatchSettings.env_name(setting) in message
     assert "SPECIALISTS_WORKER_JOB_MAX_AGE_S" in message and "SPECIALISTS_DISPATCH_DEADLINE_S" in message
     Settings(worker={"job_max_age_s": 2 * 86_400}, dispatch={setting: 2.01})  # past it: accepted
+
+
+def test_a_walk_passes_what_it_must_keep_and_finds_it_again_on_its_rescan_once_it_has_ended(own):
+    until_done(prune_finished_outbox, engine=own, retention_s=RETENTION_S, batch=1000)  # what earlier tests left
+    made = jobs(own, waiting=dict(task_state="input_required", row_status="done", claim_state="finished", days_ago=40),
+                done=dict(task_state="completed", row_status="done", claim_state="finished", days_ago=30))
+    walk = outbox_walk(own, retention_s=RETENTION_S, batch=100, rescan_s=3600)
+    assert walk.round() == 1 and rows_left(own, made) == {"waiting"}
+    with own.begin() as conn:  # the customer answers, and the task ends: its first job's row may go now
+        conn.execute(text("UPDATE tasks SET status = CAST('{\"state\": \"TASK_STATE_COMPLETED\"}' AS json) "
+                          "WHERE id = :t"), {"t": made["waiting"][0]})
+    assert walk.round() == 0  # passed: the walk does not read it again every round
+    walk.rescan_s = 0  # the rescan interval has passed
+    walk.round()  # reaches the edge and starts again from the oldest
+    assert walk.round() == 1 and rows_left(own, made) == set()

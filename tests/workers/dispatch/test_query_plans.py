@@ -88,6 +88,7 @@ CASES: dict[str, Callable[[Connection, dict[str, Any]], object]] = {
     "outbox.cancel_rows": lambda c, k: outbox.cancel_rows(c, [k["ref"].dispatch_id]),
     "claims.unknown_of_task": lambda c, k: claims.unknown_of_task(c, k["unknown_task"]),
     "outbox.close": lambda c, k: outbox.close(c, k["ref"].dispatch_id),
+    "outbox.close_unknown": lambda c, k: outbox.close_unknown(c, k["ref"]),
     # operators
     "claims.list_unknown": lambda c, k: claims.list_unknown(c, limit=100),
     "claims.unknown_tasks_relation": lambda c, k: c.execute(text(
@@ -95,8 +96,8 @@ CASES: dict[str, Callable[[Connection, dict[str, Any]], object]] = {
     "claims.list_stale_reports(job)": lambda c, k: claims.list_stale_reports(c, k["ref"].job_id),
     # the pruners, every task_events_prune_interval_s
     "rows.prune_finished_events": lambda c, k: rows.prune_finished_events(c, retention_s=14 * DAY_S, batch=5000),
-    "pruner.outbox": lambda c, k: c.execute(text(pruner.OUTBOX_PRUNE_SQL),
-                                            {"retention_s": 14 * DAY_S, "batch": 1000}),
+    "pruner.outbox": lambda c, k: c.execute(text(pruner.OUTBOX_PRUNE_SQL), {
+        "retention_s": 14 * DAY_S, "batch": 1000, "after_at": outbox.PRUNE_START[0], "after_id": 0}),
     "claims.prune_finished": lambda c, k: claims.prune_finished(c, retention_s=30 * DAY_S, batch=1000),
     "idempotency.prune_expired": lambda c, k: idempotency.prune_expired(c, batch=1000),
 }
