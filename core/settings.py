@@ -471,8 +471,9 @@ class DispatchSettings(Section):
         ge=60.0,
         le=30 * 86_400.0,
         validation_alias="SPECIALISTS_PRUNE_RESCAN_INTERVAL_S",
-        description="Each prune walks its table's index from a cursor, passing what it must keep (an unknown job, a "
-        "task waiting for input); this often it starts from the oldest again, to delete what has ended since.",
+        description="The outbox and claims prunes walk their index from a cursor, passing what they must keep (an "
+        "unknown job, a task waiting for input); this often they start from the oldest again, for what has ended "
+        "since.",
     )
     crash_point: Literal["none", "before_enqueue", "after_enqueue"] = Field(
         default="none",
