@@ -144,8 +144,11 @@ def rolled_back(engine: Any, work: Callable[[Any], Any]) -> Callable[[], Any]:
 
 def database_operations(engine: Any, seeder: Seeder, small: str) -> dict[str, Callable[[], Any]]:
     """The background loops' and the operators' queries, each through the function that sends it."""
+    from sqlalchemy import text
+
     from ledger import reads, verify
-    from taskstate import claims, rows
+    from taskstate import claims, outbox, rows
+    from workers.dispatch import pruner
 
     def read(work: Callable[[Any], Any]) -> Callable[[], Any]:
         def run() -> Any:
@@ -160,6 +163,11 @@ def database_operations(engine: Any, seeder: Seeder, small: str) -> dict[str, Ca
         "sweeper: abandoned jobs": read(lambda c: claims.sent_never_claimed(c, sent_before_s=1200, limit=100)),
         "pruner: task events (a round)": rolled_back(
             engine, lambda c: rows.prune_finished_events(c, retention_s=30 * 86400, batch=1000)),
+        "pruner: finished jobs' outbox rows (a page)": rolled_back(
+            engine, lambda c: c.execute(text(pruner.OUTBOX_PRUNE_SQL), {
+                "retention_s": 14 * 86400, "batch": 1000, "after_at": outbox.PRUNE_START[0], "after_id": 0})),
+        "pruner: finished claims (a page)": rolled_back(
+            engine, lambda c: claims.prune_finished(c, retention_s=30 * 86400, batch=1000)),
         "verify --customer (hot)": read(lambda c: verify.verify(c, seeder.hot_customer)),
         "verify --customer (small)": read(lambda c: verify.verify(c, small)),
         "reservations list": read(lambda c: reads.list_reservations(c, limit=100)),

@@ -433,6 +433,48 @@ class DispatchSettings(Section):
         description="Expired Idempotency-Keys deleted at most per prune round (one short transaction, oldest first "
         "through an index); rounds run every SPECIALISTS_TASK_EVENTS_PRUNE_INTERVAL_S.",
     )
+    outbox_retention_days: float = Field(
+        default=14.0,
+        ge=0.01,
+        le=3650.0,
+        description="Outbox rows of finished jobs (done, canceled, undeliverable) closed this long ago are deleted, "
+        "with the job's message, once their task has ended and their claim is neither running nor unknown. A job "
+        "whose row is gone is never claimed again. Must exceed SPECIALISTS_WORKER_JOB_MAX_AGE_S + "
+        "SPECIALISTS_DISPATCH_DEADLINE_S, the longest a delivery can still arrive.",
+    )
+    outbox_prune_batch: int = Field(
+        default=1000,
+        ge=10,
+        le=100_000,
+        description="Outbox rows of finished jobs deleted at most per prune round (one statement, oldest first "
+        "through an index); rounds run every SPECIALISTS_TASK_EVENTS_PRUNE_INTERVAL_S.",
+    )
+    job_claims_retention_days: float = Field(
+        default=30.0,
+        ge=0.01,
+        le=3650.0,
+        validation_alias="SPECIALISTS_JOB_CLAIMS_RETENTION_DAYS",
+        description="Finished and released claims finished this long ago are deleted once their job's outbox row is "
+        "gone; running and unknown claims never are. Must exceed SPECIALISTS_WORKER_JOB_MAX_AGE_S + "
+        "SPECIALISTS_DISPATCH_DEADLINE_S, the longest a delivery can still arrive.",
+    )
+    job_claims_prune_batch: int = Field(
+        default=1000,
+        ge=10,
+        le=100_000,
+        validation_alias="SPECIALISTS_JOB_CLAIMS_PRUNE_BATCH",
+        description="Finished claims deleted at most per prune round (one statement, oldest first through an "
+        "index); rounds run every SPECIALISTS_TASK_EVENTS_PRUNE_INTERVAL_S.",
+    )
+    prune_rescan_interval_s: float = Field(
+        default=86_400.0,
+        ge=60.0,
+        le=30 * 86_400.0,
+        validation_alias="SPECIALISTS_PRUNE_RESCAN_INTERVAL_S",
+        description="The outbox and claims prunes walk their index from a cursor, passing what they must keep (an "
+        "unknown job, a task waiting for input); this often they start from the oldest again, for what has ended "
+        "since.",
+    )
     crash_point: Literal["none", "before_enqueue", "after_enqueue"] = Field(
         default="none",
         description="Recovery drills only: the dispatcher exits abruptly at this point (after taking rows and "
@@ -864,6 +906,20 @@ class Settings(BaseModel):
                 "a delivery must outlive its job; lower SPECIALISTS_DISPATCH_JOB_DEADLINE_S or raise "
                 "SPECIALISTS_DISPATCH_DEADLINE_S"
             )
+        # A delivery's signed body is accepted for worker_job_max_age_s after it was signed, and Cloud Tasks may
+        # start one up to then and hold it a dispatch deadline: the records a late delivery is answered from must
+        # outlive that (the claim path refuses a job whose outbox row is gone besides, docs/OPERATIONS.md).
+        delivery_lifetime_s = worker.job_max_age_s + dispatch.deadline_s
+        for field, days in (("outbox_retention_days", dispatch.outbox_retention_days),
+                            ("job_claims_retention_days", dispatch.job_claims_retention_days)):
+            if days * 86_400 <= delivery_lifetime_s:
+                raise ValueError(
+                    f"{DispatchSettings.env_name(field)} ({days:g} days = {days * 86_400:.0f} s) must exceed "
+                    f"SPECIALISTS_WORKER_JOB_MAX_AGE_S + SPECIALISTS_DISPATCH_DEADLINE_S ({worker.job_max_age_s} + "
+                    f"{dispatch.deadline_s} = {delivery_lifetime_s} s), the longest a delivery of a finished job "
+                    f"can still arrive: raise {DispatchSettings.env_name(field)} or lower "
+                    "SPECIALISTS_WORKER_JOB_MAX_AGE_S"
+                )
         if dispatch.backend == "cloud_tasks" and not worker.oidc_verify and not dispatch.cloud_tasks_emulator_host:
             raise ValueError(
                 "SPECIALISTS_WORKER_OIDC_VERIFY=false is only allowed on one machine (embedded dispatch or "

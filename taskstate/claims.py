@@ -20,14 +20,21 @@ A specialist worker claims with ``claim_resumable`` (``specialist_claim``,
 migration 0070): an expired lease of a job with a Monty checkpoint is resumed,
 within ``max_resumes``. ``hold_fence`` is the share lock every fenced write of a
 running job takes first. The queries that meet a job's outbox row join
-``taskstate.outbox.jobs_relation``.
+``taskstate.outbox.jobs_relation``: from the row by the job id it builds, from a
+claim by ``outbox.of_job_sql``, so each side is a primary-key lookup (issue 18).
+
+A job that serves a task (``ref``) is claimed only while its outbox row exists
+(``outbox.claimable_cte``): a delivery of a job whose records were pruned past
+their retention is ``gone`` and runs nothing. Finished claims are pruned
+(``prune_finished``) past ``SPECIALISTS_JOB_CLAIMS_RETENTION_DAYS``, and only once
+their job's outbox row is gone; running and unknown claims never are.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Literal
 
 from sqlalchemy import Connection, Engine, text
@@ -35,8 +42,10 @@ from sqlalchemy import Connection, Engine, text
 from core.errors import ServiceError
 from taskstate import outbox
 from taskstate.ids import TaskRef
+from taskstate.pages import Page, page_of
 
-ClaimOutcome = Literal["claimed", "finished", "busy", "lease_expired_unknown"]
+# gone: the job serves a task but has no outbox row (finished and pruned past its retention): never run.
+ClaimOutcome = Literal["claimed", "finished", "busy", "lease_expired_unknown", "gone"]
 RenewOutcome = Literal["renewed", "expired", "fenced"]
 FinishOutcome = Literal["finished", "already_finished", "stale"]
 CancelOutcome = Literal["canceled_before_claim", "cancel_requested", "already_finished", "unknown"]
@@ -94,22 +103,25 @@ def _aware(now: datetime | None) -> datetime | None:
     return now
 
 
-def _claim_sql(call: str, ref: TaskRef | None) -> str:
-    """The claim function's row; with ``ref``, and only when the job was claimed, the job's message beside it:
-    the run needs it next, and reading it here spares the job's process a connection and a round trip."""
+def _claim_sql(function: str, arguments: str, ref: TaskRef | None) -> str:
+    """The claim function's row, called as ``function(<job id>, arguments)``. With ``ref`` the job serves a task:
+    the claim runs only over its outbox row (``outbox.claimable_cte``; no row, no claim, no result row), and
+    beside it, when the job was claimed, the job's message: the run needs it next, and reading it here spares the
+    job's process a connection and a round trip."""
     if ref is None:
-        return f"SELECT *, CAST(NULL AS bytea) AS message FROM {call}"
-    return (f"SELECT c.*, CASE WHEN c.outcome = 'claimed' THEN ({outbox.message_sql()}) END AS message "
-            f"FROM {call} c")
+        return f"SELECT *, CAST(NULL AS bytea) AS message FROM {function}(:j, {arguments})"
+    return (f"WITH {outbox.claimable_cte('job')} "
+            f"SELECT c.*, CASE WHEN c.outcome = 'claimed' THEN job.message END AS message "
+            f"FROM job CROSS JOIN LATERAL {function}(job.job_id, {arguments}) c")
 
 
 def claim(conn: Connection, job_id: str, *, worker_id: str, lease_s: float, now: datetime | None = None,
           ref: TaskRef | None = None) -> ClaimResult:
     _check_lease(lease_s)
     row = conn.execute(
-        text(_claim_sql("job_claim(:j, :w, :l, CAST(:n AS timestamptz))", ref)),
+        text(_claim_sql("job_claim", ":w, :l, CAST(:n AS timestamptz)", ref)),
         {"j": job_id, "w": worker_id[:MAX_WORKER_ID_CHARS], "l": lease_s, "n": _aware(now), **_ref_params(ref)},
-    ).mappings().one()
+    ).mappings().first()
     return _claim_result(row)
 
 
@@ -117,7 +129,12 @@ def _ref_params(ref: TaskRef | None) -> dict[str, Any]:
     return {} if ref is None else outbox.message_params(ref)
 
 
+GONE = ClaimResult(outcome="gone", fencing_token=0)
+
+
 def _claim_result(row: Any) -> ClaimResult:
+    if row is None:  # the job's outbox row is gone: nothing was claimed
+        return GONE
     return ClaimResult(
         outcome=row["outcome"],
         fencing_token=int(row["fencing_token"]),
@@ -145,11 +162,11 @@ def claim_resumable(
     the claim row's lock; without a checkpoint, or past the limit, the job becomes unknown exactly as before."""
     _check_lease(lease_s)
     row = conn.execute(
-        text(_claim_sql("specialist_claim(:j, :w, :l, :m, CAST(:n AS timestamptz))", ref)),
+        text(_claim_sql("specialist_claim", ":w, :l, :m, CAST(:n AS timestamptz)", ref)),
         {"j": job_id, "w": worker_id[:MAX_WORKER_ID_CHARS], "l": lease_s, "m": max_resumes, "n": _aware(now),
          **_ref_params(ref)},
-    ).mappings().one()
-    return ResumableClaim(claim=_claim_result(row), resumed=bool(row["resumed"]))
+    ).mappings().first()
+    return ResumableClaim(claim=_claim_result(row), resumed=row is not None and bool(row["resumed"]))
 
 
 _FENCE_SELECT = (
@@ -298,31 +315,39 @@ class DispatchedJob:
     ref: TaskRef
 
 
-_EXPIRED = text(
+# The running claims' partial index by lease (``job_claims_running_lease``), then each one's outbox row by its
+# primary key. It joined on the built job id before, a sequential scan of the outbox per expired lease (issue 18).
+# now(), not clock_timestamp(): a volatile bound is no index condition. job_expire_lease decides by the clock.
+EXPIRED_SQL = (
     f"SELECT c.job_id, o.task_id, o.dispatch_id, o.owner, o.context_id "
-    f"FROM job_claims c JOIN {outbox.jobs_relation()} o ON o.job_id = c.job_id "
-    "WHERE c.state = 'running' AND c.lease_expires_at < clock_timestamp() AND o.status IN ('pending', 'sent') "
+    f"FROM job_claims c CROSS JOIN {outbox.of_job_sql('c.job_id')} o "
+    "WHERE c.state = 'running' AND c.lease_expires_at < now() AND o.status IN ('pending', 'sent') "
     "AND NOT specialist_resumable(c.job_id, :max_resumes, :window_s) "
     "ORDER BY c.lease_expires_at LIMIT :n"
 )
+_EXPIRED = text(EXPIRED_SQL)
 
 
 def expired_dispatched(conn: Connection, *, limit: int, max_resumes: int, resume_window_s: float
                        ) -> list[DispatchedJob]:
     """Dispatched jobs whose running claim's lease passed and that no later delivery may resume: the lease
-    sweeper's work, oldest lease first."""
+    sweeper's work, oldest lease first, in one statement whatever their number."""
     rows = conn.execute(_EXPIRED, {"n": limit, "max_resumes": max_resumes, "window_s": resume_window_s}).all()
     return [DispatchedJob(r.job_id, TaskRef(r.task_id, int(r.dispatch_id), r.owner, r.context_id)) for r in rows]
 
 
 # Handed to Cloud Tasks longer ago than any delivery of its body can run, and never claimed (no claim row:
-# a cancel or an earlier give-up writes one too).
-_ABANDONED = text(
+# a cancel or an earlier give-up writes one too). The sent rows' partial index by hand-over time
+# (``dispatch_outbox_sent``, migration 0190), then each one's claim by its primary key: what it reads is the
+# rows sent before the bound and still sent (abandoned, or unknown until an operator reconciles them), not the
+# outbox (a sequential scan of it every sweep before, issue 18).
+ABANDONED_SQL = (
     f"SELECT o.dispatch_id, o.task_id, o.specialist_id, o.owner, o.context_id, o.attempts FROM {outbox.jobs_relation()} o "
-    "WHERE o.status = 'sent' AND o.sent_at < clock_timestamp() - make_interval(secs => :after_s) "
+    "WHERE o.status = 'sent' AND o.sent_at < now() - make_interval(secs => :after_s) "
     "AND NOT EXISTS (SELECT 1 FROM job_claims c WHERE c.job_id = o.job_id) "
     "ORDER BY o.sent_at LIMIT :n"
 )
+_ABANDONED = text(ABANDONED_SQL)
 
 
 def sent_never_claimed(conn: Connection, *, sent_before_s: float, limit: int) -> list[outbox.OutboxRow]:
@@ -348,7 +373,7 @@ def unknown_of_task(conn: Connection, task_id: str) -> list[DispatchedJob]:
 def unknown_tasks_relation() -> str:
     """Tasks with a job whose outcome is unknown, as a sub-query (task_id, unknown_at, unknown_reason)."""
     return (f"(SELECT o.task_id, c.unknown_at, c.unknown_reason FROM job_claims c "
-            f"JOIN {outbox.jobs_relation()} o ON o.job_id = c.job_id WHERE c.state = 'unknown')")
+            f"CROSS JOIN {outbox.of_job_sql('c.job_id')} o WHERE c.state = 'unknown')")
 
 
 def get(conn: Connection, job_id: str) -> dict[str, Any] | None:
@@ -367,15 +392,69 @@ def list_unknown(conn: Connection, limit: int = 100) -> list[dict[str, Any]]:
     return [dict(row) for row in rows]
 
 
+# One statement each: "(:j IS NULL OR job_id = :j)" would keep a job's reports from their index.
+_STALE_REPORTS = text("SELECT * FROM job_stale_reports ORDER BY report_id LIMIT :n")
+_STALE_REPORTS_OF_JOB = text("SELECT * FROM job_stale_reports WHERE job_id = :j ORDER BY reported_at, report_id LIMIT :n")
+
+
 def list_stale_reports(conn: Connection, job_id: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
-    rows = conn.execute(
-        text(
-            "SELECT * FROM job_stale_reports WHERE (CAST(:j AS text) IS NULL OR job_id = :j) "
-            "ORDER BY report_id LIMIT :n"
-        ),
-        {"j": job_id, "n": limit},
-    ).mappings()
-    return [dict(row) for row in rows]
+    if job_id is None:
+        found = conn.execute(_STALE_REPORTS, {"n": limit})
+    else:
+        found = conn.execute(_STALE_REPORTS_OF_JOB, {"j": job_id, "n": limit})
+    return [dict(row) for row in found.mappings()]
+
+
+# --- pruned past their retention ------------------------------------------------------------
+
+def settled_sql(job_id: str) -> str:
+    """A condition: the job id expression ``job_id`` has no claim that is running (a worker holds it) or unknown (an
+    operator reconciles it), a primary-key lookup. A job's outbox row is kept while it has one: the reconcile and
+    the cancel find a task's claims through its rows."""
+    return (f"NOT EXISTS (SELECT 1 FROM job_claims u WHERE u.job_id = {job_id} AND u.state IN ('running', 'unknown') "
+            "OFFSET 0)")  # OFFSET 0: a lookup per row, never a join over every claim (see outbox.prune_finished_sql)
+
+
+# Where a walk over the finished claims starts: before the oldest (finished time, ``job_id``).
+PRUNE_START = (datetime(1, 1, 1, tzinfo=timezone.utc), "")
+
+# One page of the walk over finished (or released) claims finished more than :retention_s ago, oldest first from
+# (:after_at, :after_id) through their partial index (``job_claims_finished``, migration 0190): of the :batch it
+# reads, it deletes those whose job's outbox row is gone, with their stale reports, and passes the others. Never a
+# running or unknown claim, and never one whose row remains: the row is what a claim needs (outbox.claimable_cte),
+# so a late delivery of a job pruned here finds no row and runs nothing.
+PRUNE_SQL = f"""
+    WITH page AS MATERIALIZED (
+        SELECT c.job_id, COALESCE(c.finished_at, c.claimed_at) AS done_at FROM job_claims c
+         WHERE c.state IN ('finished', 'released')
+           AND COALESCE(c.finished_at, c.claimed_at) < now() - make_interval(secs => :retention_s)
+           AND (COALESCE(c.finished_at, c.claimed_at), c.job_id) > (CAST(:after_at AS timestamptz),
+                                                                     CAST(:after_id AS text))
+         ORDER BY COALESCE(c.finished_at, c.claimed_at), c.job_id
+         LIMIT :batch
+    ),
+    doomed AS (
+        SELECT c.job_id FROM job_claims c
+         WHERE c.job_id = ANY (ARRAY(SELECT job_id FROM page)) AND c.state IN ('finished', 'released')
+           AND NOT {outbox.exists_for_job_sql('c.job_id')}
+           FOR UPDATE OF c SKIP LOCKED
+    ),
+    reports AS (DELETE FROM job_stale_reports WHERE job_id = ANY (ARRAY(SELECT job_id FROM doomed))),
+    gone AS (DELETE FROM job_claims WHERE job_id = ANY (ARRAY(SELECT job_id FROM doomed)) RETURNING 1)
+    SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM page) AS examined,
+           last.done_at AS last_at, last.job_id AS last_id
+      FROM (SELECT 1) one
+      LEFT JOIN (SELECT * FROM page ORDER BY done_at DESC, job_id DESC LIMIT 1) last ON true"""
+_PRUNE = text(PRUNE_SQL)
+
+
+def prune_finished(conn: Connection, *, retention_s: float, batch: int,
+                   after: tuple[datetime, str] = PRUNE_START) -> Page:
+    """One page of up to ``batch`` finished claims past ``retention_s`` after ``after``: those whose job's outbox
+    row is gone are deleted; the page's last key is where the next one starts."""
+    row = conn.execute(_PRUNE, {"retention_s": retention_s, "batch": batch, "after_at": after[0],
+                                "after_id": after[1]}).one()
+    return page_of(row, asked=batch)
 
 
 class Claims:

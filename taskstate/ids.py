@@ -3,7 +3,11 @@
 A job is one outbox row: one per message, so a follow-up to a task is a job of
 its own. Its id is ``<task id>.<dispatch id>`` (the task id is a UUID, which has
 no dot). ``job_id_sql`` builds the same id in SQL, for the queries that meet a
-claim (keyed by job id) and an outbox row (keyed by dispatch id).
+claim (keyed by job id) and an outbox row (keyed by dispatch id), from the outbox
+row's side: the claim is then a primary-key lookup. ``dispatch_id_of_sql`` reads
+the dispatch id back out of a job id in SQL, for the queries that start from a
+claim: the outbox row is then a primary-key lookup too. Neither needs an index of
+its own (issue 18: joining on the built id alone scanned every outbox row).
 
 A job dispatched from the outbox names its task in the signed payload
 (``task_payload``: ``t`` task id, ``d`` dispatch id, ``o`` owner scope, ``x``
@@ -38,8 +42,15 @@ def split_job_id(job_id: str) -> tuple[str, int]:
 
 
 def job_id_sql(alias: str) -> str:
-    """``job_id_for`` in SQL, over an outbox row aliased ``alias``."""
-    return f"({alias}.task_id || '{SEPARATOR}' || {alias}.dispatch_id)"
+    """``job_id_for`` in SQL, over an outbox row aliased ``alias``. The dispatch id is cast to text: ``text ||
+    bigint`` is only STABLE, this is IMMUTABLE, should an index over it ever be wanted."""
+    return f"({alias}.task_id || '{SEPARATOR}' || CAST({alias}.dispatch_id AS text))"
+
+
+def dispatch_id_of_sql(job_id: str) -> str:
+    """``split_job_id``'s dispatch id in SQL, over the job id expression ``job_id``: NULL for an id no outbox row
+    has (a test's raw job), never an error. At most 18 digits, so the cast cannot overflow a bigint."""
+    return f"CAST(substring({job_id} FROM '\\{SEPARATOR}([0-9]{{1,18}})$') AS bigint)"
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,29 @@ Admission commits one row per message with the task and its reservation
 A failed attempt is rescheduled (``reschedule``); a job given up is marked
 ``undeliverable``; the finish of a job closes its row (``close_cte``, in the
 finish's statement), a cancel before any claim marks it ``canceled``
-(``cancel_rows``), an operator's reconcile closes it (``close``). Other owners
+(``cancel_rows``), a job found unknown closes it (``close_unknown``), an
+operator's reconcile closes it (``close``). Other owners
 read the rows through ``jobs_relation`` (``taskstate.claims`` joins it to the
-claims).
+claims: from a row, the claim is ``c.job_id = o.job_id``; from a claim, the row is
+``of_job_sql``: a primary-key lookup either way).
+
+**A row is what makes its job claimable** (issue 18). A delivery's claim reads
+its job's row with ``claimable_cte``, under a ``FOR KEY SHARE`` lock, and claims
+nothing when the row is gone. Finished rows are pruned past
+``SPECIALISTS_DISPATCH_OUTBOX_RETENTION_DAYS`` (``prune_finished_sql``, a page
+at a time, oldest first through the partial index on ``finished_at``), and a job's
+claim only after its row (``taskstate.claims.prune_finished``), so a late
+delivery of a pruned job finds no row and runs nothing. The key-share lock
+conflicts with nothing but a delete: the dispatchers lock rows ``FOR NO KEY
+UPDATE`` (each other out, never a claim), and every UPDATE here changes no key.
+The prune locks ``FOR UPDATE SKIP LOCKED``, so it skips a row a claim holds, and
+a claim that comes second waits for the prune and then finds no row.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import Connection, text
@@ -45,7 +60,7 @@ _TAKE = text(
      WHERE o.dispatch_id IN (SELECT dispatch_id FROM dispatch_outbox
                               WHERE status = 'pending' AND available_at <= now()
                               ORDER BY available_at, dispatch_id
-                              FOR UPDATE SKIP LOCKED LIMIT :n)
+                              FOR NO KEY UPDATE SKIP LOCKED LIMIT :n)
     RETURNING o.dispatch_id, o.task_id, o.specialist_id, o.owner, o.context_id, o.attempts
     """
 )
@@ -55,7 +70,7 @@ _LOCK = text(
       FROM dispatch_outbox
      WHERE status = 'pending' AND available_at <= now()
      ORDER BY available_at, dispatch_id
-       FOR UPDATE SKIP LOCKED LIMIT :n
+       FOR NO KEY UPDATE SKIP LOCKED LIMIT :n
     """
 )
 
@@ -150,6 +165,26 @@ def mark_undeliverable(conn: Connection, row: OutboxRow, *, error: str) -> None:
     )
 
 
+_JOB_COLUMNS = ("r.dispatch_id, r.task_id, r.specialist_id, r.owner, r.context_id, r.status, r.attempts, "
+                "r.sent_at")
+
+
+def of_job_sql(job_id: str) -> str:
+    """The outbox row of the job id expression ``job_id`` (a claim's), as a LATERAL sub-query with the columns of
+    ``jobs_relation``: ``FROM job_claims c CROSS JOIN {of_job_sql('c.job_id')} o``. The dispatch id read back out
+    of the job id makes it a primary-key lookup, and the whole id must match. ``OFFSET 0`` keeps it one lookup
+    per claim in the planner's eyes too: as a join its estimate fell to one row for the whole query, and an
+    ordered, limited read of the claims became a sort of all of them (150 ms for 10,000 unknown jobs, 2 ms now)."""
+    return (f"LATERAL (SELECT {ids.job_id_sql('r')} AS job_id, {_JOB_COLUMNS} FROM dispatch_outbox r "
+            f"WHERE r.dispatch_id = {ids.dispatch_id_of_sql(job_id)} AND {ids.job_id_sql('r')} = {job_id} OFFSET 0)")
+
+
+def exists_for_job_sql(job_id: str) -> str:
+    """A condition: the job id expression ``job_id`` has its outbox row (a primary-key lookup)."""
+    return (f"EXISTS (SELECT 1 FROM dispatch_outbox x WHERE x.dispatch_id = {ids.dispatch_id_of_sql(job_id)} "
+            f"AND {ids.job_id_sql('x')} = {job_id} OFFSET 0)")  # a lookup per row (see prune_finished_sql)
+
+
 def row_of_job(conn: Connection, job_id: str) -> OutboxRow:
     """The outbox row of a job id: what a repeated delivery is signed from."""
     task_id, dispatch_id = ids.split_job_id(job_id)
@@ -196,6 +231,16 @@ def message_sql() -> str:
             "WHERE dispatch_id = :message_dispatch_id AND task_id = :message_task_id")
 
 
+def claimable_cte(name: str) -> str:
+    """The job's row as a common table expression ``name`` (``job_id``, ``message``), key-share locked: empty
+    when the job ``:j`` of ``message_params`` has no row (it finished long ago and was pruned), so that a claim
+    written over it (``LATERAL ... (name.job_id)``) claims nothing. The lock holds off only the prune's delete
+    until the claim's transaction ends (see the module doc)."""
+    return (f"{name} AS MATERIALIZED (SELECT CAST(:j AS text) AS job_id, r.message FROM dispatch_outbox r "
+            "WHERE r.dispatch_id = :message_dispatch_id AND r.task_id = :message_task_id "
+            f"AND {ids.job_id_sql('r')} = :j FOR KEY SHARE)")
+
+
 def message_params(ref: ids.TaskRef) -> dict[str, Any]:
     return {"message_dispatch_id": ref.dispatch_id, "message_task_id": ref.task_id}
 
@@ -218,6 +263,17 @@ def close_cte(name: str, *, when: str = "true") -> str:
          WHERE dispatch_id = :d AND task_id = :t AND status IN ('pending', 'sent', 'undeliverable') AND {when}
         RETURNING 1
     )"""
+
+
+def close_unknown(conn: Connection, ref: ids.TaskRef) -> None:
+    """The job's outcome became unknown: no delivery will run it again, so its row is done (an operator's
+    reconcile decides the rest). The embedded dispatcher closes it so when a worker answers ``job_outcome_unknown``;
+    this closes it in the transaction that found it unknown, whatever the dispatcher."""
+    conn.execute(
+        text("UPDATE dispatch_outbox SET status = 'done', finished_at = now() "
+             "WHERE dispatch_id = :d AND task_id = :t AND status IN ('pending', 'sent')"),
+        {"d": ref.dispatch_id, "t": ref.task_id},
+    )
 
 
 def close(conn: Connection, dispatch_id: int) -> None:
@@ -253,5 +309,42 @@ def open_dispatch_ids(conn: Connection, task_id: str, owner: str) -> list[int]:
 def jobs_relation() -> str:
     """Every row as a sub-query with its job id (job_id, dispatch_id, task_id, specialist_id, owner, context_id,
     status, attempts, sent_at), for owners that join it to their own table."""
-    return (f"(SELECT {ids.job_id_sql('r')} AS job_id, r.dispatch_id, r.task_id, r.specialist_id, r.owner, "
-            "r.context_id, r.status, r.attempts, r.sent_at FROM dispatch_outbox r)")
+    return f"(SELECT {ids.job_id_sql('r')} AS job_id, {_JOB_COLUMNS} FROM dispatch_outbox r)"
+
+
+# --- pruned past their retention ---------------------------------------------------------
+
+# Where a walk over the finished rows starts: before the oldest (``finished_at``, ``dispatch_id``).
+PRUNE_START = (datetime(1, 1, 1, tzinfo=timezone.utc), 0)
+
+
+def prune_finished_sql(*, only: str) -> str:
+    """One page of the walk over the finished rows closed more than ``:retention_s`` ago, oldest first from
+    (``:after_at``, ``:after_id``), through ``dispatch_outbox_finished`` (migration 0190): of the ``:batch`` rows it
+    reads, it deletes those where the condition ``only`` holds too (over the row aliased ``r``: its claim decides
+    nothing any more, its task ended) and passes the others, skipping rows a claim holds. Answers one row:
+    ``deleted``, ``examined`` and the last row's key (``last_at``, ``last_id``), where the next page starts.
+
+    The owners' conditions in ``only`` are sub-queries fenced with ``OFFSET 0``, so PostgreSQL evaluates them per
+    row, a primary-key lookup each: as joins it would hash every ended task or every claim first (it did, on the
+    grown test database: it cannot estimate the share of ended tasks). The delete is by primary key (``= ANY``)."""
+    return f"""
+    WITH page AS MATERIALIZED (
+        SELECT r.dispatch_id, r.finished_at FROM dispatch_outbox r
+         WHERE r.status IN ('done', 'canceled', 'undeliverable')
+           AND r.finished_at < now() - make_interval(secs => :retention_s)
+           AND (r.finished_at, r.dispatch_id) > (CAST(:after_at AS timestamptz), CAST(:after_id AS bigint))
+         ORDER BY r.finished_at, r.dispatch_id
+         LIMIT :batch
+    ),
+    doomed AS (
+        SELECT r.dispatch_id FROM dispatch_outbox r
+         WHERE r.dispatch_id = ANY (ARRAY(SELECT dispatch_id FROM page))
+           AND r.status IN ('done', 'canceled', 'undeliverable') AND {only}
+           FOR UPDATE OF r SKIP LOCKED
+    ),
+    gone AS (DELETE FROM dispatch_outbox WHERE dispatch_id = ANY (ARRAY(SELECT dispatch_id FROM doomed)) RETURNING 1)
+    SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM page) AS examined,
+           last.finished_at AS last_at, last.dispatch_id AS last_id
+      FROM (SELECT 1) one
+      LEFT JOIN (SELECT * FROM page ORDER BY finished_at DESC, dispatch_id DESC LIMIT 1) last ON true"""

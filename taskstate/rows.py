@@ -43,6 +43,8 @@ from a2a.utils.proto_utils import to_stream_response
 from google.protobuf.json_format import MessageToDict, ParseDict
 from sqlalchemy import Connection, and_, select, text
 
+from taskstate.pages import Page, page_of
+
 TASKS = TaskModel.__table__
 VERSIONS = TaskVersionModel.__table__
 EVENTS = TaskEventModel.__table__
@@ -267,25 +269,72 @@ def stamp(task: Task) -> None:
     task.status.timestamp.FromDatetime(now_utc())
 
 
-_PRUNE = text(
-    """
-    WITH doomed AS (
-        SELECT e.seq
-          FROM task_events e
-          JOIN tasks t ON t.id = e.task_id
-         WHERE t.status ->> 'state' IN ('TASK_STATE_COMPLETED', 'TASK_STATE_FAILED', 'TASK_STATE_CANCELED',
-                                        'TASK_STATE_REJECTED')
-           AND t.last_updated < now() - make_interval(secs => :retention_s)
-         LIMIT :batch
-    )
-    DELETE FROM task_events WHERE seq IN (SELECT seq FROM doomed)
+# --- what a task that ended long ago no longer needs ----------------------------------------------------
+
+# The states a task never leaves, as the store writes them (``status ->> 'state'``).
+ENDED_STATES = ("TASK_STATE_COMPLETED", "TASK_STATE_FAILED", "TASK_STATE_CANCELED", "TASK_STATE_REJECTED")
+
+
+def ended_sql(alias: str) -> str:
+    """A condition: the task row ``alias`` has ended. The same condition, without the alias, is the predicate of
+    the partial index ``tasks_ended`` (migration 0190), so a query that states it is served by that index."""
+    states = ", ".join(f"'{state}'" for state in ENDED_STATES)
+    return f"({alias}.status ->> 'state') IN ({states})"
+
+
+def ended_task_sql(task_id: str) -> str:
+    """A condition: the task of the id expression ``task_id`` has ended, a primary-key lookup. What the jobs of a
+    task that has not (it waits for input, works, or is under reconciliation) left is kept: its cancel and its
+    follow-ups' charge read whether a run already happened."""
+    return f"EXISTS (SELECT 1 FROM tasks w WHERE w.id = {task_id} AND {ended_sql('w')} OFFSET 0)"  # per row
+
+
+def ended_before_sql(alias: str) -> str:
+    """A condition: the task row ``alias`` was last written more than ``:retention_s`` ago. ``last_updated`` is the
+    task's status time, stored as UTC without a zone: compared with the UTC wall clock, never cast to a zone (a
+    cast of the column would keep it from its index, and make the cut depend on the session's time zone)."""
+    return f"{alias}.last_updated < (now() AT TIME ZONE 'UTC') - make_interval(secs => :retention_s)"
+
+
+# Where the events prune's walk over ended tasks starts: before the oldest (``last_updated``, ``id``). Tasks are
+# kept, so without a cursor every round would read every task that ever ended.
+EVENTS_WALK_START = (datetime(1, 1, 1), "")
+
+# One page of ended tasks past the retention after the cursor (``tasks_ended``, an index range), and up to
+# :batch of their events, each task's by its index (task_id, seq): the LIMIT inside the LATERAL keeps the planner
+# from hashing the whole event table for it. Answers what was deleted, how many tasks the page held and, when
+# every event of the page is gone (fewer than :batch deleted), its last task: where the next page starts.
+_PRUNE_EVENTS = text(
+    f"""
+    WITH page AS MATERIALIZED (
+        SELECT t.id, t.last_updated FROM tasks t
+         WHERE {ended_sql('t')} AND {ended_before_sql('t')}
+           AND (t.last_updated, t.id) > (CAST(:after_at AS timestamp), CAST(:after_id AS varchar))
+         ORDER BY t.last_updated, t.id
+         LIMIT :page
+    ),
+    doomed AS (SELECT e.seq FROM page p CROSS JOIN LATERAL (
+                   SELECT seq FROM task_events WHERE task_id = p.id LIMIT :batch) e  -- per task: its index
+               LIMIT :batch),
+    gone AS (DELETE FROM task_events WHERE seq = ANY (ARRAY(SELECT seq FROM doomed)) RETURNING 1)
+    SELECT (SELECT count(*) FROM gone) AS deleted, (SELECT count(*) FROM page) AS examined,
+           last.last_updated AS last_at, last.id AS last_id
+      FROM (SELECT 1) one
+      LEFT JOIN (SELECT id, last_updated FROM page ORDER BY last_updated DESC, id DESC LIMIT 1) last
+        ON (SELECT count(*) FROM gone) < :batch
     """
 )
+PRUNE_EVENTS_SQL = str(_PRUNE_EVENTS)
 
 
-def prune_finished_events(conn: Connection, *, retention_s: float, batch: int) -> int:
-    """Delete up to ``batch`` events of tasks terminal for longer than ``retention_s``; how many were deleted."""
-    return int(conn.execute(_PRUNE, {"retention_s": retention_s, "batch": batch}).rowcount)
+def prune_finished_events(conn: Connection, *, retention_s: float, batch: int, page: int | None = None,
+                          after: tuple[datetime, str] = EVENTS_WALK_START) -> Page:
+    """Delete up to ``batch`` events of the next ``page`` (default: ``batch``) tasks after ``after`` that ended
+    more than ``retention_s`` ago; the page's last task is where the next one starts, once all its events are
+    gone (``Page.last`` None: the batch was spent, this page goes on next time)."""
+    row = conn.execute(_PRUNE_EVENTS, {"retention_s": retention_s, "batch": batch, "page": page or batch,
+                                       "after_at": after[0], "after_id": after[1]}).one()
+    return page_of(row, asked=page or batch)
 
 
 # --- ListTasks (issue 18) ------------------------------------------------------------------------------------

@@ -31,9 +31,10 @@ from sqlalchemy import Connection, Engine, create_engine, text
 from bench.seed import CUSTOMER_PREFIX, TABLES, Seeder, load_template
 from core import db
 from ledger import reads, verify
-from taskstate import admitted, claims, idempotency, outbox, rows
+from taskstate import admitted, claims, idempotency, ids, outbox, rows
 from tests.conftest import _with_database
 from tests.query_plans import Statements, driver_seq_scans, rows_read
+from workers.dispatch import pruner
 from workers.hosted_rlm import journal, store
 
 SEEDED_TASKS = 20_000
@@ -97,6 +98,20 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+DAY_S = 86_400.0
+
+
+def _ref(s: Seeded) -> ids.TaskRef:
+    """The seeded task's job, as its signed body names it."""
+    task_id, dispatch_id = ids.split_job_id(s.job_id)
+    return ids.TaskRef(task_id, dispatch_id, s.hot_owner, s.context_id)
+
+
+def _row(s: Seeded) -> outbox.OutboxRow:
+    ref = _ref(s)
+    return outbox.OutboxRow(ref.dispatch_id, ref.task_id, "reviewer", ref.owner, ref.context_id, 1)
+
+
 # ListTasks as app.listing calls it: a page of 50 with the history, and, for a filtered listing, its bounded total.
 LIST_SCAN_MAX_ROWS = 1000
 
@@ -151,13 +166,50 @@ QUERIES: dict[str, Callable[[Connection, Seeded], Any]] = {
         lambda c, s: idempotency.prune_expired(c, batch=500),
     "dispatcher: ended jobs' checkpoints (workers.hosted_rlm.store.prune_ended)":
         lambda c, s: store.prune_ended(c, retention_s=86_400, batch=500),
+    "dispatcher: a delivery lease renewed (taskstate.outbox.renew)":
+        lambda c, s: outbox.renew(c, [_ref(s).dispatch_id], lease_s=30),
+    "dispatcher: a job handed to Cloud Tasks (taskstate.outbox.mark_sent)": lambda c, s: outbox.mark_sent(c, _row(s)),
+    "dispatcher: a job delivered (taskstate.outbox.mark_delivered)": lambda c, s: outbox.mark_delivered(c, _row(s)),
+    "dispatcher: a delivery to repeat (taskstate.outbox.reschedule)":
+        lambda c, s: outbox.reschedule(c, _row(s), delay_s=1, error="plans"),
+    "dispatcher: a job given up (taskstate.outbox.mark_undeliverable)":
+        lambda c, s: outbox.mark_undeliverable(c, _row(s), error="plans"),
+    "sweeper: expired leases (taskstate.claims.expired_dispatched)":
+        lambda c, s: claims.expired_dispatched(c, limit=100, max_resumes=2, resume_window_s=300),
+    "sweeper: abandoned jobs (taskstate.claims.sent_never_claimed)":
+        lambda c, s: claims.sent_never_claimed(c, sent_before_s=4200, limit=100),
+    "sweeper and claims: a job found unknown closes its row (taskstate.outbox.close_unknown)":
+        lambda c, s: outbox.close_unknown(c, _ref(s)),
+    "pruner: task events, a page (taskstate.rows.prune_finished_events)":
+        lambda c, s: rows.prune_finished_events(c, retention_s=14 * DAY_S, batch=5000),
+    "pruner: finished jobs' outbox rows, a page (workers.dispatch.pruner.OUTBOX_PRUNE_SQL)":
+        lambda c, s: c.execute(text(pruner.OUTBOX_PRUNE_SQL), {"retention_s": 14 * DAY_S, "batch": 1000,
+                                                               "after_at": outbox.PRUNE_START[0], "after_id": 0}),
+    "pruner: finished claims, a page (taskstate.claims.prune_finished)":
+        lambda c, s: claims.prune_finished(c, retention_s=30 * DAY_S, batch=1000),
     # A worker's job.
     "worker: a job's message (taskstate.outbox.row_of_job)": lambda c, s: outbox.row_of_job(c, s.job_id),
     "worker: the run's record (workers.hosted_rlm.journal.run_record)":
         lambda c, s: journal.run_record(c, s.job_id),
     "worker: the claim (taskstate.claims.get)": lambda c, s: claims.get(c, s.running_job_id),
+    "worker: the claim over its outbox row (taskstate.claims.claim)":
+        lambda c, s: claims.claim(c, s.job_id, worker_id="plans", lease_s=30, ref=_ref(s)),
+    "worker: a resumable claim (taskstate.claims.claim_resumable)":
+        lambda c, s: claims.claim_resumable(c, s.job_id, worker_id="plans", lease_s=30, max_resumes=2, ref=_ref(s)),
+    "worker: a fenced write's lock (taskstate.claims.hold_fence)": lambda c, s: claims.hold_fence(c, s.running_job_id, 1),
+    "worker: a job's message (taskstate.outbox.message_of)": lambda c, s: outbox.message_of(c, _ref(s)),
+    "cancel: jobs canceled before a claim (taskstate.outbox.cancel_rows)":
+        lambda c, s: outbox.cancel_rows(c, [_ref(s).dispatch_id]),
     # Operators.
     "reconcile: unknown jobs (taskstate.claims.list_unknown)": lambda c, s: claims.list_unknown(c, limit=100),
+    "reconcile: the task's unknown jobs (taskstate.claims.unknown_of_task)":
+        lambda c, s: claims.unknown_of_task(c, s.task_id),
+    "reconcile: the job's row closed (taskstate.outbox.close)": lambda c, s: outbox.close(c, _ref(s).dispatch_id),
+    "reservations list --unknown: tasks with an unknown job (taskstate.claims.unknown_tasks_relation)":
+        lambda c, s: c.execute(text(f"SELECT * FROM {claims.unknown_tasks_relation()} u "
+                                    "ORDER BY u.unknown_at LIMIT 100")).all(),
+    "operator: a job's stale reports (taskstate.claims.list_stale_reports)":
+        lambda c, s: claims.list_stale_reports(c, s.job_id),
     "credits show (ledger.reads.account)": lambda c, s: reads.account(c, s.hot_customer, max_rows=100),
     "credits history (ledger.reads.history)": lambda c, s: reads.history(c, s.hot_customer),
     "reservations show (ledger.reads.reservation)": lambda c, s: reads.reservation(c, s.task_id),

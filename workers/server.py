@@ -12,6 +12,7 @@ worker full                503     ``worker_at_capacity`` + Retry-After; nothing
 live lease elsewhere       503     ``job_busy`` + Retry-After (the lease's time left)
 already finished           200     ``job_already_finished`` + the stored outcome
 lease expired (unknown)    200     ``job_outcome_unknown``: never run again
+records pruned             200     ``job_gone``: no outbox row (finished, past retention)
 ran and finished           200     ``job_finished`` + the outcome
 our result was stale       200     ``job_result_stale``: recorded for operators
 outcome not recorded       503     ``finish_failed``: the lease expires, then unknown
@@ -185,6 +186,14 @@ class WorkerService:
                     "job_outcome_unknown",
                     "a worker's lease on this job expired while it ran; it is not run again and waits for an "
                     "operator to reconcile it",
+                    job_id=job.job_id,
+                )
+            if claim.outcome == "gone":
+                return _answer(
+                    200,
+                    "job_gone",
+                    "this job has no outbox row (it finished and its records were pruned past their retention); "
+                    "it is not run",
                     job_id=job.job_id,
                 )
             if claim.outcome == "busy":

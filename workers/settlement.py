@@ -11,10 +11,13 @@ that serves an A2A task (``taskstate.ids.TaskRef``):
   from the outcome, the reserved credits, and for an rlm specialist the pricing
   and the semantic calls of its journal. A stale worker never gets here: its
   result is kept in ``job_stale_reports`` and moves no money.
-* ``mark_unknown`` (the transaction that recorded the claim unknown): the
-  reservation is marked unknown in the ledger (it keeps its hold and its slot)
-  and the task stays unfinished with a message saying it is under
-  reconciliation. Idempotent.
+* ``mark_unknown`` (the transaction that recorded the claim unknown): the job's
+  outbox row is closed (no delivery will run it again: the embedded dispatcher
+  closes it so on ``job_outcome_unknown``, and now the Cloud Tasks path does too,
+  so the sweeper's abandoned-job query does not read it every sweep until an
+  operator reconciles it), the reservation is marked unknown in the ledger (it
+  keeps its hold and its slot) and the task stays unfinished with a message
+  saying it is under reconciliation. Idempotent.
 
 A task cancelled before any worker claimed it never reaches a worker: the edge
 voids its reservation in the cancel's transaction (``taskstate.cancel``).
@@ -123,6 +126,7 @@ class TaskSettlement:
             self.mark_unknown_ref(conn, ref, fencing_token, reason)
 
     def mark_unknown_ref(self, conn: Connection, ref: TaskRef, fencing_token: int, reason: str) -> None:
+        outbox.close_unknown(conn, ref)  # lock order: the claim (the caller's), the outbox row, the task, the ledger
         self.tasks.mark_unknown(conn, ref)
         hold = admitted.hold_of(conn, ref.task_id)
         if hold is None or hold.reservation_id is None:

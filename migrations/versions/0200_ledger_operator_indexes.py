@@ -22,13 +22,13 @@ Built with CREATE INDEX CONCURRENTLY (``migrations.compat.create_index_online``)
 keeps writing while they build. Expand-only: older code runs on this schema unchanged.
 
 Revision ID: 0200
-Revises: 0180
+Revises: 0190
 """
 
 from migrations.compat import create_index_online, drop_index_online, forget, record
 
 revision = "0200"
-down_revision = "0180"
+down_revision = "0190"
 branch_labels = None
 depends_on = None
 

@@ -5,6 +5,11 @@ listed unknown; every terminal task's reservation is resolved exactly once
 (one journal entry of kind settle, void or reconcile, and one
 ``ledger_settlements`` row, which holds at most one per reservation); a task that ended without being claimed was
 charged nothing; and the ledger's own verification is clean for each customer.
+
+A task's claims are kept only for ``SPECIALISTS_JOB_CLAIMS_RETENTION_DAYS`` after
+they finished, and only as long as its jobs' outbox rows (docs/OPERATIONS.md,
+"Retention"): the check that an unclaimed task was charged nothing is made only
+for tasks whose outbox rows are still there. The ledger's part is kept forever.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ _TASKS = text(
     SELECT e.task_id, e.customer_id, e.tariff_credits, e.reservation_id,
            EXISTS (SELECT 1 FROM dispatch_outbox o JOIN job_claims c ON c.job_id = {job_id_sql("o")}
                     WHERE o.task_id = e.task_id AND c.first_claimed_at IS NOT NULL) AS claimed,
+           EXISTS (SELECT 1 FROM dispatch_outbox o WHERE o.task_id = e.task_id) AS jobs_kept,
            t.status ->> 'state' AS state, r.state::text AS reservation_state, r.charged,
            (SELECT count(DISTINCT j.entry_id) FROM ledger_journal j
              WHERE j.job_id = e.reservation_id AND j.kind IN ('settle', 'void', 'reconcile')) AS resolutions
@@ -94,7 +100,7 @@ def audit(engine: Engine, customers: list[str], *, max_problems: int = 20) -> Au
                     f"{row.reservation_state}")
             continue
         found.charged += row.charged or 0
-        if not row.claimed and row.charged:
+        if row.jobs_kept and not row.claimed and row.charged:  # pruned jobs' claims cannot be told
             problem(f"task {row.task_id} ended without a claim but was charged {row.charged}")
         if row.charged is not None and row.charged > row.tariff_credits:
             problem(f"task {row.task_id} was charged {row.charged}, above its tariff {row.tariff_credits}")

@@ -9,7 +9,7 @@ from sqlalchemy import text
 
 from core.settings import Settings
 from ledger.client import Ledger
-from taskstate import rows
+from taskstate import outbox, rows
 from taskstate.ids import TaskRef
 from taskstate.updates import TaskEvents
 from workers.settlement import TaskSettlement
@@ -44,3 +44,26 @@ def test_a_job_found_unknown_is_held_in_the_ledger_even_when_its_reason_is_longe
     assert held.state == "unknown"
     assert held.unknown_reason.startswith(f"job {ref.job_id} (claim")  # clipped to the setting, not refused
     assert len(held.unknown_reason) <= MAX_REASON_CHARS
+
+
+def test_a_job_found_unknown_has_its_outbox_row_closed_so_no_sweep_reads_it_again(engine):
+    """In Cloud Tasks mode the row of a job whose worker died stayed ``sent`` until an operator reconciled it, and
+    the sweeper's abandoned-job query read it every sweep (issue 18). No delivery runs an unknown job again."""
+    ledger = Ledger(engine)
+    ref = admitted_task(engine, ledger, credits=3)
+    with engine.begin() as conn:
+        outbox.enqueue(conn, task_id=ref.task_id, specialist_id="drill", executor="drill", owner="owner",
+                       context_id=ref.context_id, message=b"")
+        dispatch_id = outbox.open_dispatch_ids(conn, ref.task_id, "owner")[0]
+        row = outbox.row_of_job(conn, f"{ref.task_id}.{dispatch_id}")
+        outbox.mark_sent(conn, row)
+    ref = TaskRef(ref.task_id, dispatch_id, ref.owner, ref.context_id)
+    settlement = TaskSettlement(TaskEvents(engine), operator="test")
+    with engine.begin() as conn:
+        settlement.mark_unknown_ref(conn, ref, 1, "its lease expired while it ran")
+    with engine.connect() as conn:
+        assert outbox.open_dispatch_ids(conn, ref.task_id, "owner") == []
+        closed = conn.execute(text("SELECT status, finished_at FROM dispatch_outbox WHERE dispatch_id = :d"),
+                              {"d": dispatch_id}).one()
+    assert closed.status == "done" and closed.finished_at is not None
+    assert ledger.reservation(ref.task_id).state == "unknown"

@@ -50,6 +50,7 @@ from workers.auth import JobSigner
 from taskstate import outbox
 from workers.dispatch import jobs
 from workers.dispatch.embedded import CRASH_EXIT_CODE
+from workers.dispatch.pruner import Pruner
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
@@ -255,6 +256,34 @@ def test_forged_tampered_and_replayed_deliveries_are_refused_or_answered_without
     assert (replayed.status_code, replayed.json()["code"]) == (200, "job_already_finished")
     assert len(system.runs(job)) == 1
     assert settlements(system, task_id) == [("settle", SCRIPTED_TARIFF)]
+
+
+def test_a_finished_job_pruned_past_its_retention_and_delivered_again_runs_nothing_and_moves_nothing(
+        system, customer):
+    task_id = send(system, customer, [{"op": "complete", "text": "ran once"}])
+    system.wait_for("the task to complete", lambda: state_of(system, customer, task_id) == "TASK_STATE_COMPLETED")
+    job = system.job_of(task_id)
+    late = signed_body(system, job)  # a delivery Cloud Tasks still holds, valid for SPECIALISTS_WORKER_JOB_MAX_AGE_S
+    with system.engine.begin() as conn:  # the retentions pass: the job finished 40 days ago, as the pruner's cut sees it
+        conn.execute(text("UPDATE dispatch_outbox SET finished_at = finished_at - interval '40 days' "
+                          "WHERE task_id = :t"), {"t": task_id})
+        conn.execute(text("UPDATE job_claims SET finished_at = finished_at - interval '40 days' WHERE job_id = :j"),
+                     {"j": job})
+    pruner = Pruner(system.engine, Settings())  # the dispatcher's rounds, with the default retentions
+    while any(pruner.round().values()):
+        pass
+    assert claim(system, job) is None
+    with system.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM dispatch_outbox WHERE task_id = :t"), {"t": task_id}).scalar() == 0
+
+    answer = system.live_worker().post(late)
+    assert (answer.status_code, answer.json()["code"]) == (200, "job_gone")  # 200: the queue stops delivering it
+    assert len(system.runs(job)) == 1
+    assert claim(system, job) is None  # nothing was claimed
+    assert settlements(system, task_id) == [("settle", SCRIPTED_TARIFF)]
+    assert reservation(system, task_id).state == "settled"
+    assert state_of(system, customer, task_id) == "TASK_STATE_COMPLETED"
+    assert list(Ledger(system.engine).verify(customer["X-Customer"])) == []
 
 
 # --- crashes ----------------------------------------------------------------------------------

@@ -6,11 +6,11 @@ relays them to Cloud Tasks (``CloudTasksRelay``). The loop runs a round when the
 edge's ``edge_dispatch`` notification arrives (admission sends it after its
 commit), when a delivery ends, or every ``dispatch_poll_interval_s`` at the
 latest (a missed notification, a rescheduled row coming due). A thread of its
-own runs the lease sweeper every ``dispatch_sweep_interval_s`` and the event
-pruner (finished tasks' events, expired
-Idempotency-Keys; bounded statements, see ``pruner``) every
-``task_events_prune_interval_s``, so that neither, waiting on a
-lock or a slow scan, can hold up a delivery. Any number of dispatcher
+own runs the lease sweeper every ``dispatch_sweep_interval_s`` and the pruner
+(the retention of ended tasks' events, finished jobs' outbox rows and claims,
+expired Idempotency-Keys; bounded statements, see ``pruner``) every
+``task_events_prune_interval_s``, so that neither, waiting on a lock, can hold
+up a delivery. Any number of dispatcher
 processes may run against one database.
 
 SIGTERM or SIGINT stops it at once: rows in flight stay leased and come due
@@ -36,7 +36,7 @@ from core.errors import ServiceError
 from core.settings import Settings
 from workers.auth import JobSigner
 from workers.dispatch.embedded import EmbeddedDispatcher
-from workers.dispatch.pruner import prune_idempotency_keys, prune_task_events
+from workers.dispatch.pruner import Pruner
 from workers.dispatch.sweeper import LeaseSweeper
 from workers.instance import host_name
 from workers.settlement import TaskSettlement
@@ -114,6 +114,7 @@ def build_backend(
 
 def _maintain(settings: Settings, engine: Engine, sweeper: LeaseSweeper, stop: threading.Event) -> None:
     """The sweeper and the pruner, in a thread of their own: a slow sweep or prune never holds up a delivery."""
+    pruner = Pruner(engine, settings)  # keeps its walk over ended tasks between rounds
     next_prune = time.monotonic()
     while not stop.is_set():
         try:
@@ -121,9 +122,7 @@ def _maintain(settings: Settings, engine: Engine, sweeper: LeaseSweeper, stop: t
             sweeper.give_up_abandoned()
             if time.monotonic() >= next_prune:
                 next_prune = time.monotonic() + settings.dispatch.task_events_prune_interval_s
-                prune_task_events(engine, retention_s=settings.dispatch.task_events_retention_days * 86_400,
-                                  batch=settings.dispatch.task_events_prune_batch)
-                prune_idempotency_keys(engine, batch=settings.dispatch.idempotency_keys_prune_batch)
+                pruner.round()
         except Exception as exc:  # the database restarting, a network fault: the next interval tries again
             log.warning("dispatch maintenance failed (%s: %s); retrying", type(exc).__name__, exc)
         stop.wait(settings.dispatch.sweep_interval_s)
