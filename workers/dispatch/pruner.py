@@ -30,6 +30,9 @@ round. What each one keeps and deletes:
   past the retention whose outbox row is already gone, oldest first through
   ``job_claims_finished``, with their jobs' stale reports. Never a running or an
   unknown claim: unknown is kept until an operator reconciles it.
+* **Monty checkpoints** (``SPECIALISTS_SPECIALIST_CHECKPOINT_RETENTION_S``) of jobs
+  that can no longer resume (their claim finished or unknown), oldest first through
+  the index on ``created_at``; a running or released job keeps its own.
 * **Idempotency-Keys** past ``SPECIALISTS_IDEMPOTENCY_KEY_RETENTION_S``, oldest first
   through the index on ``expires_at`` (``taskstate.idempotency``). An expired key
   is already ignored by admission; the prune only keeps the table small.
@@ -54,6 +57,7 @@ from sqlalchemy import Connection, Engine, text
 from core.settings import Settings
 from taskstate import claims, idempotency, ids, outbox, rows
 from taskstate.pages import Page, page_of
+from workers.hosted_rlm import store
 
 log = logging.getLogger(__name__)
 
@@ -168,18 +172,33 @@ def prune_finished_claims(engine: Engine, *, retention_s: float, batch: int) -> 
     return claims_walk(engine, retention_s=retention_s, batch=batch).round()
 
 
-def prune_idempotency_keys(engine: Engine, *, batch: int) -> int:
-    """Delete up to ``batch`` expired Idempotency-Keys; how many were deleted (0 when the round failed). Expired
-    keys are deleted whatever else: no walk, the index on ``expires_at`` holds only what is left."""
+def _prune_once(engine: Engine, what: str, event: str, statement: Callable[[Connection], int]) -> int:
+    """One bounded delete whose index holds only what is left to delete (no walk): how many rows it deleted, 0 when
+    the round failed (a timeout, the database restarting: the next round tries again)."""
     try:
-        deleted = _in_transaction(engine, lambda conn: idempotency.prune_expired(conn, batch=batch))
-    except Exception as exc:  # a timeout, the database restarting: the next round tries again
-        log.warning("pruning expired idempotency keys failed (%s); next round tries again", type(exc).__name__,
-                    extra={"event": "idempotency_keys_prune_failed"})
+        deleted = _in_transaction(engine, statement)
+    except Exception as exc:
+        log.warning("pruning %s failed (%s); next round tries again", what, type(exc).__name__,
+                    extra={"event": f"{event}_prune_failed"})
         return 0
     if deleted:
-        log.info("pruned %d expired idempotency key(s)", deleted, extra={"event": "idempotency_keys_pruned"})
+        log.info("pruned %d %s", deleted, what, extra={"event": f"{event}_pruned"})
     return deleted
+
+
+def prune_idempotency_keys(engine: Engine, *, batch: int) -> int:
+    """Delete up to ``batch`` expired Idempotency-Keys. Expired keys are deleted whatever else: the index on
+    ``expires_at`` holds only what is left."""
+    return _prune_once(engine, "expired idempotency key(s)", "idempotency_keys",
+                       lambda conn: idempotency.prune_expired(conn, batch=batch))
+
+
+def prune_checkpoints(engine: Engine, *, retention_s: float, batch: int) -> int:
+    """Delete up to ``batch`` Monty checkpoints past their retention of jobs that can no longer resume
+    (``workers.hosted_rlm.store.prune_ended``; docs/WORKERS.md, "Checkpoint retention"). No walk: what a round
+    skips are the checkpoints of jobs in flight, at most a few."""
+    return _prune_once(engine, "checkpoint(s) of ended jobs", "checkpoints",
+                       lambda conn: store.prune_ended(conn, retention_s=retention_s, batch=batch))
 
 
 class Pruner:
@@ -189,6 +208,8 @@ class Pruner:
         dispatch = settings.dispatch
         self.engine = engine
         self.keys_batch = dispatch.idempotency_keys_prune_batch
+        self.checkpoint_retention_s = settings.hosted.checkpoint_retention_s
+        self.checkpoints_batch = settings.hosted.checkpoints_prune_batch
         rescan_s = dispatch.prune_rescan_interval_s
         self.events = task_events_walk(engine, retention_s=dispatch.task_events_retention_days * DAY_S,
                                        batch=dispatch.task_events_prune_batch)
@@ -205,4 +226,6 @@ class Pruner:
             "idempotency_keys": prune_idempotency_keys(self.engine, batch=self.keys_batch),
             "outbox": self.outbox.round(),
             "claims": self.claims.round(),
+            "checkpoints": prune_checkpoints(self.engine, retention_s=self.checkpoint_retention_s,
+                                             batch=self.checkpoints_batch),
         }

@@ -5,9 +5,13 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from sqlalchemy import create_engine
 
+from core.settings import Settings
 from taskstate import claims
 from tests.workers.hosted_rlm import support
+from tests.workers.system import drop_database, fresh_database
+from workers.dispatch.pruner import Pruner
 from workers.hosted_rlm import store
 from workers.hosted_rlm.hosted import session_id_for
 from workers.hosted_rlm.store import PgCheckpointStore
@@ -57,3 +61,23 @@ def test_a_prune_round_deletes_at_most_its_batch(engine):
         claims.finish(conn, job_id, fencing_token=token, outcome="failed", detail=None, worker_id="test-worker")
     assert _prune(engine, retention_s=0, batch=2) == 2
     assert len(checkpoints.list(checkpoints.session_id)) == 1
+
+
+def test_the_dispatchers_pruner_round_deletes_ended_jobs_checkpoints_with_the_settings(server_url):
+    url = fresh_database(server_url)  # a database of its own: the round prunes every table
+    own = create_engine(url)
+    try:
+        ended, token, ended_store = _job_with_checkpoints(own)
+        with own.begin() as conn:
+            claims.finish(conn, ended, fencing_token=token, outcome="completed", detail=None, worker_id="test-worker")
+        running, _, running_store = _job_with_checkpoints(own)
+        kept = Pruner(own, Settings(hosted={"checkpoint_retention_s": 3600}))
+        assert kept.round()["checkpoints"] == 0
+        pruner = Pruner(own, Settings(hosted={"checkpoint_retention_s": 0, "checkpoints_prune_batch": 10}))
+        while pruner.round()["checkpoints"]:
+            pass
+        assert ended_store.list(ended_store.session_id) == []
+        assert running_store.list(running_store.session_id) == [0, 1]
+    finally:
+        own.dispose()
+        drop_database(server_url, url)
