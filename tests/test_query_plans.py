@@ -34,6 +34,7 @@ from ledger import reads, verify
 from taskstate import admitted, claims, idempotency, ids, outbox, rows
 from tests.conftest import _with_database
 from tests.query_plans import Statements, driver_seq_scans, rows_read
+from workers import reconcile
 from workers.dispatch import pruner
 from workers.hosted_rlm import journal, store
 
@@ -208,6 +209,10 @@ QUERIES: dict[str, Callable[[Connection, Seeded], Any]] = {
     "reservations list --unknown: tasks with an unknown job (taskstate.claims.unknown_tasks_relation)":
         lambda c, s: c.execute(text(f"SELECT * FROM {claims.unknown_tasks_relation()} u "
                                     "ORDER BY u.unknown_at LIMIT 100")).all(),
+    "reservations list --unknown: free tasks with an unknown job (workers.reconcile.unknown_free_tasks)":
+        lambda c, s: reconcile.unknown_free_tasks(s.engine, customer_id=None, limit=100),
+    "reservations list --unknown --customer: free tasks with an unknown job":
+        lambda c, s: reconcile.unknown_free_tasks(s.engine, customer_id=s.hot_customer, limit=100),
     "operator: a job's stale reports (taskstate.claims.list_stale_reports)":
         lambda c, s: claims.list_stale_reports(c, s.job_id),
     "credits show (ledger.reads.account)": lambda c, s: reads.account(c, s.hot_customer, max_rows=100),
