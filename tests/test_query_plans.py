@@ -19,7 +19,6 @@ template's rows for every task.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -29,11 +28,10 @@ import pytest
 from sqlalchemy import Connection, Engine, create_engine, text
 
 from bench.seed import CUSTOMER_PREFIX, TABLES, Seeder, load_template
-from core import db
 from ledger import reads, verify
 from taskstate import admitted, claims, idempotency, ids, outbox, rows
-from tests.conftest import _with_database
 from tests.query_plans import Statements, driver_seq_scans, rows_read
+from tests.workers.system import drop_database, fresh_database
 from workers import reconcile
 from workers.dispatch import pruner
 from workers.hosted_rlm import journal, store
@@ -59,14 +57,9 @@ class Seeded:
 
 @pytest.fixture(scope="module")
 def seeded(server_url: str) -> Iterator[Seeded]:
-    name = f"specialists_plans_{secrets.token_hex(4)}"
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = _with_database(server_url, name)
+    url = fresh_database(server_url)
     engine = create_engine(url)
     try:
-        db.upgrade(url)
         seeder = Seeder(engine, customers=SEEDED_CUSTOMERS, hot_share=0.10, final_tasks=SEEDED_TASKS)
         seeder.grow_to(SEEDED_TASKS)
         with engine.connect() as conn:
@@ -90,9 +83,7 @@ def seeded(server_url: str) -> Iterator[Seeded]:
                      running, seeder.customer_id(SEEDED_CUSTOMERS - 1))
     finally:
         engine.dispose()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-        admin.dispose()
+        drop_database(server_url, url)
 
 
 def _now() -> datetime:

@@ -10,19 +10,16 @@ lots each through the real ``ledger_grant``, ten of them expired and waiting for
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
-import secrets
 from collections.abc import Iterator
 
 import psycopg
 import pytest
 from sqlalchemy import Connection, create_engine, text
 
-from core import db
 from core.settings import PROJECT_ROOT
-from tests.conftest import _with_database
 from tests.query_plans import rows_read, seq_scans_of_large_tables
+from tests.workers.system import drop_database, fresh_database
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -74,14 +71,9 @@ SELECT count(*) FROM generate_series(0, %(customers)s::int - 1) c,
 
 @pytest.fixture(scope="module")
 def lots(server_url: str) -> Iterator[Connection]:
-    name = f"specialists_lots_{os.getpid()}_{secrets.token_hex(4)}"
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = _with_database(server_url, name)
+    url = fresh_database(server_url)
     engine = None
     try:
-        db.upgrade(url)
         with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as seeding:
             seeding.execute(_GRANTS, {"customers": CUSTOMERS, "old": LOTS_PER_CUSTOMER - 1})
             seeding.execute("VACUUM ANALYZE")
@@ -91,9 +83,7 @@ def lots(server_url: str) -> Iterator[Connection]:
     finally:
         if engine is not None:
             engine.dispose()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-        admin.dispose()
+        drop_database(server_url, url)
 
 
 def _no_seq_scans(conn: Connection, sql: str, params: dict) -> None:

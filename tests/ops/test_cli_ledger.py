@@ -198,18 +198,12 @@ def other_database(server_url):
     a posting no operation made. It stands for a replica whose ledger differs from the primary's."""
     from sqlalchemy import create_engine
 
-    from core import db
     from ledger.client import Ledger
-    from tests.conftest import _with_database
+    from tests.workers.system import drop_database, fresh_database
 
-    name = f"specialists_verify_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = _with_database(server_url, name)
+    url = fresh_database(server_url)
     engine = create_engine(url)
     try:
-        db.upgrade(url)
         ledger = Ledger(engine)
         customers = [new_customer("replica") for _ in range(5)]
         lots = [ledger.grant(customer, 10, operator="test", skills=["review"]).lot_id for customer in customers]
@@ -224,9 +218,7 @@ def other_database(server_url):
         yield {"url": url, "customers": sorted(customers), "broken": broken, "lot": lots[2]}
     finally:
         engine.dispose()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-        admin.dispose()
+        drop_database(server_url, url)
 
 
 def test_the_whole_verify_shows_progress_on_stderr_and_only_its_json_on_stdout(service_env, other_database):
