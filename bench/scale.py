@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.admission import database, free_port, stop, wait_ready  # noqa: E402
-from bench.seed import Seeder  # noqa: E402
+from bench.seed import CUSTOMER_PREFIX, Seeder  # noqa: E402
 
 SECRET = "bench-signing-secret-" + "s" * 40
 SPECIALIST = "reviewer"
@@ -147,8 +147,13 @@ def database_operations(engine: Any, seeder: Seeder, small: str) -> dict[str, Ca
     from sqlalchemy import text
 
     from ledger import reads, verify
+    from core.settings import DispatchSettings, HostedSettings
     from taskstate import claims, outbox, rows
     from workers.dispatch import pruner
+    from workers.dispatch.pruner import DAY_S
+    from workers.hosted_rlm import store
+
+    dispatch, hosted = DispatchSettings(), HostedSettings()  # the defaults: what a round deletes at most
 
     def read(work: Callable[[Any], Any]) -> Callable[[], Any]:
         def run() -> Any:
@@ -162,12 +167,18 @@ def database_operations(engine: Any, seeder: Seeder, small: str) -> dict[str, Ca
                                                                            resume_window_s=600)),
         "sweeper: abandoned jobs": read(lambda c: claims.sent_never_claimed(c, sent_before_s=1200, limit=100)),
         "pruner: task events (a round)": rolled_back(
-            engine, lambda c: rows.prune_finished_events(c, retention_s=30 * 86400, batch=1000)),
+            engine, lambda c: rows.prune_finished_events(c, retention_s=dispatch.task_events_retention_days * DAY_S,
+                                                         batch=dispatch.task_events_prune_batch)),
         "pruner: finished jobs' outbox rows (a page)": rolled_back(
             engine, lambda c: c.execute(text(pruner.OUTBOX_PRUNE_SQL), {
-                "retention_s": 14 * 86400, "batch": 1000, "after_at": outbox.PRUNE_START[0], "after_id": 0})),
+                "retention_s": dispatch.outbox_retention_days * DAY_S, "batch": dispatch.outbox_prune_batch,
+                "after_at": outbox.PRUNE_START[0], "after_id": 0})),
         "pruner: finished claims (a page)": rolled_back(
-            engine, lambda c: claims.prune_finished(c, retention_s=30 * 86400, batch=1000)),
+            engine, lambda c: claims.prune_finished(c, retention_s=dispatch.job_claims_retention_days * DAY_S,
+                                                    batch=dispatch.job_claims_prune_batch)),
+        "pruner: ended jobs' checkpoints (a round)": rolled_back(
+            engine, lambda c: store.prune_ended(c, retention_s=hosted.checkpoint_retention_s,
+                                                batch=hosted.checkpoints_prune_batch)),
         "verify --customer (hot)": read(lambda c: verify.verify(c, seeder.hot_customer)),
         "verify --customer (small)": read(lambda c: verify.verify(c, small)),
         "reservations list": read(lambda c: reads.list_reservations(c, limit=100)),
@@ -194,8 +205,9 @@ def first_small_customer(engine: Any, seeder: Seeder) -> str:
     from sqlalchemy import text
 
     with engine.connect() as conn:
-        return conn.execute(text("SELECT customer_id FROM edge_tasks WHERE customer_id LIKE 'scale-%' AND customer_id <> :h "
-                                 "ORDER BY admitted_at LIMIT 1"), {"h": seeder.hot_customer}).scalar_one()
+        return conn.execute(text("SELECT customer_id FROM edge_tasks WHERE customer_id LIKE :p AND customer_id <> :h "
+                                 "ORDER BY admitted_at LIMIT 1"),
+                            {"p": CUSTOMER_PREFIX + "%", "h": seeder.hot_customer}).scalar_one()
 
 
 def table_sizes(engine: Any) -> dict[str, int]:
@@ -230,11 +242,11 @@ def measure_size(url: str, engine: Any, seeder: Seeder, small: str, repeat: int)
         edge.close()
     for name, call in database_operations(engine, seeder, small).items():
         results[name] = timed(call, repeat)
-    results["ledger verify (whole ledger)"] = timed(database_operations_verify_all(engine), 1)
+    results["ledger verify (whole ledger)"] = timed(whole_verify(engine), 1)
     return results
 
 
-def database_operations_verify_all(engine: Any) -> Callable[[], Any]:
+def whole_verify(engine: Any) -> Callable[[], Any]:
     """`specialists ledger verify`'s path: ranges of 100 customers in one read-only snapshot, then the totals."""
     from ledger import verify
 
@@ -307,12 +319,12 @@ def report(by_size: dict[int, dict[str, list[float]]], sizes_of: dict[int, dict[
     print(f"\nmedian ms per operation; {args.customers} customers, the hot one holding a tenth of the tasks, the small "
           f"one a thousandth; {args.repeat} runs each; {os.cpu_count()} CPUs; load average "
           f"{load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after; {elapsed_s / 60:.0f} min in all")
-    head = f"{'operation':<34}" + "".join(f"{size:>12,}" for size in sizes) + f"{'ratio':>9}"
+    head = f"{'operation':<44}" + "".join(f"{size:>12,}" for size in sizes) + f"{'ratio':>9}"
     print(head)
     for name in by_size[high]:
         medians = [statistics.median(by_size[s][name]) if name in by_size[s] else float("nan") for s in sizes]
         ratio = medians[-1] / medians[0] if medians[0] else float("nan")
-        print(f"{name:<34}" + "".join(f"{m:>12.1f}" for m in medians) + f"{ratio:>8.2f}x")
+        print(f"{name:<44}" + "".join(f"{m:>12.1f}" for m in medians) + f"{ratio:>8.2f}x")
     print(f"(ratio: the median at {high:,} tasks over the median at {low:,})")
     grown = high - low
     print(f"\nbytes per task, from the growth between {low:,} and {high:,} tasks (tables, their indexes and TOAST):")

@@ -14,7 +14,8 @@ tasks asked for: the same rows per task (the task row and its versions and event
 edge's record, message and context, the outbox row, the claim, the rlm run's journal and
 checkpoints, the reservation, its settlement and its journal postings), with fresh ids,
 spread over ``customers`` customers of whom the first holds ``hot_share`` of the tasks,
-and over a year of admissions. Ids inside the JSON columns and inside the protobuf bytes
+and over a year of admissions (the jobs in flight over the last ten minutes). Ids inside
+the JSON columns and inside the protobuf bytes
 (the task's and the context's UUID, the message id) are replaced by ids of the same
 length, so the bytes stay valid protobuf.
 
@@ -81,6 +82,10 @@ CUSTOMER_PREFIX = "scale-"
 SPECIALIST = "reviewer"
 YEAR_S = 365 * 24 * 3600
 BATCH_TASKS = 10_000
+# Jobs in flight were admitted minutes ago, whatever the size: a running job as old as the history would put
+# every in-flight row into the ranges the sweeper's queries read for what is overdue.
+IN_FLIGHT = "'running', 'expired', 'pending'"
+IN_FLIGHT_S = 600
 # SPECIALISTS_SPECIALIST_CHECKPOINT_RETENTION_S's default: a job that can no longer resume keeps its checkpoints
 # this long, then a dispatcher deletes them (workers.hosted_rlm.store.prune_ended).
 CHECKPOINTS_KEPT_S = 86_400
@@ -233,11 +238,15 @@ class Seeder:
                    s.at - CAST('{t["admitted_at"]}' AS timestamptz) AS shift,
                    (SELECT lot_id FROM ledger_lots l WHERE l.customer_id = s.c ORDER BY lot_id LIMIT 1) AS lot,
                    nextval('ledger_entry_seq') AS e_reserve, nextval('ledger_entry_seq') AS e_settle
-              FROM (SELECT i, gen_random_uuid()::text AS t, gen_random_uuid()::text AS x,
-                           'seed-' || gen_random_uuid()::text AS m, nextval('dispatch_outbox_dispatch_id_seq') AS d,
-                           '{CUSTOMER_PREFIX}' || lpad(({customer})::text, 4, '0') AS c, {variant} AS v,
-                           now() - make_interval(secs => {YEAR_S} * (1 - CAST(i AS float8) / {self.final_tasks})) AS at
-                      FROM generate_series(:lo, :hi - 1) i) s
+              FROM (SELECT r.*, CASE WHEN r.v IN ({IN_FLIGHT}) THEN now() - make_interval(secs => r.i % {IN_FLIGHT_S})
+                                     ELSE r.spread_at END AS at
+                      FROM (SELECT i, gen_random_uuid()::text AS t, gen_random_uuid()::text AS x,
+                                   'seed-' || gen_random_uuid()::text AS m,
+                                   nextval('dispatch_outbox_dispatch_id_seq') AS d,
+                                   '{CUSTOMER_PREFIX}' || lpad(({customer})::text, 4, '0') AS c, {variant} AS v,
+                                   now() - make_interval(secs => {YEAR_S} * (1 - CAST(i AS float8) / {self.final_tasks}))
+                                     AS spread_at
+                              FROM generate_series(:lo, :hi - 1) i) r) s
         )"""
 
     def _substituted(self, param: str, row: str) -> str:
@@ -270,8 +279,7 @@ class Seeder:
     def _overrides(self, table: str) -> tuple[dict[str, str], str]:
         """Column expressions that differ from the template's, and which clones get the row at all."""
         t = self.template
-        open_job = "n.v IN ('running', 'expired', 'sent', 'pending')"
-        reserve_entry, settle_entry = (t["entry_ids"] + [None, None])[:2]
+        reserve_entry = t["entry_ids"][0]  # the template's reserve entry; its settle entry is the other one
         if table == "job_claims":
             return {
                 "state": "CASE n.v WHEN 'completed' THEN 'finished' WHEN 'unknown' THEN 'unknown' ELSE 'running' END",
@@ -307,7 +315,7 @@ class Seeder:
                 "unknown_by": "CASE WHEN n.v = 'unknown' THEN 'lease-sweeper' END",
             }, "true"
         if table == "ledger_settlements":
-            return {"entry_id": f"n.e_settle"}, "n.v = 'completed'"
+            return {"entry_id": "n.e_settle"}, "n.v = 'completed'"
         if table == "ledger_journal":
             return {
                 "lot_id": "n.lot",
@@ -323,7 +331,6 @@ class Seeder:
             return {}, "n.v NOT IN ('sent', 'pending')"
         if table == "specialist_checkpoints":  # kept while the job may resume, and a day after (the retention)
             return {}, f"n.v IN ('running', 'expired') OR n.at > now() - make_interval(secs => {CHECKPOINTS_KEPT_S})"
-        del open_job, settle_entry
         return {}, "true"
 
     def _clone(self, conn: Connection, lo: int, hi: int) -> None:

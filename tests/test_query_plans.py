@@ -28,12 +28,14 @@ import pytest
 from sqlalchemy import Connection, Engine, create_engine, text
 
 from bench.seed import CUSTOMER_PREFIX, TABLES, Seeder, load_template
+from core.settings import EdgeSettings
 from ledger import reads, verify
 from taskstate import admitted, claims, idempotency, ids, outbox, rows
 from tests.query_plans import Statements, driver_seq_scans, rows_read
 from tests.workers.system import drop_database, fresh_database
 from workers import reconcile
 from workers.dispatch import pruner
+from workers.dispatch.pruner import DAY_S
 from workers.hosted_rlm import journal, store
 
 SEEDED_TASKS = 20_000
@@ -64,7 +66,7 @@ def seeded(server_url: str) -> Iterator[Seeded]:
         seeder.grow_to(SEEDED_TASKS)
         with engine.connect() as conn:
             task = conn.execute(text(
-                "SELECT t.task_id, t.owner, o.context_id, o.task_id || '.' || o.dispatch_id AS job_id "
+                f"SELECT t.task_id, t.owner, o.context_id, {ids.job_id_sql('o')} AS job_id "
                 "FROM edge_tasks t JOIN dispatch_outbox o ON o.task_id = t.task_id "
                 "JOIN ledger_settlements s ON s.job_id = t.task_id "
                 "WHERE t.customer_id = :c ORDER BY t.admitted_at LIMIT 1"),
@@ -90,9 +92,6 @@ def _now() -> datetime:
     return datetime.now(timezone.utc)
 
 
-DAY_S = 86_400.0
-
-
 def _ref(s: Seeded) -> ids.TaskRef:
     """The seeded task's job, as its signed body names it."""
     task_id, dispatch_id = ids.split_job_id(s.job_id)
@@ -105,7 +104,7 @@ def _row(s: Seeded) -> outbox.OutboxRow:
 
 
 # ListTasks as app.listing calls it: a page of 50 with the history, and, for a filtered listing, its bounded total.
-LIST_SCAN_MAX_ROWS = 1000
+LIST_SCAN_MAX_ROWS = EdgeSettings.model_fields["list_tasks_scan_max_rows"].default
 
 
 def _listing(c: Connection, s: Seeded, filters: rows.ListingFilter) -> None:
