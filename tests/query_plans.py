@@ -17,11 +17,15 @@ from sqlalchemy import Connection, Engine, event, text
 SEQUENTIAL = {"Seq Scan", "Parallel Seq Scan"}
 
 
-def plan(conn: Connection, sql: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The planner's plan of ``sql`` (not run: no ANALYZE), as the JSON tree PostgreSQL prints."""
-    raw = conn.execute(text(f"EXPLAIN (FORMAT JSON) {sql}"), dict(params or {})).scalar_one()
+def _top(raw: Any) -> dict[str, Any]:
+    """The top node of what ``EXPLAIN (FORMAT JSON)`` returned (psycopg may hand it over parsed or as text)."""
     document = raw if isinstance(raw, list) else json.loads(raw)
     return document[0]["Plan"]
+
+
+def plan(conn: Connection, sql: str, params: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The planner's plan of ``sql`` (not run: no ANALYZE), as the JSON tree PostgreSQL prints."""
+    return _top(conn.execute(text(f"EXPLAIN (FORMAT JSON) {sql}"), dict(params or {})).scalar_one())
 
 
 def nodes(node: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
@@ -42,9 +46,12 @@ def table_rows(conn: Connection) -> dict[str, float]:
 def seq_scans_of_large_tables(conn: Connection, sql: str, params: Mapping[str, Any] | None = None, *,
                               min_rows: float) -> list[str]:
     """Every sequential scan of a table of ``min_rows`` rows or more in ``sql``'s plan, as "table (N rows)"."""
-    sizes = table_rows(conn)
+    return _large_seq_scans(plan(conn, sql, params), table_rows(conn), min_rows)
+
+
+def _large_seq_scans(top: Mapping[str, Any], sizes: Mapping[str, float], min_rows: float) -> list[str]:
     found = []
-    for node in nodes(plan(conn, sql, params)):
+    for node in nodes(top):
         table = node.get("Relation Name")
         if node["Node Type"] in SEQUENTIAL and table is not None and sizes.get(table, 0) >= min_rows:
             found.append(f"{table} ({sizes[table]:,.0f} rows)")
@@ -77,15 +84,8 @@ class Statements:
 
 def driver_seq_scans(conn: Connection, statement: str, parameters: Any, *, min_rows: float) -> list[str]:
     """``seq_scans_of_large_tables`` for a statement in the driver's own form (psycopg's ``%(name)s``)."""
-    sizes = table_rows(conn)
-    raw = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {statement}", parameters).scalar_one()
-    document = raw if isinstance(raw, list) else json.loads(raw)
-    found = []
-    for node in nodes(document[0]["Plan"]):
-        table = node.get("Relation Name")
-        if node["Node Type"] in SEQUENTIAL and table is not None and sizes.get(table, 0) >= min_rows:
-            found.append(f"{table} ({sizes[table]:,.0f} rows)")
-    return found
+    top = _top(conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {statement}", parameters).scalar_one())
+    return _large_seq_scans(top, table_rows(conn), min_rows)
 
 
 def rows_read(conn: Connection, sql: str, params: Mapping[str, Any] | None, table: str) -> int:
@@ -93,10 +93,9 @@ def rows_read(conn: Connection, sql: str, params: Mapping[str, Any] | None, tabl
 
     An index scan that filters most of what it reads is no sequential scan, yet it grows with history all the
     same; this tells them apart."""
-    raw = conn.execute(text(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}"), dict(params or {})).scalar_one()
-    document = raw if isinstance(raw, list) else json.loads(raw)
+    ran = _top(conn.execute(text(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}"), dict(params or {})).scalar_one())
     total = 0
-    for node in nodes(document[0]["Plan"]):
+    for node in nodes(ran):
         if node.get("Relation Name") == table:
             produced = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
             total += (produced + node.get("Rows Removed by Index Recheck", 0)) * node["Actual Loops"]

@@ -93,3 +93,29 @@ def test_code_keeps_serving_and_starting_on_a_schema_migrated_past_it_only_while
     finally:
         engine.dispose()
         drop_database(server_url, url)
+
+
+def test_an_index_a_failed_online_build_left_invalid_is_built_again_when_the_migration_reruns(server_url):
+    """CREATE INDEX CONCURRENTLY that fails half-way leaves an INVALID index of its name; rerunning the revision
+    (migrations.compat.create_index_online) must build the real one, not keep the broken one as "exists"."""
+    from alembic import command
+
+    from tests.workers.system import drop_database, fresh_database
+
+    url = fresh_database(server_url)
+    engine = create_engine(url)
+    try:
+        command.downgrade(db.alembic_config(url), "0190")  # before 0200, which builds ledger_settlements_customer
+        with engine.begin() as conn:  # what a build that failed leaves: an invalid index of that name
+            conn.execute(text("CREATE INDEX ledger_settlements_customer ON ledger_settlements (job_id)"))
+            conn.execute(text("UPDATE pg_index SET indisvalid = false "
+                              "WHERE indexrelid = 'ledger_settlements_customer'::regclass"))
+        db.upgrade(url)
+        with engine.connect() as conn:
+            valid, definition = conn.execute(text(
+                "SELECT i.indisvalid, pg_get_indexdef(i.indexrelid) FROM pg_index i "
+                "WHERE i.indexrelid = 'ledger_settlements_customer'::regclass")).one()
+        assert valid and definition.endswith("(customer_id)"), definition
+    finally:
+        engine.dispose()
+        drop_database(server_url, url)
