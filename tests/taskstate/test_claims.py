@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from taskstate import claims
+from tests.locks import wait_until_blocked_by
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -277,12 +278,7 @@ def test_a_claim_that_waited_for_an_aborted_concurrent_claim_gets_its_whole_leas
     first_pid = first.execute(text("SELECT pg_backend_pid()")).scalar_one()
     thread = threading.Thread(target=second_delivery)
     thread.start()
-    deadline = time.monotonic() + 30
-    with engine.connect() as probe:  # the second insert is waiting on the first's row
-        while not probe.execute(text("SELECT count(*) FROM pg_stat_activity WHERE :p = ANY(pg_blocking_pids(pid))"),
-                                {"p": first_pid}).scalar_one():
-            assert time.monotonic() < deadline, "the second claim never waited on the first"
-            time.sleep(0.01)
+    wait_until_blocked_by(engine, first_pid, "the second claim never waited on the first")  # on the first's row
     time.sleep(0.2)  # the wall clock runs on while it waits (job_claim corrects a wait over 50 ms)
     stalled_until = first.execute(text("SELECT clock_timestamp()")).scalar_one()
     first.rollback()  # the stalled claim's transaction fails

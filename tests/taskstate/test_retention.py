@@ -9,13 +9,13 @@ claim (the prune waits for it, or skips the row) or finds no row: never a new cl
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from sqlalchemy import Engine, text
 
 from taskstate import claims, ids, outbox
 from tests.job_history import one_job
+from tests.locks import wait_until_blocked_by
 from workers.dispatch.pruner import OUTBOX_PRUNE_SQL, prune_finished_claims, prune_finished_outbox
 
 pytestmark = pytest.mark.timeout(60)
@@ -86,25 +86,12 @@ def test_a_claim_that_comes_while_the_prune_deletes_the_row_waits_for_it_and_fin
 
         late = threading.Thread(target=deliver)
         late.start()
-        wait_until_blocked_by(engine, pid)
+        wait_until_blocked_by(engine, pid, "the claim never waited for the prune")
         pruning.commit()
     late.join(30)
     assert answered == ["gone"]
     prune_both(engine)
     assert claim_of(engine, ref) is None
-
-
-def wait_until_blocked_by(engine: Engine, pid: int, timeout_s: float = 30) -> None:
-    """Until some session waits for a lock the session ``pid`` holds (the claim, on the row being deleted)."""
-    deadline = time.monotonic() + timeout_s
-    with engine.connect() as conn:
-        while time.monotonic() < deadline:
-            if conn.execute(text("SELECT EXISTS (SELECT 1 FROM pg_stat_activity "
-                                 "WHERE :p = ANY (pg_blocking_pids(pid)))"), {"p": pid}).scalar_one():
-                return
-            conn.rollback()
-            time.sleep(0.01)
-    raise AssertionError("the claim never waited for the prune")
 
 
 def test_a_job_still_open_is_claimed_as_before(engine: Engine) -> None:
