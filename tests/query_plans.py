@@ -9,7 +9,7 @@ was seeded). A table smaller than that is cheaper to scan than to index, and the
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from sqlalchemy import Connection, Engine, event, text
@@ -100,3 +100,17 @@ def rows_read(conn: Connection, sql: str, params: Mapping[str, Any] | None, tabl
             produced = node["Actual Rows"] + node.get("Rows Removed by Filter", 0)
             total += (produced + node.get("Rows Removed by Index Recheck", 0)) * node["Actual Loops"]
     return total
+
+
+def large_seq_scans_of_call(engine: Engine, call: Callable[[Connection], object], *,
+                            min_rows: float) -> tuple[int, dict[str, list[str]]]:
+    """Run ``call`` in a transaction rolled back afterwards and plan every statement it sent: (how many it sent,
+    each statement that scans a table of ``min_rows`` rows or more sequentially, with those scans)."""
+    with Statements(engine) as sent, engine.connect() as conn:
+        with conn.begin() as transaction:
+            call(conn)
+            transaction.rollback()
+    with engine.connect() as conn:
+        scans = {" ".join(statement.split())[:200]: found for statement, parameters in sent.seen
+                 if (found := driver_seq_scans(conn, statement, parameters, min_rows=min_rows))}
+    return len(sent.seen), scans

@@ -31,7 +31,7 @@ from bench.seed import CUSTOMER_PREFIX, TABLES, Seeder, load_template
 from core.settings import EdgeSettings
 from ledger import reads, verify
 from taskstate import admitted, claims, idempotency, ids, outbox, rows
-from tests.query_plans import Statements, driver_seq_scans, rows_read
+from tests.query_plans import large_seq_scans_of_call, rows_read
 from tests.workers.system import drop_database, fresh_database
 from workers import reconcile
 from workers.dispatch import pruner
@@ -226,14 +226,9 @@ QUERIES: dict[str, Callable[[Connection, Seeded], Any]] = {
 
 @pytest.mark.parametrize("name", list(QUERIES))
 def test_a_repeated_query_is_served_by_an_index(seeded: Seeded, name: str) -> None:
-    with Statements(seeded.engine) as sent, seeded.engine.connect() as conn:
-        with conn.begin() as transaction:
-            QUERIES[name](conn, seeded)
-            transaction.rollback()
-    assert sent.seen, f"{name} sent no statement: the entry no longer calls what it names"
-    with seeded.engine.connect() as conn:
-        scans = {statement[:200]: found for statement, parameters in sent.seen
-                 if (found := driver_seq_scans(conn, statement, parameters, min_rows=LARGE_TABLE_ROWS))}
+    sent, scans = large_seq_scans_of_call(seeded.engine, lambda conn: QUERIES[name](conn, seeded),
+                                          min_rows=LARGE_TABLE_ROWS)
+    assert sent, f"{name} sent no statement: the entry no longer calls what it names"
     assert not scans, f"{name} scans large tables sequentially at {SEEDED_TASKS:,} tasks: {scans}"
 
 

@@ -18,15 +18,15 @@ from sqlalchemy import Connection, Engine, create_engine, text
 
 from taskstate import claims, ids, outbox, rows
 from tests.job_history import grow
-from tests.query_plans import Statements, driver_seq_scans
+from tests.query_plans import large_seq_scans_of_call
 from tests.workers.system import drop_database, fresh_database
 from workers.dispatch import pruner
+from workers.dispatch.pruner import DAY_S
 
 pytestmark = [pytest.mark.timeout(300)]
 
 GROWN_TASKS = 30_000
 MIN_ROWS = 10_000  # the grown outbox, claims and tasks hold about 30,000 rows, the events 120,000
-DAY_S = 86_400.0
 
 
 @pytest.fixture(scope="module")
@@ -77,12 +77,6 @@ CASES: dict[str, Callable[[Connection, dict[str, Any]], object]] = {
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_the_loops_queries_are_served_by_an_index_past_what_they_keep(grown: Engine, known, name: str) -> None:
-    with Statements(grown) as sent, grown.connect() as conn:
-        with conn.begin() as transaction:
-            CASES[name](conn, known)
-            transaction.rollback()
-    assert sent.seen, f"{name} sent no statement"
-    with grown.connect() as conn:
-        scans = [(" ".join(statement.split())[:160], found) for statement, parameters in sent.seen
-                 if (found := driver_seq_scans(conn, statement, parameters, min_rows=MIN_ROWS))]
+    sent, scans = large_seq_scans_of_call(grown, lambda conn: CASES[name](conn, known), min_rows=MIN_ROWS)
+    assert sent, f"{name} sent no statement"
     assert not scans, f"{name} scans large tables: {scans}"
