@@ -277,9 +277,15 @@ ENDED_STATES = ("TASK_STATE_COMPLETED", "TASK_STATE_FAILED", "TASK_STATE_CANCELE
 
 def ended_sql(alias: str) -> str:
     """A condition: the task row ``alias`` has ended. The same condition, without the alias, is the predicate of
-    the partial index ``tasks_ended`` (migration 0190), so a query that states it is served by that index."""
+    the partial index ``tasks_ended`` (migration 0190), so a query that states it is served by that index.
+
+    It reads the state as ``status #>> '{state}'``, not as ``status ->> 'state'`` like the listing, on purpose: a
+    partial index serves every query whose condition implies its predicate, and with ``->>`` a ListTasks filtered
+    by a state that has ended (``COMPLETED``) implied it. The planner then walked ``tasks_ended`` (every owner's
+    ended tasks, newest first) filtering out the other owners' rows, which grows with everyone's history; with a
+    predicate only this condition states, the index serves the events prune and nothing else."""
     states = ", ".join(f"'{state}'" for state in ENDED_STATES)
-    return f"({alias}.status ->> 'state') IN ({states})"
+    return f"({alias}.status #>> '{{state}}') IN ({states})"
 
 
 def ended_task_sql(task_id: str) -> str:

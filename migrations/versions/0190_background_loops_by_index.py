@@ -14,7 +14,7 @@ CONCURRENTLY, so admissions and finishes go on while they build):
 * ``job_claims_finished (COALESCE(finished_at, claimed_at), job_id) WHERE state
   IN (finished, released)``: the same for the claims prune. Running and unknown
   claims are not in it: they are never pruned.
-* ``tasks_ended (last_updated, id) WHERE (status ->> 'state') IN (the four ended
+* ``tasks_ended (last_updated, id) WHERE (status #>> '{state}') IN (the four ended
   states)``: the events prune walks the tasks that ended, in the order they
   ended, from a cursor (the tasks themselves are kept, so their index does not
   shrink). It scanned ``tasks``, or the ``(owner, last_updated)`` index without
@@ -55,7 +55,9 @@ INDEXES = {
     "job_claims_finished": (
         "ON job_claims ((COALESCE(finished_at, claimed_at)), job_id) WHERE state IN ('finished', 'released')"
     ),
-    "tasks_ended": f"ON tasks (last_updated, id) WHERE (status ->> 'state') IN {ENDED}",
+    # ``#>> '{state}'``, which only taskstate.rows.ended_sql states: with ``->> 'state'`` a ListTasks filtered by
+    # an ended state implied the predicate and was planned over every owner's ended tasks.
+    "tasks_ended": f"ON tasks (last_updated, id) WHERE (status #>> '{{state}}') IN {ENDED}",
 }
 
 

@@ -29,6 +29,7 @@ from sqlalchemy import Engine, event, text
 from app.assembly import create_app
 from app.identity import EdgeUser, Identity
 from core.settings import Settings
+from taskstate import rows
 from tests import query_plans
 
 pytestmark = [pytest.mark.timeout(300, func_only=True), pytest.mark.anyio]
@@ -168,3 +169,26 @@ async def test_a_page_reads_no_more_for_a_customer_ten_times_larger(edge, engine
     for number in sorted(measured):
         assert large[number] <= small[number] + slack, (case, number, small[number], large[number])
         assert large[number] <= bound, (case, number, large[number], bound)
+
+
+def test_no_index_but_the_listings_own_can_serve_a_listing_by_an_ended_state(engine, customers):
+    """A partial index serves any query whose condition implies its predicate. The events prune's ``tasks_ended``
+    (every owner's ended tasks, in ``last_updated`` order) once matched ListTasks filtered by ``COMPLETED``: the
+    planner walked it filtering out the other owners' tasks, a read that grows with everyone's history, and chose
+    it or not by the statistics of the day. With the listing's indexes out of the way, nothing else may qualify."""
+    owner = f"{customers['large']['customer_id']}:{CONFORMANCE}"
+    checked = []
+    for state in rows.ENDED_STATES:
+        filters = rows.ListingFilter(state=state)
+        page, params = rows.page_statement(owner, filters, None, PAGE, with_history=False, with_artifacts=False,
+                                           examine_max=SCAN_MAX_ROWS)
+        count, count_params = rows.count_statement(owner, filters, SCAN_MAX_ROWS)
+        with engine.connect() as conn, conn.begin() as transaction:
+            conn.execute(text("DROP INDEX tasks_listing, tasks_listing_by_state, tasks_listing_by_context"))
+            for statement, parameters in ((page, params), (count, count_params)):
+                used = {node.get("Index Name") for node in query_plans.nodes(query_plans.plan(conn, statement,
+                                                                                                parameters))}
+                assert "tasks_ended" not in used, (state, statement[:120])
+                checked.append(state)
+            transaction.rollback()
+    assert len(checked) == 2 * len(rows.ENDED_STATES)
