@@ -42,7 +42,11 @@ def events_of(engine, task_id: str) -> int:
         return conn.execute(text("SELECT count(*) FROM task_events WHERE task_id = :t"), {"t": task_id}).scalar_one()
 
 
-def test_only_tasks_finished_longer_ago_than_the_retention_lose_their_events(engine):
+def test_only_tasks_finished_longer_ago_than_the_retention_lose_their_events(own):
+    # On a database of its own: a walk from the start passes every ended task older than the retention, and
+    # another file's tens of thousands of them (tests/app/test_list_tasks_cost.py) took whole rounds that deleted
+    # nothing, which ended this loop before it reached these tasks.
+    engine = own
     old_done = task(engine, "TASK_STATE_COMPLETED", 20)
     old_canceled = task(engine, "TASK_STATE_CANCELED", 15)
     recent_done = task(engine, "TASK_STATE_FAILED", 1)
@@ -59,7 +63,8 @@ def test_only_tasks_finished_longer_ago_than_the_retention_lose_their_events(eng
         assert conn.execute(text("SELECT count(*) FROM tasks WHERE id = :t"), {"t": old_done}).scalar_one() == 1
 
 
-def test_a_prune_round_deletes_at_most_its_batch(engine):
+def test_a_prune_round_deletes_at_most_its_batch(own):
+    engine = own  # a database of its own, as above: the round's first page is this test's
     doomed = task(engine, "TASK_STATE_COMPLETED", 40, events=250)
     assert prune_task_events(engine, retention_s=14 * DAY, batch=100) == 100
     assert events_of(engine, doomed) == 150
