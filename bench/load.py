@@ -103,6 +103,7 @@ class Kill:
     worker: str
     pid: int
     tasks: tuple[str, ...]  # the tasks whose jobs it held unfinished claims on when it died
+    chosen_with: tuple[str, ...]  # those it held when it was chosen: a job may finish between that and the kill
     at_s: float  # since the run's start
     restart_s: float  # SIGKILL to the new process answering /healthz
 
@@ -395,6 +396,10 @@ class LoadRun:
                 next_at = time.monotonic() + 0.1
                 continue
             pid = process.pid or 0
+            chosen_with = self.claimed_by(pid)
+            if not chosen_with:  # its job ended since it was chosen: choose again
+                next_at = time.monotonic() + 0.1
+                continue
             killed_at = time.monotonic()
             process.kill()
             process.start()
@@ -402,7 +407,8 @@ class LoadRun:
             self.progress(f"[{self.result.name}] {killed_at - self.started:4.0f} s: SIGKILL to {process.name} (pid "
                           f"{pid}) holding {len(tasks)} running jobs; starting it again")
             process.wait_ready()
-            kill = Kill(process.name, pid, tasks, killed_at - self.started, time.monotonic() - killed_at)
+            kill = Kill(process.name, pid, tasks, chosen_with, killed_at - self.started,
+                        time.monotonic() - killed_at)
             with self.lock:
                 self.result.kills.append(kill)
             self.progress(f"[{self.result.name}] {process.name} answers again, {kill.restart_s:.1f} s after the kill")
