@@ -38,12 +38,12 @@ COPY ledger ./ledger
 COPY taskstate ./taskstate
 COPY app ./app
 COPY workers ./workers
-COPY rlm ./rlm
+COPY library ./library
 COPY ops ./ops
 COPY migrations ./migrations
 COPY specs ./specs
 COPY infra/model_routes.toml infra/entrypoint.sh ./infra/
-RUN pip install --no-deps -e . && python -m compileall -q /app /opt/venv
+RUN pip install --no-deps -e ./library -e . && python -m compileall -q /app /opt/venv
 
 # --- final: the runtime, no compilers -------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime

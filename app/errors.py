@@ -1,7 +1,7 @@
 """The edge's refusals: one class per reason, each with a stable code, and the one table of their wire forms.
 
 Shape: like every error of the project (``core.errors.ServiceError``,
-``rlm.errors.RLMError``), an ``EdgeError`` has ``code`` (the instance's stable
+``rlmfamily.errors.RLMError``), an ``EdgeError`` has ``code`` (the instance's stable
 reason, lower snake case: ``KeyRejected`` carries ``key_expired``, ``key_revoked``
 and so on), a ``message`` that says what to do, and ``to_dict()``. On the wire
 ``code`` travels as ``ErrorInfo.metadata.code``, next to the details.

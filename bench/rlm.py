@@ -26,8 +26,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rlm import Context, ScriptedProvider, Session, load_settings  # noqa: E402
-from rlm.trajectory import read_trajectory  # noqa: E402
+from rlmfamily import Context, ScriptedProvider, Session, load_settings  # noqa: E402
+from rlmfamily.trajectory import read_trajectory  # noqa: E402
 
 FILE_BYTES = 50_000
 NEEDLE = "ESCALATION-CODE"

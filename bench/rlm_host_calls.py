@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rlm.context import Context, Document  # noqa: E402
-from rlm.settings import load_settings  # noqa: E402
+from rlmfamily.context import Context, Document  # noqa: E402
+from rlmfamily.settings import load_settings  # noqa: E402
 
 PYTHON_RE_CUTOFF_S = 30
 

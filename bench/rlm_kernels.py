@@ -22,16 +22,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pydantic_monty import Monty  # noqa: E402
 
-from rlm.kernels.base import KernelLimits  # noqa: E402
-from rlm.kernels.checkpoints import Checkpoint, FileCheckpointStore  # noqa: E402
-from rlm.kernels.host import HostKernel  # noqa: E402
-from rlm.kernels.monty import MontyKernel, monty_resource_limits, runtime_identity  # noqa: E402
-from rlm.namespace import PRELUDE  # noqa: E402
+from rlmfamily.kernels.base import KernelLimits  # noqa: E402
+from rlmfamily.kernels.checkpoints import Checkpoint, FileCheckpointStore  # noqa: E402
+from rlmfamily.kernels.host import HostKernel  # noqa: E402
+from rlmfamily.kernels.monty import MontyKernel, monty_resource_limits, runtime_identity  # noqa: E402
+from rlmfamily.namespace import PRELUDE  # noqa: E402
 
 TRIVIAL = "x = 1"
 CALLS_PER_STEP = 100
 STATE_CODE = "state = ['line %d of some retained text ' % i * 3 for i in range(10000)]"  # ~1 MB
-# The host functions the library's prelude calls (rlm/namespace.py); here they answer nothing.
+# The host functions the library's prelude calls (rlmfamily/namespace.py); here they answer nothing.
 LIBRARY_BRIDGE = ("_context_files", "_context_size", "_context_stats", "_context_describe", "_context_read",
                   "_context_search", "_context_chunk", "_context_text", "_llm_query", "_llm_query_batched",
                   "_final_answer", "_history_search", "_history_read", "_history_stats")

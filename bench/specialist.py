@@ -161,8 +161,8 @@ async def review(base_url: str, token: str, files: dict[str, str]) -> tuple[floa
 
 
 def baseline(files: dict[str, str], script: Path, tasks: int) -> list[float]:
-    from rlm import Context, ScriptedProvider, Session
-    from rlm.settings import load_settings
+    from rlmfamily import Context, ScriptedProvider, Session
+    from rlmfamily.settings import load_settings
 
     items = [{"path": p, "start": 0, "end": len(t), "text": t} for p, t in files.items()]
     times = []

@@ -1,6 +1,6 @@
 """The base error of the service: a stable machine-readable code and a message a person can act on.
 
-Every error of the project has this one shape (``rlm.errors.RLMError`` and
+Every error of the project has this one shape (``rlmfamily.errors.RLMError`` and
 ``app.errors.EdgeError`` too): ``code`` on the instance is the specific reason,
 lower snake case, what callers and tests switch on; ``message`` says what to do;
 ``to_dict()`` is ``{"code", "message"}`` plus ``details`` when there are any.

@@ -47,11 +47,15 @@ def _imports(tree: ast.AST, module: str, is_package: bool, known: set[str]) -> s
 
 
 def module_graph(root: Path, packages: list[str]) -> dict[str, set[str]]:
-    """Every module of ``packages`` (folders under ``root``) -> the modules its import statements name."""
+    """Every module of ``packages`` -> the modules its import statements name.
+
+    A package is a folder under ``root`` ("core") or a path to one whose last part is its name
+    ("library/rlmfamily": a distribution of its own, with its own project file)."""
     files: dict[str, Path] = {}
     for package in packages:
-        for file in sorted((root / package).rglob("*.py")):
-            files[_module_name(root, file)] = file
+        folder = root / package
+        for file in sorted(folder.rglob("*.py")):
+            files[_module_name(folder.parent, file)] = file
     known = set(files)
     graph: dict[str, set[str]] = {}
     for module, file in files.items():

@@ -63,7 +63,7 @@ JobIsolation = Literal["process", "thread"]
 
 # Imported once by the forkserver, so a job's process starts with them loaded (a fork, not an import).
 PRELOAD = (
-    "workers.assembly", "workers.hosted_rlm.runner", "rlm.session", "rlm.kernels.monty",
+    "workers.assembly", "workers.hosted_rlm.runner", "rlmfamily.session", "rlmfamily.kernels.monty",
     "sqlalchemy.dialects.postgresql",  # imported by the first create_engine of a process: 50-100 ms a job
 )
 # After its outcome a child only has to exit; one that does not within this long is killed.

@@ -3,7 +3,7 @@
 - ``specialist_runs``: one row per job a specialist ran: which spec and route, how
   many times it was resumed, and, once it ended, why, what it used and what it
   settles (``credits_to_settle`` never above the tariff).
-- ``specialist_checkpoints``: signed Monty records (``rlm.kernels.checkpoints``), by
+- ``specialist_checkpoints``: signed Monty records (``rlmfamily.kernels.checkpoints``), by
   job and increasing sequence number; a replacement worker resumes from the newest.
 - ``specialist_calls``: every model call (root turn or semantic call) with its
   reported tokens and cost (NULL = unknown, never zero) and, once answered, the

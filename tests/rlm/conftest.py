@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from rlm.settings import RLMSettings, load_settings
+from rlmfamily.settings import RLMSettings, load_settings
 
 from .holds import Hold
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from rlm.budget import Budget, BudgetLedger, BudgetLimits
-from rlm.errors import BudgetExhausted, BudgetLimitsMismatch, BudgetUnknownUsage, ReconcileRefused
-from rlm.providers.base import Usage
+from rlmfamily.budget import Budget, BudgetLedger, BudgetLimits
+from rlmfamily.errors import BudgetExhausted, BudgetLimitsMismatch, BudgetUnknownUsage, ReconcileRefused
+from rlmfamily.providers.base import Usage
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -21,9 +21,9 @@ RACER = textwrap.dedent(
     """
     import os, sys, time
     from pathlib import Path
-    from rlm.budget import Budget, BudgetLimits
-    from rlm.errors import BudgetExhausted
-    from rlm.providers.base import Usage
+    from rlmfamily.budget import Budget, BudgetLimits
+    from rlmfamily.errors import BudgetExhausted
+    from rlmfamily.providers.base import Usage
     path, root, max_calls, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
     budget = Budget(path, root, BudgetLimits(max_calls=max_calls))
     (go.parent / f"ready-{os.getpid()}").touch()
@@ -95,7 +95,7 @@ def test_sixteen_threads_and_four_processes_never_admit_more_than_the_allowance(
 def test_the_count_survives_a_restart(tmp_path: Path) -> None:
     path = tmp_path / "budget.sqlite3"
     script = (
-        "import sys\nfrom rlm.budget import Budget, BudgetLimits\nfrom rlm.providers.base import Usage\n"
+        "import sys\nfrom rlmfamily.budget import Budget, BudgetLimits\nfrom rlmfamily.providers.base import Usage\n"
         "b = Budget(sys.argv[1], 'root-r', BudgetLimits(max_calls=5))\n"
         "for _ in range(3):\n    b.settle(b.admit('root'), Usage(7, 3, 0.0))\n"
     )
@@ -150,7 +150,7 @@ def test_unknown_cost_blocks_a_usd_limit(tmp_path: Path) -> None:
 def test_a_call_in_flight_when_its_process_died_becomes_unknown(tmp_path: Path) -> None:
     path = tmp_path / "b.sqlite3"
     script = (
-        "import os, sys\nfrom rlm.budget import Budget, BudgetLimits\n"
+        "import os, sys\nfrom rlmfamily.budget import Budget, BudgetLimits\n"
         "b = Budget(sys.argv[1], 'root', BudgetLimits(max_calls=10, max_tokens=1000))\n"
         "b.admit('subcall')\nos._exit(0)\n"
     )

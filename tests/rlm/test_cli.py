@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rlm.budget import Budget, BudgetLimits
+from rlmfamily.budget import Budget, BudgetLimits
 
 from .conftest import REPO_ROOT
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(120)
 
 RLM = str(Path(sys.executable).parent / "rlm")
 DEMO_QUESTION = "How many times does harbor try an upload in production before giving up, and what decides it?"
-DEMO = ["run", "--repo", "rlm/examples/harbor", "--script", "rlm/examples/harbor_demo.toml", DEMO_QUESTION]
+DEMO = ["run", "--repo", "library/rlmfamily/examples/harbor", "--script", "library/rlmfamily/examples/harbor_demo.toml", DEMO_QUESTION]
 
 
 def rlm(*args: str, data_dir: Path, env: dict[str, str] | None = None,
@@ -33,7 +33,7 @@ def rlm(*args: str, data_dir: Path, env: dict[str, str] | None = None,
 
 def test_the_documented_demo_command_matches_the_docs() -> None:
     docs = (REPO_ROOT / "docs" / "RLM.md").read_text()
-    assert "rlm run --repo rlm/examples/harbor --script rlm/examples/harbor_demo.toml \\\n" in docs
+    assert "rlm run --repo library/rlmfamily/examples/harbor --script library/rlmfamily/examples/harbor_demo.toml \\\n" in docs
     assert f'"{DEMO_QUESTION}"' in docs
 
 
@@ -97,7 +97,7 @@ def test_a_bundle_run_answers_with_the_original_offsets(tmp_path: Path) -> None:
 
 
 def test_a_missing_key_variable_is_named_and_nothing_runs(tmp_path: Path) -> None:
-    run = rlm("run", "--repo", "rlm/examples/harbor", "--model", "gpt-x", "--api-key-env", "NO_SUCH_RLM_KEY", "q",
+    run = rlm("run", "--repo", "library/rlmfamily/examples/harbor", "--model", "gpt-x", "--api-key-env", "NO_SUCH_RLM_KEY", "q",
               data_dir=tmp_path / "data")
     assert run.returncode == 2
     assert "NO_SUCH_RLM_KEY" in run.stderr and "missing_api_key" in run.stderr
@@ -107,7 +107,7 @@ def test_a_missing_key_variable_is_named_and_nothing_runs(tmp_path: Path) -> Non
 def test_a_run_against_an_openai_compatible_endpoint(tmp_path: Path, fake_openai) -> None:
     fake_openai.push(code='final_answer("files: " + str(len(context.files())))', prompt_tokens=300,
                      completion_tokens=30)
-    run = rlm("run", "--repo", "rlm/examples/harbor", "--base-url", fake_openai.base_url, "--model", "m-1",
+    run = rlm("run", "--repo", "library/rlmfamily/examples/harbor", "--base-url", fake_openai.base_url, "--model", "m-1",
               "--api-key-env", "TEST_RLM_KEY", "how many files?", data_dir=tmp_path / "data",
               env={"TEST_RLM_KEY": "sk-local"})
     assert run.returncode == 0, run.stderr

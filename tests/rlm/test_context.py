@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rlm.context import Context
-from rlm.errors import BundleInvalid, ContextError, FileNotInContext, ReadTooLarge
+from rlmfamily.context import Context
+from rlmfamily.errors import BundleInvalid, ContextError, FileNotInContext, ReadTooLarge
 
 pytestmark = pytest.mark.timeout(30)
 

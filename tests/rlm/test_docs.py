@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rlm import Context, ScriptedProvider, Session, load_settings
-from rlm.settings import RLMSettings
+from rlmfamily import Context, ScriptedProvider, Session, load_settings
+from rlmfamily.settings import RLMSettings
 
 from .conftest import REPO_ROOT
 
@@ -28,8 +28,8 @@ def test_every_setting_is_documented_with_its_default() -> None:
 
 def test_the_python_example_runs(tmp_path: Path) -> None:
     settings = load_settings(kernel="monty", max_calls=50, data_dir=tmp_path / "data")
-    context = Context.from_repository(REPO_ROOT / "rlm" / "examples" / "harbor", settings)
-    provider = ScriptedProvider.from_file(REPO_ROOT / "rlm" / "examples" / "harbor_demo.toml")
+    context = Context.from_repository(REPO_ROOT / "library" / "rlmfamily" / "examples" / "harbor", settings)
+    provider = ScriptedProvider.from_file(REPO_ROOT / "library" / "rlmfamily" / "examples" / "harbor_demo.toml")
     result = Session(context=context, provider=provider, settings=settings).run("question")
     assert result.stop_reason == "answered" and result.answer.startswith("Production uploads are tried 5 times")
     assert result.budget.calls == 14 and result.trajectory_path.is_file()

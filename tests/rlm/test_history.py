@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rlm.errors import HistoryEntryNotFound, ReadTooLarge
-from rlm.history import History
+from rlmfamily.errors import HistoryEntryNotFound, ReadTooLarge
+from rlmfamily.history import History
 
 pytestmark = pytest.mark.timeout(30)
 

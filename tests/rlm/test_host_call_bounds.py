@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from rlm.context import Context
-from rlm.errors import BundleInvalid, ContextError, PatternUnsupported, SearchTimeout
-from rlm.patterns import compile_pattern
+from rlmfamily.context import Context
+from rlmfamily.errors import BundleInvalid, ContextError, PatternUnsupported, SearchTimeout
+from rlmfamily.patterns import compile_pattern
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,8 +39,8 @@ def _bundle(text: str, path: str = "evidence.txt") -> list[dict[str, Any]]:
 @pytest.mark.parametrize(("pattern", "text"), CATASTROPHIC)
 def test_a_catastrophic_backtracking_pattern_ends_at_once(pattern: str, text: str) -> None:
     program = (
-        "from rlm.context import Context\n"
-        "from rlm.settings import load_settings\n"
+        "from rlmfamily.context import Context\n"
+        "from rlmfamily.settings import load_settings\n"
         f"ctx = Context.from_bundle([{{'path': 'e.txt', 'start': 0, 'end': {len(text)}, 'text': {text!r}}}], "
         "load_settings(data_dir='/tmp/rlm-unused'))\n"
         f"print(len(ctx.search({pattern!r})))\n"
@@ -256,7 +256,7 @@ def test_a_pathological_glob_is_matched_in_linear_time(make_settings) -> None:
 
 
 def test_the_bridge_keeps_a_bounded_number_of_views(make_settings) -> None:
-    from rlm.namespace import MAX_CACHED_VIEWS, AnswerBox, Bridge
+    from rlmfamily.namespace import MAX_CACHED_VIEWS, AnswerBox, Bridge
 
     ctx = Context.from_bundle(_bundle("x", "src/a.py"), make_settings())
     bridge = Bridge(context=ctx, subcalls=None, history=None, answer=AnswerBox(),  # type: ignore[arg-type]
@@ -286,7 +286,7 @@ def _counting_reads(ctx: Context, monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 def test_a_subcall_context_of_a_million_chunks_stops_at_max_prompt_chars(make_settings,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlm.namespace import AnswerBox, Bridge
+    from rlmfamily.namespace import AnswerBox, Bridge
 
     ctx = Context.from_bundle(_bundle("y" * 1000, "src/a.py"), make_settings(max_prompt_chars=10_000))
     bridge = Bridge(context=ctx, subcalls=None, history=None, answer=AnswerBox(),  # type: ignore[arg-type]
@@ -306,8 +306,8 @@ def test_a_subcall_context_of_a_million_chunks_stops_at_max_prompt_chars(make_se
 
 def test_a_delegation_context_stops_at_the_largest_payload_a_peer_accepts(make_settings,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from rlm.a2a.errors import DelegationPayloadTooLarge
-    from rlm.a2a.run import context_payload
+    from rlmfamily.a2a.errors import DelegationPayloadTooLarge
+    from rlmfamily.a2a.run import context_payload
 
     ctx = Context.from_bundle(_bundle("y" * 1000, "src/a.py"), make_settings())
     reads = _counting_reads(ctx, monkeypatch)
@@ -320,7 +320,7 @@ def test_a_delegation_context_stops_at_the_largest_payload_a_peer_accepts(make_s
 
 
 def test_a_giant_structured_answer_is_refused_without_encoding_it_all() -> None:
-    from rlm.namespace import AnswerBox, Bridge, render_answer
+    from rlmfamily.namespace import AnswerBox, Bridge, render_answer
 
     value = [{"finding": "x" * 20}] * 1_000_000  # about 45 MB as indented JSON
     assert len(render_answer(value, 1000)) < 1100
@@ -335,8 +335,8 @@ def test_a_giant_structured_answer_is_refused_without_encoding_it_all() -> None:
 
 
 def test_history_search_words_and_huge_ids_are_bounded(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from rlm.errors import HistoryEntryNotFound, HistoryQueryTooLong
-    from rlm.history import History
+    from rlmfamily.errors import HistoryEntryNotFound, HistoryQueryTooLong
+    from rlmfamily.history import History
 
     history = History(tmp_path / "h.sqlite3", "run-1", max_query_words=3)
     entry = history.add("observation", "alpha beta gamma delta")
@@ -353,7 +353,7 @@ def test_history_search_words_and_huge_ids_are_bounded(tmp_path) -> None:  # typ
 
 
 def test_a_giant_path_is_not_echoed_back(make_settings) -> None:
-    from rlm.errors import FileNotInContext
+    from rlmfamily.errors import FileNotInContext
 
     ctx = Context.from_bundle(_bundle("x", "src/a.py"), make_settings())
     with pytest.raises(FileNotInContext) as missing:

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from rlm.budget import Budget, BudgetLimits
-from rlm.context import Context
-from rlm.llm import LLMResult, SubcallRunner
-from rlm.namespace import AnswerBox, Bridge
-from rlm.providers import ScriptedProvider
-from rlm.providers.base import Completion
+from rlmfamily.budget import Budget, BudgetLimits
+from rlmfamily.context import Context
+from rlmfamily.llm import LLMResult, SubcallRunner
+from rlmfamily.namespace import AnswerBox, Bridge
+from rlmfamily.providers import ScriptedProvider
+from rlmfamily.providers.base import Completion
 
 from .holds import DEADLINE_SLACK_S, HOLD_LIMIT_S, Hold, wait_until
 

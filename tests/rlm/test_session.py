@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from rlm.context import Context
-from rlm.providers import ScriptedProvider
-from rlm.providers.base import Completion
-from rlm.session import Session, bounded
-from rlm.trajectory import read_trajectory
+from rlmfamily.context import Context
+from rlmfamily.providers import ScriptedProvider
+from rlmfamily.providers.base import Completion
+from rlmfamily.session import Session, bounded
+from rlmfamily.trajectory import read_trajectory
 
 from .conftest import SECRET_SENTENCE
 
@@ -198,7 +198,7 @@ def test_a_run_past_its_time_limit_asks_for_the_answer(fixture_repo: Path, make_
 
 def test_the_progress_line_shows_turn_sub_calls_and_budget(fixture_repo: Path, make_settings,
                                                            write_script) -> None:
-    from rlm.cli import _Progress
+    from rlmfamily.cli import _Progress
 
     progress = _Progress()
     seen: list[str] = []

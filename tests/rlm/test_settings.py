@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlm.errors import SettingsInvalid
-from rlm.settings import load_settings
+from rlmfamily.errors import SettingsInvalid
+from rlmfamily.settings import load_settings
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from rlm.a2a.store import DelegationStore
+from rlmfamily.a2a.store import DelegationStore
 
 AGENTS = 16
 ROUNDS = 200  # before the fix, 16 agents were refused in about one round of 50

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.specs import SpecialistSpec
-from rlm.session import RunResult
+from rlmfamily.session import RunResult
 from workers.hosted_rlm.bundle import SpecialistTask
 
 SEVERITIES = ("info", "low", "medium", "high", "critical")

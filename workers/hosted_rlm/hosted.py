@@ -38,13 +38,13 @@ from typing import Any
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from core.specs import SpecialistSpec
-from rlm.errors import KernelError, ProviderError
-from rlm.extensions import RunInfo
-from rlm.kernels.base import StepResult
-from rlm.kernels.monty import MontyKernel
-from rlm.namespace import render_answer
-from rlm.providers.base import Completion, Provider
-from rlm.settings import RLMSettings
+from rlmfamily.errors import KernelError, ProviderError
+from rlmfamily.extensions import RunInfo
+from rlmfamily.kernels.base import StepResult
+from rlmfamily.kernels.monty import MontyKernel
+from rlmfamily.namespace import render_answer
+from rlmfamily.providers.base import Completion, Provider
+from rlmfamily.settings import RLMSettings
 from workers.hosted_rlm.journal import Journal, ResumePlan, completion_from_json, step_from_json
 from workers.hosted_rlm.routes import OpenAIRoute, ScriptedRoute
 from workers.hosted_rlm.store import PgCheckpointStore
@@ -52,7 +52,7 @@ from workers.hosted_rlm.store import PgCheckpointStore
 # At most one progress report about semantic calls per this many seconds (turns are always reported).
 SUBCALL_REPORT_INTERVAL_S = 1.0
 SESSION_ID_DIGEST_CHARS = 40  # hex characters of the job id's SHA-256 in its Monty session id
-SUBCALL_TITLE_CHARS = 80  # of a semantic call's prompt, as its history title (as rlm/session.py titles it)
+SUBCALL_TITLE_CHARS = 80  # of a semantic call's prompt, as its history title (as rlmfamily/session.py titles it)
 # Refusals the sandbox's code gets back as data, which the customer is told about.
 COUNTED_REFUSALS = ("subcall_limit", "prompt_too_large", "batch_too_large")
 RESULT_LOST = (

@@ -33,9 +33,9 @@ from sqlalchemy import Connection, Engine, text
 
 from core.specs import PricingSpec
 from taskstate import charge, claims
-from rlm.kernels.base import StepResult
-from rlm.kernels.checkpoints import Checkpoint
-from rlm.providers.base import Completion, ToolCall, Usage
+from rlmfamily.kernels.base import StepResult
+from rlmfamily.kernels.checkpoints import Checkpoint
+from rlmfamily.providers.base import Completion, ToolCall, Usage
 from workers.hosted_rlm.store import check_fence, claim_lost
 
 MAX_NOTE_CHARS = 500  # of the note on a model call that ended without an answer (kept for the operator)

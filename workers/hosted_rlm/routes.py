@@ -6,10 +6,10 @@ maps names to routes. A spec names its route (``model_route``). Two kinds:
 ``openai``: any OpenAI-compatible endpoint: base URL, model id (and optionally a
 cheaper model for semantic calls), the NAME of the environment variable that
 holds the key, a price table (USD per million tokens) and timeouts. The key is
-read on the worker host when a run starts (``rlm.providers.OpenAIProvider``); it
+read on the worker host when a run starts (``rlmfamily.providers.OpenAIProvider``); it
 never enters the sandbox, a checkpoint, the journal or a log line.
 
-``scripted``: ``rlm.providers.ScriptedProvider`` replaying a script file (relative
+``scripted``: ``rlmfamily.providers.ScriptedProvider`` replaying a script file (relative
 paths are relative to the routes file): tests and the one-machine demo. With an
 external database a scripted route is refused unless
 ``SPECIALISTS_MODEL_ROUTES_ALLOW_SCRIPTED`` is set, so a production deployment
@@ -35,10 +35,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from core.errors import ServiceError
 from core.specs import ROUTE_NAME_RE, LoadedSpec
-from rlm.errors import RLMError
-from rlm.providers.base import PriceTable, Provider
-from rlm.providers.openai_compat import OpenAIProvider
-from rlm.providers.scripted import ScriptedProvider
+from rlmfamily.errors import RLMError
+from rlmfamily.providers.base import PriceTable, Provider
+from rlmfamily.providers.openai_compat import OpenAIProvider
+from rlmfamily.providers.scripted import ScriptedProvider
 
 MAX_ROUTES_FILE_BYTES = 256 * 1024
 MAX_ROUTES = 100

@@ -31,10 +31,10 @@ from sqlalchemy import Engine
 from core.errors import ServiceError
 from core.settings import CheckpointSync
 from core.specs import LoadedSpec, SpecInvalid, require_runnable
-from rlm.context import Context
-from rlm.errors import RLMError
-from rlm.kernels.checkpoints import Checkpoint
-from rlm.session import Session
+from rlmfamily.context import Context
+from rlmfamily.errors import RLMError
+from rlmfamily.kernels.checkpoints import Checkpoint
+from rlmfamily.session import Session
 from taskstate import charge
 from workers.auth import VerifiedJob
 from workers.runs import RunContext, RunOutcome

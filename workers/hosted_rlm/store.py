@@ -1,6 +1,6 @@
 """Monty checkpoints in PostgreSQL: the ``rlm`` ``CheckpointStore`` protocol, one job per store, fenced.
 
-Records are the signed bytes ``rlm.kernels.checkpoints`` produces, kept in
+Records are the signed bytes ``rlmfamily.kernels.checkpoints`` produces, kept in
 ``specialist_checkpoints`` (this module is the table's one owner) by job and
 sequence number (migration 0070).
 
@@ -43,7 +43,7 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import IntegrityError
 
 from core.settings import CheckpointSync
-from rlm.kernels.checkpoints import MAGIC, CheckpointConflict, CheckpointNotFound, check_session_id
+from rlmfamily.kernels.checkpoints import MAGIC, CheckpointConflict, CheckpointNotFound, check_session_id
 from taskstate import claims
 
 PAID_HOST_CALLS = frozenset({"_llm_query", "_llm_query_batched"})

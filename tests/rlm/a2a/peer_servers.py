@@ -444,7 +444,7 @@ class HostilePeer:
 
 
 def a2a_settings(data_dir: Any, **overrides: Any) -> Any:
-    from rlm.settings import load_settings
+    from rlmfamily.settings import load_settings
 
     options: dict[str, Any] = dict(data_dir=data_dir, a2a_enabled=True, a2a_poll_interval_s=0.05,
                                    a2a_request_timeout_s=5.0, a2a_connect_timeout_s=2.0)
@@ -453,6 +453,6 @@ def a2a_settings(data_dir: Any, **overrides: Any) -> Any:
 
 
 def peers_of(*configs: dict[str, Any]) -> Any:
-    from rlm.a2a.peers import PeerConfig, Peers
+    from rlmfamily.a2a.peers import PeerConfig, Peers
 
     return Peers(None, tuple(PeerConfig(**c) for c in configs))

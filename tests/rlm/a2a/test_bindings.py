@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from rlm.a2a.delegations import Delegations
-from rlm.a2a.errors import PeerCardInvalid, PeerRefused
+from rlmfamily.a2a.delegations import Delegations
+from rlmfamily.a2a.errors import PeerCardInvalid, PeerRefused
 
 from .peer_servers import HTTP_JSON, INTERFACE_PATHS, JSONRPC, SdkPeer, a2a_settings, peers_of
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from rlm.a2a.delegations import Delegations
-from rlm.a2a.errors import (
+from rlmfamily.a2a.delegations import Delegations
+from rlmfamily.a2a.errors import (
     A2ADisabled,
     DelegationLimitReached,
     DelegationNotOwned,

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from rlm.a2a.delegations import Delegations, reconcile
-from rlm.a2a.errors import (
+from rlmfamily.a2a.delegations import Delegations, reconcile
+from rlmfamily.a2a.errors import (
     DelegationReconcileRefused,
     PeerCardInvalid,
     PeerCardMovesOrigin,
@@ -24,7 +24,7 @@ from rlm.a2a.errors import (
     PeerRefused,
     ReplyNotExpected,
 )
-from rlm.a2a.store import DelegationStore
+from rlmfamily.a2a.store import DelegationStore
 
 from ..conftest import REPO_ROOT
 from .peer_servers import HTTP_JSON, INTERFACE_PATHS, JSONRPC, HostilePeer, a2a_settings, peers_of
@@ -166,7 +166,7 @@ def test_a_send_interrupted_by_the_death_of_its_process_becomes_unknown(tmp_path
     script = f"""
 import os, time, sys
 sys.path.insert(0, {str(REPO_ROOT)!r})
-from rlm.a2a.store import Admission, DelegationStore, Delegation, owner
+from rlmfamily.a2a.store import Admission, DelegationStore, Delegation, owner
 now = time.time()
 row = Delegation(id="dlg_dead", root_id="root-1", agent_id="root-1", request_id="r1", fingerprint="f",
     peer_alias="p", peer_origin="http://127.0.0.1:9", interface_url="http://127.0.0.1:9/jsonrpc",

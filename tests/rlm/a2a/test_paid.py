@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from rlm.a2a.delegations import Delegations
-from rlm.a2a.errors import (
+from rlmfamily.a2a.delegations import Delegations
+from rlmfamily.a2a.errors import (
     A2AError,
     CreditAllowanceExhausted,
     CreditAllowanceMismatch,
@@ -18,9 +18,9 @@ from rlm.a2a.errors import (
     PaidRoutesDisabled,
     PeerNotReady,
 )
-from rlm.a2a.store import DelegationStore
-from rlm.errors import SettingsInvalid
-from rlm.settings import load_settings
+from rlmfamily.a2a.store import DelegationStore
+from rlmfamily.errors import SettingsInvalid
+from rlmfamily.settings import load_settings
 
 from .peer_servers import HostilePeer, SdkPeer, a2a_settings, peers_of
 

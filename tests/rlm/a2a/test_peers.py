@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rlm.a2a.errors import PeersFileInvalid, PeerNotFound
-from rlm.a2a.peers import load_peers, origin_of
+from rlmfamily.a2a.errors import PeersFileInvalid, PeerNotFound
+from rlmfamily.a2a.peers import load_peers, origin_of
 
 pytestmark = pytest.mark.timeout(30)
 

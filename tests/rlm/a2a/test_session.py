@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from rlm import Context, ScriptedProvider, Session
-from rlm.settings import RLMSettings
+from rlmfamily import Context, ScriptedProvider, Session
+from rlmfamily.settings import RLMSettings
 
 from .peer_servers import SdkPeer, a2a_settings
 

@@ -11,14 +11,14 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rlm.context import Context
-from rlm.errors import ProviderError
-from rlm.family.store import FamilyStore, RunRecord
-from rlm.providers import ScriptedProvider
-from rlm.providers.base import Completion
-from rlm.session import RunResult, Session
-from rlm.settings import RLMSettings
-from rlm.trajectory import FILENAME, read_trajectory
+from rlmfamily.context import Context
+from rlmfamily.errors import ProviderError
+from rlmfamily.family.store import FamilyStore, RunRecord
+from rlmfamily.providers import ScriptedProvider
+from rlmfamily.providers.base import Completion
+from rlmfamily.session import RunResult, Session
+from rlmfamily.settings import RLMSettings
+from rlmfamily.trajectory import FILENAME, read_trajectory
 
 from ..holds import Gate
 
@@ -40,7 +40,7 @@ class GatedScript:
     """A scripted family whose children, picked by prompt, hold their first model turn at a gate.
 
     Children run in their own processes: each rebuilds this provider through
-    ``child_spec()`` (rlm/family/spec.py) and waits at a ``Gate`` directory. A held
+    ``child_spec()`` (rlmfamily/family/spec.py) and waits at a ``Gate`` directory. A held
     turn waits until the test opens the gate, at most the call's ``timeout_s``
     (RLM_ROOT_TIMEOUT_S), and then fails as a provider error.
     """

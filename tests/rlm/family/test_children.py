@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from rlm.budget import BudgetLedger
-from rlm.family import procs
-from rlm.family.store import FamilyStore
+from rlmfamily.budget import BudgetLedger
+from rlmfamily.family import procs
+from rlmfamily.family.store import FamilyStore
 
 from ..holds import DEADLINE_SLACK_S, Gate
 from .support import (

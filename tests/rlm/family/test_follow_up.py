@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from rlm.budget import BudgetLedger
-from rlm.cli import main
-from rlm.family import procs
-from rlm.family.children import CONVERSATION_FILE
-from rlm.family.store import FamilyStore
+from rlmfamily.budget import BudgetLedger
+from rlmfamily.cli import main
+from rlmfamily.family import procs
+from rlmfamily.family.children import CONVERSATION_FILE
+from rlmfamily.family.store import FamilyStore
 
 from ..holds import Gate, wait_until
 from .support import child, run_root, runs_of, script

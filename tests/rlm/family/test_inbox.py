@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from rlm.cli import main
-from rlm.family.errors import AckRefused, AgentNotFound, DeliveryConflict, MessageNotFound, MessageTooLarge, RouteRefused
-from rlm.family.inbox import Inbox
-from rlm.family.store import Agent, FamilyStore
-from rlm.settings import RLMSettings
+from rlmfamily.cli import main
+from rlmfamily.family.errors import AckRefused, AgentNotFound, DeliveryConflict, MessageNotFound, MessageTooLarge, RouteRefused
+from rlmfamily.family.inbox import Inbox
+from rlmfamily.family.store import Agent, FamilyStore
+from rlmfamily.settings import RLMSettings
 
 from .support import child, run_root, script
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from rlm.cli import main
-from rlm.family import procs
-from rlm.family.children import Family
-from rlm.family.store import Agent, FamilyStore
+from rlmfamily.cli import main
+from rlmfamily.family import procs
+from rlmfamily.family.children import Family
+from rlmfamily.family.store import Agent, FamilyStore
 
 from ..conftest import REPO_ROOT
 from ..holds import Gate, wait_until
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.timeout(60)
 
 PARENT = """
 import json, sys
-from rlm import Context, Session, load_settings
+from rlmfamily import Context, Session, load_settings
 from tests.rlm.family.support import GatedScript
 data_dir, document, script_file, gates, run_id = sys.argv[1:6]
 settings = load_settings(data_dir=data_dir)

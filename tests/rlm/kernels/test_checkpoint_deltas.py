@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlm.kernels.base import KernelLimits
-from rlm.kernels import checkpoints
-from rlm.kernels.checkpoints import Checkpoint, CheckpointTampered, FileCheckpointStore
-from rlm.kernels.monty import MAX_DELTA_CHAIN, MontyKernel, monty_resource_limits, runtime_identity
+from rlmfamily.kernels.base import KernelLimits
+from rlmfamily.kernels import checkpoints
+from rlmfamily.kernels.checkpoints import Checkpoint, CheckpointTampered, FileCheckpointStore
+from rlmfamily.kernels.monty import MAX_DELTA_CHAIN, MontyKernel, monty_resource_limits, runtime_identity
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from rlm.errors import RLMError
-from rlm.kernels.base import KernelLimits
-from rlm.kernels.checkpoints import (
+from rlmfamily.errors import RLMError
+from rlmfamily.kernels.base import KernelLimits
+from rlmfamily.kernels.checkpoints import (
     MAGIC,
     Checkpoint,
     CheckpointConflict,
@@ -26,7 +26,7 @@ from rlm.kernels.checkpoints import (
     RuntimeIdentity,
     SessionIdInvalid,
 )
-from rlm.kernels.monty import MontyKernel, runtime_identity
+from rlmfamily.kernels.monty import MontyKernel, runtime_identity
 
 pytestmark = pytest.mark.timeout(60)
 

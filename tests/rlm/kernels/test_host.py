@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rlm.kernels.base import KernelLimits, KernelLimitsInvalid, KernelNotStarted
-from rlm.kernels.host import HostKernel
+from rlmfamily.kernels.base import KernelLimits, KernelLimitsInvalid, KernelNotStarted
+from rlmfamily.kernels.host import HostKernel
 
 from ..holds import DEADLINE_SLACK_S, POLL_LIMIT_S, Hold
 
@@ -209,7 +209,7 @@ def test_the_child_process_is_really_gone_after_close(calls: list[tuple]) -> Non
 
 
 def test_the_users_code_does_not_import_the_kernels_own_modules(kernel: HostKernel) -> None:
-    # The child runs from rlm/kernels/; `import monty` must not find rlm/kernels/monty.py.
+    # The child runs from rlmfamily/kernels/; `import monty` must not find rlmfamily/kernels/monty.py.
     result = kernel.execute("import monty")
     assert result.error_code == "exception" and "ModuleNotFoundError" in (result.error or "")
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from rlm.kernels.base import KernelLimits
-from rlm.kernels.checkpoints import Checkpoint, FileCheckpointStore
-from rlm.kernels.monty import MontyKernel
+from rlmfamily.kernels.base import KernelLimits
+from rlmfamily.kernels.checkpoints import Checkpoint, FileCheckpointStore
+from rlmfamily.kernels.monty import MontyKernel
 
 from ..holds import DEADLINE_SLACK_S, POLL_LIMIT_S, Hold, wait_until
 
@@ -377,9 +377,9 @@ def test_a_kernel_process_killed_mid_step_resumes_from_the_last_checkpoint_in_a_
     store_dir = tmp_path / "store"
     proc = _run_script(
         f"""
-        from rlm.kernels.base import KernelLimits
-        from rlm.kernels.checkpoints import FileCheckpointStore
-        from rlm.kernels.monty import MontyKernel
+        from rlmfamily.kernels.base import KernelLimits
+        from rlmfamily.kernels.checkpoints import FileCheckpointStore
+        from rlmfamily.kernels.monty import MontyKernel
         # `running` tells the test the step is under way; it must not leave a pending-call record
         # (that is another test), so the store keeps only the idle checkpoint of the first step.
         k = MontyKernel(KernelLimits(step_timeout_s=20), store=FileCheckpointStore({str(store_dir)!r}), session_id="run-1",
@@ -415,8 +415,8 @@ def test_a_pending_host_call_resumes_from_its_snapshot_in_another_process(tmp_pa
     proc = _run_script(
         f"""
         import os
-        from rlm.kernels.checkpoints import FileCheckpointStore
-        from rlm.kernels.monty import MontyKernel
+        from rlmfamily.kernels.checkpoints import FileCheckpointStore
+        from rlmfamily.kernels.monty import MontyKernel
         def ask(question):
             os._exit(17)
         k = MontyKernel(store=FileCheckpointStore({str(store_dir)!r}), session_id="run-2")
@@ -460,8 +460,8 @@ def test_a_pending_host_call_is_answered_by_the_bridge_when_no_result_is_recorde
     proc = _run_script(
         f"""
         import os
-        from rlm.kernels.checkpoints import FileCheckpointStore
-        from rlm.kernels.monty import MontyKernel
+        from rlmfamily.kernels.checkpoints import FileCheckpointStore
+        from rlmfamily.kernels.monty import MontyKernel
         k = MontyKernel(store=FileCheckpointStore({str(store_dir)!r}), session_id="run-3")
         k.start({{"ask": lambda q: os._exit(17)}}, "")
         k.execute("seen = [ask('q')]")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from rlm.errors import MissingAPIKey, ProviderError, ProviderTimeout, ScriptExhausted, ScriptInvalid
-from rlm.providers import OpenAIProvider, PriceTable, ScriptedProvider
-from rlm.settings import load_settings
+from rlmfamily.errors import MissingAPIKey, ProviderError, ProviderTimeout, ScriptExhausted, ScriptInvalid
+from rlmfamily.providers import OpenAIProvider, PriceTable, ScriptedProvider
+from rlmfamily.settings import load_settings
 
 from ..holds import DEADLINE_SLACK_S
 
@@ -158,7 +158,7 @@ def test_a_missing_key_variable_is_named_in_the_error() -> None:
 
 
 def test_the_key_itself_is_refused_as_a_variable_name() -> None:
-    from rlm.errors import SettingsInvalid
+    from rlmfamily.errors import SettingsInvalid
 
     with pytest.raises(SettingsInvalid) as info:
         load_settings(api_key_env="sk-live-abc123")

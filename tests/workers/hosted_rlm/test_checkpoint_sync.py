@@ -26,8 +26,8 @@ from sqlalchemy import Engine, event, text
 
 from core import db
 from core.settings import CheckpointSync, HostedSettings, Settings
-from rlm.kernels.checkpoints import Checkpoint
-from rlm.kernels.monty import runtime_identity
+from rlmfamily.kernels.checkpoints import Checkpoint
+from rlmfamily.kernels.monty import runtime_identity
 from tests import embedded_pg
 from tests.rlm.holds import wait_until
 from tests.workers.hosted_rlm import support

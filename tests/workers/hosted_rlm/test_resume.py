@@ -20,7 +20,7 @@ from sqlalchemy import Engine, text
 
 from core.settings import PROJECT_ROOT
 from tests.workers.hosted_rlm import support
-from rlm.kernels.checkpoints import Checkpoint
+from rlmfamily.kernels.checkpoints import Checkpoint
 from taskstate import claims
 from workers.hosted_rlm import journal
 

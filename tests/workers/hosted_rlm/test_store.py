@@ -9,7 +9,7 @@ from sqlalchemy import text
 
 from tests.workers.hosted_rlm import support
 from tests.workers.hosted_rlm.test_runner import FILES, RULE
-from rlm.kernels.checkpoints import Checkpoint, PendingCall, RuntimeIdentity
+from rlmfamily.kernels.checkpoints import Checkpoint, PendingCall, RuntimeIdentity
 from taskstate import charge, claims
 from workers.hosted_rlm import journal
 from workers.hosted_rlm.hosted import session_id_for

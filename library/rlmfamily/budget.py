@@ -1,0 +1,370 @@
+"""One durable inference allowance per root family: calls, tokens and USD, in SQLite (WAL).
+
+Every model call (root turn or sub-call) is admitted first: one ``BEGIN
+IMMEDIATE`` transaction checks the allowance and records a reservation, so
+threads and processes sharing the file never admit more than the limits allow.
+The call then resolves its entry exactly once:
+
+- ``settled``: the provider reported usage (a cost of NULL means the model has
+  no price: unknown USD);
+- ``failed``: the provider refused before doing any work (nothing billed);
+- ``unknown``: nobody can know what it cost (timeout, broken connection, no
+  usage in the answer, or the process died while the call was in flight).
+
+Unknown usage is never counted as zero: while any entry has unknown tokens, a
+token limit refuses admission, and unknown USD blocks a USD limit, until an
+operator reconciles the entry with the real figures and an audit reason. The
+allowance is keyed by root id, so reopening it after a restart keeps the count.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rlmfamily.errors import (
+    BudgetExhausted,
+    BudgetLimitsMismatch,
+    BudgetUnknownUsage,
+    ReconcileRefused,
+    UsageEntryNotFound,
+)
+from rlmfamily.providers.base import Usage
+from rlmfamily.sqlite_file import SQLiteFile
+
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS budgets (
+    root_id     TEXT PRIMARY KEY,
+    max_calls   INTEGER CHECK (max_calls IS NULL OR max_calls >= 0),
+    max_tokens  INTEGER CHECK (max_tokens IS NULL OR max_tokens >= 0),
+    max_usd     REAL    CHECK (max_usd IS NULL OR max_usd >= 0),
+    created_at  REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS usage (
+    id                INTEGER PRIMARY KEY AUTOINCREMENT,
+    root_id           TEXT NOT NULL REFERENCES budgets(root_id),
+    purpose           TEXT NOT NULL,
+    state             TEXT NOT NULL CHECK (state IN ('reserved', 'settled', 'failed', 'unknown', 'reconciled')),
+    tokens_estimate   INTEGER NOT NULL DEFAULT 0 CHECK (tokens_estimate >= 0),
+    prompt_tokens     INTEGER CHECK (prompt_tokens IS NULL OR prompt_tokens >= 0),
+    completion_tokens INTEGER CHECK (completion_tokens IS NULL OR completion_tokens >= 0),
+    tokens            INTEGER CHECK (tokens IS NULL OR tokens >= 0),
+    cost_usd          REAL CHECK (cost_usd IS NULL OR cost_usd >= 0),
+    owner             TEXT NOT NULL,
+    admitted_at       REAL NOT NULL,
+    resolved_at       REAL,
+    note              TEXT,
+    reason            TEXT,
+    -- a resolved entry knows its tokens unless it is 'unknown'
+    CHECK (state IN ('reserved', 'unknown') OR tokens IS NOT NULL)
+);
+CREATE INDEX IF NOT EXISTS usage_by_root ON usage (root_id, state);
+"""
+
+
+@dataclass(frozen=True)
+class BudgetLimits:
+    max_calls: int | None = None
+    max_tokens: int | None = None
+    max_usd: float | None = None
+
+
+@dataclass(frozen=True)
+class UsageEntry:
+    id: int
+    root_id: str
+    purpose: str
+    state: str
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    tokens: int | None
+    cost_usd: float | None
+    admitted_at: float
+    resolved_at: float | None
+    note: str | None
+    reason: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class BudgetSnapshot:
+    root_id: str
+    limits: BudgetLimits
+    calls: int  # admitted calls, whatever their outcome
+    in_flight: int
+    tokens: int  # known tokens (unknown entries excluded, and listed in unknown_tokens)
+    usd: float  # known USD
+    unknown_tokens: int  # entries whose tokens nobody knows
+    unknown_usd: int  # entries whose cost nobody knows
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["limits"] = asdict(self.limits)
+        return data
+
+
+def _process_start(pid: int) -> str:
+    # The start time tells a live owner from a recycled pid (Linux); elsewhere the pid alone is used.
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        return fields[19].decode()
+    except (OSError, IndexError):
+        return ""
+
+
+_HOST = socket.gethostname()
+MAX_NOTE_CHARS = 500  # of the note kept on a failed or unknown usage entry
+
+
+def _owner() -> str:
+    pid = os.getpid()
+    return f"{_HOST}:{pid}:{_process_start(pid)}"
+
+
+def _owner_alive(owner: str) -> bool:
+    host, _, rest = owner.partition(":")
+    pid_text, _, start = rest.partition(":")
+    if host != _HOST:
+        return True  # another machine's call: only its own process may resolve it
+    try:
+        pid = int(pid_text)
+        os.kill(pid, 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        pass
+    return _process_start(pid) == start
+
+
+class BudgetLedger(SQLiteFile):
+    """The SQLite file that holds every root's allowance (what ``rlm usage`` reads)."""
+
+    SCHEMA = SCHEMA
+
+    def roots(self) -> list[str]:
+        with self.reading() as conn:
+            return [r["root_id"] for r in conn.execute("SELECT root_id FROM budgets ORDER BY created_at")]
+
+    def entries(self, root_id: str | None = None, *, unresolved_only: bool = False) -> list[UsageEntry]:
+        """Usage entries, oldest first.
+
+        ``unresolved_only``: entries whose tokens are unknown, and those whose cost is unknown
+        under a USD limit (without one, an unpriced model's cost is unknown but blocks nothing).
+        """
+        self._expire_dead_reservations(root_id)
+        sql = "SELECT u.* FROM usage u JOIN budgets b ON b.root_id = u.root_id WHERE 1=1"
+        args: list[Any] = []
+        if root_id is not None:
+            sql += " AND u.root_id = ?"
+            args.append(root_id)
+        if unresolved_only:
+            sql += (" AND (u.state = 'unknown' OR (u.state IN ('settled', 'reconciled') AND u.cost_usd IS NULL"
+                    " AND b.max_usd IS NOT NULL))")
+        with self.reading() as conn:
+            return [_entry(r) for r in conn.execute(sql + " ORDER BY u.id", args)]
+
+    def reconcile(self, entry_id: int, *, tokens: int, usd: float | None, reason: str) -> UsageEntry:
+        """Record the real usage of an entry whose usage was unknown, with an audit reason."""
+        if not reason or not reason.strip():
+            raise ReconcileRefused("reconciling usage needs a reason (who checked what, where)")
+        if tokens < 0 or (usd is not None and usd < 0):
+            raise ReconcileRefused("reconciled tokens and USD cannot be negative")
+        with self.transaction() as conn:
+            row = conn.execute("SELECT * FROM usage WHERE id = ?", (entry_id,)).fetchone()
+            if row is None:
+                raise UsageEntryNotFound(f"no usage entry {entry_id}; `rlm usage` lists them")
+            if row["state"] == "reserved" and _owner_alive(row["owner"]):
+                raise ReconcileRefused(f"usage entry {entry_id} is still in flight; reconcile it once it ends")
+            unknown_cost = row["state"] in ("settled", "reconciled") and row["cost_usd"] is None
+            if row["state"] not in ("reserved", "unknown") and not unknown_cost:
+                raise ReconcileRefused(
+                    f"usage entry {entry_id} is {row['state']} with known usage; only unknown usage is reconciled"
+                )
+            cost = usd if usd is not None else row["cost_usd"]
+            conn.execute(
+                "UPDATE usage SET state = 'reconciled', tokens = ?, cost_usd = ?, resolved_at = ?, reason = ? "
+                "WHERE id = ?",
+                (tokens, cost, time.time(), reason.strip(), entry_id),
+            )
+            return _entry(conn.execute("SELECT * FROM usage WHERE id = ?", (entry_id,)).fetchone())
+
+    def limits(self, root_id: str) -> BudgetLimits:
+        with self.reading() as conn:
+            row = conn.execute("SELECT * FROM budgets WHERE root_id = ?", (root_id,)).fetchone()
+        if row is None:
+            raise UsageEntryNotFound(f"no inference budget for run {root_id!r}; `rlm usage` lists them")
+        return BudgetLimits(row["max_calls"], row["max_tokens"], row["max_usd"])
+
+    def snapshot(self, root_id: str) -> BudgetSnapshot:
+        limits = self.limits(root_id)
+        self._expire_dead_reservations(root_id)
+        with self.reading() as conn:
+            calls, _, tokens, usd, unknown_tokens, unknown_usd = _totals(conn, root_id)
+            in_flight = conn.execute(
+                "SELECT COUNT(*) FROM usage WHERE root_id = ? AND state = 'reserved'", (root_id,)
+            ).fetchone()[0]
+        return BudgetSnapshot(root_id, limits, calls, in_flight, tokens, usd, unknown_tokens, unknown_usd)
+
+    def _expire_dead_reservations(self, root_id: str | None) -> None:
+        with self.reading() as conn:
+            sql = "SELECT id, owner FROM usage WHERE state = 'reserved'"
+            rows = conn.execute(sql + (" AND root_id = ?" if root_id else ""), (root_id,) if root_id else ()).fetchall()
+        dead = [r["id"] for r in rows if not _owner_alive(r["owner"])]
+        if not dead:
+            return
+        with self.transaction() as tx:
+            tx.executemany(
+                "UPDATE usage SET state = 'unknown', resolved_at = ?, "
+                "note = 'the process ended while the call was in flight' WHERE id = ? AND state = 'reserved'",
+                [(time.time(), i) for i in dead],
+            )
+
+
+class Budget:
+    """The allowance of one root family. Root turns and sub-calls all draw on it."""
+
+    def __init__(self, ledger: BudgetLedger | str | Path, root_id: str, limits: BudgetLimits) -> None:
+        self.ledger = ledger if isinstance(ledger, BudgetLedger) else BudgetLedger(ledger)
+        self.root_id = root_id
+        with self.ledger.transaction() as conn:
+            row = conn.execute("SELECT * FROM budgets WHERE root_id = ?", (root_id,)).fetchone()
+            if row is None:
+                conn.execute(
+                    "INSERT INTO budgets (root_id, max_calls, max_tokens, max_usd, created_at) VALUES (?, ?, ?, ?, ?)",
+                    (root_id, limits.max_calls, limits.max_tokens, limits.max_usd, time.time()),
+                )
+            else:
+                stored = BudgetLimits(row["max_calls"], row["max_tokens"], row["max_usd"])
+                if stored != limits:
+                    # Reopening must never hand out a fresh or larger allowance by accident.
+                    raise BudgetLimitsMismatch(
+                        f"root {root_id} already has the allowance {stored}; it was reopened with {limits}. "
+                        "Reopen it with the same max_calls/max_tokens/max_usd",
+                        setting="max_calls",
+                    )
+        self.limits = limits
+
+    # ---------- admission ----------
+
+    def admit(self, purpose: str, *, tokens_estimate: int = 0, keep_calls: int = 0) -> int:
+        """Admit one call and return its usage entry id, or raise BudgetExhausted / BudgetUnknownUsage.
+
+        ``keep_calls`` leaves that many calls unused (the session keeps one for the final answer).
+        """
+        self.ledger._expire_dead_reservations(self.root_id)
+        limits = self.limits
+        with self.ledger.transaction() as conn:
+            calls, in_flight_tokens, tokens, usd, unknown_tokens, unknown_usd = _totals(conn, self.root_id)
+            if limits.max_calls is not None and calls + keep_calls >= limits.max_calls:
+                raise BudgetExhausted(
+                    f"the inference allowance of {limits.max_calls} calls is used up ({calls} admitted"
+                    + (f", {keep_calls} kept for the final answer" if keep_calls else "")
+                    + "); raise --max-calls / RLM_MAX_CALLS for a new run",
+                    setting="max_calls",
+                )
+            if limits.max_tokens is not None and unknown_tokens:
+                raise BudgetUnknownUsage(
+                    f"{unknown_tokens} earlier call(s) have unknown token usage and a token limit is set; "
+                    "reconcile them (`rlm usage --reconcile ID --tokens N --reason ...`) before more calls",
+                    setting="max_tokens",
+                )
+            if limits.max_usd is not None and unknown_usd:
+                raise BudgetUnknownUsage(
+                    f"{unknown_usd} earlier call(s) have unknown cost and a USD limit is set; "
+                    "reconcile them (`rlm usage --reconcile ID --tokens N --usd X --reason ...`) before more calls",
+                    setting="max_usd",
+                )
+            if limits.max_tokens is not None and tokens + in_flight_tokens >= limits.max_tokens:
+                raise BudgetExhausted(
+                    f"the allowance of {limits.max_tokens:,} tokens is used up ({tokens:,} used, "
+                    f"{in_flight_tokens:,} in flight); raise --max-tokens / RLM_MAX_TOKENS for a new run",
+                    setting="max_tokens",
+                )
+            if limits.max_usd is not None and usd >= limits.max_usd:
+                raise BudgetExhausted(
+                    f"the allowance of ${limits.max_usd:.4f} is used up (${usd:.4f}); "
+                    "raise --max-usd / RLM_MAX_USD for a new run",
+                    setting="max_usd",
+                )
+            cursor = conn.execute(
+                "INSERT INTO usage (root_id, purpose, state, tokens_estimate, owner, admitted_at) "
+                "VALUES (?, ?, 'reserved', ?, ?, ?)",
+                (self.root_id, purpose, max(0, int(tokens_estimate)), _owner(), time.time()),
+            )
+            return int(cursor.lastrowid or 0)
+
+    # ---------- resolution (each entry once; a late answer may still settle an unknown one) ----------
+
+    def settle(self, entry_id: int, usage: Usage | None) -> None:
+        """Record what the provider reported. ``None`` or missing token counts make the entry unknown."""
+        if usage is None or usage.total_tokens is None:
+            self.mark_unknown(entry_id, "the provider did not report usage")
+            return
+        with self.ledger.transaction() as conn:
+            conn.execute(
+                "UPDATE usage SET state = 'settled', prompt_tokens = ?, completion_tokens = ?, tokens = ?, "
+                "cost_usd = ?, resolved_at = ?, note = CASE WHEN state = 'unknown' THEN 'settled by a late answer' "
+                "ELSE note END WHERE id = ? AND root_id = ? AND state IN ('reserved', 'unknown')",
+                (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens, usage.cost_usd, time.time(),
+                 entry_id, self.root_id),
+            )
+
+    def fail(self, entry_id: int, note: str) -> None:
+        """The provider refused before doing any work: the call counts, its usage is a known zero.
+
+        A refusal that arrives after the caller gave up (entry already unknown) still resolves it.
+        """
+        with self.ledger.transaction() as conn:
+            conn.execute(
+                "UPDATE usage SET state = 'failed', prompt_tokens = 0, completion_tokens = 0, tokens = 0, "
+                "cost_usd = 0, resolved_at = ?, note = ? WHERE id = ? AND root_id = ? AND state IN ('reserved', 'unknown')",
+                (time.time(), note[:MAX_NOTE_CHARS], entry_id, self.root_id),
+            )
+
+    def mark_unknown(self, entry_id: int, note: str) -> None:
+        with self.ledger.transaction() as conn:
+            conn.execute(
+                "UPDATE usage SET state = 'unknown', resolved_at = ?, note = ? "
+                "WHERE id = ? AND root_id = ? AND state = 'reserved'",
+                (time.time(), note[:MAX_NOTE_CHARS], entry_id, self.root_id),
+            )
+
+    # ---------- reading ----------
+
+    def snapshot(self) -> BudgetSnapshot:
+        return self.ledger.snapshot(self.root_id)
+
+
+def _totals(conn: sqlite3.Connection, root_id: str) -> tuple[int, int, int, float, int, int]:
+    row = conn.execute(
+        """
+        SELECT COUNT(*) AS calls,
+               COALESCE(SUM(CASE WHEN state = 'reserved' THEN tokens_estimate END), 0) AS in_flight_tokens,
+               COALESCE(SUM(tokens), 0) AS tokens,
+               COALESCE(SUM(cost_usd), 0) AS usd,
+               COALESCE(SUM(state = 'unknown'), 0) AS unknown_tokens,
+               COALESCE(SUM(state != 'reserved' AND cost_usd IS NULL), 0) AS unknown_usd
+        FROM usage WHERE root_id = ?
+        """,
+        (root_id,),
+    ).fetchone()
+    return (int(row["calls"]), int(row["in_flight_tokens"]), int(row["tokens"]), float(row["usd"]),
+            int(row["unknown_tokens"]), int(row["unknown_usd"]))
+
+
+def _entry(row: sqlite3.Row) -> UsageEntry:
+    return UsageEntry(
+        id=row["id"], root_id=row["root_id"], purpose=row["purpose"], state=row["state"],
+        prompt_tokens=row["prompt_tokens"], completion_tokens=row["completion_tokens"], tokens=row["tokens"],
+        cost_usd=row["cost_usd"], admitted_at=row["admitted_at"], resolved_at=row["resolved_at"],
+        note=row["note"], reason=row["reason"],
+    )

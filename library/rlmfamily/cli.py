@@ -1,0 +1,378 @@
+"""The ``rlm`` command: ``run`` a question over a repository or document, ``show`` a run, ``usage`` of budgets.
+
+Exit codes: 0 the run produced an answer (or the command succeeded), 1 the run
+ended without an answer, 2 the command line or the configuration is wrong
+(the message names the flag or setting to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from rlmfamily.budget import BudgetLedger
+from rlmfamily.context import Context
+from rlmfamily.errors import ContextError, RLMError, SettingsInvalid
+from rlmfamily.providers.base import PriceTable, Provider
+from rlmfamily.providers.scripted import ScriptedProvider
+from rlmfamily.session import RunResult, Session
+from rlmfamily.settings import RLMSettings, load_settings
+from rlmfamily.trajectory import find_run, read_trajectory
+
+EXIT_OK, EXIT_NO_ANSWER, EXIT_USAGE = 0, 1, 2
+
+
+def _limit_int(text: str) -> int | None:
+    return None if text.lower() in ("none", "off") else int(text)
+
+
+def _limit_float(text: str) -> float | None:
+    return None if text.lower() in ("none", "off") else float(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlm", description="Recursive Language Model runs over your own files.")
+    parser.add_argument("--data-dir", help="where runs, history and budgets live (RLM_DATA_DIR; default ~/.rlm)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="answer a question over a repository, a document or an evidence bundle")
+    run.add_argument("question")
+    source = run.add_mutually_exclusive_group(required=True)
+    source.add_argument("--repo", help="a repository folder: its git-tracked files are the corpus")
+    source.add_argument("--document", help="one text file as the corpus")
+    source.add_argument("--bundle", help="a JSON file of evidence items {path, start, end, text}")
+    run.add_argument("--kernel", choices=["host", "monty"], default=argparse.SUPPRESS, help="where the model's code runs (RLM_KERNEL; default monty)")
+    run.add_argument("--script", help="replay a scripted conversation (TOML or JSON) instead of calling a model")
+    run.add_argument("--base-url", default=argparse.SUPPRESS, help="OpenAI-compatible endpoint (RLM_BASE_URL)")
+    run.add_argument("--model", default=argparse.SUPPRESS, help="model id (RLM_MODEL)")
+    run.add_argument("--api-key-env", default=argparse.SUPPRESS, help="NAME of the environment variable holding the key (RLM_API_KEY_ENV)")
+    run.add_argument("--max-turns", type=int, default=argparse.SUPPRESS, help="root turns (RLM_MAX_TURNS)")
+    run.add_argument("--max-calls", type=_limit_int, default=argparse.SUPPRESS, help="model calls, root and sub-calls ('none' = no limit)")
+    run.add_argument("--max-tokens", type=_limit_int, default=argparse.SUPPRESS, help="tokens over all calls ('none' = no limit)")
+    run.add_argument("--max-usd", type=_limit_float, default=argparse.SUPPRESS, help="USD over all calls ('none' = no limit; needs prices)")
+    run.add_argument("--json", action="store_true", help="print the result as JSON")
+    run.add_argument("--quiet", action="store_true", help="no live progress display")
+
+    demo = sub.add_parser("demo", help="the offline demo: a scripted run over the bundled harbor repository")
+    demo.add_argument("--kernel", choices=["host", "monty"], default=argparse.SUPPRESS, help="where the model's code runs (RLM_KERNEL; default monty)")
+    demo.add_argument("--json", action="store_true", help="print the result as JSON")
+    demo.add_argument("--quiet", action="store_true", help="no live progress display")
+
+    show = sub.add_parser("show", help="replay a run's trajectory")
+    show.add_argument("run", help="run id, unique prefix, 'last', or a trajectory file")
+    show.add_argument("--json", action="store_true", help="print the raw events as a JSON list")
+
+    usage = sub.add_parser("usage", help="inference budgets: calls, tokens, USD and unknown usage")
+    usage.add_argument("--run", help="list one run's usage entries")
+    usage.add_argument("--json", action="store_true")
+    usage.add_argument("--reconcile", type=int, metavar="ENTRY", help="record the real usage of an unknown entry")
+    usage.add_argument("--tokens", type=int, help="with --reconcile: the real token count")
+    usage.add_argument("--usd", type=float, help="with --reconcile: the real cost in USD")
+    usage.add_argument("--reason", help="with --reconcile: the audit reason (who checked what, where)")
+
+    from rlmfamily.family import cli as family_cli
+
+    family_cli.add_parsers(sub)  # inbox, message, follow-up, children
+    from rlmfamily.a2a import cli as a2a_cli
+
+    a2a_cli.add_parsers(sub)  # peers, delegations, reconcile
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    out = Console(soft_wrap=True)
+    err = Console(stderr=True, soft_wrap=True)
+    try:
+        if args.command == "demo":
+            return _run(_demo_args(args), out, err)
+        if args.command == "run":
+            return _run(args, out, err)
+        if args.command == "show":
+            return _show(args, out)
+        from rlmfamily.family import cli as family_cli
+
+        if args.command in family_cli.COMMANDS:
+            return family_cli.main(args, _settings(args), out, err)
+        from rlmfamily.a2a import cli as a2a_cli
+
+        if args.command in a2a_cli.COMMANDS:
+            return a2a_cli.main(args, _settings(args), out, err)
+        return _usage(args, out)
+    except RLMError as exc:
+        err.print(f"rlm: [{exc.code}] {exc.message}", markup=False, highlight=False)
+        return EXIT_USAGE
+
+
+# ---------- demo ----------
+
+EXAMPLES = Path(__file__).resolve().parent / "examples"
+DEMO_QUESTION = "How many times does harbor try an upload in production before giving up, and what decides it?"
+
+
+def _demo_args(args: argparse.Namespace) -> argparse.Namespace:
+    """``rlm demo`` is ``rlm run`` over the bundled example, with its script and question (no model, no key)."""
+    demo = argparse.Namespace(**vars(args))
+    demo.command, demo.question = "run", DEMO_QUESTION
+    demo.repo, demo.document, demo.bundle = str(EXAMPLES / "harbor"), None, None
+    demo.script = str(EXAMPLES / "harbor_demo.toml")
+    return demo
+
+
+# ---------- run ----------
+
+
+OVERRIDES = ("kernel", "max_turns", "base_url", "model", "api_key_env", "max_calls", "max_tokens", "max_usd",
+             "a2a_peers_file")
+
+
+def _settings(args: argparse.Namespace) -> RLMSettings:
+    # Flags default to "absent" (SUPPRESS), so "--max-tokens none" can override a default with no limit.
+    overrides = {name: getattr(args, name) for name in OVERRIDES if hasattr(args, name)}
+    if args.data_dir:
+        overrides["data_dir"] = args.data_dir
+    return load_settings(**overrides)
+
+
+def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
+    settings = _settings(args)
+    context = _context(args, settings)
+    provider = _provider(args, settings)
+    progress = _Progress()
+    live = None if args.quiet or args.json else Live(progress.render(), console=err, refresh_per_second=8, transient=True)
+
+    def on_event(event: dict[str, Any]) -> None:
+        progress.update(event)
+        if live is not None:
+            live.update(progress.render())
+
+    session = Session(context=context, provider=provider, settings=settings, on_event=on_event,
+                      model=None if args.script else settings.model)
+    if live is not None:
+        with live:
+            result = session.run(args.question)
+    else:
+        result = session.run(args.question)
+    _print_result(result, out, err, as_json=args.json)
+    return EXIT_OK if result.answer is not None else EXIT_NO_ANSWER
+
+
+def _context(args: argparse.Namespace, settings: RLMSettings) -> Context:
+    if args.repo:
+        return Context.from_repository(args.repo, settings)
+    if args.document:
+        return Context.from_document(args.document, settings)
+    try:
+        raw = json.loads(Path(args.bundle).read_text())
+    except (OSError, ValueError) as exc:
+        raise ContextError(f"bundle {args.bundle} cannot be read as JSON: {exc}") from None
+    items = raw.get("items") if isinstance(raw, dict) else raw
+    if not isinstance(items, list):
+        raise ContextError(f"bundle {args.bundle} must be a JSON list of items (or {{\"items\": [...]}})")
+    return Context.from_bundle(items, settings)
+
+
+def _provider(args: argparse.Namespace, settings: RLMSettings) -> Provider:
+    prices = PriceTable.load(settings.prices_usd_per_mtok, settings.price_table_file)
+    if args.script:
+        return ScriptedProvider.from_file(args.script, prices=prices)
+    if not settings.model:
+        raise SettingsInvalid("no model: give --model (or RLM_MODEL), or --script FILE for an offline replay",
+                              setting="model")
+    from rlmfamily.providers.openai_compat import OpenAIProvider
+
+    return OpenAIProvider(
+        base_url=settings.base_url, model=settings.model, api_key_env=settings.api_key_env, prices=prices,
+        max_retries=settings.provider_max_retries, backoff_s=settings.provider_backoff_s,
+    )
+
+
+class _Progress:
+    """The live line: turn, sub-calls, budget used."""
+
+    def __init__(self) -> None:
+        self.turn = 0
+        self.max_turns = 0
+        self.subcalls = 0
+        self.budget: dict[str, Any] = {}
+        self.state = "starting"
+
+    def update(self, event: dict[str, Any]) -> None:
+        self.turn = event.get("turn", self.turn)
+        self.max_turns = event.get("max_turns", self.max_turns)
+        self.subcalls = event.get("subcalls", self.subcalls)
+        self.budget = event.get("budget", self.budget)
+        kind = event.get("event", "")
+        self.state = {"turn_started": "model thinking", "step_started": "running code", "subcall": "sub-calls",
+                      "step_finished": "model thinking", "run_finished": "done"}.get(kind, self.state)
+        if event.get("final"):
+            self.state = "asking for the final answer"
+
+    def render(self) -> Text:
+        b = self.budget
+        limits = b.get("limits", {})
+
+        def of(used: Any, cap: Any, fmt: str = "{:,}") -> str:
+            shown = fmt.format(used) if used is not None else "?"
+            return shown + ("/" + fmt.format(cap) if cap is not None else "")
+
+        line = Text()
+        line.append(f"turn {self.turn}/{self.max_turns}", style="bold")
+        line.append(f" · sub-calls {self.subcalls}")
+        if b:
+            line.append(f" · calls {of(b.get('calls'), limits.get('max_calls'))}")
+            line.append(f" · tokens {of(b.get('tokens'), limits.get('max_tokens'))}")
+            line.append(f" · ${of(b.get('usd'), limits.get('max_usd'), '{:.4f}')}")
+            unknown = b.get("unknown_tokens") or 0
+            if unknown:
+                line.append(f" · {unknown} unknown", style="yellow")
+        line.append(f" · {self.state}", style="dim")
+        return line
+
+
+def _print_result(result: RunResult, out: Console, err: Console, *, as_json: bool) -> None:
+    if as_json:
+        out.print_json(json.dumps(result.to_dict(), default=str))
+        return
+    b = result.budget
+    err.print(
+        f"run {result.run_id}: {result.stop_reason} after {result.turns} turns, {result.subcalls} sub-calls, "
+        f"{b.calls} calls, {b.tokens:,} tokens"
+        + (f" (+{b.unknown_tokens} calls with unknown usage)" if b.unknown_tokens else "")
+        + f", ${b.usd:.4f}; trajectory: rlm show {result.run_id}",
+        markup=False, highlight=False,
+    )
+    if result.error:
+        err.print(f"error: {result.error}", markup=False, highlight=False)
+    from rlmfamily.a2a.cli import print_evidence
+
+    print_evidence(result.extra, err)
+    if result.answer is None:
+        err.print("no answer", markup=False)
+    else:
+        out.print(result.answer, markup=False, highlight=False)
+
+
+# ---------- show ----------
+
+
+def _show(args: argparse.Namespace, out: Console) -> int:
+    settings = _settings(args)
+    path = find_run(settings.runs_dir, args.run)
+    events = read_trajectory(path)
+    if args.json:
+        out.print_json(json.dumps(events, default=str))
+        return EXIT_OK
+    for event in events:
+        _show_event(event, out)
+    return EXIT_OK
+
+
+def _show_event(e: dict[str, Any], out: Console) -> None:
+    kind = e["event"]
+    p = lambda text, style=None: out.print(text, style=style, markup=False, highlight=False)  # noqa: E731
+    if kind == "run_started":
+        corpus = e.get("corpus", {})
+        p(f"run {e['run_id']}  kernel {e.get('kernel')}  provider {e.get('provider')}  model {e.get('model')}", "bold")
+        p(f"question: {e.get('question')}")
+        p(f"corpus: {corpus.get('source')} {corpus.get('root')}: {corpus.get('files', 0):,} files, "
+          f"{corpus.get('bytes', 0):,} bytes")
+    elif kind == "turn":
+        p(f"\n── turn {e['turn']} " + "─" * 40, "bold cyan")
+        if e.get("text"):
+            p(e["text"], "italic")
+        for code in e.get("code") or []:
+            p(code.rstrip(), "green")
+    elif kind == "step":
+        p(e.get("observation", ""), None if e.get("ok") else "red")
+    elif kind == "subcall":
+        status = "ok" if e.get("ok") else f"error {e.get('error_code')}"
+        tokens = (e.get("usage") or {}).get("total_tokens")
+        p(f"  · sub-call {e.get('seq')} [{status}, {tokens if tokens is not None else '?'} tokens]: "
+          f"{_one_line(e.get('prompt', ''), 70)} → {_one_line(e.get('response', ''), 90)}", "magenta")
+    elif kind == "final_request":
+        p(f"\n[asked for a final answer: {e.get('why')}]", "yellow")
+    elif kind == "budget_refused":
+        p(f"[budget refused turn {e.get('turn')}: {e.get('message')}]", "yellow")
+    elif kind in ("child_started", "child_finished", "children_wait"):
+        from rlmfamily.family.cli import show_event
+
+        show_event(e, p)
+    elif kind == "run_finished":
+        budget = e.get("budget", {})
+        p(f"\n── {e.get('stop_reason')} after {e.get('turns')} turns, {e.get('subcalls')} sub-calls, "
+          f"{budget.get('calls')} calls, {budget.get('tokens', 0):,} tokens, ${budget.get('usd', 0):.4f}", "bold")
+        if e.get("error"):
+            p(f"error: {e['error']}", "red")
+        p(e.get("answer") if e.get("answer") is not None else "(no answer)")
+
+
+def _one_line(text: str, width: int) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+# ---------- usage ----------
+
+
+def _usage(args: argparse.Namespace, out: Console) -> int:
+    settings = _settings(args)
+    ledger = BudgetLedger(settings.budget_path)
+    if args.reconcile is not None:
+        if args.tokens is None or not args.reason:
+            raise SettingsInvalid("--reconcile needs --tokens N and --reason TEXT (and --usd X under a USD limit)")
+        entry = ledger.reconcile(args.reconcile, tokens=args.tokens, usd=args.usd, reason=args.reason)
+        if args.json:
+            out.print_json(json.dumps(entry.to_dict()))
+        else:
+            out.print(f"entry {entry.id} of {entry.root_id} reconciled: {entry.tokens:,} tokens, "
+                      f"USD {entry.cost_usd if entry.cost_usd is not None else 'unknown'}; reason: {entry.reason}",
+                      markup=False, highlight=False)
+        return EXIT_OK
+    roots = [args.run] if args.run else ledger.roots()
+    summaries = [_root_summary(ledger, root) for root in roots]
+    unresolved = [e.to_dict() for root in roots for e in ledger.entries(root, unresolved_only=True)]
+    entries = [e.to_dict() for e in ledger.entries(args.run)] if args.run else []
+    if args.json:
+        out.print_json(json.dumps({"roots": summaries, "unresolved": unresolved, "entries": entries}))
+        return EXIT_OK
+    table = Table(title=f"inference budgets ({settings.budget_path})", title_justify="left")
+    table.add_column("run", no_wrap=True)
+    for column in ("calls", "tokens", "USD", "unknown"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("limits (calls/tokens/USD)")
+    for s in summaries:
+        limits = s["limits"]
+        unknown = s["unknown_tokens"] + (s["unknown_usd"] if limits["max_usd"] is not None else 0)
+        table.add_row(
+            s["root_id"], f"{s['calls']:,}", f"{s['tokens']:,}", f"{s['usd']:.4f}", str(unknown) if unknown else "-",
+            "/".join("-" if limits[k] is None else f"{limits[k]:,}" for k in ("max_calls", "max_tokens", "max_usd")),
+        )
+    out.print(table)
+    for e in entries:
+        out.print(f"  entry {e['id']}: {e['purpose']} {e['state']} tokens {e['tokens']} USD {e['cost_usd']}"
+                  + (f" ({e['note']})" if e["note"] else ""), markup=False, highlight=False)
+    if unresolved:
+        out.print("\nunknown usage (reconcile with: rlm usage --reconcile ENTRY --tokens N [--usd X] --reason TEXT):",
+                  style="yellow")
+        for e in unresolved:
+            out.print(f"  entry {e['id']} of {e['root_id']}: {e['purpose']} {e['state']}, tokens {e['tokens']}, "
+                      f"USD {e['cost_usd']} - {e['note'] or ''}", markup=False, highlight=False)
+    return EXIT_OK
+
+
+def _root_summary(ledger: BudgetLedger, root_id: str) -> dict[str, Any]:
+    return ledger.snapshot(root_id).to_dict()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The seam through which families (``rlm.run``, the inbox) and delegations (``a2a``) join a session.
+
+An extension is built once per run from a ``RunInfo`` and then:
+
+- adds host functions (names start with ``_``) and prelude source to the namespace,
+  and a paragraph to the system prompt (``notes``);
+- takes part in the run's end: ``finish()`` is called after the last turn, whatever
+  the stop reason, and blocks while work the run must wait for is still going
+  (active children, required remote tasks), at most until ``RunInfo.deadline``;
+- adds fields to the final record (``record()``: the ``run_finished`` event and
+  ``RunResult.extra``);
+- ``close()`` releases what it holds; it is called even when the run failed.
+
+Extensions are independent of each other; the session calls them in list order.
+This module is the seam only: it knows no implementation. Which extensions a run
+gets unless its caller names them is decided in rlmfamily/composition.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from rlmfamily.budget import Budget
+    from rlmfamily.context import Context
+    from rlmfamily.history import History
+    from rlmfamily.providers.base import Provider
+    from rlmfamily.settings import RLMSettings
+    from rlmfamily.trajectory import TrajectoryWriter
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What an extension may know about the run it joins."""
+
+    run_id: str  # this run (trajectory, checkpoints)
+    root_id: str  # the family's root run: the budget's key
+    agent_id: str  # who this session is in its family (the root's agent id is its run id)
+    settings: RLMSettings
+    context: Context
+    provider: Provider
+    kernel: str  # "host" | "monty"
+    model: str | None
+    budget: Budget
+    history: History
+    trajectory: TrajectoryWriter
+    deadline: float  # time.monotonic() by which the run must end (max_run_s)
+    emit: Callable[[dict[str, Any]], None]  # progress events (the CLI's live line)
+    current_turn: Callable[[], int]
+
+
+class Extension(Protocol):
+    prelude: str  # sandbox-side source, run after the core prelude before every step
+    notes: str  # appended to the system prompt ("" for none)
+
+    def functions(self) -> dict[str, Callable[..., Any]]: ...
+
+    def finish(self) -> None: ...
+
+    def record(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+ExtensionFactory = Callable[[RunInfo], Extension]

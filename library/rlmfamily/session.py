@@ -1,0 +1,467 @@
+"""The root session: a model with one tool, ``python``, over a persistent namespace (a Kernel).
+
+One ``run(question)``: the model sees the question and the corpus's shape, runs
+code step by step, sees bounded observations (head and tail, with a history id
+for the rest), and ends the run by calling ``final_answer(value)`` from code.
+When turns, budget or time run out, the model is asked once for a final answer
+and the run records why it stopped (``stop_reason``). Every root turn and
+sub-call draws on the run's one budget; every run writes a trajectory.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlmfamily.budget import Budget, BudgetLedger, BudgetLimits, BudgetSnapshot
+from rlmfamily.context import Context
+from rlmfamily.composition import KERNEL_NAMES, KernelFactory, default_extensions, default_kernel_factory
+from rlmfamily.errors import BudgetError, ProviderError, RLMError, SettingsInvalid
+from rlmfamily.extensions import Extension, ExtensionFactory, RunInfo
+from rlmfamily.history import History
+from rlmfamily.kernels.base import Kernel, StepResult
+from rlmfamily.llm import SubcallRecord, SubcallRunner
+from rlmfamily.namespace import PRELUDE, AnswerBox, Bridge, _guest_errors
+from rlmfamily.prompts import NUDGE, PYTHON_TOOL, final_request, first_message, system_prompt
+from rlmfamily.providers.base import Completion, Provider, estimate_tokens, message_chars, usd_cost_known
+from rlmfamily.settings import RLMSettings, load_settings
+from rlmfamily.trajectory import FILENAME, PREVIEW_CHARS, TrajectoryWriter
+
+STOP_REASONS = ("answered", "max_turns", "budget_exhausted", "deadline", "error")
+ENTRY_TITLE_CHARS = 80  # of a history entry's title: the first line of the code, or the sub-call's prompt
+MARKER_ROOM_CHARS = 160  # kept free in a bounded observation for the "[... omitted ...]" line
+
+Event = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_id: str
+    answer: str | None
+    stop_reason: str  # one of STOP_REASONS
+    turns: int
+    subcalls: int
+    error: str | None
+    trajectory_path: Path
+    budget: BudgetSnapshot
+    corpus_bytes: int
+    root_chars_sent: int  # characters sent to the root model, summed over every root call
+    root_chars_last: int  # characters of the largest single root request
+    duration_s: float
+    extra: dict[str, Any] = field(default_factory=dict)  # what extensions add (e.g. "children")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["trajectory_path"] = str(self.trajectory_path)
+        data["budget"] = self.budget.to_dict()
+        return data
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def bounded(text: str, max_chars: int, tail_chars: int, history_id: int | None, read_cap: int) -> str:
+    """Head and tail of ``text`` within ``max_chars``, naming the history entry that holds the middle."""
+    if len(text) <= max_chars:
+        return text
+    head_chars = max(0, max_chars - tail_chars - MARKER_ROOM_CHARS)
+    omitted_start = head_chars
+    omitted = len(text) - head_chars - tail_chars
+    where = (
+        f"history.read({history_id}, {omitted_start}, {min(omitted, read_cap)}) returns them"
+        if history_id is not None else "they were not stored"
+    )
+    return f"{text[:head_chars]}\n[... {omitted:,} characters omitted; {where}]\n{text[len(text) - tail_chars:]}"
+
+
+class Session:
+    """A root session over one corpus. ``run(question)`` may be called once per Session."""
+
+    def __init__(
+        self,
+        *,
+        context: Context,
+        provider: Provider,
+        settings: RLMSettings | None = None,
+        kernel: str | None = None,
+        kernel_factory: KernelFactory | None = None,
+        model: str | None = None,
+        run_id: str | None = None,
+        on_event: Callable[[Event], None] | None = None,
+        root_id: str | None = None,
+        agent_id: str | None = None,
+        extensions: Sequence[ExtensionFactory] | None = None,
+    ) -> None:
+        self.settings = settings or load_settings()
+        self.context = context
+        self.provider = provider
+        self.kernel_name = kernel or self.settings.kernel
+        if self.kernel_name not in KERNEL_NAMES:
+            raise SettingsInvalid(f"unknown kernel {self.kernel_name!r}: use 'host' or 'monty' (RLM_KERNEL)",
+                                  setting="kernel")
+        self.kernel_factory: KernelFactory = kernel_factory or default_kernel_factory
+        self.model = model
+        self.run_id = run_id or new_run_id()
+        # A member of a family draws on its root's allowance (root_id) and keeps its own history (agent_id).
+        self.root_id = root_id or self.run_id
+        self.agent_id = agent_id or self.run_id
+        self.extension_factories = list(default_extensions() if extensions is None else extensions)
+        self.messages: list[dict[str, Any]] = []  # the conversation, kept for a follow-up
+        self.on_event = on_event
+        self._used = False
+        model_id = model or getattr(provider, "default_model", None)
+        if self.settings.max_usd is not None and model_id and not usd_cost_known(provider, model_id):
+            # Without a price every call's cost is unknown, which would block a USD limit after one call.
+            raise SettingsInvalid(
+                f"max_usd is set but model {model_id!r} has no price; add it to RLM_PRICES_USD_PER_MTOK "
+                "or RLM_PRICE_TABLE_FILE, or drop the USD limit",
+                setting="prices_usd_per_mtok",
+            )
+
+    def run(self, question: str, *, prior_messages: Sequence[dict[str, Any]] | None = None) -> RunResult:
+        """Answer ``question``; with ``prior_messages`` (a finished run's conversation) it is a follow-up."""
+        if self._used:
+            raise RLMError("a Session runs once; make a new Session for a new question")
+        self._used = True
+        run = _Run.open(self, question, prior_messages)
+        try:
+            run.start(follow_up=bool(prior_messages))
+            while (entry := run.admit_turn()) is not None:
+                run.play_turn(entry)
+                if run.answer.value is not None:
+                    run.stop_reason = "answered"
+                    break
+            if run.stop_reason != "answered":
+                run.ask_for_final()
+        except RLMError as exc:  # provider, budget, kernel: the run ends with its error recorded
+            run.stop_reason, run.error = "error", f"{exc.code}: {exc.message}"
+        finally:
+            run.close_kernel()
+        return run.close()
+
+    def _emit(self, event: Event) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
+
+
+@dataclass
+class _Run:
+    """One run of a Session: its budget, history, trajectory, conversation and counters, and its moves."""
+
+    session: Session
+    question: str
+    started: float  # time.monotonic()
+    trajectory: TrajectoryWriter
+    budget: Budget
+    history: History
+    stats: dict[str, Any]
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    answer: AnswerBox = field(default_factory=AnswerBox)
+    turn: int = 0
+    subcall_count: int = 0
+    root_chars_sent: int = 0
+    root_chars_last: int = 0
+    stop_reason: str | None = None
+    why: str = ""  # why the loop stopped, for the final request
+    error: str | None = None
+    kernel: Kernel | None = None
+    extensions: list[Extension] = field(default_factory=list)
+    subcalls: SubcallRunner = field(init=False)
+    bridge: Bridge = field(init=False)
+    _subcall_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # ---------- open ----------
+
+    @classmethod
+    def open(cls, session: Session, question: str, prior_messages: Sequence[dict[str, Any]] | None) -> _Run:
+        """The run's stores, bridge and first messages; the trajectory says the run started."""
+        settings = session.settings
+        ledger = BudgetLedger(settings.budget_path)
+        # A family member never brings its own allowance: it draws on the root's, as the root set it.
+        limits = (BudgetLimits(settings.max_calls, settings.max_tokens, settings.max_usd)
+                  if session.root_id == session.run_id else ledger.limits(session.root_id))
+        run = cls(
+            session=session, question=question, started=time.monotonic(),
+            trajectory=TrajectoryWriter(settings.runs_dir / session.run_id / FILENAME),
+            budget=Budget(ledger, session.root_id, limits),
+            history=History(settings.history_path, session.agent_id, max_read_chars=settings.max_history_read_chars,
+                            max_hits=settings.max_history_hits, max_query_words=settings.max_history_query_words),
+            stats=session.context.stats(),
+        )
+        run.subcalls = SubcallRunner(
+            provider=session.provider, budget=run.budget, settings=settings, on_record=run.record_subcall,
+            model=settings.subcall_model, resolve_context=lambda value: run.bridge.resolve_context(value),
+        )
+        run.bridge = Bridge(context=session.context, subcalls=run.subcalls, history=run.history, answer=run.answer,
+                            max_answer_chars=settings.max_answer_chars, current_turn=lambda: run.turn)
+        run.messages = run.first_messages(prior_messages)
+        session.messages = run.messages
+        run.write_started()
+        return run
+
+    @property
+    def settings(self) -> RLMSettings:
+        return self.session.settings
+
+    @property
+    def deadline(self) -> float:
+        return self.started + self.settings.max_run_s
+
+    def first_messages(self, prior_messages: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]]:
+        if prior_messages:
+            messages = [dict(m) for m in prior_messages]
+            messages.append({"role": "user", "content": f"Follow-up: {self.question}\n\n"
+                             "Continue with the python tool, then call final_answer(value)."})
+            return messages
+        settings = self.settings
+        limits_shown = {
+            "turns": settings.max_turns, "sub-calls": settings.max_subcalls,
+            "observation chars": settings.max_observation_chars, "seconds per step": settings.step_timeout_s,
+            "sub-call prompt chars": settings.max_prompt_chars,
+        }
+        return [
+            {"role": "system", "content": system_prompt(self.session.kernel_name, limits_shown)},
+            {"role": "user", "content": first_message(self.question, self.stats)},
+        ]
+
+    def write_started(self) -> None:
+        session, settings = self.session, self.settings
+        self.trajectory.write(
+            "run_started", run_id=session.run_id, question=self.question, kernel=session.kernel_name,
+            provider=getattr(session.provider, "name", type(session.provider).__name__),
+            model=session.model or getattr(session.provider, "default_model", None), corpus=self.stats,
+            limits={"max_turns": settings.max_turns, "max_calls": settings.max_calls,
+                    "max_tokens": settings.max_tokens, "max_usd": settings.max_usd,
+                    "max_subcalls": settings.max_subcalls, "max_observation_chars": settings.max_observation_chars},
+            first_message=self.messages[-1]["content"],
+        )
+        self.emit({"event": "run_started", "run_id": session.run_id, "max_turns": settings.max_turns,
+                   "budget": self.budget.snapshot().to_dict()})
+
+    def start(self, *, follow_up: bool) -> None:
+        """Build the extensions, then the kernel with every host function and prelude."""
+        session = self.session
+        info = RunInfo(
+            run_id=session.run_id, root_id=session.root_id, agent_id=session.agent_id, settings=self.settings,
+            context=session.context, provider=session.provider, kernel=session.kernel_name, model=session.model,
+            budget=self.budget, history=self.history, trajectory=self.trajectory, deadline=self.deadline,
+            emit=self.emit, current_turn=lambda: self.turn,
+        )
+        functions = self.bridge.functions()
+        for factory in session.extension_factories:
+            extension = factory(info)
+            self.extensions.append(extension)
+            functions.update({name: _guest_errors(fn) for name, fn in extension.functions().items()})
+        if not follow_up:
+            self.messages[0]["content"] += "".join(e.notes for e in self.extensions)
+        self.kernel = session.kernel_factory(session.kernel_name, self.settings,
+                                             self.settings.runs_dir / session.run_id, session.run_id)
+        self.kernel.start(functions, PRELUDE + "".join(e.prelude for e in self.extensions))
+
+    # ---------- step ----------
+
+    def admit_turn(self) -> int | None:
+        """The budget entry of the next root turn, or None (and why) when the run must stop."""
+        settings = self.settings
+        if self.turn >= settings.max_turns:
+            self.stop_reason, self.why = "max_turns", f"all {settings.max_turns} turns are used (RLM_MAX_TURNS)"
+            return None
+        if time.monotonic() >= self.deadline:
+            self.stop_reason, self.why = "deadline", f"the run reached its {settings.max_run_s:g} s limit (RLM_MAX_RUN_S)"
+            return None
+        try:
+            return self.budget.admit("root", tokens_estimate=estimate_tokens(message_chars(self.messages)), keep_calls=1)
+        except BudgetError as exc:
+            self.stop_reason, self.why = "budget_exhausted", exc.message
+            self.trajectory.write("budget_refused", turn=self.turn + 1, code=exc.code, message=exc.message)
+            return None
+
+    def play_turn(self, entry: int) -> None:
+        self.turn += 1
+        self.subcalls.current_turn = self.turn
+        self.emit({"event": "turn_started", "turn": self.turn, "max_turns": self.settings.max_turns,
+                   "subcalls": self.subcall_count, "budget": self.budget.snapshot().to_dict()})
+        self.after_completion(self.root_call(entry))
+
+    def root_call(self, entry: int) -> Completion:
+        chars = message_chars(self.messages)
+        self.root_chars_sent += chars
+        self.root_chars_last = max(self.root_chars_last, chars)
+        try:
+            completion = self.session.provider.complete(
+                self.messages, tools=[PYTHON_TOOL], model=self.session.model,
+                timeout_s=self.settings.root_timeout_s, purpose="root",
+            )
+        except ProviderError as exc:
+            if exc.billed is False:
+                self.budget.fail(entry, exc.message)
+            else:
+                self.budget.mark_unknown(entry, exc.message)
+            raise
+        self.budget.settle(entry, completion.usage)
+        return completion
+
+    def after_completion(self, completion: Completion, *, max_steps: int | None = None) -> None:
+        """Record the assistant's message and run its python calls (at most ``max_steps``)."""
+        calls = completion.tool_calls
+        assistant: dict[str, Any] = {"role": "assistant", "content": completion.text or None}
+        if calls:
+            assistant["tool_calls"] = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.name, "arguments": json.dumps({"code": c.code})}}
+                for c in calls
+            ]
+        self.messages.append(assistant)
+        self.trajectory.write(
+            "turn", turn=self.turn, text=completion.text, code=[c.code for c in calls],
+            usage=completion.usage.to_dict() if completion.usage else None, model=completion.model,
+        )
+        if not calls:
+            self.messages.append({"role": "user", "content": NUDGE})
+            return
+        for index, call in enumerate(calls):
+            if self.answer.value is not None or (max_steps is not None and index >= max_steps):
+                observation = "[not run: the run is ending]"
+            elif call.name != "python":
+                observation = f"[error: there is no tool {call.name!r}; the only tool is python]"
+            else:
+                observation = self.step(call.code)
+            self.messages.append({"role": "tool", "tool_call_id": call.id, "content": observation})
+
+    def step(self, code: str) -> str:
+        """Run one python call in the kernel; the model sees a bounded observation, the history keeps it all."""
+        if not code.strip():
+            return "[error: empty code; send Python source in the code argument]"
+        assert self.kernel is not None, "start() builds the kernel before the first step"
+        settings = self.settings
+        self.emit({"event": "step_started", "turn": self.turn})
+        result = self.kernel.execute(code)
+        full = result.stdout
+        if result.stdout_truncated:
+            full += (f"\n[printed {result.stdout_bytes:,} bytes; the first {settings.max_output_bytes:,} were kept "
+                     "(RLM_MAX_OUTPUT_BYTES)]")
+        if result.error:
+            full += ("\n" if full else "") + result.error
+        title = code.strip().splitlines()[0][:ENTRY_TITLE_CHARS]
+        hid = self.history.add("observation", full, turn=self.turn, title=title) if full else None
+        body = bounded(full, settings.max_observation_chars, settings.observation_tail_chars, hid,
+                       settings.max_history_read_chars) if full else "(no output; print() what you want to see)"
+        observation = _step_header(result) + "\n" + body
+        if self.answer.value is not None and self.answer.turn == self.turn:
+            observation += "\n[final answer recorded]"
+        self.trajectory.write(
+            "step", turn=self.turn, code=code, ok=result.ok, error_code=result.error_code, error=result.error,
+            stdout_bytes=result.stdout_bytes, stdout_truncated=result.stdout_truncated,
+            duration_s=round(result.duration_s, 4), restored=result.restored_from_checkpoint,
+            observation=observation, observation_chars=len(observation), full_chars=len(full), history_id=hid,
+        )
+        self.emit({"event": "step_finished", "turn": self.turn, "ok": result.ok})
+        return observation
+
+    def record_subcall(self, record: SubcallRecord) -> None:
+        hid = self.history.add("subcall", f"PROMPT:\n{record.prompt}\n\nANSWER:\n{record.response}",
+                               turn=record.turn, title=record.prompt[:ENTRY_TITLE_CHARS])
+        with self._subcall_lock:  # batches record from several threads; keep the count and the events in step
+            self.subcall_count += 1
+            self.trajectory.write(
+                "subcall", seq=record.seq, turn=record.turn, prompt=record.prompt[:PREVIEW_CHARS],
+                prompt_chars=len(record.prompt), context_chars=record.context_chars, ok=record.ok,
+                error_code=record.error_code, response=record.response[:PREVIEW_CHARS],
+                response_chars=len(record.response), truncated=record.truncated, usage=record.usage,
+                model=record.model, duration_s=record.duration_s, budget_entry=record.budget_entry, history_id=hid,
+            )
+            self.emit({"event": "subcall", "turn": record.turn, "subcalls": self.subcall_count, "ok": record.ok,
+                       "budget": self.budget.snapshot().to_dict()})
+
+    # ---------- ask for the answer ----------
+
+    def ask_for_final(self) -> None:
+        """One last root call that asks for the answer now; at most one python step is run."""
+        self.trajectory.write("final_request", turn=self.turn + 1, why=self.why)
+        try:
+            entry = self.budget.admit("root_final", tokens_estimate=estimate_tokens(message_chars(self.messages)))
+        except BudgetError as exc:
+            self.trajectory.write("budget_refused", turn=self.turn + 1, code=exc.code, message=exc.message)
+            return
+        self.turn += 1
+        self.emit({"event": "turn_started", "turn": self.turn, "max_turns": self.settings.max_turns,
+                   "final": True, "subcalls": self.subcall_count, "budget": self.budget.snapshot().to_dict()})
+        self.messages.append({"role": "user", "content": final_request(self.why)})
+        completion = self.root_call(entry)
+        self.after_completion(completion, max_steps=1)
+        if self.answer.value is None and completion.text.strip():
+            self.answer.set(completion.text.strip()[: self.settings.max_answer_chars], self.turn)
+
+    # ---------- close ----------
+
+    def close_kernel(self) -> None:
+        if self.kernel is None:
+            return
+        try:
+            self.kernel.close()
+        except Exception as exc:  # noqa: BLE001 - closing must not hide the run's outcome
+            self.error = self.error or f"kernel close failed: {exc}"
+
+    def close(self) -> RunResult:
+        """Wait for what the run started (children, required remote work), then record and return the result."""
+        extra: dict[str, Any] = {}
+        for extension in self.extensions:
+            try:
+                extension.finish()
+            except RLMError as exc:
+                self.error = self.error or f"{exc.code}: {exc.message}"
+            try:
+                extra.update(extension.record())
+            finally:
+                extension.close()
+        snapshot = self.budget.snapshot()
+        duration = round(time.monotonic() - self.started, 3)
+        self.trajectory.write(
+            "run_finished", stop_reason=self.stop_reason, answer=self.answer.value, error=self.error, turns=self.turn,
+            subcalls=self.subcall_count, budget=snapshot.to_dict(), root_chars_sent=self.root_chars_sent,
+            root_chars_last=self.root_chars_last, corpus_bytes=self.stats["bytes"], duration_s=duration, **extra,
+        )
+        self.trajectory.close()
+        result = RunResult(
+            run_id=self.session.run_id, answer=self.answer.value, stop_reason=self.stop_reason or "error",
+            turns=self.turn, subcalls=self.subcall_count, error=self.error, trajectory_path=self.trajectory.path,
+            budget=snapshot, corpus_bytes=self.stats["bytes"], root_chars_sent=self.root_chars_sent,
+            root_chars_last=self.root_chars_last, duration_s=duration, extra=extra,
+        )
+        self.emit({"event": "run_finished", "stop_reason": result.stop_reason, "turns": self.turn,
+                   "subcalls": self.subcall_count, "budget": snapshot.to_dict()})
+        return result
+
+    def emit(self, event: Event) -> None:
+        self.session._emit(event)  # noqa: SLF001 - the run is the session's own
+
+
+def _step_header(result: StepResult) -> str:
+    header = (f"[ok in {result.duration_s:.2f} s]" if result.ok
+              else f"[error: {result.error_code} after {result.duration_s:.2f} s]")
+    if result.restored_from_checkpoint:
+        header += " [the namespace was restored to its state after the last successful step]"
+        if result.lost_names:
+            header += f" [not restored: {', '.join(result.lost_names)}]"
+    return header
+
+
+def run_question(
+    question: str,
+    *,
+    context: Context,
+    provider: Provider,
+    settings: RLMSettings | None = None,
+    kernel: str | None = None,
+    on_event: Callable[[Event], None] | None = None,
+) -> RunResult:
+    """One question, one run: the shortest way to use the library from Python."""
+    return Session(context=context, provider=provider, settings=settings, kernel=kernel, on_event=on_event).run(question)
+

@@ -1,0 +1,214 @@
+"""Every named limit of the RLM library, in one settings object, validated at start-up.
+
+Read from the environment with the prefix ``RLM_`` (``RLM_MAX_TURNS=20``) or passed
+as keyword arguments. Nothing else in ``rlmfamily/`` reads ``os.environ`` for
+configuration (the provider reads the API key from the variable *named* here).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from rlmfamily.errors import SettingsInvalid
+
+KernelName = Literal["host", "monty"]
+
+
+class RLMSettings(BaseSettings):
+    """Named limits and defaults. Each one is documented in docs/RLM.md."""
+
+    model_config = SettingsConfigDict(env_prefix="RLM_", extra="forbid", validate_default=True)
+
+    # Where runs, trajectories, history and the budget ledger live.
+    data_dir: Path = Path("~/.rlm")
+
+    # The root session.
+    kernel: KernelName = "monty"
+    max_turns: int = Field(12, ge=1, le=200)
+    max_run_s: float = Field(1800.0, gt=0)
+    max_observation_chars: int = Field(4000, ge=200, le=200_000)
+    observation_tail_chars: int = Field(1000, ge=0)
+    max_answer_chars: int = Field(20_000, ge=100)
+    root_timeout_s: float = Field(300.0, gt=0)  # one root-model call, retries included
+
+    # Kernels: the same names as rlmfamily.kernels.base.KernelLimits (see kernel_limits()).
+    # Both kernels: seconds of execution per step, printed output and error text kept per step,
+    # each host call's own deadline, overrun host calls tolerated before refusing more.
+    step_timeout_s: float = Field(60.0, gt=0, le=86_400)
+    max_output_bytes: int = Field(65_536, ge=1024, le=1 << 30)
+    max_error_bytes: int = Field(8_192, ge=64, le=1 << 24)
+    host_call_timeout_s: float = Field(300.0, gt=0, le=86_400)
+    max_abandoned_host_calls: int = Field(4, ge=1, le=1024)
+    # Monty only: heap, stack depth, suspensions (host calls, lookups) per step and per checkout, sleep.
+    max_memory_bytes: int = Field(268_435_456, ge=1 << 20)
+    max_recursion_depth: int = Field(200, ge=10, le=100_000)
+    max_suspensions_per_step: int = Field(10_000, ge=1)
+    max_suspensions_per_checkout: int = Field(100_000, ge=2)
+    max_sleep_s_per_step: float = Field(10.0, gt=0)
+    # Host kernel only: grace after SIGINT before SIGKILL, address space, size of the restore point.
+    interrupt_grace_s: float = Field(2.0, gt=0, le=600)
+    host_max_address_space_bytes: int | None = Field(4_294_967_296, ge=64 << 20)
+    host_max_checkpoint_bytes: int = Field(268_435_456, ge=1024)
+
+    # The corpus.
+    max_files: int = Field(20_000, ge=1)
+    max_bundle_items: int = Field(20_000, ge=1, le=10_000_000)  # evidence items of one bundle
+    max_file_bytes: int = Field(2_000_000, ge=1)
+    max_total_bytes: int = Field(64_000_000, ge=1)
+    max_read_chars: int = Field(200_000, ge=100)
+    max_search_hits: int = Field(200, ge=1)
+    # A search pattern: its length, its RE2 program (instructions: the NFA's worst case is linear in
+    # text x program), the engine's memory for it, and the search's own deadline, checked between matches
+    # (the smaller of it and host_call_timeout_s: a search never outlives its host call by more than one match).
+    max_search_pattern_chars: int = Field(1000, ge=10, le=100_000)
+    max_search_program_size: int = Field(2500, ge=100, le=1_000_000)
+    max_search_pattern_memory_bytes: int = Field(8 << 20, ge=1 << 20, le=1 << 30)
+    search_timeout_s: float = Field(30.0, gt=0, le=86_400)
+    search_snippet_chars: int = Field(240, ge=20)
+    max_chunks: int = Field(5000, ge=1)
+    max_select_globs: int = Field(64, ge=1, le=10_000)  # globs of one view, nested selects counted together
+    max_glob_chars: int = Field(500, ge=10, le=100_000)  # one glob
+    max_context_text_chars: int = Field(20_000, ge=100)
+
+    # Sub-calls (llm_query, llm_query_batched).
+    max_subcalls: int = Field(200, ge=0)
+    max_batch_size: int = Field(32, ge=1)
+    max_concurrency: int = Field(4, ge=1, le=64)
+    max_prompt_chars: int = Field(120_000, ge=100)
+    max_response_chars: int = Field(20_000, ge=100)
+    subcall_timeout_s: float = Field(120.0, gt=0)
+
+    # One inference allowance per root family. None = no limit on that axis.
+    max_calls: int | None = Field(300, ge=1)
+    max_tokens: int | None = Field(3_000_000, ge=1)
+    max_usd: float | None = Field(None, gt=0)
+
+    # The model endpoint (any OpenAI-compatible API).
+    base_url: str = "https://api.openai.com/v1"
+    model: str | None = None
+    subcall_model: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    provider_max_retries: int = Field(3, ge=0, le=10)
+    provider_backoff_s: float = Field(0.5, ge=0, le=60)
+    # USD per million tokens, by model id: {"gpt-4o-mini": {"prompt": 0.15, "completion": 0.6}}.
+    prices_usd_per_mtok: dict[str, dict[str, float]] = Field(default_factory=dict)
+    price_table_file: Path | None = None
+
+    # History.
+    max_history_read_chars: int = Field(20_000, ge=100)
+    max_history_hits: int = Field(50, ge=1)
+    max_history_query_words: int = Field(16, ge=1, le=1000)  # words of one history.search, each a scan of every entry
+
+    # Families (rlmfamily/family): children run as separate processes and share the root's allowance.
+    max_child_depth: int = Field(1, ge=0, le=8)  # 1: a root may start children, children may not
+    max_children: int = Field(8, ge=0, le=1000)  # child agents in one family, root excluded
+    max_parallel_children: int = Field(4, ge=1, le=64)  # child runs active at once in one family
+    child_start_timeout_s: float = Field(30.0, gt=0, le=600)  # a child process must confirm its start by then
+    child_cancel_grace_s: float = Field(2.0, gt=0, le=600)  # after SIGTERM, before SIGKILL of its process tree
+    max_message_chars: int = Field(20_000, ge=100, le=10_000_000)  # one family message
+    max_inbox_read: int = Field(50, ge=1, le=1000)  # messages one rlm.inbox() returns
+    max_family_messages: int = Field(10_000, ge=1)  # messages kept for one family
+
+    # A2A delegation (rlmfamily/a2a): off by default; a key in the environment never enables a route.
+    a2a_enabled: bool = False  # routing on: delegate to the peers in a2a_peers_file
+    a2a_paid_enabled: bool = False  # paid peers on (also needs a positive a2a_credit_allowance)
+    a2a_peers_file: Path | None = None  # TOML or JSON, see docs/RLM.md
+    a2a_credit_allowance: int = Field(0, ge=0)  # credits the whole root family may draw; stored once, never refilled
+    a2a_max_delegations: int = Field(32, ge=1, le=10_000)  # delegations per root family, all peers
+    a2a_connect_timeout_s: float = Field(10.0, gt=0, le=600)
+    a2a_request_timeout_s: float = Field(60.0, gt=0, le=3600)  # one HTTP exchange with a peer
+    a2a_max_card_bytes: int = Field(262_144, ge=1024, le=16 << 20)  # an Agent Card, counted while reading
+    a2a_max_wait_s: float = Field(120.0, gt=0, le=86_400)  # one handle.wait(); longer waits are cut to this
+    a2a_poll_interval_s: float = Field(1.0, gt=0, le=60)  # between GetTask calls in wait()
+    a2a_max_read_chars: int = Field(20_000, ge=100)  # one handle.read()
+    a2a_summary_chars: int = Field(1_000, ge=100, le=100_000)  # previews in status() and summary()
+
+    @field_validator("data_dir", "price_table_file", "a2a_peers_file")
+    @classmethod
+    def _expand(cls, value: Path | None) -> Path | None:
+        return value.expanduser() if value is not None else None
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _env_name(cls, value: str) -> str:
+        # A common mistake is to paste the key itself here: refuse anything not shaped like a name.
+        if not value or not value.replace("_", "").isalnum() or value[0].isdigit():
+            raise ValueError("must be the NAME of an environment variable (e.g. OPENAI_API_KEY), not the key")
+        return value
+
+    @field_validator("prices_usd_per_mtok")
+    @classmethod
+    def _prices(cls, value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        for model, price in value.items():
+            if set(price) != {"prompt", "completion"} or min(price.values()) < 0:
+                raise ValueError(f"price for {model!r} needs non-negative 'prompt' and 'completion' USD per million tokens")
+        return value
+
+    @model_validator(mode="after")
+    def _coherent(self) -> RLMSettings:
+        if self.observation_tail_chars >= self.max_observation_chars // 2:
+            raise ValueError("observation_tail_chars must be under half of max_observation_chars")
+        if self.host_call_timeout_s < self.subcall_timeout_s:
+            raise ValueError("host_call_timeout_s must be at least subcall_timeout_s, or every sub-call could be cut off")
+        if self.max_concurrency > self.max_batch_size:
+            raise ValueError("max_concurrency cannot exceed max_batch_size")
+        if self.max_suspensions_per_checkout <= self.max_suspensions_per_step:
+            raise ValueError("max_suspensions_per_checkout must exceed max_suspensions_per_step")
+        if self.max_file_bytes > self.max_total_bytes:
+            raise ValueError("max_file_bytes cannot exceed max_total_bytes")
+        if self.a2a_paid_enabled and not self.a2a_enabled:
+            raise ValueError("a2a_paid_enabled needs a2a_enabled (routing on) as well")
+        if self.a2a_enabled and self.a2a_max_wait_s + self.a2a_request_timeout_s > self.host_call_timeout_s:
+            raise ValueError("a2a_max_wait_s + a2a_request_timeout_s must fit in host_call_timeout_s, or a wait() "
+                             "would be cut off by the host call's deadline")
+        return self
+
+    def kernel_limits(self) -> Any:
+        """The ``KernelLimits`` both kernels enforce, built from the fields of the same names."""
+        from rlmfamily.kernels.base import KernelLimits  # the kernels package is optional at import time
+
+        names = KernelLimits.field_names()
+        return KernelLimits(**{name: getattr(self, name) for name in names if name in type(self).model_fields})
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.data_dir / "runs"
+
+    @property
+    def budget_path(self) -> Path:
+        return self.data_dir / "budget.sqlite3"
+
+    @property
+    def history_path(self) -> Path:
+        return self.data_dir / "history.sqlite3"
+
+    @property
+    def family_path(self) -> Path:
+        return self.data_dir / "family.sqlite3"
+
+    @property
+    def a2a_path(self) -> Path:
+        return self.data_dir / "a2a.sqlite3"
+
+
+def env_name(field: str) -> str:
+    """The environment variable that sets ``field`` (for error messages)."""
+    return "RLM_" + field.upper()
+
+
+def load_settings(**overrides: Any) -> RLMSettings:
+    """Build settings from the environment plus overrides; invalid values raise SettingsInvalid naming the setting."""
+    try:
+        return RLMSettings(**overrides)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "settings"
+            label = f"{field} ({env_name(field)})" if err["loc"] else "settings"
+            problems.append(f"{label}: {err['msg']}")
+        first = str(exc.errors()[0]["loc"][0]) if exc.errors() and exc.errors()[0]["loc"] else None
+        raise SettingsInvalid("invalid RLM settings: " + "; ".join(problems), setting=first) from None

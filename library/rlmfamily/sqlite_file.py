@@ -1,0 +1,101 @@
+"""One SQLite file in WAL mode, shared by threads and processes: the base of the library's durable stores.
+
+The inference budget, the family store and the delegation store each keep their
+own schema in such a file. Writers take the write lock first (``BEGIN
+IMMEDIATE``), so a check and the write it guards are atomic across processes.
+This is the one place where ``sqlite3`` errors (a locked, unreadable or corrupt
+file, a full disk) become the library's own ``StoreUnavailable``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from rlmfamily.errors import StoreUnavailable
+
+BUSY_TIMEOUT_MS = 30_000
+
+
+class SQLiteFile:
+    """A store kept in one SQLite file; subclasses set ``SCHEMA`` (idempotent DDL)."""
+
+    SCHEMA: str = ""
+    FOREIGN_KEYS: bool = False
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreUnavailable(f"cannot create the folder of {self.path}: {exc} (setting RLM_DATA_DIR)",
+                                   setting="data_dir") from None
+        self._initialize()
+
+    def _initialize(self) -> None:
+        """WAL mode and the schema. Switching a new file to WAL answers "database is locked" at once, without
+        waiting out the busy timeout, when another connection opens it at that moment (eight agents of one
+        family starting together did): such a refusal is tried again, for up to the busy timeout."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+        pause_s = 0.005
+        while True:
+            try:
+                with self.reading() as conn:
+                    if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                        conn.execute("PRAGMA journal_mode=WAL")
+                    conn.executescript(self.SCHEMA)
+                return
+            except StoreUnavailable as refused:
+                locked = isinstance(refused.__cause__, sqlite3.OperationalError) and "locked" in str(refused.__cause__)
+                if not locked or time.monotonic() >= deadline:
+                    raise
+                time.sleep(pause_s)
+                pause_s = min(2 * pause_s, 0.2)
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        if self.FOREIGN_KEYS:
+            conn.execute("PRAGMA foreign_keys=ON")
+        conn.row_factory = sqlite3.Row
+        return conn
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction that holds the write lock from its first statement."""
+        with self._converted():
+            conn = self._connect()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+
+    @contextmanager
+    def reading(self) -> Iterator[sqlite3.Connection]:
+        """A connection in autocommit mode, for reads (and a single statement that needs no lock held)."""
+        with self._converted():
+            conn = self._connect()
+            try:
+                yield conn
+            finally:
+                conn.close()
+
+    @contextmanager
+    def _converted(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(
+                f"the library file {self.path} cannot be used: {exc}; check that it is readable, writable and "
+                "not damaged (its folder is RLM_DATA_DIR)", setting="data_dir", path=str(self.path),
+            ) from exc
