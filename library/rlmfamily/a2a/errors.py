@@ -26,6 +26,10 @@ class A2ADisabled(A2AError):
     code = "a2a_disabled"
 
 
+class A2AUnavailable(A2AError):
+    code = "a2a_unavailable"
+
+
 class PaidRoutesDisabled(A2AError):
     code = "a2a_paid_disabled"
 

@@ -18,6 +18,7 @@ anything but the loopback interface.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import tomllib
@@ -29,7 +30,7 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from rlmfamily.a2a.errors import PeerNotFound, PeersFileInvalid
+from rlmfamily.a2a.errors import A2AUnavailable, PeerNotFound, PeersFileInvalid
 
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
 ALIAS = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
@@ -181,6 +182,9 @@ def load_peers(path: str | Path | None) -> Peers:
     """Read and validate a peers file; ``None`` means no peers. Errors name the file, the peer and the field."""
     if path is None:
         return Peers(None, ())
+    if importlib.util.find_spec("a2a") is None:
+        raise A2AUnavailable("delegation to A2A peers needs the library's a2a extra: pip install 'rlmfamily[a2a]' "
+                             "(or unset a2a_peers_file)", setting="a2a_peers_file")
     file = Path(path).expanduser()
     try:
         raw_text = file.read_text(encoding="utf-8")
