@@ -26,7 +26,7 @@ def test_the_readme_opens_with_the_run_and_test_commands_and_ci_runs_the_test_co
 
 def test_the_offline_rlm_demo_in_the_readme_answers(tmp_path):
     commands = readme_commands("./dev rlm")
-    assert [c[0] for c in commands] == ["run", "show", "usage"]
+    assert [c[0] for c in commands] == ["demo", "show", "usage"]
     env = dict(os.environ, RLM_DATA_DIR=str(tmp_path))
     outputs = []
     for args in commands:
