@@ -98,5 +98,6 @@ NUDGE = (
 def final_request(why: str) -> str:
     return (
         f"Stop investigating: {why}. Answer now. Call final_answer(value) in one last python step, "
-        "or reply with the answer as plain text. Say what you could not verify."
+        "or reply with the answer as plain text and no tool call (text beside a python call is not taken "
+        "as the answer). Say what you could not verify."
     )
