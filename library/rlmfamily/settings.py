@@ -69,6 +69,9 @@ class RLMSettings(BaseSettings):
     max_search_pattern_memory_bytes: int = Field(8 << 20, ge=1 << 20, le=1 << 30)
     search_timeout_s: float = Field(30.0, gt=0, le=86_400)
     search_snippet_chars: int = Field(240, ge=20)
+    # A search hit passed as a sub-call's context: its lines plus this many either side, within hit_context_chars.
+    hit_context_lines: int = Field(3, ge=0, le=1000)
+    hit_context_chars: int = Field(4000, ge=100, le=1_000_000)
     max_chunks: int = Field(5000, ge=1)
     max_select_globs: int = Field(64, ge=1, le=10_000)  # globs of one view, nested selects counted together
     max_glob_chars: int = Field(500, ge=10, le=100_000)  # one glob
