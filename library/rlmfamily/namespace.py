@@ -319,7 +319,10 @@ class Bridge:
                                    "or a search hit (path, line, start, end)")
             path, start, end = str(value["path"]), int(value["start"]), int(value["end"])
             # A search hit (it has a line) sends its lines, not only the matched characters.
-            yield self.context.hit_text(path, start, end) if "line" in value else self.context.chunk_text(path, start, end)
+            if "line" in value:
+                yield self.context.hit_text(path, start, end)
+            else:
+                yield self.context.chunk_text(path, start, end)
         elif isinstance(value, (list, tuple)):
             for item in value:
                 yield from self._context_parts(item, depth + 1)

@@ -277,7 +277,8 @@ class _Run:
             self.stop_reason, self.why = "deadline", f"the run reached its {settings.max_run_s:g} s limit (RLM_MAX_RUN_S)"
             return None
         try:
-            return self.budget.admit("root", tokens_estimate=estimate_tokens(message_chars(self.messages)), keep_calls=1,
+            estimate = estimate_tokens(message_chars(self.messages))
+            return self.budget.admit("root", tokens_estimate=estimate, keep_calls=1,
                                      keep_tokens=settings.final_reserve_tokens)
         except BudgetError as exc:
             self.stop_reason, self.why = "budget_exhausted", exc.message
