@@ -11,10 +11,20 @@ The call then resolves its entry exactly once:
 - ``unknown``: nobody can know what it cost (timeout, broken connection, no
   usage in the answer, or the process died while the call was in flight).
 
-Unknown usage is never counted as zero: while any entry has unknown tokens, a
-token limit refuses admission, and unknown USD blocks a USD limit, until an
-operator reconciles the entry with the real figures and an audit reason. The
-allowance is keyed by root id, so reopening it after a restart keeps the count.
+Unknown usage is never counted as zero. For admission an unknown entry counts
+at the estimate it was admitted with (the request's characters / 4 plus the
+completion it may return); in the books it stays ``unknown`` until an operator
+reconciles it with the real figures and an audit reason (``rlm usage``). An
+unknown entry admitted without an estimate blocks a token limit, and unknown
+USD blocks a USD limit, until reconciled.
+
+The call kept for a run's final answer is admitted with ``final=True``: the
+other calls leave ``keep_calls`` calls and ``keep_tokens`` tokens unused for it,
+and it is refused only by the calls limit, so a spent, underestimated or unknown
+allowance never keeps a run from asking for its answer. It is the one call that
+may take a family past ``max_tokens`` or ``max_usd`` (when earlier calls cost
+more than estimated, or the final request is larger than the reserve).
+The allowance is keyed by root id, so reopening it after a restart keeps the count.
 """
 
 from __future__ import annotations
@@ -104,6 +114,7 @@ class BudgetSnapshot:
     usd: float  # known USD
     unknown_tokens: int  # entries whose tokens nobody knows
     unknown_usd: int  # entries whose cost nobody knows
+    unknown_tokens_estimate: int = 0  # what admission counts the unknown entries at (their admission estimates)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -208,11 +219,9 @@ class BudgetLedger(SQLiteFile):
         limits = self.limits(root_id)
         self._expire_dead_reservations(root_id)
         with self.reading() as conn:
-            calls, _, tokens, usd, unknown_tokens, unknown_usd = _totals(conn, root_id)
-            in_flight = conn.execute(
-                "SELECT COUNT(*) FROM usage WHERE root_id = ? AND state = 'reserved'", (root_id,)
-            ).fetchone()[0]
-        return BudgetSnapshot(root_id, limits, calls, in_flight, tokens, usd, unknown_tokens, unknown_usd)
+            t = _totals(conn, root_id)
+        return BudgetSnapshot(root_id, limits, t.calls, t.in_flight, t.tokens, t.usd, t.unknown_tokens,
+                              t.unknown_usd, t.unknown_tokens_estimate)
 
     def _expire_dead_reservations(self, root_id: str | None) -> None:
         with self.reading() as conn:
@@ -255,50 +264,25 @@ class Budget:
 
     # ---------- admission ----------
 
-    def admit(self, purpose: str, *, tokens_estimate: int = 0, keep_calls: int = 0) -> int:
+    def admit(self, purpose: str, *, tokens_estimate: int = 0, keep_calls: int = 0, keep_tokens: int = 0,
+              final: bool = False) -> int:
         """Admit one call and return its usage entry id, or raise BudgetExhausted / BudgetUnknownUsage.
 
-        ``keep_calls`` leaves that many calls unused (the session keeps one for the final answer).
+        ``tokens_estimate``: what the call may use (its request's characters / 4 plus its completion); it
+        counts while the call is in flight, and afterwards if its usage stays unknown.
+        ``keep_calls`` / ``keep_tokens``: left unused for the final answer (the session keeps 1 call and
+        RLM_FINAL_RESERVE_TOKENS). ``final``: the kept call itself, refused only by the calls limit.
         """
         self.ledger._expire_dead_reservations(self.root_id)
-        limits = self.limits
+        estimate = max(0, int(tokens_estimate))
         with self.ledger.transaction() as conn:
-            calls, in_flight_tokens, tokens, usd, unknown_tokens, unknown_usd = _totals(conn, self.root_id)
-            if limits.max_calls is not None and calls + keep_calls >= limits.max_calls:
-                raise BudgetExhausted(
-                    f"the inference allowance of {limits.max_calls} calls is used up ({calls} admitted"
-                    + (f", {keep_calls} kept for the final answer" if keep_calls else "")
-                    + "); raise --max-calls / RLM_MAX_CALLS for a new run",
-                    setting="max_calls",
-                )
-            if limits.max_tokens is not None and unknown_tokens:
-                raise BudgetUnknownUsage(
-                    f"{unknown_tokens} earlier call(s) have unknown token usage and a token limit is set; "
-                    "reconcile them (`rlm usage --reconcile ID --tokens N --reason ...`) before more calls",
-                    setting="max_tokens",
-                )
-            if limits.max_usd is not None and unknown_usd:
-                raise BudgetUnknownUsage(
-                    f"{unknown_usd} earlier call(s) have unknown cost and a USD limit is set; "
-                    "reconcile them (`rlm usage --reconcile ID --tokens N --usd X --reason ...`) before more calls",
-                    setting="max_usd",
-                )
-            if limits.max_tokens is not None and tokens + in_flight_tokens >= limits.max_tokens:
-                raise BudgetExhausted(
-                    f"the allowance of {limits.max_tokens:,} tokens is used up ({tokens:,} used, "
-                    f"{in_flight_tokens:,} in flight); raise --max-tokens / RLM_MAX_TOKENS for a new run",
-                    setting="max_tokens",
-                )
-            if limits.max_usd is not None and usd >= limits.max_usd:
-                raise BudgetExhausted(
-                    f"the allowance of ${limits.max_usd:.4f} is used up (${usd:.4f}); "
-                    "raise --max-usd / RLM_MAX_USD for a new run",
-                    setting="max_usd",
-                )
+            refusal = _refusal(self.limits, _totals(conn, self.root_id), estimate, keep_calls, keep_tokens, final)
+            if refusal is not None:
+                raise refusal
             cursor = conn.execute(
                 "INSERT INTO usage (root_id, purpose, state, tokens_estimate, owner, admitted_at) "
                 "VALUES (?, ?, 'reserved', ?, ?, ?)",
-                (self.root_id, purpose, max(0, int(tokens_estimate)), _owner(), time.time()),
+                (self.root_id, purpose, estimate, _owner(), time.time()),
             )
             return int(cursor.lastrowid or 0)
 
@@ -344,21 +328,85 @@ class Budget:
         return self.ledger.snapshot(self.root_id)
 
 
-def _totals(conn: sqlite3.Connection, root_id: str) -> tuple[int, int, int, float, int, int]:
+@dataclass(frozen=True)
+class _Totals:
+    calls: int  # admitted, whatever their outcome
+    in_flight: int
+    in_flight_tokens: int  # the estimates of the calls in flight
+    tokens: int  # known tokens
+    usd: float  # known USD
+    unknown_tokens: int  # entries whose tokens nobody knows
+    unknown_tokens_estimate: int  # their admission estimates
+    unknown_unestimated: int  # unknown entries admitted without an estimate: nothing to count them at
+    unknown_usd: int  # entries whose cost nobody knows
+
+    @property
+    def counted_tokens(self) -> int:
+        """What admission counts against max_tokens: known usage, plus estimates where usage is not known yet."""
+        return self.tokens + self.in_flight_tokens + self.unknown_tokens_estimate
+
+
+def _totals(conn: sqlite3.Connection, root_id: str) -> _Totals:
     row = conn.execute(
         """
         SELECT COUNT(*) AS calls,
+               COALESCE(SUM(state = 'reserved'), 0) AS in_flight,
                COALESCE(SUM(CASE WHEN state = 'reserved' THEN tokens_estimate END), 0) AS in_flight_tokens,
                COALESCE(SUM(tokens), 0) AS tokens,
                COALESCE(SUM(cost_usd), 0) AS usd,
                COALESCE(SUM(state = 'unknown'), 0) AS unknown_tokens,
+               COALESCE(SUM(CASE WHEN state = 'unknown' THEN tokens_estimate END), 0) AS unknown_tokens_estimate,
+               COALESCE(SUM(state = 'unknown' AND tokens_estimate = 0), 0) AS unknown_unestimated,
                COALESCE(SUM(state != 'reserved' AND cost_usd IS NULL), 0) AS unknown_usd
         FROM usage WHERE root_id = ?
         """,
         (root_id,),
     ).fetchone()
-    return (int(row["calls"]), int(row["in_flight_tokens"]), int(row["tokens"]), float(row["usd"]),
-            int(row["unknown_tokens"]), int(row["unknown_usd"]))
+    return _Totals(int(row["calls"]), int(row["in_flight"]), int(row["in_flight_tokens"]), int(row["tokens"]),
+                   float(row["usd"]), int(row["unknown_tokens"]), int(row["unknown_tokens_estimate"]),
+                   int(row["unknown_unestimated"]), int(row["unknown_usd"]))
+
+
+def _refusal(limits: BudgetLimits, t: _Totals, estimate: int, keep_calls: int, keep_tokens: int,
+             final: bool) -> BudgetExhausted | BudgetUnknownUsage | None:
+    """Why this call may not be admitted, or None. The final-answer call is refused by the calls limit only."""
+    if limits.max_calls is not None and t.calls + keep_calls >= limits.max_calls:
+        return BudgetExhausted(
+            f"the inference allowance of {limits.max_calls} calls is used up ({t.calls} admitted"
+            + (f", {keep_calls} kept for the final answer" if keep_calls else "")
+            + "); raise --max-calls / RLM_MAX_CALLS for a new run",
+            setting="max_calls",
+        )
+    if final:
+        return None
+    if limits.max_tokens is not None and t.unknown_unestimated:
+        return BudgetUnknownUsage(
+            f"{t.unknown_unestimated} earlier call(s) have unknown token usage and no estimate, and a token limit "
+            "is set; reconcile them (`rlm usage --reconcile ID --tokens N --reason ...`) before more calls",
+            setting="max_tokens",
+        )
+    if limits.max_usd is not None and t.unknown_usd:
+        return BudgetUnknownUsage(
+            f"{t.unknown_usd} earlier call(s) have unknown cost and a USD limit is set; "
+            "reconcile them (`rlm usage --reconcile ID --tokens N --usd X --reason ...`) before more calls",
+            setting="max_usd",
+        )
+    if limits.max_tokens is not None and t.counted_tokens + estimate + keep_tokens > limits.max_tokens:
+        return BudgetExhausted(
+            f"the allowance of {limits.max_tokens:,} tokens is used up ({t.tokens:,} used, "
+            f"{t.in_flight_tokens:,} in flight, {t.unknown_tokens_estimate:,} estimated for "
+            f"{t.unknown_tokens} call(s) of unknown usage; this call may use {estimate:,}"
+            + (f", {keep_tokens:,} are kept for the final answer (RLM_FINAL_RESERVE_TOKENS)" if keep_tokens else "")
+            + "); raise --max-tokens / RLM_MAX_TOKENS for a new run",
+            setting="max_tokens",
+        )
+    if limits.max_usd is not None and t.usd >= limits.max_usd:
+        return BudgetExhausted(
+            f"the allowance of ${limits.max_usd:.4f} is used up (${t.usd:.4f}); "
+            "raise --max-usd / RLM_MAX_USD for a new run",
+            setting="max_usd",
+        )
+    return None
 
 
 def _entry(row: sqlite3.Row) -> UsageEntry:

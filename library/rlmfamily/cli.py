@@ -247,7 +247,8 @@ def _print_result(result: RunResult, out: Console, err: Console, *, as_json: boo
     err.print(
         f"run {result.run_id}: {result.stop_reason} after {result.turns} turns, {result.subcalls} sub-calls, "
         f"{b.calls} calls, {b.tokens:,} tokens"
-        + (f" (+{b.unknown_tokens} calls with unknown usage)" if b.unknown_tokens else "")
+        + (f" (+{b.unknown_tokens} calls with unknown usage, counted at {b.unknown_tokens_estimate:,} estimated"
+           " tokens; `rlm usage` lists them)" if b.unknown_tokens else "")
         + f", ${b.usd:.4f}; trajectory: rlm show {result.run_id}",
         markup=False, highlight=False,
     )
@@ -301,6 +302,8 @@ def _show_event(e: dict[str, Any], out: Console) -> None:
           f"{_one_line(e.get('prompt', ''), 70)} → {_one_line(e.get('response', ''), 90)}", "magenta")
     elif kind == "final_request":
         p(f"\n[asked for a final answer: {e.get('why')}]", "yellow")
+    elif kind == "final_reply_rejected":
+        p(f"[not an answer: {e.get('reason')}]", "yellow")
     elif kind == "budget_refused":
         p(f"[budget refused turn {e.get('turn')}: {e.get('message')}]", "yellow")
     elif kind in ("child_started", "child_finished", "children_wait"):

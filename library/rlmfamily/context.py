@@ -510,6 +510,57 @@ class Context:
         """Labelled text of a chunk reference (what llm_query receives for a chunk)."""
         return label(path, start, end) + "\n" + self.read(path, start, end - start)
 
+    def hit_text(self, path: str, start: int, end: int) -> str:
+        """Labelled text of a search hit (what llm_query receives for one): its path, line numbers and lines.
+
+        The hit's own lines and RLM_HIT_CONTEXT_LINES lines either side, read from the corpus (not from the
+        hit's snippet, which the model's code may have changed), within RLM_HIT_CONTEXT_CHARS characters.
+        """
+        doc = self._doc(path)
+        text = self._full_text(doc)
+        local_start, local_end = int(start) - doc.origin, int(end) - doc.origin
+        if not 0 <= local_start <= local_end <= len(text):
+            raise ContextError(f"a search hit at [{start}:{end}] is outside {path} "
+                               f"[{doc.origin}:{doc.origin + len(text)}]; pass the hit context.search returned")
+        settings = self.settings
+        begin, stop, clipped = _line_window(text, local_start, local_end, settings.hit_context_lines,
+                                            settings.hit_context_chars)
+        hit_line = text.count("\n", 0, local_start) + 1
+        first = hit_line - text.count("\n", begin, local_start)
+        last = hit_line + text.count("\n", local_start, stop)
+        lines = f"line {first}" if first == last else f"lines {first}-{last}"
+        cut = ", lines cut at RLM_HIT_CONTEXT_CHARS" if clipped else ""
+        return (f"=== {path} {lines} (hit on line {hit_line} at [{start}:{end}]{cut}) ===\n"
+                + text[begin:stop])
+
+
+def _line_window(text: str, start: int, end: int, lines: int, max_chars: int) -> tuple[int, int, bool]:
+    """[begin, end) of the lines holding text[start:end] plus ``lines`` lines either side, within ``max_chars``.
+
+    Only max_chars characters are looked at, however long the lines: a quarter before the hit, at most half
+    for the hit itself, a quarter after. The flag says a line was cut at that bound.
+    """
+    quarter = max_chars // 4
+    end = min(end, start + 2 * quarter)
+    floor, ceiling = max(0, start - quarter), min(len(text), end + quarter)
+    begin, clipped = start, False
+    for _ in range(lines + 1):
+        newline = text.rfind("\n", floor, begin)
+        if newline == -1:
+            begin, clipped = floor, floor > 0
+            break
+        begin = newline
+    else:
+        begin += 1  # just after the newline that ends the line before the window
+    stop, search_from = end, end
+    for _ in range(lines + 1):
+        newline = text.find("\n", search_from, ceiling)
+        if newline == -1:
+            stop, clipped = ceiling, clipped or ceiling < len(text)
+            break
+        stop, search_from = newline, newline + 1
+    return begin, stop, clipped
+
 
 def _utf8_bytes(text: str) -> int:
     # A bundle's text comes from JSON, which can carry a lone surrogate (\ud800): count it, do not crash.

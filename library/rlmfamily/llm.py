@@ -195,7 +195,8 @@ class SubcallRunner:
         model_id = model or self.model
         estimate = estimate_tokens(total + len(SUBCALL_SYSTEM)) + estimate_tokens(self.settings.max_response_chars)
         try:
-            entry = self.budget.admit("subcall", tokens_estimate=estimate, keep_calls=1)
+            entry = self.budget.admit("subcall", tokens_estimate=estimate, keep_calls=1,
+                                      keep_tokens=self.settings.final_reserve_tokens)
         except BudgetError as exc:
             result = _failure(exc.code, exc.message, "The inference budget is spent: answer now with final_answer().")
             self._record(seq, prompt, context_text, result, None)

@@ -315,8 +315,14 @@ class Bridge:
             yield value
         elif isinstance(value, dict):
             if not {"path", "start", "end"} <= set(value):
-                raise ContextError("a dict context must be a chunk reference with path, start and end")
-            yield self.context.chunk_text(str(value["path"]), int(value["start"]), int(value["end"]))
+                raise ContextError("a dict context must be a chunk reference (path, start, end) "
+                                   "or a search hit (path, line, start, end)")
+            path, start, end = str(value["path"]), int(value["start"]), int(value["end"])
+            # A search hit (it has a line) sends its lines, not only the matched characters.
+            if "line" in value:
+                yield self.context.hit_text(path, start, end)
+            else:
+                yield self.context.chunk_text(path, start, end)
         elif isinstance(value, (list, tuple)):
             for item in value:
                 yield from self._context_parts(item, depth + 1)

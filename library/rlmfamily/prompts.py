@@ -35,7 +35,8 @@ Names in the namespace:
 `context.select(*globs)` a narrowed view (same methods); `context.chunk(size=20000, overlap=0)` \
 chunks with .path .start .end, .text(), .labelled(); `context.text(max_chars)` a labelled text form.
 - `llm_query(prompt, context="")`: ask a sub-model one focused question about text you pass as \
-context (a string, a chunk, a search hit, or a list of them). Returns a result with .text, .ok, \
+context (a string, a chunk, a search hit - sent as its path, line numbers and surrounding lines - \
+or a list of them). Returns a result with .text, .ok, \
 .error, .advice, .truncated, .usage; failures come back as results with ok=False, never as exceptions.
 - `llm_query_batched(prompts, contexts=None)`: the same for many prompts at once, concurrently; \
 results in input order.
@@ -98,5 +99,6 @@ NUDGE = (
 def final_request(why: str) -> str:
     return (
         f"Stop investigating: {why}. Answer now. Call final_answer(value) in one last python step, "
-        "or reply with the answer as plain text. Say what you could not verify."
+        "or reply with the answer as plain text and no tool call (text beside a python call is not taken "
+        "as the answer). Say what you could not verify."
     )

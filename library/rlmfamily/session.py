@@ -277,7 +277,9 @@ class _Run:
             self.stop_reason, self.why = "deadline", f"the run reached its {settings.max_run_s:g} s limit (RLM_MAX_RUN_S)"
             return None
         try:
-            return self.budget.admit("root", tokens_estimate=estimate_tokens(message_chars(self.messages)), keep_calls=1)
+            estimate = estimate_tokens(message_chars(self.messages))
+            return self.budget.admit("root", tokens_estimate=estimate, keep_calls=1,
+                                     keep_tokens=settings.final_reserve_tokens)
         except BudgetError as exc:
             self.stop_reason, self.why = "budget_exhausted", exc.message
             self.trajectory.write("budget_refused", turn=self.turn + 1, code=exc.code, message=exc.message)
@@ -386,7 +388,8 @@ class _Run:
         """One last root call that asks for the answer now; at most one python step is run."""
         self.trajectory.write("final_request", turn=self.turn + 1, why=self.why)
         try:
-            entry = self.budget.admit("root_final", tokens_estimate=estimate_tokens(message_chars(self.messages)))
+            entry = self.budget.admit("root_final", tokens_estimate=estimate_tokens(message_chars(self.messages)),
+                                      final=True)
         except BudgetError as exc:
             self.trajectory.write("budget_refused", turn=self.turn + 1, code=exc.code, message=exc.message)
             return
@@ -396,7 +399,14 @@ class _Run:
         self.messages.append({"role": "user", "content": final_request(self.why)})
         completion = self.root_call(entry)
         self.after_completion(completion, max_steps=1)
-        if self.answer.value is None and completion.text.strip():
+        if self.answer.value is not None:
+            return
+        if completion.tool_calls:
+            # Text next to a python call is what the model says before its step (a preamble), not an answer.
+            self.error = ("the reply to the final request called python and did not call final_answer(); "
+                          "the text beside the call is not taken as the answer")
+            self.trajectory.write("final_reply_rejected", turn=self.turn, reason=self.error, text=completion.text)
+        elif completion.text.strip():
             self.answer.set(completion.text.strip()[: self.settings.max_answer_chars], self.turn)
 
     # ---------- close ----------

@@ -69,6 +69,9 @@ class RLMSettings(BaseSettings):
     max_search_pattern_memory_bytes: int = Field(8 << 20, ge=1 << 20, le=1 << 30)
     search_timeout_s: float = Field(30.0, gt=0, le=86_400)
     search_snippet_chars: int = Field(240, ge=20)
+    # A search hit passed as a sub-call's context: its lines plus this many either side, within hit_context_chars.
+    hit_context_lines: int = Field(3, ge=0, le=1000)
+    hit_context_chars: int = Field(4000, ge=100, le=1_000_000)
     max_chunks: int = Field(5000, ge=1)
     max_select_globs: int = Field(64, ge=1, le=10_000)  # globs of one view, nested selects counted together
     max_glob_chars: int = Field(500, ge=10, le=100_000)  # one glob
@@ -85,6 +88,8 @@ class RLMSettings(BaseSettings):
     # One inference allowance per root family. None = no limit on that axis.
     max_calls: int | None = Field(300, ge=1)
     max_tokens: int | None = Field(3_000_000, ge=1)
+    # Tokens of max_tokens that every other call leaves for the run's final-answer request (rlmfamily/budget.py).
+    final_reserve_tokens: int = Field(50_000, ge=0)
     max_usd: float | None = Field(None, gt=0)
 
     # The model endpoint (any OpenAI-compatible API).
@@ -160,6 +165,10 @@ class RLMSettings(BaseSettings):
             raise ValueError("max_suspensions_per_checkout must exceed max_suspensions_per_step")
         if self.max_file_bytes > self.max_total_bytes:
             raise ValueError("max_file_bytes cannot exceed max_total_bytes")
+        if self.max_tokens is not None and self.final_reserve_tokens >= self.max_tokens:
+            raise ValueError(f"final_reserve_tokens ({self.final_reserve_tokens:,}, RLM_FINAL_RESERVE_TOKENS) must be "
+                             f"under max_tokens ({self.max_tokens:,}, RLM_MAX_TOKENS), or no call but the final "
+                             "answer could ever be admitted")
         if self.a2a_paid_enabled and not self.a2a_enabled:
             raise ValueError("a2a_paid_enabled needs a2a_enabled (routing on) as well")
         if self.a2a_enabled and self.a2a_max_wait_s + self.a2a_request_timeout_s > self.host_call_timeout_s:

@@ -115,7 +115,8 @@ def test_reopening_with_other_limits_is_refused(tmp_path: Path) -> None:
         Budget(tmp_path / "b.sqlite3", "root", BudgetLimits(max_calls=500))
 
 
-def test_unknown_usage_blocks_a_token_limit_until_reconciled_with_a_reason(tmp_path: Path) -> None:
+def test_unknown_usage_without_an_estimate_blocks_a_token_limit_until_reconciled_with_a_reason(
+        tmp_path: Path) -> None:
     budget = Budget(tmp_path / "b.sqlite3", "root", BudgetLimits(max_calls=50, max_tokens=10_000))
     budget.settle(budget.admit("subcall"), None)  # the provider did not report usage
     snap = budget.snapshot()
@@ -130,6 +131,32 @@ def test_unknown_usage_blocks_a_token_limit_until_reconciled_with_a_reason(tmp_p
     assert reconciled.state == "reconciled" and reconciled.reason == "provider dashboard, request abc"
     budget.admit("subcall")
     assert budget.snapshot().tokens == 400
+
+
+def test_unknown_usage_counts_at_its_estimate_for_admission_and_stays_unknown_in_the_books(tmp_path: Path) -> None:
+    budget = Budget(tmp_path / "b.sqlite3", "root", BudgetLimits(max_calls=50, max_tokens=10_000))
+    budget.mark_unknown(budget.admit("subcall", tokens_estimate=6_000), "no answer within 120 s")
+    budget.admit("root", tokens_estimate=3_000)  # 6,000 estimated + 3,000 fits in 10,000
+    with pytest.raises(BudgetExhausted) as info:
+        budget.admit("root", tokens_estimate=3_000)  # 6,000 + 3,000 in flight + 3,000 does not
+    assert info.value.setting == "max_tokens" and "6,000 estimated for 1 call(s) of unknown usage" in info.value.message
+    snap = budget.snapshot()
+    assert snap.unknown_tokens == 1 and snap.unknown_tokens_estimate == 6_000 and snap.tokens == 0
+    (entry,) = budget.ledger.entries("root", unresolved_only=True)
+    assert entry.state == "unknown" and entry.tokens is None
+    budget.ledger.reconcile(entry.id, tokens=1_000, usd=None, reason="provider dashboard, request abc")
+    budget.admit("root", tokens_estimate=3_000)  # the real 1,000 replaced the estimate
+    assert budget.snapshot().unknown_tokens_estimate == 0 and budget.snapshot().tokens == 1_000
+
+
+def test_other_calls_leave_the_reserve_and_the_final_answer_call_is_always_admitted(tmp_path: Path) -> None:
+    budget = Budget(tmp_path / "b.sqlite3", "root", BudgetLimits(max_calls=10, max_tokens=10_000))
+    budget.settle(budget.admit("root", tokens_estimate=5_000, keep_tokens=2_000), Usage(7_000, 500, 0.0))
+    with pytest.raises(BudgetExhausted) as info:
+        budget.admit("subcall", tokens_estimate=1_000, keep_tokens=2_000)  # 7,500 + 1,000 + 2,000 > 10,000
+    assert "RLM_FINAL_RESERVE_TOKENS" in info.value.message
+    budget.mark_unknown(budget.admit("root_final", tokens_estimate=3_000, final=True), "no usage")
+    assert budget.snapshot().calls == 2 and budget.snapshot().unknown_tokens == 1
 
 
 def test_unknown_usage_does_not_block_a_calls_only_allowance(tmp_path: Path) -> None:
@@ -148,6 +175,7 @@ def test_unknown_cost_blocks_a_usd_limit(tmp_path: Path) -> None:
 
 
 def test_a_call_in_flight_when_its_process_died_becomes_unknown(tmp_path: Path) -> None:
+    # Admitted without an estimate, so there is nothing to count it at: it blocks the token limit.
     path = tmp_path / "b.sqlite3"
     script = (
         "import os, sys\nfrom rlmfamily.budget import Budget, BudgetLimits\n"
@@ -176,9 +204,9 @@ def test_calls_can_be_kept_back_for_the_final_answer(tmp_path: Path) -> None:
     budget.admit("subcall", keep_calls=1)
     with pytest.raises(BudgetExhausted):
         budget.admit("subcall", keep_calls=1)
-    budget.admit("root_final")
+    budget.admit("root_final", final=True)
     with pytest.raises(BudgetExhausted):
-        budget.admit("root_final")
+        budget.admit("root_final", final=True)
 
 
 def test_a_token_limit_stops_admission_once_spent(tmp_path: Path) -> None:

@@ -71,6 +71,23 @@ def test_search_reports_path_line_and_offsets(fixture_repo: Path, settings) -> N
         ctx.search("(unclosed")
 
 
+def test_a_hit_as_sub_call_text_is_its_lines_with_neighbours_within_the_named_bounds(tmp_path: Path,
+                                                                                     make_settings) -> None:
+    long_line = "x" * 3000 + " needle " + "y" * 3000
+    doc = tmp_path / "notes.txt"
+    doc.write_text("first needle here\nsecond\nthird\n" + long_line + "\nlast\n")
+    ctx = Context.from_document(doc, make_settings(hit_context_lines=1, hit_context_chars=400))
+    first, long_hit = ctx.search("needle")
+    assert ctx.hit_text(first["path"], first["start"], first["end"]) == (
+        f"=== notes.txt lines 1-2 (hit on line 1 at [{first['start']}:{first['end']}]) ===\nfirst needle here\nsecond")
+    text = ctx.hit_text(long_hit["path"], long_hit["start"], long_hit["end"])
+    header, body = text.split("\n", 1)
+    assert header.startswith("=== notes.txt line 4 (hit on line 4 at [") and "cut at RLM_HIT_CONTEXT_CHARS" in header
+    assert " needle " in body and len(body) <= 400
+    with pytest.raises(ContextError):
+        ctx.hit_text("notes.txt", 10**6, 10**6 + 3)
+
+
 def test_select_narrows_the_view_and_views_nest(fixture_repo: Path, settings) -> None:
     ctx = Context.from_repository(fixture_repo, settings)
     py = ctx.select("*.py")

@@ -92,7 +92,8 @@ def test_a_timeout_comes_back_as_data_and_the_late_answer_still_settles(tmp_path
                                                                        write_script) -> None:
     hold = Hold()
     provider = _HeldProvider(_scripted(write_script, [{"pattern": "slow", "answer": "finally"}]), hold, "slow")
-    runner = _runner(tmp_path, make_settings, provider, subcall_timeout_s=0.3, limits=BudgetLimits(max_tokens=10_000))
+    runner = _runner(tmp_path, make_settings, provider, subcall_timeout_s=0.3, final_reserve_tokens=1_000,
+                     limits=BudgetLimits(max_tokens=10_000))
     result = runner.query("slow question")
     assert hold.let_go == 0, "RLM_SUBCALL_TIMEOUT_S must end the call while the provider still holds its answer"
     assert result.duration_s < runner.settings.subcall_timeout_s + DEADLINE_SLACK_S, "RLM_SUBCALL_TIMEOUT_S"

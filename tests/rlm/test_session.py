@@ -30,10 +30,13 @@ class Recording:
         self.default_model = inner.default_model
         self.prices = inner.prices
         self.root_requests: list[list[dict[str, Any]]] = []
+        self.subcall_requests: list[list[dict[str, Any]]] = []
 
     def complete(self, messages: list[dict[str, Any]], **kw: Any) -> Completion:
         if kw["purpose"] == "root":
             self.root_requests.append(json.loads(json.dumps(messages)))
+        if kw["purpose"] == "subcall":
+            self.subcall_requests.append(json.loads(json.dumps(messages)))
         return self.inner.complete(messages, **kw)
 
 
@@ -133,6 +136,22 @@ def test_a_plain_text_reply_to_the_final_request_is_the_answer(fixture_repo: Pat
     script = write_script(["x = 1", {"text": "The limit is probably 40."}])
     result, _, _ = _run(fixture_repo, make_settings(max_turns=1), script, "monty")
     assert result.stop_reason == "max_turns" and result.answer == "The limit is probably 40."
+
+
+def test_a_search_hit_as_sub_call_context_sends_its_path_line_and_surrounding_lines(
+        fixture_repo: Path, make_settings, write_script) -> None:
+    script = write_script([
+        'hit = context.search("vault combination")[0]\n'
+        'r = llm_query("What is the combination?", context=hit)\n'
+        "final_answer(r.text)",
+    ], [{"pattern": r"31-41-59.*What is the combination", "answer": "31-41-59"}], default_answer="NONE")
+    result, provider, _ = _run(fixture_repo, make_settings(hit_context_lines=1), script, "monty")
+    ((_, sent),) = provider.subcall_requests
+    assert result.answer == "31-41-59"
+    assert sent["content"].startswith("=== docs/log.md lines 250-252 (hit on line 251 at [")
+    assert f"Line 250: {SECRET_SENTENCE}\n" in sent["content"]
+    assert "Line 249: routine crossing" in sent["content"] and "Line 251: routine crossing" in sent["content"]
+    assert "Line 248" not in sent["content"] and "Line 252" not in sent["content"]
 
 
 def test_a_spent_budget_stops_the_run_and_keeps_a_call_for_the_answer(fixture_repo: Path, make_settings,

@@ -21,6 +21,11 @@ def test_incoherent_limits_are_refused_at_start_up() -> None:
     with pytest.raises(SettingsInvalid) as info:
         load_settings(subcall_timeout_s=600, host_call_timeout_s=60)
     assert "host_call_timeout_s" in info.value.message
+    with pytest.raises(SettingsInvalid) as info:
+        load_settings(max_tokens=40_000)  # the default final_reserve_tokens (50,000) would leave nothing
+    assert "RLM_FINAL_RESERVE_TOKENS" in info.value.message and "RLM_MAX_TOKENS" in info.value.message
+    assert load_settings(max_tokens=40_000, final_reserve_tokens=4_000).final_reserve_tokens == 4_000
+    assert load_settings(max_tokens=None).final_reserve_tokens == 50_000  # no token limit: nothing to keep it from
 
 
 def test_the_kernel_limits_are_built_from_the_settings_of_the_same_names() -> None:

@@ -202,13 +202,11 @@ class Family:
                 f"left and a child needs at least {CHILD_MIN_CALLS}; raise --max-calls / RLM_MAX_CALLS for a new run",
                 setting="max_calls",
             )
-        if limits.max_tokens is not None and snap.unknown_tokens:
-            raise BudgetUnknownUsage(f"{snap.unknown_tokens} call(s) of this family have unknown token usage; "
-                                     "reconcile them (`rlm usage`) before starting children", setting="max_tokens")
         if limits.max_usd is not None and snap.unknown_usd:
             raise BudgetUnknownUsage(f"{snap.unknown_usd} call(s) of this family have unknown cost; "
                                      "reconcile them (`rlm usage`) before starting children", setting="max_usd")
-        if limits.max_tokens is not None and snap.tokens >= limits.max_tokens:
+        # Calls of unknown usage count at their admission estimates, as Budget.admit counts them.
+        if limits.max_tokens is not None and snap.tokens + snap.unknown_tokens_estimate >= limits.max_tokens:
             raise BudgetExhausted(f"the family's allowance of {limits.max_tokens:,} tokens is used up "
                                   "(RLM_MAX_TOKENS)", setting="max_tokens")
         if limits.max_usd is not None and snap.usd >= limits.max_usd:
