@@ -126,7 +126,8 @@ class AnthropicProvider:
         if tools:
             request["tools"] = [to_tool(t) for t in tools]
         if self.temperature is not None:
-            request["temperature"] = self.temperature
+            # anthropic 2.x's create() has no temperature argument; the Messages API still reads it from the body.
+            request["extra_body"] = {"temperature": self.temperature}
         return request
 
     def _send(self, request: dict[str, Any], model_id: str, remaining_s: float, timeout_s: float) -> Any:
