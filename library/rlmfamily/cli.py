@@ -51,9 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--bundle", help="a JSON file of evidence items {path, start, end, text}")
     run.add_argument("--kernel", choices=["host", "monty"], default=argparse.SUPPRESS, help="where the model's code runs (RLM_KERNEL; default monty)")
     run.add_argument("--script", help="replay a scripted conversation (TOML or JSON) instead of calling a model")
-    run.add_argument("--base-url", default=argparse.SUPPRESS, help="OpenAI-compatible endpoint (RLM_BASE_URL)")
+    run.add_argument("--provider", choices=["openai", "anthropic"], default=argparse.SUPPRESS,
+                     help="the model API: any OpenAI-compatible endpoint, or Anthropic's Messages API (RLM_PROVIDER; default openai)")
+    run.add_argument("--base-url", default=argparse.SUPPRESS, help="the endpoint (RLM_BASE_URL; default: the provider's)")
     run.add_argument("--model", default=argparse.SUPPRESS, help="model id (RLM_MODEL)")
     run.add_argument("--api-key-env", default=argparse.SUPPRESS, help="NAME of the environment variable holding the key (RLM_API_KEY_ENV)")
+    run.add_argument("--temperature", type=float, default=argparse.SUPPRESS, help="sampling temperature (RLM_TEMPERATURE)")
+    run.add_argument("--max-completion-tokens", type=int, default=argparse.SUPPRESS,
+                     help="output tokens per model call (RLM_MAX_COMPLETION_TOKENS)")
     run.add_argument("--max-turns", type=int, default=argparse.SUPPRESS, help="root turns (RLM_MAX_TURNS)")
     run.add_argument("--max-calls", type=_limit_int, default=argparse.SUPPRESS, help="model calls, root and sub-calls ('none' = no limit)")
     run.add_argument("--max-tokens", type=_limit_int, default=argparse.SUPPRESS, help="tokens over all calls ('none' = no limit)")
@@ -131,8 +136,8 @@ def _demo_args(args: argparse.Namespace) -> argparse.Namespace:
 # ---------- run ----------
 
 
-OVERRIDES = ("kernel", "max_turns", "base_url", "model", "api_key_env", "max_calls", "max_tokens", "max_usd",
-             "a2a_peers_file")
+OVERRIDES = ("kernel", "max_turns", "provider", "base_url", "model", "api_key_env", "temperature",
+             "max_completion_tokens", "max_calls", "max_tokens", "max_usd", "a2a_peers_file")
 
 
 def _settings(args: argparse.Namespace) -> RLMSettings:
@@ -185,15 +190,9 @@ def _provider(args: argparse.Namespace, settings: RLMSettings) -> Provider:
     prices = PriceTable.load(settings.prices_usd_per_mtok, settings.price_table_file)
     if args.script:
         return ScriptedProvider.from_file(args.script, prices=prices)
-    if not settings.model:
-        raise SettingsInvalid("no model: give --model (or RLM_MODEL), or --script FILE for an offline replay",
-                              setting="model")
-    from rlmfamily.providers.openai_compat import OpenAIProvider
+    from rlmfamily.providers.select import build_provider
 
-    return OpenAIProvider(
-        base_url=settings.base_url, model=settings.model, api_key_env=settings.api_key_env, prices=prices,
-        max_retries=settings.provider_max_retries, backoff_s=settings.provider_backoff_s,
-    )
+    return build_provider(settings, prices)
 
 
 class _Progress:

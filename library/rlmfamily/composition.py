@@ -46,7 +46,7 @@ def default_kernel_factory(name: str, settings: RLMSettings, run_dir: Path, run_
 
             # The model's code never gets the model key nor an A2A peer's key: the child inherits the
             # environment without them.
-            hidden = {settings.api_key_env} | secret_env_names(settings)
+            hidden = {settings.key_env} | secret_env_names(settings)
             env = {k: v for k, v in os.environ.items() if k not in hidden}
             return HostKernel(limits=limits, env=env)
         from rlmfamily.kernels.checkpoints import FileCheckpointStore

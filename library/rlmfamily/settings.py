@@ -16,6 +16,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from rlmfamily.errors import SettingsInvalid
 
 KernelName = Literal["host", "monty"]
+ProviderName = Literal["openai", "anthropic"]
+# Each provider's defaults when RLM_BASE_URL / RLM_API_KEY_ENV are not set. None: the client's own default.
+DEFAULT_BASE_URL: dict[str, str | None] = {"openai": "https://api.openai.com/v1", "anthropic": None}
+DEFAULT_API_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+ANTHROPIC_MAX_TEMPERATURE = 1.0  # the Messages API refuses more; OpenAI accepts up to 2
 
 
 class RLMSettings(BaseSettings):
@@ -92,11 +97,17 @@ class RLMSettings(BaseSettings):
     final_reserve_tokens: int = Field(50_000, ge=0)
     max_usd: float | None = Field(None, gt=0)
 
-    # The model endpoint (any OpenAI-compatible API).
-    base_url: str = "https://api.openai.com/v1"
+    # The model endpoint: "openai" (any OpenAI-compatible API) or "anthropic" (the Messages API, extra
+    # rlmfamily[anthropic]). base_url and api_key_env default per provider (DEFAULT_BASE_URL, DEFAULT_API_KEY_ENV).
+    provider: ProviderName = "openai"
+    base_url: str | None = None
     model: str | None = None
     subcall_model: str | None = None
-    api_key_env: str = "OPENAI_API_KEY"
+    api_key_env: str | None = None
+    # Sampling, sent with every call when set; None = the endpoint's default (Anthropic needs a
+    # max_tokens: ANTHROPIC_DEFAULT_MAX_TOKENS in rlmfamily/providers/anthropic_native.py).
+    temperature: float | None = Field(None, ge=0, le=2)
+    max_completion_tokens: int | None = Field(None, ge=1, le=1_000_000)
     provider_max_retries: int = Field(3, ge=0, le=10)
     provider_backoff_s: float = Field(0.5, ge=0, le=60)
     # USD per million tokens, by model id: {"gpt-4o-mini": {"prompt": 0.15, "completion": 0.6}}.
@@ -139,8 +150,10 @@ class RLMSettings(BaseSettings):
 
     @field_validator("api_key_env")
     @classmethod
-    def _env_name(cls, value: str) -> str:
+    def _env_name(cls, value: str | None) -> str | None:
         # A common mistake is to paste the key itself here: refuse anything not shaped like a name.
+        if value is None:
+            return None
         if not value or not value.replace("_", "").isalnum() or value[0].isdigit():
             raise ValueError("must be the NAME of an environment variable (e.g. OPENAI_API_KEY), not the key")
         return value
@@ -149,8 +162,10 @@ class RLMSettings(BaseSettings):
     @classmethod
     def _prices(cls, value: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
         for model, price in value.items():
-            if set(price) != {"prompt", "completion"} or min(price.values()) < 0:
-                raise ValueError(f"price for {model!r} needs non-negative 'prompt' and 'completion' USD per million tokens")
+            if (not {"prompt", "completion"} <= set(price) <= {"prompt", "completion", "cached", "cache_write"}
+                    or min(price.values()) < 0):
+                raise ValueError(f"price for {model!r} needs non-negative 'prompt' and 'completion' USD per million "
+                                 "tokens (and may have 'cached' and 'cache_write')")
         return value
 
     @model_validator(mode="after")
@@ -169,6 +184,8 @@ class RLMSettings(BaseSettings):
             raise ValueError(f"final_reserve_tokens ({self.final_reserve_tokens:,}, RLM_FINAL_RESERVE_TOKENS) must be "
                              f"under max_tokens ({self.max_tokens:,}, RLM_MAX_TOKENS), or no call but the final "
                              "answer could ever be admitted")
+        if self.provider == "anthropic" and self.temperature is not None and self.temperature > ANTHROPIC_MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be at most {ANTHROPIC_MAX_TEMPERATURE:g} for provider anthropic")
         if self.a2a_paid_enabled and not self.a2a_enabled:
             raise ValueError("a2a_paid_enabled needs a2a_enabled (routing on) as well")
         if self.a2a_enabled and self.a2a_max_wait_s + self.a2a_request_timeout_s > self.host_call_timeout_s:
@@ -182,6 +199,16 @@ class RLMSettings(BaseSettings):
 
         names = KernelLimits.field_names()
         return KernelLimits(**{name: getattr(self, name) for name in names if name in type(self).model_fields})
+
+    @property
+    def key_env(self) -> str:
+        """The NAME of the variable holding the model key: RLM_API_KEY_ENV, else the provider's default."""
+        return self.api_key_env or DEFAULT_API_KEY_ENV[self.provider]
+
+    @property
+    def endpoint(self) -> str | None:
+        """The model endpoint: RLM_BASE_URL, else the provider's default (None: the client's own)."""
+        return self.base_url or DEFAULT_BASE_URL[self.provider]
 
     @property
     def runs_dir(self) -> Path:

@@ -1,6 +1,6 @@
 """Fixtures for the RLM library tests: settings in a temporary data dir, a real git repository,
-script files for the scripted provider, and a local HTTP server that speaks the
-OpenAI chat-completions wire format (a paid model cannot run here).
+script files for the scripted provider, and local HTTP servers that speak the OpenAI
+chat-completions and the Anthropic Messages wire formats (a paid model cannot run here).
 """
 
 from __future__ import annotations
@@ -96,16 +96,18 @@ def write_script(tmp_path: Path) -> Callable[..., Path]:
     return write
 
 
-class FakeOpenAI:
-    """A chat-completions server on 127.0.0.1. Queue responses; it records every request it saw.
+class FakeModelServer:
+    """A model API server on 127.0.0.1. Queue responses; it records every request it saw.
 
     A response pushed with ``hold=True`` is not sent until the test calls ``hold.release()``.
+    Subclasses give the wire format: ``completion`` (a success body) and ``error`` (a failure body).
     """
 
     def __init__(self) -> None:
         self.hold = Hold()
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []
+        self.paths: list[str] = []
         self._queue: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         fake = self
@@ -119,13 +121,14 @@ class FakeOpenAI:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 with fake._lock:
                     fake.requests.append(body)
+                    fake.paths.append(self.path)
                     fake.headers.append({k.lower(): v for k, v in self.headers.items()})
                     spec = fake._queue.pop(0) if fake._queue else {"text": "default answer"}
                 if spec.get("hold"):
                     fake.hold()
                 status = spec.get("status", 200)
                 if status != 200:
-                    payload = {"error": {"message": spec.get("message", "boom"), "type": "server_error"}}
+                    payload = fake.error(spec)
                 else:
                     payload = fake.completion(body, spec)
                 data = json.dumps(payload).encode()
@@ -151,6 +154,19 @@ class FakeOpenAI:
         with self._lock:
             self._queue.append(spec)
 
+    def close(self) -> None:
+        self.hold.release()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class FakeOpenAI(FakeModelServer):
+    """OpenAI chat completions: POST {base_url}/chat/completions."""
+
+    @staticmethod
+    def error(spec: dict[str, Any]) -> dict[str, Any]:
+        return {"error": {"message": spec.get("message", "boom"), "type": "server_error"}}
+
     @staticmethod
     def completion(request: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": spec.get("text")}
@@ -166,16 +182,58 @@ class FakeOpenAI:
         if spec.get("usage", True):
             payload["usage"] = {"prompt_tokens": spec.get("prompt_tokens", 100),
                                 "completion_tokens": spec.get("completion_tokens", 20), "total_tokens": 120}
+            if "cached_tokens" in spec:
+                payload["usage"]["prompt_tokens_details"] = {"cached_tokens": spec["cached_tokens"]}
         return payload
 
-    def close(self) -> None:
-        self.hold.release()
-        self.server.shutdown()
-        self.server.server_close()
+
+class FakeAnthropic(FakeModelServer):
+    """Anthropic Messages: POST {base_url}/v1/messages, content blocks, tool_use, usage with the cache fields."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._ids = 0
+
+    @property
+    def base_url(self) -> str:  # the client adds /v1/messages itself
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    @staticmethod
+    def error(spec: dict[str, Any]) -> dict[str, Any]:
+        kind = {429: "rate_limit_error", 529: "overloaded_error", 400: "invalid_request_error"}.get(
+            spec.get("status", 500), "api_error")
+        return {"type": "error", "error": {"type": kind, "message": spec.get("message", "boom")}}
+
+    def completion(self, request: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+        content: list[dict[str, Any]] = []
+        if spec.get("text"):
+            content.append({"type": "text", "text": spec["text"]})
+        if "code" in spec:
+            with self._lock:
+                self._ids += 1
+                tool_id = f"toolu_{self._ids:04d}"
+            content.append({"type": "tool_use", "id": tool_id, "name": "python", "input": {"code": spec["code"]}})
+        payload: dict[str, Any] = {
+            "id": "msg_1", "type": "message", "role": "assistant", "model": request.get("model", "m"),
+            "content": content or [{"type": "text", "text": "default answer"}],
+            "stop_reason": "tool_use" if "code" in spec else "end_turn", "stop_sequence": None,
+            "usage": {"input_tokens": spec.get("input_tokens", 100), "output_tokens": spec.get("output_tokens", 20),
+                      "cache_creation_input_tokens": spec.get("cache_creation_input_tokens", 0),
+                      "cache_read_input_tokens": spec.get("cache_read_input_tokens", 0)},
+        }
+        return payload
 
 
 @pytest.fixture
 def fake_openai() -> Iterator[FakeOpenAI]:
     server = FakeOpenAI()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def fake_anthropic() -> Iterator[FakeAnthropic]:
+    server = FakeAnthropic()
     yield server
     server.close()

@@ -139,3 +139,67 @@ def test_unknown_usage_is_listed_and_reconciled_from_the_command_line(tmp_path: 
 def test_showing_an_unknown_run_says_where_it_looked(tmp_path: Path) -> None:
     show = rlm("show", "nope", data_dir=tmp_path / "data")
     assert show.returncode == 2 and "run_not_found" in show.stderr and "RLM_DATA_DIR" in show.stderr
+
+
+def test_a_run_against_the_anthropic_messages_api_retries_caches_and_records_usage(tmp_path: Path,
+                                                                                  fake_anthropic) -> None:
+    fake_anthropic.push(status=529, message="Overloaded")
+    fake_anthropic.push(code="n = len(context.files())\nprint(n)", input_tokens=900, output_tokens=40,
+                        cache_creation_input_tokens=2000)
+    fake_anthropic.push(code='final_answer("files: " + str(n))', input_tokens=50, output_tokens=20,
+                        cache_read_input_tokens=2000, cache_creation_input_tokens=950)
+    run = rlm("run", "--repo", "library/rlmfamily/examples/harbor", "--provider", "anthropic", "--base-url",
+              fake_anthropic.base_url, "--model", "claude-haiku-4-5", "--api-key-env", "TEST_ANTHROPIC_KEY",
+              "--json", "how many files?", data_dir=tmp_path / "data", env={"TEST_ANTHROPIC_KEY": "sk-ant-local"})
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert result["answer"] == "files: 10"
+    assert len(fake_anthropic.requests) == 3, "the 529 was retried once, then two turns"
+    assert fake_anthropic.requests[0] == fake_anthropic.requests[1], "the retry resends the same request"
+    second_turn = fake_anthropic.requests[2]
+    assert second_turn["system"][0]["cache_control"] == {"type": "ephemeral"}
+    assert second_turn["messages"][-1]["content"][-1]["cache_control"] == {"type": "ephemeral"}
+    assert second_turn["messages"][-1]["content"][0]["type"] == "tool_result"
+    # Tokens: every prompt token (uncached + cache read + cache write) plus the output tokens.
+    assert result["budget"]["tokens"] == (900 + 2000 + 40) + (50 + 2000 + 950 + 20)
+    # claude-haiku-4-5 in the bundled table: 1.00 prompt, 0.10 cached, 1.25 cache write, 5.00 completion.
+    expected_usd = (900 * 1.0 + 2000 * 1.25 + 40 * 5.0 + 50 * 1.0 + 2000 * 0.10 + 950 * 1.25 + 20 * 5.0) / 1e6
+    assert result["budget"]["usd"] == pytest.approx(expected_usd)
+    turns = [json.loads(line) for line in Path(result["trajectory_path"]).read_text().splitlines()]
+    usages = [e["usage"] for e in turns if e.get("event") == "turn"]
+    assert [(u["cache_read_tokens"], u["cache_creation_tokens"]) for u in usages] == [(0, 2000), (2000, 950)]
+    stored = [p.read_bytes() for p in (tmp_path / "data").rglob("*") if p.is_file()]
+    assert not any(b"sk-ant-local" in blob for blob in stored), "the key must never be stored"
+
+
+def _priced_run(tmp_path: Path, fake_openai, *flags: str, env: dict[str, str] | None = None) -> dict:
+    run = rlm("run", "--repo", "library/rlmfamily/examples/harbor", "--base-url", fake_openai.base_url, "--model",
+              "gpt-4o-mini", "--api-key-env", "TEST_RLM_KEY", "--json", *flags, "how many files?",
+              data_dir=tmp_path / "data", env={"TEST_RLM_KEY": "sk-local", **(env or {})})
+    assert run.returncode in (0, 1), run.stderr
+    return json.loads(run.stdout)
+
+
+def test_a_known_model_is_priced_from_the_bundled_table(tmp_path: Path, fake_openai) -> None:
+    fake_openai.push(code="final_answer(len(context.files()))", prompt_tokens=10_000, completion_tokens=1_000,
+                     cached_tokens=4_000)
+    result = _priced_run(tmp_path, fake_openai)
+    # gpt-4o-mini in the bundled table: 0.15 prompt, 0.075 cached, 0.60 completion.
+    assert result["budget"]["usd"] == pytest.approx((6_000 * 0.15 + 4_000 * 0.075 + 1_000 * 0.60) / 1e6)
+
+
+def test_max_usd_stops_a_run_priced_from_the_bundled_table(tmp_path: Path, fake_openai) -> None:
+    for _ in range(6):  # each turn costs 1M prompt tokens at 0.15: $0.15
+        fake_openai.push(code="print(1)", prompt_tokens=1_000_000, completion_tokens=10)
+    result = _priced_run(tmp_path, fake_openai, "--max-usd", "0.4")
+    assert result["stop_reason"] == "budget_exhausted" and result["answer"] is None
+    assert len(fake_openai.requests) < 6
+    assert result["budget"]["usd"] <= 0.4 + 0.15 + 1e-9, "at most the call in flight past the limit"
+
+
+def test_a_price_file_overrides_the_bundled_table(tmp_path: Path, fake_openai) -> None:
+    prices = tmp_path / "prices.toml"
+    prices.write_text('"gpt-4o-mini" = { prompt = 10.0, completion = 20.0 }\n')
+    fake_openai.push(code="final_answer(1)", prompt_tokens=1_000, completion_tokens=100)
+    result = _priced_run(tmp_path, fake_openai, env={"RLM_PRICE_TABLE_FILE": str(prices)})
+    assert result["budget"]["usd"] == pytest.approx((1_000 * 10.0 + 100 * 20.0) / 1e6)

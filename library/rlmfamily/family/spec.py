@@ -7,7 +7,7 @@ it. Secrets never enter the spec: an OpenAI-compatible provider is described by
 the *name* of its key's environment variable, read again in the child process.
 
 Providers: a provider offers ``child_spec() -> {"factory": "package.module:function",
-"kwargs": {...}}`` (``ScriptedProvider`` and ``OpenAIProvider`` do), and the child
+"kwargs": {...}}`` (``ScriptedProvider``, ``OpenAIProvider`` and ``AnthropicProvider`` do), and the child
 calls ``function(settings=..., prompt=..., **kwargs)`` to get its provider. No
 provider is known here by name.
 """
@@ -61,7 +61,7 @@ def provider_spec(provider: Provider) -> dict[str, Any]:
     if not callable(offered):
         raise ChildrenUnavailable(
             f"children run in their own processes and cannot rebuild the provider {type(provider).__name__}; use "
-            "OpenAIProvider or ScriptedProvider, or give the provider a child_spec() method (see rlmfamily/family/spec.py)"
+            "OpenAIProvider, AnthropicProvider or ScriptedProvider, or give the provider a child_spec() method (see rlmfamily/family/spec.py)"
         )
     spec = dict(offered())
     if not isinstance(spec.get("factory"), str) or ":" not in spec["factory"]:

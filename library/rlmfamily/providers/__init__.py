@@ -1,7 +1,8 @@
-"""Model providers: the seam (base), any OpenAI-compatible endpoint, and the scripted replay.
+"""Model providers: the seam (base), any OpenAI-compatible endpoint, Anthropic's Messages API, the scripted replay.
 
-``OpenAIProvider`` is imported on first use: the ``openai`` client costs about half
-a second to import, which ``rlm show`` and scripted runs need not pay.
+``OpenAIProvider`` and ``AnthropicProvider`` are imported on first use: each client
+costs about half a second to import, which ``rlm show`` and scripted runs need not
+pay, and ``anthropic`` is an optional extra (``rlmfamily[anthropic]``).
 """
 
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 from rlmfamily.providers.base import Completion, PriceTable, Provider, ToolCall, Usage
 from rlmfamily.providers.scripted import ScriptedProvider
 
-__all__ = ["Completion", "OpenAIProvider", "PriceTable", "Provider", "ScriptedProvider", "ToolCall", "Usage"]
+__all__ = ["AnthropicProvider", "Completion", "OpenAIProvider", "PriceTable", "Provider", "ScriptedProvider", "ToolCall", "Usage"]
 
 
 def __getattr__(name: str) -> Any:
@@ -17,4 +18,8 @@ def __getattr__(name: str) -> Any:
         from rlmfamily.providers.openai_compat import OpenAIProvider
 
         return OpenAIProvider
+    if name == "AnthropicProvider":
+        from rlmfamily.providers.anthropic_native import AnthropicProvider
+
+        return AnthropicProvider
     raise AttributeError(name)

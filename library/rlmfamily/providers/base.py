@@ -1,8 +1,9 @@
 """The provider seam: what a model endpoint returns (Completion, ToolCall, Usage) and the price table.
 
 A provider turns chat messages into a Completion. Usage a provider did not
-report is ``None`` (unknown), never zero; cost comes from a configurable price
-table and is unknown for a model without a price.
+report is ``None`` (unknown), never zero; cost comes from the price table (the
+bundled, dated ``prices.toml`` under the user's file and inline prices) and is
+unknown for a model without a price.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from rlmfamily.errors import SettingsInvalid
 
 @dataclass(frozen=True)
 class Usage:
-    prompt_tokens: int | None  # None = the provider did not say: unknown, never zero
+    prompt_tokens: int | None  # None = the provider did not say: unknown, never zero. Includes cached tokens.
     completion_tokens: int | None
     cost_usd: float | None
+    cache_read_tokens: int | None = None  # of prompt_tokens, read from the provider's prompt cache
+    cache_creation_tokens: int | None = None  # of prompt_tokens, written to the prompt cache (Anthropic)
 
     @property
     def total_tokens(self) -> int | None:
@@ -35,6 +38,8 @@ class Usage:
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.total_tokens,
             "cost_usd": self.cost_usd,
+            "cache_read_tokens": self.cache_read_tokens,
+            "cache_creation_tokens": self.cache_creation_tokens,
         }
 
 
@@ -78,43 +83,72 @@ class Provider(Protocol):
     ) -> Completion: ...
 
 
-class PriceTable:
-    """USD per million tokens, by model id. A model not in the table has an unknown cost."""
+BUNDLED_PRICES = Path(__file__).resolve().parent.parent / "prices.toml"
+PRICE_FIELDS = frozenset({"prompt", "completion", "cached", "cache_write"})  # USD per million tokens
+REQUIRED_PRICE_FIELDS = frozenset({"prompt", "completion"})
 
-    def __init__(self, prices: dict[str, dict[str, float]] | None = None) -> None:
+
+class PriceTable:
+    """USD per million tokens, by model id. A model not in the table has an unknown cost.
+
+    A price has ``prompt`` and ``completion``, and may have ``cached`` (prompt tokens read from the
+    provider's cache) and ``cache_write`` (prompt tokens written to it); without them those tokens
+    cost the prompt price.
+    """
+
+    def __init__(self, prices: dict[str, dict[str, float]] | None = None, *, as_of: str | None = None) -> None:
         self._prices = dict(prices or {})
+        self.as_of = as_of  # the date of the bundled table, when it is loaded
 
     @classmethod
-    def load(cls, inline: dict[str, dict[str, float]], path: Path | None) -> PriceTable:
-        """Inline prices (RLM_PRICES_USD_PER_MTOK) over a JSON or TOML file (RLM_PRICE_TABLE_FILE)."""
+    def load(cls, inline: dict[str, dict[str, float]], path: Path | None, *, bundled: bool = True) -> PriceTable:
+        """Inline prices (RLM_PRICES_USD_PER_MTOK) over a JSON or TOML file (RLM_PRICE_TABLE_FILE) over the bundled table."""
         prices: dict[str, dict[str, float]] = {}
+        as_of = None
+        if bundled:
+            as_of, prices = _read_prices(BUNDLED_PRICES, setting="price_table_file")
         if path is not None:
-            try:
-                raw = path.read_text()
-                data = tomllib.loads(raw) if path.suffix == ".toml" else json.loads(raw)
-            except (OSError, ValueError) as exc:
-                raise SettingsInvalid(
-                    f"price table {path} cannot be read: {exc} (setting RLM_PRICE_TABLE_FILE)",
-                    setting="price_table_file",
-                ) from None
-            for model, price in dict(data).items():
-                if not isinstance(price, dict) or set(price) != {"prompt", "completion"}:
-                    raise SettingsInvalid(
-                        f"price table {path}: {model!r} needs 'prompt' and 'completion' USD per million tokens",
-                        setting="price_table_file",
-                    )
-                prices[model] = {"prompt": float(price["prompt"]), "completion": float(price["completion"])}
+            prices.update(_read_prices(path, setting="price_table_file")[1])
         prices.update(inline)
-        return cls(prices)
+        return cls(prices, as_of=as_of)
 
     def has(self, model: str) -> bool:
         return model in self._prices
 
-    def cost(self, model: str, prompt_tokens: int | None, completion_tokens: int | None) -> float | None:
+    def cost(self, model: str, prompt_tokens: int | None, completion_tokens: int | None, *,
+             cache_read_tokens: int | None = None, cache_creation_tokens: int | None = None) -> float | None:
         price = self._prices.get(model)
         if price is None or prompt_tokens is None or completion_tokens is None:
             return None
-        return (prompt_tokens * price["prompt"] + completion_tokens * price["completion"]) / 1_000_000
+        read, written = cache_read_tokens or 0, cache_creation_tokens or 0
+        uncached = max(0, prompt_tokens - read - written)
+        usd_micro = (uncached * price["prompt"] + read * price.get("cached", price["prompt"])
+                     + written * price.get("cache_write", price["prompt"]) + completion_tokens * price["completion"])
+        return usd_micro / 1_000_000
+
+
+def _read_prices(path: Path, *, setting: str) -> tuple[str | None, dict[str, dict[str, float]]]:
+    """A price file: optional ``as_of``, then models at the top level or under ``[models]``."""
+    try:
+        raw = path.read_text()
+        data = dict(tomllib.loads(raw) if path.suffix == ".toml" else json.loads(raw))
+    except (OSError, ValueError, TypeError) as exc:
+        raise SettingsInvalid(f"price table {path} cannot be read: {exc} (setting RLM_PRICE_TABLE_FILE)",
+                              setting=setting) from None
+    as_of = data.pop("as_of", None)
+    models = data.pop("models", {})
+    entries = {**(models if isinstance(models, dict) else {}), **data}
+    prices: dict[str, dict[str, float]] = {}
+    for model, price in entries.items():
+        if (not isinstance(price, dict) or not REQUIRED_PRICE_FIELDS <= set(price) or not set(price) <= PRICE_FIELDS
+                or not all(isinstance(v, (int, float)) and v >= 0 for v in price.values())):
+            raise SettingsInvalid(
+                f"price table {path}: {model!r} needs non-negative 'prompt' and 'completion' USD per million tokens "
+                "(and may have 'cached' and 'cache_write')",
+                setting=setting,
+            )
+        prices[model] = {k: float(v) for k, v in price.items()}
+    return (str(as_of) if as_of is not None else None), prices
 
 
 def usd_cost_known(provider: Any, model: str) -> bool:

@@ -12,28 +12,20 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections import Counter
 from collections.abc import Mapping
 from threading import Lock
 from typing import TYPE_CHECKING, Any
-
-import httpx
 
 if TYPE_CHECKING:
     import openai
 
 from rlmfamily.errors import MissingAPIKey, ProviderError, ProviderTimeout
 from rlmfamily.providers.base import Completion, PriceTable, ToolCall, Usage
+from rlmfamily.providers.retry import HTTP_ERRORS, RETRYABLE_STATUS, Retryable, never_sent, with_retries
 from rlmfamily.settings import RLMSettings
 
-RETRYABLE_STATUS = {408, 409, 429, 500, 502, 503, 504}
 MAX_STATUS_DETAIL_CHARS = 300  # of an error body quoted in a ProviderError
-MAX_CAUSE_DEPTH = 10  # links of an exception chain searched for a connect error (chains can loop)
-
-
-class _Retryable(ProviderError):
-    """A failure whose request never billed (never sent, or a 408/409/429/5xx answer): ``complete`` retries it."""
 
 
 class OpenAIProvider:
@@ -46,6 +38,8 @@ class OpenAIProvider:
         model: str,
         api_key_env: str,
         prices: PriceTable | None = None,
+        temperature: float | None = None,
+        max_completion_tokens: int | None = None,
         max_retries: int = 3,
         backoff_s: float = 0.5,
         environ: Mapping[str, str] | None = None,
@@ -63,6 +57,8 @@ class OpenAIProvider:
         self.api_key_env = api_key_env  # the NAME only: a child process reads the key again (rlmfamily/family/spec.py)
         self.default_model = model
         self.prices = prices or PriceTable()
+        self.temperature = temperature  # None: the endpoint's default
+        self.max_completion_tokens = max_completion_tokens  # None: the endpoint's default
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         # Imported on first use: the client and its types take about a second to import, which every process
@@ -83,6 +79,7 @@ class OpenAIProvider:
         return {"factory": f"{__name__}:child_provider", "kwargs": {
             "base_url": self.base_url, "model": self.default_model, "api_key_env": self.api_key_env,
             "max_retries": self.max_retries, "backoff_s": self.backoff_s,
+            "temperature": self.temperature, "max_completion_tokens": self.max_completion_tokens,
         }}
 
     def complete(
@@ -97,29 +94,15 @@ class OpenAIProvider:
         model_id = model or self.default_model
         with self._lock:
             self.calls[purpose] += 1
-        deadline = time.monotonic() + timeout_s
-        attempt = 0
-        while True:
-            attempt += 1
-            with self._lock:
-                self.attempts += 1
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ProviderTimeout(
-                    f"{model_id} did not answer within {timeout_s:g} s, retries included", billed=None
-                )
-            try:
-                return self._completion(self._send(messages, tools, model_id, remaining, timeout_s), model_id)
-            except _Retryable as error:
-                if attempt > self.max_retries:
-                    raise ProviderError(
-                        f"{error.message} (gave up after {attempt} attempts; "
-                        f"RLM_PROVIDER_MAX_RETRIES={self.max_retries})",
-                        billed=error.billed,
-                        **error.details,
-                    ) from None
-            pause = min(self.backoff_s * (2 ** (attempt - 1)), max(0.0, deadline - time.monotonic()))
-            time.sleep(pause)
+        return with_retries(
+            lambda remaining_s: self._completion(self._send(messages, tools, model_id, remaining_s, timeout_s), model_id),
+            model_id=model_id, timeout_s=timeout_s, max_retries=self.max_retries, backoff_s=self.backoff_s,
+            on_attempt=self._count_attempt,
+        )
+
+    def _count_attempt(self) -> None:
+        with self._lock:
+            self.attempts += 1
 
     def _send(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, model_id: str,
               remaining_s: float, timeout_s: float) -> Any:
@@ -129,6 +112,10 @@ class OpenAIProvider:
         kwargs: dict[str, Any] = {"model": model_id, "messages": messages, "timeout": remaining_s}
         if tools:
             kwargs["tools"] = tools
+        if self.temperature is not None:
+            kwargs["temperature"] = self.temperature
+        if self.max_completion_tokens is not None:
+            kwargs["max_completion_tokens"] = self.max_completion_tokens
         try:
             return self._client.chat.completions.create(**kwargs)
         except openai.APITimeoutError:
@@ -138,16 +125,16 @@ class OpenAIProvider:
                 billed=None,
             ) from None
         except openai.APIConnectionError as exc:
-            if not _never_sent(exc):
+            if not never_sent(exc):
                 # The request may have reached the model: its usage is unknown, and a retry could bill twice.
                 raise ProviderError(f"the connection to {self.base_url} broke during the call: {exc}",
                                     billed=None) from None
-            raise _Retryable(f"cannot reach {self.base_url}: {exc}", billed=False) from None
+            raise Retryable(f"cannot reach {self.base_url}: {exc}", billed=False) from None
         except openai.APIStatusError as exc:
-            error = _Retryable if exc.status_code in RETRYABLE_STATUS else ProviderError
+            error = Retryable if exc.status_code in RETRYABLE_STATUS else ProviderError
             raise error(f"{self.base_url} answered HTTP {exc.status_code} for model {model_id}: {_status_detail(exc)}",
                         billed=False, status=exc.status_code) from None
-        except (openai.OpenAIError, httpx.HTTPError) as exc:  # e.g. an answer the client cannot parse
+        except (openai.OpenAIError, *HTTP_ERRORS) as exc:  # e.g. an answer the client cannot parse
             raise ProviderError(f"{self.base_url} failed for model {model_id}: {type(exc).__name__}: {exc}",
                                 billed=None) from None
 
@@ -165,11 +152,14 @@ class OpenAIProvider:
         if response.usage is not None and response.usage.prompt_tokens is not None:
             prompt = int(response.usage.prompt_tokens)
             completion = int(response.usage.completion_tokens or 0)
-            cost = self.prices.cost(model_id, prompt, completion)
+            details = getattr(response.usage, "prompt_tokens_details", None)
+            cached = getattr(details, "cached_tokens", None)  # part of prompt_tokens, billed at the cached price
+            cached = int(cached) if isinstance(cached, int) else None
+            cost = self.prices.cost(model_id, prompt, completion, cache_read_tokens=cached)
             reported = getattr(response.usage, "cost", None)  # OpenRouter reports the charge itself
             if cost is None and isinstance(reported, (int, float)):
                 cost = float(reported)
-            usage = Usage(prompt, completion, cost)
+            usage = Usage(prompt, completion, cost, cache_read_tokens=cached)
         return Completion(
             text=message.content or "",
             tool_calls=tuple(calls),
@@ -179,10 +169,12 @@ class OpenAIProvider:
 
 
 def child_provider(*, settings: RLMSettings, prompt: str, base_url: str, model: str, api_key_env: str,
-                   max_retries: int, backoff_s: float) -> OpenAIProvider:
+                   max_retries: int, backoff_s: float, temperature: float | None = None,
+                   max_completion_tokens: int | None = None) -> OpenAIProvider:
     """A child process's provider (``child_spec``'s factory); the key is read again from its environment."""
     prices = PriceTable.load(settings.prices_usd_per_mtok, settings.price_table_file)
     return OpenAIProvider(base_url=base_url, model=model, api_key_env=api_key_env, prices=prices,
+                          temperature=temperature, max_completion_tokens=max_completion_tokens,
                           max_retries=max_retries, backoff_s=backoff_s)
 
 
@@ -198,18 +190,6 @@ def _code_from_arguments(arguments: str | None) -> str:
         code = parsed.get("code")
         return code if isinstance(code, str) else ""
     return arguments
-
-
-def _never_sent(exc: BaseException) -> bool:
-    """True when the connection was never opened (refused, DNS, connect timeout): the request did not leave."""
-    seen: BaseException | None = exc
-    for _ in range(MAX_CAUSE_DEPTH):
-        if seen is None:
-            break
-        if isinstance(seen, (httpx.ConnectError, httpx.ConnectTimeout, ConnectionRefusedError)):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 def _status_detail(exc: openai.APIStatusError) -> str:

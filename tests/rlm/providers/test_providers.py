@@ -170,3 +170,23 @@ def test_a_price_table_file_is_loaded(tmp_path: Path) -> None:
     table.write_text(json.dumps({"m-2": {"prompt": 1.0, "completion": 3.0}}))
     prices = PriceTable.load({}, table)
     assert prices.cost("m-2", 1_000_000, 0) == 1.0 and prices.cost("other", 1, 1) is None
+
+
+def test_the_bundled_price_table_is_dated_and_prices_common_models_with_their_cache_prices() -> None:
+    prices = PriceTable.load({}, None)
+    assert prices.as_of and prices.as_of.startswith("20")
+    for model in ("gpt-4o-mini", "gpt-4.1", "claude-sonnet-4-5", "claude-haiku-4-5"):
+        assert prices.has(model), model
+    # 1M cached prompt tokens of gpt-4o-mini cost the cached price, not the prompt price.
+    assert prices.cost("gpt-4o-mini", 1_000_000, 0, cache_read_tokens=1_000_000) == pytest.approx(0.075)
+    assert not PriceTable.load({}, None, bundled=False).has("gpt-4o-mini")
+
+
+def test_a_malformed_price_file_names_the_setting(tmp_path: Path) -> None:
+    from rlmfamily.errors import SettingsInvalid
+
+    table = tmp_path / "prices.toml"
+    table.write_text('"m" = { prompt = 1.0, output = 2.0 }\n')
+    with pytest.raises(SettingsInvalid) as info:
+        PriceTable.load({}, table)
+    assert info.value.setting == "price_table_file" and "'completion'" in info.value.message
