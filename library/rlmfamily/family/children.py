@@ -13,7 +13,9 @@ transaction of the family store, and raises at once with the setting's name.
 
 Liveness: a run started by this process is watched through its ``Popen``; any
 other (after a restart, or a grandchild) only counts as alive when its identity
-is proven (pid alive, same start time, the run's token on its command line).
+is proven (pid alive, same start time, the run's token on its command line), or
+when it has no pid yet and the process that admitted it (which spawns it next)
+is alive.
 A run whose process is gone without a result becomes ``interrupted``; nothing
 is ever assumed alive from a pid alone.
 """
@@ -263,7 +265,7 @@ class Family:
         if proc is not None:
             if code is not None:
                 reason = f"the child process exited with code {code} without a result"
-        elif not procs.proven(run.pid, run.pid_start, run.token):
+        elif not self._alive_or_starting(run):
             reason = ("its process is gone (or its pid now belongs to another process: the start time or "
                       "token differ) and it wrote no result")
         if reason is None and run.state == "admitted" and time.time() - run.admitted_at > self.settings.child_start_timeout_s:
@@ -280,6 +282,15 @@ class Family:
         fresh = self.store.run(run.run_id)
         assert fresh is not None
         return fresh
+
+    def _alive_or_starting(self, run: RunRecord) -> bool:
+        """Its process is proven, or it has none yet and the process that admitted it lives (it spawns it next)."""
+        if run.pid is None:
+            if run.owner_pid and procs.alive(run.owner_pid, run.owner_start):
+                return True
+            # The admitting process is gone, so the pid it may have recorded since this row was read is final.
+            run = self.store.run(run.run_id) or run
+        return procs.proven(run.pid, run.pid_start, run.token)
 
     def _refresh_active(self) -> None:
         for run in self.store.runs(self.root_id, active_only=True):

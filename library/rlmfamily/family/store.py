@@ -10,19 +10,23 @@ transaction, so concurrent processes never both pass a check.
 - ``agents``: the root (depth 0) and every child agent, with its parent; routing
   and depth follow these links.
 - ``runs``: one row per piece of child work (the first run of an agent, or a
-  follow-up), with the process identity (pid, its start time, a random token)
-  and, once it ends, the result. A terminal row is never changed again.
+  follow-up), with the process that admitted it (``owner_pid``, its start
+  time: it spawns the run next), the run's process identity (pid, its start
+  time, a random token) and, once it ends, the result. A terminal row is never
+  changed again.
 - ``messages``: family messages, unique per (family, sender, delivery id).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
+
+from rlmfamily.family import procs
 from rlmfamily.sqlite_file import SQLiteFile
 
 
@@ -55,6 +59,8 @@ CREATE TABLE IF NOT EXISTS runs (
     state        TEXT NOT NULL CHECK (state IN ('admitted', 'running', 'completed', 'failed', 'cancelled',
                                                 'interrupted')),
     token        TEXT NOT NULL,
+    owner_pid    INTEGER,
+    owner_start  TEXT,
     pid          INTEGER,
     pid_start    TEXT,
     kernel_pid   INTEGER,
@@ -84,6 +90,8 @@ CREATE TABLE IF NOT EXISTS messages (
 );
 CREATE INDEX IF NOT EXISTS messages_by_recipient ON messages (root_id, recipient, acked_at, id);
 """
+# Columns added after the first release: a file written before them gets them when it is opened.
+ADDED_COLUMNS = {"runs": (("owner_pid", "INTEGER"), ("owner_start", "TEXT"))}
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,8 @@ class RunRecord:
     prompt: str
     state: str  # admitted | running | completed | failed | cancelled | interrupted
     token: str
+    owner_pid: int | None  # the process that admitted the run and spawns it
+    owner_start: str | None
     pid: int | None
     pid_start: str | None
     kernel_pid: int | None
@@ -142,6 +152,23 @@ class FamilyStore(SQLiteFile):
     """The SQLite file of every family under one data dir."""
 
     SCHEMA = SCHEMA
+
+    def _initialize(self) -> None:
+        super()._initialize()
+        for table, columns in ADDED_COLUMNS.items():
+            if not self._missing(table, columns):
+                continue
+            with self.transaction() as conn:  # under the write lock: two processes never both add a column
+                for name, kind in self._missing(table, columns, conn):
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+
+    def _missing(self, table: str, columns: tuple[tuple[str, str], ...],
+                 conn: sqlite3.Connection | None = None) -> list[tuple[str, str]]:
+        if conn is None:
+            with self.reading() as reader:
+                return self._missing(table, columns, reader)
+        present = {row["name"] for row in conn.execute(f"PRAGMA table_info({table})")}
+        return [c for c in columns if c[0] not in present]
 
     # ---------- families and agents ----------
 
@@ -193,10 +220,12 @@ class FamilyStore(SQLiteFile):
     @staticmethod
     def insert_run(conn: sqlite3.Connection, *, run_id: str, agent_id: str, root_id: str, kind: str,
                    follows: str | None, prompt: str, token: str) -> None:
+        """An admitted run, owned by this process until it records the run's process (``set_spawned``)."""
+        owner = os.getpid()
         conn.execute(
-            "INSERT INTO runs (run_id, agent_id, root_id, kind, follows, prompt, state, token, admitted_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, 'admitted', ?, ?)",
-            (run_id, agent_id, root_id, kind, follows, prompt, token, time.time()),
+            "INSERT INTO runs (run_id, agent_id, root_id, kind, follows, prompt, state, token, owner_pid, "
+            "owner_start, admitted_at) VALUES (?, ?, ?, ?, ?, ?, 'admitted', ?, ?, ?, ?)",
+            (run_id, agent_id, root_id, kind, follows, prompt, token, owner, procs.start_time(owner), time.time()),
         )
 
     def run(self, run_id: str) -> RunRecord | None:

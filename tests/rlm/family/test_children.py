@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from rlmfamily.budget import BudgetLedger
 from rlmfamily.family import procs
+from rlmfamily.family.children import Family
 from rlmfamily.family.store import FamilyStore
 
 from ..holds import DEADLINE_SLACK_S, Gate
@@ -272,3 +276,48 @@ except ValueError as e:
     result = run_root(make_settings(max_children=2), tmp_path, script([root]))
     assert result.stop_reason == "answered", result.error
     assert result.answer.startswith("[family_argument_invalid]") and "RLM_MAX_CHILDREN" in result.answer
+
+
+# What a parent's Family.start does up to its spawn: the child is admitted and has no process yet. The
+# admitting process then waits on its stdin, so the test decides when it is gone.
+ADMIT_THEN_WAIT = """
+import sys
+from rlmfamily.family.store import Agent, FamilyStore
+store = FamilyStore(sys.argv[1])
+store.ensure_root("root")
+with store.transaction() as conn:
+    FamilyStore.insert_agent(conn, Agent("root.c1", "root", "root", 1, []))
+    FamilyStore.insert_run(conn, run_id="root.c1", agent_id="root.c1", root_id="root", kind="run", follows=None,
+                           prompt="sibling", token="0" * 32)
+print("admitted", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_child_admitted_by_a_live_parent_is_not_gone_before_its_process_starts(make_settings) -> None:
+    # Seen: a child calling rlm.run while its parent started siblings judged the siblings admitted a moment
+    # earlier (no pid recorded yet) gone, and they failed before they started.
+    settings = make_settings()
+    parent = subprocess.Popen([sys.executable, "-c", ADMIT_THEN_WAIT, str(settings.family_path)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline() == "admitted\n"
+        [run] = Family(settings, "root").children(None)  # another process of the family looks at it
+        assert (run.state, run.pid, run.error) == ("admitted", None, None)
+    finally:
+        parent.communicate("")
+    # Its admitting process is gone without starting it: now it never will.
+    [run] = Family(settings, "root").children(None)
+    assert run.state == "failed" and "before it started" in run.error
+
+
+def test_a_family_file_from_before_the_owner_columns_still_opens(make_settings) -> None:
+    settings = make_settings()
+    FamilyStore(settings.family_path)
+    with sqlite3.connect(settings.family_path) as old:  # the runs table as the first release wrote it
+        old.execute("ALTER TABLE runs DROP COLUMN owner_pid")
+        old.execute("ALTER TABLE runs DROP COLUMN owner_start")
+    subprocess.run([sys.executable, "-c", ADMIT_THEN_WAIT, str(settings.family_path)], input="", check=True,
+                   capture_output=True, text=True)
+    [run] = Family(settings, "root").children(None)
+    assert run.owner_pid and run.state == "failed" and "before it started" in run.error
