@@ -29,6 +29,7 @@ The allowance is keyed by root id, so reopening it after a restart keeps the cou
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sqlite3
@@ -244,6 +245,7 @@ class Budget:
     def __init__(self, ledger: BudgetLedger | str | Path, root_id: str, limits: BudgetLimits) -> None:
         self.ledger = ledger if isinstance(ledger, BudgetLedger) else BudgetLedger(ledger)
         self.root_id = root_id
+        self.entry_ids: list[int] = []  # the calls this holder admitted (one run of the family)
         with self.ledger.transaction() as conn:
             row = conn.execute("SELECT * FROM budgets WHERE root_id = ?", (root_id,)).fetchone()
             if row is None:
@@ -284,7 +286,9 @@ class Budget:
                 "VALUES (?, ?, 'reserved', ?, ?, ?)",
                 (self.root_id, purpose, estimate, _owner(), time.time()),
             )
-            return int(cursor.lastrowid or 0)
+            entry_id = int(cursor.lastrowid or 0)
+        self.entry_ids.append(entry_id)
+        return entry_id
 
     # ---------- resolution (each entry once; a late answer may still settle an unknown one) ----------
 
@@ -326,6 +330,18 @@ class Budget:
 
     def snapshot(self) -> BudgetSnapshot:
         return self.ledger.snapshot(self.root_id)
+
+    def own_usage(self) -> dict[str, Any]:
+        """What this holder's own calls used (a family member's share of the root's allowance)."""
+        with self.ledger.reading() as conn:
+            row = conn.execute(
+                "SELECT COUNT(*) AS calls, COALESCE(SUM(tokens), 0) AS tokens, COALESCE(SUM(cost_usd), 0) AS usd, "
+                "COALESCE(SUM(state = 'unknown'), 0) AS unknown_tokens FROM usage "
+                "WHERE root_id = ? AND id IN (SELECT value FROM json_each(?))",
+                (self.root_id, json.dumps(self.entry_ids)),
+            ).fetchone()
+        return {"calls": int(row["calls"]), "tokens": int(row["tokens"]), "usd": float(row["usd"]),
+                "unknown_tokens": int(row["unknown_tokens"])}
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ from rich.text import Text
 from rlmfamily.budget import BudgetLedger
 from rlmfamily.context import Context
 from rlmfamily.errors import ContextError, RLMError, SettingsInvalid
+from rlmfamily.family import procs
+from rlmfamily.prompts import NO_OUTPUT, NO_OUTPUT_HINT
 from rlmfamily.providers.base import PriceTable, Provider
 from rlmfamily.providers.scripted import ScriptedProvider
 from rlmfamily.session import RunResult, Session
@@ -76,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--json", action="store_true", help="print the raw events as a JSON list")
 
     usage = sub.add_parser("usage", help="inference budgets: calls, tokens, USD and unknown usage")
-    usage.add_argument("--run", help="list one run's usage entries")
+    usage.add_argument("--run", help="list one run's usage entries: run id, unique prefix, 'last' (as show); "
+                       "a child's is its family's")
     usage.add_argument("--json", action="store_true")
     usage.add_argument("--reconcile", type=int, metavar="ENTRY", help="record the real usage of an unknown entry")
     usage.add_argument("--tokens", type=int, help="with --reconcile: the real token count")
@@ -152,7 +155,7 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
     settings = _settings(args)
     context = _context(args, settings)
     provider = _provider(args, settings)
-    progress = _Progress()
+    progress = _Progress(settings.max_turns)
     live = None if args.quiet or args.json else Live(progress.render(), console=err, refresh_per_second=8, transient=True)
 
     def on_event(event: dict[str, Any]) -> None:
@@ -198,9 +201,9 @@ def _provider(args: argparse.Namespace, settings: RLMSettings) -> Provider:
 class _Progress:
     """The live line: turn, sub-calls, budget used."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_turns: int) -> None:
         self.turn = 0
-        self.max_turns = 0
+        self.max_turns = max_turns
         self.subcalls = 0
         self.budget: dict[str, Any] = {}
         self.state = "starting"
@@ -274,7 +277,23 @@ def _show(args: argparse.Namespace, out: Console) -> int:
         return EXIT_OK
     for event in events:
         _show_event(event, out)
+    if not any(e["event"] == "run_finished" for e in events):
+        _show_unfinished(events, out)
     return EXIT_OK
+
+
+def _show_unfinished(events: list[dict[str, Any]], out: Console) -> None:
+    """A trajectory without run_finished: the run is still going, or its process ended without finishing."""
+    started = next((e for e in events if e["event"] == "run_started"), {})
+    turns = max((e.get("turn", 0) for e in events if e["event"] == "turn"), default=0)
+    pid = started.get("pid")
+    if pid and procs.alive(pid, started.get("pid_start")):
+        why = f"still running (pid {pid})"
+    elif pid:
+        why = f"its process (pid {pid}) ended without finishing the run: killed or crashed"
+    else:
+        why = "still running, or its process was killed or crashed"
+    out.print(f"\n── did not finish after {turns} turns: {why}", style="bold red", markup=False, highlight=False)
 
 
 def _show_event(e: dict[str, Any], out: Console) -> None:
@@ -293,7 +312,10 @@ def _show_event(e: dict[str, Any], out: Console) -> None:
         for code in e.get("code") or []:
             p(code.rstrip(), "green")
     elif kind == "step":
-        p(e.get("observation", ""), None if e.get("ok") else "red")
+        observation = e.get("observation", "")
+        if e.get("full_chars") == 0:  # the model's hint is for the model
+            observation = observation.replace(NO_OUTPUT_HINT, NO_OUTPUT)
+        p(observation, None if e.get("ok") else "red")
     elif kind == "subcall":
         status = "ok" if e.get("ok") else f"error {e.get('error_code')}"
         tokens = (e.get("usage") or {}).get("total_tokens")
@@ -311,11 +333,17 @@ def _show_event(e: dict[str, Any], out: Console) -> None:
         show_event(e, p)
     elif kind == "run_finished":
         budget = e.get("budget", {})
+        own = e.get("usage") or budget  # a trajectory from before "usage" has the allowance's totals only
+        family = f"; family total {_totals(budget)}" if own.get("calls") != budget.get("calls") else ""
         p(f"\n── {e.get('stop_reason')} after {e.get('turns')} turns, {e.get('subcalls')} sub-calls, "
-          f"{budget.get('calls')} calls, {budget.get('tokens', 0):,} tokens, ${budget.get('usd', 0):.4f}", "bold")
+          f"{_totals(own)}{family}", "bold")
         if e.get("error"):
             p(f"error: {e['error']}", "red")
         p(e.get("answer") if e.get("answer") is not None else "(no answer)")
+
+
+def _totals(usage: dict[str, Any]) -> str:
+    return f"{usage.get('calls')} calls, {usage.get('tokens', 0):,} tokens, ${usage.get('usd', 0):.4f}"
 
 
 def _one_line(text: str, width: int) -> str:
@@ -340,10 +368,11 @@ def _usage(args: argparse.Namespace, out: Console) -> int:
                       f"USD {entry.cost_usd if entry.cost_usd is not None else 'unknown'}; reason: {entry.reason}",
                       markup=False, highlight=False)
         return EXIT_OK
-    roots = [args.run] if args.run else ledger.roots()
-    summaries = [_root_summary(ledger, root) for root in roots]
-    unresolved = [e.to_dict() for root in roots for e in ledger.entries(root, unresolved_only=True)]
-    entries = [e.to_dict() for e in ledger.entries(args.run)] if args.run else []
+    root = _usage_root(settings, ledger, args.run) if args.run else None
+    roots = [root] if root else ledger.roots()
+    summaries = [_root_summary(ledger, r) for r in roots]
+    unresolved = [e.to_dict() for r in roots for e in ledger.entries(r, unresolved_only=True)]
+    entries = [e.to_dict() for e in ledger.entries(root)] if root else []
     if args.json:
         out.print_json(json.dumps({"roots": summaries, "unresolved": unresolved, "entries": entries}))
         return EXIT_OK
@@ -370,6 +399,20 @@ def _usage(args: argparse.Namespace, out: Console) -> int:
             out.print(f"  entry {e['id']} of {e['root_id']}: {e['purpose']} {e['state']}, tokens {e['tokens']}, "
                       f"USD {e['cost_usd']} - {e['note'] or ''}", markup=False, highlight=False)
     return EXIT_OK
+
+
+def _usage_root(settings: RLMSettings, ledger: BudgetLedger, run: str) -> str:
+    """The allowance ``--run`` names: a root id, or a run found as ``rlm show`` finds it (a child's is its root's)."""
+    if run in ledger.roots():
+        return run
+    run_id = find_run(settings.runs_dir, run).parent.name
+    if settings.family_path.is_file():
+        from rlmfamily.family.store import FamilyStore
+
+        member = FamilyStore(settings.family_path).run(run_id)
+        if member is not None:
+            return member.root_id
+    return run_id
 
 
 def _root_summary(ledger: BudgetLedger, root_id: str) -> dict[str, Any]:

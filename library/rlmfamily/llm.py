@@ -86,6 +86,31 @@ def _failure(code: str, error: str, advice: str) -> LLMResult:
 
 
 ContextResolver = Callable[[Any], str]
+RecordSink = Callable[[SubcallRecord], None]
+
+
+class _InOrder:
+    """Hands a batch's records on in input order as they come: a record waits only for the prompts before it."""
+
+    def __init__(self, on_record: RecordSink | None, count: int) -> None:
+        self._on_record = on_record
+        self._lock = threading.Lock()
+        self._records: list[SubcallRecord | None] = [None] * count
+        self._done = [False] * count
+        self._next = 0
+
+    def put(self, index: int, record: SubcallRecord) -> None:
+        with self._lock:
+            self._records[index] = record
+
+    def done(self, index: int) -> None:
+        """Prompt ``index`` is over (a prompt refused before it was sent leaves no record)."""
+        with self._lock:
+            self._done[index] = True
+            while self._next < len(self._done) and self._done[self._next]:
+                record, self._next = self._records[self._next], self._next + 1
+                if record is not None and self._on_record is not None:
+                    self._on_record(record)
 
 
 class SubcallRunner:
@@ -120,15 +145,19 @@ class SubcallRunner:
 
     def query(self, prompt: Any, context: Any = "", model: str | None = None,
               deadline: float | None = None) -> LLMResult:
+        return self._guarded(prompt, context, model, deadline)
+
+    def _guarded(self, prompt: Any, context: Any, model: str | None, deadline: float | None,
+                 seq: int | None = None, record: RecordSink | None = None) -> LLMResult:
         try:
-            return self._one(prompt, context, model, deadline)
+            return self._one(prompt, context, model, deadline, seq, record)
         except Exception as exc:  # noqa: BLE001 - the model's code must get data, never our crash
             return _failure("internal_error", f"{type(exc).__name__}: {exc}", "Retry once; if it repeats, continue without it.")
 
     def query_batched(
         self, prompts: Any, contexts: Any = None, model: str | None = None
     ) -> list[LLMResult]:
-        """Results in input order; one failure does not fail the batch."""
+        """Results, sequence numbers and recorded sub-calls in input order; one failure does not fail the batch."""
         if not isinstance(prompts, (list, tuple)):
             return [_failure("invalid_argument", "llm_query_batched takes a list of prompts",
                              "Pass a list: llm_query_batched([p1, p2], [c1, c2]).")]
@@ -148,13 +177,26 @@ class SubcallRunner:
         # The whole batch is one host call with its own deadline: finish inside it, so the answers
         # that did arrive reach the code instead of being lost to a TimeoutError.
         deadline = time.monotonic() + self.settings.host_call_timeout_s * BATCH_DEADLINE_SHARE
+        with self._lock:
+            first_seq = self._seq + 1
+            self._seq += count
+        in_order = _InOrder(self.on_record, count)
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rlm-subcall") as pool:
-            futures = [pool.submit(self.query, p, c, model, deadline) for p, c in zip(prompts, contexts)]
+            futures = [pool.submit(self._batch_item, in_order, i, first_seq + i, p, c, model, deadline)
+                       for i, (p, c) in enumerate(zip(prompts, contexts))]
             return [f.result() for f in futures]
+
+    def _batch_item(self, in_order: _InOrder, index: int, seq: int, prompt: Any, context: Any, model: str | None,
+                    deadline: float) -> LLMResult:
+        try:
+            return self._guarded(prompt, context, model, deadline, seq, lambda record: in_order.put(index, record))
+        finally:
+            in_order.done(index)
 
     # ---------- one call ----------
 
-    def _one(self, prompt: Any, context: Any, model: str | None, deadline: float | None = None) -> LLMResult:
+    def _one(self, prompt: Any, context: Any, model: str | None, deadline: float | None = None,
+             seq: int | None = None, record: RecordSink | None = None) -> LLMResult:
         timeout_s = self.settings.subcall_timeout_s
         if deadline is not None:
             timeout_s = min(timeout_s, deadline - time.monotonic())
@@ -190,8 +232,9 @@ class SubcallRunner:
                     "Combine the answers you have and call final_answer().",
                 )
             self._admitted += 1
-            self._seq += 1
-            seq = self._seq
+            if seq is None:  # a batch numbered its prompts in input order
+                self._seq += 1
+                seq = self._seq
         model_id = model or self.model
         estimate = estimate_tokens(total + len(SUBCALL_SYSTEM)) + estimate_tokens(self.settings.max_response_chars)
         try:
@@ -199,12 +242,12 @@ class SubcallRunner:
                                       keep_tokens=self.settings.final_reserve_tokens)
         except BudgetError as exc:
             result = _failure(exc.code, exc.message, "The inference budget is spent: answer now with final_answer().")
-            self._record(seq, prompt, context_text, result, None)
+            self._record(seq, prompt, context_text, result, None, record)
             return result
         content = f"{context_text}\n\n{prompt}" if context_text else prompt
         messages = [{"role": "system", "content": SUBCALL_SYSTEM}, {"role": "user", "content": content}]
         result = self._call(messages, model_id, entry, timeout_s)
-        self._record(seq, prompt, context_text, result, entry)
+        self._record(seq, prompt, context_text, result, entry, record)
         return result
 
     def _call(self, messages: list[dict[str, Any]], model: str | None, entry: int, timeout_s: float) -> LLMResult:
@@ -262,10 +305,12 @@ class SubcallRunner:
             advice=f"The answer was cut at {cap:,} characters (RLM_MAX_RESPONSE_CHARS)." if truncated else None,
         )
 
-    def _record(self, seq: int, prompt: str, context_text: str, result: LLMResult, entry: int | None) -> None:
-        if self.on_record is None:
+    def _record(self, seq: int, prompt: str, context_text: str, result: LLMResult, entry: int | None,
+                record: RecordSink | None) -> None:
+        deliver = record or self.on_record
+        if deliver is None:
             return
-        self.on_record(
+        deliver(
             SubcallRecord(
                 seq=seq, turn=self.current_turn, prompt=prompt, context_chars=len(context_text), ok=result.ok,
                 error_code=result.error_code, response=result.text if result.ok else (result.error or ""),

@@ -90,6 +90,9 @@ def first_message(question: str, stats: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+NO_OUTPUT_HINT = "(no output; print() what you want to see)"  # for the model; a person is shown NO_OUTPUT
+NO_OUTPUT = "(no output)"
+
 NUDGE = (
     "Use the python tool to continue. To finish, call final_answer(value) in code; "
     "a plain-text reply does not end the run."

@@ -11,6 +11,7 @@ sub-call draws on the run's one budget; every run writes a trajectory.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import threading
 import time
@@ -24,11 +25,12 @@ from rlmfamily.context import Context
 from rlmfamily.composition import KERNEL_NAMES, KernelFactory, default_extensions, default_kernel_factory
 from rlmfamily.errors import BudgetError, ProviderError, RLMError, SettingsInvalid
 from rlmfamily.extensions import Extension, ExtensionFactory, RunInfo
+from rlmfamily.family import procs
 from rlmfamily.history import History
 from rlmfamily.kernels.base import Kernel, StepResult
 from rlmfamily.llm import SubcallRecord, SubcallRunner
 from rlmfamily.namespace import PRELUDE, AnswerBox, Bridge, _guest_errors
-from rlmfamily.prompts import NUDGE, PYTHON_TOOL, final_request, first_message, system_prompt
+from rlmfamily.prompts import NO_OUTPUT_HINT, NUDGE, PYTHON_TOOL, final_request, first_message, system_prompt
 from rlmfamily.providers.base import Completion, Provider, estimate_tokens, message_chars, usd_cost_known
 from rlmfamily.settings import RLMSettings, load_settings
 from rlmfamily.trajectory import FILENAME, PREVIEW_CHARS, TrajectoryWriter
@@ -240,7 +242,7 @@ class _Run:
             limits={"max_turns": settings.max_turns, "max_calls": settings.max_calls,
                     "max_tokens": settings.max_tokens, "max_usd": settings.max_usd,
                     "max_subcalls": settings.max_subcalls, "max_observation_chars": settings.max_observation_chars},
-            first_message=self.messages[-1]["content"],
+            first_message=self.messages[-1]["content"], pid=os.getpid(), pid_start=procs.start_time(os.getpid()),
         )
         self.emit({"event": "run_started", "run_id": session.run_id, "max_turns": settings.max_turns,
                    "budget": self.budget.snapshot().to_dict()})
@@ -354,7 +356,7 @@ class _Run:
         title = code.strip().splitlines()[0][:ENTRY_TITLE_CHARS]
         hid = self.history.add("observation", full, turn=self.turn, title=title) if full else None
         body = bounded(full, settings.max_observation_chars, settings.observation_tail_chars, hid,
-                       settings.max_history_read_chars) if full else "(no output; print() what you want to see)"
+                       settings.max_history_read_chars) if full else NO_OUTPUT_HINT
         observation = _step_header(result) + "\n" + body
         if self.answer.value is not None and self.answer.turn == self.turn:
             observation += "\n[final answer recorded]"
@@ -435,7 +437,7 @@ class _Run:
         duration = round(time.monotonic() - self.started, 3)
         self.trajectory.write(
             "run_finished", stop_reason=self.stop_reason, answer=self.answer.value, error=self.error, turns=self.turn,
-            subcalls=self.subcall_count, budget=snapshot.to_dict(), root_chars_sent=self.root_chars_sent,
+            subcalls=self.subcall_count, usage=self.budget.own_usage(), budget=snapshot.to_dict(), root_chars_sent=self.root_chars_sent,
             root_chars_last=self.root_chars_last, corpus_bytes=self.stats["bytes"], duration_s=duration, **extra,
         )
         self.trajectory.close()

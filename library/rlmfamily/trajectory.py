@@ -1,12 +1,15 @@
 """The JSON-lines trajectory every run writes, and reading it back.
 
 One JSON object per line, each with ``event``, ``seq`` and ``ts``. Events:
-``run_started`` (question, corpus shape, kernel, model, limits), ``turn`` (the
-model's text and code, usage), ``step`` (one python step: ok, error, bounded
-observation, history id), ``subcall`` (prompt preview, outcome, usage),
+``run_started`` (question, corpus shape, kernel, model, limits, the process's
+pid and start time), ``turn`` (the model's text and code, usage), ``step`` (one
+python step: ok, error, the observation as the model saw it, history id),
+``subcall`` (prompt preview, outcome, usage; a batch's in input order),
 ``final_request`` (why the model was asked to answer now) and ``run_finished``
-(stop reason, answer, totals). Lines are flushed as they are written, so a
-crashed run still leaves everything up to the crash.
+(stop reason, answer, the run's own ``usage`` and the family allowance's
+``budget`` totals). Lines are flushed as they are written, so a crashed run
+still leaves everything up to the crash; a trajectory without ``run_finished``
+is a run that did not finish (or is still running).
 """
 
 from __future__ import annotations

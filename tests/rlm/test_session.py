@@ -219,18 +219,20 @@ def test_the_progress_line_shows_turn_sub_calls_and_budget(fixture_repo: Path, m
                                                            write_script) -> None:
     from rlmfamily.cli import _Progress
 
-    progress = _Progress()
-    seen: list[str] = []
+    settings = make_settings()
+    progress = _Progress(settings.max_turns)
+    seen: list[str] = [progress.render().plain]  # the frame shown before the run's first event
 
     def on_event(event: dict[str, Any]) -> None:
         progress.update(event)
         seen.append(progress.render().plain)
 
     script = write_script(INVESTIGATION, RULES, default_answer="NONE")
-    session = Session(context=Context.from_repository(fixture_repo, make_settings()),
-                      provider=ScriptedProvider.from_file(script), settings=make_settings(), kernel="monty",
+    session = Session(context=Context.from_repository(fixture_repo, settings),
+                      provider=ScriptedProvider.from_file(script), settings=settings, kernel="monty",
                       on_event=on_event)
     result = session.run("q")
+    assert seen[0].startswith("turn 0/12 · sub-calls 0") and "starting" in seen[0]
     assert any(line.startswith("turn 1/12 · sub-calls 0 · calls 1/300 · tokens ") and "running code" in line
                for line in seen)
     counts = [int(line.split("sub-calls ")[1].split(" ")[0]) for line in seen]
