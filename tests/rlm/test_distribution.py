@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -41,8 +42,10 @@ def _run(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("dist")
+    # Built from a copy: setuptools builds in the source folder (build/, *.egg-info), and the checkout stays clean.
+    source = shutil.copytree(LIBRARY, out / "source", ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     _run(sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "-q", "--no-deps",
-         "--no-build-isolation", "-w", str(out), str(LIBRARY), cwd=out)
+         "--no-build-isolation", "-w", str(out), str(source), cwd=out)
     (built,) = out.glob("rlmfamily-*.whl")
     return built
 
