@@ -31,6 +31,9 @@ SUBCALL_SYSTEM = (
 PREVIEW_CHARS = 60
 BATCH_DEADLINE_SHARE = 0.95  # of host_call_timeout_s: a batch returns what it has before its host call is cut
 MIN_CALL_S = 0.05  # less time than this left: do not send the call at all
+# The client's own timeout is the sub-call's plus this: the sub-call's deadline always ends it first (its note
+# names RLM_SUBCALL_TIMEOUT_S), and an answer that arrives within the grace still settles its usage.
+CLIENT_GRACE_S = 1.0
 PROMPT_TOO_LARGE_ADVICE = ("Split the text with context.chunk(size=...) or select() fewer files, "
                            "then ask about each piece with llm_query_batched.")
 
@@ -257,8 +260,8 @@ class SubcallRunner:
 
         def run() -> None:
             try:
-                completion = self.provider.complete(messages, tools=None, model=model, timeout_s=timeout_s,
-                                                    purpose="subcall")
+                completion = self.provider.complete(messages, tools=None, model=model,
+                                                    timeout_s=timeout_s + CLIENT_GRACE_S, purpose="subcall")
                 self.budget.settle(entry, completion.usage)  # also settles a call that answered too late
                 outcome["completion"] = completion
             except ProviderError as exc:
