@@ -24,6 +24,13 @@ and it is refused only by the calls limit, so a spent, underestimated or unknown
 allowance never keeps a run from asking for its answer. It is the one call that
 may take a family past ``max_tokens`` or ``max_usd`` (when earlier calls cost
 more than estimated, or the final request is larger than the reserve).
+Each live member of a family keeps its own final call: a member opens its
+``Budget`` with its run id and a row in ``kept_finals`` holds one call and its
+token reserve until the member asks for its answer, ends, or its process dies.
+Every other call leaves what all the other live members keep as well, so a child
+that spends the family's calls down cannot take the root's last call (a parent
+keeps a child's row from the moment it starts the child's process; the child's
+process takes it over).
 The allowance is keyed by root id, so reopening it after a restart keeps the count.
 """
 
@@ -76,6 +83,14 @@ CREATE TABLE IF NOT EXISTS usage (
     CHECK (state IN ('reserved', 'unknown') OR tokens IS NOT NULL)
 );
 CREATE INDEX IF NOT EXISTS usage_by_root ON usage (root_id, state);
+-- The final call each live family member keeps (one call, and its token reserve), until it is used.
+CREATE TABLE IF NOT EXISTS kept_finals (
+    root_id  TEXT NOT NULL REFERENCES budgets(root_id),
+    member   TEXT NOT NULL,  -- the member's run id
+    tokens   INTEGER NOT NULL CHECK (tokens >= 0),
+    owner    TEXT NOT NULL,  -- the process that keeps it: a dead owner's row is dropped
+    PRIMARY KEY (root_id, member)
+);
 """
 
 
@@ -224,11 +239,39 @@ class BudgetLedger(SQLiteFile):
         return BudgetSnapshot(root_id, limits, t.calls, t.in_flight, t.tokens, t.usd, t.unknown_tokens,
                               t.unknown_usd, t.unknown_tokens_estimate)
 
+    def keep_final(self, root_id: str, member: str, tokens: int) -> None:
+        """Keep one call (and ``tokens``) for ``member``'s final answer; this process keeps it until it is
+        used, released, or taken over by the member's own process (which calls this again)."""
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT INTO kept_finals (root_id, member, tokens, owner) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (root_id, member) DO UPDATE SET owner = excluded.owner, tokens = excluded.tokens",
+                (root_id, member, max(0, int(tokens)), _owner()),
+            )
+
+    def release_final(self, root_id: str, member: str) -> None:
+        """``member`` no longer needs its kept call (it ended, or never started)."""
+        with self.transaction() as conn:
+            conn.execute("DELETE FROM kept_finals WHERE root_id = ? AND member = ?", (root_id, member))
+
+    def kept_calls(self, root_id: str) -> int:
+        """How many calls the family's live members keep for their final answers."""
+        self._expire_dead_reservations(root_id)
+        with self.reading() as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM kept_finals WHERE root_id = ?", (root_id,)).fetchone()[0])
+
     def _expire_dead_reservations(self, root_id: str | None) -> None:
         with self.reading() as conn:
             sql = "SELECT id, owner FROM usage WHERE state = 'reserved'"
             rows = conn.execute(sql + (" AND root_id = ?" if root_id else ""), (root_id,) if root_id else ()).fetchall()
+            kept_sql = "SELECT root_id, member, owner FROM kept_finals"
+            kept = conn.execute(kept_sql + (" WHERE root_id = ?" if root_id else ""),
+                                (root_id,) if root_id else ()).fetchall()
         dead = [r["id"] for r in rows if not _owner_alive(r["owner"])]
+        dead_kept = [(r["root_id"], r["member"], r["owner"]) for r in kept if not _owner_alive(r["owner"])]
+        if dead_kept:
+            with self.transaction() as tx:  # the owner that might still have asked is gone
+                tx.executemany("DELETE FROM kept_finals WHERE root_id = ? AND member = ? AND owner = ?", dead_kept)
         if not dead:
             return
         with self.transaction() as tx:
@@ -242,9 +285,13 @@ class BudgetLedger(SQLiteFile):
 class Budget:
     """The allowance of one root family. Root turns and sub-calls all draw on it."""
 
-    def __init__(self, ledger: BudgetLedger | str | Path, root_id: str, limits: BudgetLimits) -> None:
+    def __init__(self, ledger: BudgetLedger | str | Path, root_id: str, limits: BudgetLimits, *,
+                 member: str | None = None, final_reserve_tokens: int = 0) -> None:
+        """``member``: the run id of the family member that draws on the allowance; it keeps one call
+        and ``final_reserve_tokens`` for its final answer until ``admit(final=True)`` or ``release()``."""
         self.ledger = ledger if isinstance(ledger, BudgetLedger) else BudgetLedger(ledger)
         self.root_id = root_id
+        self.member = member
         self.entry_ids: list[int] = []  # the calls this holder admitted (one run of the family)
         with self.ledger.transaction() as conn:
             row = conn.execute("SELECT * FROM budgets WHERE root_id = ?", (root_id,)).fetchone()
@@ -263,6 +310,13 @@ class Budget:
                         setting="max_calls",
                     )
         self.limits = limits
+        if member is not None:
+            self.ledger.keep_final(root_id, member, final_reserve_tokens)
+
+    def release(self) -> None:
+        """This member's run ended: the call it kept for its final answer goes back to the family."""
+        if self.member is not None:
+            self.ledger.release_final(self.root_id, self.member)
 
     # ---------- admission ----------
 
@@ -274,13 +328,21 @@ class Budget:
         counts while the call is in flight, and afterwards if its usage stays unknown.
         ``keep_calls`` / ``keep_tokens``: left unused for the final answer (the session keeps 1 call and
         RLM_FINAL_RESERVE_TOKENS). ``final``: the kept call itself, refused only by the calls limit.
+        What the family's other live members keep for their final answers is left unused as well.
         """
         self.ledger._expire_dead_reservations(self.root_id)
         estimate = max(0, int(tokens_estimate))
         with self.ledger.transaction() as conn:
-            refusal = _refusal(self.limits, _totals(conn, self.root_id), estimate, keep_calls, keep_tokens, final)
+            others = conn.execute(
+                "SELECT COUNT(*) AS calls, COALESCE(SUM(tokens), 0) AS tokens FROM kept_finals "
+                "WHERE root_id = ? AND member IS NOT ?", (self.root_id, self.member),
+            ).fetchone()
+            refusal = _refusal(self.limits, _totals(conn, self.root_id), estimate, keep_calls + int(others["calls"]),
+                               keep_tokens + int(others["tokens"]), final)
             if refusal is not None:
                 raise refusal
+            if final and self.member is not None:
+                conn.execute("DELETE FROM kept_finals WHERE root_id = ? AND member = ?", (self.root_id, self.member))
             cursor = conn.execute(
                 "INSERT INTO usage (root_id, purpose, state, tokens_estimate, owner, admitted_at) "
                 "VALUES (?, ?, 'reserved', ?, ?, ?)",
@@ -389,7 +451,7 @@ def _refusal(limits: BudgetLimits, t: _Totals, estimate: int, keep_calls: int, k
     if limits.max_calls is not None and t.calls + keep_calls >= limits.max_calls:
         return BudgetExhausted(
             f"the inference allowance of {limits.max_calls} calls is used up ({t.calls} admitted"
-            + (f", {keep_calls} kept for the final answer" if keep_calls else "")
+            + (f", {keep_calls} kept for final answers" if keep_calls else "")
             + "); raise --max-calls / RLM_MAX_CALLS for a new run",
             setting="max_calls",
         )
@@ -412,7 +474,7 @@ def _refusal(limits: BudgetLimits, t: _Totals, estimate: int, keep_calls: int, k
             f"the allowance of {limits.max_tokens:,} tokens is used up ({t.tokens:,} used, "
             f"{t.in_flight_tokens:,} in flight, {t.unknown_tokens_estimate:,} estimated for "
             f"{t.unknown_tokens} call(s) of unknown usage; this call may use {estimate:,}"
-            + (f", {keep_tokens:,} are kept for the final answer (RLM_FINAL_RESERVE_TOKENS)" if keep_tokens else "")
+            + (f", {keep_tokens:,} are kept for final answers (RLM_FINAL_RESERVE_TOKENS each)" if keep_tokens else "")
             + "); raise --max-tokens / RLM_MAX_TOKENS for a new run",
             setting="max_tokens",
         )

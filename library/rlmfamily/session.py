@@ -192,7 +192,8 @@ class _Run:
         run = cls(
             session=session, question=question, started=time.monotonic(),
             trajectory=TrajectoryWriter(settings.runs_dir / session.run_id / FILENAME),
-            budget=Budget(ledger, session.root_id, limits),
+            budget=Budget(ledger, session.root_id, limits, member=session.run_id,
+                          final_reserve_tokens=settings.final_reserve_tokens),
             history=History(settings.history_path, session.agent_id, max_read_chars=settings.max_history_read_chars,
                             max_hits=settings.max_history_hits, max_query_words=settings.max_history_query_words),
             stats=session.context.stats(),
@@ -424,15 +425,18 @@ class _Run:
     def close(self) -> RunResult:
         """Wait for what the run started (children, required remote work), then record and return the result."""
         extra: dict[str, Any] = {}
-        for extension in self.extensions:
-            try:
-                extension.finish()
-            except RLMError as exc:
-                self.error = self.error or f"{exc.code}: {exc.message}"
-            try:
-                extra.update(extension.record())
-            finally:
-                extension.close()
+        try:
+            for extension in self.extensions:
+                try:
+                    extension.finish()
+                except RLMError as exc:
+                    self.error = self.error or f"{exc.code}: {exc.message}"
+                try:
+                    extra.update(extension.record())
+                finally:
+                    extension.close()
+        finally:
+            self.budget.release()  # the call it kept for its final answer goes back to the family
         snapshot = self.budget.snapshot()
         duration = round(time.monotonic() - self.started, 3)
         self.trajectory.write(

@@ -209,6 +209,37 @@ def test_calls_can_be_kept_back_for_the_final_answer(tmp_path: Path) -> None:
         budget.admit("root_final", final=True)
 
 
+def test_each_member_keeps_its_final_call_until_it_uses_it_ends_or_its_process_dies(tmp_path: Path) -> None:
+    path, limits = tmp_path / "b.sqlite3", BudgetLimits(max_calls=3, max_tokens=10_000)
+    root = Budget(path, "root", limits, member="root", final_reserve_tokens=1_000)
+    # Another process keeps a member's final call (as a child's process does), and is killed.
+    script = ("import os, sys, time\nfrom rlmfamily.budget import Budget, BudgetLimits\n"
+              "Budget(sys.argv[1], 'root', BudgetLimits(max_calls=3, max_tokens=10_000), member='root.c1', "
+              "final_reserve_tokens=1_000)\nprint('kept', flush=True)\ntime.sleep(600)\n")
+    child = subprocess.Popen([sys.executable, "-c", script, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "kept"
+        assert root.ledger.kept_calls("root") == 2
+        with pytest.raises(BudgetExhausted) as info:  # 8,500 + the root's 1,000 fit; the child's 1,000 is kept too
+            root.admit("root", tokens_estimate=8_500, keep_calls=1, keep_tokens=1_000)
+        assert info.value.setting == "max_tokens"
+        root.admit("root", keep_calls=1, keep_tokens=1_000)
+        with pytest.raises(BudgetExhausted) as info:  # 1 admitted + 1 kept by root + 1 kept by root.c1 = 3
+            root.admit("subcall", keep_calls=1, keep_tokens=1_000)
+        assert info.value.setting == "max_calls" and "2 kept for final answers" in info.value.message
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    # Its process is gone, so nobody can ask for its answer: its kept call is the family's again.
+    assert root.ledger.kept_calls("root") == 1
+    root.admit("subcall", keep_calls=1)
+    root.admit("root_final", final=True)  # uses the root's own kept call
+    assert root.ledger.kept_calls("root") == 0
+    other = Budget(path, "root", limits, member="root.c2")
+    other.release()
+    assert root.ledger.kept_calls("root") == 0 and root.snapshot().calls == 3
+
+
 def test_a_token_limit_stops_admission_once_spent(tmp_path: Path) -> None:
     budget = Budget(tmp_path / "b.sqlite3", "root", BudgetLimits(max_tokens=100))
     budget.settle(budget.admit("root"), Usage(90, 20, 0.0))

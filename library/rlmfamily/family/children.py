@@ -194,14 +194,17 @@ class Family:
     def _check_budget(self) -> None:
         """Refuse at once when the family's allowance could not carry a child (it draws on the root's)."""
         try:
-            snap = BudgetLedger(self.settings.budget_path).snapshot(self.root_id)
+            ledger = BudgetLedger(self.settings.budget_path)
+            snap = ledger.snapshot(self.root_id)
         except UsageEntryNotFound:
             raise ChildrenUnavailable(f"run {self.root_id} has no inference budget; children draw on their root's") from None
         limits = snap.limits
-        if limits.max_calls is not None and snap.calls + CHILD_MIN_CALLS > limits.max_calls:
+        kept = ledger.kept_calls(self.root_id)  # each live member's final call is not the child's to take
+        if limits.max_calls is not None and snap.calls + kept + CHILD_MIN_CALLS > limits.max_calls:
             raise BudgetExhausted(
                 f"the family's allowance has {max(0, limits.max_calls - snap.calls)} of {limits.max_calls} calls "
-                f"left and a child needs at least {CHILD_MIN_CALLS}; raise --max-calls / RLM_MAX_CALLS for a new run",
+                f"left, {kept} of them kept for running members' final answers, and a child needs at least "
+                f"{CHILD_MIN_CALLS}; raise --max-calls / RLM_MAX_CALLS for a new run",
                 setting="max_calls",
             )
         if limits.max_usd is not None and snap.unknown_usd:
@@ -220,7 +223,15 @@ class Family:
     def _run_dir(self, run_id: str) -> Path:
         return self.settings.runs_dir / run_id
 
+    def _finish(self, run_id: str, state: str, **fields: Any) -> None:
+        """Record a child run's end seen from here; the final call kept for it goes back to the family."""
+        self.store.finish(run_id, state, **fields)
+        BudgetLedger(self.settings.budget_path).release_final(self.root_id, run_id)
+
     def _spawn(self, run_id: str, token: str) -> RunRecord:
+        # Kept from now, so the family's other calls cannot take it before the child's process opens its
+        # budget (which takes the row over); released here if the child never gets that far.
+        BudgetLedger(self.settings.budget_path).keep_final(self.root_id, run_id, self.settings.final_reserve_tokens)
         run_dir = self._run_dir(run_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
@@ -233,7 +244,7 @@ class Family:
                 proc = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                         env=env, start_new_session=True, close_fds=True)
         except OSError as exc:
-            self.store.finish(run_id, "failed", error=f"could not start the child process: {exc}")
+            self._finish(run_id, "failed", error=f"could not start the child process: {exc}")
             raise ChildrenUnavailable(f"could not start a child process with {sys.executable}: {exc}") from None
         with _PROCS_LOCK:
             _PROCS[run_id] = proc
@@ -270,15 +281,15 @@ class Family:
                       "token differ) and it wrote no result")
         if reason is None and run.state == "admitted" and time.time() - run.admitted_at > self.settings.child_start_timeout_s:
             self._stop(run)
-            self.store.finish(run.run_id, "failed", error=(
+            self._finish(run.run_id, "failed", error=(
                 f"the child process did not confirm its start within {self.settings.child_start_timeout_s:g} s "
                 f"(RLM_CHILD_START_TIMEOUT_S); its log: {self._log_tail(run.run_id) or '(empty)'}"))
         elif reason is not None:
             tail = self._log_tail(run.run_id) if run.state == "admitted" else ""
             if run.state == "admitted":
-                self.store.finish(run.run_id, "failed", error=f"{reason} before it started; its log: {tail or '(empty)'}")
+                self._finish(run.run_id, "failed", error=f"{reason} before it started; its log: {tail or '(empty)'}")
             else:
-                self.store.finish(run.run_id, "interrupted", note=reason)
+                self._finish(run.run_id, "interrupted", note=reason)
         fresh = self.store.run(run.run_id)
         assert fresh is not None
         return fresh
@@ -364,9 +375,9 @@ class Family:
         for agent_id in sorted(below, key=len, reverse=True):
             for sub in self.store.runs(self.root_id, agent_id=agent_id, active_only=True):
                 self._stop(sub)
-                self.store.finish(sub.run_id, "cancelled", note=f"its ancestor {run.agent_id} was cancelled")
+                self._finish(sub.run_id, "cancelled", note=f"its ancestor {run.agent_id} was cancelled")
         self._stop(run)
-        self.store.finish(run.run_id, "cancelled", note=note)
+        self._finish(run.run_id, "cancelled", note=note)
         fresh = self.store.run(run.run_id)
         assert fresh is not None
         return fresh

@@ -87,12 +87,13 @@ final_answer({"ok": len([r for r in results if r.ok]), "refused": [r.error_code 
     assert result.stop_reason == "answered", result.error
     spent = json.loads(json.loads(result.answer)["answer"])
     # The child's turn and sub-calls drew on the root's 8 calls: one root turn, one child turn, and
-    # sub-calls until only the call kept back for a final answer was left.
-    assert spent["ok"] == 5 and set(spent["refused"]) == {"budget_exhausted"}
+    # sub-calls until only the calls kept back for final answers were left (the child's and the root's).
+    assert spent["ok"] == 4 and set(spent["refused"]) == {"budget_exhausted"}
     ledger = BudgetLedger(settings.budget_path)
     assert ledger.roots() == [result.run_id]  # starting a child never opened a fresh allowance
-    assert result.budget.calls == 7 <= settings.max_calls
-    assert [e.purpose for e in ledger.entries(result.run_id)].count("subcall") == 5
+    assert result.budget.calls == 6 <= settings.max_calls
+    assert [e.purpose for e in ledger.entries(result.run_id)].count("subcall") == 4
+    assert ledger.kept_calls(result.run_id) == 0  # both members ended: nothing is kept any more
 
 
 def test_admission_limits_are_raised_at_once_with_the_settings_name(make_settings, tmp_path: Path) -> None:
@@ -321,3 +322,28 @@ def test_a_family_file_from_before_the_owner_columns_still_opens(make_settings) 
                    capture_output=True, text=True)
     [run] = Family(settings, "root").children(None)
     assert run.owner_pid and run.state == "failed" and "before it started" in run.error
+
+
+def test_every_member_keeps_its_own_call_for_its_final_answer(make_settings, tmp_path: Path) -> None:
+    # Each member's turns run out (max_turns=1) and each must ask for its answer once more. A child that
+    # spends the family's calls down to one kept call must not take the root's: each live member keeps its own.
+    settings = make_settings(max_calls=5, max_turns=1)
+    root = """
+h = rlm.run("spend")
+outcome = h.wait(50)
+"""
+    spender = """
+results = [llm_query("question %d" % i) for i in range(10)]
+refused = [r.error_code for r in results if not r.ok]
+"""
+    result = run_root(settings, tmp_path, script([root, {"text": "root answered"}],
+                                                 [child("spend", spender, {"text": "child answered"})]))
+
+    assert result.stop_reason == "max_turns", result.error
+    assert result.answer == "root answered", result.error
+    (record,) = result.extra["children"]
+    assert record["answer"] == "child answered"
+    purposes = [e.purpose for e in BudgetLedger(settings.budget_path).entries(result.run_id)]
+    # Root turn, child turn, the child's sub-calls up to the two kept finals, the child's final, the root's.
+    assert purposes == ["root", "root", "subcall", "root_final", "root_final"], purposes
+    assert result.budget.calls == 5 == settings.max_calls
