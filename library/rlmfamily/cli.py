@@ -42,7 +42,8 @@ def _limit_float(text: str) -> float | None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlm", description="Recursive Language Model runs over your own files.")
-    parser.add_argument("--data-dir", help="where runs, history and budgets live (RLM_DATA_DIR; default ~/.rlm)")
+    parser.add_argument("--data-dir", help="where runs, history and budgets live (RLM_DATA_DIR; default: a project's "
+                        ".rlm/, else the platform's data folder; rlm where shows which)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="answer a question over a repository, a document or an evidence bundle")
@@ -92,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     from rlmfamily.a2a import cli as a2a_cli
 
     a2a_cli.add_parsers(sub)  # peers, delegations, reconcile
+    from rlmfamily import data_cli
+
+    data_cli.add_parsers(sub)  # where, init
     return parser
 
 
@@ -115,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.command in a2a_cli.COMMANDS:
             return a2a_cli.main(args, _settings(args), out, err)
+        from rlmfamily import data_cli
+
+        if args.command in data_cli.COMMANDS:
+            return data_cli.main(args, _settings(args), out, err)
         return _usage(args, out)
     except RLMError as exc:
         err.print(f"rlm: [{exc.code}] {exc.message}", markup=False, highlight=False)
@@ -148,7 +156,10 @@ def _settings(args: argparse.Namespace) -> RLMSettings:
     overrides = {name: getattr(args, name) for name in OVERRIDES if hasattr(args, name)}
     if args.data_dir:
         overrides["data_dir"] = args.data_dir
-    return load_settings(**overrides)
+    settings = load_settings(**overrides)
+    if settings.data_location.notice:  # the legacy ~/.rlm is in use: say once per command how to move it
+        print(settings.data_location.notice, file=sys.stderr)
+    return settings
 
 
 def _run(args: argparse.Namespace, out: Console, err: Console) -> int:

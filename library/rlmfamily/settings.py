@@ -2,7 +2,8 @@
 
 Read from the environment with the prefix ``RLM_`` (``RLM_MAX_TURNS=20``) or passed
 as keyword arguments. Nothing else in ``rlmfamily/`` reads ``os.environ`` for
-configuration (the provider reads the API key from the variable *named* here).
+configuration (the provider reads the API key from the variable *named* here;
+rlmfamily/data_location.py reads the platform's XDG_DATA_HOME / LOCALAPPDATA).
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from rlmfamily.data_location import DataLocation, locate
 from rlmfamily.errors import SettingsInvalid
 
 KernelName = Literal["host", "monty"]
@@ -28,8 +30,10 @@ class RLMSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="RLM_", extra="forbid", validate_default=True)
 
-    # Where runs, trajectories, history and the budget ledger live.
-    data_dir: Path = Path("~/.rlm")
+    # Where runs, trajectories, history and the budget ledger live. Not set: chosen when the settings are
+    # built, a project's .rlm/ folder, else the platform's data folder (rlmfamily/data_location.py).
+    data_dir: Path | None = None
+    _data_location: DataLocation | None = PrivateAttr(None)
 
     # The root session.
     kernel: KernelName = "monty"
@@ -148,6 +152,13 @@ class RLMSettings(BaseSettings):
     def _expand(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None
 
+    @model_validator(mode="after")
+    def _locate_data(self) -> RLMSettings:
+        # Once, here: every path below and every child process (given --data-dir) then uses the same folder.
+        self._data_location = locate(self.data_dir)
+        self.data_dir = self._data_location.path
+        return self
+
     @field_validator("api_key_env")
     @classmethod
     def _env_name(cls, value: str | None) -> str | None:
@@ -209,6 +220,11 @@ class RLMSettings(BaseSettings):
     def endpoint(self) -> str | None:
         """The model endpoint: RLM_BASE_URL, else the provider's default (None: the client's own)."""
         return self.base_url or DEFAULT_BASE_URL[self.provider]
+
+    @property
+    def data_location(self) -> DataLocation:
+        """The data folder, the rule that chose it and why (``rlm where``; the legacy folder's notice)."""
+        return self._data_location or locate(self.data_dir)
 
     @property
     def runs_dir(self) -> Path:
