@@ -25,7 +25,8 @@ SECRET_SENTENCE = "The vault combination is 31-41-59 and nobody may print it in 
 
 @pytest.fixture(autouse=True)
 def _isolated_rlm_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No test reads a developer's RLM_* variables or writes to ~/.rlm."""
+    """No test reads a developer's RLM_* variables or writes to the real home (a data dir of its own; a test
+    that unsets it runs rlm under a temporary HOME, as tests/rlm/test_data_dir.py does)."""
     import os
 
     for name in list(os.environ):

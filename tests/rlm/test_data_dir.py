@@ -25,7 +25,7 @@ PLATFORM_VARS = ("XDG_DATA_HOME", "LOCALAPPDATA")
 
 
 def rlm(cwd: Path, *args: str, home: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """``python -m rlmfamily`` as the user of ``home`` runs it in ``cwd``, with no RLM_* or platform variables but ``env``."""
+    """``python -m rlmfamily`` as the user of ``home`` runs it in ``cwd``: no RLM_* or platform variables but ``env``."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("RLM_") and k not in PLATFORM_VARS}
     full_env.update({"HOME": str(home), "COLUMNS": "200", **(env or {})})
     return subprocess.run([sys.executable, "-m", "rlmfamily", *args], cwd=cwd, env=full_env,
