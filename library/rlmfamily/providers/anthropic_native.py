@@ -6,26 +6,20 @@ API (a ``system`` parameter, content blocks, ``tool_use`` / ``tool_result``) and
 the answer back. Prompt caching: the system prompt (which, with the tool, is the
 prefix of every request) and the last block of the conversation carry
 ``cache_control``, so each turn reads the prefix the previous turn wrote.
-Retries are the OpenAI provider's (rlmfamily/providers/retry.py), plus 529
-"overloaded". The key is read from the variable *named* in ``api_key_env``.
+The key, the retries (529 "overloaded" among the retried answers) and the
+client's exceptions are ``HTTPProvider``'s (providers/http.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
-from collections import Counter
-from collections.abc import Mapping
-from threading import Lock
 from typing import Any
 
-from rlmfamily.errors import MissingAPIKey, ProviderError, ProviderTimeout, SettingsInvalid
-from rlmfamily.providers.base import Completion, PriceTable, ToolCall, Usage
-from rlmfamily.providers.retry import HTTP_ERRORS, RETRYABLE_STATUS, Retryable, never_sent, with_retries
-from rlmfamily.settings import RLMSettings
+from rlmfamily.errors import SettingsInvalid
+from rlmfamily.providers.base import Completion, ToolCall, Usage
+from rlmfamily.providers.http import HTTPProvider
 
 ANTHROPIC_DEFAULT_MAX_TOKENS = 8192  # the API requires max_tokens; RLM_MAX_COMPLETION_TOKENS overrides it
-MAX_STATUS_DETAIL_CHARS = 300  # of an error body quoted in a ProviderError
 CACHE = {"type": "ephemeral"}
 INSTALL_HINT = "pip install 'rlmfamily[anthropic]'"
 
@@ -42,80 +36,20 @@ def _import_anthropic() -> Any:
     return anthropic
 
 
-class AnthropicProvider:
+class AnthropicProvider(HTTPProvider):
     name = "anthropic"
+    key_for = "the Anthropic API key"
+    sdk_error = "AnthropicError"
+    default_max_completion_tokens = ANTHROPIC_DEFAULT_MAX_TOKENS
 
-    def __init__(
-        self,
-        *,
-        model: str,
-        api_key_env: str = "ANTHROPIC_API_KEY",
-        base_url: str | None = None,
-        prices: PriceTable | None = None,
-        temperature: float | None = None,
-        max_completion_tokens: int | None = None,
-        max_retries: int = 3,
-        backoff_s: float = 0.5,
-        environ: Mapping[str, str] | None = None,
-    ) -> None:
-        anthropic = _import_anthropic()
-        env = os.environ if environ is None else environ
-        key = env.get(api_key_env)
-        if not key:
-            raise MissingAPIKey(
-                f"the environment variable {api_key_env} is not set; put the Anthropic API key in it, "
-                "or name another variable with --api-key-env / RLM_API_KEY_ENV",
-                setting="api_key_env",
-                variable=api_key_env,
-            )
-        self.api_key_env = api_key_env  # the NAME only: a child process reads the key again (rlmfamily/family/spec.py)
-        self.default_model = model
-        self.prices = prices or PriceTable()
-        self.temperature = temperature
-        self.max_completion_tokens = max_completion_tokens or ANTHROPIC_DEFAULT_MAX_TOKENS
-        self.max_retries = max_retries
-        self.backoff_s = backoff_s
+    def __init__(self, *, model: str, api_key_env: str = "ANTHROPIC_API_KEY", **kwargs: Any) -> None:
+        super().__init__(model=model, api_key_env=api_key_env, **kwargs)
+
+    _sdk = staticmethod(_import_anthropic)
+
+    def _open_client(self, sdk: Any, key: str, base_url: str | None) -> Any:
         # base_url None: the client's own default (https://api.anthropic.com, or ANTHROPIC_BASE_URL).
-        # Our retry loop decides what is safe to retry; the client's would retry timeouts.
-        self._client = anthropic.Anthropic(api_key=key, base_url=base_url, max_retries=0)
-        self.base_url = str(self._client.base_url).rstrip("/")
-        self._lock = Lock()
-        self.calls: Counter[str] = Counter()
-        self.attempts = 0
-
-    def reports_cost(self, model: str) -> bool:
-        return self.prices.has(model)
-
-    def child_spec(self) -> dict[str, Any]:
-        """How a child process rebuilds this provider (rlmfamily/family/spec.py): the key's variable NAME, never the key."""
-        return {"factory": f"{__name__}:child_provider", "kwargs": {
-            "base_url": self.base_url, "model": self.default_model, "api_key_env": self.api_key_env,
-            "temperature": self.temperature, "max_completion_tokens": self.max_completion_tokens,
-            "max_retries": self.max_retries, "backoff_s": self.backoff_s,
-        }}
-
-    def complete(
-        self,
-        messages: list[dict[str, Any]],
-        *,
-        tools: list[dict[str, Any]] | None,
-        model: str | None,
-        timeout_s: float,
-        purpose: str,
-    ) -> Completion:
-        model_id = model or self.default_model
-        with self._lock:
-            self.calls[purpose] += 1
-        request = self._request(messages, tools, model_id)
-        return with_retries(
-            lambda remaining_s: self._completion(self._send(request, model_id, remaining_s, timeout_s), model_id),
-            model_id=model_id, timeout_s=timeout_s, max_retries=self.max_retries, backoff_s=self.backoff_s,
-            on_attempt=self._count_attempt,
-        )
-
-    def _count_attempt(self) -> None:
-        with self._lock:
-            self.attempts += 1
+        return sdk.Anthropic(api_key=key, base_url=base_url, max_retries=0)
 
     def _request(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                  model_id: str) -> dict[str, Any]:
@@ -130,29 +64,8 @@ class AnthropicProvider:
             request["extra_body"] = {"temperature": self.temperature}
         return request
 
-    def _send(self, request: dict[str, Any], model_id: str, remaining_s: float, timeout_s: float) -> Any:
-        """One request. The one place where the client's exceptions become ProviderErrors."""
-        anthropic = _import_anthropic()  # imported by __init__ already: a dictionary lookup
-        try:
-            return self._client.messages.create(**request, timeout=remaining_s)
-        except anthropic.APITimeoutError:
-            raise ProviderTimeout(
-                f"{model_id} at {self.base_url} did not answer within {timeout_s:g} s "
-                "(per-call timeout: RLM_SUBCALL_TIMEOUT_S for sub-calls, RLM_ROOT_TIMEOUT_S for root turns)",
-                billed=None,
-            ) from None
-        except anthropic.APIConnectionError as exc:
-            if not never_sent(exc):
-                raise ProviderError(f"the connection to {self.base_url} broke during the call: {exc}",
-                                    billed=None) from None
-            raise Retryable(f"cannot reach {self.base_url}: {exc}", billed=False) from None
-        except anthropic.APIStatusError as exc:
-            error = Retryable if exc.status_code in RETRYABLE_STATUS else ProviderError
-            raise error(f"{self.base_url} answered HTTP {exc.status_code} for model {model_id}: {_status_detail(exc)}",
-                        billed=False, status=exc.status_code) from None
-        except (anthropic.AnthropicError, *HTTP_ERRORS) as exc:  # e.g. an answer the client cannot parse
-            raise ProviderError(f"{self.base_url} failed for model {model_id}: {type(exc).__name__}: {exc}",
-                                billed=None) from None
+    def _create(self, request: dict[str, Any], timeout_s: float) -> Any:
+        return self._client.messages.create(**request, timeout=timeout_s)
 
     def _completion(self, response: Any, model_id: str) -> Completion:
         texts, calls = [], []
@@ -231,20 +144,4 @@ def _arguments(arguments: Any) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {"code": arguments}
 
 
-def child_provider(*, settings: RLMSettings, prompt: str, base_url: str | None, model: str, api_key_env: str,
-                   temperature: float | None, max_completion_tokens: int | None, max_retries: int,
-                   backoff_s: float) -> AnthropicProvider:
-    """A child process's provider (``child_spec``'s factory); the key is read again from its environment."""
-    prices = PriceTable.load(settings.prices_usd_per_mtok, settings.price_table_file)
-    return AnthropicProvider(base_url=base_url, model=model, api_key_env=api_key_env, prices=prices,
-                             temperature=temperature, max_completion_tokens=max_completion_tokens,
-                             max_retries=max_retries, backoff_s=backoff_s)
-
-
-def _status_detail(exc: Any) -> str:
-    body = exc.body
-    if isinstance(body, dict):
-        inner = body.get("error", body)
-        if isinstance(inner, dict) and inner.get("message"):
-            return str(inner["message"])[:MAX_STATUS_DETAIL_CHARS]
-    return str(exc.message)[:MAX_STATUS_DETAIL_CHARS]
+child_provider = AnthropicProvider.for_child  # the factory named by child_spec()
