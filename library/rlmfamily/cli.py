@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--provider", choices=["openai", "anthropic"], default=argparse.SUPPRESS,
                      help="the model API: any OpenAI-compatible endpoint, or Anthropic's Messages API (RLM_PROVIDER; default openai)")
     run.add_argument("--base-url", default=argparse.SUPPRESS, help="the endpoint (RLM_BASE_URL; default: the provider's)")
+    run.add_argument("--protocol", choices=["tools", "text", "auto"], default=argparse.SUPPRESS,
+                     help="how the model sends code: the python tool, ```python blocks in text (servers without "
+                          "tool calling), or auto: tools, then text if refused (RLM_PROTOCOL; default tools)")
     run.add_argument("--model", default=argparse.SUPPRESS, help="model id (RLM_MODEL)")
     run.add_argument("--api-key-env", default=argparse.SUPPRESS, help="NAME of the environment variable holding the key (RLM_API_KEY_ENV)")
     run.add_argument("--temperature", type=float, default=argparse.SUPPRESS, help="sampling temperature (RLM_TEMPERATURE)")
@@ -147,7 +150,7 @@ def _demo_args(args: argparse.Namespace) -> argparse.Namespace:
 # ---------- run ----------
 
 
-OVERRIDES = ("kernel", "max_turns", "provider", "base_url", "model", "api_key_env", "temperature",
+OVERRIDES = ("kernel", "max_turns", "provider", "protocol", "base_url", "model", "api_key_env", "temperature",
              "max_completion_tokens", "max_calls", "max_tokens", "max_usd", "a2a_peers_file")
 
 
@@ -171,6 +174,9 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
 
     def on_event(event: dict[str, Any]) -> None:
         progress.update(event)
+        if event.get("event") == "protocol_fallback":
+            err.print(Text(f"note: the endpoint refused the python tool ({event['reason']}); the run goes on with "
+                           "```python blocks in text (set RLM_PROTOCOL=text to start so)", style="yellow"))
         if live is not None:
             live.update(progress.render())
 

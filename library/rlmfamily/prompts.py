@@ -1,4 +1,4 @@
-"""What the root model is told: the system prompt (tool, namespace, answer protocol) and the first message.
+"""What the root model is told: the system prompt (tool or code blocks, namespace, answer protocol) and the first message.
 
 The first message gives the question and the corpus's shape and size (counts,
 bytes, top folders and extensions, skips), never its content: the model reads
@@ -25,8 +25,7 @@ PYTHON_TOOL: dict[str, Any] = {
     },
 }
 
-SYSTEM = """You investigate a corpus to answer a question. You have exactly one tool, `python`, which runs \
-code in a persistent namespace. The corpus is NOT in this conversation: it is data in the namespace.
+SYSTEM = """You investigate a corpus to answer a question. {how_code_runs} The corpus is NOT in this conversation: it is data in the namespace.
 
 Names in the namespace:
 - `context`: the corpus. `context.files()` paths; `context.size()` bytes (reads nothing); \
@@ -49,7 +48,7 @@ chunk big files and ask sub-calls about chunks, keep intermediate results in var
 short summaries. Limits: {limits}.
 
 The answer protocol: when you know the answer, call `final_answer(value)` from code. The run ends \
-after that step. Replying in plain text does not end the run, except when you are told to answer now.
+after that step. {plain_reply} does not end the run, except when you are told to answer now.
 {kernel_notes}"""
 
 MONTY_NOTES = """
@@ -66,12 +65,44 @@ Your code runs in a separate Python process on the user's machine with the stand
 It has time and output limits; it is not a sandbox, so never modify or delete files."""
 
 
-def system_prompt(kernel: str, limits: dict[str, Any]) -> str:
+# The words that differ between the protocols (rlmfamily/protocol.py): a tool call, or a fenced block in text.
+WORDS: dict[str, dict[str, str]] = {
+    "tools": {
+        "how_code_runs": "You have exactly one tool, `python`, which runs code in a persistent namespace.",
+        "plain_reply": "Replying in plain text",
+        "work_with": "with the python tool",
+        "last_step": "in one last python step",
+        "no_code": "no tool call (text beside a python call is not taken as the answer)",
+    },
+    "text": {
+        "how_code_runs": (
+            "You run Python code by writing it in a fenced code block that opens with ```python and closes "
+            "with ```; it runs in a persistent namespace, and what it prints comes back to you in the next "
+            "message. Write exactly one such block per reply, then stop and wait for its output: only the "
+            "first block of a reply is run."),
+        "plain_reply": "A reply without a python block",
+        "work_with": "with one ```python block per reply",
+        "last_step": "in one last ```python block",
+        "no_code": "no code block (text beside a python block is not taken as the answer)",
+    },
+}
+
+
+def in_text_words(content: str) -> str:
+    """A message written for the tools protocol, in the text protocol's words (an ``auto`` run's fallback)."""
+    for key, words in WORDS["tools"].items():
+        content = content.replace(words, WORDS["text"][key])
+    return content
+
+
+def system_prompt(kernel: str, limits: dict[str, Any], protocol: str = "tools") -> str:
     rendered = ", ".join(f"{k} {v}" for k, v in limits.items())
-    return SYSTEM.format(limits=rendered, kernel_notes=MONTY_NOTES if kernel == "monty" else HOST_NOTES)
+    words = WORDS[protocol]
+    return SYSTEM.format(limits=rendered, kernel_notes=MONTY_NOTES if kernel == "monty" else HOST_NOTES,
+                         how_code_runs=words["how_code_runs"], plain_reply=words["plain_reply"])
 
 
-def first_message(question: str, stats: dict[str, Any]) -> str:
+def first_message(question: str, stats: dict[str, Any], protocol: str = "tools") -> str:
     lines = [f"Question: {question}", "", f"The corpus ({stats['source']}: {stats['root']}), shape only:"]
     lines.append(f"- {stats['files']:,} files, {stats['bytes']:,} bytes")
     if stats["top_folders"]:
@@ -86,8 +117,12 @@ def first_message(question: str, stats: dict[str, Any]) -> str:
         lines.append("- skipped (not in context): " + ", ".join(f"{n} {reason}" for reason, n in stats["skipped"].items()))
     for note in stats["notes"]:
         lines.append(f"- note: {note}")
-    lines += ["", "Investigate with the python tool, then call final_answer(value)."]
+    lines += ["", f"Investigate {WORDS[protocol]['work_with']}, then call final_answer(value)."]
     return "\n".join(lines)
+
+
+def follow_up(question: str, protocol: str = "tools") -> str:
+    return f"Follow-up: {question}\n\nContinue {WORDS[protocol]['work_with']}, then call final_answer(value)."
 
 
 NO_OUTPUT_HINT = "(no output; print() what you want to see)"  # for the model; a person is shown NO_OUTPUT
@@ -97,11 +132,15 @@ NUDGE = (
     "Use the python tool to continue. To finish, call final_answer(value) in code; "
     "a plain-text reply does not end the run."
 )
+TEXT_NUDGE = (
+    "Write exactly one fenced code block that opens with ```python to continue. To finish, call "
+    "final_answer(value) in that code; a reply without a python block does not end the run."
+)
 
 
-def final_request(why: str) -> str:
+def final_request(why: str, protocol: str = "tools") -> str:
+    words = WORDS[protocol]
     return (
-        f"Stop investigating: {why}. Answer now. Call final_answer(value) in one last python step, "
-        "or reply with the answer as plain text and no tool call (text beside a python call is not taken "
-        "as the answer). Say what you could not verify."
+        f"Stop investigating: {why}. Answer now. Call final_answer(value) {words['last_step']}, "
+        f"or reply with the answer as plain text and {words['no_code']}. Say what you could not verify."
     )

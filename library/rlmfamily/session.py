@@ -1,5 +1,8 @@
 """The root session: a model with one tool, ``python``, over a persistent namespace (a Kernel).
 
+The model sends its code as calls of the tool, or as fenced blocks in plain text
+(``RLM_PROTOCOL``, rlmfamily/protocol.py).
+
 One ``run(question)``: the model sees the question and the corpus's shape, runs
 code step by step, sees bounded observations (head and tail, with a history id
 for the rest), and ends the run by calling ``final_answer(value)`` from code.
@@ -10,7 +13,6 @@ sub-call draws on the run's one budget; every run writes a trajectory.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import threading
@@ -30,7 +32,8 @@ from rlmfamily.history import History
 from rlmfamily.kernels.base import Kernel, StepResult
 from rlmfamily.llm import SubcallRecord, SubcallRunner
 from rlmfamily.namespace import PRELUDE, AnswerBox, Bridge, _guest_errors
-from rlmfamily.prompts import NO_OUTPUT_HINT, NUDGE, PYTHON_TOOL, final_request, first_message, system_prompt
+from rlmfamily.prompts import NO_OUTPUT_HINT, final_request, first_message, follow_up, in_text_words, system_prompt
+from rlmfamily.protocol import TEXT, TOOLS, Protocol, protocol_named, refused_tools
 from rlmfamily.providers.base import Completion, Provider, estimate_tokens, message_chars, usd_cost_known
 from rlmfamily.settings import RLMSettings, load_settings
 from rlmfamily.trajectory import FILENAME, PREVIEW_CHARS, TrajectoryWriter
@@ -175,6 +178,7 @@ class _Run:
     error: str | None = None
     kernel: Kernel | None = None
     extensions: list[Extension] = field(default_factory=list)
+    protocol: Protocol = TOOLS  # how code and observations travel (RLM_PROTOCOL, rlmfamily/protocol.py)
     subcalls: SubcallRunner = field(init=False)
     bridge: Bridge = field(init=False)
     _subcall_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -196,7 +200,7 @@ class _Run:
                           final_reserve_tokens=settings.final_reserve_tokens),
             history=History(settings.history_path, session.agent_id, max_read_chars=settings.max_history_read_chars,
                             max_hits=settings.max_history_hits, max_query_words=settings.max_history_query_words),
-            stats=session.context.stats(),
+            stats=session.context.stats(), protocol=protocol_named(settings.protocol),
         )
         run.subcalls = SubcallRunner(
             provider=session.provider, budget=run.budget, settings=settings, on_record=run.record_subcall,
@@ -220,8 +224,7 @@ class _Run:
     def first_messages(self, prior_messages: Sequence[dict[str, Any]] | None) -> list[dict[str, Any]]:
         if prior_messages:
             messages = [dict(m) for m in prior_messages]
-            messages.append({"role": "user", "content": f"Follow-up: {self.question}\n\n"
-                             "Continue with the python tool, then call final_answer(value)."})
+            messages.append({"role": "user", "content": follow_up(self.question, self.protocol.name)})
             return messages
         settings = self.settings
         limits_shown = {
@@ -230,8 +233,8 @@ class _Run:
             "sub-call prompt chars": settings.max_prompt_chars,
         }
         return [
-            {"role": "system", "content": system_prompt(self.session.kernel_name, limits_shown)},
-            {"role": "user", "content": first_message(self.question, self.stats)},
+            {"role": "system", "content": system_prompt(self.session.kernel_name, limits_shown, self.protocol.name)},
+            {"role": "user", "content": first_message(self.question, self.stats, self.protocol.name)},
         ]
 
     def write_started(self) -> None:
@@ -240,6 +243,7 @@ class _Run:
             "run_started", run_id=session.run_id, question=self.question, kernel=session.kernel_name,
             provider=getattr(session.provider, "name", type(session.provider).__name__),
             model=session.model or getattr(session.provider, "default_model", None), corpus=self.stats,
+            protocol=settings.protocol,
             limits={"max_turns": settings.max_turns, "max_calls": settings.max_calls,
                     "max_tokens": settings.max_tokens, "max_usd": settings.max_usd,
                     "max_subcalls": settings.max_subcalls, "max_observation_chars": settings.max_observation_chars},
@@ -301,7 +305,7 @@ class _Run:
         self.root_chars_last = max(self.root_chars_last, chars)
         try:
             completion = self.session.provider.complete(
-                self.messages, tools=[PYTHON_TOOL], model=self.session.model,
+                self.messages, tools=self.protocol.tools, model=self.session.model,
                 timeout_s=self.settings.root_timeout_s, purpose="root",
             )
         except ProviderError as exc:
@@ -309,28 +313,34 @@ class _Run:
                 self.budget.fail(entry, exc.message)
             else:
                 self.budget.mark_unknown(entry, exc.message)
+            if self.turn == 1 and refused_tools(self.protocol, exc):
+                return self.root_call(self.fall_back_to_text(exc))
             raise
         self.budget.settle(entry, completion.usage)
         return completion
 
+    def fall_back_to_text(self, refusal: ProviderError) -> int:
+        """RLM_PROTOCOL=auto, the first call refused for its tools: go on with code blocks, say so, admit again."""
+        self.protocol = TEXT
+        for message in (self.messages[0], self.messages[-1]):  # the system prompt, the question (or follow-up)
+            message["content"] = in_text_words(message["content"])
+        self.trajectory.write("protocol_fallback", turn=self.turn, protocol=TEXT.name, reason=refusal.message)
+        self.emit({"event": "protocol_fallback", "turn": self.turn, "protocol": TEXT.name, "reason": refusal.message})
+        return self.budget.admit("root", tokens_estimate=estimate_tokens(message_chars(self.messages)), keep_calls=1,
+                                 keep_tokens=self.settings.final_reserve_tokens)
+
     def after_completion(self, completion: Completion, *, max_steps: int | None = None) -> None:
         """Record the assistant's message and run its python calls (at most ``max_steps``)."""
-        calls = completion.tool_calls
-        assistant: dict[str, Any] = {"role": "assistant", "content": completion.text or None}
-        if calls:
-            assistant["tool_calls"] = [
-                {"id": c.id, "type": "function",
-                 "function": {"name": c.name, "arguments": json.dumps({"code": c.code})}}
-                for c in calls
-            ]
-        self.messages.append(assistant)
+        calls = self.protocol.calls(completion)
+        self.messages.append(self.protocol.assistant_message(completion, calls))
         self.trajectory.write(
             "turn", turn=self.turn, text=completion.text, code=[c.code for c in calls],
             usage=completion.usage.to_dict() if completion.usage else None, model=completion.model,
         )
         if not calls:
-            self.messages.append({"role": "user", "content": NUDGE})
+            self.messages.append({"role": "user", "content": self.protocol.nudge})
             return
+        observations = []
         for index, call in enumerate(calls):
             if self.answer.value is not None or (max_steps is not None and index >= max_steps):
                 observation = "[not run: the run is ending]"
@@ -338,7 +348,8 @@ class _Run:
                 observation = f"[error: there is no tool {call.name!r}; the only tool is python]"
             else:
                 observation = self.step(call.code)
-            self.messages.append({"role": "tool", "tool_call_id": call.id, "content": observation})
+            observations.append(observation)
+        self.messages.extend(self.protocol.result_messages(completion, calls, observations))
 
     def step(self, code: str) -> str:
         """Run one python call in the kernel; the model sees a bounded observation, the history keeps it all."""
@@ -399,12 +410,12 @@ class _Run:
         self.turn += 1
         self.emit({"event": "turn_started", "turn": self.turn, "max_turns": self.settings.max_turns,
                    "final": True, "subcalls": self.subcall_count, "budget": self.budget.snapshot().to_dict()})
-        self.messages.append({"role": "user", "content": final_request(self.why)})
+        self.messages.append({"role": "user", "content": final_request(self.why, self.protocol.name)})
         completion = self.root_call(entry)
         self.after_completion(completion, max_steps=1)
         if self.answer.value is not None:
             return
-        if completion.tool_calls:
+        if self.protocol.calls(completion):
             # Text next to a python call is what the model says before its step (a preamble), not an answer.
             self.error = ("the reply to the final request called python and did not call final_answer(); "
                           "the text beside the call is not taken as the answer")

@@ -19,6 +19,7 @@ from rlmfamily.errors import SettingsInvalid
 
 KernelName = Literal["host", "monty"]
 ProviderName = Literal["openai", "anthropic"]
+ProtocolName = Literal["tools", "text", "auto"]  # how code reaches the kernel: rlmfamily/protocol.py
 # Each provider's defaults when RLM_BASE_URL / RLM_API_KEY_ENV are not set. None: the client's own default.
 DEFAULT_BASE_URL: dict[str, str | None] = {"openai": "https://api.openai.com/v1", "anthropic": None}
 DEFAULT_API_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
@@ -104,6 +105,9 @@ class RLMSettings(BaseSettings):
     # The model endpoint: "openai" (any OpenAI-compatible API) or "anthropic" (the Messages API, extra
     # rlmfamily[anthropic]). base_url and api_key_env default per provider (DEFAULT_BASE_URL, DEFAULT_API_KEY_ENV).
     provider: ProviderName = "openai"
+    # How the model sends code: "tools" (the python tool), "text" (fenced ```python blocks, for servers without
+    # tool calling), "auto" (tools, then text if the first call is refused for its tools).
+    protocol: ProtocolName = "tools"
     base_url: str | None = None
     model: str | None = None
     subcall_model: str | None = None
