@@ -340,6 +340,8 @@ def _show_event(e: dict[str, Any], out: Console) -> None:
           f"{_one_line(e.get('prompt', ''), 70)} → {_one_line(e.get('response', ''), 90)}", "magenta")
     elif kind == "final_request":
         p(f"\n[asked for a final answer: {e.get('why')}]", "yellow")
+    elif kind == "protocol_fallback":
+        p(f"  the endpoint refused the python tool ({e.get('reason')}); went on with ```python blocks in text", "yellow")
     elif kind == "final_reply_rejected":
         p(f"[not an answer: {e.get('reason')}]", "yellow")
     elif kind == "budget_refused":

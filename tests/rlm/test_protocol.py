@@ -119,6 +119,8 @@ def test_rlm_run_protocol_auto_falls_back_to_text_when_the_server_refuses_tools(
         first_text["messages"][1]["content"])
     (fallback,) = [e for e in _events(result["trajectory_path"]) if e["event"] == "protocol_fallback"]
     assert fallback["protocol"] == "text" and "does not support tools" in fallback["reason"]
+    shown = rlm("show", "last", data_dir=tmp_path / "data").stdout
+    assert "refused the python tool (" in shown and "does not support tools" in shown
     # Every admitted call counts against max_calls; the refused one billed nothing (the fake reports 120 tokens a call).
     assert (result["budget"]["calls"], result["budget"]["tokens"]) == (3, 2 * 120)
 
