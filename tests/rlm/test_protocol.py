@@ -133,6 +133,18 @@ def test_protocol_auto_keeps_any_other_refusal_an_error(tmp_path: Path, fake_ope
     assert len(fake_openai.requests) == 1
 
 
+def test_the_offline_demo_gives_the_same_answer_in_text(tmp_path: Path) -> None:
+    # The scripted provider writes each turn's code as a fenced block when no tools are sent.
+    demo = rlm("demo", "--json", data_dir=tmp_path / "tools")
+    text = rlm("run", "--repo", HARBOR, "--script", "library/rlmfamily/examples/harbor_demo.toml", "--protocol", "text",
+               "--json", "q", data_dir=tmp_path / "text")
+    assert demo.returncode == 0 and text.returncode == 0, text.stderr
+    tools_result, text_result = json.loads(demo.stdout), json.loads(text.stdout)
+    assert text_result["answer"] == tools_result["answer"] and text_result["turns"] == tools_result["turns"]
+    started = _events(text_result["trajectory_path"])[0]
+    assert started["protocol"] == "text"
+
+
 # ---------- the turn rules in text ----------
 
 

@@ -6,7 +6,8 @@ For tests and offline demos. The script is TOML or JSON (by extension):
     default_answer = "NONE"         # optional: answer when no sub-call rule matches
 
     [[root]]                        # served in order, one per root turn
-    code = "print(context.stats())" # a call of the python tool (omit for a text-only reply)
+    code = "print(context.stats())" # a call of the python tool (omit for a text-only reply); a
+                                    # ```python block in the text when no tools are sent (RLM_PROTOCOL=text)
     text = ""                       # optional assistant text
 
     [[subcall]]                     # first rule whose pattern matches the request wins
@@ -213,6 +214,10 @@ class ScriptedProvider:
                     )
                 entry = self._root[self._next_root]
                 self._next_root += 1
+        if purpose == "root" and tools is None and entry.code is not None:
+            # No tools offered (RLM_PROTOCOL=text): the turn's code comes as a fenced block in its text.
+            text = (entry.text + "\n\n" if entry.text else "") + f"```python\n{entry.code}\n```"
+            return self._serve(None, text, entry.usage, entry.delay_s, entry.error, messages, model)
         if purpose == "root":
             return self._serve(entry.code, entry.text, entry.usage, entry.delay_s, entry.error, messages, model)
         request = "\n\n".join(m["content"] for m in messages if isinstance(m.get("content"), str))
