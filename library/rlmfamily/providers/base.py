@@ -86,6 +86,7 @@ class Provider(Protocol):
 BUNDLED_PRICES = Path(__file__).resolve().parent.parent / "prices.toml"
 PRICE_FIELDS = frozenset({"prompt", "completion", "cached", "cache_write"})  # USD per million tokens
 REQUIRED_PRICE_FIELDS = frozenset({"prompt", "completion"})
+LONG_PROMPT = "long_prompt"  # optional tier: {above = prompt tokens, then the price fields}
 
 
 class PriceTable:
@@ -93,17 +94,19 @@ class PriceTable:
 
     A price has ``prompt`` and ``completion``, and may have ``cached`` (prompt tokens read from the
     provider's cache) and ``cache_write`` (prompt tokens written to it); without them those tokens
-    cost the prompt price.
+    cost the prompt price. It may also have a ``long_prompt`` tier, ``{above = N, prompt = ..., ...}``:
+    a call whose prompt (cache reads and writes included) has more than N tokens is priced at the
+    tier's rates, every token of it, output too — how providers price long prompts.
     """
 
-    def __init__(self, prices: dict[str, dict[str, float]] | None = None, *, as_of: str | None = None) -> None:
+    def __init__(self, prices: dict[str, dict[str, Any]] | None = None, *, as_of: str | None = None) -> None:
         self._prices = dict(prices or {})
         self.as_of = as_of  # the date of the bundled table, when it is loaded
 
     @classmethod
     def load(cls, inline: dict[str, dict[str, float]], path: Path | None, *, bundled: bool = True) -> PriceTable:
         """Inline prices (RLM_PRICES_USD_PER_MTOK) over a JSON or TOML file (RLM_PRICE_TABLE_FILE) over the bundled table."""
-        prices: dict[str, dict[str, float]] = {}
+        prices: dict[str, dict[str, Any]] = {}
         as_of = None
         if bundled:
             as_of, prices = _read_prices(BUNDLED_PRICES, setting="price_table_file")
@@ -120,6 +123,9 @@ class PriceTable:
         price = self._prices.get(model)
         if price is None or prompt_tokens is None or completion_tokens is None:
             return None
+        tier = price.get(LONG_PROMPT)
+        if tier is not None and prompt_tokens > tier["above"]:
+            price = tier  # the provider bills the whole call at the long-prompt rates, not only the tokens past N
         read, written = cache_read_tokens or 0, cache_creation_tokens or 0
         uncached = max(0, prompt_tokens - read - written)
         usd_micro = (uncached * price["prompt"] + read * price.get("cached", price["prompt"])
@@ -127,7 +133,7 @@ class PriceTable:
         return usd_micro / 1_000_000
 
 
-def _read_prices(path: Path, *, setting: str) -> tuple[str | None, dict[str, dict[str, float]]]:
+def _read_prices(path: Path, *, setting: str) -> tuple[str | None, dict[str, dict[str, Any]]]:
     """A price file: optional ``as_of``, then models at the top level or under ``[models]``."""
     try:
         raw = path.read_text()
@@ -138,17 +144,36 @@ def _read_prices(path: Path, *, setting: str) -> tuple[str | None, dict[str, dic
     as_of = data.pop("as_of", None)
     models = data.pop("models", {})
     entries = {**(models if isinstance(models, dict) else {}), **data}
-    prices: dict[str, dict[str, float]] = {}
+    prices: dict[str, dict[str, Any]] = {}
     for model, price in entries.items():
-        if (not isinstance(price, dict) or not REQUIRED_PRICE_FIELDS <= set(price) or not set(price) <= PRICE_FIELDS
-                or not all(isinstance(v, (int, float)) and v >= 0 for v in price.values())):
+        tier = price.pop(LONG_PROMPT, None) if isinstance(price, dict) else None
+        if not _valid_rates(price):
             raise SettingsInvalid(
                 f"price table {path}: {model!r} needs non-negative 'prompt' and 'completion' USD per million tokens "
-                "(and may have 'cached' and 'cache_write')",
+                "(and may have 'cached', 'cache_write' and a 'long_prompt' tier)",
                 setting=setting,
             )
         prices[model] = {k: float(v) for k, v in price.items()}
+        if tier is not None:
+            prices[model][LONG_PROMPT] = _read_tier(tier, path=path, model=model, setting=setting)
     return (str(as_of) if as_of is not None else None), prices
+
+
+def _valid_rates(price: Any) -> bool:
+    return (isinstance(price, dict) and REQUIRED_PRICE_FIELDS <= set(price) <= PRICE_FIELDS
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in price.values()))
+
+
+def _read_tier(tier: Any, *, path: Path, model: str, setting: str) -> dict[str, float]:
+    above = tier.pop("above", None) if isinstance(tier, dict) else None
+    if not isinstance(above, int) or isinstance(above, bool) or above < 1 or not _valid_rates(tier):
+        raise SettingsInvalid(
+            f"price table {path}: {model!r} has a bad 'long_prompt' tier; it needs 'above' (a prompt size in tokens, "
+            "at least 1) and non-negative 'prompt' and 'completion' USD per million tokens (and may have 'cached' "
+            "and 'cache_write')",
+            setting=setting,
+        )
+    return {"above": above, **{k: float(v) for k, v in tier.items()}}
 
 
 def usd_cost_known(provider: Any, model: str) -> bool:

@@ -182,6 +182,36 @@ def test_the_bundled_price_table_is_dated_and_prices_common_models_with_their_ca
     assert not PriceTable.load({}, None, bundled=False).has("gpt-4o-mini")
 
 
+def test_a_long_prompt_tier_prices_the_whole_call_once_the_prompt_passes_its_threshold(tmp_path: Path) -> None:
+    # Priced like Claude Haiku 5.5 and OpenAI's >272K tier: past the threshold every token of the call costs more.
+    table = tmp_path / "prices.toml"
+    table.write_text(
+        '"m" = { prompt = 1.0, cached = 0.1, cache_write = 1.25, completion = 5.0, '
+        'long_prompt = { above = 100000, prompt = 5.0, cached = 0.5, cache_write = 6.25, completion = 25.0 } }\n'
+        '"flat" = { prompt = 1.0, completion = 5.0 }\n')
+    prices = PriceTable.load({}, table, bundled=False)
+    assert prices.cost("m", 100_000, 1_000_000) == pytest.approx(0.1 + 5.0)  # at the threshold: the base rates
+    assert prices.cost("m", 100_001, 1_000_000) == pytest.approx(100_001 * 5.0 / 1e6 + 25.0)
+    # The threshold counts the whole prompt, cache reads and writes included, and the tier has its own cache rates.
+    assert prices.cost("m", 200_000, 0, cache_read_tokens=150_000, cache_creation_tokens=40_000) == pytest.approx(
+        (10_000 * 5.0 + 150_000 * 0.5 + 40_000 * 6.25) / 1e6)
+    assert prices.cost("flat", 900_000, 0) == pytest.approx(0.9)
+
+
+@pytest.mark.parametrize("tier", ["{ prompt = 5.0, completion = 25.0 }",  # no threshold
+                                  "{ above = 0, prompt = 5.0, completion = 25.0 }",
+                                  "{ above = 1000, prompt = 5.0 }",  # no completion price
+                                  "{ above = 1000, prompt = 5.0, completion = 25.0, output = 1.0 }"])
+def test_a_malformed_long_prompt_tier_names_the_setting(tmp_path: Path, tier: str) -> None:
+    from rlmfamily.errors import SettingsInvalid
+
+    table = tmp_path / "prices.toml"
+    table.write_text(f'"m" = {{ prompt = 1.0, completion = 5.0, long_prompt = {tier} }}\n')
+    with pytest.raises(SettingsInvalid) as info:
+        PriceTable.load({}, table, bundled=False)
+    assert info.value.setting == "price_table_file" and "'long_prompt'" in info.value.message
+
+
 def test_a_malformed_price_file_names_the_setting(tmp_path: Path) -> None:
     from rlmfamily.errors import SettingsInvalid
 
