@@ -175,10 +175,13 @@ def test_a_price_table_file_is_loaded(tmp_path: Path) -> None:
 def test_the_bundled_price_table_is_dated_and_prices_common_models_with_their_cache_prices() -> None:
     prices = PriceTable.load({}, None)
     assert prices.as_of and prices.as_of.startswith("20")
-    for model in ("gpt-4o-mini", "gpt-4.1", "claude-sonnet-4-5", "claude-haiku-4-5"):
+    for model in ("gpt-4o-mini", "gpt-6.2-sol", "claude-sonnet-5-5", "claude-haiku-4-5", "claude-haiku-4-5-20251001"):
         assert prices.has(model), model
     # 1M cached prompt tokens of gpt-4o-mini cost the cached price, not the prompt price.
     assert prices.cost("gpt-4o-mini", 1_000_000, 0, cache_read_tokens=1_000_000) == pytest.approx(0.075)
+    # Claude Haiku 5.5 is priced by prompt length: a 150K-token prompt costs the long-prompt rates.
+    assert prices.cost("claude-haiku-5-5", 100_000, 0) == pytest.approx(0.01)
+    assert prices.cost("claude-haiku-5-5", 150_000, 0) == pytest.approx(0.075)
     assert not PriceTable.load({}, None, bundled=False).has("gpt-4o-mini")
 
 
