@@ -22,6 +22,7 @@ from rlmfamily.budget import BudgetLedger
 from rlmfamily.context import Context
 from rlmfamily.errors import ContextError, RLMError, SettingsInvalid
 from rlmfamily.family import procs
+from rlmfamily.family.progress import RunningChildren
 from rlmfamily.prompts import NO_OUTPUT, NO_OUTPUT_HINT
 from rlmfamily.providers.base import PriceTable, Provider
 from rlmfamily.providers.scripted import ScriptedProvider
@@ -169,16 +170,16 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
     settings = _settings(args)
     context = _context(args, settings)
     provider = _provider(args, settings)
-    progress = _Progress(settings.max_turns)
-    live = None if args.quiet or args.json else Live(progress.render(), console=err, refresh_per_second=8, transient=True)
+    progress = _Progress(settings.max_turns, children=RunningChildren(settings))
+    # Rendered at each refresh, not only at the root's events: children progress while the root waits on them.
+    live = None if args.quiet or args.json else Live(get_renderable=progress.render, console=err,
+                                                     refresh_per_second=8, transient=True)
 
     def on_event(event: dict[str, Any]) -> None:
         progress.update(event)
         if event.get("event") == "protocol_fallback":
             err.print(Text(f"note: the endpoint refused the python tool ({event['reason']}); the run goes on with "
                            "```python blocks in text (set RLM_PROTOCOL=text to start so)", style="yellow"))
-        if live is not None:
-            live.update(progress.render())
 
     session = Session(context=context, provider=provider, settings=settings, on_event=on_event,
                       model=None if args.script else settings.model)
@@ -216,9 +217,10 @@ def _provider(args: argparse.Namespace, settings: RLMSettings) -> Provider:
 
 
 class _Progress:
-    """The live line: turn, sub-calls, budget used."""
+    """The live line: turn, sub-calls, budget used, running children."""
 
-    def __init__(self, max_turns: int) -> None:
+    def __init__(self, max_turns: int, *, children: RunningChildren | None = None) -> None:
+        self.children = children
         self.turn = 0
         self.max_turns = max_turns
         self.subcalls = 0
@@ -231,6 +233,8 @@ class _Progress:
         self.subcalls = event.get("subcalls", self.subcalls)
         self.budget = event.get("budget", self.budget)
         kind = event.get("event", "")
+        if kind == "run_started" and self.children is not None:
+            self.children.watch(event["run_id"])
         self.state = {"turn_started": "model thinking", "step_started": "running code", "subcall": "sub-calls",
                       "step_finished": "model thinking", "run_finished": "done"}.get(kind, self.state)
         if event.get("final"):
@@ -254,6 +258,9 @@ class _Progress:
             unknown = b.get("unknown_tokens") or 0
             if unknown:
                 line.append(f" · {unknown} unknown", style="yellow")
+        family = self.children.line() if self.children is not None else ""
+        if family:
+            line.append(f" · {family}", style="blue")
         line.append(f" · {self.state}", style="dim")
         return line
 
