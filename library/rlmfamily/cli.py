@@ -80,7 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     show = sub.add_parser("show", help="replay a run's trajectory")
     show.add_argument("run", help="run id, unique prefix, 'last', or a trajectory file")
-    show.add_argument("--json", action="store_true", help="print the raw events as a JSON list")
+    shown_as = show.add_mutually_exclusive_group()
+    shown_as.add_argument("--json", action="store_true", help="print the raw events as a JSON list")
+    shown_as.add_argument("--html", action="store_true", help="write one self-contained HTML page of the run and "
+                          "its children (no server, no network)")
+    show.add_argument("-o", "--output", help="with --html: the page's file ('-' = stdout; default: "
+                      "trajectory.html beside the run's trajectory)")
 
     usage = sub.add_parser("usage", help="inference budgets: calls, tokens, USD and unknown usage")
     usage.add_argument("--run", help="list one run's usage entries: run id, unique prefix, 'last' (as show); "
@@ -114,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             return _run(args, out, err)
         if args.command == "show":
-            return _show(args, out)
+            return _show(args, out, err)
         from rlmfamily.family import cli as family_cli
 
         if args.command in family_cli.COMMANDS:
@@ -292,9 +297,16 @@ def _print_result(result: RunResult, out: Console, err: Console, *, as_json: boo
 # ---------- show ----------
 
 
-def _show(args: argparse.Namespace, out: Console) -> int:
+def _show(args: argparse.Namespace, out: Console, err: Console) -> int:
     settings = _settings(args)
     path = find_run(settings.runs_dir, args.run)
+    if args.html:
+        from rlmfamily.show_html import write_page
+
+        write_page(path, args.output, max_text_chars=settings.html_max_text_chars, out=out, err=err)
+        return EXIT_OK
+    if args.output:
+        raise SettingsInvalid("-o/--output goes with --html: rlm show --html RUN -o page.html")
     events = read_trajectory(path)
     if args.json:
         out.print_json(json.dumps(events, default=str))

@@ -127,6 +127,9 @@ class RLMSettings(BaseSettings):
     max_history_hits: int = Field(50, ge=1)
     max_history_query_words: int = Field(16, ge=1, le=1000)  # words of one history.search, each a scan of every entry
 
+    # `rlm show --html`: characters of one text (an output, a prompt, an answer) on the page; longer ones are clipped.
+    html_max_text_chars: int = Field(20_000, ge=200, le=10_000_000)
+
     # Families (rlmfamily/family): children run as separate processes and share the root's allowance.
     max_child_depth: int = Field(1, ge=0, le=8)  # 1: a root may start children, children may not
     max_children: int = Field(8, ge=0, le=1000)  # child agents in one family, root excluded
