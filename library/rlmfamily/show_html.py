@@ -23,6 +23,7 @@ import html
 import json
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -332,12 +333,14 @@ class _Page:
         if kind == "subcall":
             return self._subcall(e)
         if kind == "child_started":
-            what = f"started child {_name(str(e.get('run')))} ({e.get('kind')}): {e.get('prompt', '')}"
-            return f'<div class="child">{self.text(what)}{self._open(e.get("run"), "open " + _name(str(e.get("run"))))}</div>'
+            name = _name(str(e.get("run")))
+            what = f"started child {name} ({e.get('kind')}): {e.get('prompt', '')}"
+            return f'<div class="child">{self.text(what)}{self._open(e.get("run"), "open " + name)}</div>'
         if kind == "child_finished":
+            name = _name(str(e.get("id")))
             detail = e.get("answer") if e.get("answer") is not None else (e.get("error") or e.get("note") or "")
-            what = f"child {_name(str(e.get('id')))} {e.get('state')}: {detail}"
-            return f'<div class="child">{self.text(what)}{self._open(e.get("id"), "open " + _name(str(e.get("id"))))}</div>'
+            what = f"child {name} {e.get('state')}: {detail}"
+            return f'<div class="child">{self.text(what)}{self._open(e.get("id"), "open " + name)}</div>'
         if kind == "children_wait":
             return f'<p class="note">waiting for {len(e.get("runs") or [])} active children before the run ends</p>'
         if kind == "delegation":
@@ -417,7 +420,7 @@ def _calls(view: RunView, *, top: bool) -> list[_Call]:
 class _Chart:
     """The family's known tokens over time as an inline SVG: a step line, one point per model call."""
 
-    def __init__(self, views: list[RunView], text: Any) -> None:
+    def __init__(self, views: list[RunView], text: Callable[[Any], str]) -> None:
         self.text = text
         self.top_name = views[0].name
         self.calls = sorted((c for i, v in enumerate(views) for c in _calls(v, top=i == 0)), key=lambda c: c.ts)

@@ -213,3 +213,20 @@ def test_without_o_the_page_is_written_beside_the_trajectory(family: FamilyRun) 
     written = family.runs_dir / family.result.run_id / "trajectory.html"
     assert written.is_file() and str(written) in shown.stderr
     assert shown.stdout == ""
+
+
+def test_a_run_that_did_not_finish_says_so_on_its_page(family: FamilyRun, tmp_path: Path) -> None:
+    # The root's trajectory as a crash before its last line leaves it, with its child beside it.
+    runs = tmp_path / "runs"
+    for run_id in (family.result.run_id, f"{family.result.run_id}.c1"):
+        (runs / run_id).mkdir(parents=True)
+        lines = (family.runs_dir / run_id / "trajectory.jsonl").read_text().splitlines(keepends=True)
+        kept = lines[:-1] if run_id == family.result.run_id else lines
+        (runs / run_id / "trajectory.jsonl").write_text("".join(kept))
+    page = tmp_path / "crashed.html"
+    shown = rlm("show", "--html", str(runs / family.result.run_id / "trajectory.jsonl"), "-o", str(page),
+                data_dir=tmp_path / "other-data")
+    assert shown.returncode == 0, shown.stderr
+    html = page.read_text(encoding="utf-8")
+    assert f"did not finish after {len(ROOT_TURNS)} turns" in html
+    assert "root · did not finish" in html and "c1 · completed" in html
