@@ -150,6 +150,7 @@ def _process_start(pid: int) -> str:
 
 _HOST = socket.gethostname()
 MAX_NOTE_CHARS = 500  # of the note kept on a failed or unknown usage entry
+FINAL_PURPOSE = "root_final"  # the purpose of a run's final-answer request, admitted with final=True
 
 
 def _owner() -> str:
@@ -259,6 +260,26 @@ class BudgetLedger(SQLiteFile):
         self._expire_dead_reservations(root_id)
         with self.reading() as conn:
             return int(conn.execute("SELECT COUNT(*) FROM kept_finals WHERE root_id = ?", (root_id,)).fetchone()[0])
+
+    def overshoot(self, root_id: str) -> dict[str, dict[str, Any]]:
+        """The limits the family went past, by axis ("tokens", "usd"): used, limit, how far over, and whether the
+        final-answer requests took it there (the rest of the family's known usage is within the limit)."""
+        limits = self.limits(root_id)
+        with self.reading() as conn:
+            row = conn.execute(
+                "SELECT COALESCE(SUM(tokens), 0) AS tokens, COALESCE(SUM(cost_usd), 0) AS usd, "
+                f"COALESCE(SUM(CASE WHEN purpose = '{FINAL_PURPOSE}' THEN 0 ELSE tokens END), 0) AS tokens_before, "
+                f"COALESCE(SUM(CASE WHEN purpose = '{FINAL_PURPOSE}' THEN 0 ELSE cost_usd END), 0) AS usd_before "
+                "FROM usage WHERE root_id = ?",
+                (root_id,),
+            ).fetchone()
+        over: dict[str, dict[str, Any]] = {}
+        for axis, limit in (("tokens", limits.max_tokens), ("usd", limits.max_usd)):
+            used = row[axis]
+            if limit is not None and used > limit:
+                over[axis] = {"used": used, "limit": limit, "over": used - limit,
+                              "by_final_answer": row[f"{axis}_before"] <= limit}
+        return over
 
     def _expire_dead_reservations(self, root_id: str | None) -> None:
         with self.reading() as conn:

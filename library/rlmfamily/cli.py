@@ -23,6 +23,7 @@ from rlmfamily.context import Context
 from rlmfamily.errors import ContextError, RLMError, SettingsInvalid
 from rlmfamily.family import procs
 from rlmfamily.family.progress import RunningChildren
+from rlmfamily.memo import memo_usage
 from rlmfamily.prompts import NO_OUTPUT, NO_OUTPUT_HINT
 from rlmfamily.providers.base import PriceTable, Provider
 from rlmfamily.providers.scripted import ScriptedProvider
@@ -70,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-calls", type=_limit_int, default=argparse.SUPPRESS, help="model calls, root and sub-calls ('none' = no limit)")
     run.add_argument("--max-tokens", type=_limit_int, default=argparse.SUPPRESS, help="tokens over all calls ('none' = no limit)")
     run.add_argument("--max-usd", type=_limit_float, default=argparse.SUPPRESS, help="USD over all calls ('none' = no limit; needs prices)")
+    run.add_argument("--memoise-subcalls", action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                     help="answer a sub-call the family already asked from the memo, unpaid (RLM_MEMOISE_SUBCALLS; default on)")
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("--quiet", action="store_true", help="no live progress display")
 
@@ -157,7 +160,7 @@ def _demo_args(args: argparse.Namespace) -> argparse.Namespace:
 
 
 OVERRIDES = ("kernel", "max_turns", "provider", "protocol", "base_url", "model", "api_key_env", "temperature",
-             "max_completion_tokens", "max_calls", "max_tokens", "max_usd", "a2a_peers_file")
+             "max_completion_tokens", "max_calls", "max_tokens", "max_usd", "memoise_subcalls", "a2a_peers_file")
 
 
 def _settings(args: argparse.Namespace) -> RLMSettings:
@@ -355,7 +358,8 @@ def _show_event(e: dict[str, Any], out: Console) -> None:
     elif kind == "subcall":
         status = "ok" if e.get("ok") else f"error {e.get('error_code')}"
         tokens = (e.get("usage") or {}).get("total_tokens")
-        p(f"  · sub-call {e.get('seq')} [{status}, {tokens if tokens is not None else '?'} tokens]: "
+        cost = "cached, 0 tokens" if e.get("cached") else f"{tokens if tokens is not None else '?'} tokens"
+        p(f"  · sub-call {e.get('seq')} [{status}, {cost}]: "
           f"{_one_line(e.get('prompt', ''), 70)} → {_one_line(e.get('response', ''), 90)}", "magenta")
     elif kind == "final_request":
         p(f"\n[asked for a final answer: {e.get('why')}]", "yellow")
@@ -373,7 +377,8 @@ def _show_event(e: dict[str, Any], out: Console) -> None:
         budget = e.get("budget", {})
         own = e.get("usage") or budget  # a trajectory from before "usage" has the allowance's totals only
         family = f"; family total {_totals(budget)}" if own.get("calls") != budget.get("calls") else ""
-        p(f"\n── {e.get('stop_reason')} after {e.get('turns')} turns, {e.get('subcalls')} sub-calls, "
+        cached = f" ({e['subcalls_cached']} cached)" if e.get("subcalls_cached") else ""
+        p(f"\n── {e.get('stop_reason')} after {e.get('turns')} turns, {e.get('subcalls')} sub-calls{cached}, "
           f"{_totals(own)}{family}", "bold")
         if e.get("error"):
             p(f"error: {e['error']}", "red")
@@ -408,25 +413,18 @@ def _usage(args: argparse.Namespace, out: Console) -> int:
         return EXIT_OK
     root = _usage_root(settings, ledger, args.run) if args.run else None
     roots = [root] if root else ledger.roots()
-    summaries = [_root_summary(ledger, r) for r in roots]
+    summaries = [_root_summary(settings, ledger, r) for r in roots]
+    totals = _usage_totals(summaries)
     unresolved = [e.to_dict() for r in roots for e in ledger.entries(r, unresolved_only=True)]
     entries = [e.to_dict() for e in ledger.entries(root)] if root else []
     if args.json:
-        out.print_json(json.dumps({"roots": summaries, "unresolved": unresolved, "entries": entries}))
+        out.print_json(json.dumps({"roots": summaries, "totals": totals, "unresolved": unresolved,
+                                   "entries": entries}))
         return EXIT_OK
-    table = Table(title=f"inference budgets ({settings.budget_path})", title_justify="left")
-    table.add_column("run", no_wrap=True)
-    for column in ("calls", "tokens", "USD", "unknown"):
-        table.add_column(column, justify="right", no_wrap=True)
-    table.add_column("limits (calls/tokens/USD)")
-    for s in summaries:
-        limits = s["limits"]
-        unknown = s["unknown_tokens"] + (s["unknown_usd"] if limits["max_usd"] is not None else 0)
-        table.add_row(
-            s["root_id"], f"{s['calls']:,}", f"{s['tokens']:,}", f"{s['usd']:.4f}", str(unknown) if unknown else "-",
-            "/".join("-" if limits[k] is None else f"{limits[k]:,}" for k in ("max_calls", "max_tokens", "max_usd")),
-        )
-    out.print(table)
+    out.print(_usage_table(settings, summaries, totals))
+    for run_id, hits in (summaries[0]["cached"]["by_run"].items() if root else ()):
+        out.print(f"  cached: {hits['hits']} sub-call(s) of {run_id} answered from the memo "
+                  f"({hits['tokens_saved']:,} tokens not spent)", markup=False, highlight=False)
     for e in entries:
         out.print(f"  entry {e['id']}: {e['purpose']} {e['state']} tokens {e['tokens']} USD {e['cost_usd']}"
                   + (f" ({e['note']})" if e["note"] else ""), markup=False, highlight=False)
@@ -453,8 +451,48 @@ def _usage_root(settings: RLMSettings, ledger: BudgetLedger, run: str) -> str:
     return run_id
 
 
-def _root_summary(ledger: BudgetLedger, root_id: str) -> dict[str, Any]:
-    return ledger.snapshot(root_id).to_dict()
+def _root_summary(settings: RLMSettings, ledger: BudgetLedger, root_id: str) -> dict[str, Any]:
+    """A family's allowance, what its memo answered without a call (``cached``), and the limits it went past."""
+    summary = ledger.snapshot(root_id).to_dict()
+    summary["cached"] = memo_usage(settings.memo_path, root_id).to_dict()
+    summary["overshoot"] = ledger.overshoot(root_id)
+    return summary
+
+
+def _usage_totals(summaries: list[dict[str, Any]]) -> dict[str, Any]:
+    total = lambda key: sum(s[key] for s in summaries)  # noqa: E731
+    return {"runs": len(summaries), "calls": total("calls"), "tokens": total("tokens"), "usd": total("usd"),
+            "unknown_tokens": total("unknown_tokens"), "cached": sum(s["cached"]["hits"] for s in summaries),
+            "cached_tokens_saved": sum(s["cached"]["tokens_saved"] for s in summaries)}
+
+
+def _usage_table(settings: RLMSettings, summaries: list[dict[str, Any]], totals: dict[str, Any]) -> Table:
+    table = Table(title=f"inference budgets ({settings.budget_path})", title_justify="left")
+    table.add_column("run", no_wrap=True)
+    for column in ("calls", "tokens", "USD", "unknown", "cached"):
+        table.add_column(column, justify="right", no_wrap=column != "tokens")
+    table.add_column("limits (calls/tokens/USD)")
+    for s in summaries:
+        limits, over, cached = s["limits"], s["overshoot"], s["cached"]["hits"]
+        unknown = s["unknown_tokens"] + (s["unknown_usd"] if limits["max_usd"] is not None else 0)
+        table.add_row(
+            s["root_id"], f"{s['calls']:,}", _past("{:,}", s["tokens"], over.get("tokens")),
+            _past("{:.4f}", s["usd"], over.get("usd")), str(unknown) if unknown else "-", str(cached) if cached else "-",
+            "/".join("-" if limits[k] is None else f"{limits[k]:,}" for k in ("max_calls", "max_tokens", "max_usd")),
+        )
+    if len(summaries) > 1:
+        table.add_row("total", f"{totals['calls']:,}", f"{totals['tokens']:,}", f"{totals['usd']:.4f}",
+                      str(totals["unknown_tokens"] or "-"), str(totals["cached"] or "-"), "", style="bold")
+    return table
+
+
+def _past(fmt: str, used: float, over: dict[str, Any] | None) -> str:
+    """A used amount, and how far past its limit it went (only the final answer is admitted past one)."""
+    if over is None:
+        return fmt.format(used)
+    cause = " by the final answer" if over["by_final_answer"] else ""
+    return (f"{fmt.format(used)} / {fmt.format(over['limit'])} "
+            f"(+{fmt.format(over['over'])} past the limit{cause})")
 
 
 if __name__ == "__main__":

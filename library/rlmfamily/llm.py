@@ -6,7 +6,9 @@ concurrency, prompt and response characters, per-call timeout. An oversized
 prompt, a timeout, a provider error or a spent budget comes back as an
 ``LLMResult`` with ``ok=False``, an ``error_code`` and ``advice`` - never as an
 exception into the model's code. Each call is admitted by the run's budget and
-settles its usage there, also when it answers after its timeout.
+settles its usage there, also when it answers after its timeout. A call its
+family already asked (same model, messages and context) is answered from the
+memo (rlmfamily/memo.py) instead: no budget call, no tokens, recorded as cached.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from rlmfamily.budget import Budget
 from rlmfamily.errors import BudgetError, ProviderError, RLMError
+from rlmfamily.memo import MemoHit, MemoKey, SubcallMemo
 from rlmfamily.providers.base import Completion, Provider, estimate_tokens
 from rlmfamily.settings import RLMSettings
 
@@ -82,6 +85,8 @@ class SubcallRecord:
     model: str | None
     duration_s: float
     budget_entry: int | None
+    cached: bool = False  # answered from the family's memo: no budget entry, no tokens
+    cached_from: dict[str, Any] | None = None  # the run and budget entry that paid for the answer
 
 
 def _failure(code: str, error: str, advice: str) -> LLMResult:
@@ -128,8 +133,10 @@ class SubcallRunner:
         resolve_context: ContextResolver | None = None,
         on_record: Callable[[SubcallRecord], None] | None = None,
         model: str | None = None,
+        memo: SubcallMemo | None = None,
     ) -> None:
         self.provider = provider
+        self.memo = memo
         self.budget = budget
         self.settings = settings
         self.resolve_context = resolve_context or _plain_text
@@ -139,10 +146,16 @@ class SubcallRunner:
         self._lock = threading.Lock()
         self._admitted = 0
         self._seq = 0
+        self._cached = 0
 
     @property
     def admitted(self) -> int:
         return self._admitted
+
+    @property
+    def cached(self) -> int:
+        """Sub-calls of this run answered from the memo."""
+        return self._cached
 
     # ---------- public ----------
 
@@ -239,6 +252,14 @@ class SubcallRunner:
                 self._seq += 1
                 seq = self._seq
         model_id = model or self.model
+        content = f"{context_text}\n\n{prompt}" if context_text else prompt
+        messages = [{"role": "system", "content": SUBCALL_SYSTEM}, {"role": "user", "content": content}]
+        memo_key = None
+        if self.memo is not None:
+            memo_key = MemoKey.of(model_id or getattr(self.provider, "default_model", None), messages, context_text)
+            hit = self.memo.lookup(memo_key)
+            if hit is not None:  # before admission: a repeat is free even when the budget is spent
+                return self._from_memo(seq, prompt, context_text, hit, record)
         estimate = estimate_tokens(total + len(SUBCALL_SYSTEM)) + estimate_tokens(self.settings.max_response_chars)
         try:
             entry = self.budget.admit("subcall", tokens_estimate=estimate, keep_calls=1,
@@ -247,10 +268,21 @@ class SubcallRunner:
             result = _failure(exc.code, exc.message, "The inference budget is spent: answer now with final_answer().")
             self._record(seq, prompt, context_text, result, None, record)
             return result
-        content = f"{context_text}\n\n{prompt}" if context_text else prompt
-        messages = [{"role": "system", "content": SUBCALL_SYSTEM}, {"role": "user", "content": content}]
         result = self._call(messages, model_id, entry, timeout_s)
+        if memo_key is not None and result.ok and not result.truncated:  # only complete answers are kept
+            self.memo.store(memo_key, response=result.text, model=result.model, usage=result.usage,
+                            budget_entry=entry)
         self._record(seq, prompt, context_text, result, entry, record)
+        return result
+
+    def _from_memo(self, seq: int, prompt: str, context_text: str, hit: MemoHit,
+                   record: RecordSink | None) -> LLMResult:
+        """The model gets the answer as it first came; the record says it was cached and cost nothing."""
+        with self._lock:
+            self._cached += 1
+        result = LLMResult(text=hit.response, ok=True, usage=hit.usage, model=hit.model)
+        self._record(seq, prompt, context_text, result, None, record,
+                     cached_from={"run_id": hit.paid_by_run, "budget_entry": hit.budget_entry})
         return result
 
     def _call(self, messages: list[dict[str, Any]], model: str | None, entry: int, timeout_s: float) -> LLMResult:
@@ -309,7 +341,7 @@ class SubcallRunner:
         )
 
     def _record(self, seq: int, prompt: str, context_text: str, result: LLMResult, entry: int | None,
-                record: RecordSink | None) -> None:
+                record: RecordSink | None, cached_from: dict[str, Any] | None = None) -> None:
         deliver = record or self.on_record
         if deliver is None:
             return
@@ -317,8 +349,9 @@ class SubcallRunner:
             SubcallRecord(
                 seq=seq, turn=self.current_turn, prompt=prompt, context_chars=len(context_text), ok=result.ok,
                 error_code=result.error_code, response=result.text if result.ok else (result.error or ""),
-                truncated=result.truncated, usage=result.usage, model=result.model,
-                duration_s=result.duration_s, budget_entry=entry,
+                truncated=result.truncated, usage=None if cached_from else result.usage, model=result.model,
+                duration_s=result.duration_s, budget_entry=entry, cached=cached_from is not None,
+                cached_from=cached_from,
             )
         )
 

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlmfamily.budget import Budget, BudgetLedger, BudgetLimits, BudgetSnapshot
+from rlmfamily.budget import FINAL_PURPOSE, Budget, BudgetLedger, BudgetLimits, BudgetSnapshot
 from rlmfamily.context import Context
 from rlmfamily.composition import KERNEL_NAMES, KernelFactory, default_extensions, default_kernel_factory
 from rlmfamily.errors import BudgetError, ProviderError, RLMError, SettingsInvalid
@@ -31,6 +31,7 @@ from rlmfamily.family import procs
 from rlmfamily.history import History
 from rlmfamily.kernels.base import Kernel, StepResult
 from rlmfamily.llm import SubcallRecord, SubcallRunner
+from rlmfamily.memo import open_memo
 from rlmfamily.namespace import PRELUDE, AnswerBox, Bridge, _guest_errors
 from rlmfamily.prompts import NO_OUTPUT_HINT, final_request, first_message, follow_up, in_text_words, system_prompt
 from rlmfamily.protocol import TEXT, TOOLS, Protocol, protocol_named, refused_tools
@@ -205,6 +206,7 @@ class _Run:
         run.subcalls = SubcallRunner(
             provider=session.provider, budget=run.budget, settings=settings, on_record=run.record_subcall,
             model=settings.subcall_model, resolve_context=lambda value: run.bridge.resolve_context(value),
+            memo=open_memo(settings, root_id=session.root_id, run_id=session.run_id),
         )
         run.bridge = Bridge(context=session.context, subcalls=run.subcalls, history=run.history, answer=run.answer,
                             max_answer_chars=settings.max_answer_chars, current_turn=lambda: run.turn)
@@ -392,6 +394,7 @@ class _Run:
                 error_code=record.error_code, response=record.response[:PREVIEW_CHARS],
                 response_chars=len(record.response), truncated=record.truncated, usage=record.usage,
                 model=record.model, duration_s=record.duration_s, budget_entry=record.budget_entry, history_id=hid,
+                cached=record.cached, cached_from=record.cached_from,
             )
             self.emit({"event": "subcall", "turn": record.turn, "subcalls": self.subcall_count, "ok": record.ok,
                        "budget": self.budget.snapshot().to_dict()})
@@ -402,7 +405,7 @@ class _Run:
         """One last root call that asks for the answer now; at most one python step is run."""
         self.trajectory.write("final_request", turn=self.turn + 1, why=self.why)
         try:
-            entry = self.budget.admit("root_final", tokens_estimate=estimate_tokens(message_chars(self.messages)),
+            entry = self.budget.admit(FINAL_PURPOSE, tokens_estimate=estimate_tokens(message_chars(self.messages)),
                                       final=True)
         except BudgetError as exc:
             self.trajectory.write("budget_refused", turn=self.turn + 1, code=exc.code, message=exc.message)
@@ -452,7 +455,7 @@ class _Run:
         duration = round(time.monotonic() - self.started, 3)
         self.trajectory.write(
             "run_finished", stop_reason=self.stop_reason, answer=self.answer.value, error=self.error, turns=self.turn,
-            subcalls=self.subcall_count, usage=self.budget.own_usage(), budget=snapshot.to_dict(), root_chars_sent=self.root_chars_sent,
+            subcalls=self.subcall_count, subcalls_cached=self.subcalls.cached, usage=self.budget.own_usage(), budget=snapshot.to_dict(), root_chars_sent=self.root_chars_sent,
             root_chars_last=self.root_chars_last, corpus_bytes=self.stats["bytes"], duration_s=duration, **extra,
         )
         self.trajectory.close()

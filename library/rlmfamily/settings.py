@@ -94,6 +94,10 @@ class RLMSettings(BaseSettings):
     max_prompt_chars: int = Field(120_000, ge=100)
     max_response_chars: int = Field(20_000, ge=100)
     subcall_timeout_s: float = Field(120.0, gt=0)
+    # An identical sub-call of the same family is answered from memo.sqlite3 (rlmfamily/memo.py), which keeps
+    # at most this many answers per family (each at most max_response_chars), the least recently used going first.
+    memoise_subcalls: bool = True
+    max_memoised_subcalls: int = Field(1000, ge=1, le=1_000_000)
 
     # One inference allowance per root family. None = no limit on that axis.
     max_calls: int | None = Field(300, ge=1)
@@ -248,6 +252,10 @@ class RLMSettings(BaseSettings):
     @property
     def family_path(self) -> Path:
         return self.data_dir / "family.sqlite3"
+
+    @property
+    def memo_path(self) -> Path:
+        return self.data_dir / "memo.sqlite3"
 
     @property
     def a2a_path(self) -> Path:

@@ -136,6 +136,9 @@ def hosted_settings(
         subcall_model=route.subcall_model if isinstance(route, OpenAIRoute) else None,
         max_child_depth=0,
         max_children=0,
+        # Off: every semantic call must pass the journal (its count, its resume replay, the history it rebuilds),
+        # and the memo would live in this attempt's scratch data dir, thrown away when the attempt ends.
+        memoise_subcalls=False,
         a2a_enabled=False,
         a2a_paid_enabled=False,
     )

@@ -91,12 +91,13 @@ def test_the_sandbox_cannot_see_the_key_the_environment_the_network_or_files_out
 
 def test_the_hosted_profile_ignores_the_workers_rlm_environment(tmp_path, monkeypatch):
     for name, value in {"RLM_A2A_ENABLED": "true", "RLM_MAX_CHILD_DEPTH": "3", "RLM_KERNEL": "host",
-                        "RLM_MAX_SUBCALLS": "999", "RLM_MAX_PROMPT_CHARS": "500000"}.items():
+                        "RLM_MAX_SUBCALLS": "999", "RLM_MAX_PROMPT_CHARS": "500000",
+                        "RLM_MEMOISE_SUBCALLS": "true"}.items():
         monkeypatch.setenv(name, value)
     spec = load_spec(support.write_spec(tmp_path / "specs").path).spec
     route = support.routes_for("review_sql.toml").get("test")
     settings = hosted_settings(spec, route, data_dir=tmp_path, max_run_s=60, max_subcalls=16)
-    assert (settings.a2a_enabled, settings.max_child_depth, settings.max_children, settings.kernel) == (
-        False, 0, 0, "monty")
+    assert (settings.a2a_enabled, settings.max_child_depth, settings.max_children, settings.kernel,
+            settings.memoise_subcalls) == (False, 0, 0, "monty", False)
     assert (settings.max_subcalls, settings.max_prompt_chars, settings.max_response_chars,
             settings.max_concurrency) == (16, 32_000, 4_000, 2)
