@@ -197,30 +197,38 @@ def test_families_do_not_share_answers(make_settings, tmp_path: Path) -> None:
 WRITER = """
 import sys
 from rlmfamily.memo import MemoFile, MemoKey, SubcallMemo
-path, writer, count, bound = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-memo = SubcallMemo(MemoFile(path), root_id="family", run_id=writer, max_entries=bound)
+path, family, writer, count, bound = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+memo = SubcallMemo(MemoFile(path), root_id=family, run_id=writer, max_entries=bound)
+shared = MemoKey.of("m", [{"role": "user", "content": "shared"}], "")
+assert memo.store(shared, response="shared answer from " + writer, model="m", usage=None, budget_entry=None)
 for i in range(count):
     key = MemoKey.of("m", [{"role": "user", "content": f"{writer} {i}"}], "")
     assert memo.store(key, response=f"answer {writer} {i}", model="m", usage={"total_tokens": 3}, budget_entry=i)
-shared = MemoKey.of("m", [{"role": "user", "content": "shared"}], "")
-memo.store(shared, response="shared answer from " + writer, model="m", usage=None, budget_entry=None)
-assert memo.lookup(shared).response.startswith("shared answer from ")
+    if bound > 1000:  # nothing is dropped: every answer stored is found again
+        assert memo.lookup(key).response == f"answer {writer} {i}"
 """
 
 
-def test_processes_of_one_family_share_the_memo_file_safely(tmp_path: Path) -> None:
-    path, bound = tmp_path / "memo.sqlite3", 25
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), f"w{n}", "40", str(bound)],
-                              stderr=subprocess.PIPE, text=True) for n in range(4)]
+def _writers(path: Path, family: str, bound: int, *, writers: int = 4, count: int = 40) -> None:
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), family, f"w{n}", str(count), str(bound)],
+                              stderr=subprocess.PIPE, text=True) for n in range(writers)]
     for proc in procs:
         _, err = proc.communicate(timeout=90)
         assert proc.returncode == 0, err
+
+
+def test_processes_of_one_family_share_the_memo_file_safely(tmp_path: Path) -> None:
+    path = tmp_path / "memo.sqlite3"
+    _writers(path, "family", bound=100_000)
     file = MemoFile(path)
-    assert file.entries("family") == bound
-    memo = SubcallMemo(file, root_id="family", run_id="reader", max_entries=bound)
-    hit = memo.lookup(MemoKey.of("m", [{"role": "user", "content": "shared"}], ""))
+    assert file.entries("family") == 4 * 40 + 1  # one shared answer: the first writer's stays
+    reader = SubcallMemo(file, root_id="family", run_id="reader", max_entries=100_000)
+    hit = reader.lookup(MemoKey.of("m", [{"role": "user", "content": "shared"}], ""))
     assert hit is not None and hit.response.startswith("shared answer from w")
     assert file.usage("family").by_run["reader"]["hits"] == 1
+    # Writers dropping each other's answers at the bound never leave the family over it.
+    _writers(path, "bounded", bound=25)
+    assert file.entries("bounded") == 25
 
 
 def test_a_final_answer_past_the_token_limit_is_shown_as_an_overshoot(tmp_path: Path) -> None:
