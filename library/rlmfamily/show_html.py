@@ -358,7 +358,7 @@ class _Page:
 
     def _subcall(self, e: dict[str, Any]) -> str:
         status = "ok" if e.get("ok") else f"error {e.get('error_code')}"
-        tokens = (e.get("usage") or {}).get("total_tokens")
+        tokens = 0 if e.get("cached") else (e.get("usage") or {}).get("total_tokens")  # a memo hit cost nothing
         head = f"sub-call {e.get('seq')} · {status} · {tokens if tokens is not None else 'unknown'} tokens"
         if e.get("cached"):
             head += " · cached"
