@@ -225,6 +225,14 @@ class BudgetLedger(SQLiteFile):
             )
             return _entry(conn.execute("SELECT * FROM usage WHERE id = ?", (entry_id,)).fetchone())
 
+    def entries_admitted_by(self, root_id: str, pid: int, pid_start: str | None) -> list[int]:
+        """Ids of the entries that the process ``pid`` (started at ``pid_start``) of this host admitted for
+        ``root_id``: what a resumed run's earlier process used (its children's processes are others)."""
+        with self.reading() as conn:
+            rows = conn.execute("SELECT id FROM usage WHERE root_id = ? AND owner = ? ORDER BY id",
+                                (root_id, f"{_HOST}:{pid}:{pid_start or ''}")).fetchall()
+        return [int(r["id"]) for r in rows]
+
     def limits(self, root_id: str) -> BudgetLimits:
         with self.reading() as conn:
             row = conn.execute("SELECT * FROM budgets WHERE root_id = ?", (root_id,)).fetchone()

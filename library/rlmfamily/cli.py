@@ -99,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     usage.add_argument("--usd", type=float, help="with --reconcile: the real cost in USD")
     usage.add_argument("--reason", help="with --reconcile: the audit reason (who checked what, where)")
 
+    from rlmfamily import resume
+
+    resume.add_parser(sub)
     from rlmfamily.family import cli as family_cli
 
     family_cli.add_parsers(sub)  # inbox, message, follow-up, children
@@ -123,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args, out, err)
         if args.command == "show":
             return _show(args, out, err)
+        if args.command == "resume":
+            from rlmfamily import resume
+
+            return resume.main(args, out, err)
         from rlmfamily.family import cli as family_cli
 
         if args.command in family_cli.COMMANDS:
@@ -323,7 +330,8 @@ def _show(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 def _show_unfinished(events: list[dict[str, Any]], out: Console) -> None:
     """A trajectory without run_finished: the run is still going, or its process ended without finishing."""
-    started = next((e for e in events if e["event"] == "run_started"), {})
+    # The process that owns the run: the one that started it, or the last that resumed it.
+    started = next((e for e in reversed(events) if e["event"] in ("run_started", "run_resumed")), {})
     turns = max((e.get("turn", 0) for e in events if e["event"] == "turn"), default=0)
     pid = started.get("pid")
     if pid and procs.alive(pid, started.get("pid_start")):
@@ -361,6 +369,9 @@ def _show_event(e: dict[str, Any], out: Console) -> None:
         cost = "cached, 0 tokens" if e.get("cached") else f"{tokens if tokens is not None else '?'} tokens"
         p(f"  · sub-call {e.get('seq')} [{status}, {cost}]: "
           f"{_one_line(e.get('prompt', ''), 70)} → {_one_line(e.get('response', ''), 90)}", "magenta")
+    elif kind == "run_resumed":
+        p(f"\n── resumed after turn {e.get('turn')} (pid {e.get('pid')}; the process before, pid {e.get('after_pid')}, "
+          f"ended without finishing): {_restored(e)}", "bold yellow")
     elif kind == "final_request":
         p(f"\n[asked for a final answer: {e.get('why')}]", "yellow")
     elif kind == "protocol_fallback":
@@ -383,6 +394,20 @@ def _show_event(e: dict[str, Any], out: Console) -> None:
         if e.get("error"):
             p(f"error: {e['error']}", "red")
         p(e.get("answer") if e.get("answer") is not None else "(no answer)")
+
+
+def _restored(e: dict[str, Any]) -> str:
+    """How a resumed run got its namespace back and where it went on (rlmfamily/resume.py)."""
+    steps = e.get("steps", 0)
+    where = {"checkpoint": f"namespace from the Monty checkpoint after step {steps}",
+             "replay": f"namespace rebuilt by replaying {steps} steps from the record",
+             "fresh": "no step had run"}.get(e.get("restore"), str(e.get("restore")))
+    if e.get("interrupted_call"):
+        where += f"; call {e['interrupted_call']} of turn {e.get('turn')} runs again, its recorded host calls answered from the record"
+    children = e.get("children") or []
+    if children:
+        where += "; children: " + ", ".join(f"{c['run_id']} {c['outcome']}" for c in children)
+    return where
 
 
 def _totals(usage: dict[str, Any]) -> str:

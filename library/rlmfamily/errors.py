@@ -147,3 +147,31 @@ class StoreUnavailable(RLMError):
 
 class TrajectoryInvalid(RLMError):
     code = "trajectory_invalid"
+
+
+class ResumeError(RLMError):
+    """``rlm resume`` refused a run (rlmfamily/resume.py); the code says why, the message what to do."""
+
+    code = "resume_error"
+
+
+class RunRunning(ResumeError):
+    """The run's trajectory is locked by the process that owns the run: it is still going."""
+
+    code = "run_running"
+
+
+class RunFinished(ResumeError):
+    code = "run_finished"
+
+
+class ResumeUnsupported(ResumeError):
+    """The run's state cannot be rebuilt faithfully (its kernel state, or how it was recorded)."""
+
+    code = "resume_unsupported"
+
+
+class ResumeInconsistent(ResumeError):
+    """The run's records disagree (trajectory, host-call journal, checkpoints, corpus)."""
+
+    code = "resume_inconsistent"

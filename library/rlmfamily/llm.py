@@ -157,6 +157,11 @@ class SubcallRunner:
         """Sub-calls of this run answered from the memo."""
         return self._cached
 
+    def continue_from(self, *, admitted: int, seq: int) -> None:
+        """A resumed run counts on from the sub-calls its earlier processes made (max_subcalls, numbering)."""
+        with self._lock:
+            self._admitted, self._seq = admitted, seq
+
     # ---------- public ----------
 
     def query(self, prompt: Any, context: Any = "", model: str | None = None,

@@ -8,7 +8,9 @@ code step by step, sees bounded observations (head and tail, with a history id
 for the rest), and ends the run by calling ``final_answer(value)`` from code.
 When turns, budget or time run out, the model is asked once for a final answer
 and the run records why it stopped (``stop_reason``). Every root turn and
-sub-call draws on the run's one budget; every run writes a trajectory.
+sub-call draws on the run's one budget; every run writes a trajectory, and a
+root run a journal of its host calls (rlmfamily/journal.py) from which
+``rlm resume`` continues it after a crash (rlmfamily/resume.py, ``Session.resume``).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlmfamily.budget import FINAL_PURPOSE, Budget, BudgetLedger, BudgetLimits, BudgetSnapshot
 from rlmfamily.context import Context
@@ -29,19 +31,31 @@ from rlmfamily.errors import BudgetError, ProviderError, RLMError, SettingsInval
 from rlmfamily.extensions import Extension, ExtensionFactory, RunInfo
 from rlmfamily.family import procs
 from rlmfamily.history import History
+from rlmfamily.journal import FILENAME as JOURNAL_FILENAME
+from rlmfamily.journal import JournaledKernel
 from rlmfamily.kernels.base import Kernel, StepResult
 from rlmfamily.llm import SubcallRecord, SubcallRunner
 from rlmfamily.memo import open_memo
 from rlmfamily.namespace import PRELUDE, AnswerBox, Bridge, _guest_errors
 from rlmfamily.prompts import NO_OUTPUT_HINT, final_request, first_message, follow_up, in_text_words, system_prompt
 from rlmfamily.protocol import TEXT, TOOLS, Protocol, protocol_named, refused_tools
-from rlmfamily.providers.base import Completion, Provider, estimate_tokens, message_chars, usd_cost_known
+from rlmfamily.providers.base import Completion, Provider, ToolCall, estimate_tokens, message_chars, usd_cost_known
 from rlmfamily.settings import RLMSettings, load_settings
 from rlmfamily.trajectory import FILENAME, PREVIEW_CHARS, TrajectoryWriter
+
+if TYPE_CHECKING:
+    from rlmfamily.resume import ResumePoint
 
 STOP_REASONS = ("answered", "max_turns", "budget_exhausted", "deadline", "error")
 ENTRY_TITLE_CHARS = 80  # of a history entry's title: the first line of the code, or the sub-call's prompt
 MARKER_ROOM_CHARS = 160  # kept free in a bounded observation for the "[... omitted ...]" line
+# The tool results of calls that run no step (rlmfamily/resume.py rebuilds them from a turn's calls).
+NOT_RUN = "[not run: the run is ending]"
+EMPTY_CODE = "[error: empty code; send Python source in the code argument]"
+
+
+def no_such_tool(name: str) -> str:
+    return f"[error: there is no tool {name!r}; the only tool is python]"
 
 Event = dict[str, Any]
 
@@ -137,15 +151,49 @@ class Session:
             raise RLMError("a Session runs once; make a new Session for a new question")
         self._used = True
         run = _Run.open(self, question, prior_messages)
-        try:
+
+        def play() -> None:
             run.start(follow_up=bool(prior_messages))
-            while (entry := run.admit_turn()) is not None:
-                run.play_turn(entry)
-                if run.answer.value is not None:
-                    run.stop_reason = "answered"
-                    break
-            if run.stop_reason != "answered":
-                run.ask_for_final()
+            run.play_turns()
+
+        return self._drive(run, play)
+
+    def resume(self, point: ResumePoint) -> RunResult:
+        """Continue an interrupted root run from ``point``, which rlmfamily/resume.py builds from its records.
+
+        The namespace is restored first; if that is refused (or the kernel cannot start) nothing is appended
+        to the run's records and the error is raised, so the run can still be resumed later. Then the
+        interrupted turn's calls that have no observation run (the one cut off by the crash runs again,
+        its recorded host calls answered from the journal), and the run goes on as ``run`` would.
+        """
+        if self._used:
+            raise RLMError("a Session runs once; make a new Session to resume a run")
+        self._used = True
+        run = _Run.open(self, point.question, point.messages, resumed=point)
+        try:
+            run.start(follow_up=True)
+        except RLMError:
+            run.abandon()
+            raise
+        run.write_resumed()
+
+        def play() -> None:
+            if point.final is not None:  # the crash came while the model answered its final request
+                run.stop_reason, run.why = point.final.stop_reason, point.final.why
+                run.run_calls(point.calls, first=point.first_call, max_steps=1)
+                run.judge_final(point.final.completion)
+                return
+            run.run_calls(point.calls, first=point.first_call)
+            if run.answer.value is not None:
+                run.stop_reason = "answered"
+            else:
+                run.play_turns()
+
+        return self._drive(run, play)
+
+    def _drive(self, run: _Run, play: Callable[[], None]) -> RunResult:
+        try:
+            play()
         except RLMError as exc:  # provider, budget, kernel: the run ends with its error recorded
             run.stop_reason, run.error = "error", f"{exc.code}: {exc.message}"
         finally:
@@ -180,6 +228,7 @@ class _Run:
     kernel: Kernel | None = None
     extensions: list[Extension] = field(default_factory=list)
     protocol: Protocol = TOOLS  # how code and observations travel (RLM_PROTOCOL, rlmfamily/protocol.py)
+    resumed: ResumePoint | None = None  # a resumed run: where its records left it
     subcalls: SubcallRunner = field(init=False)
     bridge: Bridge = field(init=False)
     _subcall_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -187,15 +236,16 @@ class _Run:
     # ---------- open ----------
 
     @classmethod
-    def open(cls, session: Session, question: str, prior_messages: Sequence[dict[str, Any]] | None) -> _Run:
-        """The run's stores, bridge and first messages; the trajectory says the run started."""
+    def open(cls, session: Session, question: str, prior_messages: Sequence[dict[str, Any]] | None, *,
+             resumed: ResumePoint | None = None) -> _Run:
+        """The run's stores, bridge and first messages (a resumed run's: its conversation and counters)."""
         settings = session.settings
         ledger = BudgetLedger(settings.budget_path)
         # A family member never brings its own allowance: it draws on the root's, as the root set it.
         limits = (BudgetLimits(settings.max_calls, settings.max_tokens, settings.max_usd)
                   if session.root_id == session.run_id else ledger.limits(session.root_id))
         run = cls(
-            session=session, question=question, started=time.monotonic(),
+            session=session, question=question, started=time.monotonic() - (resumed.elapsed_s if resumed else 0.0),
             trajectory=TrajectoryWriter(settings.runs_dir / session.run_id / FILENAME),
             budget=Budget(ledger, session.root_id, limits, member=session.run_id,
                           final_reserve_tokens=settings.final_reserve_tokens),
@@ -210,10 +260,24 @@ class _Run:
         )
         run.bridge = Bridge(context=session.context, subcalls=run.subcalls, history=run.history, answer=run.answer,
                             max_answer_chars=settings.max_answer_chars, current_turn=lambda: run.turn)
-        run.messages = run.first_messages(prior_messages)
+        if resumed is None:
+            run.messages = run.first_messages(prior_messages)
+        else:
+            run.continue_from(resumed)
         session.messages = run.messages
-        run.write_started()
         return run
+
+    def continue_from(self, point: ResumePoint) -> None:
+        """The conversation and counters of the run's earlier processes, as its records left them."""
+        self.resumed = point
+        self.messages = [dict(m) for m in point.messages]
+        self.turn = point.turns
+        self.subcall_count = point.subcalls
+        self.subcalls.continue_from(admitted=point.subcalls, seq=point.subcall_seq)
+        self.subcalls.current_turn = point.turns
+        self.budget.entry_ids.extend(point.budget_entries)
+        if point.answer is not None:
+            self.answer.set(*point.answer)
 
     @property
     def settings(self) -> RLMSettings:
@@ -249,10 +313,18 @@ class _Run:
             limits={"max_turns": settings.max_turns, "max_calls": settings.max_calls,
                     "max_tokens": settings.max_tokens, "max_usd": settings.max_usd,
                     "max_subcalls": settings.max_subcalls, "max_observation_chars": settings.max_observation_chars},
-            first_message=self.messages[-1]["content"], pid=os.getpid(), pid_start=procs.start_time(os.getpid()),
+            first_message=self.messages[-1]["content"], system_prompt=self.messages[0]["content"],
+            pid=os.getpid(), pid_start=procs.start_time(os.getpid()),
         )
         self.emit({"event": "run_started", "run_id": session.run_id, "max_turns": settings.max_turns,
                    "budget": self.budget.snapshot().to_dict()})
+
+    def write_resumed(self) -> None:
+        assert self.resumed is not None
+        self.trajectory.write("run_resumed", turn=self.turn, **self.resumed.record, pid=os.getpid(),
+                              pid_start=procs.start_time(os.getpid()))
+        self.emit({"event": "run_resumed", "run_id": self.session.run_id, "turn": self.turn,
+                   "max_turns": self.settings.max_turns, "budget": self.budget.snapshot().to_dict()})
 
     def start(self, *, follow_up: bool) -> None:
         """Build the extensions, then the kernel with every host function and prelude."""
@@ -270,9 +342,26 @@ class _Run:
             functions.update({name: _guest_errors(fn) for name, fn in extension.functions().items()})
         if not follow_up:
             self.messages[0]["content"] += "".join(e.notes for e in self.extensions)
-        self.kernel = session.kernel_factory(session.kernel_name, self.settings,
-                                             self.settings.runs_dir / session.run_id, session.run_id)
+        if self.resumed is None:
+            self.write_started()  # after the notes: it records the system prompt as the model sees it
+        run_dir = self.settings.runs_dir / session.run_id
+        kernel = session.kernel_factory(session.kernel_name, self.settings, run_dir, session.run_id)
+        if session.root_id == session.run_id:  # a root can be resumed: its host calls are journaled
+            kernel = JournaledKernel(kernel, run_dir / JOURNAL_FILENAME,
+                                     host_call_timeout_s=self.settings.host_call_timeout_s,
+                                     restore=self.resumed.restore if self.resumed else None)
+        self.kernel = kernel
         self.kernel.start(functions, PRELUDE + "".join(e.prelude for e in self.extensions))
+
+    def play_turns(self) -> None:
+        """Root turns until the answer, or a limit; then the final request."""
+        while (entry := self.admit_turn()) is not None:
+            self.play_turn(entry)
+            if self.answer.value is not None:
+                self.stop_reason = "answered"
+                break
+        if self.stop_reason != "answered":
+            self.ask_for_final()
 
     # ---------- step ----------
 
@@ -337,17 +426,25 @@ class _Run:
         self.messages.append(self.protocol.assistant_message(completion, calls))
         self.trajectory.write(
             "turn", turn=self.turn, text=completion.text, code=[c.code for c in calls],
+            calls=[{"id": c.id, "name": c.name} for c in calls],
             usage=completion.usage.to_dict() if completion.usage else None, model=completion.model,
         )
         if not calls:
             self.messages.append({"role": "user", "content": self.protocol.nudge})
             return
-        observations = []
-        for index, call in enumerate(calls):
+        self.run_calls(completion, calls, max_steps=max_steps)
+
+    def run_calls(self, completion: Completion, calls: Sequence[ToolCall], *, done: Sequence[str] = (),
+                  max_steps: int | None = None) -> None:
+        """Run ``calls`` (a python call runs a step, at most ``max_steps`` calls run), then give the model their
+        observations. ``done``: the observations of the first calls, which a resumed run has from its records."""
+        observations = list(done)
+        for index in range(len(observations), len(calls)):
+            call = calls[index]
             if self.answer.value is not None or (max_steps is not None and index >= max_steps):
-                observation = "[not run: the run is ending]"
+                observation = NOT_RUN
             elif call.name != "python":
-                observation = f"[error: there is no tool {call.name!r}; the only tool is python]"
+                observation = no_such_tool(call.name)
             else:
                 observation = self.step(call.code)
             observations.append(observation)
@@ -356,7 +453,7 @@ class _Run:
     def step(self, code: str) -> str:
         """Run one python call in the kernel; the model sees a bounded observation, the history keeps it all."""
         if not code.strip():
-            return "[error: empty code; send Python source in the code argument]"
+            return EMPTY_CODE
         assert self.kernel is not None, "start() builds the kernel before the first step"
         settings = self.settings
         self.emit({"event": "step_started", "turn": self.turn})
@@ -372,13 +469,15 @@ class _Run:
         body = bounded(full, settings.max_observation_chars, settings.observation_tail_chars, hid,
                        settings.max_history_read_chars) if full else NO_OUTPUT_HINT
         observation = _step_header(result) + "\n" + body
-        if self.answer.value is not None and self.answer.turn == self.turn:
+        answered = self.answer.value is not None and self.answer.turn == self.turn
+        if answered:
             observation += "\n[final answer recorded]"
         self.trajectory.write(
             "step", turn=self.turn, code=code, ok=result.ok, error_code=result.error_code, error=result.error,
             stdout_bytes=result.stdout_bytes, stdout_truncated=result.stdout_truncated,
             duration_s=round(result.duration_s, 4), restored=result.restored_from_checkpoint,
             observation=observation, observation_chars=len(observation), full_chars=len(full), history_id=hid,
+            **({"answer": self.answer.value} if answered else {}),
         )
         self.emit({"event": "step_finished", "turn": self.turn, "ok": result.ok})
         return observation
@@ -403,7 +502,7 @@ class _Run:
 
     def ask_for_final(self) -> None:
         """One last root call that asks for the answer now; at most one python step is run."""
-        self.trajectory.write("final_request", turn=self.turn + 1, why=self.why)
+        self.trajectory.write("final_request", turn=self.turn + 1, why=self.why, stop_reason=self.stop_reason)
         try:
             entry = self.budget.admit(FINAL_PURPOSE, tokens_estimate=estimate_tokens(message_chars(self.messages)),
                                       final=True)
@@ -416,6 +515,10 @@ class _Run:
         self.messages.append({"role": "user", "content": final_request(self.why, self.protocol.name)})
         completion = self.root_call(entry)
         self.after_completion(completion, max_steps=1)
+        self.judge_final(completion)
+
+    def judge_final(self, completion: Completion) -> None:
+        """The answer to the final request: set by its step, or its plain text; text beside a python call is not."""
         if self.answer.value is not None:
             return
         if self.protocol.calls(completion):
@@ -427,6 +530,13 @@ class _Run:
             self.answer.set(completion.text.strip()[: self.settings.max_answer_chars], self.turn)
 
     # ---------- close ----------
+
+    def abandon(self) -> None:
+        """A resume refused before it changed anything: release what was opened, append nothing."""
+        self.close_kernel()
+        for extension in self.extensions:
+            extension.close()
+        self.trajectory.close()
 
     def close_kernel(self) -> None:
         if self.kernel is None:

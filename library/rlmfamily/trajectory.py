@@ -9,22 +9,54 @@ python step: ok, error, the observation as the model saw it, history id),
 (stop reason, answer, the run's own ``usage`` and the family allowance's
 ``budget`` totals). Lines are flushed as they are written, so a crashed run
 still leaves everything up to the crash; a trajectory without ``run_finished``
-is a run that did not finish (or is still running).
+is a run that did not finish (or is still running). The writer holds an
+exclusive ``flock`` on the file while it is open, so a live run's trajectory is
+never written by a second process (``rlm resume`` refuses it as ``run_running``);
+the lock goes with the process, whatever kills it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from rlmfamily.errors import MAX_LISTED_NAMES, RunNotFound, TrajectoryInvalid
+from rlmfamily.errors import MAX_LISTED_NAMES, RunNotFound, RunRunning, TrajectoryInvalid
 
 FILENAME = "trajectory.jsonl"
 # Characters of a prompt or a response a trajectory event keeps (the history keeps them whole).
 PREVIEW_CHARS = 500
+TAIL_BYTES = 1 << 16  # read from the end of a trajectory that is appended to, to find its last seq
+
+
+def lock_trajectory(fd: int, path: Path) -> None:
+    """Take the writer's lock on an open trajectory, or raise RunRunning (another process holds it)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise RunRunning(f"run {path.parent.name} is still running: another process is writing {path}; "
+                         "wait for it to finish, or stop it first") from None
+
+
+def last_seq(path: Path) -> int:
+    """The largest event ``seq`` in the tail of a trajectory (0 for none)."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - TAIL_BYTES))
+            lines = fh.read().splitlines()
+    except FileNotFoundError:
+        return 0
+    seqs = []
+    for line in lines:
+        try:
+            seqs.append(int(json.loads(line)["seq"]))
+        except (ValueError, KeyError, TypeError):
+            continue  # the cut first line of the tail
+    return max(seqs, default=0)  # the largest: a subcall event's own "seq" is its sub-call's number
 
 
 class TrajectoryWriter:
@@ -32,8 +64,13 @@ class TrajectoryWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._seq = 0
         self._file = self.path.open("a", encoding="utf-8")
+        try:
+            lock_trajectory(self._file.fileno(), self.path)
+        except RunRunning:
+            self._file.close()
+            raise
+        self._seq = last_seq(self.path)  # a resumed run numbers on after the events it appends to
 
     def write(self, event: str, **fields: Any) -> None:
         with self._lock:

@@ -195,6 +195,11 @@ class ScriptedProvider:
     def root_turns_left(self) -> int:
         return len(self._root) - self._next_root
 
+    def skip_root_turns(self, turns: int) -> None:
+        """Serve root turns from ``turns`` on: a resumed run (rlmfamily/resume.py) already had the first ones."""
+        with self._lock:
+            self._next_root = max(0, int(turns))
+
     def complete(
         self,
         messages: list[dict[str, Any]],

@@ -1,0 +1,413 @@
+"""``rlm resume RUN``: continue an interrupted root run from its records, or refuse with a stable code.
+
+What comes back from where (the records are all under the data dir):
+
+- the conversation, from the trajectory: ``run_started`` gives the system prompt
+  and the first message, each ``turn`` the model's text and calls (with their
+  ids), each ``step`` the observation the model was shown; calls that ran no
+  step get the same fixed result as before. The next root call sends what the
+  run would have sent;
+- the namespace: Monty's from its newest checkpoint (one is written after every
+  step); the host kernel's by running the recorded steps again in a fresh
+  process, each host call answered from the journal (rlmfamily/journal.py) and
+  each step required to print what it printed;
+- the step the crash cut off (a python call with no observation) runs again from
+  that namespace; its host calls up to the crash are answered from the journal,
+  so a sub-call that was answered is neither asked nor paid for again;
+- the budget: the same allowance (the root id); the earlier processes' entries
+  count as the run's own usage. A call that was in flight at the crash is
+  ``unknown`` (the process ended while it was in flight), as ``rlm usage`` shows;
+- turns, sub-calls and the time the run was alive (against ``max_run_s``);
+- the family: ``Family.recover()`` settles each child (a running one whose
+  identity is proven is ``reattached``, an ended one's result is ``recovered``,
+  a dead one is ``interrupted``), and their handles in the namespace work again.
+
+The run keeps its id and appends to its trajectory, after a ``run_resumed`` event.
+Refusals (``rlmfamily.errors``): ``run_running`` (its process still holds the
+trajectory's lock), ``run_finished``, ``resume_unsupported`` (a child run, a
+namespace that cannot be rebuilt faithfully, a checkpoint that cannot be
+loaded), ``resume_inconsistent`` (trajectory, journal, checkpoints or corpus
+disagree). A refusal appends nothing: the run stays as it was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+
+from rlmfamily.context import Context
+from rlmfamily.errors import (
+    ContextError,
+    ResumeInconsistent,
+    ResumeUnsupported,
+    RunFinished,
+    RunRunning,
+    SettingsInvalid,
+)
+from rlmfamily.family import procs
+from rlmfamily.journal import FILENAME as JOURNAL_FILENAME
+from rlmfamily.journal import RecordedStep, Restore, digest, load
+from rlmfamily.prompts import NUDGE, final_request, first_message
+from rlmfamily.providers.base import Completion, PriceTable, Provider, ToolCall
+from rlmfamily.session import EMPTY_CODE, NOT_RUN, Session, no_such_tool
+from rlmfamily.settings import RLMSettings, load_settings
+from rlmfamily.trajectory import find_run, lock_trajectory, read_trajectory
+
+Event = dict[str, Any]
+# What run_started records of the limits; a resumed run runs under the same ones (the budget insists).
+RECORDED_LIMITS = ("max_turns", "max_calls", "max_tokens", "max_usd", "max_subcalls", "max_observation_chars")
+SEGMENT_EVENTS = ("run_started", "run_resumed")
+UNREPLAYABLE_CODES = ("timeout", "killed")  # a step cut off where the clock or a kill said: not reproducible
+
+
+@dataclass(frozen=True)
+class FinalState:
+    """The crash came while the model answered its final request."""
+
+    stop_reason: str
+    why: str
+    completion: Completion  # the final reply, as recorded
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where an interrupted run's records leave it; ``Session.resume`` goes on from here."""
+
+    run_id: str
+    question: str
+    kernel: str
+    messages: list[dict[str, Any]]  # the conversation, up to the last recorded tool result
+    turns: int  # root turns played (their replies are recorded)
+    calls: tuple[ToolCall, ...]  # the last turn's calls ...
+    first_call: int  # ... from this one on, they have no result yet
+    subcalls: int
+    subcall_seq: int
+    elapsed_s: float  # time the run was alive before (its max_run_s goes on from there)
+    restore: Restore
+    budget_entries: list[int]  # the earlier processes' usage entries: the run's own usage
+    answer: tuple[str, int] | None = None  # set by a step before the crash (answer, turn)
+    final: FinalState | None = None
+    record: dict[str, Any] = field(default_factory=dict)  # what the run_resumed event says
+
+
+# ---------- checks ----------
+
+
+def check_resumable(settings: RLMSettings, path: Path, events: list[Event]) -> Event:
+    """The run's ``run_started``, once the run is known to be an unfinished root that no process runs."""
+    started = events[0] if events and events[0]["event"] == "run_started" else None
+    run_id = path.parent.name
+    if started is None:
+        raise ResumeInconsistent(f"{path} does not begin with run_started; it is not a whole trajectory")
+    finished = [e for e in events if e["event"] == "run_finished"]
+    if finished:
+        raise RunFinished(f"run {run_id} already finished ({finished[-1].get('stop_reason')}); "
+                          f"`rlm show {run_id}` shows it. Ask again with `rlm run`")
+    if settings.family_path.is_file():
+        from rlmfamily.family.store import FamilyStore
+
+        member = FamilyStore(settings.family_path).run(run_id)
+        if member is not None and member.root_id != run_id:
+            raise ResumeUnsupported(f"run {run_id} is a child of {member.root_id}; a child is not resumed on its own. "
+                                    f"Resume its root (`rlm resume {member.root_id}`), which settles its children")
+    owner = [e for e in events if e["event"] in SEGMENT_EVENTS][-1]
+    with path.open("a") as probe:  # the owner holds the writer's lock as long as it lives
+        lock_trajectory(probe.fileno(), path)
+    if owner.get("pid") and procs.alive(owner["pid"], owner.get("pid_start")):
+        raise RunRunning(f"run {run_id} is still running (pid {owner['pid']}); wait for it, or stop it first")
+    if "system_prompt" not in started or any(e["event"] == "turn" and "calls" not in e for e in events):
+        raise ResumeUnsupported(f"run {run_id} was recorded by a version of rlmfamily without resume support "
+                                "(its trajectory lacks the system prompt or the call ids); start it again with `rlm run`")
+    return started
+
+
+# ---------- the plan ----------
+
+
+@dataclass
+class _Conversation:
+    """The conversation rebuilt event by event, as the session built it."""
+
+    messages: list[dict[str, Any]]
+    turn: int = 0
+    calls: tuple[ToolCall, ...] = ()
+    next_call: int = 0
+    final_turn: bool = False  # the current turn answers the final request
+    asked_final: tuple[str, str] | None = None  # a final request not yet answered: (stop_reason, why)
+    final: FinalState | None = None
+    answer: tuple[str, int] | None = None
+    steps: list[Event] = field(default_factory=list)
+
+    def feed(self, event: Event) -> None:
+        kind = event["event"]
+        if kind == "final_request":
+            self.asked_final = (event.get("stop_reason") or "max_turns", event.get("why", ""))
+        elif kind == "turn":
+            self.close_turn()
+            self.open_turn(event)
+        elif kind == "step":
+            self.take_step(event)
+
+    def open_turn(self, event: Event) -> None:
+        if self.asked_final is not None:
+            stop_reason, why = self.asked_final
+            self.messages.append({"role": "user", "content": final_request(why)})
+        self.turn = int(event["turn"])
+        codes = event.get("code") or []
+        self.calls = tuple(ToolCall(c["id"], c["name"], code) for c, code in zip(event["calls"], codes, strict=True))
+        self.next_call = 0
+        assistant: dict[str, Any] = {"role": "assistant", "content": event.get("text") or None}
+        if self.calls:
+            assistant["tool_calls"] = [{"id": c.id, "type": "function",
+                                        "function": {"name": c.name, "arguments": json.dumps({"code": c.code})}}
+                                       for c in self.calls]
+        self.messages.append(assistant)
+        if not self.calls:
+            self.messages.append({"role": "user", "content": NUDGE})
+        if self.asked_final is not None:
+            stop_reason, why = self.asked_final
+            self.final_turn, self.asked_final = True, None
+            self.final = FinalState(stop_reason, why, Completion(text=event.get("text") or "", tool_calls=self.calls,
+                                                                 usage=None, model=event.get("model") or ""))
+
+    def take_step(self, event: Event) -> None:
+        while self.next_call < len(self.calls) and (result := self.result_without_step(self.next_call)) is not None:
+            self.tool_result(result)
+        if self.next_call >= len(self.calls):
+            raise ResumeInconsistent(f"turn {self.turn} records more steps than python calls; the trajectory is damaged")
+        self.tool_result(event["observation"])
+        self.steps.append(event)
+        if "answer" in event:
+            self.answer = (event["answer"], int(event["turn"]))
+
+    def close_turn(self) -> None:
+        """A new turn began: the calls of the one before that ran no step had their fixed results."""
+        while self.next_call < len(self.calls):
+            result = self.result_without_step(self.next_call)
+            if result is None:
+                raise ResumeInconsistent(f"turn {self.turn} has a python call with no step, yet a later turn began")
+            self.tool_result(result)
+
+    def result_without_step(self, index: int) -> str | None:
+        """The fixed result of a call that runs no step (as Session's run_calls gives it); None for a step."""
+        call = self.calls[index]
+        if self.answer is not None or (self.final_turn and index >= 1):
+            return NOT_RUN
+        if call.name != "python":
+            return no_such_tool(call.name)
+        return EMPTY_CODE if not call.code.strip() else None
+
+    def tool_result(self, content: str) -> None:
+        self.messages.append({"role": "tool", "tool_call_id": self.calls[self.next_call].id, "content": content})
+        self.next_call += 1
+
+
+def plan(settings: RLMSettings, path: Path, events: list[Event], context: Context) -> ResumePoint:
+    """The point an interrupted run resumes from, or the reason it cannot (ResumeUnsupported / ResumeInconsistent)."""
+    started = check_resumable(settings, path, events)
+    run_id, kernel = path.parent.name, started["kernel"]
+    shown = first_message(started["question"], context.stats())
+    if shown != started.get("first_message"):
+        raise ResumeInconsistent(f"the corpus of run {run_id} changed since it started (its shape is not the one the "
+                                 "model was shown); resume it over the same files, or ask again with `rlm run`")
+    talk = _Conversation(messages=[{"role": "system", "content": started["system_prompt"]},
+                                   {"role": "user", "content": started["first_message"]}])
+    for event in events:
+        talk.feed(event)
+    journal = load(path.parent / JOURNAL_FILENAME)
+    completed = len(talk.steps)
+    _check_journal(run_id, talk.steps, journal)
+    restore = _restore(settings, path.parent, run_id, kernel, talk.steps, journal)
+    subcalls = [e for e in events if e["event"] == "subcall"]
+    segments = [e for e in events if e["event"] in SEGMENT_EVENTS]
+    interrupted = talk.next_call < len(talk.calls)
+    return ResumePoint(
+        run_id=run_id, question=started["question"], kernel=kernel, messages=talk.messages, turns=talk.turn,
+        calls=talk.calls, first_call=talk.next_call, subcalls=len(subcalls),
+        subcall_seq=max((int(e.get("seq") or 0) for e in subcalls), default=0), elapsed_s=_alive_s(events),
+        restore=restore, budget_entries=_earlier_entries(settings, run_id, segments), answer=talk.answer,
+        final=talk.final,
+        record={"after_pid": segments[-1].get("pid"), "steps": completed, "restore": restore.mode,
+                "checkpoint_seq": completed if restore.mode == "checkpoint" else None,
+                "interrupted_call": talk.next_call + 1 if interrupted else None,
+                "final": talk.final is not None, "children": _recover_children(settings, run_id)},
+    )
+
+
+def _check_journal(run_id: str, steps: list[Event], journal: dict[int, RecordedStep]) -> None:
+    if steps and not journal:
+        raise ResumeUnsupported(f"run {run_id} has no host-call journal ({JOURNAL_FILENAME}): it was run without "
+                                "one (a custom kernel factory, or an older rlmfamily); start it again with `rlm run`")
+    for number, step in enumerate(steps, 1):
+        recorded = journal.get(number)
+        if recorded is None or recorded.end is None or recorded.code_sha256 != digest(step["code"]):
+            raise ResumeInconsistent(f"step {number} of run {run_id} is in the trajectory but not (or with other "
+                                     f"code) in its journal {JOURNAL_FILENAME}: the two records disagree")
+
+
+def _restore(settings: RLMSettings, run_dir: Path, run_id: str, kernel: str, steps: list[Event],
+             journal: dict[int, RecordedStep]) -> Restore:
+    completed = len(steps)
+    if kernel == "monty":
+        from rlmfamily.kernels.checkpoints import FileCheckpointStore
+
+        kept = FileCheckpointStore(run_dir / "checkpoints").list(run_id)
+        if not kept and completed == 0:
+            return Restore("fresh", 0, steps=journal)  # killed before the kernel started
+        if not kept or kept[-1] != completed:
+            raise ResumeInconsistent(
+                f"run {run_id} records {completed} steps but its newest Monty checkpoint is "
+                f"{'missing' if not kept else f'seq {kept[-1]}'} (one is written after each step): "
+                "the trajectory and the checkpoints disagree")
+        return Restore("checkpoint", completed, steps=journal)
+    for number, step in enumerate(steps, 1):
+        if step.get("error_code") in UNREPLAYABLE_CODES or step.get("restored"):
+            raise ResumeUnsupported(
+                f"the host kernel of run {run_id} cannot be rebuilt faithfully: step {number} was cut off "
+                f"({step.get('error_code')}) and a replay would not stop where it stopped. Runs on the monty kernel "
+                "(RLM_KERNEL=monty) resume from checkpoints; start this question again with `rlm run`")
+    return Restore("replay" if steps else "fresh", completed, codes=tuple(s["code"] for s in steps), steps=journal)
+
+
+def _alive_s(events: list[Event]) -> float:
+    """Seconds the run's processes were alive: from each start (or resume) to the last event it wrote."""
+    total, began, last = 0.0, None, None
+    for event in events:
+        if event["event"] in SEGMENT_EVENTS:
+            if began is not None and last is not None:
+                total += last - began
+            began = float(event.get("ts", 0))
+        last = float(event.get("ts", 0))
+    if began is not None and last is not None:
+        total += last - began
+    return max(0.0, total)
+
+
+def _earlier_entries(settings: RLMSettings, run_id: str, segments: list[Event]) -> list[int]:
+    from rlmfamily.budget import BudgetLedger
+
+    ledger = BudgetLedger(settings.budget_path)
+    return [i for s in segments if s.get("pid") for i in ledger.entries_admitted_by(run_id, s["pid"], s.get("pid_start"))]
+
+
+def _recover_children(settings: RLMSettings, run_id: str) -> list[dict[str, Any]]:
+    """What each child of the family became while its root was down (see Family.recover)."""
+    if not settings.family_path.is_file():
+        return []
+    from rlmfamily.family.children import Family
+    from rlmfamily.family.store import FamilyStore
+
+    if not FamilyStore(settings.family_path).family_exists(run_id):
+        return []
+    return Family.open(settings, run_id).recover()
+
+
+# ---------- the command ----------
+
+
+def add_parser(sub: Any) -> None:
+    resume = sub.add_parser("resume", help="continue an interrupted root run from its checkpoint and records")
+    resume.add_argument("run", help="run id, unique prefix, 'last', or a trajectory file")
+    source = resume.add_mutually_exclusive_group()
+    source.add_argument("--repo", help="the run's repository, if it moved (default: where it was)")
+    source.add_argument("--document", help="the run's document, if it moved (default: where it was)")
+    source.add_argument("--bundle", help="the run's evidence bundle (needed: a bundle's file is not recorded)")
+    resume.add_argument("--script", help="the scripted conversation the run was started with")
+    resume.add_argument("--provider", choices=["openai", "anthropic"], default=argparse.SUPPRESS,
+                        help="the model API (default: the run's)")
+    resume.add_argument("--base-url", default=argparse.SUPPRESS, help="the endpoint (RLM_BASE_URL)")
+    resume.add_argument("--model", default=argparse.SUPPRESS, help="model id (default: the run's)")
+    resume.add_argument("--api-key-env", default=argparse.SUPPRESS, help="NAME of the key's environment variable")
+    resume.add_argument("--json", action="store_true", help="print the result as JSON")
+    resume.add_argument("--quiet", action="store_true", help="no live progress display")
+
+
+def main(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from rlmfamily import cli
+
+    base = load_settings(**({"data_dir": args.data_dir} if args.data_dir else {}))
+    path = find_run(base.runs_dir, args.run)
+    events = read_trajectory(path)
+    started = check_resumable(base, path, events)
+    settings = _settings(args, started)
+    context = _context(args, started, settings)
+    provider = _provider(args, started, settings)
+    point = plan(settings, path, events, context)
+    skip = getattr(provider, "skip_root_turns", None)
+    if skip is not None:  # a script replays from its first turn; the run has had point.turns of them
+        skip(point.turns)
+    # The live line and the summary are rlm run's own (cli.py).
+    progress = cli._Progress(settings.max_turns)  # noqa: SLF001
+    live = None if args.quiet or args.json else Live(progress.render(), console=err, refresh_per_second=8,
+                                                     transient=True)
+
+    def on_event(event: dict[str, Any]) -> None:
+        progress.update(event)
+        if live is not None:
+            live.update(progress.render())
+
+    session = Session(context=context, provider=provider, settings=settings, run_id=point.run_id,
+                      model=None if args.script else settings.model, on_event=on_event)
+    if live is not None:
+        with live:
+            result = session.resume(point)
+    else:
+        result = session.resume(point)
+    cli._print_result(result, out, err, as_json=args.json)  # noqa: SLF001
+    return cli.EXIT_OK if result.answer is not None else cli.EXIT_NO_ANSWER
+
+
+def _settings(args: argparse.Namespace, started: Event) -> RLMSettings:
+    """The run's own kernel and limits, the provider flags given now; the run's model unless one is named."""
+    overrides: dict[str, Any] = {"kernel": started["kernel"]}
+    overrides.update({k: v for k, v in (started.get("limits") or {}).items() if k in RECORDED_LIMITS})
+    for name in ("provider", "base_url", "model", "api_key_env"):
+        if hasattr(args, name):
+            overrides[name] = getattr(args, name)
+    if not hasattr(args, "provider") and started.get("provider") in ("openai", "anthropic"):
+        overrides["provider"] = started["provider"]
+    if args.data_dir:
+        overrides["data_dir"] = args.data_dir
+    settings = load_settings(**overrides)
+    if settings.model is None and started.get("model") and not args.script:
+        settings = load_settings(**overrides, model=started["model"])
+    return settings
+
+
+def _context(args: argparse.Namespace, started: Event, settings: RLMSettings) -> Context:
+    corpus = started.get("corpus") or {}
+    if args.repo or (not args.document and not args.bundle and corpus.get("source") == "repository"):
+        return Context.from_repository(args.repo or corpus["root"], settings)
+    if args.document or (not args.bundle and corpus.get("source") == "document"):
+        return Context.from_document(args.document or corpus["root"], settings)
+    if not args.bundle:
+        raise SettingsInvalid(f"run {started['run_id']} read an evidence bundle, whose file is not recorded: "
+                              "give it again with --bundle FILE")
+    try:
+        raw = json.loads(Path(args.bundle).read_text())
+    except (OSError, ValueError) as exc:
+        raise ContextError(f"bundle {args.bundle} cannot be read as JSON: {exc}") from None
+    items = raw.get("items") if isinstance(raw, dict) else raw
+    if not isinstance(items, list):
+        raise ContextError(f"bundle {args.bundle} must be a JSON list of items (or {{\"items\": [...]}})")
+    return Context.from_bundle(items, settings)
+
+
+def _provider(args: argparse.Namespace, started: Event, settings: RLMSettings) -> Provider:
+    prices = PriceTable.load(settings.prices_usd_per_mtok, settings.price_table_file)
+    if args.script:
+        from rlmfamily.providers.scripted import ScriptedProvider
+
+        return ScriptedProvider.from_file(args.script, prices=prices)
+    if started.get("provider") == "scripted":
+        raise SettingsInvalid(f"run {started['run_id']} was answered by a scripted provider: "
+                              "give its script again with --script FILE")
+    from rlmfamily.providers.select import build_provider
+
+    return build_provider(settings, prices)

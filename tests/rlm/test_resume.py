@@ -1,0 +1,189 @@
+"""``rlm resume``: a real root run is SIGKILLed mid-run, then resumed as a user would after a crash.
+
+The run is the installed ``rlm`` command in its own process, with a scripted
+model. Its second step asks two sub-calls; the second is held open by the script
+(``hold_until_file``) until the test lets it go, so the kill lands while that
+call is certainly in flight (its budget entry is ``reserved``) and after the
+first one was answered. The resumed run must finish with the answer computed
+from both answers and the variable set in the first step, without asking the
+first sub-call again: the budget's entries (one per call admitted) prove it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rlmfamily.budget import BudgetLedger
+from rlmfamily.trajectory import FILENAME, read_trajectory
+
+from .holds import wait_until
+from .test_cli import RLM, rlm
+
+pytestmark = pytest.mark.timeout(180)
+
+QUESTION = "what do the two questions and x say?"
+ASK_TWO = "a = llm_query('first question')\nprint('a:', a.text)\nb = llm_query('second question')\nprint('b:', b.text)"
+ANSWER = "final_answer(a.text + ' ' + b.text + ' ' + str(x + 1))"
+RULES = [
+    {"pattern": "first question", "answer": "ONE"},
+    # Held until the file "release" (next to the script) exists: the kill comes while it is in flight.
+    {"pattern": "second question", "answer": "TWO", "hold_after": 0, "hold_until_file": "release"},
+]
+
+
+class Interrupted:
+    """A root run started with ``rlm run`` and killed while its second sub-call was in flight."""
+
+    def __init__(self, tmp_path: Path, kernel: str, first_step: str = "x = 41\nprint('x is set')") -> None:
+        self.tmp = tmp_path
+        self.data = tmp_path / "data"
+        self.doc = tmp_path / "notes.txt"
+        self.doc.write_text("the notes say nothing much\n")
+        self.script = tmp_path / "script.json"
+        self.script.write_text(json.dumps({"root": [{"code": first_step}, {"code": ASK_TWO}, {"code": ANSWER}],
+                                           "subcall": RULES}))
+        self.kernel = kernel
+        self.proc = self._start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RLM_")}
+        env["RLM_DATA_DIR"] = str(self.data)
+        return subprocess.Popen(
+            [RLM, "run", "--quiet", "--kernel", self.kernel, "--document", str(self.doc), "--script", str(self.script),
+             QUESTION], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    @property
+    def ledger(self) -> BudgetLedger:
+        return BudgetLedger(self.data / "budget.sqlite3")
+
+    @property
+    def trajectory(self) -> Path:
+        [path] = (self.data / "runs").glob(f"*/{FILENAME}")
+        return path
+
+    def wait_for_the_held_subcall(self) -> None:
+        def held() -> bool:
+            if not (self.data / "budget.sqlite3").is_file():
+                return False
+            return any(e.purpose == "subcall" and e.state == "reserved"
+                       for root in self.ledger.roots() for e in self.ledger.entries(root))
+
+        wait_until(held, "the second sub-call is in flight")
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)  # the run and what shares its process group, as a crash leaves it
+        self.proc.wait()
+
+    def release(self) -> None:
+        (self.tmp / "release").write_text("")
+
+    def resume(self, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return rlm("resume", "last", "--script", str(self.script), *args, data_dir=self.data, env=env)
+
+
+@pytest.fixture
+def interrupted(tmp_path: Path, request: pytest.FixtureRequest):
+    runs: list[Interrupted] = []
+
+    def start(kernel: str, **kw: str) -> Interrupted:
+        run = Interrupted(tmp_path, kernel, **kw)
+        runs.append(run)
+        return run
+
+    yield start
+    for run in runs:
+        if run.proc.poll() is None:
+            run.kill()
+
+
+@pytest.mark.parametrize("kernel", ["monty", "host"])
+def test_a_killed_run_resumes_to_its_answer_without_asking_an_answered_subcall_again(interrupted, kernel: str) -> None:
+    run = interrupted(kernel)
+    run.wait_for_the_held_subcall()
+    busy = run.resume()
+    assert busy.returncode == 2 and "[run_running]" in busy.stderr, busy.stderr
+    run.kill()
+    run.release()
+    [root] = run.ledger.roots()
+    before = [(e.purpose, e.state) for e in run.ledger.entries(root)]
+    assert before == [("root", "settled"), ("root", "settled"), ("subcall", "settled"), ("subcall", "unknown")]
+
+    resumed = run.resume("--json")
+
+    assert resumed.returncode == 0, resumed.stderr
+    result = json.loads(resumed.stdout)
+    assert result["answer"] == "ONE TWO 42"  # x from the first step, ONE from before the kill, TWO after it
+    assert result["run_id"] == root and result["turns"] == 3 and result["subcalls"] == 2
+    entries = [(e.purpose, e.state) for e in run.ledger.entries(root)]
+    # One entry per call admitted: the first sub-call was not asked again; the one cut off was.
+    assert entries == before + [("subcall", "settled"), ("root", "settled")]
+    events = read_trajectory(run.trajectory)
+    asked = [e["prompt"] for e in events if e["event"] == "subcall"]
+    assert asked == ["first question", "second question"]
+    [resume_event] = [e for e in events if e["event"] == "run_resumed"]
+    assert resume_event["restore"] == ("checkpoint" if kernel == "monty" else "replay")
+    assert resume_event["steps"] == 1 and resume_event["interrupted_call"] == 1
+    finished = events[-1]
+    assert finished["event"] == "run_finished" and finished["usage"]["calls"] == len(entries)
+    steps = [e for e in events if e["event"] == "step"]
+    assert [s["turn"] for s in steps] == [1, 2, 3] and "a: ONE\nb: TWO" in steps[1]["observation"]
+
+    show = rlm("show", "last", data_dir=run.data)
+    assert show.returncode == 0, show.stderr
+    [marker] = [line for line in show.stdout.splitlines() if "resumed after turn 2" in line]
+    assert f"pid {run.proc.pid}" in marker and "call 1 of turn 2 runs again" in marker
+    assert "did not finish" not in show.stdout
+
+    again = run.resume()
+    assert again.returncode == 2 and "[run_finished]" in again.stderr
+
+
+def test_records_that_disagree_are_refused_and_nothing_is_appended(interrupted) -> None:
+    run = interrupted("monty")
+    run.wait_for_the_held_subcall()
+    run.kill()
+    shutil.rmtree(run.trajectory.parent / "checkpoints")
+    recorded = run.trajectory.read_bytes()
+
+    refused = run.resume()
+
+    assert refused.returncode == 2 and "[resume_inconsistent]" in refused.stderr
+    assert "checkpoint" in refused.stderr and "Traceback" not in refused.stderr
+    assert run.trajectory.read_bytes() == recorded
+
+
+def test_a_host_kernel_that_cannot_be_replayed_faithfully_is_refused(interrupted) -> None:
+    run = interrupted("host", first_step="import time\nx = 41\nprint(time.time_ns())")
+    run.wait_for_the_held_subcall()
+    run.kill()
+    recorded = run.trajectory.read_bytes()
+
+    refused = run.resume()
+
+    assert refused.returncode == 2 and "[resume_unsupported]" in refused.stderr
+    assert "replaying step 1" in refused.stderr and "RLM_KERNEL=monty" in refused.stderr
+    assert run.trajectory.read_bytes() == recorded
+
+
+def test_a_checkpoint_under_other_limits_is_refused_and_the_run_resumes_under_its_own(interrupted) -> None:
+    run = interrupted("monty")
+    run.wait_for_the_held_subcall()
+    run.kill()
+    run.release()
+    recorded = run.trajectory.read_bytes()
+
+    refused = run.resume(env={"RLM_MAX_MEMORY_BYTES": str(64 << 20)})
+
+    assert refused.returncode == 2 and "[resume_unsupported]" in refused.stderr
+    assert "checkpoint_limits_mismatch" in refused.stderr
+    assert run.trajectory.read_bytes() == recorded
+    resumed = run.resume()
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout.strip() == "ONE TWO 42"
