@@ -127,9 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "show":
             return _show(args, out, err)
         if args.command == "resume":
-            from rlmfamily import resume
-
-            return resume.main(args, out, err)
+            return _resume(args, out, err)
         from rlmfamily.family import cli as family_cli
 
         if args.command in family_cli.COMMANDS:
@@ -203,6 +201,29 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
             result = session.run(args.question)
     else:
         result = session.run(args.question)
+    _print_result(result, out, err, as_json=args.json)
+    return EXIT_OK if result.answer is not None else EXIT_NO_ANSWER
+
+
+def _resume(args: argparse.Namespace, out: Console, err: Console) -> int:
+    """``rlm resume RUN``: rlmfamily/resume.py finds where the run was cut off; it goes on as ``rlm run`` shows it."""
+    from rlmfamily import resume
+
+    session, point = resume.prepare(args)
+    progress = _Progress(session.settings.max_turns)
+    live = None if args.quiet or args.json else Live(progress.render(), console=err, refresh_per_second=8, transient=True)
+
+    def on_event(event: dict[str, Any]) -> None:
+        progress.update(event)
+        if live is not None:
+            live.update(progress.render())
+
+    session.on_event = on_event
+    if live is not None:
+        with live:
+            result = session.resume(point)
+    else:
+        result = session.resume(point)
     _print_result(result, out, err, as_json=args.json)
     return EXIT_OK if result.answer is not None else EXIT_NO_ANSWER
 

@@ -38,8 +38,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.live import Live
 
 from rlmfamily.context import Context
 from rlmfamily.errors import (
@@ -55,6 +53,7 @@ from rlmfamily.journal import FILENAME as JOURNAL_FILENAME
 from rlmfamily.journal import RecordedStep, Restore, digest, load
 from rlmfamily.prompts import NUDGE, final_request, first_message
 from rlmfamily.providers.base import Completion, PriceTable, Provider, ToolCall
+from rlmfamily.resumption import FinalState, ResumePoint
 from rlmfamily.session import EMPTY_CODE, NOT_RUN, Session, no_such_tool
 from rlmfamily.settings import RLMSettings, load_settings
 from rlmfamily.trajectory import find_run, lock_trajectory, read_trajectory
@@ -64,36 +63,6 @@ Event = dict[str, Any]
 RECORDED_LIMITS = ("max_turns", "max_calls", "max_tokens", "max_usd", "max_subcalls", "max_observation_chars")
 SEGMENT_EVENTS = ("run_started", "run_resumed")
 UNREPLAYABLE_CODES = ("timeout", "killed")  # a step cut off where the clock or a kill said: not reproducible
-
-
-@dataclass(frozen=True)
-class FinalState:
-    """The crash came while the model answered its final request."""
-
-    stop_reason: str
-    why: str
-    completion: Completion  # the final reply, as recorded
-
-
-@dataclass(frozen=True)
-class ResumePoint:
-    """Where an interrupted run's records leave it; ``Session.resume`` goes on from here."""
-
-    run_id: str
-    question: str
-    kernel: str
-    messages: list[dict[str, Any]]  # the conversation, up to the last recorded tool result
-    turns: int  # root turns played (their replies are recorded)
-    calls: tuple[ToolCall, ...]  # the last turn's calls ...
-    first_call: int  # ... from this one on, they have no result yet
-    subcalls: int
-    subcall_seq: int
-    elapsed_s: float  # time the run was alive before (its max_run_s goes on from there)
-    restore: Restore
-    budget_entries: list[int]  # the earlier processes' usage entries: the run's own usage
-    answer: tuple[str, int] | None = None  # set by a step before the crash (answer, turn)
-    final: FinalState | None = None
-    record: dict[str, Any] = field(default_factory=dict)  # what the run_resumed event says
 
 
 # ---------- checks ----------
@@ -328,9 +297,8 @@ def add_parser(sub: Any) -> None:
     resume.add_argument("--quiet", action="store_true", help="no live progress display")
 
 
-def main(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from rlmfamily import cli
-
+def prepare(args: argparse.Namespace) -> tuple[Session, ResumePoint]:
+    """The session and the point ``rlm resume`` goes on from (the command shows its progress: cli.py)."""
     base = load_settings(**({"data_dir": args.data_dir} if args.data_dir else {}))
     path = find_run(base.runs_dir, args.run)
     events = read_trajectory(path)
@@ -342,25 +310,9 @@ def main(args: argparse.Namespace, out: Console, err: Console) -> int:
     skip = getattr(provider, "skip_root_turns", None)
     if skip is not None:  # a script replays from its first turn; the run has had point.turns of them
         skip(point.turns)
-    # The live line and the summary are rlm run's own (cli.py).
-    progress = cli._Progress(settings.max_turns)  # noqa: SLF001
-    live = None if args.quiet or args.json else Live(progress.render(), console=err, refresh_per_second=8,
-                                                     transient=True)
-
-    def on_event(event: dict[str, Any]) -> None:
-        progress.update(event)
-        if live is not None:
-            live.update(progress.render())
-
     session = Session(context=context, provider=provider, settings=settings, run_id=point.run_id,
-                      model=None if args.script else settings.model, on_event=on_event)
-    if live is not None:
-        with live:
-            result = session.resume(point)
-    else:
-        result = session.resume(point)
-    cli._print_result(result, out, err, as_json=args.json)  # noqa: SLF001
-    return cli.EXIT_OK if result.answer is not None else cli.EXIT_NO_ANSWER
+                      model=None if args.script else settings.model)
+    return session, point
 
 
 def _settings(args: argparse.Namespace, started: Event) -> RLMSettings:

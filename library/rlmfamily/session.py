@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rlmfamily.budget import FINAL_PURPOSE, Budget, BudgetLedger, BudgetLimits, BudgetSnapshot
 from rlmfamily.context import Context
@@ -41,10 +41,8 @@ from rlmfamily.prompts import NO_OUTPUT_HINT, final_request, first_message, foll
 from rlmfamily.protocol import TEXT, TOOLS, Protocol, protocol_named, refused_tools
 from rlmfamily.providers.base import Completion, Provider, ToolCall, estimate_tokens, message_chars, usd_cost_known
 from rlmfamily.settings import RLMSettings, load_settings
+from rlmfamily.resumption import ResumePoint
 from rlmfamily.trajectory import FILENAME, PREVIEW_CHARS, TrajectoryWriter
-
-if TYPE_CHECKING:
-    from rlmfamily.resume import ResumePoint
 
 STOP_REASONS = ("answered", "max_turns", "budget_exhausted", "deadline", "error")
 ENTRY_TITLE_CHARS = 80  # of a history entry's title: the first line of the code, or the sub-call's prompt
