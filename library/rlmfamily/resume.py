@@ -51,7 +51,8 @@ from rlmfamily.errors import (
 from rlmfamily.family import procs
 from rlmfamily.journal import FILENAME as JOURNAL_FILENAME
 from rlmfamily.journal import RecordedStep, Restore, digest, load
-from rlmfamily.prompts import NUDGE, final_request, first_message
+from rlmfamily.prompts import final_request, first_message, in_text_words
+from rlmfamily.protocol import TEXT, Protocol, protocol_named
 from rlmfamily.providers.base import Completion, PriceTable, Provider, ToolCall
 from rlmfamily.resumption import FinalState, ResumePoint
 from rlmfamily.session import EMPTY_CODE, NOT_RUN, Session, no_such_tool
@@ -101,22 +102,28 @@ def check_resumable(settings: RLMSettings, path: Path, events: list[Event]) -> E
 
 @dataclass
 class _Conversation:
-    """The conversation rebuilt event by event, as the session built it."""
+    """The conversation rebuilt event by event, as the session built it (rlmfamily/session.py, protocol.py)."""
 
+    protocol: Protocol
     messages: list[dict[str, Any]]
     turn: int = 0
+    completion: Completion | None = None  # the current turn's reply, until its results are given
     calls: tuple[ToolCall, ...] = ()
-    next_call: int = 0
+    observations: list[str] = field(default_factory=list)
     final_turn: bool = False  # the current turn answers the final request
-    asked_final: tuple[str, str] | None = None  # a final request not yet answered: (stop_reason, why)
+    asked_final: FinalState | None = None  # a final request whose reply is not recorded (yet)
     final: FinalState | None = None
     answer: tuple[str, int] | None = None
     steps: list[Event] = field(default_factory=list)
 
     def feed(self, event: Event) -> None:
         kind = event["event"]
-        if kind == "final_request":
-            self.asked_final = (event.get("stop_reason") or "max_turns", event.get("why", ""))
+        if kind == "protocol_fallback":  # the first root call was refused for its tools (RLM_PROTOCOL=auto)
+            for message in (self.messages[0], self.messages[-1]):
+                message["content"] = in_text_words(message["content"])
+            self.protocol = TEXT
+        elif kind == "final_request":
+            self.asked_final = FinalState(event.get("stop_reason") or "max_turns", event.get("why", ""))
         elif kind == "turn":
             self.close_turn()
             self.open_turn(event)
@@ -125,46 +132,46 @@ class _Conversation:
 
     def open_turn(self, event: Event) -> None:
         if self.asked_final is not None:
-            stop_reason, why = self.asked_final
-            self.messages.append({"role": "user", "content": final_request(why)})
+            self.messages.append({"role": "user", "content": final_request(self.asked_final.why, self.protocol.name)})
+            self.final, self.final_turn, self.asked_final = self.asked_final, True, None
         self.turn = int(event["turn"])
-        codes = event.get("code") or []
-        self.calls = tuple(ToolCall(c["id"], c["name"], code) for c, code in zip(event["calls"], codes, strict=True))
-        self.next_call = 0
-        assistant: dict[str, Any] = {"role": "assistant", "content": event.get("text") or None}
+        recorded = tuple(ToolCall(c["id"], c["name"], code)
+                         for c, code in zip(event["calls"], event.get("code") or [], strict=True))
+        completion = Completion(text=event.get("text") or "", tool_calls=recorded, usage=None,
+                                model=event.get("model") or "")
+        self.calls = self.protocol.calls(completion)
+        self.messages.append(self.protocol.assistant_message(completion, self.calls))
         if self.calls:
-            assistant["tool_calls"] = [{"id": c.id, "type": "function",
-                                        "function": {"name": c.name, "arguments": json.dumps({"code": c.code})}}
-                                       for c in self.calls]
-        self.messages.append(assistant)
-        if not self.calls:
-            self.messages.append({"role": "user", "content": NUDGE})
-        if self.asked_final is not None:
-            stop_reason, why = self.asked_final
-            self.final_turn, self.asked_final = True, None
-            self.final = FinalState(stop_reason, why, Completion(text=event.get("text") or "", tool_calls=self.calls,
-                                                                 usage=None, model=event.get("model") or ""))
+            self.completion, self.observations = completion, []
+        else:
+            self.messages.append({"role": "user", "content": self.protocol.nudge})
+            self.completion = None
 
     def take_step(self, event: Event) -> None:
-        while self.next_call < len(self.calls) and (result := self.result_without_step(self.next_call)) is not None:
-            self.tool_result(result)
-        if self.next_call >= len(self.calls):
+        while len(self.observations) < len(self.calls) and (fixed := self.result_without_step()) is not None:
+            self.observations.append(fixed)
+        if len(self.observations) >= len(self.calls):
             raise ResumeInconsistent(f"turn {self.turn} records more steps than python calls; the trajectory is damaged")
-        self.tool_result(event["observation"])
+        self.observations.append(event["observation"])
         self.steps.append(event)
         if "answer" in event:
             self.answer = (event["answer"], int(event["turn"]))
 
     def close_turn(self) -> None:
-        """A new turn began: the calls of the one before that ran no step had their fixed results."""
-        while self.next_call < len(self.calls):
-            result = self.result_without_step(self.next_call)
-            if result is None:
+        """A new turn began: the one before ended, and the model was given its results."""
+        if self.completion is None:
+            return
+        while len(self.observations) < len(self.calls):
+            fixed = self.result_without_step()
+            if fixed is None:
                 raise ResumeInconsistent(f"turn {self.turn} has a python call with no step, yet a later turn began")
-            self.tool_result(result)
+            self.observations.append(fixed)
+        self.messages.extend(self.protocol.result_messages(self.completion, self.calls, self.observations))
+        self.completion = None
 
-    def result_without_step(self, index: int) -> str | None:
-        """The fixed result of a call that runs no step (as Session's run_calls gives it); None for a step."""
+    def result_without_step(self) -> str | None:
+        """The fixed result of the next call if it runs no step (as Session.run_calls gives it); None for a step."""
+        index = len(self.observations)
         call = self.calls[index]
         if self.answer is not None or (self.final_turn and index >= 1):
             return NOT_RUN
@@ -172,21 +179,18 @@ class _Conversation:
             return no_such_tool(call.name)
         return EMPTY_CODE if not call.code.strip() else None
 
-    def tool_result(self, content: str) -> None:
-        self.messages.append({"role": "tool", "tool_call_id": self.calls[self.next_call].id, "content": content})
-        self.next_call += 1
-
 
 def plan(settings: RLMSettings, path: Path, events: list[Event], context: Context) -> ResumePoint:
     """The point an interrupted run resumes from, or the reason it cannot (ResumeUnsupported / ResumeInconsistent)."""
     started = check_resumable(settings, path, events)
     run_id, kernel = path.parent.name, started["kernel"]
-    shown = first_message(started["question"], context.stats())
+    protocol = protocol_named(started.get("protocol") or "tools")
+    shown = first_message(started["question"], context.stats(), protocol.name)
     if shown != started.get("first_message"):
         raise ResumeInconsistent(f"the corpus of run {run_id} changed since it started (its shape is not the one the "
                                  "model was shown); resume it over the same files, or ask again with `rlm run`")
-    talk = _Conversation(messages=[{"role": "system", "content": started["system_prompt"]},
-                                   {"role": "user", "content": started["first_message"]}])
+    talk = _Conversation(protocol, [{"role": "system", "content": started["system_prompt"]},
+                                    {"role": "user", "content": started["first_message"]}])
     for event in events:
         talk.feed(event)
     journal = load(path.parent / JOURNAL_FILENAME)
@@ -195,16 +199,17 @@ def plan(settings: RLMSettings, path: Path, events: list[Event], context: Contex
     restore = _restore(settings, path.parent, run_id, kernel, talk.steps, journal)
     subcalls = [e for e in events if e["event"] == "subcall"]
     segments = [e for e in events if e["event"] in SEGMENT_EVENTS]
-    interrupted = talk.next_call < len(talk.calls)
+    interrupted = talk.completion is not None and len(talk.observations) < len(talk.calls)
     return ResumePoint(
-        run_id=run_id, question=started["question"], kernel=kernel, messages=talk.messages, turns=talk.turn,
-        calls=talk.calls, first_call=talk.next_call, subcalls=len(subcalls),
+        run_id=run_id, question=started["question"], kernel=kernel, protocol=talk.protocol, messages=talk.messages,
+        turns=talk.turn, completion=talk.completion, calls=talk.calls, observations=tuple(talk.observations),
+        subcalls=len(subcalls),
         subcall_seq=max((int(e.get("seq") or 0) for e in subcalls), default=0), elapsed_s=_alive_s(events),
         restore=restore, budget_entries=_earlier_entries(settings, run_id, segments), answer=talk.answer,
         final=talk.final,
         record={"after_pid": segments[-1].get("pid"), "steps": completed, "restore": restore.mode,
                 "checkpoint_seq": completed if restore.mode == "checkpoint" else None,
-                "interrupted_call": talk.next_call + 1 if interrupted else None,
+                "interrupted_call": len(talk.observations) + 1 if interrupted else None,
                 "final": talk.final is not None, "children": _recover_children(settings, run_id)},
     )
 
@@ -317,7 +322,7 @@ def prepare(args: argparse.Namespace) -> tuple[Session, ResumePoint]:
 
 def _settings(args: argparse.Namespace, started: Event) -> RLMSettings:
     """The run's own kernel and limits, the provider flags given now; the run's model unless one is named."""
-    overrides: dict[str, Any] = {"kernel": started["kernel"]}
+    overrides: dict[str, Any] = {"kernel": started["kernel"], "protocol": started.get("protocol") or "tools"}
     overrides.update({k: v for k, v in (started.get("limits") or {}).items() if k in RECORDED_LIMITS})
     for name in ("provider", "base_url", "model", "api_key_env"):
         if hasattr(args, name):

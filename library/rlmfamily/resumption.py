@@ -10,16 +10,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlmfamily.journal import Restore
+from rlmfamily.protocol import Protocol
 from rlmfamily.providers.base import Completion, ToolCall
 
 
 @dataclass(frozen=True)
 class FinalState:
-    """The crash came while the model answered its final request."""
+    """The crash came while the model answered its final request (its reply is the point's ``completion``)."""
 
     stop_reason: str
     why: str
-    completion: Completion  # the final reply, as recorded
 
 
 @dataclass(frozen=True)
@@ -29,10 +29,12 @@ class ResumePoint:
     run_id: str
     question: str
     kernel: str
-    messages: list[dict[str, Any]]  # the conversation, up to the last recorded tool result
+    protocol: Protocol  # as the run last used it (a fallback to text is kept)
+    messages: list[dict[str, Any]]  # the conversation, up to the last turn's reply
     turns: int  # root turns played (their replies are recorded)
-    calls: tuple[ToolCall, ...]  # the last turn's calls ...
-    first_call: int  # ... from this one on, they have no result yet
+    completion: Completion | None  # the last turn's reply, whose results the model has not been given yet ...
+    calls: tuple[ToolCall, ...]  # ... its calls ...
+    observations: tuple[str, ...]  # ... and the results of the first of them (the rest run on resume)
     subcalls: int
     subcall_seq: int
     elapsed_s: float  # time the run was alive before (its max_run_s goes on from there)

@@ -176,12 +176,13 @@ class Session:
         run.write_resumed()
 
         def play() -> None:
-            if point.final is not None:  # the crash came while the model answered its final request
+            if point.completion is not None:  # the last turn's calls, from the first without a result
+                run.run_calls(point.completion, point.calls, done=point.observations,
+                              max_steps=1 if point.final is not None else None)
+            if point.final is not None and point.completion is not None:  # it was answering its final request
                 run.stop_reason, run.why = point.final.stop_reason, point.final.why
-                run.run_calls(point.calls, first=point.first_call, max_steps=1)
-                run.judge_final(point.final.completion)
+                run.judge_final(point.completion)
                 return
-            run.run_calls(point.calls, first=point.first_call)
             if run.answer.value is not None:
                 run.stop_reason = "answered"
             else:
@@ -274,6 +275,7 @@ class _Run:
         self.subcalls.continue_from(admitted=point.subcalls, seq=point.subcall_seq)
         self.subcalls.current_turn = point.turns
         self.budget.entry_ids.extend(point.budget_entries)
+        self.protocol = point.protocol
         if point.answer is not None:
             self.answer.set(*point.answer)
 

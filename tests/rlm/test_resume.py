@@ -16,11 +16,19 @@ import os
 import shutil
 import signal
 import subprocess
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rlmfamily.budget import BudgetLedger
+from rlmfamily.cli import build_parser
+from rlmfamily.context import Context
+from rlmfamily.providers import ScriptedProvider
+from rlmfamily.resume import prepare
+from rlmfamily.session import Session
+from rlmfamily.settings import load_settings
 from rlmfamily.trajectory import FILENAME, read_trajectory
 
 from .holds import wait_until
@@ -41,7 +49,8 @@ RULES = [
 class Interrupted:
     """A root run started with ``rlm run`` and killed while its second sub-call was in flight."""
 
-    def __init__(self, tmp_path: Path, kernel: str, first_step: str = "x = 41\nprint('x is set')") -> None:
+    def __init__(self, tmp_path: Path, kernel: str, first_step: str = "x = 41\nprint('x is set')",
+                 env: dict[str, str] | None = None) -> None:
         self.tmp = tmp_path
         self.data = tmp_path / "data"
         self.doc = tmp_path / "notes.txt"
@@ -50,11 +59,12 @@ class Interrupted:
         self.script.write_text(json.dumps({"root": [{"code": first_step}, {"code": ASK_TWO}, {"code": ANSWER}],
                                            "subcall": RULES}))
         self.kernel = kernel
+        self.env = env or {}
         self.proc = self._start()
 
     def _start(self) -> subprocess.Popen[bytes]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RLM_")}
-        env["RLM_DATA_DIR"] = str(self.data)
+        env.update({"RLM_DATA_DIR": str(self.data), **self.env})
         return subprocess.Popen(
             [RLM, "run", "--quiet", "--kernel", self.kernel, "--document", str(self.doc), "--script", str(self.script),
              QUESTION], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -92,7 +102,7 @@ class Interrupted:
 def interrupted(tmp_path: Path, request: pytest.FixtureRequest):
     runs: list[Interrupted] = []
 
-    def start(kernel: str, **kw: str) -> Interrupted:
+    def start(kernel: str, **kw: Any) -> Interrupted:
         run = Interrupted(tmp_path, kernel, **kw)
         runs.append(run)
         return run
@@ -187,3 +197,50 @@ def test_a_checkpoint_under_other_limits_is_refused_and_the_run_resumes_under_it
     resumed = run.resume()
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stdout.strip() == "ONE TWO 42"
+
+
+class _RootRequests:
+    """A provider that keeps the messages of every root call it passes on."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.default_model = inner.default_model
+        self.root_requests: list[list[dict[str, Any]]] = []
+
+    def complete(self, messages: list[dict[str, Any]], **kw: Any) -> Any:
+        if kw["purpose"] == "root":
+            self.root_requests.append(json.loads(json.dumps(messages)))
+        return self.inner.complete(messages, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _timeless(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages without the step durations (``[ok in 0.01 s]``), which differ from run to run."""
+    return json.loads(re.sub(r"in \d+\.\d+ s", "in N s", json.dumps(messages)))
+
+
+@pytest.mark.parametrize("protocol", ["tools", "text"])
+def test_the_first_root_call_after_a_resume_sends_what_the_run_would_have_sent(interrupted, tmp_path: Path,
+                                                                               protocol: str) -> None:
+    run = interrupted("monty", env={"RLM_PROTOCOL": protocol})
+    run.wait_for_the_held_subcall()
+    run.kill()
+    run.release()
+    # The same run, not interrupted, in this process: what its third root call sent.
+    settings = load_settings(data_dir=tmp_path / "reference", kernel="monty", protocol=protocol)
+    reference = _RootRequests(ScriptedProvider.from_file(run.script))
+    answered = Session(context=Context.from_document(run.doc, settings), provider=reference,
+                       settings=settings).run(QUESTION)
+    assert answered.answer == "ONE TWO 42" and len(reference.root_requests) == 3
+
+    session, point = prepare(build_parser().parse_args(
+        ["--data-dir", str(run.data), "resume", "last", "--script", str(run.script)]))
+    resumed = session.provider = _RootRequests(session.provider)
+    result = session.resume(point)
+
+    assert result.answer == "ONE TWO 42"
+    assert len(resumed.root_requests) == 1
+    assert _timeless(resumed.root_requests[0]) == _timeless(reference.root_requests[2])
