@@ -210,7 +210,7 @@ def _resume(args: argparse.Namespace, out: Console, err: Console) -> int:
     from rlmfamily import resume
 
     session, point = resume.prepare(args)
-    progress = _Progress(session.settings.max_turns)
+    progress = _Progress(session.settings.max_turns, children=RunningChildren(session.settings))
     live = None if args.quiet or args.json else Live(progress.render(), console=err, refresh_per_second=8, transient=True)
 
     def on_event(event: dict[str, Any]) -> None:
@@ -269,7 +269,7 @@ class _Progress:
         self.subcalls = event.get("subcalls", self.subcalls)
         self.budget = event.get("budget", self.budget)
         kind = event.get("event", "")
-        if kind == "run_started" and self.children is not None:
+        if kind in ("run_started", "run_resumed") and self.children is not None:
             self.children.watch(event["run_id"])
         self.state = {"turn_started": "model thinking", "step_started": "running code", "subcall": "sub-calls",
                       "step_finished": "model thinking", "run_finished": "done"}.get(kind, self.state)
