@@ -183,8 +183,9 @@ class FakeOpenAI(FakeModelServer):
         if spec.get("usage", True):
             payload["usage"] = {"prompt_tokens": spec.get("prompt_tokens", 100),
                                 "completion_tokens": spec.get("completion_tokens", 20), "total_tokens": 120}
-            if "cached_tokens" in spec:
-                payload["usage"]["prompt_tokens_details"] = {"cached_tokens": spec["cached_tokens"]}
+            details = {key: spec[key] for key in ("cached_tokens", "cache_write_tokens") if key in spec}
+            if details:
+                payload["usage"]["prompt_tokens_details"] = details
         return payload
 
 

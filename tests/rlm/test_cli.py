@@ -188,6 +188,15 @@ def test_a_known_model_is_priced_from_the_bundled_table(tmp_path: Path, fake_ope
     assert result["budget"]["usd"] == pytest.approx((6_000 * 0.15 + 4_000 * 0.075 + 1_000 * 0.60) / 1e6)
 
 
+def test_prompt_tokens_written_to_the_cache_are_priced_as_cache_writes(tmp_path: Path, fake_openai) -> None:
+    fake_openai.push(code="final_answer(len(context.files()))", prompt_tokens=10_000, completion_tokens=1_000,
+                     cached_tokens=2_000, cache_write_tokens=5_000)
+    result = _priced_run(tmp_path, fake_openai, "--model", "gpt-6-sol")
+    # gpt-6-sol in the bundled table: 2.00 prompt, 0.20 cached, 2.50 cache write, 10.00 completion.
+    assert result["budget"]["usd"] == pytest.approx((3_000 * 2.00 + 2_000 * 0.20 + 5_000 * 2.50
+                                                      + 1_000 * 10.00) / 1e6)
+
+
 def test_max_usd_stops_a_run_priced_from_the_bundled_table(tmp_path: Path, fake_openai) -> None:
     for _ in range(6):  # each turn costs 1M prompt tokens at 0.15: $0.15
         fake_openai.push(code="print(1)", prompt_tokens=1_000_000, completion_tokens=10)

@@ -24,7 +24,7 @@ class Usage:
     completion_tokens: int | None
     cost_usd: float | None
     cache_read_tokens: int | None = None  # of prompt_tokens, read from the provider's prompt cache
-    cache_creation_tokens: int | None = None  # of prompt_tokens, written to the prompt cache (Anthropic)
+    cache_creation_tokens: int | None = None  # of prompt_tokens, written to the prompt cache
 
     @property
     def total_tokens(self) -> int | None:

@@ -65,11 +65,14 @@ class OpenAIProvider(HTTPProvider):
             details = getattr(response.usage, "prompt_tokens_details", None)
             cached = getattr(details, "cached_tokens", None)  # part of prompt_tokens, billed at the cached price
             cached = int(cached) if isinstance(cached, int) else None
-            cost = self.prices.cost(model_id, prompt, completion, cache_read_tokens=cached)
+            written = getattr(details, "cache_write_tokens", None)  # part of prompt_tokens, at the cache-write price
+            written = int(written) if isinstance(written, int) else None
+            cost = self.prices.cost(model_id, prompt, completion, cache_read_tokens=cached,
+                                    cache_creation_tokens=written)
             reported = getattr(response.usage, "cost", None)  # OpenRouter reports the charge itself
             if cost is None and isinstance(reported, (int, float)):
                 cost = float(reported)
-            usage = Usage(prompt, completion, cost, cache_read_tokens=cached)
+            usage = Usage(prompt, completion, cost, cache_read_tokens=cached, cache_creation_tokens=written)
         return Completion(
             text=message.content or "",
             tool_calls=tuple(calls),
