@@ -825,9 +825,10 @@ class LedgerSettings(Section):
     )
     default_max_parallel: int = Field(
         default=8,
-        ge=0,
+        ge=1,
         le=SCHEMA_MAX_PARALLEL,
-        description="Open reservations a new customer may hold at once, until a grant sets max_parallel.",
+        description="Open reservations a new customer may hold at once, until `customers set` or a grant changes "
+        "its max_parallel.",
     )
     default_priority: int = Field(
         default=100,

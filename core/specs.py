@@ -347,3 +347,57 @@ def load_specs(folder: Path) -> dict[str, LoadedSpec]:
     if len(files) > MAX_SPECS:
         raise SpecInvalid(f"{folder}: holds {len(files)} specs; at most {MAX_SPECS} are served")
     return {loaded.spec.id: loaded for loaded in map(load_spec, files)}
+
+
+class SkillUnknown(ServiceError):
+    """A skill name no loaded spec publishes (or one several publish)."""
+
+    code = "skill_unknown"
+
+
+@dataclass(frozen=True)
+class SkillCatalogue:
+    """The skills the specs publish on their Agent Cards, and the specialist behind each.
+
+    Operators name an entitlement by the card's skill, the name a customer sees (``review``); the ledger keeps
+    it under the specialist's id (``reviewer``), which is what the edge reserves for a task. This is the one
+    translation between the two, so the operator's commands speak of skills only.
+    """
+
+    specialist_by_skill: dict[str, tuple[str, ...]]  # skill id -> the specialists publishing it (normally one)
+    folder: Path | None = None
+
+    @classmethod
+    def of(cls, specs: dict[str, LoadedSpec], folder: Path | None = None) -> "SkillCatalogue":
+        by_skill: dict[str, list[str]] = {}
+        for specialist_id, loaded in sorted(specs.items()):
+            by_skill.setdefault(loaded.spec.skill.id, []).append(specialist_id)
+        return cls({skill: tuple(ids) for skill, ids in sorted(by_skill.items())}, folder)
+
+    def listed(self) -> str:
+        return ", ".join(self.specialist_by_skill) or "none"
+
+    def specialist_of(self, skill: str) -> str:
+        """The specialist whose card publishes ``skill``; SkillUnknown (listing the valid skills) otherwise."""
+        where = f" (SPECIALISTS_SPECS_DIR: {self.folder})" if self.folder else ""
+        found = self.specialist_by_skill.get(skill)
+        if found is None:
+            named = [s for s, ids in self.specialist_by_skill.items() if skill in ids]
+            hint = f"; {skill!r} is a specialist's id, its card's skill is {named[0]!r}" if named else ""
+            raise SkillUnknown(
+                f"no specialist publishes the skill {skill!r}{hint}. The skills are: {self.listed()}{where}"
+            )
+        if len(found) > 1:
+            raise SkillUnknown(
+                f"the skill {skill!r} is published by several specialists ({', '.join(found)}), so an entitlement "
+                f"to it would be ambiguous; give each its own skill.id in its spec{where}",
+                code="skill_ambiguous",
+            )
+        return found[0]
+
+    def skill_of(self, specialist_id: str) -> str | None:
+        """The skill a specialist's card publishes; None for an id no loaded spec has."""
+        for skill, ids in self.specialist_by_skill.items():
+            if specialist_id in ids:
+                return skill
+        return None

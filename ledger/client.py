@@ -27,8 +27,10 @@ from sqlalchemy import Engine
 from ledger import reads
 from ledger import statements as st
 from ledger.batching import Call, CustomerBatches
+from ledger.errors import CustomerNotFound
 from ledger.limits import LedgerSettings, default_limits
 from ledger.results import (
+    AccountResult,
     AdjustResult,
     ExpiredLot,
     GrantResult,
@@ -108,7 +110,9 @@ class Ledger:
         idempotency_key: str | None = None,
         reason: str = "",
         now: datetime | None = None,
+        require_customer: bool = False,
     ) -> GrantResult:
+        """See ``operations.grant``; ``require_customer`` refuses an id the service does not know (CustomerNotFound)."""
         params = st.grant_params(
             customer_id,
             credits,
@@ -124,7 +128,24 @@ class Ledger:
             now=now,
             limits=self.limits,
         )
+        if require_customer:
+            return st.parse_grant_existing(self._rows(st.GRANT_EXISTING_SQL, params), customer_id)
         return st.parse_grant(self._rows(st.GRANT_SQL, params)[0])
+
+    def open_account(
+        self, customer_id: str, *, operator: str, max_parallel: int | None = None, reason: str = "",
+        now: datetime | None = None,
+    ) -> AccountResult:
+        """Add a customer (see ``operations.open_account``)."""
+        params = st.open_account_params(customer_id, max_parallel, operator, reason, now=now, limits=self.limits)
+        return st.parse_account(self._rows(st.OPEN_ACCOUNT_SQL, params)[0])
+
+    def set_max_parallel(
+        self, customer_id: str, max_parallel: int, *, operator: str, reason: str, now: datetime | None = None
+    ) -> AccountResult:
+        """Change a customer's cap without a grant (see ``operations.set_max_parallel``)."""
+        params = st.set_max_parallel_params(customer_id, max_parallel, operator, reason, now=now, limits=self.limits)
+        return st.parse_account(self._rows(st.SET_MAX_PARALLEL_SQL, params)[0])
 
     def reserve(
         self, customer_id: str, job_id: str, fingerprint: str, skill: str, credits: int, *, now: datetime | None = None
@@ -205,6 +226,20 @@ class Ledger:
     def totals(self, customer_id: str | None = None) -> list[AccountTotal]:
         with self._autocommit.connect() as conn:
             return totals(conn, customer_id)
+
+    def require_customer(self, customer_id: str) -> str:
+        """The id, if it is well formed (LedgerInputInvalid) and the service knows the customer (CustomerNotFound):
+        what every operator read of one customer checks first, so a typo is an error and never an empty answer."""
+        st.customer_id_param(customer_id)
+        with self._autocommit.connect() as conn:
+            if not reads.customer_exists(conn, customer_id):
+                raise CustomerNotFound.of(customer_id)
+        return customer_id
+
+    def customers(self, *, after: str | None = None, limit: int = reads.DEFAULT_LISTED_CUSTOMERS) -> reads.CustomerPage:
+        """A page of customers in id order, after the id ``after`` (see ``reads.customer_page``)."""
+        with self._autocommit.connect() as conn:
+            return reads.customer_page(conn, after=after, limit=min(limit, self.limits.max_rows_per_listing))
 
     def account(self, customer_id: str, *, now: datetime | None = None) -> reads.AccountView | None:
         # Several queries: one REPEATABLE READ snapshot so the parts agree with each other.

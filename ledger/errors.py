@@ -20,6 +20,25 @@ class LedgerInputInvalid(LedgerError):
     code = "ledger_input_invalid"
 
 
+class CustomerNotFound(LedgerError):
+    """The service knows no customer by this id (a typo, or one never added: `specialists customers add`)."""
+
+    code = "customer_not_found"
+
+    @classmethod
+    def of(cls, customer_id: str) -> "CustomerNotFound":
+        return cls(
+            f"no customer {customer_id!r}: check the id (`specialists customers list`), or add the customer first "
+            f"(`specialists customers add --customer {customer_id}`)"
+        )
+
+
+class AccountRefused(LedgerError):
+    """Opening an account or changing its cap was refused. codes: account_not_found, max_parallel_below_open."""
+
+    code = "account_refused"
+
+
 class GrantRefused(LedgerError):
     """codes: grant_idempotency_mismatch, max_parallel_below_open, expiry_not_in_future."""
 

@@ -42,6 +42,7 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from core.errors import ServiceError
+from ledger.errors import CustomerNotFound
 from ledger.limits import LedgerSettings, default_limits, env_name
 
 KEY_PREFIX = "sk"
@@ -192,13 +193,17 @@ def new_key_id() -> str:
     return "key_" + secrets.token_hex(8)
 
 
-def ensure_customer(conn: Connection, customer_id: str) -> None:
+def _check_customer_id(customer_id: str) -> None:
     if not CUSTOMER_RE.match(customer_id):
         raise ServiceError(
             f"customer id {customer_id!r} is not valid: use 1-63 lowercase letters, digits, '_', '.', '-', "
             "starting with a letter or digit",
             code="customer_id_invalid",
         )
+
+
+def ensure_customer(conn: Connection, customer_id: str) -> None:
+    _check_customer_id(customer_id)
     conn.execute(
         text("INSERT INTO customers (customer_id) VALUES (:c) ON CONFLICT DO NOTHING"), {"c": customer_id}
     )
@@ -213,8 +218,12 @@ def issue_key(
     ttl: timedelta,
     label: str = "",
     now: datetime | None = None,
+    require_customer: bool = False,
 ) -> IssuedKey:
-    """Create a key row and return the signed token. The token is not stored anywhere."""
+    """Create a key row and return the signed token. The token is not stored anywhere.
+
+    A customer the service does not know is added, unless ``require_customer`` (the operator's command): then
+    it is refused (``CustomerNotFound``) and nothing is written."""
     if not TIER_RE.match(tier):
         raise ServiceError(f"tier {tier!r} is not valid: use 1-32 of a-z, 0-9, '_', '-'", code="tier_invalid")
     if len(label) > MAX_LABEL_CHARS:
@@ -230,7 +239,14 @@ def issue_key(
     )
     token = signer.sign(identity)  # refuses before anything is written when no secret is configured
     with engine.begin() as conn:
-        ensure_customer(conn, customer_id)
+        if require_customer:
+            _check_customer_id(customer_id)
+            known = conn.execute(text("SELECT EXISTS (SELECT 1 FROM customers WHERE customer_id = :c)"),
+                                 {"c": customer_id}).scalar_one()
+            if not known:
+                raise CustomerNotFound.of(customer_id)
+        else:
+            ensure_customer(conn, customer_id)
         conn.execute(
             text(
                 "INSERT INTO api_keys (key_id, customer_id, environment, tier, label, issued_at, expires_at, "

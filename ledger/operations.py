@@ -18,7 +18,7 @@ from sqlalchemy import Connection
 
 from ledger import statements as st
 from ledger.limits import LedgerSettings, default_limits
-from ledger.results import AdjustResult, ExpiredLot, GrantResult, ReserveResult, ResolveResult, UnknownResult
+from ledger.results import AccountResult, AdjustResult, ExpiredLot, GrantResult, ReserveResult, ResolveResult, UnknownResult
 
 
 def grant(
@@ -37,12 +37,15 @@ def grant(
     reason: str = "",
     now: datetime | None = None,
     limits: LedgerSettings | None = None,
+    require_customer: bool = False,
 ) -> GrantResult:
     """Grant a lot of ``credits`` (its own expiry and priority) and skill entitlements.
 
     Outcomes: ``created``; ``exists`` for a replay of the same idempotency key with the
     same inputs (nothing moves). Raises GrantRefused for the same key with other inputs.
     ``max_parallel`` (when given) becomes the customer's cap on open reservations.
+    A customer the service does not know gets an account, unless ``require_customer``: then it is refused
+    (``CustomerNotFound``) and nothing is written (the operator's grant: a typo opens no account).
     """
     params = st.grant_params(
         customer_id,
@@ -59,7 +62,46 @@ def grant(
         now=now,
         limits=limits or default_limits(),
     )
+    if require_customer:
+        rows = conn.exec_driver_sql(st.GRANT_EXISTING_SQL, params).mappings().all()
+        return st.parse_grant_existing(rows, customer_id)
     return st.parse_grant(conn.exec_driver_sql(st.GRANT_SQL, params).mappings().one())
+
+
+def open_account(
+    conn: Connection,
+    customer_id: str,
+    *,
+    operator: str,
+    max_parallel: int | None = None,
+    reason: str = "",
+    now: datetime | None = None,
+    limits: LedgerSettings | None = None,
+) -> AccountResult:
+    """Add a customer: its row and its credit account, with the cap ``max_parallel`` (default
+    SPECIALISTS_LEDGER_DEFAULT_MAX_PARALLEL) and an audit record. Outcomes: ``created``; ``exists`` (nothing changed)."""
+    params = st.open_account_params(customer_id, max_parallel, operator, reason, now=now,
+                                    limits=limits or default_limits())
+    return st.parse_account(conn.exec_driver_sql(st.OPEN_ACCOUNT_SQL, params).mappings().one())
+
+
+def set_max_parallel(
+    conn: Connection,
+    customer_id: str,
+    max_parallel: int,
+    *,
+    operator: str,
+    reason: str,
+    now: datetime | None = None,
+    limits: LedgerSettings | None = None,
+) -> AccountResult:
+    """Change the customer's cap on open reservations, without a grant, with an audit record.
+
+    Outcomes: ``changed``, ``unchanged``. Raises AccountRefused: ``account_not_found``, ``max_parallel_below_open``.
+    """
+    params = st.set_max_parallel_params(customer_id, max_parallel, operator, reason, now=now,
+                                        limits=limits or default_limits())
+    return st.parse_account(conn.exec_driver_sql(st.SET_MAX_PARALLEL_SQL, params).mappings().one())
 
 
 def reserve(

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import Connection, TextClause, text
 
 from ledger.errors import LedgerInputInvalid
+from ledger.statements import customer_id_param
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,23 @@ class AccountView:
 
 
 @dataclass(frozen=True)
+class CustomerView:
+    customer_id: str
+    created_at: datetime
+    max_parallel: int | None  # None: no credit account yet (a customer only a key was issued to)
+    open_reservations: int
+    held: int
+    available: int  # reservable now, as AccountView.available
+    spent: int  # charged so far, over all its lots
+
+
+@dataclass(frozen=True)
+class CustomerPage:
+    customers: tuple[CustomerView, ...]  # in id order
+    next_after: str | None  # the page after it (pass it as ``after``); None: no more
+
+
+@dataclass(frozen=True)
 class JournalLine:
     posting_id: int
     entry_id: int
@@ -137,6 +155,22 @@ RESERVATION_SQL = text(
     "LEFT JOIN ledger_settlements s ON s.job_id = r.job_id WHERE r.job_id = :j"
 )
 
+# Whether the service knows a customer (the primary key).
+CUSTOMER_EXISTS_SQL = text("SELECT EXISTS (SELECT 1 FROM customers WHERE customer_id = :c)")
+# A page of customers in id order with their balances: the customers' key from the cursor on, each one's account
+# by its key and its lots by ledger_lots_drawdown (the customer's lots).
+CUSTOMERS_SQL = text(
+    "SELECT c.customer_id, c.created_at, a.max_parallel, COALESCE(a.open_reservations, 0) AS open_reservations, "
+    "COALESCE(a.held, 0) AS held, COALESCE(l.available, 0) AS available, COALESCE(l.spent, 0) AS spent "
+    "FROM customers c LEFT JOIN ledger_accounts a ON a.customer_id = c.customer_id "
+    "LEFT JOIN LATERAL (SELECT SUM(granted - held - spent - expired - removed) FILTER (WHERE swept_at IS NULL "
+    "AND (expires_at IS NULL OR expires_at > now())) AS available, SUM(spent) AS spent "
+    "FROM ledger_lots WHERE customer_id = c.customer_id) l ON true "
+    "WHERE c.customer_id > :after ORDER BY c.customer_id LIMIT :n"
+)
+
+# How many customers a listing shows when its caller names no number (within max_rows_per_listing).
+DEFAULT_LISTED_CUSTOMERS = 100
 # How many reservations a listing shows when its caller names no number (within max_rows_per_listing).
 DEFAULT_LISTED_RESERVATIONS = 100
 # How many journal lines a customer's history shows when its caller names no number.
@@ -181,6 +215,22 @@ def account(conn: Connection, customer_id: str, *, max_rows: int, now: datetime 
         entitlements=entitlements,
         unresolved=unresolved,
     )
+
+
+def customer_exists(conn: Connection, customer_id: str) -> bool:
+    return bool(conn.execute(CUSTOMER_EXISTS_SQL, {"c": customer_id}).scalar_one())
+
+
+def customer_page(conn: Connection, *, after: str | None = None, limit: int = DEFAULT_LISTED_CUSTOMERS) -> CustomerPage:
+    """The first ``limit`` customers after the id ``after`` (none: from the first), in id order, with balances."""
+    if limit < 1:
+        raise LedgerInputInvalid(f"a listing shows at least 1 row, got {limit}")
+    rows = conn.execute(CUSTOMERS_SQL, {"after": after or "", "n": limit + 1}).mappings().all()
+    page = tuple(
+        CustomerView(**{**row, "held": int(row["held"]), "available": int(row["available"]), "spent": int(row["spent"])})
+        for row in rows[:limit]
+    )
+    return CustomerPage(customers=page, next_after=page[-1].customer_id if len(rows) > limit else None)
 
 
 def history(conn: Connection, customer_id: str, *, limit: int = DEFAULT_HISTORY_LINES) -> list[JournalLine]:
@@ -270,7 +320,7 @@ def listing(
         )
     params: dict[str, Any] = {"n": limit + 1}
     if customer_id is not None:
-        params["c"] = customer_id
+        params["c"] = customer_id_param(customer_id)
     if wanted is not None:
         params["states"] = sorted(wanted)
     if before is not None:

@@ -156,6 +156,19 @@ class AdjustResult:
 
 
 @dataclass(frozen=True)
+class AccountResult:
+    """An account opened (``customers add``) or its cap changed (``customers set``), with its audit record."""
+
+    outcome: str  # created | exists (open); changed | unchanged (set)
+    customer_id: str
+    max_parallel: int  # the cap now
+    max_parallel_before: int | None  # the cap before a change (None when opened)
+    open_reservations: int
+    change_id: int | None  # the audit record (ledger_account_changes); None when nothing changed
+    at: datetime | None  # when it was opened or changed
+
+
+@dataclass(frozen=True)
 class ExpiredLot:
     customer_id: str
     lot_id: int

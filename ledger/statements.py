@@ -22,7 +22,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ledger import keys
-from ledger.errors import AdjustRefused, GrantRefused, LedgerInputInvalid, ResolutionRefused
+from ledger.errors import (
+    AccountRefused,
+    AdjustRefused,
+    CustomerNotFound,
+    GrantRefused,
+    LedgerInputInvalid,
+    ResolutionRefused,
+)
 from ledger.limits import (
     SCHEMA_MAX_ID_CHARS,
     SCHEMA_MAX_OPERATIONS_PER_BATCH,
@@ -32,6 +39,7 @@ from ledger.limits import (
     env_name,
 )
 from ledger.results import (
+    AccountResult,
     AdjustResult,
     ExpiredLot,
     GrantResult,
@@ -50,6 +58,26 @@ GRANT_SQL: str = (
     "CAST(%(default_max_parallel)s AS integer), CAST(%(skills)s AS text[]), CAST(%(skill_expires_at)s AS timestamptz), "
     "CAST(%(idempotency_key)s AS text), CAST(%(request_digest)s AS text), CAST(%(operator)s AS text), "
     "CAST(%(reason)s AS text), CAST(%(now)s AS timestamptz))"
+)
+# The same grant, only for a customer the service knows (the operator's: a mistyped id opens no account). The
+# function runs once per row of ``customers`` with that id, so for an unknown id it never runs and nothing is
+# written: no row comes back (``CustomerNotFound``). One round trip, and no gap between a check and the grant.
+GRANT_EXISTING_SQL: str = (
+    "SELECT g.* FROM customers c CROSS JOIN LATERAL ledger_grant(c.customer_id, CAST(%(credits)s AS bigint), "
+    "CAST(%(priority)s AS integer), CAST(%(expires_at)s AS timestamptz), CAST(%(expires_in)s AS interval), "
+    "CAST(%(max_parallel)s AS integer), CAST(%(default_max_parallel)s AS integer), CAST(%(skills)s AS text[]), "
+    "CAST(%(skill_expires_at)s AS timestamptz), CAST(%(idempotency_key)s AS text), CAST(%(request_digest)s AS text), "
+    "CAST(%(operator)s AS text), CAST(%(reason)s AS text), CAST(%(now)s AS timestamptz)) AS g "
+    "WHERE c.customer_id = CAST(%(customer_id)s AS text)"
+)
+# Accounts opened and caps changed by an operator (migration 0220), each with its audit record.
+OPEN_ACCOUNT_SQL: str = (
+    "SELECT * FROM ledger_open_account(CAST(%(customer_id)s AS text), CAST(%(max_parallel)s AS integer), "
+    "CAST(%(operator)s AS text), CAST(%(reason)s AS text), CAST(%(now)s AS timestamptz))"
+)
+SET_MAX_PARALLEL_SQL: str = (
+    "SELECT * FROM ledger_set_max_parallel(CAST(%(customer_id)s AS text), CAST(%(max_parallel)s AS integer), "
+    "CAST(%(operator)s AS text), CAST(%(reason)s AS text), CAST(%(now)s AS timestamptz))"
 )
 RESERVE_SQL: str = (
     "SELECT * FROM ledger_reserve(CAST(%(customer_id)s AS text), CAST(%(job_id)s AS text), CAST(%(fingerprint)s AS text), "
@@ -151,6 +179,21 @@ def _operator(operator: str) -> str:
     return operator.strip()
 
 
+def _max_parallel(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= SCHEMA_MAX_PARALLEL:
+        zero = (
+            ": 0 would refuse every task of the customer as if it were busy; to stop a customer, revoke its keys "
+            "(`specialists keys revoke`)"
+            if value == 0 and not isinstance(value, bool)
+            else ""
+        )
+        raise _invalid(
+            f"max_parallel (--max-parallel) is the customer's cap on tasks at once, a whole number from 1 to "
+            f"{SCHEMA_MAX_PARALLEL}; got {value!r}{zero}"
+        )
+    return value
+
+
 def _aware(value: datetime | None, what: str) -> datetime | None:
     if value is not None and (not isinstance(value, datetime) or value.tzinfo is None):
         raise _invalid(f"{what} must be a timezone-aware datetime (e.g. 2030-01-31T00:00:00+00:00), got {value!r}")
@@ -203,10 +246,8 @@ def grant_params(
     _aware(now, "now")
     if expires_in is not None and (not isinstance(expires_in, timedelta) or expires_in <= timedelta(0)):
         raise _invalid(f"expires_in must be a positive duration, got {expires_in!r}")
-    if max_parallel is not None and (
-        isinstance(max_parallel, bool) or not isinstance(max_parallel, int) or not 0 <= max_parallel <= SCHEMA_MAX_PARALLEL
-    ):
-        raise _invalid(f"max_parallel must be a whole number from 0 to {SCHEMA_MAX_PARALLEL}, got {max_parallel!r}")
+    if max_parallel is not None:
+        _max_parallel(max_parallel)
     resolved_priority = _priority(priority, limits)
     if idempotency_key is not None:
         _identifier(idempotency_key, "idempotency key", limits.max_idempotency_key_chars, "max_idempotency_key_chars")
@@ -244,6 +285,31 @@ def grant_params(
         "operator": operator,
         "reason": reason,
         "now": now,
+    }
+
+
+def open_account_params(
+    customer_id: str, max_parallel: int | None, operator: str, reason: str, *, now: datetime | None,
+    limits: LedgerSettings,
+) -> dict[str, Any]:
+    return {
+        "customer_id": _customer(customer_id),
+        "max_parallel": limits.default_max_parallel if max_parallel is None else _max_parallel(max_parallel),
+        "operator": _operator(operator),
+        "reason": _reason(reason, limits, required=False),
+        "now": _aware(now, "now"),
+    }
+
+
+def set_max_parallel_params(
+    customer_id: str, max_parallel: int, operator: str, reason: str, *, now: datetime | None, limits: LedgerSettings
+) -> dict[str, Any]:
+    return {
+        "customer_id": _customer(customer_id),
+        "max_parallel": _max_parallel(max_parallel),
+        "operator": _operator(operator),
+        "reason": _reason(reason, limits, required=True),
+        "now": _aware(now, "now"),
     }
 
 
@@ -386,6 +452,38 @@ def parse_grant(row: Mapping[str, Any]) -> GrantResult:
         skills=tuple(row["skills"] or ()),
         skill_expires_at=row["skill_expires_at"],
         created_at=row["created_at"],
+    )
+
+
+def parse_grant_existing(rows: Sequence[Mapping[str, Any]], customer_id: str) -> GrantResult:
+    """``GRANT_EXISTING_SQL``'s rows: none means the customer is unknown and nothing was written."""
+    if not rows:
+        raise CustomerNotFound.of(customer_id)
+    return parse_grant(rows[0])
+
+
+def parse_account(row: Mapping[str, Any]) -> AccountResult:
+    outcome, customer = row["outcome"], row["customer_id"]
+    if outcome == "account_not_found":
+        raise AccountRefused(
+            f"customer {customer} has no credit account; `specialists customers add --customer {customer}` opens it",
+            code="account_not_found",
+        )
+    if outcome == "max_parallel_below_open":
+        raise AccountRefused(
+            f"customer {customer} has {row['open_reservations']} open or unknown reservations, more than the "
+            "max_parallel requested; wait for them to settle (or reconcile the unknown ones), or choose a "
+            "--max-parallel at least that high",
+            code="max_parallel_below_open",
+        )
+    return AccountResult(
+        outcome=outcome,
+        customer_id=customer,
+        max_parallel=row["max_parallel"],
+        max_parallel_before=row["max_parallel_before"],
+        open_reservations=row["open_reservations"],
+        change_id=row["change_id"],
+        at=row["at"],
     )
 
 

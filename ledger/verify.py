@@ -43,6 +43,8 @@ from typing import Any
 from sqlalchemy import Connection, TextClause, text
 
 from ledger.results import Violation
+from ledger.errors import CustomerNotFound
+from ledger.statements import customer_id_param
 
 # The first statement of the transaction a chunked verify runs in: one snapshot for every range, and no
 # write (a hot standby accepts it: REPEATABLE READ, not SERIALIZABLE).
@@ -198,6 +200,13 @@ _ACCOUNT_COUNT_SQL = text("SELECT count(*) FROM ledger_accounts")
 # Whether the snapshot is a standby's, and how far it had replayed the primary's log.
 _SOURCE_SQL = text("SELECT pg_is_in_recovery(), pg_last_xact_replay_timestamp()")
 _HAS_ACCOUNT_SQL = text("SELECT count(*) FROM ledger_accounts WHERE customer_id = :c")
+# Whether anything of the ledger's is filed under an id: the customer's row, or (without one) postings or
+# reservations, which a verify of that id has to check. Each is one probe of a customer index.
+_KNOWN_SQL = text(
+    "SELECT EXISTS (SELECT 1 FROM customers WHERE customer_id = :c) "
+    "OR EXISTS (SELECT 1 FROM ledger_journal WHERE customer_id = :c) "
+    "OR EXISTS (SELECT 1 FROM ledger_reservations WHERE customer_id = :c)"
+)
 
 
 @dataclass(frozen=True)
@@ -344,7 +353,12 @@ def verify_in_chunks(
 
 
 def verify_customer(conn: Connection, customer_id: str) -> Audit:
-    """One customer's verify and the totals of its postings (in the caller's snapshot, if it holds one)."""
+    """One customer's verify and the totals of its postings (in the caller's snapshot, if it holds one).
+
+    Raises CustomerNotFound for an id nothing is filed under: a typo answers an error, not "clean"."""
+    customer_id_param(customer_id)
+    if not conn.execute(_KNOWN_SQL, {"c": customer_id}).scalar_one():
+        raise CustomerNotFound.of(customer_id)
     source = _source(conn)
     checked = int(conn.execute(_HAS_ACCOUNT_SQL, {"c": customer_id}).scalar_one())
     return Audit(violations=verify(conn, customer_id), totals=totals(conn, customer_id), customers=checked, chunks=1,

@@ -27,8 +27,10 @@ from core.errors import ServiceError
 from core.settings import Settings, describe_invalid
 from core.specs import SpecInvalid
 from ledger import keys
+from ledger.client import Ledger
+from ledger.errors import LedgerInputInvalid
 from ops import local_secrets, output
-from ops.output import EXIT_CONFIG, EXIT_DATABASE, EXIT_OK, EXIT_REFUSED, emit, fail, say
+from ops.output import EXIT_CONFIG, EXIT_DATABASE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit, fail, say
 
 
 @dataclass
@@ -108,6 +110,7 @@ def cmd_keys_issue(ctx: Ctx, args: argparse.Namespace) -> int:
         tier=args.tier,
         ttl=timedelta(days=ttl_days),
         label=args.label,
+        require_customer=True,  # creating a customer is `customers add`: a mistyped id gets no key
     )
     record = {
         "key_id": issued.identity.key_id,
@@ -129,6 +132,8 @@ def cmd_keys_issue(ctx: Ctx, args: argparse.Namespace) -> int:
 
 
 def cmd_keys_list(ctx: Ctx, args: argparse.Namespace) -> int:
+    if args.customer is not None:
+        Ledger(ctx.engine_at_head(), ctx.settings.ledger).require_customer(args.customer)
     rows = keys.list_keys(ctx.engine_at_head(), args.customer)
     emit(rows, as_json=ctx.as_json, columns=_KEY_COLUMNS, title="keys")
     return EXIT_OK
@@ -329,11 +334,16 @@ def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
         # One machine: its own dispatcher sends no OIDC token; the signed body is the worker's check.
         _assign(settings, "worker", "oidc_verify", False)
         child_settings["SPECIALISTS_WORKER_OIDC_VERIFY"] = "false"
+    from core.specs import load_specs
+
+    specs = load_specs(settings.hosted.specs_dir)  # an invalid spec stops here, naming the file and field
     try:
         needed = ["key_signing_secrets"]
         if settings.serve.worker or settings.serve.dispatcher:
             needed.append("worker_job_secrets")
-        local_secrets.require(settings, needed)
+        if settings.serve.worker and any(loaded.spec.executor == "rlm" for loaded in specs.values()):
+            needed.append("specialist_checkpoint_key")  # its rlm specialists sign their checkpoints
+        local_secrets.require(settings, needed)  # every missing one named at once
         if settings.serve.worker:
             check_worker_settings(settings)
         if settings.serve.dispatcher:
@@ -345,9 +355,6 @@ def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
         db.upgrade(ctx.url)
     db.require_schema_at_head(ctx.engine)
     from app.server import serve  # the web stack loads only for this command
-    from core.specs import load_specs
-
-    specs = load_specs(settings.hosted.specs_dir)  # an invalid spec stops here, naming the file and field
     from workers.hosted_rlm.serving import check_readiness
 
     # A route whose key is missing is reported now (and by the worker's /readyz), not by a customer's task.
@@ -449,12 +456,66 @@ def cmd_dispatcher(ctx: Ctx, args: argparse.Namespace) -> int:
 # --- wiring -----------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
-    common.add_argument("--operator", default=None, help="who is acting, for audit records (default: OS user)")
+class GlobalFlags:
+    """``--json`` and ``--operator``, wherever they are given: before the command, after it, or both.
 
-    parser = argparse.ArgumentParser(prog="specialists", description=__doc__.splitlines()[0], parents=[common])
+    argparse copies a subcommand's defaults over what the level above parsed, so a flag given before the
+    command was silently lost (``specialists --json keys issue`` printed a table). These flags set nothing on
+    the namespace; every occurrence is collected here instead, and two different operators are refused."""
+
+    def __init__(self) -> None:
+        self.json = False
+        self.operators: list[str] = []
+
+    def operator(self) -> str | None:
+        named = list(dict.fromkeys(self.operators))
+        if len(named) > 1:
+            raise UsageError(f"--operator is given twice ({', '.join(named)}); give it once, before or after the command")
+        return named[0] if named else None
+
+
+class _FlagAction(argparse.Action):
+    def __init__(self, option_strings: list[str], dest: str, *, flags: GlobalFlags, **kwargs: object) -> None:
+        self.flags = flags
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, **kwargs)  # type: ignore[arg-type]
+
+
+class _JsonFlag(_FlagAction):
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        self.flags.json = True
+
+
+class _OperatorFlag(_FlagAction):
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        self.flags.operators.append(str(values))
+
+
+class UsageError(Exception):
+    """Bad arguments (exit 2): raised by the parser instead of printing and exiting, so that ``--json`` gets
+    its error as JSON on stdout too."""
+
+    def __init__(self, message: str, parser: argparse.ArgumentParser | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.parser = parser
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(message, self)
+
+
+def build_parser(flags: GlobalFlags | None = None) -> argparse.ArgumentParser:
+    flags = flags or GlobalFlags()
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action=_JsonFlag, flags=flags, help="print JSON for scripts instead of tables")
+    common.add_argument("--operator", action=_OperatorFlag, flags=flags,
+                        help="who is acting, for audit records (default: OS user)")
+
+    parser = _Parser(prog="specialists", description=__doc__.splitlines()[0], parents=[common])
     groups = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
 
     serve = groups.add_parser(
@@ -506,8 +567,9 @@ def build_parser() -> argparse.ArgumentParser:
     verify = kp.add_parser("verify", parents=[common], help="check a key read from standard input")
     verify.set_defaults(func=cmd_keys_verify)
 
-    from ops import cli_ledger
+    from ops import cli_customers, cli_ledger
 
+    cli_customers.register(groups, common)
     cli_ledger.register(groups, common)
     from ops import cli_specialists
 
@@ -532,10 +594,25 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
+def _usage_error(problem: UsageError, *, as_json: bool) -> int:
+    if as_json:
+        return fail("usage_error", problem.message, as_json=True, exit_code=EXIT_USAGE)
+    if problem.parser is not None:
+        problem.parser.print_usage(sys.stderr)
+    return fail("usage_error", problem.message, as_json=False, exit_code=EXIT_USAGE)
+
+
 def _main(argv: list[str] | None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    as_json = bool(getattr(args, "json", False))
+    flags = GlobalFlags()
+    parser = build_parser(flags)
+    words = sys.argv[1:] if argv is None else argv
+    try:
+        args = parser.parse_args(argv)
+        operator = flags.operator()
+    except UsageError as problem:
+        # An error can come before --json is read (a bad value earlier on the line): the word itself counts.
+        return _usage_error(problem, as_json=flags.json or "--json" in words)
+    as_json = flags.json
     try:
         settings = _load_settings()
     except ValidationError as invalid:
@@ -546,7 +623,7 @@ def _main(argv: list[str] | None) -> int:
         settings, generated = local_secrets.with_local_secrets(settings, generate=args.func is cmd_serve)
     except local_secrets.SecretMissing as problem:
         return fail(problem.code, problem.message, as_json=as_json, exit_code=EXIT_CONFIG)
-    ctx = Ctx(settings=settings, as_json=as_json, operator=args.operator or getpass.getuser(), generated_secrets=generated)
+    ctx = Ctx(settings=settings, as_json=as_json, operator=operator or getpass.getuser(), generated_secrets=generated)
     try:
         return args.func(ctx, args)
     except ValidationError as invalid:  # e.g. serve --port 0
@@ -559,6 +636,8 @@ def _main(argv: list[str] | None) -> int:
     except keys.KeyRefused as refused:
         exit_code = EXIT_CONFIG if refused.code == keys.NO_SECRET else EXIT_REFUSED
         return fail(refused.code, refused.message, as_json=as_json, exit_code=exit_code)
+    except LedgerInputInvalid as invalid:  # e.g. a malformed --customer
+        return fail(invalid.code, invalid.message, as_json=as_json, exit_code=EXIT_USAGE)
     except ServiceError as problem:
         return fail(problem.code, problem.message, as_json=as_json)
     finally:

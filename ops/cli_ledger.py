@@ -20,8 +20,9 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from core import db
+from core.specs import SkillCatalogue, SkillUnknown, load_specs
 from ledger.client import Ledger
-from ledger.errors import LedgerInputInvalid
+from ledger.errors import CustomerNotFound, LedgerInputInvalid
 from ledger.verify import Audit, Progress
 from ops import output
 from ops.output import EXIT_DATABASE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit, fail, progress, say
@@ -35,16 +36,29 @@ def _ledger(ctx) -> Ledger:
 
 
 def _handler(func: Handler) -> Handler:
-    """Bad input is a usage error (exit 2)."""
+    """Bad input (a malformed value, a skill no card publishes) is a usage error (exit 2)."""
 
     @wraps(func)
     def run(ctx, args: argparse.Namespace) -> int:
         try:
             return func(ctx, args)
-        except LedgerInputInvalid as invalid:
+        except (LedgerInputInvalid, SkillUnknown) as invalid:
             return fail(invalid.code, invalid.message, as_json=ctx.as_json, exit_code=EXIT_USAGE)
 
     return run
+
+
+def skills(ctx) -> SkillCatalogue:
+    """The skills the specs publish (SPECIALISTS_SPECS_DIR): the names entitlements are granted and shown by."""
+    folder = ctx.settings.hosted.specs_dir
+    return SkillCatalogue.of(load_specs(folder), folder)
+
+
+def _entitlement_record(catalogue: SkillCatalogue, entitlement) -> dict[str, Any]:
+    """An entitlement as the operator names it: the card's skill, beside the specialist the ledger keeps it under
+    (``skill`` None: an entitlement no loaded spec's card publishes, which admits nothing)."""
+    return {"skill": catalogue.skill_of(entitlement.skill), "specialist_id": entitlement.skill,
+            **{k: v for k, v in asdict(entitlement).items() if k != "skill"}}
 
 
 def _instant(value: str) -> datetime:
@@ -80,11 +94,14 @@ def _whole(value: str) -> int:
 
 @_handler
 def cmd_credits_grant(ctx, args: argparse.Namespace) -> int:
+    catalogue = skills(ctx)
+    specialists = [catalogue.specialist_of(skill) for skill in args.skill or ()]  # refused before anything moves
     result = _ledger(ctx).grant(
         args.customer,
         args.credits,
         operator=ctx.operator,
-        skills=args.skill or (),
+        skills=specialists,
+        require_customer=True,  # creating a customer is `customers add`: a mistyped id opens no account
         expires_at=args.expires_at,
         expires_in=timedelta(days=args.expires_in_days) if args.expires_in_days is not None else None,
         skill_expires_at=args.skill_expires_at,
@@ -93,8 +110,11 @@ def cmd_credits_grant(ctx, args: argparse.Namespace) -> int:
         idempotency_key=args.idempotency_key,
         reason=args.reason,
     )
+    record = asdict(result)
+    record["skills"] = [catalogue.skill_of(specialist) or specialist for specialist in result.skills]
+    record["specialist_ids"] = list(result.skills)
     emit(
-        asdict(result),
+        record,
         as_json=ctx.as_json,
         title="credits granted" if result.outcome == "created" else "grant already recorded (idempotent replay)",
     )
@@ -102,20 +122,29 @@ def cmd_credits_grant(ctx, args: argparse.Namespace) -> int:
 
 
 _LOT_COLUMNS = ["lot_id", "source", "priority", "granted", "held", "spent", "expired", "removed", "remaining", "expires_at", "usable"]
-_RESERVATION_COLUMNS = ["job_id", "customer_id", "skill", "credits", "state", "charged", "created_at", "unknown_reason", "resolved_by"]
+# A reservation's ``skill`` is the specialist the edge reserved the task under: the table says so.
+_RESERVATION_COLUMNS = ["job_id", "customer_id", "specialist", "credits", "state", "charged", "created_at", "unknown_reason", "resolved_by"]
+
+
+def _reservation_row(row: dict[str, Any]) -> dict[str, Any]:
+    return row | {"specialist": row.get("skill")}
 
 
 @_handler
 def cmd_credits_show(ctx, args: argparse.Namespace) -> int:
-    view = _ledger(ctx).account(args.customer)
+    ledger = _ledger(ctx)
+    view = ledger.account(ledger.require_customer(args.customer))
     if view is None:
         return fail(
             "account_not_found",
-            f"customer {args.customer} has no credit account; `specialists credits grant --customer {args.customer}` creates it",
+            f"customer {args.customer} has no credit account yet; `specialists customers add --customer "
+            f"{args.customer}` opens it",
             as_json=ctx.as_json,
         )
+    catalogue = skills(ctx)
+    entitlements = [_entitlement_record(catalogue, e) for e in view.entitlements]
     if ctx.as_json:
-        output.emit_json(asdict(view))
+        output.emit_json(asdict(view) | {"entitlements": entitlements})
         return EXIT_OK
     emit(
         {
@@ -130,13 +159,13 @@ def cmd_credits_show(ctx, args: argparse.Namespace) -> int:
     )
     emit([asdict(lot) for lot in view.lots], as_json=False, columns=_LOT_COLUMNS, title="lots (draw-down order)")
     emit(
-        [asdict(e) for e in view.entitlements],
+        [e | {"skill": e["skill"] or f"(none: no card publishes {e['specialist_id']})"} for e in entitlements],
         as_json=False,
-        columns=["skill", "grant_id", "expires_at", "active"],
-        title="entitlements",
+        columns=["skill", "specialist_id", "grant_id", "expires_at", "active"],
+        title="entitlements (by the skill on the specialist's card)",
     )
     emit(
-        [asdict(r) for r in view.unresolved],
+        [_reservation_row(asdict(r)) for r in view.unresolved],
         as_json=False,
         columns=_RESERVATION_COLUMNS[:-1],
         title="open and unknown reservations",
@@ -146,7 +175,8 @@ def cmd_credits_show(ctx, args: argparse.Namespace) -> int:
 
 @_handler
 def cmd_credits_history(ctx, args: argparse.Namespace) -> int:
-    lines = _ledger(ctx).history(args.customer, limit=args.limit)
+    ledger = _ledger(ctx)
+    lines = ledger.history(ledger.require_customer(args.customer), limit=args.limit)
     emit(
         [asdict(line) for line in lines],
         as_json=ctx.as_json,
@@ -158,8 +188,14 @@ def cmd_credits_history(ctx, args: argparse.Namespace) -> int:
 
 @_handler
 def cmd_credits_adjust(ctx, args: argparse.Namespace) -> int:
-    result = _ledger(ctx).adjust(args.customer, args.credits, args.reason, ctx.operator)
-    emit(asdict(result), as_json=ctx.as_json, title="adjustment journaled")
+    ledger = _ledger(ctx)
+    result = ledger.adjust(ledger.require_customer(args.customer), args.credits, args.reason, ctx.operator)
+    if ctx.as_json:
+        output.emit_json(asdict(result))
+        return EXIT_OK
+    sign = "+" if result.credits > 0 else "-"
+    lots = ", ".join(f"lot {lot.lot_id}: {sign}{lot.credits}" for lot in result.lots)
+    emit(asdict(result) | {"lots": lots}, as_json=False, title="adjustment journaled")
     return EXIT_OK
 
 
@@ -172,6 +208,8 @@ def cmd_reservations_list(ctx, args: argparse.Namespace) -> int:
     if args.unknown or args.open:
         states = (("unknown",) if args.unknown else ()) + (("open",) if args.open else ())
     ledger = _ledger(ctx)
+    if args.customer is not None:
+        ledger.require_customer(args.customer)  # a typo is an error, never "nothing to show"
     page = ledger.reservation_page(customer_id=args.customer, states=states, limit=args.limit, before=args.before)
     rows = [asdict(r) for r in page.reservations]
     if args.unknown and args.before is None:
@@ -182,7 +220,8 @@ def cmd_reservations_list(ctx, args: argparse.Namespace) -> int:
     if ctx.as_json:
         output.emit_json({"reservations": rows, "next_cursor": page.next_cursor})
         return EXIT_OK
-    emit(rows, as_json=False, columns=_RESERVATION_COLUMNS, title="reservations (oldest first)")
+    emit([_reservation_row(r) for r in rows], as_json=False, columns=_RESERVATION_COLUMNS,
+         title="reservations (oldest first)")
     if page.next_cursor is not None:
         say(f"older reservations: the same command with --before {page.next_cursor}")
     return EXIT_OK
@@ -285,10 +324,10 @@ def cmd_ledger_verify(ctx, args: argparse.Namespace) -> int:
             progress(f"ledger verify: {at.customers_done:,} of {at.customers_total:,} customers, "
                      f"{at.violations:,} violation(s), {time.monotonic() - started:.1f} s")
 
-    try:
-        if args.customer is not None:
-            progress(f"ledger verify: customer {args.customer} from {source.url}")
+    try:  # one customer's verify takes milliseconds: progress is for the whole ledger's
         audit = Ledger(source.engine, ctx.settings.ledger).audit(args.customer, on_progress=report)
+    except CustomerNotFound as unknown:  # nothing is filed under the id in the database the verify reads
+        return fail(unknown.code, f"{unknown.message}; nothing of it is in {source.url}", as_json=ctx.as_json)
     except DBAPIError as failed:  # e.g. a standby canceled the read (a conflict with its replay), or the link broke
         return fail(
             "verify_interrupted",
@@ -356,12 +395,14 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
     grant = credits.add_parser("grant", parents=[common], help="grant a lot of credits and/or skill entitlements")
     grant.add_argument("--customer", required=True)
     grant.add_argument("--credits", type=_whole, required=True, help="credits in this lot (0: entitlements only)")
-    grant.add_argument("--skill", action="append", help="entitle a skill (repeat for several)")
+    grant.add_argument("--skill", action="append",
+                       help="entitle the skill a specialist's Agent Card publishes, e.g. review (repeat for several)")
     expiry = grant.add_mutually_exclusive_group()
     expiry.add_argument("--expires-at", type=_instant, help="when this lot expires (ISO 8601; UTC if no zone)")
     expiry.add_argument("--expires-in-days", type=_positive_int, help="this lot expires this many days from now")
     grant.add_argument("--skill-expires-at", type=_instant, help="when these skill entitlements expire (default: never)")
-    grant.add_argument("--max-parallel", type=int, help="the customer's cap on open reservations from now on")
+    grant.add_argument("--max-parallel", type=int,
+                       help="the customer's cap on tasks at once from now on, 1 or more (also: `customers set`)")
     grant.add_argument("--priority", type=int, help="lower is drawn down first (default SPECIALISTS_LEDGER_DEFAULT_PRIORITY)")
     grant.add_argument("--idempotency-key", help="repeat the command with the same key safely: nothing moves twice")
     grant.add_argument("--reason", default="", help="why, for the audit record")

@@ -25,7 +25,8 @@ from datetime import timedelta
 from typing import Any
 
 from core.settings import PROJECT_ROOT
-from ops.output import EXIT_CONFIG, EXIT_OK, emit, emit_json, fail
+from core.specs import load_specs
+from ops.output import EXIT_CONFIG, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit, emit_json, fail, say
 
 DEMO_PROJECT = PROJECT_ROOT / "specs" / "demo" / "shop"
 DEMO_RULE = (
@@ -34,6 +35,8 @@ DEMO_RULE = (
 )
 KNOWN_DEFECT = "shop/customers.py"
 DEMO_SPECIALIST = "reviewer"
+# How long the check that the service answers waits for each of its two requests (/readyz, the card).
+DEMO_PREFLIGHT_TIMEOUT_S = 10.0
 DEMO_CREDITS = 100
 DEMO_CUSTOMER_SUFFIX_CHARS = 8  # random hex characters that make each demo customer new
 # Beyond the reviewer's own deadline: time for a worker to take the task and for the settlement.
@@ -47,20 +50,36 @@ _CALL_COLUMNS = ["call_id", "purpose", "turn", "step_index", "state", "model", "
 
 
 def cmd_usage(ctx: Any, args: argparse.Namespace) -> int:
+    """The rlm jobs (newest first); with ``--job`` one job and its model calls, or a task's jobs (a job id is
+    ``<task id>.<dispatch id>``, and an operator starts from the task id)."""
     from workers.hosted_rlm import journal
 
+    if args.specialist is not None:
+        specs = load_specs(ctx.settings.hosted.specs_dir)
+        if args.specialist not in specs:
+            return fail("specialist_unknown", f"no specialist {args.specialist!r}; the specialists are "
+                        f"{', '.join(sorted(specs))} (SPECIALISTS_SPECS_DIR)", as_json=ctx.as_json, exit_code=EXIT_USAGE)
     engine = ctx.engine_at_head()
     with engine.connect() as conn:
         jobs = journal.usage_by_job(conn, specialist_id=args.specialist, job_id=args.job, limit=args.limit)
-        calls = journal.usage_calls(conn, args.job) if args.job else None
+        of_task = None
+        if args.job and not jobs:  # not a job's id: a task's, whose jobs are listed
+            jobs = of_task = journal.usage_by_task(conn, args.job, limit=args.limit)
+        one = jobs[0]["job_id"] if args.job and len(jobs) == 1 else None
+        calls = journal.usage_calls(conn, one) if one else None
     if args.job and not jobs:
-        return fail("job_not_found", f"no specialist run for job {args.job!r}", as_json=ctx.as_json)
+        return fail("job_not_found", f"no specialist run for the job or task {args.job!r}; `specialists usage` "
+                    "lists the jobs, and a task's id lists all of its jobs", as_json=ctx.as_json)
     if ctx.as_json:
-        emit_json({"jobs": jobs, **({"calls": calls} if calls is not None else {})})
+        emit_json({"jobs": jobs, **({"task_id": args.job} if of_task else {}),
+                   **({"calls": calls} if calls is not None else {})})
         return EXIT_OK
-    emit(jobs, as_json=False, columns=_JOB_COLUMNS, title="specialist runs (newest first)")
+    title = f"rlm jobs of task {args.job} (newest first)" if of_task else "specialist runs (newest first)"
+    emit(jobs, as_json=False, columns=_JOB_COLUMNS, title=title)
     if calls is not None:
-        emit(calls, as_json=False, columns=_CALL_COLUMNS, title=f"model calls of {args.job} (usage '-' is unknown)")
+        emit(calls, as_json=False, columns=_CALL_COLUMNS, title=f"model calls of {one} (usage '-' is unknown)")
+    elif of_task:
+        say("each job's model calls: `specialists usage --job <job_id>`")
     return EXIT_OK
 
 
@@ -86,17 +105,17 @@ def _demo_files() -> dict[str, str]:
     return {p.relative_to(DEMO_PROJECT).as_posix(): p.read_text() for p in sorted(DEMO_PROJECT.rglob("*")) if p.is_file()}
 
 
-def _route_kind(settings: Any) -> tuple[str, float]:
-    """The kind of the reviewer's model route here (scripted, openai, missing) and the reviewer's deadline."""
-    from core.specs import load_specs
+def _reviewer(settings: Any) -> tuple[str, float, str]:
+    """The kind of the reviewer's model route here (scripted, openai, missing), its deadline, and the skill its
+    card publishes (what the demo's customer is entitled to)."""
     from workers.hosted_rlm.routes import ModelRoutes, RouteNotReady
 
     spec = load_specs(settings.hosted.specs_dir)[DEMO_SPECIALIST].spec
     try:
         route = ModelRoutes.load(settings.hosted.model_routes_file).get(spec.model_route or "")
     except RouteNotReady:
-        return "missing", spec.limits.deadline_s
-    return route.kind, spec.limits.deadline_s
+        return "missing", spec.limits.deadline_s, spec.skill.id
+    return route.kind, spec.limits.deadline_s, spec.skill.id
 
 
 async def _delegate(base_url: str, token: str, files: dict[str, str], timeout_s: float) -> dict[str, Any]:
@@ -141,6 +160,24 @@ async def _delegate(base_url: str, token: str, files: dict[str, str], timeout_s:
     return seen
 
 
+def _service_problem(base_url: str) -> str | None:
+    """Why the service at ``base_url`` cannot take the demo's task now (None: it is ready and serves the
+    reviewer's card): checked before the demo adds a customer, issues a key or grants a credit."""
+    import httpx
+
+    try:
+        ready = httpx.get(f"{base_url}/readyz", timeout=DEMO_PREFLIGHT_TIMEOUT_S)
+        if ready.status_code != 200:
+            return f"{base_url}/readyz answers {ready.status_code}: the service is not ready (its log says why)"
+        card = httpx.get(f"{base_url}/specialists/{DEMO_SPECIALIST}/.well-known/agent-card.json",
+                         timeout=DEMO_PREFLIGHT_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        return f"nothing answers at {base_url} ({type(exc).__name__}); is `specialists serve` running? (--url)"
+    if card.status_code != 200:
+        return f"{base_url} serves no {DEMO_SPECIALIST} card (HTTP {card.status_code}): is it this service? (--url)"
+    return None
+
+
 def cmd_demo(ctx: Any, args: argparse.Namespace) -> int:
     from ledger import keys
     from ledger.client import Ledger
@@ -152,15 +189,21 @@ def cmd_demo(ctx: Any, args: argparse.Namespace) -> int:
     if not settings.keys.signing_secrets:
         return fail("secret_missing", "SPECIALISTS_KEY_SIGNING_SECRETS is not set; on one machine run "
                     "`specialists serve` first (it generates it)", as_json=ctx.as_json, exit_code=EXIT_CONFIG)
-    route, deadline_s = _route_kind(settings)
+    problem = _service_problem(base_url)
+    if problem is not None:
+        return fail("demo_failed", f"{problem}. Nothing was granted.", as_json=ctx.as_json)
+    route, deadline_s, skill = _reviewer(settings)
     timeout_s = args.timeout_s if args.timeout_s is not None else deadline_s + DEMO_MARGIN_S
     _progress(f"the reviewer's model route is {route}" + (" (no model: a scripted replay)" if route == "scripted" else ""))
     customer = f"demo-{uuid.uuid4().hex[:DEMO_CUSTOMER_SUFFIX_CHARS]}"
-    issued = keys.issue_key(engine, signer, customer_id=customer, ttl=timedelta(days=1), label="specialists demo")
-    _progress(f"issued a demo key for customer {customer}")
     ledger = Ledger(engine)
-    ledger.grant(customer, DEMO_CREDITS, operator=ctx.operator, skills=[DEMO_SPECIALIST], reason="specialists demo")
-    _progress(f"granted {DEMO_CREDITS} credits and the {DEMO_SPECIALIST} skill")
+    ledger.open_account(customer, operator=ctx.operator, reason="specialists demo")  # the demo's own new customer
+    issued = keys.issue_key(engine, signer, customer_id=customer, ttl=timedelta(days=1), label="specialists demo",
+                            require_customer=True)
+    _progress(f"added customer {customer} and issued it a demo key")
+    ledger.grant(customer, DEMO_CREDITS, operator=ctx.operator, skills=[DEMO_SPECIALIST], reason="specialists demo",
+                 require_customer=True)
+    _progress(f"granted {DEMO_CREDITS} credits and the {skill} skill")
     files = _demo_files()
     try:
         seen = asyncio.run(asyncio.wait_for(_delegate(base_url, issued.token, files, timeout_s), timeout_s))
@@ -182,29 +225,33 @@ def cmd_demo(ctx: Any, args: argparse.Namespace) -> int:
         "specialist": seen["metadata"].get("specialist", {}),
         "ledger": movements,
     }
-    if ctx.as_json:
-        emit_json(summary)
-    else:
-        emit(findings, as_json=False, columns=["path", "line", "severity", "message"], title="findings")
-        emit({k: v for k, v in summary["specialist"].items()}, as_json=False, title="the task's final metadata")
-        emit(movements, as_json=False, columns=["at", "kind", "job_id", "from_account", "to_account", "credits",
-                                                "reason"], title=f"ledger movements of {customer}")
+    problem = _verdict(seen, findings, movements)
+    if ctx.as_json:  # the verdict inside the one JSON document, nothing on stderr
+        emit_json(summary | ({"error": {"code": problem[0], "message": problem[1]}} if problem else {}))
+        return EXIT_REFUSED if problem else EXIT_OK
+    emit(findings, as_json=False, columns=["path", "line", "severity", "message"], title="findings")
+    emit({k: v for k, v in summary["specialist"].items()}, as_json=False, title="the task's final metadata")
+    emit(movements, as_json=False, columns=["at", "kind", "job_id", "from_account", "to_account", "credits",
+                                            "reason"], title=f"ledger movements of {customer}")
+    return fail(*problem, as_json=False) if problem else EXIT_OK
+
+
+def _verdict(seen: dict[str, Any], findings: list[dict[str, Any]], movements: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """What went wrong with the demo's review, as (code, message); None when it did what it shows."""
     if seen["state"] != "TASK_STATE_COMPLETED":
-        return fail("demo_task_not_completed", f"the review ended {seen['state']}: {seen['status_message']}",
-                    as_json=False)
+        return "demo_task_not_completed", f"the review ended {seen['state']}: {seen['status_message']}"
     if not any(f.get("path") == KNOWN_DEFECT for f in findings):
-        return fail("demo_defect_missed", f"the review did not report the known defect in {KNOWN_DEFECT}",
-                    as_json=False)
+        return "demo_defect_missed", f"the review did not report the known defect in {KNOWN_DEFECT}"
     if not any(m["kind"] == "settle" for m in movements):
-        return fail("demo_not_settled", "the task completed but no settlement is in the customer's journal",
-                    as_json=False)
-    return EXIT_OK
+        return "demo_not_settled", "the task completed but no settlement is in the customer's journal"
+    return None
 
 
 def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     """Add `usage` and `demo` to the `specialists` parser."""
     usage = groups.add_parser("usage", parents=[common], help="what rlm specialist runs used, per job")
-    usage.add_argument("--job", default=None, help="one job, with every model call it made")
+    usage.add_argument("--job", default=None,
+                       help="one job (<task id>.<n>) with every model call it made, or a task id: its jobs")
     usage.add_argument("--specialist", default=None, help="only this specialist's jobs")
     usage.add_argument("--limit", type=int, default=50, help="jobs listed, newest first (at most 1000)")
     usage.set_defaults(func=cmd_usage)

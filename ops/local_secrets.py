@@ -95,13 +95,25 @@ def with_local_secrets(settings: Settings, *, generate: bool) -> tuple[Settings,
     return settings.model_copy(update=sections), generated
 
 
+# What each secret is for, in the message that asks for it.
+PURPOSES = {
+    "key_signing_secrets": "signs customer keys",
+    "worker_job_secrets": "signs the jobs the dispatcher sends to workers",
+    "specialist_checkpoint_key": "signs the rlm specialists' checkpoints",
+}
+
+
 def require(settings: Settings, names: list[str]) -> None:
-    """Stop start-up when a secret that the started parts need is missing, naming its setting."""
-    for name in names:
-        if not current(settings, name):
-            how = (
-                "set it in the environment (with DATABASE_URL set, secrets are never generated)"
-                if not settings.database.embedded
-                else f"set it, or run `specialists serve` once to generate it into {secrets_path(settings)}"
-            )
-            raise SecretMissing(f"{GENERATED[name]} is not set; {how}")
+    """Stop start-up when secrets that the started parts need are missing, naming every missing setting at once
+    (one at a time, an operator found the next only by starting again)."""
+    missing = [name for name in names if not current(settings, name)]
+    if not missing:
+        return
+    how = (
+        "set them in the environment (with DATABASE_URL set, secrets are never generated)"
+        if not settings.database.embedded
+        else f"set them, or run `specialists serve` once to generate them into {secrets_path(settings)}"
+    )
+    listed = "; ".join(f"{GENERATED[name]} ({PURPOSES[name]})" for name in missing)
+    verb = "is" if len(missing) == 1 else "are"
+    raise SecretMissing(f"{listed} {verb} not set; {how}")

@@ -55,22 +55,33 @@ def _cell(value: Any) -> str:
         return "-"
     if isinstance(value, datetime):
         return value.strftime("%Y-%m-%d %H:%M:%S")
+    if isinstance(value, Mapping):  # a record inside a cell reads as "key value, ...", never as a Python dict
+        return ", ".join(f"{k} {_cell(v)}" for k, v in value.items()) or "-"
     if isinstance(value, (list, tuple, set)):
-        return ", ".join(str(v) for v in value) or "-"
+        return ("; " if any(isinstance(v, Mapping) for v in value) else ", ").join(_cell(v) for v in value) or "-"
     return str(value)
 
 
+def _is_id(column: str) -> bool:
+    return column in ("job_id", "task_id", "key_id", "customer_id", "call_id") or column.endswith("_id")
+
+
 def emit_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[str], *, title: str | None = None) -> None:
-    table = Table(title=title, show_lines=False)
-    for column in columns:
-        table.add_column(column)
-    count = 0
-    for row in rows:
-        table.add_row(*(_cell(row.get(column)) for column in columns))
-        count += 1
-    if count == 0:
+    """A table. Its title never wraps (the table is at least as wide), and an id column is never cut or
+    wrapped: an id is what an operator copies into the next command."""
+    cells = [[_cell(row.get(column)) for column in columns] for row in rows]
+    if not cells:
         _out.print(f"{title + ': ' if title else ''}nothing to show")
         return
+    table = Table(title=title, show_lines=False, min_width=len(title) + 4 if title else None)
+    for index, column in enumerate(columns):
+        if _is_id(column):
+            widest = max(len(column), *(len(row[index]) for row in cells))
+            table.add_column(column, no_wrap=True, min_width=widest, overflow="fold")
+        else:
+            table.add_column(column)
+    for row in cells:
+        table.add_row(*row)
     _out.print(table)
 
 
@@ -95,8 +106,10 @@ def progress(message: str) -> None:
 
 
 def fail(code: str, message: str, *, as_json: bool, exit_code: int = EXIT_REFUSED) -> int:
-    """Report an error on stderr (and as JSON on stdout for scripts); return the exit code."""
+    """Report an error: for people on stderr; for scripts (``--json``) as JSON on stdout and nothing else, so a
+    script reads one document and a wrapper that merges the streams sees it once. Return the exit code."""
     if as_json:
         emit_json({"error": {"code": code, "message": message}})
-    _err.print(f"[bold red]error[/] {escape(f'[{code}]')} {escape(message)}")
+    else:
+        _err.print(f"[bold red]error[/] {escape(f'[{code}]')} {escape(message)}")
     return exit_code

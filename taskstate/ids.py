@@ -53,6 +53,13 @@ def dispatch_id_of_sql(job_id: str) -> str:
     return f"CAST(substring({job_id} FROM '\\{SEPARATOR}([0-9]{{1,18}})$') AS bigint)"
 
 
+def task_id_of_sql(job_id: str) -> str:
+    """``task_id_of`` in SQL, over the job id expression ``job_id``: its part before the first dot (a task id, a
+    UUID, has none), the id itself when it has no dot. Migration 0220 indexes this expression over
+    ``specialist_runs`` (``specialist_runs_task``): keep the two the same."""
+    return f"split_part({job_id}, '{SEPARATOR}', 1)"
+
+
 @dataclass(frozen=True)
 class TaskRef:
     """Which A2A task a job serves, from the job's verified payload."""

@@ -57,6 +57,7 @@ OWNERS = {
     "ledger_reservations": "ledger/",
     "ledger_settlements": "ledger/",
     "ledger_journal": "ledger/",
+    "ledger_account_changes": "ledger/",
 }
 # Auditors read every table to check what the owners did, and never write: an audit that went through the
 # code it audits would trust it. The drill's scenarios and end-state audit are the service's auditors.

@@ -33,6 +33,7 @@ def run_json(env: dict[str, str], *args: str, expect: int = 0) -> dict:
 def test_grant_show_and_history_through_the_command(service_env):
     customer = new_customer("cli")
     key = f"invoice-{customer}"
+    assert run_json(service_env, "customers", "add", "--customer", customer)["outcome"] == "created"
     granted = run_json(
         service_env, "credits", "grant", "--customer", customer, "--credits", "120", "--skill", "review",
         "--expires-in-days", "30", "--max-parallel", "3", "--idempotency-key", key, "--reason", "order 17",
@@ -252,8 +253,8 @@ def test_verify_reads_the_database_its_setting_names(service_env, ledger, other_
 
     broken = run_json(env, "ledger", "verify", "--customer", other_database["broken"], expect=1)
     assert [v["subject"] for v in broken["violations"]] == [f"lot {other_database['lot']} of {other_database['broken']}"]
-    absent = run_json(env, "ledger", "verify", "--customer", primary_customer)
-    assert (absent["clean"], absent["customers"], absent["totals"]) == (True, 0, {})
+    absent = run_json(env, "ledger", "verify", "--customer", primary_customer, expect=1)  # not in the replica
+    assert absent["error"]["code"] == "customer_not_found" and other_database["url"] in absent["error"]["message"]
     assert run_json(service_env, "ledger", "verify", "--customer", primary_customer)["customers"] == 1
 
 
@@ -262,5 +263,6 @@ def test_a_bad_or_unreachable_verify_database_names_its_setting(service_env):
     assert invalid.returncode == 3 and "SPECIALISTS_LEDGER_VERIFY_DATABASE_URL" in invalid.stderr
     unreachable = run(service_env | {"SPECIALISTS_LEDGER_VERIFY_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/x"},
                       "ledger", "verify", "--json")
-    assert unreachable.returncode == 4 and "SPECIALISTS_LEDGER_VERIFY_DATABASE_URL" in unreachable.stderr
-    assert json.loads(unreachable.stdout)["error"]["code"] == "database_unavailable"
+    assert unreachable.returncode == 4 and unreachable.stderr == ""  # with --json, the error is the JSON alone
+    error = json.loads(unreachable.stdout)["error"]
+    assert error["code"] == "database_unavailable" and "SPECIALISTS_LEDGER_VERIFY_DATABASE_URL" in error["message"]

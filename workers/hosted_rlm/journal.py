@@ -32,7 +32,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, text
 
 from core.specs import PricingSpec
-from taskstate import charge, claims
+from taskstate import charge, claims, ids
 from rlmfamily.kernels.base import StepResult
 from rlmfamily.kernels.checkpoints import Checkpoint
 from rlmfamily.providers.base import Completion, ToolCall, Usage
@@ -450,8 +450,8 @@ class Journal:
 
 MAX_ROWS = 1000
 
-_JOBS = text(
-    """
+# One row per run with its calls' totals; ``{runs}`` is the condition that picks the runs.
+_JOBS_TEMPLATE = """
     SELECT r.job_id, r.specialist_id, r.route, r.state, r.outcome, r.stop_reason, r.resumes, r.turns,
            r.semantic_calls_used, r.semantic_calls_charged, r.pricing, r.tariff_credits, r.credits_to_settle,
            r.started_at, r.ended_at,
@@ -467,12 +467,15 @@ _JOBS = text(
                                     OR (c.state = 'completed' AND c.cost_usd IS NULL)) AS calls_with_unknown_cost
       FROM specialist_runs r LEFT JOIN specialist_calls c ON c.job_id = r.job_id
      WHERE (CAST(:sp AS text) IS NULL OR r.specialist_id = :sp)
-       AND (CAST(:job AS text) IS NULL OR r.job_id = :job)
+       AND {runs}
      GROUP BY r.job_id
      ORDER BY r.started_at DESC, r.job_id
      LIMIT :n
     """
-)
+_JOBS = text(_JOBS_TEMPLATE.format(runs="(CAST(:job AS text) IS NULL OR r.job_id = :job)"))
+# The runs of one task: its jobs (`<task id>.<dispatch id>`) through the index of that expression
+# (specialist_runs_task, migration 0220).
+_TASK_JOBS = text(_JOBS_TEMPLATE.format(runs=f"{ids.task_id_of_sql('r.job_id')} = :task"))
 
 _CALLS = text(
     """
@@ -489,6 +492,12 @@ def usage_by_job(conn: Connection, *, specialist_id: str | None = None, job_id: 
     rows = conn.execute(
         _JOBS, {"sp": specialist_id, "job": job_id, "n": max(1, min(limit, MAX_ROWS))}
     ).mappings()
+    return [{**row, "cost_usd": float(row["cost_usd"])} for row in rows]
+
+
+def usage_by_task(conn: Connection, task_id: str, *, limit: int = 50) -> list[dict[str, Any]]:
+    """One row per rlm job of the task ``task_id`` (an A2A task's id), newest first."""
+    rows = conn.execute(_TASK_JOBS, {"sp": None, "task": task_id, "n": max(1, min(limit, MAX_ROWS))}).mappings()
     return [{**row, "cost_usd": float(row["cost_usd"])} for row in rows]
 
 
