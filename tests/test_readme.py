@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -36,3 +42,94 @@ def test_the_offline_rlm_demo_in_the_readme_answers(tmp_path):
     assert "tried 5 times" in outputs[0]
     assert "turn 1" in outputs[1]
     assert "calls" in outputs[2]
+
+
+def _local_operator_block() -> list[str]:
+    """The README's block of operator commands for one machine: the one that issues a key."""
+    [block] = [b for b in README.split("```")[1::2] if "keys issue" in b]
+    return [line for line in block.strip().splitlines() if line.startswith("./dev specialists ")]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.slow
+def test_the_readme_operator_commands_work_as_written_beside_the_local_service(tmp_path):
+    """As on a developer's machine: `./dev serve` with DATABASE_URL unset (the embedded database, secrets it
+    generates), and the README's commands in another terminal, with nothing exported. The key they issue is
+    one the running service accepts; one signed with an exported secret (what the README once showed) is not."""
+    from tests import embedded_pg, http_calls
+    from tests.app.conftest import free_port
+
+    data_dir = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("SPECIALISTS_") and k not in ("DATABASE_URL", "TEST_DATABASE_URL")}
+    env["SPECIALISTS_DATA_DIR"] = str(data_dir)  # `.data` in the checkout: here a folder of the test's own
+    port = free_port()
+    log_path = tmp_path / "serve.log"
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "ops.cli", "serve", "--port", str(port), "--worker-port", str(free_port())],
+        env=env | {"SPECIALISTS_SERVE_CHILD_START_TIMEOUT_S": "240"}, cwd=ROOT, stdout=log_path.open("wb"),
+        stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+
+    def specialists(*args: str, stdin: str | None = None, extra: dict[str, str] | None = None):
+        return subprocess.run([sys.executable, "-m", "ops.cli", *args], env=env | (extra or {}), cwd=tmp_path,
+                              input=stdin, capture_output=True, text=True, timeout=120)
+
+    def accepted(token: str) -> bool:
+        answer = http_calls.post(
+            f"{base}/specialists/conformance/message:send",
+            json={"message": {"messageId": f"tck-complete-task-{uuid.uuid4()}", "role": "ROLE_USER",
+                              "parts": [{"text": "hi"}]}},
+            headers={"Authorization": f"Bearer {token}", "A2A-Version": "1.0"}, timeout=60)
+        return answer.status_code == 200 and answer.json()["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+
+    try:
+        deadline = time.monotonic() + 240
+        while not _answers(f"{base}/readyz"):
+            assert serve.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, "serve was not ready:\n" + log_path.read_text()
+            time.sleep(0.1)
+        key_id = None
+        for line in _local_operator_block():
+            args = shlex.split(line, comments=True)[2:]
+            stdin = None
+            if "<" in args:  # `... < key.txt`: the file on standard input
+                at = args.index("<")
+                stdin, args = (tmp_path / args[at + 1]).read_text(), args[:at]
+            args = [key_id if arg == "KEY_ID" else arg for arg in args]
+            done = specialists(*args, stdin=stdin)
+            assert done.returncode == 0, (line, done.stdout, done.stderr)
+            if args[:2] == ["keys", "issue"]:
+                token = done.stdout.strip().splitlines()[-1]  # shown once, last
+                (tmp_path / "key.txt").write_text(token + "\n")
+                key_id = re.search(r"key_[0-9a-f]{16}", done.stdout).group(0)
+                assert accepted(token), "the running service refused the key the README's command issued"
+                exported = specialists(*args, "--json", extra={"SPECIALISTS_KEY_SIGNING_SECRETS": "s" * 48})
+                assert not accepted(json.loads(exported.stdout)["key"])  # the old README's way: refused
+    finally:
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGINT)
+            try:
+                serve.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(serve.pid, signal.SIGKILL)
+                serve.wait()
+        embedded_pg.clean_up(data_dir)  # the embedded server outlives `serve` on purpose; not the test's
+
+
+def _answers(url: str) -> bool:
+    import httpx
+
+    from tests import http_calls
+
+    try:
+        return http_calls.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_the_readme_names_every_secret_serve_needs():
+    from ops import local_secrets
+
+    table = README.split("## Settings", 1)[1]
+    assert all(f"| `{variable}` |" in table for variable in local_secrets.GENERATED.values())

@@ -132,6 +132,8 @@ def test_a_key_and_credits_the_drill_job_gives_from_its_environment_are_honoured
     # with the database and the key-signing secrets and environment the job is given.
     env = terraform_environment(tf, JOB, "drill", deploy_database)
     customer = f"drill-deploy-{uuid.uuid4().hex[:8]}"
+    added = run_command(["customers", "add", "--customer", customer, "--reason", "deploy test"], env)
+    assert added.returncode == 0, added.stderr
     issued = run_command(["keys", "issue", "--customer", customer, "--ttl-days", "1", "--json"], env)
     assert issued.returncode == 0, issued.stderr
     granted = run_command(["credits", "grant", "--customer", customer, "--credits", "7", "--reason", "deploy test"], env)

@@ -46,11 +46,13 @@ def hosted(server_url, engine, tmp_path_factory):
 def test_a_local_rlm_root_delegates_a_review_to_the_hosted_service_and_is_charged_once(hosted, tmp_path, binding):
     base, env = hosted
     customer = f"rlm-user-{binding.lower().replace('+', '-')}"
+    added = specialists(env, "customers", "add", "--customer", customer, "--json")
+    assert added.returncode == 0, added.stdout + added.stderr
     issued = specialists(env, "keys", "issue", "--customer", customer, "--json")
-    assert issued.returncode == 0, issued.stderr
+    assert issued.returncode == 0, issued.stdout + issued.stderr
     key = json.loads(issued.stdout)["key"]
     granted = specialists(env, "credits", "grant", "--customer", customer, "--credits", "100",
-                          "--skill", "reviewer", "--json")  # the entitlement is the specialist id
+                          "--skill", "review", "--json")  # the skill on the reviewer's card, as the peer names it
     assert granted.returncode == 0, granted.stdout + granted.stderr
 
     peers = tmp_path / "peers.toml"

@@ -150,6 +150,7 @@ def run_cli(env, *args, stdin: str | None = None):
 
 def test_the_operator_command_issues_lists_verifies_and_revokes_keys(service_env):
     cust = customer()
+    assert run_cli(service_env, "customers", "add", "--customer", cust).returncode == 0  # a key needs its customer
     issued = run_cli(service_env, "keys", "issue", "--customer", cust, "--tier", "gold", "--json")
     assert issued.returncode == 0, issued.stderr
     record = json.loads(issued.stdout)

@@ -71,6 +71,16 @@ def test_serve_in_production_never_generates_secrets_and_names_the_missing_one(d
     assert "never generated" in done.stderr
 
 
+def test_serve_in_production_names_every_missing_secret_in_one_message(database_url):
+    env = edge_env(database_url, PROJECT_ROOT / "specs", serve_worker="true", serve_dispatcher="true")
+    del env["SPECIALISTS_KEY_SIGNING_SECRETS"]  # and no job secret, no checkpoint key: the shipped rlm specs need it
+    done = specialists(env, "serve", "--port", str(free_port()))
+    assert done.returncode == 3
+    [line] = [line for line in done.stderr.splitlines() if "secret_missing" in line]  # one message, not three runs
+    assert all(variable in line for variable in local_secrets.GENERATED.values()), line
+    assert "never generated" in line
+
+
 def test_serve_gives_up_on_a_worker_that_does_not_answer_in_time_and_names_the_setting(database_url, specs_dir):
     env = edge_env(database_url, specs_dir, serve_worker="true", worker_job_secrets=WORKER_SECRET,
                    worker_port=str(free_port()), serve_child_start_timeout_s="0.001", worker_drain_s="1")

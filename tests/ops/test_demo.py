@@ -12,6 +12,7 @@ import pytest
 from core.settings import PROJECT_ROOT
 from tests.app.conftest import edge_env, free_port
 from tests.serve import running_service
+from tests.workers.system import drop_database, fresh_database
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
@@ -52,11 +53,19 @@ def test_the_demo_reviews_the_example_project_through_the_running_service(server
     assert "not ready" in log_path.read_text()
 
 
-def test_the_demo_fails_with_a_reason_when_no_service_answers(database_url, tmp_path):
-    env = edge_env(database_url, PROJECT_ROOT / "specs")
-    done = specialists(env, "demo", "--url", f"http://127.0.0.1:{free_port()}")
-    assert done.returncode == 1
-    assert "demo_failed" in done.stderr and "is `specialists serve` running?" in done.stderr
+def test_the_demo_checks_the_service_first_and_grants_nothing_when_none_answers(server_url, engine):
+    engine.dispose()  # the session engine's idle connections back to a server that allows 100
+    url = fresh_database(server_url)  # of its own: nobody else adds customers to it
+    try:
+        env = edge_env(url, PROJECT_ROOT / "specs")
+        done = specialists(env, "demo", "--url", f"http://127.0.0.1:{free_port()}")
+        assert done.returncode == 1
+        assert "demo_failed" in done.stderr and "is `specialists serve` running?" in done.stderr
+        assert "Nothing was granted" in done.stderr
+        listed = json.loads(specialists(env, "customers", "list", "--json").stdout)
+        assert listed["customers"] == []  # no demo customer, no key, no credit
+    finally:
+        drop_database(server_url, url)
 
 
 def test_the_readme_shows_the_demo_right_after_the_run_and_test_commands():
