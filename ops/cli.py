@@ -30,6 +30,7 @@ from ledger import keys
 from ledger.client import Ledger
 from ledger.errors import LedgerInputInvalid
 from ops import local_secrets, output
+from ops.flags import GlobalFlags, JsonFlag, OperatorFlag, Parser, UsageError
 from ops.output import EXIT_CONFIG, EXIT_DATABASE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit, fail, say
 
 
@@ -456,66 +457,14 @@ def cmd_dispatcher(ctx: Ctx, args: argparse.Namespace) -> int:
 # --- wiring -----------------------------------------------------------------
 
 
-class GlobalFlags:
-    """``--json`` and ``--operator``, wherever they are given: before the command, after it, or both.
-
-    argparse copies a subcommand's defaults over what the level above parsed, so a flag given before the
-    command was silently lost (``specialists --json keys issue`` printed a table). These flags set nothing on
-    the namespace; every occurrence is collected here instead, and two different operators are refused."""
-
-    def __init__(self) -> None:
-        self.json = False
-        self.operators: list[str] = []
-
-    def operator(self) -> str | None:
-        named = list(dict.fromkeys(self.operators))
-        if len(named) > 1:
-            raise UsageError(f"--operator is given twice ({', '.join(named)}); give it once, before or after the command")
-        return named[0] if named else None
-
-
-class _FlagAction(argparse.Action):
-    def __init__(self, option_strings: list[str], dest: str, *, flags: GlobalFlags, **kwargs: object) -> None:
-        self.flags = flags
-        super().__init__(option_strings, dest, default=argparse.SUPPRESS, **kwargs)  # type: ignore[arg-type]
-
-
-class _JsonFlag(_FlagAction):
-    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
-        super().__init__(option_strings, dest, nargs=0, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        self.flags.json = True
-
-
-class _OperatorFlag(_FlagAction):
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        self.flags.operators.append(str(values))
-
-
-class UsageError(Exception):
-    """Bad arguments (exit 2): raised by the parser instead of printing and exiting, so that ``--json`` gets
-    its error as JSON on stdout too."""
-
-    def __init__(self, message: str, parser: argparse.ArgumentParser | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.parser = parser
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
-        raise UsageError(message, self)
-
-
 def build_parser(flags: GlobalFlags | None = None) -> argparse.ArgumentParser:
     flags = flags or GlobalFlags()
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action=_JsonFlag, flags=flags, help="print JSON for scripts instead of tables")
-    common.add_argument("--operator", action=_OperatorFlag, flags=flags,
+    common.add_argument("--json", action=JsonFlag, flags=flags, help="print JSON for scripts instead of tables")
+    common.add_argument("--operator", action=OperatorFlag, flags=flags,
                         help="who is acting, for audit records (default: OS user)")
 
-    parser = _Parser(prog="specialists", description=__doc__.splitlines()[0], parents=[common])
+    parser = Parser(prog="specialists", description=__doc__.splitlines()[0], parents=[common])
     groups = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
 
     serve = groups.add_parser(
@@ -595,11 +544,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _usage_error(problem: UsageError, *, as_json: bool) -> int:
-    if as_json:
-        return fail("usage_error", problem.message, as_json=True, exit_code=EXIT_USAGE)
-    if problem.parser is not None:
+    if not as_json and problem.parser is not None:
         problem.parser.print_usage(sys.stderr)
-    return fail("usage_error", problem.message, as_json=False, exit_code=EXIT_USAGE)
+    return fail("usage_error", problem.message, as_json=as_json, exit_code=EXIT_USAGE)
 
 
 def _main(argv: list[str] | None) -> int:

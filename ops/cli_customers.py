@@ -12,15 +12,15 @@ import argparse
 from dataclasses import asdict
 
 from ops import output
-from ops.cli_ledger import _handler, _ledger, _positive_int
+from ops.cli_ledger import handler, ledger_of, positive_int
 from ops.output import EXIT_OK, emit, say
 
 _CUSTOMER_COLUMNS = ["customer_id", "created_at", "max_parallel", "open_reservations", "held", "available", "spent"]
 
 
-@_handler
+@handler
 def cmd_customers_add(ctx, args: argparse.Namespace) -> int:
-    result = _ledger(ctx).open_account(args.customer, operator=ctx.operator, max_parallel=args.max_parallel,
+    result = ledger_of(ctx).open_account(args.customer, operator=ctx.operator, max_parallel=args.max_parallel,
                                        reason=args.reason)
     emit(
         asdict(result),
@@ -30,9 +30,9 @@ def cmd_customers_add(ctx, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@_handler
+@handler
 def cmd_customers_list(ctx, args: argparse.Namespace) -> int:
-    page = _ledger(ctx).customers(after=args.after, limit=args.limit)
+    page = ledger_of(ctx).customers(after=args.after, limit=args.limit)
     rows = [asdict(c) for c in page.customers]
     if ctx.as_json:
         output.emit_json({"customers": rows, "next_after": page.next_after})
@@ -43,9 +43,9 @@ def cmd_customers_list(ctx, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@_handler
+@handler
 def cmd_customers_set(ctx, args: argparse.Namespace) -> int:
-    ledger = _ledger(ctx)
+    ledger = ledger_of(ctx)
     result = ledger.set_max_parallel(ledger.require_customer(args.customer), args.max_parallel,
                                      operator=ctx.operator, reason=args.reason)
     emit(
@@ -69,7 +69,7 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
     add.set_defaults(func=cmd_customers_add)
 
     lst = customers.add_parser("list", parents=[common], help="customers in id order, with their balances")
-    lst.add_argument("--limit", type=_positive_int, default=100)
+    lst.add_argument("--limit", type=positive_int, default=100)
     lst.add_argument("--after", metavar="CUSTOMER", default=None,
                      help="the page after this id: the one printed under the previous page")
     lst.set_defaults(func=cmd_customers_list)

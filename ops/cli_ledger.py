@@ -30,12 +30,12 @@ from ops.output import EXIT_DATABASE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit, f
 Handler = Callable[[Any, argparse.Namespace], int]
 
 
-def _ledger(ctx) -> Ledger:
+def ledger_of(ctx) -> Ledger:
     # Invalid ledger settings stopped the command before it got here (exit 3, naming the variable).
     return Ledger(ctx.engine_at_head(), ctx.settings.ledger)
 
 
-def _handler(func: Handler) -> Handler:
+def handler(func: Handler) -> Handler:
     """Bad input (a malformed value, a skill no card publishes) is a usage error (exit 2)."""
 
     @wraps(func)
@@ -72,7 +72,7 @@ def _instant(value: str) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
-def _positive_int(value: str) -> int:
+def positive_int(value: str) -> int:
     try:
         number = int(value)
     except ValueError:
@@ -92,11 +92,11 @@ def _whole(value: str) -> int:
 # --- credits ----------------------------------------------------------------
 
 
-@_handler
+@handler
 def cmd_credits_grant(ctx, args: argparse.Namespace) -> int:
     catalogue = skills(ctx)
     specialists = [catalogue.specialist_of(skill) for skill in args.skill or ()]  # refused before anything moves
-    result = _ledger(ctx).grant(
+    result = ledger_of(ctx).grant(
         args.customer,
         args.credits,
         operator=ctx.operator,
@@ -130,9 +130,9 @@ def _reservation_row(row: dict[str, Any]) -> dict[str, Any]:
     return row | {"specialist": row.get("skill")}
 
 
-@_handler
+@handler
 def cmd_credits_show(ctx, args: argparse.Namespace) -> int:
-    ledger = _ledger(ctx)
+    ledger = ledger_of(ctx)
     view = ledger.account(ledger.require_customer(args.customer))
     if view is None:
         return fail(
@@ -173,9 +173,9 @@ def cmd_credits_show(ctx, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@_handler
+@handler
 def cmd_credits_history(ctx, args: argparse.Namespace) -> int:
-    ledger = _ledger(ctx)
+    ledger = ledger_of(ctx)
     lines = ledger.history(ledger.require_customer(args.customer), limit=args.limit)
     emit(
         [asdict(line) for line in lines],
@@ -186,9 +186,9 @@ def cmd_credits_history(ctx, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@_handler
+@handler
 def cmd_credits_adjust(ctx, args: argparse.Namespace) -> int:
-    ledger = _ledger(ctx)
+    ledger = ledger_of(ctx)
     result = ledger.adjust(ledger.require_customer(args.customer), args.credits, args.reason, ctx.operator)
     if ctx.as_json:
         output.emit_json(asdict(result))
@@ -202,12 +202,12 @@ def cmd_credits_adjust(ctx, args: argparse.Namespace) -> int:
 # --- reservations and reconcile ------------------------------------------------
 
 
-@_handler
+@handler
 def cmd_reservations_list(ctx, args: argparse.Namespace) -> int:
     states: tuple[str, ...] | None = None
     if args.unknown or args.open:
         states = (("unknown",) if args.unknown else ()) + (("open",) if args.open else ())
-    ledger = _ledger(ctx)
+    ledger = ledger_of(ctx)
     if args.customer is not None:
         ledger.require_customer(args.customer)  # a typo is an error, never "nothing to show"
     page = ledger.reservation_page(customer_id=args.customer, states=states, limit=args.limit, before=args.before)
@@ -227,18 +227,18 @@ def cmd_reservations_list(ctx, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@_handler
+@handler
 def cmd_reservations_show(ctx, args: argparse.Namespace) -> int:
-    found = _ledger(ctx).reservation(args.job_id)
+    found = ledger_of(ctx).reservation(args.job_id)
     if found is None:
         return fail("reservation_not_found", f"no reservation for job {args.job_id}", as_json=ctx.as_json)
     emit(asdict(found), as_json=ctx.as_json, title=f"reservation {args.job_id}")
     return EXIT_OK
 
 
-@_handler
+@handler
 def cmd_reservations_mark_unknown(ctx, args: argparse.Namespace) -> int:
-    result = _ledger(ctx).mark_unknown(args.job_id, args.reason, ctx.operator)
+    result = ledger_of(ctx).mark_unknown(args.job_id, args.reason, ctx.operator)
     emit(
         asdict(result),
         as_json=ctx.as_json,
@@ -247,13 +247,13 @@ def cmd_reservations_mark_unknown(ctx, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-@_handler
+@handler
 def cmd_reconcile(ctx, args: argparse.Namespace) -> int:
     """The ledger's reconcile; for an A2A task also its unknown job's claim and the task's final state,
     all in one transaction (workers.reconcile)."""
     from workers.reconcile import ReconcileRefused, reconcile
 
-    ledger = _ledger(ctx)
+    ledger = ledger_of(ctx)
     try:
         result = reconcile(
             ledger.engine,
@@ -311,7 +311,7 @@ def _role(audit: Audit) -> str:
     return f"standby, replayed to {audit.replayed_at:%Y-%m-%d %H:%M:%S}" if audit.replayed_at else "standby"
 
 
-@_handler
+@handler
 def cmd_ledger_verify(ctx, args: argparse.Namespace) -> int:
     source = _verify_source(ctx)
     started = time.monotonic()
@@ -372,9 +372,9 @@ def _emit_audit(ctx, customer: str | None, source: _VerifySource, audit: Audit, 
     say(f"read {audit.customers:,} customer(s) from {source.url} ({_role(audit)}) in {seconds:.1f} s")
 
 
-@_handler
+@handler
 def cmd_ledger_expire(ctx, args: argparse.Namespace) -> int:
-    moved = _ledger(ctx).expire(max_lots=args.max_lots)
+    moved = ledger_of(ctx).expire(max_lots=args.max_lots)
     emit(
         [asdict(lot) for lot in moved],
         as_json=ctx.as_json,
@@ -399,7 +399,7 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
                        help="entitle the skill a specialist's Agent Card publishes, e.g. review (repeat for several)")
     expiry = grant.add_mutually_exclusive_group()
     expiry.add_argument("--expires-at", type=_instant, help="when this lot expires (ISO 8601; UTC if no zone)")
-    expiry.add_argument("--expires-in-days", type=_positive_int, help="this lot expires this many days from now")
+    expiry.add_argument("--expires-in-days", type=positive_int, help="this lot expires this many days from now")
     grant.add_argument("--skill-expires-at", type=_instant, help="when these skill entitlements expire (default: never)")
     grant.add_argument("--max-parallel", type=int,
                        help="the customer's cap on tasks at once from now on, 1 or more (also: `customers set`)")
@@ -414,7 +414,7 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
 
     history = credits.add_parser("history", parents=[common], help="the customer's journal, newest first")
     history.add_argument("--customer", required=True)
-    history.add_argument("--limit", type=_positive_int, default=50)
+    history.add_argument("--limit", type=positive_int, default=50)
     history.set_defaults(func=cmd_credits_history)
 
     adjust = credits.add_parser("adjust", parents=[common], help="an operator correction (+ adds, - removes)")
@@ -432,7 +432,7 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
     lst.add_argument("--customer", default=None)
     lst.add_argument("--unknown", action="store_true", help="only those whose outcome is unknown (to reconcile)")
     lst.add_argument("--open", action="store_true", help="only open ones")
-    lst.add_argument("--limit", type=_positive_int, default=100)
+    lst.add_argument("--limit", type=positive_int, default=100)
     lst.add_argument("--before", metavar="CURSOR", default=None,
                      help="the page of older reservations: the cursor printed under the previous page")
     lst.set_defaults(func=cmd_reservations_list)
@@ -473,5 +473,5 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
     verify.add_argument("--customer", default=None, help="only this customer (reads only its rows)")
     verify.set_defaults(func=cmd_ledger_verify)
     expire = ledger.add_parser("expire", parents=[common], help="move expired, unreserved credits to breakage now")
-    expire.add_argument("--max-lots", type=_positive_int, default=None)
+    expire.add_argument("--max-lots", type=positive_int, default=None)
     expire.set_defaults(func=cmd_ledger_expire)

@@ -9,6 +9,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -59,10 +60,15 @@ def test_the_readme_operator_commands_work_as_written_beside_the_local_service(t
     from tests import embedded_pg, http_calls
     from tests.app.conftest import free_port
 
-    data_dir = tmp_path / "data"
+    # `.data` in a checkout; here a folder the embedded server's system user can reach (pytest's are root's
+    # alone), laid out as the test run's own server folder, so a run killed mid-test has it swept like that one.
+    data_dir = Path(tempfile.mkdtemp(prefix=embedded_pg.PREFIX))
+    (data_dir / embedded_pg.OWNER_FILE).write_text(
+        json.dumps({"pid": os.getpid(), "token": os.environ.get(embedded_pg.RUN_TOKEN_ENV, "")}))
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("SPECIALISTS_") and k not in ("DATABASE_URL", "TEST_DATABASE_URL")}
-    env["SPECIALISTS_DATA_DIR"] = str(data_dir)  # `.data` in the checkout: here a folder of the test's own
+           if (not k.startswith("SPECIALISTS_") or k == embedded_pg.RUN_TOKEN_ENV)
+           and k not in ("DATABASE_URL", "TEST_DATABASE_URL")}
+    env["SPECIALISTS_DATA_DIR"] = str(data_dir)
     port = free_port()
     log_path = tmp_path / "serve.log"
     serve = subprocess.Popen(
@@ -114,7 +120,7 @@ def test_the_readme_operator_commands_work_as_written_beside_the_local_service(t
             except subprocess.TimeoutExpired:
                 os.killpg(serve.pid, signal.SIGKILL)
                 serve.wait()
-        embedded_pg.clean_up(data_dir)  # the embedded server outlives `serve` on purpose; not the test's
+        embedded_pg.clean_up(data_dir)  # the embedded server outlives `serve` on purpose, not the test
 
 
 def _answers(url: str) -> bool:
