@@ -180,18 +180,17 @@ def _operator(operator: str) -> str:
 
 
 def _max_parallel(value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= SCHEMA_MAX_PARALLEL:
-        zero = (
-            ": 0 would refuse every task of the customer as if it were busy; to stop a customer, revoke its keys "
-            "(`specialists keys revoke`)"
-            if value == 0 and not isinstance(value, bool)
-            else ""
-        )
-        raise _invalid(
-            f"max_parallel (--max-parallel) is the customer's cap on tasks at once, a whole number from 1 to "
-            f"{SCHEMA_MAX_PARALLEL}; got {value!r}{zero}"
-        )
-    return value
+    if not isinstance(value, bool) and isinstance(value, int) and 1 <= value <= SCHEMA_MAX_PARALLEL:
+        return value
+    # 0 once meant "paused", but the customer was told it was busy and to retry: what stops a customer is its keys.
+    zero = (
+        ": 0 would refuse every task as if the customer were busy; to stop a customer, revoke its keys "
+        "(`specialists keys revoke`)"
+    ) if value == 0 and value is not False else ""
+    raise _invalid(
+        f"max_parallel (--max-parallel) is the customer's cap on tasks at once, a whole number from 1 to "
+        f"{SCHEMA_MAX_PARALLEL}; got {value!r}{zero}"
+    )
 
 
 def _aware(value: datetime | None, what: str) -> datetime | None:
