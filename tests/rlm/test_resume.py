@@ -50,14 +50,15 @@ class Interrupted:
     """A root run started with ``rlm run`` and killed while its second sub-call was in flight."""
 
     def __init__(self, tmp_path: Path, kernel: str, first_step: str = "x = 41\nprint('x is set')",
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, steps: tuple[str, str] = (ASK_TWO, ANSWER),
+                 children: list[dict[str, Any]] | None = None) -> None:
         self.tmp = tmp_path
         self.data = tmp_path / "data"
         self.doc = tmp_path / "notes.txt"
         self.doc.write_text("the notes say nothing much\n")
         self.script = tmp_path / "script.json"
-        self.script.write_text(json.dumps({"root": [{"code": first_step}, {"code": ASK_TWO}, {"code": ANSWER}],
-                                           "subcall": RULES}))
+        self.script.write_text(json.dumps({"root": [{"code": code} for code in (first_step, *steps)],
+                                           "subcall": RULES, "child": children or []}))
         self.kernel = kernel
         self.env = env or {}
         self.proc = self._start()
@@ -75,7 +76,7 @@ class Interrupted:
 
     @property
     def trajectory(self) -> Path:
-        [path] = (self.data / "runs").glob(f"*/{FILENAME}")
+        [path] = [p for p in (self.data / "runs").glob(f"*/{FILENAME}") if "." not in p.parent.name]  # the root's
         return path
 
     def wait_for_the_held_subcall(self) -> None:
@@ -244,3 +245,28 @@ def test_the_first_root_call_after_a_resume_sends_what_the_run_would_have_sent(i
     assert result.answer == "ONE TWO 42"
     assert len(resumed.root_requests) == 1
     assert _timeless(resumed.root_requests[0]) == _timeless(reference.root_requests[2])
+
+
+def test_a_child_that_ended_before_the_kill_is_kept_not_started_again(interrupted) -> None:
+    run = interrupted(
+        "monty", first_step="h = rlm.run('audit the notes')\nx = 41\nprint(h)",
+        steps=("r = h.wait(30)\nprint(r['answer'])\nb = llm_query('second question')\nprint(b.text)",
+               "final_answer(r['answer'] + ' ' + b.text + ' ' + str(x + 1))"),
+        children=[{"pattern": "audit", "root": [{"code": "final_answer('audited')"}]}])
+    run.wait_for_the_held_subcall()
+    run.kill()
+    run.release()
+
+    resumed = run.resume("--json")
+
+    assert resumed.returncode == 0, resumed.stderr
+    result = json.loads(resumed.stdout)
+    assert result["answer"] == "audited TWO 42"
+    [child] = result["extra"]["children"]
+    assert child["state"] == "completed" and child["answer"] == "audited"
+    events = read_trajectory(run.trajectory)
+    assert [e["event"] for e in events].count("child_started") == 1
+    assert [e["id"] for e in events if e["event"] == "child_finished"] == [child["id"]]
+    [resume_event] = [e for e in events if e["event"] == "run_resumed"]
+    assert resume_event["children"] == [{"run_id": child["id"], "agent_id": child["agent"], "state": "completed",
+                                         "outcome": "recovered"}]

@@ -22,7 +22,7 @@ from rlmfamily.family.errors import FamilyArgumentInvalid
 from rlmfamily.family.inbox import Inbox
 from rlmfamily.family.spec import build_spec
 from rlmfamily.family.store import FamilyStore, RunRecord
-from rlmfamily.trajectory import PREVIEW_CHARS
+from rlmfamily.trajectory import PREVIEW_CHARS, read_trajectory
 
 WAIT_SHARE = 0.9  # of host_call_timeout_s: a wait returns before its host call would be cut off
 
@@ -129,7 +129,10 @@ class FamilyExtension:
         self.family = Family(settings, info.root_id, store=self.store)
         self.inbox = Inbox(self.store, settings, info.root_id, info.agent_id)
         self.wait_cap_s = settings.host_call_timeout_s * WAIT_SHARE
-        self._reported: set[str] = set()
+        # A resumed root (rlm resume) appends to its trajectory: a child it reported before the crash stays reported.
+        # A new run's trajectory is still empty here.
+        self._reported: set[str] = {e["id"] for e in read_trajectory(info.trajectory.path)
+                                    if e["event"] == "child_finished" and "id" in e}
         self._reported_lock = threading.Lock()  # host calls may overlap (an abandoned wait, a batch)
         agent = self.store.agent(info.agent_id)
         depth = agent.depth if agent is not None else 0
