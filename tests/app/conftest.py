@@ -163,6 +163,7 @@ WHOLE_SYSTEM = dict(
     serve_worker="true",
     serve_dispatcher="true",
     worker_job_secrets="edge-tests-worker-secret-" + "w" * 40,
+    specialist_checkpoint_key="edge-tests-checkpoint-key-" + "k" * 40,  # serve refuses a worker with rlm specs without
     worker_lease_s="3",
     worker_heartbeat_s="0.5",
     worker_cancel_grace_s="1",

@@ -58,6 +58,7 @@ def test_serve_gives_port_to_the_edge_and_keeps_its_own_worker_on_the_workers_se
         SPECIALISTS_WORKER_PORT=str(worker_port),
         SPECIALISTS_KEY_SIGNING_SECRETS=TEST_SECRET,
         SPECIALISTS_WORKER_JOB_SECRETS=WORKER_SECRET,
+        SPECIALISTS_SPECIALIST_CHECKPOINT_KEY="entrypoint-test-checkpoint-key-" + "k" * 40,
         SPECIALISTS_SERVE_WORKER="true",
         SPECIALISTS_SERVE_DISPATCHER="true",
         SPECIALISTS_WORKER_DRAIN_S="1",
