@@ -117,7 +117,8 @@ def _carriers(token: str) -> list[int]:
 
 
 def clean_up(folder: Path) -> list[str]:
-    """Stop what a dead run left in ``folder`` and remove it; what was done, one line each."""
+    """Stop what a dead run left in ``folder`` and remove it; what was done, one line each. Every process that
+    carries the run's token is killed: never call it for a folder of a run still going (its own workers)."""
     done = []
     _, token = _owners(folder)
     if token is not None:
@@ -127,6 +128,12 @@ def clean_up(folder: Path) -> list[str]:
                 done.append(f"killed process {pid} of that run")
             except ProcessLookupError:
                 pass
+    return done + stop_server(folder)
+
+
+def stop_server(folder: Path) -> list[str]:
+    """Stop the embedded PostgreSQL in ``folder`` and remove the folder, leaving every other process alone."""
+    done = []
     for pid in _postmasters(folder):
         _stop(pid)
         done.append(f"stopped its embedded PostgreSQL (pid {pid})")

@@ -125,3 +125,22 @@ def test_the_suite_under_load_runs_beside_two_burners_and_stops_them(capfd):
     pids = [int(p) for p in started.split("(pids ")[1].split(";")[0].split(", ")]
     assert len(pids) == 2 and "dev: burners stopped" in out
     assert not any(alive(pid) for pid in pids)
+
+
+def test_stopping_a_servers_folder_leaves_the_runs_other_processes_alone(tmp_path):
+    # A folder laid out as a run's own (its owner file names the run's token), as the README's test lays out the
+    # folder of the `serve` it starts: clean_up would kill every process carrying the token (it killed the
+    # suite's other pytest worker); stop_server stops only the folder's server and removes the folder.
+    token = "t" + os.urandom(6).hex()
+    folder = tmp_path / "server"
+    folder.mkdir()
+    (folder / embedded_pg.OWNER_FILE).write_text(json.dumps({"pid": os.getpid(), "token": token}))
+    carrier = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                               env={**os.environ, embedded_pg.RUN_TOKEN_ENV: token})
+    try:
+        assert embedded_pg.stop_server(folder) == [] and not folder.exists()
+        assert carrier.poll() is None, "a process of the run was killed"
+        assert carrier.pid in embedded_pg._carriers(token)  # what clean_up would have killed
+    finally:
+        carrier.kill()
+        carrier.wait(timeout=30)

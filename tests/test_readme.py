@@ -120,7 +120,9 @@ def test_the_readme_operator_commands_work_as_written_beside_the_local_service(t
             except subprocess.TimeoutExpired:
                 os.killpg(serve.pid, signal.SIGKILL)
                 serve.wait()
-        embedded_pg.clean_up(data_dir)  # the embedded server outlives `serve` on purpose, not the test
+        # The embedded server outlives `serve` on purpose, not the test. Not clean_up: the folder names this run's
+        # token, and clean_up kills every process that carries it (it killed the suite's other pytest worker).
+        embedded_pg.stop_server(data_dir)
 
 
 def _answers(url: str) -> bool:
