@@ -307,7 +307,8 @@ def _print_result(result: RunResult, out: Console, err: Console, *, as_json: boo
         return
     b = result.budget
     err.print(
-        f"run {result.run_id}: {result.stop_reason} after {result.turns} turns, {result.subcalls} sub-calls, "
+        f"run {result.run_id}: {result.stop_reason} after {result.turns} turns, {result.subcalls} sub-calls"
+        + (f" ({result.subcalls_cached} cached)" if result.subcalls_cached else "") + ", "
         f"{b.calls} calls, {b.tokens:,} tokens"
         + (f" (+{b.unknown_tokens} calls with unknown usage, counted at {b.unknown_tokens_estimate:,} estimated"
            " tokens; `rlm usage` lists them)" if b.unknown_tokens else "")

@@ -73,6 +73,7 @@ class RunResult:
     root_chars_last: int  # characters of the largest single root request
     duration_s: float
     extra: dict[str, Any] = field(default_factory=dict)  # what extensions add (e.g. "children")
+    subcalls_cached: int = 0  # of ``subcalls``, answered from the family's memo (no call, no tokens)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -574,6 +575,7 @@ class _Run:
             turns=self.turn, subcalls=self.subcall_count, error=self.error, trajectory_path=self.trajectory.path,
             budget=snapshot, corpus_bytes=self.stats["bytes"], root_chars_sent=self.root_chars_sent,
             root_chars_last=self.root_chars_last, duration_s=duration, extra=extra,
+            subcalls_cached=self.subcalls.cached,
         )
         self.emit({"event": "run_finished", "stop_reason": result.stop_reason, "turns": self.turn,
                    "subcalls": self.subcall_count, "budget": snapshot.to_dict()})

@@ -77,6 +77,10 @@ def test_the_same_subcall_asked_twice_is_paid_once_and_shown_as_cached(tmp_path:
     result = json.loads(run.stdout)
     assert result["answer"] == "40/40 same=True"  # the model gets the answer as it first came
     assert result["budget"]["calls"] == 2  # the root turn and one paid sub-call
+    assert result["subcalls"] == 2 and result["subcalls_cached"] == 1
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert "2 sub-calls (1 cached)" in _cli_run(plain, ASK_TWICE).stderr  # the summary line a person reads
 
     usage = _usage_json(tmp_path, "--run", "last")
     (root,) = usage["roots"]
