@@ -29,6 +29,7 @@ from rlmfamily.providers.base import PriceTable, Provider
 from rlmfamily.providers.scripted import ScriptedProvider
 from rlmfamily.session import RunResult, Session
 from rlmfamily.settings import RLMSettings, load_settings
+from rlmfamily.resumption import describe_resume
 from rlmfamily.trajectory import find_run, read_trajectory
 
 EXIT_OK, EXIT_NO_ANSWER, EXIT_USAGE = 0, 1, 2
@@ -393,7 +394,7 @@ def _show_event(e: dict[str, Any], out: Console) -> None:
           f"{_one_line(e.get('prompt', ''), 70)} → {_one_line(e.get('response', ''), 90)}", "magenta")
     elif kind == "run_resumed":
         p(f"\n── resumed after turn {e.get('turn')} (pid {e.get('pid')}; the process before, pid {e.get('after_pid')}, "
-          f"ended without finishing): {_restored(e)}", "bold yellow")
+          f"ended without finishing): {describe_resume(e)}", "bold yellow")
     elif kind == "final_request":
         p(f"\n[asked for a final answer: {e.get('why')}]", "yellow")
     elif kind == "protocol_fallback":
@@ -416,20 +417,6 @@ def _show_event(e: dict[str, Any], out: Console) -> None:
         if e.get("error"):
             p(f"error: {e['error']}", "red")
         p(e.get("answer") if e.get("answer") is not None else "(no answer)")
-
-
-def _restored(e: dict[str, Any]) -> str:
-    """How a resumed run got its namespace back and where it went on (rlmfamily/resume.py)."""
-    steps = e.get("steps", 0)
-    where = {"checkpoint": f"namespace from the Monty checkpoint after step {steps}",
-             "replay": f"namespace rebuilt by replaying {steps} steps from the record",
-             "fresh": "no step had run"}.get(e.get("restore"), str(e.get("restore")))
-    if e.get("interrupted_call"):
-        where += f"; call {e['interrupted_call']} of turn {e.get('turn')} runs again, its recorded host calls answered from the record"
-    children = e.get("children") or []
-    if children:
-        where += "; children: " + ", ".join(f"{c['run_id']} {c['outcome']}" for c in children)
-    return where
 
 
 def _totals(usage: dict[str, Any]) -> str:

@@ -43,3 +43,18 @@ class ResumePoint:
     answer: tuple[str, int] | None = None  # set by a step before the crash (answer, turn)
     final: FinalState | None = None
     record: dict[str, Any] = field(default_factory=dict)  # what the run_resumed event says
+
+
+def describe_resume(event: dict[str, Any]) -> str:
+    """How a resumed run got its namespace back and where it went on, from its ``run_resumed`` event."""
+    steps = event.get("steps", 0)
+    where = {"checkpoint": f"namespace from the Monty checkpoint after step {steps}",
+             "replay": f"namespace rebuilt by replaying {steps} steps from the record",
+             "fresh": "no step had run"}.get(event.get("restore"), str(event.get("restore")))
+    if event.get("interrupted_call"):
+        where += (f"; call {event['interrupted_call']} of turn {event.get('turn')} runs again, "
+                  "its recorded host calls answered from the record")
+    children = event.get("children") or []
+    if children:
+        where += "; children: " + ", ".join(f"{c['run_id']} {c['outcome']}" for c in children)
+    return where

@@ -33,6 +33,7 @@ from rich.console import Console
 from rlmfamily.errors import RLMError, TrajectoryInvalid
 from rlmfamily.family import procs
 from rlmfamily.prompts import NO_OUTPUT, NO_OUTPUT_HINT
+from rlmfamily.resumption import describe_resume
 from rlmfamily.trajectory import FILENAME, read_trajectory
 
 # Runs embedded in one page. A family has at most max_children agents, plus their follow-ups; past this
@@ -290,7 +291,7 @@ class _Page:
                 if turn is not None:
                     blocks.append("".join(turn) + "</details>")
                 turn = [self._turn(e)]
-            elif kind in ("final_request", "final_reply_rejected", "budget_refused"):
+            elif kind in ("final_request", "final_reply_rejected", "budget_refused", "run_resumed"):
                 if turn is not None:
                     blocks.append("".join(turn) + "</details>")
                     turn = None
@@ -322,6 +323,9 @@ class _Page:
             text = f"asked for a final answer: {e.get('why')}"
         elif kind == "final_reply_rejected":
             text = f"not an answer: {e.get('reason')}"
+        elif kind == "run_resumed":
+            text = (f"resumed after turn {e.get('turn')} (pid {e.get('pid')}; the process before, pid "
+                    f"{e.get('after_pid')}, ended without finishing): {describe_resume(e)}")
         else:
             text = f"budget refused turn {e.get('turn')}: {e.get('message')}"
         return f'<p class="banner">{self.text(text)}</p>'

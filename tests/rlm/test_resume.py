@@ -151,6 +151,11 @@ def test_a_killed_run_resumes_to_its_answer_without_asking_an_answered_subcall_a
     [marker] = [line for line in show.stdout.splitlines() if "resumed after turn 2" in line]
     assert f"pid {run.proc.pid}" in marker and "call 1 of turn 2 runs again" in marker
     assert "did not finish" not in show.stdout
+    page = rlm("show", "--html", "last", "-o", "-", data_dir=run.data)
+    assert page.returncode == 0, page.stderr
+    # The page marks the resume point as `rlm show` does (the marker is escaped text, as everything on it).
+    assert "resumed after turn 2 (pid " in page.stdout and "call 1 of turn 2 runs again" in page.stdout
+    assert f"pid {run.proc.pid}, ended without finishing" in page.stdout and "did not finish" not in page.stdout
 
     again = run.resume()
     assert again.returncode == 2 and "[run_finished]" in again.stderr
