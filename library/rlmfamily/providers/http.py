@@ -13,6 +13,7 @@ converted here, in one place. The key is read from the variable *named* in
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Mapping
 from threading import Lock
@@ -26,7 +27,7 @@ from rlmfamily.settings import RLMSettings
 MAX_STATUS_DETAIL_CHARS = 300  # of an error body quoted in a ProviderError
 
 
-class HTTPProvider:
+class HTTPProvider(ABC):
     """A model behind an HTTP API, called through its official client. Subclasses give the wire protocol."""
 
     name: ClassVar[str]
@@ -75,23 +76,26 @@ class HTTPProvider:
     # ---------- what a wire protocol gives ----------
 
     @staticmethod
+    @abstractmethod
     def _sdk() -> Any:
         """The client module, imported (each takes about half a second, so only when a provider is built)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _open_client(self, sdk: Any, key: str, base_url: str | None) -> Any:
-        raise NotImplementedError
+        """The client, with its own retries off (``with_retries`` decides what is safe to send again)."""
 
+    @abstractmethod
     def _request(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
                  model_id: str) -> dict[str, Any]:
         """The keyword arguments of one call, built once and sent again on a retry."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _create(self, request: dict[str, Any], timeout_s: float) -> Any:
-        raise NotImplementedError
+        """Send one request with the client, within ``timeout_s``."""
 
+    @abstractmethod
     def _completion(self, response: Any, model_id: str) -> Completion:
-        raise NotImplementedError
+        """The answer's text, python calls and usage (with its cost from the price table)."""
 
     # ---------- shared ----------
 
