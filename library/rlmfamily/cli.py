@@ -20,7 +20,7 @@ from rich.text import Text
 
 from rlmfamily.budget import BudgetLedger
 from rlmfamily.context import Context
-from rlmfamily.errors import ContextError, RLMError, SettingsInvalid
+from rlmfamily.errors import RLMError, SettingsInvalid
 from rlmfamily.family import procs
 from rlmfamily.family.progress import RunningChildren
 from rlmfamily.memo import memo_usage
@@ -234,14 +234,7 @@ def _context(args: argparse.Namespace, settings: RLMSettings) -> Context:
         return Context.from_repository(args.repo, settings)
     if args.document:
         return Context.from_document(args.document, settings)
-    try:
-        raw = json.loads(Path(args.bundle).read_text())
-    except (OSError, ValueError) as exc:
-        raise ContextError(f"bundle {args.bundle} cannot be read as JSON: {exc}") from None
-    items = raw.get("items") if isinstance(raw, dict) else raw
-    if not isinstance(items, list):
-        raise ContextError(f"bundle {args.bundle} must be a JSON list of items (or {{\"items\": [...]}})")
-    return Context.from_bundle(items, settings)
+    return Context.from_bundle_file(args.bundle, settings)
 
 
 def _provider(args: argparse.Namespace, settings: RLMSettings) -> Provider:

@@ -14,6 +14,7 @@ read content. Text is read lazily and cached (the total is capped by
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import re
 import subprocess
@@ -234,6 +235,18 @@ class Context:
             raise ContextError(f"document {full.name} looks binary (it contains NUL bytes); give a text file")
         doc = Document(full.name, size, 0, full)
         return cls([doc], settings=settings, source="document", root=str(full))
+
+    @classmethod
+    def from_bundle_file(cls, path: str | Path, settings: RLMSettings) -> Context:
+        """A bundle from a JSON file: a list of items, or ``{"items": [...]}`` (``rlm run --bundle``)."""
+        try:
+            raw = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ContextError(f"bundle {path} cannot be read as JSON: {exc}") from None
+        items = raw.get("items") if isinstance(raw, dict) else raw
+        if not isinstance(items, list):
+            raise ContextError(f"bundle {path} must be a JSON list of items (or {{\"items\": [...]}})")
+        return cls.from_bundle(items, settings)
 
     @classmethod
     def from_bundle(cls, items: Iterable[dict[str, Any] | BundleItem], settings: RLMSettings) -> Context:

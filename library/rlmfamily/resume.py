@@ -33,15 +33,12 @@ disagree). A refusal appends nothing: the run stays as it was.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from rlmfamily.context import Context
 from rlmfamily.errors import (
-    ContextError,
     ResumeInconsistent,
     ResumeUnsupported,
     RunFinished,
@@ -346,14 +343,7 @@ def _context(args: argparse.Namespace, started: Event, settings: RLMSettings) ->
     if not args.bundle:
         raise SettingsInvalid(f"run {started['run_id']} read an evidence bundle, whose file is not recorded: "
                               "give it again with --bundle FILE")
-    try:
-        raw = json.loads(Path(args.bundle).read_text())
-    except (OSError, ValueError) as exc:
-        raise ContextError(f"bundle {args.bundle} cannot be read as JSON: {exc}") from None
-    items = raw.get("items") if isinstance(raw, dict) else raw
-    if not isinstance(items, list):
-        raise ContextError(f"bundle {args.bundle} must be a JSON list of items (or {{\"items\": [...]}})")
-    return Context.from_bundle(items, settings)
+    return Context.from_bundle_file(args.bundle, settings)
 
 
 def _provider(args: argparse.Namespace, started: Event, settings: RLMSettings) -> Provider:

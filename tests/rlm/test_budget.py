@@ -213,10 +213,11 @@ def test_each_member_keeps_its_final_call_until_it_uses_it_ends_or_its_process_d
     path, limits = tmp_path / "b.sqlite3", BudgetLimits(max_calls=3, max_tokens=10_000)
     root = Budget(path, "root", limits, member="root", final_reserve_tokens=1_000)
     # Another process keeps a member's final call (as a child's process does), and is killed.
-    script = ("import os, sys, time\nfrom rlmfamily.budget import Budget, BudgetLimits\n"
+    script = ("import sys\nfrom rlmfamily.budget import Budget, BudgetLimits\n"
               "Budget(sys.argv[1], 'root', BudgetLimits(max_calls=3, max_tokens=10_000), member='root.c1', "
-              "final_reserve_tokens=1_000)\nprint('kept', flush=True)\ntime.sleep(600)\n")
-    child = subprocess.Popen([sys.executable, "-c", script, str(path)], stdout=subprocess.PIPE, text=True)
+              "final_reserve_tokens=1_000)\nprint('kept', flush=True)\nsys.stdin.read()\n")  # alive until killed
+    child = subprocess.Popen([sys.executable, "-c", script, str(path)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "kept"
         assert root.ledger.kept_calls("root") == 2
