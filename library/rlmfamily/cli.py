@@ -74,6 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-usd", type=_limit_float, default=argparse.SUPPRESS, help="USD over all calls ('none' = no limit; needs prices)")
     run.add_argument("--memoise-subcalls", action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
                      help="answer a sub-call the family already asked from the memo, unpaid (RLM_MEMOISE_SUBCALLS; default on)")
+    run.add_argument("--profile", choices=["python", "python-bash"], default=argparse.SUPPRESS,
+                     help="python-bash adds command jobs in the repository: bash.run(...) and the bash tool "
+                          "(RLM_PROFILE; default python)")
+    run.add_argument("--bash-tool", action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                     help="with --profile python-bash: offer the bash tool beside python (RLM_BASH_TOOL; default on)")
+    run.add_argument("--observation-strategy", choices=["transcript", "receipts"], default=argparse.SUPPRESS,
+                     help="what the model sees of outputs: head and tail, or compact receipts with history "
+                          "references (RLM_OBSERVATION_STRATEGY; default transcript)")
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("--quiet", action="store_true", help="no live progress display")
 
@@ -112,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     from rlmfamily import data_cli
 
     data_cli.add_parsers(sub)  # where, init
+    from rlmfamily.bash import cli as bash_cli
+
+    bash_cli.add_parsers(sub)  # jobs
     return parser
 
 
@@ -141,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.command in data_cli.COMMANDS:
             return data_cli.main(args, _settings(args), out, err)
+        from rlmfamily.bash import cli as bash_cli
+
+        if args.command in bash_cli.COMMANDS:
+            return bash_cli.main(args, _settings(args), out, err)
         return _usage(args, out)
     except RLMError as exc:
         err.print(f"rlm: [{exc.code}] {exc.message}", markup=False, highlight=False)
@@ -166,7 +181,8 @@ def _demo_args(args: argparse.Namespace) -> argparse.Namespace:
 
 
 OVERRIDES = ("kernel", "max_turns", "provider", "protocol", "base_url", "model", "api_key_env", "temperature",
-             "max_completion_tokens", "max_calls", "max_tokens", "max_usd", "memoise_subcalls", "a2a_peers_file")
+             "max_completion_tokens", "max_calls", "max_tokens", "max_usd", "memoise_subcalls", "a2a_peers_file",
+             "profile", "bash_tool", "observation_strategy")
 
 
 def _settings(args: argparse.Namespace) -> RLMSettings:
@@ -372,13 +388,20 @@ def _show_event(e: dict[str, Any], out: Console) -> None:
         p(f"\n── turn {e['turn']} " + "─" * 40, "bold cyan")
         if e.get("text"):
             p(e["text"], "italic")
-        for code in e.get("code") or []:
-            p(code.rstrip(), "green")
+        names = [c.get("name") for c in e.get("calls") or []]
+        for index, code in enumerate(e.get("code") or []):
+            tool = names[index] if index < len(names) else "python"
+            p(("" if tool in ("python", None) else f"{tool}$ ") + code.rstrip(), "green")
     elif kind == "step":
         observation = e.get("observation", "")
         if e.get("full_chars") == 0:  # the model's hint is for the model
             observation = observation.replace(NO_OUTPUT_HINT, NO_OUTPUT)
         p(observation, None if e.get("ok") else "red")
+    elif kind == "job":
+        p(e.get("receipt") or f"[job {e.get('job_id')} {e.get('state')}]", "blue")
+    elif kind == "tool_step":
+        if not e.get("job_id"):  # a refused call: its job event never came
+            p(e.get("observation", ""), "red")
     elif kind == "subcall":
         status = "ok" if e.get("ok") else f"error {e.get('error_code')}"
         tokens = (e.get("usage") or {}).get("total_tokens")
@@ -468,14 +491,9 @@ def _usage_root(settings: RLMSettings, ledger: BudgetLedger, run: str) -> str:
     """The allowance ``--run`` names: a root id, or a run found as ``rlm show`` finds it (a child's is its root's)."""
     if run in ledger.roots():
         return run
-    run_id = find_run(settings.runs_dir, run).parent.name
-    if settings.family_path.is_file():
-        from rlmfamily.family.store import FamilyStore
+    from rlmfamily.family.store import family_root
 
-        member = FamilyStore(settings.family_path).run(run_id)
-        if member is not None:
-            return member.root_id
-    return run_id
+    return family_root(settings.family_path, find_run(settings.runs_dir, run).parent.name)
 
 
 def _root_summary(settings: RLMSettings, ledger: BudgetLedger, root_id: str) -> dict[str, Any]:

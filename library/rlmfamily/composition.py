@@ -29,11 +29,12 @@ class KernelFactory(Protocol):
 
 
 def default_extensions() -> list[ExtensionFactory]:
-    """The extensions every session gets unless it is given its own list: the family, then A2A delegation."""
+    """The extensions every session gets unless it is given its own list: the family, A2A delegation, command jobs."""
     from rlmfamily.a2a.run import A2AExtension
+    from rlmfamily.bash.extension import BashExtension
     from rlmfamily.family.extension import FamilyExtension
 
-    return [FamilyExtension, A2AExtension]
+    return [FamilyExtension, A2AExtension, BashExtension]  # BashExtension is inert outside RLM_PROFILE=python-bash
 
 
 def default_kernel_factory(name: str, settings: RLMSettings, run_dir: Path, run_id: str) -> Kernel:

@@ -49,6 +49,16 @@ LIVE_ON_REPLAY: Final = frozenset({"_final_answer"})
 
 RestoreMode = Literal["fresh", "checkpoint", "replay"]
 Record = dict[str, Any]
+_position = threading.local()  # the host call being answered in this thread: (step, index)
+
+
+def current_call() -> tuple[int, int] | None:
+    """The (step, index) of the journaled host call running in this thread, or None outside one.
+
+    A step that runs again after a resume makes its calls at the same positions, so a host function
+    can derive an idempotency key from it (a command job's request id: rlmfamily/bash/extension.py).
+    """
+    return getattr(_position, "value", None)
 
 
 def digest(value: Any) -> str:
@@ -202,11 +212,14 @@ class JournaledKernel:
             if recorded is not None and name not in LIVE_ON_REPLAY:
                 return _replayed(recorded)
             began = time.monotonic()
+            _position.value = (step, index)
             try:
                 value = fn(*args, **kwargs)
             except BaseException as exc:
                 self._record_call(step, index, name, args, kwargs, began, exc=exc, skip=recorded is not None)
                 raise
+            finally:
+                _position.value = None
             self._record_call(step, index, name, args, kwargs, began, value=value, skip=recorded is not None)
             return value
 

@@ -65,7 +65,9 @@ class Protocol:
         message: dict[str, Any] = {"role": "assistant", "content": completion.text or None}
         if calls:
             message["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": json.dumps({"code": c.code})}}
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.name, "arguments": json.dumps(c.arguments if c.arguments is not None
+                                                                      else {"code": c.code})}}
                 for c in calls
             ]
         return message

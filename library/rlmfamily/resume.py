@@ -112,6 +112,7 @@ class _Conversation:
     final: FinalState | None = None
     answer: tuple[str, int] | None = None
     steps: list[Event] = field(default_factory=list)
+    tools: tuple[str, ...] = ("python",)  # the tools the run offered (run_started records them)
 
     def feed(self, event: Event) -> None:
         kind = event["event"]
@@ -126,13 +127,15 @@ class _Conversation:
             self.open_turn(event)
         elif kind == "step":
             self.take_step(event)
+        elif kind == "tool_step":  # a call of a model tool beside python (the bash tool): its observation
+            self.take_step(event, kernel_step=False)
 
     def open_turn(self, event: Event) -> None:
         if self.asked_final is not None:
             self.messages.append({"role": "user", "content": final_request(self.asked_final.why, self.protocol.name)})
             self.final, self.final_turn, self.asked_final = self.asked_final, True, None
         self.turn = int(event["turn"])
-        recorded = tuple(ToolCall(c["id"], c["name"], code)
+        recorded = tuple(ToolCall(c["id"], c["name"], code, c.get("arguments"))
                          for c, code in zip(event["calls"], event.get("code") or [], strict=True))
         completion = Completion(text=event.get("text") or "", tool_calls=recorded, usage=None,
                                 model=event.get("model") or "")
@@ -144,12 +147,14 @@ class _Conversation:
             self.messages.append({"role": "user", "content": self.protocol.nudge})
             self.completion = None
 
-    def take_step(self, event: Event) -> None:
+    def take_step(self, event: Event, *, kernel_step: bool = True) -> None:
         while len(self.observations) < len(self.calls) and (fixed := self.result_without_step()) is not None:
             self.observations.append(fixed)
         if len(self.observations) >= len(self.calls):
             raise ResumeInconsistent(f"turn {self.turn} records more steps than python calls; the trajectory is damaged")
         self.observations.append(event["observation"])
+        if not kernel_step:
+            return
         self.steps.append(event)
         if "answer" in event:
             self.answer = (event["answer"], int(event["turn"]))
@@ -172,8 +177,10 @@ class _Conversation:
         call = self.calls[index]
         if self.answer is not None or (self.final_turn and index >= 1):
             return NOT_RUN
+        if call.name in self.tools and call.name != "python":
+            return None  # its tool_step event holds its observation
         if call.name != "python":
-            return no_such_tool(call.name)
+            return no_such_tool(call.name, self.tools)
         return EMPTY_CODE if not call.code.strip() else None
 
 
@@ -183,11 +190,15 @@ def plan(settings: RLMSettings, path: Path, events: list[Event], context: Contex
     run_id, kernel = path.parent.name, started["kernel"]
     protocol = protocol_named(started.get("protocol") or "tools")
     shown = first_message(started["question"], context.stats(), protocol.name)
-    if shown != started.get("first_message"):
+    # A python-bash run changes its workspace by design: its model was told `context` is the corpus as the run
+    # started, so the conversation stays true over the changed files, and run_resumed says they changed.
+    corpus_changed = shown != started.get("first_message")
+    if corpus_changed and started.get("profile") != "python-bash":
         raise ResumeInconsistent(f"the corpus of run {run_id} changed since it started (its shape is not the one the "
                                  "model was shown); resume it over the same files, or ask again with `rlm run`")
     talk = _Conversation(protocol, [{"role": "system", "content": started["system_prompt"]},
-                                    {"role": "user", "content": started["first_message"]}])
+                                    {"role": "user", "content": started["first_message"]}],
+                         tools=tuple(started.get("tools") or ("python",)))
     for event in events:
         talk.feed(event)
     journal = load(path.parent / JOURNAL_FILENAME)
@@ -207,7 +218,8 @@ def plan(settings: RLMSettings, path: Path, events: list[Event], context: Contex
         record={"after_pid": segments[-1].get("pid"), "steps": completed, "restore": restore.mode,
                 "checkpoint_seq": completed if restore.mode == "checkpoint" else None,
                 "interrupted_call": len(talk.observations) + 1 if interrupted else None,
-                "final": talk.final is not None, "children": _recover_children(settings, run_id)},
+                "final": talk.final is not None, "children": _recover_children(settings, run_id),
+                **({"corpus_changed": True} if corpus_changed else {})},
     )
 
 
@@ -318,8 +330,13 @@ def prepare(args: argparse.Namespace) -> tuple[Session, ResumePoint]:
 
 
 def _settings(args: argparse.Namespace, started: Event) -> RLMSettings:
-    """The run's own kernel and limits, the provider flags given now; the run's model unless one is named."""
+    """The run's own kernel, profile and limits, the provider flags given now; the run's model unless one is named."""
     overrides: dict[str, Any] = {"kernel": started["kernel"], "protocol": started.get("protocol") or "tools"}
+    for name in ("profile", "observation_strategy"):  # recorded since the python-bash profile came
+        if started.get(name):
+            overrides[name] = started[name]
+    if started.get("profile") == "python-bash":
+        overrides["bash_tool"] = "bash" in (started.get("tools") or ())
     overrides.update({k: v for k, v in (started.get("limits") or {}).items() if k in RECORDED_LIMITS})
     for name in ("provider", "base_url", "model", "api_key_env"):
         if hasattr(args, name):

@@ -54,6 +54,8 @@ def describe_resume(event: dict[str, Any]) -> str:
     if event.get("interrupted_call"):
         where += (f"; call {event['interrupted_call']} of turn {event.get('turn')} runs again, "
                   "its recorded host calls answered from the record")
+    if event.get("corpus_changed"):
+        where += "; the workspace changed since the run started (its commands changed files)"
     children = event.get("children") or []
     if children:
         where += "; children: " + ", ".join(f"{c['run_id']} {c['outcome']}" for c in children)

@@ -20,7 +20,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +52,19 @@ NOT_RUN = "[not run: the run is ending]"
 EMPTY_CODE = "[error: empty code; send Python source in the code argument]"
 
 
-def no_such_tool(name: str) -> str:
-    return f"[error: there is no tool {name!r}; the only tool is python]"
+def no_such_tool(name: str, tools: Sequence[str] = ("python",)) -> str:
+    if tuple(tools) == ("python",):
+        return f"[error: there is no tool {name!r}; the only tool is python]"
+    return f"[error: there is no tool {name!r}; the tools are {', '.join(tools)}]"
+
+
+def receipt_of(text: str, preview_chars: int, history_id: int | None) -> str:
+    """RLM_OBSERVATION_STRATEGY=receipts: how much a step printed, its first characters, and where the rest is."""
+    if len(text) <= preview_chars:
+        return text
+    where = (f"history.read({history_id}, {preview_chars}, size) returns the rest" if history_id is not None
+             else "the rest was not stored")
+    return f"{text[:preview_chars]}\n[receipt: {len(text):,} characters in all, {preview_chars:,} shown; {where}]"
 
 Event = dict[str, Any]
 
@@ -228,6 +239,9 @@ class _Run:
     kernel: Kernel | None = None
     extensions: list[Extension] = field(default_factory=list)
     protocol: Protocol = TOOLS  # how code and observations travel (RLM_PROTOCOL, rlmfamily/protocol.py)
+    model_tools: dict[str, Any] = field(default_factory=dict)  # tools beside python, by name (extensions')
+    chars_shown: int = 0  # characters of observations given to the model
+    chars_produced: int = 0  # characters those steps and tool calls produced (the history keeps them all)
     resumed: ResumePoint | None = None  # a resumed run: where its records left it
     subcalls: SubcallRunner = field(init=False)
     bridge: Bridge = field(init=False)
@@ -310,7 +324,8 @@ class _Run:
             "run_started", run_id=session.run_id, question=self.question, kernel=session.kernel_name,
             provider=getattr(session.provider, "name", type(session.provider).__name__),
             model=session.model or getattr(session.provider, "default_model", None), corpus=self.stats,
-            protocol=settings.protocol,
+            protocol=settings.protocol, profile=settings.profile, observation_strategy=settings.observation_strategy,
+            tools=["python", *self.model_tools],
             limits={"max_turns": settings.max_turns, "max_calls": settings.max_calls,
                     "max_tokens": settings.max_tokens, "max_usd": settings.max_usd,
                     "max_subcalls": settings.max_subcalls, "max_observation_chars": settings.max_observation_chars},
@@ -341,6 +356,11 @@ class _Run:
             extension = factory(info)
             self.extensions.append(extension)
             functions.update({name: _guest_errors(fn) for name, fn in extension.functions().items()})
+        for extension in self.extensions:
+            self.model_tools.update(getattr(extension, "model_tools", None) or {})
+        if self.model_tools and self.protocol.tools is not None:
+            self.protocol = replace(self.protocol, tools=[*self.protocol.tools,
+                                                          *(t.schema for t in self.model_tools.values())])
         if not follow_up:
             self.messages[0]["content"] += "".join(e.notes for e in self.extensions)
         if self.resumed is None:
@@ -427,7 +447,8 @@ class _Run:
         self.messages.append(self.protocol.assistant_message(completion, calls))
         self.trajectory.write(
             "turn", turn=self.turn, text=completion.text, code=[c.code for c in calls],
-            calls=[{"id": c.id, "name": c.name} for c in calls],
+            calls=[{"id": c.id, "name": c.name, **({"arguments": c.arguments} if c.arguments is not None else {})}
+                   for c in calls],
             usage=completion.usage.to_dict() if completion.usage else None, model=completion.model,
         )
         if not calls:
@@ -444,8 +465,10 @@ class _Run:
             call = calls[index]
             if self.answer.value is not None or (max_steps is not None and index >= max_steps):
                 observation = NOT_RUN
+            elif call.name in self.model_tools:
+                observation = self.tool_step(call, self.model_tools[call.name])
             elif call.name != "python":
-                observation = no_such_tool(call.name)
+                observation = no_such_tool(call.name, ["python", *self.model_tools])
             else:
                 observation = self.step(call.code)
             observations.append(observation)
@@ -467,8 +490,7 @@ class _Run:
             full += ("\n" if full else "") + result.error
         title = code.strip().splitlines()[0][:ENTRY_TITLE_CHARS]
         hid = self.history.add("observation", full, turn=self.turn, title=title) if full else None
-        body = bounded(full, settings.max_observation_chars, settings.observation_tail_chars, hid,
-                       settings.max_history_read_chars) if full else NO_OUTPUT_HINT
+        body = self.shown(full, hid) if full else NO_OUTPUT_HINT
         observation = _step_header(result) + "\n" + body
         answered = self.answer.value is not None and self.answer.turn == self.turn
         if answered:
@@ -480,6 +502,31 @@ class _Run:
             observation=observation, observation_chars=len(observation), full_chars=len(full), history_id=hid,
             **({"answer": self.answer.value} if answered else {}),
         )
+        self.chars_shown += len(observation)
+        self.chars_produced += len(full)
+        self.emit({"event": "step_finished", "turn": self.turn, "ok": result.ok})
+        return observation
+
+    def shown(self, full: str, history_id: int | None, *, receipt: str | None = None) -> str:
+        """What the model sees of an output: head and tail (``transcript``), or a compact receipt (``receipts``)."""
+        settings = self.settings
+        if settings.observation_strategy == "receipts":
+            return receipt if receipt is not None else receipt_of(full, settings.receipt_preview_chars, history_id)
+        return bounded(full, settings.max_observation_chars, settings.observation_tail_chars, history_id,
+                       settings.max_history_read_chars)
+
+    def tool_step(self, call: ToolCall, tool: Any) -> str:
+        """A call of a model tool beside python (the bash tool): its output recorded, the model shown a bounded part."""
+        self.emit({"event": "step_started", "turn": self.turn})
+        result = tool.run(call, self.turn)
+        title = f"{call.name}: " + (call.code.strip().splitlines() or [""])[0][:ENTRY_TITLE_CHARS]
+        hid = self.history.add("observation", result.full, turn=self.turn, title=title) if result.full else None
+        observation = self.shown(result.full, hid, receipt=result.receipt)
+        self.trajectory.write("tool_step", turn=self.turn, call_id=call.id, name=call.name, ok=result.ok,
+                              observation=observation, observation_chars=len(observation),
+                              full_chars=len(result.full), history_id=hid, **result.record)
+        self.chars_shown += len(observation)
+        self.chars_produced += len(result.full)
         self.emit({"event": "step_finished", "turn": self.turn, "ok": result.ok})
         return observation
 
@@ -564,6 +611,8 @@ class _Run:
             self.budget.release()  # the call it kept for its final answer goes back to the family
         snapshot = self.budget.snapshot()
         duration = round(time.monotonic() - self.started, 3)
+        extra["observations"] = {"strategy": self.settings.observation_strategy, "chars_shown": self.chars_shown,
+                                 "chars_produced": self.chars_produced}
         self.trajectory.write(
             "run_finished", stop_reason=self.stop_reason, answer=self.answer.value, error=self.error, turns=self.turn,
             subcalls=self.subcall_count, subcalls_cached=self.subcalls.cached, usage=self.budget.own_usage(), budget=snapshot.to_dict(), root_chars_sent=self.root_chars_sent,

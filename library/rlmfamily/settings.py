@@ -20,6 +20,11 @@ from rlmfamily.errors import SettingsInvalid
 KernelName = Literal["host", "monty"]
 ProviderName = Literal["openai", "anthropic"]
 ProtocolName = Literal["tools", "text", "auto"]  # how code reaches the kernel: rlmfamily/protocol.py
+ProfileName = Literal["python", "python-bash"]  # python-bash adds command jobs: rlmfamily/bash/
+ObservationStrategy = Literal["transcript", "receipts"]  # what a step's output shows the model
+# Variables a command may inherit (RLM_BASH_ENV_ALLOW). Nothing that looks like a credential is ever allowed.
+DEFAULT_BASH_ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "USER", "LOGNAME", "TMPDIR")
+CREDENTIAL_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE", "SESSION")
 # Each provider's defaults when RLM_BASE_URL / RLM_API_KEY_ENV are not set. None: the client's own default.
 DEFAULT_BASE_URL: dict[str, str | None] = {"openai": "https://api.openai.com/v1", "anthropic": None}
 DEFAULT_API_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
@@ -44,6 +49,12 @@ class RLMSettings(BaseSettings):
     observation_tail_chars: int = Field(1000, ge=0)
     max_answer_chars: int = Field(20_000, ge=100)
     root_timeout_s: float = Field(300.0, gt=0)  # one root-model call, retries included
+    # "python" (the default: the python tool only) or "python-bash" (rlmfamily/bash: bash.run and the bash tool).
+    profile: ProfileName = "python"
+    # "transcript" (the default): a step's output, head and tail; "receipts" (an experiment): a compact receipt
+    # with a preview of receipt_preview_chars and the history id holding the whole output.
+    observation_strategy: ObservationStrategy = "transcript"
+    receipt_preview_chars: int = Field(600, ge=50, le=100_000)
 
     # Kernels: the same names as rlmfamily.kernels.base.KernelLimits (see kernel_limits()).
     # Both kernels: seconds of execution per step, printed output and error text kept per step,
@@ -158,7 +169,23 @@ class RLMSettings(BaseSettings):
     a2a_max_read_chars: int = Field(20_000, ge=100)  # one handle.read()
     a2a_summary_chars: int = Field(1_000, ge=100, le=100_000)  # previews in status() and summary()
 
-    @field_validator("data_dir", "price_table_file", "a2a_peers_file")
+    # The python-bash profile (rlmfamily/bash): command jobs in the workspace, one process group each.
+    bash_path: Path | None = None  # None: `bash` found on the allowed PATH, checked to be Bash
+    bash_workspace: Path | None = None  # None: the run's repository
+    bash_tool: bool = True  # offer the model a `bash` tool beside `python` (bash.run works either way)
+    bash_env_allow: list[str] = Field(default_factory=lambda: list(DEFAULT_BASH_ENV_ALLOW))
+    bash_preview_bytes: int = Field(2000, ge=100, le=1_000_000)  # of each stream in a receipt: head and tail
+    bash_max_stored_bytes: int = Field(16 << 20, ge=1024, le=1 << 34)  # of each stream kept in its file
+    bash_default_deadline_s: float = Field(60.0, gt=0, le=86_400)
+    bash_max_deadline_s: float = Field(240.0, gt=0, le=86_400)
+    bash_kill_grace_s: float = Field(2.0, gt=0, le=600)  # after SIGTERM of a job's process group, before SIGKILL
+    bash_lease_wait_s: float = Field(30.0, ge=0, le=86_400)  # waiting for the workspace lease or a read-only slot
+    bash_max_read_only_jobs: int = Field(4, ge=1, le=256)  # read-only jobs running at once in one family
+    bash_max_read_bytes: int = Field(20_000, ge=100, le=1 << 24)  # of one bash.read
+    bash_max_command_chars: int = Field(20_000, ge=10, le=1_000_000)
+    bash_max_jobs: int = Field(1000, ge=1, le=1_000_000)  # jobs per family
+
+    @field_validator("data_dir", "price_table_file", "a2a_peers_file", "bash_path", "bash_workspace")
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:
         return value.expanduser() if value is not None else None
@@ -190,6 +217,16 @@ class RLMSettings(BaseSettings):
                                  "tokens (and may have 'cached' and 'cache_write')")
         return value
 
+    @field_validator("bash_env_allow")
+    @classmethod
+    def _allowed_env(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not name or not name.replace("_", "").isalnum() or name[0].isdigit():
+                raise ValueError(f"{name!r} is not an environment variable name")
+            if any(word in name.upper() for word in CREDENTIAL_WORDS):
+                raise ValueError(f"{name} looks like a credential; a command never inherits one")
+        return value
+
     @model_validator(mode="after")
     def _coherent(self) -> RLMSettings:
         if self.observation_tail_chars >= self.max_observation_chars // 2:
@@ -213,6 +250,14 @@ class RLMSettings(BaseSettings):
         if self.a2a_enabled and self.a2a_max_wait_s + self.a2a_request_timeout_s > self.host_call_timeout_s:
             raise ValueError("a2a_max_wait_s + a2a_request_timeout_s must fit in host_call_timeout_s, or a wait() "
                              "would be cut off by the host call's deadline")
+        if self.bash_default_deadline_s > self.bash_max_deadline_s:
+            raise ValueError("bash_default_deadline_s cannot exceed bash_max_deadline_s")
+        if self.profile == "python-bash" and (
+                self.bash_max_deadline_s + self.bash_kill_grace_s + self.bash_lease_wait_s > self.host_call_timeout_s):
+            raise ValueError("bash_max_deadline_s + bash_kill_grace_s + bash_lease_wait_s must fit in "
+                             "host_call_timeout_s, or a bash.run would be cut off by the host call's deadline")
+        if self.profile == "python-bash" and self.key_env in self.bash_env_allow:
+            raise ValueError(f"bash_env_allow names {self.key_env}, the model key's variable")
         return self
 
     def kernel_limits(self) -> Any:
@@ -260,6 +305,10 @@ class RLMSettings(BaseSettings):
     @property
     def a2a_path(self) -> Path:
         return self.data_dir / "a2a.sqlite3"
+
+    @property
+    def jobs_path(self) -> Path:
+        return self.data_dir / "jobs.sqlite3"
 
 
 def env_name(field: str) -> str:

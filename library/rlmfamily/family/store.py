@@ -24,6 +24,7 @@ import os
 import sqlite3
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from rlmfamily.family import procs
@@ -279,3 +280,12 @@ class FamilyStore(SQLiteFile):
                  note, time.time(), run_id),
             )
             return cursor.rowcount == 1
+
+
+def family_root(family_path: Path, run_id: str) -> str:
+    """The root of the family ``run_id`` belongs to: its own id for a root, or a run outside any family."""
+    if family_path.is_file():
+        member = FamilyStore(family_path).run(run_id)
+        if member is not None:
+            return member.root_id
+    return run_id

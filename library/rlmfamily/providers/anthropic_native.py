@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 from rlmfamily.errors import SettingsInvalid
-from rlmfamily.providers.base import Completion, ToolCall, Usage
+from rlmfamily.providers.base import Completion, ToolCall, Usage, tool_call
 from rlmfamily.providers.http import HTTPProvider
 
 ANTHROPIC_DEFAULT_MAX_TOKENS = 8192  # the API requires max_tokens; RLM_MAX_COMPLETION_TOKENS overrides it
@@ -73,6 +73,9 @@ class AnthropicProvider(HTTPProvider):
             if block.type == "text":
                 texts.append(block.text)
             elif block.type == "tool_use":
+                if block.name != "python":
+                    calls.append(tool_call(block.id, block.name, block.input))
+                    continue
                 code = block.input.get("code") if isinstance(block.input, dict) else None
                 calls.append(ToolCall(id=block.id, name=block.name, code=code if isinstance(code, str) else ""))
         return Completion(text="".join(texts), tool_calls=tuple(calls), usage=self._usage(response, model_id),

@@ -46,8 +46,25 @@ class Usage:
 @dataclass(frozen=True)
 class ToolCall:
     id: str
-    name: str  # always "python" for root turns
-    code: str
+    name: str  # "python", or another model tool of the run ("bash": rlmfamily/bash/extension.py)
+    code: str  # the python tool's code; another tool's main argument (the bash tool's command)
+    arguments: dict[str, Any] | None = None  # another tool's arguments, as the model sent them
+
+
+MAIN_ARGUMENT = {"bash": "command"}  # the argument a tool other than python carries in ToolCall.code
+
+
+def tool_call(call_id: str, name: str, arguments: Any) -> ToolCall:
+    """A call of a tool other than ``python``, from its arguments (a JSON object or its text)."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments or "{}")
+        except ValueError:
+            arguments = {MAIN_ARGUMENT.get(name, "code"): arguments}
+    if not isinstance(arguments, dict):
+        arguments = {}
+    main = arguments.get(MAIN_ARGUMENT.get(name, "code"))
+    return ToolCall(id=call_id, name=name, code=main if isinstance(main, str) else "", arguments=arguments)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from rlmfamily.errors import ProviderError
-from rlmfamily.providers.base import Completion, ToolCall, Usage
+from rlmfamily.providers.base import Completion, ToolCall, Usage, tool_call
 from rlmfamily.providers.http import HTTPProvider
 
 
@@ -57,7 +57,10 @@ class OpenAIProvider(HTTPProvider):
             function = getattr(call, "function", None)
             if function is None:
                 continue
-            calls.append(ToolCall(id=call.id, name=function.name, code=_code_from_arguments(function.arguments)))
+            if function.name == "python":
+                calls.append(ToolCall(id=call.id, name=function.name, code=_code_from_arguments(function.arguments)))
+            else:
+                calls.append(tool_call(call.id, function.name, function.arguments))
         usage = None
         if response.usage is not None and response.usage.prompt_tokens is not None:
             prompt = int(response.usage.prompt_tokens)

@@ -27,6 +27,9 @@ tried before the top-level ones:
     pattern = '...'
     answer = '...'
 
+A root turn may call the ``bash`` tool (the python-bash profile) instead of python:
+``bash = "make test"`` or ``bash = {command = "make test", cwd = "src", read_only = true, deadline_s = 30}``.
+
 Any entry may also set ``usage = "unknown"`` or ``usage = {prompt_tokens = 1, completion_tokens = 2}``,
 ``delay_s`` (seconds to wait before answering) and ``error`` (a provider failure to raise).
 
@@ -59,7 +62,8 @@ from rlmfamily.providers.base import Completion, PriceTable, ToolCall, Usage, es
 if TYPE_CHECKING:
     from rlmfamily.settings import RLMSettings
 
-ENTRY_KEYS = {"code", "text", "usage", "delay_s", "error"}
+ENTRY_KEYS = {"code", "bash", "text", "usage", "delay_s", "error"}
+BASH_KEYS = {"command", "cwd", "read_only", "deadline_s"}
 RULE_KEYS = {"pattern", "answer", "usage", "delay_s", "error", "hold_after", "hold_until_file"}
 HOLD_POLL_S = 0.01
 QUOTED_PROMPT_CHARS = 120  # of a child's prompt quoted when no [[child]] entry matches it
@@ -73,6 +77,7 @@ class _Entry:
     usage: Any
     delay_s: float
     error: str | None
+    bash: dict[str, Any] | None = None  # a call of the bash tool: its arguments
 
 
 @dataclass(frozen=True)
@@ -129,10 +134,17 @@ class ScriptedProvider:
         where = f"{self.source}: root turn {index + 1}"
         if not isinstance(raw, dict) or set(raw) - ENTRY_KEYS:
             raise ScriptInvalid(f"{where}: expected a table with keys among {sorted(ENTRY_KEYS)}")
-        if "code" not in raw and "text" not in raw and "error" not in raw:
-            raise ScriptInvalid(f"{where}: needs 'code', 'text' or 'error'")
+        if not {"code", "bash", "text", "error"} & set(raw):
+            raise ScriptInvalid(f"{where}: needs 'code', 'bash', 'text' or 'error'")
+        bash = raw.get("bash")
+        if isinstance(bash, str):
+            bash = {"command": bash}
+        if bash is not None and (not isinstance(bash, dict) or set(bash) - BASH_KEYS
+                                 or not isinstance(bash.get("command"), str) or "code" in raw):
+            raise ScriptInvalid(f"{where}: 'bash' is a command string or a table with 'command' and keys among "
+                                f"{sorted(BASH_KEYS)}, and a turn has either 'code' or 'bash'")
         return _Entry(raw.get("code"), str(raw.get("text", "")), _usage(where, raw.get("usage")),
-                      float(raw.get("delay_s", 0)), raw.get("error"))
+                      float(raw.get("delay_s", 0)), raw.get("error"), bash)
 
     def _rule(self, index: int, raw: Any) -> _Rule:
         where = f"{self.source}: subcall rule {index + 1}"
@@ -219,6 +231,14 @@ class ScriptedProvider:
                     )
                 entry = self._root[self._next_root]
                 self._next_root += 1
+        if purpose == "root" and entry.bash is not None:
+            if tools is None:  # no tools offered: the same command through bash.run in a python block
+                args = ", ".join(f"{k}={v!r}" for k, v in entry.bash.items() if k != "command")
+                code = f"print(bash.run({entry.bash['command']!r}{', ' + args if args else ''}))"
+                return self._serve(None, f"```python\n{code}\n```", entry.usage, entry.delay_s, entry.error,
+                                   messages, model)
+            return self._serve(None, entry.text, entry.usage, entry.delay_s, entry.error, messages, model,
+                               bash=entry.bash)
         if purpose == "root" and tools is None and entry.code is not None:
             # No tools offered (RLM_PROTOCOL=text): the turn's code comes as a fenced block in its text.
             text = (entry.text + "\n\n" if entry.text else "") + f"```python\n{entry.code}\n```"
@@ -250,13 +270,16 @@ class ScriptedProvider:
             time.sleep(HOLD_POLL_S)
 
     def _serve(self, code: str | None, text: str, usage: Any, delay_s: float, error: str | None,
-               messages: list[dict[str, Any]], model: str | None) -> Completion:
+               messages: list[dict[str, Any]], model: str | None, *, bash: dict[str, Any] | None = None) -> Completion:
         if delay_s:
             time.sleep(delay_s)
         if error:
             raise ProviderError(f"scripted failure: {error}", billed=False)
         model_id = model or self.default_model
-        calls = (ToolCall(id=f"call_{self.calls.total()}", name="python", code=code),) if code is not None else ()
+        calls: tuple[ToolCall, ...] = (ToolCall(id=f"call_{self.calls.total()}", name="python", code=code),) \
+            if code is not None else ()
+        if bash is not None:
+            calls = (ToolCall(id=f"call_{self.calls.total()}", name="bash", code=bash["command"], arguments=dict(bash)),)
         if usage == "unknown":
             reported = None
         elif isinstance(usage, dict):

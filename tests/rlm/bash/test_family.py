@@ -1,0 +1,81 @@
+"""Two children of one family: their mutating commands serialise on the workspace lease, their read-only
+commands overlap. Both shown by what the commands themselves observed, not by timing."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from rlmfamily.bash.store import JobStore
+from rlmfamily.context import Context
+from rlmfamily.providers import ScriptedProvider
+from rlmfamily.session import RunResult, Session
+
+from ..holds import wait_until
+
+pytestmark = pytest.mark.timeout(90)
+
+# Read-only: each child notes its start, then waits (at most 10 s) until the other has started too, and
+# prints how many starts it saw: 2 only if both ran at once.
+OVERLAP = ("echo start-$ME >> overlap; for i in $(seq 1000); do [ $(grep -c start- overlap) -ge 2 ] && break; "
+           "sleep 0.01; done; grep -c start- overlap")
+# Mutating: note the start, wait for the test's go-file, note the end.
+MUTATE = "echo start-$ME >> events; while [ ! -e go-$ME ]; do sleep 0.01; done; echo end-$ME >> events"
+CHILD = f"""
+me = rlm.agent_id().split(".")[-1]
+ro = bash.run("ME=" + me + "; " + {OVERLAP!r}, read_only=True)
+mu = bash.run("ME=" + me + "; " + {MUTATE!r})
+final_answer(me + " saw " + ro.stdout_preview.strip() + " starts; mutating " + mu.state)
+"""
+ROOT = """
+a = rlm.run("work alpha")
+b = rlm.run("work beta")
+done = rlm.wait_all([a, b], 80)
+final_answer(sorted(d["answer"] for d in done))
+"""
+
+
+def test_mutating_commands_of_two_children_serialise_and_read_only_ones_overlap(make_settings,
+                                                                                tmp_path: Path) -> None:
+    settings = make_settings(profile="python-bash", bash_lease_wait_s=60, step_timeout_s=120,
+                             host_call_timeout_s=400)
+    workspace = tmp_path / "work"
+    workspace.mkdir()
+    (workspace / "README.md").write_text("shared workspace\n")
+    script = {"root": [{"code": ROOT}], "child": [{"pattern": "work (alpha|beta)", "root": [{"code": CHILD}]}],
+              "default_answer": "NONE"}
+    session = Session(context=Context.from_repository(workspace, settings), provider=ScriptedProvider(script),
+                      settings=settings)
+    results: list[RunResult] = []
+    root = threading.Thread(target=lambda: results.append(session.run("q")), daemon=True)
+    root.start()
+    store = JobStore(settings.jobs_path)
+    events = workspace / "events"
+
+    def mutating() -> list:
+        return [j for j in store.jobs() if not j.read_only]
+
+    # One child's mutating command runs (its start is written) while the other's job is admitted and waiting.
+    wait_until(lambda: events.exists() and sorted(j.state for j in mutating()) == ["running", "waiting"],
+               "one mutating job running, the other waiting for the lease")
+    first = next(j for j in mutating() if j.state == "running")
+    second = next(j for j in mutating() if j.state == "waiting")
+    first_name, second_name = first.agent_id.split(".")[-1], second.agent_id.split(".")[-1]
+    assert events.read_text() == f"start-{first_name}\n", "the waiting job must not have started"
+    (workspace / f"go-{first_name}").touch()
+    wait_until(lambda: store.job(second.id).state == "running" and "start-" + second_name in events.read_text(),
+               "the second mutating job started once the first ended")
+    (workspace / f"go-{second_name}").touch()
+    root.join(60)
+    assert results, "the root finished"
+    result = results[0]
+    assert result.stop_reason == "answered", result.error
+    assert events.read_text().split() == [f"start-{first_name}", f"end-{first_name}", f"start-{second_name}",
+                                          f"end-{second_name}"]
+    # Each read-only command saw the other's start while it ran: they overlapped.
+    assert json.loads(result.answer) == ["c1 saw 2 starts; mutating exited", "c2 saw 2 starts; mutating exited"]
+    assert store.leases() == {}
+    assert {j.root_id for j in store.jobs()} == {result.run_id}

@@ -1,0 +1,205 @@
+"""The python-bash profile in real runs: the bundled example through a scripted model, receipts against the
+transcript, a root killed mid-command, a replayed request, and 50 MB of output."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlmfamily.bash.errors import WorkspaceLeaseHeld
+from rlmfamily.bash.store import JobStore
+from rlmfamily.cli import main
+from rlmfamily.context import Context
+from rlmfamily.family import procs
+from rlmfamily.providers import ScriptedProvider
+from rlmfamily.session import Session
+from rlmfamily.trajectory import read_trajectory
+
+from ..conftest import REPO_ROOT
+from ..holds import wait_until
+from .support import broker, rlm_json
+
+pytestmark = pytest.mark.timeout(90)
+
+EXAMPLES = REPO_ROOT / "library" / "rlmfamily" / "examples"
+DOCS = (REPO_ROOT / "docs" / "RLM.md").read_text()
+
+
+def _docs_example() -> tuple[list[str], str]:
+    """The `rlm run --profile python-bash` command docs/RLM.md shows (its continuation line joined)."""
+    block = re.search(r"```sh\ncp -r library/rlmfamily/examples/tally /tmp/tally.*?\n```", DOCS, re.DOTALL)
+    assert block, "docs/RLM.md shows the python-bash example"
+    line = re.search(r"^rlm run --profile python-bash .*?\"$", block[0].replace("\\\n", ""), re.MULTILINE)[0]
+    import shlex
+
+    words = shlex.split(line)
+    return words[1:-1], words[-1]
+
+
+def _copy_tally(tmp_path: Path) -> Path:
+    target = tmp_path / "tally"
+    shutil.copytree(EXAMPLES / "tally", target)
+    return target
+
+
+def _run_example(settings, tmp_path: Path, capsys, *extra: str) -> dict:
+    args, question = _docs_example()
+    repo = _copy_tally(tmp_path / f"copy{len(extra)}")
+    args = [str(repo) if a == "/tmp/tally" else str(REPO_ROOT / a) if a.startswith("library/") else a for a in args]
+    capsys.readouterr()
+    code = main(["--data-dir", str(settings.data_dir), *args, *extra, "--json", "--quiet", question])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    result = json.loads(out)
+    result["repo"] = repo
+    return result
+
+
+def test_the_bundled_example_is_edited_tested_read_by_handle_fixed_and_tested_again(settings, tmp_path: Path,
+                                                                                    capsys) -> None:
+    result = _run_example(settings, tmp_path, capsys)
+    assert result["answer"] == "median added; the tests pass"
+    assert "sorted(values)" in (result["repo"] / "tally" / "stats.py").read_text()
+    events = read_trajectory(Path(result["trajectory_path"]))
+    jobs = [e for e in events if e["event"] == "job"]
+    assert [(j["surface"], j["state"], j["exit_code"]) for j in jobs] == [
+        ("python", "exited", 0), ("tool", "exited", 1), ("tool", "exited", 0), ("tool", "exited", 0)]
+    steps = [e for e in events if e["event"] == "step"]
+    # The failure was read by handle in turn 3, not printed again by the job.
+    assert "AssertionError: 1 != 3" in steps[1]["observation"] and "bash.read" in steps[1]["code"]
+    tools = [e for e in events if e["event"] == "tool_step"]
+    assert [t["call_id"] for t in tools] == [c["id"] for e in events if e["event"] == "turn" for c in e["calls"]
+                                             if c["name"] == "bash"]
+    listed = rlm_json(capsys, settings, "jobs", "--run", result["run_id"])
+    assert [j["state"] for j in listed["jobs"]] == ["exited"] * 4 and listed["leases"] == {}
+    capsys.readouterr()
+    assert main(["--data-dir", str(settings.data_dir), "show", result["run_id"]]) == 0
+    shown = capsys.readouterr().out
+    assert "bash$ python3 -m unittest -q" in shown and "[job j2 exit 1 after" in shown
+    assert "FAIL: test_median_of_an_odd_count" in shown
+
+
+def test_receipts_show_the_model_fewer_characters_and_keep_every_record(make_settings, tmp_path: Path,
+                                                                         capsys) -> None:
+    settings = make_settings()
+    transcript = _run_example(settings, tmp_path, capsys)
+    receipts = _run_example(settings, tmp_path, capsys, "--observation-strategy", "receipts")
+    seen = {r["extra"]["observations"]["strategy"]: r["extra"]["observations"] for r in (transcript, receipts)}
+    assert receipts["answer"] == transcript["answer"] == "median added; the tests pass"
+    assert seen["receipts"]["chars_shown"] < seen["transcript"]["chars_shown"]
+    assert seen["receipts"]["chars_produced"] == seen["transcript"]["chars_produced"]
+    events = read_trajectory(Path(receipts["trajectory_path"]))
+    started = events[0]
+    assert started["observation_strategy"] == "receipts" and started["tools"] == ["python", "bash"]
+    failing = [e for e in events if e["event"] == "tool_step"][0]
+    assert failing["observation"].startswith("[job j") and failing["full_chars"] > failing["observation_chars"]
+    # The whole output is still in the history, and searchable.
+    from rlmfamily.history import History
+
+    hits = History(settings.history_path, receipts["run_id"]).search("AssertionError", 10)
+    assert hits and any(h["id"] == failing["history_id"] for h in hits)
+
+
+ROOT_SCRIPT = {
+    "root": [
+        {"code": "r = bash.run('touch started; while [ ! -e release ]; do sleep 0.02; done; echo once >> effects')\n"
+                 "print(r)"},
+        {"code": "final_answer('resumed')"},
+    ],
+}
+
+
+def test_a_root_killed_mid_command_leaves_an_unknown_job_holding_its_lease_until_released(
+        settings, tmp_path: Path, capsys) -> None:
+    workspace = tmp_path / "work"
+    workspace.mkdir()
+    script = tmp_path / "root.json"
+    script.write_text(json.dumps(ROOT_SCRIPT))
+    rlm = [sys.executable, "-m", "rlmfamily", "--data-dir", str(settings.data_dir)]
+    root = subprocess.Popen([*rlm, "run", "--profile", "python-bash", "--repo", str(workspace), "--script",
+                             str(script), "--quiet", "q"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        store = JobStore(settings.jobs_path)
+
+        def started() -> bool:  # the command runs, and its process is on record
+            return root.poll() is not None or ((workspace / "started").exists() and store.jobs()[0].pid is not None)
+
+        wait_until(started, "the command started")
+        assert root.poll() is None, root.stderr.read().decode()
+        root.send_signal(signal.SIGKILL)
+        root.wait()
+    finally:
+        root.kill()
+    [job] = rlm_json(capsys, settings, "jobs")["jobs"]
+    assert (job["state"], job["holds_lease"], job["process_running"]) == ("unknown", True, True)
+    capsys.readouterr()
+    assert main(["--data-dir", str(settings.data_dir), "jobs"]) == 0
+    table = capsys.readouterr().out
+    assert "unknown" in table and "rlm jobs release JOB --reason" in table and "still runs" in table
+    # While it is unknown, no mutating command runs in the workspace: it is refused at once, naming the job.
+    with pytest.raises(WorkspaceLeaseHeld, match=f"job {job['id']}"):
+        broker(settings, workspace, root_id="another-run").run("echo over >> effects")
+    assert main(["--data-dir", str(settings.data_dir), "jobs", "release", job["id"], "--reason", "x"]) == 2
+    assert "still runs" in capsys.readouterr().err
+    (workspace / "release").touch()
+    wait_until(lambda: not procs.alive(job["pid"], job["pid_start"]), "the orphaned command ended")
+    released = rlm_json(capsys, settings, "jobs", "release", job["id"], "--reason", "effects has one line: it ran")
+    assert (released["state"], released["holds_lease"], released["release_reason"]) == (
+        "unknown", False, "effects has one line: it ran")
+    assert rlm_json(capsys, settings, "jobs")["leases"] == {}
+    # Resuming the root runs the interrupted step again: its bash.run gets the same receipt, nothing runs again.
+    done = subprocess.run([*rlm, "resume", job["run_id"], "--script", str(script), "--quiet", "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["answer"] == "resumed"
+    assert (workspace / "effects").read_text() == "once\n"
+    assert [j["id"] for j in rlm_json(capsys, settings, "jobs", "--run", job["run_id"])["jobs"]] == [job["id"]]
+    replayed = [e for e in read_trajectory(settings.runs_dir / job["run_id"] / "trajectory.jsonl")
+                if e["event"] == "job"]
+    assert [(e["state"], e["replayed"]) for e in replayed] == [("unknown", True)]
+    after = broker(settings, workspace, root_id="another-run").run("echo after >> effects")[0]
+    assert after.exit_code == 0
+
+
+def test_a_request_id_replayed_in_the_namespace_runs_nothing(make_settings, tmp_path: Path) -> None:
+    settings = make_settings(profile="python-bash")
+    workspace = tmp_path / "work"
+    workspace.mkdir()
+    code = ("a = bash.run('echo ran >> log', request_id='step-1')\n"
+            "b = bash.run('echo ran >> log', request_id='step-1')\n"
+            "print(a.id == b.id, b.receipt.splitlines()[0])\nfinal_answer(open_log := 'ok')")
+    provider = ScriptedProvider({"root": [{"code": code.replace("open_log := ", "")}]})
+    result = Session(context=Context.from_repository(workspace, settings), provider=provider,
+                     settings=settings).run("q")
+    assert result.answer == "ok", result.error
+    step = [e for e in read_trajectory(result.trajectory_path) if e["event"] == "step"][0]
+    assert "True" in step["observation"] and "replayed request, nothing ran again" in step["observation"]
+    assert (workspace / "log").read_text() == "ran\n"
+
+
+def test_fifty_megabytes_of_output_reach_the_conversation_as_a_preview(make_settings, tmp_path: Path) -> None:
+    settings = make_settings(profile="python-bash", bash_max_stored_bytes=1 << 20)
+    workspace = tmp_path / "work"
+    workspace.mkdir()
+    provider = ScriptedProvider({"root": [
+        {"bash": "head -c 52428800 /dev/zero | tr '\\0' 'z'; echo; echo last-line"},
+        {"code": "j = bash.jobs()[0]\nprint(bash.read(j['id'], 'stdout', 0, 20))\nfinal_answer('read')"},
+    ]})
+    result = Session(context=Context.from_repository(workspace, settings), provider=provider,
+                     settings=settings).run("q")
+    assert result.answer == "read", result.error
+    assert result.root_chars_last < 20_000, "the conversation carried more than the preview"
+    events = read_trajectory(result.trajectory_path)
+    [job] = [e for e in events if e["event"] == "job"]
+    assert job["stdout_bytes"] == 50 * (1 << 20) + len("\nlast-line\n")
+    tool = [e for e in events if e["event"] == "tool_step"][0]
+    assert "last-line" in tool["observation"] and tool["observation_chars"] <= settings.max_observation_chars
+    assert "z" * 20 in [e for e in events if e["event"] == "step"][0]["observation"]
