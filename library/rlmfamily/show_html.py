@@ -314,7 +314,10 @@ class _Page:
         parts = [f'<details class="turn" open><summary>{self.text(summary)}</summary>']
         if e.get("text"):
             parts.append(f'<div class="model-text">{self.text(e["text"])}</div>')
-        parts.extend(self.pre("code", code) for code in e.get("code") or [])
+        names = [c.get("name") for c in e.get("calls") or []]
+        for index, code in enumerate(e.get("code") or []):
+            tool = names[index] if index < len(names) else "python"
+            parts.append(self.pre("code", code if tool in ("python", None) else f"{tool}$ {code}"))
         return "".join(parts)
 
     def _banner(self, e: dict[str, Any]) -> str:
@@ -350,6 +353,11 @@ class _Page:
         if kind == "delegation":
             what = f"delegation {e.get('action')} {e.get('id')} to {e.get('peer')}: {e.get('state')}"
             return f'<div class="delegation">{self.text(what)}</div>'
+        if kind == "job":  # a command job of the python-bash profile: its receipt
+            failed = e.get("state") != "exited" or e.get("exit_code") != 0
+            return f'<div class="job">{self.pre("receipt" + (" failed" if failed else ""), e.get("receipt", ""))}</div>'
+        if kind == "tool_step":  # the receipt is in its job event; a refused call has none
+            return "" if e.get("job_id") else self.pre("output failed", str(e.get("observation", "")))
         # An event this page does not know (a newer library wrote it): shown as its fields.
         fields = {k: v for k, v in e.items() if k not in ("event", "seq", "ts")}
         return f'<div class="event">{self.text(kind)} {self.text(json.dumps(fields, default=str))}</div>'
@@ -558,9 +566,9 @@ pre { white-space: pre-wrap; overflow-wrap: anywhere; margin: 6px 0; padding: 6p
 pre.code { background: #f0f6ee; } pre.output { background: #f4f4f6; } pre.failed { background: #fbeeee; }
 pre.prompt, pre.response { background: #f7f2fb; max-height: 200px; } pre.answer { background: #eef3fb; }
 .model-text { font-style: italic; white-space: pre-wrap; overflow-wrap: anywhere; }
-.subcall, .child, .delegation, .evidence, .event { margin: 6px 0 6px 12px; padding-left: 8px;
+.subcall, .child, .delegation, .evidence, .event, .job { margin: 6px 0 6px 12px; padding-left: 8px;
   border-left: 3px solid var(--line); overflow-wrap: anywhere; }
-.subcall { border-color: #a77bd1; } .child { border-color: var(--accent); } .delegation { border-color: #c98a2b; }
+.subcall { border-color: #a77bd1; } .child { border-color: var(--accent); } .delegation { border-color: #c98a2b; } .job { border-color: #3c8c5a; }
 .subcall p, .evidence p { margin: 2px 0; }
 .outcome { margin: 8px 0; } .outcome .stop { font-weight: 600; margin: 0; } .unfinished, .error { color: #a33; }
 .banner { color: #8a5a00; font-weight: 600; } .note, .clipped { color: var(--muted); font-style: italic; }

@@ -176,6 +176,9 @@ class FakeOpenAI(FakeModelServer):
                 "id": "call_1", "type": "function",
                 "function": {"name": "python", "arguments": json.dumps({"code": spec["code"]})},
             }]
+        if "bash" in spec:  # a call of the python-bash profile's bash tool: {"command": ..., ...}
+            message["tool_calls"] = [{"id": spec.get("call_id", "call_b"), "type": "function",
+                                      "function": {"name": "bash", "arguments": json.dumps(spec["bash"])}}]
         payload: dict[str, Any] = {
             "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": request.get("model", "m"),
             "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],

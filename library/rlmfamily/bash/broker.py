@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from rlmfamily.bash.errors import JobRefused, WorkspaceBusy
 from rlmfamily.bash.host import BashHost

@@ -1,8 +1,8 @@
 """``rlm jobs``: command jobs and their receipts; ``rlm jobs release JOB --reason ...`` gives back a lease.
 
 ``rlm jobs`` lists jobs newest first (``--run RUN``: one family, found as ``rlm
-show`` finds a run; a child's is its root's family), with their state, exit
-status, byte counts, whether each holds the workspace lease and whether its
+show`` finds a run; a child's is its root's family), with their agent, state,
+exit status, output bytes, whether each holds the workspace lease and whether its
 process still runs. ``rlm jobs JOB`` prints one job's receipt. A job whose run
 ended while it ran is ``unknown`` and keeps its lease; once a person has checked
 what the command did, ``rlm jobs release JOB --reason TEXT`` gives the lease back
@@ -16,6 +16,7 @@ import argparse
 import json
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -28,7 +29,7 @@ from rlmfamily.trajectory import find_run
 
 COMMANDS = ("jobs",)
 EXIT_OK = 0
-COMMAND_COLUMN_CHARS = 60
+COMMAND_COLUMN_CHARS = 28
 
 
 def add_parsers(sub: Any) -> None:
@@ -89,18 +90,17 @@ def _root(settings: RLMSettings, run: str) -> str:
 
 
 def _table(settings: RLMSettings, jobs: list[Job], leases: dict[str, str]) -> Table:
-    table = Table(title=f"command jobs ({settings.jobs_path})", title_justify="left")
-    for column in ("job", "agent", "state", "exit", "s", "stdout", "stderr", "cwd", "lease", "command"):
-        table.add_column(column, justify="right" if column in ("exit", "s", "stdout", "stderr") else "left",
-                         no_wrap=column != "command")
+    table = Table(title=f"command jobs ({settings.jobs_path})", title_justify="left", box=box.SIMPLE, pad_edge=False)
+    for column in ("job", "agent", "state", "exit", "bytes", "lease", "command"):  # the receipt has the rest
+        table.add_column(column, justify="right" if column in ("exit", "bytes") else "left", no_wrap=True)
     for job in jobs:
         state = job.state + (" (released)" if job.released_at else "") + (" · still running" if job.state == "unknown"
                                                                            and job.process_alive() else "")
         table.add_row(
-            job.id, "root" if job.agent_id == job.root_id else job.agent_id.removeprefix(job.root_id + "."), state, "-" if job.exit_code is None else str(job.exit_code),
-            "-" if job.duration_s is None else f"{job.duration_s:.2f}", f"{job.stdout_bytes:,}",
-            f"{job.stderr_bytes:,}", job.cwd, "held" if job.id in leases else ("read-only" if job.read_only else "-"),
-            _one_line(job.command), style="yellow" if job.state == "unknown" else None,
+            job.id, "root" if job.agent_id == job.root_id else job.agent_id.removeprefix(job.root_id + "."), state,
+            "-" if job.exit_code is None else str(job.exit_code), f"{job.stdout_bytes + job.stderr_bytes:,}",
+            "held" if job.id in leases else ("read-only" if job.read_only else "-"), _one_line(job.command),
+            style="yellow" if job.state == "unknown" else None,
         )
     return table
 

@@ -165,8 +165,8 @@ def receipt_text(job: Job, *, replayed: bool = False, preview_chars: int | None 
     else:
         how = f"{job.state}" + (f": {job.error}" if job.error else "")
     took = f" after {job.duration_s:.2f} s" if job.duration_s is not None else ""
-    lines = [f"[job {job.id} {how}{took}; cwd {job.cwd}{'; read-only' if job.read_only else ''}"
-             f"{'; replayed request, nothing ran again' if replayed else ''}]", f"$ {job.command}"]
+    lines = [(f"[job {job.id} {how}{took}; cwd {job.cwd}{'; read-only' if job.read_only else ''}"
+             f"{'; replayed request, nothing ran again' if replayed else ''}]"), f"$ {job.command}"]
     for stream in ("stdout", "stderr"):
         total, stored = getattr(job, f"{stream}_bytes"), getattr(job, f"{stream}_stored")
         preview = getattr(job, f"{stream}_preview")

@@ -65,7 +65,8 @@ def find_bash(settings: RLMSettings, env: dict[str, str]) -> tuple[str, str]:
                                   "(no other shell is used in its place)", setting="bash_path")
     try:
         done = subprocess.run([candidate, "--noprofile", "--norc", "-c", 'printf %s "$BASH_VERSION"'],
-                              env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=VERSION_CHECK_TIMEOUT_S)
+                              env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=VERSION_CHECK_TIMEOUT_S,
+                              check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise BashUnavailable(f"{candidate} cannot be run: {exc} (RLM_BASH_PATH)", setting="bash_path") from None
     version = done.stdout.decode(errors="replace").strip()

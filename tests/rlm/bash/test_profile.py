@@ -4,7 +4,6 @@ transcript, a root killed mid-command, a replayed request, and 50 MB of output."
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
@@ -99,7 +98,7 @@ def test_receipts_show_the_model_fewer_characters_and_keep_every_record(make_set
     events = read_trajectory(Path(receipts["trajectory_path"]))
     started = events[0]
     assert started["observation_strategy"] == "receipts" and started["tools"] == ["python", "bash"]
-    failing = [e for e in events if e["event"] == "tool_step"][0]
+    failing = next(e for e in events if e["event"] == "tool_step")
     assert failing["observation"].startswith("[job j") and failing["full_chars"] > failing["observation_chars"]
     # The whole output is still in the history, and searchable.
     from rlmfamily.history import History
@@ -157,7 +156,7 @@ def test_a_root_killed_mid_command_leaves_an_unknown_job_holding_its_lease_until
     assert rlm_json(capsys, settings, "jobs")["leases"] == {}
     # Resuming the root runs the interrupted step again: its bash.run gets the same receipt, nothing runs again.
     done = subprocess.run([*rlm, "resume", job["run_id"], "--script", str(script), "--quiet", "--json"],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["answer"] == "resumed"
     assert (workspace / "effects").read_text() == "once\n"
@@ -180,7 +179,7 @@ def test_a_request_id_replayed_in_the_namespace_runs_nothing(make_settings, tmp_
     result = Session(context=Context.from_repository(workspace, settings), provider=provider,
                      settings=settings).run("q")
     assert result.answer == "ok", result.error
-    step = [e for e in read_trajectory(result.trajectory_path) if e["event"] == "step"][0]
+    step = next(e for e in read_trajectory(result.trajectory_path) if e["event"] == "step")
     assert "True" in step["observation"] and "replayed request, nothing ran again" in step["observation"]
     assert (workspace / "log").read_text() == "ran\n"
 
@@ -200,6 +199,58 @@ def test_fifty_megabytes_of_output_reach_the_conversation_as_a_preview(make_sett
     events = read_trajectory(result.trajectory_path)
     [job] = [e for e in events if e["event"] == "job"]
     assert job["stdout_bytes"] == 50 * (1 << 20) + len("\nlast-line\n")
-    tool = [e for e in events if e["event"] == "tool_step"][0]
+    tool = next(e for e in events if e["event"] == "tool_step")
     assert "last-line" in tool["observation"] and tool["observation_chars"] <= settings.max_observation_chars
-    assert "z" * 20 in [e for e in events if e["event"] == "step"][0]["observation"]
+    assert "z" * 20 in next(e for e in events if e["event"] == "step")["observation"]
+
+
+def test_the_bash_tool_is_offered_and_answered_over_the_openai_wire(make_settings, tmp_path: Path,
+                                                                    fake_openai, monkeypatch) -> None:
+    from rlmfamily.providers.openai_compat import OpenAIProvider
+
+    monkeypatch.setenv("TEST_MODEL_KEY", "sk-test")
+    settings = make_settings(profile="python-bash", api_key_env="TEST_MODEL_KEY")
+    workspace = tmp_path / "work"
+    (workspace / "src").mkdir(parents=True)
+    fake_openai.push(bash={"command": "pwd; echo $TEST_MODEL_KEY; exit 4", "cwd": "src", "read_only": True})
+    fake_openai.push(code="final_answer('done')")
+    provider = OpenAIProvider(base_url=fake_openai.base_url, model="m", api_key_env="TEST_MODEL_KEY")
+    result = Session(context=Context.from_repository(workspace, settings), provider=provider,
+                     settings=settings).run("q")
+    assert result.answer == "done", result.error
+    first, second = fake_openai.requests
+    assert [t["function"]["name"] for t in first["tools"]] == ["python", "bash"]
+    sent_back = second["messages"]
+    [call] = sent_back[-2]["tool_calls"]
+    assert call["function"]["name"] == "bash" and json.loads(call["function"]["arguments"])["cwd"] == "src"
+    result_message = sent_back[-1]
+    assert result_message["role"] == "tool" and result_message["tool_call_id"] == "call_b"
+    assert str((workspace / "src").resolve()) in result_message["content"]
+    assert "sk-test" not in result_message["content"] and "exit 4" in result_message["content"]
+
+
+def test_bash_settings_are_checked_at_start_up(make_settings, tmp_path: Path) -> None:
+    from rlmfamily.errors import SettingsInvalid
+
+    with pytest.raises(SettingsInvalid, match="host_call_timeout_s"):
+        make_settings(profile="python-bash", host_call_timeout_s=150)
+    with pytest.raises(SettingsInvalid, match="bash_default_deadline_s"):
+        make_settings(bash_default_deadline_s=300, bash_max_deadline_s=100)
+    with pytest.raises(SettingsInvalid, match="OPENAI_API_KEY"):
+        make_settings(profile="python-bash", bash_env_allow=["PATH", "OPENAI_API_KEY"])
+    make_settings(host_call_timeout_s=150)  # the python profile does not care
+    document = tmp_path / "notes.txt"
+    document.write_text("notes\n")
+    settings = make_settings(profile="python-bash")
+    result = Session(context=Context.from_document(document, settings),
+                     provider=ScriptedProvider({"root": [{"code": "final_answer(1)"}]}), settings=settings).run("q")
+    assert result.stop_reason == "error" and "bash_unavailable" in result.error and "RLM_BASH_WORKSPACE" in result.error
+
+
+def test_the_html_page_shows_each_job_with_its_receipt(settings, tmp_path: Path, capsys) -> None:
+    result = _run_example(settings, tmp_path, capsys)
+    page = tmp_path / "page.html"
+    assert main(["--data-dir", str(settings.data_dir), "show", "--html", result["run_id"], "-o", str(page)]) == 0
+    html = page.read_text()
+    assert html.count('<div class="job">') == 4 and "bash$ python3 -m unittest -q" in html
+    assert "AssertionError: 1 != 3" in html and '<pre class="receipt failed">' in html
