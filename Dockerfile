@@ -7,27 +7,34 @@
 # PORT (set by Cloud Run) is the port of the role that listens: see infra/entrypoint.sh.
 # tests/deploy/test_dockerfile.py checks this file against the code.
 
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+# The base, pinned by digest (the tag beside it): every build starts from the same bytes. To move it, look up the
+# tag's current digest (`docker buildx imagetools inspect python:3.11-slim-bookworm`), change it here, and run
+# the smoke (docs/OPERATIONS.md). Where no registry serves it, build with --build-arg PYTHON_IMAGE=<a local base>
+# (infra/release/smoke.py makes one from Debian's packages with debootstrap).
+# python:3.11-slim-bookworm
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:2e32f7d302adc1c37428355c1e646897c0c53f4fd60b6a551245fb90ee129f91
 
-# --- builder: compilers allowed here only ---------------------------------------------------------
+# --- builder: installs the runtime lock; nothing is compiled (wheels only) ---------------------------
 FROM ${PYTHON_IMAGE} AS builder
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1
 
-# For any locked dependency that has no wheel for this platform; none of it reaches the final stage.
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends build-essential \
-    && rm -rf /var/lib/apt/lists/*
+SHELL ["/bin/sh", "-eu", "-c"]
 
-RUN python -m venv /opt/venv
+# The runtime lock alone (requirements.lock: exact versions, nothing resolved here; the development set is
+# requirements-dev.lock and never enters the image), as wheels only, so no compiler is needed or installed.
+# `pip check` fails the build if the lock misses a dependency. A machine whose TLS to the package index goes
+# through its own certificate authority passes that bundle as the build secret `build_ca`
+# (--secret id=build_ca,src=/etc/ssl/certs/ca-certificates.crt); it is never written to a layer.
+COPY requirements.lock requirements-build.lock /app/
+RUN --mount=type=secret,id=build_ca \
+    if [ -f /run/secrets/build_ca ]; then export PIP_CERT=/run/secrets/build_ca; fi; \
+    python -m venv /opt/venv \
+    && /opt/venv/bin/pip install --no-deps --only-binary=:all: -r /app/requirements.lock -r /app/requirements-build.lock \
+    && /opt/venv/bin/pip check
 ENV PATH=/opt/venv/bin:$PATH
-
-# Dependencies first, from the lock alone (exact versions, nothing resolved here), so that a code change
-# does not reinstall them; `pip check` fails the build if the lock is missing a dependency.
-COPY requirements.lock /app/requirements.lock
-RUN pip install --no-deps -r /app/requirements.lock && pip check
 
 # The project, editable at /app: code, specs and migrations stay where the settings expect them
 # (PROJECT_ROOT), and the final stage copies /app and /opt/venv to the same paths.
@@ -43,7 +50,12 @@ COPY ops ./ops
 COPY migrations ./migrations
 COPY specs ./specs
 COPY infra/model_routes.toml infra/entrypoint.sh ./infra/
-RUN pip install --no-deps -e ./library -e . && python -m compileall -q /app /opt/venv
+# Built with the locked setuptools (requirements-build.lock; no download); then setuptools and pip leave the
+# venv: nothing at run time installs anything, and an editable install needs neither to import.
+RUN pip install --no-deps --no-build-isolation -e ./library -e . \
+    && pip uninstall -y -q setuptools pip \
+    && rm -rf /app/build /app/*.egg-info /app/library/build /app/library/*.egg-info \
+    && python -m compileall -q /app /opt/venv
 
 # --- final: the runtime, no compilers -------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime

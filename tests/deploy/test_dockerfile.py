@@ -15,7 +15,7 @@ import pytest
 
 from core.settings import PROJECT_ROOT
 from core.settings_doc import settings_fields
-from tests.deploy.manifests import DOCKERIGNORE, ENTRYPOINT, Stage, dockerfile_stages
+from tests.deploy.manifests import DOCKERFILE, DOCKERIGNORE, ENTRYPOINT, Stage, dockerfile_stages
 from tests.deploy.roles import IMAGE_ROOT, clean_environment, free_port
 
 pytestmark = pytest.mark.timeout(60, func_only=True)
@@ -57,15 +57,32 @@ def test_the_image_is_built_in_a_builder_stage_and_the_final_stage_has_no_compil
         assert "pip install" not in instruction.args and "apt-get install" not in instruction.args
 
 
-def test_dependencies_come_from_the_lock_alone(stages):
+def test_dependencies_come_from_the_runtime_lock_alone_as_wheels(stages):
     builder = stages[0]
-    assert any("requirements.lock" in sources for _, sources, _ in copies(builder))
+    copied = {source for _, sources, _ in copies(builder) for source in sources}
+    assert {"requirements.lock", "requirements-build.lock"} <= copied
+    assert not {source for source in copied if "dev" in source}, "the development lock never enters the image"
     installs = [i.args for i in builder.all("RUN") if "pip install" in i.args]
-    assert any(re.search(r"pip install --no-deps -r \S*requirements\.lock", run) for run in installs)
+    locked = [run for run in installs if re.search(r"pip install --no-deps --only-binary=:all: -r \S*requirements\.lock", run)]
+    assert locked, "the runtime lock, wheels only (no compiler in the builder either)"
     for run in installs:  # nothing is resolved at build time: every install is --no-deps
         for command in re.findall(r"pip install[^&|;]*", run):
             assert "--no-deps" in command, command
     assert any("pip check" in run for run in installs)
+    assert not [i for i in builder.all("RUN") if COMPILERS.search(i.args) or "apt-get" in i.args]
+
+
+def test_the_final_venv_keeps_neither_pip_nor_the_build_backend(stages):
+    builder = stages[0]
+    editable = next(i.args for i in builder.all("RUN") if "-e ." in i.args)
+    assert re.search(r"pip uninstall -y( -q)? setuptools pip", editable)
+
+
+def test_the_base_is_pinned_by_digest_with_its_tag_beside_it():
+    text = DOCKERFILE.read_text()
+    pinned = re.search(r"^ARG PYTHON_IMAGE=(\S+)@sha256:[0-9a-f]{64}$", text, re.MULTILINE)
+    assert pinned, "FROM's default base is pinned by digest"
+    assert f"# {pinned.group(1)}\n" in text, "the tag is kept beside the digest as a comment"
 
 
 def test_the_image_runs_as_an_unprivileged_user(final):
@@ -93,7 +110,7 @@ def test_the_image_holds_the_project_where_the_settings_look_for_it(stages, fina
     assert packages <= copied, "every package of pyproject.toml is in the image"
     assert {"specs", "migrations", "pyproject.toml", "infra/model_routes.toml", "infra/entrypoint.sh"} <= copied
     # Editable at the same path in both stages: PROJECT_ROOT (core/settings.py) is /app in the image.
-    assert any("pip install --no-deps -e ." in i.args for i in builder.all("RUN"))
+    assert any(re.search(r"pip install --no-deps( --no-build-isolation)? -e \./library -e \.", i.args) for i in builder.all("RUN"))
 
 
 def test_the_entry_point_runs_the_specialists_command_and_every_role_is_one_of_its_commands(final):
