@@ -48,7 +48,30 @@ resource "google_sql_database_instance" "main" {
     ip_configuration {
       ipv4_enabled    = false # no public IP at all
       private_network = google_compute_network.vpc.id
-      ssl_mode        = "ENCRYPTED_ONLY"
+      # Every role connects through Cloud Run's Cloud SQL connection (the socket under /cloudsql), which is
+      # the Cloud SQL Auth Proxy: it presents the instance's client certificate itself. So the instance can
+      # refuse any connection without one, and a client that reached the private IP some other way is refused.
+      ssl_mode = "TRUSTED_CLIENT_CERTIFICATE_REQUIRED"
+    }
+
+    # Who connected, who left, and who waited on a lock longer than deadlock_timeout (1 s): what an operator
+    # reads after an incident (a reservation held, a claim's lease, a migration waiting on the service).
+    # log_checkpoints is PostgreSQL's own default since 15; set so that it stays on.
+    database_flags {
+      name  = "log_connections"
+      value = "on"
+    }
+    database_flags {
+      name  = "log_disconnections"
+      value = "on"
+    }
+    database_flags {
+      name  = "log_lock_waits"
+      value = "on"
+    }
+    database_flags {
+      name  = "log_checkpoints"
+      value = "on"
     }
 
     backup_configuration {
