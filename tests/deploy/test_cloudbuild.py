@@ -30,7 +30,7 @@ from tests.deploy.manifests import (
 
 pytestmark = pytest.mark.timeout(30)
 
-RELEASE_ORDER = ["test", "build", "push", "migrate", "deploy-worker", "deploy-api", "deploy-grpc", "drill", "traffic"]
+RELEASE_ORDER = ["checks", "terraform", "test", "build", "smoke", "push", "migrate", "deploy-worker", "deploy-api", "deploy-grpc", "drill", "traffic"]
 # Built-in substitutions Cloud Build fills in itself.
 BUILT_IN = {"PROJECT_ID", "SHORT_SHA", "COMMIT_SHA", "BUILD_ID", "LOCATION", "PROJECT_NUMBER"}
 # What a trigger gives a build, and a tag URL as the deploy-api step writes it (Cloud Run's form).
@@ -77,7 +77,7 @@ def test_the_tests_are_the_readmes_and_cis_test_command(steps):
 
 def test_the_image_is_built_pushed_and_the_same_image_is_deployed_everywhere(steps):
     assert steps["build"].args[0] == "build" and "${_IMAGE}" in steps["build"].args
-    assert steps["push"].args == ["push", "${_IMAGE}"]
+    assert 'docker push "${_IMAGE}"' in steps["push"].command
     for step_id in ("migrate", "deploy-worker", "deploy-api", "drill"):
         assert "--image=${_IMAGE}" in steps[step_id].command.replace('"', ""), step_id
 
@@ -111,6 +111,18 @@ def test_the_grpc_binding_is_deployed_as_the_api_a_tagged_revision_without_traff
 # --- the drill step, run as Cloud Build runs it, with gcloud standing in for Google -------------------
 
 
+def stand_in(tmp_path: Path, command: str, program: str) -> tuple[Path, Path]:
+    """A folder for PATH holding ``command`` as ``program`` (Python), and the file its calls are recorded in."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / command
+    fake.write_text(f"#!{sys.executable}\n{program}")
+    fake.chmod(0o755)
+    calls = tmp_path / f"{command}-calls"
+    calls.touch()
+    return bin_dir, calls
+
+
 def run_step(step: BuildStep, document: dict, tmp_path: Path, *, tag_url: str | None = TAG_URL, fails: str = "") -> tuple[int, list[list[str]]]:
     """The step's script after Cloud Build's substitutions, run by bash with /workspace in ``tmp_path``: its
     exit status, and the gcloud calls it made."""
@@ -118,13 +130,7 @@ def run_step(step: BuildStep, document: dict, tmp_path: Path, *, tag_url: str | 
     workspace.mkdir()
     if tag_url is not None:
         (workspace / "api_tag_url").write_text(tag_url + "\n")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    gcloud = bin_dir / "gcloud"
-    gcloud.write_text(f"#!{sys.executable}\n{FAKE_GCLOUD}")
-    gcloud.chmod(0o755)
-    calls = tmp_path / "gcloud-calls"
-    calls.touch()
+    bin_dir, calls = stand_in(tmp_path, "gcloud", FAKE_GCLOUD)
     script = substitute(step.command, substitutions(document, **TRIGGER)).replace("/workspace/", f"{workspace}/")
     env = {
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_GCLOUD_CALLS": str(calls), "FAKE_GCLOUD_FAILS": fails
@@ -232,3 +238,61 @@ def test_the_build_runs_as_the_deployer_account_terraform_grants_what_the_releas
     assert pushes["role"] == "roles/artifactregistry.writer"
     acts_as = set(tf.resource("google_service_account_iam_member", "deployer_acts_as")["for_each"])
     assert acts_as == {"api", "worker", "migrate", "drill"}  # updating a job needs actAs on its account
+
+
+# --- the static checks, the smoke, and a push of only the smoke-tested image ---------------------------
+
+
+def test_the_static_checks_and_terraforms_validation_run_before_anything_is_built(steps):
+    checks = steps["checks"].command
+    assert "pip install -q --no-deps -r infra/release/checks.lock" in checks
+    assert re.search(r"python infra/release/checks\.py --tools \S+ --skip \"terraform fmt\"", checks)
+    terraform = steps["terraform"].command
+    assert steps["terraform"].name.startswith("hashicorp/terraform:")
+    for command in ("terraform fmt -check -recursive infra", "init -backend=false", "terraform -chdir=infra validate"):
+        assert command in terraform
+    assert steps["terraform"].args[1].lstrip().startswith("set -eu"), "sh (the image has no bash) stops at a failure"
+
+
+def test_the_smoke_tests_the_built_image_and_writes_the_verdict_the_push_reads(steps):
+    smoke = steps["smoke"]
+    assert smoke.entrypoint == "python3" and smoke.args[0] == "infra/release/smoke.py"
+    assert {"--engine=docker", "--no-build", "--image=${_IMAGE}", "--network=cloudbuild"} <= set(smoke.args)
+    assert any(arg.startswith("--database-image=postgres:16") for arg in smoke.args), "Cloud SQL's major version"
+    verdict = next(arg.split("=", 1)[1] for arg in smoke.args if arg.startswith("--verdict-file="))
+    assert verdict in steps["push"].command
+
+
+FAKE_DOCKER = """\
+import json, os, sys
+with open(os.environ["FAKE_DOCKER_CALLS"], "a") as calls:
+    calls.write(json.dumps(sys.argv[1:]) + "\\n")
+if sys.argv[1:3] == ["image", "inspect"]:
+    print(os.environ["FAKE_IMAGE_ID"])
+"""
+
+
+def run_push(document: dict, steps: dict, tmp_path: Path, verdict: str | None) -> tuple[int, list[list[str]]]:
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    if verdict is not None:
+        (workspace / "smoke_passed").write_text(verdict + "\n")
+    bin_dir, calls = stand_in(tmp_path, "docker", FAKE_DOCKER)
+    script = substitute(steps["push"].command, substitutions(document, **TRIGGER)).replace("/workspace/", f"{workspace}/")
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_DOCKER_CALLS": str(calls),
+           "FAKE_IMAGE_ID": "sha256:" + "a" * 64}
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=20)
+    return done.returncode, [json.loads(line) for line in calls.read_text().splitlines()]
+
+
+def test_the_push_sends_the_image_the_smoke_passed(document, steps, tmp_path):
+    status, calls = run_push(document, steps, tmp_path, verdict="sha256:" + "a" * 64)
+    assert status == 0
+    assert calls[-1] == ["push", substitutions(document, **TRIGGER)["_IMAGE"]]
+
+
+@pytest.mark.parametrize("verdict", [None, "", "sha256:" + "b" * 64])
+def test_the_push_refuses_an_image_the_smoke_did_not_pass(document, steps, tmp_path, verdict):
+    status, calls = run_push(document, steps, tmp_path, verdict=verdict)
+    assert status != 0
+    assert not [call for call in calls if call[:1] == ["push"]]

