@@ -77,6 +77,7 @@ def test_the_tests_are_the_readmes_and_cis_test_command(steps):
 
 def test_the_image_is_built_pushed_and_the_same_image_is_deployed_everywhere(steps):
     assert steps["build"].args[0] == "build" and "${_IMAGE}" in steps["build"].args
+    assert "DOCKER_BUILDKIT=1" in steps["build"].raw["env"], "the Dockerfile's RUN --mount needs BuildKit"
     assert 'docker push "${_IMAGE}"' in steps["push"].command
     for step_id in ("migrate", "deploy-worker", "deploy-api", "drill"):
         assert "--image=${_IMAGE}" in steps[step_id].command.replace('"', ""), step_id
