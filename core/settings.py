@@ -625,6 +625,13 @@ class WorkerSettings(Section):
     )
     host: str = Field(default="127.0.0.1", description="Interface `specialists worker` listens on.")
     port: int = Field(default=8081, ge=1, le=65535, description="TCP port `specialists worker` listens on.")
+    seen_window_s: float = Field(
+        default=600.0,
+        ge=1.0,
+        le=7 * 86_400.0,
+        description="How far back `specialists health` looks for workers: one that claimed or renewed a job "
+        "within it is listed as seen (a worker with no job writes nothing, so it is not seen).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> "WorkerSettings":
@@ -639,6 +646,12 @@ class WorkerSettings(Section):
                 f"worker_heartbeat_s ({self.heartbeat_s}) must be at most a third of worker_lease_s "
                 f"({self.lease_s}) so that two lost heartbeats do not lose the lease; lower "
                 "SPECIALISTS_WORKER_HEARTBEAT_S or raise SPECIALISTS_WORKER_LEASE_S"
+            )
+        if self.seen_window_s < self.heartbeat_s:
+            raise ValueError(
+                f"worker_seen_window_s ({self.seen_window_s:g}) must be at least worker_heartbeat_s "
+                f"({self.heartbeat_s:g}), or a worker running a job is not seen between two heartbeats; raise "
+                "SPECIALISTS_WORKER_SEEN_WINDOW_S"
             )
         if 0 < self.job_max_memory_bytes < MIN_JOB_MEMORY_BYTES:
             raise ValueError(
@@ -844,6 +857,12 @@ class LedgerSettings(Section):
     )
     max_rows_per_listing: int = Field(
         default=1000, ge=1, le=100_000, description="Most rows one listing (history, reservations) returns."
+    )
+    max_usage_days: int = Field(
+        default=366,
+        ge=1,
+        le=3660,
+        description="Longest period one usage read (`credits usage`, tasks by outcome) covers, in days.",
     )
     max_operations_per_batch: int = Field(
         default=32,

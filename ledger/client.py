@@ -28,7 +28,7 @@ from ledger import reads
 from ledger import statements as st
 from ledger.batching import Call, CustomerBatches
 from ledger.errors import CustomerNotFound
-from ledger.limits import LedgerSettings, default_limits
+from ledger.limits import LedgerSettings, check_period, default_limits
 from ledger.results import (
     AccountResult,
     AdjustResult,
@@ -252,6 +252,38 @@ class Ledger:
         with self._autocommit.connect() as conn:
             return reads.history(conn, customer_id, limit=min(limit, self.limits.max_rows_per_listing))
 
+    def journal(
+        self,
+        *,
+        customer_id: str | None = None,
+        operator: str | None = None,
+        kinds: tuple[str, ...] | None = None,
+        before: int | None = None,
+        limit: int = reads.DEFAULT_JOURNAL_LINES,
+    ) -> reads.JournalPage:
+        """A page of the journal, newest posting first, below the posting id ``before`` (see ``reads.journal_page``);
+        a customer the service does not know is refused (``require_customer``), never an empty page."""
+        if customer_id is not None:
+            self.require_customer(customer_id)
+        with self._autocommit.connect() as conn:
+            return reads.journal_page(
+                conn, customer_id=customer_id, operator=operator, kinds=kinds, before=before,
+                limit=min(limit, self.limits.max_rows_per_listing),
+            )
+
+    def usage(
+        self, *, since: datetime, until: datetime, customer_id: str | None = None
+    ) -> list[reads.UsageRow]:
+        """Credits charged per UTC day, customer and specialist in [``since``, ``until``) (see ``reads.usage_by_day``):
+        a period of at most ``max_usage_days`` (SPECIALISTS_LEDGER_MAX_USAGE_DAYS), at most ``max_rows_per_listing``
+        rows; a customer the service does not know is refused."""
+        check_period(since, until, self.limits)
+        if customer_id is not None:
+            self.require_customer(customer_id)
+        with self._autocommit.connect() as conn:
+            return reads.usage_by_day(conn, since=since, until=until, customer_id=customer_id,
+                                      max_rows=self.limits.max_rows_per_listing)
+
     def reservation_page(
         self, *, customer_id: str | None = None, states: tuple[str, ...] | None = None,
         limit: int = reads.DEFAULT_LISTED_RESERVATIONS, before: str | None = None,
@@ -273,3 +305,4 @@ class Ledger:
     def reservation(self, job_id: str) -> reads.ReservationView | None:
         with self._autocommit.connect() as conn:
             return reads.reservation(conn, job_id)
+

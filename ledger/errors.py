@@ -20,6 +20,13 @@ class LedgerInputInvalid(LedgerError):
     code = "ledger_input_invalid"
 
 
+class ReadTooLarge(LedgerInputInvalid):
+    """A read would return more rows than it may (SPECIALISTS_LEDGER_MAX_ROWS_PER_LISTING): it is refused, never
+    cut, since part of it would read as the whole (a usage total)."""
+
+    code = "read_too_large"
+
+
 class CustomerNotFound(LedgerError):
     """The service knows no customer by this id (a typo, or one never added: `specialists customers add`)."""
 

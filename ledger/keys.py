@@ -53,6 +53,7 @@ _KEY_RE = re.compile(
 )
 MAX_KEY_CHARS = 1024
 MAX_LABEL_CHARS = 200  # the CHECK on api_keys.label (migration 0001)
+MAX_OPERATOR_CHARS = 200  # the CHECK on api_keys.issued_by (migration 0230)
 MAX_CACHED_KEYS = 100_000  # key statuses one verifier keeps; past it the cache starts again
 CUSTOMER_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 TIER_RE = re.compile(r"^[a-z0-9_-]{1,32}$")
@@ -219,11 +220,16 @@ def issue_key(
     label: str = "",
     now: datetime | None = None,
     require_customer: bool = False,
+    operator: str | None = None,
 ) -> IssuedKey:
     """Create a key row and return the signed token. The token is not stored anywhere.
 
     A customer the service does not know is added, unless ``require_customer`` (the operator's command): then
-    it is refused (``CustomerNotFound``) and nothing is written."""
+    it is refused (``CustomerNotFound``) and nothing is written. ``operator`` is who issued it, kept as the
+    key's ``issued_by`` (`keys list`)."""
+    if operator is not None and not 0 < len(operator) <= MAX_OPERATOR_CHARS:
+        raise ServiceError(f"an operator is 1-{MAX_OPERATOR_CHARS} characters naming who acts (--operator)",
+                           code="operator_invalid")
     if not TIER_RE.match(tier):
         raise ServiceError(f"tier {tier!r} is not valid: use 1-32 of a-z, 0-9, '_', '-'", code="tier_invalid")
     if len(label) > MAX_LABEL_CHARS:
@@ -250,7 +256,7 @@ def issue_key(
         conn.execute(
             text(
                 "INSERT INTO api_keys (key_id, customer_id, environment, tier, label, issued_at, expires_at, "
-                "key_form) VALUES (:k, :c, :e, :t, :l, :i, :x, :f)"
+                "key_form, issued_by) VALUES (:k, :c, :e, :t, :l, :i, :x, :f, :o)"
             ),
             {
                 "k": identity.key_id,
@@ -261,6 +267,7 @@ def issue_key(
                 "i": identity.issued_at,
                 "x": identity.expires_at,
                 "f": identity.form,
+                "o": operator,
             },
         )
     return IssuedKey(identity=identity, token=token)
@@ -304,8 +311,8 @@ def list_keys(engine: Engine, customer_id: str | None = None) -> list[dict]:
     with engine.connect() as conn:
         rows = conn.execute(
             text(
-                "SELECT key_id, customer_id, environment, key_form, tier, label, issued_at, expires_at, "
-                "revoked_at, revoked_reason FROM api_keys WHERE (CAST(:c AS text) IS NULL OR customer_id = :c) "
+                "SELECT key_id, customer_id, environment, key_form, tier, label, issued_at, issued_by, expires_at, "
+                "revoked_at, revoked_reason, revoked_by FROM api_keys WHERE (CAST(:c AS text) IS NULL OR customer_id = :c) "
                 "ORDER BY issued_at, key_id"
             ),
             {"c": customer_id},

@@ -10,6 +10,7 @@ the live schema.
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from functools import lru_cache
 
 from core.settings import (
@@ -21,6 +22,7 @@ from core.settings import (
     SCHEMA_MAX_TEXT_CHARS,
     LedgerSettings,
 )
+from ledger.errors import LedgerInputInvalid
 
 __all__ = [
     "SCHEMA_MAX_CREDITS",
@@ -30,6 +32,7 @@ __all__ = [
     "SCHEMA_MAX_PRIORITY",
     "SCHEMA_MAX_TEXT_CHARS",
     "LedgerSettings",
+    "check_period",
     "default_limits",
     "env_name",
 ]
@@ -44,3 +47,17 @@ def default_limits() -> LedgerSettings:
 def env_name(field: str) -> str:
     """The environment variable that sets a limit, for error messages."""
     return LedgerSettings.env_name(field)
+
+
+def check_period(since: datetime, until: datetime, limits: LedgerSettings) -> None:
+    """A usage period (credits charged, tasks by outcome): instants with a zone, ``since`` before ``until``, at most
+    ``max_usage_days`` long (``LedgerInputInvalid`` naming SPECIALISTS_LEDGER_MAX_USAGE_DAYS)."""
+    if since.tzinfo is None or until.tzinfo is None:
+        raise LedgerInputInvalid("a usage period's instants carry a time zone")
+    if not since < until:
+        raise LedgerInputInvalid(f"a usage period ends after it starts; got {since.isoformat()} to {until.isoformat()}")
+    if until - since > timedelta(days=limits.max_usage_days):
+        raise LedgerInputInvalid(
+            f"the period is {(until - since) / timedelta(days=1):g} days; a usage read covers at most "
+            f"{limits.max_usage_days} ({env_name('max_usage_days')})"
+        )

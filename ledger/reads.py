@@ -1,4 +1,5 @@
-"""Read-only views of the ledger for operators and the edge: accounts, lots, entitlements, journal, reservations.
+"""Read-only views of the ledger for operators and the edge: accounts, lots, entitlements, journal, reservations,
+usage by day.
 
 Reads move no money, so they are plain queries (several per view is fine); every list
 is bounded by the caller's limit, and each query is one index range whatever the
@@ -11,13 +12,14 @@ from __future__ import annotations
 import base64
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
 from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import Connection, TextClause, text
 
-from ledger.errors import LedgerInputInvalid
+from ledger.errors import LedgerInputInvalid, ReadTooLarge
+from ledger.limits import SCHEMA_MAX_ID_CHARS
 from ledger.statements import customer_id_param
 
 
@@ -103,6 +105,7 @@ class JournalLine:
     entry_id: int
     at: datetime
     kind: str
+    customer_id: str
     lot_id: int
     job_id: str | None
     from_account: str
@@ -145,9 +148,12 @@ ENTITLEMENTS_SQL = text(
     "FROM ledger_entitlements WHERE customer_id = :c ORDER BY skill, grant_id LIMIT :n"
 )
 # The customer's newest postings (ledger_journal_customer, read backwards).
+_JOURNAL_COLUMNS = (
+    "posting_id, entry_id, at, kind::text AS kind, customer_id, lot_id, job_id, from_account::text AS from_account, "
+    "to_account::text AS to_account, credits, reason, operator"
+)
 HISTORY_SQL = text(
-    "SELECT posting_id, entry_id, at, kind, lot_id, job_id, from_account, to_account, credits, reason, "
-    "operator FROM ledger_journal WHERE customer_id = :c ORDER BY posting_id DESC LIMIT :n"
+    f"SELECT {_JOURNAL_COLUMNS} FROM ledger_journal WHERE customer_id = :c ORDER BY posting_id DESC LIMIT :n"
 )
 # One reservation and its settlement (both primary keys).
 RESERVATION_SQL = text(
@@ -365,3 +371,142 @@ def list_reservations(
 def reservation(conn: Connection, job_id: str) -> ReservationView | None:
     row = conn.execute(RESERVATION_SQL, {"j": job_id}).mappings().first()
     return _reservation(row) if row else None
+
+
+# --- the journal, a page at a time -----------------------------------------------------------------------------
+
+# The kinds of journal entries (the enum ledger_entry_kind, migration 0002).
+JOURNAL_KINDS = ("grant", "reserve", "settle", "void", "reconcile", "expire", "adjust")
+# The kinds operators and the expiry sweep post: few whatever the traffic, indexed apart (ledger_journal_operator_kinds,
+# migration 0230). Reserves, settlements and voids are dense in the journal's key.
+_RARE_KINDS = frozenset({"grant", "expire", "adjust", "reconcile"})
+# How many journal lines a page shows when its caller names no number (within max_rows_per_listing).
+DEFAULT_JOURNAL_LINES = 100
+
+
+@dataclass(frozen=True)
+class JournalPage:
+    lines: tuple[JournalLine, ...]  # newest first
+    next_before: int | None  # the page of older postings (pass it as ``before``); None: nothing older is left
+
+
+@lru_cache(maxsize=64)
+def journal_sql(by_customer: bool, by_operator: bool, kinds: frozenset[str] | None, paged: bool) -> TextClause:
+    """The journal page's statement with only the conditions it needs, newest posting first. Each filter has its
+    index: a customer's postings (ledger_journal_customer, backwards), an operator's (ledger_journal_operator), the
+    rare kinds (ledger_journal_operator_kinds: its predicate is written out, for the planner to match); otherwise
+    the journal's key read backwards from ``before``."""
+    where = []
+    if by_customer:
+        where.append("customer_id = :c")
+    if by_operator:
+        where.append("operator = :o")
+    if kinds is not None:
+        where.append("kind = ANY(CAST(:kinds AS ledger_entry_kind[]))")
+        if kinds <= _RARE_KINDS:
+            where.append("kind IN ('grant', 'expire', 'adjust', 'reconcile')")
+    if paged:
+        where.append("posting_id < :before")
+    return text(
+        f"SELECT {_JOURNAL_COLUMNS} FROM ledger_journal "
+        + (f"WHERE {' AND '.join(where)} " if where else "")
+        + "ORDER BY posting_id DESC LIMIT :n"
+    )
+
+
+def journal_page(
+    conn: Connection,
+    *,
+    customer_id: str | None = None,
+    operator: str | None = None,
+    kinds: tuple[str, ...] | None = None,
+    before: int | None = None,
+    limit: int,
+) -> JournalPage:
+    """The newest ``limit`` postings below the posting id ``before`` (none: from the newest), optionally of one
+    customer, by one operator, of some kinds (empty: any); and where the next page starts. Refuses an unknown
+    kind, listing the kinds (``LedgerInputInvalid``). Checks the customer id's form only: whether the service
+    knows it is the caller's check (``Ledger.require_customer``)."""
+    if limit < 1:
+        raise LedgerInputInvalid(f"a listing shows at least 1 row, got {limit}")
+    wanted = frozenset(kinds) if kinds else None
+    if wanted is not None and not wanted <= set(JOURNAL_KINDS):
+        unknown = ", ".join(sorted(wanted - set(JOURNAL_KINDS)))
+        raise LedgerInputInvalid(f"journal kinds are {', '.join(JOURNAL_KINDS)}; got {unknown}")
+    params: dict[str, Any] = {"n": limit + 1}
+    if customer_id is not None:
+        params["c"] = customer_id_param(customer_id)
+    if operator is not None:
+        if not isinstance(operator, str) or not 0 < len(operator) <= SCHEMA_MAX_ID_CHARS:
+            raise LedgerInputInvalid(f"an operator is 1-{SCHEMA_MAX_ID_CHARS} characters, as journalled")
+        params["o"] = operator
+    if wanted is not None:
+        params["kinds"] = sorted(wanted)
+    if before is not None:
+        if not isinstance(before, int) or isinstance(before, bool) or before < 1:
+            raise LedgerInputInvalid(f"`before` is a posting id (a whole number, 1 or more), got {before!r}")
+        params["before"] = before
+    sql = journal_sql(customer_id is not None, operator is not None, wanted, before is not None)
+    rows = [JournalLine(**dict(row)) for row in conn.execute(sql, params).mappings()]
+    page = tuple(rows[:limit])
+    return JournalPage(lines=page, next_before=page[-1].posting_id if len(rows) > limit else None)
+
+
+# --- usage ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    day: date  # UTC
+    customer_id: str
+    specialist_id: str  # the reservation's skill: the specialist the edge reserved the task under
+    credits_charged: int
+    settlements: int  # settlements, voids and reconciles resolved that day (a void charges 0)
+
+
+# Settlements resolved in [since, until), summed per UTC day, customer and specialist: the settlements' time index
+# (ledger_settlements_at, or ledger_settlements_customer_at for one customer, migration 0230), each one's
+# reservation by its key.
+_USAGE_SQL = (
+    "SELECT CAST(s.at AT TIME ZONE 'UTC' AS date) AS day, s.customer_id, r.skill AS specialist_id, "
+    "SUM(s.charged) AS credits_charged, count(*) AS settlements "
+    "FROM ledger_settlements s JOIN ledger_reservations r ON r.job_id = s.job_id "
+    "WHERE s.at >= :since AND s.at < :until {customer}"
+    "GROUP BY 1, 2, 3 ORDER BY day, specialist_id, s.customer_id LIMIT :n"
+)
+USAGE_SQL = text(_USAGE_SQL.format(customer=""))
+USAGE_OF_CUSTOMER_SQL = text(_USAGE_SQL.format(customer="AND s.customer_id = :c "))
+
+
+def usage_by_day(
+    conn: Connection, *, since: datetime, until: datetime, customer_id: str | None = None, max_rows: int
+) -> list[UsageRow]:
+    """Credits charged per UTC day, customer and specialist, from the settlements resolved in [``since``,
+    ``until``), ordered by day, specialist, customer. More than ``max_rows`` rows is refused (``ReadTooLarge``),
+    never cut: a chart or a CSV of part of a period would show wrong totals. The period's bound is the caller's
+    (``Ledger.usage``)."""
+    if since.tzinfo is None or until.tzinfo is None:
+        raise LedgerInputInvalid("a usage period's instants carry a time zone")
+    if not since < until:
+        raise LedgerInputInvalid(f"a usage period ends after it starts; got {since.isoformat()} to {until.isoformat()}")
+    params: dict[str, Any] = {"since": since, "until": until, "n": max_rows + 1}
+    if customer_id is not None:
+        params["c"] = customer_id_param(customer_id)
+    rows = conn.execute(USAGE_OF_CUSTOMER_SQL if customer_id is not None else USAGE_SQL, params).mappings().all()
+    if len(rows) > max_rows:
+        raise ReadTooLarge(
+            f"the period holds more than {max_rows} rows of usage (day, customer, specialist); choose a shorter "
+            "period or one customer, or raise SPECIALISTS_LEDGER_MAX_ROWS_PER_LISTING"
+        )
+    return [
+        UsageRow(day=row["day"], customer_id=row["customer_id"], specialist_id=row["specialist_id"],
+                 credits_charged=int(row["credits_charged"]), settlements=int(row["settlements"]))
+        for row in rows
+    ]
+
+
+def reservations_relation() -> str:
+    """Every reservation as a sub-query (job_id, customer_id, specialist_id, credits, state, charged), for the task
+    state room's reads that show what a task reserved and was charged (joined by the reservation's key)."""
+    return ("(SELECT job_id, customer_id, skill AS specialist_id, credits, state::text AS state, charged "
+            "FROM ledger_reservations)")

@@ -97,7 +97,8 @@ def _current_or_none(ctx: Ctx) -> str | None:
 
 # --- keys -------------------------------------------------------------------
 
-_KEY_COLUMNS = ["key_id", "customer_id", "environment", "key_form", "tier", "label", "issued_at", "expires_at", "revoked_at"]
+_KEY_COLUMNS = ["key_id", "customer_id", "environment", "key_form", "tier", "label", "issued_at", "issued_by",
+                "expires_at", "revoked_at", "revoked_by"]
 
 
 def cmd_keys_issue(ctx: Ctx, args: argparse.Namespace) -> int:
@@ -112,6 +113,7 @@ def cmd_keys_issue(ctx: Ctx, args: argparse.Namespace) -> int:
         ttl=timedelta(days=ttl_days),
         label=args.label,
         require_customer=True,  # creating a customer is `customers add`: a mistyped id gets no key
+        operator=ctx.operator,
     )
     record = {
         "key_id": issued.identity.key_id,
@@ -120,6 +122,7 @@ def cmd_keys_issue(ctx: Ctx, args: argparse.Namespace) -> int:
         "environment": issued.identity.environment,
         "key_form": issued.identity.form,
         "issued_at": issued.identity.issued_at,
+        "issued_by": ctx.operator,
         "expires_at": issued.identity.expires_at,
         "key": issued.token,
     }

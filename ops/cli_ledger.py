@@ -9,6 +9,8 @@ Every command prints tables for people and JSON with ``--json``; exit codes come
 from __future__ import annotations
 
 import argparse
+import csv
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -199,6 +201,46 @@ def cmd_credits_adjust(ctx, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# How far back `credits usage` looks when no --since is given, in days (ending with today, UTC).
+DEFAULT_USAGE_DAYS = 30
+_USAGE_COLUMNS = ["day", "specialist_id", "customer_id", "credits_charged", "settlements"]
+
+
+def _usage_period(args: argparse.Namespace) -> tuple[datetime, datetime]:
+    """[since, until) of `credits usage`: by default the last DEFAULT_USAGE_DAYS UTC days, today included."""
+    if args.until is not None:
+        until = args.until
+    else:
+        today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+        until = today + timedelta(days=1)
+    since = args.since if args.since is not None else until - timedelta(days=DEFAULT_USAGE_DAYS)
+    return since, until
+
+
+@handler
+def cmd_credits_usage(ctx, args: argparse.Namespace) -> int:
+    if args.csv and ctx.as_json:
+        return fail("usage_error", "--csv and --json both choose the output; give one", as_json=True,
+                    exit_code=EXIT_USAGE)
+    since, until = _usage_period(args)
+    rows = [asdict(row) for row in ledger_of(ctx).usage(since=since, until=until, customer_id=args.customer)]
+    if args.csv:
+        writer = csv.DictWriter(sys.stdout, fieldnames=_USAGE_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows({column: row[column] for column in _USAGE_COLUMNS} for row in rows)
+        return EXIT_OK
+    if ctx.as_json:
+        output.emit_json({"since": since, "until": until, "customer_id": args.customer, "usage": rows})
+        return EXIT_OK
+    whose = f" of {args.customer}" if args.customer else ""
+    emit(rows, as_json=False, columns=_USAGE_COLUMNS,
+         title=f"credits charged per day{whose}, {since:%Y-%m-%d %H:%M} to {until:%Y-%m-%d %H:%M} UTC (end excluded)")
+    if rows:
+        say(f"{sum(r['credits_charged'] for r in rows):,} credits charged in {sum(r['settlements'] for r in rows):,} "
+            "settlements")
+    return EXIT_OK
+
+
 # --- reservations and reconcile ------------------------------------------------
 
 
@@ -372,6 +414,20 @@ def _emit_audit(ctx, customer: str | None, source: _VerifySource, audit: Audit, 
     say(f"read {audit.customers:,} customer(s) from {source.url} ({_role(audit)}) in {seconds:.1f} s")
 
 
+_JOURNAL_COLUMNS = ["posting_id", "at", "customer_id", "kind", "lot_id", "job_id", "from_account", "to_account",
+                    "credits", "operator", "reason"]
+
+
+@handler
+def cmd_ledger_journal(ctx, args: argparse.Namespace) -> int:
+    page = ledger_of(ctx).journal(customer_id=args.customer, operator=args.operator_filter,
+                                  kinds=tuple(args.kind) if args.kind else None, before=args.before, limit=args.limit)
+    output.emit_page([asdict(line) for line in page.lines], as_json=ctx.as_json, key="lines", columns=_JOURNAL_COLUMNS,
+                     title="journal postings (newest first)", next_flag="--before", next_value=page.next_before,
+                     older="older postings")
+    return EXIT_OK
+
+
 @handler
 def cmd_ledger_expire(ctx, args: argparse.Namespace) -> int:
     moved = ledger_of(ctx).expire(max_lots=args.max_lots)
@@ -385,6 +441,15 @@ def cmd_ledger_expire(ctx, args: argparse.Namespace) -> int:
 
 
 # --- wiring -----------------------------------------------------------------
+
+
+def _without_operator(common: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The common flags but ``--operator``, for a read whose own ``--operator`` filters by who acted."""
+    parent = argparse.ArgumentParser(add_help=False)
+    for action in common._actions:
+        if "--operator" not in action.option_strings:
+            parent._add_action(action)
+    return parent
 
 
 def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -416,6 +481,19 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
     history.add_argument("--customer", required=True)
     history.add_argument("--limit", type=positive_int, default=50)
     history.set_defaults(func=cmd_credits_history)
+
+    usage = credits.add_parser(
+        "usage", parents=[common],
+        help=f"credits charged per UTC day, specialist and customer (default: the last {DEFAULT_USAGE_DAYS} days)",
+    )
+    usage.add_argument("--since", type=_instant, default=None,
+                       help="the period's start (ISO 8601 date or time; UTC if no zone)")
+    usage.add_argument("--until", type=_instant, default=None,
+                       help="the period's end, excluded (default: the end of today, UTC); at most "
+                            "SPECIALISTS_LEDGER_MAX_USAGE_DAYS after --since")
+    usage.add_argument("--customer", default=None, help="only this customer")
+    usage.add_argument("--csv", action="store_true", help="write CSV to standard output (for a spreadsheet)")
+    usage.set_defaults(func=cmd_credits_usage)
 
     adjust = credits.add_parser("adjust", parents=[common], help="an operator correction (+ adds, - removes)")
     adjust.add_argument("--customer", required=True)
@@ -472,6 +550,22 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
     )
     verify.add_argument("--customer", default=None, help="only this customer (reads only its rows)")
     verify.set_defaults(func=cmd_ledger_verify)
+    journal = ledger.add_parser(
+        "journal", parents=[_without_operator(common)],
+        help="the append-only journal, newest first; --before pages to older postings",
+    )
+    journal.add_argument("--customer", default=None, help="only this customer's postings")
+    journal.add_argument("--operator", dest="operator_filter", metavar="OPERATOR", default=None,
+                         help="only the postings this operator journalled (after `journal` it filters; a read "
+                              "acts as nobody)")
+    journal.add_argument("--kind", action="append", default=None,
+                         help="only postings of this kind (repeat for several): grant, reserve, settle, void, "
+                              "reconcile, expire, adjust")
+    journal.add_argument("--before", type=positive_int, metavar="POSTING_ID", default=None,
+                         help="the page of older postings: the posting id printed under the previous page")
+    journal.add_argument("--limit", type=positive_int, default=100,
+                         help="postings per page (at most SPECIALISTS_LEDGER_MAX_ROWS_PER_LISTING)")
+    journal.set_defaults(func=cmd_ledger_journal)
     expire = ledger.add_parser("expire", parents=[common], help="move expired, unreserved credits to breakage now")
     expire.add_argument("--max-lots", type=positive_int, default=None)
     expire.set_defaults(func=cmd_ledger_expire)

@@ -199,7 +199,7 @@ def cmd_demo(ctx: Any, args: argparse.Namespace) -> int:
     ledger = Ledger(engine)
     ledger.open_account(customer, operator=ctx.operator, reason="specialists demo")  # the demo's own new customer
     issued = keys.issue_key(engine, signer, customer_id=customer, ttl=timedelta(days=1), label="specialists demo",
-                            require_customer=True)
+                            require_customer=True, operator=ctx.operator)
     _progress(f"added customer {customer} and issued it a demo key")
     ledger.grant(customer, DEMO_CREDITS, operator=ctx.operator, skills=[DEMO_SPECIALIST], reason="specialists demo",
                  require_customer=True)

@@ -96,6 +96,18 @@ def emit(payload: Any, *, as_json: bool, columns: Sequence[str] | None = None, t
         emit_table(payload, columns or (list(payload[0].keys()) if payload else []), title=title)
 
 
+def emit_page(rows: list[Mapping[str, Any]], *, as_json: bool, key: str, columns: Sequence[str], title: str,
+              next_flag: str, next_value: Any, older: str) -> None:
+    """One page of a listing: ``{key: rows, next_<flag>: value}`` for scripts; for people a table, and under it the
+    flag that shows the next page (``older``: what that page holds)."""
+    if as_json:
+        emit_json({key: rows, "next_" + next_flag.lstrip("-"): next_value})
+        return
+    emit_table(rows, columns, title=title)
+    if next_value is not None:
+        say(f"{older}: the same command with {next_flag} {next_value}")
+
+
 def say(message: str) -> None:
     _out.print(message)
 

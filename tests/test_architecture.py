@@ -58,6 +58,8 @@ OWNERS = {
     "ledger_settlements": "ledger/",
     "ledger_journal": "ledger/",
     "ledger_account_changes": "ledger/",
+    # The drill's own record of its runs: the one table an auditor writes (what it found, never what it audits).
+    "drill_runs": "ops/drill/record.py",
 }
 # Auditors read every table to check what the owners did, and never write: an audit that went through the
 # code it audits would trust it. The drill's scenarios and end-state audit are the service's auditors.
@@ -117,7 +119,7 @@ def test_auditors_only_read():
         for path in sorted((PROJECT_ROOT / room).rglob("*.py"))
         for line, sql in sql_strings(path)
         for match in WRITES.finditer(sql)
-        if match.group(2) in OWNERS
+        if match.group(2) in OWNERS and not OWNERS[match.group(2)].startswith(AUDITORS)
     ]
     assert not writes, "an auditor writes:\n" + "\n".join(writes)
 

@@ -119,7 +119,8 @@ class Drill:
         customer_id = f"drill-{self.run_id}-{role}"
         now = datetime.now(timezone.utc) - (timedelta(hours=2) if expired else timedelta(0))
         issued = keys.issue_key(self.deployment.engine, self.deployment.signer, customer_id=customer_id,
-                                ttl=timedelta(hours=1), label=f"specialists drill {self.run_id}", now=now)
+                                ttl=timedelta(hours=1), label=f"specialists drill {self.run_id}", now=now,
+                                operator=OPERATOR)
         amount = self.credits if credits is None else credits
         if amount:
             self.ledger.grant(customer_id, amount, operator=OPERATOR, skills=list(skills),
