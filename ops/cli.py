@@ -523,9 +523,10 @@ def build_parser(flags: GlobalFlags | None = None) -> argparse.ArgumentParser:
 
     cli_customers.register(groups, common)
     cli_ledger.register(groups, common)
-    from ops import cli_specialists
+    from ops import cli_health, cli_specialists
 
     cli_specialists.register(groups, common)
+    cli_health.register(groups, common)
     from ops.drill import cli as cli_drill
 
     cli_drill.register(groups, common)

@@ -1,4 +1,4 @@
-"""`specialists customers add|list|set`: who the service's customers are, added explicitly, and their caps.
+"""`specialists customers add|list|show|set`: who the service's customers are, added explicitly, and their caps.
 
 A customer exists only once an operator adds it (``customers add``): the grant, the key and every read of one
 customer refuse an id the service does not know (``customer_not_found``), so a typo is an error, never a new
@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict
 
+from ledger import keys
 from ops import output
 from ops.cli_ledger import handler, ledger_of, positive_int
 from ops.output import EXIT_OK, emit, say
+from taskstate import reads as task_reads
 
 _CUSTOMER_COLUMNS = ["customer_id", "created_at", "max_parallel", "open_reservations", "held", "available", "spent"]
 
@@ -33,13 +35,42 @@ def cmd_customers_add(ctx, args: argparse.Namespace) -> int:
 @handler
 def cmd_customers_list(ctx, args: argparse.Namespace) -> int:
     page = ledger_of(ctx).customers(after=args.after, limit=args.limit)
-    rows = [asdict(c) for c in page.customers]
+    output.emit_page([asdict(c) for c in page.customers], as_json=ctx.as_json, key="customers",
+                     columns=_CUSTOMER_COLUMNS, title="customers (by id)", next_flag="--after",
+                     next_value=page.next_after, older="more customers")
+    return EXIT_OK
+
+
+_TASK_COLUMNS = ["task_id", "specialist_id", "state", "created_at", "updated_at", "reserved_credits",
+                 "charged_credits", "job_ids"]
+_KEY_COLUMNS = ["key_id", "tier", "label", "issued_at", "issued_by", "expires_at", "revoked_at", "revoked_by"]
+# How many of its newest tasks `customers show` lists when its caller names no number.
+DEFAULT_SHOWN_TASKS = 20
+
+
+@handler
+def cmd_customers_show(ctx, args: argparse.Namespace) -> int:
+    """One customer: its balances, its keys and its newest tasks (lots and entitlements: `credits show`)."""
+    ledger = ledger_of(ctx)
+    customer = ledger.require_customer(args.customer)
+    view = ledger.account(customer)
+    with ledger.engine.connect() as conn:
+        tasks = task_reads.customer_tasks(conn, customer, limit=min(args.limit, ctx.settings.ledger.max_rows_per_listing))
+    held_keys = keys.list_keys(ledger.engine, customer)
+    balances = None if view is None else {
+        "available": view.available, "held": view.held, "expired_unswept": view.expired_unswept,
+        "open_reservations": view.open_reservations, "max_parallel": view.max_parallel,
+    }
     if ctx.as_json:
-        output.emit_json({"customers": rows, "next_after": page.next_after})
+        output.emit_json({"customer_id": customer, "balances": balances, "keys": held_keys, "tasks": tasks})
         return EXIT_OK
-    emit(rows, as_json=False, columns=_CUSTOMER_COLUMNS, title="customers (by id)")
-    if page.next_after is not None:
-        say(f"more customers: the same command with --after {page.next_after}")
+    if balances is None:
+        say(f"{customer} has no credit account yet")
+    else:
+        emit(balances, as_json=False, title=f"customer {customer}")
+    emit(held_keys, as_json=False, columns=_KEY_COLUMNS, title="keys")
+    emit(tasks, as_json=False, columns=_TASK_COLUMNS, title=f"newest tasks (at most {args.limit})")
+    say(f"lots and entitlements: `specialists credits show --customer {customer}`")
     return EXIT_OK
 
 
@@ -73,6 +104,11 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
     lst.add_argument("--after", metavar="CUSTOMER", default=None,
                      help="the page after this id: the one printed under the previous page")
     lst.set_defaults(func=cmd_customers_list)
+
+    show = customers.add_parser("show", parents=[common], help="one customer: balances, keys and its newest tasks")
+    show.add_argument("--customer", required=True)
+    show.add_argument("--limit", type=positive_int, default=DEFAULT_SHOWN_TASKS, help="how many of its newest tasks")
+    show.set_defaults(func=cmd_customers_show)
 
     cap = customers.add_parser("set", parents=[common], help="change a customer's cap on tasks at once (no grant)")
     cap.add_argument("--customer", required=True)

@@ -12,6 +12,8 @@ Each table has one owner module here, the only one whose SQL names it
 - ``updates``: a job's writes to its task (fenced progress, final state, unknown, an operator's verdict).
 - ``cancel``: a customer's cancel, in one transaction with what it charges.
 - ``charge``: the one pure function that decides what a job is charged.
+- ``reads``: the operator's reads of admitted tasks (by outcome, a customer's newest, the queue), composed of the
+  owners' relations.
 
 Owners publish *relations* (SQL sub-queries over their table) for reads that
 others compose into one statement, so a query that joins two tables still

@@ -62,6 +62,14 @@ def free_tasks_relation() -> str:
             "WHERE reservation_id IS NULL)")
 
 
+def admitted_relation() -> str:
+    """Every admitted task as a sub-query (task_id, customer_id, specialist_id, skill_id, tariff_credits,
+    reservation_id, admitted_at), for the operator's reads: by admission time (``edge_tasks_admitted``) or a
+    customer's newest (``edge_tasks_customer``, migration 0230)."""
+    return ("(SELECT task_id, customer_id, specialist_id, skill_id, tariff_credits, reservation_id, admitted_at "
+            "FROM edge_tasks)")
+
+
 REPLY_TASK = "task"
 REPLY_MESSAGE = "message"
 _RECORD_MESSAGE_REPLY = text("UPDATE edge_tasks SET reply_kind = 'message' WHERE task_id = :t")

@@ -376,6 +376,63 @@ def unknown_tasks_relation() -> str:
             f"CROSS JOIN {outbox.of_job_sql('c.job_id')} o WHERE c.state = 'unknown')")
 
 
+def task_unknown_sql(task_id: str) -> str:
+    """A condition: the task (the expression ``task_id``) has a job whose outcome is unknown now (an operator's
+    reconcile ends that). Its outbox rows by the task's index, each one's claim by its key: ``OFFSET 0`` keeps it a
+    lookup per task, where the planner would otherwise hash every unknown claim's outbox row, the whole outbox."""
+    return (f"EXISTS (SELECT 1 FROM {outbox.jobs_relation()} o JOIN job_claims c ON c.job_id = o.job_id "
+            f"WHERE o.task_id = {task_id} AND c.state = 'unknown' OFFSET 0)")
+
+
+def queued_sql(job_id: str) -> str:
+    """A condition: the job (the expression ``job_id``) is not yet taken by a worker: no claim, or one given back
+    (released) for the next delivery. Its claim by its key."""
+    return (f"NOT EXISTS (SELECT 1 FROM job_claims c WHERE c.job_id = {job_id} "
+            "AND c.state IN ('running', 'finished', 'unknown'))")
+
+
+# The claims that ended within the window a worker list reads at most, newest first. A busy worker is seen by its
+# running claims whatever this is; these add the ones idle now that worked within the window. A busy service ends
+# more jobs in ten minutes than that needs, and the planner, which cannot estimate a window on this index's
+# expression, reads it newest first only under a bound this small.
+WORKERS_SEEN_MAX_ENDED_CLAIMS = 1_000
+
+# Workers that claimed or renewed a job since :since: the running claims (their partial index by lease), and the
+# claims that ended since then (finished or released: job_claims_finished, newest first, at most :scan; unknown:
+# job_claims_unknown). A claim last claimed or renewed after :since ended after it too, so each index range
+# holds every such claim; the condition on the claim's own times keeps exactly them.
+_SEEN = (
+    "SELECT c.worker_id, c.state, GREATEST(c.claimed_at, c.renewed_at) AS seen_at FROM job_claims c "
+    "WHERE c.state = 'running' AND c.worker_id IS NOT NULL "
+    "UNION ALL (SELECT c.worker_id, c.state, GREATEST(c.claimed_at, c.renewed_at) FROM job_claims c "
+    "WHERE c.state IN ('finished', 'released') AND COALESCE(c.finished_at, c.claimed_at) >= :since "
+    "ORDER BY COALESCE(c.finished_at, c.claimed_at) DESC LIMIT :scan) "
+    "UNION ALL SELECT c.worker_id, c.state, GREATEST(c.claimed_at, c.renewed_at) FROM job_claims c "
+    "WHERE c.state = 'unknown' AND c.unknown_at >= :since"
+)
+WORKERS_SEEN_SQL = (
+    f"SELECT worker_id, max(seen_at) AS last_seen_at, count(*) FILTER (WHERE state = 'running') AS running_jobs "
+    f"FROM ({_SEEN}) seen WHERE worker_id IS NOT NULL AND seen_at >= :since "
+    "GROUP BY worker_id ORDER BY last_seen_at DESC, worker_id LIMIT :n"
+)
+_WORKERS_SEEN = text(WORKERS_SEEN_SQL)
+
+
+@dataclass(frozen=True)
+class WorkerSeen:
+    worker_id: str
+    last_seen_at: datetime  # its last claim or lease renewal
+    running_jobs: int  # claims it holds now
+
+
+def workers_seen(conn: Connection, *, since: datetime, limit: int) -> list[WorkerSeen]:
+    """The workers that claimed or renewed a job since ``since``, the most recent first (at most ``limit``), from the
+    running claims, the unknown ones and the newest ``WORKERS_SEEN_MAX_ENDED_CLAIMS`` that ended since. A worker
+    with no job writes nothing here, so it is not seen."""
+    rows = conn.execute(_WORKERS_SEEN, {"since": since, "n": limit, "scan": WORKERS_SEEN_MAX_ENDED_CLAIMS}).all()
+    return [WorkerSeen(r.worker_id, r.last_seen_at, int(r.running_jobs)) for r in rows]
+
+
 def get(conn: Connection, job_id: str) -> dict[str, Any] | None:
     row = conn.execute(text("SELECT * FROM job_claims WHERE job_id = :j"), {"j": job_id}).mappings().first()
     return dict(row) if row else None

@@ -312,6 +312,17 @@ def jobs_relation() -> str:
     return f"(SELECT {ids.job_id_sql('r')} AS job_id, {_JOB_COLUMNS} FROM dispatch_outbox r)"
 
 
+def open_jobs_relation() -> str:
+    """The rows not yet done as a sub-query with the columns of ``jobs_relation`` and ``created_at``: waiting for a
+    dispatcher (``pending``, also while a delivery is in flight) or handed to Cloud Tasks (``sent``). Each status is
+    its own partial index (``dispatch_outbox_due``, ``dispatch_outbox_sent``): they hold the jobs in flight, not the
+    history."""
+    return (f"(SELECT {ids.job_id_sql('r')} AS job_id, {_JOB_COLUMNS}, r.created_at FROM dispatch_outbox r "
+            "WHERE r.status = 'pending' UNION ALL "
+            f"SELECT {ids.job_id_sql('r')} AS job_id, {_JOB_COLUMNS}, r.created_at FROM dispatch_outbox r "
+            "WHERE r.status = 'sent')")
+
+
 # --- pruned past their retention ---------------------------------------------------------
 
 # Where a walk over the finished rows starts: before the oldest (``finished_at``, ``dispatch_id``).

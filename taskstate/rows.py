@@ -272,6 +272,14 @@ def stamp(task: Task) -> None:
 # --- what a task that ended long ago no longer needs ----------------------------------------------------
 
 # The states a task never leaves, as the store writes them (``status ->> 'state'``).
+def status_of_sql(task_id: str) -> str:
+    """The task's status by its key, as a LATERAL sub-query of (a2a_state, e.g. ``TASK_STATE_COMPLETED``;
+    last_updated, UTC without a zone, as the SDK stores it), for the operator's reads of admitted tasks:
+    ``FROM ... e CROSS JOIN {status_of_sql('e.task_id')} s``. ``OFFSET 0`` keeps it one lookup per task."""
+    return (f"LATERAL (SELECT t.status ->> 'state' AS a2a_state, t.last_updated FROM tasks t "
+            f"WHERE t.id = {task_id} OFFSET 0)")
+
+
 ENDED_STATES = ("TASK_STATE_COMPLETED", "TASK_STATE_FAILED", "TASK_STATE_CANCELED", "TASK_STATE_REJECTED")
 
 

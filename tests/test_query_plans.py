@@ -29,8 +29,10 @@ from sqlalchemy import Connection, Engine, create_engine, text
 
 from bench.seed import CUSTOMER_PREFIX, TABLES, Seeder, load_template
 from core.settings import EdgeSettings
-from ledger import reads, verify
+from ledger import keys, reads, verify
+from ops.drill import record
 from taskstate import admitted, claims, idempotency, ids, outbox, rows
+from taskstate import reads as task_reads
 from tests.query_plans import large_seq_scans_of_call, rows_read
 from tests.workers.system import drop_database, fresh_database
 from workers import reconcile
@@ -132,6 +134,13 @@ def _reservation_pages(c: Connection, **filters: Any) -> None:
         reads.reservation_page(c, limit=RESERVATION_PAGE, before=first.next_cursor, **filters)
 
 
+def _journal_pages(c: Connection, **filters: Any) -> None:
+    """`specialists ledger journal` and the page after it (`--before` the first page's last posting)."""
+    first = reads.journal_page(c, limit=RESERVATION_PAGE, **filters)
+    if first.next_before is not None:
+        reads.journal_page(c, limit=RESERVATION_PAGE, before=first.next_before, **filters)
+
+
 # name -> what its caller does, given a connection (in a transaction that is rolled back) and the seeded facts.
 QUERIES: dict[str, Callable[[Connection, Seeded], Any]] = {
     # A customer's requests.
@@ -217,6 +226,34 @@ QUERIES: dict[str, Callable[[Connection, Seeded], Any]] = {
     "reservations list --customer, a small customer": lambda c, s: _reservation_pages(c, customer_id=s.small_customer),
     "reservations list --customer --unknown": lambda c, s: _reservation_pages(
         c, customer_id=s.hot_customer, states=("unknown",)),
+    # A day of usage a week ago: a period's settlements are an index range (the seeded ones are all of today, and a
+    # period holding all of them is rightly read whole).
+    "credits usage, a day (ledger.reads.usage_by_day)":
+        lambda c, s: reads.usage_by_day(c, since=_now() - timedelta(days=8), until=_now() - timedelta(days=7),
+                                        max_rows=100_000),
+    "credits usage --customer, the hot customer": lambda c, s: reads.usage_by_day(
+        c, since=_now() - timedelta(days=8), until=_now() - timedelta(days=7), customer_id=s.hot_customer,
+        max_rows=100_000),
+    "ledger journal, two pages (ledger.reads.journal_page)": lambda c, s: _journal_pages(c),
+    "ledger journal --customer, the hot customer": lambda c, s: _journal_pages(c, customer_id=s.hot_customer),
+    "ledger journal --operator": lambda c, s: _journal_pages(c, operator="ops"),
+    "ledger journal --kind grant --kind adjust": lambda c, s: _journal_pages(c, kinds=("grant", "adjust")),
+    "ledger journal --kind settle": lambda c, s: _journal_pages(c, kinds=("settle",)),
+    "ledger journal --customer --kind grant": lambda c, s: _journal_pages(c, customer_id=s.hot_customer,
+                                                                          kinds=("grant",)),
+    "the console's usage: tasks by outcome, a day (taskstate.reads.tasks_by_outcome)":
+        lambda c, s: task_reads.tasks_by_outcome(c, since=_now() - timedelta(days=8), until=_now() - timedelta(days=7)),
+    "tasks by outcome --customer, the hot customer": lambda c, s: task_reads.tasks_by_outcome(
+        c, since=_now() - timedelta(days=8), until=_now() - timedelta(days=7), customer_id=s.hot_customer),
+    "customers show: the hot customer's newest tasks (taskstate.reads.customer_tasks)":
+        lambda c, s: task_reads.customer_tasks(c, s.hot_customer, limit=20),
+    "customers show: a small customer's newest tasks": lambda c, s: task_reads.customer_tasks(c, s.small_customer,
+                                                                                              limit=20),
+    "health: the queue (taskstate.reads.queue)": lambda c, s: task_reads.queue(c),
+    "health: workers seen (taskstate.claims.workers_seen)":
+        lambda c, s: claims.workers_seen(c, since=_now() - timedelta(minutes=10), limit=1000),
+    "health: the last drill (ops.drill.record.last_run)": lambda c, s: record.last_run(c),
+    "keys list --customer (ledger.keys.list_keys)": lambda c, s: keys.list_keys(s.engine, s.hot_customer),
     "ledger verify --customer, the hot customer (ledger.verify.verify, totals)":
         lambda c, s: (verify.verify(c, s.hot_customer), verify.totals(c, s.hot_customer)),
     "ledger verify --customer, a small customer": lambda c, s: verify.verify(c, s.small_customer),

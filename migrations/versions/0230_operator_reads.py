@@ -18,7 +18,7 @@ a customer's tasks, who issued a key, and the record of each drill.
     the journal of the kinds operators and the expiry sweep post, newest first (`ledger journal --kind grant`).
     Reserves, settlements and voids are not in it: a listing of those reads the journal's key backwards, where
     they are dense.
-  - ``edge_tasks_admitted (admitted_at)`` and ``edge_tasks_customer (customer_id, admitted_at)``: tasks admitted
+  - ``edge_tasks_admitted (admitted_at)`` and ``edge_tasks_customer (customer_id, admitted_at, task_id)``: tasks admitted
     in a period (tasks by outcome), and a customer's newest tasks. One more entry each per admitted task.
 
 Expand-only: the code before this revision runs on this schema unchanged (it never names the new column, which
@@ -62,7 +62,7 @@ INDEXES = (
         "ON ledger_journal (posting_id) WHERE kind IN ('grant', 'expire', 'adjust', 'reconcile')",
     ),
     ("edge_tasks_admitted", "ON edge_tasks (admitted_at)"),
-    ("edge_tasks_customer", "ON edge_tasks (customer_id, admitted_at)"),
+    ("edge_tasks_customer", "ON edge_tasks (customer_id, admitted_at, task_id)"),
 )
 
 

@@ -8,7 +8,9 @@ database access and key-signing secrets from the environment, and the
 process-control scenarios through the ``SPECIALISTS_DRILL_*_HOOK`` commands
 (skipped, naming the setting, when unset). Progress goes to standard error, a
 table (or ``--json``) to standard output; the exit status is 1 when any
-scenario failed.
+scenario failed. Each run's verdict is recorded (``ops.drill.record``) in the
+deployment's database (``--target``) or, for ``--local``, in the one
+DATABASE_URL names when it is at head; `specialists health` shows the last.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import argparse
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +43,44 @@ def _scenarios(requested: list[str] | None) -> list[str]:
     return [name for name in SCENARIOS if name in names]  # always in the drill's order
 
 
-def _drill(deployment: Any, names: list[str], settings: Any) -> list[Any]:
+@dataclass
+class _Run:
+    """One drill run as it is reported and recorded (``ops.drill.record``)."""
+
+    target: str
+    started_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    run_id: str | None = None
+    recorded: bool = False
+
+
+def _record(ctx: Any, run: _Run, verdicts: list[Any], engine: Any) -> None:
+    """Keep the run's verdict in the database it drilled (``--target``) or the one DATABASE_URL names (``--local``:
+    its topology's own database is dropped), for `specialists health`; say so when it cannot be kept."""
+    from core import db
+    from ops.drill import record
+
+    if run.run_id is None:
+        return
+    try:
+        engine = engine if engine is not None else ctx.engine_at_head()
+        record.record_run(engine, record.DrillRun(
+            run_id=run.run_id, target=run.target[:record.MAX_TARGET_CHARS], operator=ctx.operator,
+            started_at=run.started_at, finished_at=datetime.now(timezone.utc),
+            verdict="fail" if any(v.verdict == "fail" for v in verdicts) else "pass",
+            scenarios=tuple(record.outcome_of(v.scenario, v.verdict, v.seconds, v.evidence)
+                            for v in verdicts[:record.MAX_SCENARIOS]),
+        ))
+        run.recorded = True
+    except (db.SchemaNotAtHead, db.DatabaseUnavailable) as problem:
+        _progress(f"drill {run.run_id}: its verdict is not recorded ({problem.message}); `specialists health` "
+                  "shows the last drill recorded in the service's database")
+
+
+def _drill(deployment: Any, names: list[str], settings: Any, run: _Run) -> list[Any]:
     from ops.drill.scenarios import Drill, run_scenario
 
     drill = Drill(deployment, slack_s=settings.drill.slack_s, credits=settings.drill.credits, progress=_progress)
+    run.run_id = drill.run_id
     _progress(f"drill {drill.run_id}: {len(names)} scenarios against {', '.join(deployment.api_urls)}")
     verdicts = []
     try:
@@ -57,10 +95,12 @@ def _drill(deployment: Any, names: list[str], settings: Any) -> list[Any]:
     return verdicts
 
 
-def _report(ctx: Any, mode: str, verdicts: list[Any], started: float, logs: Path | None) -> int:
+def _report(ctx: Any, mode: str, verdicts: list[Any], started: float, logs: Path | None, run: _Run) -> int:
     failed = [v for v in verdicts if v.verdict == "fail"]
     report = {
         "mode": mode,
+        "run_id": run.run_id,
+        "recorded": run.recorded,
         "passed": not failed,
         "seconds": round(time.monotonic() - started, 1),
         "scenarios": [v.to_dict() for v in verdicts],
@@ -95,12 +135,15 @@ def cmd_drill(ctx: Any, args: argparse.Namespace) -> int:
     if args.target is None:
         folder = Path(args.logs) if args.logs else Path(tempfile.mkdtemp(prefix="specialists-drill-"))
         topology = LocalTopology(folder, server_url(settings), dispatcher_kind=args.dispatcher, progress=_progress)
+        mode = f"local, {args.dispatcher} dispatch"
+        run = _Run(target=mode)
         try:
             with topology:
-                verdicts = _drill(LocalDeployment(topology), names, settings)
+                verdicts = _drill(LocalDeployment(topology), names, settings, run)
         except TopologyFailed as problem:
             return fail(problem.code, problem.message, as_json=ctx.as_json)
-        return _report(ctx, f"local, {args.dispatcher} dispatch", verdicts, started, folder / "logs")
+        _record(ctx, run, verdicts, None)
+        return _report(ctx, mode, verdicts, started, folder / "logs", run)
 
     urls = [url.strip().rstrip("/") for url in args.target.split(",") if url.strip()]
     if not urls or not all(url.startswith(("http://", "https://")) for url in urls):
@@ -122,10 +165,13 @@ def cmd_drill(ctx: Any, args: argparse.Namespace) -> int:
         except RuntimeError as problem:
             return fail("drill_target_not_ready", f"{problem}; is the URL right and the revision deployed?",
                         as_json=ctx.as_json)
-    deployment = TargetDeployment(urls, ctx.engine_at_head(), ctx.signer(), Bounds.from_settings(settings),
-                                  settings, _progress)
+    engine = ctx.engine_at_head()
+    deployment = TargetDeployment(urls, engine, ctx.signer(), Bounds.from_settings(settings), settings, _progress)
     del db
-    return _report(ctx, "target", _drill(deployment, names, settings), started, None)
+    run = _Run(target=",".join(urls))
+    verdicts = _drill(deployment, names, settings, run)
+    _record(ctx, run, verdicts, engine)
+    return _report(ctx, "target", verdicts, started, None, run)
 
 
 def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

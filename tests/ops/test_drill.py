@@ -18,6 +18,7 @@ import threading
 import pytest
 
 from core.settings import PROJECT_ROOT
+from ops.drill import record
 from ops.drill.scenarios import SCENARIOS
 from ops.drill.topology import LocalTopology
 from tests.app.conftest import edge_env, start_edge, stop_edge
@@ -85,7 +86,7 @@ def test_the_local_drill_passes_every_scenario_with_its_evidence(server_url, eng
 
 
 @pytest.mark.timeout(120)
-def test_a_target_that_breaks_the_revocation_bound_fails_the_drill_and_exits_1(database_url, tmp_path):
+def test_a_target_that_breaks_the_revocation_bound_fails_the_drill_and_exits_1(database_url, engine, tmp_path):
     # The deployment caches key status for 30 s; the operator's settings say 0 s (and 0.5 s of slack).
     edge = start_edge(database_url, PROJECT_ROOT / "specs", tmp_path, "slow-revocation", revocation_cache_s="30")
     try:
@@ -98,6 +99,13 @@ def test_a_target_that_breaks_the_revocation_bound_fails_the_drill_and_exits_1(d
         [scenario] = report["scenarios"]
         assert scenario["verdict"] == "fail"
         assert "the revoked key to be refused on every instance: not within 0.5 s" in scenario["evidence"][-1]
+        # The verdict is recorded in the deployment's database, for `specialists health`.
+        with engine.connect() as conn:
+            last = record.last_run(conn)
+        assert report["recorded"] is True and last.run_id == report["run_id"]
+        assert (last.target, last.verdict, [(s.scenario, s.verdict) for s in last.scenarios]) == (
+            edge.url, "fail", [("refusal", "fail")])
+        assert last.scenarios[0].evidence == scenario["evidence"][-1][:record.MAX_EVIDENCE_CHARS]
 
         table = drill(env, "--target", edge.url, "--scenario", "refusal", timeout_s=90)
         assert table.returncode == 1 and "refusal failed; its evidence:" in table.stdout

@@ -132,7 +132,8 @@ def test_only_customers_add_creates_a_customer_so_a_mistyped_id_is_refused(servi
 
 @pytest.mark.parametrize("command", [("reservations", "list"), ("ledger", "verify"), ("credits", "history"),
                                      ("credits", "show"), ("keys", "list"), ("credits", "adjust", "--credits", "1",
-                                                                              "--reason", "r")])
+                                                                              "--reason", "r"),
+                                     ("credits", "usage"), ("ledger", "journal"), ("customers", "show")])
 def test_every_command_on_one_customer_refuses_an_id_that_is_malformed_or_unknown(service_env, command):
     malformed = refusal(service_env, *command, "--customer", "BAD NAME", expect=2)
     assert malformed["code"] == "ledger_input_invalid" and "customer id 'BAD NAME' is not valid" in malformed["message"]

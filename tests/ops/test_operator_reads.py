@@ -7,12 +7,15 @@ from __future__ import annotations
 import csv
 import io
 import re
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from a2a.types.a2a_pb2 import TaskState
+
 from tests.ledger.test_reads import far_day, opened, settled
 from tests.ops.test_operator_cli import added, cli, cli_json, refusal
+from tests.taskstate.test_reads import admitted, ran
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -89,3 +92,22 @@ def test_keys_list_shows_who_issued_and_who_revoked_each_key(service_env):
         [(issued["key_id"], "dana", None), (other["key_id"], "erin", "frank")])
     table = cli(service_env, "keys", "list", "--customer", customer)
     assert re.search(rf"│ {other['key_id']}\s+│.*│ erin\s+│.*│ frank\s+│", table.stdout), table.stdout
+
+
+def test_customers_show_lists_its_balances_keys_and_newest_tasks_with_their_money(service_env, ledger, engine):
+    customer = opened(ledger)
+    now = datetime.now(timezone.utc)
+    task, job = admitted(engine, customer=customer, specialist="reviewer", at=now - timedelta(minutes=2),
+                         state=TaskState.TASK_STATE_WORKING, credits=10, ledger=ledger)
+    ran(engine, job, "w-show", None)  # its worker died: unknown until reconciled
+    free, free_job = admitted(engine, customer=customer, specialist="drill", at=now - timedelta(minutes=1),
+                              state=TaskState.TASK_STATE_COMPLETED)
+    issued = cli_json(service_env, "keys", "issue", "--customer", customer, "--operator", "gina")
+    shown = cli_json(service_env, "customers", "show", "--customer", customer)
+    assert shown["balances"] == {"available": 990, "held": 10, "expired_unswept": 0, "open_reservations": 1,
+                                 "max_parallel": 50}
+    assert [(k["key_id"], k["issued_by"]) for k in shown["keys"]] == [(issued["key_id"], "gina")]
+    assert [(t["task_id"], t["state"], t["reserved_credits"], t["charged_credits"], t["job_ids"])
+            for t in shown["tasks"]] == [(free, "completed", None, None, [free_job]), (task, "unknown", 10, None, [job])]
+    table = cli(service_env, "customers", "show", "--customer", customer, "--limit", "1")
+    assert table.returncode == 0 and free in table.stdout and task not in table.stdout, table.stdout
