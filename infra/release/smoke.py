@@ -477,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nverdict: FAIL ({exc})", file=sys.stderr)
             return 1
     passed = bool(smoke.checks) and all(check.passed for check in smoke.checks)
-    facts["smoke_s"] = round(time.monotonic() - started, 1)
+    facts["total_s"] = round(time.monotonic() - started, 1)
     if passed and args.verdict_file:
         image_id = smoke.engine_run(["image", "inspect", "--format", "{{.Id}}", smoke.image]).stdout.strip()
         args.verdict_file.write_text(image_id + "\n")
