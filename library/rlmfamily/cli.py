@@ -399,6 +399,8 @@ def _show_event(e: dict[str, Any], out: Console) -> None:
         p(observation, None if e.get("ok") else "red")
     elif kind == "job":
         p(e.get("receipt") or f"[job {e.get('job_id')} {e.get('state')}]", "blue")
+    elif kind == "job_released":
+        p(f"[job {e.get('job_id')} released by the model: {e.get('reason')}]", "yellow")
     elif kind == "tool_step":
         if not e.get("job_id"):  # a refused call: its job event never came
             p(e.get("observation", ""), "red")

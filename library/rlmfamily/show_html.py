@@ -356,6 +356,9 @@ class _Page:
         if kind == "job":  # a command job of the python-bash profile: its receipt
             failed = e.get("state") != "exited" or e.get("exit_code") != 0
             return f'<div class="job">{self.pre("receipt" + (" failed" if failed else ""), e.get("receipt", ""))}</div>'
+        if kind == "job_released":
+            what = f"job {e.get('job_id')} released by the model: {e.get('reason')}"
+            return f'<p class="note">{self.text(what)}</p>'
         if kind == "tool_step":  # the receipt is in its job event; a refused call has none
             return "" if e.get("job_id") else self.pre("output failed", str(e.get("observation", "")))
         # An event this page does not know (a newer library wrote it): shown as its fields.

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlmfamily.bash.broker import CommandBroker
-from rlmfamily.bash.errors import BashUnavailable
+from rlmfamily.bash.errors import BashUnavailable, JobRefused
 from rlmfamily.bash.host import prepare
 from rlmfamily.bash.store import Job, JobStore
 from rlmfamily.errors import RLMError
@@ -105,8 +105,13 @@ class _Bash:
     def jobs(self):
         return _bash_jobs()
 
+    def release(self, job_id, reason):
+        if getattr(job_id, "_rlm_kind", None) == "bash_job":
+            job_id = job_id.id
+        return _BashJob(_bash_release(job_id, reason))
+
     def __repr__(self):
-        return "<bash: run(command, cwd=None, read_only=False, deadline_s=None, request_id=None), job(id), read(id, stream, start, size), jobs()>"
+        return "<bash: run(command, cwd=None, read_only=False, deadline_s=None, request_id=None), job(id), read(id, stream, start, size), jobs(), release(id, reason)>"
 
 
 bash = _Bash()
@@ -120,7 +125,8 @@ request_id=None)` runs one command in the workspace {workspace} as a fresh proce
 size)`, `r.stderr(...)`, `bash.read(job_id, stream, start, size)` read more by handle; `bash.jobs()` lists jobs).
 Files persist between commands; shell variables and `cd` do not (pass `cwd`). Mutating commands run one at a
 time across the family; pass read_only=True for a command that changes nothing (trusted, not checked) to run it
-alongside others. Deadline per command: {deadline:g} s by default, at most {max_deadline:g} s. `context` is the
+alongside others. A job whose run was interrupted is `unknown` and holds the workspace until its effects are
+checked: `bash.release(job_id, reason)` once you have (say what you checked). Deadline per command: {deadline:g} s by default, at most {max_deadline:g} s. `context` is the
 corpus as it was when the run started: read files you changed with bash.{tool}"""
 TOOL_NOTE = " The `bash` tool runs a command the same way and gives you its receipt."
 
@@ -161,7 +167,8 @@ def receipt_text(job: Job, *, replayed: bool = False, preview_chars: int | None 
     elif job.state == "unknown":
         how = "outcome UNKNOWN: its run ended while it ran" + (
             f"; released: {job.release_reason}" if job.released_at else "; it holds the workspace lease until "
-            f"someone checks its effects and runs `rlm jobs release {job.id} --reason ...`")
+            f"someone checks its effects and releases it: `rlm jobs release {job.id} --reason ...` or "
+            f"bash.release({job.id!r}, reason)")
     else:
         how = f"{job.state}" + (f": {job.error}" if job.error else "")
     took = f" after {job.duration_s:.2f} s" if job.duration_s is not None else ""
@@ -232,7 +239,7 @@ class BashExtension:
         if not self.active:
             return {}
         return {"_bash_run": self._bash_run, "_bash_read": self._bash_read, "_bash_job": self._bash_job,
-                "_bash_jobs": self._bash_jobs}
+                "_bash_jobs": self._bash_jobs, "_bash_release": self._bash_release}
 
     # ---------- the namespace ----------
 
@@ -250,8 +257,19 @@ class BashExtension:
     def _bash_job(self, job_id: str) -> dict[str, Any]:
         job = self.broker.store.job(str(job_id))
         if job.root_id != self.info.root_id:
-            raise BashUnavailable(f"job {job_id} belongs to another family")
+            raise JobRefused(f"job {job_id} belongs to another family")
         return receipt(job)
+
+    def _bash_release(self, job_id: str, reason: str) -> dict[str, Any]:
+        """The model checked an unknown job of its family: the lease goes back, the reason is kept."""
+        job = self.broker.store.job(str(job_id))
+        if job.root_id != self.info.root_id:
+            raise JobRefused(f"job {job.id} belongs to another family; a person releases it: "
+                             f"rlm jobs release {job.id} --reason TEXT")
+        released = self.broker.store.release(job.id, str(reason))
+        self.info.trajectory.write("job_released", turn=self.info.current_turn(), job_id=released.id,
+                                   reason=released.release_reason)
+        return receipt(released)
 
     def _bash_jobs(self) -> list[dict[str, Any]]:
         return [{"id": j.id, "state": j.state, "exit_code": j.exit_code, "command": j.command[:200], "cwd": j.cwd,

@@ -79,3 +79,32 @@ def test_mutating_commands_of_two_children_serialise_and_read_only_ones_overlap(
     assert json.loads(result.answer) == ["c1 saw 2 starts; mutating exited", "c2 saw 2 starts; mutating exited"]
     assert store.leases() == {}
     assert {j.root_id for j in store.jobs()} == {result.run_id}
+
+
+CANCELLER = """
+import time
+h = rlm.run("block")
+t = time.time()
+while not [j for j in bash.jobs() if j["state"] == "running"] and time.time() - t < 20:
+    time.sleep(0.02)
+h.cancel()
+final_answer(h.status()["state"])
+"""
+BLOCKED_CHILD = "bash.run('sleep 300 & echo $! > grandchild; wait', deadline_s=200)\nfinal_answer('never')"
+
+
+def test_cancelling_a_child_mid_command_stops_the_jobs_process_group_and_leaves_it_unknown(make_settings,
+                                                                                          tmp_path: Path) -> None:
+    settings = make_settings(profile="python-bash", max_sleep_s_per_step=30, child_cancel_grace_s=0.5)
+    workspace = tmp_path / "work"
+    workspace.mkdir()
+    script = {"root": [{"code": CANCELLER}], "child": [{"pattern": "block", "root": [{"code": BLOCKED_CHILD}]}]}
+    result = Session(context=Context.from_repository(workspace, settings), provider=ScriptedProvider(script),
+                     settings=settings).run("q")
+    assert result.answer == "cancelled", result.error
+    [job] = JobStore(settings.jobs_path).jobs()
+    grandchild = int((workspace / "grandchild").read_text())
+    from rlmfamily.family import procs
+
+    wait_until(lambda: not job.process_alive() and not procs.alive(grandchild), "the job's group is gone")
+    assert JobStore(settings.jobs_path).job(job.id).state == "unknown"

@@ -84,6 +84,8 @@ def test_the_bundled_example_is_edited_tested_read_by_handle_fixed_and_tested_ag
     shown = capsys.readouterr().out
     assert "bash$ python3 -m unittest -q" in shown and "[job j2 exit 1 after" in shown
     assert "FAIL: test_median_of_an_odd_count" in shown
+    assert main(["--data-dir", str(settings.data_dir), "jobs", "j2"]) == 0
+    assert capsys.readouterr().out.startswith("[job j2 exit 1 after")
 
 
 def test_receipts_show_the_model_fewer_characters_and_keep_every_record(make_settings, tmp_path: Path,
@@ -254,3 +256,49 @@ def test_the_html_page_shows_each_job_with_its_receipt(settings, tmp_path: Path,
     html = page.read_text()
     assert html.count('<div class="job">') == 4 and "bash$ python3 -m unittest -q" in html
     assert "AssertionError: 1 != 3" in html and '<pre class="receipt failed">' in html
+
+
+HOLDER = """
+import sys
+from pathlib import Path
+from rlmfamily.settings import load_settings
+from tests.rlm.bash.support import broker
+settings = load_settings(data_dir=sys.argv[1], profile="python-bash")
+broker(settings, Path(sys.argv[2]), root_id=sys.argv[3]).run("touch started; while [ ! -e release ]; do sleep 0.02; done")
+"""
+
+
+def test_the_model_may_release_an_unknown_job_of_its_own_family_and_no_other(make_settings, tmp_path: Path) -> None:
+    settings = make_settings(profile="python-bash")
+    workspace = tmp_path / "work"
+    workspace.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(settings.data_dir), str(workspace), "fam-1"],
+                              cwd=REPO_ROOT)
+    store = JobStore(settings.jobs_path)
+    try:
+        wait_until(lambda: holder.poll() is not None or ((workspace / "started").exists() and store.jobs()
+                                                         and store.jobs()[0].pid is not None), "the job runs")
+        assert holder.poll() is None
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    finally:
+        holder.kill()
+    [job] = store.jobs()
+    (workspace / "release").touch()
+    wait_until(lambda: not store.job(job.id).process_alive(), "the orphaned command ended")
+
+    def session(run_id: str, code: str):
+        provider = ScriptedProvider({"root": [{"code": code}]})
+        return Session(context=Context.from_repository(workspace, settings), provider=provider, settings=settings,
+                       run_id=run_id).run("q")
+
+    stranger = session("fam-2", f"bash.release({job.id!r}, 'not mine')")
+    assert "belongs to another family" in read_trajectory(stranger.trajectory_path)[-2]["observation"]
+    own = session("fam-1", f"j = bash.job({job.id!r})\nprint(j.state)\nr = bash.release(j, 'it only waited')\n"
+                           "print(r.receipt.splitlines()[0])\nfinal_answer(bash.run('echo after >> log').state)")
+    assert own.answer == "exited", own.error
+    events = read_trajectory(own.trajectory_path)
+    step = next(e for e in events if e["event"] == "step")
+    assert step["observation"].splitlines()[1] == "unknown" and "released: it only waited" in step["observation"]
+    assert [e["job_id"] for e in events if e["event"] == "job_released"] == [job.id]
+    assert store.leases() == {}
