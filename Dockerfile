@@ -7,15 +7,14 @@
 # PORT (set by Cloud Run) is the port of the role that listens: see infra/entrypoint.sh.
 # tests/deploy/test_dockerfile.py checks this file against the code.
 
-# The base, pinned by digest (the tag beside it): every build starts from the same bytes. To move it, look up the
-# tag's current digest (`docker buildx imagetools inspect python:3.11-slim-bookworm`), change it here, and run
-# the smoke (docs/OPERATIONS.md). Where no registry serves it, build with --build-arg PYTHON_IMAGE=<a local base>
-# (infra/release/smoke.py makes one from Debian's packages with debootstrap).
-# python:3.11-slim-bookworm
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:2e32f7d302adc1c37428355c1e646897c0c53f4fd60b6a551245fb90ee129f91
+# The base, by tag and digest: every build starts from the same bytes, and the tag says what they are. To move it,
+# look up the tag's current digest (`docker buildx imagetools inspect python:3.11-slim-bookworm`), change both
+# FROM lines (tests/deploy/test_dockerfile.py checks they agree), and run the smoke (docs/OPERATIONS.md). Where no
+# registry serves it, the build is given a local base under this same name, as a named build context:
+# --build-context <the reference>=container-image://<local image> (infra/release/smoke.py makes one with debootstrap).
 
 # --- builder: installs the runtime lock; nothing is compiled (wheels only) ---------------------------
-FROM ${PYTHON_IMAGE} AS builder
+FROM python:3.11-slim-bookworm@sha256:2e32f7d302adc1c37428355c1e646897c0c53f4fd60b6a551245fb90ee129f91 AS builder
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -58,7 +57,7 @@ RUN pip install --no-deps --no-build-isolation -e ./library -e . \
     && python -m compileall -q /app /opt/venv
 
 # --- final: the runtime, no compilers -------------------------------------------------------------
-FROM ${PYTHON_IMAGE} AS runtime
+FROM python:3.11-slim-bookworm@sha256:2e32f7d302adc1c37428355c1e646897c0c53f4fd60b6a551245fb90ee129f91 AS runtime
 
 # A writable home of its own (libraries may cache under ~); /app stays read-only to it.
 RUN groupadd --system --gid 10001 specialists \

@@ -363,12 +363,22 @@ def make_base(engine: str, env: dict[str, str], folder: Path) -> str:
     return LOCAL_BASE
 
 
+def pinned_base(dockerfile: Path = ROOT / "Dockerfile") -> str:
+    """The base every stage of the Dockerfile starts FROM (by tag and digest)."""
+    bases = {line.split()[1] for line in dockerfile.read_text().splitlines() if line.upper().startswith("FROM ")}
+    if len(bases) != 1:
+        raise SmokeError(f"the Dockerfile's stages start from {sorted(bases)}; the smoke expects one pinned base")
+    return bases.pop()
+
+
 def build(engine: str, env: dict[str, str], image: str, base: str | None, ca: Path | None) -> float:
     argv = [engine, "build", "--network", "host", "-t", image]
     if Path(engine).name == "podman":
         argv += ["--format", "docker"]  # HEALTHCHECK is a Docker-format field; OCI images drop it
     if base:
-        argv += ["--build-arg", f"PYTHON_IMAGE={base}"]
+        # The local base stands in for the pinned reference itself: the Dockerfile is built as it is.
+        scheme = "container-image" if Path(engine).name == "podman" else "docker-image"
+        argv += ["--build-context", f"{pinned_base()}={scheme}://{base}"]
     if ca:
         argv += ["--secret", f"id=build_ca,src={ca}"]
     started = time.monotonic()

@@ -120,3 +120,9 @@ def test_ci_runs_the_static_checks_before_the_suite_and_the_smoke_is_left_to_the
     ci = (PROJECT_ROOT / ".ci" / "run").read_text()
     commands = [line.strip() for line in ci.splitlines() if line.strip().startswith("./dev")]
     assert commands == ["./dev check", "./dev test"]
+
+
+def test_the_smoke_builds_on_a_local_base_under_the_dockerfiles_own_pinned_reference():
+    from tests.deploy.manifests import dockerfile_stages
+
+    assert smoke.pinned_base() == dockerfile_stages()[0].base
