@@ -8,6 +8,7 @@
                database, and a second run finds it at head
     api        `serve` answers /healthz and /readyz, /metrics only with its token, a card; the image's
                HEALTHCHECK passes; SIGTERM stops it cleanly (exit 0)
+    grpc       `serve` as the gRPC service: HTTP/2 on the container's port, the edge on another; a clean stop
     worker     `worker` is live but refuses readiness without its keys (checkpoint key, model keys) and is
                ready with them; SIGTERM stops it cleanly
 
@@ -109,10 +110,15 @@ class Smoke:
 
     # --- a listening role --------------------------------------------------------------------------
 
-    def start(self, role: str, command: list[str], env: dict[str, str]) -> "Running":
+    def port(self, inside: int = 8080) -> int:
+        """A port to listen on: a free one of this machine on the host network, else the container's own."""
+        return free_port() if self.network == "host" else inside
+
+    def start(self, role: str, command: list[str], env: dict[str, str], http_port: int | None = None) -> "Running":
+        """Start a listening role; its HTTP port is PORT (as Cloud Run gives it) unless ``http_port`` says otherwise."""
         name = f"specialists-smoke-{role}-{secrets.token_hex(3)}"
-        port = free_port() if self.network == "host" else 8080
-        env = {**env, "PORT": str(port)}
+        env = {"PORT": str(self.port()), **env}
+        port = http_port or int(env["PORT"])
         flags = [f for key, value in env.items() for f in ("-e", f"{key}={value}")]
         started = self.engine_run(["run", "-d", "--name", name, *self.hardened(), *flags, self.image, *command])
         if started.returncode != 0:
@@ -284,6 +290,49 @@ def api(smoke: Smoke, url: str) -> None:
     status, body = running.get("/specialists/conformance/.well-known/agent-card.json")
     smoke.record("api", "serves an Agent Card", status == 200 and '"supportedInterfaces"' in body, str(status))
     running.health_check()
+    running.stop_cleanly()
+
+
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # and an empty SETTINGS
+
+
+def speaks_http2(host: str, port: int) -> bool:
+    """A gRPC server answers the HTTP/2 client preface with its own SETTINGS frame (type 4)."""
+    with socket.create_connection((host, port), timeout=10) as connection:
+        connection.sendall(HTTP2_PREFACE)
+        header = b""
+        while len(header) < 9:
+            chunk = connection.recv(9 - len(header))
+            if not chunk:
+                return False
+            header += chunk
+    return header[3] == 4
+
+
+def grpc(smoke: Smoke, url: str) -> None:
+    """The gRPC service: the API's edge with the binding on the container's port (infra/run.tf's grpc service),
+    its HTTP bindings on another port, no relay."""
+    grpc_port, http_port = smoke.port(8080), smoke.port(8081)
+    env = {
+        "DATABASE_URL": url,
+        "SPECIALISTS_KEY_SIGNING_SECRETS": token(),
+        "SPECIALISTS_WORKER_JOB_SECRETS": token(),
+        "SPECIALISTS_SERVE_WORKER": "false",
+        "SPECIALISTS_SERVE_DISPATCHER": "false",
+        "PORT": str(grpc_port),
+        "SPECIALISTS_GRPC_PORT": str(grpc_port),
+        "SPECIALISTS_EDGE_PORT": str(http_port),
+    }
+    running = smoke.start("grpc", ["serve"], env, http_port=http_port)
+    if not running.wait_live():
+        return
+    host = running.url.split("//", 1)[1].rsplit(":", 1)[0]
+    try:
+        answered = speaks_http2(host, grpc_port)
+        detail = ""
+    except OSError as exc:
+        answered, detail = False, type(exc).__name__
+    smoke.record("grpc", "the binding speaks HTTP/2 on the container's port (Cloud Run's h2c)", answered, detail)
     running.stop_cleanly()
 
 
@@ -466,7 +515,7 @@ def run_smoke(args: argparse.Namespace, folder: Path) -> tuple[Smoke, dict]:
         url = database(smoke, name, "create")
         try:
             migrate(smoke, url)
-            steps: list[Callable[[Smoke, str], None]] = [api, worker]
+            steps: list[Callable[[Smoke, str], None]] = [api, grpc, worker]
             for step in steps:
                 step(smoke, url)
         finally:

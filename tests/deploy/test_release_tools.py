@@ -126,3 +126,24 @@ def test_the_smoke_builds_on_a_local_base_under_the_dockerfiles_own_pinned_refer
     from tests.deploy.manifests import dockerfile_stages
 
     assert smoke.pinned_base() == dockerfile_stages()[0].base
+
+
+def test_the_smokes_http2_probe_tells_a_grpc_server_from_an_http1_one():
+    import http.server
+    import threading
+    from concurrent import futures
+
+    import grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    grpc_port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    http1 = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=http1.serve_forever, daemon=True).start()
+    try:
+        assert smoke.speaks_http2("127.0.0.1", grpc_port)
+        assert not smoke.speaks_http2("127.0.0.1", http1.server_address[1])
+    finally:
+        server.stop(None)
+        http1.shutdown()
+        http1.server_close()
