@@ -46,7 +46,6 @@ from a2a.types.a2a_pb2 import (
 from a2a.utils.errors import (
     ContentTypeNotSupportedError,
     InvalidParamsError,
-    PushNotificationNotSupportedError,
     TaskNotCancelableError,
     TaskNotFoundError,
     UnsupportedOperationError,
@@ -68,10 +67,11 @@ from app.errors import (
     TaskNotAwaitingInput,
 )
 from app.identity import Identity
+from app.push import PushRequest, cap_refusal, check_config, check_reachable, require_key
 from core.db import compact_sql
 from core.settings import Settings
 from core.specs import LoadedSpec, media_type_matches
-from taskstate import admitted, idempotency, outbox, rows
+from taskstate import admitted, idempotency, outbox, push, rows
 from taskstate.cancel import CancelRefused, cancel_task
 from taskstate.notify import Notifier
 
@@ -108,6 +108,7 @@ class Checked:
     fingerprint: bytes
     ceiling: int | None
     idempotency_key: str | None = None  # the Idempotency-Key header, valid (None: the caller sent none)
+    push: PushRequest | None = None  # the send's push configuration, checked (app.push)
 
 
 # Printable ASCII, the space included (RFC 9110 field values; the draft Idempotency-Key header is a string).
@@ -143,8 +144,9 @@ def check_message(
     where = f"specs/{loaded.path.name}"
     message = params.message
     validate_history_length(params.configuration)
+    push_request = None
     if params.configuration.HasField("task_push_notification_config"):
-        raise PushNotificationNotSupportedError(message="this specialist does not send push notifications")
+        push_request = check_config(params.configuration.task_push_notification_config, settings)
     if len(message.message_id) > settings.edge.max_message_id_chars:
         raise invalid(
             f"messageId has {len(message.message_id)} characters; at most {settings.edge.max_message_id_chars} are accepted",
@@ -208,7 +210,7 @@ def check_message(
         # Longer than any task id there is (the service issues uuids, the store holds 36 characters): it names
         # no task of the caller's, and is answered as any such id is, after every other check.
         raise TaskNotFoundError(message="Task not found")
-    return Checked(fingerprint=fingerprint(spec.id, message), ceiling=ceiling, idempotency_key=key)
+    return Checked(fingerprint=fingerprint(spec.id, message), ceiling=ceiling, idempotency_key=key, push=push_request)
 
 
 def message_size_bytes(message: Message) -> int:
@@ -308,9 +310,15 @@ class AdmissionService:
     ) -> Admitted:
         """Admit the send, or replay the one it repeats; ``idempotency_key`` is the header as received."""
         checked = check_message(loaded, params, self.settings, idempotency_key)
+        if checked.push is not None:
+            require_key(identity)
+            await check_reachable(checked.push, self.settings)
         send = _Send(loaded, identity, identity.owner(loaded.spec.id), params.message, checked,
-                     self.settings.edge.idempotency_key_retention_s)
-        admitted = None if params.message.task_id else await self._admit_at_once(send)
+                     self.settings.edge.idempotency_key_retention_s, self.settings.push.max_configs_per_customer)
+        # A send with a push configuration takes the transaction: the configuration is written before the task's
+        # first event, so the trigger that writes notifications (migration 0240) sees it.
+        at_once = not params.message.task_id and checked.push is None
+        admitted = await self._admit_at_once(send) if at_once else None
         if admitted is None:
             async with self.engine.begin() as conn:
                 admitted = await conn.run_sync(_admit, send)
@@ -383,6 +391,18 @@ class _Send:
     message: Message
     checked: Checked
     key_retention_s: float
+    max_push_configs: int = 0
+
+    def store_push(self, conn: Connection, task_id: str) -> None:
+        """The send's push configuration for ``task_id``, before the event that should notify it."""
+        if self.checked.push is None:
+            return
+        assert self.identity.customer_id is not None  # require_key
+        try:
+            push.insert_config(conn, self.checked.push.for_task(task_id), owner=self.owner,
+                               customer_id=self.identity.customer_id, max_per_customer=self.max_push_configs)
+        except push.TooManyConfigs as over:
+            raise cap_refusal(self.max_push_configs, over.held) from None
 
     @property
     def specialist_id(self) -> str:
@@ -493,7 +513,7 @@ def _admit(conn: Connection, send: _Send) -> Admitted:
         ).first()
         if claimed is None:
             return _replay_message_id(conn, send, key_claimed=send.checked.idempotency_key is not None)
-    return _continue(conn, send.loaded, send.owner, message)
+    return _continue(conn, send.loaded, send.owner, message, send)
 
 
 def _replay_key(conn: Connection, send: _Send, first: idempotency.FirstUse | None) -> Admitted:
@@ -586,8 +606,11 @@ def _create(conn: Connection, send: _Send) -> Admitted:
     spec, identity, checked = send.loaded.spec, send.identity, send.checked
     task, params = _new_task(send)
     task_id, context_id = task.id, task.context_id
+    send.store_push(conn, task_id)
     row = conn.execute(_ADMIT_NEW, params).one()
     if not row.new:
+        if send.checked.push is not None:  # a resend: its task already exists, the would-be task never will
+            push.delete_task_configs(conn, task_id, send.owner)
         if checked.idempotency_key is not None and not row.key_claimed:
             first = None
             if row.key_task_id is not None:
@@ -617,7 +640,7 @@ def _create(conn: Connection, send: _Send) -> Admitted:
     return Admitted(task=task, version=1, replay=False)
 
 
-def _continue(conn: Connection, loaded: LoadedSpec, owner: str, message: Message) -> Admitted:
+def _continue(conn: Connection, loaded: LoadedSpec, owner: str, message: Message, send: _Send | None = None) -> Admitted:
     spec = loaded.spec
     locked = rows.lock(conn, message.task_id, owner, with_artifacts=True)
     if locked is None:
@@ -646,6 +669,8 @@ def _continue(conn: Connection, loaded: LoadedSpec, owner: str, message: Message
     task.status.CopyFrom(TaskStatus(state=TaskState.TASK_STATE_SUBMITTED))
     rows.stamp(task)
     event = TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=task.status)
+    if send is not None:
+        send.store_push(conn, task.id)  # the task is the caller's (locked above): before the event it notifies
     new_version = rows.write_event(conn, locked, event, returning_history=True)
     outbox.enqueue(conn, task_id=task.id, specialist_id=spec.id, executor=spec.executor, owner=owner,
                    context_id=stored.context_id, message=stored.SerializeToString())

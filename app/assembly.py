@@ -38,7 +38,8 @@ from starlette.routing import BaseRoute, Mount, Route
 from app import integers, ledger_port
 from app.admission import AdmissionService
 from app.boundary import ErrorBoundary
-from app.cards import build_card, discovery_routes
+from app.cards import build_card, discovery_routes, jwks_routes
+from app.push import PushConfigs
 from app.errors import error_response, register_with_sdk
 from app.events import NotifiedEventStream
 from app.grpc_binding import GRACEFUL_STOP_S, GrpcBinding, build_server
@@ -177,6 +178,7 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
     streams = StreamGate(settings.edge, metrics)
     builder = EdgeCallContextBuilder()
     cards = {specialist_id: build_card(loaded, settings) for specialist_id, loaded in specs.items()}
+    push_configs = PushConfigs(engine, settings) if settings.push.enabled else None
     handlers = {
         specialist_id: EdgeRequestHandler(
             loaded=loaded,
@@ -188,6 +190,7 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
             streams=streams,
             settings=settings,
             metrics=metrics,
+            push_configs=push_configs,
             extended_card_modifier=_extended_card(engine),
         )
         for specialist_id, loaded in specs.items()
@@ -251,6 +254,7 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
         Route("/readyz", _readyz(edge), methods=["GET"]),
         Route("/metrics", _metrics(metrics, settings), methods=["GET"]),
         *discovery_routes(specs, cards, settings),
+        *jwks_routes(settings),
     ]
     for specialist_id, handler in handlers.items():
         routes.extend(_a2a_routes(specialist_id, handler, builder))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from email.utils import format_datetime, parsedate_to_datetime
 from typing import Any
 
@@ -37,6 +37,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from core.push_signing import PushSigner
 from core.settings import Settings
 from core.specs import LoadedSpec
 
@@ -84,7 +85,7 @@ def build_card(loaded: LoadedSpec, settings: Settings) -> AgentCard:
         "supportedInterfaces": interfaces,
         "capabilities": {
             "streaming": spec.streaming,
-            "pushNotifications": False,
+            "pushNotifications": settings.push.enabled,
             "extendedAgentCard": True,
             "extensions": [
                 {
@@ -234,3 +235,16 @@ def discovery_routes(specs: dict[str, LoadedSpec], cards: dict[str, AgentCard], 
     newest = max(loaded.modified_at for loaded in specs.values())
     routes.append(Route("/specialists", serve(Rendered.of({"specialists": listing}, newest), settings), methods=["GET", "HEAD"]))
     return routes
+
+
+JWKS_PATH = "/.well-known/jwks.json"
+
+
+def jwks_routes(settings: Settings) -> list[Route]:
+    """GET/HEAD ``JWKS_PATH``: the public keys that verify push notifications' JWTs (``core.push_signing``),
+    every key of the rotation; none when push is off."""
+    if not settings.push.enabled:
+        return []
+    signer = PushSigner(settings.push.signing_secrets, issuer=settings.edge.url, lifetime_s=settings.push.jwt_lifetime_s)
+    rendered = Rendered.of(signer.jwks(), datetime.now(timezone.utc))
+    return [Route(JWKS_PATH, serve(rendered, settings), methods=["GET", "HEAD"])]

@@ -151,7 +151,10 @@ class DatabaseUnavailable(EdgeError):
 class InvalidValue(EdgeError):
     """A value the edge cannot take whatever the method: a number that is not finite or too long to convert
     (``number_not_finite``, ``number_too_long``), a page token the edge did not issue (``page_token_invalid``), an
-    ``Idempotency-Key`` header that is empty, too long or not printable ASCII (``idempotency_key_invalid``)."""
+    ``Idempotency-Key`` header that is empty, too long or not printable ASCII (``idempotency_key_invalid``), a
+    push webhook this service will not call (``webhook_url_invalid``, ``webhook_https_required``,
+    ``webhook_address_refused``: ``core.webhooks``), a push configuration field over its limit
+    (``push_config_invalid``)."""
 
     code = "invalid_value"
 
@@ -188,6 +191,16 @@ class TaskNotAwaitingInput(EdgeError):
 
 class KeyRequiredForListing(EdgeError):
     code = "key_required_for_listing"
+
+
+class KeyRequiredForPush(EdgeError):
+    code = "key_required_for_push"
+
+
+class PushConfigCap(EdgeError):
+    """The customer holds its maximum of push configurations (SPECIALISTS_PUSH_MAX_CONFIGS_PER_CUSTOMER)."""
+
+    code = "push_config_cap"
 
 
 # The ledger refused the reservation; the codes are the ledger's reserve outcomes.
@@ -263,6 +276,7 @@ WIRE_FORMS: dict[type[EdgeError], WireForm] = {
     KeyRequired: WireForm(-40100, 401, "UNAUTHENTICATED"),
     KeyRejected: WireForm(-40101, 401, "UNAUTHENTICATED"),
     KeyRequiredForListing: WireForm(-40102, 401, "UNAUTHENTICATED"),
+    KeyRequiredForPush: WireForm(-40103, 401, "UNAUTHENTICATED"),
     RateLimited: WireForm(-42901, 429, "RESOURCE_EXHAUSTED"),
     PayloadTooLarge: WireForm(-41301, 413, "INVALID_ARGUMENT"),
     UnsupportedMediaType: WireForm(-41501, 415, "INVALID_ARGUMENT"),
@@ -283,6 +297,7 @@ WIRE_FORMS: dict[type[EdgeError], WireForm] = {
     NotEntitled: WireForm(-40301, 403, "PERMISSION_DENIED"),
     EntitlementExpired: WireForm(-40302, 403, "PERMISSION_DENIED"),
     ConcurrencyCap: WireForm(-42902, 429, "RESOURCE_EXHAUSTED"),
+    PushConfigCap: WireForm(-42904, 429, "RESOURCE_EXHAUSTED"),
 }
 
 

@@ -10,6 +10,8 @@ after the SDK's checks, with the SDK's response. Sends and cancels differ:
     this process; a blocking send then waits on the task's event stream for a
     terminal or interrupted state (at most ``blocking_wait_max_s``), a stream
     relays the events;
+  - the push-notification config methods (Create, Get, List, Delete) are the edge's own (``app.push``),
+    scoped by owner, on its tables (``taskstate.push``); a send's own configuration is stored by admission;
   - CancelTask is one transaction on any instance: the task's jobs are cancelled
     through their claims (a running one is stopped by its worker within a
     heartbeat), the task is CANCELED, and the reservation resolved as
@@ -32,15 +34,20 @@ from a2a.server.request_handlers.request_handler import validate
 from a2a.types.a2a_pb2 import (
     AgentCard,
     CancelTaskRequest,
+    DeleteTaskPushNotificationConfigRequest,
+    GetTaskPushNotificationConfigRequest,
+    ListTaskPushNotificationConfigsRequest,
+    ListTaskPushNotificationConfigsResponse,
     ListTasksRequest,
     ListTasksResponse,
     Message,
     SendMessageRequest,
     SubscribeToTaskRequest,
     Task,
+    TaskPushNotificationConfig,
     TaskStatusUpdateEvent,
 )
-from a2a.utils.errors import InternalError
+from a2a.utils.errors import InternalError, PushNotificationNotSupportedError
 from a2a.utils.task import apply_history_length
 
 from app.admission import Admitted, AdmissionService, check_list_request
@@ -49,6 +56,7 @@ from app.events import NotifiedEventStream
 from app.identity import EdgeUser, Identity
 from app.listing import TaskListing
 from app.observability import Metrics, note_refusal
+from app.push import PushConfigs
 from app.streams import StreamGate, caller_of
 from core.settings import Settings
 from core.specs import LoadedSpec
@@ -101,6 +109,7 @@ class EdgeRequestHandler(DefaultRequestHandler):
         streams: StreamGate,
         settings: Settings,
         metrics: Metrics,
+        push_configs: PushConfigs | None = None,
         extended_card_modifier: Callable[[AgentCard, ServerCallContext], Awaitable[AgentCard]] | None = None,
     ) -> None:
         super().__init__(
@@ -118,6 +127,7 @@ class EdgeRequestHandler(DefaultRequestHandler):
         self.streams = streams
         self.settings = settings
         self.metrics = metrics
+        self.push_configs = push_configs
 
     async def _admit(self, params: SendMessageRequest, context: ServerCallContext) -> Admitted:
         specialist = self.loaded.spec.id
@@ -202,3 +212,35 @@ class EdgeRequestHandler(DefaultRequestHandler):
             )
         check_list_request(params)
         return await self.listing.list(params, context.user.user_name)
+
+    # --- push notification configurations (app/push.py) ------------------------------------------------
+
+    def _push(self) -> PushConfigs:
+        if self.push_configs is None or not self._agent_card.capabilities.push_notifications:
+            raise PushNotificationNotSupportedError(message="this service does not send push notifications")
+        return self.push_configs
+
+    @validate_request_params
+    async def on_create_task_push_notification_config(
+        self, params: TaskPushNotificationConfig, context: ServerCallContext
+    ) -> TaskPushNotificationConfig:
+        return await self._push().create(params, identity_of(context), context.user.user_name)
+
+    @validate_request_params
+    async def on_get_task_push_notification_config(
+        self, params: GetTaskPushNotificationConfigRequest, context: ServerCallContext
+    ) -> TaskPushNotificationConfig:
+        return await self._push().get(params.task_id, params.id, context.user.user_name)
+
+    @validate_request_params
+    async def on_list_task_push_notification_configs(
+        self, params: ListTaskPushNotificationConfigsRequest, context: ServerCallContext
+    ) -> ListTaskPushNotificationConfigsResponse:
+        configs = await self._push().list(params.task_id, context.user.user_name)
+        return ListTaskPushNotificationConfigsResponse(configs=configs)
+
+    @validate_request_params
+    async def on_delete_task_push_notification_config(
+        self, params: DeleteTaskPushNotificationConfigRequest, context: ServerCallContext
+    ) -> None:
+        await self._push().delete(params.task_id, params.id, context.user.user_name)

@@ -37,6 +37,8 @@ OWNERS = {
     "dispatch_outbox": "taskstate/outbox.py",
     "job_claims": "taskstate/claims.py",
     "job_stale_reports": "taskstate/claims.py",
+    "push_configs": "taskstate/push.py",
+    "push_deliveries": "taskstate/push.py",
     "edge_messages": "app/admission.py",
     "edge_contexts": "app/admission.py",
     "edge_rate_windows": "app/ratelimit.py",

@@ -58,6 +58,7 @@ limits:
 """
 PAID = "paid-echo"
 PAID_TARIFF = 5
+PUSH_SECRET = "edge-tests-push-signing-secret-" + "p" * 40
 # How long an edge may take to answer /readyz after it is started: generous, since only "never" is a failure
 # (edge_a, a worker then the edge, took 17 s with the database at load 7 on 2 cores; `serve` took over 30 s
 # at load 11 in tests/deploy; edge_a took over 90 s at load 14, its worker child alone two minutes, while
@@ -99,6 +100,9 @@ def edge_env(database_url: str, specs_dir: Path, **settings: str) -> dict[str, s
             "SPECIALISTS_SPECS_DIR": str(specs_dir),
             "SPECIALISTS_REVOCATION_CACHE_S": "0",
             "SPECIALISTS_CONFORMANCE_HOLD_WORKING_S": str(CONFORMANCE_HOLD_S),
+            # Push notifications on, to webhooks on 127.0.0.1 (tests/webhook.py): local development's setting.
+            "SPECIALISTS_PUSH_SIGNING_SECRETS": PUSH_SECRET,
+            "SPECIALISTS_PUSH_ALLOW_LOOPBACK": "true",
             # The edge alone, unless a fixture asks for the whole system (edge_a).
             "SPECIALISTS_SERVE_WORKER": "false",
             "SPECIALISTS_SERVE_DISPATCHER": "false",

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import psycopg
 from sqlalchemy import Engine
 
-from taskstate.notify import DISPATCH, libpq_url
+from taskstate.notify import DISPATCH, TASK_EVENTS, libpq_url
 from core import db
 from core.errors import ServiceError
 from core.settings import Settings
@@ -65,8 +65,10 @@ def check_dispatcher_settings(settings: Settings) -> None:
 class OutboxListener:
     """LISTEN on the edge's dispatch channel in a thread; every notification sets ``wake``."""
 
-    def __init__(self, sqlalchemy_url: str, wake: threading.Event, connect_timeout_s: int) -> None:
+    def __init__(self, sqlalchemy_url: str, wake: threading.Event, connect_timeout_s: int,
+                 channel: str = DISPATCH) -> None:
         self.conninfo = libpq_url(sqlalchemy_url)
+        self.channel = channel
         self.wake = wake
         self.connect_timeout_s = connect_timeout_s
         self.stopping = threading.Event()
@@ -88,7 +90,7 @@ class OutboxListener:
                     connect_timeout=self.connect_timeout_s,
                     application_name="specialists-dispatcher-listener",
                 ) as conn:
-                    conn.execute(f"LISTEN {DISPATCH}")
+                    conn.execute(f"LISTEN {self.channel}")
                     backoff_s = 0.1
                     self.wake.set()  # anything committed while we were not listening
                     while not self.stopping.is_set():
@@ -126,6 +128,23 @@ def _maintain(settings: Settings, engine: Engine, sweeper: LeaseSweeper, stop: t
         except Exception as exc:  # the database restarting, a network fault: the next interval tries again
             log.warning("dispatch maintenance failed (%s: %s); retrying", type(exc).__name__, exc)
         stop.wait(settings.dispatch.sweep_interval_s)
+
+
+def _start_push(settings: Settings, engine: Engine, url: str, name: str,
+                stop: threading.Event) -> tuple[threading.Thread, OutboxListener] | None:
+    """The push notifications' delivery loop, on a thread of its own, woken by every task event's notification;
+    nothing when push is off (no SPECIALISTS_PUSH_SIGNING_SECRETS)."""
+    if not settings.push.enabled:
+        return None
+    from workers.dispatch.push import PushDeliverer
+
+    wake = threading.Event()
+    deliverer = PushDeliverer(engine, settings, name=name, wake=wake)
+    listener = OutboxListener(url, wake, settings.database.connect_timeout_s, channel=TASK_EVENTS)
+    listener.start()
+    thread = threading.Thread(target=deliverer.run, args=(stop,), name="push-deliveries", daemon=True)
+    thread.start()
+    return thread, listener
 
 
 def run_dispatcher(
@@ -168,6 +187,8 @@ def run_dispatcher(
         target=_maintain, args=(settings, engine, sweeper, stop), name="dispatcher-maintenance", daemon=True
     )
     maintenance.start()
+    push_stop = threading.Event()
+    pushing = _start_push(settings, engine, url, name, push_stop)
     try:
         while not stop.is_set():
             wake.clear()
@@ -179,6 +200,10 @@ def run_dispatcher(
             if delay_s > 0:
                 wake.wait(delay_s)
     finally:
+        push_stop.set()
+        if pushing is not None:
+            pushing[1].stop()
+            pushing[0].join(timeout=settings.database.connect_timeout_s)
         listener.stop()
         maintenance.join(timeout=settings.database.connect_timeout_s)
         backend.close()

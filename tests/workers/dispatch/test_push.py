@@ -1,0 +1,256 @@
+"""Push notification delivery (workers/dispatch/push.py) against real PostgreSQL and a real webhook on 127.0.0.1.
+
+Tasks and configurations are written through their owners (``taskstate.rows``, ``taskstate.push``); the
+trigger of migration 0240 writes the notifications in the events' statements. The deliverer runs as the
+dispatcher runs it, on a thread with its own event loop; the crash test runs `specialists dispatcher` itself
+and SIGKILLs it. Tests wait on what the webhook received and what the rows say, never on time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from a2a.types.a2a_pb2 import Task, TaskState, TaskStatus, TaskStatusUpdateEvent
+from pydantic import SecretStr
+from sqlalchemy import Engine, text
+
+from core import db
+from core.push_signing import verify
+from core.settings import PROJECT_ROOT, Settings
+from taskstate import push, rows
+from tests.webhook import Webhook, running_webhook
+from tests.workers.system import drop_database, fresh_database
+from workers.dispatch.push import PushDeliverer, signer_of
+
+pytestmark = pytest.mark.timeout(120)
+
+SECRET = "push-tests-signing-secret-" + "s" * 40
+FAST = dict(signing_secrets=[SecretStr(SECRET)], allow_loopback=True, backoff_base_s=0.05, backoff_max_s=0.2,
+            resolve_timeout_s=1.0, request_timeout_s=1.0, lease_s=3.0, poll_interval_s=0.1, max_attempts=3)
+STATES = [TaskState.TASK_STATE_WORKING, TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_COMPLETED]
+
+
+@pytest.fixture(scope="module")
+def webhook() -> Iterator[Webhook]:
+    with running_webhook() as hook:
+        yield hook
+
+
+def push_settings(settings: Settings, **fields: object) -> Settings:
+    return settings.model_copy(update={"push": settings.push.model_copy(update={**FAST, **fields})})
+
+
+@contextmanager
+def delivering(engine: Engine, settings: Settings, **kwargs: object) -> Iterator[PushDeliverer]:
+    deliverer = PushDeliverer(engine, settings, name=f"test-{uuid.uuid4().hex[:6]}", **kwargs)
+    stop = threading.Event()
+    thread = threading.Thread(target=deliverer.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield deliverer
+    finally:
+        stop.set()
+        deliverer.wake.set()
+        thread.join(10)
+
+
+def new_task(engine: Engine, url: str, *, customer: str | None = None, token: str | None = "client-token") -> tuple[str, str]:
+    """A SUBMITTED task with one push configuration (written first, so its first event notifies it)."""
+    customer = customer or f"c-{uuid.uuid4().hex[:8]}"
+    owner = f"{customer}:conformance"
+    task = Task(id=str(uuid.uuid4()), context_id=str(uuid.uuid4()),
+                status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED))
+    rows.stamp(task)
+    with engine.begin() as conn:
+        push.insert_config(conn, push.Config(task_id=task.id, config_id="hook", url=url, token=token),
+                           owner=owner, customer_id=customer, max_per_customer=100)
+        rows.insert_new(conn, task, owner)
+    return task.id, owner
+
+
+def move(engine: Engine, task_id: str, owner: str, state: int) -> None:
+    with engine.begin() as conn:
+        locked = rows.lock(conn, task_id, owner)
+        assert locked is not None
+        locked.task.status.CopyFrom(TaskStatus(state=state))
+        rows.stamp(locked.task)
+        rows.write_event(conn, locked, TaskStatusUpdateEvent(task_id=task_id, context_id=locked.task.context_id,
+                                                             status=locked.task.status))
+
+
+def deliveries(engine: Engine, task_id: str) -> list[tuple[int, str, int, str | None]]:
+    with engine.connect() as conn:
+        return [tuple(r) for r in conn.execute(text(
+            "SELECT event_seq, state, attempts, last_error FROM push_deliveries WHERE task_id = :t ORDER BY event_seq"
+        ), {"t": task_id})]
+
+
+def settled(engine: Engine, task_id: str, count: int, timeout_s: float = 60) -> list[tuple[int, str, int, str | None]]:
+    """Until the task's ``count`` notifications are no longer pending (only "never" fails)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = deliveries(engine, task_id)
+        if len(found) == count and all(state != "pending" for _, state, _, _ in found):
+            return found
+        assert time.monotonic() < deadline, found
+        time.sleep(0.05)
+
+
+def test_a_webhook_receives_a_tasks_events_in_order_each_signed_and_bound_to_its_task(engine, settings, webhook):
+    settings = push_settings(settings)
+    path = f"/ok/{uuid.uuid4().hex}"
+    task_id, owner = new_task(engine, webhook.url(path))
+    with delivering(engine, settings) as deliverer:
+        for state in STATES:
+            move(engine, task_id, owner, state)
+            deliverer.wake.set()
+        received = webhook.wait_for(lambda seen: len([r for r in seen if r.path == path]) == 4)
+    mine = [r for r in received if r.path == path]
+    states = [r.event.get("task", {}).get("status", r.event.get("statusUpdate", {}).get("status", {}))["state"]
+              for r in mine]
+    assert states == ["TASK_STATE_SUBMITTED", "TASK_STATE_WORKING", "TASK_STATE_INPUT_REQUIRED", "TASK_STATE_COMPLETED"]
+    ids = [int(r.event_id) for r in mine]
+    assert ids == sorted(ids) and len(set(ids)) == 4
+    jwks = signer_of(settings).jwks()
+    for r in mine:
+        assert r.headers["x-a2a-notification-token"] == "client-token"
+        claims = verify(r.headers["authorization"].removeprefix("Bearer "), jwks)
+        assert claims["task_id"] == task_id and claims["event_id"] == r.event_id
+        assert claims["aud"] == webhook.url(path) and claims["body_sha256"] == hashlib.sha256(r.body).hexdigest()
+    assert [state for _, state, _, _ in settled(engine, task_id, 4)] == ["delivered"] * 4
+
+
+def test_a_hanging_webhook_holds_only_its_customers_slots_and_another_customer_is_served(engine, settings, webhook):
+    settings = push_settings(settings, request_timeout_s=30.0, lease_s=40.0, max_in_flight_per_customer=1)
+    hang, fine = f"/hang/{uuid.uuid4().hex}", f"/ok/{uuid.uuid4().hex}"
+    webhook.released.clear()
+    with delivering(engine, settings) as deliverer:
+        slow_task, _ = new_task(engine, webhook.url(hang))
+        deliverer.wake.set()
+        webhook.wait_for(lambda seen: any(r.path == hang for r in seen))  # held open now
+        other_task, other_owner = new_task(engine, webhook.url(fine))
+        move(engine, other_task, other_owner, TaskState.TASK_STATE_COMPLETED)
+        deliverer.wake.set()
+        webhook.wait_for(lambda seen: len([r for r in seen if r.path == fine]) == 2)
+        assert webhook.hanging >= 1, "the other customer was served only after the hanging webhook let go"
+        webhook.release()
+        settled(engine, slow_task, 1)
+    assert [state for _, state, _, _ in deliveries(engine, other_task)] == ["delivered", "delivered"]
+
+
+def test_a_webhook_that_answers_500_is_retried_to_the_limit_then_listed_as_failed(engine, settings, webhook):
+    settings = push_settings(settings, max_attempts=3)
+    path = f"/fail/{uuid.uuid4().hex}"
+    customer = f"c-{uuid.uuid4().hex[:8]}"
+    task_id, _ = new_task(engine, webhook.url(path), customer=customer)
+    with delivering(engine, settings):
+        [(seq, state, attempts, error)] = settled(engine, task_id, 1)
+    assert (state, attempts) == ("failed", 3) and "http_500" in error and "SPECIALISTS_PUSH_MAX_ATTEMPTS" in error
+    assert len(webhook.at(path)) == 3  # each attempt one request, and no more
+    with engine.connect() as conn:
+        [failed] = push.failed_deliveries(conn, customer_id=customer, limit=10)
+    assert (failed.task_id, failed.event_seq, failed.last_status, failed.url) == (task_id, seq, 500, webhook.url(path))
+
+
+def test_a_webhook_that_never_answers_is_abandoned_each_attempt_at_the_request_timeout(engine, settings, webhook):
+    settings = push_settings(settings, request_timeout_s=0.3, max_attempts=2)
+    path = f"/hang/{uuid.uuid4().hex}"
+    webhook.released.clear()
+    task_id, _ = new_task(engine, webhook.url(path))
+    with delivering(engine, settings):
+        [(_, state, attempts, error)] = settled(engine, task_id, 1)
+    webhook.release()
+    assert (state, attempts) == ("failed", 2) and "SPECIALISTS_PUSH_REQUEST_TIMEOUT_S" in error
+    assert len(webhook.at(path)) == 2
+
+
+def test_a_redirect_is_not_followed_and_fails_the_notification(engine, settings, webhook):
+    path = f"/redirect/{uuid.uuid4().hex}"
+    task_id, _ = new_task(engine, webhook.url(path))
+    with delivering(engine, push_settings(settings)):
+        [(_, state, attempts, error)] = settled(engine, task_id, 1)
+    assert (state, attempts) == ("failed", 1) and error.startswith("redirect_refused")
+    assert len(webhook.at(path)) == 1
+
+
+def test_a_name_that_resolves_to_a_private_address_at_delivery_is_refused_then_without_a_request(engine, settings):
+    # The one fake: DNS. A name that resolved to a public address when it was registered answers a private one now.
+    task_id, _ = new_task(engine, "https://rebinding.example/hook")
+    asked: list[str] = []
+
+    def rebinding(host: str, port: int) -> list[str]:
+        asked.append(host)
+        return ["10.0.0.7"]
+
+    with delivering(engine, push_settings(settings), resolver=rebinding):
+        [(_, state, attempts, error)] = settled(engine, task_id, 1)
+    assert asked == ["rebinding.example"]
+    assert (state, attempts) == ("failed", 1) and error.startswith("webhook_address_refused") and "10.0.0.7" in error
+
+
+def test_a_name_that_resolves_to_loopback_is_refused_when_loopback_is_not_allowed(engine, settings, webhook):
+    path = f"/ok/{uuid.uuid4().hex}"
+    task_id, _ = new_task(engine, f"https://localhost:{webhook.port}{path}")
+    with delivering(engine, push_settings(settings, allow_loopback=False)):
+        [(_, state, _, error)] = settled(engine, task_id, 1)
+    assert state == "failed" and "loopback" in error
+    assert webhook.at(path) == []
+
+
+# --- a dispatcher killed mid-delivery ------------------------------------------------------------------------
+
+
+def test_a_dispatcher_killed_mid_delivery_leaves_every_event_delivered_once_per_event_id(server_url, webhook, tmp_path):
+    url = fresh_database(server_url)
+    engine = db.make_engine(url, Settings(database={"url": url}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECIALISTS_")}
+    env.update({"DATABASE_URL": url, "SPECIALISTS_WORKER_JOB_SECRETS": "push-tests-worker-secret-" + "w" * 40,
+                "SPECIALISTS_PUSH_SIGNING_SECRETS": SECRET, "SPECIALISTS_PUSH_ALLOW_LOOPBACK": "true",
+                "SPECIALISTS_PUSH_LEASE_S": "3", "SPECIALISTS_PUSH_REQUEST_TIMEOUT_S": "1.5",
+                "SPECIALISTS_PUSH_RESOLVE_TIMEOUT_S": "1", "SPECIALISTS_PUSH_POLL_INTERVAL_S": "0.1",
+                "SPECIALISTS_PUSH_BACKOFF_BASE_S": "0.05"})
+
+    def dispatcher(name: str) -> subprocess.Popen:
+        log = (tmp_path / f"{name}.log").open("wb")
+        return subprocess.Popen([sys.executable, "-m", "ops.cli", "dispatcher"], cwd=PROJECT_ROOT, env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
+
+    path = f"/hang/{uuid.uuid4().hex}"
+    webhook.released.clear()
+    first = dispatcher("first")
+    try:
+        task_id, owner = new_task(engine, webhook.url(path))
+        for state in STATES:
+            move(engine, task_id, owner, state)
+        webhook.wait_for(lambda seen: any(r.path == path for r in seen))  # the first event's request is open
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+        webhook.release()
+        second = dispatcher("second")
+        try:
+            received = webhook.wait_for(lambda seen: len({r.event_id for r in seen if r.path == path}) == 4)
+            found = settled(engine, task_id, 4)
+        finally:
+            second.send_signal(signal.SIGTERM)
+            second.wait(30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+        engine.dispose()
+        drop_database(server_url, url)
+    mine = [r for r in received if r.path == path]
+    event_ids = [r.event_id for r in mine]
+    assert event_ids[0] == event_ids[1], "the killed attempt's event came again, with its event id"
+    assert list(dict.fromkeys(event_ids)) == [str(seq) for seq, _, _, _ in found]  # in order, none lost
+    assert len(event_ids) == 5  # the one attempt the kill left unrecorded, repeated once; nothing else twice
+    assert [(state, attempts) for _, state, attempts, _ in found] == [("delivered", 2)] + [("delivered", 1)] * 3
