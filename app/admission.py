@@ -46,6 +46,7 @@ from a2a.types.a2a_pb2 import (
 from a2a.utils.errors import (
     ContentTypeNotSupportedError,
     InvalidParamsError,
+    PushNotificationNotSupportedError,
     TaskNotCancelableError,
     TaskNotFoundError,
     UnsupportedOperationError,
@@ -146,6 +147,8 @@ def check_message(
     validate_history_length(params.configuration)
     push_request = None
     if params.configuration.HasField("task_push_notification_config"):
+        if not spec.push_notifications:
+            raise PushNotificationNotSupportedError(message="this specialist does not send push notifications")
         push_request = check_config(params.configuration.task_push_notification_config, settings)
     if len(message.message_id) > settings.edge.max_message_id_chars:
         raise invalid(

@@ -85,7 +85,7 @@ def build_card(loaded: LoadedSpec, settings: Settings) -> AgentCard:
         "supportedInterfaces": interfaces,
         "capabilities": {
             "streaming": spec.streaming,
-            "pushNotifications": settings.push.enabled,
+            "pushNotifications": settings.push.enabled and spec.push_notifications,
             "extendedAgentCard": True,
             "extensions": [
                 {

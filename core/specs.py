@@ -206,6 +206,11 @@ class SpecialistSpec(_Closed):
     output_modes: list[MediaRange] = Field(min_length=1, max_length=50)
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
     streaming: bool = True
+    push_notifications: bool = Field(
+        default=True,
+        description="Whether this specialist sends A2A push notifications (when the service has "
+        "SPECIALISTS_PUSH_SIGNING_SECRETS): its card's capability, the config methods and a send's configuration.",
+    )
     idempotency: IdempotencyPolicy = Field(
         default="message_id",
         description="message_id: a resend with the same messageId (or Idempotency-Key) and content replays the "

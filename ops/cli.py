@@ -519,9 +519,10 @@ def build_parser(flags: GlobalFlags | None = None) -> argparse.ArgumentParser:
     verify = kp.add_parser("verify", parents=[common], help="check a key read from standard input")
     verify.set_defaults(func=cmd_keys_verify)
 
-    from ops import cli_customers, cli_ledger
+    from ops import cli_customers, cli_ledger, cli_push
 
     cli_customers.register(groups, common)
+    cli_push.register(groups, common)
     cli_ledger.register(groups, common)
     from ops import cli_health, cli_specialists
 

@@ -2,8 +2,9 @@
 
 Only with the embedded database (``DATABASE_URL`` unset) and only for secrets
 the environment does not set: the key-signing secret (customer keys), the
-worker job secret (dispatcher and workers) and the key that signs the rlm
-specialists' checkpoints (workers). They live in
+worker job secret (dispatcher and workers), the key that signs the rlm
+specialists' checkpoints (workers) and the secret the push notifications'
+signing keys derive from (edge and dispatcher). They live in
 ``<data dir>/local-secrets.json`` (mode 0600) beside the embedded database, so
 every later command on the machine (``keys issue``, ``worker``, ...) signs and
 verifies with the same ones. With ``DATABASE_URL`` set (production) nothing is
@@ -28,11 +29,14 @@ PLACES = {
     "key_signing_secrets": ("keys", "signing_secrets"),
     "worker_job_secrets": ("worker", "job_secrets"),
     "specialist_checkpoint_key": ("hosted", "checkpoint_key"),
+    "push_signing_secrets": ("push", "signing_secrets"),
 }
 # The environment variable that sets each one.
 GENERATED = {name: SECTIONS[section].env_name(field) for name, (section, field) in PLACES.items()}
+# Generated on one machine, but never required: without it push notifications are off (core.settings.PushSettings).
+OPTIONAL = frozenset({"push_signing_secrets"})
 # Settings that hold a list of secrets (newest first); the others hold one.
-LISTS = frozenset({"key_signing_secrets", "worker_job_secrets"})
+LISTS = frozenset({"key_signing_secrets", "worker_job_secrets", "push_signing_secrets"})
 
 
 class SecretMissing(ServiceError):
@@ -100,6 +104,7 @@ PURPOSES = {
     "key_signing_secrets": "signs customer keys",
     "worker_job_secrets": "signs the jobs the dispatcher sends to workers",
     "specialist_checkpoint_key": "signs the rlm specialists' checkpoints",
+    "push_signing_secrets": "signs push notifications' JWTs (edge: JWKS; dispatcher: signing)",
 }
 
 

@@ -18,7 +18,7 @@ Expand-only: the code before this revision runs on this schema unchanged (it wri
 trigger inserts nothing).
 
 Revision ID: 0240
-Revises: 0220
+Revises: 0230
 """
 
 from alembic import op
@@ -26,7 +26,7 @@ from alembic import op
 from migrations.compat import forget, record
 
 revision = "0240"
-down_revision = "0220"
+down_revision = "0230"
 branch_labels = None
 depends_on = None
 

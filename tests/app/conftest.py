@@ -51,6 +51,7 @@ skill:
   description: Echoes its input.
 input_modes: [text/plain]
 output_modes: [text/plain]
+push_notifications: false
 limits:
   max_input_bytes: 1024
   max_parts: 2

@@ -9,7 +9,7 @@ import pytest
 
 from core.settings import EdgeSettings
 from tests import http_calls
-from tests.app.conftest import message, rpc
+from tests.app.conftest import PAID, message, rpc
 
 pytestmark = pytest.mark.timeout(40, func_only=True)
 CONFORMANCE = "conformance"
@@ -69,9 +69,10 @@ def test_an_unknown_method_is_method_not_found(edge_a, make_customer):
     assert jsonrpc(edge_a, make_customer(), rpc("DoSomething", {}))["error"]["code"] == -32601
 
 
-def test_push_notifications_are_refused_as_unsupported(edge_a, make_customer):
+def test_push_notifications_are_refused_as_unsupported_by_a_specialist_that_sends_none(edge_a, make_customer):
     body = message(taskPushNotificationConfig={"url": "https://example.com/hook"})
-    answer = jsonrpc(edge_a, make_customer(), rpc("SendMessage", body))
+    answer = http_calls.post(f"{edge_a.specialist(PAID)}/jsonrpc", json=rpc("SendMessage", body), timeout=30,
+                             headers={"Authorization": f"Bearer {make_customer().key}", "A2A-Version": "1.0"}).json()
     assert answer["error"]["code"] == -32003
 
 

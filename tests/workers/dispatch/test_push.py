@@ -9,6 +9,7 @@ and SIGKILLs it. Tests wait on what the webhook received and what the rows say, 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -38,6 +39,29 @@ SECRET = "push-tests-signing-secret-" + "s" * 40
 FAST = dict(signing_secrets=[SecretStr(SECRET)], allow_loopback=True, backoff_base_s=0.05, backoff_max_s=0.2,
             resolve_timeout_s=1.0, request_timeout_s=1.0, lease_s=3.0, poll_interval_s=0.1, max_attempts=3)
 STATES = [TaskState.TASK_STATE_WORKING, TaskState.TASK_STATE_INPUT_REQUIRED, TaskState.TASK_STATE_COMPLETED]
+
+
+@pytest.fixture(scope="module")
+def push_database(server_url: str) -> Iterator[str]:
+    """A database of this module's own: the session's is shared with tests/app's edges, whose dispatcher would
+    deliver these tests' notifications with its own settings and resolver."""
+    url = fresh_database(server_url)
+    yield url
+    drop_database(server_url, url)
+
+
+@pytest.fixture(scope="module")
+def engine(push_database: str) -> Iterator[Engine]:
+    eng = db.make_engine(push_database, Settings(database={"url": push_database}))
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def service_env(push_database: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECIALISTS_")}
+    env["DATABASE_URL"] = push_database
+    return env
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +172,8 @@ def test_a_hanging_webhook_holds_only_its_customers_slots_and_another_customer_i
     assert [state for _, state, _, _ in deliveries(engine, other_task)] == ["delivered", "delivered"]
 
 
-def test_a_webhook_that_answers_500_is_retried_to_the_limit_then_listed_as_failed(engine, settings, webhook):
+def test_a_webhook_that_answers_500_is_retried_to_the_limit_then_listed_as_failed(engine, settings, webhook,
+                                                                                   service_env):
     settings = push_settings(settings, max_attempts=3)
     path = f"/fail/{uuid.uuid4().hex}"
     customer = f"c-{uuid.uuid4().hex[:8]}"
@@ -160,6 +185,13 @@ def test_a_webhook_that_answers_500_is_retried_to_the_limit_then_listed_as_faile
     with engine.connect() as conn:
         [failed] = push.failed_deliveries(conn, customer_id=customer, limit=10)
     assert (failed.task_id, failed.event_seq, failed.last_status, failed.url) == (task_id, seq, 500, webhook.url(path))
+    command = [sys.executable, "-m", "ops.cli", "push", "failures", "--customer", customer]
+    listed = subprocess.run([*command, "--json"], env=service_env, cwd=PROJECT_ROOT, capture_output=True, text=True,
+                            check=True)
+    [row] = json.loads(listed.stdout)["failures"]
+    assert (row["task_id"], row["event_id"], row["attempts"], row["last_status"]) == (task_id, str(seq), 3, 500)
+    table = subprocess.run(command, env=service_env, cwd=PROJECT_ROOT, capture_output=True, text=True, check=True)
+    assert task_id in table.stdout and "http_500" in table.stdout
 
 
 def test_a_webhook_that_never_answers_is_abandoned_each_attempt_at_the_request_timeout(engine, settings, webhook):
@@ -210,9 +242,9 @@ def test_a_name_that_resolves_to_loopback_is_refused_when_loopback_is_not_allowe
 # --- a dispatcher killed mid-delivery ------------------------------------------------------------------------
 
 
-def test_a_dispatcher_killed_mid_delivery_leaves_every_event_delivered_once_per_event_id(server_url, webhook, tmp_path):
-    url = fresh_database(server_url)
-    engine = db.make_engine(url, Settings(database={"url": url}))
+def test_a_dispatcher_killed_mid_delivery_leaves_every_event_delivered_once_per_event_id(push_database, engine,
+                                                                                         webhook, tmp_path):
+    url = push_database
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECIALISTS_")}
     env.update({"DATABASE_URL": url, "SPECIALISTS_WORKER_JOB_SECRETS": "push-tests-worker-secret-" + "w" * 40,
                 "SPECIALISTS_PUSH_SIGNING_SECRETS": SECRET, "SPECIALISTS_PUSH_ALLOW_LOOPBACK": "true",
@@ -246,8 +278,6 @@ def test_a_dispatcher_killed_mid_delivery_leaves_every_event_delivered_once_per_
     finally:
         if first.poll() is None:
             first.kill()
-        engine.dispose()
-        drop_database(server_url, url)
     mine = [r for r in received if r.path == path]
     event_ids = [r.event_id for r in mine]
     assert event_ids[0] == event_ids[1], "the killed attempt's event came again, with its event id"
