@@ -432,6 +432,10 @@ def _show_event(e: dict[str, Any], out: Console) -> None:
         cached = f" ({e['subcalls_cached']} cached)" if e.get("subcalls_cached") else ""
         p(f"\n── {e.get('stop_reason')} after {e.get('turns')} turns, {e.get('subcalls')} sub-calls{cached}, "
           f"{_totals(own)}{family}", "bold")
+        seen = e.get("observations") or {}
+        if seen.get("chars_produced"):
+            p(f"observations ({seen.get('strategy')}): {seen.get('chars_shown', 0):,} characters shown of "
+              f"{seen['chars_produced']:,} produced")
         if e.get("error"):
             p(f"error: {e['error']}", "red")
         p(e.get("answer") if e.get("answer") is not None else "(no answer)")

@@ -232,7 +232,9 @@ class BashExtension:
         self.notes = PROMPT_NOTE.format(workspace=self.broker.workspace, deadline=settings.bash_default_deadline_s,
                                         max_deadline=settings.bash_max_deadline_s,
                                         tool=TOOL_NOTE if settings.bash_tool else "")
-        if settings.bash_tool:
+        offered = settings.bash_tool and settings.protocol != "text"  # no tools are sent in text
+        self.notes = self.notes.replace(TOOL_NOTE, "") if not offered else self.notes
+        if offered:
             self.model_tools["bash"] = ModelTool(BASH_TOOL, self._tool)
 
     def functions(self) -> dict[str, Callable[..., Any]]:

@@ -84,6 +84,7 @@ def test_the_bundled_example_is_edited_tested_read_by_handle_fixed_and_tested_ag
     shown = capsys.readouterr().out
     assert "bash$ python3 -m unittest -q" in shown and "[job j2 exit 1 after" in shown
     assert "FAIL: test_median_of_an_odd_count" in shown
+    assert re.search(r"observations \(transcript\): [\d,]+ characters shown of [\d,]+ produced", shown)
     assert main(["--data-dir", str(settings.data_dir), "jobs", "j2"]) == 0
     assert capsys.readouterr().out.startswith("[job j2 exit 1 after")
 
@@ -302,3 +303,20 @@ def test_the_model_may_release_an_unknown_job_of_its_own_family_and_no_other(mak
     assert step["observation"].splitlines()[1] == "unknown" and "released: it only waited" in step["observation"]
     assert [e["job_id"] for e in events if e["event"] == "job_released"] == [job.id]
     assert store.leases() == {}
+
+
+def test_without_tool_calling_the_model_reaches_the_same_broker_through_bash_run(make_settings,
+                                                                                 tmp_path: Path) -> None:
+    settings = make_settings(profile="python-bash", protocol="text")
+    workspace = tmp_path / "work"
+    workspace.mkdir()
+    provider = ScriptedProvider({"root": [{"bash": {"command": "echo via-text", "read_only": True}},
+                                          {"code": "final_answer('ok')"}]})
+    result = Session(context=Context.from_repository(workspace, settings), provider=provider,
+                     settings=settings).run("q")
+    assert result.answer == "ok", result.error
+    events = read_trajectory(result.trajectory_path)
+    assert events[0]["tools"] == ["python"] and "`bash` tool" not in events[0]["system_prompt"]
+    assert "bash.run(" in events[0]["system_prompt"]
+    [job] = [e for e in events if e["event"] == "job"]
+    assert (job["surface"], job["read_only"], job["stdout_preview"]) == ("python", True, "via-text\n")
