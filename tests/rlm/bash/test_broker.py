@@ -133,3 +133,25 @@ def test_a_shell_that_is_not_bash_is_refused_never_used_in_its_place(make_settin
         find_bash(make_settings(profile="python-bash"), {"PATH": str(tmp_path / "empty")})
     host = prepare(make_settings(profile="python-bash"), set())
     assert Path(host.path).name == "bash" and host.version[0].isdigit()
+
+
+def test_a_mutating_command_waits_for_the_lease_at_most_its_setting_and_says_who_holds_it(make_settings,
+                                                                                         workspace: Path) -> None:
+    import threading
+
+    from rlmfamily.bash.errors import WorkspaceBusy
+
+    holder = broker(make_settings(profile="python-bash"), workspace, root_id="holder")
+    held = threading.Thread(target=holder.run, args=("touch held; while [ ! -e done ]; do sleep 0.01; done",),
+                            daemon=True)
+    held.start()
+    wait_until(lambda: (workspace / "held").exists(), "the first command holds the lease")
+    impatient = broker(make_settings(profile="python-bash", bash_lease_wait_s=0), workspace, root_id="other")
+    with pytest.raises(WorkspaceBusy, match=r"held by job j1.*RLM_BASH_LEASE_WAIT_S"):
+        impatient.run("echo never >> log")
+    reader, _ = impatient.run("ls held", read_only=True)  # a read-only command takes no lease
+    assert reader.exit_code == 0 and not (workspace / "log").exists()
+    assert impatient.store.job("j2").state == "failed"
+    (workspace / "done").touch()
+    held.join(10)
+    assert impatient.store.leases() == {}
