@@ -5,8 +5,9 @@
     checkov           the Dockerfile, the Terraform (infra/) and the repository's secrets
     terraform fmt     infra/ is formatted (`terraform fmt -check`)
 
-Every accepted finding is an entry of checks_baseline.toml with its reason. A finding that is not there fails
-the run, and so does an entry that no longer matches anything: the baseline stays a true list. Standard library
+Every accepted finding is an entry of checks_baseline.toml with its reason (or, for the tests' and benchmarks'
+made-up secrets, a class: one check under one folder). A finding that is not there fails the run, and so does an
+entry that no longer matches anything: the baseline stays a true list. Standard library
 only; the tools come from ``--tools`` (./dev builds .venv-checks from checks.lock) or PATH.
 
     python3 infra/release/checks.py [--tools DIR] [--skip CHECK] [--json]
@@ -56,8 +57,30 @@ class Accepted:
         return (self.check, self.resource, self.file)
 
 
+@dataclass(frozen=True)
+class AcceptedClass:
+    """One check accepted for every file under a folder: the tests' and benchmarks' made-up secrets."""
+
+    check: str
+    under: str  # a folder of the project, ending in "/"
+    reason: str
+
+    def covers(self, finding: Finding) -> bool:
+        return finding.check == self.check and finding.file.startswith(self.under)
+
+
 class ToolMissing(Exception):
     pass
+
+
+def load_classes(path: Path = BASELINE) -> list[AcceptedClass]:
+    classes = []
+    for entry in tomllib.loads(path.read_text()).get("accepted_class", []):
+        if {"check", "under", "reason"} - set(entry) or not str(entry.get("reason", "")).strip() \
+                or not str(entry.get("under", "")).endswith("/"):
+            raise ValueError(f"{path.name}: every class needs check, under (a folder, ending in /) and a reason: {entry}")
+        classes.append(AcceptedClass(entry["check"], entry["under"], entry["reason"].strip()))
+    return classes
 
 
 def load_baseline(path: Path = BASELINE) -> list[Accepted]:
@@ -74,11 +97,15 @@ def load_baseline(path: Path = BASELINE) -> list[Accepted]:
     return accepted
 
 
-def compare(findings: list[Finding], accepted: list[Accepted]) -> tuple[list[Finding], list[Accepted]]:
-    """(new findings, stale baseline entries)."""
+def compare(findings: list[Finding], accepted: list[Accepted], classes: list[AcceptedClass] = ()
+            ) -> tuple[list[Finding], list[Accepted | AcceptedClass]]:
+    """(new findings, stale baseline entries and classes)."""
     known = {a.key for a in accepted}
     found = {f.key for f in findings}
-    return [f for f in findings if f.key not in known], [a for a in accepted if a.key not in found]
+    new = [f for f in findings if f.key not in known and not any(c.covers(f) for c in classes)]
+    stale: list[Accepted | AcceptedClass] = [a for a in accepted if a.key not in found]
+    stale += [c for c in classes if not any(c.covers(f) for f in findings)]
+    return new, stale
 
 
 # --- the tools ---------------------------------------------------------------------------------------
@@ -156,7 +183,7 @@ class Outcome:
     findings: int = 0
     accepted: int = 0
     new: list[Finding] | None = None
-    stale: list[Accepted] | None = None
+    stale: list[Accepted | AcceptedClass] | None = None
     error: str | None = None
 
     @property
@@ -164,19 +191,21 @@ class Outcome:
         return self.error is None and not self.new and not self.stale
 
 
-def run_checks(tools: Path | None, accepted: list[Accepted], skip: frozenset[str] = frozenset()) -> list[Outcome]:
+def run_checks(tools: Path | None, accepted: list[Accepted], classes: list[AcceptedClass],
+               skip: frozenset[str] = frozenset()) -> list[Outcome]:
     outcomes = []
     for name, check in TOOLS.items():
         if name in skip:
             continue
         started = time.monotonic()
         mine = [a for a in accepted if a.check.startswith(_prefix(name))]
+        my_classes = [c for c in classes if c.check.startswith(_prefix(name))]
         try:
             findings = check(tools)
         except (ToolMissing, RuntimeError, subprocess.TimeoutExpired) as exc:
             outcomes.append(Outcome(name, time.monotonic() - started, error=str(exc)))
             continue
-        new, stale = compare(findings, mine)
+        new, stale = compare(findings, mine, my_classes)
         outcomes.append(Outcome(name, time.monotonic() - started, len(findings), len(findings) - len(new), new, stale))
     return outcomes
 
@@ -196,7 +225,8 @@ def report(outcomes: list[Outcome]) -> str:
             lines.append(f"\nnew finding  {f.check} {f.resource} ({f.file}): {f.message}\n"
                          "  fix it, or accept it in infra/release/checks_baseline.toml with the reason")
         for a in o.stale or []:
-            lines.append(f"\nstale entry  {a.check} {a.resource} ({a.file}) matches nothing now: "
+            where = f"{a.resource} ({a.file})" if isinstance(a, Accepted) else f"under {a.under}"
+            lines.append(f"\nstale entry  {a.check} {where} matches nothing now: "
                          "remove it from infra/release/checks_baseline.toml")
     passed = all(o.passed for o in outcomes)
     lines.append(f"\nverdict: {'pass' if passed else 'FAIL'}")
@@ -210,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave a check to another step (Cloud Build runs terraform fmt with Terraform's image)")
     parser.add_argument("--json", action="store_true", help="the outcome as JSON on stdout")
     args = parser.parse_args(argv)
-    outcomes = run_checks(args.tools, load_baseline(), frozenset(args.skip))
+    outcomes = run_checks(args.tools, load_baseline(), load_classes(), frozenset(args.skip))
     passed = all(o.passed for o in outcomes)
     if args.json:
         print(json.dumps({"passed": passed, "checks": [asdict(o) | {"passed": o.passed} for o in outcomes]}, indent=2))

@@ -54,6 +54,19 @@ def test_a_finding_not_in_the_baseline_is_new_and_an_entry_matching_nothing_is_s
     assert len(new) == 1
 
 
+def test_a_class_accepts_one_check_under_one_folder_only_and_is_stale_when_it_covers_nothing():
+    classes = [checks.AcceptedClass("CKV_SECRET_6", "tests/", "made-up secrets")]
+    in_tests = finding("CKV_SECRET_6", "hash-1", "tests/app/test_push.py")
+    in_code = finding("CKV_SECRET_6", "hash-2", "workers/dispatch/push.py")
+    other_check = finding("CKV_SECRET_2", "hash-3", "tests/app/test_push.py")
+    new, stale = checks.compare([in_tests, in_code, other_check], [], classes)
+    assert new == [in_code, other_check] and stale == []
+    _, stale = checks.compare([in_code], [], classes)
+    assert stale == classes
+    for entry in checks.load_classes():
+        assert (PROJECT_ROOT / entry.under).is_dir() and len(entry.reason) > 40, entry
+
+
 def test_checkovs_json_is_read_as_one_report_or_one_per_framework():
     failed = {"check_id": "CKV_GCP_6", "resource": "google_sql_database_instance.main", "file_path": "/infra/database.tf",
               "check_name": "SSL"}
