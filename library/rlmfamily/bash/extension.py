@@ -291,19 +291,20 @@ class BashExtension:
             text = f"[error: {exc.code}: {exc.message}]"
             return ToolResult(False, text, text, {"error_code": exc.code})
         text = receipt_text(job, replayed=replayed, preview_chars=self.settings.receipt_preview_chars)
-        full = f"$ {job.command}\n" + self._whole(job)
+        full = self._whole(job, text)
         return ToolResult(job.state == "exited" and job.exit_code == 0, full, text,
                           {"job_id": job.id, "job_state": job.state, "exit_code": job.exit_code})
 
-    def _whole(self, job: Job) -> str:
-        """The output the transcript strategy shows: stdout then stderr, as much as the observation can carry."""
+    def _whole(self, job: Job, receipt_shown: str) -> str:
+        """The output the transcript strategy shows: the receipt's first two lines (how it ended, the command),
+        then stdout and stderr whole, up to ``bash_max_read_bytes`` each (past that, the receipt's preview)."""
         cap = self.settings.bash_max_read_bytes
-        parts = [f"[job {job.id} {job.state}{'' if job.exit_code is None else f' exit {job.exit_code}'}]"]
+        parts = receipt_shown.splitlines()[:2]
         for stream in ("stdout", "stderr"):
             total = getattr(job, f"{stream}_bytes")
             if total:
-                text = self.broker.read(job.id, stream, 0, min(total, cap)) if total <= cap else \
-                    getattr(job, f"{stream}_preview")
+                text = (self.broker.read(job.id, stream, 0, total) if total <= cap
+                        else getattr(job, f"{stream}_preview"))
                 parts.append(f"{stream}:\n{text}")
         return "\n".join(parts)
 

@@ -320,3 +320,37 @@ def test_without_tool_calling_the_model_reaches_the_same_broker_through_bash_run
     assert "bash.run(" in events[0]["system_prompt"]
     [job] = [e for e in events if e["event"] == "job"]
     assert (job["surface"], job["read_only"], job["stdout_preview"]) == ("python", True, "via-text\n")
+
+
+def test_a_bash_tool_call_cut_off_by_a_kill_is_answered_from_its_receipt_when_the_root_resumes(
+        settings, tmp_path: Path, capsys) -> None:
+    workspace = tmp_path / "work"
+    workspace.mkdir()
+    script = tmp_path / "root.json"
+    script.write_text(json.dumps({"root": [
+        {"bash": "touch started; while [ ! -e release ]; do sleep 0.02; done; echo once >> effects"},
+        {"code": "final_answer('resumed')"},
+    ]}))
+    rlm = [sys.executable, "-m", "rlmfamily", "--data-dir", str(settings.data_dir)]
+    root = subprocess.Popen([*rlm, "run", "--profile", "python-bash", "--repo", str(workspace), "--script",
+                             str(script), "--quiet", "q"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    store = JobStore(settings.jobs_path)
+    try:
+        wait_until(lambda: root.poll() is not None or ((workspace / "started").exists() and store.jobs()[0].pid),
+                   "the command started")
+        assert root.poll() is None
+        root.send_signal(signal.SIGKILL)
+        root.wait()
+    finally:
+        root.kill()
+    [job] = store.jobs()
+    (workspace / "release").touch()
+    wait_until(lambda: not store.job(job.id).process_alive(), "the orphaned command ended")
+    done = subprocess.run([*rlm, "resume", job.run_id, "--script", str(script), "--quiet", "--json"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["answer"] == "resumed"
+    assert (workspace / "effects").read_text() == "once\n" and [j.id for j in store.jobs()] == [job.id]
+    [tool] = [e for e in read_trajectory(settings.runs_dir / job.run_id / "trajectory.jsonl")
+              if e["event"] == "tool_step"]
+    assert "outcome UNKNOWN" in tool["observation"] and "replayed request, nothing ran again" in tool["observation"]
