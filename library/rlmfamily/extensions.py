@@ -9,6 +9,11 @@ An extension is built once per run from a ``RunInfo`` and then:
   (active children, required remote tasks), at most until ``RunInfo.deadline``;
 - adds fields to the final record (``record()``: the ``run_finished`` event and
   ``RunResult.extra``);
+- may offer the model tools beside ``python`` (an optional ``model_tools``
+  attribute: name -> an object with ``schema``, the function tool sent with
+  each root call, and ``run(call, turn)``, which returns ``ok``, the ``full``
+  output, its ``receipt`` and fields for the trajectory); the session runs a
+  call of one as a ``tool_step`` (the python-bash profile's ``bash`` tool);
 - ``close()`` releases what it holds; it is called even when the run failed.
 
 Extensions are independent of each other; the session calls them in list order.
