@@ -105,6 +105,7 @@ resource "google_secret_manager_secret_iam_member" "api_reads" {
     key_signing   = google_secret_manager_secret.key_signing.id
     worker_job    = google_secret_manager_secret.worker_job.id
     metrics_token = google_secret_manager_secret.metrics_token.id
+    push_signing  = google_secret_manager_secret.push_signing.id
   }
   secret_id = each.value
   role      = "roles/secretmanager.secretAccessor"

@@ -43,10 +43,11 @@ locals {
     SPECIALISTS_LOG_LEVEL                = "INFO"
   }
   api_secret_env = {
-    DATABASE_URL                    = google_secret_manager_secret.database_url.secret_id
-    SPECIALISTS_KEY_SIGNING_SECRETS = google_secret_manager_secret.key_signing.secret_id
-    SPECIALISTS_WORKER_JOB_SECRETS  = google_secret_manager_secret.worker_job.secret_id
-    SPECIALISTS_METRICS_TOKEN       = google_secret_manager_secret.metrics_token.secret_id
+    DATABASE_URL                     = google_secret_manager_secret.database_url.secret_id
+    SPECIALISTS_KEY_SIGNING_SECRETS  = google_secret_manager_secret.key_signing.secret_id
+    SPECIALISTS_WORKER_JOB_SECRETS   = google_secret_manager_secret.worker_job.secret_id
+    SPECIALISTS_METRICS_TOKEN        = google_secret_manager_secret.metrics_token.secret_id
+    SPECIALISTS_PUSH_SIGNING_SECRETS = google_secret_manager_secret.push_signing.secret_id
   }
 
   # `specialists serve` on the gRPC service: the same edge (same account, secrets and cards), serving the
@@ -140,6 +141,7 @@ resource "google_cloud_run_v2_service" "api" {
     google_secret_manager_secret_iam_member.api_reads,
     google_secret_manager_secret_version.database_url,
     google_secret_manager_secret_version.metrics_token,
+    google_secret_manager_secret_version.push_signing,
   ]
 
   template {
@@ -258,6 +260,7 @@ resource "google_cloud_run_v2_service" "grpc" {
     google_secret_manager_secret_iam_member.api_reads,
     google_secret_manager_secret_version.database_url,
     google_secret_manager_secret_version.metrics_token,
+    google_secret_manager_secret_version.push_signing,
   ]
 
   template {

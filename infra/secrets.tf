@@ -2,7 +2,7 @@
 # (see iam.tf). Services read version "latest", so a rotation is a new version and a redeploy.
 #
 # Generated here on the first apply (and so also in the Terraform state): the database password and
-# DATABASE_URL, the first key-signing secret, worker job secret and checkpoint key. Rotations add
+# DATABASE_URL, the first key-signing secret, worker job secret, push signing secret and checkpoint key. Rotations add
 # versions with gcloud (docs/OPERATIONS.md). Model keys cannot be generated: an operator adds them.
 
 # SPECIALISTS_KEY_SIGNING_SECRETS (API, drill job): signs and verifies customer keys; comma-separated, newest first.
@@ -36,6 +36,16 @@ resource "google_secret_manager_secret" "worker_job" {
 # SPECIALISTS_SPECIALIST_CHECKPOINT_KEY (workers): signs Monty checkpoints of running jobs.
 resource "google_secret_manager_secret" "checkpoint_key" {
   secret_id = "specialists-checkpoint-key"
+  replication {
+    auto {}
+  }
+  depends_on = [google_project_service.apis]
+}
+
+# SPECIALISTS_PUSH_SIGNING_SECRETS (API and gRPC service: the edge publishes the JWKS, the API's relay child
+# signs push notifications): the secrets the ES256 keys derive from; comma-separated, newest first.
+resource "google_secret_manager_secret" "push_signing" {
+  secret_id = "specialists-push-signing-secrets"
   replication {
     auto {}
   }
@@ -78,6 +88,16 @@ resource "random_password" "key_signing" {
 resource "random_password" "worker_job" {
   length  = 64
   special = false
+}
+
+resource "random_password" "push_signing" {
+  length  = 64
+  special = false
+}
+
+resource "google_secret_manager_secret_version" "push_signing" {
+  secret      = google_secret_manager_secret.push_signing.id
+  secret_data = random_password.push_signing.result
 }
 
 resource "random_password" "checkpoint_key" {

@@ -245,6 +245,7 @@ def test_the_api_gets_everything_serve_and_its_relay_refuse_to_start_without(tf,
     assert settings.dispatch.cloud_tasks_project == tf.default("project_id")
     assert settings.keys.environment == "live"
     assert settings.edge.public_url and settings.edge.url.startswith("https://")
+    assert settings.push.enabled and not settings.push.allow_loopback  # the JWKS, the relay child signs
 
 
 def test_the_worker_gets_everything_it_refuses_to_start_or_serve_without(tf, database_url, monkeypatch):
