@@ -868,7 +868,12 @@ class PushSettings(Section):
     )
     jwt_lifetime_s: int = Field(default=300, ge=10, le=3600, description="Lifetime of a notification's JWT (`exp - iat`).")
     retention_days: float = Field(
-        default=7.0, gt=0, le=3650, description="How long delivered and failed notifications are kept (the failures' list)."
+        default=7.0, gt=0, le=3650,
+        description="How long delivered and failed notifications are kept (the failures' list), and the configurations "
+        "of ended tasks with nothing left to send.",
+    )
+    prune_batch: int = Field(
+        default=1000, ge=1, le=100_000, description="Notifications (and configurations) one prune round deletes at most."
     )
 
     @model_validator(mode="after")

@@ -274,7 +274,7 @@ _PRUNE = text(compact_sql(f"""
                         AND {rows.ended_task_sql('c.task_id')}
                         AND NOT EXISTS (SELECT 1 FROM push_deliveries p WHERE p.task_id = c.task_id
                                            AND p.config_id = c.config_id AND p.state = 'pending')
-                      LIMIT :batch),
+                      ORDER BY c.created_at LIMIT :batch),
     configs_gone AS (DELETE FROM push_configs c USING done_configs x
                       WHERE c.task_id = x.task_id AND c.config_id = x.config_id RETURNING 1)
     SELECT (SELECT count(*) FROM gone) + (SELECT count(*) FROM configs_gone)

@@ -44,6 +44,7 @@ CREATE TABLE push_configs (
     PRIMARY KEY (task_id, config_id)
 );
 CREATE INDEX push_configs_customer ON push_configs (customer_id);
+CREATE INDEX push_configs_created ON push_configs (created_at);  -- the retention prune's walk by age
 
 CREATE TABLE push_deliveries (
     delivery_id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

@@ -26,6 +26,9 @@ round. What each one keeps and deletes:
   happened). The row is what makes a job claimable: a late delivery of a pruned
   job finds none and runs nothing (``outbox.claimable_cte``). Rows a claim holds
   at that moment are passed, like kept ones.
+* **Push notifications** (``SPECIALISTS_PUSH_RETENTION_DAYS``): delivered and failed notifications past the
+  retention (the failures' list shows what is left), and the configurations of tasks that ended with nothing
+  left to send, both oldest first by their own indexes (``taskstate.push.prune``), ``push_prune_batch`` a round.
 * **Finished claims** (``job_claims_retention_days``): finished or released claims
   past the retention whose outbox row is already gone, oldest first through
   ``job_claims_finished``, with their jobs' stale reports. Never a running or an
@@ -55,7 +58,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, text
 
 from core.settings import Settings
-from taskstate import claims, idempotency, ids, outbox, rows
+from taskstate import claims, idempotency, ids, outbox, push, rows
 from taskstate.pages import Page, page_of
 from workers.hosted_rlm import store
 
@@ -201,6 +204,13 @@ def prune_checkpoints(engine: Engine, *, retention_s: float, batch: int) -> int:
                        lambda conn: store.prune_ended(conn, retention_s=retention_s, batch=batch))
 
 
+def prune_push(engine: Engine, *, retention_s: float, batch: int) -> int:
+    """Delete up to ``batch`` finished push notifications past retention, and as many configurations of ended
+    tasks with nothing left to send (``taskstate.push.prune``): index ranges by age."""
+    return _prune_once(engine, "push notification(s) and configuration(s)", "push",
+                       lambda conn: push.prune(conn, retention_s=retention_s, batch=batch))
+
+
 class Pruner:
     """Every prune, one round each, with the dispatcher's settings; the walks keep their cursors between rounds."""
 
@@ -210,6 +220,8 @@ class Pruner:
         self.keys_batch = dispatch.idempotency_keys_prune_batch
         self.checkpoint_retention_s = settings.hosted.checkpoint_retention_s
         self.checkpoints_batch = settings.hosted.checkpoints_prune_batch
+        self.push_retention_s = settings.push.retention_days * DAY_S
+        self.push_batch = settings.push.prune_batch
         rescan_s = dispatch.prune_rescan_interval_s
         self.events = task_events_walk(engine, retention_s=dispatch.task_events_retention_days * DAY_S,
                                        batch=dispatch.task_events_prune_batch)
@@ -228,4 +240,5 @@ class Pruner:
             "claims": self.claims.round(),
             "checkpoints": prune_checkpoints(self.engine, retention_s=self.checkpoint_retention_s,
                                              batch=self.checkpoints_batch),
+            "push": prune_push(self.engine, retention_s=self.push_retention_s, batch=self.push_batch),
         }

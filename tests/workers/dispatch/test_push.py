@@ -284,3 +284,33 @@ def test_a_dispatcher_killed_mid_delivery_leaves_every_event_delivered_once_per_
     assert list(dict.fromkeys(event_ids)) == [str(seq) for seq, _, _, _ in found]  # in order, none lost
     assert len(event_ids) == 5  # the one attempt the kill left unrecorded, repeated once; nothing else twice
     assert [(state, attempts) for _, state, attempts, _ in found] == [("delivered", 2)] + [("delivered", 1)] * 3
+
+
+def test_the_prune_removes_finished_notifications_and_ended_tasks_configurations_past_retention(engine, settings, webhook):
+    path = f"/ok/{uuid.uuid4().hex}"
+    task_id, owner = new_task(engine, webhook.url(path))
+    move(engine, task_id, owner, TaskState.TASK_STATE_COMPLETED)
+    with delivering(engine, push_settings(settings)):
+        settled(engine, task_id, 2)
+    with engine.begin() as conn:
+        assert push.prune(conn, retention_s=3600, batch=100) == 0  # within retention: kept
+        conn.execute(text("UPDATE push_deliveries SET finished_at = finished_at - interval '2 hours' WHERE task_id = :t"),
+                     {"t": task_id})
+        conn.execute(text("UPDATE push_configs SET created_at = created_at - interval '2 hours' WHERE task_id = :t"),
+                     {"t": task_id})
+        assert push.prune(conn, retention_s=3600, batch=100) == 3  # two notifications, one configuration
+        assert push.get_config(conn, task_id, "hook", owner) is None
+
+
+def test_the_per_customer_cap_counts_configurations_of_tasks_that_have_not_ended(engine):
+    customer = f"c-{uuid.uuid4().hex[:8]}"
+    first, owner = new_task(engine, "https://example.com/a", customer=customer)
+    second, _ = new_task(engine, "https://example.com/b", customer=customer)
+    with engine.begin() as conn:
+        with pytest.raises(push.TooManyConfigs):
+            push.insert_config(conn, push.Config(task_id=second, config_id="more", url="https://example.com/c"),
+                               owner=owner, customer_id=customer, max_per_customer=2)
+    move(engine, first, owner, TaskState.TASK_STATE_COMPLETED)  # an ended task's configuration no longer counts
+    with engine.begin() as conn:
+        assert push.insert_config(conn, push.Config(task_id=second, config_id="more", url="https://example.com/c"),
+                                  owner=owner, customer_id=customer, max_per_customer=2)

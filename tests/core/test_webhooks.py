@@ -1,0 +1,74 @@
+"""The webhook rule (core.webhooks) and the push signing keys (core.push_signing), without a network."""
+
+from __future__ import annotations
+
+import pytest
+from cryptography.exceptions import InvalidSignature
+from pydantic import SecretStr, ValidationError
+
+from core.push_signing import PushSigner, verify
+from core.settings import Settings
+from core.webhooks import WebhookRefused, check_url, resolve_checked
+
+REFUSED = [
+    ("https://10.0.0.1/h", "private"), ("https://172.16.5.4/h", "private"), ("https://192.168.1.1/h", "private"),
+    ("https://[fd12::1]/h", "private"), ("https://100.64.0.1/h", "private"), ("https://127.0.0.1/h", "loopback"),
+    ("https://[::1]/h", "loopback"), ("https://169.254.169.254/h", "metadata"), ("https://[fd00:ec2::254]/h", "metadata"),
+    ("https://169.254.10.10/h", "link-local"), ("https://[fe80::1]/h", "link-local"), ("https://0.0.0.0/h", "unspecified"),
+    ("https://224.0.0.1/h", "multicast"), ("https://[::ffff:127.0.0.1]/h", "loopback"),
+    ("https://metadata.google.internal/h", "metadata"),
+]
+
+
+@pytest.mark.parametrize("url, kind", REFUSED)
+def test_registration_refuses_every_address_that_is_not_public_unicast(url, kind):
+    with pytest.raises(WebhookRefused) as refused:
+        check_url(url, allow_loopback=False, max_chars=2048)
+    assert refused.value.code == "webhook_address_refused" and kind in refused.value.message
+
+
+@pytest.mark.parametrize("url, code", [
+    ("http://example.com/h", "webhook_https_required"), ("http://127.0.0.1:9/h", "webhook_https_required"),
+    ("https://user:pw@example.com/h", "webhook_url_invalid"), ("file:///etc/passwd", "webhook_url_invalid"),
+    ("https://example.com:99999/", "webhook_url_invalid"), ("https://" + "a" * 3000, "webhook_url_invalid"),
+])
+def test_only_https_urls_with_a_host_are_taken(url, code):
+    with pytest.raises(WebhookRefused) as refused:
+        check_url(url, allow_loopback=False, max_chars=2048)
+    assert refused.value.code == code
+
+
+def test_loopback_over_http_is_taken_only_behind_the_setting_which_live_keys_refuse():
+    target = check_url("http://127.0.0.1:8/h?x=1", allow_loopback=True, max_chars=2048)
+    assert (target.port, target.path_and_query) == (8, "/h?x=1")
+    with pytest.raises(ValidationError, match="SPECIALISTS_PUSH_ALLOW_LOOPBACK"):
+        Settings(push={"allow_loopback": True}, keys={"environment": "live"})
+
+
+def test_every_answer_of_the_resolver_must_pass_not_only_the_first():
+    target = check_url("https://mixed.example/h", allow_loopback=False, max_chars=2048)
+    assert str(resolve_checked(target, allow_loopback=False, timeout_s=1,
+                               resolver=lambda host, port: ["93.184.216.34"])) == "93.184.216.34"
+    with pytest.raises(WebhookRefused, match="10.1.1.1 is a private address"):
+        resolve_checked(target, allow_loopback=False, timeout_s=1, resolver=lambda h, p: ["93.184.216.34", "10.1.1.1"])
+    with pytest.raises(WebhookRefused) as unresolved:
+        resolve_checked(target, allow_loopback=False, timeout_s=1, resolver=lambda h, p: (_ for _ in ()).throw(OSError()))
+    assert unresolved.value.code == "webhook_unresolved"
+
+
+def test_a_rotation_signs_with_the_newest_key_and_publishes_every_key():
+    old, new = SecretStr("o" * 40), SecretStr("n" * 40)
+    before = PushSigner([old], issuer="https://x", lifetime_s=60)
+    during = PushSigner([new, old], issuer="https://x", lifetime_s=60)
+    token_before = before.sign(audience="https://hook", task_id="t", event_id="1", body=b"{}")
+    token_during = during.sign(audience="https://hook", task_id="t", event_id="2", body=b"{}")
+    assert [k["kid"] for k in during.jwks()["keys"]] == [during.keys[0].kid, before.keys[0].kid]
+    assert verify(token_before, during.jwks())["event_id"] == "1"  # a JWT signed before the rotation still verifies
+    assert verify(token_during, during.jwks())["event_id"] == "2"
+    with pytest.raises(ValueError, match="kid"):
+        verify(token_during, before.jwks())  # the old JWKS does not know the new key
+    header, claims, signature = token_during.split(".")
+    forged = PushSigner([SecretStr("f" * 40)], issuer="https://x", lifetime_s=60).sign(
+        audience="https://hook", task_id="other", event_id="2", body=b"{}").split(".")[1]
+    with pytest.raises(InvalidSignature):
+        verify(f"{header}.{forged}.{signature}", during.jwks())
