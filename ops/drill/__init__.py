@@ -2,4 +2,5 @@
 
 # The scenarios in the order a drill runs them (``scenarios.SCENARIOS`` holds the functions); here so that
 # building the command's parser imports nothing heavy.
-SCENARIO_NAMES = ("refusal", "cancellation", "cross-instance", "restart-and-rollout", "retained-unknown", "settlement")
+SCENARIO_NAMES = ("refusal", "cancellation", "cross-instance", "restart-and-rollout", "retained-unknown", "push",
+                  "settlement")

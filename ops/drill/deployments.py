@@ -71,6 +71,11 @@ class Deployment:
         raise Unavailable("the resume drill kills a worker in the middle of a model call; it runs with --local, "
                           "where the reviewer's route is scripted (a real model would be paid for)")
 
+    def push_webhook_host(self) -> str:
+        """The host of a webhook the drill serves itself that this deployment may call."""
+        raise Unavailable("the push drill serves its webhook on 127.0.0.1, which only a local topology may call "
+                          "(SPECIALISTS_PUSH_ALLOW_LOOPBACK); it runs with --local")
+
     def close(self) -> None:
         pass
 
@@ -170,6 +175,9 @@ class LocalDeployment(Deployment):
         dispatcher.signal(signal.SIGCONT)
         self._held = False
         return f"SIGCONT to the {dispatcher.name} (pid {dispatcher.pid})"
+
+    def push_webhook_host(self) -> str:
+        return "127.0.0.1"  # the topology runs with SPECIALISTS_PUSH_ALLOW_LOOPBACK
 
     def slow_review_route(self) -> str:
         return "the reviewer's route is scripted here, each semantic call answered after 2 s"

@@ -664,6 +664,110 @@ def settlement(drill: Drill, step: Step) -> None:
     step.note(f"audit of the run's {len(drill.customers)} customers: {json.dumps(found.summary(), sort_keys=True)}")
 
 
+class _Webhook:
+    """The push drill's webhook on 127.0.0.1: records every notification it is sent."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        self.received: list[tuple[dict[str, str], bytes]] = []
+        self.lock = threading.Lock()
+        hook = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                with hook.lock:
+                    hook.received.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                self.send_response(204)
+                self.end_headers()
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def seen(self) -> list[tuple[dict[str, str], bytes]]:
+        with self.lock:
+            return list(self.received)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _state_of(event: dict[str, Any]) -> str | None:
+    if "task" in event:
+        return event["task"]["status"]["state"]
+    if "statusUpdate" in event:
+        return event["statusUpdate"]["status"]["state"]
+    return None
+
+
+def push(drill: Drill, step: Step) -> None:
+    """A task sent with a push configuration through API 1 notifies the customer's webhook of every update, in
+    order, each with the client's token and a JWT that API 2's published JWKS verifies; its configuration reads
+    back through API 2, and another customer's read of it answers not found."""
+    from core.push_signing import verify
+
+    try:
+        host = drill.deployment.push_webhook_host()
+    except Unavailable as why:
+        step.note(f"skipped: {why}")
+        step.skipped += 1
+        return
+    customer, stranger = drill.customer("push"), drill.customer("push-stranger", credits=0)
+    hook = _Webhook()
+    try:
+        url = f"http://{host}:{hook.server.server_address[1]}/drill/{drill.run_id}"
+        token = f"drill-{drill.run_id}"
+        message = {"messageId": f"drill-{uuid.uuid4()}", "role": "ROLE_USER",
+                   "parts": [{"data": {"script": {"steps": [{"op": "progress", "text": "working"},
+                                                            {"op": "complete", "text": "pushed"}]}}}]}
+        answer = drill.http.post(f"{drill.url(0)}/message:send", headers=customer.headers, json={
+            "message": message,
+            "configuration": {"returnImmediately": True,
+                              "taskPushNotificationConfig": {"id": "drill", "url": url, "token": token}}})
+        step.check(answer.status_code == 200, f"send with a push configuration: {answer.status_code} "
+                                              f"{answer.text[:SHOWN_BODY_CHARS]}")
+        task_id = answer.json()["task"]["id"]
+        config_path = f"/tasks/{task_id}/pushNotificationConfigs/drill"
+        read = drill.http.get(f"{drill.url(1)}{config_path}", headers=customer.headers)
+        step.check(read.status_code == 200 and read.json().get("url") == url,
+                   f"the configuration through API 2: {read.status_code} {read.text[:SHOWN_BODY_CHARS]}")
+        foreign = drill.http.get(f"{drill.url(1)}{config_path}", headers=stranger.headers)
+        step.check(foreign.status_code == 404, f"another customer read the configuration: {foreign.status_code}")
+
+        def completed() -> bool:
+            return any(_state_of(json.loads(body)) == "TASK_STATE_COMPLETED" for _, body in hook.seen())
+
+        drill.wait("the webhook to be told the task completed", completed, drill.claim_timeout_s(), interval_s=0.05)
+        jwks = drill.http.get(f"{drill.deployment.api_urls[1 % len(drill.deployment.api_urls)]}/.well-known/jwks.json")
+        step.check(jwks.status_code == 200, f"the JWKS of API 2: {jwks.status_code}")
+        seen = hook.seen()
+        ids = [int(headers["x-a2a-notification-event-id"]) for headers, _ in seen]
+        unique = list(dict.fromkeys(ids))
+        step.check(unique == sorted(unique), f"notifications out of order: event ids {ids}")
+        for headers, body in seen:
+            step.check(headers.get("x-a2a-notification-token") == token, "a notification without the client's token")
+            try:
+                claims = verify(headers.get("authorization", "").removeprefix("Bearer "), jwks.json())
+            except Exception as exc:  # noqa: BLE001 - any failure to verify is the finding
+                raise Broken(f"a notification's JWT did not verify with API 2's JWKS: {exc}") from None
+            step.check(claims.get("task_id") == task_id and claims.get("aud") == url,
+                       f"a JWT about another task or webhook: {claims}")
+        states = [_state_of(json.loads(body)) or "artifact" for _, body in seen]
+        step.note(f"task {task_id}: {len(seen)} notifications in event order ({' -> '.join(states)}), "
+                  f"token echoed, each JWT verified with API 2's JWKS; the configuration read through API 2, "
+                  f"not found for another customer")
+        step.done += 1
+    finally:
+        hook.close()
+
+
 def _tariff(drill: Drill, specialist: str = DRILL) -> int:
     from core.settings import Settings
     from core.specs import load_specs
@@ -683,6 +787,7 @@ SCENARIOS: dict[str, Callable[[Drill, Step], None]] = {
     "cross-instance": cross_instance,
     "restart-and-rollout": restart_and_rollout,
     "retained-unknown": retained_unknown,
+    "push": push,
     "settlement": settlement,
 }
 
@@ -708,4 +813,4 @@ def run_scenario(drill: Drill, name: str) -> Verdict:
 
 assert tuple(SCENARIOS) == SCENARIO_NAMES, "ops/drill/__init__.py lists the scenarios in this order"
 
-NEEDS_CONTROL = frozenset({"cross-instance", "restart-and-rollout", "retained-unknown"})
+NEEDS_CONTROL = frozenset({"cross-instance", "restart-and-rollout", "retained-unknown", "push"})

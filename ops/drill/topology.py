@@ -208,6 +208,7 @@ class LocalTopology:
         self.database_url = with_database(self.server, self.database)
         self.signing_secret = secrets.token_urlsafe(48)
         self.worker_secret = secrets.token_urlsafe(48)
+        self.push_secret = secrets.token_urlsafe(48)
         self.api: list[Process] = []
         self.worker: list[Process] = []
         self.dispatcher: Process | None = None
@@ -225,6 +226,8 @@ class LocalTopology:
             "key_environment": "test",
             "worker_job_secrets": self.worker_secret,
             "specialist_checkpoint_key": secrets.token_urlsafe(48),
+            "push_signing_secrets": self.push_secret,
+            "push_allow_loopback": "true",  # the push drill's webhook is on 127.0.0.1
             "specs_dir": str(PROJECT_ROOT / "specs"),
             "model_routes_allow_scripted": "true",
             "model_routes_file": str(DRILL_ROUTES),

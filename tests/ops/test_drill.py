@@ -54,6 +54,9 @@ def test_the_local_drill_passes_every_scenario_with_its_evidence(server_url, eng
     cancellation = evidence(report, "cancellation")
     assert "canceled before claim" in cancellation and "charged 0, never run (dispatch was held)" in cancellation
     assert "SIGSTOP to the dispatcher" in cancellation and "canceled while running" in cancellation
+    push = evidence(report, "push")
+    assert "in event order" in push and "each JWT verified with API 2's JWKS" in push
+    assert "TASK_STATE_SUBMITTED" in push and "TASK_STATE_COMPLETED" in push
     cross = evidence(report, "cross-instance")
     assert "read on API 2 (HTTP+JSON)" in cross
     # Created over gRPC on one instance (each serves it), read and canceled over JSON-RPC on the other.
