@@ -71,7 +71,7 @@ def test_the_local_drill_passes_every_scenario_with_its_evidence(server_url, eng
     settlement = evidence(report, "settlement")
     assert "job_already_finished" in settlement and '"problems": []' in settlement
     # The progress a person watches, on standard error.
-    assert "[1/6] refusal" in done.stderr and "[6/6] settlement: PASS" in done.stderr
+    assert "[1/7] refusal" in done.stderr and "[7/7] settlement: PASS" in done.stderr
     # The topology's database is dropped when the drill ends.
     assert "dropping specialists_drill_" in done.stderr
     # The evidence is in the processes' structured logs too: what Cloud Logging and log-based metrics read.

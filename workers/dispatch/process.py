@@ -10,8 +10,9 @@ own runs the lease sweeper every ``dispatch_sweep_interval_s`` and the pruner
 (the retention of ended tasks' events, finished jobs' outbox rows and claims,
 expired Idempotency-Keys; bounded statements, see ``pruner``) every
 ``task_events_prune_interval_s``, so that neither, waiting on a lock, can hold
-up a delivery. Any number of dispatcher
-processes may run against one database.
+up a delivery. With push signing secrets set, a third thread delivers push notifications
+(``workers.dispatch.push``), woken by every task event's notification: a webhook never holds up a job. Any
+number of dispatcher processes may run against one database.
 
 SIGTERM or SIGINT stops it at once: rows in flight stay leased and come due
 again for another dispatcher; nothing is lost and nothing runs twice.
