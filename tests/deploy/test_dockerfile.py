@@ -63,7 +63,7 @@ def test_dependencies_come_from_the_runtime_lock_alone_as_wheels(stages):
     assert {"requirements.lock", "requirements-build.lock"} <= copied
     assert not {source for source in copied if "dev" in source}, "the development lock never enters the image"
     installs = [i.args for i in builder.all("RUN") if "pip install" in i.args]
-    locked = [run for run in installs if re.search(r"pip install --no-deps --only-binary=:all: -r \S*requirements\.lock", run)]
+    locked = [run for run in installs if re.search(r"pip install( --no-compile)? --no-deps --only-binary=:all: -r \S*requirements\.lock", run)]
     assert locked, "the runtime lock, wheels only (no compiler in the builder either)"
     for run in installs:  # nothing is resolved at build time: every install is --no-deps
         for command in re.findall(r"pip install[^&|;]*", run):
@@ -76,6 +76,23 @@ def test_the_final_venv_keeps_neither_pip_nor_the_build_backend(stages):
     builder = stages[0]
     editable = next(i.args for i in builder.all("RUN") if "-e ." in i.args)
     assert re.search(r"pip uninstall -y( -q)? setuptools pip", editable)
+
+
+def test_the_bytecode_written_covers_what_every_role_and_job_process_imports_at_start(stages):
+    import importlib.util
+
+    from workers.isolation import PRELOAD
+
+    builder = stages[0]
+    warm = next(i.args for i in builder.all("RUN") if "python -m compileall -q /app" in i.args)
+    assert "pip install --no-compile" in warm and "compileall -q /app /opt/venv" not in warm
+    modules = {name.strip() for name in re.search(r'python -c "import ([^"]+)"', warm).group(1).split(",")}
+    assert set(PRELOAD) <= modules, "the job processes' forkserver preload"
+    # The modules of each role's command (ops/cli.py's serve, worker, dispatcher, db upgrade; the drill job).
+    assert {"app.assembly", "app.grpc_binding", "workers.assembly", "workers.server", "workers.dispatch.process",
+            "ops.cli", "ops.drill.cli", "alembic.command"} <= modules
+    for module in sorted(modules):
+        assert importlib.util.find_spec(module) is not None, f"{module} is not a module any more"
 
 
 def test_every_stage_starts_from_one_base_pinned_by_tag_and_digest(stages):
@@ -112,7 +129,7 @@ def test_the_image_holds_the_project_where_the_settings_look_for_it(stages, fina
     assert packages <= copied, "every package of pyproject.toml is in the image"
     assert {"specs", "migrations", "pyproject.toml", "infra/model_routes.toml", "infra/entrypoint.sh"} <= copied
     # Editable at the same path in both stages: PROJECT_ROOT (core/settings.py) is /app in the image.
-    assert any(re.search(r"pip install --no-deps( --no-build-isolation)? -e \./library -e \.", i.args) for i in builder.all("RUN"))
+    assert any(re.search(r"pip install( --no-compile)? --no-deps( --no-build-isolation)? -e \./library -e \.", i.args) for i in builder.all("RUN"))
 
 
 def test_the_entry_point_runs_the_specialists_command_and_every_role_is_one_of_its_commands(final):
