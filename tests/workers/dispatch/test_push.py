@@ -314,3 +314,41 @@ def test_the_per_customer_cap_counts_configurations_of_tasks_that_have_not_ended
     with engine.begin() as conn:
         assert push.insert_config(conn, push.Config(task_id=second, config_id="more", url="https://example.com/c"),
                                   owner=owner, customer_id=customer, max_per_customer=2)
+
+
+def test_the_delivery_loop_and_the_operators_reads_are_served_by_indexes_as_notifications_pile_up(engine):
+    """20,000 finished notifications and configurations of one customer's ended tasks: the claim, the failures'
+    list (everyone's and one customer's), the cap's count and the prune read index ranges, never the table."""
+    from tests.query_plans import large_seq_scans_of_call
+
+    customer = f"c-{uuid.uuid4().hex[:8]}"
+    with engine.begin() as conn:
+        conn.execute(text("""
+            INSERT INTO push_deliveries (task_id, config_id, customer_id, event_seq, task_version, event_data, state,
+                                         finished_at, last_error)
+            SELECT left(md5(n::text), 36), 'hook', :c || (n % 50), n, 1, '\\x00',
+                   CASE WHEN n % 10 = 0 THEN 'failed' ELSE 'delivered' END, now(), 'http_500'
+              FROM generate_series(1, 20000) AS n"""), {"c": customer})
+        conn.execute(text("""
+            INSERT INTO push_configs (task_id, config_id, owner, customer_id, url)
+            SELECT left(md5(n::text), 36), 'hook', :o, :c, 'https://example.com/'
+              FROM generate_series(1, 20000) AS n"""), {"c": customer, "o": f"{customer}:conformance"})
+        conn.execute(text("ANALYZE push_deliveries"))
+        conn.execute(text("ANALYZE push_configs"))
+    calls = {
+        "claim": lambda conn: push.claim(conn, by="plans", lease_s=5, free=16, per_customer={}, per_customer_max=2),
+        "failures": lambda conn: push.failed_deliveries(conn, limit=50),
+        "one customer's failures": lambda conn: push.failed_deliveries(conn, customer_id=customer + "7", limit=50),
+        "prune": lambda conn: push.prune(conn, retention_s=86400, batch=1000),
+        "cap": lambda conn: push.insert_config(conn, push.Config(task_id=str(uuid.uuid4()), config_id="x",
+                                                                 url="https://example.com/"),
+                                               owner="o", customer_id=f"c-{uuid.uuid4().hex[:8]}", max_per_customer=5),
+    }
+    try:
+        for name, call in calls.items():
+            sent, scans = large_seq_scans_of_call(engine, call, min_rows=10_000)
+            assert sent and not scans, (name, scans)
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM push_deliveries WHERE customer_id LIKE :c"), {"c": f"{customer}%"})
+            conn.execute(text("DELETE FROM push_configs WHERE customer_id = :c"), {"c": customer})
