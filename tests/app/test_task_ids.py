@@ -156,17 +156,28 @@ def test_existing_tasks_of_others_answer_exactly_like_a_never_issued_id(edge_alo
                 assert foreign.json() == absent.json(), (what, method)
 
 
-def test_push_config_methods_answer_push_not_supported_whatever_the_id(edge_alone, make_customer):
-    """Push configs are not offered: the capability refusal comes first, so it tells nothing of the id either."""
+def _push_calls(task_id: str) -> dict[str, dict]:
+    return {
+        "CreateTaskPushNotificationConfig": {"taskId": task_id, "url": "https://example.com/hook"},
+        "GetTaskPushNotificationConfig": {"taskId": task_id, "id": "c"},
+        "ListTaskPushNotificationConfigs": {"taskId": task_id},
+        "DeleteTaskPushNotificationConfig": {"taskId": task_id, "id": "c"},
+    }
+
+
+def test_push_config_methods_answer_any_foreign_id_exactly_like_a_never_issued_one(edge_alone, make_customer):
+    """Push configurations are offered (issue 24): an id of any shape that is not the caller's task is
+    TASK_NOT_FOUND, before the webhook address is looked at, and tells nothing a never-issued id does not."""
     caller = make_customer()
     url = f"{edge_alone.specialist(CONFORMANCE)}/jsonrpc"
     with httpx.Client(headers=caller.headers, timeout=http_calls.TIMEOUT_S) as http:
-        for task_id in FOREIGN_SHAPES.values():
-            params = {"taskId": task_id, "url": "https://example.com/hook"}
-            error = _jsonrpc_error(http.post(url, json=rpc("CreateTaskPushNotificationConfig", params)))
-            assert error["code"] == -32003, error
-            error = _jsonrpc_error(http.post(url, json=rpc("GetTaskPushNotificationConfig", {"taskId": task_id, "id": "c"})))
-            assert error["code"] == -32003, error
+        absent = {method: _jsonrpc_error(http.post(url, json=rpc(method, params)))
+                  for method, params in _push_calls(str(uuid.uuid4())).items()}
+        for shape, task_id in FOREIGN_SHAPES.items():
+            for method, params in _push_calls(task_id).items():
+                error = _jsonrpc_error(http.post(url, json=rpc(method, params)))
+                _assert_task_not_found_jsonrpc(error)
+                assert error == absent[method], (shape, method)
 
 
 async def _sdk_client(edge, key: str, binding: str):
