@@ -297,6 +297,7 @@ class Admitted:
     replay: bool  # an idempotent resend: nothing was written, this is the task the first send created
     # A resend of a send the specialist answered with a direct Message: that Message is the answer again.
     reply: Message | None = None
+    pushed: bool = False  # the event written is a push notification (a configuration is stored for the task)
 
 
 class AdmissionService:
@@ -329,6 +330,8 @@ class AdmissionService:
             await self.notifier.dispatch(loaded.spec.executor)
             if admitted.version > 1:
                 await self.notifier.task_event(admitted.task.id)
+            if admitted.pushed or checked.push is not None:
+                await self.notifier.push()
         return admitted
 
     async def _admit_at_once(self, send: _Send) -> Admitted | None:
@@ -361,7 +364,7 @@ class AdmissionService:
         for attempt in range(CANCEL_ATTEMPTS):
             try:
                 async with self.engine.begin() as conn:
-                    canceled = await conn.run_sync(cancel_task, task_id, owner)
+                    canceled, pushed = await conn.run_sync(cancel_task, task_id, owner)
                 break
             except CancelRefused as refused:
                 raise _cancel_error(refused) from None
@@ -369,6 +372,8 @@ class AdmissionService:
                 if attempt + 1 == CANCEL_ATTEMPTS or getattr(exc.orig, "sqlstate", None) not in _RETRYABLE:
                     raise
         await self.notifier.task_event(task_id)
+        if pushed:
+            await self.notifier.push()
         return canceled
 
 
@@ -677,4 +682,4 @@ def _continue(conn: Connection, loaded: LoadedSpec, owner: str, message: Message
     new_version = rows.write_event(conn, locked, event, returning_history=True)
     outbox.enqueue(conn, task_id=task.id, specialist_id=spec.id, executor=spec.executor, owner=owner,
                    context_id=stored.context_id, message=stored.SerializeToString())
-    return Admitted(task=task, version=new_version, replay=False)
+    return Admitted(task=task, version=new_version, replay=False, pushed=locked.pushed)

@@ -37,8 +37,9 @@ class CancelRefused(ServiceError):
     code = "cancel_refused"
 
 
-def cancel_task(conn: Connection, task_id: str, owner: str) -> Task:
-    """Cancel the owner's task in the caller's transaction; the CANCELED task. Raises ``CancelRefused``."""
+def cancel_task(conn: Connection, task_id: str, owner: str) -> tuple[Task, bool]:
+    """Cancel the owner's task in the caller's transaction: the CANCELED task, and whether its event is a push
+    notification (the caller wakes the deliverers after the commit). Raises ``CancelRefused``."""
     # Ownership first: another customer's task, in whatever state (unknown included), answers exactly as a
     # missing one does. Unlocked, so the lock order below holds; the locked load confirms it.
     if not rows.owns(conn, task_id, owner):
@@ -67,7 +68,7 @@ def cancel_task(conn: Connection, task_id: str, owner: str) -> Task:
     rows.stamp(task)
     event = TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=task.status)
     rows.write_event(conn, locked, event, returning_history=True)
-    return task
+    return task, locked.pushed
 
 
 def _cancel_job(conn: Connection, task_id: str, dispatch_id: int) -> claims.CancelOutcome:

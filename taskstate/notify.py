@@ -2,7 +2,9 @@
 
 Writers notify after they commit (``Notifier``): ``edge_task_events`` with the
 task id when a task event was written, ``edge_dispatch`` with the executor when
-an outbox row was. Not from a trigger inside the writing transaction: NOTIFY
+an outbox row was, ``edge_push`` when the event was of a task with push
+configurations (``rows.write_event`` tells: the dispatchers' push deliverers
+claim only then, not on every event). Not from a trigger inside the writing transaction: NOTIFY
 takes a database-wide lock held through commit, which serializes every
 notifying transaction behind the previous one's WAL flush. A notification on
 its own autocommit statement writes no WAL and holds that lock for microseconds.
@@ -28,6 +30,7 @@ log = logging.getLogger(__name__)
 
 TASK_EVENTS = "edge_task_events"
 DISPATCH = "edge_dispatch"
+PUSH = "edge_push"  # an event of a task with push configurations was written: the push deliverers claim
 ANY = ""  # key for waiters that want every notification on a channel
 MAX_BACKOFF_S = 5.0
 
@@ -140,6 +143,9 @@ class Notifier:
     async def dispatch(self, executor: str) -> None:
         self._request(DISPATCH, executor)
 
+    async def push(self) -> None:
+        self._request(PUSH, "")
+
     def _request(self, channel: str, payload: str) -> None:
         self._pending.add((channel, payload))
         if self._flusher is None or self._flusher.done():
@@ -166,11 +172,14 @@ class Notifier:
 _NOTIFY_ONE = text("SELECT pg_notify(:channel, :payload)")
 
 
-def task_event_now(autocommit_engine: Engine, task_id: str) -> None:
+def task_event_now(autocommit_engine: Engine, task_id: str, *, push: bool = False) -> None:
     """From synchronous code (a worker, a dispatcher, an operator's command), after its commit: wake the task's
-    streams on every instance. Best effort: they also poll."""
+    streams on every instance, and with ``push`` the push deliverers, in one statement. Best effort: they also poll."""
     try:
         with autocommit_engine.connect() as conn:
-            conn.execute(_NOTIFY_ONE, {"channel": TASK_EVENTS, "payload": task_id})
+            if push:
+                conn.execute(_NOTIFY, {"channels": [TASK_EVENTS, PUSH], "payloads": [task_id, ""]})
+            else:
+                conn.execute(_NOTIFY_ONE, {"channel": TASK_EVENTS, "payload": task_id})
     except Exception as exc:
         log.debug("could not notify task %s (%s); streams will poll", task_id, type(exc).__name__)

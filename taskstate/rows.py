@@ -62,6 +62,7 @@ class Locked:
     version: int
     owner: str
     stored: dict[str, Any]  # the columns as read (status, metadata, artifacts if read): SET only what changed
+    pushed: bool = False  # set by ``write_event``: the task has push configurations, so the event is a notification
 
 
 def now_utc() -> datetime:
@@ -236,7 +237,14 @@ def write_event(conn: Connection, locked: Locked, event: Event, *, returning_his
     elif returning_history:
         ctes.insert(0, "task AS (SELECT history FROM tasks WHERE id = :task_id)")
     returned = "(SELECT history FROM task)" if returning_history else "NULL"
-    history = conn.execute(text(f"WITH {', '.join(ctes)} SELECT {returned} AS history"), params).scalar_one()
+    # Whether the trigger of migration 0240 wrote notifications for the event: the writer then wakes the push
+    # deliverers (``notify.PUSH``) in its one wake-up statement after the commit. A primary-key probe, no round trip.
+    written = conn.execute(text(
+        f"WITH {', '.join(ctes)} SELECT {returned} AS history, "
+        "EXISTS (SELECT 1 FROM push_configs c WHERE c.task_id = :task_id AND c.owner = :owner) AS pushed"
+    ), params).one()
+    history = written.history
+    locked.pushed = bool(written.pushed)
     if returning_history:
         del task.history[:]
         for message in history or []:

@@ -28,6 +28,7 @@ ledger. The edge's cancel and the operator's reconcile take them in the same ord
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -140,6 +141,10 @@ class TaskEvents:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        # Tasks whose written event was a push notification, until ``notify`` wakes the deliverers for them.
+        # An entry a rolled-back write left costs one spurious wake-up at the task's next notify.
+        self._pushed: set[str] = set()
+        self._pushed_lock = threading.Lock()
 
     # --- input ----------------------------------------------------------------------
 
@@ -239,6 +244,9 @@ class TaskEvents:
                 log.warning("task %s: event dropped: %s", ref.task_id, exc)
                 return False
         rows.write_event(conn, locked, event)
+        if locked.pushed:
+            with self._pushed_lock:
+                self._pushed.add(ref.task_id)
         return True
 
     # --- in the finish / claim / reconcile transactions ------------------------------------
@@ -282,5 +290,9 @@ class TaskEvents:
         return self._write(conn, ref, TaskStatusUpdateEvent(task_id=ref.task_id, context_id=ref.context_id, status=status))
 
     def notify(self, task_id: str) -> None:
-        """Wake every API instance's streams of the task (after the commit; best effort: they also poll)."""
-        notify.task_event_now(self._autocommit, task_id)
+        """Wake every API instance's streams of the task, and the push deliverers when an event written for it
+        since the last wake-up was a notification (after the commit; best effort: they also poll)."""
+        with self._pushed_lock:
+            push = task_id in self._pushed
+            self._pushed.discard(task_id)
+        notify.task_event_now(self._autocommit, task_id, push=push)

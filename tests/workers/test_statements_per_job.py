@@ -45,6 +45,7 @@ QUIET = {  # nothing on a clock during the test: each of these would add stateme
     "dispatch_delivery_lease_s": "600",
     "dispatch_sweep_interval_s": "600",
     "dispatch_poll_interval_s": "60",
+    "push_poll_interval_s": "60",  # push is on (the tests' signing secret): its deliverer's safety-net poll
 }
 
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import psycopg
 from sqlalchemy import Engine
 
-from taskstate.notify import DISPATCH, TASK_EVENTS, libpq_url
+from taskstate.notify import DISPATCH, PUSH, libpq_url
 from core import db
 from core.errors import ServiceError
 from core.settings import Settings
@@ -133,15 +133,16 @@ def _maintain(settings: Settings, engine: Engine, sweeper: LeaseSweeper, stop: t
 
 def _start_push(settings: Settings, engine: Engine, url: str, name: str,
                 stop: threading.Event) -> tuple[threading.Thread, OutboxListener] | None:
-    """The push notifications' delivery loop, on a thread of its own, woken by every task event's notification;
-    nothing when push is off (no SPECIALISTS_PUSH_SIGNING_SECRETS)."""
+    """The push notifications' delivery loop, on a thread of its own, woken when an event of a task with push
+    configurations was written (``notify.PUSH``; it also polls every SPECIALISTS_PUSH_POLL_INTERVAL_S); nothing
+    when push is off (no SPECIALISTS_PUSH_SIGNING_SECRETS)."""
     if not settings.push.enabled:
         return None
     from workers.dispatch.push import PushDeliverer
 
     wake = threading.Event()
     deliverer = PushDeliverer(engine, settings, name=name, wake=wake)
-    listener = OutboxListener(url, wake, settings.database.connect_timeout_s, channel=TASK_EVENTS)
+    listener = OutboxListener(url, wake, settings.database.connect_timeout_s, channel=PUSH)
     listener.start()
     thread = threading.Thread(target=deliverer.run, args=(stop,), name="push-deliveries", daemon=True)
     thread.start()

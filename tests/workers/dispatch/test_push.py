@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import psycopg
 import pytest
 from a2a.types.a2a_pb2 import Task, TaskState, TaskStatus, TaskStatusUpdateEvent
 from pydantic import SecretStr
@@ -29,8 +30,12 @@ from core import db
 from core.push_signing import verify
 from core.settings import PROJECT_ROOT, Settings
 from taskstate import push, rows
+from taskstate.ids import TaskRef
+from taskstate.notify import PUSH, TASK_EVENTS, libpq_url
+from taskstate.updates import TaskEvents
 from tests.webhook import Webhook, running_webhook
 from tests.workers.system import drop_database, fresh_database
+from workers.dispatch.process import OutboxListener
 from workers.dispatch.push import PushDeliverer, signer_of
 
 pytestmark = pytest.mark.timeout(120)
@@ -284,6 +289,95 @@ def test_a_dispatcher_killed_mid_delivery_leaves_every_event_delivered_once_per_
     assert list(dict.fromkeys(event_ids)) == [str(seq) for seq, _, _, _ in found]  # in order, none lost
     assert len(event_ids) == 5  # the one attempt the kill left unrecorded, repeated once; nothing else twice
     assert [(state, attempts) for _, state, attempts, _ in found] == [("delivered", 2)] + [("delivered", 1)] * 3
+
+
+def _plain_task(engine: Engine) -> tuple[str, str]:
+    """A SUBMITTED task with no push configuration."""
+    owner = f"c-{uuid.uuid4().hex[:8]}:conformance"
+    task = Task(id=str(uuid.uuid4()), context_id=str(uuid.uuid4()),
+                status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED))
+    rows.stamp(task)
+    with engine.begin() as conn:
+        rows.insert_new(conn, task, owner)
+    return task.id, owner
+
+
+def _resolve(events: TaskEvents, task_id: str, owner: str) -> None:
+    """What an operator's reconcile or a worker's finish does: the final event through the job's writer, then
+    the wake-up after the commit."""
+    with events.engine.begin() as conn:
+        context_id = conn.execute(text("SELECT context_id FROM tasks WHERE id = :t"), {"t": task_id}).scalar_one()
+        assert events.resolve(conn, TaskRef(task_id=task_id, dispatch_id=1, owner=owner, context_id=context_id),
+                              "completed")
+    events.notify(task_id)
+
+
+def test_only_an_event_of_a_task_with_push_configurations_wakes_the_push_deliverers(engine, push_database, webhook):
+    """The write tells its writer whether the event was a notification; only then does the wake-up after the
+    commit also go to ``edge_push``, so the dispatchers' deliverers claim per notification, not per event
+    (tests/workers/test_statements_per_job.py counts what a job without push costs)."""
+    events = TaskEvents(engine)
+    plain, plain_owner = _plain_task(engine)
+    pushed, pushed_owner = new_task(engine, webhook.url(f"/ok/{uuid.uuid4().hex}"))
+    with psycopg.connect(libpq_url(push_database), autocommit=True) as listening:
+        listening.execute(f"LISTEN {TASK_EVENTS}")
+        listening.execute(f"LISTEN {PUSH}")
+        _resolve(events, plain, plain_owner)
+        _resolve(events, pushed, pushed_owner)
+        heard: list[tuple[str, str]] = []
+        for notice in listening.notifies(timeout=30):
+            heard.append((notice.channel, notice.payload))
+            if (TASK_EVENTS, pushed) in heard and (PUSH, "") in heard:
+                break
+    # Notifications arrive in commit order, so nothing of the plain task's is still on its way.
+    assert heard == [(TASK_EVENTS, plain), (TASK_EVENTS, pushed), (PUSH, "")]
+
+
+def test_a_notification_is_delivered_on_its_wake_up_not_at_the_next_poll(engine, settings, push_database, webhook):
+    """The deliverer as the dispatcher runs it (``_start_push``'s listener on ``edge_push``), polling only
+    every 60 s: a task's event is delivered because its writer woke the deliverer. The wait's bound is half the
+    poll interval, so a delivery that only the poll made fails it."""
+    path = f"/ok/{uuid.uuid4().hex}"
+    polled = push_settings(settings, poll_interval_s=60.0)
+    wake = threading.Event()
+    listener = OutboxListener(push_database, wake, 10, channel=PUSH)
+    listener.start()
+    first_claim = threading.Event()
+    stop = threading.Event()
+    with engine.begin() as conn:  # earlier tests' undelivered notifications: delivering them would wake it too
+        conn.execute(text("UPDATE push_deliveries SET state = 'failed', finished_at = now(), leased_until = NULL "
+                          "WHERE state = 'pending'"))
+    try:
+        wait_until(lambda: wake.is_set())  # set once LISTEN has run: from now on a notification wakes it
+        deliverer = PushDeliverer(engine, polled, name=f"test-{uuid.uuid4().hex[:6]}", wake=wake)
+        claim = deliverer._claim
+
+        def counted_claim(free: int, in_flight: dict[str, int]) -> list[push.Claimed]:
+            try:
+                return claim(free, in_flight)
+            finally:
+                first_claim.set()
+
+        deliverer._claim = counted_claim  # type: ignore[method-assign]
+        thread = threading.Thread(target=deliverer.run, args=(stop,), daemon=True)
+        thread.start()
+        first_claim.wait(30)  # its first round found nothing: it now waits for a wake-up or 60 s
+        assert first_claim.is_set()
+        task_id, owner = new_task(engine, webhook.url(path))
+        _resolve(TaskEvents(engine), task_id, owner)
+        received = webhook.wait_for(lambda seen: sum(r.path == path for r in seen) == 2, timeout_s=30)
+        assert len([r for r in received if r.path == path]) == 2  # the SUBMITTED task and its final event
+    finally:
+        stop.set()
+        wake.set()
+        listener.stop()
+
+
+def wait_until(condition, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "never"
+        time.sleep(0.02)
 
 
 def test_the_prune_removes_finished_notifications_and_ended_tasks_configurations_past_retention(engine, settings, webhook):
