@@ -7,6 +7,9 @@
 #   drill     the drill job: reaches Cloud SQL and reads what an operator uses (the database URL, the
 #             key-signing secrets); calls the API like a customer, and may neither enqueue on the
 #             jobs queue, act as the invoker nor call the workers
+#   console   the operator console: reaches Cloud SQL and reads the key-signing secrets (it issues customer
+#             keys) and its own session secrets; nothing of Cloud Tasks, the invoker or the workers. Who may
+#             open it is IAP's grant, in infra/console.tf
 #   deployer  Cloud Build (cloudbuild.yaml): pushes the image, updates the services and the jobs,
 #             executes the jobs
 # Secret access is granted per secret, to the accounts whose service reads it.
@@ -36,6 +39,11 @@ resource "google_service_account" "drill" {
   display_name = "specialists: drill job (operator access)"
 }
 
+resource "google_service_account" "console" {
+  account_id   = "specialists-console"
+  display_name = "specialists: operator console"
+}
+
 resource "google_service_account" "deployer" {
   account_id   = "specialists-deployer"
   display_name = "specialists: Cloud Build deployments"
@@ -49,6 +57,7 @@ resource "google_project_iam_member" "cloudsql_client" {
     worker  = google_service_account.worker.email
     migrate = google_service_account.migrate.email
     drill   = google_service_account.drill.email
+    console = google_service_account.console.email
   }
   project = var.project_id
   role    = "roles/cloudsql.client"
@@ -149,6 +158,17 @@ resource "google_secret_manager_secret_iam_member" "drill_reads" {
   member    = "serviceAccount:${google_service_account.drill.email}"
 }
 
+resource "google_secret_manager_secret_iam_member" "console_reads" {
+  for_each = {
+    database_url    = google_secret_manager_secret.database_url.id
+    key_signing     = google_secret_manager_secret.key_signing.id
+    console_session = google_secret_manager_secret.console_session.id
+  }
+  secret_id = each.value
+  role      = "roles/secretmanager.secretAccessor"
+  member    = "serviceAccount:${google_service_account.console.email}"
+}
+
 # --- the deployer (Cloud Build) -------------------------------------------------------------------
 
 resource "google_artifact_registry_repository_iam_member" "deployer_pushes" {
@@ -176,6 +196,7 @@ resource "google_service_account_iam_member" "deployer_acts_as" {
     worker  = google_service_account.worker.name
     migrate = google_service_account.migrate.name
     drill   = google_service_account.drill.name
+    console = google_service_account.console.name
   }
   service_account_id = each.value
   role               = "roles/iam.serviceAccountUser"

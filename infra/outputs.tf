@@ -30,6 +30,16 @@ output "worker_audience" {
   value       = local.worker_url
 }
 
+output "console_url" {
+  description = "The operator console's URL: behind IAP, for the accounts of console_operators only."
+  value       = google_cloud_run_v2_service.console.uri
+}
+
+output "console_iap_audience" {
+  description = "SPECIALISTS_CONSOLE_IAP_AUDIENCE: the audience of the JWT IAP signs for the console."
+  value       = local.console_iap_audience
+}
+
 output "image_repository" {
   description = "Where cloudbuild.yaml pushes the image."
   value       = "${var.region}-docker.pkg.dev/${var.project_id}/${google_artifact_registry_repository.images.repository_id}/specialists"

@@ -1,7 +1,7 @@
-# The three Cloud Run services (the public A2A edge, its gRPC binding, the private workers), the
+# The three Cloud Run services of the A2A path (the public A2A edge, its gRPC binding, the private workers), the
 # migration job and the drill job, all on the one image (../Dockerfile), and every setting each needs, by its real name
 # (core/settings.py; docs/SETTINGS.md). Plain values in *_env, Secret Manager secrets in *_secret_env
-# (name => secret id).
+# (name => secret id). The operator console, a fourth service on the same image, is infra/console.tf.
 # tests/deploy/test_infra.py starts the real service from these maps.
 #
 # cloudbuild.yaml owns the image and the API's traffic after the first apply (lifecycle below).

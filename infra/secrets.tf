@@ -2,8 +2,9 @@
 # (see iam.tf). Services read version "latest", so a rotation is a new version and a redeploy.
 #
 # Generated here on the first apply (and so also in the Terraform state): the database password and
-# DATABASE_URL, the first key-signing secret, worker job secret, push signing secret and checkpoint key. Rotations add
-# versions with gcloud (docs/OPERATIONS.md). Model keys cannot be generated: an operator adds them.
+# DATABASE_URL, the first key-signing secret, worker job secret, push signing secret, checkpoint key and console
+# session secret. Rotations add versions with gcloud (docs/OPERATIONS.md). Model keys cannot be generated: an
+# operator adds them.
 
 # SPECIALISTS_KEY_SIGNING_SECRETS (API, drill job): signs and verifies customer keys; comma-separated, newest first.
 resource "google_secret_manager_secret" "key_signing" {
@@ -46,6 +47,16 @@ resource "google_secret_manager_secret" "checkpoint_key" {
 # signs push notifications): the secrets the ES256 keys derive from; comma-separated, newest first.
 resource "google_secret_manager_secret" "push_signing" {
   secret_id = "specialists-push-signing-secrets"
+  replication {
+    auto {}
+  }
+  depends_on = [google_project_service.apis]
+}
+
+# SPECIALISTS_CONSOLE_SESSION_SECRETS (the console only): signs the console's session cookies; comma-separated,
+# newest first (the newest signs, all verify).
+resource "google_secret_manager_secret" "console_session" {
+  secret_id = "specialists-console-session-secrets"
   replication {
     auto {}
   }
@@ -98,6 +109,16 @@ resource "random_password" "push_signing" {
 resource "google_secret_manager_secret_version" "push_signing" {
   secret      = google_secret_manager_secret.push_signing.id
   secret_data = random_password.push_signing.result
+}
+
+resource "random_password" "console_session" {
+  length  = 64
+  special = false
+}
+
+resource "google_secret_manager_secret_version" "console_session" {
+  secret      = google_secret_manager_secret.console_session.id
+  secret_data = random_password.console_session.result
 }
 
 resource "random_password" "checkpoint_key" {

@@ -32,6 +32,12 @@ variable "worker_service_name" {
   default     = "specialists-worker"
 }
 
+variable "console_service_name" {
+  description = "Cloud Run service of the operator console (`specialists console`), behind IAP; cloudbuild.yaml _CONSOLE_SERVICE."
+  type        = string
+  default     = "specialists-console"
+}
+
 variable "migrate_job_name" {
   description = "Cloud Run job that applies migrations (`specialists db upgrade`); cloudbuild.yaml _MIGRATE_JOB."
   type        = string
@@ -107,6 +113,36 @@ variable "model_key_env_names" {
   description = "Names of the environment variables that hold model API keys: every api_key_env of infra/model_routes.toml. Each gets a Secret Manager secret, set on the worker."
   type        = set(string)
   default     = ["OPENROUTER_API_KEY"]
+}
+
+# --- the operator console -------------------------------------------------------------------------
+
+variable "console_operators" {
+  description = "Google accounts (emails) that may use the operator console: each is let through IAP (roles/iap.httpsResourceAccessor on the console service) and listed in SPECIALISTS_CONSOLE_OPERATORS, which the console checks again on every request. No default: a deployment names its operators."
+  type        = list(string)
+
+  validation {
+    condition     = length(var.console_operators) > 0
+    error_message = "console_operators names at least one operator's Google account: without one, nobody can use the console."
+  }
+
+  # Lower case: IAM keeps a member's email in lower case, so a mixed-case one would differ from the policy on
+  # every plan (the console itself compares in lower case). No comma or space: the list is joined with commas.
+  validation {
+    condition     = alltrue([for email in var.console_operators : can(regex("^[a-z0-9._%+-]+@[a-z0-9.-]+\\.[a-z]{2,}$", email))])
+    error_message = "Each of console_operators is a Google account's email address, in lower case (alice@example.com), without a member prefix such as user:."
+  }
+
+  validation {
+    condition     = length(distinct(var.console_operators)) == length(var.console_operators)
+    error_message = "console_operators lists each account once."
+  }
+}
+
+variable "console_max_instances" {
+  description = "Most console instances: a few operators' browsers (sessions are signed cookies, so any instance serves any of them)."
+  type        = number
+  default     = 2
 }
 
 # --- database -------------------------------------------------------------------------------------

@@ -11,6 +11,12 @@ terraform {
       source  = "hashicorp/google"
       version = "~> 6.0"
     }
+    # Only for the console (infra/console.tf): in 6.x, Cloud Run's own IAP (`iap_enabled`, from 6.30) and its
+    # access grants (google_iap_web_cloud_run_service_iam_member, 6.31) are beta-provider fields.
+    google-beta = {
+      source  = "hashicorp/google-beta"
+      version = "~> 6.31"
+    }
     random = {
       source  = "hashicorp/random"
       version = "~> 3.6"
@@ -27,6 +33,11 @@ provider "google" {
   region  = var.region
 }
 
+provider "google-beta" {
+  project = var.project_id
+  region  = var.region
+}
+
 data "google_project" "this" {
   project_id = var.project_id
 }
@@ -39,6 +50,7 @@ resource "google_project_service" "apis" {
     "cloudtasks.googleapis.com",
     "compute.googleapis.com",
     "iam.googleapis.com",
+    "iap.googleapis.com",
     "run.googleapis.com",
     "secretmanager.googleapis.com",
     "servicenetworking.googleapis.com",

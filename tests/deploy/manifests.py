@@ -32,6 +32,8 @@ CLOUDBUILD = PROJECT_ROOT / "cloudbuild.yaml"
 # Values Terraform only knows once applied, and that the resolver needs: made up, but of the real form.
 PROJECT_ID = "acme-specialists"
 PROJECT_NUMBER = "123456789012"
+# What a deployment must give (variables without a default): made up, but of the real form.
+CONSOLE_OPERATORS = ["alice@example.com", "bob@example.com"]
 
 
 # --- Dockerfile ------------------------------------------------------------------------------------
@@ -133,7 +135,7 @@ class Terraform:
 
     The resolver knows variables (their defaults, or ``given``), locals, literal resource attributes
     and the computed attributes the services use (an account's email, a secret's id, an instance's
-    connection name), plus ``coalesce`` and arithmetic. Anything else raises ``Unresolvable``.
+    connection name), plus ``coalesce``, ``join`` and arithmetic. Anything else raises ``Unresolvable``.
     """
 
     def __init__(self, folder: Path = INFRA, given: dict[str, Any] | None = None) -> None:
@@ -143,7 +145,7 @@ class Terraform:
         self.outputs: dict[str, dict] = {}
         self.data: dict[tuple[str, str], dict] = {}
         self.files: dict[str, dict] = {}
-        self.given = {"project_id": PROJECT_ID, **(given or {})}
+        self.given = {"project_id": PROJECT_ID, "console_operators": CONSOLE_OPERATORS, **(given or {})}
         for path in sorted(folder.glob("*.tf")):
             document = hcl2.loads(path.read_text(), serialization_options=_HCL_OPTIONS)
             self.files[path.name] = document
@@ -193,6 +195,12 @@ class Terraform:
                 if value not in (None, ""):
                     return value
             raise Unresolvable(f"coalesce of nothing: {text}")
+        call = re.fullmatch(r'join\("([^"]*)",\s*(.*)\)', text)
+        if call:
+            items = self._expression(call.group(2))
+            if not isinstance(items, list):
+                raise Unresolvable(f"join of a {type(items).__name__}: {text}")
+            return call.group(1).join(str(item) for item in items)
         if _REFERENCE.fullmatch(text):
             return self.reference(text)
         if re.fullmatch(r"\"[^\"]*\"", text):

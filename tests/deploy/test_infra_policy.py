@@ -26,12 +26,18 @@ from tests.deploy.manifests import Terraform, container, container_env, revision
 SERVICE = "google_cloud_run_v2_service"
 JOB = "google_cloud_run_v2_job"
 INVOKER = "roles/run.invoker"
-# Each Cloud Run service: who may reach it (ingress) and who may invoke it. "account:NAME" is a service account.
+# Each Cloud Run service: who may reach it (ingress) and who may invoke it. "account:NAME" is a service account,
+# "agent:NAME" a Google service agent (google_project_service_identity.NAME).
 INGRESS = {
     "api": ("INGRESS_TRAFFIC_ALL", {"allUsers"}),  # customers' agents; the service checks their API keys
     "grpc": ("INGRESS_TRAFFIC_ALL", {"allUsers"}),  # the API's gRPC binding, the same keys in metadata
     "worker": ("INGRESS_TRAFFIC_INTERNAL_ONLY", {"account:invoker"}),  # Cloud Tasks' deliveries only
+    # Operators' browsers from anywhere, but IAP (enabled on the service) lets only its grantees through, and
+    # then calls the service as its agent: the one invoker (tests/deploy/test_console_infra.py).
+    "console": ("INGRESS_TRAFFIC_ALL", {"agent:iap"}),
 }
+# Services behind IAP enabled on the service itself: all their ingress goes through IAP first.
+BEHIND_IAP = {"console"}
 # The accounts that run no container: what they do instead, and so what they are granted.
 NO_CONTAINER_GRANTS = {
     # The identity of Cloud Tasks' deliveries (the API's relay names it): it invokes the worker, nothing else.
@@ -42,7 +48,8 @@ NO_CONTAINER_GRANTS = {
         ("roles/artifactregistry.writer", "repository:images"),
         ("roles/run.developer", "project"),
         ("roles/logging.logWriter", "project"),
-        *{("roles/iam.serviceAccountUser", f"service_account:{name}") for name in ("api", "worker", "migrate", "drill")},
+        *{("roles/iam.serviceAccountUser", f"service_account:{name}")
+          for name in ("api", "worker", "migrate", "drill", "console")},
     },
 }
 # Settings that carry a credential though their type is not SecretStr.
@@ -69,7 +76,10 @@ TARGET_FIELD = {
     "google_cloud_run_v2_service_iam_member": "name",
     "google_cloud_run_v2_job_iam_member": "name",
     "google_artifact_registry_repository_iam_member": "repository",
+    "google_iap_web_cloud_run_service_iam_member": "cloud_run_service_name",
 }
+# Grants on a resource's IAP gate rather than on the resource: "iap_run_service:NAME".
+IAP_GATE = {"google_iap_web_cloud_run_service_iam_member"}
 TARGET_KIND = {
     "google_secret_manager_secret": "secret",
     "google_cloud_tasks_queue": "queue",
@@ -88,7 +98,7 @@ class Grant:
     address: str  # the Terraform resource that grants it
 
 
-def _instances(body: dict) -> list[dict[str, str]]:
+def _instances(tf: Terraform, body: dict) -> list[dict[str, str]]:
     """The (each.key, each.value) a resource is instantiated with, as text to substitute."""
     for_each = body.get("for_each")
     if for_each is None:
@@ -98,6 +108,9 @@ def _instances(body: dict) -> list[dict[str, str]]:
     listed = re.fullmatch(r"\$\{toset\(\[(.*)\]\)\}", for_each)
     if listed:
         return [{"each.key": item, "each.value": item} for item in re.findall(r'"([^"]*)"', listed.group(1))]
+    variable = re.fullmatch(r"\$\{toset\(var\.(\w+)\)\}", for_each)
+    if variable:  # a deployment's own list (the console's operators): the tests' made-up value
+        return [{"each.key": item, "each.value": item} for item in tf.default(variable.group(1))]
     whole = re.fullmatch(r"\$\{(google_[\w]+)\.(\w+)\}", for_each)
     if whole:  # for_each over a resource that is itself for_each: each.value is one of its instances
         return [{"each.value": f"${{{whole.group(1)}.{whole.group(2)}}}"}]
@@ -120,6 +133,9 @@ def _member(text: str) -> str:
     account = re.fullmatch(r"serviceAccount:\$\{google_service_account\.(\w+)\.email\}", text)
     if account:
         return f"account:{account.group(1)}"
+    agent = re.fullmatch(r"serviceAccount:\$\{google_project_service_identity\.(\w+)\.email\}", text)
+    if agent:
+        return f"agent:{agent.group(1)}"
     return text
 
 
@@ -130,7 +146,8 @@ def _target(kind: str, body: dict, each: dict[str, str]) -> str:
     expression = _substitute(str(body[field]), each)
     reference = re.fullmatch(r"\$\{(google_\w+)\.(\w+)\.\w+\}", expression)
     assert reference and reference.group(1) in TARGET_KIND, f"{kind}: cannot tell what {expression} is"
-    return f"{TARGET_KIND[reference.group(1)]}:{reference.group(2)}"
+    prefix = "iap_" if kind in IAP_GATE else ""
+    return f"{prefix}{TARGET_KIND[reference.group(1)]}:{reference.group(2)}"
 
 
 def grants(tf: Terraform) -> list[Grant]:
@@ -142,7 +159,7 @@ def grants(tf: Terraform) -> list[Grant]:
         if not kind.endswith("_iam_member"):
             continue
         assert kind in TARGET_FIELD, f"{kind}.{name}: teach tests/deploy/test_infra_policy.py what it grants on"
-        for each in _instances(body):
+        for each in _instances(tf, body):
             found.append(Grant(
                 member=_member(_substitute(body["member"], each)),
                 role=_substitute(body["role"], each),
@@ -165,6 +182,12 @@ def test_every_cloud_run_service_has_its_declared_ingress_and_exactly_its_declar
         on_it = [g for g in all_grants if g.target == f"run_service:{name}"]
         assert {g.member for g in on_it if g.role == INVOKER} == invokers, name
         assert {g.role for g in on_it} <= {INVOKER}, f"{name}: only invokers are granted on a service"
+        assert bool(body.get("iap_enabled", False)) == (name in BEHIND_IAP), f"{name}: IAP as declared in BEHIND_IAP"
+        if name in BEHIND_IAP:  # IAP calls it as its agent; whom IAP lets through is granted on its gate
+            assert invokers == {"agent:iap"}, name
+            assert {g.role for g in all_grants if g.target == f"iap_run_service:{name}"} == {"roles/iap.httpsResourceAccessor"}
+        elif ingress == "INGRESS_TRAFFIC_ALL":
+            assert invokers == {"allUsers"}, f"{name}: reachable from the internet, but by whom? (IAP, or public)"
 
 
 def test_a_private_service_has_one_invoker_and_nothing_is_public_but_the_declared_services(tf):
