@@ -30,7 +30,8 @@ from tests.deploy.manifests import (
 
 pytestmark = pytest.mark.timeout(30)
 
-RELEASE_ORDER = ["checks", "terraform", "test", "build", "smoke", "push", "migrate", "deploy-worker", "deploy-api", "deploy-grpc", "drill", "traffic"]
+RELEASE_ORDER = ["checks", "terraform", "test", "build", "smoke", "push", "migrate", "deploy-worker", "deploy-api", "deploy-grpc",
+                 "deploy-console", "drill", "traffic"]
 # Built-in substitutions Cloud Build fills in itself.
 BUILT_IN = {"PROJECT_ID", "SHORT_SHA", "COMMIT_SHA", "BUILD_ID", "LOCATION", "PROJECT_NUMBER"}
 # What a trigger gives a build, and a tag URL as the deploy-api step writes it (Cloud Run's form).
@@ -79,7 +80,7 @@ def test_the_image_is_built_pushed_and_the_same_image_is_deployed_everywhere(ste
     assert steps["build"].args[0] == "build" and "${_IMAGE}" in steps["build"].args
     assert "DOCKER_BUILDKIT=1" in steps["build"].raw["env"], "the Dockerfile's RUN --mount needs BuildKit"
     assert 'docker push "${_IMAGE}"' in steps["push"].command
-    for step_id in ("migrate", "deploy-worker", "deploy-api", "drill"):
+    for step_id in ("migrate", "deploy-worker", "deploy-api", "deploy-grpc", "deploy-console", "drill"):
         assert "--image=${_IMAGE}" in steps[step_id].command.replace('"', ""), step_id
 
 
@@ -107,6 +108,15 @@ def test_the_grpc_binding_is_deployed_as_the_api_a_tagged_revision_without_traff
     deploy = steps["deploy-grpc"].command.replace('"', "")
     assert "gcloud run deploy ${_GRPC_SERVICE}" in deploy
     assert "--no-traffic" in deploy and "--tag=${_REVISION_TAG}" in deploy
+
+
+def test_the_console_is_deployed_as_the_api_a_tagged_revision_without_traffic_before_the_drill(steps):
+    deploy = steps["deploy-console"].command.replace('"', "")
+    assert "gcloud run deploy ${_CONSOLE_SERVICE}" in deploy
+    assert "--no-traffic" in deploy and "--tag=${_REVISION_TAG}" in deploy
+    # Who reaches it is Terraform's (IAP on the service, infra/console.tf): a deploy never opens it.
+    assert "allow-unauthenticated" not in deploy and "--ingress" not in deploy and "--iap" not in deploy
+    assert RELEASE_ORDER.index("deploy-console") < RELEASE_ORDER.index("drill")
 
 
 # --- the drill step, run as Cloud Build runs it, with gcloud standing in for Google -------------------
@@ -189,6 +199,14 @@ def test_the_build_outlives_the_migration_and_the_drill_it_waits_for(document, t
     assert build_timeout_s > task_timeout_s("migrate") + task_timeout_s("drill")
 
 
+def test_the_console_step_deploys_the_released_image_under_the_releases_tag(document, steps, tmp_path):
+    status, calls = run_step(steps["deploy-console"], document, tmp_path, tag_url=None)
+    assert status == 0
+    values = substitutions(document, **TRIGGER)
+    assert calls == [["run", "deploy", values["_CONSOLE_SERVICE"], f"--region={values['_REGION']}",
+                      f"--image={values['_IMAGE']}", "--no-traffic", f"--tag={values['_REVISION_TAG']}"]]
+
+
 def test_only_the_last_step_moves_traffic_and_only_to_the_drilled_tag(document, steps, tmp_path):
     traffic_moves = [step.id for step in steps.values() if "update-traffic" in step.command or "--to-" in step.command]
     assert traffic_moves == ["traffic"]
@@ -199,6 +217,7 @@ def test_only_the_last_step_moves_traffic_and_only_to_the_drilled_tag(document, 
     assert [call[:4] for call in calls] == [
         ["run", "services", "update-traffic", names["_API_SERVICE"]],
         ["run", "services", "update-traffic", names["_GRPC_SERVICE"]],
+        ["run", "services", "update-traffic", names["_CONSOLE_SERVICE"]],
     ]
     assert all(f"--to-tags={names['_REVISION_TAG']}=100" in call for call in calls)
 
@@ -217,6 +236,7 @@ def test_names_agree_with_terraform(document):
     assert names["_API_SERVICE"] == tf.resolve(tf.resource("google_cloud_run_v2_service", "api")["name"])
     assert names["_GRPC_SERVICE"] == tf.resolve(tf.resource("google_cloud_run_v2_service", "grpc")["name"])
     assert names["_WORKER_SERVICE"] == tf.resolve(tf.resource("google_cloud_run_v2_service", "worker")["name"])
+    assert names["_CONSOLE_SERVICE"] == tf.resolve(tf.resource("google_cloud_run_v2_service", "console")["name"])
     assert names["_MIGRATE_JOB"] == tf.resolve(tf.resource("google_cloud_run_v2_job", "migrate")["name"])
     assert names["_DRILL_JOB"] == tf.resolve(tf.resource("google_cloud_run_v2_job", "drill")["name"])
     assert names["_DEPLOYER"] == tf.resolve(tf.resource("google_service_account", "deployer")["account_id"])
@@ -238,7 +258,8 @@ def test_the_build_runs_as_the_deployer_account_terraform_grants_what_the_releas
     pushes = tf.resource("google_artifact_registry_repository_iam_member", "deployer_pushes")
     assert pushes["role"] == "roles/artifactregistry.writer"
     acts_as = set(tf.resource("google_service_account_iam_member", "deployer_acts_as")["for_each"])
-    assert acts_as == {"api", "worker", "migrate", "drill"}  # updating a job needs actAs on its account
+    # Deploying a service's revision, or updating a job, needs actAs on the account it runs as.
+    assert acts_as == {"api", "worker", "migrate", "drill", "console"}
 
 
 # --- the static checks, the smoke, and a push of only the smoke-tested image ---------------------------
