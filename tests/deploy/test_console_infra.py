@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from core.settings import PROJECT_ROOT
 from tests.deploy.manifests import (
     CONSOLE_OPERATORS,
     INFRA,
@@ -182,3 +183,33 @@ def test_terraform_refuses_operators_that_are_no_list_of_distinct_lower_case_ema
     assert planned.returncode != 0
     said = " ".join((planned.stdout + planned.stderr).split())
     assert "Invalid value for variable" in said and refusal in said, said
+
+
+# --- docs/OPERATIONS.md, "The console in production" ---------------------------------------------------
+
+
+def production_section() -> str:
+    text = (PROJECT_ROOT / "docs" / "OPERATIONS.md").read_text()
+    return text.split("### The console in production\n", 1)[1].split("\n### ", 1)[0]
+
+
+def test_the_docs_rotation_commands_name_the_secret_and_the_service_terraform_declares(tf):
+    section = production_section()
+    commands = [line for block in re.findall(r"```\n(.*?)```", section, re.DOTALL) for line in block.splitlines()]
+    secret_id = tf.resolve(tf.resource("google_secret_manager_secret", "console_session")["secret_id"])
+    service = tf.default("console_service_name")
+    assert any(f"gcloud secrets versions add {secret_id} " in command for command in commands)
+    services = {re.search(r"gcloud run services [\w-]+ (\S+)", command).group(1)
+                for command in commands if command.startswith("gcloud run services ")}
+    assert services == {service}
+    # Newest first: the new secret, then the old one.
+    assert any(command.startswith("printf '%s,%s' \"$NEW\" \"$OLD\"") for command in commands)
+
+
+def test_the_docs_name_both_gates_and_everything_the_consoles_account_may_read(tf):
+    section = production_section()
+    for gate in ("console_operators", "roles/iap.httpsResourceAccessor", "SPECIALISTS_CONSOLE_OPERATORS",
+                 "SPECIALISTS_CONSOLE_IAP_AUDIENCE"):
+        assert gate in section, gate
+    for variable, (secret, secret_id) in container_env(tf, SERVICE, "console").secrets.items():
+        assert f"`{secret_id}`" in section, f"{variable}: its secret {secret_id} is not named"
