@@ -679,7 +679,7 @@ def _continue(conn: Connection, loaded: LoadedSpec, owner: str, message: Message
     event = TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=task.status)
     if send is not None:
         send.store_push(conn, task.id)  # the task is the caller's (locked above): before the event it notifies
-    new_version = rows.write_event(conn, locked, event, returning_history=True)
+    new_version = rows.write_event(conn, locked, event, returning_history=True, pushed_sql=push.configured_sql())
     outbox.enqueue(conn, task_id=task.id, specialist_id=spec.id, executor=spec.executor, owner=owner,
                    context_id=stored.context_id, message=stored.SerializeToString())
     return Admitted(task=task, version=new_version, replay=False, pushed=locked.pushed)

@@ -23,7 +23,7 @@ from sqlalchemy import Connection
 from core.errors import ServiceError
 from ledger import operations
 from ledger.errors import ResolutionRefused
-from taskstate import admitted, charge, claims, ids, outbox, rows
+from taskstate import admitted, charge, claims, ids, outbox, push, rows
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def cancel_task(conn: Connection, task_id: str, owner: str) -> tuple[Task, bool]
     task.status.CopyFrom(TaskStatus(state=TaskState.TASK_STATE_CANCELED))
     rows.stamp(task)
     event = TaskStatusUpdateEvent(task_id=task.id, context_id=task.context_id, status=task.status)
-    rows.write_event(conn, locked, event, returning_history=True)
+    rows.write_event(conn, locked, event, returning_history=True, pushed_sql=push.configured_sql())
     return task, locked.pushed
 
 

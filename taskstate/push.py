@@ -153,6 +153,13 @@ def delete_task_configs(conn: Connection, task_id: str, owner: str) -> None:
     conn.execute(text("DELETE FROM push_configs WHERE task_id = :t AND owner = :o"), {"t": task_id, "o": owner})
 
 
+def configured_sql() -> str:
+    """The condition ``rows.write_event(pushed_sql=...)`` reads in the event's own statement: the task (``:task_id``,
+    ``:owner``) has push configurations, so the trigger of migration 0240 wrote notifications for the event and
+    the writer wakes the push deliverers after its commit (``notify.PUSH``). A primary-key probe, no round trip."""
+    return "EXISTS (SELECT 1 FROM push_configs c WHERE c.task_id = :task_id AND c.owner = :owner)"
+
+
 # --- delivery (the dispatcher) ------------------------------------------------------------------------------
 
 _CANDIDATES = text(compact_sql("""

@@ -62,7 +62,7 @@ class Locked:
     version: int
     owner: str
     stored: dict[str, Any]  # the columns as read (status, metadata, artifacts if read): SET only what changed
-    pushed: bool = False  # set by ``write_event``: the task has push configurations, so the event is a notification
+    pushed: bool = False  # set by ``write_event(pushed_sql=...)``: the task has push configurations (a notification)
 
 
 def now_utc() -> datetime:
@@ -212,11 +212,13 @@ _APPEND_HISTORY = """
     END"""
 
 
-def write_event(conn: Connection, locked: Locked, event: Event, *, returning_history: bool = False) -> int:
+def write_event(conn: Connection, locked: Locked, event: Event, *, returning_history: bool = False,
+                pushed_sql: str | None = None) -> int:
     """Write ``event`` as the task's next version (rows locked by ``lock``), in one statement: the task row
     SETs only the columns the event changed, and appends ``locked.task.history`` to the stored history.
     ``returning_history``: afterwards ``locked.task`` is the whole task as stored (history included), for a
-    caller that answers with it. Returns the new version."""
+    caller that answers with it. ``pushed_sql`` (``push.configured_sql()``): a condition on ``:task_id`` and
+    ``:owner`` read in the same statement into ``locked.pushed``. Returns the new version."""
     task, new_version = locked.task, locked.version + 1
     params: dict[str, Any] = {"task_id": task.id, "owner": locked.owner, "version": new_version,
                               "event_data": to_stream_response(event).SerializeToString()}
@@ -237,12 +239,9 @@ def write_event(conn: Connection, locked: Locked, event: Event, *, returning_his
     elif returning_history:
         ctes.insert(0, "task AS (SELECT history FROM tasks WHERE id = :task_id)")
     returned = "(SELECT history FROM task)" if returning_history else "NULL"
-    # Whether the trigger of migration 0240 wrote notifications for the event: the writer then wakes the push
-    # deliverers (``notify.PUSH``) in its one wake-up statement after the commit. A primary-key probe, no round trip.
-    written = conn.execute(text(
-        f"WITH {', '.join(ctes)} SELECT {returned} AS history, "
-        "EXISTS (SELECT 1 FROM push_configs c WHERE c.task_id = :task_id AND c.owner = :owner) AS pushed"
-    ), params).one()
+    pushed = pushed_sql or "false"
+    written = conn.execute(text(f"WITH {', '.join(ctes)} SELECT {returned} AS history, {pushed} AS pushed"),
+                           params).one()
     history = written.history
     locked.pushed = bool(written.pushed)
     if returning_history:

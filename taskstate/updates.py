@@ -50,7 +50,7 @@ from a2a.types.a2a_pb2 import (
 from sqlalchemy import Connection, Engine
 
 from core import db
-from taskstate import admitted, claims, notify, outbox, rows
+from taskstate import admitted, claims, notify, outbox, push, rows
 from taskstate.ids import TaskRef
 
 
@@ -243,7 +243,7 @@ class TaskEvents:
             except Exception as exc:  # an agent protocol violation (e.g. appending to no artifact)
                 log.warning("task %s: event dropped: %s", ref.task_id, exc)
                 return False
-        rows.write_event(conn, locked, event)
+        rows.write_event(conn, locked, event, pushed_sql=push.configured_sql())
         if locked.pushed:
             with self._pushed_lock:
                 self._pushed.add(ref.task_id)
