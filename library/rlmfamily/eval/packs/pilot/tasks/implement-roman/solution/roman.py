@@ -1,0 +1,13 @@
+NUMERALS = [(1000, "M"), (900, "CM"), (500, "D"), (400, "CD"), (100, "C"), (90, "XC"), (50, "L"),
+            (40, "XL"), (10, "X"), (9, "IX"), (5, "V"), (4, "IV"), (1, "I")]
+
+
+def to_roman(n):
+    """``n`` (1..3999) in Roman numerals, subtractive notation (4 = IV); ValueError outside that range."""
+    if not 1 <= n <= 3999:
+        raise ValueError(n)
+    out = []
+    for value, letters in NUMERALS:
+        count, n = divmod(n, value)
+        out.append(letters * count)
+    return "".join(out)

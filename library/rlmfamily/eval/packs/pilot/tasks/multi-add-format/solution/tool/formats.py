@@ -1,0 +1,1 @@
+FORMATS = ("text", "csv")
