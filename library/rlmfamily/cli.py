@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     from rlmfamily.bash import cli as bash_cli
 
     bash_cli.add_parsers(sub)  # jobs
+    from rlmfamily.eval import cli as eval_cli
+
+    eval_cli.add_parsers(sub)  # eval run, eval report, eval tasks
     return parser
 
 
@@ -156,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.command in bash_cli.COMMANDS:
             return bash_cli.main(args, _settings(args), out, err)
+        from rlmfamily.eval import cli as eval_cli
+
+        if args.command in eval_cli.COMMANDS:
+            return eval_cli.main(args, out, err)
         return _usage(args, out)
     except RLMError as exc:
         err.print(f"rlm: [{exc.code}] {exc.message}", markup=False, highlight=False)

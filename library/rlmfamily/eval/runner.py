@@ -100,7 +100,7 @@ class Experiment:
                 "tasks": [t.id for t in self.pack.tasks], "conditions": [c.to_dict() for c in self.conditions],
                 "repeats": self.repeats, "max_usd": self.max_usd, "created_at": time.time(),
                 "offline": all(not c.paid for c in self.conditions),
-                "rlm_environment": sorted(k for k in os.environ if k.startswith("RLM_"))}
+                "rlm_environment": sorted(k for k in os.environ if k.startswith("RLM_") and k != "RLM_DATA_DIR")}
 
     def plan(self) -> list[tuple[Task, Condition, int]]:
         return [(t, c, r) for r in range(1, self.repeats + 1) for t in self.pack.tasks for c in self.conditions]
