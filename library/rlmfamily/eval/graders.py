@@ -118,8 +118,10 @@ def parse_findings(answer: str | None) -> tuple[list[dict[str, Any]], int]:
         data = json.loads(text)
     except ValueError:
         start, end = text.find("["), text.rfind("]")
+        if not 0 <= start < end:
+            return [], 1  # an answer with no findings list at all is malformed, not "no findings"
         try:
-            data = json.loads(text[start:end + 1]) if 0 <= start < end else []
+            data = json.loads(text[start:end + 1])
         except ValueError:
             return [], 1
     if isinstance(data, dict):
