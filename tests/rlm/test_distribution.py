@@ -75,6 +75,8 @@ def test_the_wheel_holds_the_library_alone_and_declares_only_its_own_dependencie
     tops = {name.split("/")[0] for name in names}
     assert tops == {"rlmfamily", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
     assert "rlmfamily/examples/harbor_demo.toml" in names and "rlmfamily/examples/harbor/harbor/uploader.py" in names
+    assert "rlmfamily/eval/packs/pilot/pack.toml" in names
+    assert "rlmfamily/eval/packs/pilot/tasks/fix-pagination/workspace/test_pages.py" in names
     required = [r for r in metadata.get_all("Requires-Dist") if "extra ==" not in r]
     assert {r.split(">")[0].split("<")[0].split("=")[0].strip() for r in required} == ALLOWED
     assert "rlm = rlmfamily.cli:main" in entry_points
@@ -99,6 +101,12 @@ def test_in_an_empty_environment_the_offline_demo_answers(alone, tmp_path):
     assert "usage: rlm" in _run(str(alone / "python"), "-m", "rlmfamily", "--help", cwd=tmp_path, env=env).stdout
     probe = "import importlib.util as u, rlmfamily; print(u.find_spec('core'), u.find_spec('a2a'))"
     assert _run(str(alone / "python"), "-c", probe, cwd=tmp_path, env=env).stdout.split() == ["None", "None"]
+    # The evaluation pack ships with it, and an offline experiment runs there.
+    _run(str(alone / "rlm"), "eval", "run", "pilot", "--conditions", "oracle-python,noop", "--tasks", "fix-pagination",
+         "--results", str(tmp_path / "eval"), "--quiet", cwd=tmp_path, env=env)
+    report = json.loads(_run(str(alone / "rlm"), "eval", "report", str(tmp_path / "eval"), "--json", cwd=tmp_path,
+                             env=env).stdout)
+    assert [c["accepted"] for c in report["conditions"]] == [1, 0]
 
 
 def test_delegation_without_its_extra_says_which_extra_to_install(alone, tmp_path):

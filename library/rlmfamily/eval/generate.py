@@ -13,7 +13,6 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlmfamily.eval.pack import Generator
 
 PACKAGES = ("billing", "uploads", "catalog", "search", "accounts", "media", "notify", "reports")
 WORDS = ("queue", "batch", "cursor", "ledger", "bucket", "shard", "window", "record", "token", "frame")
@@ -26,17 +25,18 @@ class Generated:
     files: int
 
 
-def answer_value(spec: Generator) -> int:
+def answer_value(seed: int) -> int:
     """The production retry limit ``generate`` writes for this seed (a task's evaluator states it; the
     loader checks that the two agree)."""
-    return random.Random(spec.seed).randint(7, 19)
+    return random.Random(seed).randint(7, 19)
 
 
-def generate(spec: Generator, folder: Path) -> Generated:
-    rng = random.Random(spec.seed)
+def generate(files: int, seed: int, folder: Path) -> Generated:
+    """Write the repository of ``files`` files for ``seed`` into ``folder`` (the pack's ``input.generator``)."""
+    rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)
     value = rng.randint(7, 19)
-    assert value == answer_value(spec)
+    assert value == answer_value(seed)
     base = rng.choice([v for v in range(2, 6)])
     written = 0
     (folder / "settings").mkdir()
@@ -50,7 +50,7 @@ def generate(spec: Generator, folder: Path) -> Generated:
     (folder / "settings" / "load.py").write_text(
         '"""Which settings module wins: production when DEPLOY_ENV=production, else staging, else base."""\n')
     written += 4
-    remaining = max(0, spec.files - written)
+    remaining = max(0, files - written)
     for i in range(remaining):
         package = PACKAGES[i % len(PACKAGES)]
         (folder / package).mkdir(exist_ok=True)

@@ -249,9 +249,9 @@ def _load_task(folder: Path, problems: list[str]) -> Task | None:
     if generator is not None and isinstance(evaluator, AnswerEvaluator) and evaluator.number is not None:
         from rlmfamily.eval.generate import answer_value
 
-        if answer_value(generator) != evaluator.number:
+        if answer_value(generator.seed) != evaluator.number:
             problems.append(f"{file}: evaluator.number: {evaluator.number:g} is not what the generator writes for "
-                            f"seed {generator.seed} ({answer_value(generator)})")
+                            f"seed {generator.seed} ({answer_value(generator.seed)})")
     return Task(spec, folder) if len(problems) == before else None
 
 

@@ -175,7 +175,7 @@ class Experiment:
             shutil.copytree(task.path(spec.workspace), workspace, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             assert spec.generator is not None
-            made = generate(spec.generator, workspace)
+            made = generate(spec.generator.files, spec.generator.seed, workspace)
             record["generated"] = {"files": made.files, "seed": spec.generator.seed}
             reference = (f"The production upload retry limit is {made.answer_value}, set in "
                          f"{made.answer_path}:6 (it overrides settings/base.py).")
