@@ -88,3 +88,11 @@ def test_the_same_run_again_redoes_nothing_and_another_experiment_is_refused(res
     assert sorted(p.stat().st_mtime_ns for p in (results / "attempts").glob("*.json")) == before
     with pytest.raises(ResultsMismatch, match="repeats differ"):
         Experiment(pack, conditions, repeats=3, results=results, max_usd=None).run()
+
+
+def test_tasks_lists_the_pack_and_says_which_conditions_are_paid(capsys) -> None:
+    assert main(["eval", "tasks", "pilot", "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert len(listing["tasks"]) == 28 and {t["evaluator"] for t in listing["tasks"]} == {"tests", "findings", "answer"}
+    assert {n: c["paid"] for n, c in listing["conditions"].items()} == {
+        "oracle-python": False, "oracle-bash": False, "noop": False, "gpt-python": True, "gpt-bash": True}
