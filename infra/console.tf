@@ -11,7 +11,9 @@
 #
 # IAP directly on Cloud Run needs the project to be in an organization, and lets in identities of that
 # organization; it needs no load balancer or OAuth client of ours. In provider 6.x its field is the beta
-# provider's (infra/versions.tf). cloudbuild.yaml owns the image and the traffic after the first apply.
+# provider's (infra/versions.tf); the feature itself is GA, so the service keeps the default launch stage (an API
+# that still called it a preview would refuse the apply until `launch_stage = "BETA"` is set here).
+# cloudbuild.yaml owns the image and the traffic after the first apply.
 
 locals {
   # The `aud` of the JWT IAP signs for a Cloud Run service of its own (SPECIALISTS_CONSOLE_IAP_AUDIENCE).
