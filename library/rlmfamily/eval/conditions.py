@@ -2,6 +2,10 @@
 profile, kernel, protocol). Conditions are named in ``pack.toml`` (``[conditions.<name>]``) or in a
 file given with ``--conditions-file``; ``rlm eval run --conditions A,B`` picks two or more.
 
+``provider = "hosted"`` sends each task to a running service (rlmfamily/eval/hosted.py): ``url``,
+``specialist``, ``api_key_env`` (the customer key's variable) and ``usage_command`` (the operator's
+usage record of a task, which the spend cap counts).
+
 ``provider = "scripted"`` is offline: a scripted model (rlmfamily/eval/scripts.py) that makes a
 known-good (``oracle``) or known-bad (``noop``) attempt, or plays a task's own script. Every other
 provider is **paid**: the runner refuses it without a spend cap, and refuses a model without a price
@@ -26,7 +30,7 @@ class Condition(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    provider: Literal["scripted", "openai", "anthropic"]
+    provider: Literal["scripted", "openai", "anthropic", "hosted"]
     script: str | None = None  # scripted: oracle, noop, or NAME (each task's scripts/NAME.toml)
     model: str | None = None
     base_url: str | None = None
@@ -37,12 +41,21 @@ class Condition(BaseModel):
     profile: Literal["python", "python-bash"] = "python"
     kernel: Literal["host", "monty"] = "host"
     prices_usd_per_mtok: dict[str, dict[str, float]] = Field(default_factory=dict)
+    url: str | None = Field(None, pattern=r"^https?://[^/?#@]+(/[^?#@]*)?$")  # hosted: the service
+    specialist: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]{0,63}$")  # hosted: the specialist's id
+    usage_command: list[str] = Field(default_factory=list)  # hosted: prints the task's usage as JSON; {task_id}
+    deadline_s: float = Field(900, gt=0, le=7_200)  # hosted: one task, from send to its last event
     description: str = ""
 
     @model_validator(mode="after")
     def _consistent(self) -> Condition:
         if self.provider == "scripted" and not self.script:
             raise ValueError("a scripted condition names its script: oracle, noop, or a task script's name")
+        if self.provider == "hosted":
+            if not (self.url and self.specialist and self.api_key_env) or self.script or self.model:
+                raise ValueError("a hosted condition names url, specialist and api_key_env (the customer key's "
+                                 "variable), and no script or model (the service's route decides the model)")
+            return self
         if self.provider != "scripted" and (self.script or not self.model):
             raise ValueError(f"a {self.provider} condition names a model and no script")
         return self
@@ -56,6 +69,9 @@ class Condition(BaseModel):
 
     def cost_basis(self) -> str:
         """Where this condition's USD figures come from, said plainly in every record and the report."""
+        if self.provider == "hosted":
+            return ("the service's usage record (usage_command): its route's price table, an estimate, or the "
+                    "endpoint's billing field; credits charged by the ledger beside it")
         if not self.paid:
             model = self.model or "scripted"
             return ("scripted: price table rates for its model (an estimate)" if self.prices().has(model)

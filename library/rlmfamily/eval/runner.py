@@ -26,11 +26,12 @@ from typing import Any
 
 from rlmfamily.budget import Budget, BudgetLedger, BudgetLimits
 from rlmfamily.context import Context
-from rlmfamily.errors import BudgetError, RLMError
+from rlmfamily.errors import BudgetError, MissingAPIKey, RLMError
 from rlmfamily.eval.conditions import Condition
-from rlmfamily.eval.errors import SpendCapRequired
+from rlmfamily.eval.errors import EvalError, SpendCapRequired
 from rlmfamily.eval.generate import generate
 from rlmfamily.eval.graders import Grade, grade
+from rlmfamily.eval.hosted import check_hosted, run_hosted
 from rlmfamily.eval.pack import Pack, Task, tree_digest
 from rlmfamily.eval.scripts import check_scripts, script_for
 from rlmfamily.eval.store import RECORD_SCHEMA, ResultsStore, attempt_key
@@ -66,12 +67,24 @@ def refuse_unpriced_or_uncapped(conditions: list[Condition], max_usd: float | No
         raise SpendCapRequired(f"condition(s) {', '.join(paid)} call a paid model; give --max-usd X, the most the "
                                "whole experiment may spend (offline conditions need none)", setting="max_usd")
     for condition in conditions:
-        if condition.paid:
+        if condition.provider == "hosted":
+            if not condition.usage_command:
+                raise SpendCapRequired(f"condition {condition.name} is hosted: give it usage_command (the operator's "
+                                       "`specialists usage --json --job {task_id}`), so the spend cap can count what "
+                                       "each task cost", setting="usage_command")
+            if not os.environ.get(condition.api_key_env or ""):
+                raise MissingAPIKey(f"condition {condition.name}: the customer key's variable {condition.api_key_env} "
+                                    "is not set", setting="api_key_env")
+        elif condition.paid:
             provider = _paid_provider(condition, _settings_for(condition, None, Path("."), Path("."), None))
             if not usd_cost_known(provider, condition.model or ""):
                 raise SpendCapRequired(f"condition {condition.name}: model {condition.model!r} has no price, so the "
                                        "spend cap cannot count its calls; add prices_usd_per_mtok to the condition",
                                        setting="prices_usd_per_mtok")
+
+
+class HostedFailed(EvalError):
+    code = "eval_hosted_failed"
 
 
 @dataclass
@@ -91,6 +104,8 @@ class Experiment:
         refuse_unpriced_or_uncapped(conditions, max_usd)
         for condition in conditions:
             check_scripts(pack.tasks, condition)
+            if condition.provider == "hosted":
+                check_hosted(pack.tasks, condition)
         self.pack, self.conditions, self.repeats, self.max_usd = pack, conditions, repeats, max_usd
         self.store = ResultsStore(results)
         self.progress = progress
@@ -140,32 +155,60 @@ class Experiment:
                                   "started_at": time.time(), "cost_basis": condition.cost_basis(),
                                   "tokens_basis": "scripted estimate (4 characters a token)" if not condition.paid
                                   else "reported by the provider"}
-        workspace, data = folder / "workspace", folder / "data"
+        workspace = folder / "workspace"
         started = time.monotonic()
-        result: RunResult | None = None
-        provider: Provider | None = None
         try:
             reference = self._prepare(task, workspace, record)
-            snapshot = budget.snapshot()
-            remaining = None if self.max_usd is None else max(0.0, self.max_usd - snapshot.usd)
-            settings = _settings_for(condition, task, data, workspace, remaining)
-            provider = _provider(task, condition, settings, reference)
-            context = Context.from_repository(workspace, settings)
-            session = Session(context=context, provider=provider, settings=settings,
-                              kernel_factory=_kernel_factory(workspace), model=condition.model)
-            result = session.run(question_of(task))
-            record["cut_by_spend_cap"] = _cut_by_cap(result, remaining)
+            if condition.provider == "hosted":
+                answer, ran = self._hosted(task, condition, workspace, record)
+            else:
+                answer, ran = self._local(task, condition, folder, reference, budget, record)
         except RLMError as exc:
             record["error"] = exc.to_dict()
+            answer, ran = None, False
         record["run_s"] = round(time.monotonic() - started, 4)
         graded_at = time.monotonic()
-        outcome = (grade(task, answer=result.answer, workspace=workspace) if result is not None
+        outcome = (grade(task, answer=answer, workspace=workspace) if ran
                    else Grade(False, 0.0, {"reason": "the run did not start"}))
         record["grade_s"] = round(time.monotonic() - graded_at, 4)
         record["wall_s"] = round(record["run_s"] + record["grade_s"], 4)
         record |= {"accepted": outcome.accepted, "score": outcome.score, "grade": outcome.detail,
-                   "finished_at": time.time(), "usage": attempt_usage(data), **_run_facts(result, provider)}
+                   "finished_at": time.time()}
+        if "usage" not in record:
+            record["usage"] = attempt_usage(folder / "data")
         return record
+
+    def _local(self, task: Task, condition: Condition, folder: Path, reference: str | None, budget: Budget,
+               record: dict[str, Any]) -> tuple[str | None, bool]:
+        """The library's own session over the workspace: what the answer was, and whether the run happened."""
+        workspace = folder / "workspace"
+        remaining = None if self.max_usd is None else max(0.0, self.max_usd - budget.snapshot().usd)
+        settings = _settings_for(condition, task, folder / "data", workspace, remaining)
+        provider = _provider(task, condition, settings, reference)
+        record |= _run_facts(None, provider)
+        context = Context.from_repository(workspace, settings)
+        session = Session(context=context, provider=provider, settings=settings,
+                          kernel_factory=_kernel_factory(workspace), model=condition.model)
+        result = session.run(question_of(task))
+        record |= _run_facts(result, provider)
+        record["cut_by_spend_cap"] = _cut_by_cap(result, remaining)
+        return result.answer, True
+
+    def _hosted(self, task: Task, condition: Condition, workspace: Path, record: dict[str, Any]) -> tuple[str | None, bool]:
+        """The task through the running service, as a customer sends it (rlmfamily/eval/hosted.py)."""
+        token = os.environ.get(condition.api_key_env or "", "")
+        try:
+            outcome = run_hosted(task, condition, workspace, token=token, question=task.spec.instruction.strip())
+        except Exception as exc:  # noqa: BLE001 - the service refused, the stream broke, the deadline passed
+            raise HostedFailed(f"the hosted task failed: {type(exc).__name__}: {str(exc)[:500]}") from None
+        record |= _run_facts(None, None) | {"hosted": outcome.hosted, "usage": outcome.usage,
+                                            "stop_reason": outcome.hosted["stop_reason"],
+                                            "turns": outcome.hosted["turns"] or 0,
+                                            "semantic_queries": outcome.hosted["semantic_calls_used"] or 0,
+                                            "answer_preview": None if outcome.answer is None
+                                            else outcome.answer[:MAX_ANSWER_PREVIEW_CHARS],
+                                            "cut_by_spend_cap": False}
+        return outcome.answer, True
 
     def _prepare(self, task: Task, workspace: Path, record: dict[str, Any]) -> str | None:
         """The attempt's pinned input, fresh: a copy of the task's folder, or a generated repository."""

@@ -7,8 +7,7 @@ def connect(path):
 
 def find_customer(conn, email):
     """The customer row with this e-mail address, or None."""
-    query = f"SELECT id, name FROM customers WHERE email = '{email}'"
-    return conn.execute(query).fetchone()
+    return conn.execute(f"SELECT id, name FROM customers WHERE email = '{email}'").fetchone()
 
 
 def list_customers(conn, limit=50):
