@@ -50,6 +50,7 @@ def main(args: argparse.Namespace, out: Console, err: Console) -> int:
 
 def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
     from rlmfamily.eval.conditions import choose, load_conditions_file, parse_conditions
+    from rlmfamily.eval.errors import PackInvalid
     from rlmfamily.eval.pack import load_pack
     from rlmfamily.eval.runner import Experiment
 
@@ -57,7 +58,12 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
     if args.tasks:
         pack = pack.select([t.strip() for t in args.tasks.split(",") if t.strip()])
     if args.tag:
-        pack = pack.select([t.id for t in pack.tasks if set(t.spec.tags) & set(args.tag)] or ["(no task has the tag)"])
+        tagged = [t.id for t in pack.tasks if set(t.spec.tags) & set(args.tag)]
+        if not tagged:
+            tags = sorted({tag for t in pack.tasks for tag in t.spec.tags})
+            raise PackInvalid(f"no task of pack {pack.name} has the tag(s) {', '.join(args.tag)}; its tags are "
+                              f"{', '.join(tags)}")
+        pack = pack.select(tagged)
     raw = dict(pack.conditions)
     if args.conditions_file:
         raw |= load_conditions_file(Path(args.conditions_file))

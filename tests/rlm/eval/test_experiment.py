@@ -96,3 +96,8 @@ def test_tasks_lists_the_pack_and_says_which_conditions_are_paid(capsys) -> None
     assert len(listing["tasks"]) == 28 and {t["evaluator"] for t in listing["tasks"]} == {"tests", "findings", "answer"}
     assert {n: c["paid"] for n, c in listing["conditions"].items()} == {
         "oracle-python": False, "oracle-bash": False, "noop": False, "gpt-python": True, "gpt-bash": True}
+
+
+def test_a_tag_no_task_has_is_refused_naming_the_tags_there_are(tmp_path: Path, capsys) -> None:
+    assert main(["eval", "run", "pilot", "--conditions", "noop", "--tag", "nope", "--results", str(tmp_path / "r")]) == 2
+    assert "no task of pack pilot has the tag(s) nope; its tags are analyst, bug-from-log" in capsys.readouterr().err

@@ -79,3 +79,4 @@ def test_a_spent_cap_stops_the_experiment_before_the_next_attempt(tmp_path: Path
                  "--tasks", "analyst-503-count,review-sql-injection", "--max-usd", "2.5", "--results",
                  str(results)]) == 1
     assert len(list((results / "attempts").glob("*.json"))) == 1
+
