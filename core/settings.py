@@ -669,6 +669,11 @@ class ServeSettings(Section):
 
     worker: bool = Field(default=True, description="`specialists serve` also starts a worker (a child process).")
     dispatcher: bool = Field(default=True, description="`specialists serve` also starts a dispatcher (a child process).")
+    console: bool | None = Field(
+        default=None, description="`specialists serve` also starts the operator console (a child process), at the "
+        "URL it prints (SPECIALISTS_CONSOLE_HOST, SPECIALISTS_CONSOLE_PORT). Unset: only on one machine (the "
+        "embedded database); in production the console is a service of its own (`specialists console`).",
+    )
     child_start_timeout_s: float = Field(
         default=30.0, gt=0, le=600,
         description="How long `specialists serve` waits for its worker to answer before it gives up starting "
@@ -679,6 +684,77 @@ class ServeSettings(Section):
         description="After its drain (SPECIALISTS_WORKER_DRAIN_S), how long a child of `specialists serve` may take "
         "to exit once asked before it is killed.",
     )
+
+
+class ConsoleSettings(Section):
+    """The operator console (ops/console, docs/OPERATIONS.md "The console"): where it listens, who may log in, its
+    sessions and the bounds of what a browser may send it."""
+
+    model_config = SettingsConfigDict(env_prefix="SPECIALISTS_CONSOLE_")
+
+    host: str = Field(default="127.0.0.1", description="Address the console listens on (0.0.0.0 in a container).")
+    port: int = Field(default=8090, ge=1, le=65535, description="Port the console listens on.")
+    auth: Literal["local", "iap"] = Field(
+        default="local",
+        description="Who the operator is: `local` (one machine: the operator secret, and the operator is "
+        "SPECIALISTS_CONSOLE_LOCAL_OPERATOR) or `iap` (production: the Google identity in the IAP JWT, which must "
+        "be in SPECIALISTS_CONSOLE_OPERATORS).",
+    )
+    operator_secret: SecretStr | None = Field(
+        default=None,
+        description="With auth=local, the secret a person types to log in (generated into the local secrets by "
+        "`specialists serve`).",
+    )
+    local_operator: str = Field(
+        default="", max_length=200, pattern=r"^[A-Za-z0-9_.@:+-]*$",
+        description="With auth=local, the operator every console action is journalled as (empty: the OS user).",
+    )
+    session_secrets: SecretList = Field(
+        default_factory=list,
+        description="Comma-separated secrets, newest first, that sign the console's session cookies; the newest "
+        "signs, all verify (a rotation puts a new one in front).",
+    )
+    min_secret_chars: int = Field(default=32, ge=16, le=1024, description="Shortest console secret accepted at start-up.")
+    session_ttl_s: int = Field(
+        default=8 * 3600, ge=60, le=7 * 86400,
+        description="How long a console session lasts after its login; then the operator logs in again.",
+    )
+    operators: Annotated[list[str], NoDecode, BeforeValidator(_split_commas)] = Field(
+        default_factory=list,
+        description="With auth=iap, the Google accounts (emails, comma-separated) allowed in; anyone else is "
+        "refused even when IAP let them through.",
+    )
+    iap_audience: str = Field(
+        default="", max_length=300,
+        description="With auth=iap, the audience of the IAP JWT (`/projects/NUMBER/...`, see docs/OPERATIONS.md).",
+    )
+    iap_certs_url: str = Field(
+        default="https://www.gstatic.com/iap/verify/public_key",
+        description="With auth=iap, where IAP's public keys (PEM by key id) are fetched from.",
+    )
+    iap_certs_cache_s: float = Field(default=3600.0, ge=1, le=86400, description="How long fetched IAP keys are reused.")
+    max_form_bytes: int = Field(
+        default=16 * 1024, ge=1024, le=1024 * 1024,
+        description="Largest form body the console reads; a larger one is refused before it is parsed.",
+    )
+    max_usage_days: int = Field(
+        default=92, ge=1, le=366,
+        description="Longest period the usage page charts (also bounded by SPECIALISTS_LEDGER_MAX_USAGE_DAYS).",
+    )
+
+    @model_validator(mode="after")
+    def _auth_complete(self) -> "ConsoleSettings":
+        for index, secret in enumerate(self.session_secrets):
+            if len(secret.get_secret_value()) < self.min_secret_chars:
+                raise ValueError(f"SPECIALISTS_CONSOLE_SESSION_SECRETS #{index + 1} is shorter than "
+                                 f"SPECIALISTS_CONSOLE_MIN_SECRET_CHARS ({self.min_secret_chars})")
+        if self.operator_secret is not None and len(self.operator_secret.get_secret_value()) < self.min_secret_chars:
+            raise ValueError(f"SPECIALISTS_CONSOLE_OPERATOR_SECRET is shorter than SPECIALISTS_CONSOLE_MIN_SECRET_CHARS "
+                             f"({self.min_secret_chars})")
+        for email in self.operators:
+            if "@" not in email or len(email) > 200 or any(c.isspace() for c in email):
+                raise ValueError(f"SPECIALISTS_CONSOLE_OPERATORS: {email!r} is not an email address")
+        return self
 
 
 CheckpointSync = Literal["with_journal", "each_record"]  # workers/hosted_rlm/store.py carries it out
@@ -1005,6 +1081,7 @@ class Settings(BaseModel):
     dispatch: DispatchSettings = Field(default_factory=DispatchSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     serve: ServeSettings = Field(default_factory=ServeSettings)
+    console: ConsoleSettings = Field(default_factory=ConsoleSettings)
     hosted: HostedSettings = Field(default_factory=HostedSettings)
     drill: DrillSettings = Field(default_factory=DrillSettings)
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)

@@ -241,6 +241,16 @@ class Ledger:
         with self._autocommit.connect() as conn:
             return reads.customer_page(conn, after=after, limit=min(limit, self.limits.max_rows_per_listing))
 
+    def customer(self, customer_id: str) -> reads.CustomerView:
+        """One customer's balances (available, held, spent), as `customers list` shows them; CustomerNotFound
+        for an id the service does not know."""
+        st.customer_id_param(customer_id)
+        with self._autocommit.connect() as conn:
+            found = reads.customer(conn, customer_id)
+        if found is None:
+            raise CustomerNotFound.of(customer_id)
+        return found
+
     def account(self, customer_id: str, *, now: datetime | None = None) -> reads.AccountView | None:
         # Several queries: one REPEATABLE READ snapshot so the parts agree with each other.
         with self.engine.connect().execution_options(isolation_level="REPEATABLE READ") as conn:

@@ -174,6 +174,8 @@ CUSTOMERS_SQL = text(
     "FROM ledger_lots WHERE customer_id = c.customer_id) l ON true "
     "WHERE c.customer_id > :after ORDER BY c.customer_id LIMIT :n"
 )
+CUSTOMER_SQL = text(str(CUSTOMERS_SQL).replace("WHERE c.customer_id > :after ORDER BY c.customer_id LIMIT :n",
+                                               "WHERE c.customer_id = :c"))
 
 # How many customers a listing shows when its caller names no number (within max_rows_per_listing).
 DEFAULT_LISTED_CUSTOMERS = 100
@@ -237,6 +239,14 @@ def customer_page(conn: Connection, *, after: str | None = None, limit: int = DE
         for row in rows[:limit]
     )
     return CustomerPage(customers=page, next_after=page[-1].customer_id if len(rows) > limit else None)
+
+
+def customer(conn: Connection, customer_id: str) -> CustomerView | None:
+    """One customer with its balances, as ``customer_page`` lists it; None if the service does not know it."""
+    row = conn.execute(CUSTOMER_SQL, {"c": customer_id}).mappings().first()
+    if row is None:
+        return None
+    return CustomerView(**{**row, "held": int(row["held"]), "available": int(row["available"]), "spent": int(row["spent"])})
 
 
 def history(conn: Connection, customer_id: str, *, limit: int = DEFAULT_HISTORY_LINES) -> list[JournalLine]:

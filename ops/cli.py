@@ -270,12 +270,16 @@ def _start_dispatcher(env: dict[str, str], stopping: "_Stopping", timeout_s: flo
 
 
 def _wait_for_worker(worker: subprocess.Popen, url: str, stopping: _Stopping, timeout_s: float) -> None:
+    _wait_for_child(worker, "worker", url, stopping, timeout_s)
+
+
+def _wait_for_child(child: subprocess.Popen, what: str, url: str, stopping: _Stopping, timeout_s: float) -> None:
     import httpx
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and stopping.signal is None:
-        if worker.poll() is not None:
-            raise _ChildFailed(f"the worker exited with status {worker.returncode} while starting (see its log above)")
+        if child.poll() is not None:
+            raise _ChildFailed(f"the {what} exited with status {child.returncode} while starting (see its log above)")
         try:
             if httpx.get(url, timeout=1).status_code == 200:
                 return
@@ -283,7 +287,7 @@ def _wait_for_worker(worker: subprocess.Popen, url: str, stopping: _Stopping, ti
             pass
         time.sleep(0.1)
     if stopping.signal is None:
-        raise _ChildFailed(f"the worker did not answer {url} within {timeout_s:g} s "
+        raise _ChildFailed(f"the {what} did not answer {url} within {timeout_s:g} s "
                            "(SPECIALISTS_SERVE_CHILD_START_TIMEOUT_S)")
 
 
@@ -319,8 +323,8 @@ def _config_problem(problem: ServiceError, as_json: bool) -> int:
 
 
 def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
-    """The whole service on this machine: the A2A edge here, and a worker and a dispatcher as child processes
-    (SPECIALISTS_SERVE_WORKER, SPECIALISTS_SERVE_DISPATCHER). Ctrl-C stops all three, at any moment."""
+    """The whole service on this machine: the A2A edge here, and a worker, a dispatcher and the operator console as
+    child processes (SPECIALISTS_SERVE_WORKER, _DISPATCHER, _CONSOLE). Ctrl-C stops them all, at any moment."""
     stopping = _Stopping()  # first: a Ctrl-C during start-up is remembered, and start-up stops at the next step
     from workers.dispatch.process import DispatcherNotConfigured, check_dispatcher_settings
     from workers.assembly import WorkerNotConfigured, check_worker_settings
@@ -330,6 +334,8 @@ def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
                                  ("edge", "grpc_port", args.grpc_port)):
         if value is not None:  # validated like the environment variable would be
             _assign(settings, section, name, value)
+    if settings.serve.console is None:  # one machine: the console too; production runs it as its own service
+        _assign(settings, "serve", "console", settings.database.embedded)
     child_settings: dict[str, str] = {}
     if settings.database.embedded:
         # The children get the embedded database's URL (DATABASE_URL), but they run on this one machine too.
@@ -347,6 +353,10 @@ def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
             needed.append("worker_job_secrets")
         if settings.serve.worker and any(loaded.spec.executor == "rlm" for loaded in specs.values()):
             needed.append("specialist_checkpoint_key")  # its rlm specialists sign their checkpoints
+        if settings.serve.console:
+            needed.append("console_session_secrets")
+            if settings.console.auth == "local":
+                needed.append("console_operator_secret")
         local_secrets.require(settings, needed)  # every missing one named at once
         if settings.serve.worker:
             check_worker_settings(settings)
@@ -380,6 +390,11 @@ def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
             "dispatcher": f"{settings.dispatch.backend} to {dispatch_to}"
             if settings.serve.dispatcher
             else "not started here (SPECIALISTS_SERVE_DISPATCHER)",
+            "console": f"{_console_url(settings)} (log in with console_operator_secret from "
+            f"{local_secrets.secrets_path(settings)})"
+            if settings.serve.console and settings.console.auth == "local"
+            else _console_url(settings) if settings.serve.console
+            else "not started here (SPECIALISTS_SERVE_CONSOLE)",
             "local secrets": ", ".join(ctx.generated_secrets) + f" generated into {local_secrets.secrets_path(settings)}"
             if ctx.generated_secrets
             else "none generated",
@@ -400,6 +415,12 @@ def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
         if settings.serve.dispatcher and stopping.signal is None:
             children.append(_start_dispatcher(_child_env(settings, ctx.url, SPECIALISTS_DISPATCH_WORKER_URL=dispatch_to),
                                               stopping, settings.serve.child_start_timeout_s))
+        if settings.serve.console and stopping.signal is None:
+            console = _start_child(["console", "--host", settings.console.host, "--port", str(settings.console.port)],
+                                   _child_env(settings, ctx.url, **child_settings))
+            children.append(console)
+            _wait_for_child(console, "console", f"{_console_url(settings)}healthz", stopping,
+                            settings.serve.child_start_timeout_s)
         if stopping.signal is None:
             serve(settings, ctx.url)
     except _ChildFailed as problem:
@@ -457,6 +478,36 @@ def cmd_dispatcher(ctx: Ctx, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_console(ctx: Ctx, args: argparse.Namespace) -> int:
+    """Serve the operator console (ops/console) until stopped: SPECIALISTS_CONSOLE_HOST:SPECIALISTS_CONSOLE_PORT."""
+    import uvicorn
+
+    from ops.console.app import create_console
+    from ops.console.auth import ConsoleNotConfigured, check_console_settings
+
+    settings = ctx.settings.model_copy(deep=True)
+    for name, value in (("host", args.host), ("port", args.port)):
+        if value is not None:
+            _assign(settings, "console", name, value)
+    _configure_logging(settings)
+    try:
+        check_console_settings(settings.console)
+        local_secrets.require(settings, ["key_signing_secrets"])  # the console issues customer keys
+    except (ConsoleNotConfigured, local_secrets.SecretMissing) as problem:
+        return _config_problem(problem, ctx.as_json)
+    app = create_console(settings, ctx.engine_at_head())
+    for signum in (signal.SIGINT, signal.SIGTERM):  # uvicorn's re-raised signal ends here, exit 0
+        signal.signal(signum, lambda *_: None)
+    say(f"console: http://{settings.console.host}:{settings.console.port}/ (auth {settings.console.auth})")
+    uvicorn.Server(uvicorn.Config(app, host=settings.console.host, port=settings.console.port, log_level="warning",
+                                  access_log=False, server_header=False)).run()
+    return EXIT_OK
+
+
+def _console_url(settings: Settings) -> str:
+    return f"http://{settings.console.host}:{settings.console.port}/"
+
+
 # --- wiring -----------------------------------------------------------------
 
 
@@ -491,6 +542,11 @@ def build_parser(flags: GlobalFlags | None = None) -> argparse.ArgumentParser:
     )
     dispatcher.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)  # for `serve`
     dispatcher.set_defaults(func=cmd_dispatcher)
+
+    console = groups.add_parser("console", parents=[common], help="serve the operator console (a web page)")
+    console.add_argument("--host", default=None, help="default: SPECIALISTS_CONSOLE_HOST (127.0.0.1)")
+    console.add_argument("--port", type=int, default=None, help="default: SPECIALISTS_CONSOLE_PORT (8090)")
+    console.set_defaults(func=cmd_console)
 
     dbp = groups.add_parser("db", parents=[common], help="database schema").add_subparsers(
         dest="action", required=True

@@ -4,7 +4,8 @@ Only with the embedded database (``DATABASE_URL`` unset) and only for secrets
 the environment does not set: the key-signing secret (customer keys), the
 worker job secret (dispatcher and workers), the key that signs the rlm
 specialists' checkpoints (workers) and the secret the push notifications'
-signing keys derive from (edge and dispatcher). They live in
+signing keys derive from (edge and dispatcher), and the local console's operator
+secret and session secret. They live in
 ``<data dir>/local-secrets.json`` (mode 0600) beside the embedded database, so
 every later command on the machine (``keys issue``, ``worker``, ...) signs and
 verifies with the same ones. With ``DATABASE_URL`` set (production) nothing is
@@ -30,13 +31,15 @@ PLACES = {
     "worker_job_secrets": ("worker", "job_secrets"),
     "specialist_checkpoint_key": ("hosted", "checkpoint_key"),
     "push_signing_secrets": ("push", "signing_secrets"),
+    "console_operator_secret": ("console", "operator_secret"),
+    "console_session_secrets": ("console", "session_secrets"),
 }
 # The environment variable that sets each one.
 GENERATED = {name: SECTIONS[section].env_name(field) for name, (section, field) in PLACES.items()}
 # Generated on one machine, but never required: without it push notifications are off (core.settings.PushSettings).
 OPTIONAL = frozenset({"push_signing_secrets"})
 # Settings that hold a list of secrets (newest first); the others hold one.
-LISTS = frozenset({"key_signing_secrets", "worker_job_secrets", "push_signing_secrets"})
+LISTS = frozenset({"key_signing_secrets", "worker_job_secrets", "push_signing_secrets", "console_session_secrets"})
 
 
 class SecretMissing(ServiceError):
@@ -105,6 +108,8 @@ PURPOSES = {
     "worker_job_secrets": "signs the jobs the dispatcher sends to workers",
     "specialist_checkpoint_key": "signs the rlm specialists' checkpoints",
     "push_signing_secrets": "signs push notifications' JWTs (edge: JWKS; dispatcher: signing)",
+    "console_operator_secret": "what an operator types to log in to the local console",
+    "console_session_secrets": "signs the console's session cookies",
 }
 
 

@@ -433,6 +433,22 @@ def workers_seen(conn: Connection, *, since: datetime, limit: int) -> list[Worke
     return [WorkerSeen(r.worker_id, r.last_seen_at, int(r.running_jobs)) for r in rows]
 
 
+_TASK_CLAIMS = text(
+    "SELECT c.job_id, c.state, c.worker_id, c.claims, c.deliveries, c.first_claimed_at, c.claimed_at, c.renewed_at, "
+    "c.lease_expires_at, c.unknown_at, c.unknown_reason, c.outcome, "
+    "(SELECT count(*) FROM job_stale_reports s WHERE s.job_id = c.job_id) AS stale_reports "
+    f"FROM {outbox.jobs_relation()} o JOIN job_claims c ON c.job_id = o.job_id WHERE o.task_id = :t "
+    "ORDER BY o.dispatch_id"
+)
+
+
+def task_claims(conn: Connection, task_id: str) -> list[dict[str, Any]]:
+    """The claims of a task's jobs (those whose outbox rows are kept), in dispatch order: which worker held each,
+    how often it was claimed and delivered, its lease, and what the sweeper recorded when it went unknown (the
+    evidence an operator reconciles from; `specialists reservations show`)."""
+    return [dict(row) for row in conn.execute(_TASK_CLAIMS, {"t": task_id}).mappings()]
+
+
 def get(conn: Connection, job_id: str) -> dict[str, Any] | None:
     row = conn.execute(text("SELECT * FROM job_claims WHERE job_id = :j"), {"j": job_id}).mappings().first()
     return dict(row) if row else None

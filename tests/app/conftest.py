@@ -107,6 +107,7 @@ def edge_env(database_url: str, specs_dir: Path, **settings: str) -> dict[str, s
             # The edge alone, unless a fixture asks for the whole system (edge_a).
             "SPECIALISTS_SERVE_WORKER": "false",
             "SPECIALISTS_SERVE_DISPATCHER": "false",
+            "SPECIALISTS_SERVE_CONSOLE": "false",  # tests/console starts it
         }
     )
     env.update({f"SPECIALISTS_{k.upper()}": v for k, v in settings.items()})

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Connection, Engine, text
@@ -468,6 +469,8 @@ _JOBS_TEMPLATE = """
       FROM specialist_runs r LEFT JOIN specialist_calls c ON c.job_id = r.job_id
      WHERE (CAST(:sp AS text) IS NULL OR r.specialist_id = :sp)
        AND {runs}
+       AND (CAST(:since AS timestamptz) IS NULL OR r.started_at >= :since)
+       AND (CAST(:until AS timestamptz) IS NULL OR r.started_at < :until)
      GROUP BY r.job_id
      ORDER BY r.started_at DESC, r.job_id
      LIMIT :n
@@ -487,17 +490,18 @@ _CALLS = text(
 
 
 def usage_by_job(conn: Connection, *, specialist_id: str | None = None, job_id: str | None = None,
-         limit: int = 50) -> list[dict[str, Any]]:
-    """One row per job, newest first."""
+                 since: datetime | None = None, until: datetime | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    """One row per job, newest first; with ``since``/``until``, the jobs started in [since, until)."""
     rows = conn.execute(
-        _JOBS, {"sp": specialist_id, "job": job_id, "n": max(1, min(limit, MAX_ROWS))}
+        _JOBS, {"sp": specialist_id, "job": job_id, "since": since, "until": until, "n": max(1, min(limit, MAX_ROWS))}
     ).mappings()
     return [{**row, "cost_usd": float(row["cost_usd"])} for row in rows]
 
 
 def usage_by_task(conn: Connection, task_id: str, *, limit: int = 50) -> list[dict[str, Any]]:
     """One row per rlm job of the task ``task_id`` (an A2A task's id), newest first."""
-    rows = conn.execute(_TASK_JOBS, {"sp": None, "task": task_id, "n": max(1, min(limit, MAX_ROWS))}).mappings()
+    rows = conn.execute(_TASK_JOBS, {"sp": None, "task": task_id, "since": None, "until": None,
+                                     "n": max(1, min(limit, MAX_ROWS))}).mappings()
     return [{**row, "cost_usd": float(row["cost_usd"])} for row in rows]
 
 

@@ -1,0 +1,419 @@
+"""The operator console in a real browser: Debian's Chromium driven by Playwright (``executable_path``), against
+`specialists console` processes beside a whole system (an edge, a worker, a dispatcher) on a database of its own.
+
+Two consoles run, as two operators (alice, bob), so two people can act on the same reservation at the same
+moment from two processes. Customers are made with the CLI, keys are used with the a2a-sdk client, a worker is
+killed with SIGKILL. Screenshots of the main pages go to ``SCREENSHOTS`` (a CI artifact, docs/TESTING.md).
+Tests wait on what the page or the database shows, never on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from a2a.client import ClientConfig, ClientFactory
+from a2a.client.card_resolver import A2ACardResolver
+from a2a.types.a2a_pb2 import SendMessageRequest, TaskState
+from google.protobuf.json_format import ParseDict
+from sqlalchemy import text
+
+from core.settings import PROJECT_ROOT
+from ledger.client import Ledger
+from taskstate import claims
+from tests.app.conftest import free_port
+from tests.workers.system import (LEASE_S, SCRIPTED_TARIFF, SWEEP_INTERVAL_S, System, script_message, stop_process,
+                                  system_on_its_own_database)
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
+
+CHROMIUM = Path("/usr/bin/chromium")
+SCREENSHOTS = Path(os.environ.get("SPECIALISTS_TEST_ARTIFACTS", PROJECT_ROOT / ".artifacts")) / "console"
+OPERATOR_SECRET = "console-tests-operator-secret-" + "o" * 40
+SESSION_SECRET = "console-tests-session-secret-" + "s" * 40
+
+
+@dataclass
+class Console:
+    url: str
+    operator: str
+    process: subprocess.Popen
+    log_path: Path
+
+
+def start_console(system: System, operator: str) -> Console:
+    port = free_port()
+    log_path = system.folder / f"console-{operator}.log"
+    env = system.env(console_operator_secret=OPERATOR_SECRET, console_session_secrets=SESSION_SECRET,
+                     console_local_operator=operator, revocation_cache_s="0")
+    process = subprocess.Popen([sys.executable, "-m", "ops.cli", "console", "--port", str(port)], cwd=PROJECT_ROOT,
+                               env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT)
+    return Console(f"http://127.0.0.1:{port}", operator, process, log_path)
+
+
+def wait_until_up(system: System, console: Console) -> None:
+    def up() -> bool:
+        assert console.process.poll() is None, console.log_path.read_text()
+        try:
+            return httpx.get(f"{console.url}/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    system.wait_for(f"the console of {console.operator}", up, timeout_s=120)
+
+
+@pytest.fixture(scope="module")
+def system(server_url: str, engine, tmp_path_factory: pytest.TempPathFactory) -> Iterator[System]:
+    engine.dispose()
+    with system_on_its_own_database(server_url, tmp_path_factory.mktemp("console"), workers=1,
+                                    edges=("api",)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def consoles(system: System) -> Iterator[dict[str, Console]]:
+    started = {name: start_console(system, name) for name in ("alice", "bob")}
+    try:
+        for console in started.values():
+            wait_until_up(system, console)
+        yield started
+    finally:
+        for console in started.values():
+            stop_process(console.process)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    assert CHROMIUM.is_file(), "no /usr/bin/chromium: `./dev test` installs it (apt-get install chromium)"
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM))
+        yield launched
+        launched.close()
+
+
+def logged_in(browser: Any, console: Console) -> Any:
+    context = browser.new_context(base_url=console.url, viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.goto("/customers")
+    assert page.url.endswith("/login")  # nobody is in before logging in
+    page.fill("input[name=secret]", OPERATOR_SECRET)
+    page.click("button[type=submit]")
+    page.wait_for_url(re.compile(r"/customers$"))
+    assert page.inner_text("[data-testid=operator]") == console.operator
+    return page
+
+
+@pytest.fixture
+def alice(browser: Any, consoles: dict[str, Console]) -> Iterator[Any]:
+    page = logged_in(browser, consoles["alice"])
+    yield page
+    page.context.close()
+
+
+def cli(system: System, *args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "ops.cli", "--operator", "cli-operator", "--json", *args],
+                          cwd=PROJECT_ROOT, env=system.env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, (args, done.stdout, done.stderr)
+    return done
+
+
+def new_customer(system: System, credits: int = 50) -> str:
+    customer_id = f"acme-{uuid.uuid4().hex[:8]}"
+    cli(system, "customers", "add", "--customer", customer_id, "--reason", "console tests")
+    cli(system, "credits", "grant", "--customer", customer_id, "--credits", str(credits), "--skill", "scripted",
+        "--reason", "console tests")
+    return customer_id
+
+
+def open_form(page: Any, testid: str) -> Any:
+    """The form in its folded section, unfolded as a person does: a click on the section's summary."""
+    form = page.locator(f"[data-testid={testid}]")
+    if not form.is_visible():
+        page.locator("details.action", has=form).locator("summary").click()
+    return form
+
+
+def balance(page: Any, field: str) -> int:
+    return int(page.inner_text(f"[data-testid=balances] [data-field={field}]").replace(",", ""))
+
+
+def shot(page: Any, name: str) -> None:
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+# --- logging in, and what nobody else may do ------------------------------------------------------------
+
+
+def test_a_wrong_secret_is_refused_and_the_right_one_lets_the_operator_in(browser, consoles):
+    context = browser.new_context(base_url=consoles["alice"].url)
+    page = context.new_page()
+    page.goto("/login")
+    page.fill("input[name=secret]", "not-the-secret")
+    page.click("button[type=submit]")
+    assert "login_refused" in page.inner_text("[data-testid=error]")
+    assert page.url.endswith("/login")
+    shot(page, "login")
+    context.close()
+    logged_in(browser, consoles["alice"]).context.close()
+
+
+def test_every_page_sends_the_security_headers(alice):
+    for path in ("/customers", "/reservations", "/usage", "/health", "/journal", "/login"):
+        answer = alice.context.request.get(path)
+        assert answer.status == 200, path
+        headers = answer.headers
+        assert "frame-ancestors 'none'" in headers["content-security-policy"], path
+        assert "script-src 'self'" in headers["content-security-policy"]
+        assert headers["x-frame-options"] == "DENY" and headers["x-content-type-options"] == "nosniff"
+        assert headers["cache-control"] == "no-store"
+
+
+def test_a_customers_api_key_opens_no_console_page(system, consoles, alice):
+    customer_id = new_customer(system)
+    alice.goto(f"/customers/{customer_id}")
+    open_form(alice, "issue-form").locator("button").click()
+    token = alice.input_value("[data-testid=issued-token]")
+    bearer = {"Authorization": f"Bearer {token}"}
+    url = consoles["alice"].url
+    for path in ("/customers", f"/customers/{customer_id}", "/reservations", "/usage", "/usage.csv", "/journal",
+                 "/health"):
+        answer = httpx.get(f"{url}{path}", headers=bearer, follow_redirects=False)
+        assert (answer.status_code, answer.headers.get("location")) == (303, "/login"), path
+        assert customer_id not in answer.text
+    posted = httpx.post(f"{url}/customers/{customer_id}/grant", headers={**bearer, "Origin": url},
+                        data={"credits": "1000"})
+    assert posted.status_code == 401 and "login_required" in posted.text
+    assert Ledger(system.engine).customer(customer_id).available == 50
+
+
+def test_a_post_without_the_csrf_token_or_from_another_site_is_refused_and_changes_nothing(system, consoles, alice):
+    customer_id = new_customer(system)
+    request = alice.context.request
+    url = consoles["alice"].url
+    without = request.post(f"/customers/{customer_id}/grant", form={"credits": "1000"}, headers={"Origin": url})
+    assert without.status == 403 and "csrf_refused" in without.text()
+    alice.goto(f"/customers/{customer_id}")
+    token = alice.get_attribute("[data-testid=grant-form] input[name=csrf]", "value")
+    foreign = request.post(f"/customers/{customer_id}/grant", form={"credits": "1000", "csrf": token},
+                           headers={"Origin": "http://evil.example"})
+    assert foreign.status == 403 and "origin_refused" in foreign.text()
+    assert Ledger(system.engine).customer(customer_id).available == 50
+
+
+# --- customers, grants, keys ----------------------------------------------------------------------------
+
+
+def test_a_customer_granted_from_the_cli_shows_and_a_grant_and_a_refusal_are_journalled_as_the_operator(
+        system, alice):
+    customer_id = new_customer(system, credits=50)
+    alice.goto("/customers")
+    row = alice.locator(f"tr[data-customer='{customer_id}']")
+    assert row.locator("[data-field=available]").inner_text() == "50"
+    row.locator("a").click()
+    assert balance(alice, "available") == 50
+    assert "scripted" in alice.inner_text("[data-testid=entitlements]")
+
+    form = alice.locator("[data-testid=grant-form]")
+    form.locator("input[name=credits]").fill("25")
+    form.locator("input[name=reason]").fill("top-up from the console")
+    form.locator("button").click()
+    alice.wait_for_url(re.compile(r"notice=granted"))
+    assert balance(alice, "available") == 75
+    shot(alice, "customer")
+
+    adjust = open_form(alice, "adjust-form")
+    adjust.locator("input[name=credits]").fill("-1000")
+    adjust.locator("input[name=reason]").fill("too much")
+    adjust.locator("button").click()
+    error = alice.inner_text("[data-testid=error]")
+    assert "adjust_exceeds_available" in error and "Nothing was changed" in error
+    assert balance(alice, "available") == 75
+
+    alice.goto(f"/journal?customer={customer_id}&kind=grant")
+    kinds = alice.locator("[data-testid=journal] tr[data-kind]")
+    assert kinds.count() == 2  # the CLI's grant and the console's
+    operators = sorted(alice.locator("[data-testid=journal] [data-field=operator]").all_inner_texts())
+    assert operators == ["alice", "cli-operator"]
+    shot(alice, "journal")
+
+
+def _send_with_sdk(edge_url: str, token: str) -> str:
+    """A task through the official a2a-sdk client (in a thread of its own: Playwright's sync API holds this one's
+    event loop); the state it ended in, or the error's text."""
+    result: dict[str, str] = {}
+
+    async def send() -> None:
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
+            try:
+                card = await A2ACardResolver(http, f"{edge_url}/specialists/scripted").get_agent_card()
+                client = ClientFactory(ClientConfig(httpx_client=http, streaming=False)).create(card)
+                request = ParseDict(script_message([{"op": "complete"}]), SendMessageRequest())
+                async for event in client.send_message(request):
+                    task = event.task if event.HasField("task") else None
+                    if task is not None:
+                        result["state"] = str(task.status.state)
+            except Exception as exc:  # the refusal is what the test looks at
+                result["state"] = f"refused: {type(exc).__name__}: {exc}"
+
+    thread = threading.Thread(target=lambda: asyncio.run(send()))
+    thread.start()
+    thread.join(120)
+    return result.get("state", "no answer")
+
+
+def test_an_issued_key_works_with_the_sdk_client_until_it_is_revoked(system, alice, browser):
+    customer_id = new_customer(system)
+    alice.context.grant_permissions(["clipboard-read", "clipboard-write"])
+    alice.goto(f"/customers/{customer_id}")
+    issue = open_form(alice, "issue-form")
+    issue.locator("input[name=label]").fill("acme's agent")
+    issue.locator("button").click()
+    token = alice.input_value("[data-testid=issued-token]")
+    assert token.startswith("sk_test_")
+    alice.click("[data-copy=issued-token]")
+    alice.wait_for_function("document.querySelector('[data-copy]').textContent === 'Copied'")
+    assert alice.evaluate("navigator.clipboard.readText()") == token
+    shot(alice, "key-issued")
+    alice.reload()
+    assert token not in alice.content()  # shown once
+
+    edge = system.edges[0].url
+    assert _send_with_sdk(edge, token) == str(TaskState.TASK_STATE_COMPLETED)
+    key_id = alice.locator("[data-testid=keys] tr[data-key]").first.get_attribute("data-key")
+    revoke = alice.locator(f"tr[data-key='{key_id}'] [data-testid=revoke-form]")
+    revoke.locator("input[name=reason]").fill("the customer's laptop was stolen")
+    revoke.locator("button").click()
+    alice.wait_for_url(re.compile(r"notice=revoked"))
+    assert "stolen" in alice.inner_text(f"tr[data-key='{key_id}'] [data-field=revoked]")
+    # Refused within the revocation bound (SPECIALISTS_REVOCATION_CACHE_S, 0 s for these edges), with its reason.
+    system.wait_for("the client refused", lambda: _send_with_sdk(edge, token).startswith("refused: A2AClientError: "
+                                                                                      "HTTP Error 401"))
+    why = httpx.get(f"{edge}/specialists/scripted/tasks", headers={"Authorization": f"Bearer {token}",
+                                                                   "A2A-Version": "1.0"})
+    assert why.status_code == 401 and why.json()["error"]["details"][0]["metadata"]["code"] == "key_revoked"
+
+
+# --- usage, health ------------------------------------------------------------------------------------
+
+
+def test_usage_charts_and_csv_are_the_ledgers_numbers_and_health_shows_the_system(system, alice):
+    customer_id = new_customer(system)
+    ledger = Ledger(system.engine)
+    alice.goto("/usage")
+    shot(alice, "usage")
+    assert alice.locator("[data-testid=credits-chart] svg").count() == 1
+    csv_link = alice.locator("[data-testid=csv-credits]")
+    with alice.expect_download() as downloading:
+        csv_link.click()
+    rows = Path(downloading.value.path()).read_text().splitlines()
+    assert rows[0] == "day,specialist_id,customer_id,credits_charged,settlements"
+    from datetime import datetime, timedelta, timezone
+
+    today = datetime.now(timezone.utc).replace(hour=0, minute=0, second=0, microsecond=0)
+    expected = ledger.usage(since=today - timedelta(days=13), until=today + timedelta(days=1))
+    assert len(rows) - 1 == len(expected)
+    assert sum(int(r.split(",")[3]) for r in rows[1:]) == sum(u.credits_charged for u in expected)
+    bad = alice.context.request.get("/usage?since=2020-01-01&until=2026-01-01")
+    assert bad.status == 400 and "period_invalid" in bad.text()
+    assert customer_id  # its grant charged nothing: the period's usage is the other tests' settled tasks
+
+    alice.goto("/health")
+    specialists = alice.inner_text("[data-testid=specialists]")
+    # This system's scripted specialist runs on the tests' own runner: to a worker of these settings its spec
+    # names no model route, and the page says so, beside the conformance specialist that is ready.
+    assert alice.inner_text("[data-testid=ready]") == "not ready"
+    assert "spec_not_runnable" in specialists and re.search(r"conformance\s+tck\s+conformance\s+yes\s+configured",
+                                                            specialists)
+    assert system.live_worker() and alice.locator("[data-testid=workers] tbody tr").count() >= 1
+    assert "No drill recorded" in alice.inner_text("[data-testid=drill]")
+    shot(alice, "health")
+
+
+# --- the unknown, reconciled once from two browsers --------------------------------------------------
+
+
+def test_a_worker_killed_mid_task_is_reconciled_once_when_two_operators_confirm_at_once(system, browser, consoles):
+    from tests.workers.test_system import send
+
+    customer_id = new_customer(system)
+    from datetime import timedelta
+
+    from ledger import keys
+    from tests.conftest import TEST_SECRET
+
+    issued = keys.issue_key(system.engine, keys.KeySigner([TEST_SECRET], "test"), customer_id=customer_id,
+                            ttl=timedelta(days=1))
+    headers = {"Authorization": f"Bearer {issued.token}", "A2A-Version": "1.0"}
+    task_id = send(system, headers, [{"op": "progress", "text": "started"}, {"op": "sleep", "seconds": 60},
+                                     {"op": "complete"}])
+    job = system.wait_for("the job to start", lambda: system.runs(system.job_of(task_id)) and system.job_of(task_id))
+    [pid] = system.runs(job)
+    doomed = next(w for w in system.workers if str(w.process.pid) == pid)
+    doomed.kill()  # SIGKILL
+    try:
+        def unknown() -> bool:
+            with system.engine.connect() as conn:
+                return (claims.get(conn, job) or {}).get("state") == "unknown"
+
+        system.wait_for("the lease to expire into unknown", unknown, timeout_s=LEASE_S + SWEEP_INTERVAL_S + 30)
+        pages = [logged_in(browser, consoles[name]) for name in ("alice", "bob")]
+        for page in pages:
+            page.goto("/reservations")
+            card = page.locator(f"article[data-job='{task_id}']")
+            assert customer_id in card.inner_text() and "unknown" in card.inner_text()
+            assert doomed_id(system, job) in card.inner_text()  # the evidence: which worker held it
+        shot(pages[0], "reservations")
+        for page, kind in zip(pages, ("charged", "void")):
+            form = page.locator(f"article[data-job='{task_id}'] [data-testid=reconcile-form]")
+            form.locator(f"input[value={kind}]").check()
+            form.locator("select[name=state]").select_option("failed")
+            form.locator("input[name=reason]").fill(f"{page.inner_text('[data-testid=operator]')}: worker killed")
+            form.locator("button").click()
+            page.wait_for_selector("[data-testid=confirm]")
+        shot(pages[0], "reconcile-confirm")
+        assert Ledger(system.engine).reservation(task_id).state == "unknown"  # the first step changes nothing
+        # Both confirm at once: two consoles, two processes, two transactions.
+        for page in pages:
+            page.locator("button.danger").click(no_wait_after=True)
+        for page in pages:
+            page.wait_for_load_state("load")
+            page.wait_for_selector("[role=status], [data-testid=error]")
+        texts = [page.inner_text("main") for page in pages]
+        reconciled = [t for t in texts if "Reconciled" in t]
+        resolved = [t for t in texts if "Already resolved" in t]
+        assert len(reconciled) == 1 and len(resolved) == 1, "\n=====\n".join(t[:700] for t in texts)
+        with system.engine.connect() as conn:
+            entries = conn.execute(text("SELECT count(*) FROM ledger_journal WHERE job_id = :j AND kind = 'reconcile'"),
+                                   {"j": task_id}).scalar_one()
+        assert entries >= 1
+        settled = Ledger(system.engine).reservation(task_id)
+        assert settled.state != "unknown" and settled.charged in (0, SCRIPTED_TARIFF)
+        winner = pages[0] if "Reconciled" in texts[0] else pages[1]
+        assert settled.resolved_by == winner.inner_text("[data-testid=operator]")
+        winner.goto("/journal")
+        winner.click("[data-testid=run-verify]")
+        assert "clean" in winner.inner_text("[data-testid=verify-clean]")
+        shot(winner, "journal-verify")
+        for page in pages:
+            page.context.close()
+    finally:
+        system.replace_dead_workers()
+
+
+def doomed_id(system: System, job: str) -> str:
+    with system.engine.connect() as conn:
+        return claims.get(conn, job)["worker_id"]
