@@ -271,11 +271,24 @@ def cmd_reservations_list(ctx, args: argparse.Namespace) -> int:
 
 @handler
 def cmd_reservations_show(ctx, args: argparse.Namespace) -> int:
-    found = ledger_of(ctx).reservation(args.job_id)
+    from taskstate import claims
+
+    ledger = ledger_of(ctx)
+    found = ledger.reservation(args.job_id)
     if found is None:
         return fail("reservation_not_found", f"no reservation for job {args.job_id}", as_json=ctx.as_json)
-    emit(asdict(found), as_json=ctx.as_json, title=f"reservation {args.job_id}")
+    with ledger.engine.connect() as conn:  # the evidence: the claims of the task's jobs (the console shows it too)
+        jobs = claims.task_claims(conn, args.job_id)
+    if ctx.as_json:
+        output.emit_json(asdict(found) | {"jobs": jobs})
+        return EXIT_OK
+    emit(asdict(found), as_json=False, title=f"reservation {args.job_id}")
+    if jobs:
+        emit(jobs, as_json=False, columns=_CLAIM_COLUMNS, title="its jobs' claims (the evidence)")
     return EXIT_OK
+
+
+_CLAIM_COLUMNS = ["job_id", "state", "worker_id", "claims", "deliveries", "renewed_at", "unknown_at", "unknown_reason"]
 
 
 @handler

@@ -61,7 +61,8 @@ def cmd_usage(ctx: Any, args: argparse.Namespace) -> int:
                         f"{', '.join(sorted(specs))} (SPECIALISTS_SPECS_DIR)", as_json=ctx.as_json, exit_code=EXIT_USAGE)
     engine = ctx.engine_at_head()
     with engine.connect() as conn:
-        jobs = journal.usage_by_job(conn, specialist_id=args.specialist, job_id=args.job, limit=args.limit)
+        jobs = journal.usage_by_job(conn, specialist_id=args.specialist, job_id=args.job, since=args.since,
+                                    until=args.until, limit=args.limit)
         of_task = None
         if args.job and not jobs:  # not a job's id: a task's, whose jobs are listed
             jobs = of_task = journal.usage_by_task(conn, args.job, limit=args.limit)
@@ -254,6 +255,10 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
                        help="one job (<task id>.<n>) with every model call it made, or a task id: its jobs")
     usage.add_argument("--specialist", default=None, help="only this specialist's jobs")
     usage.add_argument("--limit", type=int, default=50, help="jobs listed, newest first (at most 1000)")
+    from ops.cli_ledger import _instant
+
+    usage.add_argument("--since", type=_instant, default=None, help="only jobs started at or after (ISO 8601, UTC)")
+    usage.add_argument("--until", type=_instant, default=None, help="only jobs started before (ISO 8601, UTC)")
     usage.set_defaults(func=cmd_usage)
 
     demo = groups.add_parser(

@@ -250,6 +250,11 @@ QUERIES: dict[str, Callable[[Connection, Seeded], Any]] = {
     "customers show: a small customer's newest tasks": lambda c, s: task_reads.customer_tasks(c, s.small_customer,
                                                                                               limit=20),
     "health: the queue (taskstate.reads.queue)": lambda c, s: task_reads.queue(c),
+    "the console's reservations, reservations show: a task's claims (taskstate.claims.task_claims)":
+        lambda c, s: claims.task_claims(c, s.task_id),
+    "the console's customer page: its balances (ledger.reads.customer)": lambda c, s: reads.customer(c, s.hot_customer),
+    "the console's usage, usage --since: rlm jobs started in a day (workers.hosted_rlm.journal.usage_by_job)":
+        lambda c, s: journal.usage_by_job(c, since=_now() - timedelta(days=8), until=_now() - timedelta(days=7)),
     "health: workers seen (taskstate.claims.workers_seen)":
         lambda c, s: claims.workers_seen(c, since=_now() - timedelta(minutes=10), limit=1000),
     "health: the last drill (ops.drill.record.last_run)": lambda c, s: record.last_run(c),

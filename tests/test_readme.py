@@ -69,6 +69,7 @@ def test_the_readme_operator_commands_work_as_written_beside_the_local_service(t
            if (not k.startswith("SPECIALISTS_") or k == embedded_pg.RUN_TOKEN_ENV)
            and k not in ("DATABASE_URL", "TEST_DATABASE_URL")}
     env["SPECIALISTS_DATA_DIR"] = str(data_dir)
+    env["SPECIALISTS_CONSOLE_PORT"] = str(free_port())  # serve starts the console on one machine (8090 elsewhere)
     port = free_port()
     log_path = tmp_path / "serve.log"
     serve = subprocess.Popen(
@@ -95,6 +96,13 @@ def test_the_readme_operator_commands_work_as_written_beside_the_local_service(t
             assert serve.poll() is None, log_path.read_text()
             assert time.monotonic() < deadline, "serve was not ready:\n" + log_path.read_text()
             time.sleep(0.1)
+        # The console it printed, behind the operator secret it generated beside the others.
+        console = f"http://127.0.0.1:{env['SPECIALISTS_CONSOLE_PORT']}/"
+        assert console in log_path.read_text()
+        secret = json.loads((data_dir / "local-secrets.json").read_text())["console_operator_secret"]
+        login = http_calls.post(f"{console}login", data={"secret": secret}, headers={"Origin": console.rstrip("/")},
+                                follow_redirects=False)
+        assert (login.status_code, login.headers["location"]) == (303, "/customers"), login.text
         key_id = None
         for line in _local_operator_block():
             args = shlex.split(line, comments=True)[2:]

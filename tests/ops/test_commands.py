@@ -95,8 +95,8 @@ def test_local_secrets_are_generated_once_on_one_machine_only(tmp_path: Path, da
     monkeypatch.delenv("DATABASE_URL", raising=False)  # the run's own server may be given that way
     embedded = Settings(database={"data_dir": tmp_path})  # no DATABASE_URL: the embedded database's machine
     filled, generated = local_secrets.with_local_secrets(embedded, generate=True)
-    assert sorted(generated) == ["key_signing_secrets", "push_signing_secrets", "specialist_checkpoint_key",
-                                 "worker_job_secrets"]
+    assert sorted(generated) == ["console_operator_secret", "console_session_secrets", "key_signing_secrets",
+                                 "push_signing_secrets", "specialist_checkpoint_key", "worker_job_secrets"]
     path = local_secrets.secrets_path(embedded)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     again, generated_again = local_secrets.with_local_secrets(Settings(database={"data_dir": tmp_path}), generate=True)
@@ -105,6 +105,8 @@ def test_local_secrets_are_generated_once_on_one_machine_only(tmp_path: Path, da
     assert again.worker.job_secrets[0].get_secret_value() == filled.worker.job_secrets[0].get_secret_value()
     assert again.hosted.checkpoint_key.get_secret_value() == filled.hosted.checkpoint_key.get_secret_value()
     assert again.push.signing_secrets[0].get_secret_value() == filled.push.signing_secrets[0].get_secret_value()
+    assert again.console.operator_secret.get_secret_value() == filled.console.operator_secret.get_secret_value()
+    assert again.console.session_secrets[0].get_secret_value() == filled.console.session_secrets[0].get_secret_value()
     production = Settings(database={"data_dir": tmp_path / "prod", "url": database_url})
     assert local_secrets.with_local_secrets(production, generate=True) == (production, [])
     assert not (tmp_path / "prod").exists()
