@@ -48,7 +48,19 @@ def test_a_hosted_condition_records_the_ledger_charge_beside_the_model_usage(
         assert main(["eval", "run", "pilot", "--conditions-file", str(conditions), "--conditions", "hosted-reviewer",
                      "--tasks", "review-sql-injection,review-path-traversal", "--max-usd", "1", "--results",
                      str(results)]) == 0
-    found = json.loads((results / "attempts" / "review-sql-injection__hosted-reviewer__r1.json").read_text())
+        # An attempt whose record is lost (the runner killed after the send) sends the same message again:
+        # the service answers with the first task, charged once.
+        first = results / "attempts" / "review-sql-injection__hosted-reviewer__r1.json"
+        before = json.loads(first.read_text())
+        first.unlink()
+        assert main(["eval", "run", "pilot", "--conditions-file", str(conditions), "--conditions", "hosted-reviewer",
+                     "--tasks", "review-sql-injection,review-path-traversal", "--max-usd", "1", "--results",
+                     str(results)]) == 0
+        jobs = json.loads(specialists(env, "usage", "--json").stdout)["jobs"]
+    found = json.loads(first.read_text())
+    assert found["try"] == "try-2" and found["hosted"]["task_id"] == before["hosted"]["task_id"]
+    assert found["hosted"]["message_id"] == before["hosted"]["message_id"]
+    assert len(jobs) == 2  # one job per task: the resend ran nothing
     missed = json.loads((results / "attempts" / "review-path-traversal__hosted-reviewer__r1.json").read_text())
     # The scripted route finds the f-string SQL at its line, and nothing in the path traversal bundle.
     assert found["accepted"] and found["grade"]["recall"] == 1.0

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from rlmfamily.eval.errors import EvalError
 from rlmfamily.eval.pack import Task
 
 HOSTED_KINDS = ("review", "analysis")  # what a hosted specialist answers; coding tasks need a workspace
+FINAL_STATES = ("TASK_STATE_COMPLETED", "TASK_STATE_FAILED", "TASK_STATE_CANCELED", "TASK_STATE_REJECTED")
 MAX_HOSTED_FILES = 64  # files of one message (the reviewer's max_parts is below it)
 USAGE_COMMAND_TIMEOUT_S = 60
 MAX_NOTE_CHARS = 500  # of what a failed usage command said, kept in the record
@@ -52,10 +52,13 @@ def check_hosted(tasks: tuple[Task, ...], condition: Condition) -> None:
                                 "pip install 'rlmfamily[a2a]'") from None
 
 
-def run_hosted(task: Task, condition: Condition, workspace: Path, *, token: str, question: str) -> HostedOutcome:
+def run_hosted(task: Task, condition: Condition, workspace: Path, *, token: str, question: str,
+               message_id: str) -> HostedOutcome:
+    """``message_id`` is the same for every try of one attempt of one experiment: a try that runs again after
+    a kill sends the same message, which the service answers with the first task (charged once), not a new one."""
     files = sorted(p for p in workspace.rglob("*") if p.is_file())[:MAX_HOSTED_FILES]
     parts = {p.relative_to(workspace).as_posix(): p.read_bytes() for p in files}
-    seen = asyncio.run(asyncio.wait_for(_send(condition, token, question, parts), condition.deadline_s))
+    seen = asyncio.run(asyncio.wait_for(_send(condition, token, question, parts, message_id), condition.deadline_s))
     artifacts = seen["artifacts"]
     if task.spec.kind == "review":
         findings = artifacts.get("findings")
@@ -63,23 +66,24 @@ def run_hosted(task: Task, condition: Condition, workspace: Path, *, token: str,
     else:
         answer = artifacts.get("report")
     meta = seen["metadata"].get("specialist", {})
-    hosted = {"task_id": seen["task_id"], "state": seen["state"], "status_message": seen["status_message"],
+    hosted = {"task_id": seen["task_id"], "message_id": message_id, "state": seen["state"], "status_message": seen["status_message"],
               "credits_charged": meta.get("creditsCharged"), "semantic_calls_used": meta.get("semanticCallsUsed"),
               "semantic_calls_charged": meta.get("semanticCallsCharged"), "pricing": meta.get("pricing"),
               "stop_reason": meta.get("stopReason"), "turns": meta.get("turns")}
     return HostedOutcome(answer, hosted, service_usage(condition, seen["task_id"]))
 
 
-async def _send(condition: Condition, token: str, question: str, files: dict[str, bytes]) -> dict[str, Any]:
+async def _send(condition: Condition, token: str, question: str, files: dict[str, bytes],
+                message_id: str) -> dict[str, Any]:
     import httpx
     from a2a.client import ClientConfig, ClientFactory
     from a2a.client.card_resolver import A2ACardResolver
-    from a2a.types.a2a_pb2 import Message, Part, Role, SendMessageRequest, TaskState
+    from a2a.types.a2a_pb2 import GetTaskRequest, Message, Part, Role, SendMessageRequest, TaskState
     from google.protobuf.json_format import MessageToDict
 
     parts = [Part(text=question)] + [Part(raw=data, filename=name, media_type="text/plain")
                                      for name, data in files.items()]
-    message = Message(message_id=f"eval-{uuid.uuid4()}", role=Role.ROLE_USER, parts=parts)
+    message = Message(message_id=message_id, role=Role.ROLE_USER, parts=parts)
     seen: dict[str, Any] = {"task_id": None, "state": None, "status_message": "", "artifacts": {}, "metadata": {}}
     base = f"{(condition.url or '').rstrip('/')}/specialists/{condition.specialist}"
     # The SDK client's default timeout is 5 s; a review streams for longer.
@@ -89,8 +93,8 @@ async def _send(condition: Condition, token: str, question: str, files: dict[str
         client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(card)
         async for event in client.send_message(SendMessageRequest(message=message)):
             kind = event.WhichOneof("payload")
-            if kind == "task":
-                seen["task_id"], seen["state"] = event.task.id, TaskState.Name(event.task.status.state)
+            if kind == "task":  # the first event; or the only one, when this message was sent before
+                _read_task(event.task, seen)
             elif kind == "status_update":
                 status = event.status_update.status
                 seen["state"] = TaskState.Name(status.state)
@@ -101,7 +105,25 @@ async def _send(condition: Condition, token: str, question: str, files: dict[str
                 artifact = event.artifact_update.artifact
                 part = artifact.parts[0]
                 seen["artifacts"][artifact.name] = _whole(MessageToDict(part.data)) if part.HasField("data") else part.text
+        if seen["task_id"] and not seen["artifacts"] and seen["state"] in FINAL_STATES:
+            # A resend (the same message id) is answered with the first task, without its events: read it whole.
+            _read_task(await client.get_task(GetTaskRequest(id=seen["task_id"])), seen)
     return seen
+
+
+def _read_task(task: Any, seen: dict[str, Any]) -> None:
+    from a2a.types.a2a_pb2 import TaskState
+    from google.protobuf.json_format import MessageToDict
+
+    seen["task_id"], seen["state"] = task.id, TaskState.Name(task.status.state)
+    seen["status_message"] = " ".join(p.text for p in task.status.message.parts if p.text) or seen["status_message"]
+    for artifact in task.artifacts:
+        part = artifact.parts[0]
+        seen["artifacts"][artifact.name] = _whole(MessageToDict(part.data)) if part.HasField("data") else part.text
+    if task.metadata.fields:
+        seen["metadata"] = _whole(MessageToDict(task.metadata))
+    if task.status.HasField("message") and task.status.message.metadata.fields and not seen["metadata"]:
+        seen["metadata"] = _whole(MessageToDict(task.status.message.metadata))
 
 
 def service_usage(condition: Condition, task_id: str | None) -> dict[str, Any]:

@@ -16,6 +16,8 @@ it is known (otherwise it stays unknown, and under a cap blocks further attempts
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import time
@@ -122,6 +124,8 @@ class Experiment:
 
     def run(self) -> Summary:
         resumed = self.store.open(self.manifest())
+        # Names this experiment in what it sends (a hosted attempt's message id), the same after a restart.
+        self.experiment_id = hashlib.sha256(json.dumps(self.store.manifest(), sort_keys=True).encode()).hexdigest()[:16]
         budget = Budget(BudgetLedger(self.store.budget_path), EXPERIMENT_ROOT, BudgetLimits(max_usd=self.max_usd))
         if resumed:
             self._settle_interrupted(budget)
@@ -198,7 +202,8 @@ class Experiment:
         """The task through the running service, as a customer sends it (rlmfamily/eval/hosted.py)."""
         token = os.environ.get(condition.api_key_env or "", "")
         try:
-            outcome = run_hosted(task, condition, workspace, token=token, question=task.spec.instruction.strip())
+            outcome = run_hosted(task, condition, workspace, token=token, question=task.spec.instruction.strip(),
+                                 message_id=f"eval-{self.experiment_id}-{record['key']}")
         except Exception as exc:  # noqa: BLE001 - the service refused, the stream broke, the deadline passed
             raise HostedFailed(f"the hosted task failed: {type(exc).__name__}: {str(exc)[:500]}") from None
         record |= _run_facts(None, None) | {"hosted": outcome.hosted, "usage": outcome.usage,
