@@ -5,35 +5,34 @@ beside the model's usage from the operator's usage record, and the same graders 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
+from core.db import make_engine
 from core.settings import PROJECT_ROOT
+from ledger import keys
+from ledger.client import Ledger
 from rlmfamily.cli import main
 from rlmfamily.eval.report import build_report
+from tests.app.conftest import TEST_SECRET
 from tests.serve import running_service
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 
-def specialists(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run([sys.executable, "-m", "ops.cli", *args], env=env, cwd=PROJECT_ROOT, capture_output=True,
-                          text=True, timeout=90)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done
-
-
 def test_a_hosted_condition_records_the_ledger_charge_beside_the_model_usage(
-        server_url, engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        server_url, engine, settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     engine.dispose()  # the session engine's idle connections back to the server
     with running_service(server_url, tmp_path) as service:
         env = service.env
-        specialists(env, "customers", "add", "--customer", "evalco")
-        specialists(env, "credits", "grant", "--customer", "evalco", "--credits", "100", "--skill", "review")
-        token = json.loads(specialists(env, "keys", "issue", "--customer", "evalco", "--json").stdout)["key"]
+        customer = Ledger(make_engine(env["DATABASE_URL"], settings))  # the operator's grant, in process
+        issued = keys.issue_key(customer.engine, keys.KeySigner([TEST_SECRET], "test"), customer_id="evalco",
+                                ttl=timedelta(days=1))
+        customer.grant("evalco", 100, operator="tests", skills=["reviewer"], reason="the hosted condition's test")
+        token = issued.token
         conditions = tmp_path / "hosted.toml"
         usage_command = [sys.executable, "-m", "ops.cli", "usage", "--json", "--job", "{task_id}"]
         conditions.write_text(
@@ -56,11 +55,11 @@ def test_a_hosted_condition_records_the_ledger_charge_beside_the_model_usage(
         assert main(["eval", "run", "pilot", "--conditions-file", str(conditions), "--conditions", "hosted-reviewer",
                      "--tasks", "review-sql-injection,review-path-traversal", "--max-usd", "1", "--results",
                      str(results)]) == 0
-        jobs = json.loads(specialists(env, "usage", "--json").stdout)["jobs"]
+        customer.engine.dispose()
     found = json.loads(first.read_text())
     assert found["try"] == "try-2" and found["hosted"]["task_id"] == before["hosted"]["task_id"]
     assert found["hosted"]["message_id"] == before["hosted"]["message_id"]
-    assert len(jobs) == 2  # one job per task: the resend ran nothing
+    assert found["usage"]["jobs"] == before["usage"]["jobs"] and len(found["usage"]["jobs"]) == 1  # nothing ran again
     missed = json.loads((results / "attempts" / "review-path-traversal__hosted-reviewer__r1.json").read_text())
     # The scripted route finds the f-string SQL at its line, and nothing in the path traversal bundle.
     assert found["accepted"] and found["grade"]["recall"] == 1.0
