@@ -43,6 +43,9 @@ CUSTOMER_TASKS = 20
 JOURNAL_PAGE = 50
 USAGE_DEFAULT_DAYS = 14
 JOBS_LISTED = 50
+ISSUED_COOKIE = "console_issued_key"
+ISSUED_COOKIE_S = 60  # how long a key just issued waits for its page (the redirect's GET) before it is gone
+CHART_CUSTOMERS = 7  # series in the chart by customer (one colour each), beside "(others)"
 # The notices a redirect after a successful action may show: fixed texts, so a link cannot put words on the page.
 NOTICES = {
     "granted": "Granted.",
@@ -350,7 +353,15 @@ class Pages:
             view = self._customer_view(customer_id)
         except LedgerError as missing:
             return self._render(request, "refused.html", session, status=404, error=_error(missing))
-        return self._render(request, "customer.html", session, status=status, error=error, issued=issued, **view)
+        sealed = request.cookies.get(ISSUED_COOKIE)
+        if issued is None and sealed:
+            shown = self.c.sessions.unseal(sealed, max_age_s=ISSUED_COOKIE_S)
+            if shown is not None and shown.get("op") == session.operator:
+                issued = shown | {"expires_at": datetime.fromisoformat(shown["expires_at"])}
+        response = self._render(request, "customer.html", session, status=status, error=error, issued=issued, **view)
+        if sealed:
+            response.delete_cookie(ISSUED_COOKIE, path=f"/customers/{customer_id}")  # shown once
+        return response
 
     async def grant(self, request: Request, session: Session, form: Form) -> Response:
         customer_id = request.path_params["customer_id"]
@@ -391,9 +402,16 @@ class Pages:
             )
         except (ServiceError, Refused) as refused:
             return await self.customer(request, session, customer_id, error=_error(refused), status=_status(refused))
-        # Shown on this response only: never stored, never in a URL, and the page is not cached (no-store).
-        shown = {"key_id": issued.identity.key_id, "token": issued.token, "expires_at": issued.identity.expires_at}
-        return await self.customer(request, session, customer_id, issued=shown)
+        # Post/redirect/get, so a reload never issues a second key. The key rides to the next page once in a
+        # signed cookie for that page only (HttpOnly, SameSite=Strict, ISSUED_COOKIE_S), which that page deletes:
+        # never stored on the server, never in a URL, and the pages are not cached (no-store).
+        target = f"/customers/{customer_id}"
+        response = RedirectResponse(target, status_code=303)
+        value = self.c.sessions.seal({"key_id": issued.identity.key_id, "token": issued.token,
+                                      "expires_at": issued.identity.expires_at.isoformat(), "op": session.operator})
+        response.set_cookie(ISSUED_COOKIE, value, max_age=ISSUED_COOKIE_S, httponly=True, samesite="strict",
+                            secure=auth.secure_request(request) or self.c.iap is not None, path=target)
+        return response
 
     async def revoke_key(self, request: Request, session: Session, form: Form) -> Response:
         key_id = request.path_params["key_id"]
@@ -512,10 +530,21 @@ class Pages:
         days = [(since + timedelta(days=i)).date() for i in range((until - since).days)]
         by_specialist: dict[str, dict[date, int]] = {}
         by_customer: dict[str, int] = {}
+        by_customer_day: dict[str, dict[date, int]] = {}
         for row in data["credits"]:
             by_specialist.setdefault(row["specialist_id"], {}).setdefault(row["day"], 0)
             by_specialist[row["specialist_id"]][row["day"]] += row["credits_charged"]
             by_customer[row["customer_id"]] = by_customer.get(row["customer_id"], 0) + row["credits_charged"]
+            by_customer_day.setdefault(row["customer_id"], {}).setdefault(row["day"], 0)
+            by_customer_day[row["customer_id"]][row["day"]] += row["credits_charged"]
+        # The chart by customer shows the CHART_CUSTOMERS largest, the rest as one series (the table lists all).
+        largest = [c for c, _ in sorted(by_customer.items(), key=lambda kv: (-kv[1], kv[0]))[:CHART_CUSTOMERS]]
+        others: dict[date, int] = {}
+        for customer_id, days_of in by_customer_day.items():
+            if customer_id not in largest:
+                for day, credits in days_of.items():
+                    others[day] = others.get(day, 0) + credits
+        customer_series = {c: by_customer_day[c] for c in largest} | ({"(others)": others} if others else {})
         by_state: dict[str, dict[date, int]] = {}
         for row in data["outcomes"]:
             by_state.setdefault(row["state"], {}).setdefault(row["day"], 0)
@@ -526,6 +555,7 @@ class Pages:
         return self._render(
             request, "usage.html", session, since=query["since"], until=query["until"], customer=customer or "",
             credits_chart=charts.stacked_bars(days, by_specialist, title="Credits charged per day, by specialist"),
+            customers_chart=charts.stacked_bars(days, customer_series, title="Credits charged per day, by customer"),
             outcomes_chart=charts.stacked_bars(days, by_state, title="Tasks admitted per day, by outcome"),
             by_customer=sorted(by_customer.items(), key=lambda kv: (-kv[1], kv[0])), jobs=data["jobs"],
             credits_rows=data["credits"], csv_query=urlencode(query),

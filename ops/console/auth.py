@@ -86,11 +86,23 @@ class Sessions:
         # itsdangerous signs with the last key and verifies with all: the settings list the newest first.
         keys = [secret.get_secret_value() for secret in reversed(console.session_secrets)]
         self._serializer = URLSafeTimedSerializer(keys, salt="specialists-console-session")
+        self._sealer = URLSafeTimedSerializer(keys, salt="specialists-console-once")
         self.ttl_s = console.session_ttl_s
 
     def issue(self, operator: str, via: str) -> tuple[Session, str]:
         session = Session(operator=operator, csrf=secrets.token_urlsafe(32), via=via)
         return session, self._serializer.dumps({"op": operator, "csrf": session.csrf, "via": via})
+
+    def seal(self, data: dict) -> str:
+        """Something for the next request only (a key just issued), signed like the session."""
+        return self._sealer.dumps(data)
+
+    def unseal(self, value: str, *, max_age_s: int) -> dict | None:
+        try:
+            data = self._sealer.loads(value, max_age=max_age_s)
+        except (SignatureExpired, BadSignature):
+            return None
+        return data if isinstance(data, dict) else None
 
     def read(self, request: Request) -> Session | None:
         cookie = request.cookies.get(SESSION_COOKIE)
