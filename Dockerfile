@@ -2,6 +2,7 @@
 # One image for every role of the service; the first argument picks the role:
 #   serve            the A2A edge (production: SPECIALISTS_SERVE_WORKER=false, the Cloud Tasks relay as its child)
 #   worker           the private worker endpoint (POST /jobs)
+#   console          the operator console (production: SPECIALISTS_CONSOLE_AUTH=iap, behind IAP)
 #   dispatcher       the embedded dispatcher or the Cloud Tasks relay, on its own
 #   db upgrade       the migration job
 # PORT (set by Cloud Run) is the port of the role that listens: see infra/entrypoint.sh.
@@ -61,7 +62,7 @@ RUN pip install --no-compile --no-deps --no-build-isolation -e ./library -e . \
     && find /opt/venv -name '*.pyi' -delete \
     && python -m compileall -q /app \
     && env -u PYTHONDONTWRITEBYTECODE python -c "import app.assembly, app.grpc_binding, ops.cli, ops.drill.cli, \
-        workers.assembly, workers.server, workers.dispatch.process, workers.dispatch.cloud_tasks, \
+        ops.console.app, workers.assembly, workers.server, workers.dispatch.process, workers.dispatch.cloud_tasks, \
         workers.hosted_rlm.serving, workers.hosted_rlm.runner, rlmfamily.session, rlmfamily.kernels.monty, \
         rlmfamily.providers.openai_compat, rlmfamily.providers.anthropic_native, sqlalchemy.dialects.postgresql, \
         alembic.command, openai, anthropic"
@@ -84,14 +85,15 @@ ENV PATH=/opt/venv/bin:$PATH \
     PORT=8080 \
     SPECIALISTS_EDGE_HOST=0.0.0.0 \
     SPECIALISTS_WORKER_HOST=0.0.0.0 \
+    SPECIALISTS_CONSOLE_HOST=0.0.0.0 \
     SPECIALISTS_DATA_DIR=/tmp/specialists
 
 WORKDIR /app
 USER 10001:10001
 EXPOSE 8080
 
-# Both listening roles (serve, worker) answer /healthz on PORT; the dispatcher and the migration job listen on
-# nothing and report unhealthy under Docker (Cloud Run uses its own probes, set in infra/run.tf).
+# The listening roles (serve, worker, console) answer /healthz on PORT; the dispatcher and the migration job listen
+# on nothing and report unhealthy under Docker (Cloud Run uses its own probes, set in infra/run.tf and console.tf).
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('PORT', '8080'), timeout=4)"]
 

@@ -7,8 +7,10 @@ Terraform's environment, and `specialists --help` for the roles the image is use
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
+import sys
 import tomllib
 
 import pytest
@@ -78,6 +80,12 @@ def test_the_final_venv_keeps_neither_pip_nor_the_build_backend(stages):
     assert re.search(r"pip uninstall -y( -q)? setuptools pip", editable)
 
 
+def warm_modules(builder: Stage) -> set[str]:
+    """The modules the build imports to write their bytecode: what the roles import at start."""
+    warm = next(i.args for i in builder.all("RUN") if "python -m compileall -q /app" in i.args)
+    return {name.strip() for name in re.search(r'python -c "import ([^"]+)"', warm).group(1).split(",")}
+
+
 def test_the_bytecode_written_covers_what_every_role_and_job_process_imports_at_start(stages):
     import importlib.util
 
@@ -86,13 +94,37 @@ def test_the_bytecode_written_covers_what_every_role_and_job_process_imports_at_
     builder = stages[0]
     warm = next(i.args for i in builder.all("RUN") if "python -m compileall -q /app" in i.args)
     assert "pip install --no-compile" in warm and "compileall -q /app /opt/venv" not in warm
-    modules = {name.strip() for name in re.search(r'python -c "import ([^"]+)"', warm).group(1).split(",")}
+    modules = warm_modules(builder)
     assert set(PRELOAD) <= modules, "the job processes' forkserver preload"
-    # The modules of each role's command (ops/cli.py's serve, worker, dispatcher, db upgrade; the drill job).
+    # The modules of each role's command (ops/cli.py's serve, worker, dispatcher, db upgrade, console; the drill job).
     assert {"app.assembly", "app.grpc_binding", "workers.assembly", "workers.server", "workers.dispatch.process",
-            "ops.cli", "ops.drill.cli", "alembic.command"} <= modules
+            "ops.cli", "ops.drill.cli", "ops.console.app", "alembic.command"} <= modules
     for module in sorted(modules):
         assert importlib.util.find_spec(module) is not None, f"{module} is not a module any more"
+
+
+def test_every_distribution_the_roles_import_at_start_is_in_the_runtime_lock(stages):
+    # The image has the runtime lock alone: a role importing a distribution that only ./dev installed (a
+    # development dependency, or one installed by hand) would start here and fail in the image.
+    import importlib.metadata
+
+    from packaging.utils import canonicalize_name
+
+    from tests.deploy.test_locks import OURS, RUNTIME_LOCK, pins
+
+    # What the interpreter loaded before (site's own, a venv's .pth hooks) is not the roles'.
+    code = ("import importlib, json, sys\nbefore = set(sys.modules)\n"
+            "[importlib.import_module(m) for m in sys.argv[1:]]\n"
+            "print(json.dumps(sorted({name.split('.')[0] for name in set(sys.modules) - before})))")
+    done = subprocess.run([sys.executable, "-c", code, *sorted(warm_modules(stages[0]))], env=clean_environment(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    by_module = importlib.metadata.packages_distributions()
+    runtime = set(pins(RUNTIME_LOCK)) | OURS
+    outside = {name: sorted(canonicalize_name(d) for d in by_module[name])
+               for name in json.loads(done.stdout) if name in by_module
+               and not {canonicalize_name(d) for d in by_module[name]} & runtime}
+    assert not outside, f"imported at start but not in requirements.lock (module: distributions): {outside}"
 
 
 def test_every_stage_starts_from_one_base_pinned_by_tag_and_digest(stages):
@@ -116,7 +148,7 @@ def test_the_image_runs_as_an_unprivileged_user(final):
 def test_the_image_listens_on_port_on_every_interface_and_sets_only_real_settings(final):
     env = final.env()
     assert final.last("EXPOSE").args == env["PORT"]
-    assert env["SPECIALISTS_EDGE_HOST"] == env["SPECIALISTS_WORKER_HOST"] == "0.0.0.0"
+    assert env["SPECIALISTS_EDGE_HOST"] == env["SPECIALISTS_WORKER_HOST"] == env["SPECIALISTS_CONSOLE_HOST"] == "0.0.0.0"
     assert {name for name in env if name.startswith("SPECIALISTS_")} <= SETTING_NAMES
 
 
@@ -141,7 +173,7 @@ def test_the_entry_point_runs_the_specialists_command_and_every_role_is_one_of_i
     top = subprocess.run(["specialists", "--help"], env=env, capture_output=True, text=True, timeout=30)
     database = subprocess.run(["specialists", "db", "--help"], env=env, capture_output=True, text=True, timeout=30)
     assert top.returncode == 0 and database.returncode == 0
-    for role in ("serve", "worker", "dispatcher", "db"):
+    for role in ("serve", "worker", "dispatcher", "db", "console"):
         assert re.search(rf"^\s+{role}\s", top.stdout, re.MULTILINE), role
     assert re.search(r"^\s+upgrade\s", database.stdout, re.MULTILINE)
 
