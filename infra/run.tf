@@ -31,6 +31,7 @@ locals {
     SPECIALISTS_GRPC_PUBLIC_URL          = local.grpc_public_url
     SPECIALISTS_SERVE_WORKER             = "false"
     SPECIALISTS_SERVE_DISPATCHER         = "true"
+    SPECIALISTS_SERVE_CONSOLE            = "false" # the console is a service of its own (infra/console.tf)
     SPECIALISTS_DISPATCH_BACKEND         = "cloud_tasks"
     SPECIALISTS_CLOUD_TASKS_PROJECT      = var.project_id
     SPECIALISTS_CLOUD_TASKS_LOCATION     = google_cloud_tasks_queue.jobs.location
@@ -62,6 +63,7 @@ locals {
     SPECIALISTS_EDGE_PORT                = local.grpc_edge_http_port
     SPECIALISTS_SERVE_WORKER             = "false"
     SPECIALISTS_SERVE_DISPATCHER         = "false"
+    SPECIALISTS_SERVE_CONSOLE            = "false"
     SPECIALISTS_DISPATCH_BACKEND         = "cloud_tasks"
     SPECIALISTS_CLOUD_TASKS_PROJECT      = var.project_id
     SPECIALISTS_CLOUD_TASKS_LOCATION     = google_cloud_tasks_queue.jobs.location

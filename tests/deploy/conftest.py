@@ -1,9 +1,10 @@
 """Fixtures for the deployment tests: the parsed Terraform, and the roles started from the environment it gives.
 
-``api_from_terraform`` and ``worker_from_terraform`` are the real `specialists serve` and
-`specialists worker`, started through the image's entry point with exactly the variables that
-infra/run.tf sets on each Cloud Run service (secrets replaced by test values, the database by this
-run's), listening on the PORT Cloud Run would give them. Shared by the tests of a session.
+``api_from_terraform``, ``worker_from_terraform`` and ``console_from_terraform`` are the real `specialists
+serve`, `specialists worker` and `specialists console`, started through the image's entry point with exactly
+the variables that infra/ sets on each Cloud Run service (secrets replaced by test values, the database by
+this run's, IAP's key address by a stand-in's), listening on the PORT Cloud Run would give them. Shared by
+the tests of a session.
 
 They run on a database of their own (``deploy_database``): the API's dispatcher is a Cloud Tasks
 relay to an address where nothing answers, and on the session's shared database it took the jobs
@@ -13,11 +14,14 @@ waited 47 s for its worker that way).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from core.settings import Settings
+from tests.deploy.iap import FakeIap, start_fake_iap
 from tests.deploy.manifests import Terraform, container_env, dockerfile_stages
 from tests.deploy.roles import Role, clean_environment, free_port, on_this_machine, start_role
 from tests.workers.system import drop_database, fresh_database
@@ -51,6 +55,16 @@ def terraform_environment(tf: Terraform, type_name: str, name: str, database_url
         env[variable] = database_url if variable == "DATABASE_URL" else secret_test_value(secret_name)
     env.update(overrides)
     return env
+
+
+def settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """The settings a process would load from ``env`` (and nothing else of this machine's environment)."""
+    for key in list(os.environ):
+        if key.startswith("SPECIALISTS_") or key in ("DATABASE_URL", "PORT"):
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return Settings()
 
 
 @pytest.fixture(scope="session")
@@ -89,5 +103,26 @@ def api_from_terraform(tf: Terraform, deploy_database: str, deploy_logs: Path) -
         SPECIALISTS_CLOUD_TASKS_EMULATOR_HOST=f"127.0.0.1:{free_port()}",
     )
     role = start_role(["serve"], env, deploy_logs / "api.log", port=port, ready_path="/healthz")
+    yield role
+    role.stop()
+
+
+@pytest.fixture(scope="session")
+def fake_iap() -> Iterator[FakeIap]:
+    iap = start_fake_iap()
+    yield iap
+    iap.stop()
+
+
+@pytest.fixture(scope="session")
+def console_from_terraform(tf: Terraform, deploy_database: str, deploy_logs: Path, fake_iap: FakeIap) -> Iterator[Role]:
+    """`specialists console` as infra/console.tf runs it (auth=iap, its audience and operators), IAP's keys
+    fetched from the stand-in on 127.0.0.1 instead of Google's address."""
+    port = free_port()
+    env = terraform_environment(
+        tf, "google_cloud_run_v2_service", "console", deploy_database, PORT=str(port),
+        SPECIALISTS_CONSOLE_IAP_CERTS_URL=fake_iap.certs_url,
+    )
+    role = start_role(["console"], env, deploy_logs / "console.log", port=port, ready_path="/healthz")
     yield role
     role.stop()

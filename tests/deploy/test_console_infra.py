@@ -17,7 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from core.settings import PROJECT_ROOT
+from core.settings import PROJECT_ROOT, ConsoleSettings
+from tests import http_calls
+from tests.deploy.conftest import settings_from, terraform_environment
+from tests.deploy.iap import IAP_HEADER
 from tests.deploy.manifests import (
     CONSOLE_OPERATORS,
     INFRA,
@@ -28,7 +31,7 @@ from tests.deploy.manifests import (
     revision_template,
 )
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(90, func_only=True)
 
 SERVICE = "google_cloud_run_v2_service"
 IAP_ACCESSOR = "roles/iap.httpsResourceAccessor"
@@ -37,11 +40,6 @@ IAP_ACCESSOR = "roles/iap.httpsResourceAccessor"
 NEVER_THE_CONSOLES = {"worker_job", "checkpoint_key", "push_signing", "metrics_token", "database_password", "model_key"}
 # Settings of the A2A path's plumbing (Cloud Tasks, the relay, the workers): none is the console's.
 PLUMBING = re.compile(r"^SPECIALISTS_(DISPATCH|CLOUD_TASKS|WORKER|SERVE|GRPC|EDGE|PUSH|METRICS)_")
-
-
-@pytest.fixture(scope="module")
-def tf() -> Terraform:
-    return Terraform()
 
 
 def test_the_console_is_its_own_service_behind_iap_on_cloud_run_from_the_pinned_beta_provider(tf):
@@ -142,6 +140,56 @@ def test_the_console_reaches_cloud_sql_through_its_socket_and_scales_to_a_few_in
 
 def test_the_consoles_url_is_an_output(tf):
     assert tf.outputs["console_url"]["value"] == "${google_cloud_run_v2_service.console.uri}"
+
+
+# --- the console, started from what Terraform gives it, behind a stand-in for IAP -----------------------
+
+
+def page(console, path: str = "/", assertion: str | None = None) -> int:
+    """The status a browser ends on, IAP's assertion on every request (IAP adds it to each one it lets through)."""
+    headers = {IAP_HEADER: assertion} if assertion is not None else {}
+    answer = http_calls.get(f"{console.url}{path}", headers=headers, timeout=30, follow_redirects=True)
+    assert answer.url.path != "/login", "with IAP, the identity is IAP's: no login form"
+    return answer.status_code
+
+
+def test_the_console_starts_from_terraforms_environment_with_everything_it_refuses_to_start_without(
+    tf, database_url, monkeypatch
+):
+    from ops import local_secrets
+    from ops.console.auth import check_console_settings
+
+    settings = settings_from(terraform_environment(tf, SERVICE, "console", database_url), monkeypatch)
+    assert not settings.database.embedded
+    assert settings.console.auth == "iap"
+    check_console_settings(settings.console)
+    local_secrets.require(settings, ["key_signing_secrets"])
+    assert settings.console.operators == CONSOLE_OPERATORS
+    assert settings.keys.environment == tf.default("key_environment")
+    # The secret Terraform generates is long enough for the console to start with.
+    length = int(tf.resolve(tf.resource("random_password", "console_session")["length"]))
+    assert length >= ConsoleSettings.model_fields["min_secret_chars"].default
+
+
+def test_without_iaps_assertion_the_console_answers_its_health_and_nothing_else(console_from_terraform):
+    assert page(console_from_terraform, "/healthz") == 200  # Cloud Run's probes reach the container directly
+    assert page(console_from_terraform, "/") == 401
+
+
+def test_a_console_operator_let_through_by_iap_gets_the_console(tf, console_from_terraform, fake_iap):
+    audience = container_env(tf, SERVICE, "console").plain["SPECIALISTS_CONSOLE_IAP_AUDIENCE"]
+    assert page(console_from_terraform, "/", fake_iap.assertion(CONSOLE_OPERATORS[0], audience)) == 200
+
+
+def test_an_account_iap_let_through_but_not_in_console_operators_is_refused(tf, console_from_terraform, fake_iap):
+    audience = container_env(tf, SERVICE, "console").plain["SPECIALISTS_CONSOLE_IAP_AUDIENCE"]
+    assert page(console_from_terraform, "/", fake_iap.assertion("mallory@example.com", audience)) == 403
+
+
+def test_an_assertion_iap_signed_for_another_service_is_refused(tf, console_from_terraform, fake_iap):
+    # The same project's API, behind IAP, would carry this audience: it opens nothing here.
+    other = f"/projects/{PROJECT_NUMBER}/locations/{tf.default('region')}/services/{tf.default('api_service_name')}"
+    assert page(console_from_terraform, "/", fake_iap.assertion(CONSOLE_OPERATORS[0], other)) == 401
 
 
 # --- the operators' list, validated by Terraform itself ------------------------------------------------

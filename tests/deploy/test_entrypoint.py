@@ -34,6 +34,11 @@ def test_the_edge_and_the_worker_listen_on_the_port_cloud_run_gives_their_contai
     assert http_calls.get(f"{worker_from_terraform.url}/healthz").json()["status"] == "ok"
 
 
+def test_the_console_listens_on_the_port_cloud_run_gives_its_container(console_from_terraform):
+    # Started with PORT only, as the edge and the worker: infra/console.tf sets no SPECIALISTS_CONSOLE_PORT.
+    assert http_calls.get(f"{console_from_terraform.url}/healthz").status_code == 200
+
+
 def test_a_roles_own_port_setting_wins_over_port(database_url, tmp_path):
     port, own_port = free_port(), free_port()
     env = clean_environment(

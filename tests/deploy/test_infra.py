@@ -18,13 +18,13 @@ import pytest
 
 from taskstate.notify import libpq_url
 from core import db
-from core.settings import PROJECT_ROOT, Settings, WorkerSettings
+from core.settings import PROJECT_ROOT, WorkerSettings
 from core.settings_doc import settings_fields
 from core.specs import load_specs
-from ops.cli import build_parser, cmd_db_upgrade, cmd_serve, cmd_worker
+from ops.cli import build_parser, cmd_console, cmd_db_upgrade, cmd_serve, cmd_worker
 from ops.drill.cli import cmd_drill
 from tests import http_calls
-from tests.deploy.conftest import terraform_environment
+from tests.deploy.conftest import settings_from, terraform_environment
 from tests.deploy.manifests import Terraform, container, container_env, dockerfile_stages, revision_template
 from tests.deploy.roles import free_port, on_this_machine, run_command, run_role, start_role
 from workers.server import JOBS_PATH
@@ -34,9 +34,9 @@ pytestmark = pytest.mark.timeout(90, func_only=True)
 SERVICE = "google_cloud_run_v2_service"
 JOB = "google_cloud_run_v2_job"
 ROLES = {"api": (SERVICE, "api"), "grpc": (SERVICE, "grpc"), "worker": (SERVICE, "worker"), "migrate": (JOB, "migrate"),
-         "drill": (JOB, "drill")}
+         "drill": (JOB, "drill"), "console": (SERVICE, "console")}
 # Which runtime service account each role runs as (the gRPC binding is the API's edge, on another port).
-RUNS_AS = {"api": "api", "grpc": "api", "worker": "worker", "migrate": "migrate", "drill": "drill"}
+RUNS_AS = {"api": "api", "grpc": "api", "worker": "worker", "migrate": "migrate", "drill": "drill", "console": "console"}
 # The bounds the drill checks: it must run with the values the services run with.
 DRILL_BOUNDS = (
     "SPECIALISTS_WORKER_HEARTBEAT_S",
@@ -46,18 +46,6 @@ DRILL_BOUNDS = (
     "SPECIALISTS_REVOCATION_CACHE_S",
 )
 SETTING_NAMES = {env for _, _, _, env in settings_fields()}
-
-
-def settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
-    """The settings a process would load from ``env`` (and nothing else of this machine's environment)."""
-    import os
-
-    for key in list(os.environ):
-        if key.startswith("SPECIALISTS_") or key in ("DATABASE_URL", "PORT"):
-            monkeypatch.delenv(key)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    return Settings()
 
 
 def rlm_specs() -> dict:
@@ -118,7 +106,8 @@ def test_the_migration_job_upgrades_the_database_from_its_environment(tf, databa
 
 @pytest.mark.parametrize(
     "role, command",
-    [("api", cmd_serve), ("grpc", cmd_serve), ("worker", cmd_worker), ("migrate", cmd_db_upgrade), ("drill", cmd_drill)],
+    [("api", cmd_serve), ("grpc", cmd_serve), ("worker", cmd_worker), ("migrate", cmd_db_upgrade), ("drill", cmd_drill),
+     ("console", cmd_console)],
 )
 def test_each_container_runs_a_real_command_of_the_image(tf, role, command):
     args = tf.resolve(container(tf, *ROLES[role])["args"])
@@ -238,6 +227,7 @@ def test_the_api_gets_everything_serve_and_its_relay_refuse_to_start_without(tf,
     local_secrets.require(settings, ["key_signing_secrets", "worker_job_secrets"])
     check_dispatcher_settings(settings)
     assert settings.serve.dispatcher and not settings.serve.worker
+    assert settings.serve.console is False, "the console is a service of its own (infra/console.tf)"
     # The settings validated the Cloud Tasks setup as a whole; these are the values it has.
     assert settings.dispatch.backend == "cloud_tasks"
     assert settings.dispatch.cloud_tasks_queue == tf.resolve(tf.resource("google_cloud_tasks_queue", "jobs")["name"])
@@ -277,11 +267,12 @@ def test_the_api_and_the_workers_agree_on_the_worker_url_audience_account_and_jo
 
 def test_ports_and_hosts_come_from_the_image_and_cloud_run_not_from_terraform(tf):
     expose = dockerfile_stages()[-1].last("EXPOSE").args
-    for role in ("api", "worker"):
+    for role in ("api", "worker", "console"):
         spec = container(tf, *ROLES[role])
         assert str(spec["ports"][0]["container_port"]) == expose
         assert not container_env(tf, *ROLES[role]).names & {
-            "PORT", "SPECIALISTS_EDGE_PORT", "SPECIALISTS_WORKER_PORT", "SPECIALISTS_EDGE_HOST", "SPECIALISTS_WORKER_HOST"
+            "PORT", "SPECIALISTS_EDGE_PORT", "SPECIALISTS_WORKER_PORT", "SPECIALISTS_EDGE_HOST", "SPECIALISTS_WORKER_HOST",
+            "SPECIALISTS_CONSOLE_PORT", "SPECIALISTS_CONSOLE_HOST",
         }
 
 
