@@ -11,6 +11,8 @@
     grpc       `serve` as the gRPC service: HTTP/2 on the container's port, the edge on another; a clean stop
     worker     `worker` is live but refuses readiness without its keys (checkpoint key, model keys) and is
                ready with them; SIGTERM stops it cleanly
+    console    `console` as infra/console.tf runs it (auth=iap): live on PORT, refuses a page without IAP's
+               assertion (401); the image's HEALTHCHECK passes; SIGTERM stops it cleanly
 
 Every role runs as the image's user with a read-only root filesystem (a tmpfs on /tmp), no capabilities
 and no-new-privileges. It prints a verdict and exits non-zero on any failure. Standard library only: the
@@ -372,6 +374,26 @@ def worker(smoke: Smoke, url: str) -> None:
     with_keys.stop_cleanly()
 
 
+def console(smoke: Smoke, url: str) -> None:
+    """The operator console with IAP's authentication, as infra/console.tf runs it (no IAP here: a page without
+    its assertion is refused; one with it is tests/deploy/test_console_infra.py's)."""
+    env = {
+        "DATABASE_URL": url,
+        "SPECIALISTS_KEY_SIGNING_SECRETS": token(),
+        "SPECIALISTS_CONSOLE_SESSION_SECRETS": token(),
+        "SPECIALISTS_CONSOLE_AUTH": "iap",
+        "SPECIALISTS_CONSOLE_IAP_AUDIENCE": "/projects/123456789012/locations/europe-west1/services/specialists-console",
+        "SPECIALISTS_CONSOLE_OPERATORS": "operator@example.com",
+    }
+    running = smoke.start("console", ["console"], env)
+    if not running.wait_live():
+        return
+    status, body = running.get("/")
+    smoke.record("console", "refuses a page without IAP's assertion (401)", status == 401, f"{status} {body[:200]}")
+    running.health_check()
+    running.stop_cleanly()
+
+
 # --- building ----------------------------------------------------------------------------------------
 
 
@@ -515,7 +537,7 @@ def run_smoke(args: argparse.Namespace, folder: Path) -> tuple[Smoke, dict]:
         url = database(smoke, name, "create")
         try:
             migrate(smoke, url)
-            steps: list[Callable[[Smoke, str], None]] = [api, grpc, worker]
+            steps: list[Callable[[Smoke, str], None]] = [api, grpc, worker, console]
             for step in steps:
                 step(smoke, url)
         finally:
