@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from sqlalchemy import Engine
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 
@@ -186,7 +187,9 @@ async def read_form(request: Request, max_bytes: int) -> Form:
 
 
 class Pages:
-    """Every route: GETs read, POSTs act. Each handler is wrapped by ``_guard`` (who is this, is it theirs)."""
+    """Every route: GETs read, POSTs act. Each handler is wrapped by ``_guard`` (who is this, is it theirs), which
+    runs it in the thread pool: the reads and operations are the CLI's, synchronous, and a long one (a whole
+    ledger's verify) must not hold the event loop, and with it every other operator's page."""
 
     def __init__(self, console: Console) -> None:
         self.c = console
@@ -215,10 +218,10 @@ class Pages:
 
     # --- who ---------------------------------------------------------------------------------------------
 
-    def _guard(self, handler: Callable[..., Awaitable[Response]], method: str) -> Callable[..., Awaitable[Response]]:
+    def _guard(self, handler: Callable[..., Response], method: str) -> Callable[..., Awaitable[Response]]:
         async def guarded(request: Request) -> Response:
             try:
-                session, fresh = self._session(request)
+                session, fresh = await run_in_threadpool(self._session, request)  # IAP may fetch its keys
             except Refused as refused:
                 if method == "GET" and refused.status == 401 and self.c.iap is None:
                     return RedirectResponse("/login", status_code=303)
@@ -232,9 +235,9 @@ class Pages:
                     auth.check_same_origin(request)
                     form = await read_form(request, self.c.settings.console.max_form_bytes)
                     auth.check_csrf(session, form.get(CSRF_FIELD))
-                    response = await handler(request, session, form)
+                    response = await run_in_threadpool(handler, request, session, form)
                 else:
-                    response = await handler(request, session)
+                    response = await run_in_threadpool(handler, request, session)
             except Refused as refused:
                 response = self._refusal(request, refused, session)
             if fresh is not None:
@@ -299,31 +302,31 @@ class Pages:
         self._set_cookie(request, response, cookie)
         return response
 
-    async def logout(self, request: Request, session: Session, form: Form) -> Response:
+    def logout(self, request: Request, session: Session, form: Form) -> Response:
         response = RedirectResponse("/login", status_code=303)
         response.delete_cookie(SESSION_COOKIE, path="/")
         return response
 
-    async def home(self, request: Request, session: Session) -> Response:
+    def home(self, request: Request, session: Session) -> Response:
         return RedirectResponse("/customers", status_code=303)
 
     # --- customers ---------------------------------------------------------------------------------------
 
-    async def customers(self, request: Request, session: Session, *, error: dict | None = None,
+    def customers(self, request: Request, session: Session, *, error: dict | None = None,
                         status: int = 200) -> Response:
         after = request.query_params.get("after") or None
         page = self.c.ledger.customers(after=after)
         return self._render(request, "customers.html", session, status=status, customers=page.customers,
                             next_after=page.next_after, error=error)
 
-    async def add_customer(self, request: Request, session: Session, form: Form) -> Response:
+    def add_customer(self, request: Request, session: Session, form: Form) -> Response:
         customer_id = form.get("customer_id")
         try:
             max_parallel = form.optional_integer("max_parallel", "max parallel")
             result = self.c.ledger.open_account(customer_id, operator=session.operator, max_parallel=max_parallel,
                                                 reason=form.get("reason"))
         except (LedgerError, Refused) as refused:
-            return await self.customers(request, session, error=_error(refused), status=_status(refused))
+            return self.customers(request, session, error=_error(refused), status=_status(refused))
         return RedirectResponse(f"/customers/{result.customer_id}?notice=added", status_code=303)
 
     def _customer_view(self, customer_id: str) -> dict[str, Any]:
@@ -346,7 +349,7 @@ class Pages:
             "max_reason_chars": self.c.limits.max_reason_chars,
         }
 
-    async def customer(self, request: Request, session: Session, customer_id: str = "", *,
+    def customer(self, request: Request, session: Session, customer_id: str = "", *,
                        error: dict | None = None, status: int = 200, issued: dict | None = None) -> Response:
         customer_id = customer_id or request.path_params["customer_id"]
         try:
@@ -363,7 +366,7 @@ class Pages:
             response.delete_cookie(ISSUED_COOKIE, path=f"/customers/{customer_id}")  # shown once
         return response
 
-    async def grant(self, request: Request, session: Session, form: Form) -> Response:
+    def grant(self, request: Request, session: Session, form: Form) -> Response:
         customer_id = request.path_params["customer_id"]
         try:
             specialists = [self.c.catalogue.specialist_of(skill) for skill in form.all("skill")]
@@ -377,19 +380,19 @@ class Pages:
                 idempotency_key=form.get("idempotency_key") or None,
             )
         except (LedgerError, SkillUnknown, Refused) as refused:
-            return await self.customer(request, session, customer_id, error=_error(refused), status=_status(refused))
+            return self.customer(request, session, customer_id, error=_error(refused), status=_status(refused))
         return RedirectResponse(f"/customers/{customer_id}?notice=granted", status_code=303)
 
-    async def adjust(self, request: Request, session: Session, form: Form) -> Response:
+    def adjust(self, request: Request, session: Session, form: Form) -> Response:
         customer_id = request.path_params["customer_id"]
         try:
             self.c.ledger.require_customer(customer_id)
             self.c.ledger.adjust(customer_id, form.integer("credits", "credits"), form.get("reason"), session.operator)
         except (LedgerError, Refused) as refused:
-            return await self.customer(request, session, customer_id, error=_error(refused), status=_status(refused))
+            return self.customer(request, session, customer_id, error=_error(refused), status=_status(refused))
         return RedirectResponse(f"/customers/{customer_id}?notice=adjusted", status_code=303)
 
-    async def issue_key(self, request: Request, session: Session, form: Form) -> Response:
+    def issue_key(self, request: Request, session: Session, form: Form) -> Response:
         customer_id = request.path_params["customer_id"]
         try:
             ttl_days = form.optional_integer("ttl_days", "lifetime (days)") or self.c.settings.keys.default_ttl_days
@@ -401,7 +404,7 @@ class Pages:
                 operator=session.operator,
             )
         except (ServiceError, Refused) as refused:
-            return await self.customer(request, session, customer_id, error=_error(refused), status=_status(refused))
+            return self.customer(request, session, customer_id, error=_error(refused), status=_status(refused))
         # Post/redirect/get, so a reload never issues a second key. The key rides to the next page once in a
         # signed cookie for that page only (HttpOnly, SameSite=Strict, ISSUED_COOKIE_S), which that page deletes:
         # never stored on the server, never in a URL, and the pages are not cached (no-store).
@@ -413,7 +416,7 @@ class Pages:
                             secure=auth.secure_request(request) or self.c.iap is not None, path=target)
         return response
 
-    async def revoke_key(self, request: Request, session: Session, form: Form) -> Response:
+    def revoke_key(self, request: Request, session: Session, form: Form) -> Response:
         key_id = request.path_params["key_id"]
         customer_id = form.get("customer_id")
         try:
@@ -421,7 +424,7 @@ class Pages:
                             limits=self.c.limits)
         except ServiceError as refused:
             if customer_id:
-                return await self.customer(request, session, customer_id, error=_error(refused), status=409)
+                return self.customer(request, session, customer_id, error=_error(refused), status=409)
             raise Refused(refused.message, code=refused.code, status=409) from None
         target = f"/customers/{customer_id}" if customer_id else "/customers"
         return RedirectResponse(f"{target}?notice=revoked", status_code=303)
@@ -444,12 +447,12 @@ class Pages:
                 row["skill_name"] = self.c.catalogue.skill_of(row["skill"]) or row["skill"]
         return {"unknown": unknown, "open": opened, "states": RECONCILE_STATES}
 
-    async def reservations(self, request: Request, session: Session, *, error: dict | None = None,
+    def reservations(self, request: Request, session: Session, *, error: dict | None = None,
                            status: int = 200) -> Response:
         return self._render(request, "reservations.html", session, status=status, error=error,
                             **self._reservations_view())
 
-    async def reconcile(self, request: Request, session: Session, form: Form) -> Response:
+    def reconcile(self, request: Request, session: Session, form: Form) -> Response:
         """Two steps: the first shows what will happen and asks to confirm; the second (``confirm=yes``) does it."""
         from workers.reconcile import ReconcileRefused, reconcile
 
@@ -486,9 +489,9 @@ class Pages:
             error = _error(refused)
             if error["code"] in ALREADY_RESOLVED:
                 error["title"] = "Already resolved"
-            return await self.reservations(request, session, error=error, status=_status(refused))
+            return self.reservations(request, session, error=error, status=_status(refused))
         if result.ledger is not None and result.ledger.outcome == "exists":
-            return await self.reservations(request, session, status=409, error={
+            return self.reservations(request, session, status=409, error={
                 "title": "Already resolved", "code": "already_resolved",
                 "message": f"{job_id} was already reconciled by another operator with the same charge; "
                            "nothing changed."})
@@ -524,7 +527,7 @@ class Pages:
             jobs = journal.usage_by_job(conn, since=since, until=until, limit=JOBS_LISTED)
         return {"credits": credits, "outcomes": outcomes, "jobs": jobs}
 
-    async def usage(self, request: Request, session: Session) -> Response:
+    def usage(self, request: Request, session: Session) -> Response:
         since, until, customer = self._period(request)
         data = self._usage_data(since, until, customer)
         days = [(since + timedelta(days=i)).date() for i in range((until - since).days)]
@@ -561,7 +564,7 @@ class Pages:
             credits_rows=data["credits"], csv_query=urlencode(query),
         )
 
-    async def usage_csv(self, request: Request, session: Session) -> Response:
+    def usage_csv(self, request: Request, session: Session) -> Response:
         since, until, customer = self._period(request)
         what = request.query_params.get("what", "credits")
         data = self._usage_data(since, until, customer)
@@ -583,13 +586,13 @@ class Pages:
 
     # --- health and journal ------------------------------------------------------------------------------
 
-    async def health(self, request: Request, session: Session) -> Response:
+    def health(self, request: Request, session: Session) -> Response:
         from ops.health import health
 
         found = health(self.c.settings, self.c.engine)
         return self._render(request, "health.html", session, health=found)
 
-    async def journal(self, request: Request, session: Session) -> Response:
+    def journal(self, request: Request, session: Session) -> Response:
         params = request.query_params
         customer = params.get("customer") or None
         operator = params.get("operator") or None
