@@ -62,7 +62,7 @@ RUN pip install --no-compile --no-deps --no-build-isolation -e ./library -e . \
     && find /opt/venv -name '*.pyi' -delete \
     && python -m compileall -q /app \
     && env -u PYTHONDONTWRITEBYTECODE python -c "import app.assembly, app.grpc_binding, ops.cli, ops.drill.cli, \
-        ops.console.app, workers.assembly, workers.server, workers.dispatch.process, workers.dispatch.cloud_tasks, \
+        ops.console.app, workers.job_signals, workers.assembly, workers.server, workers.dispatch.process, workers.dispatch.cloud_tasks, \
         workers.hosted_rlm.serving, workers.hosted_rlm.runner, rlmfamily.session, rlmfamily.kernels.monty, \
         rlmfamily.providers.openai_compat, rlmfamily.providers.anthropic_native, sqlalchemy.dialects.postgresql, \
         alembic.command, openai, anthropic"

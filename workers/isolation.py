@@ -63,6 +63,7 @@ JobIsolation = Literal["process", "thread"]
 
 # Imported once by the forkserver, so a job's process starts with them loaded (a fork, not an import).
 PRELOAD = (
+    "workers.job_signals",  # first: SIGINT ignored before anything else, and so in every job process
     "workers.assembly", "workers.hosted_rlm.runner", "rlmfamily.session", "rlmfamily.kernels.monty",
     "sqlalchemy.dialects.postgresql",  # imported by the first create_engine of a process: 50-100 ms a job
 )

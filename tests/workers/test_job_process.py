@@ -157,3 +157,18 @@ def test_a_job_runs_in_the_process_forked_ahead_of_it_and_the_next_one_is_forked
         assert wait_for("the next one forked", lambda: worker.service.jobs.waiting_pid) != ahead
         answer = pending.result(timeout=ANSWER_TIMEOUT_S)
     assert answer.json()["outcome"] == "failed"  # stopped at its deadline
+
+
+def _ignored_signals(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return int(line.split()[1], 16)
+    raise AssertionError(f"no SigIgn for {pid}")
+
+
+def test_a_job_process_ignores_ctrl_c_from_its_first_instruction(worker: TestWorker):
+    """A Ctrl-C to `serve`'s terminal reaches every process of its group, a job process forked at that moment
+    too: it must not die of it in multiprocessing's bootstrap (CI saw that traceback). The process forked ahead
+    of the next job ignores SIGINT already, as every job process does from its fork."""
+    ahead = wait_for("a process forked ahead of the first job", lambda: worker.service.jobs.waiting_pid)
+    assert _ignored_signals(ahead) & (1 << (signal.SIGINT - 1))
