@@ -44,6 +44,7 @@ CUSTOMER_TASKS = 20
 JOURNAL_PAGE = 50
 USAGE_DEFAULT_DAYS = 14
 JOBS_LISTED = 50
+PUSH_FAILURES_LISTED = 50
 ISSUED_COOKIE = "console_issued_key"
 ISSUED_COOKIE_S = 60  # how long a key just issued waits for its page (the redirect's GET) before it is gone
 CHART_CUSTOMERS = 7  # series in the chart by customer (one colour each), beside "(others)"
@@ -588,9 +589,13 @@ class Pages:
 
     def health(self, request: Request, session: Session) -> Response:
         from ops.health import health
+        from taskstate import push
 
         found = health(self.c.settings, self.c.engine)
-        return self._render(request, "health.html", session, health=found)
+        with self.c.engine.connect() as conn:  # the same read as `specialists push failures`
+            failed = push.failed_deliveries(conn, limit=PUSH_FAILURES_LISTED)
+        return self._render(request, "health.html", session, health=found, push_failures=failed,
+                            push_on=self.c.settings.push.enabled)
 
     def journal(self, request: Request, session: Session) -> Response:
         params = request.query_params

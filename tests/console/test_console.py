@@ -318,6 +318,8 @@ def test_an_issued_key_works_with_the_sdk_client_until_it_is_revoked(system, ali
 
 def test_usage_charts_and_csv_are_the_ledgers_numbers_and_health_shows_the_system(system, alice):
     ledger = Ledger(system.engine)
+    customer_id = new_customer(system)
+    settled = _settled_task(system, customer_id)  # this test's own charge, whatever ran before it
     alice.goto("/usage")
     shot(alice, "usage")
     assert alice.locator("[data-testid=credits-chart] svg").count() == 1
@@ -333,7 +335,7 @@ def test_usage_charts_and_csv_are_the_ledgers_numbers_and_health_shows_the_syste
     assert len(rows) - 1 == len(expected)
     charged = sum(u.credits_charged for u in expected)
     assert sum(int(r.split(",")[3]) for r in rows[1:]) == charged
-    assert charged > 0  # the key test's task was charged
+    assert charged >= SCRIPTED_TARIFF and ledger.reservation(settled).charged == SCRIPTED_TARIFF
     # The charts draw the same numbers: each legend's totals add up to what the ledger charged.
     for chart in ("credits-chart", "customers-chart"):
         legend = alice.locator(f"[data-testid={chart}] svg text").all_text_contents()
@@ -342,7 +344,13 @@ def test_usage_charts_and_csv_are_the_ledgers_numbers_and_health_shows_the_syste
     bad = alice.context.request.get("/usage?since=2020-01-01&until=2026-01-01")
     assert bad.status == 400 and "period_invalid" in bad.text()
 
+    # A push notification to a webhook the service never calls (plain http to a host that is not loopback) fails
+    # at once, refused by the system's own dispatcher; the page lists it as `specialists push failures` does.
+    failing = _task_with_a_push_to(system, "http://10.255.255.1/hook")
+    system.wait_for("the notification to fail", lambda: _push_failed(system, failing))
     alice.goto("/health")
+    failure = alice.locator(f"[data-testid=push-failures] tr[data-task='{failing}']").first.inner_text()
+    assert "10.255.255.1" in failure and "webhook_https_required" in failure, failure
     specialists = alice.inner_text("[data-testid=specialists]")
     # This system's scripted specialist runs on the tests' own runner: to a worker of these settings its spec
     # names no model route, and the page says so, beside the conformance specialist that is ready.
@@ -352,6 +360,51 @@ def test_usage_charts_and_csv_are_the_ledgers_numbers_and_health_shows_the_syste
     assert system.live_worker() and alice.locator("[data-testid=workers] tbody tr").count() >= 1
     assert "No drill recorded" in alice.inner_text("[data-testid=drill]")
     shot(alice, "health")
+
+
+def _settled_task(system: System, customer_id: str) -> str:
+    """A scripted task of the customer, run to its end and settled (charged the tariff)."""
+    from datetime import timedelta
+
+    from ledger import keys
+    from tests.conftest import TEST_SECRET
+    from tests.workers.test_system import send
+
+    issued = keys.issue_key(system.engine, keys.KeySigner([TEST_SECRET], "test"), customer_id=customer_id,
+                            ttl=timedelta(days=1))
+    task_id = send(system, {"Authorization": f"Bearer {issued.token}", "A2A-Version": "1.0"}, [{"op": "complete"}])
+    system.wait_for("the task to be settled",
+                    lambda: (Ledger(system.engine).reservation(task_id) or ledger_none).state == "settled")
+    return task_id
+
+
+class ledger_none:  # noqa: N801 (a stand-in for "no reservation yet")
+    state = None
+
+
+def _task_with_a_push_to(system: System, url: str) -> str:
+    """A task whose push configuration names ``url``, written through their owners (as the edge's admission does,
+    without its registration check: a webhook that turns bad later), so its first event is a notification."""
+    from a2a.types.a2a_pb2 import Task, TaskState, TaskStatus
+
+    from taskstate import push, rows
+
+    customer = new_customer(system)
+    task = Task(id=str(uuid.uuid4()), context_id=str(uuid.uuid4()),
+                status=TaskStatus(state=TaskState.TASK_STATE_SUBMITTED))
+    rows.stamp(task)
+    with system.engine.begin() as conn:
+        push.insert_config(conn, push.Config(task_id=task.id, config_id="hook", url=url, token=None),
+                           owner=f"{customer}:scripted", customer_id=customer, max_per_customer=10)
+        rows.insert_new(conn, task, f"{customer}:scripted")
+    return task.id
+
+
+def _push_failed(system: System, task_id: str) -> bool:
+    from taskstate import push
+
+    with system.engine.connect() as conn:
+        return any(f.task_id == task_id for f in push.failed_deliveries(conn, limit=1000))
 
 
 # --- the unknown, reconciled once from two browsers --------------------------------------------------
