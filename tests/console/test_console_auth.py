@@ -2,86 +2,35 @@
 127.0.0.1 in IAP's format (PEM by key id), by the console app itself (its ASGI app, no browser needed here).
 
 IAP cannot run on this machine; what the console sees of it is one header carrying an ES256 JWT, signed here
-with a key this test publishes as IAP publishes its own."""
+with keys published as IAP publishes its own (tests/deploy/iap.py, which the deploy tests use too)."""
 
 from __future__ import annotations
 
-import json
-import threading
-import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from google.auth import crypt, jwt
 from starlette.testclient import TestClient
 
 from core.settings import PROJECT_ROOT, ConsoleSettings, Settings
 from ops.console.app import create_console
-from ops.console.auth import IAP_HEADER, IAP_ISSUER, SESSION_COOKIE, ConsoleNotConfigured, check_console_settings
+from ops.console.auth import IAP_HEADER, SESSION_COOKIE, ConsoleNotConfigured, check_console_settings
+from tests.deploy.iap import FakeIap, start_fake_iap, unpublished_iap
 
 AUDIENCE = "/projects/123456/locations/europe-west1/services/specialists-console"
 SESSION_SECRET = "console-iap-tests-session-secret-" + "s" * 40
 
 
-class Keys:
-    """Signing keys by id, and the PEM map a certs URL serves (what https://www.gstatic.com/iap/verify/public_key
-    serves for IAP's own)."""
-
-    def __init__(self) -> None:
-        self.private: dict[str, ec.EllipticCurvePrivateKey] = {}
-        self.fetches = 0
-
-    def add(self, kid: str) -> None:
-        self.private[kid] = ec.generate_private_key(ec.SECP256R1())
-
-    def published(self) -> dict[str, str]:
-        return {kid: key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                   serialization.PublicFormat.SubjectPublicKeyInfo).decode()
-                for kid, key in self.private.items()}
-
-    def token(self, kid: str, *, email: str, audience: str = AUDIENCE, issuer: str = IAP_ISSUER,
-              lifetime_s: int = 600) -> str:
-        pem = self.private[kid].private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                              serialization.NoEncryption())
-        signer = crypt.ES256Signer.from_string(pem, key_id=kid)
-        now = int(time.time())
-        claims = {"iss": issuer, "aud": audience, "email": email, "sub": f"accounts.google.com:{email}",
-                  "iat": now - 5, "exp": now + lifetime_s}
-        return jwt.encode(signer, claims).decode()
+@pytest.fixture(scope="module")
+def keys() -> Iterator[FakeIap]:
+    iap = start_fake_iap()
+    yield iap
+    iap.stop()
 
 
 @pytest.fixture(scope="module")
-def keys() -> Iterator[tuple[Keys, str]]:
-    published = Keys()
-    published.add("k1")
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            published.fetches += 1
-            body = json.dumps(published.published()).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield published, f"http://127.0.0.1:{server.server_address[1]}/iap/verify/public_key"
-    server.shutdown()
-
-
-@pytest.fixture(scope="module")
-def console(keys, engine, settings: Settings) -> Iterator[httpx.Client]:
-    _, certs_url = keys
+def console(keys: FakeIap, engine, settings: Settings) -> Iterator[TestClient]:
+    certs_url = keys.certs_url
     iap = settings.model_copy(update={
         "console": ConsoleSettings(auth="iap", iap_audience=AUDIENCE, iap_certs_url=certs_url,
                                    operators=["Alice@example.com", "bob@example.com"],
@@ -93,38 +42,33 @@ def console(keys, engine, settings: Settings) -> Iterator[httpx.Client]:
         yield client
 
 
-def _get(client: httpx.Client, token: str | None, path: str = "/customers") -> httpx.Response:
+def _get(client: TestClient, token: str | None, path: str = "/customers") -> httpx.Response:
     client.cookies.clear()
     return client.get(path, headers={IAP_HEADER: token} if token else {})
 
 
 def test_a_listed_google_account_is_the_operator_and_its_session_cookie_is_secure(console, keys):
-    published, _ = keys
-    answer = _get(console, published.token("k1", email="alice@example.com"))
+    answer = _get(console, keys.assertion("alice@example.com", AUDIENCE))
     assert answer.status_code == 200
     assert '<span data-testid="operator">alice@example.com</span>' in answer.text
     cookie = answer.headers["set-cookie"]
     assert cookie.startswith(f"{SESSION_COOKIE}=") and "Secure" in cookie and "HttpOnly" in cookie
-    assert "SameSite=strict" in cookie or "samesite=strict" in cookie.lower()
+    assert "samesite=strict" in cookie.lower()
     assert "Log out" not in answer.text  # IAP signs people out, not the console
 
 
 @pytest.mark.parametrize("case", ["missing", "not_listed", "audience", "issuer", "expired", "tampered", "unknown_key"])
 def test_anything_but_a_valid_assertion_for_a_listed_account_is_refused(console, keys, case):
-    published, _ = keys
+    alice = "alice@example.com"
     token = {
-        "missing": None,
-        "not_listed": published.token("k1", email="mallory@example.com"),
-        "audience": published.token("k1", email="alice@example.com", audience="/projects/999/global/backendServices/1"),
-        "issuer": published.token("k1", email="alice@example.com", issuer="https://evil.example"),
-        "expired": published.token("k1", email="alice@example.com", lifetime_s=-120),
-        "tampered": published.token("k1", email="alice@example.com")[:-6] + "AAAAAA",
-        "unknown_key": None,
-    }[case]
-    if case == "unknown_key":
-        stranger = Keys()
-        stranger.add("k-stranger")
-        token = stranger.token("k-stranger", email="alice@example.com")
+        "missing": lambda: None,
+        "not_listed": lambda: keys.assertion("mallory@example.com", AUDIENCE),
+        "audience": lambda: keys.assertion(alice, "/projects/999/global/backendServices/1"),
+        "issuer": lambda: keys.assertion(alice, AUDIENCE, issuer="https://evil.example"),
+        "expired": lambda: keys.assertion(alice, AUDIENCE, lifetime_s=-120),
+        "tampered": lambda: keys.assertion(alice, AUDIENCE)[:-6] + "AAAAAA",
+        "unknown_key": lambda: unpublished_iap().assertion(alice, AUDIENCE),
+    }[case]()
     answer = _get(console, token)
     expected = {"missing": (401, "iap_missing"), "not_listed": (403, "not_an_operator")}.get(case, (401, "iap_invalid"))
     assert (answer.status_code, expected[1] in answer.text) == (expected[0], True), answer.text
@@ -132,22 +76,20 @@ def test_anything_but_a_valid_assertion_for_a_listed_account_is_refused(console,
 
 
 def test_a_key_iap_rotated_in_is_fetched_once_it_signs(console, keys):
-    published, _ = keys
-    _get(console, published.token("k1", email="bob@example.com"))
-    before = published.fetches
-    published.add("k2")
-    assert _get(console, published.token("k2", email="bob@example.com")).status_code == 200
-    assert published.fetches == before + 1  # fetched again because the key id was new, not on every request
-    assert _get(console, published.token("k2", email="bob@example.com")).status_code == 200
-    assert published.fetches == before + 1
+    _get(console, keys.assertion("bob@example.com", AUDIENCE))
+    before = keys.fetches
+    keys.rotate("k2")
+    assert _get(console, keys.assertion("bob@example.com", AUDIENCE)).status_code == 200
+    assert keys.fetches == before + 1  # fetched again because the key id was new, not on every request
+    assert _get(console, keys.assertion("bob@example.com", AUDIENCE)).status_code == 200
+    assert keys.fetches == before + 1
 
 
 def test_a_session_of_one_account_does_not_carry_another_accounts_assertion(console, keys):
     """The cookie is bound to the assertion's account: bob's request with alice's cookie acts as bob."""
-    published, _ = keys
-    first = _get(console, published.token("k1", email="alice@example.com"))
+    first = _get(console, keys.assertion("alice@example.com", AUDIENCE))
     console.cookies.set(SESSION_COOKIE, first.cookies[SESSION_COOKIE])
-    second = console.get("/customers", headers={IAP_HEADER: published.token("k1", email="bob@example.com")})
+    second = console.get("/customers", headers={IAP_HEADER: keys.assertion("bob@example.com", AUDIENCE)})
     assert '<span data-testid="operator">bob@example.com</span>' in second.text
 
 

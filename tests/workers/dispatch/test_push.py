@@ -348,7 +348,7 @@ def test_a_notification_is_delivered_on_its_wake_up_not_at_the_next_poll(engine,
         conn.execute(text("UPDATE push_deliveries SET state = 'failed', finished_at = now(), leased_until = NULL "
                           "WHERE state = 'pending'"))
     try:
-        wait_until(lambda: wake.is_set())  # set once LISTEN has run: from now on a notification wakes it
+        assert wake.wait(30), "the listener never ran LISTEN"  # set once it has: a notification wakes it now
         deliverer = PushDeliverer(engine, polled, name=f"test-{uuid.uuid4().hex[:6]}", wake=wake)
         claim = deliverer._claim
 
@@ -371,13 +371,6 @@ def test_a_notification_is_delivered_on_its_wake_up_not_at_the_next_poll(engine,
         stop.set()
         wake.set()
         listener.stop()
-
-
-def wait_until(condition, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "never"
-        time.sleep(0.02)
 
 
 def test_the_prune_removes_finished_notifications_and_ended_tasks_configurations_past_retention(engine, settings, webhook):
