@@ -437,16 +437,26 @@ _TASK_CLAIMS = text(
     "SELECT c.job_id, c.state, c.worker_id, c.claims, c.deliveries, c.first_claimed_at, c.claimed_at, c.renewed_at, "
     "c.lease_expires_at, c.unknown_at, c.unknown_reason, c.outcome, "
     "(SELECT count(*) FROM job_stale_reports s WHERE s.job_id = c.job_id) AS stale_reports "
-    f"FROM {outbox.jobs_relation()} o JOIN job_claims c ON c.job_id = o.job_id WHERE o.task_id = :t "
-    "ORDER BY o.dispatch_id"
+    f", o.task_id FROM {outbox.jobs_relation()} o JOIN job_claims c ON c.job_id = o.job_id "
+    "WHERE o.task_id = ANY (CAST(:ts AS text[])) ORDER BY o.task_id, o.dispatch_id"
 )
 
 
+def tasks_claims(conn: Connection, task_ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """The claims of the tasks' jobs (those whose outbox rows are kept), by task, in dispatch order, in one
+    statement: which worker held each, how often it was claimed and delivered, its lease, and what the sweeper
+    recorded when it went unknown (the evidence an operator reconciles from: the console's reservations,
+    `specialists reservations show`)."""
+    found: dict[str, list[dict[str, Any]]] = {task_id: [] for task_id in task_ids}
+    for row in conn.execute(_TASK_CLAIMS, {"ts": list(task_ids)}).mappings():
+        claim = dict(row)
+        found[claim.pop("task_id")].append(claim)
+    return found
+
+
 def task_claims(conn: Connection, task_id: str) -> list[dict[str, Any]]:
-    """The claims of a task's jobs (those whose outbox rows are kept), in dispatch order: which worker held each,
-    how often it was claimed and delivered, its lease, and what the sweeper recorded when it went unknown (the
-    evidence an operator reconciles from; `specialists reservations show`)."""
-    return [dict(row) for row in conn.execute(_TASK_CLAIMS, {"t": task_id}).mappings()]
+    """One task's (``tasks_claims``)."""
+    return tasks_claims(conn, [task_id])[task_id]
 
 
 def get(conn: Connection, job_id: str) -> dict[str, Any] | None:

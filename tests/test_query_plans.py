@@ -252,6 +252,8 @@ QUERIES: dict[str, Callable[[Connection, Seeded], Any]] = {
     "health: the queue (taskstate.reads.queue)": lambda c, s: task_reads.queue(c),
     "the console's reservations, reservations show: a task's claims (taskstate.claims.task_claims)":
         lambda c, s: claims.task_claims(c, s.task_id),
+    "the console's reservations: a page's claims at once (taskstate.claims.tasks_claims)":
+        lambda c, s: claims.tasks_claims(c, [s.task_id, s.task_id + "x"]),
     "the console's customer page: its balances (ledger.reads.customer)": lambda c, s: reads.customer(c, s.hot_customer),
     "the console's usage, usage --since: rlm jobs started in a day (workers.hosted_rlm.journal.usage_by_job)":
         lambda c, s: journal.usage_by_job(c, since=_now() - timedelta(days=8), until=_now() - timedelta(days=7)),

@@ -441,9 +441,10 @@ class Pages:
         opened = [asdict(r) for r in self.c.ledger.reservation_page(states=("open",)).reservations]
         with self.c.engine.connect() as conn:
             now = conn.exec_driver_sql("SELECT now()").scalar_one()
+            evidence = claims.tasks_claims(conn, [row["job_id"] for row in unknown + opened])  # one statement
             for row in unknown + opened:
                 row["age"] = _age(row["created_at"], now)
-                row["jobs"] = claims.task_claims(conn, row["job_id"])
+                row["jobs"] = evidence[row["job_id"]]
                 row["worker"] = ", ".join(sorted({j["worker_id"] for j in row["jobs"] if j["worker_id"]})) or "-"
                 row["skill_name"] = self.c.catalogue.skill_of(row["skill"]) or row["skill"]
         return {"unknown": unknown, "open": opened, "states": RECONCILE_STATES}

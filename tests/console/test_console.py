@@ -374,12 +374,8 @@ def _settled_task(system: System, customer_id: str) -> str:
                             ttl=timedelta(days=1))
     task_id = send(system, {"Authorization": f"Bearer {issued.token}", "A2A-Version": "1.0"}, [{"op": "complete"}])
     system.wait_for("the task to be settled",
-                    lambda: (Ledger(system.engine).reservation(task_id) or ledger_none).state == "settled")
+                    lambda: getattr(Ledger(system.engine).reservation(task_id), "state", None) == "settled")
     return task_id
-
-
-class ledger_none:  # noqa: N801 (a stand-in for "no reservation yet")
-    state = None
 
 
 def _task_with_a_push_to(system: System, url: str) -> str:
