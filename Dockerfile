@@ -5,23 +5,36 @@
 #   console          the operator console (production: SPECIALISTS_CONSOLE_AUTH=iap, behind IAP)
 #   dispatcher       the embedded dispatcher or the Cloud Tasks relay, on its own
 #   db upgrade       the migration job
-# PORT (set by Cloud Run) is the port of the role that listens: see infra/entrypoint.sh.
+# PORT (set by Cloud Run) is the port of the role that listens: see ops/entrypoint.py.
 # tests/deploy/test_dockerfile.py checks this file against the code.
 
-# The base, by tag and digest: every build starts from the same bytes, and the tag says what they are. To move it,
-# look up the tag's current digest (`docker buildx imagetools inspect python:3.11-slim-bookworm`), change both
-# FROM lines (tests/deploy/test_dockerfile.py checks they agree), and run the smoke (docs/OPERATIONS.md). Where no
-# registry serves it, the build is given a local base under this same name, as a named build context:
-# --build-context <the reference>=container-image://<local image> (infra/release/smoke.py makes one with debootstrap).
+# Two bases, each by tag and digest: every build starts from the same bytes, and the tag says what they are.
+#   builder  Debian bookworm, where Debian's own Python 3.11 (apt) makes the venv: the interpreter the final base
+#            carries, at the same path (/usr/bin/python3.11), so the venv's links hold there too.
+#   final    Google's distroless Python (Debian 12's python3.11 and the libraries it links, nothing else: no shell,
+#            no package manager), about 55 MB against 128 MB for python:3.11-slim.
+# To move either, look up the tag's current digest (`docker buildx imagetools inspect <tag>`), change the FROM
+# line, and run the smoke (docs/OPERATIONS.md). Where no registry serves them, the build is given local stand-ins
+# under these same names as named build contexts: --build-context <the reference>=container-image://<local image>
+# (infra/release/smoke.py makes both from Debian's packages: the builder with debootstrap, the final base from the
+# package list distroless builds python3-debian12 from).
 
 # --- builder: installs the runtime lock; nothing is compiled (wheels only) ---------------------------
-FROM python:3.11-slim-bookworm@sha256:2e32f7d302adc1c37428355c1e646897c0c53f4fd60b6a551245fb90ee129f91 AS builder
+# debian:bookworm-slim
+FROM debian@sha256:3783cc01769c7b2b1b83a5c5ad96c815348e28ed7da68e2e3687004faa906251 AS builder
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1 \
-    PYTHONDONTWRITEBYTECODE=1
+    PYTHONDONTWRITEBYTECODE=1 \
+    DEBIAN_FRONTEND=noninteractive
 
 SHELL ["/bin/sh", "-eu", "-c"]
+
+# Debian's Python with venv (the final base's interpreter), and binutils for `strip`. Neither reaches the final
+# image: it copies /opt/venv and /app alone.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3-venv=3.11.2-1+b1 binutils=2.40-2 \
+    && rm -rf /var/lib/apt/lists/*
 
 # The runtime lock alone (requirements.lock: exact versions, nothing resolved here; the development set is
 # requirements-dev.lock and never enters the image), as wheels only, so no compiler is needed or installed.
@@ -31,7 +44,7 @@ SHELL ["/bin/sh", "-eu", "-c"]
 COPY requirements.lock requirements-build.lock /app/
 RUN --mount=type=secret,id=build_ca \
     if [ -f /run/secrets/build_ca ]; then export PIP_CERT=/run/secrets/build_ca; fi; \
-    python -m venv /opt/venv \
+    python3 -m venv /opt/venv \
     && /opt/venv/bin/pip install --no-compile --no-deps --only-binary=:all: -r /app/requirements.lock -r /app/requirements-build.lock \
     && /opt/venv/bin/pip check
 ENV PATH=/opt/venv/bin:$PATH
@@ -49,35 +62,38 @@ COPY library ./library
 COPY ops ./ops
 COPY migrations ./migrations
 COPY specs ./specs
-COPY infra/model_routes.toml infra/entrypoint.sh ./infra/
+COPY infra/model_routes.toml ./infra/
 # Built with the locked setuptools (requirements-build.lock; no download); then setuptools and pip leave the
 # venv: nothing at run time installs anything, and an editable install needs neither to import.
+# The wheels' shared objects lose their symbol tables (`strip --strip-unneeded`: what the dynamic linker needs
+# stays; SQLAlchemy's, PyYAML's and greenlet's shrink about eightfold, 16 MB in all). The Monty binary is
+# shipped stripped and is left alone (its digest names the runtime in every run record).
 # Bytecode: all of the project's, and of the dependencies what the roles import at start (their modules, the job
-# processes' forkserver preload, the model SDKs), written by importing them. The root is read-only at run time,
+# processes' forkserver preload, the model SDK), written by importing them. The root is read-only at run time,
 # so a module without it compiles in memory on each import (about 2.3 s more per process start if none were
 # written); the dependencies' other modules (28 MB of bytecode) are rarely imported.
 RUN pip install --no-compile --no-deps --no-build-isolation -e ./library -e . \
     && pip uninstall -y -q setuptools pip \
     && rm -rf /app/build /app/*.egg-info /app/library/build /app/library/*.egg-info \
     && find /opt/venv -name '*.pyi' -delete \
+    && find /opt/venv/lib -name '*.so*' -type f -exec strip --strip-unneeded {} + \
     && python -m compileall -q /app \
-    && env -u PYTHONDONTWRITEBYTECODE python -c "import app.assembly, app.grpc_binding, ops.cli, ops.drill.cli, \
-        ops.console.app, workers.job_signals, workers.assembly, workers.server, workers.dispatch.process, workers.dispatch.cloud_tasks, \
-        workers.hosted_rlm.serving, workers.hosted_rlm.runner, rlmfamily.session, rlmfamily.kernels.monty, \
-        rlmfamily.providers.openai_compat, rlmfamily.providers.anthropic_native, sqlalchemy.dialects.postgresql, \
-        alembic.command, openai, anthropic"
+    && python -m ops.image_bytecode
 
-# --- final: the runtime, no compilers -------------------------------------------------------------
-FROM python:3.11-slim-bookworm@sha256:2e32f7d302adc1c37428355c1e646897c0c53f4fd60b6a551245fb90ee129f91 AS runtime
-
-# A writable home of its own (libraries may cache under ~); /app stays read-only to it.
-RUN groupadd --system --gid 10001 specialists \
-    && useradd --system --uid 10001 --gid specialists --create-home --home-dir /home/specialists \
-       --shell /usr/sbin/nologin specialists
+# --- final: the runtime, no shell, no package manager, no compilers --------------------------------
+# gcr.io/distroless/python3-debian12:latest
+FROM gcr.io/distroless/python3-debian12@sha256:2fdb05402a2cf21cf78fdb3ba4c5db167241e9e498140f5bf689d7efb773731f AS runtime
 
 # Owned by root and not writable by the service user: the code cannot be changed at run time.
 COPY --from=builder /opt/venv /opt/venv
 COPY --from=builder /app /app
+WORKDIR /app
+
+# The standard library's bytecode, for what the roles import at start: the base ships none (its packages' own
+# scripts compile it on a Debian system, and distroless runs no scripts), and the root is read-only at run time.
+# Run here, with the base's own interpreter, so each file matches the source it was compiled from; the venv's and
+# the project's are already written, so this layer holds the standard library's alone (exec form: no shell).
+RUN ["/opt/venv/bin/python", "-m", "ops.image_bytecode"]
 
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
@@ -86,10 +102,12 @@ ENV PATH=/opt/venv/bin:$PATH \
     SPECIALISTS_EDGE_HOST=0.0.0.0 \
     SPECIALISTS_WORKER_HOST=0.0.0.0 \
     SPECIALISTS_CONSOLE_HOST=0.0.0.0 \
-    SPECIALISTS_DATA_DIR=/tmp/specialists
+    SPECIALISTS_DATA_DIR=/tmp/specialists \
+    HOME=/home/nonroot \
+    LANG=C.UTF-8
 
-WORKDIR /app
-USER 10001:10001
+# The base's unprivileged user (nonroot, 65532, home /home/nonroot: libraries may cache under ~).
+USER 65532:65532
 EXPOSE 8080
 
 # The listening roles (serve, worker, console) answer /healthz on PORT; the dispatcher and the migration job listen
@@ -97,5 +115,5 @@ EXPOSE 8080
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('PORT', '8080'), timeout=4)"]
 
-ENTRYPOINT ["/bin/sh", "/app/infra/entrypoint.sh"]
+ENTRYPOINT ["/opt/venv/bin/python", "-m", "ops.entrypoint"]
 CMD ["serve"]

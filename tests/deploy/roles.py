@@ -1,4 +1,4 @@
-"""Starting the image's roles as the container would: ``sh infra/entrypoint.sh <role>`` with a given environment.
+"""Starting the image's roles as the container would: ``python -m ops.entrypoint <role>`` with a given environment.
 
 There is no Docker engine here, so the entry point runs on this machine with the environment
 running the tests first on PATH, and with the environment Terraform would give the container
@@ -28,6 +28,8 @@ from tests.deploy.manifests import ENTRYPOINT
 # (``func_only``): a session's roles are started by fixtures, each bounded by this.
 START_TIMEOUT_S = 90.0
 IMAGE_ROOT = "/app"  # the Dockerfile's WORKDIR: where the project lives in the image
+# The image's ENTRYPOINT, with the interpreter running the tests for the image's venv.
+ENTRY_POINT = [sys.executable, *ENTRYPOINT[1:]]
 
 
 def clean_environment(**overrides: str) -> dict[str, str]:
@@ -75,7 +77,7 @@ def run_role(args: list[str], env: Mapping[str, str], log: Path, timeout_s: floa
     """A role that ends by itself (the migration job): run it to the end."""
     with log.open("wb") as out:
         return subprocess.run(
-            ["sh", str(ENTRYPOINT), *args], env=dict(env), cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT,
+            [*ENTRY_POINT, *args], env=dict(env), cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT,
             timeout=timeout_s,
         )
 
@@ -83,7 +85,7 @@ def run_role(args: list[str], env: Mapping[str, str], log: Path, timeout_s: floa
 def run_command(args: list[str], env: Mapping[str, str], timeout_s: float = 60) -> subprocess.CompletedProcess:
     """A one-off command of the image (``specialists keys issue --json``...): its output for the test to read."""
     return subprocess.run(
-        ["sh", str(ENTRYPOINT), *args], env=dict(env), cwd=PROJECT_ROOT, capture_output=True, text=True,
+        [*ENTRY_POINT, *args], env=dict(env), cwd=PROJECT_ROOT, capture_output=True, text=True,
         timeout=timeout_s,
     )
 
@@ -92,7 +94,7 @@ def start_role(args: list[str], env: Mapping[str, str], log: Path, *, port: int,
     """Start a listening role and wait until ``ready_path`` answers 200 on ``port``."""
     out = log.open("wb")
     process = subprocess.Popen(
-        ["sh", str(ENTRYPOINT), *args], env=dict(env), cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT
+        [*ENTRY_POINT, *args], env=dict(env), cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT
     )
     role = Role(process=process, port=port, log=log)
     deadline = time.monotonic() + START_TIMEOUT_S

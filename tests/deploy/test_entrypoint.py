@@ -1,6 +1,6 @@
-"""PORT, as Cloud Run sets it, is honoured by the image's entry point (infra/entrypoint.sh), role by role.
+"""PORT, as Cloud Run sets it, is honoured by the image's entry point (ops/entrypoint.py), role by role.
 
-The entry point runs here as the container would run it (`sh infra/entrypoint.sh <role>`), starting
+The entry point runs here as the container would run it (`python -m ops.entrypoint <role>`), starting
 the real service against this run's database.
 """
 

@@ -134,10 +134,11 @@ def test_ci_runs_the_static_checks_before_the_suite_and_the_smoke_is_left_to_the
     assert commands == ["./dev check", "./dev test"]
 
 
-def test_the_smoke_builds_on_a_local_base_under_the_dockerfiles_own_pinned_reference():
+def test_the_smoke_builds_on_local_bases_under_the_dockerfiles_own_pinned_references():
     from tests.deploy.manifests import dockerfile_stages
 
-    assert smoke.pinned_base() == dockerfile_stages()[0].base
+    stages = dockerfile_stages()
+    assert smoke.pinned_bases() == {"builder": stages[0].base, "runtime": stages[-1].base}
 
 
 def test_the_smokes_http2_probe_tells_a_grpc_server_from_an_http1_one():
