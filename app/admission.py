@@ -69,6 +69,7 @@ from app.errors import (
 )
 from app.identity import Identity
 from app.push import PushRequest, cap_refusal, check_config, check_reachable, require_key
+from core import telemetry
 from core.db import compact_sql
 from core.settings import Settings
 from core.specs import LoadedSpec, media_type_matches
@@ -606,6 +607,7 @@ def _new_task(send: _Send) -> tuple[Task, dict[str, Any]]:
         "tariff": spec.tariff_credits,
         "executor": spec.executor,
         "message": stored.SerializeToString(),
+        "trace_parent": telemetry.traceparent(),  # the job continues this request's trace (None: telemetry off)
     }
     return task, params
 
@@ -681,5 +683,6 @@ def _continue(conn: Connection, loaded: LoadedSpec, owner: str, message: Message
         send.store_push(conn, task.id)  # the task is the caller's (locked above): before the event it notifies
     new_version = rows.write_event(conn, locked, event, returning_history=True, pushed_sql=push.configured_sql())
     outbox.enqueue(conn, task_id=task.id, specialist_id=spec.id, executor=spec.executor, owner=owner,
-                   context_id=stored.context_id, message=stored.SerializeToString())
+                   context_id=stored.context_id, message=stored.SerializeToString(),
+                   trace_parent=telemetry.traceparent())
     return Admitted(task=task, version=new_version, replay=False, pushed=locked.pushed)

@@ -52,7 +52,7 @@ from app.observability import Metrics
 from app.ratelimit import RateLimiter
 from app.slashes import TrailingSlash
 from app.streams import StreamGate, StreamRefusalStatus
-from core import db
+from core import db, telemetry
 from core.settings import Settings
 from core.specs import LoadedSpec, load_specs
 from ledger.keys import AsyncKeyVerifier, KeySigner
@@ -247,7 +247,8 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
             await engine.dispose()
 
     # No redirects: one trailing slash is served as the route itself (TrailingSlash, app/slashes.py).
-    app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False)
+    app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False,
+                  telemetry=telemetry.fastapi_telemetry(serves_customers=True))  # the request's span, when on
     app.state.edge = edge
     routes: list[BaseRoute] = [
         Route("/healthz", _healthz, methods=["GET"]),

@@ -99,7 +99,7 @@ class ErrorBoundary:
 
     async def _answer(self, error: A2AError, binding: Binding, scope: Scope, receive: Receive, send: Send) -> None:
         code = (error.data or {}).get("code", "internal_error")
-        self.metrics.refusals.labels(code=code).inc()
+        self.metrics.count_refusal(code)
         note_refusal(code)
         headers = {"Retry-After": str(self.retry_after_s)} if code == "database_unavailable" else None
         await error_response(error, binding, headers)(scope, receive, send)

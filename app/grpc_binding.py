@@ -66,6 +66,7 @@ from app.identity import EdgeUser, Identity
 from app.middleware import CREDENTIAL_HEADERS, SANE_REQUEST_ID, authenticate
 from app.observability import Metrics, customer_var, note_refusal, refusal_var, request_id_var
 from app.ratelimit import RateLimiter
+from core import telemetry
 from core.settings import Settings
 from core.specs import LoadedSpec
 from ledger.keys import AsyncKeyVerifier
@@ -251,7 +252,7 @@ class _CallLog:
         try:
             request, grpc_handler, caller = await binding.check(raw, parse, self.context)
         except EdgeError as refused:
-            self.metrics.refusals.labels(code=refused.code).inc()
+            self.metrics.count_refusal(refused.code)
             note_refusal(refused.code)
             await abort(refused, self.context)
         except Exception as failed:
@@ -308,6 +309,7 @@ def build_server(binding: GrpcBinding, settings: Settings) -> grpc.aio.Server:
     """A ``grpc.aio`` server (in the running event loop) serving the binding on SPECIALISTS_GRPC_PORT."""
     cap = settings.edge.max_request_body_bytes * TRANSPORT_CAP_FACTOR
     server = grpc.aio.server(
+        interceptors=telemetry.grpc_server_interceptors(),  # the call's span, when telemetry is on
         options=[("grpc.max_receive_message_length", cap), ("grpc.max_send_message_length", -1)],
     )
     handlers = binding.method_handlers()

@@ -58,6 +58,7 @@ from app.listing import TaskListing
 from app.observability import Metrics, note_refusal
 from app.push import PushConfigs
 from app.streams import StreamGate, caller_of
+from core import telemetry
 from core.settings import Settings
 from core.specs import LoadedSpec
 
@@ -130,21 +131,28 @@ class EdgeRequestHandler(DefaultRequestHandler):
         self.push_configs = push_configs
 
     async def _admit(self, params: SendMessageRequest, context: ServerCallContext) -> Admitted:
-        specialist = self.loaded.spec.id
-        try:
-            admitted = await self.admission.admit(
-                self.loaded, identity_of(context), params, idempotency_key_of(context)
-            )
-        except EdgeError as refused:
-            self.metrics.admissions.labels(specialist=specialist, outcome=refused.code).inc()
-            self.metrics.refusals.labels(code=refused.code).inc()
-            note_refusal(refused.code)
-            raise
-        except Exception as refused:
-            self.metrics.admissions.labels(specialist=specialist, outcome=type(refused).__name__).inc()
-            raise
-        self.metrics.admissions.labels(specialist=specialist, outcome="replay" if admitted.replay else "admitted").inc()
-        return admitted
+        spec = self.loaded.spec
+        with telemetry.span("admission", attributes={"specialists.specialist": spec.id,
+                                                     "specialists.tariff_credits": spec.tariff_credits}) as span:
+            try:
+                admitted = await self.admission.admit(
+                    self.loaded, identity_of(context), params, idempotency_key_of(context)
+                )
+            except EdgeError as refused:
+                self.metrics.count_admission(spec.id, refused.code)
+                self.metrics.count_refusal(refused.code)
+                note_refusal(refused.code)
+                telemetry.annotate(span, **{"specialists.outcome": "refused", "specialists.code": refused.code})
+                raise
+            except Exception as refused:
+                self.metrics.count_admission(spec.id, type(refused).__name__)
+                raise
+            outcome = "replay" if admitted.replay else "admitted"
+            reserved = spec.tariff_credits if outcome == "admitted" and admitted.version == 1 else 0
+            self.metrics.count_admission(spec.id, outcome, credits_reserved=reserved)
+            telemetry.annotate(span, **{"specialists.outcome": outcome, "specialists.task_id": admitted.task.id,
+                                        "specialists.credits_reserved": reserved})
+            return admitted
 
     async def _tail(self, task_id: str, version: int) -> AsyncGenerator[Event, None]:
         """Events after ``version`` until the task stops (terminal, waiting for input, or a direct reply)."""

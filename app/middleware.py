@@ -304,7 +304,7 @@ class A2AGuard:
         return replay
 
     async def _refuse(self, refused: EdgeError, binding: Binding, scope: Scope, receive: Receive, send: Send) -> None:
-        self.metrics.refusals.labels(code=refused.code).inc()
+        self.metrics.count_refusal(refused.code)
         note_refusal(refused.code)
         headers: dict[str, str] = {}
         if isinstance(refused, KeyRequired):

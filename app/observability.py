@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from core import telemetry
+
 request_id_var: ContextVar[str] = ContextVar("request_id", default="-")
 customer_var: ContextVar[str] = ContextVar("customer_id", default="-")
 # The request's refusal code, for its access line: a holder set per request, filled in by whoever refuses
@@ -80,6 +82,9 @@ class JsonFormatter(logging.Formatter):
             value = record.__dict__.get(key)
             if value is not None:
                 entry[key] = value
+        trace_fields = record.__dict__.get("trace_fields")  # stamped where it was logged (core/telemetry.py)
+        if trace_fields:
+            entry.update(trace_fields)
         if record.exc_text:
             entry["exception"] = record.exc_text
         return json.dumps(entry, default=str)
@@ -127,3 +132,15 @@ class Metrics:
         )
         self.refusals = Counter("edge_refusals", "Requests refused, by stable code", ["code"], registry=r)
         self.open_streams = Gauge("edge_open_streams", "Event streams being served", registry=r)
+
+    # Counted twice: in this instance's Prometheus registry (``/metrics``) and in the OpenTelemetry meters
+    # (``core.telemetry``: exported with the instance in the resource, so the instances' counts add up).
+    def count_refusal(self, code: str) -> None:
+        self.refusals.labels(code=code).inc()
+        telemetry.meters.refusals.add(1, {"code": code})
+
+    def count_admission(self, specialist: str, outcome: str, credits_reserved: int = 0) -> None:
+        self.admissions.labels(specialist=specialist, outcome=outcome).inc()
+        telemetry.meters.admissions.add(1, {"specialist": specialist, "outcome": outcome})
+        if credits_reserved:
+            telemetry.meters.credits_reserved.add(credits_reserved, {"specialist": specialist})

@@ -6,6 +6,7 @@ import uvicorn
 
 from app.observability import configure_logging
 from app.assembly import create_app
+from core import telemetry
 from core.settings import Settings
 
 # Streams get this long to end on their own when the server stops.
@@ -14,6 +15,14 @@ GRACEFUL_SHUTDOWN_S = 10
 
 def serve(settings: Settings, database_url: str) -> None:
     configure_logging(settings.log.level)
+    telemetry.setup(settings.telemetry, role="api")  # before the app: its engine and routes are instrumented
+    try:
+        _run(settings, database_url)
+    finally:
+        telemetry.shutdown()  # the last spans and counts of this instance
+
+
+def _run(settings: Settings, database_url: str) -> None:
     app = create_app(settings, database_url=database_url)
     uvicorn.run(
         app,

@@ -77,7 +77,7 @@ class StreamGate:
             self.metrics.open_streams.dec()
 
     def _refuse(self, refused: EdgeError) -> None:
-        self.metrics.refusals.labels(code=refused.code).inc()
+        self.metrics.count_refusal(refused.code)
         note_refusal(refused.code)
         holder = _refusal_var.get()
         if holder is not None:

@@ -19,6 +19,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from core import telemetry
 from core.errors import ServiceError
 from core.settings import PROJECT_ROOT, Settings
 
@@ -94,7 +95,7 @@ def make_engine(url: str, settings: Settings) -> Engine:
     the hot paths run their work once more (``retrying_once``). No native hstore: the project has no hstore column,
     and looking its type up cost every new connection three statements.
     """
-    return create_engine(
+    engine = create_engine(
         url,
         pool_size=settings.database.pool_size,
         max_overflow=settings.database.max_overflow,
@@ -102,6 +103,8 @@ def make_engine(url: str, settings: Settings) -> Engine:
         use_native_hstore=False,
         connect_args={"connect_timeout": settings.database.connect_timeout_s},
     )
+    telemetry.instrument_engine(engine)
+    return engine
 
 
 def retrying_once(work: Callable[[], T]) -> T:
@@ -123,13 +126,15 @@ def retrying_once(work: Callable[[], T]) -> T:
 
 
 def make_async_engine(url: str, settings: Settings) -> AsyncEngine:
-    return create_async_engine(
+    engine = create_async_engine(
         url,
         pool_size=settings.database.pool_size,
         max_overflow=settings.database.max_overflow,
         pool_pre_ping=True,
         connect_args={"connect_timeout": settings.database.connect_timeout_s},
     )
+    telemetry.instrument_engine(engine)
+    return engine
 
 
 def alembic_config(url: str):

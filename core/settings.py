@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -333,6 +333,60 @@ class LogSettings(Section):
 
     level: str = Field(
         default="INFO", pattern="^(DEBUG|INFO|WARNING|ERROR)$", description="Lowest level of the JSON logs written."
+    )
+
+
+class TelemetrySettings(Section):
+    """Traces and metrics (core/telemetry.py, docs/OPERATIONS.md "Traces and metrics"): OpenTelemetry, exported by
+    OTLP over HTTP. Off unless enabled; `/metrics` in Prometheus form stays either way."""
+
+    model_config = SettingsConfigDict(env_prefix="SPECIALISTS_OTEL_")
+
+    enabled: bool = Field(
+        default=False,
+        description="Record traces and OpenTelemetry metrics and export them (off: no span is recorded, no "
+                    "exporter runs, log lines carry no trace).",
+    )
+    endpoint: str = Field(
+        default="http://127.0.0.1:4318", pattern=r"^https?://[^\s/]+(/[^\s]*)?$", max_length=500,
+        description="The OTLP/HTTP receiver: its /v1/traces and /v1/metrics. On Cloud Run, the collector beside "
+                    "each service (infra/observability.tf).",
+    )
+    traces: Literal["otlp", "none"] = Field(default="otlp", description="Where spans go: the OTLP receiver, or "
+                                                                        "nowhere (ids in logs only).")
+    metrics: Literal["otlp", "none"] = Field(default="otlp", description="Where OpenTelemetry metrics go.")
+    sampling_ratio: float = Field(
+        default=1.0, ge=0.0, le=1.0,
+        description="The share of new traces recorded (a trace continued from a caller keeps the caller's "
+                    "decision). A task is worth its trace: the default keeps every one.",
+    )
+    accept_traceparent: bool = Field(
+        default=False,
+        description="Continue a customer's W3C `traceparent` at the edge. Off: every request starts a trace of "
+                    "its own, and a caller cannot join or mark ours.",
+    )
+    export_delay_s: float = Field(
+        default=5.0, gt=0, le=60, description="Longest a finished span waits before it is exported."
+    )
+    metrics_interval_s: float = Field(
+        default=60.0, gt=0, le=3600,
+        description="How often metrics are exported (Cloud Monitoring accepts a point per series every 5 s at "
+                    "most; its collector batches).",
+    )
+    export_timeout_s: float = Field(default=10.0, gt=0, le=60, description="One export's time limit.")
+    service_name: str = Field(
+        default="", max_length=100, validation_alias=AliasChoices("SPECIALISTS_OTEL_SERVICE_NAME", "K_SERVICE"),
+        description="The resource's service.name (Cloud Run sets K_SERVICE); empty: specialists-<role>.",
+    )
+    revision: str = Field(
+        default="", max_length=100, validation_alias=AliasChoices("SPECIALISTS_OTEL_REVISION", "K_REVISION"),
+        description="The resource's service.version (Cloud Run sets K_REVISION); empty: the package's version.",
+    )
+    project: str = Field(
+        default="", max_length=100,
+        validation_alias=AliasChoices("SPECIALISTS_OTEL_PROJECT", "GOOGLE_CLOUD_PROJECT"),
+        description="The Google Cloud project named in the logs' `logging.googleapis.com/trace`, so Cloud "
+                    "Logging opens a line's trace; empty: the field holds the bare trace id.",
     )
 
 
@@ -1078,6 +1132,7 @@ class Settings(BaseModel):
     keys: KeySettings = Field(default_factory=KeySettings)
     edge: EdgeSettings = Field(default_factory=EdgeSettings)
     log: LogSettings = Field(default_factory=LogSettings)
+    telemetry: TelemetrySettings = Field(default_factory=TelemetrySettings)
     dispatch: DispatchSettings = Field(default_factory=DispatchSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
     serve: ServeSettings = Field(default_factory=ServeSettings)

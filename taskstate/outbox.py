@@ -51,6 +51,8 @@ from taskstate import ids
 MAX_LAST_ERROR_CHARS = 500
 # Who took a row: a dispatcher's name, bounded as a worker's id is in its claims (``claims.MAX_WORKER_ID_CHARS``).
 MAX_TAKEN_BY_CHARS = 200
+# The CHECK constraint of migration 0250 on ``trace_parent``: a version-00 W3C traceparent.
+MAX_TRACE_PARENT_CHARS = 55
 
 _TAKE = text(
     """
@@ -61,12 +63,12 @@ _TAKE = text(
                               WHERE status = 'pending' AND available_at <= now()
                               ORDER BY available_at, dispatch_id
                               FOR NO KEY UPDATE SKIP LOCKED LIMIT :n)
-    RETURNING o.dispatch_id, o.task_id, o.specialist_id, o.owner, o.context_id, o.attempts
+    RETURNING o.dispatch_id, o.task_id, o.specialist_id, o.owner, o.context_id, o.attempts, o.trace_parent
     """
 )
 _LOCK = text(
     """
-    SELECT dispatch_id, task_id, specialist_id, owner, context_id, attempts + 1 AS attempts
+    SELECT dispatch_id, task_id, specialist_id, owner, context_id, attempts + 1 AS attempts, trace_parent
       FROM dispatch_outbox
      WHERE status = 'pending' AND available_at <= now()
      ORDER BY available_at, dispatch_id
@@ -83,6 +85,8 @@ class OutboxRow:
     owner: str
     context_id: str
     attempts: int  # including the attempt about to be made
+    # The W3C traceparent admission wrote (migration 0250): the trace the job continues. None: telemetry was off.
+    trace_parent: str | None = None
 
     @property
     def job_id(self) -> str:
@@ -95,7 +99,8 @@ class OutboxRow:
 
 def _rows(result) -> list[OutboxRow]:  # type: ignore[no-untyped-def]
     return sorted(
-        (OutboxRow(r.dispatch_id, r.task_id, r.specialist_id, r.owner, r.context_id, r.attempts) for r in result),
+        (OutboxRow(r.dispatch_id, r.task_id, r.specialist_id, r.owner, r.context_id, r.attempts, r.trace_parent)
+         for r in result),
         key=lambda row: row.dispatch_id,
     )
 
@@ -189,7 +194,7 @@ def row_of_job(conn: Connection, job_id: str) -> OutboxRow:
     """The outbox row of a job id: what a repeated delivery is signed from."""
     task_id, dispatch_id = ids.split_job_id(job_id)
     row = conn.execute(
-        text("SELECT dispatch_id, task_id, specialist_id, owner, context_id, attempts FROM dispatch_outbox "
+        text("SELECT dispatch_id, task_id, specialist_id, owner, context_id, attempts, trace_parent FROM dispatch_outbox "
              "WHERE task_id = :t AND dispatch_id = :d"),
         {"t": task_id, "d": dispatch_id},
     ).one()
@@ -201,27 +206,29 @@ def row_of_job(conn: Connection, job_id: str) -> OutboxRow:
 
 def new_row_cte(name: str, *, when: str) -> str:
     """A new task's first row as a common table expression ``name``, written only ``when`` the condition holds.
-    Parameters: task_id, specialist_id, executor, owner, context_id, message (the serialized Message)."""
+    Parameters: task_id, specialist_id, executor, owner, context_id, message (the serialized Message),
+    trace_parent (admission's traceparent, or None)."""
     return f"""
     {name} AS (
-        INSERT INTO dispatch_outbox (task_id, specialist_id, executor, owner, context_id, message)
+        INSERT INTO dispatch_outbox (task_id, specialist_id, executor, owner, context_id, message, trace_parent)
         SELECT CAST(:task_id AS varchar), CAST(:specialist_id AS text), CAST(:executor AS text),
-               CAST(:owner AS varchar), CAST(:context_id AS varchar), CAST(:message AS bytea)
+               CAST(:owner AS varchar), CAST(:context_id AS varchar), CAST(:message AS bytea),
+               CAST(:trace_parent AS text)
         WHERE {when}
     )"""
 
 
 _ENQUEUE = text(
-    "INSERT INTO dispatch_outbox (task_id, specialist_id, executor, owner, context_id, message) "
-    "VALUES (:t, :s, :e, :o, :x, :m)"
+    "INSERT INTO dispatch_outbox (task_id, specialist_id, executor, owner, context_id, message, trace_parent) "
+    "VALUES (:t, :s, :e, :o, :x, :m, :tp)"
 )
 
 
 def enqueue(conn: Connection, *, task_id: str, specialist_id: str, executor: str, owner: str, context_id: str,
-            message: bytes) -> None:
+            message: bytes, trace_parent: str | None = None) -> None:
     """A follow-up message's row: a new job of the same task."""
     conn.execute(_ENQUEUE, {"t": task_id, "s": specialist_id, "e": executor, "o": owner, "x": context_id,
-                            "m": message})
+                            "m": message, "tp": trace_parent})
 
 
 def message_sql() -> str:

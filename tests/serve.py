@@ -30,7 +30,8 @@ class RunningService:
 
 
 @contextmanager
-def running_service(server_url: str, log_dir: Path, ready_timeout_s: float = 60) -> Iterator[RunningService]:
+def running_service(server_url: str, log_dir: Path, ready_timeout_s: float = 60,
+                    extra_env: dict[str, str] | None = None) -> Iterator[RunningService]:
     """The shipped specs and the scripted demo routes, served until the block ends (then SIGINT, as Ctrl-C)."""
     url = fresh_database(server_url)
     port = free_port()
@@ -40,6 +41,7 @@ def running_service(server_url: str, log_dir: Path, ready_timeout_s: float = 60)
                    model_routes_allow_scripted="true", specialist_checkpoint_key=support.CHECKPOINT_KEY.decode(),
                    db_pool_size="3", db_max_overflow="6",
                    serve_child_start_timeout_s=str(ready_timeout_s))  # a loaded machine's worker start-up
+    env.update(extra_env or {})
     log_path = log_dir / "serve.log"
     serve = subprocess.Popen([sys.executable, "-m", "ops.cli", "serve", "--port", str(port)], env=env,
                              cwd=PROJECT_ROOT, stdout=log_path.open("wb"), stderr=subprocess.STDOUT,

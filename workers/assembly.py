@@ -23,7 +23,7 @@ from typing import Any
 from google.protobuf.json_format import MessageToDict
 from sqlalchemy import Engine
 
-from core import db
+from core import db, telemetry
 from core.errors import ServiceError
 from core.settings import Settings
 from core.specs import LoadedSpec, load_specs
@@ -143,11 +143,19 @@ class RunnerRecipe:
 def build_job_runner(recipe: RunnerRecipe, specialist_id: str) -> BuiltRunner:
     """In a job's process: the runner of ``specialist_id`` as the worker serves it, on an engine of its own."""
     settings = recipe.settings
+    # Its own exporters (a forked process has none running); its spans continue the worker's run span, and the
+    # last of them are exported when it lets go, after its outcome was sent.
+    telemetry.setup(settings.telemetry, role="job")
     engine = db.make_engine(recipe.database_url, settings)
     tasks = TaskEvents(engine)
     runners, _ = _served(settings, engine, tasks, default_runners(settings, tasks, recipe.on_step, recipe.specs),
                          recipe.specs)
-    return BuiltRunner(runner=runners[specialist_id], events=tasks, close=engine.dispose)
+
+    def close() -> None:
+        engine.dispose()
+        telemetry.shutdown()
+
+    return BuiltRunner(runner=runners[specialist_id], events=tasks, close=close)
 
 
 def build_worker_service(

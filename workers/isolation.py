@@ -54,6 +54,7 @@ from typing import Any, Literal, Protocol
 from google.protobuf import descriptor_pool, message_factory
 from google.protobuf.message import Message as ProtoMessage
 
+from core import telemetry
 from workers.auth import VerifiedJob
 from workers.runs import EventSink, RunContext, Runner, RunOutcome
 
@@ -132,7 +133,20 @@ class ThreadJobs:
 
 
 def _run_guarded(runner: Runner, ctx: RunContext) -> RunOutcome:
-    """The runner's outcome; a crash is a failed job, not a crashed worker."""
+    """The runner's outcome, in the span that continues the worker's run span; a crash is a failed job, not a
+    crashed worker."""
+    with telemetry.span("specialist.run", parent=telemetry.context_of(ctx.job.trace_parent),
+                        attributes={"specialists.job_id": ctx.job.job_id,
+                                    "specialists.specialist": ctx.job.specialist_id}) as span:
+        outcome = _run_caught(runner, ctx)
+        telemetry.annotate(span, **{"specialists.outcome": outcome.state})
+        log.info("job %s: the specialist's run ended %s", ctx.job.job_id, outcome.state,
+                 extra={"event": "job_run", "job_id": ctx.job.job_id, "specialist": ctx.job.specialist_id,
+                        "outcome": outcome.state})
+        return outcome
+
+
+def _run_caught(runner: Runner, ctx: RunContext) -> RunOutcome:
     try:
         return runner.run(ctx)
     except MemoryError:

@@ -44,18 +44,22 @@ import threading
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from core import db
+from core import db, telemetry
 from core.settings import Settings
 from taskstate import claims, ids
 from workers.auth import BODY_TOO_LARGE, JobSigner, OidcVerifier, VerifiedJob, WorkerAuthRefused
+from workers.dispatch.jobs import TRACE_PAYLOAD_KEY
 from workers.finish import Finisher, Settlement
 from workers.isolation import JobHost, RunningJob
 from workers.runs import EventSink, Runner, RunOutcome
@@ -125,9 +129,26 @@ class WorkerService:
 
     async def deliver(self, request: Request) -> JSONResponse:
         """Answer one delivery, and log the answer as one ``job_delivery`` line (what the drills' evidence and
-        a log-based metric count: ``code`` says whether it ran, was refused, or was answered without running)."""
+        a log-based metric count: ``code`` says whether it ran, was refused, or was answered without running).
+        A verified job's answer is given, and logged, in the job's trace: the one its dispatcher signed."""
         started = time.monotonic()
-        response = await self._deliver(request)
+        try:
+            body = await self._read_body(request)
+            if self.oidc is not None:
+                await anyio.to_thread.run_sync(self.oidc.verify, request.headers.get("authorization"))
+            job = self.signer.verify(body)
+        except WorkerAuthRefused as refused:
+            log.warning("delivery refused: %s", refused.code)
+            return self._answered(_answer(refused.http_status, refused.code, refused.message), started)
+        parent = telemetry.context_of(job.payload.get(TRACE_PAYLOAD_KEY))
+        with telemetry.span("job.deliver", parent=parent, kind=SpanKind.CONSUMER,
+                            attributes={"specialists.job_id": job.job_id, "specialists.specialist": job.specialist_id,
+                                        "specialists.worker_id": self.worker_id}) as span:
+            response = await self._deliver_verified(job)
+            telemetry.annotate(span, **{"http.response.status_code": response.status_code})
+            return self._answered(response, started)
+
+    def _answered(self, response: JSONResponse, started: float) -> JSONResponse:
         try:
             answer = json.loads(bytes(response.body))
         except ValueError:
@@ -142,16 +163,7 @@ class WorkerService:
         )
         return response
 
-    async def _deliver(self, request: Request) -> JSONResponse:
-        try:
-            body = await self._read_body(request)
-            if self.oidc is not None:
-                await anyio.to_thread.run_sync(self.oidc.verify, request.headers.get("authorization"))
-            job = self.signer.verify(body)
-        except WorkerAuthRefused as refused:
-            log.warning("delivery refused: %s", refused.code)
-            return _answer(refused.http_status, refused.code, refused.message)
-
+    async def _deliver_verified(self, job: VerifiedJob) -> JSONResponse:
         runner = self.runners.get(job.specialist_id)
         if runner is None:
             return _answer(
@@ -167,11 +179,18 @@ class WorkerService:
             )
         started = False
         try:
-            try:
-                claim = await anyio.to_thread.run_sync(db.retrying_once, lambda: self._claim(job, runner))
-            except DBAPIError as exc:
-                log.warning("claiming job %s failed: %s", job.job_id, type(exc).__name__)
-                return _answer(503, "claim_failed", "the claim could not be recorded; retry later", retry_after_s=1)
+            with telemetry.span("job.claim") as span:
+                try:
+                    claim = await anyio.to_thread.run_sync(db.retrying_once, lambda: self._claim(job, runner))
+                except DBAPIError as exc:
+                    log.warning("claiming job %s failed: %s", job.job_id, type(exc).__name__)
+                    return _answer(503, "claim_failed", "the claim could not be recorded; retry later",
+                                   retry_after_s=1)
+                telemetry.annotate(span, **{"specialists.claim": claim.outcome,
+                                            "specialists.fencing_token": claim.fencing_token})
+                waited_s = (datetime.now(timezone.utc) - job.signed_at).total_seconds()
+                telemetry.meters.claim_latency.record(max(0.0, waited_s), {"specialist": job.specialist_id,
+                                                                           "claim": claim.outcome})
             if claim.outcome == "finished":
                 return _answer(
                     200,
@@ -242,6 +261,8 @@ class WorkerService:
                 )
                 result = found.claim
                 if found.resumed:
+                    telemetry.annotate(trace.get_current_span(), **{"specialists.resumed": True})
+                    trace.get_current_span().add_event("resumed", {"specialists.fencing_token": result.fencing_token})
                     log.warning("job %s: its worker's lease expired; resuming it from its checkpoint (claim %s)",
                                 job.job_id, result.fencing_token)
             if result.newly_unknown:
@@ -267,6 +288,17 @@ class WorkerService:
     # --- running under the lease -----------------------------------------------------
 
     async def _execute(self, job: VerifiedJob, token: int) -> JSONResponse:
+        started_at = time.monotonic()
+        with telemetry.span("job.run", attributes={"specialists.fencing_token": token}) as span:
+            # The job's process continues the trace from this span: its specialist's steps and model calls.
+            job = dataclasses.replace(job, trace_parent=telemetry.traceparent())
+            response, state = await self._execute_traced(job, token)
+            telemetry.annotate(span, **{"specialists.outcome": state})
+        telemetry.meters.job_duration.record(time.monotonic() - started_at,
+                                             {"specialist": job.specialist_id, "outcome": state or "none"})
+        return response
+
+    async def _execute_traced(self, job: VerifiedJob, token: int) -> tuple[JSONResponse, str | None]:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[RunOutcome] = loop.create_future()
         deadline_at = time.monotonic() + job.deadline_s
@@ -325,22 +357,24 @@ class WorkerService:
                 break
 
         outcome = self._final_outcome(job, done.result() if done.done() else None, stop_reason)
-        try:
-            result = await anyio.to_thread.run_sync(self.finisher.finish, job, token, outcome)
-        except Exception as exc:
-            log.error("job %s: %s", job.job_id, exc)
-            return _answer(503, "finish_failed", str(exc), retry_after_s=self.limits.lease_s)
+        with telemetry.span("job.finish", attributes={"specialists.outcome": outcome.state}) as span:
+            try:
+                result = await anyio.to_thread.run_sync(self.finisher.finish, job, token, outcome)
+            except Exception as exc:
+                log.error("job %s: %s", job.job_id, exc)
+                return _answer(503, "finish_failed", str(exc), retry_after_s=self.limits.lease_s), None
+            telemetry.annotate(span, **{"specialists.accepted": result.accepted, "specialists.state": result.state})
         if result.accepted:
             return _answer(
                 200, "job_finished", "the job ran and its outcome is recorded", job_id=job.job_id, outcome=outcome.state
-            )
+            ), outcome.state
         return _answer(
             200,
             "job_result_stale",
             f"this worker's claim on the job was no longer current (the job is {result.state}); "
             "its result is recorded for operators and moves no money",
             job_id=job.job_id,
-        )
+        ), "stale"
 
     def _final_outcome(self, job: VerifiedJob, outcome: RunOutcome | None, stop_reason: str | None) -> RunOutcome:
         grace = f"within worker_cancel_grace_s ({self.limits.cancel_grace_s:g} s)"
@@ -382,7 +416,8 @@ def create_worker_app(service: WorkerService) -> FastAPI:
         yield
         service.jobs.close()  # the process forked ahead of the next job goes, unused
 
-    app = FastAPI(title="specialists worker", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = FastAPI(title="specialists worker", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan,
+                  telemetry=telemetry.fastapi_telemetry(serves_customers=False))
 
     @app.post(JOBS_PATH)
     async def deliver(request: Request) -> JSONResponse:

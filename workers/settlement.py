@@ -28,8 +28,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from opentelemetry import trace
 from sqlalchemy import Connection, text
 
+from core import telemetry
 from ledger import operations
 from ledger.errors import ResolutionRefused
 from ledger.limits import LedgerSettings, default_limits
@@ -108,6 +110,9 @@ class TaskSettlement:
         operations.settle(conn, hold.reservation_id, charged,
                           ledger_reason(f"job {job.job_id} {outcome.state} (claim {fencing_token})", self.limits),
                           limits=self.limits)
+        telemetry.annotate(trace.get_current_span(), **{"specialists.credits_settled": charged})
+        attributes = {"specialist": job.specialist_id, "outcome": outcome.state}
+        telemetry.after_commit(conn, lambda: telemetry.meters.credits_settled.add(charged, attributes))
 
     @staticmethod
     def _final_metadata(run: journal.RunRecord | None, outcome: RunOutcome, hold: admitted.Hold | None,
@@ -128,6 +133,7 @@ class TaskSettlement:
     def mark_unknown_ref(self, conn: Connection, ref: TaskRef, fencing_token: int, reason: str) -> None:
         outbox.close_unknown(conn, ref)  # lock order: the claim (the caller's), the outbox row, the task, the ledger
         self.tasks.mark_unknown(conn, ref)
+        telemetry.after_commit(conn, lambda: telemetry.meters.unknown_outcomes.add(1))
         hold = admitted.hold_of(conn, ref.task_id)
         if hold is None or hold.reservation_id is None:
             return

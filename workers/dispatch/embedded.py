@@ -45,9 +45,10 @@ import time
 from collections.abc import Callable
 
 import httpx
+from opentelemetry.trace import Span, SpanKind
 from sqlalchemy import Connection, Engine
 
-from core import db
+from core import db, telemetry
 from core.settings import Settings
 from workers.auth import JobSigner
 from taskstate import outbox
@@ -174,9 +175,16 @@ class EmbeddedDispatcher:
                     log.warning("renewing %d delivery lease(s) failed: %s", len(ids), type(exc).__name__)
 
     def _deliver(self, row: outbox.OutboxRow, url: str) -> None:
+        with telemetry.span("dispatch.deliver", parent=telemetry.context_of(row.trace_parent), kind=SpanKind.PRODUCER,
+                            attributes={"specialists.job_id": row.job_id, "specialists.specialist": row.specialist_id,
+                                        "specialists.attempt": row.attempts}) as span:
+            self._deliver_traced(row, url, span)
+
+    def _deliver_traced(self, row: outbox.OutboxRow, url: str, span: Span) -> None:
         try:
             job = jobs.build_job(row, self.signer, self.settings, url)
             result = deliver_over_http(job, client=self.client, timeout_s=self.settings.dispatch.deadline_s)
+            telemetry.annotate(span, **{"specialists.verdict": result.verdict, "http.response.status_code": result.status})
             with self._lock:
                 self._unanswered[url] = 0 if result.status is not None else self._unanswered[url] + 1
             crash_here("after_enqueue", self.settings)

@@ -12,6 +12,7 @@ import functools
 import logging
 from pathlib import Path
 
+from core import telemetry
 from core.settings import Settings
 from core.specs import SpecInvalid, load_specs
 from taskstate import ids
@@ -20,6 +21,10 @@ from workers.auth import JobSigner
 from workers.dispatch.base import DispatchJob
 
 log = logging.getLogger(__name__)
+
+# The signed payload's key for the W3C traceparent the worker continues (core/telemetry.py): signed with the rest
+# of the body, so neither Cloud Tasks nor anyone on the way can attach a job to another trace.
+TRACE_PAYLOAD_KEY = "tp"
 
 
 @functools.lru_cache(maxsize=4)
@@ -42,14 +47,14 @@ def job_deadline_s(settings: Settings, specialist_id: str) -> float:
 
 
 def build_job(row: OutboxRow, signer: JobSigner, settings: Settings, worker_url: str) -> DispatchJob:
-    """The signed job for a row: its id, its task, the deadline; the message stays in the row."""
+    """The signed job for a row: its id, its task, the deadline, and the trace it continues (the current span's,
+    the dispatcher's: ``TRACE_PAYLOAD_KEY``); the message stays in the row."""
     deadline_s = job_deadline_s(settings, row.specialist_id)
-    body = signer.sign(
-        job_id=row.job_id,
-        specialist_id=row.specialist_id,
-        deadline_s=deadline_s,
-        payload=ids.task_payload(row.task_id, row.dispatch_id, row.owner, row.context_id),
-    )
+    payload = ids.task_payload(row.task_id, row.dispatch_id, row.owner, row.context_id)
+    trace_parent = telemetry.traceparent()
+    if trace_parent is not None:
+        payload[TRACE_PAYLOAD_KEY] = trace_parent
+    body = signer.sign(job_id=row.job_id, specialist_id=row.specialist_id, deadline_s=deadline_s, payload=payload)
     return DispatchJob(
         job_id=row.job_id,
         specialist_id=row.specialist_id,

@@ -26,13 +26,15 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 import psycopg
 from sqlalchemy import Engine
 
+from taskstate import reads
 from taskstate.notify import DISPATCH, PUSH, libpq_url
-from core import db
+from core import db, telemetry
 from core.errors import ServiceError
 from core.settings import Settings
 from workers.auth import JobSigner
@@ -149,6 +151,15 @@ def _start_push(settings: Settings, engine: Engine, url: str, name: str,
     return thread, listener
 
 
+def _queue_reading(engine: Engine) -> list[tuple[str, int, float]]:
+    """The queue's depth and oldest age per specialist, for the queue gauges (``core.telemetry.observe_queue``)."""
+    with engine.connect() as conn:
+        queued = reads.queue(conn)
+    now = datetime.now(timezone.utc)
+    return [(row["specialist_id"], row["queued"], max(0.0, (now - row["oldest_queued_at"]).total_seconds()))
+            for row in queued if row["oldest_queued_at"] is not None]
+
+
 def run_dispatcher(
     settings: Settings,
     *,
@@ -178,6 +189,7 @@ def run_dispatcher(
         if settings.dispatch.backend == "cloud_tasks"
         else None,
     )
+    telemetry.observe_queue(lambda: _queue_reading(engine))
     listener = OutboxListener(url, wake, settings.database.connect_timeout_s)
     listener.start()
     log.info(

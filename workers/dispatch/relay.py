@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import logging
 
+from opentelemetry.trace import SpanKind
 from sqlalchemy import Engine
 
+from core import telemetry
 from core.settings import Settings
 from workers.auth import JobSigner
 from taskstate import outbox
@@ -57,7 +59,13 @@ class CloudTasksRelay:
                 crash_here("before_enqueue", self.settings)
             for row in rows:
                 try:
-                    result = self.dispatcher.enqueue(jobs.build_job(row, self.signer, self.settings, self.worker_url))
+                    with telemetry.span("dispatch.enqueue", parent=telemetry.context_of(row.trace_parent),
+                                        kind=SpanKind.PRODUCER,
+                                        attributes={"specialists.job_id": row.job_id,
+                                                    "specialists.specialist": row.specialist_id,
+                                                    "specialists.attempt": row.attempts}):
+                        result = self.dispatcher.enqueue(jobs.build_job(row, self.signer, self.settings,
+                                                                        self.worker_url))
                 except DispatchRefused as refused:
                     to_give_up.append((row, f"{refused.code}: {refused.message}"))
                     continue

@@ -35,8 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from opentelemetry.trace import SpanKind
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
+from core import telemetry
 from core.specs import SpecialistSpec
 from rlmfamily.errors import KernelError, ProviderError
 from rlmfamily.extensions import RunInfo
@@ -166,6 +168,9 @@ class HostedRun:
     semantic_calls_used: int = 0
     replayed_calls: int = 0
     kernel_instance: HostedKernel | None = None
+    # The run's span (``specialist.run``): the parent of model calls made on threads the session started, where
+    # no span is current.
+    trace_context: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _last_subcall_report: float = -math.inf
 
@@ -294,7 +299,7 @@ class JournalProvider:
         request_text: str | None = None
         if purpose == "root":
             replay = plan.root.pop(turn, None) if plan is not None else None
-            if replay is not None:
+            if replay is not None:  # answered before the resume: no model call, no span of its own
                 run.journal.replayed(replay.call_id)
                 return completion_from_json(replay.response)
             supersedes = plan.root_in_flight.pop(turn, None) if plan is not None else None
@@ -317,9 +322,43 @@ class JournalProvider:
         if run.cancelled():
             raise RunStopped("the run was asked to stop (cancel, deadline or a lost claim); no model call is made",
                              billed=False)
+        model_name = model or self.default_model
+        parent = None if telemetry.current_context() is not None else run.trace_context
+        with telemetry.span("model.call", parent=parent, kind=SpanKind.CLIENT,
+                            attributes={"gen_ai.request.model": model_name, "specialists.purpose": purpose,
+                                        "specialists.turn": turn, "specialists.step": step_index}) as span:
+            completion = self._call(messages, tools=tools, model=model, timeout_s=timeout_s, purpose=purpose,
+                                    turn=turn, step_index=step_index, sha=sha, request_text=request_text,
+                                    model_name=model_name, supersedes=supersedes)
+            self._observe(span, completion)
+        return completion
+
+    def _observe(self, span: Any, completion: Completion) -> None:
+        """The call's model, tokens and cost on its span and in the meters: counts, never the text."""
+        usage = completion.usage
+        attributes = {"specialist": self.run.spec.id, "model": completion.model}
+        telemetry.annotate(span, **{
+            "gen_ai.response.model": completion.model,
+            "gen_ai.usage.input_tokens": usage.prompt_tokens if usage else None,
+            "gen_ai.usage.output_tokens": usage.completion_tokens if usage else None,
+            "specialists.cost_usd": usage.cost_usd if usage else None,
+        })
+        if usage is None:
+            return
+        if usage.prompt_tokens:
+            telemetry.meters.model_tokens.add(usage.prompt_tokens, {**attributes, "kind": "input"})
+        if usage.completion_tokens:
+            telemetry.meters.model_tokens.add(usage.completion_tokens, {**attributes, "kind": "output"})
+        if usage.cost_usd:
+            telemetry.meters.model_cost.add(usage.cost_usd, attributes)
+
+    def _call(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None, model: str | None,
+              timeout_s: float, purpose: str, turn: int, step_index: int | None, sha: bytes, request_text: str | None,
+              model_name: str | None, supersedes: int | None) -> Completion:
+        run = self.run
         call_id = run.journal.start_call(
             purpose=purpose, turn=turn, step_index=step_index, after_seq=run.store.last_seq, request_sha256=sha,
-            request_text=request_text, model=model or self.default_model, supersedes=supersedes,
+            request_text=request_text, model=model_name, supersedes=supersedes,
         )
         try:
             completion = self.inner.complete(messages, tools=tools, model=model, timeout_s=timeout_s, purpose=purpose)
@@ -411,7 +450,10 @@ class HostedKernel:
         else:
             assert self.monty.last_checkpoint is not None
             run.journal.start_step(turn, index, self.monty.last_checkpoint.seq)
-        result = self.monty.execute(code)
+        with telemetry.span("specialist.step", attributes={"specialists.turn": turn, "specialists.step": index}) as span:
+            result = self.monty.execute(code)
+            telemetry.annotate(span, **{"specialists.ok": result.ok, "specialists.error_code": result.error_code,
+                                        "specialists.output_bytes": result.stdout_bytes})
         run.journal.finish_step(turn, index, result, answer=self._answer, refusals=self._refusals)
         return result
 

@@ -26,8 +26,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from opentelemetry import trace
 from sqlalchemy import Engine
 
+from core import telemetry
 from core.errors import ServiceError
 from core.settings import CheckpointSync
 from core.specs import LoadedSpec, SpecInvalid, require_runnable
@@ -125,6 +127,12 @@ class SpecialistRunner:
                     "failed", f"the job could not be resumed after its worker stopped: {refused.message}",
                     code=refused.code, free=True), None, resumes)
             plan = journal.plan(checkpoint)
+        # A resumed run shows where it continues from in the job's one trace (the first attempt's spans are there).
+        current = trace.get_current_span()
+        telemetry.annotate(current, **{"specialists.resumes": resumes, "specialists.resumed": plan is not None})
+        if plan is not None:
+            current.add_event("resumed", {"specialists.from_turn": plan.last_replayed_turn,
+                                          "specialists.baked_subcalls": plan.baked_subcalls})
         scratch = Path(tempfile.mkdtemp(prefix="specialist-", dir=self.scratch_dir))
         try:
             result, run = self._session(ctx, loaded, task, journal, store, plan, scratch)
@@ -162,6 +170,7 @@ class SpecialistRunner:
         run = HostedRun(
             journal=journal, store=store, spec=spec, checkpoint_key=self.checkpoint_key, plan=plan,
             cancelled=ctx.cancelled, report=lambda data: ctx.report("progress", data), pool=self.pool,
+            trace_context=telemetry.current_context(),
         )
         session = Session(
             context=context, provider=run.provider(provider), settings=settings, kernel="monty",
