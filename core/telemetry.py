@@ -338,10 +338,32 @@ def instrument_engine(engine: Any) -> None:
     sync_engine = getattr(engine, "sync_engine", engine)
     connections = metrics.get_meter(scope).create_up_down_counter(
         "db.client.connections.usage", unit="connections", description="Connections in use or idle, by state")
-    EngineTracer(trace.get_tracer(scope), sync_engine, connections)
+    EngineTracer(_ChildSpansOnly(trace.get_tracer(scope)), sync_engine, connections)
     event.listen(sync_engine, "commit", _run_after_commit)
     event.listen(sync_engine, "rollback", _drop_after_commit)
     _instrumented.add(sync_engine)
+
+
+class _ChildSpansOnly(trace.Tracer):
+    """A statement's span only inside a trace (a request, a job): the dispatchers' and sweepers' polls, a dozen
+    statements a second between them, would otherwise each be a trace of one span, paid for and never read."""
+
+    def __init__(self, inner: trace.Tracer) -> None:
+        self._inner = inner
+
+    def start_span(self, name: str, context: otel_context.Context | None = None, *args: Any, **kwargs: Any) -> Span:
+        if not trace.get_current_span(context).get_span_context().is_valid:
+            return trace.INVALID_SPAN
+        return self._inner.start_span(name, context, *args, **kwargs)
+
+    @contextmanager
+    def start_as_current_span(self, name: str, context: otel_context.Context | None = None, *args: Any,
+                              **kwargs: Any) -> Iterator[Span]:
+        if not trace.get_current_span(context).get_span_context().is_valid:
+            yield trace.INVALID_SPAN
+            return
+        with self._inner.start_as_current_span(name, context, *args, **kwargs) as current:
+            yield current
 
 
 def fastapi_telemetry(*, serves_customers: bool) -> dict[str, Any]:

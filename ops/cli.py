@@ -22,7 +22,7 @@ from functools import cached_property
 from pydantic import ValidationError
 from sqlalchemy import Engine
 
-from core import db, telemetry
+from core import db
 from core.errors import ServiceError
 from core.settings import Settings, describe_invalid
 from core.specs import SpecInvalid
@@ -451,13 +451,10 @@ def cmd_worker(ctx: Ctx, args: argparse.Namespace) -> int:
     # (exit 0) instead of in a KeyboardInterrupt traceback or a kill by the default SIGTERM action.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: None)
-    telemetry.setup(settings.telemetry, role="worker")
     try:
         run_worker(settings, host=settings.worker.host, port=settings.worker.port, database_url=ctx.url)
     except WorkerNotConfigured as problem:
         return _config_problem(problem, ctx.as_json)
-    finally:
-        telemetry.shutdown()
     return EXIT_OK
 
 
@@ -474,13 +471,10 @@ def cmd_dispatcher(ctx: Ctx, args: argparse.Namespace) -> int:
             os.write(args.ready_fd, b"1")
             os.close(args.ready_fd)
 
-    telemetry.setup(ctx.settings.telemetry, role="dispatcher")
     try:
         run_dispatcher(ctx.settings, database_url=ctx.url, on_ready=on_ready)
     except (DispatcherNotConfigured, DispatchRefused) as problem:
         return _config_problem(problem, ctx.as_json)
-    finally:
-        telemetry.shutdown()
     return EXIT_OK
 
 

@@ -105,8 +105,16 @@ class Receiver:
                 if result:
                     return result
                 left = deadline - time.monotonic()
-                assert left > 0, f"never received: {what}"
+                assert left > 0, f"never received: {what}; received: {self.summary()}"
                 self._changed.wait(left)
+
+    def summary(self) -> dict[str, int]:
+        """How many spans of each role and name arrived (what a failed wait shows)."""
+        counts: dict[str, int] = {}
+        for span in self.spans:
+            key = f"{span.resource.get('specialists.role')}:{span.name}"
+            counts[key] = counts.get(key, 0) + 1
+        return counts
 
     def total(self, metric: str, **attributes: Any) -> float:
         """The sum over every instance of ``metric``'s newest values whose attributes include ``attributes``."""

@@ -221,9 +221,18 @@ def run_worker(
     on_listening: Callable[[int], None] | None = None,
 ) -> None:
     """Serve the worker endpoint until stopped (blocking). Port 0 picks a free port (see ``on_listening``)."""
+    check_worker_settings(settings)
+    telemetry.setup(settings.telemetry, role="worker")  # before its engine: the statements are instrumented
+    try:
+        _serve_worker(settings, host, port, database_url, on_step, on_listening)
+    finally:
+        telemetry.shutdown()  # the last spans and counts of this worker
+
+
+def _serve_worker(settings: Settings, host: str, port: int, database_url: str | None, on_step: StepObserver | None,
+                  on_listening: Callable[[int], None] | None) -> None:
     import uvicorn
 
-    check_worker_settings(settings)
     engine = db.make_engine(database_url or db.database_url(settings), settings)
     db.require_schema_at_head(engine)
     app = create_worker_app(build_worker_service(settings, engine, on_step=on_step))

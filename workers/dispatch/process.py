@@ -169,6 +169,15 @@ def run_dispatcher(
 ) -> None:
     """Run until ``stop`` is set, or SIGTERM/SIGINT arrives (when called on the main thread)."""
     check_dispatcher_settings(settings)
+    telemetry.setup(settings.telemetry, role="dispatcher")  # before its engine: the statements are instrumented
+    try:
+        _run(settings, database_url, stop, on_ready)
+    finally:
+        telemetry.shutdown()  # the last spans and counts of this dispatcher
+
+
+def _run(settings: Settings, database_url: str | None, stop: threading.Event | None,
+         on_ready: Callable[[], None] | None) -> None:
     url = database_url or db.database_url(settings)
     engine = db.make_engine(url, settings)
     db.require_schema_at_head(engine)

@@ -1,0 +1,70 @@
+"""The edge's OpenTelemetry as an operator relies on it, through two real edge processes exporting by OTLP to a
+receiver on 127.0.0.1 (tests/otlp.py): counters that add up across instances, and a customer's ``traceparent``
+continued only when the operator accepts it."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests import http_calls
+from tests.app.conftest import PAID, PAID_TARIFF, message, start_edge, stop_edge
+from tests.otlp import otlp_receiver
+
+pytestmark = [pytest.mark.timeout(90)]
+
+SENT_TO = {"a": 5, "b": 3}
+TRACE_ID = uuid.uuid4().hex
+
+
+def _send(edge, customer, *, headers: dict[str, str] | None = None) -> dict:
+    answer = http_calls.post(f"{edge.specialist(PAID)}/message:send", json=message(returnImmediately=True),
+                             headers={**customer.headers, **(headers or {})}, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return answer.json()["task"]
+
+
+def test_two_instances_export_counters_that_sum_to_the_admissions_made_and_a_traceparent_joins_only_if_accepted(
+        database_url: str, edge_specs_dir: Path, tmp_path: Path, make_customer):
+    customer = make_customer(credits=200)
+    unentitled = make_customer(credits=10, entitled=False)
+    with otlp_receiver() as receiver:
+        telemetry = dict(otel_enabled="true", otel_endpoint=receiver.url, otel_export_delay_s="0.2")
+        # a continues a caller's trace (SPECIALISTS_OTEL_ACCEPT_TRACEPARENT), b keeps the default: it does not.
+        edges = {"a": start_edge(database_url, edge_specs_dir, tmp_path, "otel-a", otel_accept_traceparent="true",
+                                 **telemetry),
+                 "b": start_edge(database_url, edge_specs_dir, tmp_path, "otel-b", **telemetry)}
+        try:
+            caller = {"traceparent": f"00-{TRACE_ID}-{uuid.uuid4().hex[:16]}-01"}
+            tasks = {name: [_send(edge, customer, headers=caller if i == 0 else None)["id"]
+                            for i in range(SENT_TO[name])] for name, edge in edges.items()}
+            refused = http_calls.post(f"{edges['b'].specialist(PAID)}/message:send", json=message(),
+                                      headers=unentitled.headers, timeout=30)
+            assert refused.status_code == 403, refused.text
+
+            def admission_of(task_id: str):
+                return next((s for s in receiver.spans if s.name == "admission"
+                             and s.attributes.get("specialists.task_id") == task_id), None)
+
+            joined = receiver.wait_for("a's first admission", lambda: admission_of(tasks["a"][0]), 30)
+            kept_apart = receiver.wait_for("b's first admission", lambda: admission_of(tasks["b"][0]), 30)
+        finally:
+            for edge in edges.values():  # SIGTERM: each exports its last counts as it stops
+                stop_edge(edge)
+
+    assert joined.trace_id == TRACE_ID
+    assert kept_apart.trace_id != TRACE_ID and kept_apart.parent_span_id != caller["traceparent"].split("-")[2]
+
+    admitted = receiver.per_instance("specialists.admissions", specialist=PAID, outcome="admitted")
+    assert sorted(admitted.values()) == sorted(SENT_TO.values())  # one series per instance, none shared
+    assert receiver.total("specialists.admissions", specialist=PAID, outcome="admitted") == sum(SENT_TO.values())
+    assert receiver.total("specialists.credits.reserved", specialist=PAID) == sum(SENT_TO.values()) * PAID_TARIFF
+    refusals = {dict(attrs)["code"]: value for (_, name, attrs), value in receiver.points.items()
+                if name == "specialists.refusals"}
+    [(code, count)] = refusals.items()  # the one refusal, by the stable code its answer carries
+    assert count == 1 and code in refused.text, (refusals, refused.text)
+    for instance in admitted:
+        resource = receiver.resources[instance]
+        assert resource["service.name"] == "specialists-api" and resource["service.version"]
