@@ -150,9 +150,11 @@ class Meters:
 meters = Meters()
 
 
-def observe_queue(read: Callable[[], list[tuple[str, int, float]]]) -> None:
+def observe_queue(read: Callable[[], list[tuple[str, int, float]]], on: metrics.Meter | None = None) -> None:
     """The dispatch queue's depth and oldest age per specialist as gauges, from ``read`` (specialist, jobs queued,
-    the oldest one's age in seconds), called once per export. Only a dispatcher registers it."""
+    the oldest one's age in seconds), called once per export. Only a dispatcher registers it (``on``: another
+    meter than the process's)."""
+    target = on or meter
     from opentelemetry.metrics import CallbackOptions, Observation
 
     latest: list[list[tuple[str, int, float]] | None] = [None]
@@ -168,9 +170,9 @@ def observe_queue(read: Callable[[], list[tuple[str, int, float]]]) -> None:
     def age(_: CallbackOptions) -> list[Observation]:
         return [Observation(age_s, {"specialist": specialist}) for specialist, _, age_s in latest[0] or ()]
 
-    meter.create_observable_gauge("specialists.queue.depth", [depth], unit="{job}",
+    target.create_observable_gauge("specialists.queue.depth", [depth], unit="{job}",
                                   description="Jobs admitted and not yet taken by a dispatcher, by specialist")
-    meter.create_observable_gauge("specialists.queue.age", [age], unit="s",
+    target.create_observable_gauge("specialists.queue.age", [age], unit="s",
                                   description="How long the oldest job not yet taken has waited, by specialist")
 
 

@@ -57,7 +57,8 @@ class ReceivedSpan:
 class Receiver:
     url: str
     spans: list[ReceivedSpan] = field(default_factory=list)
-    # (instance, metric, sorted attributes) -> the newest cumulative value a sum or gauge reported
+    # (instance, metric, sorted attributes) -> the newest cumulative value a sum or gauge reported (a histogram: its
+    # count, as "<metric>.count")
     points: dict[tuple[str, str, tuple[tuple[str, Any], ...]], float] = field(default_factory=dict)
     bodies: list[bytes] = field(default_factory=list)  # every export as received, for scans
     resources: dict[str, dict[str, Any]] = field(default_factory=dict)  # instance -> its resource
@@ -88,6 +89,12 @@ class Receiver:
                 for scope_metrics in resource_metrics.scope_metrics:
                     for metric in scope_metrics.metrics:
                         kind = metric.WhichOneof("data")
+                        if kind == "histogram":  # kept as its count of recordings, under "<name>.count"
+                            for point in metric.histogram.data_points:
+                                key = (instance, f"{metric.name}.count",
+                                       tuple(sorted(_attributes(point.attributes).items())))
+                                self.points[key] = point.count
+                            continue
                         if kind not in ("sum", "gauge"):
                             continue
                         for point in getattr(metric, kind).data_points:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from taskstate import reads
 from tests import http_calls
 from tests.app.conftest import PAID, PAID_TARIFF, message, start_edge, stop_edge
 from tests.otlp import otlp_receiver
@@ -68,3 +69,29 @@ def test_two_instances_export_counters_that_sum_to_the_admissions_made_and_a_tra
     for instance in admitted:
         resource = receiver.resources[instance]
         assert resource["service.name"] == "specialists-api" and resource["service.version"]
+
+
+def test_the_queue_gauges_read_each_specialists_queued_jobs_and_the_oldest_ones_wait(engine, make_customer,
+                                                                                      edge_alone):
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from core import telemetry
+    from workers.dispatch.process import _queue_reading
+
+    customer = make_customer(credits=50)
+    for _ in range(2):  # nothing claims the paid specialist's tasks beside edge_alone: they stay queued
+        _send(edge_alone, customer)
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])  # this test's own, not the process's
+    try:
+        telemetry.observe_queue(lambda: _queue_reading(engine), on=provider.get_meter("test"))
+        exported = reader.get_metrics_data()
+    finally:
+        provider.shutdown()
+    points = {metric.name: {dict(p.attributes)["specialist"]: p.value for p in metric.data.data_points}
+              for resource in exported.resource_metrics for scope in resource.scope_metrics for metric in scope.metrics}
+    with engine.connect() as conn:
+        queued = {row["specialist_id"]: row["queued"] for row in reads.queue(conn)}
+    assert 2 <= points["specialists.queue.depth"][PAID] <= queued[PAID]  # read first; the queue only grows here
+    assert points["specialists.queue.age"][PAID] >= 0

@@ -93,6 +93,18 @@ def test_a_task_is_one_trace_across_every_process_with_the_trace_in_each_process
     finish = next(span for span in spans if span.name == "job.finish")
     assert finish.attributes["specialists.outcome"] == "completed" and finish.attributes["specialists.accepted"]
 
+    # Each process exported its last counts as it stopped: the task's admission, its claim, its run, its model's
+    # tokens and the credits it settled, as the ledger charged them.
+    charged = seen["metadata"]["specialist"]["creditsCharged"]
+    assert charged > 0
+    assert receiver.total("specialists.admissions", specialist=DEMO_SPECIALIST, outcome="admitted") == 1
+    assert receiver.total("specialists.credits.reserved", specialist=DEMO_SPECIALIST) > 0
+    assert receiver.total("specialists.credits.settled", specialist=DEMO_SPECIALIST, outcome="completed") == charged
+    assert receiver.total("specialists.job.claim_latency.count", specialist=DEMO_SPECIALIST, claim="claimed") == 1
+    assert receiver.total("specialists.job.duration.count", specialist=DEMO_SPECIALIST, outcome="completed") == 1
+    assert receiver.total("specialists.model.tokens", specialist=DEMO_SPECIALIST, kind="input") > 0
+    assert receiver.total("specialists.jobs.unknown") == 0
+
     # Every process that worked on the task logged with its trace, in the fields Cloud Logging correlates.
     lines = [json.loads(line) for line in log_text.splitlines() if line.startswith("{")]
     traced = [line for line in lines if line.get(LOG_TRACE_FIELD) == trace_id]
