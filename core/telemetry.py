@@ -215,6 +215,15 @@ class Installed:
         self.meter_provider.force_flush(int(timeout_s * 1000))
 
 
+# What ``setup`` imports when telemetry is on (production's default, infra/): the image writes their bytecode
+# (ops/image_bytecode.py), so a process that starts with telemetry on does not compile them in memory.
+SDK_MODULES = (
+    "opentelemetry.sdk.trace", "opentelemetry.sdk.metrics", "opentelemetry.sdk.resources",
+    "opentelemetry.exporter.otlp.proto.http.trace_exporter", "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+    "opentelemetry.instrumentation.httpx", "opentelemetry.instrumentation.sqlalchemy",
+    "opentelemetry.instrumentation.grpc",
+)
+
 _installed: Installed | None = None
 _install_lock = threading.Lock()
 

@@ -5,8 +5,8 @@ every import: about 2.3 s more per process start if nothing were written. The bu
 venv's modules and the project's; the final stage runs it again with the base's own interpreter, which
 writes what is still missing there, the standard library's (the distroless base ships no bytecode).
 What is listed: each role's command (ops/cli.py's serve, worker, dispatcher, db upgrade, console; the
-drill job), the job processes' forkserver preload (workers.isolation.PRELOAD), and the model SDK of the
-hosted routes. tests/deploy/test_dockerfile.py keeps the list true.
+drill job), the job processes' forkserver preload (workers.isolation.PRELOAD), the model SDK of the
+hosted routes, and OpenTelemetry's SDK and exporters (core.telemetry.SDK_MODULES: on in production). tests/deploy/test_dockerfile.py keeps the list true.
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ MODULES = (
 
 
 def main() -> int:
+    from core.telemetry import SDK_MODULES  # what a role imports at start with telemetry on
+
     sys.dont_write_bytecode = False  # the image's ENV says otherwise for run time, not for this
-    for name in MODULES:
+    for name in MODULES + SDK_MODULES:
         importlib.import_module(name)
     return 0
 

@@ -88,9 +88,10 @@ def test_the_final_venv_keeps_neither_pip_nor_the_build_backend(stages):
 
 def warm_modules(builder: Stage) -> set[str]:
     """The modules the build imports to write their bytecode: what the roles import at start."""
+    from core.telemetry import SDK_MODULES
     from ops.image_bytecode import MODULES
 
-    return set(MODULES)
+    return set(MODULES) | set(SDK_MODULES)
 
 
 def test_the_bytecode_written_covers_what_every_role_and_job_process_imports_at_start(stages, final):
@@ -106,6 +107,7 @@ def test_the_bytecode_written_covers_what_every_role_and_job_process_imports_at_
     assert [i.exec_form() for i in final.all("RUN")] == [["/opt/venv/bin/python", "-m", "ops.image_bytecode"]]
     modules = warm_modules(builder)
     assert set(PRELOAD) <= modules, "the job processes' forkserver preload"
+    assert {"opentelemetry.sdk.trace", "opentelemetry.exporter.otlp.proto.http.trace_exporter"} <= modules  # on in production
     # The modules of each role's command (ops/cli.py's serve, worker, dispatcher, db upgrade, console; the drill job).
     assert {"app.assembly", "app.grpc_binding", "workers.assembly", "workers.server", "workers.dispatch.process",
             "ops.cli", "ops.drill.cli", "ops.console.app", "alembic.command"} <= modules
