@@ -27,6 +27,24 @@ def _send(edge, customer, *, headers: dict[str, str] | None = None) -> dict:
     return answer.json()["task"]
 
 
+def _get_task_over_grpc(edge, customer, task_id: str) -> None:
+    """The gRPC binding's GetTask (the specialist as tenant, the key in metadata), as a gRPC client sends it."""
+    import asyncio
+
+    import grpc.aio
+    from a2a.types import a2a_pb2_grpc
+    from a2a.types.a2a_pb2 import GetTaskRequest
+
+    async def call() -> None:
+        async with grpc.aio.insecure_channel(edge.grpc_address) as channel:
+            task = await a2a_pb2_grpc.A2AServiceStub(channel).GetTask(
+                GetTaskRequest(id=task_id, tenant=PAID), metadata=(("authorization", f"Bearer {customer.key}"),),
+                timeout=30)
+            assert task.id == task_id
+
+    asyncio.run(call())
+
+
 def test_two_instances_export_counters_that_sum_to_the_admissions_made_and_a_traceparent_joins_only_if_accepted(
         database_url: str, edge_specs_dir: Path, tmp_path: Path, make_customer):
     customer = make_customer(credits=200)
@@ -45,16 +63,21 @@ def test_two_instances_export_counters_that_sum_to_the_admissions_made_and_a_tra
                                       headers=unentitled.headers, timeout=30)
             assert refused.status_code == 403, refused.text
 
+            _get_task_over_grpc(edges["b"], customer, tasks["b"][0])
+
             def admission_of(task_id: str):
                 return next((s for s in receiver.spans if s.name == "admission"
                              and s.attributes.get("specialists.task_id") == task_id), None)
 
             joined = receiver.wait_for("a's first admission", lambda: admission_of(tasks["a"][0]), 30)
             kept_apart = receiver.wait_for("b's first admission", lambda: admission_of(tasks["b"][0]), 30)
+            grpc_call = receiver.wait_for("b's gRPC GetTask span", lambda: next(
+                (s for s in receiver.spans if s.name.endswith("/GetTask") and s.kind == 2), None), 30)  # SERVER
         finally:
             for edge in edges.values():  # SIGTERM: each exports its last counts as it stops
                 stop_edge(edge)
 
+    assert grpc_call.resource["service.instance.id"] != joined.resource["service.instance.id"]  # b's, not a's
     assert joined.trace_id == TRACE_ID
     assert kept_apart.trace_id != TRACE_ID and kept_apart.parent_span_id != caller["traceparent"].split("-")[2]
 
