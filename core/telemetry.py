@@ -210,10 +210,6 @@ class Installed:
     settings: "TelemetrySettings"
     resource: Mapping[str, Any]
 
-    def flush(self, timeout_s: float) -> None:
-        self.tracer_provider.force_flush(int(timeout_s * 1000))
-        self.meter_provider.force_flush(int(timeout_s * 1000))
-
 
 # What ``setup`` imports when telemetry is on (production's default, infra/): the image writes their bytecode
 # (ops/image_bytecode.py), so a process that starts with telemetry on does not compile them in memory.
@@ -226,10 +222,6 @@ SDK_MODULES = (
 
 _installed: Installed | None = None
 _install_lock = threading.Lock()
-
-
-def installed() -> Installed | None:
-    return _installed
 
 
 def _package_version() -> str:

@@ -127,22 +127,8 @@ def test_a_worker_killed_mid_subcall_is_resumed_by_the_next_delivery_and_settled
     task_id = send(system, customer, "reviewer-slow", FOUR_DEFECTS)
     job = system.wait_for("the job to be dispatched", lambda: _job(system, task_id), 30)
 
-    def in_flight() -> bool:
-        with system.engine.connect() as conn:
-            states = dict(conn.execute(text(
-                "SELECT state, count(*) FROM specialist_calls WHERE job_id = :j AND purpose = 'subcall' GROUP BY 1"),
-                {"j": job}).all())
-        return states.get("completed", 0) >= 2 and states.get("started", 0) >= 2
-
-    # The route's script holds every semantic call after the first two until its release file appears.
-    system.wait_for("two answered semantic calls and two held in flight", in_flight, 60, interval_s=0.02)
-    with system.engine.connect() as conn:
-        worker_id = conn.execute(text("SELECT worker_id FROM job_claims WHERE job_id = :j"), {"j": job}).scalar_one()
-    victim = [w for w in system.workers if str(w.process.pid) == worker_id.split(":")[1]]
-    assert victim, worker_id
-    os.kill(victim[0].process.pid, signal.SIGKILL)
-    victim[0].process.wait(10)
-    (system.folder / "held" / "release").touch()  # the resumed run's calls go through
+    wait_for_two_held_subcalls(system, job)
+    kill_the_claiming_worker(system, job)
 
     task = system.wait_for("the resumed review to finish", lambda: finished(system, customer, "reviewer-slow", task_id), 60)
     assert task["status"]["state"] == "TASK_STATE_COMPLETED", task["status"]
@@ -159,6 +145,29 @@ def test_a_worker_killed_mid_subcall_is_resumed_by_the_next_delivery_and_settled
     meta = task["metadata"]["specialist"]
     assert (meta["semanticCallsUsed"], meta["creditsCharged"], meta["resumes"]) == (4, 8, 1)
     assert settlements(system, task_id) == [("settle", 8)]  # once, for the four calls answered once each
+
+
+def wait_for_two_held_subcalls(system: System, job: str) -> None:
+    """The route's script holds every semantic call after the first two until its release file appears."""
+    def in_flight() -> bool:
+        with system.engine.connect() as conn:
+            states = dict(conn.execute(text(
+                "SELECT state, count(*) FROM specialist_calls WHERE job_id = :j AND purpose = 'subcall' GROUP BY 1"),
+                {"j": job}).all())
+        return states.get("completed", 0) >= 2 and states.get("started", 0) >= 2
+
+    system.wait_for("two answered semantic calls and two held in flight", in_flight, 60, interval_s=0.02)
+
+
+def kill_the_claiming_worker(system: System, job: str) -> None:
+    """SIGKILL the worker whose claim holds ``job``, then release the held calls for the run that resumes it."""
+    with system.engine.connect() as conn:
+        worker_id = conn.execute(text("SELECT worker_id FROM job_claims WHERE job_id = :j"), {"j": job}).scalar_one()
+    victim = [w for w in system.workers if str(w.process.pid) == worker_id.split(":")[1]]
+    assert victim, worker_id
+    os.kill(victim[0].process.pid, signal.SIGKILL)
+    victim[0].process.wait(10)
+    (system.folder / "held" / "release").touch()  # the resumed run's calls go through
 
 
 def _job(system: System, task_id: str) -> str | None:
