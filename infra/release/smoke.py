@@ -7,7 +7,8 @@
     migrate    refuses to run without DATABASE_URL (the image has no embedded server), upgrades a fresh
                database, and a second run finds it at head
     api        `serve` answers /healthz and /readyz, /metrics only with its token, a card; the image's
-               HEALTHCHECK passes; SIGTERM stops it cleanly (exit 0)
+               HEALTHCHECK passes; SIGTERM stops it cleanly (exit 0); with telemetry on, a request's span reaches
+               an OTLP receiver of the smoke's own (POST /v1/traces, protobuf) and its stop exports the metrics
     grpc       `serve` as the gRPC service: HTTP/2 on the container's port, the edge on another; a clean stop
     worker     `worker` is live but refuses readiness without its keys (checkpoint key, model keys) and is
                ready with them; SIGTERM stops it cleanly
@@ -36,11 +37,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,6 +85,7 @@ BUILD_TIMEOUT_S = 1800.0
 # The smoke fails above it: 240 MB measured (docs/OPERATIONS.md) and 10 MB of room, so a new dependency of any size
 # (a second model client was 38 MB) is a decision, not a drift. Half of the 488 MB image of issue 23 is 244 MB.
 MAX_IMAGE_MB = 250
+OTLP_WAIT_S = 15.0  # a request to its span's export (the batch's delay is 0.2 s here); a failing check waits this long
 
 
 class SmokeError(Exception):
@@ -174,21 +178,26 @@ class Running:
         return state.stdout.strip() == "true"
 
     def wait_live(self) -> bool:
-        """Until /healthz answers 200 (polling an outside process: its answer is the event), or the role dies."""
+        why_not = self.until_live()
+        return self.smoke.record(self.role, "live (/healthz 200)", why_not is None, why_not or "")
+
+    def until_live(self) -> str | None:
+        """Until /healthz answers 200 (polling an outside process: its answer is the event): None, or why it did
+        not (the role died, or the time ran out)."""
         deadline = time.monotonic() + START_TIMEOUT_S
         last = "no answer"
         while time.monotonic() < deadline:
             try:
                 status, body = self.get("/healthz")
                 if status == 200:
-                    return self.smoke.record(self.role, "live (/healthz 200)", True)
+                    return None
                 last = f"{status} {body[:200]}"
             except OSError as exc:
                 last = type(exc).__name__
             if not self.running():
-                return self.smoke.record(self.role, "live (/healthz 200)", False, f"exited:\n{self.logs()}")
+                return f"exited:\n{self.logs()}"
             time.sleep(0.25)
-        return self.smoke.record(self.role, "live (/healthz 200)", False, f"{last} after {START_TIMEOUT_S:.0f} s")
+        return f"{last} after {START_TIMEOUT_S:.0f} s"
 
     def logs(self, tail: int = 30) -> str:
         done = self.smoke.engine_run(["logs", "--tail", str(tail), self.name])
@@ -206,12 +215,17 @@ class Running:
                                  done.stderr.strip()[-300:])
 
     def stop_cleanly(self) -> bool:
+        clean, detail = self.stop()
+        return self.smoke.record(self.role, "SIGTERM stops it cleanly (exit 0)", clean, detail)
+
+    def stop(self) -> tuple[bool, str]:
+        """SIGTERM, and wait for the exit: whether it was clean (exit 0 within the grace), and what happened."""
         started = time.monotonic()
         self.smoke.engine_run(["stop", "-t", str(STOP_GRACE_S), self.name], timeout_s=STOP_GRACE_S + 60)
         took_s = time.monotonic() - started
         code = self.smoke.engine_run(["inspect", "--format", "{{.State.ExitCode}}", self.name]).stdout.strip()
-        return self.smoke.record(self.role, "SIGTERM stops it cleanly (exit 0)", code == "0" and took_s < STOP_GRACE_S,
-                                 f"exit {code} after {took_s:.1f} s" + ("" if code == "0" else f"\n{self.logs()}"))
+        return (code == "0" and took_s < STOP_GRACE_S,
+                f"exit {code} after {took_s:.1f} s" + ("" if code == "0" else f"\n{self.logs()}"))
 
 
 def free_port() -> int:
@@ -302,18 +316,25 @@ def migrate(smoke: Smoke, url: str) -> None:
                  again.returncode == 0 and "already at head" in again.stdout + again.stderr, f"exit {again.returncode}")
 
 
-def api(smoke: Smoke, url: str) -> None:
-    metrics_token = token()
-    env = {
+AGENT_CARD = "/specialists/conformance/.well-known/agent-card.json"
+
+
+def api_env(url: str) -> dict[str, str]:
+    return {
         "DATABASE_URL": url,
         "SPECIALISTS_KEY_SIGNING_SECRETS": token(),
         "SPECIALISTS_WORKER_JOB_SECRETS": token(),
-        "SPECIALISTS_METRICS_TOKEN": metrics_token,
+        "SPECIALISTS_METRICS_TOKEN": token(),
         "SPECIALISTS_KEY_ENVIRONMENT": "live",
         # The edge alone: the Cloud Tasks relay needs Google, and the worker is its own role below.
         "SPECIALISTS_SERVE_WORKER": "false",
         "SPECIALISTS_SERVE_DISPATCHER": "false",
     }
+
+
+def api(smoke: Smoke, url: str) -> None:
+    env = api_env(url)
+    metrics_token = env["SPECIALISTS_METRICS_TOKEN"]
     running = smoke.start("api", ["serve"], env)
     if not running.wait_live():
         return
@@ -323,10 +344,112 @@ def api(smoke: Smoke, url: str) -> None:
     smoke.record("api", "/metrics refuses a scraper without its token", status == 401, str(status))
     status, _ = running.get("/metrics", metrics_token)
     smoke.record("api", "/metrics answers with its token", status == 200, str(status))
-    status, body = running.get("/specialists/conformance/.well-known/agent-card.json")
+    status, body = running.get(AGENT_CARD)
     smoke.record("api", "serves an Agent Card", status == 200 and '"supportedInterfaces"' in body, str(status))
     running.health_check()
     running.stop_cleanly()
+
+
+OTLP_CONTENT_TYPE = "application/x-protobuf"  # OTLP/HTTP's binary encoding, what the exporters send
+OTLP_PATHS = ("/v1/traces", "/v1/metrics")
+
+
+class OtlpReceiver:
+    """A stand-in for the collector (infra/observability.tf): answers 200 to POST /v1/traces and /v1/metrics and
+    keeps each request's path and content type (the bodies are not decoded: the tests' tests/otlp.py does that)."""
+
+    def __init__(self, host: str) -> None:
+        self.received: list[tuple[str, str]] = []
+        self.changed = threading.Condition()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (the standard library's name)
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                known = self.path in OTLP_PATHS
+                if known:  # kept before the answer: an exporter that has its answer has been counted
+                    with receiver.changed:
+                        receiver.received.append((self.path, self.headers.get("Content-Type", "")))
+                        receiver.changed.notify_all()
+                self.send_response(200 if known else 404)
+                self.send_header("Content-Type", OTLP_CONTENT_TYPE)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://{host}:{self.server.server_address[1]}"
+
+    def __enter__(self) -> "OtlpReceiver":
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def posts(self, path: str) -> list[str]:
+        """The content types of the POSTs to ``path`` so far, in order."""
+        with self.changed:
+            return [content_type for got, content_type in self.received if got == path]
+
+    def wait_for(self, path: str, more_than: int = 0, timeout_s: float = OTLP_WAIT_S) -> list[str]:
+        """The POSTs to ``path`` once there are more than ``more_than`` of them, or all there are at the timeout."""
+        with self.changed:
+            self.changed.wait_for(lambda: len(self.posts(path)) > more_than, timeout_s)
+            return self.posts(path)
+
+
+def receiver_host(network: str) -> str:
+    """An address of this machine its containers reach: the loopback on the host network; else this machine's
+    address on its outbound interface (Cloud Build: the smoke step's own address on the `cloudbuild` network,
+    where the roles run too)."""
+    if network == "host":
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1; a datagram socket's connect sends nothing, it picks a route
+            return probe.getsockname()[0]
+        except OSError:
+            return socket.gethostbyname(socket.gethostname())
+
+
+def api_telemetry(smoke: Smoke, url: str) -> None:
+    """The API with telemetry on (production's setting, infra/observability.tf), exporting to a receiver of the
+    smoke's own: a request's span is exported by OTLP/HTTP in protobuf, and its stop exports the last metrics. The
+    SDK, the exporter and the instrumentations are imported from the image as the platform would (bytecode written
+    at build time, a read-only root)."""
+    name = "with telemetry on, exports traces and metrics by OTLP"
+    with OtlpReceiver(receiver_host(smoke.network)) as receiver:
+        env = {**api_env(url), "SPECIALISTS_OTEL_ENABLED": "true", "SPECIALISTS_OTEL_ENDPOINT": receiver.url,
+               "SPECIALISTS_OTEL_EXPORT_DELAY_S": "0.2", "SPECIALISTS_OTEL_METRICS_INTERVAL_S": "1"}
+        running = smoke.start("api", ["serve"], env)
+        not_live = running.until_live()
+        if not_live:
+            smoke.record("api", name, False, f"not live: {not_live}")
+            return
+        status, _ = running.get(AGENT_CARD)  # a span (/healthz, /readyz and /metrics make none)
+        traces = receiver.wait_for("/v1/traces")
+        metrics_before_stop = len(receiver.posts("/v1/metrics"))
+        clean, stopped = running.stop()
+        metrics = receiver.wait_for("/v1/metrics", more_than=metrics_before_stop, timeout_s=1.0)
+    problems = []
+    if status != 200:
+        problems.append(f"the card answered {status}")
+    if OTLP_CONTENT_TYPE not in traces:
+        problems.append(f"no POST /v1/traces of {OTLP_CONTENT_TYPE} within {OTLP_WAIT_S:.0f} s (got {traces})")
+    if not clean:
+        problems.append(f"SIGTERM: {stopped}")
+    if OTLP_CONTENT_TYPE not in metrics[metrics_before_stop:]:
+        problems.append(f"no POST /v1/metrics of {OTLP_CONTENT_TYPE} at the stop "
+                        f"({metrics_before_stop} before it, {len(metrics) - metrics_before_stop} after)")
+    if problems:
+        problems.append(f"the role's log:\n{running.logs()}")
+    smoke.record("api", name, not problems, "; ".join(problems) or (
+        f"{len(traces)} trace and {len(metrics)} metrics exports to {receiver.url}, the last at the stop; {stopped}"))
 
 
 HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # and an empty SETTINGS
@@ -635,7 +758,7 @@ def run_smoke(args: argparse.Namespace, folder: Path) -> tuple[Smoke, dict]:
         url = database(smoke, name, "create")
         try:
             migrate(smoke, url)
-            steps: list[Callable[[Smoke, str], None]] = [api, grpc, worker, console]
+            steps: list[Callable[[Smoke, str], None]] = [api, api_telemetry, grpc, worker, console]
             for step in steps:
                 step(smoke, url)
         finally:

@@ -160,3 +160,29 @@ def test_the_smokes_http2_probe_tells_a_grpc_server_from_an_http1_one():
         server.stop(None)
         http1.shutdown()
         http1.server_close()
+
+
+def test_the_smokes_otlp_receiver_keeps_what_the_services_exporter_sends_and_answers_it():
+    import urllib.error
+    import urllib.request
+
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    assert smoke.receiver_host("host") == "127.0.0.1"
+    finished = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(finished))
+    with provider.get_tracer("smoke-test").start_as_current_span("a request"):
+        pass
+    with smoke.OtlpReceiver("127.0.0.1") as receiver:
+        exporter = OTLPSpanExporter(endpoint=f"{receiver.url}/v1/traces", timeout=5)
+        assert exporter.export(finished.get_finished_spans()) == SpanExportResult.SUCCESS
+        assert receiver.wait_for("/v1/traces", timeout_s=5) == [smoke.OTLP_CONTENT_TYPE]
+        assert receiver.wait_for("/v1/metrics", timeout_s=0.1) == []
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(f"{receiver.url}/v1/logs", data=b"x"), timeout=5)
+        assert refused.value.code == 404
+        assert receiver.posts("/v1/logs") == []
