@@ -374,6 +374,12 @@ class TelemetrySettings(Section):
                     "most; its collector batches).",
     )
     export_timeout_s: float = Field(default=10.0, gt=0, le=60, description="One export's time limit.")
+    shutdown_s: float = Field(
+        default=3.0, gt=0, le=30,
+        description="The longest a stopping process (or a job's process, after its outcome) waits to export what it "
+                    "still holds; past it the rest is dropped. Cloud Run allows 10 s after SIGTERM, the worker's "
+                    "drain included.",
+    )
     service_name: str = Field(
         default="", max_length=100, validation_alias=AliasChoices("SPECIALISTS_OTEL_SERVICE_NAME", "K_SERVICE"),
         description="The resource's service.name (Cloud Run sets K_SERVICE); empty: specialists-<role>.",

@@ -264,7 +264,9 @@ def setup(settings: "TelemetrySettings", *, role: str) -> Installed | None:
         }
         resource = Resource.create(attributes)
         timeout_s = settings.export_timeout_s
-        tracer_provider = _Provider(resource=resource, sampler=ParentBased(TraceIdRatioBased(settings.sampling_ratio)))
+        # No shutdown at exit of their own: ``shutdown`` bounds it (theirs would wait out a silent receiver).
+        tracer_provider = _Provider(resource=resource, sampler=ParentBased(TraceIdRatioBased(settings.sampling_ratio)),
+                                    shutdown_on_exit=False)
         if settings.traces == "otlp":
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -280,7 +282,7 @@ def setup(settings: "TelemetrySettings", *, role: str) -> Installed | None:
                 OTLPMetricExporter(endpoint=_signal_url(settings.endpoint, "metrics"), timeout=timeout_s),
                 export_interval_millis=settings.metrics_interval_s * 1000, export_timeout_millis=timeout_s * 1000,
             ))
-        meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+        meter_provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
         trace.set_tracer_provider(tracer_provider)
         metrics.set_meter_provider(meter_provider)
         # Our trace crosses processes in the outbox row and the signed job, never in a header; a header is read
@@ -310,17 +312,28 @@ class _NoPropagation(TextMapPropagator):
 
 
 def shutdown() -> None:
-    """Export what is pending and stop the exporters (a process's end: its last spans and its last counts)."""
+    """Export what is pending and stop the exporters (a process's end: its last spans and its last counts), within
+    ``SPECIALISTS_OTEL_SHUTDOWN_S``: a receiver that is down or slow costs the process's last telemetry, never
+    its stop."""
     global _installed
     with _install_lock:
         done, _installed = _installed, None
     if done is None:
         return
-    for provider in (done.tracer_provider, done.meter_provider):
-        try:
-            provider.shutdown()
-        except Exception as exc:  # a receiver that is gone must not stop the process from ending
-            log.warning("telemetry could not be exported at shutdown: %s", type(exc).__name__)
+
+    def export_the_rest() -> None:
+        for provider in (done.tracer_provider, done.meter_provider):
+            try:
+                provider.shutdown()
+            except Exception as exc:
+                log.warning("telemetry could not be exported at shutdown: %s", type(exc).__name__)
+
+    exporting = threading.Thread(target=export_the_rest, name="telemetry-shutdown", daemon=True)
+    exporting.start()
+    exporting.join(done.settings.shutdown_s)
+    if exporting.is_alive():
+        log.warning("telemetry was still exporting after SPECIALISTS_OTEL_SHUTDOWN_S (%g s); the rest is dropped",
+                    done.settings.shutdown_s)
 
 
 def _signal_url(endpoint: str, signal: str) -> str:

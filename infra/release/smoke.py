@@ -472,6 +472,8 @@ def grpc(smoke: Smoke, url: str) -> None:
     """The gRPC service: the API's edge with the binding on the container's port (infra/run.tf's grpc service),
     its HTTP bindings on another port, no relay."""
     grpc_port, http_port = smoke.port(8080), smoke.port(8081)
+    while http_port == grpc_port:  # on the host's network, two free ports asked for in turn can be one port
+        http_port = smoke.port(8081)
     env = {
         "DATABASE_URL": url,
         "SPECIALISTS_KEY_SIGNING_SECRETS": token(),

@@ -4,6 +4,8 @@ continued only when the operator accepts it."""
 
 from __future__ import annotations
 
+import socket
+import time
 import uuid
 from pathlib import Path
 
@@ -118,3 +120,26 @@ def test_the_queue_gauges_read_each_specialists_queued_jobs_and_the_oldest_ones_
         queued = {row["specialist_id"]: row["queued"] for row in reads.queue(conn)}
     assert 2 <= points["specialists.queue.depth"][PAID] <= queued[PAID]  # read first; the queue only grows here
     assert points["specialists.queue.age"][PAID] >= 0
+
+
+def test_an_edge_whose_receiver_never_answers_still_stops_within_its_shutdown_bound(
+        database_url: str, edge_specs_dir: Path, tmp_path: Path, make_customer):
+    customer = make_customer(credits=20)
+    # Accepts connections into its backlog and never reads a byte: an export to it waits its whole timeout.
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        shutdown_s, export_timeout_s = 1.0, 30.0
+        edge = start_edge(database_url, edge_specs_dir, tmp_path, "otel-silent", otel_enabled="true",
+                          otel_endpoint=endpoint, otel_export_timeout_s=str(export_timeout_s),
+                          otel_shutdown_s=str(shutdown_s))
+        try:
+            _send(edge, customer)  # a trace and counts to export, which never leave
+        finally:
+            stopping = time.monotonic()
+            stop_edge(edge)
+            stopped_s = time.monotonic() - stopping
+    assert edge.process.returncode == 0
+    # Unbounded, the spans' and the metrics' last exports would each wait 30 s. The promise is
+    # SPECIALISTS_OTEL_SHUTDOWN_S on top of the edge's own stop, which takes well under 10 s even on a loaded machine.
+    assert stopped_s < shutdown_s + 10, f"stopped after {stopped_s:.1f} s (SPECIALISTS_OTEL_SHUTDOWN_S={shutdown_s})"
+    assert "SPECIALISTS_OTEL_SHUTDOWN_S" in edge.log_path.read_text()
