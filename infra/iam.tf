@@ -1,8 +1,9 @@
 # Service accounts, one per role, each with only what that role does:
 #   api       runs the edge and its Cloud Tasks relay: reaches Cloud SQL, enqueues on the jobs queue,
-#             and acts as the invoker account (Cloud Tasks mints the invoker's OIDC token for its tasks)
+#             and acts as the invoker account (Cloud Tasks mints the invoker's OIDC token for its tasks);
+#             its collector sidecar writes traces and metrics (infra/observability.tf)
 #   invoker   the identity of Cloud Tasks deliveries: may invoke the worker service, nothing else
-#   worker    runs jobs: reaches Cloud SQL
+#   worker    runs jobs: reaches Cloud SQL; its collector sidecar writes traces and metrics
 #   migrate   the migration job: reaches Cloud SQL
 #   drill     the drill job: reaches Cloud SQL and reads what an operator uses (the database URL, the
 #             key-signing secrets); calls the API like a customer, and may neither enqueue on the
@@ -106,6 +107,25 @@ resource "google_cloud_run_v2_service_iam_member" "public_calls_grpc" {
   member   = "allUsers"
 }
 
+# --- traces and metrics: the collector sidecars write as their instance's account --------------------
+# Only the accounts of the exporting services (local.otel_writers; none when otel_enabled is false). Both roles
+# exist only at the project level. Cloud Trace: cloudtrace.traces.patch; Cloud Monitoring: timeSeries.create and
+# the metric descriptors the new series need.
+
+resource "google_project_iam_member" "otel_trace_agent" {
+  for_each = local.otel_writers
+  project  = var.project_id
+  role     = "roles/cloudtrace.agent"
+  member   = "serviceAccount:${each.value}"
+}
+
+resource "google_project_iam_member" "otel_metric_writer" {
+  for_each = local.otel_writers
+  project  = var.project_id
+  role     = "roles/monitoring.metricWriter"
+  member   = "serviceAccount:${each.value}"
+}
+
 # --- secrets --------------------------------------------------------------------------------------
 
 resource "google_secret_manager_secret_iam_member" "api_reads" {
@@ -137,6 +157,14 @@ resource "google_secret_manager_secret_iam_member" "worker_reads_model_keys" {
   secret_id = each.value.id
   role      = "roles/secretmanager.secretAccessor"
   member    = "serviceAccount:${google_service_account.worker.email}"
+}
+
+# The collector's configuration, mounted by the sidecars of the exporting services.
+resource "google_secret_manager_secret_iam_member" "otel_config_reads" {
+  for_each  = local.otel_writers
+  secret_id = google_secret_manager_secret.otel_collector_config.id
+  role      = "roles/secretmanager.secretAccessor"
+  member    = "serviceAccount:${each.value}"
 }
 
 resource "google_secret_manager_secret_iam_member" "migrate_reads" {

@@ -1,7 +1,8 @@
 # The three Cloud Run services of the A2A path (the public A2A edge, its gRPC binding, the private workers), the
 # migration job and the drill job, all on the one image (../Dockerfile), and every setting each needs, by its real name
 # (core/settings.py; docs/SETTINGS.md). Plain values in *_env, Secret Manager secrets in *_secret_env
-# (name => secret id). The operator console, a fourth service on the same image, is infra/console.tf.
+# (name => secret id). The operator console, a fourth service on the same image, is infra/console.tf. The three
+# services export traces and metrics to an OpenTelemetry Collector sidecar of their own (infra/observability.tf).
 # tests/deploy/test_infra.py starts the real service from these maps.
 #
 # cloudbuild.yaml owns the image and the API's traffic after the first apply (lifecycle below).
@@ -19,6 +20,10 @@ locals {
   # HTTP bindings listen on another port that Cloud Run routes nothing to (one port per service).
   grpc_container_port = 8080
   grpc_edge_http_port = 8081
+
+  # Each service's own container, named beside the collector sidecar of the exporting services
+  # (infra/observability.tf); the release deploys its image.
+  app_container = "app"
 
   # Inside the image (WORKDIR /app): the routes of the deployed specialists.
   model_routes_file = "/app/infra/model_routes.toml"
@@ -144,6 +149,11 @@ resource "google_cloud_run_v2_service" "api" {
     google_secret_manager_secret_version.database_url,
     google_secret_manager_secret_version.metrics_token,
     google_secret_manager_secret_version.push_signing,
+    google_project_service.telemetry,
+    google_secret_manager_secret_version.otel_collector_config,
+    google_secret_manager_secret_iam_member.otel_config_reads,
+    google_project_iam_member.otel_trace_agent,
+    google_project_iam_member.otel_metric_writer,
   ]
 
   template {
@@ -174,9 +184,26 @@ resource "google_cloud_run_v2_service" "api" {
       }
     }
 
+    # The collector's configuration, the version Terraform wrote (infra/observability.tf).
+    dynamic "volumes" {
+      for_each = local.otel_sidecars
+      content {
+        name = local.otel_collector.config_volume
+        secret {
+          secret = google_secret_manager_secret.otel_collector_config.secret_id
+          items {
+            version = google_secret_manager_secret_version.otel_collector_config.version
+            path    = local.otel_collector.config_file
+          }
+        }
+      }
+    }
+
     containers {
-      image = var.image
-      args  = ["serve"]
+      name       = local.app_container
+      image      = var.image
+      depends_on = local.otel_sidecars # started once the collector passed its startup probe
+      args       = ["serve"]
 
       ports {
         container_port = 8080
@@ -218,6 +245,14 @@ resource "google_cloud_run_v2_service" "api" {
         }
       }
 
+      dynamic "env" {
+        for_each = local.otel_env
+        content {
+          name  = env.key
+          value = env.value
+        }
+      }
+
       # Ready = the database answers and its schema is at the code's head (run the migration job first).
       startup_probe {
         period_seconds    = 2
@@ -234,6 +269,39 @@ resource "google_cloud_run_v2_service" "api" {
         failure_threshold = 4
         http_get {
           path = "/healthz"
+        }
+      }
+    }
+
+    # The OpenTelemetry Collector (infra/observability.tf), when otel_enabled: this container starts first.
+    dynamic "containers" {
+      for_each = local.otel_sidecars
+      content {
+        name  = containers.value
+        image = var.otel_collector_image
+        args  = ["--config=${local.otel_collector.config_dir}/${local.otel_collector.config_file}"]
+
+        resources {
+          limits = {
+            cpu    = local.otel_collector.cpu
+            memory = local.otel_collector.memory
+          }
+          cpu_idle = false # as the service's own container: the collector exports between requests
+        }
+
+        volume_mounts {
+          name       = local.otel_collector.config_volume
+          mount_path = local.otel_collector.config_dir
+        }
+
+        startup_probe {
+          period_seconds    = 2
+          timeout_seconds   = 2
+          failure_threshold = 30
+          http_get {
+            path = "/"
+            port = local.otel_collector.health_port
+          }
         }
       }
     }
@@ -263,6 +331,11 @@ resource "google_cloud_run_v2_service" "grpc" {
     google_secret_manager_secret_version.database_url,
     google_secret_manager_secret_version.metrics_token,
     google_secret_manager_secret_version.push_signing,
+    google_project_service.telemetry,
+    google_secret_manager_secret_version.otel_collector_config,
+    google_secret_manager_secret_iam_member.otel_config_reads,
+    google_project_iam_member.otel_trace_agent,
+    google_project_iam_member.otel_metric_writer,
   ]
 
   template {
@@ -292,9 +365,26 @@ resource "google_cloud_run_v2_service" "grpc" {
       }
     }
 
+    # The collector's configuration, the version Terraform wrote (infra/observability.tf).
+    dynamic "volumes" {
+      for_each = local.otel_sidecars
+      content {
+        name = local.otel_collector.config_volume
+        secret {
+          secret = google_secret_manager_secret.otel_collector_config.secret_id
+          items {
+            version = google_secret_manager_secret_version.otel_collector_config.version
+            path    = local.otel_collector.config_file
+          }
+        }
+      }
+    }
+
     containers {
-      image = var.image
-      args  = ["serve"]
+      name       = local.app_container
+      image      = var.image
+      depends_on = local.otel_sidecars # started once the collector passed its startup probe
+      args       = ["serve"]
 
       # h2c: Cloud Run forwards HTTP/2 to the container without TLS (gRPC needs HTTP/2 end to end).
       ports {
@@ -336,6 +426,14 @@ resource "google_cloud_run_v2_service" "grpc" {
         }
       }
 
+      dynamic "env" {
+        for_each = local.otel_env
+        content {
+          name  = env.key
+          value = env.value
+        }
+      }
+
       # The gRPC port opens only after the edge found the schema at the code's head (its start-up refuses
       # otherwise), so a TCP probe on it means what the API's /readyz means at start. Cloud Run routes no
       # HTTP/1 path to this service, and its liveness probes speak only HTTP or gRPC health (not served).
@@ -345,6 +443,38 @@ resource "google_cloud_run_v2_service" "grpc" {
         failure_threshold = 30
         tcp_socket {
           port = local.grpc_container_port
+        }
+      }
+    }
+
+    # The OpenTelemetry Collector (infra/observability.tf), when otel_enabled: this container starts first.
+    dynamic "containers" {
+      for_each = local.otel_sidecars
+      content {
+        name  = containers.value
+        image = var.otel_collector_image
+        args  = ["--config=${local.otel_collector.config_dir}/${local.otel_collector.config_file}"]
+
+        resources {
+          limits = {
+            cpu    = local.otel_collector.cpu
+            memory = local.otel_collector.memory
+          }
+        }
+
+        volume_mounts {
+          name       = local.otel_collector.config_volume
+          mount_path = local.otel_collector.config_dir
+        }
+
+        startup_probe {
+          period_seconds    = 2
+          timeout_seconds   = 2
+          failure_threshold = 30
+          http_get {
+            path = "/"
+            port = local.otel_collector.health_port
+          }
         }
       }
     }
@@ -373,6 +503,11 @@ resource "google_cloud_run_v2_service" "worker" {
     google_secret_manager_secret_iam_member.worker_reads,
     google_secret_manager_secret_iam_member.worker_reads_model_keys,
     google_secret_manager_secret_version.database_url,
+    google_project_service.telemetry,
+    google_secret_manager_secret_version.otel_collector_config,
+    google_secret_manager_secret_iam_member.otel_config_reads,
+    google_project_iam_member.otel_trace_agent,
+    google_project_iam_member.otel_metric_writer,
   ]
 
   template {
@@ -403,9 +538,26 @@ resource "google_cloud_run_v2_service" "worker" {
       }
     }
 
+    # The collector's configuration, the version Terraform wrote (infra/observability.tf).
+    dynamic "volumes" {
+      for_each = local.otel_sidecars
+      content {
+        name = local.otel_collector.config_volume
+        secret {
+          secret = google_secret_manager_secret.otel_collector_config.secret_id
+          items {
+            version = google_secret_manager_secret_version.otel_collector_config.version
+            path    = local.otel_collector.config_file
+          }
+        }
+      }
+    }
+
     containers {
-      image = var.image
-      args  = ["worker"]
+      name       = local.app_container
+      image      = var.image
+      depends_on = local.otel_sidecars # started once the collector passed its startup probe
+      args       = ["worker"]
 
       ports {
         container_port = 8080
@@ -445,6 +597,14 @@ resource "google_cloud_run_v2_service" "worker" {
         }
       }
 
+      dynamic "env" {
+        for_each = local.otel_env
+        content {
+          name  = env.key
+          value = env.value
+        }
+      }
+
       # The model keys, each under the variable name its route reads (infra/model_routes.toml).
       dynamic "env" {
         for_each = google_secret_manager_secret.model_key
@@ -475,6 +635,38 @@ resource "google_cloud_run_v2_service" "worker" {
         failure_threshold = 4
         http_get {
           path = "/healthz"
+        }
+      }
+    }
+
+    # The OpenTelemetry Collector (infra/observability.tf), when otel_enabled: this container starts first.
+    dynamic "containers" {
+      for_each = local.otel_sidecars
+      content {
+        name  = containers.value
+        image = var.otel_collector_image
+        args  = ["--config=${local.otel_collector.config_dir}/${local.otel_collector.config_file}"]
+
+        resources {
+          limits = {
+            cpu    = local.otel_collector.cpu
+            memory = local.otel_collector.memory
+          }
+        }
+
+        volume_mounts {
+          name       = local.otel_collector.config_volume
+          mount_path = local.otel_collector.config_dir
+        }
+
+        startup_probe {
+          period_seconds    = 2
+          timeout_seconds   = 2
+          failure_threshold = 30
+          http_get {
+            path = "/"
+            port = local.otel_collector.health_port
+          }
         }
       }
     }

@@ -242,3 +242,33 @@ variable "queue_max_dispatches_per_second" {
   type        = number
   default     = 20
 }
+
+# --- traces and metrics (infra/observability.tf) -------------------------------------------------------
+
+variable "otel_enabled" {
+  description = "Traces and metrics: an OpenTelemetry Collector beside the API, gRPC and worker services, exporting to Cloud Trace and Cloud Monitoring (SPECIALISTS_OTEL_ENABLED). false: no sidecar, no export, and the services' accounts lose roles/cloudtrace.agent and roles/monitoring.metricWriter."
+  type        = bool
+  default     = true
+}
+
+variable "otel_collector_image" {
+  description = "The Google-Built OpenTelemetry Collector the sidecars run, pinned to a release (a version tag, or a digest); Terraform, not the release, changes it."
+  type        = string
+  default     = "us-docker.pkg.dev/cloud-ops-agents-artifacts/google-cloud-opentelemetry-collector/otelcol-google:0.160.0"
+
+  validation {
+    condition     = can(regex("(:[0-9]+\\.[0-9]+\\.[0-9]+|@sha256:[0-9a-f]{64})$", var.otel_collector_image))
+    error_message = "otel_collector_image is pinned: it ends in a version tag (:0.160.0) or a digest (@sha256:...), never :latest or no tag."
+  }
+}
+
+variable "otel_sampling_ratio" {
+  description = "SPECIALISTS_OTEL_SAMPLING_RATIO: the share of new traces recorded (0-1); Cloud Trace bills per span ingested."
+  type        = number
+  default     = 1
+
+  validation {
+    condition     = var.otel_sampling_ratio >= 0 && var.otel_sampling_ratio <= 1
+    error_message = "otel_sampling_ratio is a share of traces, from 0 to 1."
+  }
+}

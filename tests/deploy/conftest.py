@@ -2,9 +2,9 @@
 
 ``api_from_terraform``, ``worker_from_terraform`` and ``console_from_terraform`` are the real `specialists
 serve`, `specialists worker` and `specialists console`, started through the image's entry point with exactly
-the variables that infra/ sets on each Cloud Run service (secrets replaced by test values, the database by
-this run's, IAP's key address by a stand-in's), listening on the PORT Cloud Run would give them. Shared by
-the tests of a session.
+the variables that infra/ sets on each Cloud Run service and those Cloud Run sets itself (secrets replaced by
+test values, the database by this run's, IAP's key address by a stand-in's, the collector sidecar's address by
+``collector``'s), listening on the PORT Cloud Run would give them. Shared by the tests of a session.
 
 They run on a database of their own (``deploy_database``): the API's dispatcher is a Cloud Tasks
 relay to an address where nothing answers, and on the session's shared database it took the jobs
@@ -24,7 +24,10 @@ from core.settings import Settings
 from tests.deploy.iap import FakeIap, start_fake_iap
 from tests.deploy.manifests import Terraform, container_env, dockerfile_stages
 from tests.deploy.roles import Role, clean_environment, free_port, on_this_machine, start_role
+from tests.otlp import Receiver, otlp_receiver
 from tests.workers.system import drop_database, fresh_database
+
+SERVICE = "google_cloud_run_v2_service"
 
 
 @pytest.fixture(scope="session")
@@ -45,14 +48,26 @@ def image_environment() -> dict[str, str]:
     return {key: "127.0.0.1" if value == "0.0.0.0" else value for key, value in env.items()}
 
 
-def terraform_environment(tf: Terraform, type_name: str, name: str, database_url: str, **overrides: str) -> dict[str, str]:
-    """The environment of a Cloud Run container: the image's ENV, then what infra/ sets on the service,
-    made runnable on this machine."""
+def cloud_run_environment(tf: Terraform, type_name: str, name: str) -> dict[str, str]:
+    """What Cloud Run itself sets in a service's containers (PORT aside): its name, revision and configuration."""
+    if type_name != SERVICE:
+        return {}
+    service = str(tf.resolve(tf.resource(type_name, name)["name"]))
+    return {"K_SERVICE": service, "K_REVISION": f"{service}-00001-tst", "K_CONFIGURATION": service}
+
+
+def terraform_environment(tf: Terraform, type_name: str, name: str, database_url: str, *,
+                          collector_url: str | None = None, **overrides: str) -> dict[str, str]:
+    """The environment of a Cloud Run container: the image's ENV, then what infra/ and Cloud Run set on the
+    service, made runnable on this machine. ``collector_url`` (a stand-in's) replaces the address of the collector
+    sidecar, which runs only on Cloud Run."""
     given = container_env(tf, type_name, name)
-    env = clean_environment(**image_environment())
+    env = clean_environment(**image_environment(), **cloud_run_environment(tf, type_name, name))
     env.update({variable: on_this_machine(value) for variable, value in given.plain.items()})
     for variable, (secret_name, _) in given.secrets.items():
         env[variable] = database_url if variable == "DATABASE_URL" else secret_test_value(secret_name)
+    if collector_url and "SPECIALISTS_OTEL_ENDPOINT" in env:
+        env["SPECIALISTS_OTEL_ENDPOINT"] = collector_url
     env.update(overrides)
     return env
 
@@ -81,22 +96,32 @@ def deploy_database(server_url: str) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def worker_from_terraform(tf: Terraform, deploy_database: str, deploy_logs: Path) -> Iterator[Role]:
+def collector() -> Iterator[Receiver]:
+    """A stand-in for the OpenTelemetry Collector sidecar (infra/observability.tf): an OTLP/HTTP receiver on
+    127.0.0.1 (tests/otlp.py) that the roles started from Terraform's environment export to."""
+    with otlp_receiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="session")
+def worker_from_terraform(tf: Terraform, deploy_database: str, deploy_logs: Path,
+                          collector: Receiver) -> Iterator[Role]:
     port = free_port()
-    env = terraform_environment(tf, "google_cloud_run_v2_service", "worker", deploy_database, PORT=str(port))
+    env = terraform_environment(tf, SERVICE, "worker", deploy_database, collector_url=collector.url, PORT=str(port))
     role = start_role(["worker"], env, deploy_logs / "worker.log", port=port, ready_path="/healthz")
     yield role
     role.stop()
 
 
 @pytest.fixture(scope="session")
-def api_from_terraform(tf: Terraform, deploy_database: str, deploy_logs: Path) -> Iterator[Role]:
+def api_from_terraform(tf: Terraform, deploy_database: str, deploy_logs: Path, collector: Receiver) -> Iterator[Role]:
     port = free_port()
     env = terraform_environment(
         tf,
-        "google_cloud_run_v2_service",
+        SERVICE,
         "api",
         deploy_database,
+        collector_url=collector.url,
         PORT=str(port),
         # The relay runs as in production, but talks to a local address instead of Google's API (nothing
         # leaves this machine). Nothing is admitted on its database, so it never has a job to send.

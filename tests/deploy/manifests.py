@@ -12,6 +12,8 @@ import ast
 import json
 import operator
 import re
+import shutil
+import subprocess
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -113,6 +115,11 @@ def dockerfile_stages(path: Path = DOCKERFILE) -> list[Stage]:
 _HCL_OPTIONS = SerializationOptions(with_comments=False, explicit_blocks=False, strip_string_quotes=True)
 _INTERPOLATION = re.compile(r"\$\{([^{}]*)\}")
 _REFERENCE = re.compile(r"[A-Za-z_][\w-]*(?:\.[\w-]+)+")
+# `COND ? A : B`, with spaces around both operators (as terraform fmt writes it).
+_CONDITIONAL = re.compile(r"(\S+)\s+\?\s+(.+?)\s+:\s+(.+)", re.DOTALL)
+# `{for K, V in MAP : K => V if COND}`: a map kept whole or emptied by a condition.
+_FILTERED_MAP = re.compile(r"\{for (\w+), (\w+) in (\S+) : \1 => \2 if (\S+)\}")
+_LITERALS = {"null": None, "true": True, "false": False}
 _ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
 
@@ -135,7 +142,8 @@ class Terraform:
 
     The resolver knows variables (their defaults, or ``given``), locals, literal resource attributes
     and the computed attributes the services use (an account's email, a secret's id, an instance's
-    connection name), plus ``coalesce``, ``join`` and arithmetic. Anything else raises ``Unresolvable``.
+    connection name), plus ``coalesce``, ``join``, arithmetic, ``COND ? A : B``, list literals and a map filtered
+    by a condition (``{for k, v in MAP : k => v if COND}``). Anything else raises ``Unresolvable``.
     """
 
     def __init__(self, folder: Path = INFRA, given: dict[str, Any] | None = None) -> None:
@@ -181,13 +189,32 @@ class Terraform:
     def resolve(self, value: Any) -> Any:
         if not isinstance(value, str):
             return value
-        whole = _INTERPOLATION.fullmatch(value)
+        whole = _INTERPOLATION.fullmatch(value) or _whole_expression(value)
         if whole:
             return self._expression(whole.group(1))
         return _INTERPOLATION.sub(lambda m: str(self._expression(m.group(1))), value)
 
     def _expression(self, text: str) -> Any:
         text = text.strip()
+        if text in _LITERALS:
+            return _LITERALS[text]
+        if text in ("[]", "{}"):
+            return [] if text == "[]" else {}
+        conditional = _CONDITIONAL.fullmatch(text)
+        if conditional:
+            condition = self._expression(conditional.group(1))
+            if not isinstance(condition, bool):
+                raise Unresolvable(f"a condition that is not a bool: {text}")
+            return self._expression(conditional.group(2) if condition else conditional.group(3))
+        filtered = _FILTERED_MAP.fullmatch(text)
+        if filtered:
+            source = self._expression(filtered.group(3))
+            if not isinstance(source, dict):
+                raise Unresolvable(f"for over a {type(source).__name__}: {text}")
+            return dict(source) if self._expression(filtered.group(4)) is True else {}
+        listed = re.fullmatch(r"\[([^\[\]]*)\]", text)
+        if listed:
+            return [self._expression(item) for item in listed.group(1).split(",") if item.strip()]
         call = re.fullmatch(r"coalesce\((.*)\)", text)
         if call:
             for argument in call.group(1).split(","):
@@ -250,6 +277,18 @@ class Terraform:
         return parts[0], parts[1]
 
 
+def _whole_expression(value: str) -> re.Match | None:
+    """``${...}`` around the whole value, braces inside it balanced (``${COND ? local.x : {}}``)."""
+    if not (value.startswith("${") and value.endswith("}")):
+        return None
+    depth = 0
+    for position, char in enumerate(value[1:], start=1):
+        depth += {"{": 1, "}": -1}.get(char, 0)
+        if depth == 0:
+            return re.fullmatch(r"\$\{(.*)\}", value, re.DOTALL) if position == len(value) - 1 else None
+    return None
+
+
 @dataclass
 class ContainerEnv:
     """What one Cloud Run container is given: plain values, and secrets by environment variable name."""
@@ -263,17 +302,77 @@ class ContainerEnv:
 
 
 def container(tf: Terraform, type_name: str, name: str) -> dict:
+    """The service's (or job's) own container, the one the image's command runs in: its one static ``containers``
+    block. Sidecars come from ``dynamic "containers"`` blocks (``sidecars``)."""
     template = tf.resource(type_name, name)["template"][0]
     if type_name == "google_cloud_run_v2_job":
         template = template["template"][0]
     containers = template["containers"]
-    assert len(containers) == 1, f"{name}: one container expected"
+    assert len(containers) == 1, f"{name}: one container of its own expected (a sidecar is a dynamic block)"
     return containers[0]
 
 
 def revision_template(tf: Terraform, type_name: str, name: str) -> dict:
     template = tf.resource(type_name, name)["template"][0]
     return template["template"][0] if type_name == "google_cloud_run_v2_job" else template
+
+
+def expand_dynamic(tf: Terraform, within: dict, block_type: str) -> list[dict]:
+    """The blocks ``dynamic "<block_type>"`` makes inside ``within``, as Terraform expands them: one per item of its
+    for_each, with ``<block_type>.value`` (and ``.key``) put in."""
+    made = []
+    for dynamic in within.get("dynamic", []):
+        if block_type not in dynamic:
+            continue
+        items = tf.resolve(dynamic[block_type]["for_each"])
+        pairs = items.items() if isinstance(items, dict) else enumerate(items)
+        for key, value in pairs:
+            made.append(_put_in(dynamic[block_type]["content"][0], {f"${{{block_type}.key}}": key,
+                                                                   f"${{{block_type}.value}}": value}))
+    return made
+
+
+def _put_in(node: Any, values: dict[str, Any]) -> Any:
+    if isinstance(node, dict):
+        return {key: _put_in(item, values) for key, item in node.items()}
+    if isinstance(node, list):
+        return [_put_in(item, values) for item in node]
+    return values.get(node, node) if isinstance(node, str) else node
+
+
+def sidecars(tf: Terraform, type_name: str, name: str) -> list[dict]:
+    """The containers a revision runs beside its own (its ``dynamic "containers"`` blocks, expanded)."""
+    return expand_dynamic(tf, revision_template(tf, type_name, name), "containers")
+
+
+def revision_volumes(tf: Terraform, type_name: str, name: str) -> dict[str, dict]:
+    """Every volume of a revision by name, its ``dynamic "volumes"`` expanded."""
+    template = revision_template(tf, type_name, name)
+    return {tf.resolve(v["name"]): v for v in [*template.get("volumes", []), *expand_dynamic(tf, template, "volumes")]}
+
+
+def mounted_secrets(tf: Terraform, type_name: str, name: str, spec: dict) -> dict[str, str]:
+    """The files a container reads from Secret Manager volumes: path inside the container -> the secret's
+    Terraform name."""
+    volumes = revision_volumes(tf, type_name, name)
+    files = {}
+    for mount in spec.get("volume_mounts", []):
+        volume = volumes[tf.resolve(mount["name"])]
+        for secret in volume.get("secret", []):
+            _, secret_name = tf.name_of(secret["secret"])
+            for item in secret["items"]:
+                files[f"{tf.resolve(mount['mount_path']).rstrip('/')}/{tf.resolve(item['path'])}"] = secret_name
+    return files
+
+
+def secret_file(tf: Terraform, secret_name: str) -> Path:
+    """The file of infra/ whose text Terraform writes into a secret (``secret_data = file("${path.module}/F")``)."""
+    versions = [v for v in tf.of_type("google_secret_manager_secret_version").values()
+                if tf.name_of(v["secret"]) == ("google_secret_manager_secret", secret_name)]
+    assert len(versions) == 1, f"{secret_name}: one version written by Terraform expected"
+    read = re.fullmatch(r'\$\{file\("\$\{path\.module\}/([\w.-]+)"\)\}', versions[0]["secret_data"])
+    assert read, f"{secret_name}: its data is not a file of infra/"
+    return INFRA / read.group(1)
 
 
 def container_env(tf: Terraform, type_name: str, name: str) -> ContainerEnv:
@@ -322,6 +421,37 @@ def container_env(tf: Terraform, type_name: str, name: str) -> ContainerEnv:
                 assert content["value"] == "${env.value}"
                 plain[variable] = str(tf.resolve(expression))
     return ContainerEnv(plain=plain, secrets=secrets)
+
+
+def collector_config(tf: Terraform, type_name: str, name: str, spec: dict) -> dict:
+    """The configuration an OpenTelemetry Collector sidecar runs with: the file its ``--config`` names, read from
+    the file of infra/ that Terraform writes into the secret mounted there."""
+    args = [str(tf.resolve(arg)) for arg in spec.get("args", [])]
+    paths = [arg.removeprefix("--config=") for arg in args if arg.startswith("--config=")]
+    assert len(paths) == 1, f"{name}: a collector names one --config file"
+    secret = mounted_secrets(tf, type_name, name, spec).get(paths[0])
+    assert secret, f"{name}: the collector's {paths[0]} is no file of a mounted secret"
+    return yaml.safe_load(secret_file(tf, secret).read_text())
+
+
+def plan_variables(folder: Path, **variables: str) -> subprocess.CompletedProcess:
+    """``terraform plan`` of infra/variables.tf alone, copied into ``folder`` (no provider, no backend: nothing is
+    downloaded), with ``variables`` given as ``-var`` (a project and an operator unless given): Terraform evaluates
+    the variables' validations."""
+    terraform = shutil.which("terraform")
+    # ./dev check (CI's first step) needs it too: a machine without it fails there, and here, rather than skipping.
+    assert terraform is not None, "terraform is not on PATH: install it (./dev check runs terraform fmt with it)"
+    shutil.copy(INFRA / "variables.tf", folder / "variables.tf")
+    env = {"PATH": str(Path(terraform).parent), "TF_IN_AUTOMATION": "1", "HOME": str(folder), "CHECKPOINT_DISABLE": "1"}
+    init = subprocess.run([terraform, "init", "-input=false", "-backend=false", "-no-color"], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert init.returncode == 0, init.stdout + init.stderr
+    given = {"project_id": "acme", "console_operators": json.dumps(CONSOLE_OPERATORS), **variables}
+    return subprocess.run(
+        [terraform, "plan", "-input=false", "-lock=false", "-no-color",
+         *[arg for name, value in given.items() for arg in ("-var", f"{name}={value}")]],
+        cwd=folder, env=env, capture_output=True, text=True, timeout=60,
+    )
 
 
 # --- cloudbuild.yaml -------------------------------------------------------------------------------

@@ -82,6 +82,8 @@ def test_the_image_is_built_pushed_and_the_same_image_is_deployed_everywhere(ste
     assert 'docker push "${_IMAGE}"' in steps["push"].command
     for step_id in ("migrate", "deploy-worker", "deploy-api", "deploy-grpc", "deploy-console", "drill"):
         assert "--image=${_IMAGE}" in steps[step_id].command.replace('"', ""), step_id
+    for step_id in ("deploy-worker", "deploy-api", "deploy-grpc"):  # beside a collector: the image is app's
+        assert "--container=app --image=${_IMAGE}" in steps[step_id].command.replace('"', ""), step_id
 
 
 def test_migrations_run_as_the_cloud_run_job_and_are_waited_for_before_any_deploy(steps):

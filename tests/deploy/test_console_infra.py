@@ -11,9 +11,6 @@ particular to the console.
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -23,10 +20,10 @@ from tests.deploy.conftest import settings_from, terraform_environment
 from tests.deploy.iap import IAP_HEADER
 from tests.deploy.manifests import (
     CONSOLE_OPERATORS,
-    INFRA,
     PROJECT_NUMBER,
     container,
     container_env,
+    plan_variables,
     revision_template,
 )
 
@@ -194,26 +191,8 @@ def test_an_assertion_iap_signed_for_another_service_is_refused(tf, console_from
 # --- the operators' list, validated by Terraform itself ------------------------------------------------
 
 
-def plan_variables(tmp_path: Path, operators: str) -> subprocess.CompletedProcess:
-    """``terraform plan`` of infra/variables.tf alone (no provider, no backend: nothing is downloaded), with the
-    given console_operators: Terraform evaluates the variable's validations."""
-    terraform = shutil.which("terraform")
-    # ./dev check (CI's first step) needs it too: a machine without it fails there, and here, rather than skipping.
-    assert terraform is not None, "terraform is not on PATH: install it (./dev check runs terraform fmt with it)"
-    shutil.copy(INFRA / "variables.tf", tmp_path / "variables.tf")
-    env = {"PATH": str(Path(terraform).parent), "TF_IN_AUTOMATION": "1", "HOME": str(tmp_path), "CHECKPOINT_DISABLE": "1"}
-    init = subprocess.run([terraform, "init", "-input=false", "-backend=false", "-no-color"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=60)
-    assert init.returncode == 0, init.stdout + init.stderr
-    return subprocess.run(
-        [terraform, "plan", "-input=false", "-lock=false", "-no-color", "-var", "project_id=acme",
-         "-var", f"console_operators={operators}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
-    )
-
-
 def test_terraform_accepts_a_list_of_operators_emails(tmp_path):
-    planned = plan_variables(tmp_path, '["alice@example.com", "ops.bob+console@corp.example.co"]')
+    planned = plan_variables(tmp_path, console_operators='["alice@example.com", "ops.bob+console@corp.example.co"]')
     assert planned.returncode == 0, planned.stdout + planned.stderr
 
 
@@ -226,7 +205,7 @@ def test_terraform_accepts_a_list_of_operators_emails(tmp_path):
     ('["alice@example.com", "alice@example.com"]', "each account once"),
 ])
 def test_terraform_refuses_operators_that_are_no_list_of_distinct_lower_case_emails(tmp_path, operators, refusal):
-    planned = plan_variables(tmp_path, operators)
+    planned = plan_variables(tmp_path, console_operators=operators)
     assert planned.returncode != 0
     said = " ".join((planned.stdout + planned.stderr).split())
     assert "Invalid value for variable" in said and refusal in said, said

@@ -25,8 +25,17 @@ from ops.cli import build_parser, cmd_console, cmd_db_upgrade, cmd_serve, cmd_wo
 from ops.drill.cli import cmd_drill
 from tests import http_calls
 from tests.deploy.conftest import settings_from, terraform_environment
-from tests.deploy.manifests import Terraform, container, container_env, dockerfile_stages, revision_template
+from tests.deploy.manifests import (
+    Terraform,
+    container,
+    container_env,
+    dockerfile_stages,
+    mounted_secrets,
+    revision_template,
+    sidecars,
+)
 from tests.deploy.roles import free_port, on_this_machine, run_command, run_role, start_role
+from tests.deploy.test_infra_policy import grants
 from workers.server import JOBS_PATH
 
 pytestmark = pytest.mark.timeout(90, func_only=True)
@@ -174,7 +183,7 @@ def test_the_drill_job_runs_once_per_execution_within_its_timeout(tf):
 
 
 def test_the_grpc_service_serves_a2a_over_grpc_on_its_container_port_from_terraforms_environment(tf, database_url,
-                                                                                                tmp_path):
+                                                                                                tmp_path, collector):
     import grpc
     from a2a.types import a2a_pb2_grpc
     from a2a.types.a2a_pb2 import GetTaskRequest
@@ -194,8 +203,8 @@ def test_the_grpc_service_serves_a2a_over_grpc_on_its_container_port_from_terraf
     assert container_env(tf, SERVICE, "grpc").secrets == api.secrets
     grpc_port, http_port = free_port(), free_port()
     running = start_role(["serve"], terraform_environment(
-        tf, SERVICE, "grpc", database_url, PORT=str(grpc_port), SPECIALISTS_GRPC_PORT=str(grpc_port),
-        SPECIALISTS_EDGE_PORT=str(http_port),
+        tf, SERVICE, "grpc", database_url, collector_url=collector.url, PORT=str(grpc_port),
+        SPECIALISTS_GRPC_PORT=str(grpc_port), SPECIALISTS_EDGE_PORT=str(http_port),
     ), tmp_path / "grpc.log", port=http_port, ready_path="/readyz")
     try:
         with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
@@ -425,16 +434,13 @@ def test_each_role_runs_as_its_own_account_and_may_read_exactly_the_secrets_it_i
     type_name, name = ROLES[role]
     runs_as = revision_template(tf, type_name, name)["service_account"]
     assert runs_as == f"${{google_service_account.{RUNS_AS[role]}.email}}"
+    # In its environment, or as files its containers mount (the collector sidecar's configuration).
     given = {secret for secret, _ in container_env(tf, type_name, name).secrets.values()}
-    readable = set()
-    for body in tf.of_type("google_secret_manager_secret_iam_member").values():
-        assert body["role"] == "roles/secretmanager.secretAccessor"
-        if body["member"] != f"serviceAccount:${{google_service_account.{RUNS_AS[role]}.email}}":
-            continue
-        if "for_each" in body and isinstance(body["for_each"], dict):
-            readable |= {tf.name_of(ref)[1] for ref in body["for_each"].values()}
-        else:
-            readable.add(tf.name_of(body["for_each"])[1])  # for_each over a secret resource (the model keys)
+    for spec in [container(tf, type_name, name), *sidecars(tf, type_name, name)]:
+        given |= set(mounted_secrets(tf, type_name, name, spec).values())
+    on_secrets = [g for g in grants(tf) if g.address.startswith("google_secret_manager_secret_iam_member.")]
+    assert {g.role for g in on_secrets} == {"roles/secretmanager.secretAccessor"}
+    readable = {g.target.removeprefix("secret:") for g in on_secrets if g.member == f"account:{RUNS_AS[role]}"}
     assert readable == given
 
 

@@ -4,8 +4,9 @@ every service, job and account Terraform declares, so that a new one is covered 
 - every Cloud Run service has a declared ingress and exactly the invokers declared for it;
 - no secret reaches a container in plain environment;
 - every service account is granted exactly what its processes use, read from their containers' environment
-  (a database URL, secrets, a Cloud Tasks relay), plus the grants declared below for the accounts that run no
-  container of their own;
+  (a database URL, secrets, a Cloud Tasks relay), from the secrets their containers mount, and from what their
+  OpenTelemetry Collector sidecars export (Cloud Trace, Cloud Monitoring), plus the grants declared below for the
+  accounts that run no container of their own;
 - Cloud SQL has no public IP, requires client certificates, keeps its backups and logs what an operator reads.
 
 Adding a service means adding its entry to INGRESS; adding an account that runs no container, its entry to
@@ -21,7 +22,15 @@ import pytest
 from pydantic import SecretStr
 
 from core.settings_doc import settings_fields
-from tests.deploy.manifests import Terraform, container, container_env, revision_template
+from tests.deploy.manifests import (
+    Terraform,
+    collector_config,
+    container,
+    container_env,
+    mounted_secrets,
+    revision_template,
+    sidecars,
+)
 
 SERVICE = "google_cloud_run_v2_service"
 JOB = "google_cloud_run_v2_job"
@@ -54,6 +63,19 @@ NO_CONTAINER_GRANTS = {
 }
 # Settings that carry a credential though their type is not SecretStr.
 SECRET_BY_NAME = {"DATABASE_URL"}
+# Secrets whose one version is a file of infra/ with nothing secret in it: Secret Manager is how Cloud Run mounts
+# a file (the collector's configuration).
+CONFIG_SECRETS = {"otel_collector_config"}
+# The sidecars the policy knows: Google's build of the OpenTelemetry Collector.
+COLLECTOR_IMAGE = re.compile(r"/google-cloud-opentelemetry-collector/otelcol-google[:@]")
+# What a collector's exporter writes, by the signal of the pipeline it is in, and the role it writes with (the
+# instance's account: Google's exporters use the metadata server's credentials).
+EXPORTER_ROLES = {
+    ("googlecloud", "traces"): "roles/cloudtrace.agent",
+    ("googlecloud", "metrics"): "roles/monitoring.metricWriter",
+    ("googlecloud", "logs"): "roles/logging.logWriter",
+    ("googlemanagedprometheus", "metrics"): "roles/monitoring.metricWriter",
+}
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +136,10 @@ def _instances(tf: Terraform, body: dict) -> list[dict[str, str]]:
     whole = re.fullmatch(r"\$\{(google_[\w]+)\.(\w+)\}", for_each)
     if whole:  # for_each over a resource that is itself for_each: each.value is one of its instances
         return [{"each.value": f"${{{whole.group(1)}.{whole.group(2)}}}"}]
+    if re.fullmatch(r"\$\{local\.\w+\}", for_each):  # a map of locals (the telemetry writers: empty when off)
+        named = tf.resolve(for_each)
+        assert isinstance(named, dict), f"for_each over {for_each}, which is no map"
+        return [{"each.key": key, "each.value": value} for key, value in named.items()]
     raise AssertionError(f"for_each the tests cannot expand: {for_each}")
 
 
@@ -224,6 +250,9 @@ def test_no_secret_reaches_any_container_in_plain_environment(tf):
 def test_every_secret_value_is_generated_or_given_as_a_sensitive_variable(tf):
     for name, version in tf.of_type("google_secret_manager_secret_version").items():
         data = str(version["secret_data"])
+        if data.startswith("${file("):
+            assert name in CONFIG_SECRETS, f"{name}: a secret's value in a file of the repository"
+            continue
         references = re.findall(r"\$\{([^}]*)\}", data)
         assert references, f"{name}: a literal secret in Terraform"
         for reference in references:
@@ -255,6 +284,25 @@ def needs(tf: Terraform, kind: str, name: str) -> set[tuple[str, str]]:
                     if tf.reference(f"google_service_account.{a}.email") == given.plain["SPECIALISTS_DISPATCH_SERVICE_ACCOUNT"]]
         assert len(accounts) == 1, f"{name}: SPECIALISTS_DISPATCH_SERVICE_ACCOUNT is not an account of infra/"
         needed.add(("roles/iam.serviceAccountUser", f"service_account:{accounts[0]}"))
+    for spec in [container(tf, kind, name), *sidecars(tf, kind, name)]:
+        for secret in mounted_secrets(tf, kind, name, spec).values():
+            needed.add(("roles/secretmanager.secretAccessor", f"secret:{secret}"))
+    for spec in sidecars(tf, kind, name):
+        assert COLLECTOR_IMAGE.search(str(tf.resolve(spec["image"]))), (
+            f"{name}: a sidecar the policy does not know ({tf.resolve(spec['image'])}); teach it what it writes")
+        needed |= collector_needs(collector_config(tf, kind, name, spec))
+    return needed
+
+
+def collector_needs(config: dict) -> set[tuple[str, str]]:
+    """The roles a collector's exporters write with, from the pipelines of its configuration."""
+    needed = set()
+    for pipeline, body in config["service"]["pipelines"].items():
+        signal = pipeline.split("/")[0]
+        for exporter in body["exporters"]:
+            role = EXPORTER_ROLES.get((exporter.split("/")[0], signal))
+            assert role, f"the collector's {exporter} in its {pipeline} pipeline: teach EXPORTER_ROLES its role"
+            needed.add((role, "project"))
     return needed
 
 
@@ -264,7 +312,9 @@ def runs_as(tf: Terraform, kind: str, name: str) -> str:
     return account.group(1)
 
 
-def test_every_service_account_is_granted_exactly_what_its_processes_use(tf):
+@pytest.mark.parametrize("given", [{}, {"otel_enabled": False}], ids=["as_deployed", "without_telemetry"])
+def test_every_service_account_is_granted_exactly_what_its_processes_use(given):
+    tf = Terraform(given=given)
     granted: dict[str, set[tuple[str, str]]] = {}
     for grant in grants(tf):
         if grant.member.startswith("account:"):
@@ -293,9 +343,10 @@ def test_the_relay_names_the_invoker_and_targets_the_private_service(tf):
 
 
 def test_every_project_wide_role_is_one_no_narrower_resource_can_hold(tf):
-    # Cloud SQL connections, Cloud Run deployments and log writing exist only at the project level.
+    # Cloud SQL connections, Cloud Run deployments, log, trace and metric writing exist only at the project level.
     project_roles = {g.role for g in grants(tf) if g.target == "project"}
-    assert project_roles <= {"roles/cloudsql.client", "roles/run.developer", "roles/logging.logWriter"}
+    assert project_roles <= {"roles/cloudsql.client", "roles/run.developer", "roles/logging.logWriter",
+                             "roles/cloudtrace.agent", "roles/monitoring.metricWriter"}
     assert not {r for r in project_roles if re.search(r"owner|editor|admin", r, re.IGNORECASE)}
 
 
