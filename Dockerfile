@@ -65,7 +65,7 @@ COPY specs ./specs
 COPY infra/model_routes.toml ./infra/
 # Built with the locked setuptools (requirements-build.lock; no download); then setuptools and pip leave the
 # venv: nothing at run time installs anything, and an editable install needs neither to import.
-# The packages' own test suites go (greenlet's, regex's, json-rpc's: 1.7 MB that nothing imports).
+# The packages' own test suites go (greenlet's, json-rpc's, certifi's: 0.4 MB of the image that nothing imports).
 # The wheels' shared objects lose their symbol tables (`strip --strip-unneeded`: what the dynamic linker needs
 # stays; SQLAlchemy's, PyYAML's and greenlet's shrink about eightfold, 16 MB in all). The Monty binary is
 # shipped stripped and is left alone (its digest names the runtime in every run record).
