@@ -13,7 +13,7 @@ carry no trace. The instruments are made at import from the API's proxy meter, s
 provider is installed, in whichever order the modules were imported.
 
 What is never put in a span, an event or a metric: keys, message content, prompts, model outputs. Attributes are
-ids, names, counts, codes and outcomes (``tests/core/test_telemetry_secrets.py`` scans a whole task's export).
+ids, names, counts, codes and outcomes (``tests/e2e/test_traces.py`` scans a whole task's export and log lines).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.propagators.textmap import TextMapPropagator
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 if TYPE_CHECKING:
@@ -123,7 +123,7 @@ class Meters:
     def __init__(self) -> None:
         self.admissions = meter.create_counter(
             "specialists.admissions", unit="{admission}",
-            description="SendMessage admissions, by specialist and outcome (admitted, replayed, refused)")
+            description="SendMessage admissions, by specialist and outcome (admitted, replay, or the refusal's code)")
         self.refusals = meter.create_counter(
             "specialists.refusals", unit="{request}", description="Requests refused at the edge, by stable code")
         self.credits_reserved = meter.create_counter(
