@@ -248,7 +248,7 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
 
     # No redirects: one trailing slash is served as the route itself (TrailingSlash, app/slashes.py).
     app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False,
-                  telemetry=telemetry.fastapi_telemetry(serves_customers=True))  # the request's span, when on
+                  telemetry=telemetry.FASTAPI_TELEMETRY)  # the request's span is RequestLog's
     app.state.edge = edge
     routes: list[BaseRoute] = [
         Route("/healthz", _healthz, methods=["GET"]),

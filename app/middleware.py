@@ -24,6 +24,7 @@ import logging
 import re
 import time
 import uuid
+from contextlib import nullcontext
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -45,6 +46,7 @@ from app.errors import (
 from app.identity import Identity
 from app.observability import Metrics, customer_var, note_refusal, refusal_var, request_id_var
 from app.ratelimit import RateLimiter
+from core import telemetry
 from core.settings import Settings
 from core.specs import LoadedSpec
 from ledger.keys import AsyncKeyVerifier, KeyRefused
@@ -66,6 +68,16 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if key == name:
             return value.decode("latin-1")
     return None
+
+
+# Probes and the scrape, many times a minute: no span.
+UNTRACED_OPERATIONS = frozenset({"healthz", "readyz", "metrics"})
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    """The headers a request span reads (only ``traceparent``, and only when accepted)."""
+    value = _header(scope, b"traceparent")
+    return {"traceparent": value} if value else {}
 
 
 def operation_of(path: str) -> str:
@@ -169,29 +181,41 @@ class RequestLog:
                 message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
             await send(message)
 
+        # The request's span (when telemetry is on): the root of its trace, the access line written inside it.
+        traced = telemetry.is_on() and operation not in UNTRACED_OPERATIONS
         try:
-            await self.app(scope, receive, send_with_id)
+            with telemetry.request_span(scope["method"], operation, _headers(scope)) if traced else nullcontext() as span:
+                try:
+                    await self.app(scope, receive, send_with_id)
+                finally:
+                    if span is not None:
+                        telemetry.annotate(span, **{"http.response.status_code": status,
+                                                    "specialists.code": refusal.get("code")})
+                    self._account(scope, operation, status, time.perf_counter() - started, first_byte_s, refusal)
         finally:
-            duration_s = time.perf_counter() - started
-            self.metrics.requests.labels(operation=operation, status=str(status)).inc()
-            self.metrics.latency.labels(operation=operation).observe(first_byte_s or duration_s)
-            log.info(
-                "%s %s %s",
-                scope["method"],
-                scope["path"],
-                status,
-                extra={
-                    "event": "http_request",
-                    "method": scope["method"],
-                    "path": scope["path"],
-                    "status": status,
-                    "duration_ms": round(duration_s * 1000, 2),
-                    "code": refusal.get("code"),
-                },
-            )
             refusal_var.reset(refusal_token)
             customer_var.reset(customer_token)
             request_id_var.reset(id_token)
+
+    def _account(self, scope: Scope, operation: str, status: int, duration_s: float, first_byte_s: float | None,
+                 refusal: dict[str, str]) -> None:
+        """The request's Prometheus metrics (``/metrics``: this instance's) and its access line."""
+        self.metrics.requests.labels(operation=operation, status=str(status)).inc()
+        self.metrics.latency.labels(operation=operation).observe(first_byte_s or duration_s)
+        log.info(
+            "%s %s %s",
+            scope["method"],
+            scope["path"],
+            status,
+            extra={
+                "event": "http_request",
+                "method": scope["method"],
+                "path": scope["path"],
+                "status": status,
+                "duration_ms": round(duration_s * 1000, 2),
+                "code": refusal.get("code"),
+            },
+        )
 
 
 class A2AGuard:

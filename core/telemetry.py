@@ -50,8 +50,6 @@ SDK_SCOPE = "a2a-python-sdk"
 LOG_TRACE_FIELD = "logging.googleapis.com/trace"
 LOG_SPAN_FIELD = "logging.googleapis.com/spanId"
 LOG_SAMPLED_FIELD = "logging.googleapis.com/trace_sampled"
-# Answered many times a minute by probes and scrapers: no span, no request metric.
-UNOBSERVED_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
 _W3C = TraceContextTextMapPropagator()
 tracer = trace.get_tracer("specialists")
@@ -382,17 +380,24 @@ class _ChildSpansOnly(trace.Tracer):
             yield current
 
 
-def fastapi_telemetry(*, serves_customers: bool) -> dict[str, Any]:
-    """FastAPI's own OpenTelemetry (``FastAPI(telemetry=...)``, on when a provider is installed): the request span
-    and the HTTP server metrics of the edge (health, readiness and the scrape left out); none for the worker's
-    endpoint, whose trace is the job's, continued from the signed body (``job.deliver``)."""
-    if not serves_customers:
-        return {"tracing": False, "metrics": False, "logs": False}
-    return {"operation_spans": False, "logs": False, "exclude": _unobserved}
+# FastAPI's own OpenTelemetry (``FastAPI(telemetry=...)``, on whenever a provider is installed) stays off: the edge
+# opens its request span itself (``request_span``, the access line inside it), and the worker's endpoint belongs to
+# the job's trace, continued from the signed body. Measured on the admission benchmark, FastAPI's span and HTTP
+# metrics were most of telemetry's cost (docs/BENCHMARKS.md).
+FASTAPI_TELEMETRY = {"tracing": False, "metrics": False, "logs": False}
 
 
-def _unobserved(scope: Mapping[str, Any]) -> bool:
-    return scope.get("path") in UNOBSERVED_PATHS
+def is_on() -> bool:
+    return _installed is not None
+
+
+def request_span(method: str, operation: str, headers: Mapping[str, str]) -> Any:
+    """The edge's span of one request (SERVER): the root of its trace, or the caller's ``traceparent``'s child when
+    ``SPECIALISTS_OTEL_ACCEPT_TRACEPARENT`` accepts it."""
+    accepted = _installed is not None and _installed.settings.accept_traceparent
+    parent = context_of(headers.get("traceparent")) if accepted else None
+    return span(f"{method} {operation}", parent=parent or otel_context.Context(), kind=SpanKind.SERVER,
+                attributes={"http.request.method": method, "specialists.operation": operation})
 
 
 def grpc_server_interceptors() -> list[Any]:

@@ -417,7 +417,7 @@ def create_worker_app(service: WorkerService) -> FastAPI:
         service.jobs.close()  # the process forked ahead of the next job goes, unused
 
     app = FastAPI(title="specialists worker", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan,
-                  telemetry=telemetry.fastapi_telemetry(serves_customers=False))
+                  telemetry=telemetry.FASTAPI_TELEMETRY)
 
     @app.post(JOBS_PATH)
     async def deliver(request: Request) -> JSONResponse:
