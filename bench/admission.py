@@ -1,6 +1,7 @@
 """Admission benchmark: SendMessage with returnImmediately through the edge, against a bare a2a-sdk server.
 
     .venv/bin/python bench/admission.py [--seconds 10] [--clients 32] [--warmup 2] [--rounds 2] [--idempotency-key]
+                                        [--telemetry]
 
 Starts its own database: a fresh database on the server named by DATABASE_URL when it
 is set (dropped afterwards), otherwise an embedded PostgreSQL in a temporary folder.
@@ -15,9 +16,17 @@ is not the bottleneck) sending ``POST /message:send`` with ``returnImmediately``
             own customer. Nothing claims the outbox, so every task stays SUBMITTED.
   baseline  an a2a-sdk server from the same route builders with ``InMemoryTaskStore`` and
             a trivial executor (it enqueues the Task and returns): no auth, no database.
+  edge+otel with ``--telemetry``: a second ``specialists serve`` on the same database with
+            ``SPECIALISTS_OTEL_ENABLED=true`` and every other telemetry setting at its default
+            (sampling 1.0, export delay 5 s, metrics every 60 s), exporting by OTLP/HTTP to a
+            receiver the benchmark runs in a process of its own on 127.0.0.1 (``otlp-receiver``:
+            it decodes every export and counts what it holds, as a collector sidecar would
+            decode it, on the same two cores). Each round measures edge and edge+otel one
+            after the other, in alternating order, so drift on a shared machine favours neither.
 
 A benchmark is not a test: it prints figures and the ratio and never fails on speed.
 Target (issue 3): edge throughput >= 40% of the baseline's, edge p99 < 100 ms.
+Target (issue 25): edge+otel throughput within 5% of the edge's, in the same run.
 """
 
 from __future__ import annotations
@@ -58,6 +67,11 @@ SECRET = "bench-signing-secret-" + "b" * 40
 LOAD_PROCESSES = 2
 # Set by --idempotency-key for the load processes: every send then carries a new Idempotency-Key header.
 KEY_SWITCH = "BENCH_IDEMPOTENCY_KEY"
+# The receiver refuses a body over this (the exporter's batches of 512 spans are far below it).
+MAX_OTLP_BODY_BYTES = 16 * 1024 * 1024
+# After the telemetry edge stops (its shutdown exports what is pending), the receiver is read once nothing has
+# arrived for this long.
+RECEIVER_QUIET_S = 1.0
 
 
 # --- the baseline server (run as a subprocess: `admission.py baseline-server PORT`) -----------
@@ -112,6 +126,87 @@ def baseline_server(port: int) -> None:
     uvicorn.run(Starlette(routes=routes), host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
+# --- the OTLP receiver (run as a subprocess: `admission.py otlp-receiver PORT`) ------------------
+
+
+def otlp_receiver_server(port: int) -> None:
+    """What a collector is to the edge's exporters: ``POST /v1/traces`` and ``/v1/metrics`` (protobuf, maybe
+    gzipped), each body decoded and its spans counted by name; ``GET /counts`` answers the tally as JSON.
+    Nothing is kept (a long run would otherwise grow the process), unlike ``tests/otlp.py``, which keeps all."""
+    import gzip
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+        ExportMetricsServiceRequest,
+        ExportMetricsServiceResponse,
+    )
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+        ExportTraceServiceResponse,
+    )
+
+    lock = threading.Lock()
+    counts: dict = {"spans": {}, "trace_exports": 0, "metric_exports": 0, "metric_points": 0, "bytes": 0,
+                    "last_export_s": 0.0}
+
+    def take_traces(body: bytes) -> bytes:
+        request = ExportTraceServiceRequest.FromString(body)
+        names = [span.name for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans]
+        with lock:
+            counts["trace_exports"] += 1
+            for name in names:
+                counts["spans"][name] = counts["spans"].get(name, 0) + 1
+        return ExportTraceServiceResponse().SerializeToString()
+
+    def take_metrics(body: bytes) -> bytes:
+        request = ExportMetricsServiceRequest.FromString(body)
+        points = sum(len(getattr(metric, metric.WhichOneof("data")).data_points)
+                     for rm in request.resource_metrics for sm in rm.scope_metrics for metric in sm.metrics
+                     if metric.WhichOneof("data"))
+        with lock:
+            counts["metric_exports"] += 1
+            counts["metric_points"] += points
+        return ExportMetricsServiceResponse().SerializeToString()
+
+    takers = {"/v1/traces": take_traces, "/v1/metrics": take_metrics}
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # the exporter keeps its connection open
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            taker = takers.get(self.path)
+            length = int(self.headers.get("content-length") or 0)
+            if taker is None or length > MAX_OTLP_BODY_BYTES:
+                self._answer(400, b"", "text/plain")
+                return
+            body = self.rfile.read(length)
+            if self.headers.get("content-encoding") == "gzip":
+                body = gzip.decompress(body)
+            answer = taker(body)
+            with lock:
+                counts["bytes"] += length
+                counts["last_export_s"] = time.monotonic()
+            self._answer(200, answer, "application/x-protobuf")
+
+        def do_GET(self) -> None:  # noqa: N802
+            with lock:
+                tally = json.dumps({**counts, "quiet_s": time.monotonic() - counts["last_export_s"]}).encode()
+            self._answer(200, tally, "application/json")
+
+        def _answer(self, status: int, body: bytes, content_type: str) -> None:
+            self.send_response(status)
+            self.send_header("content-type", content_type)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:
+            return None
+
+    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+
+
 # --- the load generator (run as a subprocess: `admission.py load URL SECONDS WARMUP KEYS...`) ----
 
 
@@ -150,12 +245,14 @@ async def _load(url: str, seconds: float, warmup_s: float, keys: list[str], rate
     interval_s = len(keys) / rate_per_s if rate_per_s > 0 else 0.0
     latencies: list[float] = []
     errors: dict[str, int] = {}
+    answered = 0  # every answer, warm-up included: what the server's CPU and spans are divided by
     with_key = os.environ.get(KEY_SWITCH) == "1"
     start = time.perf_counter()
     measure_from = start + warmup_s
     stop_at = measure_from + seconds
 
     async def client(key: str) -> None:
+        nonlocal answered
         headers = {"A2A-Version": "1.0"}
         if key:
             headers["Authorization"] = f"Bearer {key}"
@@ -179,6 +276,7 @@ async def _load(url: str, seconds: float, warmup_s: float, keys: list[str], rate
             ).encode()
             status = await connection.post(parts.path, headers, body)
             done = time.perf_counter()
+            answered += 1
             if now >= measure_from:
                 if status == 200:
                     latencies.append(done - now)
@@ -186,7 +284,7 @@ async def _load(url: str, seconds: float, warmup_s: float, keys: list[str], rate
                     errors[str(status)] = errors.get(str(status), 0) + 1
 
     await asyncio.gather(*(client(key) for key in keys))
-    return {"latencies": latencies, "errors": errors}
+    return {"latencies": latencies, "errors": errors, "answered": answered}
 
 
 def load_process(url: str, seconds: float, warmup_s: float, rate_per_s: float, keys: list[str]) -> None:
@@ -226,7 +324,19 @@ def stop(process: subprocess.Popen) -> None:
             process.kill()
 
 
-def measure(name: str, url: str, keys: list[str], seconds: float, warmup_s: float, rate_per_s: float = 0.0) -> dict:
+def cpu_s(process: subprocess.Popen) -> float:
+    """User and system CPU seconds the process has used so far, all its threads."""
+    import psutil
+
+    times = psutil.Process(process.pid).cpu_times()
+    return times.user + times.system
+
+
+def measure(name: str, url: str, keys: list[str], seconds: float, warmup_s: float, rate_per_s: float = 0.0,
+            watched: dict[str, subprocess.Popen] | None = None) -> dict:
+    """One run of the load; the CPU each ``watched`` process used during it (warm-up included) is in ``cpu_s``."""
+    watched = watched or {}
+    cpu_before = {label: cpu_s(process) for label, process in watched.items()}
     per_process = [keys[i::LOAD_PROCESSES] for i in range(LOAD_PROCESSES)]
     process_rate = rate_per_s / LOAD_PROCESSES
     loaders = [
@@ -240,10 +350,12 @@ def measure(name: str, url: str, keys: list[str], seconds: float, warmup_s: floa
     ]
     latencies: list[float] = []
     errors: dict[str, int] = {}
+    answered = 0
     for loader in loaders:
         out, _ = loader.communicate(timeout=seconds + warmup_s + 120)
         result = json.loads(out)
         latencies += result["latencies"]
+        answered += result["answered"]
         for status, count in result["errors"].items():
             errors[status] = errors.get(status, 0) + count
     latencies.sort()
@@ -254,6 +366,8 @@ def measure(name: str, url: str, keys: list[str], seconds: float, warmup_s: floa
         "p50_ms": 1000 * statistics.median(latencies) if latencies else float("nan"),
         "p99_ms": 1000 * latencies[min(count - 1, int(count * 0.99))] if latencies else float("nan"),
         "errors": errors,
+        "answered": answered,
+        "cpu_s": {label: cpu_s(process) - cpu_before[label] for label, process in watched.items()},
     }
 
 
@@ -307,6 +421,58 @@ def customers(url: str, count: int) -> list[str]:
     return tokens
 
 
+def receiver_counts(url: str, quiet_s: float, timeout_s: float = 30.0) -> dict:
+    """The receiver's tally once nothing has arrived for ``quiet_s`` (the exporters' last batches are in)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        counts = httpx.get(f"{url}/counts", timeout=5).json()
+        if counts["quiet_s"] >= quiet_s or time.monotonic() > deadline:
+            return counts
+        time.sleep(quiet_s / 4)
+
+
+def report_telemetry(results: list[dict], paced_rate: float, counts: dict) -> None:
+    """edge+otel beside edge, round by round (each pair measured back to back), their ratio, and the spans."""
+    edge = [r for r in results if r["name"] == "edge"]
+    otel = [r for r in results if r["name"] == "edge+otel"]
+    print("\nedge+otel against edge (rounds alternate which runs first; CPU of the server process per request,"
+          " warm-up included)")
+    print(f"{'round':<7}{'first':<11}{'edge/s':>8}{'otel/s':>8}{'ratio':>7}{'p50 ms edge/otel':>19}"
+          f"{'p99 ms edge/otel':>19}{'CPU ms/req edge/otel':>23}")
+    ratios = []
+    for i, (plain, traced) in enumerate(zip(edge, otel)):
+        ratios.append(traced["per_s"] / plain["per_s"])
+        first = "edge" if i % 2 == 0 else "edge+otel"
+        print(f"{i + 1:<7}{first:<11}{plain['per_s']:>8.0f}{traced['per_s']:>8.0f}{ratios[-1]:>7.0%}"
+              f"{plain['p50_ms']:>10.1f} /{traced['p50_ms']:>6.1f}{plain['p99_ms']:>11.1f} /{traced['p99_ms']:>6.1f}"
+              f"{_cpu_ms(plain, 'server'):>14.2f} /{_cpu_ms(traced, 'server'):>6.2f}")
+    best_ratio = max(r["per_s"] for r in otel) / max(r["per_s"] for r in edge)
+    cpu_plain = sum(r["cpu_s"]["server"] for r in edge) / max(1, sum(r["answered"] for r in edge))
+    cpu_traced = sum(r["cpu_s"]["server"] for r in otel) / max(1, sum(r["answered"] for r in otel))
+    cpu_receiver = sum(r["cpu_s"]["receiver"] for r in otel) / max(1, sum(r["answered"] for r in otel))
+    print(f"\nedge+otel / edge throughput: {statistics.median(ratios):.1%} median of the rounds, {best_ratio:.1%} best "
+          f"against best (target: overhead under 5%, i.e. >= 95%)")
+    print(f"CPU per request: edge {1000 * cpu_plain:.2f} ms, edge+otel {1000 * cpu_traced:.2f} ms "
+          f"({cpu_traced / cpu_plain - 1:+.1%}), and the OTLP receiver {1e6 * cpu_receiver:.0f} µs beside it")
+    paced = {r["name"]: r for r in results if r["name"] in ("edge@", "edge+otel@")}
+    print(f"paced at {paced_rate:.0f}/s: p50 {paced['edge@']['p50_ms']:.1f} -> {paced['edge+otel@']['p50_ms']:.1f} ms, "
+          f"p99 {paced['edge@']['p99_ms']:.1f} -> {paced['edge+otel@']['p99_ms']:.1f} ms (edge -> edge+otel)")
+    requests = max(1, sum(r["answered"] for r in results if r["name"].startswith("edge+otel")))
+    spans = counts["spans"]
+    by_name = ", ".join(f"{name} {count / requests:.2f}" for name, count in
+                        sorted(spans.items(), key=lambda item: -item[1]))
+    print(f"spans received: {sum(spans.values())} for {requests} requests to edge+otel = "
+          f"{sum(spans.values()) / requests:.2f} per request ({by_name}); {counts['trace_exports']} trace exports, "
+          f"{counts['metric_exports']} metric exports ({counts['metric_points']} points), "
+          f"{counts['bytes'] / requests:.0f} bytes per request")
+
+
+def _cpu_ms(result: dict, label: str) -> float:
+    return 1000 * result["cpu_s"][label] / max(1, result["answered"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -315,6 +481,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--idempotency-key", action="store_true",
                         help="every send carries a new Idempotency-Key (the key's claim joins admission's statement)")
+    parser.add_argument("--telemetry", action="store_true",
+                        help="also measure edge+otel: the edge with OpenTelemetry on (default sampling and export "
+                             "settings), exporting to an OTLP receiver on 127.0.0.1, alternated with the edge")
+    parser.add_argument("--sampling", type=float, default=None,
+                        help="with --telemetry: edge+otel's SPECIALISTS_OTEL_SAMPLING_RATIO (default: the setting's)")
     args = parser.parse_args()
     if args.idempotency_key:
         os.environ[KEY_SWITCH] = "1"
@@ -349,52 +520,67 @@ def main() -> None:
         stdout=subprocess.DEVNULL,
     )
     baseline = subprocess.Popen([sys.executable, __file__, "baseline-server", str(base_port)], cwd=ROOT)
+    servers = {"edge": (edge, f"http://127.0.0.1:{edge_port}/specialists/bench-paid/message:send")}
+    receiver = None
+    if args.telemetry:
+        receiver_port, otel_port = free_port(), free_port()
+        receiver_url = f"http://127.0.0.1:{receiver_port}"
+        receiver = subprocess.Popen([sys.executable, __file__, "otlp-receiver", str(receiver_port)], cwd=ROOT)
+        # Only these two (and the sampling when --sampling names it): export delay and metrics interval stay at
+        # their defaults.
+        otel_env = {**env, "SPECIALISTS_OTEL_ENABLED": "true", "SPECIALISTS_OTEL_ENDPOINT": receiver_url}
+        if args.sampling is not None:
+            otel_env["SPECIALISTS_OTEL_SAMPLING_RATIO"] = str(args.sampling)
+        edge_otel = subprocess.Popen([sys.executable, "-m", "ops.cli", "serve", "--port", str(otel_port)],
+                                     env=otel_env, cwd=ROOT, stdout=subprocess.DEVNULL)
+        servers["edge+otel"] = (edge_otel, f"http://127.0.0.1:{otel_port}/specialists/bench-paid/message:send")
     results = []
+    counts: dict = {}
+    base_url = f"http://127.0.0.1:{base_port}/bench/message:send"
+
+    def run_edge(name: str, rate_per_s: float = 0.0) -> dict:
+        process, send_url = servers[name]
+        watched = {"server": process, **({"receiver": receiver} if name == "edge+otel" else {})}
+        return measure(name + ("@" if rate_per_s else ""), send_url, tokens, args.seconds, args.warmup, rate_per_s,
+                       watched)
+
     try:
-        wait_ready(f"http://127.0.0.1:{edge_port}/healthz", edge)
+        for name, (process, send_url) in servers.items():
+            wait_ready(urlunsplit(urlsplit(send_url)._replace(path="/healthz")), process)
         wait_ready(f"http://127.0.0.1:{base_port}/", baseline)
+        if receiver is not None:
+            wait_ready(f"{receiver_url}/counts", receiver)
         for round_no in range(args.rounds):
-            results.append(
-                measure(
-                    "baseline",
-                    f"http://127.0.0.1:{base_port}/bench/message:send",
-                    [""] * args.clients,
-                    args.seconds,
-                    args.warmup,
-                )
-            )
-            results.append(
-                measure(
-                    "edge",
-                    f"http://127.0.0.1:{edge_port}/specialists/bench-paid/message:send",
-                    tokens,
-                    args.seconds,
-                    args.warmup,
-                )
-            )
+            results.append(measure("baseline", base_url, [""] * args.clients, args.seconds, args.warmup))
+            # Alternate which edge goes first, so a machine that drifts within a round favours neither.
+            names = list(servers) if round_no % 2 == 0 else list(reversed(servers))
+            results += [run_edge(name) for name in names]
         # Latency under a steady load the edge can carry: 40% of its best closed-loop throughput.
         paced_rate = 0.4 * max(r["per_s"] for r in results if r["name"] == "edge")
-        results.append(
-            measure("baseline@", f"http://127.0.0.1:{base_port}/bench/message:send", [""] * args.clients,
-                    args.seconds, args.warmup, paced_rate)
-        )
-        results.append(
-            measure("edge@", f"http://127.0.0.1:{edge_port}/specialists/bench-paid/message:send", tokens,
-                    args.seconds, args.warmup, paced_rate)
-        )
+        results.append(measure("baseline@", base_url, [""] * args.clients, args.seconds, args.warmup, paced_rate))
+        results += [run_edge(name, paced_rate) for name in servers]
     finally:
-        stop(edge)
+        for process, _ in servers.values():
+            stop(process)  # the telemetry edge's shutdown exports its last spans and counts
         stop(baseline)
+        if receiver is not None:
+            try:
+                counts = receiver_counts(receiver_url, RECEIVER_QUIET_S)
+            except Exception as exc:  # the figures above still stand; the span count is then unknown
+                print(f"the OTLP receiver could not be read: {exc!r}", file=sys.stderr)
+                counts = {"spans": {}, "trace_exports": 0, "metric_exports": 0, "metric_points": 0, "bytes": 0}
+            stop(receiver)
         drop()
 
     print(
         f"\nSendMessage(returnImmediately{', Idempotency-Key' if args.idempotency_key else ''}), {args.clients} clients, {args.seconds:g} s per run, {os.cpu_count()} CPUs, "
         f"load average {load_before:.1f} before and {os.getloadavg()[0]:.1f} after (other work on the machine skews both)"
     )
-    print(f"{'run':<12}{'admissions/s':>14}{'p50 ms':>10}{'p99 ms':>10}  errors")
+    labels = {id(r): r["name"] if not r["name"].endswith("@") else f"{r['name']}{paced_rate:.0f}/s" for r in results}
+    width = max(12, 2 + max(len(label) for label in labels.values()))
+    print(f"{'run':<{width}}{'admissions/s':>14}{'p50 ms':>10}{'p99 ms':>10}  errors")
     for r in results:
-        label = r["name"] if not r["name"].endswith("@") else f"{r['name']}{paced_rate:.0f}/s"
-        print(f"{label:<12}{r['per_s']:>14.0f}{r['p50_ms']:>10.1f}{r['p99_ms']:>10.1f}  {r['errors'] or '-'}")
+        print(f"{labels[id(r)]:<{width}}{r['per_s']:>14.0f}{r['p50_ms']:>10.1f}{r['p99_ms']:>10.1f}  {r['errors'] or '-'}")
     print("(name@N/s: paced at N admissions/s in total, latency from each request's scheduled time)")
     best = {name: max((r for r in results if r["name"] == name), key=lambda r: r["per_s"]) for name in ("edge", "baseline")}
     ratio = best["edge"]["per_s"] / best["baseline"]["per_s"]
@@ -403,11 +589,15 @@ def main() -> None:
         f"\nedge / baseline throughput (best closed-loop runs): {ratio:.0%} (target >= 40%); edge p99 "
         f"{best['edge']['p99_ms']:.1f} ms saturated, {paced['p99_ms']:.1f} ms at {paced_rate:.0f}/s (target < 100 ms)"
     )
+    if args.telemetry:
+        report_telemetry(results, paced_rate, counts)
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "baseline-server":
         baseline_server(int(sys.argv[2]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "otlp-receiver":
+        otlp_receiver_server(int(sys.argv[2]))
     elif len(sys.argv) > 1 and sys.argv[1] == "load":
         load_process(
             sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5]), [k if k != "-" else "" for k in sys.argv[6:]]

@@ -44,9 +44,10 @@ log = logging.getLogger(__name__)
 # hold (``taskstate.outbox.MAX_TRACE_PARENT_CHARS``); anything longer is not one.
 TRACEPARENT_CHARS = 55
 # The a2a-sdk decorates its handler, queues and dispatchers with spans of its own (scope ``a2a-python-sdk``): a dozen
-# per request, none of which says more than the edge's own spans. They are not recorded (see ``_Provider``).
+# per request, none of which says more than the edge's own spans. They are not recorded (``_Unrecorded``).
 SDK_SCOPE = "a2a-python-sdk"
 # Cloud Logging opens a line's trace from these fields (docs: "Link log entries with traces").
+ADMISSION_SPAN = "admission"  # a SendMessage request's span, once it admits (``admission_span``)
 LOG_TRACE_FIELD = "logging.googleapis.com/trace"
 LOG_SPAN_FIELD = "logging.googleapis.com/spanId"
 LOG_SAMPLED_FIELD = "logging.googleapis.com/trace_sampled"
@@ -97,6 +98,16 @@ def span(name: str, *, parent: otel_context.Context | None = None, kind: SpanKin
                 current.set_status(Status(StatusCode.ERROR, type(exc).__name__))
                 current.set_attribute("error.type", type(exc).__name__)
             raise
+
+
+def admission_span(specialist_id: str, tariff_credits: int) -> Span:
+    """The current request's span, named ``admission`` and given the specialist and its tariff: what a SendMessage
+    request does is admit (the reservation, the task and the outbox row, in one statement)."""
+    current = trace.get_current_span()
+    if current.is_recording():
+        current.update_name(ADMISSION_SPAN)
+        current.set_attributes({"specialists.specialist": specialist_id, "specialists.tariff_credits": tariff_credits})
+    return current
 
 
 def annotate(target: Span, **attributes: Any) -> None:
@@ -233,7 +244,7 @@ def _package_version() -> str:
 
 def setup(settings: "TelemetrySettings", *, role: str) -> Installed | None:
     """Install the providers and exporters of this process, once; None when telemetry is off."""
-    global _installed
+    global _installed, tracer
     if not settings.enabled:
         return None
     with _install_lock:
@@ -250,7 +261,7 @@ def setup(settings: "TelemetrySettings", *, role: str) -> Installed | None:
         class _Provider(TracerProvider):
             def get_tracer(self, instrumenting_module_name: str, *args: Any, **kwargs: Any) -> trace.Tracer:
                 if instrumenting_module_name == SDK_SCOPE:
-                    return trace.NoOpTracer()
+                    return _UNRECORDED
                 return super().get_tracer(instrumenting_module_name, *args, **kwargs)
 
         attributes = {
@@ -283,6 +294,8 @@ def setup(settings: "TelemetrySettings", *, role: str) -> Installed | None:
         meter_provider = MeterProvider(resource=resource, metric_readers=readers, shutdown_on_exit=False)
         trace.set_tracer_provider(tracer_provider)
         metrics.set_meter_provider(meter_provider)
+        # The SDK's own tracer from now on: the proxy's indirection was a measurable share of each span.
+        tracer = tracer_provider.get_tracer("specialists")
         # Our trace crosses processes in the outbox row and the signed job, never in a header; a header is read
         # only at the edge, and only when the operator accepts callers' traces.
         set_global_textmap(_W3C if settings.accept_traceparent else _NoPropagation())
@@ -292,6 +305,21 @@ def setup(settings: "TelemetrySettings", *, role: str) -> Installed | None:
         _stamp_log_records(settings.project)
         _installed = Installed(tracer_provider, meter_provider, settings, attributes)
         return _installed
+
+
+class _Unrecorded(trace.NoOpTracer):
+    """The a2a-sdk's own spans: none recorded, and, unlike the API's no-op tracer (which makes a non-recording
+    copy of the current span current), nothing made current: the request's span stays the current span inside the
+    SDK's handlers, where admission names it (``admission_span``), and what the SDK sets on its span (a status,
+    an exception with its message) goes nowhere."""
+
+    @contextmanager
+    def start_as_current_span(self, name: str, context: otel_context.Context | None = None, *args: Any,
+                              **kwargs: Any) -> Iterator[Span]:
+        yield trace.INVALID_SPAN
+
+
+_UNRECORDED = _Unrecorded()
 
 
 class _NoPropagation(TextMapPropagator):

@@ -184,7 +184,9 @@ def otlp_receiver() -> Iterator[Receiver]:
 
 
 def telemetry_env(receiver: Receiver, **extra: str) -> dict[str, str]:
-    """The settings that point a process's exporters at ``receiver``, exporting soon after each span ends."""
+    """The settings that point a process's exporters at ``receiver``, recording every trace and exporting soon
+    after each span ends."""
     return {"SPECIALISTS_OTEL_ENABLED": "true", "SPECIALISTS_OTEL_ENDPOINT": receiver.url,
-            "SPECIALISTS_OTEL_EXPORT_DELAY_S": "0.2", "SPECIALISTS_OTEL_METRICS_INTERVAL_S": "1", **extra}
+            "SPECIALISTS_OTEL_SAMPLING_RATIO": "1", "SPECIALISTS_OTEL_EXPORT_DELAY_S": "0.2",
+            "SPECIALISTS_OTEL_METRICS_INTERVAL_S": "1", **extra}
 

@@ -425,6 +425,7 @@ def api_telemetry(smoke: Smoke, url: str) -> None:
     name = "with telemetry on, exports traces and metrics by OTLP"
     with OtlpReceiver(receiver_host(smoke.network)) as receiver:
         env = {**api_env(url), "SPECIALISTS_OTEL_ENABLED": "true", "SPECIALISTS_OTEL_ENDPOINT": receiver.url,
+               "SPECIALISTS_OTEL_SAMPLING_RATIO": "1",  # every trace: the check follows one request's span
                "SPECIALISTS_OTEL_EXPORT_DELAY_S": "0.2", "SPECIALISTS_OTEL_METRICS_INTERVAL_S": "1"}
         running = smoke.start("api", ["serve"], env)
         not_live = running.until_live()

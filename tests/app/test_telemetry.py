@@ -52,7 +52,8 @@ def test_two_instances_export_counters_that_sum_to_the_admissions_made_and_a_tra
     customer = make_customer(credits=200)
     unentitled = make_customer(credits=10, entitled=False)
     with otlp_receiver() as receiver:
-        telemetry = dict(otel_enabled="true", otel_endpoint=receiver.url, otel_export_delay_s="0.2")
+        telemetry = dict(otel_enabled="true", otel_endpoint=receiver.url, otel_export_delay_s="0.2",
+                         otel_sampling_ratio="1")
         # a continues a caller's trace (SPECIALISTS_OTEL_ACCEPT_TRACEPARENT), b keeps the default: it does not.
         edges = {"a": start_edge(database_url, edge_specs_dir, tmp_path, "otel-a", otel_accept_traceparent="true",
                                  **telemetry),

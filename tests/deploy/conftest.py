@@ -126,6 +126,7 @@ def api_from_terraform(tf: Terraform, deploy_database: str, deploy_logs: Path, c
         # The relay runs as in production, but talks to a local address instead of Google's API (nothing
         # leaves this machine). Nothing is admitted on its database, so it never has a job to send.
         SPECIALISTS_CLOUD_TASKS_EMULATOR_HOST=f"127.0.0.1:{free_port()}",
+        SPECIALISTS_OTEL_SAMPLING_RATIO="1",  # every trace: the check follows one request's span
     )
     role = start_role(["serve"], env, deploy_logs / "api.log", port=port, ready_path="/healthz")
     yield role

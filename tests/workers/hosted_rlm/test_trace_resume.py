@@ -38,7 +38,7 @@ def system(server_url: str, tmp_path_factory: pytest.TempPathFactory, receiver: 
         running.settings.update(
             model_routes_file=str(routes), model_routes_allow_scripted="true",
             specialist_checkpoint_key=support.CHECKPOINT_KEY.decode(),
-            otel_enabled="true", otel_endpoint=receiver.url, otel_export_delay_s="0.2",
+            otel_enabled="true", otel_endpoint=receiver.url, otel_export_delay_s="0.2", otel_sampling_ratio="1",
         )
 
     with system_on_its_own_database(server_url, tmp_path_factory.mktemp("traced"), workers=2, edges=("api",),
