@@ -359,8 +359,8 @@ class TelemetrySettings(Section):
         default=0.1, ge=0.0, le=1.0,
         description="The share of new traces whose spans are recorded and exported (a trace continued from a "
                     "caller keeps the caller's decision). Every task's log lines carry its trace id whatever it "
-                    "is. 1.0 records every task's spans, at about 13% more edge CPU per admission at saturation "
-                    "against 2.6% for 0.1 (docs/BENCHMARKS.md).",
+                    "is. 1.0 records every task's spans, at 10-13% more edge CPU per admission at saturation "
+                    "against 2-9% for 0.1 (docs/BENCHMARKS.md).",
     )
     accept_traceparent: bool = Field(
         default=False,

@@ -263,7 +263,7 @@ variable "otel_collector_image" {
 }
 
 variable "otel_sampling_ratio" {
-  description = "SPECIALISTS_OTEL_SAMPLING_RATIO: the share of new traces recorded (0-1); Cloud Trace bills per span ingested. Its default is the setting's (docs/BENCHMARKS.md: 1 costs the edge about 13% more CPU per admission)."
+  description = "SPECIALISTS_OTEL_SAMPLING_RATIO: the share of new traces recorded (0-1); Cloud Trace bills per span ingested. Its default is the setting's (docs/BENCHMARKS.md: 1 costs the edge 10-13% more CPU per admission)."
   type        = number
   default     = 0.1
 
