@@ -317,6 +317,7 @@ def migrate(smoke: Smoke, url: str) -> None:
 
 
 AGENT_CARD = "/specialists/conformance/.well-known/agent-card.json"
+REFUSED_READ = "/specialists/conformance/tasks/smoke"  # with a token that is no key: 401
 
 
 def api_env(url: str) -> dict[str, str]:
@@ -433,6 +434,8 @@ def api_telemetry(smoke: Smoke, url: str) -> None:
             smoke.record("api", name, False, f"not live: {not_live}")
             return
         status, _ = running.get(AGENT_CARD)  # a span (/healthz, /readyz and /metrics make none)
+        # A refused key: a span, and a count (specialists.refusals) for the metrics the stop exports.
+        refused, _ = running.get(REFUSED_READ, token="not-a-key")
         traces = receiver.wait_for("/v1/traces")
         metrics_before_stop = len(receiver.posts("/v1/metrics"))
         clean, stopped = running.stop()
@@ -440,6 +443,8 @@ def api_telemetry(smoke: Smoke, url: str) -> None:
     problems = []
     if status != 200:
         problems.append(f"the card answered {status}")
+    if refused != 401:
+        problems.append(f"a read with a key that is not one answered {refused}, not 401")
     if OTLP_CONTENT_TYPE not in traces:
         problems.append(f"no POST /v1/traces of {OTLP_CONTENT_TYPE} within {OTLP_WAIT_S:.0f} s (got {traces})")
     if not clean:
