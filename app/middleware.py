@@ -74,12 +74,6 @@ def _header(scope: Scope, name: bytes) -> str | None:
 UNTRACED_OPERATIONS = frozenset({"healthz", "readyz", "metrics"})
 
 
-def _headers(scope: Scope) -> dict[str, str]:
-    """The headers a request span reads (only ``traceparent``, and only when accepted)."""
-    value = _header(scope, b"traceparent")
-    return {"traceparent": value} if value else {}
-
-
 def operation_of(path: str) -> str:
     """A low-cardinality label for metrics and logs."""
     if path in ("/healthz", "/readyz", "/metrics"):
@@ -184,7 +178,7 @@ class RequestLog:
         # The request's span (when telemetry is on): the root of its trace, the access line written inside it.
         traced = telemetry.is_on() and operation not in UNTRACED_OPERATIONS
         try:
-            with telemetry.request_span(scope["method"], operation, _headers(scope)) if traced else nullcontext() as span:
+            with telemetry.request_span(scope["method"], operation, _header(scope, b"traceparent")) if traced else nullcontext() as span:
                 try:
                     await self.app(scope, receive, send_with_id)
                 finally:

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # The whole of a version-00 W3C traceparent ("00-<32 hex>-<16 hex>-<2 hex>"): what the outbox row and the signed job
-# hold (``taskstate.outbox.MAX_TRACE_PARENT_CHARS``); anything longer is not one.
+# hold (``taskstate.outbox.MAX_TRACE_PARENT_CHARS`` is this, migration 0250's CHECK the same); anything longer is not one.
 TRACEPARENT_CHARS = 55
 # The a2a-sdk decorates its handler, queues and dispatchers with spans of its own (scope ``a2a-python-sdk``): a dozen
 # per request, none of which says more than the edge's own spans. They are not recorded (``_Unrecorded``).
@@ -217,7 +217,6 @@ class Installed:
     tracer_provider: Any
     meter_provider: Any
     settings: "TelemetrySettings"
-    resource: Mapping[str, Any]
 
 
 # What ``setup`` imports when telemetry is on (production's default, infra/): the image writes their bytecode
@@ -303,7 +302,7 @@ def setup(settings: "TelemetrySettings", *, role: str) -> Installed | None:
 
         HTTPXClientInstrumentor().instrument(tracer_provider=tracer_provider, meter_provider=meter_provider)
         _stamp_log_records(settings.project)
-        _installed = Installed(tracer_provider, meter_provider, settings, attributes)
+        _installed = Installed(tracer_provider, meter_provider, settings)
         return _installed
 
 
@@ -419,11 +418,11 @@ def is_on() -> bool:
     return _installed is not None
 
 
-def request_span(method: str, operation: str, headers: Mapping[str, str]) -> Any:
-    """The edge's span of one request (SERVER): the root of its trace, or the caller's ``traceparent``'s child when
-    ``SPECIALISTS_OTEL_ACCEPT_TRACEPARENT`` accepts it."""
+def request_span(method: str, operation: str, caller_traceparent: str | None) -> Any:
+    """The edge's span of one request (SERVER): the root of its trace, or the child of the caller's ``traceparent``
+    header when ``SPECIALISTS_OTEL_ACCEPT_TRACEPARENT`` accepts it."""
     accepted = _installed is not None and _installed.settings.accept_traceparent
-    parent = context_of(headers.get("traceparent")) if accepted else None
+    parent = context_of(caller_traceparent) if accepted else None
     return span(f"{method} {operation}", parent=parent or otel_context.Context(), kind=SpanKind.SERVER,
                 attributes={"http.request.method": method, "specialists.operation": operation})
 

@@ -6,7 +6,8 @@ venv's modules and the project's; the final stage runs it again with the base's 
 writes what is still missing there, the standard library's (the distroless base ships no bytecode).
 What is listed: each role's command (ops/cli.py's serve, worker, dispatcher, db upgrade, console; the
 drill job), the job processes' forkserver preload (workers.isolation.PRELOAD), the model SDK of the
-hosted routes, and OpenTelemetry's SDK and exporters (core.telemetry.SDK_MODULES: on in production). tests/deploy/test_dockerfile.py keeps the list true.
+hosted routes, and OpenTelemetry's SDK and exporters (core.telemetry.SDK_MODULES: on in production).
+tests/deploy/test_dockerfile.py keeps the list true.
 """
 
 from __future__ import annotations

@@ -45,14 +45,15 @@ from typing import Any
 
 from sqlalchemy import Connection, text
 
+from core import telemetry
 from taskstate import ids
 
 # The CHECK constraint of migration 0030 on ``last_error`` (tests/taskstate/test_schema_limits.py).
 MAX_LAST_ERROR_CHARS = 500
 # Who took a row: a dispatcher's name, bounded as a worker's id is in its claims (``claims.MAX_WORKER_ID_CHARS``).
 MAX_TAKEN_BY_CHARS = 200
-# The CHECK constraint of migration 0250 on ``trace_parent``: a version-00 W3C traceparent.
-MAX_TRACE_PARENT_CHARS = 55
+# The CHECK constraint of migration 0250 on ``trace_parent``: a version-00 W3C traceparent, as telemetry writes it.
+MAX_TRACE_PARENT_CHARS = telemetry.TRACEPARENT_CHARS
 
 _TAKE = text(
     """

@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import text
 
 from ledger import keys, statements
+from taskstate import outbox
 from ledger.limits import (
     SCHEMA_MAX_CREDITS,
     SCHEMA_MAX_ID_CHARS,
@@ -31,6 +32,7 @@ UPPER_BOUNDS = [
     ("ledger_accounts", "max_parallel", SCHEMA_MAX_PARALLEL),
     ("api_keys", "length(label)", keys.MAX_LABEL_CHARS),
     ("api_keys", "length(revoked_reason)", SCHEMA_MAX_TEXT_CHARS),
+    ("dispatch_outbox", "length(trace_parent)", outbox.MAX_TRACE_PARENT_CHARS),
 ]
 # (table, the Python pattern its CHECK must use word for word)
 PATTERNS = [
