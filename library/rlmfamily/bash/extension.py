@@ -24,8 +24,10 @@ from rlmfamily.errors import RLMError
 from rlmfamily.journal import current_call
 
 if TYPE_CHECKING:
+    from rlmfamily.context import Context
     from rlmfamily.extensions import RunInfo
     from rlmfamily.providers.base import ToolCall
+    from rlmfamily.settings import RLMSettings
 
 PROFILE = "python-bash"
 MAX_LISTED_JOBS = 50  # of bash.jobs()
@@ -199,14 +201,27 @@ def receipt(job: Job, *, replayed: bool = False) -> dict[str, Any]:
     }
 
 
-def workspace_of(info: RunInfo) -> Path:
-    settings = info.settings
+def workspace_of(settings: RLMSettings, context: Context, *, needed_by: str = "the python-bash profile") -> Path:
+    """Where a run's commands run: RLM_BASH_WORKSPACE, else the run's repository."""
     if settings.bash_workspace is not None:
         return settings.bash_workspace
-    if info.context.source == "repository" and info.context.root:
-        return Path(info.context.root)
-    raise BashUnavailable("the python-bash profile needs a workspace: run over a repository (--repo) or set "
+    if context.source == "repository" and context.root:
+        return Path(context.root)
+    raise BashUnavailable(f"{needed_by} needs a workspace: run over a repository (--repo) or set "
                           "RLM_BASH_WORKSPACE", setting="bash_workspace")
+
+
+def command_broker(info: RunInfo, *, settings: RLMSettings | None = None,
+                   on_job: Callable[[Job, bool], None] | None = None) -> CommandBroker:
+    """The run's command broker, over its workspace: the one place a run builds one (the bash extension's, and
+    the completion gates' with their own ``settings``: rlmfamily/gates)."""
+    from rlmfamily.a2a.run import secret_env_names
+
+    settings = settings or info.settings
+    host = prepare(settings, secret_env_names(settings))
+    return CommandBroker(settings, host, JobStore(settings.jobs_path, output_dir=settings.runs_dir),
+                         workspace=workspace_of(info.settings, info.context), root_id=info.root_id,
+                         agent_id=info.agent_id, run_id=info.run_id, on_job=on_job)
 
 
 class BashExtension:
@@ -222,13 +237,7 @@ class BashExtension:
         self.jobs_answered = 0
         if not self.active:
             return
-        from rlmfamily.a2a.run import secret_env_names
-
-        workspace = workspace_of(info)
-        host = prepare(settings, secret_env_names(settings))
-        self.broker = CommandBroker(settings, host, JobStore(settings.jobs_path, output_dir=settings.runs_dir),
-                                    workspace=workspace, root_id=info.root_id, agent_id=info.agent_id,
-                                    run_id=info.run_id, on_job=self._record)
+        self.broker = command_broker(info, on_job=self._record)
         self.notes = PROMPT_NOTE.format(workspace=self.broker.workspace, deadline=settings.bash_default_deadline_s,
                                         max_deadline=settings.bash_max_deadline_s,
                                         tool=TOOL_NOTE if settings.bash_tool else "")

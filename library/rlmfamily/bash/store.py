@@ -42,11 +42,13 @@ from rlmfamily.sqlite_file import SQLiteFile
 
 JobState = Literal["waiting", "running", "exited", "killed", "failed", "unknown"]
 STATES: tuple[JobState, ...] = ("waiting", "running", "exited", "killed", "failed", "unknown")
+# Who asked for a job: bash.run, the bash tool, the rlm command, or a completion gate (rlmfamily/gates).
+SURFACES = ("python", "tool", "cli", "gate")
 ENDED_STATES = ("exited", "killed", "failed")
 MAX_RELEASE_REASON_CHARS = 1000
 MAX_ERROR_CHARS = 2000
 
-SCHEMA = f"""
+JOBS_TABLE = f"""
 CREATE TABLE IF NOT EXISTS jobs (
     seq            INTEGER PRIMARY KEY AUTOINCREMENT,
     id             TEXT NOT NULL UNIQUE,
@@ -55,7 +57,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     run_id         TEXT NOT NULL,
     request_id     TEXT NOT NULL,
     fingerprint    TEXT NOT NULL,
-    surface        TEXT NOT NULL CHECK (surface IN ('python', 'tool', 'cli')),
+    surface        TEXT NOT NULL CHECK (surface IN ({", ".join(repr(s) for s in SURFACES)})),
     command        TEXT NOT NULL,
     workspace      TEXT NOT NULL,
     cwd            TEXT NOT NULL,
@@ -85,6 +87,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     CHECK (state NOT IN ('exited') OR exit_code IS NOT NULL),
     CHECK (released_at IS NULL OR state = 'unknown')
 );
+"""
+SCHEMA = JOBS_TABLE + """
 CREATE INDEX IF NOT EXISTS jobs_by_root ON jobs (root_id, state);
 CREATE TABLE IF NOT EXISTS workspace_leases (
     workspace   TEXT PRIMARY KEY,
@@ -176,10 +180,49 @@ class JobStore(SQLiteFile):
 
     def __init__(self, path: str | Path, *, output_dir: Path | None = None) -> None:
         super().__init__(path)
+        self._allow_every_surface()
         self.output_dir = output_dir  # runs/ : a job's files are runs/<run id>/jobs/<job id>.stdout|.stderr
         # Held open, never used: SQLite checkpoints the WAL when the last connection to the file closes, and a
         # job opens and closes five. Without it a job cost 20-60 ms of checkpoints (9 ms a close, measured).
         self._keeper = self._connect()
+
+    def _allow_every_surface(self) -> None:
+        """A file written before the ``gate`` surface refuses it (its CHECK is older): rebuild its jobs table once.
+
+        SQLite cannot change a CHECK in place; this is its documented rebuild (a new table, the rows copied, the
+        old one dropped, the new one renamed), under the write lock, with foreign keys off for the swap (the
+        leases point at jobs) and checked before it commits.
+        """
+        if self._surfaces_allowed():
+            return
+        with self._converted():
+            conn = self._connect()
+            try:
+                conn.execute("PRAGMA foreign_keys=OFF")  # a no-op inside a transaction: before BEGIN
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    if not self._surfaces_allowed(conn):  # another process may have rebuilt it meanwhile
+                        conn.execute(JOBS_TABLE.replace("CREATE TABLE IF NOT EXISTS jobs (",
+                                                        "CREATE TABLE jobs_rebuilt ("))
+                        conn.execute("INSERT INTO jobs_rebuilt SELECT * FROM jobs")
+                        conn.execute("DROP TABLE jobs")
+                        conn.execute("ALTER TABLE jobs_rebuilt RENAME TO jobs")
+                        conn.execute("CREATE INDEX IF NOT EXISTS jobs_by_root ON jobs (root_id, state)")
+                        if conn.execute("PRAGMA foreign_key_check").fetchall():
+                            raise sqlite3.IntegrityError("a workspace lease names a job the rebuilt table lacks")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+            finally:
+                conn.close()
+
+    def _surfaces_allowed(self, conn: sqlite3.Connection | None = None) -> bool:
+        if conn is None:
+            with self.reading() as reader:
+                return self._surfaces_allowed(reader)
+        sql = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'jobs'").fetchone()[0]
+        return all(repr(surface) in sql for surface in SURFACES)
 
     # ---------- admission ----------
 
