@@ -11,11 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from rlmfamily.data_location import DataLocation, locate
 from rlmfamily.errors import SettingsInvalid
+from rlmfamily.gates.spec import GateSpec, check_gates
 
 KernelName = Literal["host", "monty"]
 ProviderName = Literal["openai", "anthropic"]
@@ -185,6 +186,14 @@ class RLMSettings(BaseSettings):
     bash_max_command_chars: int = Field(20_000, ge=10, le=1_000_000)
     bash_max_jobs: int = Field(1000, ge=1, le=1_000_000)  # jobs per family
 
+    # Completion gates (rlmfamily/gates): commands run in the workspace when the model answers; the run is accepted
+    # only when every one passes. RLM_GATES is a JSON list of {"name", "command", "deadline_s"} (rlm run --gate).
+    gate_default_deadline_s: float = Field(300.0, gt=0, le=86_400)  # of a gate that names none
+    gate_max_deadline_s: float = Field(1800.0, gt=0, le=86_400)  # the longest a gate may ask for
+    max_gates: int = Field(8, ge=1, le=64)
+    gate_excerpt_bytes: int = Field(4000, ge=200, le=1_000_000)  # of a failed gate's output shown: head and tail
+    gates: list[GateSpec] = Field(default_factory=list)  # after the limits above: its check reads them
+
     @field_validator("data_dir", "price_table_file", "a2a_peers_file", "bash_path", "bash_workspace")
     @classmethod
     def _expand(cls, value: Path | None) -> Path | None:
@@ -215,6 +224,15 @@ class RLMSettings(BaseSettings):
                     or min(price.values()) < 0):
                 raise ValueError(f"price for {model!r} needs non-negative 'prompt' and 'completion' USD per million "
                                  "tokens (and may have 'cached' and 'cache_write')")
+        return value
+
+    @field_validator("gates")
+    @classmethod
+    def _gates(cls, value: list[GateSpec], info: ValidationInfo) -> list[GateSpec]:
+        limits = info.data  # the fields declared before this one; one that failed its own check is absent
+        if {"max_gates", "gate_max_deadline_s", "bash_max_command_chars"} <= set(limits):
+            check_gates(value, max_gates=limits["max_gates"], max_deadline_s=limits["gate_max_deadline_s"],
+                        max_command_chars=limits["bash_max_command_chars"])
         return value
 
     @field_validator("bash_env_allow")
@@ -250,6 +268,8 @@ class RLMSettings(BaseSettings):
         if self.a2a_enabled and self.a2a_max_wait_s + self.a2a_request_timeout_s > self.host_call_timeout_s:
             raise ValueError("a2a_max_wait_s + a2a_request_timeout_s must fit in host_call_timeout_s, or a wait() "
                              "would be cut off by the host call's deadline")
+        if self.gate_default_deadline_s > self.gate_max_deadline_s:
+            raise ValueError("gate_default_deadline_s cannot exceed gate_max_deadline_s")
         if self.bash_default_deadline_s > self.bash_max_deadline_s:
             raise ValueError("bash_default_deadline_s cannot exceed bash_max_deadline_s")
         if self.profile == "python-bash" and (
