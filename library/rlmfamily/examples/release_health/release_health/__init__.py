@@ -1,0 +1,1 @@
+"""A release-health report from deployment events (the journey's example project)."""
