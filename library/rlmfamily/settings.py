@@ -180,6 +180,9 @@ class RLMSettings(BaseSettings):
     bash_default_deadline_s: float = Field(60.0, gt=0, le=86_400)
     bash_max_deadline_s: float = Field(240.0, gt=0, le=86_400)
     bash_kill_grace_s: float = Field(2.0, gt=0, le=600)  # after SIGTERM of a job's process group, before SIGKILL
+    # Container kernel: the host stops a job's engine client this long after its deadline and grace, if the job
+    # runner inside has not ended it by then (a stalled engine or container).
+    bash_container_margin_s: float = Field(10.0, gt=0, le=600)
     bash_lease_wait_s: float = Field(30.0, ge=0, le=86_400)  # waiting for the workspace lease or a read-only slot
     bash_max_read_only_jobs: int = Field(4, ge=1, le=256)  # read-only jobs running at once in one family
     bash_max_read_bytes: int = Field(20_000, ge=100, le=1 << 24)  # of one bash.read
@@ -276,6 +279,12 @@ class RLMSettings(BaseSettings):
                 self.bash_max_deadline_s + self.bash_kill_grace_s + self.bash_lease_wait_s > self.host_call_timeout_s):
             raise ValueError("bash_max_deadline_s + bash_kill_grace_s + bash_lease_wait_s must fit in "
                              "host_call_timeout_s, or a bash.run would be cut off by the host call's deadline")
+        if self.profile == "python-bash" and self.kernel == "container" and (
+                self.bash_max_deadline_s + self.bash_kill_grace_s + self.bash_lease_wait_s
+                + self.bash_container_margin_s > self.host_call_timeout_s):
+            raise ValueError("with the container kernel, bash_max_deadline_s + bash_kill_grace_s + bash_lease_wait_s "
+                             "+ bash_container_margin_s must fit in host_call_timeout_s, or a bash.run would be cut "
+                             "off by the host call's deadline")
         if self.profile == "python-bash" and self.key_env in self.bash_env_allow:
             raise ValueError(f"bash_env_allow names {self.key_env}, the model key's variable")
         return self
