@@ -6,7 +6,13 @@ An extension is built once per run from a ``RunInfo`` and then:
   and a paragraph to the system prompt (``notes``);
 - takes part in the run's end: ``finish()`` is called after the last turn, whatever
   the stop reason, and blocks while work the run must wait for is still going
-  (active children, required remote tasks), at most until ``RunInfo.deadline``;
+  (active children, required remote tasks), at most until ``RunInfo.deadline``.
+  In a run with completion gates it is also called each time the model answers,
+  before the gates run, so it may be called more than once;
+- may say what keeps the run from being accepted once ``finish`` returned (an
+  optional ``blockers()`` method: a list of sentences, e.g. a required delegation
+  left ``unknown``, a child still active). Any blocker makes the run's verdict
+  ``not_verified`` (rlmfamily/gates/verdict.py);
 - adds fields to the final record (``record()``: the ``run_finished`` event and
   ``RunResult.extra``);
 - may offer the model tools beside ``python`` (an optional ``model_tools``

@@ -179,6 +179,12 @@ class AnswerBox:
             self.value = value
             self.turn = turn
 
+    def withdraw(self) -> None:
+        """A completion gate failed: the answer no longer stands and the run goes on (rlmfamily/gates)."""
+        with self._lock:
+            self.value = None
+            self.turn = None
+
 
 def render_answer(value: Any, max_chars: int | None = None) -> str:
     """The answer as text; a structure is JSON. Past ``max_chars`` the encoding stops (the caller refuses it)."""

@@ -113,6 +113,7 @@ class _Conversation:
     answer: tuple[str, int] | None = None
     steps: list[Event] = field(default_factory=list)
     tools: tuple[str, ...] = ("python",)  # the tools the run offered (run_started records them)
+    gate_attempts: int = 0  # the completion-gate attempts recorded
 
     def feed(self, event: Event) -> None:
         kind = event["event"]
@@ -129,6 +130,12 @@ class _Conversation:
             self.take_step(event)
         elif kind == "tool_step":  # a call of a model tool beside python (the bash tool): its observation
             self.take_step(event, kernel_step=False)
+        elif kind == "answer_withdrawn":  # a completion gate failed: the model was told, its answer withdrawn
+            self.close_turn()
+            self.messages.append({"role": "user", "content": event["message"]})
+            self.answer = None
+        elif kind == "gate":
+            self.gate_attempts = max(self.gate_attempts, int(event.get("attempt") or 0))
 
     def open_turn(self, event: Event) -> None:
         if self.asked_final is not None:
@@ -214,7 +221,7 @@ def plan(settings: RLMSettings, path: Path, events: list[Event], context: Contex
         subcalls=len(subcalls),
         subcall_seq=max((int(e.get("seq") or 0) for e in subcalls), default=0), elapsed_s=_alive_s(events),
         restore=restore, budget_entries=_earlier_entries(settings, run_id, segments), answer=talk.answer,
-        final=talk.final,
+        final=talk.final, gate_attempts=talk.gate_attempts,
         record={"after_pid": segments[-1].get("pid"), "steps": completed, "restore": restore.mode,
                 "checkpoint_seq": completed if restore.mode == "checkpoint" else None,
                 "interrupted_call": len(talk.observations) + 1 if interrupted else None,
@@ -338,6 +345,8 @@ def _settings(args: argparse.Namespace, started: Event) -> RLMSettings:
     if started.get("profile") == "python-bash":
         overrides["bash_tool"] = "bash" in (started.get("tools") or ())
     overrides.update({k: v for k, v in (started.get("limits") or {}).items() if k in RECORDED_LIMITS})
+    if started.get("gates"):  # the run's completion gates, as it started with them (from RLM_GATES or --gate)
+        overrides["gates"] = started["gates"]
     for name in ("provider", "base_url", "model", "api_key_env"):
         if hasattr(args, name):
             overrides[name] = getattr(args, name)

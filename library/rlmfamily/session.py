@@ -7,7 +7,10 @@ One ``run(question)``: the model sees the question and the corpus's shape, runs
 code step by step, sees bounded observations (head and tail, with a history id
 for the rest), and ends the run by calling ``final_answer(value)`` from code.
 When turns, budget or time run out, the model is asked once for a final answer
-and the run records why it stopped (``stop_reason``). Every root turn and
+and the run records why it stopped (``stop_reason``). A root run with completion
+gates (rlmfamily/gates) runs them when the model answers: the answer stands only
+when every gate passes, and the run ends with a ``verdict`` (``accepted``,
+``gates_failed``, ``not_verified``). Every root turn and
 sub-call draws on the run's one budget; every run writes a trajectory, and a
 root run a journal of its host calls (rlmfamily/journal.py) from which
 ``rlm resume`` continues it after a crash (rlmfamily/resume.py, ``Session.resume``).
@@ -30,6 +33,8 @@ from rlmfamily.composition import KERNEL_NAMES, KernelFactory, default_extension
 from rlmfamily.errors import BudgetError, ProviderError, RLMError, SettingsInvalid
 from rlmfamily.extensions import Extension, ExtensionFactory, RunInfo
 from rlmfamily.family import procs
+from rlmfamily.gates.runner import GateKeeper, gate_workspace
+from rlmfamily.gates.verdict import verdict_of
 from rlmfamily.history import History
 from rlmfamily.journal import FILENAME as JOURNAL_FILENAME
 from rlmfamily.journal import JournaledKernel
@@ -85,6 +90,9 @@ class RunResult:
     duration_s: float
     extra: dict[str, Any] = field(default_factory=dict)  # what extensions add (e.g. "children")
     subcalls_cached: int = 0  # of ``subcalls``, answered from the family's memo (no call, no tokens)
+    # accepted (every completion gate passed), gates_failed, or not_verified (no gates, blocked, could not run);
+    # why: extra["verdict_reason"], the gate runs: extra["gates"], what blocked acceptance: extra["blocked_by"].
+    verdict: str = "not_verified"
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -146,6 +154,8 @@ class Session:
         self.messages: list[dict[str, Any]] = []  # the conversation, kept for a follow-up
         self.on_event = on_event
         self._used = False
+        if self.settings.gates and self.root_id == self.run_id:
+            gate_workspace(self.settings, context)  # a gated run without a workspace is refused before it starts
         model_id = model or getattr(provider, "default_model", None)
         if self.settings.max_usd is not None and model_id and not usd_cost_known(provider, model_id):
             # Without a price every call's cost is unknown, which would block a USD limit after one call.
@@ -194,8 +204,10 @@ class Session:
             if point.final is not None and point.completion is not None:  # it was answering its final request
                 run.stop_reason, run.why = point.final.stop_reason, point.final.why
                 run.judge_final(point.completion)
+                if run.answer.value is not None:
+                    run.answer_stands(final=True)
                 return
-            if run.answer.value is not None:
+            if run.answer.value is not None and run.answer_stands():
                 run.stop_reason = "answered"
             else:
                 run.play_turns()
@@ -243,6 +255,8 @@ class _Run:
     chars_shown: int = 0  # characters of observations given to the model
     chars_produced: int = 0  # characters those steps and tool calls produced (the history keeps them all)
     resumed: ResumePoint | None = None  # a resumed run: where its records left it
+    gates: GateKeeper | None = None  # a root run's completion gates (RLM_GATES), None without
+    blocked_by: list[str] = field(default_factory=list)  # what keeps the run from being accepted, by the extensions
     subcalls: SubcallRunner = field(init=False)
     bridge: Bridge = field(init=False)
     _subcall_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -331,6 +345,7 @@ class _Run:
                     "max_subcalls": settings.max_subcalls, "max_observation_chars": settings.max_observation_chars},
             first_message=self.messages[-1]["content"], system_prompt=self.messages[0]["content"],
             pid=os.getpid(), pid_start=procs.start_time(os.getpid()),
+            **({"gates": [g.model_dump() for g in self.gates.gates]} if self.gates else {}),
         )
         self.emit({"event": "run_started", "run_id": session.run_id, "max_turns": settings.max_turns,
                    "budget": self.budget.snapshot().to_dict()})
@@ -358,11 +373,16 @@ class _Run:
             functions.update({name: _guest_errors(fn) for name, fn in extension.functions().items()})
         for extension in self.extensions:
             self.model_tools.update(getattr(extension, "model_tools", None) or {})
+        if self.settings.gates and session.root_id == session.run_id:  # a child's work is judged by its root's gates
+            self.gates = GateKeeper(info, self.settings.gates,
+                                    attempts_before=self.resumed.gate_attempts if self.resumed else 0)
+            functions.update({name: _guest_errors(fn) for name, fn in self.gates.functions().items()})
         if self.model_tools and self.protocol.tools is not None:
             self.protocol = replace(self.protocol, tools=[*self.protocol.tools,
                                                           *(t.schema for t in self.model_tools.values())])
         if not follow_up:
-            self.messages[0]["content"] += "".join(e.notes for e in self.extensions)
+            self.messages[0]["content"] += "".join(e.notes for e in self.extensions) + (self.gates.notes
+                                                                                         if self.gates else "")
         if self.resumed is None:
             self.write_started()  # after the notes: it records the system prompt as the model sees it
         run_dir = self.settings.runs_dir / session.run_id
@@ -372,17 +392,63 @@ class _Run:
                                      host_call_timeout_s=self.settings.host_call_timeout_s,
                                      restore=self.resumed.restore if self.resumed else None)
         self.kernel = kernel
-        self.kernel.start(functions, PRELUDE + "".join(e.prelude for e in self.extensions))
+        self.kernel.start(functions, PRELUDE + "".join(e.prelude for e in self.extensions)
+                          + (self.gates.prelude if self.gates else ""))
 
     def play_turns(self) -> None:
         """Root turns until the answer, or a limit; then the final request."""
         while (entry := self.admit_turn()) is not None:
             self.play_turn(entry)
-            if self.answer.value is not None:
+            if self.answer.value is not None and self.answer_stands():
                 self.stop_reason = "answered"
                 break
         if self.stop_reason != "answered":
             self.ask_for_final()
+            if self.answer.value is not None:
+                self.answer_stands(final=True)
+
+    def answer_stands(self, *, final: bool = False) -> bool:
+        """Check the answer just given against the completion gates; False: it was withdrawn and the run goes on.
+
+        Without gates it stands. With them, what must be resolved first is (the extensions' ``finish``: children,
+        required remote work); if something still blocks acceptance the answer stands, not verified. Otherwise every
+        gate runs: all pass, it stands; one fails, the model is told and the answer withdrawn, unless this is the
+        answer to the final request (the run is ending: it stands, its gates failed). Gates that could not run leave
+        it standing, not verified.
+        """
+        if self.gates is None:
+            return True
+        self.blocked_by = self.finish_extensions()
+        if self.blocked_by:
+            self.trajectory.write("acceptance_blocked", turn=self.turn, blocked_by=self.blocked_by)
+            return True
+        attempt = self.gates.check(self.turn)
+        if attempt.error is not None or attempt.passed or final:
+            return True
+        turns_left = max(0, self.settings.max_turns - self.turn)
+        message = self.gates.feedback(attempt, turns_left=turns_left)
+        self.answer.withdraw()
+        self.messages.append({"role": "user", "content": message})
+        self.trajectory.write("answer_withdrawn", turn=self.turn, attempt=attempt.number,
+                              failed=[r.name for r in attempt.failed], message=message)
+        self.emit({"event": "answer_withdrawn", "turn": self.turn, "attempt": attempt.number})
+        return False
+
+    def finish_extensions(self) -> list[str]:
+        """Let every extension finish (wait for what the run must wait for) and say what still blocks acceptance."""
+        blocked: list[str] = []
+        for extension in self.extensions:
+            try:
+                extension.finish()
+            except RLMError as exc:
+                self.error = self.error or f"{exc.code}: {exc.message}"
+            blockers = getattr(extension, "blockers", None)  # optional: rlmfamily/extensions.py
+            if blockers is not None:
+                try:
+                    blocked.extend(blockers())
+                except RLMError as exc:
+                    blocked.append(f"{type(extension).__name__} could not say: [{exc.code}] {exc.message}")
+        return blocked
 
     # ---------- step ----------
 
@@ -598,23 +664,27 @@ class _Run:
         """Wait for what the run started (children, required remote work), then record and return the result."""
         extra: dict[str, Any] = {}
         try:
-            for extension in self.extensions:
-                try:
-                    extension.finish()
-                except RLMError as exc:
-                    self.error = self.error or f"{exc.code}: {exc.message}"
-                try:
-                    extra.update(extension.record())
-                finally:
-                    extension.close()
+            try:
+                self.blocked_by = self.finish_extensions()
+            finally:
+                for extension in self.extensions:
+                    try:
+                        extra.update(extension.record())
+                    finally:
+                        extension.close()
         finally:
             self.budget.release()  # the call it kept for its final answer goes back to the family
+        verdict, extra["verdict_reason"] = self.verdict()
+        extra["blocked_by"] = self.blocked_by
+        if self.gates is not None:
+            extra["gates"] = [run.to_dict() for attempt in self.gates.attempts for run in attempt.runs]
         snapshot = self.budget.snapshot()
         duration = round(time.monotonic() - self.started, 3)
         extra["observations"] = {"strategy": self.settings.observation_strategy, "chars_shown": self.chars_shown,
                                  "chars_produced": self.chars_produced}
         self.trajectory.write(
-            "run_finished", stop_reason=self.stop_reason, answer=self.answer.value, error=self.error, turns=self.turn,
+            "run_finished", stop_reason=self.stop_reason, answer=self.answer.value, verdict=verdict,
+            error=self.error, turns=self.turn,
             subcalls=self.subcall_count, subcalls_cached=self.subcalls.cached, usage=self.budget.own_usage(), budget=snapshot.to_dict(), root_chars_sent=self.root_chars_sent,
             root_chars_last=self.root_chars_last, corpus_bytes=self.stats["bytes"], duration_s=duration, **extra,
         )
@@ -624,11 +694,24 @@ class _Run:
             turns=self.turn, subcalls=self.subcall_count, error=self.error, trajectory_path=self.trajectory.path,
             budget=snapshot, corpus_bytes=self.stats["bytes"], root_chars_sent=self.root_chars_sent,
             root_chars_last=self.root_chars_last, duration_s=duration, extra=extra,
-            subcalls_cached=self.subcalls.cached,
+            subcalls_cached=self.subcalls.cached, verdict=verdict,
         )
         self.emit({"event": "run_finished", "stop_reason": result.stop_reason, "turns": self.turn,
-                   "subcalls": self.subcall_count, "budget": snapshot.to_dict()})
+                   "subcalls": self.subcall_count, "budget": snapshot.to_dict(), "verdict": verdict})
         return result
+
+    def verdict(self) -> tuple[str, str]:
+        """accepted, gates_failed or not_verified, and why (rlmfamily/gates/verdict.py)."""
+        if self.gates is not None:
+            not_gated = None
+        elif not self.settings.gates:
+            not_gated = "no completion gates are configured (RLM_GATES, rlm run --gate)"
+        elif self.session.root_id != self.session.run_id:
+            not_gated = "a child's answer is not gated: its root's gates judge the family's work"
+        else:
+            not_gated = f"the gates could not be set up: {self.error or 'the run ended before they were'}"
+        return verdict_of(not_gated=not_gated, blocked_by=self.blocked_by,
+                          last=self.gates.last if self.gates else None, answered=self.answer.value is not None)
 
     def emit(self, event: Event) -> None:
         self.session._emit(event)  # noqa: SLF001 - the run is the session's own

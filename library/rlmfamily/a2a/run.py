@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from rlmfamily.extensions import RunInfo
 
 LOGGED_ACTIONS = ("_a2a_start", "_a2a_follow_up", "_a2a_reply", "_a2a_cancel")
+# Required work in these states does not keep a run from being accepted (blockers()); every other state does.
+RESOLVED_STATES = ("completed", "canceled")
+UNRESOLVED_NOTES = {"unknown": " (its send was never acknowledged; it is not resent: rlm reconcile settles it)"}
 
 PROMPT_NOTE = """
 
@@ -138,6 +141,18 @@ class A2AExtension:
                 self.delegations.poll(row.id)
             self.info.emit({"event": "waiting_for_remote_work", "delegations": [r.id for r in waiting]})
             time.sleep(max(0.0, min(self.settings.a2a_poll_interval_s, self.info.deadline - time.monotonic())))
+
+    def blockers(self) -> list[str]:
+        """Required delegations of this agent that did not resolve: still open (``unknown`` included: it is never
+        resent, only ``rlm reconcile`` moves it), failed or rejected. A completed one is evidence, not acceptance;
+        a cancelled one was let go."""
+        unresolved = []
+        for row in self.delegations.tasks():
+            if row.agent_id != self.info.agent_id or not row.required or row.state in RESOLVED_STATES:
+                continue
+            why = UNRESOLVED_NOTES.get(row.state, "")
+            unresolved.append(f"required delegation {row.id} to {row.peer_alias!r} is {row.state}{why}")
+        return unresolved
 
     def record(self) -> dict[str, Any]:
         evidence = self.delegations.evidence()

@@ -172,6 +172,10 @@ class FamilyExtension:
                     "its parent's run reached its deadline (RLM_MAX_RUN_S) while it was still running"))
             self._report(run)
 
+    def blockers(self) -> list[str]:
+        """Children of this agent still active after ``finish``: the run cannot be accepted over them."""
+        return [f"child {r.run_id} is still {r.state}" for r in self.family.children(self.agent_id) if r.active]
+
     def record(self) -> dict[str, Any]:
         runs = self.family.children(self.agent_id)
         for run in runs:
