@@ -18,7 +18,10 @@ from rlmfamily.data_location import DataLocation, locate
 from rlmfamily.errors import SettingsInvalid
 from rlmfamily.gates.spec import GateSpec, check_gates
 
-KernelName = Literal["host", "monty"]
+KernelName = Literal["host", "monty", "container"]
+ContainerEngineName = Literal["auto", "podman", "docker"]  # rlmfamily/container/engine.py
+# The image `rlm container image` builds from this machine's packages (rlmfamily/container/image.py).
+DEFAULT_CONTAINER_IMAGE = "localhost/rlmfamily-python:local"
 ProviderName = Literal["openai", "anthropic"]
 ProtocolName = Literal["tools", "text", "auto"]  # how code reaches the kernel: rlmfamily/protocol.py
 ProfileName = Literal["python", "python-bash"]  # python-bash adds command jobs: rlmfamily/bash/
@@ -189,6 +192,20 @@ class RLMSettings(BaseSettings):
     bash_max_command_chars: int = Field(20_000, ge=10, le=1_000_000)
     bash_max_jobs: int = Field(1000, ge=1, le=1_000_000)  # jobs per family
 
+    # The container kernel (RLM_KERNEL=container, rlmfamily/container): one container per run, root or child.
+    container_engine: ContainerEngineName = "auto"  # auto: the first engine that answers and holds the image
+    container_image: str = Field(DEFAULT_CONTAINER_IMAGE, min_length=1, max_length=512)  # never pulled
+    container_network: str = Field("none", min_length=1, max_length=128)  # "none": no network at all
+    container_memory_bytes: int = Field(2 << 30, ge=16 << 20, le=1 << 44)  # memory and swap together
+    container_cpus: float = Field(1.0, gt=0, le=1024)  # at most the machine's CPUs
+    container_max_pids: int = Field(512, ge=16, le=1 << 22)  # processes and threads at once (a fork bomb's bound)
+    container_max_open_files: int = Field(1024, ge=64, le=1 << 20)  # per process; at most the host's hard limit
+    # RLIMIT_NPROC inside (a non-root user's processes, counted machine-wide by the kernel; root ignores it). Set
+    # because the engines' default can exceed what this machine lets them set; container_max_pids is the real bound.
+    container_max_user_processes: int = Field(16_384, ge=64, le=1 << 22)
+    container_start_timeout_s: float = Field(60.0, gt=0, le=3600)  # until its main process says ready
+    container_stop_timeout_s: float = Field(10.0, gt=0, le=600)  # until it is gone, after its run ends
+
     # Completion gates (rlmfamily/gates): commands run in the workspace when the model answers; the run is accepted
     # only when every one passes. RLM_GATES is a JSON list of {"name", "command", "deadline_s"} (rlm run --gate).
     gate_default_deadline_s: float = Field(300.0, gt=0, le=86_400)  # of a gate that names none
@@ -208,6 +225,14 @@ class RLMSettings(BaseSettings):
         self._data_location = locate(self.data_dir)
         self.data_dir = self._data_location.path
         return self
+
+    @field_validator("container_image", "container_network")
+    @classmethod
+    def _container_name(cls, value: str) -> str:
+        # Passed to the engine's CLI as one argument: nothing that could read as an option or split a word.
+        if value.startswith("-") or any(c.isspace() or c == "," for c in value):
+            raise ValueError(f"{value!r} is not an image or network name (no leading '-', spaces or commas)")
+        return value
 
     @field_validator("api_key_env")
     @classmethod
