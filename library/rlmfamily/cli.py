@@ -2,7 +2,9 @@
 
 Exit codes: 0 the run produced an answer (or the command succeeded), 1 the run
 ended without an answer, 2 the command line or the configuration is wrong
-(the message names the flag or setting to change).
+(the message names the flag or setting to change). A run with completion gates
+exits 0 only when it is accepted, and 3 when it is not (a gate failed, or the
+gates could not say: ``not_verified``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from rlmfamily.settings import RLMSettings, load_settings
 from rlmfamily.resumption import describe_resume
 from rlmfamily.trajectory import find_run, read_trajectory
 
-EXIT_OK, EXIT_NO_ANSWER, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_NO_ANSWER, EXIT_USAGE, EXIT_NOT_ACCEPTED = 0, 1, 2, 3
 
 
 def _limit_int(text: str) -> int | None:
@@ -82,6 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--observation-strategy", choices=["transcript", "receipts"], default=argparse.SUPPRESS,
                      help="what the model sees of outputs: head and tail, or compact receipts with history "
                           "references (RLM_OBSERVATION_STRATEGY; default transcript)")
+    run.add_argument("--gate", action="append", metavar="NAME=COMMAND", default=argparse.SUPPRESS,
+                     help="a completion gate: a command run in the workspace when the model answers; the run is "
+                          "accepted only when every gate exits 0 (repeatable; replaces RLM_GATES)")
+    run.add_argument("--gate-deadline-s", dest="gate_default_deadline_s", type=float, default=argparse.SUPPRESS,
+                     help="each gate's deadline in seconds (RLM_GATE_DEFAULT_DEADLINE_S; default 300)")
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("--quiet", action="store_true", help="no live progress display")
 
@@ -189,7 +196,7 @@ def _demo_args(args: argparse.Namespace) -> argparse.Namespace:
 
 OVERRIDES = ("kernel", "max_turns", "provider", "protocol", "base_url", "model", "api_key_env", "temperature",
              "max_completion_tokens", "max_calls", "max_tokens", "max_usd", "memoise_subcalls", "a2a_peers_file",
-             "profile", "bash_tool", "observation_strategy")
+             "profile", "bash_tool", "observation_strategy", "gate_default_deadline_s")
 
 
 def _settings(args: argparse.Namespace) -> RLMSettings:
@@ -197,10 +204,28 @@ def _settings(args: argparse.Namespace) -> RLMSettings:
     overrides = {name: getattr(args, name) for name in OVERRIDES if hasattr(args, name)}
     if args.data_dir:
         overrides["data_dir"] = args.data_dir
+    if hasattr(args, "gate"):
+        overrides["gates"] = [_gate_flag(text) for text in args.gate]
     settings = load_settings(**overrides)
     if settings.data_location.notice:  # the legacy ~/.rlm is in use: say once per command how to move it
         print(settings.data_location.notice, file=sys.stderr)
     return settings
+
+
+def _gate_flag(text: str) -> dict[str, str]:
+    """``--gate NAME=COMMAND``: the name before the first ``=``, the command after it (checked by the settings)."""
+    name, sep, command = text.partition("=")
+    if not sep:
+        raise SettingsInvalid(f"--gate {text!r}: give NAME=COMMAND, e.g. --gate 'tests=python -m unittest'",
+                              setting="gates")
+    return {"name": name.strip(), "command": command}
+
+
+def _exit_code(result: RunResult, settings: RLMSettings) -> int:
+    """With completion gates only an accepted run succeeds; without, a run that answered does."""
+    if settings.gates:
+        return EXIT_OK if result.verdict == "accepted" else EXIT_NOT_ACCEPTED
+    return EXIT_OK if result.answer is not None else EXIT_NO_ANSWER
 
 
 def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -226,7 +251,7 @@ def _run(args: argparse.Namespace, out: Console, err: Console) -> int:
     else:
         result = session.run(args.question)
     _print_result(result, out, err, as_json=args.json)
-    return EXIT_OK if result.answer is not None else EXIT_NO_ANSWER
+    return _exit_code(result, settings)
 
 
 def _resume(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -249,7 +274,7 @@ def _resume(args: argparse.Namespace, out: Console, err: Console) -> int:
     else:
         result = session.resume(point)
     _print_result(result, out, err, as_json=args.json)
-    return EXIT_OK if result.answer is not None else EXIT_NO_ANSWER
+    return _exit_code(result, session.settings)
 
 
 def _context(args: argparse.Namespace, settings: RLMSettings) -> Context:
@@ -334,6 +359,9 @@ def _print_result(result: RunResult, out: Console, err: Console, *, as_json: boo
     )
     if result.error:
         err.print(f"error: {result.error}", markup=False, highlight=False)
+    if "gates" in result.extra or result.extra.get("blocked_by"):
+        for line in verdict_lines(result.verdict, result.extra):
+            err.print(line, markup=False, highlight=False)
     from rlmfamily.a2a.cli import print_evidence
 
     print_evidence(result.extra, err)
@@ -341,6 +369,27 @@ def _print_result(result: RunResult, out: Console, err: Console, *, as_json: boo
         err.print("no answer", markup=False)
     else:
         out.print(result.answer, markup=False, highlight=False)
+
+
+def verdict_lines(verdict: str, record: dict[str, Any]) -> list[str]:
+    """The verdict, why, what blocked acceptance and the gates of the last attempt (rlm run, rlm show)."""
+    lines = [f"verdict: {verdict.replace('_', ' ')}: {record.get('verdict_reason') or ''}".rstrip(": ")]
+    lines += [f"  blocked by: {blocker}" for blocker in record.get("blocked_by") or []]
+    runs = record.get("gates") or []
+    last = max((r.get("attempt") or 0 for r in runs), default=0)
+    for run in (r for r in runs if r.get("attempt") == last):
+        lines.append(f"  gate {run.get('name')}: {gate_outcome(run)}")
+    return lines
+
+
+def gate_outcome(run: dict[str, Any]) -> str:
+    """One gate run in a few words: passed or how it failed, its time and its job."""
+    if run.get("error"):
+        return f"could not run: {run['error']}"
+    how = (f"killed at its {run.get('deadline_s'):g} s deadline" if run.get("state") == "killed"
+           else f"exit {run.get('exit_code')}")
+    took = f" after {run['duration_s']:.2f} s" if isinstance(run.get("duration_s"), (int, float)) else ""
+    return f"{'passed' if run.get('passed') else 'FAILED'} ({how}{took}; job {run.get('job_id')})"
 
 
 # ---------- show ----------
@@ -426,6 +475,14 @@ def _show_event(e: dict[str, Any], out: Console) -> None:
         p(f"  the endpoint refused the python tool ({e.get('reason')}); went on with ```python blocks in text", "yellow")
     elif kind == "final_reply_rejected":
         p(f"[not an answer: {e.get('reason')}]", "yellow")
+    elif kind == "gate":
+        p(f"  gate {e.get('name')} (attempt {e.get('attempt')}): {gate_outcome(e)}", "green" if e.get("passed") else "red")
+        if e.get("excerpt"):
+            p(e["excerpt"], "red")
+    elif kind == "answer_withdrawn":
+        p(f"[answer withdrawn: {', '.join(e.get('failed') or [])} failed; the model was told and went on]", "yellow")
+    elif kind == "acceptance_blocked":
+        p("[the answer cannot be accepted: " + "; ".join(e.get("blocked_by") or []) + "]", "yellow")
     elif kind == "budget_refused":
         p(f"[budget refused turn {e.get('turn')}: {e.get('message')}]", "yellow")
     elif kind in ("child_started", "child_finished", "children_wait"):
@@ -439,6 +496,9 @@ def _show_event(e: dict[str, Any], out: Console) -> None:
         cached = f" ({e['subcalls_cached']} cached)" if e.get("subcalls_cached") else ""
         p(f"\n── {e.get('stop_reason')} after {e.get('turns')} turns, {e.get('subcalls')} sub-calls{cached}, "
           f"{_totals(own)}{family}", "bold")
+        if e.get("verdict"):
+            for line in verdict_lines(e["verdict"], e):
+                p(line, "bold green" if e["verdict"] == "accepted" else "bold red")
         seen = e.get("observations") or {}
         if seen.get("chars_produced"):
             p(f"observations ({seen.get('strategy')}): {seen.get('chars_shown', 0):,} characters shown of "
