@@ -583,6 +583,9 @@ def build_parser(flags: GlobalFlags | None = None) -> argparse.ArgumentParser:
     from ops import cli_health, cli_specialists
 
     cli_specialists.register(groups, common)
+    from ops import cli_journey
+
+    cli_journey.register(groups, common)
     cli_health.register(groups, common)
     from ops.drill import cli as cli_drill
 
