@@ -32,6 +32,7 @@ from rich.console import Console
 
 from rlmfamily.errors import RLMError, TrajectoryInvalid
 from rlmfamily.family import procs
+from rlmfamily.gates.verdict import outcome_text, verdict_text
 from rlmfamily.prompts import NO_OUTPUT, NO_OUTPUT_HINT
 from rlmfamily.resumption import describe_resume
 from rlmfamily.trajectory import FILENAME, read_trajectory
@@ -246,6 +247,7 @@ class _Page:
             body.append(f'<p class="note">{self.text(view.missing)}</p>')
         body.extend(self._flow(view))
         body.append(self._delegations(view))
+        body.append(self._gates(view))
         return (f'<section class="run" id="{view.anchor}" data-run="{self.text(view.run_id)}">'
                 + "\n".join(b for b in body if b) + "</section>")
 
@@ -274,6 +276,12 @@ class _Page:
             line += f"; family total {_totals(family)}"
         answer = done.get("answer")
         parts = [f'<div class="outcome"><p class="stop">{self.text(line)}</p>']
+        verdict = done.get("verdict")
+        if verdict in VERDICT_CLASSES:  # a trajectory from before completion gates has none
+            shown = verdict_text(verdict, done.get("verdict_reason"))
+            parts.append(f'<p class="verdict {VERDICT_CLASSES[verdict]}">{self.text(shown)}</p>')
+            for blocker in done.get("blocked_by") or []:
+                parts.append(f'<p class="blocked">blocked by: {self.text(blocker)}</p>')
         if done.get("error"):
             parts.append(f'<p class="error">{self.text(done["error"])}</p>')
         parts.append(self.pre("answer", answer) if answer is not None else '<p class="note">(no answer)</p>')
@@ -291,7 +299,8 @@ class _Page:
                 if turn is not None:
                     blocks.append("".join(turn) + "</details>")
                 turn = [self._turn(e)]
-            elif kind in ("final_request", "final_reply_rejected", "budget_refused", "run_resumed"):
+            elif kind in ("final_request", "final_reply_rejected", "budget_refused", "run_resumed", "answer_withdrawn",
+                          "acceptance_blocked"):
                 if turn is not None:
                     blocks.append("".join(turn) + "</details>")
                     turn = None
@@ -329,6 +338,11 @@ class _Page:
         elif kind == "run_resumed":
             text = (f"resumed after turn {e.get('turn')} (pid {e.get('pid')}; the process before, pid "
                     f"{e.get('after_pid')}, ended without finishing): {describe_resume(e)}")
+        elif kind == "answer_withdrawn":
+            text = (f"answer withdrawn (attempt {e.get('attempt')}): {', '.join(e.get('failed') or [])} failed; "
+                    "the model was told and went on")
+        elif kind == "acceptance_blocked":
+            text = "the answer cannot be accepted: " + "; ".join(str(b) for b in e.get("blocked_by") or [])
         else:
             text = f"budget refused turn {e.get('turn')}: {e.get('message')}"
         return f'<p class="banner">{self.text(text)}</p>'
@@ -359,6 +373,8 @@ class _Page:
         if kind == "job_released":
             what = f"job {e.get('job_id')} released by the model: {e.get('reason')}"
             return f'<p class="note">{self.text(what)}</p>'
+        if kind == "gate":  # a completion gate's run: how it ended, and the head and tail of its output
+            return self._gate(e)
         if kind == "tool_step":  # the receipt is in its job event; a refused call has none
             return "" if e.get("job_id") else self.pre("output failed", str(e.get("observation", "")))
         # An event this page does not know (a newer library wrote it): shown as its fields.
@@ -379,6 +395,27 @@ class _Page:
             head += " · cached"
         return (f'<div class="subcall"><p>{self.text(head)}</p>{self.pre("prompt", e.get("prompt", ""))}'
                 f'{self.pre("response", e.get("response", ""))}</div>')
+
+    def _gate(self, e: dict[str, Any]) -> str:
+        passed = bool(e.get("passed"))
+        head = f"gate {e.get('name')} (attempt {e.get('attempt')}): {outcome_text(e)}"
+        excerpt = self.pre("output failed", e["excerpt"]) if e.get("excerpt") else ""
+        return (f'<div class="gate {"passed" if passed else "failed"}"><p>{self.text(head)}</p>'
+                f'{self.pre("code", "$ " + str(e.get("command", "")))}{excerpt}</div>')
+
+    def _gates(self, view: RunView) -> str:
+        """Every gate run of the run, attempt by attempt, as its final record keeps them."""
+        runs = [r for r in view.finished.get("gates") or [] if isinstance(r, dict)]
+        if not runs:
+            return ""
+        columns = ("attempt", "gate", "command", "outcome")
+        head = "".join(f"<th>{c}</th>" for c in columns)
+        rows = "".join(
+            f'<tr class="{"passed" if r.get("passed") else "failed"}">'
+            + "".join(f"<td>{self.text(v)}</td>" for v in (r.get("attempt"), r.get("name"), r.get("command"),
+                                                           outcome_text(r)))
+            + "</tr>" for r in runs)
+        return f'<h3>completion gates</h3><table class="gates"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
 
     def _delegations(self, view: RunView) -> str:
         sent = [e for e in view.events if e.get("event") == "delegation"]
@@ -498,11 +535,16 @@ class _Chart:
         return text + (f"; {unknown} calls of unknown usage (orange)" if unknown else "")
 
 
+VERDICT_CLASSES = {"accepted": "accepted", "gates_failed": "gates-failed", "not_verified": "not-verified"}
+
+
 def _state(view: RunView) -> str:
     if view.record.get("state"):
         return str(view.record["state"])
     if view.finished:
-        return str(view.finished.get("stop_reason"))
+        gated = view.finished.get("gates") or view.finished.get("blocked_by")
+        verdict = f" · {str(view.finished.get('verdict')).replace('_', ' ')}" if gated else ""
+        return str(view.finished.get("stop_reason")) + verdict
     return "no trajectory" if view.missing else "did not finish"
 
 
@@ -569,8 +611,13 @@ pre { white-space: pre-wrap; overflow-wrap: anywhere; margin: 6px 0; padding: 6p
 pre.code { background: #f0f6ee; } pre.output { background: #f4f4f6; } pre.failed { background: #fbeeee; }
 pre.prompt, pre.response { background: #f7f2fb; max-height: 200px; } pre.answer { background: #eef3fb; }
 .model-text { font-style: italic; white-space: pre-wrap; overflow-wrap: anywhere; }
-.subcall, .child, .delegation, .evidence, .event, .job { margin: 6px 0 6px 12px; padding-left: 8px;
+.subcall, .child, .delegation, .evidence, .event, .job, .gate { margin: 6px 0 6px 12px; padding-left: 8px;
   border-left: 3px solid var(--line); overflow-wrap: anywhere; }
+.gate.passed { border-color: #3c8c5a; } .gate.failed { border-color: #c44; } .gate p { margin: 2px 0; }
+.verdict { font-weight: 600; margin: 4px 0; } .verdict.accepted { color: #2d7a4a; }
+.verdict.gates-failed, .verdict.not-verified, .blocked { color: #a33; } .blocked { margin: 2px 0; }
+table.gates { border-collapse: collapse; } table.gates td, table.gates th { border: 1px solid var(--line);
+  padding: 2px 6px; text-align: left; } table.gates tr.failed td { background: #fbeeee; }
 .subcall { border-color: #a77bd1; } .child { border-color: var(--accent); } .delegation { border-color: #c98a2b; } .job { border-color: #3c8c5a; }
 .subcall p, .evidence p { margin: 2px 0; }
 .outcome { margin: 8px 0; } .outcome .stop { font-weight: 600; margin: 0; } .unfinished, .error { color: #a33; }

@@ -21,7 +21,7 @@ A peer's result (A2A) never counts here: it is evidence, unverified. Only gates 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -92,3 +92,19 @@ def verdict_of(*, not_gated: str | None, blocked_by: Sequence[str], last: Attemp
     if not answered:
         return "not_verified", "the gates passed but no answer stands"
     return "accepted", f"every gate passed (attempt {last.number})"
+
+
+def verdict_text(verdict: str, reason: str | None) -> str:
+    """``verdict: gates failed: attempt 2: tests failed``, as rlm run, rlm show and the page print it."""
+    return f"verdict: {verdict.replace('_', ' ')}" + (f": {reason}" if reason else "")
+
+
+def outcome_text(run: Mapping[str, Any]) -> str:
+    """One gate run (a ``GateRun`` as a dict) in a few words: passed or how it failed, its time and its job."""
+    if run.get("error"):
+        return f"could not run: {run['error']}"
+    deadline = run.get("deadline_s")
+    how = (f"killed at its {deadline:g} s deadline" if run.get("state") == "killed" and isinstance(deadline, (int, float))
+           else f"exit {run.get('exit_code')}")
+    took = f" after {run['duration_s']:.2f} s" if isinstance(run.get("duration_s"), (int, float)) else ""
+    return f"{'passed' if run.get('passed') else 'FAILED'} ({how}{took}; job {run.get('job_id')})"
