@@ -25,7 +25,6 @@ from rlmfamily.context import Context
 from rlmfamily.errors import RLMError, SettingsInvalid
 from rlmfamily.family import procs
 from rlmfamily.family.progress import RunningChildren
-from rlmfamily.gates.verdict import outcome_text, verdict_text
 from rlmfamily.memo import memo_usage
 from rlmfamily.prompts import NO_OUTPUT, NO_OUTPUT_HINT
 from rlmfamily.providers.base import PriceTable, Provider
@@ -58,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--repo", help="a repository folder: its git-tracked files are the corpus")
     source.add_argument("--document", help="one text file as the corpus")
     source.add_argument("--bundle", help="a JSON file of evidence items {path, start, end, text}")
-    run.add_argument("--kernel", choices=["host", "monty"], default=argparse.SUPPRESS, help="where the model's code runs (RLM_KERNEL; default monty)")
+    run.add_argument("--kernel", choices=["host", "monty", "container"], default=argparse.SUPPRESS,
+                     help="where the model's code runs (RLM_KERNEL; default monty; container: see RLM_CONTAINER_*)")
     run.add_argument("--script", help="replay a scripted conversation (TOML or JSON) instead of calling a model")
     run.add_argument("--provider", choices=["openai", "anthropic"], default=argparse.SUPPRESS,
                      help="the model API: any OpenAI-compatible endpoint, or Anthropic's Messages API (RLM_PROVIDER; default openai)")
@@ -374,13 +374,23 @@ def _print_result(result: RunResult, out: Console, err: Console, *, as_json: boo
 
 def verdict_lines(verdict: str, record: dict[str, Any]) -> list[str]:
     """The verdict, why, what blocked acceptance and the gates of the last attempt (rlm run, rlm show)."""
-    lines = [verdict_text(verdict, record.get("verdict_reason"))]
+    lines = [f"verdict: {verdict.replace('_', ' ')}: {record.get('verdict_reason') or ''}".rstrip(": ")]
     lines += [f"  blocked by: {blocker}" for blocker in record.get("blocked_by") or []]
     runs = record.get("gates") or []
     last = max((r.get("attempt") or 0 for r in runs), default=0)
     for run in (r for r in runs if r.get("attempt") == last):
-        lines.append(f"  gate {run.get('name')}: {outcome_text(run)}")
+        lines.append(f"  gate {run.get('name')}: {gate_outcome(run)}")
     return lines
+
+
+def gate_outcome(run: dict[str, Any]) -> str:
+    """One gate run in a few words: passed or how it failed, its time and its job."""
+    if run.get("error"):
+        return f"could not run: {run['error']}"
+    how = (f"killed at its {run.get('deadline_s'):g} s deadline" if run.get("state") == "killed"
+           else f"exit {run.get('exit_code')}")
+    took = f" after {run['duration_s']:.2f} s" if isinstance(run.get("duration_s"), (int, float)) else ""
+    return f"{'passed' if run.get('passed') else 'FAILED'} ({how}{took}; job {run.get('job_id')})"
 
 
 # ---------- show ----------
@@ -467,7 +477,7 @@ def _show_event(e: dict[str, Any], out: Console) -> None:
     elif kind == "final_reply_rejected":
         p(f"[not an answer: {e.get('reason')}]", "yellow")
     elif kind == "gate":
-        p(f"  gate {e.get('name')} (attempt {e.get('attempt')}): {outcome_text(e)}", "green" if e.get("passed") else "red")
+        p(f"  gate {e.get('name')} (attempt {e.get('attempt')}): {gate_outcome(e)}", "green" if e.get("passed") else "red")
         if e.get("excerpt"):
             p(e["excerpt"], "red")
     elif kind == "answer_withdrawn":

@@ -12,20 +12,26 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rlmfamily.errors import KernelUnavailable
-from rlmfamily.extensions import ExtensionFactory
+from rlmfamily.extensions import Environment, ExtensionFactory
 from rlmfamily.kernels.base import Kernel
 from rlmfamily.settings import RLMSettings
 
-KERNEL_NAMES = ("host", "monty")
+if TYPE_CHECKING:
+    from rlmfamily.context import Context
+
+KERNEL_NAMES = ("host", "monty", "container")
 
 
 class KernelFactory(Protocol):
-    """Builds the kernel ``name`` ("host" | "monty") for the run ``run_id`` whose files are under ``run_dir``."""
+    """Builds the kernel ``name`` for the run ``run_id`` whose files are under ``run_dir``.
 
-    def __call__(self, name: str, settings: RLMSettings, run_dir: Path, run_id: str) -> Kernel: ...
+    The session passes ``environment=`` (the run's container) only to build the ``container`` kernel.
+    """
+
+    def __call__(self, name: str, settings: RLMSettings, run_dir: Path, run_id: str, **kwargs: Any) -> Kernel: ...
 
 
 def default_extensions() -> list[ExtensionFactory]:
@@ -37,10 +43,42 @@ def default_extensions() -> list[ExtensionFactory]:
     return [FamilyExtension, A2AExtension, BashExtension]  # BashExtension is inert outside RLM_PROFILE=python-bash
 
 
-def default_kernel_factory(name: str, settings: RLMSettings, run_dir: Path, run_id: str) -> Kernel:
-    """A real kernel: ``host`` (the user's Python in a child process) or ``monty`` (the sandbox)."""
+def open_environment(kernel: str, settings: RLMSettings, *, run_id: str, context: Context,
+                     run_dir: Path) -> Environment | None:
+    """The run's container when ``kernel`` is ``container`` (started, its orphaned elders swept), else None.
+
+    Its workspace is ``RLM_BASH_WORKSPACE``, else the run's repository, else ``<run_dir>/workspace``. The model key's
+    and the A2A peers' key variables never reach the engine's command line, nor the container.
+    """
+    if kernel != "container":
+        return None
+    from rlmfamily.a2a.run import secret_env_names
+    from rlmfamily.container.sandbox import RunContainer
+
+    if settings.bash_workspace is not None:
+        workspace = settings.bash_workspace
+    elif context.source == "repository" and context.root:
+        workspace = Path(context.root)
+    else:
+        workspace = run_dir / "workspace"
+    return RunContainer.open(settings, run_id=run_id, workspace=workspace,
+                             hidden_env={settings.key_env} | secret_env_names(settings))
+
+
+def default_kernel_factory(name: str, settings: RLMSettings, run_dir: Path, run_id: str, *,
+                           environment: Environment | None = None) -> Kernel:
+    """A real kernel: ``host`` (the user's Python in a child process), ``monty`` (the sandbox) or ``container``
+    (the host kernel's child inside ``environment``, the run's container)."""
     limits = settings.kernel_limits()
     try:
+        if name == "container":
+            from rlmfamily.container.sandbox import RunContainer
+            from rlmfamily.kernels.container import ContainerKernel
+
+            if not isinstance(environment, RunContainer):
+                raise KernelUnavailable("the container kernel runs in the run's container, which the session opens "
+                                        "(Session with kernel='container'); none was given")
+            return ContainerKernel(environment, limits)
         if name == "host":
             from rlmfamily.a2a.run import secret_env_names
             from rlmfamily.kernels.host import HostKernel

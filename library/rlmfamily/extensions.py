@@ -29,8 +29,9 @@ gets unless its caller names them is decided in rlmfamily/composition.py.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ class RunInfo:
     settings: RLMSettings
     context: Context
     provider: Provider
-    kernel: str  # "host" | "monty"
+    kernel: str  # "host" | "monty" | "container"
     model: str | None
     budget: Budget
     history: History
@@ -60,6 +61,26 @@ class RunInfo:
     deadline: float  # time.monotonic() by which the run must end (max_run_s)
     emit: Callable[[dict[str, Any]], None]  # progress events (the CLI's live line)
     current_turn: Callable[[], int]
+    environment: Environment | None = None  # where the run's code and commands execute; None: this machine
+
+
+class Environment(Protocol):
+    """Where a run executes when not on this machine: its container (rlmfamily/container/sandbox.py, RunContainer).
+
+    It lives from before the extensions are built until after they close. Commands run in it through
+    ``exec_argv`` (the host command that runs ``argv`` inside, in ``workdir``, with ``env`` and nothing of the
+    host's environment); ``workspace`` is the host folder mounted at ``workdir``'s default.
+    """
+
+    name: str
+    workspace: Path
+
+    def exec_argv(self, argv: Sequence[str], *, workdir: str = ..., env: Mapping[str, str] | None = None,
+                  interactive: bool = True) -> list[str]: ...
+
+    def signal(self, pid: int, sig: int, *, group: bool = False) -> bool: ...
+
+    def close(self) -> None: ...
 
 
 class Extension(Protocol):

@@ -29,9 +29,9 @@ from typing import Any
 
 from rlmfamily.budget import FINAL_PURPOSE, Budget, BudgetLedger, BudgetLimits, BudgetSnapshot
 from rlmfamily.context import Context
-from rlmfamily.composition import KERNEL_NAMES, KernelFactory, default_extensions, default_kernel_factory
+from rlmfamily.composition import KERNEL_NAMES, KernelFactory, default_extensions, default_kernel_factory, open_environment
 from rlmfamily.errors import BudgetError, ProviderError, RLMError, SettingsInvalid
-from rlmfamily.extensions import Extension, ExtensionFactory, RunInfo
+from rlmfamily.extensions import Environment, Extension, ExtensionFactory, RunInfo
 from rlmfamily.family import procs
 from rlmfamily.gates.runner import GateKeeper, gate_workspace
 from rlmfamily.gates.verdict import verdict_of
@@ -142,7 +142,7 @@ class Session:
         self.provider = provider
         self.kernel_name = kernel or self.settings.kernel
         if self.kernel_name not in KERNEL_NAMES:
-            raise SettingsInvalid(f"unknown kernel {self.kernel_name!r}: use 'host' or 'monty' (RLM_KERNEL)",
+            raise SettingsInvalid(f"unknown kernel {self.kernel_name!r}: use 'host', 'monty' or 'container' (RLM_KERNEL)",
                                   setting="kernel")
         self.kernel_factory: KernelFactory = kernel_factory or default_kernel_factory
         self.model = model
@@ -216,12 +216,15 @@ class Session:
 
     def _drive(self, run: _Run, play: Callable[[], None]) -> RunResult:
         try:
-            play()
-        except RLMError as exc:  # provider, budget, kernel: the run ends with its error recorded
-            run.stop_reason, run.error = "error", f"{exc.code}: {exc.message}"
+            try:
+                play()
+            except RLMError as exc:  # provider, budget, kernel: the run ends with its error recorded
+                run.stop_reason, run.error = "error", f"{exc.code}: {exc.message}"
+            finally:
+                run.close_kernel()
+            return run.close()
         finally:
-            run.close_kernel()
-        return run.close()
+            run.close_environment()  # after the extensions: their last commands (gates, jobs) run in it
 
     def _emit(self, event: Event) -> None:
         if self.on_event is not None:
@@ -249,6 +252,7 @@ class _Run:
     why: str = ""  # why the loop stopped, for the final request
     error: str | None = None
     kernel: Kernel | None = None
+    environment: Environment | None = None  # the run's container (RLM_KERNEL=container), None on the host
     extensions: list[Extension] = field(default_factory=list)
     protocol: Protocol = TOOLS  # how code and observations travel (RLM_PROTOCOL, rlmfamily/protocol.py)
     model_tools: dict[str, Any] = field(default_factory=dict)  # tools beside python, by name (extensions')
@@ -360,11 +364,15 @@ class _Run:
     def start(self, *, follow_up: bool) -> None:
         """Build the extensions, then the kernel with every host function and prelude."""
         session = self.session
+        run_dir = self.settings.runs_dir / session.run_id
+        # The run's container (RLM_KERNEL=container) exists before anything that runs code or commands in it.
+        self.environment = open_environment(session.kernel_name, self.settings, run_id=session.run_id,
+                                            context=session.context, run_dir=run_dir)
         info = RunInfo(
             run_id=session.run_id, root_id=session.root_id, agent_id=session.agent_id, settings=self.settings,
             context=session.context, provider=session.provider, kernel=session.kernel_name, model=session.model,
             budget=self.budget, history=self.history, trajectory=self.trajectory, deadline=self.deadline,
-            emit=self.emit, current_turn=lambda: self.turn,
+            emit=self.emit, current_turn=lambda: self.turn, environment=self.environment,
         )
         functions = self.bridge.functions()
         for factory in session.extension_factories:
@@ -385,8 +393,8 @@ class _Run:
                                                                                          if self.gates else "")
         if self.resumed is None:
             self.write_started()  # after the notes: it records the system prompt as the model sees it
-        run_dir = self.settings.runs_dir / session.run_id
-        kernel = session.kernel_factory(session.kernel_name, self.settings, run_dir, session.run_id)
+        in_environment = {"environment": self.environment} if self.environment is not None else {}
+        kernel = session.kernel_factory(session.kernel_name, self.settings, run_dir, session.run_id, **in_environment)
         if session.root_id == session.run_id:  # a root can be resumed: its host calls are journaled
             kernel = JournaledKernel(kernel, run_dir / JOURNAL_FILENAME,
                                      host_call_timeout_s=self.settings.host_call_timeout_s,
@@ -650,7 +658,13 @@ class _Run:
         self.close_kernel()
         for extension in self.extensions:
             extension.close()
+        self.close_environment()
         self.trajectory.close()
+
+    def close_environment(self) -> None:
+        environment, self.environment = self.environment, None
+        if environment is not None:
+            environment.close()
 
     def close_kernel(self) -> None:
         if self.kernel is None:

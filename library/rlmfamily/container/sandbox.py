@@ -61,6 +61,19 @@ LABEL_OWNER_START: Final = "io.rlmfamily.owner-start"  # /proc/<pid>/stat start 
 LABEL_HOST: Final = "io.rlmfamily.host"  # a daemon may serve several machines; each sweeps its own
 MAX_NAME_CHARS: Final = 63
 READY_LINE: Final = b"ready\n"
+# The oom_kill counter of the container's memory cgroup: cgroups v2, then v1.
+OOM_KILLS_SCRIPT: Final = """
+for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        continue
+    for line in lines:
+        if line.startswith("oom_kill "):
+            print(int(line.split()[1]))
+            raise SystemExit(0)
+raise SystemExit(3)
+"""
 
 
 @dataclass(frozen=True)
@@ -141,6 +154,14 @@ class RunContainer:
         script = f"import os, sys\ntry:\n    {call}({int(pid)}, {int(sig)})\nexcept ProcessLookupError:\n    sys.exit(3)\n"
         done = self.engine.call("exec", self.name, "python3", "-c", script)
         return done.returncode == 0
+
+    def oom_kills(self) -> int | None:
+        """How many processes the container's memory limit has killed so far (its cgroup's count); None if unreadable."""
+        done = self.engine.call("exec", self.name, "python3", "-c", OOM_KILLS_SCRIPT)
+        try:
+            return int(done.stdout.strip()) if done.returncode == 0 else None
+        except ValueError:
+            return None
 
     @property
     def running(self) -> bool:

@@ -80,8 +80,8 @@ def _kernel_factory(store: FamilyStore, run: RunRecord) -> KernelFactory:
         if pid:
             store.set_kernel(run.run_id, pid, procs.start_time(pid))
 
-    def factory(name: str, settings: RLMSettings, run_dir: Path, run_id: str) -> Kernel:
-        fresh = lambda: default_kernel_factory(name, settings, run_dir, run_id)  # noqa: E731
+    def factory(name: str, settings: RLMSettings, run_dir: Path, run_id: str, **kwargs: Any) -> Kernel:
+        fresh = lambda: default_kernel_factory(name, settings, run_dir, run_id, **kwargs)  # noqa: E731
         if run.kind != "follow_up" or name != "monty":
             return _WatchedKernel(fresh, on_started)
         # A Monty child keeps its namespace across follow-ups: its checkpoints live under its first run.

@@ -70,6 +70,7 @@ class HostKernel:
         self._reader: FrameReader | None = None
         self._stderr: IO[bytes] | None = None
         self._checkpoint: bytes | None = None
+        self._child_pid: int | None = None  # as the child sees itself (the container kernel's is inside)
         self._step = 0
         # JSON escaping can grow text up to 6x (\u0000); the checkpoint payload travels raw.
         self._max_message_bytes = (
@@ -121,15 +122,10 @@ class HostKernel:
             return self._await_step(started)
         except (ChannelClosed, OSError) as exc:
             tail = self._stderr_tail()
+            code, cause = self._death(exc)
             lost = self._restart()
             detail = f"; its stderr ends with: {tail}" if tail else ""
-            return self._failed(
-                "killed",
-                f"the kernel process died during the step ({exc}){detail}; "
-                "a new one was started from the last checkpoint",
-                started,
-                lost,
-            )
+            return self._failed(code, f"{cause}{detail}; a new one was started from the last checkpoint", started, lost)
 
     def _await_step(self, started: float) -> StepResult:
         assert self._reader is not None and self._proc is not None and self._caller is not None
@@ -142,7 +138,7 @@ class HostKernel:
             except FrameTimeout:
                 if not interrupted:
                     interrupted = True
-                    os.kill(self._proc.pid, signal.SIGINT)
+                    self._interrupt()
                     deadline = time.monotonic() + self.limits.interrupt_grace_s
                     continue
                 lost = self._restart()
@@ -188,6 +184,10 @@ class HostKernel:
             else:
                 raise ChannelClosed(f"unexpected frame {op!r} from the kernel process")
 
+    def _death(self, exc: BaseException) -> tuple[ErrorCode, str]:
+        """Why the child's channel closed mid-step: the error code and the sentence the model reads."""
+        return "killed", f"the kernel process died during the step ({exc})"
+
     def _refusal(self, interrupted: bool, calls: int) -> str | None:
         if interrupted:
             return "the step was interrupted (step_timeout_s); host calls are refused"
@@ -230,20 +230,11 @@ class HostKernel:
         parent_in, child_out = os.pipe()
         self._stderr = tempfile.TemporaryFile(prefix="rlm-host-kernel-")
         try:
-            self._proc = subprocess.Popen(
-                [self._python, str(CHILD_SCRIPT), str(child_in), str(child_out)],
-                pass_fds=(child_in, child_out),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=self._stderr,
-                cwd=self._cwd,
-                env=self._env,
-                start_new_session=True,  # its own process group: a terminal's Ctrl-C is ours, not the child's
-            )
+            self._proc = self._launch(child_in, child_out, self._stderr)
         except OSError as exc:
             for fd in (child_in, parent_out, parent_in, child_out):
                 os.close(fd)
-            raise KernelUnavailable(f"could not start the host kernel with {self._python}: {exc}") from None
+            raise KernelUnavailable(f"could not start the {self.name} kernel's process: {exc}") from None
         os.close(child_in)
         os.close(child_out)
         self._to_child = parent_out
@@ -267,12 +258,32 @@ class HostKernel:
             header, _ = self._reader.read(time.monotonic() + SPAWN_TIMEOUT_S)
             if header.get("op") != "ready":
                 raise ChannelClosed(f"unexpected first frame {header.get('op')!r}")
+            self._child_pid = int(header["pid"])
         except (ChannelClosed, FrameTimeout, OSError) as exc:
             tail = self._stderr_tail()
             self._kill()
             raise KernelUnavailable(
-                f"the host kernel process did not start ({type(exc).__name__}: {exc}); stderr: {tail or '(empty)'}"
+                f"the {self.name} kernel's process did not start ({type(exc).__name__}: {exc}); "
+                f"stderr: {tail or '(empty)'}"
             ) from None
+
+    def _launch(self, child_in: int, child_out: int, stderr: IO[bytes]) -> subprocess.Popen[bytes]:
+        """Start the child process with the channel's two pipe ends (the container kernel starts it elsewhere)."""
+        return subprocess.Popen(
+            [self._python, str(CHILD_SCRIPT), str(child_in), str(child_out)],
+            pass_fds=(child_in, child_out),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            cwd=self._cwd,
+            env=self._env,
+            start_new_session=True,  # its own process group: a terminal's Ctrl-C is ours, not the child's
+        )
+
+    def _interrupt(self) -> None:
+        """SIGINT to the child: the step's code gets KeyboardInterrupt, the namespace stays."""
+        assert self._proc is not None
+        os.kill(self._proc.pid, signal.SIGINT)
 
     def _restart(self) -> list[str]:
         """Kill the child, start a new one and restore the last checkpoint; the names it lost."""

@@ -15,7 +15,8 @@ CHILD_DIR = "/rlm-kernel"  # where the host mounts rlmfamily/kernels/_host_child
 
 
 def main():
-    os.setsid()
+    if os.getpgrp() != os.getpid():  # the engine may have made it a group leader already
+        os.setsid()
     fd_in, fd_out = os.dup(0), os.dup(1)  # os.dup's descriptors are not inherited by subprocesses
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
