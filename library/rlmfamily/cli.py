@@ -25,6 +25,7 @@ from rlmfamily.context import Context
 from rlmfamily.errors import RLMError, SettingsInvalid
 from rlmfamily.family import procs
 from rlmfamily.family.progress import RunningChildren
+from rlmfamily.gates.verdict import outcome_text, verdict_text
 from rlmfamily.memo import memo_usage
 from rlmfamily.prompts import NO_OUTPUT, NO_OUTPUT_HINT
 from rlmfamily.providers.base import PriceTable, Provider
@@ -374,23 +375,13 @@ def _print_result(result: RunResult, out: Console, err: Console, *, as_json: boo
 
 def verdict_lines(verdict: str, record: dict[str, Any]) -> list[str]:
     """The verdict, why, what blocked acceptance and the gates of the last attempt (rlm run, rlm show)."""
-    lines = [f"verdict: {verdict.replace('_', ' ')}: {record.get('verdict_reason') or ''}".rstrip(": ")]
+    lines = [verdict_text(verdict, record.get("verdict_reason"))]
     lines += [f"  blocked by: {blocker}" for blocker in record.get("blocked_by") or []]
     runs = record.get("gates") or []
     last = max((r.get("attempt") or 0 for r in runs), default=0)
     for run in (r for r in runs if r.get("attempt") == last):
-        lines.append(f"  gate {run.get('name')}: {gate_outcome(run)}")
+        lines.append(f"  gate {run.get('name')}: {outcome_text(run)}")
     return lines
-
-
-def gate_outcome(run: dict[str, Any]) -> str:
-    """One gate run in a few words: passed or how it failed, its time and its job."""
-    if run.get("error"):
-        return f"could not run: {run['error']}"
-    how = (f"killed at its {run.get('deadline_s'):g} s deadline" if run.get("state") == "killed"
-           else f"exit {run.get('exit_code')}")
-    took = f" after {run['duration_s']:.2f} s" if isinstance(run.get("duration_s"), (int, float)) else ""
-    return f"{'passed' if run.get('passed') else 'FAILED'} ({how}{took}; job {run.get('job_id')})"
 
 
 # ---------- show ----------
@@ -477,7 +468,7 @@ def _show_event(e: dict[str, Any], out: Console) -> None:
     elif kind == "final_reply_rejected":
         p(f"[not an answer: {e.get('reason')}]", "yellow")
     elif kind == "gate":
-        p(f"  gate {e.get('name')} (attempt {e.get('attempt')}): {gate_outcome(e)}", "green" if e.get("passed") else "red")
+        p(f"  gate {e.get('name')} (attempt {e.get('attempt')}): {outcome_text(e)}", "green" if e.get("passed") else "red")
         if e.get("excerpt"):
             p(e["excerpt"], "red")
     elif kind == "answer_withdrawn":
