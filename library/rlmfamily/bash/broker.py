@@ -18,6 +18,11 @@ killed (a background process does not outlive its job). When the deadline passes
 the group gets SIGTERM, then SIGKILL after ``bash_kill_grace_s``, and the
 receipt says ``killed`` by ``deadline``. A process that left the group (its own
 ``setsid``) is out of reach, as with any process-group supervisor.
+
+Where the command runs is the launcher's (``Launcher.launch``, rlmfamily/bash/host.py):
+on this machine, or in the run's container (the container kernel), where the job
+runner keeps the deadline and the group's end and reports how it ended
+(rlmfamily/bash/in_container.py). Everything above holds in both.
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ from pathlib import Path
 from typing import BinaryIO
 
 from rlmfamily.bash.errors import JobRefused, WorkspaceBusy
-from rlmfamily.bash.host import BashHost
+from rlmfamily.bash.host import Launcher
+from rlmfamily.bash.in_container import split_report
 from rlmfamily.bash.store import Ending, Job, JobStore
 from rlmfamily.family import procs
 from rlmfamily.settings import RLMSettings
@@ -46,6 +52,7 @@ LEASE_POLL_FIRST_S = 0.01
 LEASE_POLL_MAX_S = 0.2
 READER_JOIN_S = 5.0  # after the group is gone, the pipes close; a process that escaped it may hold them
 STREAMS = ("stdout", "stderr")
+REPORT_MAX_BYTES = 4096  # a container job runner's report, the last line of its stderr
 
 
 @dataclass
@@ -82,6 +89,36 @@ class _Capture:
                 + bytes(self.tail).decode("utf-8", errors="replace"))
 
 
+class _Reported:
+    """A container job's stderr: the command's, then the job runner's report after ``marker`` (held back here).
+
+    At most ``REPORT_MAX_BYTES`` are held back at a time; the rest goes to the capture as it comes.
+    """
+
+    def __init__(self, capture: _Capture, marker: bytes) -> None:
+        self.capture, self.marker = capture, marker
+        self.held = bytearray()
+
+    def take(self, chunk: bytes) -> None:
+        self.held += chunk
+        spill = len(self.held) - REPORT_MAX_BYTES
+        if spill > 0:
+            self.capture.take(bytes(self.held[:spill]))
+            del self.held[:spill]
+
+    def ending(self, client_code: int | None, stopped_by: str | None) -> tuple[int | None, str | None, str | None]:
+        """The exit status, who stopped the job, and an error: from the report, else from the engine client."""
+        rest, report = split_report(bytes(self.held), self.marker)
+        self.held.clear()
+        self.capture.take(rest)
+        if report is not None and isinstance(report.get("exit_code"), int):
+            return report["exit_code"], stopped_by or report.get("stopped_by"), None
+        if stopped_by:
+            return client_code, stopped_by, None
+        return client_code, None, (f"the job runner in the container gave no report (the engine client ended "
+                                    f"with {client_code}): the container may have stopped or run out of memory")
+
+
 def fingerprint(command: str, cwd: str, read_only: bool) -> str:
     return hashlib.sha256(json.dumps([command, cwd, bool(read_only)]).encode()).hexdigest()
 
@@ -89,7 +126,7 @@ def fingerprint(command: str, cwd: str, read_only: bool) -> str:
 class CommandBroker:
     """Runs one agent's commands as durable jobs in one workspace."""
 
-    def __init__(self, settings: RLMSettings, host: BashHost, store: JobStore, *, workspace: Path, root_id: str,
+    def __init__(self, settings: RLMSettings, host: Launcher, store: JobStore, *, workspace: Path, root_id: str,
                  agent_id: str, run_id: str, on_job: Callable[[Job, bool], None] | None = None) -> None:
         self.settings = settings
         self.host = host
@@ -178,32 +215,43 @@ class CommandBroker:
             return self.store.fail(job.id, f"its output files cannot be written: {exc} (RLM_DATA_DIR)")
         captures = {name: _Capture(files[name], settings.bash_max_stored_bytes, head, settings.bash_preview_bytes - head)
                     for name in STREAMS}
+        launch = self.host.launch(job.command, where, workspace=self.workspace, deadline_s=job.deadline_s)
+        sinks: dict[str, _Capture | _Reported] = dict(captures)
+        if launch.marker is not None:
+            sinks["stderr"] = _Reported(captures["stderr"], launch.marker)
         try:
             try:
                 process = subprocess.Popen(
-                    [self.host.path, "--noprofile", "--norc", "-c", job.command], cwd=where, env=self.host.env,
-                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                    start_new_session=True, close_fds=True,
+                    launch.argv, cwd=launch.cwd, env=launch.env,
+                    stdin=subprocess.DEVNULL if launch.request is None else subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
                 )
             except OSError as exc:
-                return self.store.fail(job.id, f"bash could not be started: {exc}")
+                return self.store.fail(job.id, f"bash could not be started ({self.host.where}): {exc}")
             self.store.set_process(job.id, process.pid, procs.start_time(process.pid))
-            readers = [threading.Thread(target=_pump, args=(getattr(process, name), captures[name]), daemon=True,
+            readers = [threading.Thread(target=_pump, args=(getattr(process, name), sinks[name]), daemon=True,
                                         name=f"job-{job.id}-{name}") for name in STREAMS]
+            if launch.request is not None:
+                readers.append(threading.Thread(target=_tell, args=(process.stdin, launch.request), daemon=True,
+                                                name=f"job-{job.id}-stdin"))
             for reader in readers:
                 reader.start()
-            stopped_by = _supervise(process, job.deadline_s, settings.bash_kill_grace_s)
+            stopped_by = _supervise(process, launch.supervise_s, settings.bash_kill_grace_s)
+            if process.stdin is not None:
+                _close(process.stdin)  # the job runner's stdin ends only now: before, its end is a cancel
             for reader in readers:
                 reader.join(READER_JOIN_S)
+            code, error = process.returncode, None
+            if isinstance(reported := sinks["stderr"], _Reported):
+                code, stopped_by, error = reported.ending(code, stopped_by)
         finally:
             for file in files.values():
                 file.close()
-        code = process.returncode
         out, err = captures["stdout"], captures["stderr"]
         return self.store.finish(job.id, Ending(
             state="killed" if stopped_by else "exited", exit_code=code, stopped_by=stopped_by,
             stdout_bytes=out.total, stderr_bytes=err.total, stdout_stored=out.stored, stderr_stored=err.stored,
-            stdout_preview=out.preview(), stderr_preview=err.preview(),
+            stdout_preview=out.preview(), stderr_preview=err.preview(), error=error,
         ))
 
     # ---------- read by handle ----------
@@ -231,7 +279,7 @@ class CommandBroker:
             return ""
 
 
-def _pump(pipe: BinaryIO, capture: _Capture) -> None:
+def _pump(pipe: BinaryIO, capture: _Capture | _Reported) -> None:
     try:
         while chunk := pipe.read1(READ_CHUNK_BYTES):  # type: ignore[attr-defined]
             capture.take(chunk)
@@ -242,6 +290,22 @@ def _pump(pipe: BinaryIO, capture: _Capture) -> None:
             pipe.close()
         except OSError:
             pass
+
+
+def _tell(pipe: BinaryIO, request: bytes) -> None:
+    """The job runner's request; its stdin then stays open (its end would mean a cancel)."""
+    try:
+        pipe.write(request)
+        pipe.flush()
+    except (OSError, ValueError):
+        pass  # it ended before it read: its exit status and stderr say why
+
+
+def _close(pipe: BinaryIO) -> None:
+    try:
+        pipe.close()
+    except OSError:
+        pass
 
 
 def _supervise(process: subprocess.Popen[bytes], deadline_s: float, grace_s: float) -> str | None:

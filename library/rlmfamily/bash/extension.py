@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlmfamily.bash import in_container
 from rlmfamily.bash.broker import CommandBroker
 from rlmfamily.bash.errors import BashUnavailable, JobRefused
-from rlmfamily.bash.host import prepare
+from rlmfamily.bash.host import Launcher, prepare
 from rlmfamily.bash.store import Job, JobStore
 from rlmfamily.errors import RLMError
 from rlmfamily.journal import current_call
@@ -218,9 +219,14 @@ def command_broker(info: RunInfo, *, settings: RLMSettings | None = None,
     from rlmfamily.a2a.run import secret_env_names
 
     settings = settings or info.settings
-    host = prepare(settings, secret_env_names(settings))
+    workspace = workspace_of(info.settings, info.context)
+    hidden = secret_env_names(settings)
+    container = getattr(info, "environment", None)
+    # A run of the container kernel has its container: its jobs run there, never on this machine.
+    host: Launcher = (prepare(settings, hidden) if container is None
+                      else in_container.prepare(settings, hidden, container, workspace=workspace))
     return CommandBroker(settings, host, JobStore(settings.jobs_path, output_dir=settings.runs_dir),
-                         workspace=workspace_of(info.settings, info.context), root_id=info.root_id,
+                         workspace=workspace, root_id=info.root_id,
                          agent_id=info.agent_id, run_id=info.run_id, on_job=on_job)
 
 
@@ -238,7 +244,8 @@ class BashExtension:
         if not self.active:
             return
         self.broker = command_broker(info, on_job=self._record)
-        self.notes = PROMPT_NOTE.format(workspace=self.broker.workspace, deadline=settings.bash_default_deadline_s,
+        self.notes = PROMPT_NOTE.format(workspace=self.broker.host.seen_as(self.broker.workspace),
+                                        deadline=settings.bash_default_deadline_s,
                                         max_deadline=settings.bash_max_deadline_s,
                                         tool=TOOL_NOTE if settings.bash_tool else "")
         offered = settings.bash_tool and settings.protocol != "text"  # no tools are sent in text

@@ -1,5 +1,11 @@
 """What host execution needs: Bash itself, POSIX process groups, and an allow-listed environment.
 
+It also defines the launcher's seam: ``Launch``, how the broker starts one job.
+``BashHost.launch`` runs Bash here; ``rlmfamily/bash/in_container.py`` runs it
+in the run's container (the container kernel). The broker knows no other
+difference between the two; a run's launcher is chosen in one place,
+``command_broker`` (rlmfamily/bash/extension.py).
+
 Bash is found (``RLM_BASH_PATH``, else ``bash`` on the allowed ``PATH``) and proven
 to be Bash by asking it for ``$BASH_VERSION``; ``/bin/sh`` is never assumed to be
 Bash, and no other shell is ever substituted. Every job runs in its own process
@@ -19,7 +25,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 from rlmfamily.bash.errors import BashUnavailable
 from rlmfamily.settings import RLMSettings
@@ -29,10 +35,45 @@ PROCESS_GROUP_CALLS = ("setsid", "killpg", "getpgid", "waitid")
 
 
 @dataclass(frozen=True)
+class Launch:
+    """How the broker starts one job: a process on this machine, what it is told, how long it may take."""
+
+    argv: list[str]
+    cwd: Path | None
+    env: dict[str, str] | None  # None: the engine client's own (a container job's variables are in argv)
+    supervise_s: float  # the broker stops the process's group this long after it started
+    request: bytes | None = None  # written to its stdin, which then stays open until the job ends; None: /dev/null
+    marker: bytes | None = None  # the job runner's report follows this, last on stderr (not the command's output)
+
+
+class Launcher(Protocol):
+    """Where a run's jobs run: ``BashHost`` (this machine) or ``BashInContainer`` (the run's container)."""
+
+    where: str
+    version: str
+
+    def launch(self, command: str, cwd: Path, *, workspace: Path, deadline_s: float) -> Launch: ...
+
+    def seen_as(self, workspace: Path) -> str:
+        """The workspace as a command sees it (for the model's notes)."""
+        ...
+
+
+@dataclass(frozen=True)
 class BashHost:
+    """Bash on this machine: the broker starts ``bash --noprofile --norc -c COMMAND`` itself."""
+
     path: str
     version: str
     env: dict[str, str]
+    where: str = "host"
+
+    def launch(self, command: str, cwd: Path, *, workspace: Path, deadline_s: float) -> Launch:
+        return Launch([self.path, "--noprofile", "--norc", "-c", command], cwd=cwd, env=self.env,
+                      supervise_s=deadline_s)
+
+    def seen_as(self, workspace: Path) -> str:
+        return str(workspace)
 
 
 def missing_process_groups(os_module: ModuleType | Any = os) -> str | None:
