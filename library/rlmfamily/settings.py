@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from rlmfamily.data_location import DataLocation, locate
 from rlmfamily.errors import SettingsInvalid
@@ -374,6 +374,10 @@ def load_settings(**overrides: Any) -> RLMSettings:
     """Build settings from the environment plus overrides; invalid values raise SettingsInvalid naming the setting."""
     try:
         return RLMSettings(**overrides)
+    except SettingsError as exc:  # a variable of a list or dict setting (RLM_GATES, ...) that is not JSON
+        field = next((name for name in RLMSettings.model_fields if f'field "{name}"' in str(exc)), None)
+        label = f"{env_name(field)} must be JSON" if field else str(exc)
+        raise SettingsInvalid(f"invalid RLM settings: {label} ({exc.__cause__ or exc})", setting=field) from None
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
