@@ -33,6 +33,7 @@ import select
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -61,19 +62,6 @@ LABEL_OWNER_START: Final = "io.rlmfamily.owner-start"  # /proc/<pid>/stat start 
 LABEL_HOST: Final = "io.rlmfamily.host"  # a daemon may serve several machines; each sweeps its own
 MAX_NAME_CHARS: Final = 63
 READY_LINE: Final = b"ready\n"
-# The oom_kill counter of the container's memory cgroup: cgroups v2, then v1.
-OOM_KILLS_SCRIPT: Final = """
-for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
-    try:
-        lines = open(path).read().splitlines()
-    except OSError:
-        continue
-    for line in lines:
-        if line.startswith("oom_kill "):
-            print(int(line.split()[1]))
-            raise SystemExit(0)
-raise SystemExit(3)
-"""
 
 
 @dataclass(frozen=True)
@@ -111,7 +99,8 @@ class RunContainer:
         self.name = container_name(run_id)
         self._client: subprocess.Popen[bytes] | None = None
         self._keeper_stdin = -1  # the write end the run's process holds; closing it ends the container
-        self._keeper_stdout = -1
+        self._keeper_stdout = -1  # the keeper's answers (``ready``, then one line per request)
+        self._keeper_lock = threading.Lock()  # one request at a time: the kernel's and the command jobs' threads
         self._stderr: IO[bytes] | None = None
 
     @classmethod
@@ -147,21 +136,30 @@ class RunContainer:
         return [*command, self.name, *argv]
 
     def signal(self, pid: int, sig: int, *, group: bool = False) -> bool:
-        """Send ``sig`` to process ``pid`` (its group with ``group``) inside the container; False if it is gone."""
+        """Send ``sig`` to process ``pid`` (its group with ``group``) inside the container; False if it is gone.
+
+        The keeper sends it: no new process starts in the container, so this works when the pids limit is reached.
+        """
         if pid <= 1:
             raise ValueError(f"refusing to signal pid {pid} in the container")
-        call = "os.killpg" if group else "os.kill"
-        script = f"import os, sys\ntry:\n    {call}({int(pid)}, {int(sig)})\nexcept ProcessLookupError:\n    sys.exit(3)\n"
-        done = self.engine.call("exec", self.name, "python3", "-c", script)
-        return done.returncode == 0
+        return self._ask(f"signal {int(pid)} {int(sig)} {1 if group else 0}") == "ok"
 
     def oom_kills(self) -> int | None:
-        """How many processes the container's memory limit has killed so far (its cgroup's count); None if unreadable."""
-        done = self.engine.call("exec", self.name, "python3", "-c", OOM_KILLS_SCRIPT)
-        try:
-            return int(done.stdout.strip()) if done.returncode == 0 else None
-        except ValueError:
-            return None
+        """How many processes the container's memory limit has killed so far (its cgroup's count); None if unknown."""
+        said = self._ask("oom")
+        return int(said) if said is not None and said.isdigit() else None
+
+    def _ask(self, request: str) -> str | None:
+        """One request to the keeper and its one-line answer; None if the keeper is gone or silent."""
+        with self._keeper_lock:
+            if self._keeper_stdin < 0 or self._keeper_stdout < 0:
+                return None
+            try:
+                os.write(self._keeper_stdin, request.encode() + b"\n")
+            except OSError:
+                return None
+            said = _read_line(self._keeper_stdout, time.monotonic() + PROBE_TIMEOUT_S)
+        return said.decode("ascii", "replace").strip() if said else None
 
     @property
     def running(self) -> bool:
@@ -190,7 +188,7 @@ class RunContainer:
         finally:
             os.close(read_end)
             os.close(out_write)
-        self._keeper_stdout = out_read  # kept open to the end: the keeper never meets a closed pipe
+        self._keeper_stdout = out_read
         said = _read_line(out_read, time.monotonic() + self.limits.start_timeout_s)
         if said != READY_LINE:
             problem = "it did not say ready within" if said is None else "it exited before it was ready, within"
@@ -209,9 +207,10 @@ class RunContainer:
 
     def close(self) -> None:
         """End the keeper, wait for the container to go (at most ``stop_timeout_s``), then force it. Idempotent."""
-        if self._keeper_stdin >= 0:
-            os.close(self._keeper_stdin)
-            self._keeper_stdin = -1
+        with self._keeper_lock:
+            if self._keeper_stdin >= 0:
+                os.close(self._keeper_stdin)
+                self._keeper_stdin = -1
         client, self._client = self._client, None
         if client is not None:
             try:
@@ -220,9 +219,10 @@ class RunContainer:
                 client.kill()
                 client.wait()
             remove(self.engine, [self.name])
-        if self._keeper_stdout >= 0:
-            os.close(self._keeper_stdout)
-            self._keeper_stdout = -1
+        with self._keeper_lock:
+            if self._keeper_stdout >= 0:
+                os.close(self._keeper_stdout)
+                self._keeper_stdout = -1
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None

@@ -67,6 +67,6 @@ class ContainerKernel(HostKernel):
         count = self.container.oom_kills()
         if count is not None and self._oom_kills is not None and count > self._oom_kills:
             self._oom_kills = count
-            return "memory", ("the step was killed by the container's memory limit (RLM_CONTAINER_MEMORY_BYTES="
+            return "memory", ("the kernel process was killed by the container's memory limit (RLM_CONTAINER_MEMORY_BYTES="
                               f"{self.container.limits.memory_bytes})")
         return super()._death(exc)
