@@ -497,6 +497,10 @@ def _show_event(e: dict[str, Any], out: Console) -> None:
               f"{seen['chars_produced']:,} produced")
         if e.get("error"):
             p(f"error: {e['error']}", "red")
+        from rlmfamily.a2a.cli import evidence_line
+
+        for delegation in e.get("delegations") or []:
+            p(evidence_line(delegation), "yellow")
         p(e.get("answer") if e.get("answer") is not None else "(no answer)")
 
 

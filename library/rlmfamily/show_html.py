@@ -30,6 +30,7 @@ from typing import Any
 
 from rich.console import Console
 
+from rlmfamily.a2a.charge import credits_text
 from rlmfamily.errors import RLMError, TrajectoryInvalid
 from rlmfamily.family import procs
 from rlmfamily.gates.verdict import outcome_text, verdict_text
@@ -431,8 +432,10 @@ class _Page:
             rows = "".join("<tr>" + "".join(f"<td>{self.text(e.get(c))}</td>" for c in columns) + "</tr>" for e in sent)
             parts.append(f'<table class="delegations"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>')
         for d in evidence:
+            credits = credits_text(d)
             what = (f"remote evidence (unverified): {d.get('id')} from {d.get('peer')}: {d.get('state')}, "
-                    f"{d.get('result_chars', 0):,} characters" + (f"; {d['error']}" if d.get("error") else ""))
+                    f"{d.get('result_chars', 0):,} characters" + (f"; {credits}" if credits else "")
+                    + (f"; {d['error']}" if d.get("error") else ""))
             preview = self.pre("response", d["preview"]) if d.get("preview") else ""
             parts.append(f'<div class="evidence"><p>{self.text(what)}</p>{preview}</div>')
         return "".join(parts)

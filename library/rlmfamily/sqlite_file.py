@@ -25,6 +25,9 @@ class SQLiteFile:
 
     SCHEMA: str = ""
     FOREIGN_KEYS: bool = False
+    # Columns a table gained after files were first written, ``{table: ((name, definition), ...)}``: an older
+    # file gets them when it is opened, and ``_backfill`` gives its existing rows their values.
+    ADDED_COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {}
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -47,13 +50,35 @@ class SQLiteFile:
                     if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                         conn.execute("PRAGMA journal_mode=WAL")
                     conn.executescript(self.SCHEMA)
-                return
+                break
             except StoreUnavailable as refused:
                 locked = isinstance(refused.__cause__, sqlite3.OperationalError) and "locked" in str(refused.__cause__)
                 if not locked or time.monotonic() >= deadline:
                     raise
                 time.sleep(pause_s)
                 pause_s = min(2 * pause_s, 0.2)
+        self._add_columns()
+
+    def _add_columns(self) -> None:
+        for table, columns in self.ADDED_COLUMNS.items():
+            if not self._missing(table, columns):
+                continue
+            with self.transaction() as conn:  # under the write lock: two processes never both add a column
+                missing = self._missing(table, columns, conn)
+                for name, definition in missing:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
+                self._backfill(conn, table, [name for name, _ in missing])
+
+    def _backfill(self, conn: sqlite3.Connection, table: str, added: list[str]) -> None:
+        """Values for the existing rows of ``table`` in the columns just ``added`` (the same transaction)."""
+
+    def _missing(self, table: str, columns: tuple[tuple[str, str], ...],
+                 conn: sqlite3.Connection | None = None) -> list[tuple[str, str]]:
+        if conn is None:
+            with self.reading() as reader:
+                return self._missing(table, columns, reader)
+        present = {row["name"] for row in conn.execute(f"PRAGMA table_info({table})")}
+        return [c for c in columns if c[0] not in present]
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)

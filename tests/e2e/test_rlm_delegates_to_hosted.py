@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 EXAMPLE = PROJECT_ROOT / "specs" / "demo" / "shop"
 KEY_ENV = "SPECIALISTS_REVIEW_KEY"
 REVIEWER_TARIFF = 20
+ALLOWANCE = 50
 
 
 def specialists(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
@@ -92,7 +93,7 @@ def test_a_local_rlm_root_delegates_a_review_to_the_hosted_service_and_is_charge
         "RLM_DATA_DIR": str(tmp_path / "rlm"),
         "RLM_A2A_ENABLED": "true",
         "RLM_A2A_PAID_ENABLED": "true",
-        "RLM_A2A_CREDIT_ALLOWANCE": "50",
+        "RLM_A2A_CREDIT_ALLOWANCE": str(ALLOWANCE),
         "RLM_A2A_PEERS_FILE": str(peers),
     })
     run = subprocess.run(
@@ -121,3 +122,57 @@ def test_a_local_rlm_root_delegates_a_review_to_the_hosted_service_and_is_charge
     assert kinds == ["grant", "reserve", "settle"], kinds
     verify = specialists(env, "ledger", "verify", "--json")
     assert verify.returncode == 0, verify.stdout
+
+    # The charge comes back: the task's metadata says what the service settled, and the local hold is settled to
+    # it, the rest returned to the family's allowance (reserved 20, charged less).
+    charged = rows[0]["charged"]
+    assert 0 < charged < REVIEWER_TARIFF, rows
+    assert (delegation["charge"], delegation["credits_charged"], delegation["credits_held"]) == (
+        "settled", charged, charged), delegation
+    listed = json.loads(rlm(rlm_env, "delegations", "--json").stdout)
+    [row] = listed["delegations"]
+    assert (row["charge_state"], row["credits_charged"], row["credits_held"], row["credit_ceiling"]) == (
+        "settled", charged, charged, REVIEWER_TARIFF), row
+    assert listed["allowances"] == [{"root_id": result["run_id"], "credits_allowed": ALLOWANCE,
+                                     "credits_held": charged}]
+    assert [e["kind"] for e in row["events"]].count("charge_settled") == 1
+    table = rlm(rlm_env, "delegations").stdout
+    assert f"{charged} charged of {REVIEWER_TARIFF} held" in " ".join(table.split()), table
+    shown = rlm(rlm_env, "show", result["run_id"]).stdout
+    assert f"{charged} credits charged of {REVIEWER_TARIFF} held" in " ".join(shown.split()), shown
+
+    # Whole numbers stay whole: the service sends a finding's line as 8, and it is read back as 8, not 8.0.
+    findings = json.loads(result["answer"].split("=== findings ===", 1)[1])
+    assert [(f["path"], f["line"]) for f in findings] == [("shop/customers.py", 8)], findings
+    assert type(findings[0]["line"]) is int and '"line": 8,' in result["answer"]
+
+
+def rlm(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run([str(Path(sys.executable).parent / "rlm"), *args], env={**env, "COLUMNS": "200"},
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
+def test_rlm_peers_shows_the_route_refused_when_the_peers_file_tariff_is_below_the_cards_price(
+        hosted, tmp_path):
+    base, _ = hosted
+    peers = tmp_path / "peers.toml"
+    peers.write_text(
+        "[[peers]]\n"
+        'alias = "reviewer"\n'
+        f'url = "{base}/specialists/reviewer"\n'
+        'skill = "review"\n'
+        f'credential_env = "{KEY_ENV}"\n'
+        f"tariff_credits = {REVIEWER_TARIFF - 1}\n"
+    )
+    rlm_env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECIALISTS_", "RLM_"))}
+    rlm_env.update({KEY_ENV: "sk_not_used_by_a_card_read", "RLM_DATA_DIR": str(tmp_path / "rlm"),
+                    "RLM_A2A_ENABLED": "true", "RLM_A2A_PAID_ENABLED": "true",
+                    "RLM_A2A_CREDIT_ALLOWANCE": str(ALLOWANCE), "RLM_A2A_PEERS_FILE": str(peers)})
+    [peer] = json.loads(rlm(rlm_env, "peers", "--json").stdout)["peers"]
+    assert peer["route_open"] is False and peer["card_tariff_credits"] == REVIEWER_TARIFF, peer
+    assert peer["why_not"].startswith(f"[peer_tariff_below_price] peer 'reviewer' charges {REVIEWER_TARIFF} credits")
+    assert "raise tariff_credits for 'reviewer' in the peers file (RLM_A2A_PEERS_FILE)" in peer["why_not"], peer
+    table = " ".join(rlm(rlm_env, "peers").stdout.split())
+    assert "closed: [peer_tariff_below_price]" in table and f"(card: {REVIEWER_TARIFF})" in table, table

@@ -1,8 +1,14 @@
 """``rlm peers``, ``rlm delegations [RUN]`` and ``rlm reconcile DELEGATION``: tables, or JSON with ``--json``.
 
 ``peers`` shows each configured peer and whether its route is open (and why
-not), with its key variable marked set or missing, never its value.
-``delegations`` lists delegations by root run. ``reconcile`` resolves an
+not), with its key variable marked set or missing, never its value. A route
+that is open by the settings is then checked against the peer's card, read
+the way ``a2a.start`` reads it (``Delegations.card_problem``): a card that
+moves the origin, lacks the skill or charges more than the peers file's
+``tariff_credits`` closes it, with the reason.
+``delegations`` lists delegations by root run, each with its credits (held;
+charged, once the peer reported it; or held with the charge unknown) and each
+root's allowance with what its family has drawn. ``reconcile`` resolves an
 ``unknown`` delegation: ``--remote-task-id ID`` after the peer confirms the
 task (GetTask on the pinned interface; its history must hold our message id
 when it has one), or ``--failed``; ``--reason`` is required and kept.
@@ -20,6 +26,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from rlmfamily.a2a.charge import credits_text
 from rlmfamily.a2a.delegations import Delegations, reconcile
 from rlmfamily.a2a.errors import A2AError
 from rlmfamily.a2a.peers import load_peers
@@ -68,6 +75,9 @@ def _peers(args: argparse.Namespace, settings: RLMSettings, out: Console) -> int
     rows = []
     for peer in peers.peers:
         why = probe.route_problem(peer)
+        card_tariff = None
+        if why is None:
+            why, card_tariff = probe.card_problem(peer)
         rows.append({
             "alias": peer.alias, "url": peer.url, "skill": peer.skill, "description": peer.description,
             "tariff_credits": peer.tariff_credits, "credential_env": peer.credential_env,
@@ -75,8 +85,10 @@ def _peers(args: argparse.Namespace, settings: RLMSettings, out: Console) -> int
             ("set" if os.environ.get(peer.credential_env) else "missing"),
             "max_tasks": peer.max_tasks, "max_concurrent": peer.max_concurrent,
             "max_payload_bytes": peer.max_payload_bytes, "max_result_bytes": peer.max_result_bytes,
-            "deadline_s": peer.deadline_s, "route_open": why is None, "why_not": why,
+            "deadline_s": peer.deadline_s, "card_tariff_credits": card_tariff, "route_open": why is None,
+            "why_not": why,
         })
+    probe.close()
     routing = {"a2a_enabled": settings.a2a_enabled, "a2a_paid_enabled": settings.a2a_paid_enabled,
                "a2a_credit_allowance": settings.a2a_credit_allowance, "peers_file": str(peers.path)}
     if args.json:
@@ -93,7 +105,9 @@ def _peers(args: argparse.Namespace, settings: RLMSettings, out: Console) -> int
         key = "-" if r["credential_env"] is None else f"{r['credential_env']} ({r['credential']})"
         limits = (f"{r['max_tasks']}/{r['max_concurrent']}/{r['max_payload_bytes']:,}/{r['max_result_bytes']:,}/"
                   f"{r['deadline_s']:g}s")
-        cells = (r["alias"], r["url"], r["skill"] or "-", str(r["tariff_credits"]), key, limits,
+        tariff = str(r["tariff_credits"]) + ("" if r["card_tariff_credits"] is None
+                                             else f" (card: {r['card_tariff_credits']})")
+        cells = (r["alias"], r["url"], r["skill"] or "-", tariff, key, limits,
                  "open" if r["route_open"] else f"closed: {r['why_not']}")
         table.add_row(*(escape(c) for c in cells))  # error codes are [bracketed]: not markup
     out.print(table)
@@ -127,7 +141,7 @@ def _delegations(args: argparse.Namespace, settings: RLMSettings, out: Console) 
             item.pop("references_json")
             item["events"] = store.events(row.id) if store else []
             data.append(item)
-        out.print_json(json.dumps({"delegations": data}))
+        out.print_json(json.dumps({"delegations": data, "allowances": _allowances(rows, store)}))
         return EXIT_OK
     table = Table(title=f"A2A delegations ({settings.a2a_path})", title_justify="left")
     for column in ("delegation", "run", "peer", "state", "remote task", "credits", "required", "age", "note"):
@@ -137,10 +151,18 @@ def _delegations(args: argparse.Namespace, settings: RLMSettings, out: Console) 
         note = r.reconcile_reason or r.cancel_outcome or (f"[{r.error_code}] {r.error_message}" if r.error_code
                                                           else r.task_preview[:NOTE_COLUMN_CHARS])
         remote = r.remote_task_id or ("(direct reply)" if r.direct_reply else "-")
-        cells = (r.id, r.root_id, r.peer_alias, r.state, remote, str(r.credits_held), "yes" if r.required else "no",
-                 f"{now - r.created_at:,.0f}s", note)
+        cells = (r.id, r.root_id, r.peer_alias, r.state, remote, credits_text(r.to_dict(), short=True),
+                 "yes" if r.required else "no", f"{now - r.created_at:,.0f}s", note)
         table.add_row(*(escape(c) for c in cells))
     out.print(table)
+    for allowance in _allowances(rows, store):
+        out.print(f"root {allowance['root_id']}: {allowance['credits_held']} of its {allowance['credits_allowed']} "
+                  "credits drawn (holds, and charges the peers reported)", markup=False, highlight=False)
+    unsettled = [r for r in rows if r.charge_state == "unknown"]
+    if unsettled:
+        out.print("\ncharges unknown (the hold stays drawn):", style="yellow")
+        for r in unsettled:
+            out.print(f"  {r.id} to {r.peer_alias}: {r.charge_note}", markup=False, highlight=False)
     unknown = [r for r in rows if r.state == "unknown"]
     if unknown:
         out.print("\nunknown outcomes (never resent; after checking the peer: rlm reconcile DELEGATION "
@@ -150,6 +172,12 @@ def _delegations(args: argparse.Namespace, settings: RLMSettings, out: Console) 
                       f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r.created_at))}", markup=False,
                       highlight=False)
     return EXIT_OK
+
+
+def _allowances(rows: list[Delegation], store: DelegationStore | None) -> list[dict[str, Any]]:
+    """Each listed root's credit allowance and what its family has drawn (roots of paid delegations only)."""
+    roots = list(dict.fromkeys(r.root_id for r in rows if r.credit_ceiling is not None))
+    return [{"root_id": root, **store.credits(root)} for root in roots] if store else []
 
 
 def _reconcile(args: argparse.Namespace, settings: RLMSettings, out: Console) -> int:
@@ -170,5 +198,11 @@ def _reconcile(args: argparse.Namespace, settings: RLMSettings, out: Console) ->
 def print_evidence(extra: dict[str, Any], err: Console) -> None:
     """After a run: one line per delegation, so remote work is never mistaken for checked work."""
     for d in extra.get("delegations") or []:
-        err.print(f"remote evidence (unverified): {d['id']} to {d['peer']}: {d['state']}, {d['result_chars']:,} "
-                  f"characters" + (f"; {d['error']}" if d.get("error") else ""), markup=False, highlight=False)
+        err.print(evidence_line(d), markup=False, highlight=False)
+
+
+def evidence_line(d: dict[str, Any]) -> str:
+    """One delegation of a run's record, as ``rlm run`` and ``rlm show`` print it."""
+    credits = credits_text(d)
+    return (f"remote evidence (unverified): {d['id']} to {d['peer']}: {d['state']}, {d['result_chars']:,} characters"
+            + (f"; {credits}" if credits else "") + (f"; {d['error']}" if d.get("error") else ""))

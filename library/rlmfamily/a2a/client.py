@@ -37,12 +37,12 @@ from rlmfamily.a2a.errors import (
     PeerCardMovesOrigin,
     PeerClientError,
     PeerCompressedResponse,
-    PeerNotReady,
     PeerOutcomeUnknown,
     PeerProtocolError,
     PeerRedirectRefused,
     PeerRefused,
     PeerResponseTooLarge,
+    PeerTariffBelowPrice,
     PeerUnreachable,
 )
 from rlmfamily.a2a.peers import BINDINGS, HTTP_JSON_BINDING, JSONRPC_BINDING, PeerConfig, origin_of, url_problem
@@ -72,6 +72,7 @@ class PinnedInterface:
     url: str
     binding: str
     version: str
+    tariff_credits: int | None = None  # the price per task the card states (None: it states none)
 
 
 def _peer_text(text: Any) -> str:
@@ -131,13 +132,9 @@ class StrictClient:
                 "fix `skill` in the peers file"
             )
         card_tariff = _card_tariff(card)
-        if card_tariff is not None and card_tariff > peer.tariff_credits:
-            raise PeerNotReady(
-                f"peer {peer.alias!r} charges {card_tariff} credits per task (its card) but the peers file allows "
-                f"{peer.tariff_credits}; raise tariff_credits there if you accept the price",
-                setting="a2a_peers_file",
-            )
-        return PinnedInterface(url=chosen.url, binding=chosen.protocol_binding, version=chosen.protocol_version)
+        check_tariff(peer, card_tariff)
+        return PinnedInterface(url=chosen.url, binding=chosen.protocol_binding, version=chosen.protocol_version,
+                               tariff_credits=card_tariff)
 
     # ---------- one call, on the pinned binding ----------
 
@@ -347,6 +344,22 @@ def _refusal(method: str, *, code: int | None, reason: str | None, message: Any,
     label = code if code is not None else reason or "error"
     kept = data if isinstance(data, (dict, list)) and len(json.dumps(data)) < MAX_RPC_DATA_CHARS else None
     return PeerRefused(f"the peer refused {method} ({label}): {text}", rpc_data=kept, **details)
+
+
+def check_tariff(peer: PeerConfig, card_tariff: int | None) -> None:
+    """Refuse a peer whose card charges more per task than the peers file's ``tariff_credits`` for it.
+
+    The one rule behind ``a2a.start`` (through ``fetch_card``, before anything is held or sent) and the route
+    ``rlm peers`` shows. A card that states no price is taken at the configured tariff.
+    """
+    if card_tariff is not None and card_tariff > peer.tariff_credits:
+        raise PeerTariffBelowPrice(
+            f"peer {peer.alias!r} charges {card_tariff} credits per task (its card) but the peers file allows "
+            f"{peer.tariff_credits}; raise tariff_credits for {peer.alias!r} in the peers file "
+            "(RLM_A2A_PEERS_FILE) to at least that if you accept the price",
+            setting="a2a_peers_file", field="tariff_credits", tariff_credits=peer.tariff_credits,
+            card_tariff_credits=card_tariff,
+        )
 
 
 def _card_tariff(card: Any) -> int | None:

@@ -13,6 +13,11 @@ on the pinned interface), ``wait`` (a timeout leaves the work running),
 when the peer asked for input), ``cancel`` (records the peer's actual answer),
 ``follow_up`` (new work in the same remote context).
 
+A paid delegation's hold is settled to the charge its finished task reports
+(``rlmfamily.a2a.charge``), in the store's transaction that records the
+finished state; a finished row whose hold is still ``held`` (recorded before
+the charge came back) is settled by its next ``poll``.
+
 Keys are read from the peer's named environment variable at send time and go
 into one HTTP header; they are never stored, returned or logged.
 """
@@ -174,6 +179,18 @@ class Delegations:
             return f"[{exc.code}] {exc.message}"
         return None
 
+    def card_problem(self, peer: PeerConfig) -> tuple[str | None, int | None]:
+        """Read the peer's card the way ``start`` does (origin, skill, binding, its price against the tariff).
+
+        Returns why a start would be refused after reading it (None: it would not) and the price per task the
+        card states (None: none, or the card could not be read).
+        """
+        try:
+            pinned = self._interface(peer)
+        except A2AError as exc:
+            return f"[{exc.code}] {exc.message}", exc.details.get("card_tariff_credits")
+        return None, pinned.tariff_credits
+
     def _check_route(self, peer: PeerConfig) -> None:
         self._require_routing()
         if not peer.paid:
@@ -244,7 +261,7 @@ class Delegations:
             credit_ceiling=peer.tariff_credits if peer.paid else None, max_result_bytes=peer.max_result_bytes,
             deadline_at=now + deadline_s, owner=owner(), status_text="", result_text="", references_json="[]",
             error_code=None, error_message=None, cancel_outcome=None, reconcile_reason=None,
-            created_at=now, updated_at=now,
+            created_at=now, updated_at=now, charge_state="held" if peer.paid else "free",
         )
         admission = Admission(
             max_tasks_for_peer=peer.max_tasks, max_concurrent_for_peer=peer.max_concurrent,
@@ -297,9 +314,12 @@ class Delegations:
                 error_message=exc.message + "; the outcome is unknown and the message is not resent: an operator "
                                             "checks the peer and runs `rlm reconcile`")
         # Nothing was accepted (not sent, or the peer refused before taking it): the draw is released.
+        released = {"charge_state": "released", "charge_note": f"the send was {outcome.replace('_', ' ')}: the hold "
+                                                              f"of {row.credits_held} credits went back"} \
+            if row.charge_state == "held" else {}
         return self.store.update(row.id, event="send_failed", detail=f"{outcome}: {exc.message}",
                                  only_if_state=("sending",), state="failed", credits_held=0, error_code=exc.code,
-                                 error_message=exc.message)
+                                 error_message=exc.message, **released)
 
     def _record(self, row: Delegation, view: RemoteView, *, event: str,
                 only_if_state: tuple[str, ...] | None = None, **extra: Any) -> Delegation:
@@ -320,13 +340,16 @@ class Delegations:
             values["result_text"] = view.result_text
             values["references_json"] = json.dumps(view.references)
         values.update(extra)
-        return self.store.update(row.id, event=event, detail=view.state, only_if_state=only_if_state, **values)
+        return self.store.update(row.id, event=event, detail=view.state, only_if_state=only_if_state,
+                                 charge_reported=view.charge_reported, **values)
 
     # ---------- handles ----------
 
     def poll(self, delegation_id: str) -> Delegation:
         row = self.owned(delegation_id)
-        if row.state in TERMINAL_STATES or row.direct_reply or row.remote_task_id is None:
+        # A finished row whose hold is still held was recorded before its charge could be read: ask once more.
+        settling = row.state in TERMINAL_STATES and row.charge_state == "held"
+        if (row.state in TERMINAL_STATES and not settling) or row.direct_reply or row.remote_task_id is None:
             return row  # nothing to ask: finished, a direct reply, unknown (reconcile first) or still sending
         self._require_routing()
         from rlmfamily.a2a.wire import parse_task
@@ -337,6 +360,9 @@ class Delegations:
                                      max_response_bytes=row.max_result_bytes)
             view = parse_task(result)
         except (PeerClientError, MissingPeerCredential) as exc:
+            if settling:  # the work is done: a failed read of its charge leaves the hold, and the record, as they are
+                self.store.add_event(row.id, "charge_poll_failed", exc.message)
+                return self.store.get(row.id)
             return self.store.update(row.id, event="poll_failed", detail=exc.message, error_code=exc.code,
                                      error_message=exc.message)
         return self._record(row, view, event="polled")
@@ -490,7 +516,8 @@ class Delegations:
             "result_chars": len(row.result_text), "references": len(row.references),
             "error": f"[{row.error_code}] {row.error_message}" if row.error_code else None,
             "cancel_outcome": row.cancel_outcome, "reconcile_reason": row.reconcile_reason,
-            "credits_held": row.credits_held, "deadline_in_s": round(left, 1),
+            "credits_held": row.credits_held, "credit_ceiling": row.credit_ceiling, "charge": row.charge_state,
+            "credits_charged": row.credits_charged, "charge_note": row.charge_note, "deadline_in_s": round(left, 1),
             "overdue": left < 0 and row.state not in TERMINAL_STATES, "verified": False,
         }
 
@@ -521,10 +548,13 @@ def reconcile(settings: RLMSettings, delegation_id: str, *, reason: str, remote_
         raise DelegationReconcileRefused(f"delegation {row.id} is {row.state}; only unknown delegations are "
                                          "reconciled")
     if failed:
+        kept = {"charge_state": "unknown", "charge_note": f"charge unknown: an operator marked the delegation "
+                                                          f"failed; the hold of {row.credits_held} credits is kept"} \
+            if row.charge_state == "held" else {}
         # The credits stay drawn: an operator's word that nothing ran does not refill the family's allowance.
         return store.update(row.id, event="reconciled_failed", detail=reason.strip(), only_if_state=("unknown",),
                             state="failed", reconcile_reason=reason.strip(), error_code="reconciled_failed",
-                            error_message="an operator marked this delegation failed")
+                            error_message="an operator marked this delegation failed", **kept)
     from a2a.types.a2a_pb2 import GetTaskRequest
     from google.protobuf.json_format import MessageToDict
 
@@ -564,4 +594,4 @@ def reconcile(settings: RLMSettings, delegation_id: str, *, reason: str, remote_
     if view.context_id:
         values["remote_context_id"] = view.context_id
     return store.update(row.id, event="reconciled", detail=f"task {remote_task_id}; {verified}",
-                        only_if_state=("unknown",), **values)
+                        only_if_state=("unknown",), charge_reported=view.charge_reported, **values)

@@ -52,6 +52,12 @@ class MissingPeerCredential(PeerNotReady):
     code = "missing_peer_credential"
 
 
+class PeerTariffBelowPrice(PeerNotReady):
+    """The peer's card states a price per task above the peers file's ``tariff_credits`` for it."""
+
+    code = "peer_tariff_below_price"
+
+
 class CreditAllowanceExhausted(A2AError):
     code = "credit_allowance_exhausted"
 

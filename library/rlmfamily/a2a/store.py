@@ -11,6 +11,13 @@ restart reopening it with another figure is refused, never refilled.
 A row in state ``sending`` whose owning process is gone becomes ``unknown``:
 the message may have reached the peer, so it is never resent automatically.
 Credentials are never stored: only the *name* of the peer's key variable.
+
+A paid delegation's hold is settled in the transaction that records its
+finished state, once: ``update(..., charge_reported=...)`` applies
+``rlmfamily.a2a.charge.settle`` only to a row whose charge is still ``held``,
+so a second poll, a second process or a resumed run never settles it again.
+What the family has drawn is the sum of ``credits_held``: a settled row holds
+its charge, the rest is back in the allowance.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from rlmfamily.a2a.charge import CHARGE_STATES, settle
 from rlmfamily.a2a.errors import (
     A2AError,
     CreditAllowanceExhausted,
@@ -36,7 +44,15 @@ STATES = ("sending", "submitted", "working", "input_required", "auth_required", 
           "canceled", "rejected", "unknown")
 OPEN_STATES = ("sending", "submitted", "working", "input_required", "auth_required", "unknown")
 TERMINAL_STATES = ("completed", "failed", "canceled", "rejected")
+# The charge's columns, added to files written before the charge came back (``ADDED_COLUMNS``).
+CHARGE_COLUMNS = (
+    ("charge_state", "TEXT NOT NULL DEFAULT 'held' CHECK (charge_state IN "
+                     f"({', '.join(repr(s) for s in CHARGE_STATES)}))"),
+    ("credits_charged", "INTEGER CHECK (credits_charged IS NULL OR credits_charged >= 0)"),
+    ("charge_note", "TEXT NOT NULL DEFAULT ''"),
+)
 
+_CHARGE_COLUMNS_DDL = ",\n    ".join(f"{name} {definition}" for name, definition in CHARGE_COLUMNS)
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS credit_allowances (
     root_id          TEXT PRIMARY KEY,
@@ -78,9 +94,13 @@ CREATE TABLE IF NOT EXISTS delegations (
     reconcile_reason TEXT,
     created_at       REAL NOT NULL,
     updated_at       REAL NOT NULL,
+    {_CHARGE_COLUMNS_DDL},
     UNIQUE (root_id, request_id),
     -- a direct Message reply has no task id, and nobody invents one
-    CHECK (direct_reply = 0 OR remote_task_id IS NULL)
+    CHECK (direct_reply = 0 OR remote_task_id IS NULL),
+    -- a settled hold holds its charge, which is never more than the ceiling stated to the peer
+    CHECK (charge_state != 'settled' OR (credits_charged = credits_held AND credits_charged <= credit_ceiling)),
+    CHECK (charge_state != 'free' OR credits_held = 0)
 );
 CREATE INDEX IF NOT EXISTS delegations_by_root ON delegations (root_id, peer_alias, state);
 CREATE TABLE IF NOT EXISTS delegation_events (
@@ -131,6 +151,9 @@ class Delegation:
     reconcile_reason: str | None
     created_at: float
     updated_at: float
+    charge_state: str = "free"  # rlmfamily.a2a.charge: free, held, settled, unknown, released
+    credits_charged: int | None = None  # what the peer reported, once settled
+    charge_note: str = ""  # how the charge was settled, or why it is unknown
 
     @property
     def references(self) -> list[dict[str, Any]]:
@@ -171,6 +194,14 @@ class DelegationStore(SQLiteFile):
 
     SCHEMA = SCHEMA
     FOREIGN_KEYS = True
+    ADDED_COLUMNS = {"delegations": CHARGE_COLUMNS}
+
+    def _backfill(self, conn: sqlite3.Connection, table: str, added: list[str]) -> None:
+        if "charge_state" in added:
+            # Rows from before the charge came back: a free peer's, a released hold, or a hold still drawn (a
+            # finished one is settled at its next poll).
+            conn.execute("UPDATE delegations SET charge_state = CASE WHEN credit_ceiling IS NULL THEN 'free' "
+                         "WHEN credits_held = 0 THEN 'released' ELSE 'held' END")
 
     # ---------- reads ----------
 
@@ -209,6 +240,7 @@ class DelegationStore(SQLiteFile):
                 "SELECT at, kind, detail FROM delegation_events WHERE delegation_id = ? ORDER BY id", (delegation_id,))]
 
     def credits(self, root_id: str) -> dict[str, int | None]:
+        """The root's allowance and what its family has drawn from it (holds, and settled charges)."""
         with self.reading() as conn:
             allowed = conn.execute("SELECT credits_allowed FROM credit_allowances WHERE root_id = ?",
                                    (root_id,)).fetchone()
@@ -279,8 +311,13 @@ class DelegationStore(SQLiteFile):
     # ---------- updates ----------
 
     def update(self, delegation_id: str, *, event: str, detail: str = "", only_if_state: tuple[str, ...] | None = None,
-               **values: Any) -> Delegation:
-        """Set columns and append an event in one transaction (``only_if_state`` guards a transition)."""
+               charge_reported: Any = None, **values: Any) -> Delegation:
+        """Set columns and append an event in one transaction (``only_if_state`` guards a transition).
+
+        When the row ends up finished with its charge still ``held``, the hold is settled in the same
+        transaction from ``charge_reported`` (what the peer's finished task said at ``CHARGE_METADATA_KEY``;
+        None: nothing), once: a row already settled or unknown is left as it is.
+        """
         bad = set(values) - set(_COLUMNS)
         if bad:
             raise A2AError(f"unknown delegation columns: {sorted(bad)} (a bug in the caller: the columns are {_COLUMNS})")
@@ -293,7 +330,19 @@ class DelegationStore(SQLiteFile):
                 assignments = ", ".join(f"{k} = ?" for k in values)
                 conn.execute(f"UPDATE delegations SET {assignments} WHERE id = ?", (*values.values(), delegation_id))
                 self._event(conn, delegation_id, event, detail)
+                self._settle_if_finished(conn, delegation_id, charge_reported)
             return _row(conn.execute("SELECT * FROM delegations WHERE id = ?", (delegation_id,)).fetchone())
+
+    def _settle_if_finished(self, conn: sqlite3.Connection, delegation_id: str, reported: Any) -> None:
+        row = conn.execute("SELECT state, charge_state, credits_held FROM delegations WHERE id = ?",
+                           (delegation_id,)).fetchone()
+        if row["charge_state"] != "held" or row["state"] not in TERMINAL_STATES:
+            return
+        outcome = settle(int(row["credits_held"]), reported)
+        conn.execute("UPDATE delegations SET charge_state = ?, credits_held = ?, credits_charged = ?, charge_note = ? "
+                     "WHERE id = ? AND charge_state = 'held'",
+                     (outcome.charge_state, outcome.credits_held, outcome.credits_charged, outcome.note, delegation_id))
+        self._event(conn, delegation_id, f"charge_{outcome.charge_state}", outcome.note)
 
     def add_event(self, delegation_id: str, kind: str, detail: str = "") -> None:
         with self.transaction() as conn:

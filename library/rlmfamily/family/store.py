@@ -153,23 +153,7 @@ class FamilyStore(SQLiteFile):
     """The SQLite file of every family under one data dir."""
 
     SCHEMA = SCHEMA
-
-    def _initialize(self) -> None:
-        super()._initialize()
-        for table, columns in ADDED_COLUMNS.items():
-            if not self._missing(table, columns):
-                continue
-            with self.transaction() as conn:  # under the write lock: two processes never both add a column
-                for name, kind in self._missing(table, columns, conn):
-                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
-
-    def _missing(self, table: str, columns: tuple[tuple[str, str], ...],
-                 conn: sqlite3.Connection | None = None) -> list[tuple[str, str]]:
-        if conn is None:
-            with self.reading() as reader:
-                return self._missing(table, columns, reader)
-        present = {row["name"] for row in conn.execute(f"PRAGMA table_info({table})")}
-        return [c for c in columns if c[0] not in present]
+    ADDED_COLUMNS = ADDED_COLUMNS
 
     # ---------- families and agents ----------
 

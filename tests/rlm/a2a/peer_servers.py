@@ -109,10 +109,13 @@ class Recorder:
 
 
 class ScriptedExecutor(AgentExecutor):
-    """Behaviour by the task's first word: hello (direct Message), ask, auth, slow, held, big, file, fail; else a review.
+    """Behaviour by the task's first word: hello (direct Message), ask, auth, slow, held, big, file, fail, charge;
+    else a review.
 
     ``slow N`` works N seconds; ``held NAME`` works until the test calls ``recorder.release(NAME)``
-    (or the peer closes), so a test that needs the work still running never races a sleep.
+    (or the peer closes), so a test that needs the work still running never races a sleep. ``charge JSON``
+    completes with ``JSON`` as the charge in the task's metadata, where the hosted service states it
+    (``{"specialist": {"creditsCharged": JSON}}``); ``held NAME JSON`` does the same once released.
     """
 
     def __init__(self, recorder: Recorder, base: str) -> None:
@@ -157,7 +160,10 @@ class ScriptedExecutor(AgentExecutor):
             while not (gate.is_set() or self.recorder.closed.is_set()):
                 await asyncio.sleep(POLL_S)
             await updater.add_artifact([Part(text="held review done")])
-            await updater.complete()
+            await complete_charged(updater, text.split()[2] if len(text.split()) > 2 else None)
+        elif word == "charge":
+            await updater.add_artifact([Part(text="charged review done")])
+            await complete_charged(updater, text.split(maxsplit=1)[1].splitlines()[0])
         elif word == "big":
             await updater.add_artifact([Part(text="".join(f"line {i:05d} ok\n" for i in range(BIG_RESULT_CHARS // 14)))])
             await updater.complete()
@@ -174,6 +180,15 @@ class ScriptedExecutor(AgentExecutor):
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         assert context.task_id and context.context_id
         await TaskUpdater(event_queue, context.task_id, context.context_id).cancel()
+
+
+async def complete_charged(updater: TaskUpdater, charge_json: str | None) -> None:
+    """Complete the task, stating ``charge_json`` (parsed) as its charge in the metadata when one is given."""
+    if charge_json is None:
+        await updater.complete()
+        return
+    await updater.update_status(TaskState.TASK_STATE_COMPLETED,
+                                metadata={"specialist": {"creditsCharged": json.loads(charge_json)}})
 
 
 class SdkPeer:
@@ -210,6 +225,9 @@ class SdkPeer:
             async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
                 binding = binding_of(scope["path"]) if scope["type"] == "http" else None
                 if binding is None:
+                    if scope["type"] == "http" and scope["path"].endswith("/agent-card.json"):
+                        with recorder.lock:
+                            recorder.calls["card"] += 1
                     await self.inner(scope, receive, send)
                     return
                 chunks: list[bytes] = []
@@ -285,7 +303,7 @@ class HostilePeer:
     """
 
     MODES = ("redirect_card", "redirect_rpc", "moved_card", "tab_card", "gzip", "oversized", "endless",
-             "drop_after_accept", "error_rpc", "wrong_task", "ask_then_drop_reply")
+             "drop_after_accept", "error_rpc", "wrong_task", "ask_then_drop_reply", "plain")
 
     def __init__(self, mode: str, *, binding: str = JSONRPC) -> None:
         assert mode in self.MODES, mode
@@ -295,6 +313,10 @@ class HostilePeer:
         self.task_id = str(uuid.uuid4())
         self.accepted_message_ids: list[str] = []
         self.task_state = "TASK_STATE_COMPLETED"  # what GetTask reports
+        # What GetTask's task holds besides: its artifacts and metadata, written as JSON by json.dumps (``plain``
+        # mode accepts a task and answers with them: a peer whose JSON says 8, not 8.0).
+        self.task_artifacts: list[dict[str, Any]] = [{"artifactId": "a1", "parts": [{"text": "the result that was lost"}]}]
+        self.task_metadata: dict[str, Any] | None = None
         self.hold = Hold()  # where an oversized or endless body stops, until close
         self.lock = threading.Lock()
         peer = self
@@ -419,8 +441,9 @@ class HostilePeer:
                            for mid in ([] if peer.mode == "wrong_task" else peer.accepted_message_ids)]
                 history.append({"messageId": "someone-else", "role": "ROLE_USER", "parts": [{"text": "other"}]})
                 task = {"id": peer.task_id, "contextId": "ctx-1", "status": {"state": peer.task_state},
-                        "artifacts": [{"artifactId": "a1", "parts": [{"text": "the result that was lost"}]}],
-                        "history": history}
+                        "artifacts": peer.task_artifacts, "history": history}
+                if peer.task_metadata is not None:
+                    task["metadata"] = peer.task_metadata
                 self._answer(request, task)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

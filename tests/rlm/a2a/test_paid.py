@@ -16,7 +16,7 @@ from rlmfamily.a2a.errors import (
     CreditAllowanceMismatch,
     MissingPeerCredential,
     PaidRoutesDisabled,
-    PeerNotReady,
+    PeerTariffBelowPrice,
 )
 from rlmfamily.a2a.store import DelegationStore
 from rlmfamily.errors import SettingsInvalid
@@ -147,7 +147,7 @@ def test_a_refused_paid_send_releases_its_draw_and_an_unknown_one_keeps_it(tmp_p
 def test_a_card_that_charges_more_than_the_configured_tariff_is_refused_before_sending(
         peer: SdkPeer, tmp_path: Path, key: str) -> None:
     before = peer.recorder.calls["SendMessage"]
-    with pytest.raises(PeerNotReady, match="charges 3 credits per task"):
+    with pytest.raises(PeerTariffBelowPrice, match="charges 3 credits per task"):
         paid(peer.url, tmp_path, tariff=2).start("review", "review")
     assert peer.recorder.calls["SendMessage"] == before
 
