@@ -41,6 +41,7 @@ from typing import Any
 
 from core.settings import PROJECT_ROOT
 from core.specs import load_specs
+from rlmfamily.errors import RLMError
 from ops.cli_specialists import _progress, _service_problem, _whole
 from ops.output import EXIT_CONFIG, EXIT_OK, EXIT_REFUSED, emit, emit_json, fail, say
 
@@ -91,8 +92,10 @@ def _rlm_command() -> list[str]:
 
 
 def _rlm_env(data_dir: Path, peers: Path, key: str, kernel: str, allowance: int) -> dict[str, str]:
-    # The root is a local user's process: nothing of the service's settings, nothing of another rlm run's.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECIALISTS_", "RLM_"))}
+    # The root is a local user's process: nothing of the service's settings, nothing of another rlm run's but
+    # the container engine and image the operator chose.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SPECIALISTS_", "RLM_")) or k.startswith("RLM_CONTAINER_")}
     env.update({
         KEY_ENV: key,
         "RLM_DATA_DIR": str(data_dir),
@@ -118,14 +121,23 @@ def _model_args(args: argparse.Namespace) -> list[str]:
     return model
 
 
-def _prepare_image(env: dict[str, str]) -> str | None:
-    """Build the container kernel's image, or find it built (``rlm image``); None when it is ready, else why not."""
-    done = subprocess.run([*_rlm_command(), "image", "--json"], env=env, capture_output=True, text=True,
-                          timeout=JOURNEY_TIMEOUT_S)
-    if done.returncode != 0:
-        return (done.stdout.strip() or done.stderr.strip())[-2000:]
-    _progress(f"container image: {json.loads(done.stdout).get('image', '?')}")
-    return None
+def _prepare_image() -> str:
+    """The container kernel's image, reused when the engine holds it, else built from this machine's Debian
+    packages (rlmfamily/container/image.py, about a second); ContainerUnavailable says why it cannot be."""
+    from rlmfamily.container.engine import ContainerUnavailable, find_engine, image_present
+    from rlmfamily.container.image import build_image
+    from rlmfamily.settings import DEFAULT_CONTAINER_IMAGE, load_settings
+
+    settings = load_settings(kernel="container")  # the operator's RLM_CONTAINER_* apply (_rlm_env passes them on)
+    engine = find_engine(settings, check_image=False)
+    if image_present(engine, settings.container_image):
+        return f"{settings.container_image} in {engine.kind}, reused"
+    if settings.container_image != DEFAULT_CONTAINER_IMAGE:
+        raise ContainerUnavailable(f"the image {settings.container_image!r} is not in {engine.kind} "
+                                   "(RLM_CONTAINER_IMAGE); the journey builds only the library's own image",
+                                   setting="container_image")
+    built = build_image(engine, name=settings.container_image)
+    return f"{built.name} in {engine.kind}, " + ("reused" if built.reused else f"built in {built.duration_s:.1f} s")
 
 
 class _Follower:
@@ -288,9 +300,7 @@ def cmd_journey(ctx: Any, args: argparse.Namespace) -> int:
                                "kernel": args.kernel, "model": args.model or "scripted"}
     try:
         if args.kernel == "container":
-            why = _prepare_image(env)
-            if why is not None:
-                return _finish(ctx, summary, ("journey_image_failed", f"the container image is not ready: {why}"))
+            _progress(f"container image: {_prepare_image()}")
         _progress("running the root (" + ("scripted model" if args.model is None else f"model {args.model}") + ") ...")
         result = _run_root(repo, data_dir, env, args, args.timeout_s)
     except subprocess.TimeoutExpired:
@@ -298,6 +308,8 @@ def cmd_journey(ctx: Any, args: argparse.Namespace) -> int:
                                       "(--timeout-s)"))
     except RuntimeError as exc:
         return _finish(ctx, summary, ("journey_failed", str(exc)))
+    except RLMError as exc:  # the container engine or image: the message names the setting
+        return _finish(ctx, summary, ("journey_kernel_unavailable", f"[{exc.code}] {exc}"))
 
     review = _review(result)
     findings: list[dict[str, Any]] = []
@@ -314,6 +326,7 @@ def cmd_journey(ctx: Any, args: argparse.Namespace) -> int:
         "stop_reason": result["stop_reason"],
         "verdict": result.get("verdict"),
         "verdict_reason": result.get("extra", {}).get("verdict_reason"),
+        "blocked_by": result.get("extra", {}).get("blocked_by") or [],
         "answer": result.get("answer"),
         "error": result.get("error"),
         "children": result.get("extra", {}).get("children") or [],
@@ -332,7 +345,8 @@ def _verdict(summary: dict[str, Any]) -> tuple[str, str] | None:
     """What went wrong with the journey, as (code, message); None when it did what it shows."""
     review = summary["review"]
     if review is None:
-        return "journey_not_delegated", "the root never delegated the review to the hosted reviewer"
+        return "journey_not_delegated", (f"the root never delegated the review to the hosted reviewer; it ended "
+                                         f"{summary['stop_reason']}: {summary['error'] or summary['verdict_reason']}")
     if review.get("state") != "completed":
         return "journey_review_not_completed", (f"the hosted review is {review.get('state')}: "
                                                 f"{review.get('error') or review.get('status_text') or ''}")
