@@ -35,6 +35,21 @@ def _isolated_rlm_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("RLM_DATA_DIR", str(tmp_path / "rlm-data"))
 
 
+@pytest.fixture(scope="session")
+def container_image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The container kernel's image, built once per machine from its Debian packages and reused while they are
+    unchanged (rlmfamily/container/image.py). No engine is a failure that says how to get one, never a skip."""
+    from rlmfamily.container.engine import ContainerUnavailable, find_engine
+    from rlmfamily.container.image import build_image
+
+    settings = load_settings(data_dir=tmp_path_factory.mktemp("container-engine"), container_engine="auto")
+    try:
+        engine = find_engine(settings, check_image=False)
+    except ContainerUnavailable as exc:
+        pytest.fail(f"the container tests need Podman or Docker: {exc.message} (./dev test installs Podman as root)")
+    return build_image(engine).build_tag
+
+
 @pytest.fixture
 def make_settings(tmp_path: Path) -> Callable[..., RLMSettings]:
     def make(**overrides: Any) -> RLMSettings:

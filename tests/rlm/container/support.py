@@ -1,0 +1,56 @@
+"""Helpers for the container kernel's tests: a scripted run in a container, its steps, and the engine's view.
+
+Every test here uses the real engine (Podman or Docker) and the image built once per
+machine by the ``container_image`` fixture (tests/rlm/conftest.py).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from rlmfamily import Context, ScriptedProvider, Session
+from rlmfamily.container.engine import Engine, find_engine
+from rlmfamily.container.sandbox import LABEL_OWNER_PID, labelled_containers
+from rlmfamily.session import RunResult
+from rlmfamily.settings import RLMSettings
+from rlmfamily.trajectory import read_trajectory
+
+GONE_WITHIN_S = 60.0  # a bound on waiting for an event (a container removed, a process gone); never a sleep
+
+
+def run_steps(settings: RLMSettings, repo: Path, steps: list[str], *, subcall: list[dict[str, Any]] | None = None,
+              children: list[dict[str, Any]] | None = None) -> RunResult:
+    script: dict[str, Any] = {"root": [{"code": code} for code in steps], "subcall": subcall or []}
+    if children:
+        script["child"] = children
+    session = Session(context=Context.from_repository(repo, settings), provider=ScriptedProvider(script),
+                      settings=settings, kernel="container")
+    return session.run("work in the container")
+
+
+def steps_of(result: RunResult) -> list[dict[str, Any]]:
+    return [e for e in read_trajectory(result.trajectory_path) if e["event"] == "step"]
+
+
+def engine_of(settings: RLMSettings) -> Engine:
+    return find_engine(settings)
+
+
+def containers_owned_by(engine: Engine, pid: int) -> list[str]:
+    listed = engine.call("ps", "-a", "--filter", f"label={LABEL_OWNER_PID}={pid}", "--format", "{{.Names}}")
+    return [name for name in listed.stdout.split() if name]
+
+
+def wait_until(condition: Any, what: str, within_s: float = GONE_WITHIN_S) -> None:
+    """Poll ``condition`` (each poll is an engine call or a /proc read) until it holds, at most ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {within_s:g} s")
+        time.sleep(0.05)
+
+
+def run_containers(engine: Engine, run_id: str) -> list[str]:
+    return labelled_containers(engine, run_id)
