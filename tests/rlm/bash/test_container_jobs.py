@@ -3,30 +3,44 @@ cancels and lease, inside. What is left running is read with `ps` inside the con
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from rlmfamily.bash.errors import BashUnavailable
-from rlmfamily.bash.extension import receipt_text
 from rlmfamily.bash import in_container
 from rlmfamily.bash.broker import CommandBroker
+from rlmfamily.bash.errors import BashUnavailable
+from rlmfamily.bash.extension import receipt_text
 from rlmfamily.bash.store import JobStore
 from rlmfamily.container.engine import find_engine
-from rlmfamily.container.sandbox import RunContainer
-from rlmfamily.settings import RLMSettings
+from rlmfamily.container.image import build_image
+from rlmfamily.container.sandbox import RunContainer, labelled_containers
+from rlmfamily.context import Context
+from rlmfamily.providers import ScriptedProvider
+from rlmfamily.session import Session
+from rlmfamily.settings import RLMSettings, load_settings
+from rlmfamily.trajectory import read_trajectory
 
 from ..holds import wait_until
 from .support import broker
+from .test_family import CHILD
+from .test_family import ROOT as FAMILY_ROOT
 
 pytestmark = pytest.mark.timeout(120)
 
-IMAGE = "localhost/rlm-proto:1"
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The local image (python3 and bash from this machine's packages), built once and reused while unchanged."""
+    settings = load_settings(data_dir=tmp_path_factory.mktemp("image-data"))
+    return build_image(find_engine(settings, check_image=False)).name
 
 
 @pytest.fixture
@@ -37,8 +51,8 @@ def workspace(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def settings(make_settings) -> RLMSettings:
-    return make_settings(profile="python-bash", kernel="container", container_image=IMAGE, bash_kill_grace_s=0.5)
+def settings(make_settings, image: str) -> RLMSettings:
+    return make_settings(profile="python-bash", kernel="container", container_image=image, bash_kill_grace_s=0.5)
 
 
 @pytest.fixture
@@ -146,13 +160,13 @@ def test_two_mutating_jobs_of_one_family_never_overlap_in_the_container(settings
     assert jobs.store.leases() == {}
 
 
-def test_no_host_credential_variable_reaches_a_command_in_the_container(make_settings, workspace: Path,
+def test_no_host_credential_variable_reaches_a_command_in_the_container(make_settings, image: str, workspace: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in {"OPENAI_API_KEY": "sk-model", "DOCK_PASS": "peer-secret", "GITHUB_TOKEN": "ghp",
                         "AWS_SECRET_ACCESS_KEY": "aws", "LANG": "C.UTF-8", "TZ": "Europe/Oslo",
                         "PATH": "/host/only/bin:" + os.environ["PATH"], "HOME": "/host/home"}.items():
         monkeypatch.setenv(name, value)
-    settings = make_settings(profile="python-bash", kernel="container", container_image=IMAGE,
+    settings = make_settings(profile="python-bash", kernel="container", container_image=image,
                              bash_env_allow=["PATH", "HOME", "LANG", "TZ", "DOCK_PASS"])
     with RunContainer.open(settings, run_id="env-test", workspace=workspace, hidden_env={"DOCK_PASS"}) as container:
         job, _ = broker_in(settings, workspace, container, hidden={"DOCK_PASS"}).run("env", read_only=True)
@@ -163,13 +177,13 @@ def test_no_host_credential_variable_reaches_a_command_in_the_container(make_set
     assert not {"sk-model", "peer-secret", "ghp", "aws"} & set(seen.values())
 
 
-def test_an_image_without_bash_is_refused_naming_the_image_setting(make_settings, workspace: Path,
+def test_an_image_without_bash_is_refused_naming_the_image_setting(make_settings, image: str, workspace: Path,
                                                                    tmp_path: Path) -> None:
-    settings = make_settings(profile="python-bash", kernel="container", container_image=IMAGE)
+    settings = make_settings(profile="python-bash", kernel="container", container_image=image)
     engine = find_engine(settings)
     # The test image less its Bash (an exec-form RUN needs no shell); python3 and the engine still work.
     (tmp_path / "Containerfile").write_text(
-        f"FROM {IMAGE}\nRUN [\"python3\", \"-c\", \"import os; os.remove('/usr/bin/bash')\"]\n")
+        f"FROM {image}\nRUN [\"python3\", \"-c\", \"import os; os.remove('/usr/bin/bash')\"]\n")
     no_bash = f"localhost/rlm-test-no-bash:{os.getpid()}"
     built = engine.call("build", "-q", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096",
                         "-t", no_bash, str(tmp_path), timeout_s=120)
@@ -182,3 +196,92 @@ def test_an_image_without_bash_is_refused_naming_the_image_setting(make_settings
         assert refused.value.setting == "container_image"
     finally:
         engine.call("rmi", "-f", no_bash)
+
+
+def test_a_container_run_reaches_the_broker_in_its_container_through_bash_run_and_the_bash_tool(
+        settings: RLMSettings, workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-host-only")
+    script = {"root": [
+        {"code": "r = bash.run('echo made > src/note.txt; pwd; echo $OPENAI_API_KEY')\nprint(r)"},
+        {"bash": {"command": "cat note.txt; exit 4", "cwd": "src"}},
+        {"code": "final_answer('done')"},
+    ]}
+    result = Session(context=Context.from_repository(workspace, settings), provider=ScriptedProvider(script),
+                     settings=settings).run("q")
+    assert result.answer == "done", result.error
+    made = workspace / "src" / "note.txt"
+    assert made.read_text() == "made\n" and made.stat().st_uid == os.getuid()
+    events = read_trajectory(result.trajectory_path)
+    assert events[0]["kernel"] == "container" and events[0]["tools"] == ["python", "bash"]
+    jobs = [e for e in events if e["event"] == "job"]
+    assert [(j["surface"], j["state"], j["exit_code"], j["cwd"]) for j in jobs] == [
+        ("python", "exited", 0, "."), ("tool", "exited", 4, "src")]
+    assert jobs[0]["stdout_preview"] == "/workspace\n\n" and jobs[1]["stdout_preview"] == "made\n"
+    tool = next(e for e in events if e["event"] == "tool_step")
+    assert tool["observation"].startswith(f"[job {jobs[1]['job_id']} exit 4 after ")
+    assert "/workspace (in the run's container" in events[0]["system_prompt"], "the model is told where commands run"
+    assert labelled_containers(find_engine(settings), result.run_id) == [], "the run's container is gone"
+
+
+def test_a_root_killed_mid_command_leaves_its_job_unknown_and_nothing_running_in_a_container(
+        settings: RLMSettings, workspace: Path, tmp_path: Path) -> None:
+    script = tmp_path / "root.json"
+    script.write_text(json.dumps({"root": [{"code": "bash.run('touch started; sleep 306 & sleep 307')"}]}))
+    rlm = [sys.executable, "-m", "rlmfamily", "--data-dir", str(settings.data_dir)]
+    root = subprocess.Popen([*rlm, "run", "--profile", "python-bash", "--kernel", "container", "--repo",
+                             str(workspace), "--script", str(script), "--quiet", "q"],
+                            env={**os.environ, "RLM_CONTAINER_IMAGE": settings.container_image},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    store = JobStore(settings.jobs_path)
+    try:
+        wait_until(lambda: root.poll() is not None or ((workspace / "started").exists() and store.jobs()[0].pid),
+                   "the command started in the container")
+        assert root.poll() is None, root.stderr.read().decode()
+        [job] = store.jobs()
+        root.send_signal(signal.SIGKILL)
+        root.wait()
+    finally:
+        root.kill()
+    engine = find_engine(settings)
+    wait_until(lambda: not labelled_containers(engine, job.run_id), "the root's container is removed")
+    wait_until(lambda: not store.job(job.id).process_alive(), "the job's engine client ended with it")
+    assert store.job(job.id).state == "unknown"
+
+
+def test_mutating_commands_of_two_children_in_their_own_containers_serialise_on_the_familys_lease(
+        make_settings, image: str, workspace: Path) -> None:
+    settings = make_settings(profile="python-bash", kernel="container", container_image=image, bash_lease_wait_s=60,
+                             step_timeout_s=120, host_call_timeout_s=400)
+    script = {"root": [{"code": FAMILY_ROOT}], "child": [{"pattern": "work (alpha|beta)", "root": [{"code": CHILD}]}],
+              "default_answer": "NONE"}
+    session = Session(context=Context.from_repository(workspace, settings), provider=ScriptedProvider(script),
+                      settings=settings)
+    results = []
+    root = threading.Thread(target=lambda: results.append(session.run("q")), daemon=True)
+    root.start()
+    store = JobStore(settings.jobs_path)
+    events = workspace / "events"
+
+    def mutating() -> list:
+        return [j for j in store.jobs() if not j.read_only]
+
+    wait_until(lambda: events.exists() and sorted(j.state for j in mutating()) == ["running", "waiting"],
+               "one child's mutating job running in its container, the other's waiting for the lease")
+    first = next(j for j in mutating() if j.state == "running")
+    second = next(j for j in mutating() if j.state == "waiting")
+    first_name, second_name = first.agent_id.split(".")[-1], second.agent_id.split(".")[-1]
+    assert events.read_text() == f"start-{first_name}\n", "the waiting job must not have started"
+    (workspace / f"go-{first_name}").touch()
+    wait_until(lambda: store.job(second.id).state == "running", "the second job started once the first ended")
+    (workspace / f"go-{second_name}").touch()
+    root.join(90)
+    assert results and results[0].stop_reason == "answered", results and results[0].error
+    assert events.read_text().split() == [f"start-{first_name}", f"end-{first_name}", f"start-{second_name}",
+                                          f"end-{second_name}"]
+    # Each read-only command saw the other's start while it ran: they overlapped, across two containers.
+    assert json.loads(results[0].answer) == ["c1 saw 2 starts; mutating exited", "c2 saw 2 starts; mutating exited"]
+    assert store.leases() == {}
+    children = {j.run_id for j in store.jobs()}
+    assert len(children) == 2 and all(
+        read_trajectory(settings.runs_dir / run_id / "trajectory.jsonl")[0]["kernel"] == "container"
+        for run_id in children)
