@@ -176,3 +176,20 @@ def test_rlm_peers_shows_the_route_refused_when_the_peers_file_tariff_is_below_t
     assert "raise tariff_credits for 'reviewer' in the peers file (RLM_A2A_PEERS_FILE)" in peer["why_not"], peer
     table = " ".join(rlm(rlm_env, "peers").stdout.split())
     assert "closed: [peer_tariff_below_price]" in table and f"(card: {REVIEWER_TARIFF})" in table, table
+
+
+def test_the_example_peer_in_the_docs_is_the_hosted_reviewer_and_its_route_is_open(hosted, tmp_path):
+    base, _ = hosted
+    docs = (PROJECT_ROOT / "docs" / "RLM.md").read_text()
+    section = docs[docs.index("## Delegating to A2A peers"):]
+    example = section[section.index("```toml\n") + len("```toml\n"):section.index("```\n", section.index("```toml"))]
+    peers = tmp_path / "peers.toml"
+    peers.write_text(example.replace("https://specialists.example.com", base))
+    rlm_env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECIALISTS_", "RLM_"))}
+    rlm_env.update({"SPECIALISTS_API_KEY": "sk_not_used_by_a_card_read", "RLM_DATA_DIR": str(tmp_path / "rlm"),
+                    "RLM_A2A_ENABLED": "true", "RLM_A2A_PAID_ENABLED": "true",
+                    "RLM_A2A_CREDIT_ALLOWANCE": str(ALLOWANCE), "RLM_A2A_PEERS_FILE": str(peers)})
+    [peer] = json.loads(rlm(rlm_env, "peers", "--json").stdout)["peers"]
+    assert (peer["url"], peer["skill"]) == (f"{base}/specialists/reviewer", "review"), peer
+    assert peer["route_open"] is True, peer["why_not"]
+    assert peer["tariff_credits"] == peer["card_tariff_credits"] == REVIEWER_TARIFF
