@@ -285,3 +285,16 @@ def test_mutating_commands_of_two_children_in_their_own_containers_serialise_on_
     assert len(children) == 2 and all(
         read_trajectory(settings.runs_dir / run_id / "trajectory.jsonl")[0]["kernel"] == "container"
         for run_id in children)
+
+
+def test_a_completion_gate_of_a_container_run_runs_in_its_container(make_settings, image: str,
+                                                                    workspace: Path) -> None:
+    gate = {"name": "made", "command": "pwd > gate-saw; test -f src/note.txt"}
+    settings = make_settings(profile="python-bash", kernel="container", container_image=image, gates=[gate])
+    script = {"root": [{"code": "final_answer('made')"},
+                       {"code": "bash.run('echo made > src/note.txt')\nfinal_answer('made now')"}]}
+    result = Session(context=Context.from_repository(workspace, settings), provider=ScriptedProvider(script),
+                     settings=settings).run("q")
+    assert (result.answer, result.verdict) == ("made now", "accepted"), result.error
+    assert [(r["passed"], r["exit_code"]) for r in result.extra["gates"]] == [(False, 1), (True, 0)]
+    assert (workspace / "gate-saw").read_text() == "/workspace\n"
