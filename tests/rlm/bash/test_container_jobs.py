@@ -24,6 +24,7 @@ from rlmfamily.container.engine import find_engine
 from rlmfamily.container.image import build_image
 from rlmfamily.container.sandbox import RunContainer, labelled_containers
 from rlmfamily.context import Context
+from rlmfamily.errors import SettingsInvalid
 from rlmfamily.providers import ScriptedProvider
 from rlmfamily.session import Session
 from rlmfamily.settings import RLMSettings, load_settings
@@ -298,3 +299,12 @@ def test_a_completion_gate_of_a_container_run_runs_in_its_container(make_setting
     assert (result.answer, result.verdict) == ("made now", "accepted"), result.error
     assert [(r["passed"], r["exit_code"]) for r in result.extra["gates"]] == [(False, 1), (True, 0)]
     assert (workspace / "gate-saw").read_text() == "/workspace\n"
+
+
+def test_the_container_margin_counts_toward_the_host_calls_deadline_only_with_the_container_kernel() -> None:
+    fits = {"profile": "python-bash", "bash_max_deadline_s": 240, "bash_kill_grace_s": 2, "bash_lease_wait_s": 30,
+            "host_call_timeout_s": 280, "bash_container_margin_s": 10}
+    assert load_settings(**fits, kernel="host").bash_container_margin_s == 10
+    with pytest.raises(SettingsInvalid, match="bash_container_margin_s must fit in host_call_timeout_s"):
+        load_settings(**fits, kernel="container")
+    assert load_settings(**{**fits, "bash_container_margin_s": 8}, kernel="container").kernel == "container"
