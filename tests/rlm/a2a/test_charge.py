@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 
 from rlmfamily.a2a.charge import settle
-from rlmfamily.a2a.delegations import Delegations
+from rlmfamily.a2a.delegations import Delegations, reconcile
 from rlmfamily.a2a.errors import CreditAllowanceExhausted
 from rlmfamily.a2a.store import DelegationStore
 
 from ..test_cli import rlm
-from .peer_servers import SdkPeer, a2a_settings, peers_of
+from .peer_servers import HostilePeer, SdkPeer, a2a_settings, peers_of
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -126,7 +126,7 @@ def test_the_settlement_rule_matches_its_table() -> None:
 
 START_AND_WAIT = """
 import sys
-from rlmfamily.a2a.delegations import Delegations
+from rlmfamily.a2a.delegations import Delegations, reconcile
 from rlmfamily.a2a.peers import PeerConfig, Peers
 from rlmfamily.settings import load_settings
 
@@ -273,3 +273,26 @@ def test_rlm_delegations_show_and_the_runs_record_say_what_was_charged_and_what_
     assert rlm("show", "--html", result["run_id"], "-o", str(page), data_dir=data).returncode == 0
     text = page.read_text()
     assert "5 credits charged of 20 held (15 returned)" in text and "20 credits held, charge unknown" in text
+
+
+def test_an_unknown_send_reconciled_to_its_finished_task_is_settled_to_the_charge_the_task_reports(
+        tmp_path: Path) -> None:
+    peer = HostilePeer("drop_after_accept")  # accepts the task, then drops the connection before answering
+    peer.task_metadata = {"specialist": {"creditsCharged": 7}}
+    try:
+        data = tmp_path / "data"
+        delegations = paid(peer.url, data)
+        unknown = delegations.start("review", "review the ferry")
+        assert (unknown.state, unknown.charge_state, unknown.credits_held) == ("unknown", "held", TARIFF)
+        settings = a2a_settings(data, a2a_paid_enabled=True, a2a_credit_allowance=ALLOWANCE)
+        done = reconcile(settings, unknown.id, reason="ops found the task", remote_task_id=peer.task_id)
+        assert (done.state, done.charge_state, done.credits_charged, done.credits_held) == ("completed", "settled", 7, 7)
+        assert delegations.store.credits("root-1")["credits_held"] == 7
+
+        other = delegations.start("review", "review the docks")
+        failed = reconcile(settings, other.id, reason="the peer has no such task", failed=True)
+        assert (failed.state, failed.charge_state, failed.credits_held) == ("failed", "unknown", TARIFF)
+        assert "an operator marked the delegation failed" in failed.charge_note
+        assert peer.hits["SendMessage"] == 2
+    finally:
+        peer.close()
