@@ -423,6 +423,29 @@ def _format_user_error(exc: BaseException) -> str:
     return "".join(lines).rstrip()
 
 
+def die_with_parent(parent: int) -> None:
+    """Be SIGKILLed when the parent dies (Linux; elsewhere nothing changes).
+
+    The child runs in a session of its own (a terminal's Ctrl-C is the parent's), so nothing
+    else ties it to its parent: a parent SIGKILLed during ``while True: pass`` left it spinning.
+    The signal follows the parent *thread* that started the child; a kernel is started and
+    used by the thread that runs its session, which closes it before it ends.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError, ImportError):
+        return
+    if os.getppid() != parent:  # the parent died before prctl: nothing will signal this process
+        os._exit(1)
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
 def main(argv: list[str]) -> None:
     # Running this file put its folder first on sys.path; the user's code must not import
     # siblings of this file (monty.py, host.py) by accident. Behave like `python -c`.
@@ -430,6 +453,8 @@ def main(argv: list[str]) -> None:
     if sys.path and os.path.abspath(sys.path[0] or ".") == here:
         sys.path[0] = ""
     fd_in, fd_out = int(argv[1]), int(argv[2])
+    if len(argv) > 3:
+        die_with_parent(int(argv[3]))
     _Child(fd_in, fd_out).serve()
 
 

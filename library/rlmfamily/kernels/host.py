@@ -270,7 +270,7 @@ class HostKernel:
     def _launch(self, child_in: int, child_out: int, stderr: IO[bytes]) -> subprocess.Popen[bytes]:
         """Start the child process with the channel's two pipe ends (the container kernel starts it elsewhere)."""
         return subprocess.Popen(
-            [self._python, str(CHILD_SCRIPT), str(child_in), str(child_out)],
+            [self._python, str(CHILD_SCRIPT), str(child_in), str(child_out), str(os.getpid())],  # dies with us
             pass_fds=(child_in, child_out),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
