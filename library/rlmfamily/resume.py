@@ -113,7 +113,7 @@ class _Conversation:
     answer: tuple[str, int] | None = None
     steps: list[Event] = field(default_factory=list)
     tools: tuple[str, ...] = ("python",)  # the tools the run offered (run_started records them)
-    gate_attempts: int = 0  # the completion-gate attempts recorded
+    gate_runs: list[Event] = field(default_factory=list)  # the completion-gate runs recorded
 
     def feed(self, event: Event) -> None:
         kind = event["event"]
@@ -135,7 +135,7 @@ class _Conversation:
             self.messages.append({"role": "user", "content": event["message"]})
             self.answer = None
         elif kind == "gate":
-            self.gate_attempts = max(self.gate_attempts, int(event.get("attempt") or 0))
+            self.gate_runs.append({k: v for k, v in event.items() if k not in ("event", "seq", "ts")})
 
     def open_turn(self, event: Event) -> None:
         if self.asked_final is not None:
@@ -221,7 +221,7 @@ def plan(settings: RLMSettings, path: Path, events: list[Event], context: Contex
         subcalls=len(subcalls),
         subcall_seq=max((int(e.get("seq") or 0) for e in subcalls), default=0), elapsed_s=_alive_s(events),
         restore=restore, budget_entries=_earlier_entries(settings, run_id, segments), answer=talk.answer,
-        final=talk.final, gate_attempts=talk.gate_attempts,
+        final=talk.final, gate_runs=tuple(talk.gate_runs),
         record={"after_pid": segments[-1].get("pid"), "steps": completed, "restore": restore.mode,
                 "checkpoint_seq": completed if restore.mode == "checkpoint" else None,
                 "interrupted_call": len(talk.observations) + 1 if interrupted else None,

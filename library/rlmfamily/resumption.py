@@ -43,7 +43,7 @@ class ResumePoint:
     answer: tuple[str, int] | None = None  # set by a step before the crash (answer, turn)
     final: FinalState | None = None
     record: dict[str, Any] = field(default_factory=dict)  # what the run_resumed event says
-    gate_attempts: int = 0  # completion-gate attempts recorded: the next is numbered after them
+    gate_runs: tuple[dict[str, Any], ...] = ()  # completion-gate runs recorded (``gate`` events): numbered on after
 
 
 def describe_resume(event: dict[str, Any]) -> str:

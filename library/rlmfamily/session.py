@@ -382,8 +382,7 @@ class _Run:
         for extension in self.extensions:
             self.model_tools.update(getattr(extension, "model_tools", None) or {})
         if self.settings.gates and session.root_id == session.run_id:  # a child's work is judged by its root's gates
-            self.gates = GateKeeper(info, self.settings.gates,
-                                    attempts_before=self.resumed.gate_attempts if self.resumed else 0)
+            self.gates = GateKeeper(info, self.settings.gates, earlier=self.resumed.gate_runs if self.resumed else ())
             functions.update({name: _guest_errors(fn) for name, fn in self.gates.functions().items()})
         if self.model_tools and self.protocol.tools is not None:
             self.protocol = replace(self.protocol, tools=[*self.protocol.tools,
@@ -691,7 +690,7 @@ class _Run:
         verdict, extra["verdict_reason"] = self.verdict()
         extra["blocked_by"] = self.blocked_by
         if self.gates is not None:
-            extra["gates"] = [run.to_dict() for attempt in self.gates.attempts for run in attempt.runs]
+            extra["gates"] = self.gates.record()
         snapshot = self.budget.snapshot()
         duration = round(time.monotonic() - self.started, 3)
         extra["observations"] = {"strategy": self.settings.observation_strategy, "chars_shown": self.chars_shown,

@@ -9,7 +9,13 @@ required delegation unknown; ``rlm show`` is read as text and opened in Debian's
 from __future__ import annotations
 
 import json
+import os
+import re
+import shlex
+import shutil
+import signal
 import sqlite3
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,14 +23,19 @@ from typing import Any
 import pytest
 
 from rlmfamily import Context, ScriptedProvider, Session
+from rlmfamily.budget import BudgetLedger
 from rlmfamily.bash.store import SCHEMA, JobStore
 from rlmfamily.cli import main
 from rlmfamily.errors import SettingsInvalid
+from rlmfamily.resume import plan
 from rlmfamily.session import RunResult
 from rlmfamily.settings import RLMSettings, load_settings
-from rlmfamily.trajectory import read_trajectory
+from rlmfamily.trajectory import FILENAME, read_trajectory
 
 from .a2a.peer_servers import HostilePeer, SdkPeer, a2a_settings
+from .conftest import REPO_ROOT
+from .holds import wait_until
+from .test_cli import RLM, rlm
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -34,6 +45,8 @@ TESTS = ("import unittest\n\nfrom calc import add\n\n\nclass AddTest(unittest.Te
          "    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n")
 UNITTEST = "python3 -B -m unittest -q"  # -B: no bytecode cache, which an edit of the same size in the same second would leave stale
 GATE = [{"name": "tests", "command": UNITTEST}]
+DOCS = (REPO_ROOT / "docs" / "RLM.md").read_text()
+EXAMPLES = REPO_ROOT / "library" / "rlmfamily" / "examples"
 
 
 @pytest.fixture
@@ -60,13 +73,14 @@ def fixing_turns(workspace: Path, kernel: str) -> list[dict[str, Any]]:
     """Answer at once (the tests fail), then read the failure by its handle, fix ``add`` and answer again.
 
     On the host kernel the model's own Python writes the file (the python profile); in Monty, which writes no
-    file, a command job does (the python-bash profile). The first gate job of a fresh data folder is j1."""
+    file, a command job does (the python-bash profile)."""
     printf = "printf 'def add(a, b):\\n    return a + b\\n' > calc.py"
     fix = (f"open({str(workspace / 'calc.py')!r}, 'w').write({FIXED!r})" if kernel == "host"
            else f"print(bash.run({printf!r}))")
     return [
         {"code": "final_answer('add works')"},
-        {"code": f"print(gates.read('j1', 'stderr', 0, 2000))\n{fix}\nfinal_answer('add is fixed')"},
+        {"code": "failed = [r for r in gates.last() if not r['passed']]\n"
+                 f"print(gates.read(failed[0]['job_id'], 'stderr', 0, 2000))\n{fix}\nfinal_answer('add is fixed')"},
     ]
 
 
@@ -196,6 +210,76 @@ def test_the_gates_environment_variable_is_a_json_list(monkeypatch: pytest.Monke
     with pytest.raises(SettingsInvalid, match="RLM_GATES must be JSON") as refused:
         load_settings()
     assert refused.value.setting == "gates"
+
+
+def test_the_documented_example_is_withdrawn_once_fixed_and_accepted(settings: RLMSettings, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The `rlm run ... --gate` command docs/RLM.md shows under "Completion gates", on a copy of tally."""
+    section = DOCS[DOCS.index("## Completion gates"):]
+    block = re.search(r"```sh\n(.*?)\n```", section, re.DOTALL)
+    assert block, "docs/RLM.md shows the completion gates example"
+    line = re.search(r"^rlm run .*?\"$", block[1].replace("\\\n", ""), re.MULTILINE)[0]
+    words = shlex.split(line)
+    copy = tmp_path / "tally"
+    shutil.copytree(EXAMPLES / "tally", copy)
+    args = [str(copy) if w == "/tmp/tally" else str(REPO_ROOT / w) if w.startswith("library/") else w
+            for w in words[1:-1]]
+    capsys.readouterr()
+    code = main(["--data-dir", str(settings.data_dir), *args, "--quiet", "--json", words[-1]])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0 and result["verdict"] == "accepted" and result["answer"] == "median added; the tests pass"
+    assert [(r["attempt"], r["passed"], r["deadline_s"]) for r in result["extra"]["gates"]] == [
+        (1, False, 120), (2, True, 120)]
+    steps = events_of(Path(result["trajectory_path"]), "step")
+    assert "AssertionError: 1 != 3" in steps[1]["observation"]  # the failure, read by the gate's job id
+    assert "sorted(values)" in (copy / "tally" / "stats.py").read_text()
+
+
+def test_a_resumed_run_keeps_its_withdrawn_answer_and_its_gates_and_numbers_attempts_on(tmp_path: Path) -> None:
+    """A gated run is SIGKILLed after its first answer was withdrawn, while a sub-call is held; ``rlm resume``
+    rebuilds the conversation with the gate's message, runs the same gates and is accepted at attempt 2."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    (folder / "README.md").write_text("a marker is needed\n")
+    data = tmp_path / "data"
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({
+        "root": [{"code": "final_answer('not yet')"},
+                 {"code": "a = llm_query('held question')\nprint(a.text)"},
+                 {"code": "print(bash.run('touch marker'))\nfinal_answer('marked')"}],
+        "subcall": [{"pattern": "held question", "answer": "go", "hold_after": 0, "hold_until_file": "release"}]}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLM_")}
+    env["RLM_DATA_DIR"] = str(data)
+    proc = subprocess.Popen([RLM, "run", "--quiet", "--profile", "python-bash", "--repo", str(folder), "--script",
+                             str(script), "--gate", "marker=test -e marker", "q"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        ledger = data / "budget.sqlite3"
+        wait_until(lambda: ledger.is_file() and any(
+            e.purpose == "subcall" and e.state == "reserved"
+            for root in BudgetLedger(ledger).roots() for e in BudgetLedger(ledger).entries(root)),
+            "the sub-call after the withdrawn answer is in flight")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    (tmp_path / "release").write_text("")
+    [trajectory] = (data / "runs").glob(f"*/{FILENAME}")
+    recorded = read_trajectory(trajectory)
+    [withdrawn] = [e for e in recorded if e["event"] == "answer_withdrawn"]
+
+    settings = load_settings(data_dir=data)
+    point = plan(settings, trajectory, recorded, Context.from_repository(folder, settings))
+    assert point.answer is None and [(r["attempt"], r["passed"]) for r in point.gate_runs] == [(1, False)]
+    assert {"role": "user", "content": withdrawn["message"]} in point.messages
+
+    resumed = rlm("resume", "last", "--script", str(script), "--json", data_dir=data)
+    assert resumed.returncode == 0, resumed.stderr
+    result = json.loads(resumed.stdout)
+    assert (result["verdict"], result["answer"]) == ("accepted", "marked")
+    assert [(r["attempt"], r["name"], r["passed"]) for r in result["extra"]["gates"]] == [
+        (1, "marker", False), (2, "marker", True)]
+    gates = [e for e in read_trajectory(trajectory) if e["event"] == "gate"]
+    assert [(g["attempt"], g["passed"]) for g in gates] == [(1, False), (2, True)]
 
 
 # ---------- what must be resolved first ----------

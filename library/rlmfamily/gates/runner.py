@@ -11,7 +11,7 @@ of the family changes the files under it. Gates are not limited by
 ``bash_max_deadline_s`` (the model's commands) but by ``gate_max_deadline_s``.
 
 The model's side: a note in the system prompt naming the gates, and ``gates``
-in the namespace (``gates.list()``, ``gates.read(job_id, stream, start, size)``).
+in the namespace (``gates.list()``, ``gates.last()``, ``gates.read(job_id, stream, start, size)``).
 When a gate fails, ``feedback`` is the message the model gets: which gates
 failed, how (exit status, deadline), the head and tail of each stream (at most
 ``gate_excerpt_bytes``), and the job id that reads the rest.
@@ -48,11 +48,14 @@ class _Gates:
     def list(self):
         return _gates_list()
 
+    def last(self):
+        return _gates_last()
+
     def read(self, job_id, stream="stdout", start=0, size=None):
         return _gates_read(job_id, stream, start, size)
 
     def __repr__(self):
-        return "<gates: list(), read(job_id, stream='stdout', start=0, size=None)>"
+        return "<gates: list(), last(), read(job_id, stream='stdout', start=0, size=None)>"
 
 
 gates = _Gates()
@@ -65,7 +68,7 @@ then runs these commands in the workspace {workspace}:
 {listed}
 The answer is accepted only when every gate exits 0. If one fails, your answer is withdrawn and you are told
 which gate failed, with the start and end of its output; `gates.read(job_id, stream, start, size)` reads the rest.
-Fix the cause and call final_answer again. `gates.list()` lists the gates."""
+Fix the cause and call final_answer again. `gates.list()` lists the gates, `gates.last()` their last runs."""
 
 
 def gate_settings(settings: RLMSettings) -> RLMSettings:
@@ -77,13 +80,15 @@ def gate_settings(settings: RLMSettings) -> RLMSettings:
 class GateKeeper:
     """A root run's gates: their namespace names, their runs, and what the model is told."""
 
-    def __init__(self, info: RunInfo, gates: Sequence[GateSpec], *, attempts_before: int = 0) -> None:
+    def __init__(self, info: RunInfo, gates: Sequence[GateSpec], *, earlier: Sequence[dict[str, Any]] = ()) -> None:
         assert gates, "a GateKeeper is built for a run that has gates"
         self.info = info
         self.settings = info.settings
         self.gates = list(gates)
         self.attempts: list[Attempt] = []
-        self.attempts_before = attempts_before  # a resumed run numbers on after its earlier process's attempts
+        # A resumed run: the gate runs of its earlier processes, as recorded; its attempts are numbered after them.
+        self.earlier = [dict(run) for run in earlier]
+        self.attempts_before = max((int(run.get("attempt") or 0) for run in self.earlier), default=0)
         self.broker: CommandBroker = command_broker(info, settings=gate_settings(info.settings))
         self.prelude = GATES_PRELUDE
         listed = "\n".join(f"- {g.name}: `{g.command}` (deadline {self.deadline_s(g):g} s)" for g in self.gates)
@@ -93,11 +98,15 @@ class GateKeeper:
         return gate.deadline_s if gate.deadline_s is not None else self.settings.gate_default_deadline_s
 
     def functions(self) -> dict[str, Callable[..., Any]]:
-        return {"_gates_list": self._list, "_gates_read": self._read}
+        return {"_gates_list": self._list, "_gates_last": self._last, "_gates_read": self._read}
 
     @property
     def last(self) -> Attempt | None:
         return self.attempts[-1] if self.attempts else None
+
+    def record(self) -> list[dict[str, Any]]:
+        """Every gate run of the run, its earlier processes' included, in order (``RunResult.extra["gates"]``)."""
+        return self.earlier + [run.to_dict() for attempt in self.attempts for run in attempt.runs]
 
     # ---------- running ----------
 
@@ -217,6 +226,10 @@ class GateKeeper:
 
     def _list(self) -> list[dict[str, Any]]:
         return [{"name": g.name, "command": g.command, "deadline_s": self.deadline_s(g)} for g in self.gates]
+
+    def _last(self) -> list[dict[str, Any]]:
+        """The gate runs of the last attempt (job ids, how each ended, the excerpt of a failed one)."""
+        return [run.to_dict() for run in self.last.runs] if self.last else []
 
     def _read(self, job_id: str, stream: str = "stdout", start: int = 0, size: int | None = None) -> str:
         job = self.broker.store.job(str(job_id))
