@@ -6,9 +6,11 @@ When the run ends the write end is closed; when the run's process dies, even by
 SIGKILL, the kernel closes it. Either way the keeper reads end of file and exits,
 and the engine removes the container. The engine's client is started in a session
 of its own, so a terminal's Ctrl-C or a signal to the run's process group does not
-reach it. If the client is killed as well the container stays: it carries labels
-(the owner's pid and start time, the host, the run), and ``sweep_orphans`` removes
-those whose owner is gone when the next container starts.
+reach it (a client killed with the run closes the keeper's stdin all the same). A
+client that cannot pass the end of file on (hung, stopped, lost by its engine)
+leaves the container running: it carries labels (the owner's pid and start time,
+the host, the run), and ``sweep_orphans`` removes those whose owner is gone when the
+next container starts.
 
 What the container gets, and nothing else:
 - the workspace (a host folder) read-write at ``WORKSPACE_PATH``, the agent folder

@@ -1,0 +1,105 @@
+"""A run's container lives no longer than its run: gone when the run's process is SIGKILLed, when a child run is
+cancelled, and, when its engine client could not take it away (stopped here, as a hung client would be), removed
+by label at the next start."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from rlmfamily.family import procs
+from rlmfamily.settings import RLMSettings
+
+from .support import containers_owned_by, engine_of, run_containers, run_steps, steps_of, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., RLMSettings], container_image: str) -> RLMSettings:
+    return make_settings(kernel="container", container_image=container_image, max_turns=6)
+
+
+def start_spinning_run(settings: RLMSettings, repo: Path, tmp_path: Path) -> subprocess.Popen[bytes]:
+    """``rlm run`` in a process of its own, its one step spinning in the container after writing a marker."""
+    script = tmp_path / "spin.json"
+    script.write_text(json.dumps({"root": [{"code": "open('spinning', 'w').close()\nwhile True:\n    pass"}]}))
+    env = {**os.environ, "RLM_STEP_TIMEOUT_S": "600", "RLM_CONTAINER_IMAGE": settings.container_image}
+    run = subprocess.Popen([sys.executable, "-m", "rlmfamily", "--data-dir", str(settings.data_dir), "run", "spin",
+                            "--repo", str(repo), "--kernel", "container", "--script", str(script)],
+                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_until(lambda: (repo / "spinning").exists() or run.poll() is not None, "the step started")
+    assert run.poll() is None, "the run ended before its step spun"
+    return run
+
+
+def engine_client_of(pid: int) -> int:
+    """The engine client (`podman|docker run ... keeper.py`) the run's process started."""
+    for entry in os.listdir("/proc"):
+        info = procs.stat(int(entry)) if entry.isdigit() else None
+        if info is not None and info.ppid == pid:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            if b"run" in cmdline and any(part.endswith(b"keeper.py") for part in cmdline):
+                return int(entry)
+    raise AssertionError(f"no engine client under process {pid}")
+
+
+def test_a_sigkilled_run_takes_its_container_with_it(
+        settings: RLMSettings, fixture_repo: Path, tmp_path: Path) -> None:
+    engine = engine_of(settings)
+    run = start_spinning_run(settings, fixture_repo, tmp_path)
+    try:
+        assert len(containers_owned_by(engine, run.pid)) == 1
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+        wait_until(lambda: containers_owned_by(engine, run.pid) == [], "the killed run's container is gone")
+    finally:
+        run.kill()
+        run.wait()
+
+
+def test_a_container_left_by_a_killed_run_is_swept_at_the_next_start(
+        settings: RLMSettings, fixture_repo: Path, tmp_path: Path) -> None:
+    engine = engine_of(settings)
+    run = start_spinning_run(settings, fixture_repo, tmp_path)
+    client = engine_client_of(run.pid)
+    try:
+        # A client that cannot pass the end of the keeper's stdin on (stopped, as a hung one would be) keeps the
+        # container after its run is SIGKILLed: only its labels (owner pid and start time) can tell it is orphaned.
+        os.kill(client, signal.SIGSTOP)
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+        orphans = containers_owned_by(engine, run.pid)
+        assert len(orphans) == 1
+        result = run_steps(settings, fixture_repo, ["final_answer('next run')"])
+        assert result.answer == "next run", result.error
+        assert containers_owned_by(engine, run.pid) == []
+    finally:
+        run.kill()
+        run.wait()
+        try:
+            os.kill(client, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_cancelled_child_takes_its_container_with_it(settings: RLMSettings, fixture_repo: Path) -> None:
+    result = run_steps(settings, fixture_repo, [
+        "import os, time\nchild = rlm.run('spin until cancelled')\nt = time.time()\n"
+        "while not os.path.exists('child-spinning') and time.time() - t < 60:\n    time.sleep(0.05)\n"
+        "print('spinning:', os.path.exists('child-spinning'))\nprint('cancel:', child.cancel()['state'])",
+        "final_answer('cancelled')",
+    ], children=[{"pattern": "spin until", "root": [
+        {"code": "open('child-spinning', 'w').close()\nwhile True:\n    pass"}]}])
+    assert result.answer == "cancelled", result.error
+    assert "spinning: True" in steps_of(result)[0]["observation"]
+    assert "cancel: cancelled" in steps_of(result)[0]["observation"], steps_of(result)[0]["observation"]
+    engine = engine_of(settings)
+    wait_until(lambda: run_containers(engine, f"{result.run_id}.c1") == [], "the cancelled child's container is gone")
