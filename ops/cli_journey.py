@@ -105,7 +105,6 @@ def _rlm_env(data_dir: Path, peers: Path, key: str, kernel: str, allowance: int)
         "RLM_A2A_PAID_ENABLED": "true",
         "RLM_A2A_CREDIT_ALLOWANCE": str(allowance),
         "RLM_A2A_PEERS_FILE": str(peers),
-        "RLM_GATES": json.dumps([{"name": GATE_NAME, "command": GATE_COMMAND}]),
     })
     return env
 
@@ -189,7 +188,8 @@ def _progress_line(event: dict[str, Any]) -> str | None:
 def _run_root(repo: Path, data_dir: Path, env: dict[str, str], args: argparse.Namespace,
               timeout_s: float) -> dict[str, Any]:
     """The root run as the ``rlm`` command runs it; its progress streams to stderr, its result is returned."""
-    command = [*_rlm_command(), "run", "--repo", str(repo), *_model_args(args), "--json", JOURNEY_QUESTION]
+    command = [*_rlm_command(), "run", "--repo", str(repo), *_model_args(args),
+               "--gate", f"{GATE_NAME}={GATE_COMMAND}", "--json", JOURNEY_QUESTION]
     follow = _Follower(data_dir)
     deadline = time.monotonic() + timeout_s
     with tempfile.TemporaryFile("w+") as out:

@@ -48,7 +48,7 @@ def journey(service, tmp_path: Path, *args: str) -> tuple[int, dict, str]:
     """`specialists journey --json` against the running service; (exit code, its JSON, its progress on stderr)."""
     done = subprocess.run(
         [sys.executable, "-m", "ops.cli", "journey", "--url", service.base_url, "--workspace", str(tmp_path / "ws"),
-         "--timeout-s", str(JOURNEY_TIMEOUT_S), "--json", "--kernel", "host", *args],
+         "--timeout-s", str(JOURNEY_TIMEOUT_S), "--json", *args],
         env=service.env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=JOURNEY_TIMEOUT_S + 60,
     )
     try:
@@ -65,7 +65,13 @@ def entry_kinds(summary: dict) -> list[str]:
 def test_the_journey_is_accepted_with_the_hosted_review_settled_once(service, tmp_path):
     code, summary, progress = journey(service, tmp_path)
     assert code == 0, json.dumps(summary, indent=1)[:6000] + progress
-    assert summary["kernel"] in ("container", "host") and summary["verdict"] == "accepted", summary["verdict_reason"]
+    assert summary["kernel"] == "container" and summary["verdict"] == "accepted", summary["verdict_reason"]
+
+    # The root and its child each ran in a container of their own (the trajectory's first event says where).
+    started = [json.loads(path.read_text().splitlines()[0])
+               for path in sorted(Path(summary["data_dir"]).glob("runs/*/trajectory.jsonl"))]
+    assert [(event["run_id"], event["kernel"]) for event in started] == [
+        (summary["run_id"], "container"), (summary["run_id"] + ".c1", "container")], started
 
     # The child checked the parser and reported through the inbox; the root read it before delegating.
     [child] = summary["children"]
@@ -190,3 +196,8 @@ def test_a_failing_gate_leaves_the_run_not_accepted(service, tmp_path):
     # The review itself was done and paid for once: a failed gate is no reason to charge twice.
     [reservation] = summary["hosted"]["reservations"]
     assert reservation["state"] == "settled", reservation
+
+
+def test_the_readme_shows_the_journey_right_after_the_service_demo():
+    blocks = (PROJECT_ROOT / "README.md").read_text().split("```")
+    assert blocks[3].strip() == "./dev specialists demo" and blocks[5].strip() == "./dev specialists journey"
