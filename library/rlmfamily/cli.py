@@ -135,6 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     from rlmfamily.eval import cli as eval_cli
 
     eval_cli.add_parsers(sub)  # eval run, eval report, eval tasks
+    from rlmfamily.container import cli as container_cli
+
+    container_cli.add_parsers(sub)  # container image, container sweep
     return parser
 
 
@@ -172,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.command in eval_cli.COMMANDS:
             return eval_cli.main(args, out, err)
+        from rlmfamily.container import cli as container_cli
+
+        if args.command in container_cli.COMMANDS:
+            return container_cli.main(args, _settings(args), out, err)
         return _usage(args, out)
     except RLMError as exc:
         err.print(f"rlm: [{exc.code}] {exc.message}", markup=False, highlight=False)

@@ -81,6 +81,8 @@ def build_image(engine: Engine, *, name: str = DEFAULT_CONTAINER_IMAGE) -> Built
                 _engine(engine, "import", str(archive), build_tag)
         if name != build_tag:
             _engine(engine, "tag", build_tag, name)
+        if not reused:
+            _remove_stale_builds(engine, keep=build_tag)
     return BuiltImage(name=name, build_tag=build_tag, reused=reused, packages=len(packages), archive_bytes=size,
                       duration_s=time.monotonic() - started)
 
@@ -167,6 +169,15 @@ def write_rootfs(archive: Path, packages: list[str]) -> None:
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
+
+
+def _remove_stale_builds(engine: Engine, *, keep: str) -> None:
+    """Untag earlier builds (their packages changed since); one still used by a container stays."""
+    listed = engine.call("images", "--format", "{{.Repository}}:{{.Tag}}", IMAGE_REPOSITORY)
+    stale = [tag for tag in listed.stdout.split()
+             if tag != keep and re.fullmatch(re.escape(IMAGE_REPOSITORY) + r":[0-9a-f]{16}", tag)]
+    for tag in stale:
+        engine.call("rmi", tag)
 
 
 def _dpkg(argv: list[str]) -> str:
