@@ -10,7 +10,8 @@ the hosted reviewer, fixes the example project and is judged by the gate
 The failure paths: the hosted peer goes down under the send (the delegation is unknown, sent
 once and never again, and the root that requires it is not accepted); the customer's credits
 run out (the service refuses the task before anything runs and charges nothing); the gate
-fails (the run is not accepted).
+fails (the run is not accepted). And the same journey driven by a model named by flag (an
+OpenAI-compatible endpoint on 127.0.0.1), and a journey that finds no service and grants nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import subprocess
 import sys
 import threading
+import tomllib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,7 +31,10 @@ import pytest
 
 from core.settings import PROJECT_ROOT
 from ops.cli_journey import JOURNEY_SCRIPT, KEY_ENV
+from tests.app.conftest import edge_env, free_port
+from tests.rlm.conftest import FakeOpenAI
 from tests.serve import running_service
+from tests.workers.system import drop_database, fresh_database
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -44,12 +49,13 @@ def service(server_url, engine, tmp_path_factory):
         yield running
 
 
-def journey(service, tmp_path: Path, *args: str) -> tuple[int, dict, str]:
+def journey(service, tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> tuple[int, dict, str]:
     """`specialists journey --json` against the running service; (exit code, its JSON, its progress on stderr)."""
     done = subprocess.run(
         [sys.executable, "-m", "ops.cli", "journey", "--url", service.base_url, "--workspace", str(tmp_path / "ws"),
          "--timeout-s", str(JOURNEY_TIMEOUT_S), "--json", *args],
-        env=service.env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=JOURNEY_TIMEOUT_S + 60,
+        env=service.env | (env or {}), cwd=PROJECT_ROOT, capture_output=True, text=True,
+        timeout=JOURNEY_TIMEOUT_S + 60,
     )
     try:
         return done.returncode, json.loads(done.stdout), done.stderr
@@ -196,6 +202,51 @@ def test_a_failing_gate_leaves_the_run_not_accepted(service, tmp_path):
     # The review itself was done and paid for once: a failed gate is no reason to charge twice.
     [reservation] = summary["hosted"]["reservations"]
     assert reservation["state"] == "settled", reservation
+
+
+def test_a_real_model_by_flag_drives_the_same_journey(service, tmp_path):
+    """`--model` with an OpenAI-compatible endpoint (a fake one on 127.0.0.1 answering the journey's own turns in
+    the order the root and its child ask): the key goes by the name of its variable, the child uses the endpoint
+    too, and the run is accepted as with the script."""
+    script = tomllib.loads(JOURNEY_SCRIPT.read_text())
+    root, [child] = script["root"], script["child"]
+    model = FakeOpenAI()
+    try:
+        for turn in [*root[:2], *child["root"], *root[2:]]:  # the root waits on its child inside its second turn
+            bash = turn.get("bash")
+            model.push(text=turn.get("text", ""), **({"code": turn["code"]} if "code" in turn else {
+                "bash": {"command": bash} if isinstance(bash, str) else bash}))
+        code, summary, progress = journey(
+            service, tmp_path, "--model", "journey-model", "--base-url", model.base_url,
+            "--api-key-env", "JOURNEY_MODEL_KEY", env={"JOURNEY_MODEL_KEY": "sk-journey-model-key"})
+    finally:
+        model.close()
+    assert code == 0, json.dumps(summary, indent=1)[:6000] + progress
+    assert summary["model"] == "journey-model" and summary["verdict"] == "accepted", summary["verdict_reason"]
+    assert len(model.requests) == len(root) + len(child["root"])
+    assert {r["model"] for r in model.requests} == {"journey-model"}
+    assert {h["authorization"] for h in model.headers} == {"Bearer sk-journey-model-key"}
+    [gate] = summary["gates"]
+    assert gate["passed"] and "Ran 3 tests" in gate["output"], gate
+    assert summary["children"][0]["state"] == "completed" and summary["hosted"]["reservations"][0]["state"] == "settled"
+
+
+def test_the_journey_checks_the_service_first_and_grants_nothing_when_none_answers(server_url, engine, tmp_path):
+    engine.dispose()
+    url = fresh_database(server_url)  # of its own: nobody else adds customers to it
+    try:
+        env = edge_env(url, PROJECT_ROOT / "specs")
+        done = subprocess.run([sys.executable, "-m", "ops.cli", "journey", "--url", f"http://127.0.0.1:{free_port()}",
+                               "--workspace", str(tmp_path / "ws"), "--json"], env=env, cwd=PROJECT_ROOT,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1 and json.loads(done.stdout)["error"]["code"] == "journey_failed", done.stdout
+        assert "Nothing was granted" in done.stdout
+        listed = subprocess.run([sys.executable, "-m", "ops.cli", "customers", "list", "--json"], env=env,
+                                cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
+        assert json.loads(listed.stdout)["customers"] == []  # no customer, no key, no credit
+        assert not (tmp_path / "ws").exists()  # and no workspace
+    finally:
+        drop_database(server_url, url)
 
 
 def test_the_readme_shows_the_journey_right_after_the_service_demo():
