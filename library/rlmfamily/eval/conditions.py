@@ -39,7 +39,7 @@ class Condition(BaseModel):
     max_completion_tokens: int | None = Field(None, ge=1)
     protocol: Literal["tools", "text", "auto"] = "tools"
     profile: Literal["python", "python-bash"] = "python"
-    kernel: Literal["host", "monty"] = "host"
+    kernel: Literal["host", "monty", "container"] = "host"  # container: graded in the same image too
     prices_usd_per_mtok: dict[str, dict[str, float]] = Field(default_factory=dict)
     url: str | None = Field(None, pattern=r"^https?://[^/?#@]+(/[^?#@]*)?$")  # hosted: the service
     specialist: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]{0,63}$")  # hosted: the specialist's id

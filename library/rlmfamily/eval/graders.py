@@ -3,7 +3,9 @@
 - ``tests``: the task's test command in a fresh copy of the output workspace, with the task's
   protected files (its tests) restored from the pinned input, so editing a test does not pass it;
   accepted when the command exits 0; the partial score is the fraction of tests that passed, when
-  the output says (unittest's or pytest's summary), else null.
+  the output says (unittest's or pytest's summary), else null. An attempt of the container kernel
+  is graded in a container of the same image (``python`` is the image's ``python3``), the copy
+  mounted as its workspace: what passed there is what the attempt could run.
 - ``findings``: the answer's findings against the planted set; a finding counts only when it cites
   a planted path and a line inside that defect's range. Precision, recall; a clean bundle is
   accepted when no finding has a failing severity.
@@ -26,7 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rlmfamily.container.engine import ContainerUnavailable
 from rlmfamily.eval.pack import AnswerEvaluator, FindingsEvaluator, Task, TestsEvaluator
+from rlmfamily.settings import RLMSettings
 
 MAX_GRADER_OUTPUT_CHARS = 4_000  # of a test command's output kept in the grade
 MAX_FINDINGS = 200  # findings read from one answer; more are counted and ignored
@@ -43,11 +47,13 @@ class Grade:
         return asdict(self)
 
 
-def grade(task: Task, *, answer: str | None, workspace: Path | None) -> Grade:
+def grade(task: Task, *, answer: str | None, workspace: Path | None, container: RLMSettings | None = None) -> Grade:
+    """``container``: the settings of a container-kernel attempt, whose tests run in its image."""
     evaluator = task.spec.evaluator
     if isinstance(evaluator, TestsEvaluator):
         assert workspace is not None, "a tests grader needs the attempt's workspace"
-        return grade_tests(evaluator, pristine=task.path(task.spec.input.workspace or "."), output=workspace)
+        return grade_tests(evaluator, pristine=task.path(task.spec.input.workspace or "."), output=workspace,
+                           container=container)
     if isinstance(evaluator, FindingsEvaluator):
         return grade_findings(evaluator, answer)
     return grade_answer(evaluator, answer)
@@ -55,25 +61,47 @@ def grade(task: Task, *, answer: str | None, workspace: Path | None) -> Grade:
 
 # ---------- tests ----------
 
-def grade_tests(evaluator: TestsEvaluator, *, pristine: Path, output: Path) -> Grade:
+def grade_tests(evaluator: TestsEvaluator, *, pristine: Path, output: Path,
+                container: RLMSettings | None = None) -> Grade:
+    where: dict[str, Any] = {} if container is None else {"graded_in": container.container_image}
     with tempfile.TemporaryDirectory(prefix="rlm-eval-grade-") as tmp:
         fresh = Path(tmp) / "workspace"
         shutil.copytree(output, fresh, ignore=shutil.ignore_patterns("__pycache__", ".rlm"))
         restored = _restore_protected(evaluator.protected, pristine, fresh)
-        command = [sys.executable if part == "python" else part for part in evaluator.command]
-        env = {k: os.environ[k] for k in GRADER_ENV if k in os.environ} | {"PYTHONDONTWRITEBYTECODE": "1"}
         try:
-            done = subprocess.run(command, cwd=fresh, env=env, capture_output=True, text=True,
-                                  timeout=evaluator.timeout_s, stdin=subprocess.DEVNULL)
+            done = (_run_tests(evaluator, fresh) if container is None
+                    else _run_tests_in_container(evaluator, fresh, container))
         except subprocess.TimeoutExpired:
             return Grade(False, 0.0, {"reason": f"the tests ran past {evaluator.timeout_s:g} s (evaluator.timeout_s)",
-                                      "restored": restored})
+                                      "restored": restored, **where})
+        except ContainerUnavailable as exc:
+            return Grade(False, None, {"reason": f"the tests could not run in the container: {exc.message}",
+                                       "restored": restored, **where})
     text = (done.stdout + "\n" + done.stderr).strip()
     passed, total = _test_counts(text)
     score = None if total is None else (passed / total if total else 0.0)
     return Grade(done.returncode == 0 and total != 0, score, {
         "exit_status": done.returncode, "tests_passed": passed, "tests_total": total, "restored": restored,
-        "output_tail": text[-MAX_GRADER_OUTPUT_CHARS:]})
+        "output_tail": text[-MAX_GRADER_OUTPUT_CHARS:], **where})
+
+
+def _run_tests(evaluator: TestsEvaluator, fresh: Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable if part == "python" else part for part in evaluator.command]
+    env = {k: os.environ[k] for k in GRADER_ENV if k in os.environ} | {"PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run(command, cwd=fresh, env=env, capture_output=True, text=True,
+                          timeout=evaluator.timeout_s, stdin=subprocess.DEVNULL)
+
+
+def _run_tests_in_container(evaluator: TestsEvaluator, fresh: Path,
+                            settings: RLMSettings) -> subprocess.CompletedProcess[str]:
+    """The test command in a container of the attempt's image and limits, ``fresh`` its workspace; removed after."""
+    from rlmfamily.container.sandbox import RunContainer
+
+    command = ["python3" if part == "python" else part for part in evaluator.command]
+    with RunContainer.open(settings, run_id="eval-grade", workspace=fresh) as box:
+        argv = box.exec_argv(command, env={"PYTHONDONTWRITEBYTECODE": "1"}, interactive=False)
+        return subprocess.run(argv, env=dict(box.engine.env), capture_output=True, text=True,
+                              timeout=evaluator.timeout_s, stdin=subprocess.DEVNULL)
 
 
 def _restore_protected(globs: list[str], pristine: Path, fresh: Path) -> list[str]:

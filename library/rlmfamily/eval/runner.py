@@ -172,7 +172,9 @@ class Experiment:
             answer, ran = None, False
         record["run_s"] = round(time.monotonic() - started, 4)
         graded_at = time.monotonic()
-        outcome = (grade(task, answer=answer, workspace=workspace) if ran
+        in_container = (_settings_for(condition, task, folder / "data", workspace, None)
+                        if condition.kernel == "container" else None)  # graded in the attempt's image
+        outcome = (grade(task, answer=answer, workspace=workspace, container=in_container) if ran
                    else Grade(False, 0.0, {"reason": "the run did not start"}))
         record["grade_s"] = round(time.monotonic() - graded_at, 4)
         record["wall_s"] = round(record["run_s"] + record["grade_s"], 4)
@@ -295,8 +297,8 @@ def _settings_for(condition: Condition, task: Task | None, data: Path, workspace
     if limits is not None:
         overrides |= {"max_turns": limits.max_turns, "max_calls": limits.max_calls, "max_tokens": limits.max_tokens,
                       "max_run_s": limits.max_run_s, "final_reserve_tokens": min(50_000, limits.max_tokens // 4)}
-    if condition.profile == "python-bash":
-        overrides["bash_workspace"] = workspace
+    if condition.profile == "python-bash" or condition.kernel == "container":
+        overrides["bash_workspace"] = workspace  # the container mounts it
     return load_settings(**overrides)
 
 
@@ -318,9 +320,9 @@ def _kernel_factory(workspace: Path) -> Callable[..., Any]:
     """The default kernels, with the host kernel's working directory in the attempt's workspace."""
     from rlmfamily.composition import default_kernel_factory
 
-    def factory(name: str, settings: RLMSettings, run_dir: Path, run_id: str) -> Any:
+    def factory(name: str, settings: RLMSettings, run_dir: Path, run_id: str, **kwargs: Any) -> Any:
         if name != "host":
-            return default_kernel_factory(name, settings, run_dir, run_id)
+            return default_kernel_factory(name, settings, run_dir, run_id, **kwargs)
         from rlmfamily.a2a.run import secret_env_names
         from rlmfamily.kernels.host import HostKernel
 

@@ -95,7 +95,8 @@ def test_tasks_lists_the_pack_and_says_which_conditions_are_paid(capsys) -> None
     listing = json.loads(capsys.readouterr().out)
     assert len(listing["tasks"]) == 28 and {t["evaluator"] for t in listing["tasks"]} == {"tests", "findings", "answer"}
     assert {n: c["paid"] for n, c in listing["conditions"].items()} == {
-        "oracle-python": False, "oracle-bash": False, "noop": False, "gpt-python": True, "gpt-bash": True}
+        "oracle-python": False, "oracle-bash": False, "oracle-container": False, "noop": False, "gpt-python": True,
+        "gpt-bash": True}
 
 
 def test_a_tag_no_task_has_is_refused_naming_the_tags_there_are(tmp_path: Path, capsys) -> None:
