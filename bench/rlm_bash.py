@@ -1,6 +1,6 @@
 """Benchmark of the python-bash profile (issue 21): the command broker's cost, and what the model is shown.
 
-Run: .venv/bin/python bench/rlm_bash.py [--commands 200] [--rounds 3]
+Run: .venv/bin/python bench/rlm_bash.py [--commands 200] [--rounds 3] [--container-commands 30]
 
 Prints, each next to its baseline in the same run:
 - the broker's overhead per command: ``CommandBroker.run`` (admission and the
@@ -8,6 +8,10 @@ Prints, each next to its baseline in the same run:
   pipes into files, previews) against a bare ``subprocess.run`` of the same
   ``bash --noprofile --norc -c`` command, for ``true`` and for a command that prints
   64 KiB, interleaved round by round;
+- the same in a run's container (the container kernel's launcher, with
+  ``--container-commands`` N > 0): ``CommandBroker.run`` through the job runner
+  against a bare ``<engine> exec`` of the same Bash command in the same
+  container, for the same two commands;
 - characters shown to the model under ``transcript`` and ``receipts`` on the
   bundled ``tally`` example (scripted model, a fresh copy of the repository
   each time), against the characters those steps produced.
@@ -68,6 +72,42 @@ def bench_overhead(commands: int, rounds: int, data: Path) -> None:
               f"{', '.join(f'{v:.2f}' for v in bare_ms)} / broker {', '.join(f'{v:.2f}' for v in broker_ms)}")
 
 
+def bench_container(commands: int, rounds: int, data: Path) -> None:
+    from rlmfamily.bash import in_container
+    from rlmfamily.container.engine import find_engine
+    from rlmfamily.container.image import build_image
+    from rlmfamily.container.sandbox import RunContainer
+
+    built = build_image(find_engine(load_settings(data_dir=data / "image"), check_image=False))
+    settings = load_settings(data_dir=data / "container", profile="python-bash", kernel="container",
+                             container_image=built.name, bash_max_jobs=1_000_000)
+    workspace = data / "container-work"
+    workspace.mkdir(parents=True, exist_ok=True)
+    with RunContainer.open(settings, run_id="bench", workspace=workspace) as container:
+        launcher = in_container.prepare(settings, set(), container, workspace=workspace)
+        broker = CommandBroker(settings, launcher, JobStore(settings.jobs_path, output_dir=settings.runs_dir),
+                               workspace=workspace, root_id="bench-c", agent_id="bench-c", run_id="bench-c")
+        print(f"in the run's container ({container.engine.kind}, image {built.name}): {commands} commands a round, "
+              f"{rounds} rounds, bash {launcher.version}")
+        for name, command in COMMANDS.items():
+            bare_argv = container.exec_argv(["bash", "--noprofile", "--norc", "-c", command], interactive=False)
+            bare_ms, broker_ms = [], []
+            for _ in range(rounds):
+                started = time.perf_counter()
+                for _ in range(commands):
+                    subprocess.run(bare_argv, env=dict(container.engine.env), stdin=subprocess.DEVNULL,
+                                   capture_output=True, check=True)
+                bare_ms.append((time.perf_counter() - started) * 1000 / commands)
+                started = time.perf_counter()
+                for _ in range(commands):
+                    broker.run(command)
+                broker_ms.append((time.perf_counter() - started) * 1000 / commands)
+            bare, brokered = statistics.median(bare_ms), statistics.median(broker_ms)
+            print(f"  {name:<13} bare engine exec {bare:7.2f} ms   broker {brokered:7.2f} ms   "
+                  f"overhead {brokered - bare:+7.2f} ms (x{brokered / bare:.2f})   rounds bare "
+                  f"{', '.join(f'{v:.1f}' for v in bare_ms)} / broker {', '.join(f'{v:.1f}' for v in broker_ms)}")
+
+
 # A chattier variant of the same task: the tests run verbosely and the model lists the repository and reads
 # a whole file, as a model exploring a repository does.
 CHATTY = {"root": [
@@ -100,11 +140,16 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--commands", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--container-commands", type=int, default=0, help="also measure jobs in a run's container")
+    parser.add_argument("--skip-observations", action="store_true")
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f} on {os.cpu_count()} CPUs")
     with tempfile.TemporaryDirectory(prefix="rlm-bash-bench-") as folder:
         bench_overhead(args.commands, args.rounds, Path(folder))
-        bench_observations(Path(folder))
+        if args.container_commands:
+            bench_container(args.container_commands, args.rounds, Path(folder))
+        if not args.skip_observations:
+            bench_observations(Path(folder))
     print(f"load average after {os.getloadavg()[0]:.1f}")
 
 
