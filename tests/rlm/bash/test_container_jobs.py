@@ -1,5 +1,6 @@
 """Command jobs in a run's container, with a real engine: the host's receipts, deadlines, process-group ends,
-cancels and lease, inside. What is left running is read with `ps` inside the container, not guessed."""
+cancels and lease, inside. What is left running is read with `ps` inside the container, not guessed. The image is
+the one the ``container_image`` fixture builds once per machine (tests/rlm/conftest.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ from rlmfamily.bash.errors import BashUnavailable
 from rlmfamily.bash.extension import receipt_text
 from rlmfamily.bash.store import JobStore
 from rlmfamily.container.engine import find_engine
-from rlmfamily.container.image import build_image
 from rlmfamily.container.sandbox import RunContainer, labelled_containers
 from rlmfamily.context import Context
 from rlmfamily.errors import SettingsInvalid
@@ -37,13 +37,6 @@ from .test_family import ROOT as FAMILY_ROOT
 
 pytestmark = pytest.mark.timeout(120)
 
-@pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The local image (python3 and bash from this machine's packages), built once and reused while unchanged."""
-    settings = load_settings(data_dir=tmp_path_factory.mktemp("image-data"))
-    return build_image(find_engine(settings, check_image=False)).name
-
-
 @pytest.fixture
 def workspace(tmp_path: Path) -> Path:
     folder = tmp_path / "work"
@@ -52,8 +45,8 @@ def workspace(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def settings(make_settings, image: str) -> RLMSettings:
-    return make_settings(profile="python-bash", kernel="container", container_image=image, bash_kill_grace_s=0.5)
+def settings(make_settings, container_image: str) -> RLMSettings:
+    return make_settings(profile="python-bash", kernel="container", container_image=container_image, bash_kill_grace_s=0.5)
 
 
 @pytest.fixture
@@ -161,13 +154,13 @@ def test_two_mutating_jobs_of_one_family_never_overlap_in_the_container(settings
     assert jobs.store.leases() == {}
 
 
-def test_no_host_credential_variable_reaches_a_command_in_the_container(make_settings, image: str, workspace: Path,
+def test_no_host_credential_variable_reaches_a_command_in_the_container(make_settings, container_image: str, workspace: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in {"OPENAI_API_KEY": "sk-model", "DOCK_PASS": "peer-secret", "GITHUB_TOKEN": "ghp",
                         "AWS_SECRET_ACCESS_KEY": "aws", "LANG": "C.UTF-8", "TZ": "Europe/Oslo",
                         "PATH": "/host/only/bin:" + os.environ["PATH"], "HOME": "/host/home"}.items():
         monkeypatch.setenv(name, value)
-    settings = make_settings(profile="python-bash", kernel="container", container_image=image,
+    settings = make_settings(profile="python-bash", kernel="container", container_image=container_image,
                              bash_env_allow=["PATH", "HOME", "LANG", "TZ", "DOCK_PASS"])
     with RunContainer.open(settings, run_id="env-test", workspace=workspace, hidden_env={"DOCK_PASS"}) as container:
         job, _ = broker_in(settings, workspace, container, hidden={"DOCK_PASS"}).run("env", read_only=True)
@@ -178,13 +171,13 @@ def test_no_host_credential_variable_reaches_a_command_in_the_container(make_set
     assert not {"sk-model", "peer-secret", "ghp", "aws"} & set(seen.values())
 
 
-def test_an_image_without_bash_is_refused_naming_the_image_setting(make_settings, image: str, workspace: Path,
+def test_an_image_without_bash_is_refused_naming_the_image_setting(make_settings, container_image: str, workspace: Path,
                                                                    tmp_path: Path) -> None:
-    settings = make_settings(profile="python-bash", kernel="container", container_image=image)
+    settings = make_settings(profile="python-bash", kernel="container", container_image=container_image)
     engine = find_engine(settings)
     # The test image less its Bash (an exec-form RUN needs no shell); python3 and the engine still work.
     (tmp_path / "Containerfile").write_text(
-        f"FROM {image}\nRUN [\"python3\", \"-c\", \"import os; os.remove('/usr/bin/bash')\"]\n")
+        f"FROM {container_image}\nRUN [\"python3\", \"-c\", \"import os; os.remove('/usr/bin/bash')\"]\n")
     no_bash = f"localhost/rlm-test-no-bash:{os.getpid()}"
     built = engine.call("build", "-q", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096",
                         "-t", no_bash, str(tmp_path), timeout_s=120)
@@ -250,8 +243,8 @@ def test_a_root_killed_mid_command_leaves_its_job_unknown_and_nothing_running_in
 
 
 def test_mutating_commands_of_two_children_in_their_own_containers_serialise_on_the_familys_lease(
-        make_settings, image: str, workspace: Path) -> None:
-    settings = make_settings(profile="python-bash", kernel="container", container_image=image, bash_lease_wait_s=60,
+        make_settings, container_image: str, workspace: Path) -> None:
+    settings = make_settings(profile="python-bash", kernel="container", container_image=container_image, bash_lease_wait_s=60,
                              step_timeout_s=120, host_call_timeout_s=400)
     script = {"root": [{"code": FAMILY_ROOT}], "child": [{"pattern": "work (alpha|beta)", "root": [{"code": CHILD}]}],
               "default_answer": "NONE"}
@@ -288,10 +281,10 @@ def test_mutating_commands_of_two_children_in_their_own_containers_serialise_on_
         for run_id in children)
 
 
-def test_a_completion_gate_of_a_container_run_runs_in_its_container(make_settings, image: str,
+def test_a_completion_gate_of_a_container_run_runs_in_its_container(make_settings, container_image: str,
                                                                     workspace: Path) -> None:
     gate = {"name": "made", "command": "pwd > gate-saw; test -f src/note.txt"}
-    settings = make_settings(profile="python-bash", kernel="container", container_image=image, gates=[gate])
+    settings = make_settings(profile="python-bash", kernel="container", container_image=container_image, gates=[gate])
     script = {"root": [{"code": "final_answer('made')"},
                        {"code": "bash.run('echo made > src/note.txt')\nfinal_answer('made now')"}]}
     result = Session(context=Context.from_repository(workspace, settings), provider=ScriptedProvider(script),
