@@ -77,6 +77,9 @@ def test_the_wheel_holds_the_library_alone_and_declares_only_its_own_dependencie
     assert "rlmfamily/examples/harbor_demo.toml" in names and "rlmfamily/examples/harbor/harbor/uploader.py" in names
     assert "rlmfamily/eval/packs/pilot/pack.toml" in names
     assert "rlmfamily/eval/packs/pilot/tasks/fix-pagination/workspace/test_pages.py" in names
+    # The container kernel's in-container code is mounted from the installed package.
+    assert {"rlmfamily/container/agent/keeper.py", "rlmfamily/container/agent/kernel.py",
+            "rlmfamily/kernels/_host_child.py"} <= set(names)
     required = [r for r in metadata.get_all("Requires-Dist") if "extra ==" not in r]
     assert {r.split(">")[0].split("<")[0].split("=")[0].strip() for r in required} == ALLOWED
     assert "rlm = rlmfamily.cli:main" in entry_points
