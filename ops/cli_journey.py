@@ -41,9 +41,9 @@ from typing import Any
 
 from core.settings import PROJECT_ROOT
 from core.specs import load_specs
-from rlmfamily.errors import RLMError
 from ops.cli_specialists import _progress, _service_problem, _whole
-from ops.output import EXIT_CONFIG, EXIT_OK, EXIT_REFUSED, emit, emit_json, fail, say
+from ops.output import EXIT_CONFIG, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit, emit_json, fail, say
+from rlmfamily.errors import RLMError
 
 EXAMPLES = PROJECT_ROOT / "library" / "rlmfamily" / "examples"
 JOURNEY_PROJECT = EXAMPLES / "release_health"
@@ -264,20 +264,29 @@ def cmd_journey(ctx: Any, args: argparse.Namespace) -> int:
 
     settings = ctx.settings
     base_url = (args.url or settings.edge.url).rstrip("/")
+    for name, value in (("--credits", args.credits), ("--allowance", args.allowance), ("--timeout-s", args.timeout_s)):
+        if value <= 0:
+            return fail("usage_error", f"{name} must be positive", as_json=ctx.as_json, exit_code=EXIT_USAGE)
     if not settings.keys.signing_secrets:
         return fail("secret_missing", "SPECIALISTS_KEY_SIGNING_SECRETS is not set; on one machine run "
                     "`specialists serve` first (it generates it)", as_json=ctx.as_json, exit_code=EXIT_CONFIG)
     problem = _service_problem(base_url)
     if problem is not None:
         return fail("journey_failed", f"{problem}. Nothing was granted.", as_json=ctx.as_json)
+    workspace = Path(args.workspace) if args.workspace else Path(tempfile.mkdtemp(prefix="specialists-journey-"))
+    if workspace.exists() and any(workspace.iterdir()):
+        return fail("journey_workspace_not_empty", f"{workspace} is not empty; the journey copies the example "
+                    "project into a new folder (--workspace)", as_json=ctx.as_json, exit_code=EXIT_CONFIG)
+    if args.kernel == "container":  # before anything is granted: an engine that does not answer stops here
+        try:
+            _progress(f"container image: {_prepare_image()}")
+        except RLMError as exc:  # the message names the setting to change
+            return fail("journey_kernel_unavailable", f"[{exc.code}] {exc}. Nothing was granted.",
+                        as_json=ctx.as_json, exit_code=EXIT_CONFIG)
     engine = ctx.engine_at_head()
     spec = load_specs(settings.hosted.specs_dir)[JOURNEY_SPECIALIST].spec
     tariff = spec.tariff_credits
-    workspace = Path(args.workspace) if args.workspace else Path(tempfile.mkdtemp(prefix="specialists-journey-"))
     workspace.mkdir(parents=True, exist_ok=True)
-    if any(workspace.iterdir()):
-        return fail("journey_workspace_not_empty", f"{workspace} is not empty; the journey copies the example "
-                    "project into a new folder (--workspace)", as_json=ctx.as_json, exit_code=EXIT_CONFIG)
     repo = _project_files(workspace)
     data_dir = workspace / "rlm"
     peers = _peers_file(workspace / "peers.toml", args.peer_url or f"{base_url}/specialists/{JOURNEY_SPECIALIST}",
@@ -299,8 +308,6 @@ def cmd_journey(ctx: Any, args: argparse.Namespace) -> int:
     summary: dict[str, Any] = {"customer": customer, "workspace": str(repo), "data_dir": str(data_dir),
                                "kernel": args.kernel, "model": args.model or "scripted"}
     try:
-        if args.kernel == "container":
-            _progress(f"container image: {_prepare_image()}")
         _progress("running the root (" + ("scripted model" if args.model is None else f"model {args.model}") + ") ...")
         result = _run_root(repo, data_dir, env, args, args.timeout_s)
     except subprocess.TimeoutExpired:
@@ -308,8 +315,6 @@ def cmd_journey(ctx: Any, args: argparse.Namespace) -> int:
                                       "(--timeout-s)"))
     except RuntimeError as exc:
         return _finish(ctx, summary, ("journey_failed", str(exc)))
-    except RLMError as exc:  # the container engine or image: the message names the setting
-        return _finish(ctx, summary, ("journey_kernel_unavailable", f"[{exc.code}] {exc}"))
 
     review = _review(result)
     findings: list[dict[str, Any]] = []

@@ -249,6 +249,19 @@ def test_the_journey_checks_the_service_first_and_grants_nothing_when_none_answe
         drop_database(server_url, url)
 
 
+def test_without_a_container_engine_the_journey_says_which_setting_and_grants_nothing(service, tmp_path):
+    def customers() -> set[str]:
+        listed = subprocess.run([sys.executable, "-m", "ops.cli", "customers", "list", "--json"], env=service.env,
+                                cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
+        return {c["customer_id"] for c in json.loads(listed.stdout)["customers"]}
+
+    before = customers()
+    code, summary, _ = journey(service, tmp_path, env={"PATH": str(tmp_path / "no-engine-here")})
+    assert code == 3 and summary["error"]["code"] == "journey_kernel_unavailable", summary
+    assert "RLM_CONTAINER_ENGINE" in summary["error"]["message"] and "Nothing was granted" in summary["error"]["message"]
+    assert customers() == before  # no customer, no key, no credit
+
+
 def test_the_readme_shows_the_journey_right_after_the_service_demo():
     blocks = (PROJECT_ROOT / "README.md").read_text().split("```")
     assert blocks[3].strip() == "./dev specialists demo" and blocks[5].strip() == "./dev specialists journey"
