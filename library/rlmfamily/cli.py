@@ -323,7 +323,9 @@ class _Progress:
         if kind in ("run_started", "run_resumed") and self.children is not None:
             self.children.watch(event["run_id"])
         self.state = {"turn_started": "model thinking", "step_started": "running code", "subcall": "sub-calls",
-                      "step_finished": "model thinking", "run_finished": "done"}.get(kind, self.state)
+                      "step_finished": "model thinking", "run_finished": "done",
+                      "gate_started": f"gate {event.get('gate')} (attempt {event.get('attempt')})",
+                      "answer_withdrawn": "a gate failed: the answer was withdrawn"}.get(kind, self.state)
         if event.get("final"):
             self.state = "asking for the final answer"
 

@@ -414,3 +414,32 @@ def test_a_jobs_file_from_before_gates_takes_gate_jobs_and_keeps_its_jobs_and_le
                                 deadline_s=5, max_jobs=10)
     assert (job.id, job.surface, replayed) == ("j2", "gate", False)
     assert store.leases() == {"j1": "/w"} and store.job("j1").command == "make"
+
+
+# ---------- the rule ----------
+
+
+def test_the_verdict_rule_follows_its_table() -> None:
+    from rlmfamily.gates.verdict import Attempt, GateRun, verdict_of
+
+    def gate(passed: bool) -> GateRun:
+        return GateRun(attempt=1, turn=1, name="tests", command="true", deadline_s=5, passed=passed,
+                       state="exited", exit_code=0 if passed else 1, stopped_by=None, duration_s=0.1, job_id="j1")
+
+    passed, failed = Attempt(1, 1, (gate(True),)), Attempt(1, 1, (gate(True), gate(False)))
+    broken = Attempt(1, 1, (), error="gate 'tests': [workspace_lease_held] ...")
+    cases = [
+        (dict(not_gated="no gates", blocked_by=[], last=passed, answered=True), "not_verified"),
+        (dict(not_gated=None, blocked_by=["child c1 is still running"], last=passed, answered=True), "not_verified"),
+        (dict(not_gated=None, blocked_by=[], last=None, answered=False), "not_verified"),
+        (dict(not_gated=None, blocked_by=[], last=broken, answered=True), "not_verified"),
+        (dict(not_gated=None, blocked_by=[], last=failed, answered=True), "gates_failed"),
+        (dict(not_gated=None, blocked_by=[], last=failed, answered=False), "gates_failed"),
+        (dict(not_gated=None, blocked_by=[], last=passed, answered=True), "accepted"),
+        (dict(not_gated=None, blocked_by=[], last=passed, answered=False), "not_verified"),
+    ]
+    for inputs, expected in cases:
+        verdict, reason = verdict_of(**inputs)
+        assert verdict == expected and reason, inputs
+    assert verdict_of(not_gated=None, blocked_by=[f"b{i}" for i in range(7)], last=passed, answered=True)[1] == (
+        "acceptance is blocked: b0; b1; b2; b3; b4 (and 2 more)")

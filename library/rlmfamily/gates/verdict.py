@@ -6,15 +6,15 @@ verdict is decided from its last attempt, what still blocks acceptance (required
 remote work not resolved, children still active: the extensions' ``blockers``)
 and whether an answer stands:
 
-| gated | blocked | last attempt                  | answer | verdict        |
-|-------|---------|-------------------------------|--------|----------------|
-| no    | any     | any                           | any    | `not_verified` |
-| yes   | yes     | any                           | any    | `not_verified` |
-| yes   | no      | none (the model never answered) | any  | `not_verified` |
-| yes   | no      | the gates could not run       | any    | `not_verified` |
-| yes   | no      | a gate failed                 | any    | `gates_failed` |
-| yes   | no      | every gate passed             | yes    | `accepted`     |
-| yes   | no      | every gate passed             | no     | `not_verified` |
+| gated | blocked | last attempt                     | answer | verdict        |
+|-------|---------|----------------------------------|--------|----------------|
+| no    | any     | any                              | any    | `not_verified` |
+| yes   | yes     | any                              | any    | `not_verified` |
+| yes   | no      | none (no answer was checked)     | any    | `not_verified` |
+| yes   | no      | the gates could not run          | any    | `not_verified` |
+| yes   | no      | a gate failed                    | any    | `gates_failed` |
+| yes   | no      | every gate passed                | yes    | `accepted`     |
+| yes   | no      | every gate passed                | no     | `not_verified` |
 
 A peer's result (A2A) never counts here: it is evidence, unverified. Only gates accept.
 """
