@@ -430,6 +430,8 @@ def test_the_verdict_rule_follows_its_table() -> None:
     broken = Attempt(1, 1, (), error="gate 'tests': [workspace_lease_held] ...")
     cases = [
         (dict(not_gated="no gates", blocked_by=[], last=passed, answered=True), "not_verified"),
+        (dict(not_gated="no gates", blocked_by=["child c1 is still running"], last=None, answered=True),
+         "not_verified"),
         (dict(not_gated=None, blocked_by=["child c1 is still running"], last=passed, answered=True), "not_verified"),
         (dict(not_gated=None, blocked_by=[], last=None, answered=False), "not_verified"),
         (dict(not_gated=None, blocked_by=[], last=broken, answered=True), "not_verified"),
@@ -441,5 +443,5 @@ def test_the_verdict_rule_follows_its_table() -> None:
     for inputs, expected in cases:
         verdict, reason = verdict_of(**inputs)
         assert verdict == expected and reason, inputs
-    assert verdict_of(not_gated=None, blocked_by=[f"b{i}" for i in range(7)], last=passed, answered=True)[1] == (
-        "acceptance is blocked: b0; b1; b2; b3; b4 (and 2 more)")
+    assert verdict_of(not_gated="no gates", blocked_by=[f"b{i}" for i in range(7)], last=passed,
+                      answered=True)[1] == "acceptance is blocked: b0; b1; b2; b3; b4 (and 2 more)"

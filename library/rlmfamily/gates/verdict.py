@@ -8,8 +8,8 @@ and whether an answer stands:
 
 | gated | blocked | last attempt                     | answer | verdict        |
 |-------|---------|----------------------------------|--------|----------------|
-| no    | any     | any                              | any    | `not_verified` |
-| yes   | yes     | any                              | any    | `not_verified` |
+| any   | yes     | any                              | any    | `not_verified` |
+| no    | no      | any                              | any    | `not_verified` |
 | yes   | no      | none (no answer was checked)     | any    | `not_verified` |
 | yes   | no      | the gates could not run          | any    | `not_verified` |
 | yes   | no      | a gate failed                    | any    | `gates_failed` |
@@ -76,12 +76,12 @@ class Attempt:
 def verdict_of(*, not_gated: str | None, blocked_by: Sequence[str], last: Attempt | None,
                answered: bool) -> tuple[Verdict, str]:
     """The run's verdict and why (the table above). ``not_gated``: why the run has no gates, or None."""
-    if not_gated is not None:
-        return "not_verified", not_gated
-    if blocked_by:
+    if blocked_by:  # first: what the run left unresolved matters more than whether it had gates
         shown = "; ".join(blocked_by[:MAX_LISTED_BLOCKERS])
         more = f" (and {len(blocked_by) - MAX_LISTED_BLOCKERS} more)" if len(blocked_by) > MAX_LISTED_BLOCKERS else ""
         return "not_verified", f"acceptance is blocked: {shown}{more}"
+    if not_gated is not None:
+        return "not_verified", not_gated
     if last is None:
         return "not_verified", "the gates never ran: the run ended without an answer to check"
     if last.error is not None:
