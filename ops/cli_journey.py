@@ -401,6 +401,9 @@ def _print(summary: dict[str, Any]) -> None:
     emit([{k: r[k] for k in ("job_id", "skill", "credits", "state", "charged")} for r in summary["hosted"]["reservations"]],
          as_json=False, columns=["job_id", "skill", "credits", "state", "charged"],
          title=f"hosted credits of {summary['customer']}: reserved (credits) and settled (charged)")
+    emit(summary["hosted"]["ledger"], as_json=False, columns=["at", "kind", "job_id", "from_account", "to_account",
+                                                               "credits", "reason"],
+         title=f"ledger movements of {summary['customer']}")
     emit([{k: d.get(k) for k in ("id", "peer_alias", "state", "charge_state", "credit_ceiling", "credits_held",
                                  "credits_charged")} for d in summary["delegations"]], as_json=False,
          columns=["id", "peer_alias", "state", "charge_state", "credit_ceiling", "credits_held", "credits_charged"],

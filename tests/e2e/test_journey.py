@@ -262,6 +262,19 @@ def test_without_a_container_engine_the_journey_says_which_setting_and_grants_no
     assert customers() == before  # no customer, no key, no credit
 
 
-def test_the_readme_shows_the_journey_right_after_the_service_demo():
+def test_the_readme_shows_the_journey_right_after_the_service_demo_and_it_prints_what_the_readme_says(
+        service, tmp_path):
     blocks = (PROJECT_ROOT / "README.md").read_text().split("```")
     assert blocks[3].strip() == "./dev specialists demo" and blocks[5].strip() == "./dev specialists journey"
+    # As typed beside `./dev serve`: no option (the service's URL is its public URL; the workspace a temporary one).
+    args = blocks[5].split()[2:]
+    done = subprocess.run([sys.executable, "-m", "ops.cli", *args], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                          env=service.env | {"SPECIALISTS_EDGE_PUBLIC_URL": service.base_url, "TMPDIR": str(tmp_path)},
+                          timeout=JOURNEY_TIMEOUT_S + 60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    shown = " ".join(done.stdout.split())
+    assert "the hosted reviewer's findings" in shown and "release_health/report.py │ 25" in shown, shown
+    assert "gate tests: `python3 -m unittest` passed (exit 0)" in shown and "Ran 3 tests" in shown, shown
+    assert "the family's inference usage" in shown and "reserved (credits) and settled (charged)" in shown, shown
+    assert "ledger movements of journey-" in shown and "settle" in shown and "verdict accepted" in shown, shown
+    assert "turn 1:" in done.stderr and "gate tests `python3 -m unittest`: passed" in done.stderr, done.stderr
