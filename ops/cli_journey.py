@@ -29,6 +29,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -64,6 +65,7 @@ JOURNEY_TIMEOUT_S = 900.0
 JOURNEY_READ_TIMEOUT_S = 60.0
 KERNELS = ("container", "host")
 FOLLOW_EVERY_S = 0.25  # how often the root's trajectory is read for the progress lines
+ROOT_STOP_GRACE_S = 30.0  # a root stopped early (SIGINT) has this long to end its children before SIGKILL
 
 
 def _project_files(workspace: Path) -> Path:
@@ -204,9 +206,13 @@ def _run_root(repo: Path, data_dir: Path, env: dict[str, str], args: argparse.Na
                     if time.monotonic() > deadline:
                         raise
         finally:
-            if root.poll() is None:
-                root.kill()
-                root.wait()
+            if root.poll() is None:  # past --timeout-s, or the operator's Ctrl-C: as Ctrl-C, so it ends its children
+                root.send_signal(signal.SIGINT)
+                try:
+                    root.wait(timeout=ROOT_STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    root.kill()
+                    root.wait()
         follow()
         out.seek(0)
         text = out.read()
