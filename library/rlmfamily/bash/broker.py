@@ -107,10 +107,15 @@ class _Reported:
             del self.held[:spill]
 
     def ending(self, client_code: int | None, stopped_by: str | None) -> tuple[int | None, str | None, str | None]:
-        """The exit status, who stopped the job, and an error: from the report, else from the engine client."""
+        """The exit status, who stopped the job, and an error: from the report, else from the engine client.
+
+        No exit status with an error: Bash never started (the report says why), as when a host spawn fails.
+        """
         rest, report = split_report(bytes(self.held), self.marker)
         self.held.clear()
         self.capture.take(rest)
+        if report is not None and isinstance(report.get("error"), str):
+            return None, None, report["error"]
         if report is not None and isinstance(report.get("exit_code"), int):
             return report["exit_code"], stopped_by or report.get("stopped_by"), None
         if stopped_by:
@@ -247,6 +252,8 @@ class CommandBroker:
         finally:
             for file in files.values():
                 file.close()
+        if code is None:
+            return self.store.fail(job.id, f"bash could not be started ({self.host.where}): {error}")
         out, err = captures["stdout"], captures["stderr"]
         return self.store.finish(job.id, Ending(
             state="killed" if stopped_by else "exited", exit_code=code, stopped_by=stopped_by,

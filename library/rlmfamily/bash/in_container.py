@@ -39,7 +39,7 @@ CONTAINER_OWN_ENV = ("PATH", "HOME", "TMPDIR")  # the container's, never the hos
 VERSION_CHECK_TIMEOUT_S = 30.0  # one engine exec; a cold engine may take seconds
 VERSION_CHECK_DEADLINE_S = 10.0  # of the check's command inside
 SHOWN_STDERR_CHARS = 500  # of the check's stderr, in the refusal
-MARKER_PREFIX = "\x00rlm-jobrun-report:"
+MARKER_PREFIX = b"\x00rlm-jobrun-report:"  # then a random token per job: no output is taken for it
 
 
 @dataclass(frozen=True)
@@ -58,12 +58,12 @@ class BashInContainer:
 
         relative = cwd.relative_to(workspace).as_posix()
         workdir = WORKSPACE_PATH if relative == "." else f"{WORKSPACE_PATH}/{relative}"
-        marker = f"{MARKER_PREFIX}{secrets.token_hex(16)}:"
-        request = json.dumps({"command": command, "deadline_s": deadline_s, "grace_s": self.grace_s,
-                              "marker": marker}).encode() + b"\n"
-        argv = self.container.exec_argv(["python3", f"{AGENT_PATH}/{JOBRUN}"], workdir=workdir, env=self.env,
+        marker = MARKER_PREFIX + secrets.token_hex(16).encode() + b":"
+        source = command.encode()
+        request = f"{deadline_s!r} {self.grace_s!r} {marker.hex()} {len(source)}\n".encode() + source
+        argv = self.container.exec_argv(["python3", "-I", f"{AGENT_PATH}/{JOBRUN}"], workdir=workdir, env=self.env,
                                         interactive=True)
-        return Launch(argv, cwd=None, env=dict(self.container.engine.env), request=request, marker=marker.encode(),
+        return Launch(argv, cwd=None, env=dict(self.container.engine.env), request=request, marker=marker,
                       supervise_s=deadline_s + self.grace_s + self.margin_s)
 
     def seen_as(self, workspace: Path) -> str:

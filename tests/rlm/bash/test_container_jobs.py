@@ -301,3 +301,16 @@ def test_the_container_margin_counts_toward_the_host_calls_deadline_only_with_th
     with pytest.raises(SettingsInvalid, match="bash_container_margin_s must fit in host_call_timeout_s"):
         load_settings(**fits, kernel="container")
     assert load_settings(**{**fits, "bash_container_margin_s": 8}, kernel="container").kernel == "container"
+
+
+def test_a_command_bash_cannot_be_given_fails_unstarted_as_on_the_host(make_settings, container_image: str,
+                                                                       workspace: Path) -> None:
+    settings = make_settings(profile="python-bash", kernel="container", container_image=container_image,
+                             bash_max_command_chars=300_000)
+    command = "true # " + "x" * 200_000  # over the kernel's 128 KiB for one argument, here as in the container
+    here, _ = broker(settings, workspace, root_id="on-the-host").run(command, read_only=True)
+    with RunContainer.open(settings, run_id="too-long", workspace=workspace) as container:
+        inside, _ = broker_in(settings, workspace, container).run(command, read_only=True)
+    assert (here.state, inside.state) == ("failed", "failed")
+    assert "bash could not be started (host): [Errno 7] Argument list too long" in here.error
+    assert "bash could not be started (container): [Errno 7] Argument list too long" in inside.error
