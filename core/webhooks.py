@@ -6,8 +6,9 @@ address it checked, never to the name again, so a DNS answer that changes betwee
 (DNS rebinding) cannot send the request elsewhere. Refused: anything but ``https`` (``http`` only to loopback,
 and only with ``SPECIALISTS_PUSH_ALLOW_LOOPBACK``), user info in the URL, and every address that is not a
 public unicast one: private (RFC 1918, ULA), loopback (unless allowed), link-local, shared (CGNAT),
-multicast, reserved, unspecified, IPv4-mapped forms of those, and the cloud metadata addresses by name and by
-number. Redirects are never followed (``workers/dispatch/push.py``).
+multicast, reserved, unspecified, the cloud metadata addresses by name and by number, and every IPv6 form that
+embeds a refused IPv4 address (IPv4-mapped, IPv4-compatible, 6to4, Teredo's server and client, NAT64's well-known
+and local-use prefixes: ``embedded_ipv4``), since a relay or translator on the path would deliver it there. Redirects are never followed (``workers/dispatch/push.py``).
 """
 
 from __future__ import annotations
@@ -87,10 +88,44 @@ def check_url(url: str, *, allow_loopback: bool, max_chars: int) -> Target:
                   path_and_query=path + (f"?{parts.query}" if parts.query else ""))
 
 
+_NAT64_PREFIXES = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))  # RFC 6052, 8215
+_IPV4_COMPATIBLE = ipaddress.ip_network("::/96")  # RFC 4291's deprecated ::a.b.c.d (:: and ::1 are checked as IPv6)
+
+
+def embedded_ipv4(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address carries, in every form a relay or translator would deliver to.
+
+    IPv4-mapped (``::ffff:a.b.c.d``), IPv4-compatible (``::a.b.c.d``), 6to4 (``2002:AABB:CCDD::/48``), Teredo
+    (``2001::/32``: its server and its de-obfuscated client) and NAT64 (``64:ff9b::/96`` and the local-use
+    ``64:ff9b:1::/48``, the IPv4 address in the last 32 bits, as RFC 6052's /96 form puts it).
+    """
+    found: list[ipaddress.IPv4Address] = []
+    if address.ipv4_mapped is not None:
+        found.append(address.ipv4_mapped)
+    if address.sixtofour is not None:
+        found.append(address.sixtofour)
+    if address.teredo is not None:
+        found.extend(address.teredo)
+    last_32_bits = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    if any(address in prefix for prefix in _NAT64_PREFIXES):
+        found.append(last_32_bits)
+    if address in _IPV4_COMPATIBLE and int(address) > 1:
+        found.append(last_32_bits)
+    return found
+
+
 def check_address(address: IPAddress, *, allow_loopback: bool) -> None:
-    """Refuse every address that is not public unicast (loopback only when allowed)."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    """Refuse every address that is not public unicast (loopback only when allowed), and every IPv6 address that
+    embeds a refused IPv4 one (``embedded_ipv4``), naming the IPv4 address and the form."""
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        else:
+            for inner in embedded_ipv4(address):
+                try:
+                    check_address(inner, allow_loopback=False)
+                except WebhookRefused as refused:
+                    raise WebhookRefused(f"{address} embeds {refused.message}", code=refused.code) from None
     if address in METADATA_ADDRESSES:
         raise WebhookRefused(f"{address} is a cloud metadata address", code="webhook_address_refused")
     if address.is_loopback:

@@ -27,6 +27,40 @@ def test_registration_refuses_every_address_that_is_not_public_unicast(url, kind
     assert refused.value.code == "webhook_address_refused" and kind in refused.value.message
 
 
+# Every IPv6 form that embeds an IPv4 address, each wrapping a refused one (issue 42: 6to4 of the metadata address
+# was taken at registration), and the same forms wrapping a public address where that form is itself routable.
+EMBEDDED = [
+    ("6to4", "2002:a9fe:a9fe::", "169.254.169.254 is a cloud metadata address"),
+    ("6to4", "2002:a9fe:a9fe:1::7", "169.254.169.254 is a cloud metadata address"),
+    ("6to4", "2002:7f00:1::", "127.0.0.1 is a loopback address"),
+    ("6to4", "2002:0a00:0001::", "10.0.0.1 is a private address"),
+    ("6to4", "2002:6440:0001::", "100.64.0.1 is a private address"),
+    ("NAT64 well-known", "64:ff9b::a9fe:a9fe", "169.254.169.254 is a cloud metadata address"),
+    ("NAT64 well-known", "64:ff9b::c0a8:101", "192.168.1.1 is a private address"),
+    ("NAT64 local-use", "64:ff9b:1::7f00:1", "127.0.0.1 is a loopback address"),
+    ("Teredo client", "2001:0:4136:e378:8000:63bf:f5ff:fffe", "10.0.0.1 is a private address"),
+    ("Teredo server", "2001:0:a9fe:a9fe:8000:63bf:a7f7:f7f7", "169.254.169.254 is a cloud metadata address"),
+    ("IPv4-compatible", "::a9fe:a9fe", "169.254.169.254 is a cloud metadata address"),
+    ("IPv4-compatible", "::7f00:1", "127.0.0.1 is a loopback address"),
+    ("IPv4-mapped", "::ffff:a9fe:a9fe", "169.254.169.254 is a cloud metadata address"),
+]
+
+
+@pytest.mark.parametrize("form, address, reason", EMBEDDED)
+def test_every_ipv6_form_that_embeds_a_refused_ipv4_address_is_refused(form, address, reason):
+    for allow_loopback in (False, True):
+        with pytest.raises(WebhookRefused) as refused:
+            check_url(f"https://[{address}]/h", allow_loopback=allow_loopback, max_chars=2048)
+        assert refused.value.code == "webhook_address_refused" and reason in refused.value.message, form
+        target = check_url("https://hook.example/h", allow_loopback=False, max_chars=2048)
+        with pytest.raises(WebhookRefused, match=reason):  # and at delivery, from what the name resolves to
+            resolve_checked(target, allow_loopback=allow_loopback, timeout_s=1, resolver=lambda h, p: [address])
+
+
+def test_6to4_of_a_public_ipv4_address_is_still_taken():
+    assert check_url("https://[2002:5db8:d822::1]/h", allow_loopback=False, max_chars=2048).host == "2002:5db8:d822::1"
+
+
 @pytest.mark.parametrize("url, code", [
     ("http://example.com/h", "webhook_https_required"), ("http://127.0.0.1:9/h", "webhook_https_required"),
     ("https://user:pw@example.com/h", "webhook_url_invalid"), ("file:///etc/passwd", "webhook_url_invalid"),
