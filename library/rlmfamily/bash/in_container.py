@@ -32,6 +32,7 @@ from typing import Any
 
 from rlmfamily.bash.errors import BashUnavailable
 from rlmfamily.bash.host import Launch, allowed_environment
+from rlmfamily.container.sandbox import AGENT_PATH, WORKSPACE_PATH, RunContainer
 from rlmfamily.settings import RLMSettings
 
 JOBRUN = "jobrun.py"
@@ -46,7 +47,7 @@ MARKER_PREFIX = b"\x00rlm-jobrun-report:"  # then a random token per job: no out
 class BashInContainer:
     """Bash of the run's container: each job is the job runner, started through the engine."""
 
-    container: Any  # rlmfamily.container.sandbox.RunContainer
+    container: RunContainer
     version: str
     env: dict[str, str]
     grace_s: float
@@ -54,12 +55,10 @@ class BashInContainer:
     where: str = "container"
 
     def launch(self, command: str, cwd: Path, *, workspace: Path, deadline_s: float) -> Launch:
-        from rlmfamily.container.sandbox import AGENT_PATH, WORKSPACE_PATH
-
         relative = cwd.relative_to(workspace).as_posix()
         workdir = WORKSPACE_PATH if relative == "." else f"{WORKSPACE_PATH}/{relative}"
         marker = MARKER_PREFIX + secrets.token_hex(16).encode() + b":"
-        source = command.encode()
+        source = command.encode("utf-8", "surrogateescape")  # as a host Popen passes it
         request = f"{deadline_s!r} {self.grace_s!r} {marker.hex()} {len(source)}\n".encode() + source
         argv = self.container.exec_argv(["python3", "-I", f"{AGENT_PATH}/{JOBRUN}"], workdir=workdir, env=self.env,
                                         interactive=True)
@@ -67,8 +66,6 @@ class BashInContainer:
                       supervise_s=deadline_s + self.grace_s + self.margin_s)
 
     def seen_as(self, workspace: Path) -> str:
-        from rlmfamily.container.sandbox import WORKSPACE_PATH
-
         return f"{WORKSPACE_PATH} (in the run's container; {workspace} on the host)"
 
 
@@ -78,7 +75,8 @@ def container_environment(settings: RLMSettings, hidden: set[str]) -> dict[str, 
             if name not in CONTAINER_OWN_ENV}
 
 
-def prepare(settings: RLMSettings, hidden: set[str], container: Any, *, workspace: Path) -> BashInContainer:
+def prepare(settings: RLMSettings, hidden: set[str], container: RunContainer, *,
+            workspace: Path) -> BashInContainer:
     """Bash in the run's container, proven by the job runner; BashUnavailable naming RLM_CONTAINER_IMAGE if not."""
     if Path(container.workspace).resolve() != workspace.resolve():
         raise BashUnavailable(f"the run's container mounts {container.workspace}, not the workspace {workspace}; "

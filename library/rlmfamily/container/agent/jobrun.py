@@ -199,8 +199,8 @@ class Job:
 def main():
     try:
         deadline_s, grace_s, marker, command = read_request()
-        command = command.decode()
-    except ValueError as exc:  # UnicodeDecodeError included
+        command = command.decode("utf-8", "surrogateescape")  # back to the bytes the host was given
+    except ValueError as exc:
         write_all(2, f"jobrun: {exc}\n".encode())
         return EXIT_BAD_REQUEST
     try:
