@@ -62,6 +62,8 @@ OWNERS = {
     "ledger_account_changes": "ledger/",
     # The drill's own record of its runs: the one table an auditor writes (what it found, never what it audits).
     "drill_runs": "ops/drill/record.py",
+    # The console's live sessions (logging out ends one on the server).
+    "console_sessions": "ops/console/session_store.py",
 }
 # Auditors read every table to check what the owners did, and never write: an audit that went through the
 # code it audits would trust it. The drill's scenarios and end-state audit are the service's auditors.
