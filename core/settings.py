@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -802,6 +803,31 @@ class ConsoleSettings(Section):
     max_usage_days: int = Field(
         default=92, ge=1, le=366,
         description="Longest period the usage page charts (also bounded by SPECIALISTS_LEDGER_MAX_USAGE_DAYS).",
+    iap_certs_refetch_s: float = Field(
+        default=30.0, ge=1, le=3600,
+        description="With auth=iap, the least time between two fetches of IAP's keys made because an assertion "
+        "named a key id they lack; until then such an assertion is refused without a fetch (the miss is cached).",
+    )
+    allowed_origins: Annotated[list[str], NoDecode, BeforeValidator(_split_commas)] = Field(
+        default_factory=list,
+        description="Origins (`scheme://host[:port]`, comma-separated) whose pages may post to the console; any "
+        "other Origin or Referer is refused. Empty: with auth=local, `http://HOST:PORT` of the console's own "
+        "address (and `localhost` for a loopback one); with auth=iap it must be set (the console's https URL).",
+    )
+    login_failures_per_address: int = Field(
+        default=10, ge=1, le=10_000,
+        description="With auth=local, wrong operator secrets from one client address within "
+        "SPECIALISTS_CONSOLE_LOGIN_WINDOW_S before that address's logins are refused (429) until the window passes.",
+    )
+    login_failures_global: int = Field(
+        default=100, ge=1, le=1_000_000,
+        description="With auth=local, wrong operator secrets from all addresses together within "
+        "SPECIALISTS_CONSOLE_LOGIN_WINDOW_S before every login is refused (429) until the window passes.",
+    )
+    login_window_s: int = Field(
+        default=300, ge=1, le=86400,
+        description="The window the login failure limits count in (per console process).",
+    )
     )
 
     @model_validator(mode="after")
@@ -823,6 +849,12 @@ CheckpointSync = Literal["with_journal", "each_record"]  # workers/hosted_rlm/st
 
 
 class HostedSettings(Section):
+        for origin in self.allowed_origins:
+            parts = urlsplit(origin)
+            if (parts.scheme not in ("http", "https") or not parts.netloc or parts.path or parts.query
+                    or parts.fragment or len(origin) > 300):
+                raise ValueError(f"SPECIALISTS_CONSOLE_ALLOWED_ORIGINS: {origin!r} is not an origin "
+                                 "(scheme://host[:port], no path)")
     """The hosted specialists (workers/hosted_rlm, docs/SPECIALISTS.md): which specs, which model routes,
     checkpoints and resumes. A spec's own limits live in specs/*.yaml, bounded by core/specs.py."""
 
