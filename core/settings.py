@@ -998,6 +998,12 @@ class PushSettings(Section):
         default=100, ge=1, le=100_000,
         description="Push configurations one customer may hold on tasks that have not ended; one more is refused.",
     )
+    ca_bundle: Path | None = Field(
+        default=None,
+        description="A PEM file of extra certificate authorities trusted for webhooks' TLS, beside the public ones "
+        "(a customer's private PKI). Read at start-up; the address rules still apply (no private address becomes "
+        "reachable).",
+    )
     max_url_chars: int = Field(default=2048, ge=64, le=2048, description="Longest webhook URL accepted.")
     max_token_chars: int = Field(default=512, ge=16, le=512, description="Longest client token (echoed back) accepted.")
     max_credentials_chars: int = Field(
@@ -1062,6 +1068,14 @@ class PushSettings(Section):
             )
         if self.backoff_max_s < self.backoff_base_s:
             raise ValueError("SPECIALISTS_PUSH_BACKOFF_MAX_S must be at least SPECIALISTS_PUSH_BACKOFF_BASE_S")
+        if self.ca_bundle is not None:
+            import ssl  # only when a bundle is set: proven loadable now, not at the first delivery
+
+            try:
+                ssl.create_default_context().load_verify_locations(cafile=str(self.ca_bundle))
+            except (OSError, ssl.SSLError) as exc:
+                raise ValueError(f"SPECIALISTS_PUSH_CA_BUNDLE cannot be read as PEM certificates "
+                                 f"({type(exc).__name__}); point it at a readable PEM file") from None
         return self
 
     @property

@@ -7,12 +7,21 @@ never on time.
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import json
+import ssl
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 
 @dataclass(frozen=True)
@@ -30,8 +39,46 @@ class Received:
         return self.headers["x-a2a-notification-event-id"]
 
 
+@dataclass(frozen=True)
+class PrivateCA:
+    """A certificate authority of the test's own and a server certificate it signed for 127.0.0.1."""
+
+    ca_pem: Path
+    cert_pem: Path
+    key_pem: Path
+
+
+def private_ca(folder: Path) -> PrivateCA:
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "specialists test private CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                                       key_encipherment=False, data_encipherment=False, key_agreement=False,
+                                       encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+          .sign(ca_key, hashes.SHA256()))
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])).issuer_name(ca_name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    found = PrivateCA(folder / "ca.pem", folder / "server.pem", folder / "server.key")
+    found.ca_pem.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    found.cert_pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    found.key_pem.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                serialization.NoEncryption()))
+    return found
+
+
 class Webhook:
-    def __init__(self) -> None:
+    def __init__(self, tls: PrivateCA | None = None) -> None:
         self.received: list[Received] = []
         self.changed = threading.Condition()
         self.released = threading.Event()
@@ -69,9 +116,15 @@ class Webhook:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
+        self.scheme = "http"
+        if tls is not None:  # the handshake happens in the request's own thread, at its first read
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(tls.cert_pem, tls.key_pem)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True, do_handshake_on_connect=False)
+            self.scheme = "https"
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        return f"{self.scheme}://127.0.0.1:{self.port}{path}"
 
     def release(self) -> None:
         self.released.set()
@@ -92,8 +145,8 @@ class Webhook:
 
 
 @contextmanager
-def running_webhook() -> Iterator[Webhook]:
-    webhook = Webhook()
+def running_webhook(tls: PrivateCA | None = None) -> Iterator[Webhook]:
+    webhook = Webhook(tls)
     thread = threading.Thread(target=webhook.server.serve_forever, name="webhook", daemon=True)
     thread.start()
     try:

@@ -25,17 +25,19 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import ssl
 import threading
 from collections import Counter
 from datetime import datetime, timezone
 
+import certifi
 import httpx
 from a2a.types.a2a_pb2 import StreamResponse
 from google.protobuf.json_format import MessageToJson
 from sqlalchemy import Engine
 
 from core.push_signing import PushSigner
-from core.settings import Settings
+from core.settings import PushSettings, Settings
 from core.webhooks import Resolver, WebhookRefused, check_url, resolve_checked, system_resolver
 from taskstate import push
 from taskstate.push import Claimed
@@ -73,7 +75,7 @@ class PushDeliverer:
         limits = self.limits
         timeout = httpx.Timeout(limits.request_timeout_s)
         running: set[asyncio.Task[None]] = set()
-        async with httpx.AsyncClient(follow_redirects=False, timeout=timeout, trust_env=False,
+        async with httpx.AsyncClient(follow_redirects=False, timeout=timeout, trust_env=False, verify=tls_context(limits),
                                      limits=httpx.Limits(max_connections=limits.max_in_flight)) as client:
             while not stop.is_set():
                 self.wake.clear()
@@ -149,7 +151,7 @@ class PushDeliverer:
         except TimeoutError:
             return ("retry", None, f"no answer within SPECIALISTS_PUSH_REQUEST_TIMEOUT_S ({limits.request_timeout_s:g} s)")
         except httpx.HTTPError as exc:
-            return ("retry", None, f"transport: {type(exc).__name__}")
+            return ("retry", None, transport_reason(exc))
         if 200 <= status < 300:
             return ("delivered", status, "")
         if 300 <= status < 400:
@@ -191,6 +193,30 @@ class PushDeliverer:
             push.record_failed(conn, claimed, status, error)
             log.warning("push notification %s of task %s to config %s failed: %s", claimed.event_seq,
                         claimed.task_id, claimed.config_id, error)
+
+
+def tls_context(limits: PushSettings) -> ssl.SSLContext:
+    """The public CAs (certifi's, as httpx's default), and ``SPECIALISTS_PUSH_CA_BUNDLE``'s when set."""
+    context = ssl.create_default_context(cafile=certifi.where())
+    if limits.ca_bundle is not None:
+        context.load_verify_locations(cafile=str(limits.ca_bundle))
+    return context
+
+
+def transport_reason(exc: BaseException) -> str:
+    """What an operator can act on: ``tls: certificate verify failed: <OpenSSL's reason>`` for a refused
+    certificate (httpx wraps it in a bare ConnectError), else the transport error and its innermost OS error."""
+    cause: BaseException | None = exc
+    innermost: BaseException = exc
+    while cause is not None:
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return f"tls: certificate verify failed: {cause.verify_message} (SPECIALISTS_PUSH_CA_BUNDLE adds a CA)"
+        if isinstance(cause, ssl.SSLError):
+            return f"tls: {cause.reason or cause.strerror or type(cause).__name__}"
+        innermost = cause
+        cause = cause.__cause__ or cause.__context__
+    detail = str(innermost) if innermost is not exc or str(exc) else ""
+    return f"transport: {type(exc).__name__}" + (f": {detail}" if detail else "")
 
 
 def _body(event_data: bytes) -> bytes:

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 import psycopg
 import pytest
 from a2a.types.a2a_pb2 import Task, TaskState, TaskStatus, TaskStatusUpdateEvent
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 from sqlalchemy import Engine, text
 
 from core import db
@@ -33,7 +33,7 @@ from taskstate import push, rows
 from taskstate.ids import TaskRef
 from taskstate.notify import PUSH, TASK_EVENTS, libpq_url
 from taskstate.updates import TaskEvents
-from tests.webhook import Webhook, running_webhook
+from tests.webhook import Webhook, private_ca, running_webhook
 from tests.workers.system import drop_database, fresh_database
 from workers.dispatch.process import OutboxListener
 from workers.dispatch.push import PushDeliverer, signer_of
@@ -242,6 +242,37 @@ def test_a_name_that_resolves_to_loopback_is_refused_when_loopback_is_not_allowe
         [(_, state, _, error)] = settled(engine, task_id, 1)
     assert state == "failed" and "loopback" in error
     assert webhook.at(path) == []
+
+
+def test_a_webhook_behind_a_private_ca_fails_naming_the_certificate_until_its_bundle_is_trusted(engine, settings,
+                                                                                                 tmp_path):
+    # Issue 42: a refused certificate was recorded as "transport: ConnectError", the reason lost.
+    ca = private_ca(tmp_path)
+    with running_webhook(tls=ca) as hook:
+        path = f"/ok/{uuid.uuid4().hex}"
+        refused_task, _ = new_task(engine, hook.url(path))
+        with delivering(engine, push_settings(settings, max_attempts=1)):
+            [(_, state, _, error)] = settled(engine, refused_task, 1)
+        assert state == "failed" and error.startswith("tls: certificate verify failed: "), error
+        assert "certificate" in error.removeprefix("tls: certificate verify failed: ") and hook.at(path) == []
+        trusted = push_settings(settings, ca_bundle=ca.ca_pem)
+        assert Settings(push={"ca_bundle": str(ca.ca_pem)}).push.ca_bundle == ca.ca_pem  # as start-up reads it
+        trusted_task, _ = new_task(engine, hook.url(path))
+        with delivering(engine, trusted):
+            assert [state for _, state, _, _ in settled(engine, trusted_task, 1)] == ["delivered"]
+        assert len(hook.at(path)) == 1
+        # The bundle widens whom the service trusts, never where it may connect: loopback is still refused.
+        blocked_task, _ = new_task(engine, hook.url(path))
+        with delivering(engine, push_settings(settings, ca_bundle=ca.ca_pem, allow_loopback=False)):
+            [(_, state, _, error)] = settled(engine, blocked_task, 1)
+        assert state == "failed" and "loopback" in error and len(hook.at(path)) == 1
+
+
+def test_a_ca_bundle_that_cannot_be_read_is_refused_at_start_up_naming_the_setting(tmp_path):
+    (tmp_path / "not.pem").write_text("not a certificate")
+    for bundle in (tmp_path / "missing.pem", tmp_path / "not.pem"):
+        with pytest.raises(ValidationError, match="SPECIALISTS_PUSH_CA_BUNDLE"):
+            Settings(push={"ca_bundle": str(bundle)})
 
 
 # --- a dispatcher killed mid-delivery ------------------------------------------------------------------------
