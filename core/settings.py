@@ -695,6 +695,13 @@ class WorkerSettings(Section):
         description="How far back `specialists health` looks for workers: one that claimed or renewed a job "
         "within it is listed as seen (a worker with no job writes nothing, so it is not seen).",
     )
+    beat_s: float = Field(
+        default=15.0,
+        ge=0.05,
+        le=600.0,
+        description="How often a worker writes that it is alive, with the specialists it serves (worker_beats); "
+        "at most half of SPECIALISTS_HEALTH_WORKER_LIVE_S.",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> "WorkerSettings":
@@ -1177,6 +1184,41 @@ class LedgerSettings(Section):
         return value
 
 
+class HealthSettings(Section):
+    """What `specialists health`, the console's health page and the service's gauges call unhealthy (ops/health.py,
+    taskstate/reads.py ``service_facts``)."""
+
+    model_config = SettingsConfigDict(env_prefix="SPECIALISTS_HEALTH_")
+
+    worker_live_s: float = Field(
+        default=60.0,
+        ge=0.1,
+        le=3600.0,
+        description="A worker whose last beat is older than this is dead: a specialist none of whose workers beat "
+        "within it has no live worker, and health says so within this bound of the last worker's death.",
+    )
+    max_job_wait_s: float = Field(
+        default=300.0,
+        ge=1.0,
+        le=7 * 86_400.0,
+        description="A job no worker has taken for longer than this makes health fail (its age is shown either way).",
+    )
+    max_push_wait_s: float = Field(
+        default=300.0,
+        ge=1.0,
+        le=7 * 86_400.0,
+        description="A push notification due for longer than this without a delivery attempt makes health fail "
+        "(the deliverers are down or behind; one waiting for its retry's time is not counted).",
+    )
+    failures_window_s: float = Field(
+        default=3600.0,
+        ge=1.0,
+        le=30 * 86_400.0,
+        description="How far back health counts push notifications that finally failed (shown, never a failure "
+        "of the service: a customer's webhook may be down).",
+    )
+
+
 class Settings(BaseModel):
     """The service's settings: one section per room, each read from the environment when not given."""
 
@@ -1195,10 +1237,17 @@ class Settings(BaseModel):
     drill: DrillSettings = Field(default_factory=DrillSettings)
     ledger: LedgerSettings = Field(default_factory=LedgerSettings)
     push: PushSettings = Field(default_factory=PushSettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
 
     @model_validator(mode="after")
     def _sections_consistent(self) -> "Settings":
         dispatch, worker = self.dispatch, self.worker
+        if worker.beat_s * 2 > self.health.worker_live_s:
+            raise ValueError(
+                f"worker_beat_s ({worker.beat_s:g}) must be at most half of health_worker_live_s "
+                f"({self.health.worker_live_s:g}), or one late beat makes a live worker look dead; lower "
+                "SPECIALISTS_WORKER_BEAT_S or raise SPECIALISTS_HEALTH_WORKER_LIVE_S"
+            )
         if dispatch.job_deadline_s + worker.cancel_grace_s >= dispatch.deadline_s:
             raise ValueError(
                 f"dispatch_job_deadline_s ({dispatch.job_deadline_s:g}) plus worker_cancel_grace_s "

@@ -459,6 +459,15 @@ def task_claims(conn: Connection, task_id: str) -> list[dict[str, Any]]:
     return tasks_claims(conn, [task_id])[task_id]
 
 
+_UNKNOWN_COUNT = text("SELECT count(*) FROM (SELECT 1 FROM job_claims WHERE state = 'unknown' LIMIT :cap) u")
+
+
+def unknown_count(conn: Connection, *, cap: int) -> int:
+    """Jobs whose outcome is unknown now, holding their credits until an operator reconciles them (at most ``cap``:
+    the job_claims_unknown index range)."""
+    return int(conn.execute(_UNKNOWN_COUNT, {"cap": cap}).scalar_one())
+
+
 def get(conn: Connection, job_id: str) -> dict[str, Any] | None:
     row = conn.execute(text("SELECT * FROM job_claims WHERE job_id = :j"), {"j": job_id}).mappings().first()
     return dict(row) if row else None

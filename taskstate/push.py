@@ -291,3 +291,31 @@ _PRUNE = text(compact_sql(f"""
 def prune(conn: Connection, *, retention_s: float, batch: int) -> int:
     """Finished notifications past retention, and configurations of ended tasks with nothing left to send."""
     return conn.execute(_PRUNE, {"retention_s": retention_s, "batch": batch}).scalar_one()
+
+
+# --- the backlog, for health and its gauges (issue 42) -----------------------------------------------------------
+
+MAX_COUNTED = 100_000  # a count past this reads as this (health says "at least"): each count stays an index range
+_BACKLOG = text(compact_sql("""
+    SELECT (SELECT count(*) FROM (SELECT 1 FROM push_deliveries WHERE state = 'pending' LIMIT :cap) p) AS pending,
+           (SELECT EXTRACT(EPOCH FROM now() - min(next_attempt_at)) FROM push_deliveries
+             WHERE state = 'pending' AND next_attempt_at <= now()
+               AND (leased_until IS NULL OR leased_until <= now())) AS oldest_due_age_s,
+           (SELECT count(*) FROM (SELECT 1 FROM push_deliveries WHERE state = 'failed' AND finished_at >= :since
+                                  LIMIT :cap) f) AS failed
+"""))
+
+
+@dataclass(frozen=True)
+class Backlog:
+    pending: int  # notifications not yet delivered or failed (at most MAX_COUNTED)
+    oldest_due_age_s: float | None  # how long the oldest one due now (not leased, not waiting for a retry) has waited
+    failed: int  # notifications that finally failed since the read's ``since`` (at most MAX_COUNTED)
+
+
+def backlog(conn: Connection, *, failed_since: datetime) -> Backlog:
+    """What waits to be pushed, and what failed since ``failed_since``: three index ranges (push_deliveries_due,
+    push_deliveries_failed)."""
+    row = conn.execute(_BACKLOG, {"cap": MAX_COUNTED, "since": failed_since}).one()
+    age = None if row.oldest_due_age_s is None else max(0.0, float(row.oldest_due_age_s))
+    return Backlog(pending=int(row.pending), oldest_due_age_s=age, failed=int(row.failed))

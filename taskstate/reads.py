@@ -15,7 +15,8 @@ These functions check ids' form only; whether the service knows a customer is th
 
 from __future__ import annotations
 
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, text
@@ -24,7 +25,7 @@ from ledger import reads as ledger_reads
 from ledger.errors import LedgerInputInvalid
 from ledger.limits import check_period, default_limits
 from ledger.statements import customer_id_param
-from taskstate import admitted, claims, outbox, rows
+from taskstate import admitted, claims, liveness, outbox, push, rows
 
 # A task's state: 'unknown' when one of its jobs is, else its A2A state without the prefix, in lower case.
 _STATE = (f"CASE WHEN {claims.task_unknown_sql('e.task_id')} THEN 'unknown' "
@@ -96,16 +97,84 @@ def _int(value: Any) -> int | None:
 
 # The jobs no worker has taken yet, per specialist: the open outbox rows (the jobs in flight), each one's claim by
 # its key. A job whose delivery is in flight but not yet claimed counts as queued.
+# ``redelivery``: of those, the ones a dispatcher already tried to deliver (a worker unreachable, full or failing),
+# which wait to be delivered again.
 QUEUE_SQL = text(
-    "SELECT o.specialist_id, count(*) AS queued, min(o.created_at) AS oldest_queued_at "
+    "SELECT o.specialist_id, count(*) AS queued, count(*) FILTER (WHERE o.attempts > 0) AS redelivery, "
+    "min(o.created_at) AS oldest_queued_at "
     f"FROM {outbox.open_jobs_relation()} o WHERE {claims.queued_sql('o.job_id')} "
     "GROUP BY o.specialist_id ORDER BY o.specialist_id"
 )
 
 
 def queue(conn: Connection) -> list[dict[str, Any]]:
-    """Per specialist with queued jobs: {specialist_id, queued, oldest_queued_at} (when its oldest queued job was
-    queued: its task's admission, or the follow-up message that made it)."""
-    return [{"specialist_id": r.specialist_id, "queued": int(r.queued), "oldest_queued_at": r.oldest_queued_at}
+    """Per specialist with queued jobs: {specialist_id, queued, redelivery, oldest_queued_at} (when its oldest queued
+    job was queued: its task's admission, or the follow-up message that made it)."""
+    return [{"specialist_id": r.specialist_id, "queued": int(r.queued), "redelivery": int(r.redelivery),
+             "oldest_queued_at": r.oldest_queued_at}
             for r in conn.execute(QUEUE_SQL)]
+
+
+# --- what health reads, and the gauges of the same facts (issue 42) --------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpecialistQueue:
+    specialist_id: str
+    queued: int  # jobs no worker has taken yet
+    redelivery: int  # of those, the ones whose delivery was tried and must be repeated
+    oldest_queued_at: datetime
+    oldest_age_s: float
+
+
+@dataclass(frozen=True)
+class ServiceFacts:
+    """Whether work can run: the workers alive and what they serve, what waits, what could not be pushed, what is
+    unknown. One read for `specialists health`, the console's health page, the dispatchers' gauges and the edge's
+    ``/metrics``, so they cannot disagree."""
+
+    checked_at: datetime  # the database's clock
+    live_s: float  # the bound a worker's beat must be within (SPECIALISTS_HEALTH_WORKER_LIVE_S)
+    workers: list[liveness.WorkerBeat]  # live and recently dead, newest beat first
+    live_workers: dict[str, int]  # per specialist asked about: how many live workers serve it
+    queue: list[SpecialistQueue]  # specialists with queued jobs only
+    push: push.Backlog
+    unknown_jobs: int  # jobs whose outcome is unknown, holding credits (at most push.MAX_COUNTED)
+
+    @property
+    def without_live_worker(self) -> list[str]:
+        return sorted(s for s, n in self.live_workers.items() if n == 0)
+
+    @property
+    def queued(self) -> int:
+        return sum(q.queued for q in self.queue)
+
+    @property
+    def redelivery(self) -> int:
+        return sum(q.redelivery for q in self.queue)
+
+    @property
+    def oldest_queued_age_s(self) -> float | None:
+        return max((q.oldest_age_s for q in self.queue), default=None)
+
+
+def service_facts(conn: Connection, *, specialists: list[str], live_s: float, failures_window_s: float
+                  ) -> ServiceFacts:
+    """The facts of ``ServiceFacts`` for the served ``specialists``: five bounded statements, times by the
+    database's clock."""
+    now = conn.exec_driver_sql("SELECT now()").scalar_one()
+    beats = liveness.workers(conn, live_s=live_s)
+    live_workers = {s: 0 for s in specialists}
+    for worker in beats:
+        if worker.live:
+            for served in worker.specialists:
+                if served in live_workers:
+                    live_workers[served] += 1
+    waiting = [SpecialistQueue(q["specialist_id"], q["queued"], q["redelivery"], q["oldest_queued_at"],
+                               max(0.0, (now - q["oldest_queued_at"]).total_seconds())) for q in queue(conn)]
+    return ServiceFacts(
+        checked_at=now, live_s=live_s, workers=beats, live_workers=live_workers, queue=waiting,
+        push=push.backlog(conn, failed_since=now - timedelta(seconds=failures_window_s)),
+        unknown_jobs=claims.unknown_count(conn, cap=push.MAX_COUNTED),
+    )
 

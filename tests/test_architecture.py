@@ -39,6 +39,7 @@ OWNERS = {
     "job_stale_reports": "taskstate/claims.py",
     "push_configs": "taskstate/push.py",
     "push_deliveries": "taskstate/push.py",
+    "worker_beats": "taskstate/liveness.py",
     "edge_messages": "app/admission.py",
     "edge_contexts": "app/admission.py",
     "edge_rate_windows": "app/ratelimit.py",

@@ -250,6 +250,9 @@ QUERIES: dict[str, Callable[[Connection, Seeded], Any]] = {
     "customers show: a small customer's newest tasks": lambda c, s: task_reads.customer_tasks(c, s.small_customer,
                                                                                               limit=20),
     "health: the queue (taskstate.reads.queue)": lambda c, s: task_reads.queue(c),
+    "health, the gauges, /metrics: the service's facts (taskstate.reads.service_facts: beats, queue, push backlog, "
+    "unknown jobs)": lambda c, s: task_reads.service_facts(c, specialists=["reviewer"], live_s=60.0,
+                                                            failures_window_s=3600.0),
     "the console's reservations, reservations show: a task's claims (taskstate.claims.task_claims)":
         lambda c, s: claims.task_claims(c, s.task_id),
     "the console's reservations: a page's claims at once (taskstate.claims.tasks_claims)":

@@ -58,6 +58,7 @@ from sqlalchemy.exc import DBAPIError
 from core import db, telemetry
 from core.settings import Settings
 from taskstate import claims, ids
+from workers.beat import WorkerBeat
 from workers.auth import BODY_TOO_LARGE, JobSigner, OidcVerifier, VerifiedJob, WorkerAuthRefused
 from workers.dispatch.jobs import TRACE_PAYLOAD_KEY
 from workers.finish import Finisher, Settlement
@@ -76,6 +77,7 @@ class WorkerLimits:
     cancel_grace_s: float
     max_concurrent_jobs: int
     max_body_bytes: int
+    beat_s: float = 15.0  # SPECIALISTS_WORKER_BEAT_S: how often it writes that it is alive (workers.beat)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "WorkerLimits":
@@ -85,6 +87,7 @@ class WorkerLimits:
             cancel_grace_s=settings.worker.cancel_grace_s,
             max_concurrent_jobs=settings.worker.max_concurrent_jobs,
             max_body_bytes=settings.dispatch.max_body_bytes,
+            beat_s=settings.worker.beat_s,
         )
 
 
@@ -413,8 +416,14 @@ class _NotStarted:
 def create_worker_app(service: WorkerService) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-        service.jobs.close()  # the process forked ahead of the next job goes, unused
+        beat = WorkerBeat(service.engine, worker_id=service.worker_id, specialists=sorted(service.runners),
+                          beat_s=service.limits.beat_s)
+        beat.start()
+        try:
+            yield
+        finally:
+            await anyio.to_thread.run_sync(beat.stop, service.limits.beat_s)
+            service.jobs.close()  # the process forked ahead of the next job goes, unused
 
     app = FastAPI(title="specialists worker", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan,
                   telemetry=telemetry.FASTAPI_TELEMETRY)

@@ -15,7 +15,7 @@ from sqlalchemy import text
 from core.settings import Settings
 from ops.drill import record
 from ops.health import health
-from taskstate import claims
+from taskstate import claims, liveness
 from tests.ops.test_operator_cli import cli
 from tests.taskstate.test_reads import admitted
 
@@ -31,7 +31,19 @@ def ready_settings(database_url: str, **worker) -> Settings:
                     worker=worker or {})
 
 
+SHIPPED = ["analyst", "conformance", "drill", "reviewer"]
+
+
+def beating(engine, specialists: list[str] = SHIPPED) -> str:
+    """A live worker's beat serving ``specialists``, as a worker writes it (``workers.beat``)."""
+    worker = f"worker-{uuid.uuid4().hex[:8]}"
+    with engine.begin() as conn:
+        liveness.beat(conn, worker, specialists)
+    return worker
+
+
 def test_health_lists_every_specialist_ready_and_says_why_one_is_not(database_url, engine):
+    beating(engine)
     ready = health(ready_settings(database_url), engine)
     assert {s.specialist_id for s in ready.specialists} == {"analyst", "conformance", "drill", "reviewer"}
     assert ready.ready and all(s.spec_loaded and s.route_configured and s.problem is None for s in ready.specialists)
@@ -92,6 +104,7 @@ def test_specialists_health_exits_1_when_a_specialist_is_not_ready(service_env, 
     report = json.loads(not_ready.stdout)
     assert report["ready"] is False and {s["specialist_id"] for s in report["specialists"] if not s["ready"]} == {
         "analyst", "reviewer"}
+    beating(engine)
     ready_env = service_env | {"SPECIALISTS_SPECIALIST_CHECKPOINT_KEY": CHECKPOINT_KEY,
                                "SPECIALISTS_MODEL_ROUTES_ALLOW_SCRIPTED": "true"}
     table = cli(ready_env, "health")

@@ -153,9 +153,11 @@ def test_the_queue_counts_the_jobs_no_worker_took_and_when_the_oldest_was_queued
     with engine.begin() as conn:  # a claim given back before any work is waiting again
         claimed = claims.claim(conn, waiting, worker_id="w-3", lease_s=30)
         assert claims.release(conn, waiting, fencing_token=claimed.fencing_token)
+        # A dispatcher tried it once (the worker was unreachable): it waits to be delivered again.
+        conn.execute(text("UPDATE dispatch_outbox SET attempts = 1 WHERE task_id = :t"), {"t": waiting.split(".")[0]})
     with engine.connect() as conn:
         mine = [q for q in reads.queue(conn) if q["specialist_id"] == specialist]
         created = conn.execute(text("SELECT min(created_at) FROM dispatch_outbox WHERE specialist_id = :s "
                                     "AND status = 'pending' AND task_id <> :t"),
                                {"s": specialist, "t": taken.split(".")[0]}).scalar_one()
-    assert mine == [{"specialist_id": specialist, "queued": 2, "oldest_queued_at": created}]
+    assert mine == [{"specialist_id": specialist, "queued": 2, "redelivery": 1, "oldest_queued_at": created}]
