@@ -32,12 +32,16 @@ class CustomerNotFound(LedgerError):
 
     code = "customer_not_found"
 
+    customer_id: str = ""  # the id not found, for a "did you mean" (ledger/near.py)
+
     @classmethod
     def of(cls, customer_id: str) -> "CustomerNotFound":
-        return cls(
+        found = cls(
             f"no customer {customer_id!r}: check the id (`specialists customers list`), or add the customer first "
             f"(`specialists customers add --customer {customer_id}`)"
         )
+        found.customer_id = customer_id
+        return found
 
 
 class AccountRefused(LedgerError):

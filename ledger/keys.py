@@ -190,6 +190,12 @@ class KeySigner:
         return identity
 
 
+class KeyNotFound(ServiceError):
+    """No key by this id (``details["key_id"]``: what a "did you mean" starts from, ledger/near.py)."""
+
+    code = "key_not_found"
+
+
 def new_key_id() -> str:
     return "key_" + secrets.token_hex(8)
 
@@ -303,7 +309,7 @@ def revoke_key(
             return True
         exists = conn.execute(text("SELECT 1 FROM api_keys WHERE key_id = :k"), {"k": key_id}).first()
     if not exists:
-        raise ServiceError(f"no key with id {key_id!r}; `specialists keys list` shows them", code="key_not_found")
+        raise KeyNotFound(f"no key with id {key_id!r}; `specialists keys list` shows them", key_id=key_id)
     return False
 
 

@@ -28,7 +28,8 @@ from core.settings import Settings, describe_invalid
 from core.specs import SpecInvalid
 from ledger import keys
 from ledger.client import Ledger
-from ledger.errors import LedgerInputInvalid
+from ledger.errors import CustomerNotFound, LedgerInputInvalid
+from ledger.near import did_you_mean, near_customer_ids, near_key_ids
 from ops import local_secrets, output
 from ops.flags import GlobalFlags, JsonFlag, OperatorFlag, Parser, UsageError
 from ops.output import EXIT_CONFIG, EXIT_DATABASE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit, fail, say
@@ -128,6 +129,12 @@ def cmd_keys_issue(ctx: Ctx, args: argparse.Namespace) -> int:
     }
     if ctx.as_json:
         output.emit_json(record)
+    elif not output.stdout_is_a_terminal():
+        # `keys issue > key.txt`: the file holds the key alone, as `keys verify < key.txt` reads it; the record
+        # (its key_id for `keys revoke`) goes to the person on stderr.
+        emit({k: v for k, v in record.items() if k != "key"}, as_json=False, title="key issued", on_stderr=True)
+        output.progress("The key is shown once and is not stored: it is on standard output alone.")
+        print(issued.token)
     else:
         emit({k: v for k, v in record.items() if k != "key"}, as_json=False, title="key issued")
         say("The key is shown once and is not stored; hand it to the customer now:")
@@ -613,6 +620,17 @@ def _usage_error(problem: UsageError, *, as_json: bool) -> int:
     return fail("usage_error", problem.message, as_json=as_json, exit_code=EXIT_USAGE)
 
 
+def _suggest(ctx: Ctx, near, typo: str) -> str:
+    """"; did you mean 'x'?" from the ids near ``typo``, or nothing (no id, or the database went away)."""
+    if not typo or ctx._engine is None:
+        return ""
+    try:
+        with ctx._engine.connect() as conn:
+            return did_you_mean(near(conn, typo))
+    except Exception:  # a suggestion is a courtesy: the refusal stands without it
+        return ""
+
+
 def _main(argv: list[str] | None) -> int:
     flags = GlobalFlags()
     parser = build_parser(flags)
@@ -649,6 +667,12 @@ def _main(argv: list[str] | None) -> int:
         return fail(refused.code, refused.message, as_json=as_json, exit_code=exit_code)
     except LedgerInputInvalid as invalid:  # e.g. a malformed --customer
         return fail(invalid.code, invalid.message, as_json=as_json, exit_code=EXIT_USAGE)
+    except CustomerNotFound as unknown:
+        return fail(unknown.code, unknown.message + _suggest(ctx, near_customer_ids, unknown.customer_id),
+                    as_json=as_json)
+    except keys.KeyNotFound as unknown:
+        return fail(unknown.code, unknown.message + _suggest(ctx, near_key_ids, unknown.details.get("key_id", "")),
+                    as_json=as_json)
     except ServiceError as problem:
         return fail(problem.code, problem.message, as_json=as_json)
     finally:

@@ -11,6 +11,7 @@ Exit codes scripts can trust:
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import date, datetime
@@ -27,8 +28,19 @@ EXIT_USAGE = 2
 EXIT_CONFIG = 3
 EXIT_DATABASE = 4
 
-# Piped output keeps whole values rather than wrapping them to 80 columns.
-_out = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+# Piped output (no terminal, no COLUMNS) is printed at its full width, never cut: a script or a file gets whole
+# values. A terminal's width, or COLUMNS when set (rich reads it), bounds the rest, and only a table's columns
+# that are not ids give way (``emit_table``).
+UNBOUNDED_WIDTH = 1_000_000
+
+
+def _stdout_width() -> int | None:
+    if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit():  # the terminal's convention, as rich's
+        return None
+    return UNBOUNDED_WIDTH
+
+
+_out = Console(highlight=False, width=_stdout_width())
 _err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -62,38 +74,55 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+NARROWEST_COLUMN = 8  # a column that is not an id wraps to no fewer characters
+
+
 def _is_id(column: str) -> bool:
     return column in ("job_id", "task_id", "key_id", "customer_id", "call_id") or column.endswith("_id")
 
 
-def emit_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[str], *, title: str | None = None) -> None:
-    """A table. Its title never wraps (the table is at least as wide), and an id column is never cut or
-    wrapped: an id is what an operator copies into the next command."""
+def emit_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[str], *, title: str | None = None,
+               on_stderr: bool = False) -> None:
+    """A table (on stdout, or ``on_stderr``). Its title never wraps (the table is at least as wide), and an id
+    column is never cut or wrapped: an id is what an operator copies into the next command."""
+    out = _err if on_stderr else _out
     cells = [[_cell(row.get(column)) for column in columns] for row in rows]
     if not cells:
-        _out.print(f"{title + ': ' if title else ''}nothing to show")
+        out.print(f"{title + ': ' if title else ''}nothing to show")
         return
     table = Table(title=title, show_lines=False, min_width=len(title) + 4 if title else None)
+    least_width = 1  # the table's narrowest form: whole ids, other columns wrapped to NARROWEST_COLUMN
     for index, column in enumerate(columns):
+        widest = max(len(column), *(len(row[index]) for row in cells))
         if _is_id(column):
-            widest = max(len(column), *(len(row[index]) for row in cells))
             table.add_column(column, no_wrap=True, min_width=widest, overflow="fold")
+            least_width += widest + 3
         else:
-            table.add_column(column)
+            table.add_column(column, overflow="fold", min_width=min(widest, NARROWEST_COLUMN))  # wrapped, never cut
+            least_width += min(widest, NARROWEST_COLUMN) + 3
     for row in cells:
         table.add_row(*row)
-    _out.print(table)
+    # A terminal narrower than the ids gets a table wider than itself (its lines wrap), never a cut id.
+    wide_enough = out if out.width >= least_width else Console(
+        highlight=False, width=least_width, force_terminal=out.is_terminal, file=out.file)
+    wide_enough.print(table, crop=False)
 
 
-def emit(payload: Any, *, as_json: bool, columns: Sequence[str] | None = None, title: str | None = None) -> None:
+def emit(payload: Any, *, as_json: bool, columns: Sequence[str] | None = None, title: str | None = None,
+         on_stderr: bool = False) -> None:
     """Rows (a list of mappings) become a table, a mapping becomes a two-column table."""
     if as_json:
         emit_json(payload)
         return
     if isinstance(payload, Mapping):
-        emit_table(({"field": k, "value": v} for k, v in payload.items()), ["field", "value"], title=title)
+        emit_table(({"field": k, "value": v} for k, v in payload.items()), ["field", "value"], title=title,
+                   on_stderr=on_stderr)
     else:
-        emit_table(payload, columns or (list(payload[0].keys()) if payload else []), title=title)
+        emit_table(payload, columns or (list(payload[0].keys()) if payload else []), title=title, on_stderr=on_stderr)
+
+
+def stdout_is_a_terminal() -> bool:
+    return sys.stdout.isatty()
 
 
 def emit_page(rows: list[Mapping[str, Any]], *, as_json: bool, key: str, columns: Sequence[str], title: str,

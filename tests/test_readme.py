@@ -106,17 +106,22 @@ def test_the_readme_operator_commands_work_as_written_beside_the_local_service(t
         key_id = None
         for line in _local_operator_block():
             args = shlex.split(line, comments=True)[2:]
-            stdin = None
+            stdin = stdout_file = None
             if "<" in args:  # `... < key.txt`: the file on standard input
                 at = args.index("<")
                 stdin, args = (tmp_path / args[at + 1]).read_text(), args[:at]
+            if ">" in args:  # `... > key.txt`: standard output into the file, as the shell does it
+                at = args.index(">")
+                stdout_file, args = tmp_path / args[at + 1], args[:at]
             args = [key_id if arg == "KEY_ID" else arg for arg in args]
             done = specialists(*args, stdin=stdin)
             assert done.returncode == 0, (line, done.stdout, done.stderr)
+            if stdout_file is not None:
+                stdout_file.write_text(done.stdout)
             if args[:2] == ["keys", "issue"]:
-                token = done.stdout.strip().splitlines()[-1]  # shown once, last
-                (tmp_path / "key.txt").write_text(token + "\n")
-                key_id = re.search(r"key_[0-9a-f]{16}", done.stdout).group(0)
+                token = (tmp_path / "key.txt").read_text().strip()
+                assert re.fullmatch(r"sk_test_\S+", token), f"key.txt holds more than the key: {token!r}"
+                key_id = re.search(r"key_[0-9a-f]{16}", done.stderr).group(0)  # the record, for the person
                 assert accepted(token), "the running service refused the key the README's command issued"
                 exported = specialists(*args, "--json", extra={"SPECIALISTS_KEY_SIGNING_SECRETS": "s" * 48})
                 assert not accepted(json.loads(exported.stdout)["key"])  # the old README's way: refused

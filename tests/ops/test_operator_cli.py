@@ -130,6 +130,23 @@ def test_only_customers_add_creates_a_customer_so_a_mistyped_id_is_refused(servi
     assert [(c["customer_id"], c["available"], c["max_parallel"]) for c in listed["customers"]] == [(typo, 10, 3)]
 
 
+def test_an_unknown_customer_or_key_id_is_refused_with_the_near_ids_the_service_knows(service_env):
+    customer = added(service_env)
+    typo = customer[:-3] + customer[-1] + customer[-2] + customer[-3]  # the last three characters reversed
+    for command in (("credits", "show"), ("customers", "show"), ("keys", "issue")):
+        unknown = refusal(service_env, *command, "--customer", typo, expect=1)
+        assert unknown["code"] == "customer_not_found" and f"did you mean {customer!r}?" in unknown["message"], unknown
+    table = cli(service_env, "credits", "show", "--customer", typo)
+    assert f"did you mean {customer!r}?" in " ".join(table.stderr.split()), table.stderr
+    far = refusal(service_env, "credits", "show", "--customer", new_customer("zz"), expect=1)
+    assert "did you mean" not in far["message"]  # nothing near: no guess
+
+    key_id = cli_json(service_env, "keys", "issue", "--customer", customer)["key_id"]
+    key_typo = key_id[:-2] + key_id[-1] + key_id[-2]
+    unknown_key = refusal(service_env, "keys", "revoke", key_typo, "--reason", "lost", expect=1)
+    assert unknown_key["code"] == "key_not_found" and f"did you mean {key_id!r}?" in unknown_key["message"]
+
+
 @pytest.mark.parametrize("command", [("reservations", "list"), ("ledger", "verify"), ("credits", "history"),
                                      ("credits", "show"), ("keys", "list"), ("credits", "adjust", "--credits", "1",
                                                                               "--reason", "r"),
@@ -214,6 +231,50 @@ def test_tables_keep_their_titles_whole_and_show_no_python_records(service_env):
     assert adjust.returncode == 0 and "{" not in adjust.stdout and "'" not in adjust.stdout, adjust.stdout
     lot = cli_json(service_env, "credits", "show", "--customer", customer)["lots"][0]["lot_id"]
     assert re.search(rf"│ lots\s+│ lot {lot}: -4\s+│", adjust.stdout), adjust.stdout
+
+
+def test_a_table_is_whole_when_piped_and_fits_the_terminal_or_columns_without_cutting_an_id(service_env):
+    # Issue 42: tables were cut at 200 columns, ignored COLUMNS, and cut values with an ellipsis.
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    customer = added(service_env)
+    label = "a label of a hundred and ninety characters " * 4 + "end"
+    issued = cli_json(service_env, "keys", "issue", "--customer", customer, "--label", label)
+    piped = cli(service_env, "keys", "list", "--customer", customer)
+    assert label in piped.stdout and "…" not in piped.stdout, piped.stdout  # one line, whole
+    assert max(len(line) for line in piped.stdout.splitlines()) > 200
+
+    narrow = cli(service_env | {"COLUMNS": "100"}, "keys", "list", "--customer", customer)
+    lines = narrow.stdout.splitlines()
+    label_cells = [line.split("│")[6].strip() for line in lines if line.startswith("│")]  # key_id ... tier, label
+    assert "…" not in narrow.stdout and "".join("".join(label_cells).split()) == "".join(label.split())  # wrapped
+    assert any(issued["key_id"] in line and customer in line for line in lines)  # ids whole, on the key's line
+    assert all(len(line) <= 160 for line in lines)  # as narrow as whole ids allow (100 columns cannot hold them)
+
+    leader, follower = pty.openpty()  # a terminal 150 columns wide, and no COLUMNS
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 150, 0, 0))
+    env = {k: v for k, v in service_env.items() if k not in ("COLUMNS", "LINES")} | {"TERM": "dumb"}
+    command = subprocess.Popen([str(SPECIALISTS), "keys", "list", "--customer", customer], env=env, stdout=follower,
+                               stderr=subprocess.PIPE)
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the command closed its end
+            break
+        if not chunk:
+            break
+        shown += chunk
+    assert command.wait(60) == 0, command.stderr.read()
+    os.close(leader)
+    terminal = [line for line in shown.decode().splitlines() if line.strip()]
+    assert terminal and all(len(line) <= 150 for line in terminal), terminal
+    assert any(issued["key_id"] in line and customer in line for line in terminal)
 
 
 def test_with_json_an_error_is_json_on_stdout_and_nothing_on_stderr(service_env):
