@@ -17,7 +17,7 @@ import contextlib
 import gc
 import hmac
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from a2a.extensions.common import HTTP_EXTENSION_HEADER, get_requested_extensions
@@ -253,7 +253,8 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
     routes: list[BaseRoute] = [
         Route("/healthz", _healthz, methods=["GET"]),
         Route("/readyz", _readyz(edge), methods=["GET"]),
-        Route("/metrics", _metrics(metrics, settings), methods=["GET"]),
+        Route("/metrics", _metrics(metrics, settings, _service_reader(engine, settings, sorted(specs))),
+              methods=["GET"]),
         *discovery_routes(specs, cards, settings),
         *jwks_routes(settings),
     ]
@@ -292,7 +293,27 @@ def _readyz(edge: Edge):
     return readyz
 
 
-def _metrics(metrics: Metrics, settings: Settings):
+def _service_reader(engine: AsyncEngine, settings: Settings, specialists: list[str]):
+    """The service's state for ``/metrics``: the read `specialists health` makes (``taskstate.reads.service_facts``),
+    once per scrape; None when the database does not answer (the edge's own metrics are still served)."""
+    from taskstate.reads import service_facts
+
+    async def read() -> telemetry.ServicePoints | None:
+        try:
+            async with engine.connect() as conn:
+                facts = await conn.run_sync(lambda sync: service_facts(
+                    sync, specialists=specialists, live_s=settings.health.worker_live_s,
+                    failures_window_s=settings.health.failures_window_s))
+        except Exception as exc:  # a scrape must still show the edge's own counts
+            log.warning("the service's state could not be read for /metrics: %s", type(exc).__name__)
+            return None
+        return facts.points()
+
+    return read
+
+
+def _metrics(metrics: Metrics, settings: Settings,
+             read_service: Callable[[], Awaitable[telemetry.ServicePoints | None]] | None = None):
     token = settings.edge.metrics_token.get_secret_value().encode() if settings.edge.metrics_token else None
 
     async def endpoint(request: Request) -> Response:
@@ -305,6 +326,8 @@ def _metrics(metrics: Metrics, settings: Settings):
                     status_code=401,
                     headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
                 )
+        if read_service is not None:
+            metrics.show_service(await read_service())
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return endpoint

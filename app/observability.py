@@ -78,7 +78,7 @@ class JsonFormatter(logging.Formatter):
         if customer != "-":
             entry["customer_id"] = customer
         for key in ("event", "method", "path", "status", "duration_ms", "task_id", "specialist", "code", "job_id",
-                    "outcome", "worker_id"):
+                    "outcome", "worker_id", "count"):
             value = record.__dict__.get(key)
             if value is not None:
                 entry[key] = value
@@ -132,6 +132,19 @@ class Metrics:
         )
         self.refusals = Counter("edge_refusals", "Requests refused, by stable code", ["code"], registry=r)
         self.open_streams = Gauge("edge_open_streams", "Event streams being served", registry=r)
+        # The service's state, read from the database at each scrape (``show_service``): the gauges the dispatchers
+        # export by OpenTelemetry, under their Prometheus names (core.telemetry.SERVICE_GAUGES).
+        self.service = {name: Gauge(telemetry.prometheus_name(name, unit), description, list(labels), registry=r)
+                        for name, (unit, labels, description) in telemetry.SERVICE_GAUGES.items()}
+
+    def show_service(self, points: telemetry.ServicePoints | None) -> None:
+        """The service gauges as of one read (``taskstate.reads.ServiceFacts.points``); None (the read failed):
+        none, rather than the last read's values shown as now."""
+        for gauge in self.service.values():
+            gauge.clear()
+        for name, value, attributes in points or ():
+            gauge = self.service[name]
+            (gauge.labels(**attributes) if attributes else gauge).set(value)
 
     # Counted twice: in this instance's Prometheus registry (``/metrics``) and in the OpenTelemetry meters
     # (``core.telemetry``: exported with the instance in the resource, so the instances' counts add up).

@@ -22,6 +22,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -159,30 +160,70 @@ class Meters:
 meters = Meters()
 
 
-def observe_queue(read: Callable[[], list[tuple[str, int, float]]], on: metrics.Meter | None = None) -> None:
-    """The dispatch queue's depth and oldest age per specialist as gauges, from ``read`` (specialist, jobs queued,
-    the oldest one's age in seconds), called once per export. Only a dispatcher registers it (``on``: another
-    meter than the process's)."""
+# The gauges of the service's state: can work run, what waits, what could not be pushed (issue 42). Name -> (unit,
+# attributes, description). Their values are ``taskstate.reads.ServiceFacts.points()``, the read `specialists
+# health` makes: each dispatcher observes them once per export (``observe_service``), and the edge's ``/metrics``
+# reads them at each scrape under ``prometheus_name`` (app/observability.py). infra/monitoring.tf alerts on them.
+SERVICE_GAUGES: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "specialists.queue.depth": ("{job}", ("specialist",), "Jobs no worker has taken yet, by specialist"),
+    "specialists.queue.age": ("s", ("specialist",),
+                              "How long the oldest job no worker has taken has waited, by specialist"),
+    "specialists.queue.redelivery": ("{job}", ("specialist",),
+                                     "Jobs a dispatcher tried to deliver and must deliver again, by specialist"),
+    "specialists.workers.live": ("{worker}", ("specialist",),
+                                 "Workers serving the specialist whose beat is within "
+                                 "SPECIALISTS_HEALTH_WORKER_LIVE_S (0: none can run its jobs), by specialist"),
+    "specialists.push.pending": ("{notification}", (), "Push notifications not yet delivered or failed"),
+    "specialists.push.due_age": ("s", (), "How long the oldest push notification due now has waited for an attempt"),
+    "specialists.push.failed_recent": ("{notification}", (),
+                                       "Push notifications that finally failed within "
+                                       "SPECIALISTS_HEALTH_FAILURES_WINDOW_S"),
+    "specialists.jobs.unknown_open": ("{job}", (), "Jobs whose outcome is unknown now, holding credits until an "
+                                                   "operator reconciles them"),
+}
+SERVICE_READ_REUSE_S = 1.0  # one export asks every gauge in turn: they share one read made within this
+
+
+def prometheus_name(name: str, unit: str) -> str:
+    """A metric's name as Prometheus (``/metrics``) and Managed Service for Prometheus show it: dots as underscores,
+    a unit of seconds as ``_seconds``, a unit in braces (an annotation) dropped, as the OpenTelemetry Collector's
+    Prometheus translation does."""
+    base = name.replace(".", "_")
+    return base + "_seconds" if unit == "s" else base
+
+
+ServicePoints = list[tuple[str, float, dict[str, str]]]
+
+
+def observe_service(read: Callable[[], ServicePoints], on: metrics.Meter | None = None) -> None:
+    """Register ``SERVICE_GAUGES``, valued from ``read`` ((gauge name, value, attributes) of every point), read once
+    per export. Only a dispatcher registers them (``on``: another meter than the process's). A read that fails
+    leaves the export without these points, and says so."""
     target = on or meter
     from opentelemetry.metrics import CallbackOptions, Observation
 
-    latest: list[list[tuple[str, int, float]] | None] = [None]
+    latest: dict[str, Any] = {"at": None, "points": []}
+    lock = threading.Lock()
 
-    def depth(_: CallbackOptions) -> list[Observation]:
-        try:  # the depth is observed first in each export; the age reuses its reading (one query for both)
-            latest[0] = read()
-        except Exception as exc:  # the export goes on without these points
-            log.warning("the queue could not be read for its metrics: %s", type(exc).__name__)
-            latest[0] = None
-        return [Observation(queued, {"specialist": specialist}) for specialist, queued, _ in latest[0] or ()]
+    def reading() -> ServicePoints:
+        with lock:
+            now = time.monotonic()
+            if latest["at"] is None or now - latest["at"] > SERVICE_READ_REUSE_S:
+                try:
+                    latest["points"] = read()
+                except Exception as exc:  # the export goes on without these points
+                    log.warning("the service's state could not be read for its gauges: %s", type(exc).__name__)
+                    latest["points"] = []
+                latest["at"] = now
+            return latest["points"]
 
-    def age(_: CallbackOptions) -> list[Observation]:
-        return [Observation(age_s, {"specialist": specialist}) for specialist, _, age_s in latest[0] or ()]
+    def callback_of(name: str) -> Callable[[CallbackOptions], list[Observation]]:
+        def observe(_: CallbackOptions) -> list[Observation]:
+            return [Observation(value, attributes) for point, value, attributes in reading() if point == name]
+        return observe
 
-    target.create_observable_gauge("specialists.queue.depth", [depth], unit="{job}",
-                                  description="Jobs admitted and not yet taken by a dispatcher, by specialist")
-    target.create_observable_gauge("specialists.queue.age", [age], unit="s",
-                                  description="How long the oldest job not yet taken has waited, by specialist")
+    for name, (unit, _, description) in SERVICE_GAUGES.items():
+        target.create_observable_gauge(name, [callback_of(name)], unit=unit, description=description)
 
 
 AFTER_COMMIT = "telemetry_after_commit"

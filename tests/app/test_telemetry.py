@@ -97,30 +97,34 @@ def test_two_instances_export_counters_that_sum_to_the_admissions_made_and_a_tra
         assert resource["service.name"] == "specialists-api" and resource["service.version"]
 
 
-def test_the_queue_gauges_read_each_specialists_queued_jobs_and_the_oldest_ones_wait(engine, make_customer,
-                                                                                      edge_alone):
+def test_the_service_gauges_read_each_specialists_queued_jobs_and_the_oldest_ones_wait(engine, make_customer,
+                                                                                        edge_alone, edge_specs_dir):
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
     from core import telemetry
-    from workers.dispatch.process import _queue_reading
+    from core.settings import Settings
+    from workers.dispatch.process import service_points
 
     customer = make_customer(credits=50)
     for _ in range(2):  # nothing claims the paid specialist's tasks beside edge_alone: they stay queued
         _send(edge_alone, customer)
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])  # this test's own, not the process's
+    settings = Settings(hosted={"specs_dir": edge_specs_dir})
     try:
-        telemetry.observe_queue(lambda: _queue_reading(engine), on=provider.get_meter("test"))
+        telemetry.observe_service(lambda: service_points(settings, engine), on=provider.get_meter("test"))
         exported = reader.get_metrics_data()
     finally:
         provider.shutdown()
-    points = {metric.name: {dict(p.attributes)["specialist"]: p.value for p in metric.data.data_points}
+    points = {metric.name: {dict(p.attributes).get("specialist"): p.value for p in metric.data.data_points}
               for resource in exported.resource_metrics for scope in resource.scope_metrics for metric in scope.metrics}
     with engine.connect() as conn:
         queued = {row["specialist_id"]: row["queued"] for row in reads.queue(conn)}
     assert 2 <= points["specialists.queue.depth"][PAID] <= queued[PAID]  # read first; the queue only grows here
     assert points["specialists.queue.age"][PAID] >= 0
+    assert set(points) == set(telemetry.SERVICE_GAUGES)  # every gauge has its points, one read for all
+    assert points["specialists.push.pending"][None] >= 0 and points["specialists.jobs.unknown_open"][None] >= 0
 
 
 def test_an_edge_whose_receiver_never_answers_still_stops_within_its_shutdown_bound(

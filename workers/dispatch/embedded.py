@@ -102,6 +102,7 @@ class EmbeddedDispatcher:
         # Deliveries in a row that got no HTTP answer, per URL: a dead worker is tried only when every other
         # one failed too (a job whose worker died must reach another one to be resumed).
         self._unanswered: dict[str, int] = {url: 0 for url in self.urls}
+        self._unreachable_logged_at: float | None = None  # when "no worker answers" was last logged (monotonic)
         self._renew_every_s = settings.dispatch.delivery_lease_s / 3
         self._next_renewal = time.monotonic() + self._renew_every_s
 
@@ -160,6 +161,27 @@ class EmbeddedDispatcher:
                 extra={"event": "dispatch_full"},
             )
 
+    def _note_reachability(self) -> None:
+        """WARNING, once a delivery lease while it lasts, when no worker answers at all: every URL's last delivery
+        got no HTTP answer. The line counts the deliveries in a row that got none (``unanswered``), so an operator
+        (and a log-based alert) sees that nothing can run, not one INFO ``dispatch_retry`` per job."""
+        with self._lock:
+            unanswered = sum(self._unanswered.values())
+            all_down = all(self._unanswered[url] > 0 for url in self.urls)
+        now = time.monotonic()
+        if all_down:
+            if self._unreachable_logged_at is None or now - self._unreachable_logged_at >= self.settings.dispatch.delivery_lease_s:
+                self._unreachable_logged_at = now
+                log.warning(
+                    "no worker answers: %d delivery(ies) in a row got no answer from %d worker URL(s) "
+                    "(SPECIALISTS_DISPATCH_WORKER_URL); jobs wait for redelivery. Start a worker or check the URLs",
+                    unanswered, len(self.urls),
+                    extra={"event": "workers_unreachable", "count": unanswered},
+                )
+        elif self._unreachable_logged_at is not None:
+            self._unreachable_logged_at = None
+            log.info("a worker answers again", extra={"event": "workers_reachable"})
+
     def _renew_due(self) -> None:
         if time.monotonic() < self._next_renewal:
             return
@@ -187,6 +209,7 @@ class EmbeddedDispatcher:
             telemetry.annotate(span, **{"specialists.verdict": result.verdict, "http.response.status_code": result.status})
             with self._lock:
                 self._unanswered[url] = 0 if result.status is not None else self._unanswered[url] + 1
+            self._note_reachability()
             crash_here("after_enqueue", self.settings)
             with self._renewing:  # no renewal can now overwrite what _record writes
                 self._leave(row)

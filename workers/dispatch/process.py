@@ -26,7 +26,6 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 import psycopg
@@ -36,6 +35,7 @@ from taskstate import reads
 from taskstate.notify import DISPATCH, PUSH, libpq_url
 from core import db, telemetry
 from core.errors import ServiceError
+from core.specs import SpecInvalid, load_specs
 from core.settings import Settings
 from workers.auth import JobSigner
 from workers.dispatch.embedded import EmbeddedDispatcher
@@ -151,13 +151,17 @@ def _start_push(settings: Settings, engine: Engine, url: str, name: str,
     return thread, listener
 
 
-def _queue_reading(engine: Engine) -> list[tuple[str, int, float]]:
-    """The queue's depth and oldest age per specialist, for the queue gauges (``core.telemetry.observe_queue``)."""
+def service_points(settings: Settings, engine: Engine) -> "telemetry.ServicePoints":
+    """The service's state for the gauges (``core.telemetry.observe_service``): the read `specialists health` makes,
+    for the specialists of the specs folder (none when it does not load: the gauges of the rest still come)."""
+    try:
+        specialists = sorted(load_specs(settings.hosted.specs_dir))
+    except SpecInvalid:
+        specialists = []
     with engine.connect() as conn:
-        queued = reads.queue(conn)
-    now = datetime.now(timezone.utc)
-    return [(row["specialist_id"], row["queued"], max(0.0, (now - row["oldest_queued_at"]).total_seconds()))
-            for row in queued if row["oldest_queued_at"] is not None]
+        facts = reads.service_facts(conn, specialists=specialists, live_s=settings.health.worker_live_s,
+                                    failures_window_s=settings.health.failures_window_s)
+    return facts.points()
 
 
 def run_dispatcher(
@@ -198,7 +202,7 @@ def _run(settings: Settings, database_url: str | None, stop: threading.Event | N
         if settings.dispatch.backend == "cloud_tasks"
         else None,
     )
-    telemetry.observe_queue(lambda: _queue_reading(engine))
+    telemetry.observe_service(lambda: service_points(settings, engine))
     listener = OutboxListener(url, wake, settings.database.connect_timeout_s)
     listener.start()
     log.info(
