@@ -53,6 +53,7 @@ from app.ratelimit import RateLimiter
 from app.slashes import TrailingSlash
 from app.streams import StreamGate, StreamRefusalStatus
 from core import db, telemetry
+from core.errors import ServiceError
 from core.settings import Settings
 from core.specs import LoadedSpec, load_specs
 from ledger.keys import AsyncKeyVerifier, KeySigner
@@ -156,6 +157,20 @@ async def schema_problem(engine: AsyncEngine, head: str) -> tuple[str | None, st
         if current is not None and (await conn.execute(text(db.COMPATIBILITY_EXISTS_SQL))).scalar():
             chain = db.compatibility_chain((await conn.execute(text(db.COMPATIBILITY_SQL))).all())
     return current, db.schema_problem(current, head, chain)
+
+
+class EdgeNotConfigured(ServiceError):
+    code = "edge_not_configured"
+
+
+def check_edge_settings(settings: Settings) -> None:
+    """Start-up's refusals of the edge: live keys with ``/metrics`` open to anyone, unless opened on purpose."""
+    edge = settings.edge
+    if settings.keys.environment == "live" and edge.metrics_token is None and not edge.metrics_open:
+        raise EdgeNotConfigured(
+            "with SPECIALISTS_KEY_ENVIRONMENT=live, /metrics needs a scraper's token: set SPECIALISTS_METRICS_TOKEN "
+            "(or SPECIALISTS_METRICS_OPEN=true to open it to anyone who reaches the edge, on purpose)"
+        )
 
 
 def create_app(settings: Settings, *, database_url: str | None = None) -> FastAPI:

@@ -265,6 +265,11 @@ class EdgeSettings(Section):
         description="When set, GET /metrics answers only a request with `Authorization: Bearer <this>` (the "
         "scraper's); unset, anyone who reaches the edge reads the counts (fine on one machine, not on a public API).",
     )
+    metrics_open: bool = Field(
+        default=False,
+        description="With SPECIALISTS_KEY_ENVIRONMENT=live and no SPECIALISTS_METRICS_TOKEN, `serve` refuses to "
+        "start (an open /metrics on a public API); true opens /metrics to anyone on purpose (a private network).",
+    )
     sse_ping_interval_s: float = Field(
         default=3.0,
         ge=0.5,

@@ -334,6 +334,7 @@ def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
     child processes (SPECIALISTS_SERVE_WORKER, _DISPATCHER, _CONSOLE). Ctrl-C stops them all, at any moment."""
     stopping = _Stopping()  # first: a Ctrl-C during start-up is remembered, and start-up stops at the next step
     from workers.dispatch.process import DispatcherNotConfigured, check_dispatcher_settings
+    from app.assembly import EdgeNotConfigured, check_edge_settings
     from workers.assembly import WorkerNotConfigured, check_worker_settings
 
     settings = ctx.settings.model_copy(deep=True)
@@ -365,11 +366,12 @@ def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
             if settings.console.auth == "local":
                 needed.append("console_operator_secret")
         local_secrets.require(settings, needed)  # every missing one named at once
+        check_edge_settings(settings)
         if settings.serve.worker:
             check_worker_settings(settings)
         if settings.serve.dispatcher:
             check_dispatcher_settings(settings)
-    except (local_secrets.SecretMissing, WorkerNotConfigured, DispatcherNotConfigured) as problem:
+    except (local_secrets.SecretMissing, EdgeNotConfigured, WorkerNotConfigured, DispatcherNotConfigured) as problem:
         return _config_problem(problem, ctx.as_json)
     if settings.database.embedded:
         # The embedded database belongs to this machine's service: bring it to head.

@@ -128,9 +128,27 @@ def test_serve_refuses_a_port_out_of_range(database_url, edge_specs_dir):
     assert "SPECIALISTS_EDGE_PORT" in done.stderr
 
 
+def test_with_live_keys_serve_refuses_an_open_metrics_unless_opened_on_purpose(database_url, edge_specs_dir):
+    # Issue 42: /metrics was open to anyone with live keys and no token.
+    from app.assembly import EdgeNotConfigured, check_edge_settings
+    from core.settings import Settings
+
+    live = edge_env(database_url, edge_specs_dir, key_environment="live", push_allow_loopback="false")
+    done = run_serve(live)
+    assert done.returncode == 3, (done.stdout, done.stderr)
+    assert "edge_not_configured" in done.stderr and "SPECIALISTS_METRICS_TOKEN" in done.stderr
+    assert "SPECIALISTS_METRICS_OPEN=true" in done.stderr
+    with pytest.raises(EdgeNotConfigured):
+        check_edge_settings(Settings(keys={"environment": "live"}))
+    check_edge_settings(Settings(keys={"environment": "live"}, edge={"metrics_open": True}))  # on purpose
+    check_edge_settings(Settings(keys={"environment": "test"}))  # one machine's test keys: open, as before
+
+
 def test_metrics_answer_only_the_scraper_when_a_metrics_token_is_set(database_url, edge_specs_dir, tmp_path):
     token = "scraper-" + "s" * 32
-    edge = start_edge(database_url, edge_specs_dir, tmp_path, "metrics-token", metrics_token=token)
+    # Live keys with the scraper's token: the production shape, which starts.
+    edge = start_edge(database_url, edge_specs_dir, tmp_path, "metrics-token", metrics_token=token,
+                      key_environment="live", push_allow_loopback="false")
     try:
         anonymous = http_calls.get(f"{edge.url}/metrics")
         assert anonymous.status_code == 401 and anonymous.json()["code"] == "metrics_token_required"
