@@ -22,7 +22,7 @@ from functools import cached_property
 from pydantic import ValidationError
 from sqlalchemy import Engine
 
-from core import db
+from core import db, settings_names
 from core.errors import ServiceError
 from core.settings import Settings, describe_invalid
 from core.specs import SpecInvalid
@@ -644,6 +644,8 @@ def _main(argv: list[str] | None) -> int:
         # An error can come before --json is read (a bad value earlier on the line): the word itself counts.
         return _usage_error(problem, as_json=flags.json or "--json" in words)
     as_json = flags.json
+    for name, nearest in settings_names.unknown_variables(os.environ):  # a typo must not pass for a default
+        output.warn("setting_unknown", settings_names.warning_of(name, nearest))
     try:
         settings = _load_settings()
     except ValidationError as invalid:

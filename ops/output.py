@@ -146,6 +146,11 @@ def progress(message: str) -> None:
     _err.print(escape(message))
 
 
+def warn(code: str, message: str) -> None:
+    """Something the person should fix that stops nothing: on stderr, with or without ``--json``."""
+    _err.print(f"[bold yellow]warning[/] {escape(f'[{code}]')} {escape(message)}")
+
+
 def fail(code: str, message: str, *, as_json: bool, exit_code: int = EXIT_REFUSED) -> int:
     """Report an error: for people on stderr; for scripts (``--json``) as JSON on stdout and nothing else, so a
     script reads one document and a wrapper that merges the streams sees it once. Return the exit code."""

@@ -277,6 +277,19 @@ def test_a_table_is_whole_when_piped_and_fits_the_terminal_or_columns_without_cu
     assert any(issued["key_id"] in line and customer in line for line in terminal)
 
 
+def test_a_misspelled_setting_is_warned_about_at_start_up_naming_the_nearest_real_one(service_env):
+    # Issue 42: SPECIALISTS_PUSH_MAX_ATEMPTS=3 was ignored without a word, the default of 8 in force.
+    typo = service_env | {"SPECIALISTS_PUSH_MAX_ATEMPTS": "3", "SPECIALISTS_NOTHING_LIKE_IT": "1"}
+    done = cli(typo, "db", "status", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)  # stdout stays the command's JSON
+    warned = " ".join(done.stderr.split())
+    assert ("warning [setting_unknown] SPECIALISTS_PUSH_MAX_ATEMPTS is not a setting of this service and is "
+            "ignored; did you mean SPECIALISTS_PUSH_MAX_ATTEMPTS?") in warned, done.stderr
+    assert "SPECIALISTS_NOTHING_LIKE_IT is not a setting of this service and is ignored; docs/SETTINGS.md" in warned
+    clean = cli(service_env, "db", "status", "--json")
+    assert "setting_unknown" not in clean.stderr  # the suite's own variables are all settings
+
+
 def test_with_json_an_error_is_json_on_stdout_and_nothing_on_stderr(service_env):
     customer = added(service_env)
     refused = refusal(service_env, "credits", "adjust", "--customer", customer, "--credits", "-5", "--reason", "x",
