@@ -236,10 +236,13 @@ class Ledger:
                 raise CustomerNotFound.of(customer_id)
         return customer_id
 
-    def customers(self, *, after: str | None = None, limit: int = reads.DEFAULT_LISTED_CUSTOMERS) -> reads.CustomerPage:
-        """A page of customers in id order, after the id ``after`` (see ``reads.customer_page``)."""
+    def customers(self, *, after: str | None = None, contains: str = "",
+                  limit: int = reads.DEFAULT_LISTED_CUSTOMERS) -> reads.CustomerPage:
+        """A page of customers in id order, after the id ``after``, whose ids contain ``contains`` (see
+        ``reads.customer_page``)."""
         with self._autocommit.connect() as conn:
-            return reads.customer_page(conn, after=after, limit=min(limit, self.limits.max_rows_per_listing))
+            return reads.customer_page(conn, after=after, contains=contains,
+                                       limit=min(limit, self.limits.max_rows_per_listing))
 
     def customer(self, customer_id: str) -> reads.CustomerView:
         """One customer's balances (available, held, spent), as `customers list` shows them; CustomerNotFound

@@ -172,10 +172,13 @@ CUSTOMERS_SQL = text(
     "LEFT JOIN LATERAL (SELECT SUM(granted - held - spent - expired - removed) FILTER (WHERE swept_at IS NULL "
     "AND (expires_at IS NULL OR expires_at > now())) AS available, SUM(spent) AS spent "
     "FROM ledger_lots WHERE customer_id = c.customer_id) l ON true "
-    "WHERE c.customer_id > :after ORDER BY c.customer_id LIMIT :n"
+    "WHERE c.customer_id > :after AND strpos(c.customer_id, :contains) > 0 ORDER BY c.customer_id LIMIT :n"
 )
-CUSTOMER_SQL = text(str(CUSTOMERS_SQL).replace("WHERE c.customer_id > :after ORDER BY c.customer_id LIMIT :n",
-                                               "WHERE c.customer_id = :c"))
+CUSTOMER_SQL = text(str(CUSTOMERS_SQL).replace(
+    "WHERE c.customer_id > :after AND strpos(c.customer_id, :contains) > 0 ORDER BY c.customer_id LIMIT :n",
+    "WHERE c.customer_id = :c"))
+# The longest text a customer search may contain (a customer id is at most 63 characters).
+MAX_CUSTOMER_SEARCH_CHARS = 63
 
 # How many customers a listing shows when its caller names no number (within max_rows_per_listing).
 DEFAULT_LISTED_CUSTOMERS = 100
@@ -229,11 +232,17 @@ def customer_exists(conn: Connection, customer_id: str) -> bool:
     return bool(conn.execute(CUSTOMER_EXISTS_SQL, {"c": customer_id}).scalar_one())
 
 
-def customer_page(conn: Connection, *, after: str | None = None, limit: int = DEFAULT_LISTED_CUSTOMERS) -> CustomerPage:
-    """The first ``limit`` customers after the id ``after`` (none: from the first), in id order, with balances."""
+def customer_page(conn: Connection, *, after: str | None = None, contains: str = "",
+                  limit: int = DEFAULT_LISTED_CUSTOMERS) -> CustomerPage:
+    """The first ``limit`` customers after the id ``after`` (none: from the first), in id order, with balances;
+    only those whose id contains ``contains`` when it is given (a search: it reads the ids in order until the page
+    is full, which is the whole table for a rare text: fine for a service's customers, not for millions)."""
     if limit < 1:
         raise LedgerInputInvalid(f"a listing shows at least 1 row, got {limit}")
-    rows = conn.execute(CUSTOMERS_SQL, {"after": after or "", "n": limit + 1}).mappings().all()
+    if len(contains) > MAX_CUSTOMER_SEARCH_CHARS:
+        raise LedgerInputInvalid(f"a customer search is at most {MAX_CUSTOMER_SEARCH_CHARS} characters (a customer "
+                                 "id's length)")
+    rows = conn.execute(CUSTOMERS_SQL, {"after": after or "", "contains": contains, "n": limit + 1}).mappings().all()
     page = tuple(
         CustomerView(**{**row, "held": int(row["held"]), "available": int(row["available"]), "spent": int(row["spent"])})
         for row in rows[:limit]
