@@ -202,6 +202,17 @@ def row_of_job(conn: Connection, job_id: str) -> OutboxRow:
     return OutboxRow(*row)
 
 
+def trace_parent_of(conn: Connection, job_id: str) -> str | None:
+    """The traceparent admission wrote for the job (None: telemetry was off, or the row is pruned): the trace an
+    operator opens for an unknown job (the console's reservations)."""
+    try:
+        task_id, dispatch_id = ids.split_job_id(job_id)
+    except ValueError:
+        return None
+    return conn.execute(text("SELECT trace_parent FROM dispatch_outbox WHERE task_id = :t AND dispatch_id = :d"),
+                        {"t": task_id, "d": dispatch_id}).scalar_one_or_none()
+
+
 # --- written by admission, read by the job -----------------------------------------------
 
 

@@ -136,6 +136,16 @@ def _rule_credits(conn: Connection, state: str, hold: admitted.Hold, job_ids: li
     return credits or 0
 
 
+def rule_charges(conn: Connection, task_id: str, job_ids: list[str]) -> dict[str, int] | None:
+    """What the charge rule gives for each way the task may have ended (``RECONCILE_STATES``), from its reservation
+    and, for an rlm run, the journal of its last job in ``job_ids``: the figures an operator chooses between
+    (the console's reservations). None: not an A2A task (a ledger job alone)."""
+    hold = admitted.hold_of(conn, task_id)
+    if hold is None:
+        return None
+    return {state: _rule_credits(conn, state, hold, job_ids) for state in RECONCILE_STATES}
+
+
 _UNKNOWN_FREE = text(
     "SELECT u.task_id AS job_id, f.customer_id, f.specialist_id AS skill, 0 AS credits, 'unknown' AS state, "
     "NULL AS charged, f.admitted_at AS created_at, u.unknown_reason, NULL AS resolved_by "
