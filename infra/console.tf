@@ -26,6 +26,9 @@ locals {
     SPECIALISTS_CONSOLE_AUTH         = "iap"
     SPECIALISTS_CONSOLE_IAP_AUDIENCE = local.console_iap_audience
     SPECIALISTS_CONSOLE_OPERATORS    = join(",", var.console_operators)
+    # The only page the console's forms may be posted from (the CSRF check's Origin): its own run.app URL, which
+    # Cloud Run makes deterministic (https://SERVICE-PROJECT_NUMBER.REGION.run.app).
+    SPECIALISTS_CONSOLE_ALLOWED_ORIGINS = "https://${var.console_service_name}-${data.google_project.this.number}.${var.region}.run.app"
     # The keys it issues must be of the environment the API accepts.
     SPECIALISTS_KEY_ENVIRONMENT = var.key_environment
     SPECIALISTS_LOG_LEVEL       = "INFO"

@@ -85,6 +85,9 @@ def test_the_iap_audience_the_console_checks_is_the_one_iap_signs_for_this_servi
     env = container_env(tf, SERVICE, "console").plain
     expected = f"/projects/{PROJECT_NUMBER}/locations/{tf.default('region')}/services/{tf.default('console_service_name')}"
     assert env["SPECIALISTS_CONSOLE_IAP_AUDIENCE"] == expected == tf.resolve(tf.outputs["console_iap_audience"]["value"])
+    # Its forms are posted only from its own run.app URL (the Origin check's one allowed origin).
+    assert env["SPECIALISTS_CONSOLE_ALLOWED_ORIGINS"] == (
+        f"https://{tf.default('console_service_name')}-{PROJECT_NUMBER}.{tf.default('region')}.run.app")
     # IAP's keys come from the settings' default address: nothing overrides it in production.
     assert "SPECIALISTS_CONSOLE_IAP_CERTS_URL" not in env
 
