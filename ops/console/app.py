@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from datetime import date, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlencode
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
@@ -36,6 +37,9 @@ from ops.console import auth, charts
 from ops.console.auth import CSRF_FIELD, SESSION_COOKIE, Refused, Session
 
 HERE = Path(__file__).resolve().parent
+# An id a URL or a query names (customer, key, job, operator, cursor) before anything reads it: printable, no
+# longer than any id the service keeps. Anything else is a 400 with the page's form, never a database error.
+ID_TEXT = re.compile(r"[\x21-\x7e]{1,200}")
 JOURNAL_KINDS = ("grant", "reserve", "settle", "void", "expire", "adjust", "reconcile")
 RECONCILE_STATES = ("completed", "failed", "canceled")
 # The ledger's refusals of a reconcile that another operator's beat: shown as "Already resolved".
@@ -54,6 +58,7 @@ NOTICES = {
     "adjusted": "Adjustment journalled.",
     "revoked": "Key revoked: the edge refuses it within the revocation bound.",
     "added": "Customer added.",
+    "exists": "That customer already exists: nothing changed.",
     "reconciled": "Reconciled: the money moved once, the task has its final state.",
 }
 
@@ -67,6 +72,8 @@ class Console:
     sessions: auth.Sessions
     iap: auth.IapVerifier | None
     templates: Jinja2Templates
+    origins: frozenset[str]
+    logins: auth.LoginThrottle
 
     @property
     def limits(self):
@@ -82,9 +89,11 @@ def create_console(settings: Settings, engine: Engine, *, iap: auth.IapVerifier 
         engine=engine,
         ledger=Ledger(engine, settings.ledger),
         catalogue=SkillCatalogue.of(load_specs(folder), folder),
-        sessions=auth.Sessions(settings.console),
+        sessions=auth.Sessions(settings.console, engine),
         iap=iap or (auth.IapVerifier(settings.console) if settings.console.auth == "iap" else None),
         templates=Jinja2Templates(directory=str(HERE / "templates")),
+        origins=auth.allowed_origins(settings.console),
+        logins=auth.LoginThrottle(settings.console),
     )
     console.templates.env.filters["when"] = _when
     console.templates.env.filters["credits"] = lambda n: "-" if n is None else f"{n:,}"
@@ -233,8 +242,13 @@ class Pages:
                 return self._refusal(request, Refused("log in first", code="login_required", status=401), None)
             try:
                 if method == "POST":
-                    auth.check_same_origin(request)
-                    form = await read_form(request, self.c.settings.console.max_form_bytes)
+                    auth.check_same_origin(request, self.c.origins)
+                    try:
+                        form = await read_form(request, self.c.settings.console.max_form_bytes)
+                    except Refused as refused:
+                        if refused.code != "form_too_large":
+                            raise
+                        return await run_in_threadpool(self._form_page, request, session, refused)
                     auth.check_csrf(session, form.get(CSRF_FIELD))
                     response = await run_in_threadpool(handler, request, session, form)
                 else:
@@ -246,6 +260,22 @@ class Pages:
             return response
 
         return guarded
+
+    def _form_page(self, request: Request, session: Session, refused: Refused) -> Response:
+        """A form too large to read (a pasted file as a reason): the page the form is on, with the limits, so the
+        operator can shorten it and send it again, rather than a bare refusal."""
+        error = {"code": refused.code,
+                 "message": f"{refused.message}. A reason is at most {self.c.limits.max_reason_chars} characters "
+                            "(SPECIALISTS_LEDGER_MAX_REASON_CHARS): shorten it and send the form again."}
+        path = request.url.path
+        customer = re.fullmatch(r"/customers/([^/]+)/(grant|adjust|keys)", path)
+        if customer is None and path.startswith("/keys/"):  # a revoke is posted from its customer's page
+            customer = re.fullmatch(r"/customers/([^/]+)", urlsplit(request.headers.get("referer", "")).path)
+        if customer is not None:
+            return self.customer(request, session, customer.group(1), error=error, status=413)
+        if path.startswith("/reservations/"):
+            return self.reservations(request, session, error=error, status=413)
+        return self.customers(request, session, error=error, status=413)
 
     def _session(self, request: Request) -> tuple[Session | None, str | None]:
         """The request's session, and a new cookie when one must be (re)issued (IAP: bound to the JWT's operator)."""
@@ -264,15 +294,19 @@ class Pages:
                             path="/")
 
     def _refusal(self, request: Request, refused: Refused, session: Session | None) -> Response:
-        return self._render(request, "refused.html", session, status=refused.status,
-                            error={"code": refused.code, "message": refused.message})
+        response = self._render(request, "refused.html", session, status=refused.status,
+                                error={"code": refused.code, "message": refused.message})
+        if refused.retry_after_s is not None:
+            response.headers["Retry-After"] = str(refused.retry_after_s)
+        return response
 
     def _render(self, request: Request, template: str, session: Session | None, *, status: int = 200,
                 **context: Any) -> HTMLResponse:
         notice = NOTICES.get(request.query_params.get("notice", ""))
         return self.c.templates.TemplateResponse(
             request, template,
-            {"session": session, "csrf_field": CSRF_FIELD, "notice": notice, "local": self.c.iap is None, **context},
+            {"session": session, "csrf_field": CSRF_FIELD, "notice": notice, "local": self.c.iap is None,
+             "max_reason_chars": self.c.limits.max_reason_chars, **context},
             status_code=status,
         )
 
@@ -287,23 +321,33 @@ class Pages:
     async def login(self, request: Request) -> Response:
         if self.c.iap is not None:
             return RedirectResponse("/", status_code=303)
+        address = request.client.host if request.client else "-"
         try:
-            auth.check_same_origin(request)
+            auth.check_same_origin(request, self.c.origins)
+            self.c.logins.check(address)  # before the secret is compared: a throttled guess learns nothing
             form = await read_form(request, self.c.settings.console.max_form_bytes)
         except Refused as refused:
+            if refused.code == "login_throttled":
+                response = self._render(request, "login.html", None, status=429,
+                                        error={"code": refused.code, "message": refused.message})
+                response.headers["Retry-After"] = str(refused.retry_after_s)
+                return response
             return self._refusal(request, refused, None)
         if not auth.check_operator_secret(self.c.settings.console, form.get("secret")):
+            self.c.logins.failed(address)
             return self._render(request, "login.html", None, status=401,
                                 error={"code": "login_refused",
                                        "message": "That is not the operator secret (SPECIALISTS_CONSOLE_OPERATOR_SECRET; "
                                                   "on one machine it is in the local secrets file `specialists serve` "
                                                   "printed)."})
-        _, cookie = self.c.sessions.issue(auth.local_operator(self.c.settings.console), "local")
+        _, cookie = await run_in_threadpool(self.c.sessions.issue, auth.local_operator(self.c.settings.console),
+                                            "local")
         response = RedirectResponse("/customers", status_code=303)
         self._set_cookie(request, response, cookie)
         return response
 
     def logout(self, request: Request, session: Session, form: Form) -> Response:
+        self.c.sessions.end(session)  # every copy of the cookie stops working, not only the browser's
         response = RedirectResponse("/login", status_code=303)
         response.delete_cookie(SESSION_COOKIE, path="/")
         return response
@@ -316,9 +360,21 @@ class Pages:
     def customers(self, request: Request, session: Session, *, error: dict | None = None,
                         status: int = 200) -> Response:
         after = request.query_params.get("after") or None
-        page = self.c.ledger.customers(after=after)
-        return self._render(request, "customers.html", session, status=status, customers=page.customers,
-                            next_after=page.next_after, error=error)
+        search = request.query_params.get("q", "").strip()
+        customers: tuple = ()
+        next_after = None
+        try:
+            _check_id(after, "after=")
+            if search and not re.fullmatch(r"[a-z0-9_.\-]{1,63}", search):
+                raise Refused("search for part of a customer id: 1-63 of a-z, 0-9, _ . -", code="search_invalid",
+                              status=400)
+            page = self.c.ledger.customers(after=after, contains=search)
+            customers, next_after = page.customers, page.next_after
+        except (LedgerError, Refused) as refused:
+            error, status = error or _error(refused), 400
+        more = urlencode({"after": next_after, **({"q": search} if search else {})}) if next_after else None
+        return self._render(request, "customers.html", session, status=status, customers=customers,
+                            next_after=more, error=error, search=search)
 
     def add_customer(self, request: Request, session: Session, form: Form) -> Response:
         customer_id = form.get("customer_id")
@@ -328,7 +384,8 @@ class Pages:
                                                 reason=form.get("reason"))
         except (LedgerError, Refused) as refused:
             return self.customers(request, session, error=_error(refused), status=_status(refused))
-        return RedirectResponse(f"/customers/{result.customer_id}?notice=added", status_code=303)
+        notice = "added" if result.outcome == "created" else "exists"  # as `specialists customers add` says it
+        return RedirectResponse(f"/customers/{result.customer_id}?notice={notice}", status_code=303)
 
     def _customer_view(self, customer_id: str) -> dict[str, Any]:
         from taskstate import reads as task_reads
@@ -354,8 +411,9 @@ class Pages:
                        error: dict | None = None, status: int = 200, issued: dict | None = None) -> Response:
         customer_id = customer_id or request.path_params["customer_id"]
         try:
+            _check_id(customer_id, "a customer id")
             view = self._customer_view(customer_id)
-        except LedgerError as missing:
+        except (LedgerError, Refused) as missing:
             return self._render(request, "refused.html", session, status=404, error=_error(missing))
         sealed = request.cookies.get(ISSUED_COOKIE)
         if issued is None and sealed:
@@ -421,20 +479,21 @@ class Pages:
         key_id = request.path_params["key_id"]
         customer_id = form.get("customer_id")
         try:
+            _check_id(key_id, "a key id")
             keys.revoke_key(self.c.engine, key_id, reason=form.get("reason"), operator=session.operator,
                             limits=self.c.limits)
-        except ServiceError as refused:
+        except (ServiceError, Refused) as refused:
             if customer_id:
-                return self.customer(request, session, customer_id, error=_error(refused), status=409)
-            raise Refused(refused.message, code=refused.code, status=409) from None
+                return self.customer(request, session, customer_id, error=_error(refused), status=_status(refused))
+            raise Refused(refused.message, code=refused.code, status=_status(refused)) from None
         target = f"/customers/{customer_id}" if customer_id else "/customers"
         return RedirectResponse(f"{target}?notice=revoked", status_code=303)
 
     # --- reservations and reconcile ----------------------------------------------------------------------
 
     def _reservations_view(self) -> dict[str, Any]:
-        from taskstate import claims
-        from workers.reconcile import unknown_free_tasks
+        from taskstate import claims, outbox
+        from workers.reconcile import rule_charges, unknown_free_tasks
 
         unknown = [asdict(r) for r in self.c.ledger.reservation_page(states=("unknown",)).reservations]
         unknown += unknown_free_tasks(self.c.engine, customer_id=None, limit=self.c.limits.max_rows_per_listing)
@@ -447,7 +506,16 @@ class Pages:
                 row["jobs"] = evidence[row["job_id"]]
                 row["worker"] = ", ".join(sorted({j["worker_id"] for j in row["jobs"] if j["worker_id"]})) or "-"
                 row["skill_name"] = self.c.catalogue.skill_of(row["skill"]) or row["skill"]
-        return {"unknown": unknown, "open": opened, "states": RECONCILE_STATES}
+            for row in unknown:  # what an operator decides from: the rule's charge per outcome, the trace, the logs
+                job_ids = [j["job_id"] for j in row["jobs"]]
+                row["rule"] = rule_charges(conn, row["job_id"], job_ids)
+                parent = outbox.trace_parent_of(conn, job_ids[-1]) if job_ids else None
+                row["trace_id"] = parent.split("-")[1] if parent and parent.count("-") == 3 else None
+                row["log_query"] = f'jsonPayload.task_id="{row["job_id"]}"'
+                row["usage_query"] = urlencode({"customer": row["customer_id"],
+                                                "since": _day(row["created_at"]), "until": _day(now)})
+        return {"unknown": unknown, "open": opened, "states": RECONCILE_STATES,
+                "trace_project": self.c.settings.telemetry.project}
 
     def reservations(self, request: Request, session: Session, *, error: dict | None = None,
                            status: int = 200) -> Response:
@@ -460,20 +528,37 @@ class Pages:
 
         job_id = request.path_params["job_id"]
         try:
+            _check_id(job_id, "a job id")
             reserved = self.c.ledger.reservation(job_id)
+            if reserved is None:
+                from workers.reconcile import rule_charges
+
+                with self.c.engine.connect() as conn:  # a free specialist's task reserves nothing, yet is one
+                    if rule_charges(conn, job_id, []) is None:
+                        raise Refused(f"no reservation or task has the id {job_id}", code="job_not_found",
+                                      status=404)
             credits = reserved.credits if reserved is not None else 0
             kind = form.get("kind")
             if kind == "charged":
                 charged = credits
             elif kind == "void":
                 charged = 0
+            elif kind == "rule":  # the service's own rule for the outcome chosen below
+                from workers.reconcile import rule_charges
+
+                with self.c.engine.connect() as conn:
+                    rule = rule_charges(conn, job_id, [j["job_id"] for j in claims_of(conn, job_id)])
+                if rule is None or form.get("state") not in rule:
+                    raise Refused("the rule's charge needs an A2A task and how it ended; choose charged, void or "
+                                  "partial", code="kind_required", status=400)
+                charged = rule[form.get("state")]
             elif kind == "partial":
                 charged = form.integer("charged", "credits to charge")
                 if not 0 <= charged <= credits:
                     raise Refused(f"a partial charge is between 0 and the {credits} credits reserved",
                                   code="charge_invalid", status=400)
             else:
-                raise Refused("choose charged, void or partial", code="kind_required", status=400)
+                raise Refused("choose the rule's charge, charged, void or partial", code="kind_required", status=400)
             state = form.get("state")
             if state not in RECONCILE_STATES:
                 raise Refused(f"choose how the task ended: {', '.join(RECONCILE_STATES)}", code="state_required",
@@ -483,8 +568,13 @@ class Pages:
                 raise Refused("a reconcile needs a reason: what you established, and how", code="reason_required",
                               status=400)
             if form.get("confirm") != "yes":
+                from workers.reconcile import rule_charges
+
+                with self.c.engine.connect() as conn:
+                    rule = rule_charges(conn, job_id, [j["job_id"] for j in claims_of(conn, job_id)])
                 return self._render(request, "reconcile_confirm.html", session, job_id=job_id, reserved=reserved,
-                                    credits=credits, kind=kind, charged=charged, state=state, reason=reason)
+                                    credits=credits, kind=kind, charged=charged, state=state, reason=reason,
+                                    rule_credits=None if rule is None else rule[state])
             result = reconcile(self.c.engine, job_id, charged=charged, state=state, reason=reason,
                                operator=session.operator, limits=self.c.limits)
         except (LedgerError, ReconcileRefused, Refused) as refused:
@@ -515,6 +605,7 @@ class Pages:
             raise Refused(f"a period is 1 to {longest} days (SPECIALISTS_CONSOLE_MAX_USAGE_DAYS, "
                           "SPECIALISTS_LEDGER_MAX_USAGE_DAYS)", code="period_invalid", status=400)
         customer = request.query_params.get("customer") or None
+        _check_id(customer, "customer=")
         since = datetime.combine(since_day, datetime.min.time(), timezone.utc)
         until = datetime.combine(until_day + timedelta(days=1), datetime.min.time(), timezone.utc)
         return since, until, customer
@@ -530,8 +621,14 @@ class Pages:
         return {"credits": credits, "outcomes": outcomes, "jobs": jobs}
 
     def usage(self, request: Request, session: Session) -> Response:
-        since, until, customer = self._period(request)
-        data = self._usage_data(since, until, customer)
+        try:
+            since, until, customer = self._period(request)
+            data = self._usage_data(since, until, customer)
+        except (LedgerError, Refused) as refused:  # an unknown or malformed customer, a wrong period: the form
+            params = request.query_params
+            return self._render(request, "usage.html", session, status=400, error=_error(refused),
+                                since=params.get("since", ""), until=params.get("until", ""),
+                                customer=params.get("customer", ""))
         days = [(since + timedelta(days=i)).date() for i in range((until - since).days)]
         by_specialist: dict[str, dict[date, int]] = {}
         by_customer: dict[str, int] = {}
@@ -569,7 +666,10 @@ class Pages:
     def usage_csv(self, request: Request, session: Session) -> Response:
         since, until, customer = self._period(request)
         what = request.query_params.get("what", "credits")
-        data = self._usage_data(since, until, customer)
+        try:
+            data = self._usage_data(since, until, customer)
+        except LedgerError as refused:
+            raise Refused(refused.message, code=refused.code, status=400) from None
         columns = {
             "credits": ["day", "specialist_id", "customer_id", "credits_charged", "settlements"],
             "outcomes": ["day", "specialist_id", "state", "tasks"],
@@ -609,8 +709,10 @@ class Pages:
         try:
             if any(k not in JOURNAL_KINDS for k in kinds):
                 raise Refused(f"kinds are {', '.join(JOURNAL_KINDS)}", code="kind_invalid", status=400)
-            if before is not None and not before.isdigit():
+            if before is not None and not (before.isdigit() and len(before) <= 18):
                 raise Refused("before= is a posting id", code="cursor_invalid", status=400)
+            _check_id(customer, "customer=")
+            _check_id(operator, "operator=")
             page = self.c.ledger.journal(customer_id=customer, operator=operator, kinds=kinds or None,
                                          before=int(before) if before else None, limit=JOURNAL_PAGE)
         except (LedgerError, Refused) as refused:
@@ -628,6 +730,23 @@ class Pages:
                             lines=page.lines if page else (), kinds=JOURNAL_KINDS, chosen=kinds,
                             customer=customer or "", operator=operator or "", older=older, verified=verified,
                             verify_query=urlencode([*keep.items(), ("verify", "1")]))
+
+
+def _check_id(value: str | None, what: str) -> None:
+    """Refuse (400) an id that no row can have before it reaches a statement (a NUL byte would be a database
+    error, a megabyte a slow one)."""
+    if value is not None and not ID_TEXT.fullmatch(value):
+        raise Refused(f"{what} is not an id: 1-200 printable characters, no spaces", code="id_invalid", status=400)
+
+
+def _day(at: datetime) -> str:
+    return at.astimezone(timezone.utc).date().isoformat()
+
+
+def claims_of(conn: Any, task_id: str) -> list[dict[str, Any]]:
+    from taskstate import claims
+
+    return claims.task_claims(conn, task_id)
 
 
 def _signer(settings: Settings) -> keys.KeySigner:

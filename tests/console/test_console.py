@@ -32,6 +32,7 @@ from sqlalchemy import text
 from core.settings import PROJECT_ROOT
 from ledger.client import Ledger
 from taskstate import claims
+from taskstate.charge import charged_credits
 from tests.app.conftest import free_port
 from tests.workers.system import (LEASE_S, SCRIPTED_TARIFF, SWEEP_INTERVAL_S, System, script_message, stop_process,
                                   system_on_its_own_database)
@@ -52,11 +53,11 @@ class Console:
     log_path: Path
 
 
-def start_console(system: System, operator: str) -> Console:
+def start_console(system: System, operator: str, **settings: str) -> Console:
     port = free_port()
     log_path = system.folder / f"console-{operator}.log"
     env = system.env(console_operator_secret=OPERATOR_SECRET, console_session_secrets=SESSION_SECRET,
-                     console_local_operator=operator, revocation_cache_s="0")
+                     console_local_operator=operator, revocation_cache_s="0", **settings)
     process = subprocess.Popen([sys.executable, "-m", "ops.cli", "console", "--port", str(port)], cwd=PROJECT_ROOT,
                                env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT)
     return Console(f"http://127.0.0.1:{port}", operator, process, log_path)
@@ -91,6 +92,22 @@ def consoles(system: System) -> Iterator[dict[str, Console]]:
     finally:
         for console in started.values():
             stop_process(console.process)
+
+
+# carol's console counts wrong logins with small limits, in a window no test outlives: her lockouts are hers.
+CAROL_PER_ADDRESS = 5
+CAROL_GLOBAL = 8
+
+
+@pytest.fixture(scope="module")
+def carol(system: System) -> Iterator[Console]:
+    console = start_console(system, "carol", console_login_failures_per_address=str(CAROL_PER_ADDRESS),
+                            console_login_failures_global=str(CAROL_GLOBAL), console_login_window_s="3600")
+    try:
+        wait_until_up(system, console)
+        yield console
+    finally:
+        stop_process(console.process)
 
 
 @pytest.fixture(scope="module")
@@ -436,6 +453,16 @@ def test_a_worker_killed_mid_task_is_reconciled_once_when_two_operators_confirm_
             card = page.locator(f"article[data-job='{task_id}']")
             assert customer_id in card.inner_text() and "unknown" in card.inner_text()
             assert doomed_id(system, job) in card.inner_text()  # the evidence: which worker held it
+            # Issue 42: nothing is chosen for the operator; the rule's charge for each outcome is shown, and
+            # the job's usage, trace and log query are one click or copy away.
+            assert card.locator("select[name=state]").input_value() == ""
+            reserved = Ledger(system.engine).reservation(task_id).credits
+            assert {state: int(card.locator(f"[data-testid=rule-charges] [data-state={state}]").inner_text())
+                    for state in ("completed", "failed", "canceled")} == {
+                state: charged_credits(state, reserved_credits=reserved) for state in ("completed", "failed", "canceled")}
+            assert card.locator("[data-testid=log-query]").inner_text() == f'jsonPayload.task_id="{task_id}"'
+            assert f"customer={customer_id}" in card.locator("[data-testid=job-usage]").get_attribute("href")
+            assert card.locator("[data-testid=trace-id]").count() == 1
         shot(pages[0], "reservations")
         for page, kind in zip(pages, ("charged", "void")):
             form = page.locator(f"article[data-job='{task_id}'] [data-testid=reconcile-form]")
@@ -477,3 +504,166 @@ def test_a_worker_killed_mid_task_is_reconciled_once_when_two_operators_confirm_
 def doomed_id(system: System, job: str) -> str:
     with system.engine.connect() as conn:
         return claims.get(conn, job)["worker_id"]
+
+
+# --- issue 42: the console's rough edges -----------------------------------------------------------------
+
+
+def _from(address: str, console: Console) -> httpx.Client:
+    """An HTTP client whose requests come from ``address`` (127.0.0.0/8 is all loopback on Linux)."""
+    return httpx.Client(base_url=console.url, transport=httpx.HTTPTransport(local_address=address),
+                        follow_redirects=False, timeout=30)
+
+
+def test_wrong_logins_are_throttled_per_address_and_for_everyone(carol):
+    """Issue 42 saw 200 wrong logins in 1.5 s meet no delay or lockout. Past the per-address limit, that address
+    is refused (429, the right secret too) while another logs in; past the global limit, everyone is."""
+    origin = {"Origin": carol.url}
+    with _from("127.0.0.1", carol) as first:
+        answers = [first.post("/login", data={"secret": f"guess-{i}"}, headers=origin).status_code for i in range(200)]
+        assert answers[:CAROL_PER_ADDRESS] == [401] * CAROL_PER_ADDRESS
+        assert set(answers[CAROL_PER_ADDRESS:]) == {429}
+        right = first.post("/login", data={"secret": OPERATOR_SECRET}, headers=origin)
+        assert right.status_code == 429 and "login_throttled" in right.text and int(right.headers["retry-after"]) > 0
+    with _from("127.0.0.2", carol) as second:
+        assert second.post("/login", data={"secret": OPERATOR_SECRET}, headers=origin).status_code == 303
+        for i in range(CAROL_GLOBAL - CAROL_PER_ADDRESS):
+            assert second.post("/login", data={"secret": f"other-{i}"}, headers=origin).status_code == 401
+    with _from("127.0.0.3", carol) as third:  # never wrong itself, but everyone together is past the limit
+        refused = third.post("/login", data={"secret": OPERATOR_SECRET}, headers=origin)
+        assert refused.status_code == 429 and "from everyone" in refused.text
+
+
+def test_a_cookie_replayed_after_logout_opens_nothing_and_posts_nothing(system, browser, consoles, alice):
+    customer_id = new_customer(system)
+    page = logged_in(browser, consoles["alice"])
+    page.goto(f"/customers/{customer_id}")
+    token = page.get_attribute("[data-testid=grant-form] input[name=csrf]", "value")
+    cookie = {c["name"]: c["value"] for c in page.context.cookies()}["console_session"]
+    page.click("header.top button.link")  # Log out
+    page.wait_for_url(re.compile(r"/login$"))
+    url = consoles["alice"].url
+    replayed = {"console_session": cookie}
+    answer = httpx.get(f"{url}/customers/{customer_id}", cookies=replayed, follow_redirects=False)
+    assert (answer.status_code, answer.headers.get("location")) == (303, "/login")
+    posted = httpx.post(f"{url}/customers/{customer_id}/grant", cookies=replayed, headers={"Origin": url},
+                        data={"credits": "1000", "csrf": token, "reason": "replayed"})
+    assert posted.status_code == 401 and "login_required" in posted.text
+    assert Ledger(system.engine).customer(customer_id).available == 50
+    alice.goto("/customers")  # another session of the same operator is not ended by this one's logout
+    assert alice.inner_text("[data-testid=operator]") == "alice"
+    page.context.close()
+
+
+def test_the_origin_check_uses_the_allowed_origins_not_the_requests_own_host(system, consoles, alice):
+    """Issue 42: the Origin was compared with the Host header, which the sender chooses: a page of evil.example
+    posting with Host: evil.example passed. Now only SPECIALISTS_CONSOLE_ALLOWED_ORIGINS (by default the console's
+    own address) does."""
+    customer_id = new_customer(system)
+    alice.goto(f"/customers/{customer_id}")
+    token = alice.get_attribute("[data-testid=grant-form] input[name=csrf]", "value")
+    cookies = {c["name"]: c["value"] for c in alice.context.cookies()}
+    url = consoles["alice"].url
+    form = {"credits": "7", "csrf": token, "reason": "origin test"}
+    spoofed = httpx.post(f"{url}/customers/{customer_id}/grant", cookies=cookies, data=form,
+                         headers={"Host": "evil.example", "Origin": "http://evil.example"})
+    assert spoofed.status_code == 403 and "origin_refused" in spoofed.text
+    assert Ledger(system.engine).customer(customer_id).available == 50
+    port = url.rsplit(":", 1)[1]
+    ours = httpx.post(f"{url}/customers/{customer_id}/grant", cookies=cookies, data=form,
+                      headers={"Origin": f"http://localhost:{port}"})  # the console's own address, by its other name
+    assert ours.status_code == 303
+    assert Ledger(system.engine).customer(customer_id).available == 57
+
+
+def test_every_page_answers_an_unknown_or_malformed_id_with_a_refusal_never_a_500(system, consoles, alice):
+    """Issue 42: /usage?customer=<unknown> answered 500 with a traceback. Every page that takes an id, with an
+    unknown one and malformed ones: a 4xx with the console's page (the usage page keeps its form)."""
+    customer_id = new_customer(system)
+    alice.goto(f"/customers/{customer_id}")
+    token = alice.get_attribute("[data-testid=grant-form] input[name=csrf]", "value")
+    request = alice.context.request
+    url = consoles["alice"].url
+    ids = {"unknown": "nobody-such-customer", "spaces": "Not An Id", "nul": "a%00b", "long": "x" * 300,
+           "sql": "x'%3B--"}
+    seen = {}
+    for kind, bad in ids.items():
+        paths = [f"/customers/{bad}", f"/usage?customer={bad}", f"/usage.csv?customer={bad}", f"/journal?customer={bad}"]
+        if kind not in ("unknown", "sql"):  # an operator, cursor or search that matches nothing: a fine empty page
+            paths += [f"/journal?operator={bad}", f"/customers?after={bad}", f"/customers?q={bad}"]
+        for path in paths:
+            seen[path] = request.get(path).status
+        for path, form in ((f"/customers/{bad}/grant", {"credits": "5"}), (f"/customers/{bad}/adjust", {"credits": "5"}),
+                           (f"/customers/{bad}/keys", {}), (f"/keys/{bad}/revoke", {"reason": "r"}),
+                           (f"/reservations/{bad}/reconcile",
+                            {"kind": "void", "state": "failed", "reason": "r"})):
+            seen[f"POST {path}"] = request.post(path, form={**form, "csrf": token}, headers={"Origin": url}).status
+    wrong = {path: status for path, status in seen.items() if not 400 <= status < 500}
+    assert not wrong, wrong
+    alice.goto("/usage?customer=nobody-such-customer")
+    assert "customer_not_found" in alice.inner_text("[data-testid=error]")
+    assert alice.locator("form.period input[name=customer]").input_value() == "nobody-such-customer"
+    assert "Traceback" not in consoles["alice"].log_path.read_text()
+
+
+def test_re_adding_a_customer_says_it_exists_and_the_list_can_be_searched(system, alice):
+    customer_id = new_customer(system)
+    alice.goto("/customers")
+    form = open_form(alice, "add-customer-form")
+    form.locator("input[name=customer_id]").fill(customer_id)
+    form.locator("button").click()
+    alice.wait_for_url(re.compile(r"notice=exists"))
+    assert "already exists" in alice.inner_text("[role=status]")
+    alice.goto("/customers")
+    alice.fill("[data-testid=customer-search] input[name=q]", customer_id[-6:])
+    alice.click("[data-testid=customer-search] button")
+    assert alice.locator("[data-testid=customers] tr[data-customer]").all_inner_texts()[0].startswith(customer_id)
+    assert alice.locator("[data-testid=customers] tr[data-customer]").count() == 1
+
+
+def test_a_huge_reason_keeps_the_form_and_says_the_limit(system, alice):
+    """Issue 42: a 100 kB reason landed on a bare page. The customer's page comes back with its forms and the
+    limits, and nothing changed."""
+    customer_id = new_customer(system)
+    alice.goto(f"/customers/{customer_id}")
+    form = alice.locator("[data-testid=grant-form]")
+    assert form.locator("input[name=reason]").get_attribute("maxlength") == "500"
+    form.locator("input[name=credits]").fill("5")
+    alice.evaluate("document.querySelector('[data-testid=grant-form] input[name=reason]').value = 'x'.repeat(100000)")
+    with alice.expect_response(lambda r: r.request.method == "POST") as posted:
+        form.locator("button").click()
+    assert posted.value.status == 413
+    error = alice.inner_text("[data-testid=error]")
+    assert "form_too_large" in error and "at most 500 characters" in error
+    assert alice.locator("[data-testid=grant-form]").is_visible()
+    assert balance(alice, "available") == 50
+    shot(alice, "huge-reason")
+
+
+PHONE = {"width": 390, "height": 844}
+
+
+def test_every_page_works_at_phone_width(system, browser, consoles):
+    """Issue 42: at 390 px every page scrolled sideways (585-1007 px) and Health, Journal and Log out were nearly
+    invisible. Now nothing is wider than the screen and every link of the header is on it."""
+    customer_id = new_customer(system)
+    context = browser.new_context(base_url=consoles["alice"].url, viewport=PHONE, is_mobile=True, has_touch=True)
+    page = context.new_page()
+    page.goto("/login")
+    widths = {"/login": page.evaluate("document.documentElement.scrollWidth")}
+    page.fill("input[name=secret]", OPERATOR_SECRET)
+    page.click("button[type=submit]")
+    page.wait_for_url(re.compile(r"/customers$"))
+    for path in ("/customers", f"/customers/{customer_id}", "/reservations", "/usage", "/health", "/journal"):
+        page.goto(path)
+        widths[path] = page.evaluate("document.documentElement.scrollWidth")
+        for name in ("Customers", "Reservations", "Usage", "Health", "Journal", "Log out"):
+            link = page.locator("header.top").get_by_text(name, exact=True)
+            box = link.bounding_box()
+            assert link.is_visible() and box and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"], (path, name)
+        if path == f"/customers/{customer_id}":
+            shot(page, "phone-customer")
+    assert all(width <= PHONE["width"] for width in widths.values()), widths
+    page.goto("/reservations")
+    shot(page, "phone-reservations")
+    context.close()

@@ -28,17 +28,34 @@ def keys() -> Iterator[FakeIap]:
     iap.stop()
 
 
-@pytest.fixture(scope="module")
-def console(keys: FakeIap, engine, settings: Settings) -> Iterator[TestClient]:
-    certs_url = keys.certs_url
+def _iap_console(keys: FakeIap, engine, settings: Settings) -> TestClient:
     iap = settings.model_copy(update={
-        "console": ConsoleSettings(auth="iap", iap_audience=AUDIENCE, iap_certs_url=certs_url,
+        "console": ConsoleSettings(auth="iap", iap_audience=AUDIENCE, iap_certs_url=keys.certs_url,
                                    operators=["Alice@example.com", "bob@example.com"],
-                                   session_secrets=[SESSION_SECRET]),
+                                   session_secrets=[SESSION_SECRET], allowed_origins=["https://console.example"]),
         "hosted": settings.hosted.model_copy(update={"specs_dir": PROJECT_ROOT / "specs"}),
     })
-    app = create_console(iap, engine)
-    with TestClient(app, base_url="https://console.example") as client:  # the app over ASGI, as uvicorn serves it
+    return TestClient(create_console(iap, engine), base_url="https://console.example")  # the ASGI app, as uvicorn serves it
+
+
+@pytest.fixture(scope="module")
+def console(keys: FakeIap, engine, settings: Settings) -> Iterator[TestClient]:
+    with _iap_console(keys, engine, settings) as client:
+        yield client
+
+
+@pytest.fixture
+def fresh_keys() -> Iterator[FakeIap]:
+    """Keys of their own, for a test that rotates them."""
+    iap = start_fake_iap()
+    yield iap
+    iap.stop()
+
+
+@pytest.fixture
+def fresh_console(fresh_keys: FakeIap, engine, settings: Settings) -> Iterator[TestClient]:
+    """A console that has not fetched IAP's keys yet (no earlier miss bounds its next fetch)."""
+    with _iap_console(fresh_keys, engine, settings) as client:
         yield client
 
 
@@ -75,14 +92,33 @@ def test_anything_but_a_valid_assertion_for_a_listed_account_is_refused(console,
     assert "data-testid=\"customers\"" not in answer.text and "set-cookie" not in answer.headers
 
 
-def test_a_key_iap_rotated_in_is_fetched_once_it_signs(console, keys):
-    _get(console, keys.assertion("bob@example.com", AUDIENCE))
+def test_a_key_iap_rotated_in_is_fetched_once_it_signs(fresh_console, fresh_keys):
+    keys = fresh_keys
+    _get(fresh_console, keys.assertion("bob@example.com", AUDIENCE))
     before = keys.fetches
     keys.rotate("k2")
-    assert _get(console, keys.assertion("bob@example.com", AUDIENCE)).status_code == 200
+    assert _get(fresh_console, keys.assertion("bob@example.com", AUDIENCE)).status_code == 200
     assert keys.fetches == before + 1  # fetched again because the key id was new, not on every request
-    assert _get(console, keys.assertion("bob@example.com", AUDIENCE)).status_code == 200
+    assert _get(fresh_console, keys.assertion("bob@example.com", AUDIENCE)).status_code == 200
     assert keys.fetches == before + 1
+
+
+def test_assertions_naming_an_unknown_key_id_cause_one_fetch_not_one_per_request(fresh_console, fresh_keys):
+    """Issue 42: 100 requests with a key id IAP never published fetched the keys 100 times. The miss is cached for
+    SPECIALISTS_CONSOLE_IAP_CERTS_REFETCH_S (30 s): one fetch, then refusals without one, forged ids or not."""
+    keys = fresh_keys
+    assert _get(fresh_console, keys.assertion("bob@example.com", AUDIENCE)).status_code == 200
+    before = keys.fetches
+    forged = []
+    for i in range(5):  # five key ids nobody publishes
+        attacker = FakeIap({}, {})
+        attacker.rotate(f"forged-{i}")
+        forged.append(attacker.assertion("bob@example.com", AUDIENCE))
+    answers = [_get(fresh_console, forged[i % 5]) for i in range(100)]
+    assert all(a.status_code == 401 and "iap_invalid" in a.text for a in answers)
+    assert keys.fetches - before == 1
+    assert _get(fresh_console, keys.assertion("bob@example.com", AUDIENCE)).status_code == 200  # known keys still work
+    assert keys.fetches - before == 1
 
 
 def test_a_session_of_one_account_does_not_carry_another_accounts_assertion(console, keys):
@@ -102,5 +138,8 @@ def test_start_up_names_every_setting_the_chosen_authentication_lacks():
     with pytest.raises(ConsoleNotConfigured) as local:
         check_console_settings(ConsoleSettings(session_secrets=[SESSION_SECRET]))
     assert "SPECIALISTS_CONSOLE_OPERATOR_SECRET" in local.value.message
+    assert "SPECIALISTS_CONSOLE_ALLOWED_ORIGINS" in iap.value.message
+    with pytest.raises(ValueError, match="SPECIALISTS_CONSOLE_ALLOWED_ORIGINS"):
+        ConsoleSettings(allowed_origins=["https://console.example/page"])
     with pytest.raises(ValueError, match="shorter than SPECIALISTS_CONSOLE_MIN_SECRET_CHARS"):
         ConsoleSettings(session_secrets=["short"])
