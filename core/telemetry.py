@@ -130,30 +130,31 @@ class Meters:
     """The service's metrics. Counters are cumulative per process, with the resource naming the process, so a
     backend's sum over instances is the service's total (``/metrics`` keeps each instance's own Prometheus view)."""
 
-    def __init__(self) -> None:
-        self.admissions = meter.create_counter(
+    def __init__(self, on: metrics.Meter | None = None) -> None:
+        target = on or meter  # another meter than the process's: a test's, to read what the code exports
+        self.admissions = target.create_counter(
             "specialists.admissions", unit="{admission}",
             description="SendMessage admissions, by specialist and outcome (admitted, replay, or the refusal's code)")
-        self.refusals = meter.create_counter(
+        self.refusals = target.create_counter(
             "specialists.refusals", unit="{request}", description="Requests refused at the edge, by stable code")
-        self.credits_reserved = meter.create_counter(
+        self.credits_reserved = target.create_counter(
             "specialists.credits.reserved", unit="{credit}", description="Credits held by admissions, by specialist")
-        self.credits_settled = meter.create_counter(
+        self.credits_settled = target.create_counter(
             "specialists.credits.settled", unit="{credit}",
             description="Credits charged by settlements, by specialist and outcome")
-        self.claim_latency = meter.create_histogram(
+        self.claim_latency = target.create_histogram(
             "specialists.job.claim_latency", unit="s",
             description="From the job's dispatch (its signature) to the worker's claim, by specialist and claim outcome")
-        self.job_duration = meter.create_histogram(
+        self.job_duration = target.create_histogram(
             "specialists.job.duration", unit="s",
             description="A job's run on a worker, from its claim to its finish, by specialist and outcome")
-        self.unknown_outcomes = meter.create_counter(
+        self.unknown_outcomes = target.create_counter(
             "specialists.jobs.unknown", unit="{job}",
             description="Jobs whose outcome became unknown (a lease expired while they ran), by specialist")
-        self.model_tokens = meter.create_counter(
+        self.model_tokens = target.create_counter(
             "specialists.model.tokens", unit="{token}",
             description="Model tokens of hosted runs, by specialist, model and kind (input, output)")
-        self.model_cost = meter.create_counter(
+        self.model_cost = target.create_counter(
             "specialists.model.cost", unit="USD", description="Model cost of hosted runs, by specialist and model")
 
 

@@ -57,6 +57,12 @@ resource "google_sql_database_instance" "main" {
     # Who connected, who left, and who waited on a lock longer than deadlock_timeout (1 s): what an operator
     # reads after an incident (a reservation held, a claim's lease, a migration waiting on the service).
     # log_checkpoints is PostgreSQL's own default since 15; set so that it stays on.
+    # The connections every process's pool must fit in; the alert "database connections near their limit"
+    # (infra/monitoring.tf) is a share of it.
+    database_flags {
+      name  = "max_connections"
+      value = tostring(var.database_max_connections)
+    }
     database_flags {
       name  = "log_connections"
       value = "on"

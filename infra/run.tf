@@ -518,8 +518,10 @@ resource "google_cloud_run_v2_service" "worker" {
     max_instance_request_concurrency = var.worker_max_concurrent_jobs
     execution_environment            = "EXECUTION_ENVIRONMENT_GEN2"
 
+    # At least one worker always runs and beats (workers/beat.py, every SPECIALISTS_WORKER_BEAT_S): health and the
+    # alert "no live worker" (infra/monitoring.tf) tell a dead worker service from an idle one by its beats.
     scaling {
-      min_instance_count = 0
+      min_instance_count = var.worker_min_instances
       max_instance_count = var.worker_max_instances
     }
 
@@ -568,6 +570,8 @@ resource "google_cloud_run_v2_service" "worker" {
           cpu    = "2"
           memory = "2Gi"
         }
+        # The beat and the jobs' lease heartbeats work between requests: CPU always allocated.
+        cpu_idle          = false
         startup_cpu_boost = true
       }
 
@@ -652,6 +656,7 @@ resource "google_cloud_run_v2_service" "worker" {
             cpu    = local.otel_collector.cpu
             memory = local.otel_collector.memory
           }
+          cpu_idle = false # as the worker's own container: the collector exports between requests
         }
 
         volume_mounts {

@@ -208,6 +208,17 @@ variable "worker_max_concurrent_jobs" {
   default     = 4
 }
 
+variable "worker_min_instances" {
+  description = "Worker instances kept running, at least 1: a worker beats only while it runs, and health and the alert \"no live worker\" (infra/monitoring.tf) read the beats."
+  type        = number
+  default     = 1
+
+  validation {
+    condition     = var.worker_min_instances >= 1
+    error_message = "worker_min_instances must be at least 1: with none running, no worker beats, and health and the alerts say no worker is live whenever the service is idle."
+  }
+}
+
 variable "worker_max_instances" {
   description = "Most worker instances; with worker_max_concurrent_jobs it bounds the queue's concurrent dispatches."
   type        = number
@@ -270,5 +281,54 @@ variable "otel_sampling_ratio" {
   validation {
     condition     = var.otel_sampling_ratio >= 0 && var.otel_sampling_ratio <= 1
     error_message = "otel_sampling_ratio is a share of traces, from 0 to 1."
+  }
+}
+
+# --- alert policies (infra/monitoring.tf; docs/OPERATIONS.md "Alert policies") ---------------------------------
+
+variable "alert_notification_channels" {
+  description = "Cloud Monitoring notification channels every alert policy notifies (projects/<p>/notificationChannels/<id>); none: the incidents are only in the console."
+  type        = list(string)
+  default     = []
+}
+
+variable "alert_no_live_worker_s" {
+  description = "How long a served specialist may have no live worker (its gauge specialists_workers_live below 1) before the alert; SPECIALISTS_HEALTH_WORKER_LIVE_S has already passed by then."
+  type        = number
+  default     = 120
+}
+
+variable "alert_job_wait_s" {
+  description = "Age of the oldest job no worker has taken (specialists_queue_age_seconds) past which the alert fires; as SPECIALISTS_HEALTH_MAX_JOB_WAIT_S."
+  type        = number
+  default     = 300
+}
+
+variable "alert_push_failures" {
+  description = "Push notifications that finally failed within SPECIALISTS_HEALTH_FAILURES_WINDOW_S (specialists_push_failed_recent) past which the alert fires."
+  type        = number
+  default     = 10
+}
+
+variable "alert_5xx_per_s" {
+  description = "5xx answers per second, summed over an edge service's instances, past which the alert fires (for 5 minutes)."
+  type        = number
+  default     = 0.1
+}
+
+variable "database_max_connections" {
+  description = "PostgreSQL's max_connections on the instance (a database flag): every process's pool must fit in it."
+  type        = number
+  default     = 200
+}
+
+variable "alert_database_connections_share" {
+  description = "Share of database_max_connections in use past which the alert fires."
+  type        = number
+  default     = 0.8
+
+  validation {
+    condition     = var.alert_database_connections_share > 0 && var.alert_database_connections_share < 1
+    error_message = "alert_database_connections_share is a share of max_connections, between 0 and 1."
   }
 }
