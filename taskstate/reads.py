@@ -157,6 +157,21 @@ class ServiceFacts:
     def oldest_queued_age_s(self) -> float | None:
         return max((q.oldest_age_s for q in self.queue), default=None)
 
+    def points(self) -> list[tuple[str, float, dict[str, str]]]:
+        """These facts as the points of ``core.telemetry.SERVICE_GAUGES``: (gauge, value, attributes)."""
+        found: list[tuple[str, float, dict[str, str]]] = [
+            ("specialists.workers.live", float(n), {"specialist": s}) for s, n in sorted(self.live_workers.items())]
+        for q in self.queue:
+            found += [("specialists.queue.depth", float(q.queued), {"specialist": q.specialist_id}),
+                      ("specialists.queue.age", q.oldest_age_s, {"specialist": q.specialist_id}),
+                      ("specialists.queue.redelivery", float(q.redelivery), {"specialist": q.specialist_id})]
+        return found + [
+            ("specialists.push.pending", float(self.push.pending), {}),
+            ("specialists.push.due_age", self.push.oldest_due_age_s or 0.0, {}),
+            ("specialists.push.failed_recent", float(self.push.failed), {}),
+            ("specialists.jobs.unknown_open", float(self.unknown_jobs), {}),
+        ]
+
 
 def service_facts(conn: Connection, *, specialists: list[str], live_s: float, failures_window_s: float
                   ) -> ServiceFacts:
