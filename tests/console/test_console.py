@@ -375,6 +375,13 @@ def test_usage_charts_and_csv_are_the_ledgers_numbers_and_health_shows_the_syste
     assert "spec_not_runnable" in specialists and re.search(r"conformance\s+tck\s+conformance\s+yes\s+configured",
                                                             specialists)
     assert system.live_worker() and alice.locator("[data-testid=workers] tbody tr").count() >= 1
+    # The same facts as `specialists health` (ops.health): the system's workers beat, so each specialist has
+    # live workers, and the queue and push backlog are counted.
+    live = alice.locator("[data-specialist=conformance] [data-testid=live-workers]").inner_text()
+    assert int(live) >= 1, live  # a worker killed earlier in this module may still count until its live bound
+    assert "live" in alice.inner_text("[data-testid=beats]")
+    assert "waiting to be delivered again" in alice.inner_text("[data-testid=queue-summary]")
+    assert "pending" in alice.inner_text("[data-testid=push-backlog]")
     assert "No drill recorded" in alice.inner_text("[data-testid=drill]")
     shot(alice, "health")
 
