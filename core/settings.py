@@ -751,8 +751,13 @@ class ServeSettings(Section):
     )
     child_start_timeout_s: float = Field(
         default=30.0, gt=0, le=600,
-        description="How long `specialists serve` waits for its worker to answer before it gives up starting "
-        "(raise it on a slow or heavily loaded machine).",
+        description="How long a child of `specialists serve` (worker, dispatcher, console) may start without "
+        "progress: not answering yet and using no CPU time (itself and its processes, from /proc; where there is no "
+        "/proc, how long it may take at all). A loaded machine's slow start is progress.",
+    )
+    child_start_max_s: float = Field(
+        default=600.0, gt=0, le=3600,
+        description="The longest a child of `specialists serve` may take to start, progress or not.",
     )
     child_stop_margin_s: float = Field(
         default=5.0, gt=0, le=300,
@@ -986,6 +991,11 @@ class DrillSettings(Section):
         "load before it calls the bound broken.",
     )
     credits: int = Field(default=200, ge=20, le=100_000, description="Credits granted to each customer a drill creates.")
+    keep_local_runs: int = Field(
+        default=5, ge=1, le=1000,
+        description="`drill --local` without --logs: the newest runs' folders (logs, data) kept in the temporary "
+        "folder; a new run removes older ones, never one still running.",
+    )
 
 
 class PushSettings(Section):

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cached_property
+from pathlib import Path
 
 from pydantic import ValidationError
 from sqlalchemy import Engine
@@ -89,6 +90,18 @@ def cmd_db_status(ctx: Ctx, args: argparse.Namespace) -> int:
         title="schema",
     )
     return EXIT_OK if current == head else EXIT_DATABASE
+
+
+def cmd_db_stop(ctx: Ctx, args: argparse.Namespace) -> int:
+    """Stop this machine's embedded PostgreSQL, which outlives `serve` on purpose (the next command reuses it)."""
+    if not ctx.settings.database.embedded:
+        return fail("db_not_embedded", "DATABASE_URL is set: `db stop` stops only the embedded PostgreSQL of "
+                    "SPECIALISTS_DATA_DIR; stop that server where it runs", as_json=ctx.as_json, exit_code=EXIT_CONFIG)
+    folder = ctx.settings.database.data_dir / "postgres"
+    pid = db.stop_embedded_postgres(ctx.settings.database.data_dir)
+    emit({"data_dir": str(folder), "stopped": pid is not None, "pid": pid}, as_json=ctx.as_json,
+         title="embedded PostgreSQL stopped (its data kept)" if pid is not None else "embedded PostgreSQL was not running")
+    return EXIT_OK
 
 
 def _current_or_none(ctx: Ctx) -> str | None:
@@ -249,7 +262,47 @@ def _start_child(command: list[str], env: dict[str, str], pass_fds: tuple[int, .
     )
 
 
-def _start_dispatcher(env: dict[str, str], stopping: "_Stopping", timeout_s: float) -> subprocess.Popen:
+def _cpu_ticks(pid: int) -> int | None:
+    """CPU time (clock ticks) used so far by ``pid`` and its descendants (a worker's forkserver imports too), from
+    /proc; None where there is no /proc (a start is then bounded by time alone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)'s stat
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            ticks += sum(_cpu_ticks(int(child)) or 0 for child in task.read_text().split())
+        except OSError:
+            continue
+    return ticks
+
+
+class _StartClock:
+    """How long a starting child may take: as long as it makes progress (uses CPU time: on a loaded machine it is
+    slow, not stuck), up to ``max_s``; ``stall_s`` without progress and it has failed to start."""
+
+    def __init__(self, child: subprocess.Popen, stall_s: float, max_s: float) -> None:
+        self.child, self.stall_s, self.max_s = child, stall_s, max_s
+        self.started = self.progressed = time.monotonic()
+        self.ticks = _cpu_ticks(child.pid)
+
+    def expired(self) -> str | None:
+        """None while the child may still start; else what happened, naming the setting."""
+        now = time.monotonic()
+        ticks = _cpu_ticks(self.child.pid)
+        if ticks is not None and ticks != self.ticks:
+            self.ticks, self.progressed = ticks, now
+        if now - self.started > self.max_s:
+            return f"within {self.max_s:g} s (SPECIALISTS_SERVE_CHILD_START_MAX_S)"
+        if now - self.progressed > self.stall_s:
+            return (f"and used no CPU time for {self.stall_s:g} s (SPECIALISTS_SERVE_CHILD_START_TIMEOUT_S)"
+                    if ticks is not None else f"within {self.stall_s:g} s (SPECIALISTS_SERVE_CHILD_START_TIMEOUT_S)")
+        return None
+
+
+def _start_dispatcher(env: dict[str, str], stopping: "_Stopping", timeout_s: float,
+                      max_s: float) -> subprocess.Popen:
     """Start the dispatcher child and wait until it says it is ready (a byte on a pipe, once its loop can run):
     `serve` answers /readyz only once every part it starts is up."""
     read_end, write_end = os.pipe()
@@ -258,8 +311,8 @@ def _start_dispatcher(env: dict[str, str], stopping: "_Stopping", timeout_s: flo
     finally:
         os.close(write_end)
     try:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and stopping.signal is None:
+        clock = _StartClock(child, timeout_s, max_s)
+        while stopping.signal is None:
             readable, _, _ = select.select([read_end], [], [], 0.1)
             if readable:
                 if os.read(read_end, 1):
@@ -268,23 +321,26 @@ def _start_dispatcher(env: dict[str, str], stopping: "_Stopping", timeout_s: flo
             if child.poll() is not None:
                 raise _ChildFailed(f"the dispatcher exited with status {child.returncode} while starting "
                                    "(see its log above)", child=child)
-        if stopping.signal is None:
-            raise _ChildFailed(f"the dispatcher was not ready within {timeout_s:g} s "
-                               "(SPECIALISTS_SERVE_CHILD_START_TIMEOUT_S)", child=child)
+            expired = clock.expired()
+            if expired:
+                raise _ChildFailed(f"the dispatcher was not ready {expired}", child=child)
         return child
     finally:
         os.close(read_end)
 
 
-def _wait_for_worker(worker: subprocess.Popen, url: str, stopping: _Stopping, timeout_s: float) -> None:
-    _wait_for_child(worker, "worker", url, stopping, timeout_s)
+def _wait_for_worker(worker: subprocess.Popen, url: str, stopping: _Stopping, timeout_s: float,
+                     max_s: float) -> None:
+    _wait_for_child(worker, "worker", url, stopping, timeout_s, max_s)
 
 
-def _wait_for_child(child: subprocess.Popen, what: str, url: str, stopping: _Stopping, timeout_s: float) -> None:
+def _wait_for_child(child: subprocess.Popen, what: str, url: str, stopping: _Stopping, timeout_s: float,
+                    max_s: float) -> None:
+    """Until ``url`` answers 200, the child exits, or it stops making progress (``_StartClock``)."""
     import httpx
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and stopping.signal is None:
+    clock = _StartClock(child, timeout_s, max_s)
+    while stopping.signal is None:
         if child.poll() is not None:
             raise _ChildFailed(f"the {what} exited with status {child.returncode} while starting (see its log above)")
         try:
@@ -292,10 +348,10 @@ def _wait_for_child(child: subprocess.Popen, what: str, url: str, stopping: _Sto
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(0.1)
-    if stopping.signal is None:
-        raise _ChildFailed(f"the {what} did not answer {url} within {timeout_s:g} s "
-                           "(SPECIALISTS_SERVE_CHILD_START_TIMEOUT_S)")
+        expired = clock.expired()
+        if expired:
+            raise _ChildFailed(f"the {what} did not answer {url} {expired}")
+        time.sleep(0.1)  # a poll of another process's port, which nothing announces
 
 
 class _ChildFailed(ServiceError):
@@ -420,16 +476,18 @@ def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
                 _child_env(settings, ctx.url, **child_settings),
             )
             children.append(worker)
-            _wait_for_worker(worker, f"{worker_url}/healthz", stopping, settings.serve.child_start_timeout_s)
+            _wait_for_worker(worker, f"{worker_url}/healthz", stopping, settings.serve.child_start_timeout_s,
+                             settings.serve.child_start_max_s)
         if settings.serve.dispatcher and stopping.signal is None:
             children.append(_start_dispatcher(_child_env(settings, ctx.url, SPECIALISTS_DISPATCH_WORKER_URL=dispatch_to),
-                                              stopping, settings.serve.child_start_timeout_s))
+                                              stopping, settings.serve.child_start_timeout_s,
+                                              settings.serve.child_start_max_s))
         if settings.serve.console and stopping.signal is None:
             console = _start_child(["console", "--host", settings.console.host, "--port", str(settings.console.port)],
                                    _child_env(settings, ctx.url, **child_settings))
             children.append(console)
             _wait_for_child(console, "console", f"{_console_url(settings)}healthz", stopping,
-                            settings.serve.child_start_timeout_s)
+                            settings.serve.child_start_timeout_s, settings.serve.child_start_max_s)
         if stopping.signal is None:
             serve(settings, ctx.url)
     except _ChildFailed as problem:
@@ -564,6 +622,8 @@ def build_parser(flags: GlobalFlags | None = None) -> argparse.ArgumentParser:
         func=cmd_db_upgrade
     )
     dbp.add_parser("status", parents=[common], help="show the schema revision").set_defaults(func=cmd_db_status)
+    dbp.add_parser("stop", parents=[common], help="stop the embedded PostgreSQL (it outlives serve on purpose)"
+                   ).set_defaults(func=cmd_db_stop)
 
     kp = groups.add_parser("keys", parents=[common], help="customer API keys").add_subparsers(
         dest="action", required=True

@@ -125,6 +125,17 @@ def test_the_readme_operator_commands_work_as_written_beside_the_local_service(t
                 assert accepted(token), "the running service refused the key the README's command issued"
                 exported = specialists(*args, "--json", extra={"SPECIALISTS_KEY_SIGNING_SECRETS": "s" * 48})
                 assert not accepted(json.loads(exported.stdout)["key"])  # the old README's way: refused
+        os.killpg(serve.pid, signal.SIGINT)  # Ctrl-C
+        serve.wait(60)
+        # The embedded server outlives `serve`, as the README says, until the README's `db stop`.
+        [(pid_file, running)] = _postmasters(data_dir)
+        assert running, "the embedded PostgreSQL stopped with serve"
+        [stop_line] = [b for b in README.split("```")[1::2] if "db stop" in b][0].strip().splitlines()
+        stopped = specialists(*shlex.split(stop_line, comments=True)[2:], "--json")
+        assert stopped.returncode == 0 and json.loads(stopped.stdout)["stopped"] is True, stopped.stdout + stopped.stderr
+        assert not _alive(running) and (data_dir / "postgres" / "PG_VERSION").exists()  # stopped, its data kept
+        again = specialists(*shlex.split(stop_line, comments=True)[2:], "--json")
+        assert again.returncode == 0 and json.loads(again.stdout)["stopped"] is False
     finally:
         if serve.poll() is None:
             os.killpg(serve.pid, signal.SIGINT)
@@ -136,6 +147,24 @@ def test_the_readme_operator_commands_work_as_written_beside_the_local_service(t
         # The embedded server outlives `serve` on purpose, not the test. Not clean_up: the folder names this run's
         # token, and clean_up kills every process that carries it (it killed the suite's other pytest worker).
         embedded_pg.stop_server(data_dir)
+
+
+def _postmasters(data_dir: Path) -> list[tuple[Path, int]]:
+    """The embedded server's pid file and the pid in it, when that process is alive."""
+    found = []
+    for pid_file in data_dir.glob("*/postmaster.pid"):
+        pid = int(pid_file.read_text().split("\n", 1)[0])
+        if _alive(pid):
+            found.append((pid_file, pid))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _answers(url: str) -> bool:

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from ops.drill import folders
 from ops.output import EXIT_CONFIG, EXIT_OK, EXIT_REFUSED, emit_json, emit_table, fail, say
 
 
@@ -116,7 +116,7 @@ def _report(ctx: Any, mode: str, verdicts: list[Any], started: float, logs: Path
             say(f"\n{verdict.scenario} failed; its evidence:")
             for line in verdict.evidence:
                 say(f"  {line}")
-        if logs and failed:
+        if logs:
             say(f"\nthe processes' logs: {logs}")
     return EXIT_REFUSED if failed else EXIT_OK
 
@@ -133,7 +133,13 @@ def cmd_drill(ctx: Any, args: argparse.Namespace) -> int:
         return fail("drill_scenario_unknown", str(problem), as_json=ctx.as_json, exit_code=2)
     started = time.monotonic()
     if args.target is None:
-        folder = Path(args.logs) if args.logs else Path(tempfile.mkdtemp(prefix="specialists-drill-"))
+        run_folder = None if args.logs else folders.RunFolder()
+        folder = Path(args.logs) if args.logs else run_folder.path
+        if run_folder is not None:
+            keep = settings.drill.keep_local_runs
+            removed = folders.prune(keep, current=folder)
+            _progress(f"the processes' logs: {folder / 'logs'} (the newest {keep} drills' folders in "
+                      f"{folder.parent} are kept, SPECIALISTS_DRILL_KEEP_LOCAL_RUNS; {len(removed)} older removed)")
         topology = LocalTopology(folder, server_url(settings), dispatcher_kind=args.dispatcher, progress=_progress)
         mode = f"local, {args.dispatcher} dispatch"
         run = _Run(target=mode)
@@ -141,7 +147,11 @@ def cmd_drill(ctx: Any, args: argparse.Namespace) -> int:
             with topology:
                 verdicts = _drill(LocalDeployment(topology), names, settings, run)
         except TopologyFailed as problem:
-            return fail(problem.code, problem.message, as_json=ctx.as_json)
+            return fail(f"{problem.code}", f"{problem.message}; the processes' logs: {folder / 'logs'}",
+                        as_json=ctx.as_json)
+        finally:
+            if run_folder is not None:
+                run_folder.release()
         _record(ctx, run, verdicts, None)
         return _report(ctx, mode, verdicts, started, folder / "logs", run)
 

@@ -9,16 +9,18 @@ refusal scenario must fail, say why, and the command exit 1.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 from core.settings import PROJECT_ROOT
-from ops.drill import record
+from ops.drill import folders, record
 from ops.drill.scenarios import SCENARIOS
 from ops.drill.topology import LocalTopology
 from tests.app.conftest import edge_env, start_edge, stop_edge
@@ -40,9 +42,29 @@ def evidence(report: dict, scenario: str) -> str:
 def test_the_local_drill_passes_every_scenario_with_its_evidence(server_url, engine, tmp_path):
     engine.dispose()  # five processes and the drill share the server's 100 connections with this session
     env = {k: v for k, v in edge_env(server_url, PROJECT_ROOT / "specs").items() if not k.startswith("SPECIALISTS_")}
-    done = drill(env, "--local", "--json", "--logs", str(tmp_path))
+    # Without --logs, as an operator runs it: a folder of its own in the temporary folder (TMPDIR), said where, and
+    # older runs' folders pruned to SPECIALISTS_DRILL_KEEP_LOCAL_RUNS, except one whose drill still runs (issue 42:
+    # every run left a folder, without saying where).
+    olds = []
+    for age_s in range(6):
+        old = tmp_path / f"{folders.PREFIX}old{age_s}"
+        (old / "logs").mkdir(parents=True)
+        (old / folders.LOCK_NAME).touch()
+        os.utime(old, (1_000_000 - age_s, 1_000_000 - age_s))
+        olds.append(old)
+    still_running = os.open(olds[-1] / folders.LOCK_NAME, os.O_RDWR)  # the oldest, as a drill running still holds it
+    fcntl.flock(still_running, fcntl.LOCK_EX)
+    try:
+        done = drill(env | {"TMPDIR": str(tmp_path), "SPECIALISTS_DRILL_KEEP_LOCAL_RUNS": "3"}, "--local", "--json")
+    finally:
+        os.close(still_running)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(done.stdout)
+    logs = Path(report["logs"])
+    assert logs.parent.parent == tmp_path and logs.parent.name.startswith(folders.PREFIX)
+    assert f"the processes' logs: {logs} (the newest 3 drills' folders in {tmp_path} are kept" in done.stderr
+    assert [old.exists() for old in olds] == [True, True, False, False, False, True]  # 2 newest + this run, + running
+    assert "3 older removed" in done.stderr
     assert report["passed"] is True and report["mode"] == "local, embedded dispatch"
     assert [(s["scenario"], s["verdict"]) for s in report["scenarios"]] == [(name, "pass") for name in SCENARIOS]
 
@@ -75,7 +97,7 @@ def test_the_local_drill_passes_every_scenario_with_its_evidence(server_url, eng
     # The topology's database is dropped when the drill ends.
     assert "dropping specialists_drill_" in done.stderr
     # The evidence is in the processes' structured logs too: what Cloud Logging and log-based metrics read.
-    lines = [json.loads(line) for log in (tmp_path / "logs").glob("*.log")
+    lines = [json.loads(line) for log in logs.glob("*.log")
              for line in log.read_text(errors="replace").splitlines() if line.startswith("{")]
     deliveries = [line for line in lines if line.get("event") == "job_delivery"]
     codes = {line["code"] for line in deliveries}
