@@ -277,6 +277,7 @@ class _CallLog:
                 "status": status,
                 "duration_ms": round(duration_s * 1000, 2),
                 "code": self.refusal.get("code"),
+                "task_id": self.refusal.get("task_id"),
             },
         )
         refusal_token, customer_token, id_token = reversed(self.tokens)

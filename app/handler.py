@@ -36,6 +36,7 @@ from a2a.types.a2a_pb2 import (
     CancelTaskRequest,
     DeleteTaskPushNotificationConfigRequest,
     GetTaskPushNotificationConfigRequest,
+    GetTaskRequest,
     ListTaskPushNotificationConfigsRequest,
     ListTaskPushNotificationConfigsResponse,
     ListTasksRequest,
@@ -55,7 +56,7 @@ from app.errors import EdgeError, KeyRequiredForListing, converting_foreign_erro
 from app.events import NotifiedEventStream
 from app.identity import EdgeUser, Identity
 from app.listing import TaskListing
-from app.observability import Metrics, note_refusal
+from app.observability import Metrics, note_refusal, note_task
 from app.push import PushConfigs
 from app.streams import StreamGate, caller_of
 from core import telemetry
@@ -149,6 +150,7 @@ class EdgeRequestHandler(DefaultRequestHandler):
             self.metrics.count_admission(spec.id, type(refused).__name__)
             raise
         outcome = "replay" if admitted.replay else "admitted"
+        note_task(admitted.task.id)
         reserved = spec.tariff_credits if outcome == "admitted" and admitted.version == 1 else 0
         self.metrics.count_admission(spec.id, outcome, credits_reserved=reserved)
         telemetry.annotate(span, **{"specialists.outcome": outcome, "specialists.task_id": admitted.task.id,
@@ -204,6 +206,7 @@ class EdgeRequestHandler(DefaultRequestHandler):
     async def on_subscribe_to_task(
         self, params: SubscribeToTaskRequest, context: ServerCallContext
     ) -> AsyncGenerator[Event, None]:
+        note_task(params.id)
         async with self.streams.slot(caller_of(identity_of(context))):
             async with contextlib.aclosing(super().on_subscribe_to_task(params, context)) as events:
                 async for event in events:
@@ -211,7 +214,12 @@ class EdgeRequestHandler(DefaultRequestHandler):
 
     @validate_request_params
     async def on_cancel_task(self, params: CancelTaskRequest, context: ServerCallContext) -> Task | None:
+        note_task(params.id)
         return await self.admission.cancel(params.id, context.user.user_name)
+
+    async def on_get_task(self, params: GetTaskRequest, context: ServerCallContext) -> Task | None:
+        note_task(params.id)
+        return await super().on_get_task(params, context)
 
     @validate_request_params
     async def on_list_tasks(self, params: ListTasksRequest, context: ServerCallContext) -> ListTasksResponse:

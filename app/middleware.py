@@ -208,6 +208,7 @@ class RequestLog:
                 "status": status,
                 "duration_ms": round(duration_s * 1000, 2),
                 "code": refusal.get("code"),
+                "task_id": refusal.get("task_id"),
             },
         )
 

@@ -33,6 +33,14 @@ def note_refusal(code: str) -> None:
     if holder is not None:
         holder["code"] = code
 
+
+def note_task(task_id: str) -> None:
+    """The task the request is about (the one it admitted, read, canceled or subscribed to), for its access line:
+    ``jsonPayload.task_id="<id>"`` finds the edge's line (docs/OPERATIONS.md). Same holder as the refusal's."""
+    holder = refusal_var.get()
+    if holder is not None:
+        holder["task_id"] = task_id
+
 # sk_<env>_<secret id>_<payload>.<signature>, and any "Bearer <credential>".
 _KEY_RE = re.compile(r"sk_(?:live|test)_[0-9a-f]{8}_[A-Za-z0-9_\-]+(?:\.[A-Za-z0-9_\-]+)?")
 _BEARER_RE = re.compile(r"(?i)(bearer\s+)[^\s'\",}]+")

@@ -6,6 +6,7 @@ import json
 import secrets
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -63,6 +64,29 @@ def test_every_response_carries_a_request_id_that_the_json_log_line_repeats(edge
     assert access and access[-1]["event"] == "http_request" and access[-1]["status"] == 200
     assert access[-1]["customer_id"] == customer.customer_id
     assert access[-1]["severity"] == "INFO"  # Cloud Logging takes the line's severity from this field
+
+
+def test_the_access_line_of_a_request_about_a_task_carries_its_task_id(edge_a, make_customer):
+    # Issue 42: docs/OPERATIONS.md says `jsonPayload.task_id="<id>"` finds the edge's line; it had no task_id.
+    customer = make_customer()
+    base = edge_a.specialist("conformance")
+    sent_id, read_id, rpc_id = (f"req-{uuid.uuid4().hex[:12]}" for _ in range(3))
+    task = http_calls.post(f"{base}/message:send", json=message(f"tck-complete-task-{uuid.uuid4()}"),
+                           headers={**customer.headers, "X-Request-Id": sent_id}).json()["task"]
+    http_calls.get(f"{base}/tasks/{task['id']}", headers={**customer.headers, "X-Request-Id": read_id})
+    http_calls.post(f"{base}/jsonrpc", json=rpc("GetTask", {"id": task["id"]}),
+                    headers={**customer.headers, "X-Request-Id": rpc_id})
+
+    def access_lines() -> dict[str, dict]:  # written as each response ends: waited for, not assumed
+        lines = [json.loads(line) for line in edge_a.log_text().splitlines() if line.startswith("{")]
+        return {line["request_id"]: line for line in lines if line.get("event") == "http_request"}
+
+    deadline = time.monotonic() + 60
+    while not {sent_id, read_id, rpc_id} <= access_lines().keys():
+        assert time.monotonic() < deadline, "the edge never logged the three access lines"
+        time.sleep(0.05)
+    found = access_lines()
+    assert [found[r].get("task_id") for r in (sent_id, read_id, rpc_id)] == [task["id"]] * 3, found
 
 
 def test_keys_never_reach_the_logs_even_at_debug(edge_b, make_customer):
