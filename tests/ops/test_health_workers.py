@@ -27,7 +27,7 @@ from ledger.client import Ledger
 from ops.health import health
 from tests import http_calls
 from tests.conftest import TEST_SECRET
-from tests.workers.system import System, script_message, system_on_its_own_database
+from tests.workers.system import System, script_message, stop_process, system_on_its_own_database
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -117,3 +117,15 @@ def test_a_killed_worker_turns_health_metrics_and_the_dispatchers_log_while_the_
     assert 'specialists_workers_live{specialist="scripted"} 0.0' in scraped, scraped
     assert 'specialists_queue_redelivery{specialist="scripted"} 1.0' in scraped, scraped
     assert 'specialists_queue_age_seconds{specialist="scripted"}' in scraped
+
+    # A worker started again makes the specialists live again; stopped cleanly (SIGTERM), it deletes its beat, so
+    # health turns at once rather than after the live bound.
+    replacement = system.start_worker()
+    back = system.wait_for("the new worker's beat", lambda: (
+        found if not (found := health(settings, system.engine)).without_live_worker else None), timeout_s=60)
+    live_ids = [w.worker_id for w in back.facts.workers if w.live]
+    assert len(live_ids) == 1
+    stop_process(replacement.process)
+    gone = health(settings, system.engine)
+    assert live_ids[0] not in [w.worker_id for w in gone.facts.workers]
+    assert gone.without_live_worker == SERVED
