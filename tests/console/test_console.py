@@ -471,13 +471,15 @@ def test_a_worker_killed_mid_task_is_reconciled_once_when_two_operators_confirm_
             assert f"customer={customer_id}" in card.locator("[data-testid=job-usage]").get_attribute("href")
             assert card.locator("[data-testid=trace-id]").count() == 1
         shot(pages[0], "reservations")
-        for page, kind in zip(pages, ("charged", "void")):
+        for page, kind in zip(pages, ("rule", "void")):  # alice charges what the rule gives for "failed"
             form = page.locator(f"article[data-job='{task_id}'] [data-testid=reconcile-form]")
             form.locator(f"input[value={kind}]").check()
             form.locator("select[name=state]").select_option("failed")
             form.locator("input[name=reason]").fill(f"{page.inner_text('[data-testid=operator]')}: worker killed")
             form.locator("button").click()
             page.wait_for_selector("[data-testid=confirm]")
+        assert pages[0].inner_text("[data-testid=confirm] [data-field=rule]") == f"{reserved} credits"
+        assert pages[0].inner_text("[data-testid=confirm] [data-field=charged]").startswith(f"{reserved} credits (rule)")
         shot(pages[0], "reconcile-confirm")
         assert Ledger(system.engine).reservation(task_id).state == "unknown"  # the first step changes nothing
         # Both confirm at once: two consoles, two processes, two transactions.
