@@ -1,0 +1,59 @@
+"""``taskstate.liveness`` (issue 42): a beat says a worker is alive and what it serves; a beat older than the live
+bound reads dead; a clean stop deletes it; rows dead for ``DEAD_RETENTION_S`` go with a later beat, a bounded batch
+at a time. Against the test database, by the database's clock."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from pydantic import ValidationError
+from sqlalchemy import text
+
+from core.settings import Settings
+from taskstate import liveness
+
+
+def _mine(engine, prefix: str) -> dict[str, liveness.WorkerBeat]:
+    with engine.connect() as conn:
+        return {w.worker_id: w for w in liveness.workers(conn, live_s=60.0) if w.worker_id.startswith(prefix)}
+
+
+def test_a_beat_is_live_until_it_is_older_than_the_bound_and_a_clean_stop_deletes_it(engine):
+    prefix = f"w-{uuid.uuid4().hex[:8]}"
+    with engine.begin() as conn:
+        liveness.beat(conn, f"{prefix}-a", ["reviewer", "analyst", "reviewer"])
+        liveness.beat(conn, f"{prefix}-b", ["reviewer"])
+        conn.execute(text("UPDATE worker_beats SET beat_at = now() - interval '61 seconds' WHERE worker_id = :w"),
+                     {"w": f"{prefix}-b"})
+    found = _mine(engine, prefix)
+    assert found[f"{prefix}-a"].specialists == ("analyst", "reviewer") and found[f"{prefix}-a"].live
+    assert not found[f"{prefix}-b"].live and found[f"{prefix}-b"].beat_age_s >= 61
+    with engine.begin() as conn:  # a beat again: alive again, with what it serves now
+        liveness.beat(conn, f"{prefix}-b", ["analyst"])
+        liveness.forget(conn, f"{prefix}-a")
+    found = _mine(engine, prefix)
+    assert set(found) == {f"{prefix}-b"} and found[f"{prefix}-b"].live and found[f"{prefix}-b"].specialists == (
+        "analyst",)
+
+
+def test_rows_dead_for_a_day_are_pruned_by_later_beats_a_bounded_batch_at_a_time(engine):
+    prefix = f"d-{uuid.uuid4().hex[:8]}"
+    dead = liveness.PRUNE_BATCH + 5
+    with engine.begin() as conn:
+        for i in range(dead):
+            liveness.beat(conn, f"{prefix}-{i:04d}", [])
+        conn.execute(text("UPDATE worker_beats SET beat_at = now() - make_interval(secs => :s) "
+                          "WHERE worker_id LIKE :p"), {"s": liveness.DEAD_RETENTION_S + 1, "p": f"{prefix}-%"})
+    with engine.begin() as conn:
+        first = liveness.beat(conn, f"{prefix}-live", ["reviewer"])
+    with engine.begin() as conn:
+        second = liveness.beat(conn, f"{prefix}-live", ["reviewer"])
+    assert first == liveness.PRUNE_BATCH and second >= 5  # others' dead rows may be pruned with ours
+    assert set(_mine(engine, prefix)) == {f"{prefix}-live"}
+
+
+def test_a_beat_must_come_at_least_twice_within_the_live_bound():
+    with pytest.raises(ValidationError, match="SPECIALISTS_WORKER_BEAT_S.*SPECIALISTS_HEALTH_WORKER_LIVE_S"):
+        Settings(worker={"beat_s": 40.0}, health={"worker_live_s": 60.0})
+    assert Settings(worker={"beat_s": 30.0}, health={"worker_live_s": 60.0}).worker.beat_s == 30.0
