@@ -17,8 +17,10 @@ import contextlib
 import gc
 import hmac
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from a2a.extensions.common import HTTP_EXTENSION_HEADER, get_requested_extensions
 from a2a.server.cluster import VersionedDatabaseTaskStore
@@ -310,19 +312,30 @@ def _readyz(edge: Edge):
 
 def _service_reader(engine: AsyncEngine, settings: Settings, specialists: list[str]):
     """The service's state for ``/metrics``: the read `specialists health` makes (``taskstate.reads.service_facts``),
-    once per scrape; None when the database does not answer (the edge's own metrics are still served)."""
+    at most once per ``telemetry.SERVICE_READ_REUSE_S`` however often it is scraped (an open ``/metrics`` must not
+    be a way to load the database); None when the database does not answer (the edge's own metrics are still
+    served)."""
     from taskstate.reads import service_facts
 
+    lock = asyncio.Lock()
+    latest: dict[str, Any] = {"at": None, "points": None}
+
     async def read() -> telemetry.ServicePoints | None:
-        try:
-            async with engine.connect() as conn:
-                facts = await conn.run_sync(lambda sync: service_facts(
-                    sync, specialists=specialists, live_s=settings.health.worker_live_s,
-                    failures_window_s=settings.health.failures_window_s))
-        except Exception as exc:  # a scrape must still show the edge's own counts
-            log.warning("the service's state could not be read for /metrics: %s", type(exc).__name__)
-            return None
-        return facts.points()
+        async with lock:
+            now = time.monotonic()
+            if latest["at"] is not None and now - latest["at"] <= telemetry.SERVICE_READ_REUSE_S:
+                return latest["points"]
+            try:
+                async with engine.connect() as conn:
+                    facts = await conn.run_sync(lambda sync: service_facts(
+                        sync, specialists=specialists, live_s=settings.health.worker_live_s,
+                        failures_window_s=settings.health.failures_window_s))
+                latest["points"] = facts.points()
+            except Exception as exc:  # a scrape must still show the edge's own counts
+                log.warning("the service's state could not be read for /metrics: %s", type(exc).__name__)
+                latest["points"] = None
+            latest["at"] = time.monotonic()
+            return latest["points"]
 
     return read
 
