@@ -156,6 +156,10 @@ class Meters:
             description="Model tokens of hosted runs, by specialist, model and kind (input, output)")
         self.model_cost = target.create_counter(
             "specialists.model.cost", unit="USD", description="Model cost of hosted runs, by specialist and model")
+        self.push_attempts = target.create_counter(
+            "specialists.push.attempts", unit="{attempt}",
+            description="Push notification attempts by what came of them: delivered, retried (another attempt "
+            "follows) or failed (final), each recorded by the dispatcher that made it")
 
 
 meters = Meters()
@@ -175,6 +179,8 @@ SERVICE_GAUGES: dict[str, tuple[str, tuple[str, ...], str]] = {
                                  "Workers serving the specialist whose beat is within "
                                  "SPECIALISTS_HEALTH_WORKER_LIVE_S (0: none can run its jobs), by specialist"),
     "specialists.push.pending": ("{notification}", (), "Push notifications not yet delivered or failed"),
+    "specialists.push.retrying": ("{notification}", (), "Of the pending push notifications, those attempted "
+                                                        "at least once: waiting for a retry, or in one"),
     "specialists.push.due_age": ("s", (), "How long the oldest push notification due now has waited for an attempt"),
     "specialists.push.failed_recent": ("{notification}", (),
                                        "Push notifications that finally failed within "

@@ -202,6 +202,14 @@ def row_of_job(conn: Connection, job_id: str) -> OutboxRow:
     return OutboxRow(*row)
 
 
+def task_trace_sql(task_id_column: str) -> str:
+    """The trace of the task in ``task_id_column``, as an SQL expression: its first job's traceparent (an index
+    probe of dispatch_outbox_task), NULL when telemetry was off at admission or the rows are pruned. What a push
+    notification's delivery continues (``taskstate.push``'s lease)."""
+    return (f"(SELECT o.trace_parent FROM dispatch_outbox o WHERE o.task_id = {task_id_column} "
+            "ORDER BY o.dispatch_id LIMIT 1)")
+
+
 def trace_parent_of(conn: Connection, job_id: str) -> str | None:
     """The traceparent admission wrote for the job (None: telemetry was off, or the row is pruned): the trace an
     operator opens for an unknown job (the console's reservations)."""

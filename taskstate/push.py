@@ -25,10 +25,12 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from core.db import compact_sql
-from taskstate import rows
+from taskstate import outbox, rows
 
 MAX_CONFIG_ID_CHARS = 64
 MAX_ERROR_CHARS = 500  # push_deliveries.last_error's CHECK
+MAX_DISABLE_REASON_CHARS = 1000  # push_disabled.reason's CHECK (migration 0280)
+DISABLED_ERROR = "push_disabled: an operator disabled the customer's webhooks (`specialists push enable`)"
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class Claimed:
     created_at: datetime
     lease: str  # the fencing token of this attempt
     config: Config
+    trace_parent: str | None = None  # the task's trace (its first job's), which the delivery's span continues
 
 
 @dataclass(frozen=True)
@@ -176,8 +179,17 @@ _CANDIDATES = text(compact_sql("""
     ) due WHERE rank <= :per_customer ORDER BY next_attempt_at, delivery_id LIMIT :scan
 """))
 # The lease, re-checked row by row under READ COMMITTED: of two dispatchers that saw the same candidate, one
-# updates it and the other finds the condition false on the newest version and skips it.
-_LEASE = text(compact_sql("""
+# updates it and the other finds the condition false on the newest version and skips it. A candidate of a customer
+# whose webhooks an operator disabled (``push_disabled``: a row the trigger wrote as the disable committed) is
+# failed instead, in the same statement: the two updates' rows are disjoint by the same condition.
+_LEASE = text(compact_sql(f"""
+    WITH stopped AS (
+        UPDATE push_deliveries d
+           SET state = 'failed', finished_at = now(), leased_until = NULL, last_error = :disabled_error
+          FROM push_disabled x
+         WHERE d.delivery_id = ANY (CAST(:ids AS bigint[])) AND d.state = 'pending'
+           AND (d.leased_until IS NULL OR d.leased_until <= now()) AND x.customer_id = d.customer_id
+        RETURNING d.delivery_id)
     UPDATE push_deliveries d
        SET leased_until = now() + make_interval(secs => :lease_s), attempts = d.attempts + 1,
            leased_by = :by || '#' || (d.attempts + 1)
@@ -185,8 +197,10 @@ _LEASE = text(compact_sql("""
      WHERE d.delivery_id = ANY (CAST(:ids AS bigint[])) AND d.state = 'pending'
        AND (d.leased_until IS NULL OR d.leased_until <= now())
        AND c.task_id = d.task_id AND c.config_id = d.config_id
+       AND NOT EXISTS (SELECT 1 FROM push_disabled x WHERE x.customer_id = d.customer_id)
     RETURNING d.delivery_id, d.task_id, d.config_id, d.customer_id, d.event_seq, d.event_data, d.attempts,
-              d.created_at, d.leased_by, c.url, c.token, c.auth_scheme, c.auth_credentials
+              d.created_at, d.leased_by, c.url, c.token, c.auth_scheme, c.auth_credentials,
+              {outbox.task_trace_sql('d.task_id')} AS trace_parent
 """))
 
 
@@ -206,13 +220,14 @@ def claim(conn: Connection, *, by: str, lease_s: float, free: int, per_customer:
             taken[row.customer_id] = taken.get(row.customer_id, 0) + 1
     if not chosen:
         return []
-    leased = conn.execute(_LEASE, {"ids": chosen, "by": by, "lease_s": lease_s}).all()
+    leased = conn.execute(_LEASE, {"ids": chosen, "by": by, "lease_s": lease_s, "disabled_error": DISABLED_ERROR}).all()
     return [
         Claimed(delivery_id=row.delivery_id, task_id=row.task_id, config_id=row.config_id,
                 customer_id=row.customer_id, event_seq=row.event_seq, event_data=bytes(row.event_data),
                 attempts=row.attempts, created_at=row.created_at, lease=row.leased_by,
                 config=Config(task_id=row.task_id, config_id=row.config_id, url=row.url, token=row.token,
-                              auth_scheme=row.auth_scheme, auth_credentials=row.auth_credentials))
+                              auth_scheme=row.auth_scheme, auth_credentials=row.auth_credentials),
+                trace_parent=row.trace_parent)
         for row in sorted(leased, key=lambda r: r.delivery_id)
     ]
 
@@ -266,6 +281,98 @@ def failed_deliveries(conn: Connection, *, customer_id: str | None = None, limit
     return [FailedDelivery(**row._mapping) for row in found]
 
 
+@dataclass(frozen=True)
+class RetryingDelivery:
+    """A notification attempted at least once and not finished: waiting for its next attempt, or in one now."""
+
+    delivery_id: int
+    customer_id: str
+    task_id: str
+    config_id: str
+    event_seq: int
+    attempts: int  # made so far (the one in flight counts)
+    last_status: int | None
+    last_error: str | None  # the previous attempt's reason (None while the first attempt is in flight)
+    created_at: datetime
+    next_attempt_at: datetime
+    in_flight: bool
+    url: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"delivery_id": self.delivery_id, "customer_id": self.customer_id, "task_id": self.task_id,
+                "config_id": self.config_id, "event_id": str(self.event_seq), "attempts": self.attempts,
+                "last_status": self.last_status, "last_error": self.last_error,
+                "created_at": self.created_at.isoformat(), "next_attempt_at": self.next_attempt_at.isoformat(),
+                "in_flight": self.in_flight, "url": self.url}
+
+
+_RETRYING = compact_sql("""
+    SELECT d.delivery_id, d.customer_id, d.task_id, d.config_id, d.event_seq, d.attempts, d.last_status,
+           d.last_error, d.created_at, d.next_attempt_at, (d.leased_until IS NOT NULL AND d.leased_until > now())
+           AS in_flight, c.url
+      FROM push_deliveries d LEFT JOIN push_configs c ON c.task_id = d.task_id AND c.config_id = d.config_id
+     WHERE d.state = 'pending' AND d.attempts > 0 {customer}
+     ORDER BY d.next_attempt_at, d.delivery_id LIMIT :limit
+""")
+
+
+def retrying_deliveries(conn: Connection, *, customer_id: str | None = None, limit: int) -> list[RetryingDelivery]:
+    """Notifications attempted and not finished (a retry is due, or an attempt runs), the next due first: the
+    pending range of push_deliveries_due, so what `push failures` will list before it gets there."""
+    statement = _RETRYING.format(customer="AND d.customer_id = :customer_id" if customer_id is not None else "")
+    found = conn.execute(text(statement), {"customer_id": customer_id, "limit": limit})
+    return [RetryingDelivery(**row._mapping) for row in found]
+
+
+@dataclass(frozen=True)
+class Disabled:
+    customer_id: str
+    reason: str
+    disabled_by: str
+    disabled_at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"customer_id": self.customer_id, "reason": self.reason, "disabled_by": self.disabled_by,
+                "disabled_at": self.disabled_at.isoformat()}
+
+
+_DISABLE = text(compact_sql("""
+    WITH marked AS (
+        INSERT INTO push_disabled (customer_id, reason, disabled_by) VALUES (:customer_id, :reason, :by)
+        ON CONFLICT (customer_id) DO UPDATE SET reason = EXCLUDED.reason, disabled_by = EXCLUDED.disabled_by,
+                                                disabled_at = now()
+        RETURNING 1),
+    stopped AS (
+        UPDATE push_deliveries SET state = 'failed', finished_at = now(), leased_until = NULL,
+               last_error = :disabled_error
+         WHERE customer_id = :customer_id AND state = 'pending'
+        RETURNING 1)
+    SELECT (SELECT count(*) FROM stopped) AS stopped, (SELECT count(*) FROM marked) AS marked
+"""))
+
+
+def disable_customer(conn: Connection, customer_id: str, *, reason: str, by: str) -> int:
+    """Turn off the customer's webhooks: recorded (the trigger then writes no notification for its events, the
+    claim fails any written meanwhile), and its pending notifications failed now, an attempt in flight included
+    (its outcome is fenced out). The number failed now."""
+    if not 1 <= len(reason) <= MAX_DISABLE_REASON_CHARS:
+        raise ValueError(f"a reason has 1 to {MAX_DISABLE_REASON_CHARS} characters")
+    return int(conn.execute(_DISABLE, {"customer_id": customer_id, "reason": reason, "by": by,
+                                       "disabled_error": DISABLED_ERROR}).one().stopped)
+
+
+def enable_customer(conn: Connection, customer_id: str) -> bool:
+    """Turn the customer's webhooks back on (its next events notify again); False if they were not off."""
+    return conn.execute(text("DELETE FROM push_disabled WHERE customer_id = :c"),
+                        {"c": customer_id}).rowcount == 1
+
+
+def disabled_customers(conn: Connection, *, limit: int) -> list[Disabled]:
+    found = conn.execute(text("SELECT customer_id, reason, disabled_by, disabled_at FROM push_disabled "
+                              "ORDER BY disabled_at DESC, customer_id LIMIT :n"), {"n": limit})
+    return [Disabled(**row._mapping) for row in found]
+
+
 def pending_count(conn: Connection, task_id: str) -> int:
     return conn.execute(text("SELECT count(*) FROM push_deliveries WHERE task_id = :t AND state = 'pending'"),
                         {"t": task_id}).scalar_one()
@@ -302,7 +409,9 @@ _BACKLOG = text(compact_sql("""
              WHERE state = 'pending' AND next_attempt_at <= now()
                AND (leased_until IS NULL OR leased_until <= now())) AS oldest_due_age_s,
            (SELECT count(*) FROM (SELECT 1 FROM push_deliveries WHERE state = 'failed' AND finished_at >= :since
-                                  LIMIT :cap) f) AS failed
+                                  LIMIT :cap) f) AS failed,
+           (SELECT count(*) FROM (SELECT 1 FROM push_deliveries WHERE state = 'pending' AND attempts > 0
+                                  LIMIT :cap) r) AS retrying
 """))
 
 
@@ -311,11 +420,13 @@ class Backlog:
     pending: int  # notifications not yet delivered or failed (at most MAX_COUNTED)
     oldest_due_age_s: float | None  # how long the oldest one due now (not leased, not waiting for a retry) has waited
     failed: int  # notifications that finally failed since the read's ``since`` (at most MAX_COUNTED)
+    retrying: int = 0  # of ``pending``, those attempted at least once: a retry waits (at most MAX_COUNTED)
 
 
 def backlog(conn: Connection, *, failed_since: datetime) -> Backlog:
-    """What waits to be pushed, and what failed since ``failed_since``: three index ranges (push_deliveries_due,
-    push_deliveries_failed)."""
+    """What waits to be pushed (and of it, what waits for a retry), and what failed since ``failed_since``: four
+    index ranges (push_deliveries_due, push_deliveries_failed)."""
     row = conn.execute(_BACKLOG, {"cap": MAX_COUNTED, "since": failed_since}).one()
     age = None if row.oldest_due_age_s is None else max(0.0, float(row.oldest_due_age_s))
-    return Backlog(pending=int(row.pending), oldest_due_age_s=age, failed=int(row.failed))
+    return Backlog(pending=int(row.pending), oldest_due_age_s=age, failed=int(row.failed),
+                   retrying=int(row.retrying))

@@ -167,6 +167,7 @@ class ServiceFacts:
                       ("specialists.queue.redelivery", float(q.redelivery), {"specialist": q.specialist_id})]
         return found + [
             ("specialists.push.pending", float(self.push.pending), {}),
+            ("specialists.push.retrying", float(self.push.retrying), {}),
             ("specialists.push.due_age", self.push.oldest_due_age_s or 0.0, {}),
             ("specialists.push.failed_recent", float(self.push.failed), {}),
             ("specialists.jobs.unknown_open", float(self.unknown_jobs), {}),

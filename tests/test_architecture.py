@@ -40,6 +40,7 @@ OWNERS = {
     "push_configs": "taskstate/push.py",
     "push_deliveries": "taskstate/push.py",
     "worker_beats": "taskstate/liveness.py",
+    "push_disabled": "taskstate/push.py",
     "edge_messages": "app/admission.py",
     "edge_contexts": "app/admission.py",
     "edge_rate_windows": "app/ratelimit.py",

@@ -36,6 +36,7 @@ from a2a.types.a2a_pb2 import StreamResponse
 from google.protobuf.json_format import MessageToJson
 from sqlalchemy import Engine
 
+from core import telemetry
 from core.push_signing import PushSigner
 from core.settings import PushSettings, Settings
 from core.webhooks import Resolver, WebhookRefused, check_url, resolve_checked, system_resolver
@@ -116,12 +117,21 @@ class PushDeliverer:
                               per_customer_max=self.limits.max_in_flight_per_customer)
 
     async def _deliver(self, client: httpx.AsyncClient, claimed: Claimed) -> None:
-        try:
-            outcome = await self._attempt(client, claimed)
-        except Exception as exc:  # a bug must not lose the row: it stays leased, and comes due again
-            log.exception("push delivery %s failed unexpectedly", claimed.delivery_id)
-            outcome = ("retry", None, f"internal: {type(exc).__name__}")
-        await asyncio.to_thread(self._record, claimed, *outcome)
+        # A span in its task's trace (the task's first job's traceparent, from the lease), so a webhook's POST
+        # (httpx's span, a child) is part of the task it tells about, not a trace of its own; a task admitted
+        # with telemetry off has no trace, and its deliveries start their own.
+        with telemetry.span("push.deliver", parent=telemetry.context_of(claimed.trace_parent),
+                            attributes={"specialists.task_id": claimed.task_id,
+                                        "specialists.event_id": str(claimed.event_seq),
+                                        "specialists.attempt": claimed.attempts}) as span:
+            try:
+                outcome = await self._attempt(client, claimed)
+            except Exception as exc:  # a bug must not lose the row: it stays leased, and comes due again
+                log.exception("push delivery %s failed unexpectedly", claimed.delivery_id)
+                outcome = ("retry", None, f"internal: {type(exc).__name__}")
+            recorded = await asyncio.to_thread(self._record, claimed, *outcome)
+            telemetry.annotate(span, **{"specialists.outcome": recorded or "lease_lost",
+                                        "http.response.status_code": outcome[1]})
 
     async def _attempt(self, client: httpx.AsyncClient, claimed: Claimed) -> tuple[str, int | None, str]:
         limits = self.limits
@@ -174,12 +184,19 @@ class PushDeliverer:
             headers["Authorization"] = f"Bearer {jwt}"
         return headers
 
-    def _record(self, claimed: Claimed, verdict: str, status: int | None, error: str) -> None:
+    def _record(self, claimed: Claimed, verdict: str, status: int | None, error: str) -> str | None:
+        """The attempt recorded: ``delivered``, ``retried`` or ``failed``, counted; None when the lease was lost."""
+        outcome = self._write_outcome(claimed, verdict, status, error)
+        if outcome is not None:  # committed, and this dispatcher's lease still held: counted once
+            telemetry.meters.push_attempts.add(1, {"outcome": outcome})
+        return outcome
+
+    def _write_outcome(self, claimed: Claimed, verdict: str, status: int | None, error: str) -> str | None:
+        """Record the attempt: ``delivered``, ``retried`` or ``failed``, or None when the lease was lost."""
         limits = self.limits
         with self.engine.begin() as conn:
             if verdict == "delivered":
-                push.record_delivered(conn, claimed, status or 0)
-                return
+                return "delivered" if push.record_delivered(conn, claimed, status or 0) else None
             if verdict == "retry":
                 wait_s = min(limits.backoff_max_s, limits.backoff_base_s * 2 ** (claimed.attempts - 1))
                 age_s = (datetime.now(timezone.utc) - claimed.created_at).total_seconds()
@@ -188,11 +205,11 @@ class PushDeliverer:
                 elif age_s + wait_s > limits.max_age_s:
                     verdict, error = "failed", f"{error} (the next attempt would pass SPECIALISTS_PUSH_MAX_AGE_S)"
                 else:
-                    push.record_retry(conn, claimed, wait_s, status, error)
-                    return
-            push.record_failed(conn, claimed, status, error)
-            log.warning("push notification %s of task %s to config %s failed: %s", claimed.event_seq,
-                        claimed.task_id, claimed.config_id, error)
+                    return "retried" if push.record_retry(conn, claimed, wait_s, status, error) else None
+            recorded = push.record_failed(conn, claimed, status, error)
+        log.warning("push notification %s of task %s to config %s failed: %s", claimed.event_seq,
+                    claimed.task_id, claimed.config_id, error)
+        return "failed" if recorded else None
 
 
 def tls_context(limits: PushSettings) -> ssl.SSLContext:

@@ -18,6 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from contextlib import contextmanager
 
 import psycopg
@@ -322,6 +323,119 @@ def test_a_dispatcher_killed_mid_delivery_leaves_every_event_delivered_once_per_
     assert [(state, attempts) for _, state, attempts, _ in found] == [("delivered", 2)] + [("delivered", 1)] * 3
 
 
+def _dispatcher_env(push_database: str, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECIALISTS_")}
+    env.update({"DATABASE_URL": push_database, "SPECIALISTS_WORKER_JOB_SECRETS": "push-tests-worker-secret-" + "w" * 40,
+                "SPECIALISTS_PUSH_SIGNING_SECRETS": SECRET, "SPECIALISTS_PUSH_ALLOW_LOOPBACK": "true",
+                "SPECIALISTS_PUSH_LEASE_S": "3", "SPECIALISTS_PUSH_REQUEST_TIMEOUT_S": "1.5",
+                "SPECIALISTS_PUSH_RESOLVE_TIMEOUT_S": "1", "SPECIALISTS_PUSH_POLL_INTERVAL_S": "0.1",
+                "SPECIALISTS_PUSH_BACKOFF_BASE_S": "0.05", **extra})
+    return env
+
+
+def _traced(engine: Engine, task_id: str, owner: str) -> str:
+    """Give the task a finished job whose outbox row holds a trace, as admission writes it: the task's trace id."""
+    trace_id = uuid.uuid4().hex
+    with engine.begin() as conn:
+        conn.execute(text(
+            "INSERT INTO edge_tasks (task_id, customer_id, key_id, specialist_id, skill_id, owner, tariff_credits, "
+            "reservation_id, admitted_at) VALUES (:t, NULL, NULL, 'conformance', 'conformance', :o, 0, NULL, now())"),
+            {"t": task_id, "o": owner})
+        conn.execute(text(
+            "INSERT INTO dispatch_outbox (task_id, specialist_id, executor, owner, context_id, message, status, "
+            "finished_at, attempts, trace_parent) VALUES (:t, 'conformance', 'conformance', :o, :t, '\\x0a00', "
+            "'done', now(), 1, :tp)"), {"t": task_id, "o": owner, "tp": f"00-{trace_id}-{uuid.uuid4().hex[:16]}-01"})
+    return trace_id
+
+
+def test_a_dispatchers_attempts_are_counted_and_each_is_a_span_in_its_tasks_trace(push_database, engine, webhook,
+                                                                                  tmp_path):
+    # Issue 42: every webhook POST was a trace of its own (136 traces for 6 tasks), and nothing counted attempts.
+    from tests.otlp import otlp_receiver, telemetry_env
+
+    ok, failing = f"/ok/{uuid.uuid4().hex}", f"/fail/{uuid.uuid4().hex}"
+    ok_task, ok_owner = new_task(engine, webhook.url(ok))
+    fail_task, fail_owner = new_task(engine, webhook.url(failing))
+    ok_trace, fail_trace = _traced(engine, ok_task, ok_owner), _traced(engine, fail_task, fail_owner)
+    with otlp_receiver() as receiver:
+        env = _dispatcher_env(push_database, SPECIALISTS_PUSH_MAX_ATTEMPTS="2", **telemetry_env(receiver))
+        log = (tmp_path / "dispatcher.log").open("wb")
+        dispatcher = subprocess.Popen([sys.executable, "-m", "ops.cli", "dispatcher"], cwd=PROJECT_ROOT, env=env,
+                                      stdout=log, stderr=subprocess.STDOUT)
+        try:
+            assert [state for _, state, _, _ in settled(engine, ok_task, 1)] == ["delivered"]
+            assert [(state, attempts) for _, state, attempts, _ in settled(engine, fail_task, 1)] == [("failed", 2)]
+
+            def counted() -> dict[str, float] | None:
+                totals = {outcome: receiver.total("specialists.push.attempts", outcome=outcome)
+                          for outcome in ("delivered", "retried", "failed")}
+                return totals if all(totals.values()) else None
+
+            totals = receiver.wait_for("the push attempts' counters", counted, 60)
+
+            def delivered_in(trace_id: str, outcome: str) -> list | None:
+                spans = receiver.trace(trace_id)
+                mine = [s for s in spans if s.name == "push.deliver" and s.attributes.get("specialists.outcome") == outcome]
+                posts = [s for s in spans if s.kind == 3 and any(s.parent_span_id == d.span_id for d in mine)]  # CLIENT
+                return spans if mine and posts else None
+
+            ok_spans = receiver.wait_for("the delivery's span in its task's trace", lambda: delivered_in(ok_trace, "delivered"), 60)
+            fail_spans = receiver.wait_for("the retried attempt's span", lambda: delivered_in(fail_trace, "failed"), 60)
+        finally:
+            dispatcher.send_signal(signal.SIGTERM)
+            dispatcher.wait(30)
+    assert totals["delivered"] >= 1 and totals["retried"] >= 1 and totals["failed"] >= 1, totals
+    attempts = sorted(s.attributes["specialists.attempt"] for s in fail_spans if s.name == "push.deliver")
+    assert attempts == [1, 2]  # both attempts, one trace: the task's
+    assert {s.attributes["specialists.task_id"] for s in ok_spans if s.name == "push.deliver"} == {ok_task}
+    # No attempt of these tasks started a trace of its own.
+    assert not [s for s in receiver.spans if s.name == "push.deliver" and s.attributes.get("specialists.task_id")
+                in (ok_task, fail_task) and s.trace_id not in (ok_trace, fail_trace)]
+
+
+def test_retries_are_listed_before_they_fail_and_an_operator_can_turn_a_customers_webhooks_off(
+        engine, settings, webhook, service_env):
+    customer = f"c-{uuid.uuid4().hex[:8]}"
+    command = [sys.executable, "-m", "ops.cli"]
+
+    def cli(*args: str) -> dict:
+        done = subprocess.run([*command, *args, "--json"], env=service_env, cwd=PROJECT_ROOT, capture_output=True,
+                              text=True)
+        assert done.returncode == 0, done.stdout + done.stderr
+        return json.loads(done.stdout)
+
+    cli("customers", "add", "--customer", customer)
+    path = f"/fail/{uuid.uuid4().hex}"
+    task_id, owner = new_task(engine, webhook.url(path), customer=customer)
+    # A long backoff: after its first attempt the notification waits, pending, for its retry.
+    with delivering(engine, push_settings(settings, backoff_base_s=600.0, backoff_max_s=600.0, max_attempts=8)):
+        deadline = time.monotonic() + 60
+        while [row[1:] for row in deliveries(engine, task_id)] != [("pending", 1, "http_500")]:
+            assert time.monotonic() < deadline, deliveries(engine, task_id)
+            time.sleep(0.05)
+    [retry] = cli("push", "retries", "--customer", customer)["retries"]
+    assert (retry["task_id"], retry["attempts"], retry["last_status"], retry["last_error"], retry["in_flight"]) == (
+        task_id, 1, 500, "http_500", False)
+    assert cli("push", "failures", "--customer", customer)["failures"] == []  # not failed: waiting
+    with engine.connect() as conn:
+        assert push.backlog(conn, failed_since=datetime.now(timezone.utc)).retrying >= 1
+
+    disabled = cli("push", "disable", "--customer", customer, "--reason", "their webhook is down for the week")
+    assert (disabled["disabled"], disabled["pending_failed"]) == (True, 1)
+    assert [row[1:] for row in deliveries(engine, task_id)] == [("failed", 1, push.DISABLED_ERROR)]
+    assert cli("push", "retries", "--customer", customer)["retries"] == []
+    assert customer in [d["customer_id"] for d in cli("push", "disabled")["disabled"]]
+    move(engine, task_id, owner, TaskState.TASK_STATE_WORKING)
+    assert len(deliveries(engine, task_id)) == 1  # no notification written while off
+
+    assert cli("push", "enable", "--customer", customer)["was_disabled"] is True
+    move(engine, task_id, owner, TaskState.TASK_STATE_COMPLETED)
+    assert [state for _, state, _, _ in deliveries(engine, task_id)] == ["failed", "pending"]  # on again
+    typo = subprocess.run([*command, "push", "disable", "--customer", customer[:-1] + "z", "--reason", "x", "--json"],
+                          env=service_env, cwd=PROJECT_ROOT, capture_output=True, text=True)
+    assert typo.returncode == 1 and json.loads(typo.stdout)["error"]["code"] == "customer_not_found"
+
+
 def _plain_task(engine: Engine) -> tuple[str, str]:
     """A SUBMITTED task with no push configuration."""
     owner = f"c-{uuid.uuid4().hex[:8]}:conformance"
@@ -457,6 +571,9 @@ def test_the_delivery_loop_and_the_operators_reads_are_served_by_indexes_as_noti
         "claim": lambda conn: push.claim(conn, by="plans", lease_s=5, free=16, per_customer={}, per_customer_max=2),
         "failures": lambda conn: push.failed_deliveries(conn, limit=50),
         "one customer's failures": lambda conn: push.failed_deliveries(conn, customer_id=customer + "7", limit=50),
+        "retries": lambda conn: push.retrying_deliveries(conn, limit=50),
+        "one customer's retries": lambda conn: push.retrying_deliveries(conn, customer_id=customer + "7", limit=50),
+        "disable": lambda conn: push.disable_customer(conn, customer + "7", reason="plans", by="plans"),
         "prune": lambda conn: push.prune(conn, retention_s=86400, batch=1000),
         "cap": lambda conn: push.insert_config(conn, push.Config(task_id=str(uuid.uuid4()), config_id="x",
                                                                  url="https://example.com/"),
@@ -470,3 +587,4 @@ def test_the_delivery_loop_and_the_operators_reads_are_served_by_indexes_as_noti
         with engine.begin() as conn:
             conn.execute(text("DELETE FROM push_deliveries WHERE customer_id LIKE :c"), {"c": f"{customer}%"})
             conn.execute(text("DELETE FROM push_configs WHERE customer_id = :c"), {"c": customer})
+            push.enable_customer(conn, customer + "7")
