@@ -693,10 +693,11 @@ class Pages:
         from taskstate import push
 
         found = health(self.c.settings, self.c.engine)
-        with self.c.engine.connect() as conn:  # the same read as `specialists push failures`
+        with self.c.engine.connect() as conn:  # the same reads as `specialists push failures` and `push retries`
             failed = push.failed_deliveries(conn, limit=PUSH_FAILURES_LISTED)
+            retrying = push.retrying_deliveries(conn, limit=PUSH_FAILURES_LISTED)
         return self._render(request, "health.html", session, health=found, push_failures=failed,
-                            push_on=self.c.settings.push.enabled)
+                            push_retries=retrying, push_on=self.c.settings.push.enabled)
 
     def journal(self, request: Request, session: Session) -> Response:
         params = request.query_params

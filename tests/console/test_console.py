@@ -368,6 +368,17 @@ def test_usage_charts_and_csv_are_the_ledgers_numbers_and_health_shows_the_syste
     alice.goto("/health")
     failure = alice.locator(f"[data-testid=push-failures] tr[data-task='{failing}']").first.inner_text()
     assert "10.255.255.1" in failure and "webhook_https_required" in failure, failure
+    # One waiting for its retry (issue 42: only final failures were shown): its first attempt answered 503, its
+    # next is an hour away, so the system's dispatcher leaves it be while the page is read.
+    retrying = _task_with_a_push_to(system, "https://hooks.example.com/retry-me", waiting_for_a_retry=True)
+    try:
+        alice.goto("/health")
+        retry = alice.locator(f"[data-testid=push-retries] tr[data-task='{retrying}']").first.inner_text()
+        assert "http_503" in retry and "hooks.example.com" in retry, retry
+    finally:
+        with system.engine.begin() as conn:
+            conn.execute(text("UPDATE push_deliveries SET state = 'failed', finished_at = now() WHERE task_id = :t"),
+                         {"t": retrying})
     specialists = alice.inner_text("[data-testid=specialists]")
     # This system's scripted specialist runs on the tests' own runner: to a worker of these settings its spec
     # names no model route, and the page says so, beside the conformance specialist that is ready.
@@ -402,9 +413,10 @@ def _settled_task(system: System, customer_id: str) -> str:
     return task_id
 
 
-def _task_with_a_push_to(system: System, url: str) -> str:
+def _task_with_a_push_to(system: System, url: str, *, waiting_for_a_retry: bool = False) -> str:
     """A task whose push configuration names ``url``, written through their owners (as the edge's admission does,
-    without its registration check: a webhook that turns bad later), so its first event is a notification."""
+    without its registration check: a webhook that turns bad later), so its first event is a notification;
+    ``waiting_for_a_retry``: committed as if its first attempt got a 503, its retry an hour away."""
     from a2a.types.a2a_pb2 import Task, TaskState, TaskStatus
 
     from taskstate import push, rows
@@ -417,6 +429,10 @@ def _task_with_a_push_to(system: System, url: str) -> str:
         push.insert_config(conn, push.Config(task_id=task.id, config_id="hook", url=url, token=None),
                            owner=f"{customer}:scripted", customer_id=customer, max_per_customer=10)
         rows.insert_new(conn, task, f"{customer}:scripted")
+        if waiting_for_a_retry:  # in the trigger's own transaction: no dispatcher sees it due
+            conn.execute(text(
+                "UPDATE push_deliveries SET attempts = 1, last_status = 503, last_error = 'http_503', "
+                "next_attempt_at = now() + interval '1 hour' WHERE task_id = :t"), {"t": task.id})
     return task.id
 
 
