@@ -813,13 +813,6 @@ class ConsoleSettings(Section):
         description="With auth=iap, where IAP's public keys (PEM by key id) are fetched from.",
     )
     iap_certs_cache_s: float = Field(default=3600.0, ge=1, le=86400, description="How long fetched IAP keys are reused.")
-    max_form_bytes: int = Field(
-        default=16 * 1024, ge=1024, le=1024 * 1024,
-        description="Largest form body the console reads; a larger one is refused before it is parsed.",
-    )
-    max_usage_days: int = Field(
-        default=92, ge=1, le=366,
-        description="Longest period the usage page charts (also bounded by SPECIALISTS_LEDGER_MAX_USAGE_DAYS).",
     iap_certs_refetch_s: float = Field(
         default=30.0, ge=1, le=3600,
         description="With auth=iap, the least time between two fetches of IAP's keys made because an assertion "
@@ -845,6 +838,13 @@ class ConsoleSettings(Section):
         default=300, ge=1, le=86400,
         description="The window the login failure limits count in (per console process).",
     )
+    max_form_bytes: int = Field(
+        default=16 * 1024, ge=1024, le=1024 * 1024,
+        description="Largest form body the console reads; a larger one is refused before it is parsed.",
+    )
+    max_usage_days: int = Field(
+        default=92, ge=1, le=366,
+        description="Longest period the usage page charts (also bounded by SPECIALISTS_LEDGER_MAX_USAGE_DAYS).",
     )
 
     @model_validator(mode="after")
@@ -859,6 +859,12 @@ class ConsoleSettings(Section):
         for email in self.operators:
             if "@" not in email or len(email) > 200 or any(c.isspace() for c in email):
                 raise ValueError(f"SPECIALISTS_CONSOLE_OPERATORS: {email!r} is not an email address")
+        for origin in self.allowed_origins:
+            parts = urlsplit(origin)
+            if (parts.scheme not in ("http", "https") or not parts.netloc or parts.path or parts.query
+                    or parts.fragment or len(origin) > 300):
+                raise ValueError(f"SPECIALISTS_CONSOLE_ALLOWED_ORIGINS: {origin!r} is not an origin "
+                                 "(scheme://host[:port], no path)")
         return self
 
 
@@ -866,12 +872,6 @@ CheckpointSync = Literal["with_journal", "each_record"]  # workers/hosted_rlm/st
 
 
 class HostedSettings(Section):
-        for origin in self.allowed_origins:
-            parts = urlsplit(origin)
-            if (parts.scheme not in ("http", "https") or not parts.netloc or parts.path or parts.query
-                    or parts.fragment or len(origin) > 300):
-                raise ValueError(f"SPECIALISTS_CONSOLE_ALLOWED_ORIGINS: {origin!r} is not an origin "
-                                 "(scheme://host[:port], no path)")
     """The hosted specialists (workers/hosted_rlm, docs/SPECIALISTS.md): which specs, which model routes,
     checkpoints and resumes. A spec's own limits live in specs/*.yaml, bounded by core/specs.py."""
 
