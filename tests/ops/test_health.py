@@ -24,11 +24,17 @@ pytestmark = pytest.mark.timeout(60)
 CHECKPOINT_KEY = "k" * 48
 
 
+# The session's database holds other tests' jobs and notifications, queued for as long as the session runs: these
+# tests judge readiness and liveness, so the bounds on waiting are their longest.
+PATIENT = {"max_job_wait_s": 7 * 86_400.0, "max_push_wait_s": 7 * 86_400.0}
+PATIENT_ENV = {"SPECIALISTS_HEALTH_MAX_JOB_WAIT_S": "604800", "SPECIALISTS_HEALTH_MAX_PUSH_WAIT_S": "604800"}
+
+
 def ready_settings(database_url: str, **worker) -> Settings:
     """Settings a worker here would serve every shipped specialist with: a checkpoint key, the scripted routes."""
     return Settings(database={"url": database_url},
                     hosted={"checkpoint_key": CHECKPOINT_KEY, "model_routes_allow_scripted": True},
-                    worker=worker or {})
+                    worker=worker or {}, health=PATIENT)
 
 
 SHIPPED = ["analyst", "conformance", "drill", "reviewer"]
@@ -49,7 +55,8 @@ def test_health_lists_every_specialist_ready_and_says_why_one_is_not(database_ur
     assert ready.ready and all(s.spec_loaded and s.route_configured and s.problem is None for s in ready.specialists)
     assert {s.specialist_id: s.skill for s in ready.specialists}["reviewer"] == "review"
 
-    keyless = health(Settings(database={"url": database_url}, hosted={"model_routes_allow_scripted": True}), engine)
+    keyless = health(Settings(database={"url": database_url}, hosted={"model_routes_allow_scripted": True},
+                              health=PATIENT), engine)
     not_ready = {s.specialist_id: s.problem for s in keyless.specialists if not s.ready}
     assert set(not_ready) == {"analyst", "reviewer"}  # the rlm specialists: no key signs their checkpoints
     assert all("SPECIALISTS_SPECIALIST_CHECKPOINT_KEY" in problem for problem in not_ready.values())
@@ -99,6 +106,7 @@ def test_specialists_health_exits_1_when_a_specialist_is_not_ready(service_env, 
     at = datetime.now(timezone.utc) + timedelta(days=1)  # the newest run recorded
     record.record_run(engine, record.DrillRun(uuid.uuid4().hex[:12], "local, embedded dispatch", "ops", at, at, "pass",
                                               (record.outcome_of("refusal", "pass", 1.0, ["ok"]),)))
+    service_env = service_env | PATIENT_ENV
     not_ready = cli(service_env, "health", "--json")
     assert not_ready.returncode == 1, not_ready.stderr
     report = json.loads(not_ready.stdout)

@@ -109,7 +109,8 @@ def test_a_killed_worker_turns_health_metrics_and_the_dispatchers_log_while_the_
     assert {p["specialist_id"] for p in report["problems"] if p["code"] == "no_live_worker"} == set(SERVED)
     table = subprocess.run([sys.executable, "-m", "ops.cli", "health"], env=system.env(), cwd=PROJECT_ROOT,
                            capture_output=True, text=True, timeout=120)
-    assert table.returncode == 1 and "NOT READY no_live_worker: no worker serving scripted" in table.stdout, table.stdout
+    assert table.returncode == 1, table.stdout
+    assert "NOT READY no_live_worker: no worker serving scripted" in table.stdout, table.stdout
 
     edge = system.edges[0]
     assert http_calls.get(f"{edge.url}/readyz").status_code == 200  # the edge's readiness is about the edge

@@ -170,7 +170,8 @@ class EmbeddedDispatcher:
             all_down = all(self._unanswered[url] > 0 for url in self.urls)
         now = time.monotonic()
         if all_down:
-            if self._unreachable_logged_at is None or now - self._unreachable_logged_at >= self.settings.dispatch.delivery_lease_s:
+            last = self._unreachable_logged_at
+            if last is None or now - last >= self.settings.dispatch.delivery_lease_s:
                 self._unreachable_logged_at = now
                 log.warning(
                     "no worker answers: %d delivery(ies) in a row got no answer from %d worker URL(s) "
