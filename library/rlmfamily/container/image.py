@@ -35,7 +35,7 @@ from typing import Final
 from rlmfamily.container.engine import STDERR_SHOWN_CHARS, ContainerUnavailable, Engine, image_present
 from rlmfamily.settings import DEFAULT_CONTAINER_IMAGE
 
-BUILDER_VERSION: Final = "1"  # change when what goes into the image changes, so old builds are not reused
+BUILDER_VERSION: Final = "2"  # change when what goes into the image changes, so old builds are not reused
 IMAGE_REPOSITORY: Final = "localhost/rlmfamily-python"
 ROOT_PACKAGES: Final = ("python3", "bash", "coreutils", "grep", "sed", "findutils", "diffutils", "procps")
 SKIPPED_PREFIXES: Final = ("/usr/share/doc/", "/usr/share/man/", "/usr/share/locale/", "/usr/share/info/",
@@ -158,6 +158,12 @@ def write_rootfs(archive: Path, packages: list[str]) -> None:
             add_parents(name)
             tar.add(real, arcname=name, recursive=False)
             added.add(name)
+            for compiled in _bytecode_of(real):
+                compiled_name = compiled.lstrip("/")
+                if compiled_name not in added:
+                    add_parents(compiled_name)
+                    tar.add(compiled, arcname=compiled_name, recursive=False)
+                    added.add(compiled_name)
         for folder, mode in EMPTY_DIRS:
             if folder not in added:
                 info = tarfile.TarInfo(folder)
@@ -169,6 +175,25 @@ def write_rootfs(archive: Path, packages: list[str]) -> None:
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))
+
+
+def _bytecode_of(path: str) -> list[str]:
+    """The bytecode Debian compiled for a module at install time (``__pycache__/<name>.cpython-3X.pyc``).
+
+    dpkg does not list it (the packages' scripts write it), yet without it every Python start in the read-only
+    image compiles what it imports again: ``import unittest, subprocess`` cost ~150 ms a process, ~15 ms with it.
+    The archive keeps each file's mtime, which is what the bytecode is checked against.
+    """
+    if not path.endswith(".py"):
+        return []
+    folder, name = os.path.split(path)
+    cache = os.path.join(folder, "__pycache__")
+    stem = name[:-3] + "."
+    try:
+        return sorted(os.path.join(cache, entry) for entry in os.listdir(cache)
+                      if entry.startswith(stem) and entry.endswith(".pyc") and entry.count(".") == 2)
+    except OSError:
+        return []
 
 
 def _remove_stale_builds(engine: Engine, *, keep: str) -> None:
