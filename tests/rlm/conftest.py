@@ -6,6 +6,7 @@ chat-completions and the Anthropic Messages wire formats (a paid model cannot ru
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -21,16 +22,17 @@ from .holds import Hold
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SECRET_SENTENCE = "The vault combination is 31-41-59 and nobody may print it in a prompt."
+# Kept from the environment: which container engine the container tests run on (unset: auto, Podman first);
+# RLM_CONTAINER_ENGINE=docker with DOCKER_HOST runs them on Docker (docs/RLM.md, "Container engines").
+MACHINE_RLM_ENV = frozenset({"RLM_CONTAINER_ENGINE"})
 
 
 @pytest.fixture(autouse=True)
 def _isolated_rlm_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No test reads a developer's RLM_* variables or writes to the real home (a data dir of its own; a test
     that unsets it runs rlm under a temporary HOME, as tests/rlm/test_data_dir.py does)."""
-    import os
-
     for name in list(os.environ):
-        if name.startswith("RLM_"):
+        if name.startswith("RLM_") and name not in MACHINE_RLM_ENV:
             monkeypatch.delenv(name)
     monkeypatch.setenv("RLM_DATA_DIR", str(tmp_path / "rlm-data"))
 
@@ -42,7 +44,8 @@ def container_image(tmp_path_factory: pytest.TempPathFactory) -> str:
     from rlmfamily.container.engine import ContainerUnavailable, find_engine
     from rlmfamily.container.image import build_image
 
-    settings = load_settings(data_dir=tmp_path_factory.mktemp("container-engine"), container_engine="auto")
+    settings = load_settings(data_dir=tmp_path_factory.mktemp("container-engine"),
+                             container_engine=os.environ.get("RLM_CONTAINER_ENGINE", "auto"))
     try:
         engine = find_engine(settings, check_image=False)
     except ContainerUnavailable as exc:
