@@ -15,7 +15,8 @@ next container starts.
 What the container gets, and nothing else:
 - the workspace (a host folder) read-write at ``WORKSPACE_PATH``, the agent folder
   read-only at ``AGENT_PATH``, the host kernel's child read-only at ``KERNEL_CHILD_PATH``;
-- the invoking user's uid:gid (rootless Podman keeps it with ``--userns keep-id``),
+- the invoking user's uid:gid (rootless Podman keeps it with ``--userns keep-id``; Docker
+  with ``--userns host``, so a daemon's ``--userns-remap`` does not move it),
   no capabilities, no new privileges, a read-only root and a tmpfs ``/tmp``;
 - ``RLM_CONTAINER_NETWORK`` (default ``none``: no interface but loopback);
 - the environment ``CONTAINER_ENV`` sets, never the host's: no key reaches it;
@@ -253,6 +254,10 @@ class RunContainer:
         ]
         if self.engine.rootless:
             argv += ["--userns", "keep-id"]  # the user's own id inside, so the workspace's files stay theirs
+        elif self.engine.kind == "docker":
+            # A daemon started with --userns-remap would map --user's ids onto subordinate ones, which cannot
+            # write the workspace; "host" opts this container out of the remap (a no-op on a daemon without it).
+            argv += ["--userns", "host"]
         for key, value in CONTAINER_ENV.items():
             argv += ["-e", f"{key}={value}"]
         return [*argv, limits.image, "python3", f"{AGENT_PATH}/keeper.py"]

@@ -180,7 +180,8 @@ def test_an_image_without_bash_is_refused_naming_the_image_setting(make_settings
         f"FROM {container_image}\nRUN [\"python3\", \"-c\", \"import os; os.remove('/usr/bin/bash')\"]\n")
     no_bash = f"localhost/rlm-test-no-bash:{os.getpid()}"
     built = engine.call("build", "-q", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096",
-                        "-f", str(tmp_path / "Containerfile"), "-t", no_bash, str(tmp_path), timeout_s=120)  # Docker reads only a Dockerfile unasked
+                        "-f", str(tmp_path / "Containerfile"),  # Docker reads only a Dockerfile unasked
+                        "-t", no_bash, str(tmp_path), timeout_s=120)
     assert built.returncode == 0, built.stderr
     try:
         settings = make_settings(profile="python-bash", kernel="container", container_image=no_bash)
