@@ -74,6 +74,7 @@ class Environment(Protocol):
 
     name: str
     workspace: Path
+    client_dir: Path  # the working directory to start ``exec_argv``'s command in (the engine may write there)
 
     def exec_argv(self, argv: Sequence[str], *, workdir: str = ..., env: Mapping[str, str] | None = None,
                   interactive: bool = True) -> list[str]: ...

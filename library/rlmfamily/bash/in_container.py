@@ -62,7 +62,7 @@ class BashInContainer:
         request = f"{deadline_s!r} {self.grace_s!r} {marker.hex()} {len(source)}\n".encode() + source
         argv = self.container.exec_argv(["python3", "-I", f"{AGENT_PATH}/{JOBRUN}"], workdir=workdir, env=self.env,
                                         interactive=True)
-        return Launch(argv, cwd=None, env=dict(self.container.engine.env), request=request, marker=marker,
+        return Launch(argv, cwd=self.container.client_dir, env=dict(self.container.engine.env), request=request, marker=marker,
                       supervise_s=deadline_s + self.grace_s + self.margin_s)
 
     def seen_as(self, workspace: Path) -> str:
@@ -106,7 +106,8 @@ def prepare(settings: RLMSettings, hidden: set[str], container: RunContainer, *,
 def _run_held(launch: Launch, timeout_s: float) -> tuple[int, bytes, bytes]:
     """Run a short job to its end with its stdin held open (closing it first would cancel it)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        process = subprocess.Popen(launch.argv, env=launch.env, stdin=subprocess.PIPE, stdout=out, stderr=err)
+        process = subprocess.Popen(launch.argv, cwd=launch.cwd, env=launch.env, stdin=subprocess.PIPE, stdout=out,
+                                   stderr=err)
         try:
             assert process.stdin is not None and launch.request is not None
             process.stdin.write(launch.request)

@@ -33,6 +33,7 @@ import re
 import resource
 import secrets
 import select
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -105,6 +106,9 @@ class RunContainer:
         self._keeper_stdout = -1  # the keeper's answers (``ready``, then one line per request)
         self._keeper_lock = threading.Lock()  # one request at a time: the kernel's and the command jobs' threads
         self._stderr: IO[bytes] | None = None
+        # Where every engine client of this container runs: Podman's conmon writes a file named ``oom`` into its
+        # client's working directory when the memory limit kills a process, which would land in the user's.
+        self.client_dir = Path(tempfile.mkdtemp(prefix="rlm-engine-client-"))
 
     @classmethod
     def open(cls, settings: RLMSettings, *, run_id: str, workspace: Path, hidden_env: Iterable[str] = ()) -> RunContainer:
@@ -125,7 +129,9 @@ class RunContainer:
 
     def exec_argv(self, argv: Sequence[str], *, workdir: str = WORKSPACE_PATH, env: Mapping[str, str] | None = None,
                   interactive: bool = True) -> list[str]:
-        """The host command that runs ``argv`` in this container (as its user, in ``workdir``, with ``env`` added)."""
+        """The host command that runs ``argv`` in this container (as its user, in ``workdir``, with ``env`` added).
+
+        Start it in ``client_dir`` (the engine may write files into its client's working directory)."""
         if not argv:
             raise ValueError("exec_argv needs a command")
         command = [self.engine.path, "exec"]
@@ -181,7 +187,7 @@ class RunContainer:
         try:
             self._client = subprocess.Popen(
                 self.run_argv(), stdin=read_end, stdout=out_write, stderr=self._stderr, env=dict(self.engine.env),
-                start_new_session=True,  # a terminal's Ctrl-C or a kill of the run's group is not the client's
+                cwd=self.client_dir, start_new_session=True,  # a terminal's Ctrl-C or a kill of the run's group is not the client's
             )
         except OSError as exc:
             os.close(self._keeper_stdin)
@@ -229,6 +235,7 @@ class RunContainer:
         if self._stderr is not None:
             self._stderr.close()
             self._stderr = None
+        shutil.rmtree(self.client_dir, ignore_errors=True)
 
     def run_argv(self) -> list[str]:
         """The engine command that creates and starts this container with its keeper."""

@@ -100,7 +100,7 @@ def _run_tests_in_container(evaluator: TestsEvaluator, fresh: Path,
     command = ["python3" if part == "python" else part for part in evaluator.command]
     with RunContainer.open(settings, run_id="eval-grade", workspace=fresh) as box:
         argv = box.exec_argv(command, env={"PYTHONDONTWRITEBYTECODE": "1"}, interactive=False)
-        return subprocess.run(argv, env=dict(box.engine.env), capture_output=True, text=True,
+        return subprocess.run(argv, cwd=box.client_dir, env=dict(box.engine.env), capture_output=True, text=True,
                               timeout=evaluator.timeout_s, stdin=subprocess.DEVNULL)
 
 

@@ -49,7 +49,7 @@ class ContainerKernel(HostKernel):
         return subprocess.Popen(
             self.container.exec_argv(["python3", KERNEL_ENTRY], interactive=True),
             stdin=child_in, stdout=child_out, stderr=stderr, env=dict(self.container.engine.env),
-            start_new_session=True,  # a terminal's Ctrl-C is the run's, not the engine client's
+            cwd=self.container.client_dir, start_new_session=True,  # a terminal's Ctrl-C is the run's, not the engine client's
         )
 
     def _interrupt(self) -> None:

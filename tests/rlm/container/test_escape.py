@@ -109,7 +109,12 @@ print(json.dumps(seen))
 
 
 def test_a_fork_bomb_and_a_memory_bomb_are_bounded_and_the_run_goes_on(
-        settings: RLMSettings, fixture_repo: Path) -> None:
+        settings: RLMSettings, fixture_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where the user ran it: nothing may appear there (Podman's conmon writes a file named "oom" into its client's
+    # working directory when the memory limit kills a process).
+    where_the_user_is = tmp_path / "cwd"
+    where_the_user_is.mkdir()
+    monkeypatch.chdir(where_the_user_is)
     result = run_steps(settings, fixture_repo, [
         "x = 41",
         # A classic fork bomb in its own process group, its errors in a file: watched until fork fails (or 20 s),
@@ -139,3 +144,4 @@ print("bounded:", FULL in open("/tmp/bomb.err").read(), most <= 64)
     assert "RLM_CONTAINER_MEMORY_BYTES" in steps[2]["error"]
     assert steps[3]["ok"] and "after the bombs 42" in steps[3]["observation"]
     assert run_containers(engine_of(settings), result.run_id) == []
+    assert list(where_the_user_is.iterdir()) == []
