@@ -136,7 +136,9 @@ def engine(database_url: str, settings: Settings) -> Iterator[Engine]:
 @pytest.fixture
 def service_env(database_url: str) -> dict[str, str]:
     """Environment for running the `specialists` command against this run's database."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECIALISTS_")}
+    # No COLUMNS or LINES of the run's own: a table's width is what a test asks for (the full suite once found
+    # COLUMNS in a worker's environment and every piped table came out wrapped).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECIALISTS_") and k not in ("COLUMNS", "LINES")}
     env["DATABASE_URL"] = database_url
     env["SPECIALISTS_KEY_SIGNING_SECRETS"] = TEST_SECRET
     return env
