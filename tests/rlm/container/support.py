@@ -6,7 +6,6 @@ machine by the ``container_image`` fixture (tests/rlm/conftest.py).
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from rlmfamily.session import RunResult
 from rlmfamily.settings import RLMSettings
 from rlmfamily.trajectory import read_trajectory
 
-GONE_WITHIN_S = 60.0  # a bound on waiting for an event (a container removed, a process gone); never a sleep
+GONE_WITHIN_S = 60.0  # the bound given to holds.wait_until for an engine event (a container removed, a step started)
 
 
 def run_steps(settings: RLMSettings, repo: Path, steps: list[str], *, subcall: list[dict[str, Any]] | None = None,
@@ -41,15 +40,6 @@ def engine_of(settings: RLMSettings) -> Engine:
 def containers_owned_by(engine: Engine, pid: int) -> list[str]:
     listed = engine.call("ps", "-a", "--filter", f"label={LABEL_OWNER_PID}={pid}", "--format", "{{.Names}}")
     return [name for name in listed.stdout.split() if name]
-
-
-def wait_until(condition: Any, what: str, within_s: float = GONE_WITHIN_S) -> None:
-    """Poll ``condition`` (each poll is an engine call or a /proc read) until it holds, at most ``within_s``."""
-    deadline = time.monotonic() + within_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {within_s:g} s")
-        time.sleep(0.05)
 
 
 def run_containers(engine: Engine, run_id: str) -> list[str]:

@@ -17,7 +17,8 @@ import pytest
 from rlmfamily.family import procs
 from rlmfamily.settings import RLMSettings
 
-from .support import containers_owned_by, engine_of, run_containers, run_steps, steps_of, wait_until
+from ..holds import wait_until
+from .support import GONE_WITHIN_S, containers_owned_by, engine_of, run_containers, run_steps, steps_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,7 +36,7 @@ def start_spinning_run(settings: RLMSettings, repo: Path, tmp_path: Path) -> sub
     run = subprocess.Popen([sys.executable, "-m", "rlmfamily", "--data-dir", str(settings.data_dir), "run", "spin",
                             "--repo", str(repo), "--kernel", "container", "--script", str(script)],
                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_until(lambda: (repo / "spinning").exists() or run.poll() is not None, "the step started")
+    wait_until(lambda: (repo / "spinning").exists() or run.poll() is not None, "the step started", limit_s=GONE_WITHIN_S)
     assert run.poll() is None, "the run ended before its step spun"
     return run
 
@@ -59,7 +60,8 @@ def test_a_sigkilled_run_takes_its_container_with_it(
         assert len(containers_owned_by(engine, run.pid)) == 1
         run.send_signal(signal.SIGKILL)
         run.wait()
-        wait_until(lambda: containers_owned_by(engine, run.pid) == [], "the killed run's container is gone")
+        wait_until(lambda: containers_owned_by(engine, run.pid) == [], "the killed run's container is gone",
+                   limit_s=GONE_WITHIN_S)
     finally:
         run.kill()
         run.wait()
@@ -104,4 +106,5 @@ def test_a_cancelled_child_takes_its_container_with_it(settings: RLMSettings, fi
     assert "spinning: True" in steps_of(result)[0]["observation"]
     assert "cancel: cancelled" in steps_of(result)[0]["observation"], steps_of(result)[0]["observation"]
     engine = engine_of(settings)
-    wait_until(lambda: run_containers(engine, f"{result.run_id}.c1") == [], "the cancelled child's container is gone")
+    wait_until(lambda: run_containers(engine, f"{result.run_id}.c1") == [], "the cancelled child's container is gone",
+               limit_s=GONE_WITHIN_S)

@@ -12,23 +12,17 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from rlmfamily.family import procs
 
+from ..holds import wait_until
+
 pytestmark = pytest.mark.timeout(60)
 
-WITHIN_S = 20.0  # a bound on waiting for an observable event, never a sleep
-
-
-def wait_for(condition, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + WITHIN_S
-    while not condition():
-        assert time.monotonic() < deadline, f"{what}: not within {WITHIN_S:g} s"
-        time.sleep(0.02)
+WITHIN_S = 20.0  # the bound given to holds.wait_until for each observable event here
 
 
 def test_a_host_kernel_child_dies_with_its_sigkilled_root(fixture_repo: Path, tmp_path: Path) -> None:
@@ -41,13 +35,13 @@ def test_a_host_kernel_child_dies_with_its_sigkilled_root(fixture_repo: Path, tm
                              "--repo", str(fixture_repo), "--kernel", "host", "--script", str(script)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_for(lambda: marker.exists() and marker.read_text().isdigit(), "the step started")
+        wait_until(lambda: marker.exists() and marker.read_text().isdigit(), "the step started", limit_s=WITHIN_S)
         child = int(marker.read_text())
         start = procs.start_time(child)
         assert procs.alive(child, start)
         root.send_signal(signal.SIGKILL)
         root.wait()
-        wait_for(lambda: not procs.alive(child, start), "the kernel child died with its root")
+        wait_until(lambda: not procs.alive(child, start), "the kernel child died with its root", limit_s=WITHIN_S)
     finally:
         root.kill()
         root.wait()
