@@ -32,8 +32,7 @@ from rlmfamily.trajectory import read_trajectory
 
 from ..holds import wait_until
 from .support import broker
-from .test_family import CHILD
-from .test_family import ROOT as FAMILY_ROOT
+from .test_family import run_two_children_on_one_lease
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -247,35 +246,8 @@ def test_mutating_commands_of_two_children_in_their_own_containers_serialise_on_
         make_settings, container_image: str, workspace: Path) -> None:
     settings = make_settings(profile="python-bash", kernel="container", container_image=container_image, bash_lease_wait_s=60,
                              step_timeout_s=120, host_call_timeout_s=400)
-    script = {"root": [{"code": FAMILY_ROOT}], "child": [{"pattern": "work (alpha|beta)", "root": [{"code": CHILD}]}],
-              "default_answer": "NONE"}
-    session = Session(context=Context.from_repository(workspace, settings), provider=ScriptedProvider(script),
-                      settings=settings)
-    results = []
-    root = threading.Thread(target=lambda: results.append(session.run("q")), daemon=True)
-    root.start()
-    store = JobStore(settings.jobs_path)
-    events = workspace / "events"
-
-    def mutating() -> list:
-        return [j for j in store.jobs() if not j.read_only]
-
-    wait_until(lambda: events.exists() and sorted(j.state for j in mutating()) == ["running", "waiting"],
-               "one child's mutating job running in its container, the other's waiting for the lease")
-    first = next(j for j in mutating() if j.state == "running")
-    second = next(j for j in mutating() if j.state == "waiting")
-    first_name, second_name = first.agent_id.split(".")[-1], second.agent_id.split(".")[-1]
-    assert events.read_text() == f"start-{first_name}\n", "the waiting job must not have started"
-    (workspace / f"go-{first_name}").touch()
-    wait_until(lambda: store.job(second.id).state == "running", "the second job started once the first ended")
-    (workspace / f"go-{second_name}").touch()
-    root.join(90)
-    assert results and results[0].stop_reason == "answered", results and results[0].error
-    assert events.read_text().split() == [f"start-{first_name}", f"end-{first_name}", f"start-{second_name}",
-                                          f"end-{second_name}"]
-    # Each read-only command saw the other's start while it ran: they overlapped, across two containers.
-    assert json.loads(results[0].answer) == ["c1 saw 2 starts; mutating exited", "c2 saw 2 starts; mutating exited"]
-    assert store.leases() == {}
+    _, store = run_two_children_on_one_lease(settings, workspace, join_s=90)
+    # The read-only commands overlapped across two containers: each child ran in a container of its own.
     children = {j.run_id for j in store.jobs()}
     assert len(children) == 2 and all(
         read_trajectory(settings.runs_dir / run_id / "trajectory.jsonl")[0]["kernel"] == "container"

@@ -13,6 +13,7 @@ from rlmfamily.bash.store import JobStore
 from rlmfamily.context import Context
 from rlmfamily.providers import ScriptedProvider
 from rlmfamily.session import RunResult, Session
+from rlmfamily.settings import RLMSettings
 
 from ..holds import wait_until
 
@@ -38,13 +39,9 @@ final_answer(sorted(d["answer"] for d in done))
 """
 
 
-def test_mutating_commands_of_two_children_serialise_and_read_only_ones_overlap(make_settings,
-                                                                                tmp_path: Path) -> None:
-    settings = make_settings(profile="python-bash", bash_lease_wait_s=60, step_timeout_s=120,
-                             host_call_timeout_s=400)
-    workspace = tmp_path / "work"
-    workspace.mkdir()
-    (workspace / "README.md").write_text("shared workspace\n")
+def run_two_children_on_one_lease(settings: RLMSettings, workspace: Path, *, join_s: float) -> tuple[RunResult, JobStore]:
+    """ROOT's two children on ``workspace``: checks their mutating commands serialise on the workspace lease and
+    their read-only ones overlap, and returns the answered run and the family's job store."""
     script = {"root": [{"code": ROOT}], "child": [{"pattern": "work (alpha|beta)", "root": [{"code": CHILD}]}],
               "default_answer": "NONE"}
     session = Session(context=Context.from_repository(workspace, settings), provider=ScriptedProvider(script),
@@ -69,7 +66,7 @@ def test_mutating_commands_of_two_children_serialise_and_read_only_ones_overlap(
     wait_until(lambda: store.job(second.id).state == "running" and "start-" + second_name in events.read_text(),
                "the second mutating job started once the first ended")
     (workspace / f"go-{second_name}").touch()
-    root.join(60)
+    root.join(join_s)
     assert results, "the root finished"
     result = results[0]
     assert result.stop_reason == "answered", result.error
@@ -78,6 +75,17 @@ def test_mutating_commands_of_two_children_serialise_and_read_only_ones_overlap(
     # Each read-only command saw the other's start while it ran: they overlapped.
     assert json.loads(result.answer) == ["c1 saw 2 starts; mutating exited", "c2 saw 2 starts; mutating exited"]
     assert store.leases() == {}
+    return result, store
+
+
+def test_mutating_commands_of_two_children_serialise_and_read_only_ones_overlap(make_settings,
+                                                                                tmp_path: Path) -> None:
+    settings = make_settings(profile="python-bash", bash_lease_wait_s=60, step_timeout_s=120,
+                             host_call_timeout_s=400)
+    workspace = tmp_path / "work"
+    workspace.mkdir()
+    (workspace / "README.md").write_text("shared workspace\n")
+    result, store = run_two_children_on_one_lease(settings, workspace, join_s=60)
     assert {j.root_id for j in store.jobs()} == {result.run_id}
 
 
