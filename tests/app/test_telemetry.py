@@ -104,7 +104,7 @@ def test_the_service_gauges_read_each_specialists_queued_jobs_and_the_oldest_one
 
     from core import telemetry
     from core.settings import Settings
-    from workers.dispatch.process import service_points
+    from workers.dispatch.process import served_specialists, service_points
 
     customer = make_customer(credits=50)
     for _ in range(2):  # nothing claims the paid specialist's tasks beside edge_alone: they stay queued
@@ -112,8 +112,10 @@ def test_the_service_gauges_read_each_specialists_queued_jobs_and_the_oldest_one
     reader = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[reader])  # this test's own, not the process's
     settings = Settings(hosted={"specs_dir": edge_specs_dir})
+    specialists = served_specialists(settings)  # read once, as a dispatcher starts
+    assert PAID in specialists
     try:
-        telemetry.observe_service(lambda: service_points(settings, engine), on=provider.get_meter("test"))
+        telemetry.observe_service(lambda: service_points(settings, engine, specialists), on=provider.get_meter("test"))
         exported = reader.get_metrics_data()
     finally:
         provider.shutdown()

@@ -151,13 +151,19 @@ def _start_push(settings: Settings, engine: Engine, url: str, name: str,
     return thread, listener
 
 
-def service_points(settings: Settings, engine: Engine) -> "telemetry.ServicePoints":
-    """The service's state for the gauges (``core.telemetry.observe_service``): the read `specialists health` makes,
-    for the specialists of the specs folder (none when it does not load: the gauges of the rest still come)."""
+def served_specialists(settings: Settings) -> list[str]:
+    """The specialists of the specs folder, read once as the dispatcher starts (not at each export); none when it
+    does not load, said once: the gauges of the rest still come."""
     try:
-        specialists = sorted(load_specs(settings.hosted.specs_dir))
-    except SpecInvalid:
-        specialists = []
+        return sorted(load_specs(settings.hosted.specs_dir))
+    except SpecInvalid as exc:
+        log.warning("the specs did not load, so no specialists.workers.live gauge is exported: %s", exc)
+        return []
+
+
+def service_points(settings: Settings, engine: Engine, specialists: list[str]) -> "telemetry.ServicePoints":
+    """The service's state for the gauges (``core.telemetry.observe_service``): the read `specialists health` makes,
+    for ``specialists`` (``served_specialists``)."""
     with engine.connect() as conn:
         facts = reads.service_facts(conn, specialists=specialists, live_s=settings.health.worker_live_s,
                                     failures_window_s=settings.health.failures_window_s)
@@ -202,7 +208,8 @@ def _run(settings: Settings, database_url: str | None, stop: threading.Event | N
         if settings.dispatch.backend == "cloud_tasks"
         else None,
     )
-    telemetry.observe_service(lambda: service_points(settings, engine))
+    specialists = served_specialists(settings)
+    telemetry.observe_service(lambda: service_points(settings, engine, specialists))
     listener = OutboxListener(url, wake, settings.database.connect_timeout_s)
     listener.start()
     log.info(
