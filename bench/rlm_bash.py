@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,21 +56,25 @@ def bench_overhead(commands: int, rounds: int, data: Path) -> None:
                            workspace=workspace, root_id="bench", agent_id="bench", run_id="bench")
     print(f"broker overhead: {commands} commands a round, {rounds} rounds, bash {host.version} ({host.path})")
     for name, command in COMMANDS.items():
-        bare_ms, broker_ms = [], []
-        for _ in range(rounds):
+        compare_per_command(name, "bare subprocess.run", lambda: subprocess.run(
+            [host.path, "--noprofile", "--norc", "-c", command], cwd=workspace, env=host.env,
+            stdin=subprocess.DEVNULL, capture_output=True, check=True), lambda: broker.run(command), commands, rounds)
+
+
+def compare_per_command(name: str, bare_label: str, bare: Callable[[], object], brokered: Callable[[], object],
+                        commands: int, rounds: int) -> None:
+    """Prints the ms a command of ``bare`` and of ``brokered`` takes, interleaved round by round, with the medians."""
+    bare_ms, broker_ms = [], []
+    for _ in range(rounds):
+        for run, samples in ((bare, bare_ms), (brokered, broker_ms)):
             started = time.perf_counter()
             for _ in range(commands):
-                subprocess.run([host.path, "--noprofile", "--norc", "-c", command], cwd=workspace, env=host.env,
-                               stdin=subprocess.DEVNULL, capture_output=True, check=True)
-            bare_ms.append((time.perf_counter() - started) * 1000 / commands)
-            started = time.perf_counter()
-            for _ in range(commands):
-                broker.run(command)
-            broker_ms.append((time.perf_counter() - started) * 1000 / commands)
-        bare, brokered = statistics.median(bare_ms), statistics.median(broker_ms)
-        print(f"  {name:<13} bare subprocess.run {bare:6.2f} ms   broker {brokered:6.2f} ms   "
-              f"overhead {brokered - bare:+6.2f} ms (x{brokered / bare:.2f})   rounds bare "
-              f"{', '.join(f'{v:.2f}' for v in bare_ms)} / broker {', '.join(f'{v:.2f}' for v in broker_ms)}")
+                run()
+            samples.append((time.perf_counter() - started) * 1000 / commands)
+    bare_median, broker_median = statistics.median(bare_ms), statistics.median(broker_ms)
+    print(f"  {name:<13} {bare_label} {bare_median:7.2f} ms   broker {broker_median:7.2f} ms   "
+          f"overhead {broker_median - bare_median:+7.2f} ms (x{broker_median / bare_median:.2f})   rounds bare "
+          f"{', '.join(f'{v:.2f}' for v in bare_ms)} / broker {', '.join(f'{v:.2f}' for v in broker_ms)}")
 
 
 def bench_container(commands: int, rounds: int, data: Path) -> None:
@@ -91,21 +96,9 @@ def bench_container(commands: int, rounds: int, data: Path) -> None:
               f"{rounds} rounds, bash {launcher.version}")
         for name, command in COMMANDS.items():
             bare_argv = container.exec_argv(["bash", "--noprofile", "--norc", "-c", command], interactive=False)
-            bare_ms, broker_ms = [], []
-            for _ in range(rounds):
-                started = time.perf_counter()
-                for _ in range(commands):
-                    subprocess.run(bare_argv, env=dict(container.engine.env), stdin=subprocess.DEVNULL,
-                                   capture_output=True, check=True)
-                bare_ms.append((time.perf_counter() - started) * 1000 / commands)
-                started = time.perf_counter()
-                for _ in range(commands):
-                    broker.run(command)
-                broker_ms.append((time.perf_counter() - started) * 1000 / commands)
-            bare, brokered = statistics.median(bare_ms), statistics.median(broker_ms)
-            print(f"  {name:<13} bare engine exec {bare:7.2f} ms   broker {brokered:7.2f} ms   "
-                  f"overhead {brokered - bare:+7.2f} ms (x{brokered / bare:.2f})   rounds bare "
-                  f"{', '.join(f'{v:.1f}' for v in bare_ms)} / broker {', '.join(f'{v:.1f}' for v in broker_ms)}")
+            compare_per_command(name, "bare engine exec", lambda: subprocess.run(
+                bare_argv, env=dict(container.engine.env), stdin=subprocess.DEVNULL, capture_output=True, check=True),
+                lambda: broker.run(command), commands, rounds)
 
 
 # A chattier variant of the same task: the tests run verbosely and the model lists the repository and reads
