@@ -25,7 +25,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,21 +39,12 @@ from rlmfamily.kernels.host import HostKernel  # noqa: E402
 from rlmfamily.providers import ScriptedProvider  # noqa: E402
 from rlmfamily.session import Session  # noqa: E402
 from rlmfamily.settings import RLMSettings, load_settings  # noqa: E402
+from rlm_kernels import median_s  # noqa: E402  (bench/ is the script's folder, first on sys.path)
 
 CALLS_PER_STEP = 100
 STEPS = {"trivial step": "x = 1", "step printing 64 KiB": "print('x' * 65536)"}
 RUN_SCRIPT = {"root": [{"code": "x = 41"}, {"code": "x += 1\nprint(x)"}, {"code": "print(len(context.files()))"},
                        {"code": "final_answer(str(x))"}]}
-
-
-def median_s(fn: Callable[[], object], runs: int) -> tuple[float, list[float]]:
-    fn()  # warm
-    samples = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - started)
-    return statistics.median(samples), samples
 
 
 def ok(result: object) -> object:
@@ -111,7 +101,7 @@ def main() -> None:
             kernel.start({"ping": lambda: 1}, "")
             kernel.close()
 
-        host_start, _ = median_s(host_life, args.starts)
+        host_start = median_s(host_life, args.starts)
         parts: dict[str, list[float]] = {}
         for _ in range(args.starts + 1):
             container_life(settings, workspace, parts)
@@ -132,14 +122,14 @@ def main() -> None:
                 host.start({"ping": lambda: 1}, "")
                 inside.start({"ping": lambda: 1}, "")
                 for name, code in STEPS.items():
-                    on_host, _ = median_s(lambda: ok(host.execute(code)), args.steps)
-                    in_box, _ = median_s(lambda: ok(inside.execute(code)), args.steps)
+                    on_host = median_s(lambda: ok(host.execute(code)), args.steps)
+                    in_box = median_s(lambda: ok(inside.execute(code)), args.steps)
                     print(f"  {name:34} {on_host * 1e3:9.3f} ms {in_box * 1e3:9.3f} ms "
                           f"{(in_box - on_host) * 1e3:+8.3f} ms")
                 loop = f"for _ in range({CALLS_PER_STEP}):\n    ping()"
                 calls = max(args.steps // 10, 5)
-                host_loop, _ = median_s(lambda: ok(host.execute(loop)), calls)
-                box_loop, _ = median_s(lambda: ok(inside.execute(loop)), calls)
+                host_loop = median_s(lambda: ok(host.execute(loop)), calls)
+                box_loop = median_s(lambda: ok(inside.execute(loop)), calls)
                 host_call = host_loop / CALLS_PER_STEP
                 box_call = box_loop / CALLS_PER_STEP
                 print(f"  {'host-call round trip':34} {host_call * 1e6:9.1f} us {box_call * 1e6:9.1f} us "
@@ -152,8 +142,8 @@ def main() -> None:
                              provider=ScriptedProvider(RUN_SCRIPT)).run("bench")
             assert result.answer == "42", result.error
 
-        on_host, _ = median_s(lambda: whole_run("host"), args.runs)
-        in_box, _ = median_s(lambda: whole_run("container"), args.runs)
+        on_host = median_s(lambda: whole_run("host"), args.runs)
+        in_box = median_s(lambda: whole_run("container"), args.runs)
         print(f"\nwhole scripted run, 4 steps (median of {args.runs}):")
         print(f"  {'host kernel':34} {on_host * 1e3:9.1f} ms")
         print(f"  {'container kernel':34} {in_box * 1e3:9.1f} ms   x{in_box / on_host:.1f}, "
