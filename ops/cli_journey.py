@@ -34,15 +34,13 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from dataclasses import asdict
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from core.settings import PROJECT_ROOT
 from core.specs import load_specs
-from ops.cli_specialists import _progress, _service_problem, _whole
+from ops.cli_specialists import DEMO_SPECIALIST, _new_customer, _progress, _refuse_unready, _whole
 from ops.output import EXIT_CONFIG, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit, emit_json, fail, say
 from rlmfamily.errors import RLMError
 
@@ -51,14 +49,13 @@ JOURNEY_PROJECT = EXAMPLES / "release_health"
 JOURNEY_SCRIPT = EXAMPLES / "release_health_journey.toml"
 JOURNEY_QUESTION = ("Finish release_health() in release_health/report.py so that it meets the three rules of "
                     "RUNBOOK.md, with the hosted reviewer's review of the evidence; the tests are the gate.")
-JOURNEY_SPECIALIST = "reviewer"
+JOURNEY_SPECIALIST = DEMO_SPECIALIST  # _new_customer grants its skill
 PEER_ALIAS = "reviewer"  # what the root's code names (a2a.start("reviewer", ...))
 KEY_ENV = "SPECIALISTS_JOURNEY_KEY"  # the variable the peers file names; the key never enters the file
 GATE_NAME = "tests"
 GATE_COMMAND = "python3 -m unittest"
 JOURNEY_CREDITS = 100  # granted to the journey's customer for the reviewer's skill
 JOURNEY_ALLOWANCE = 50  # the hosted credits the root family may hold at once (RLM_A2A_CREDIT_ALLOWANCE)
-JOURNEY_CUSTOMER_SUFFIX_CHARS = 8
 # The whole root run: the child, the review (the reviewer's own deadline is 300 s), the edit, the tests, the gate.
 JOURNEY_TIMEOUT_S = 900.0
 # After the run: the rlm commands that read what it recorded, and the hosted task's findings.
@@ -265,20 +262,14 @@ def _review(result: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def cmd_journey(ctx: Any, args: argparse.Namespace) -> int:
-    from ledger import keys
-    from ledger.client import Ledger
-
     settings = ctx.settings
     base_url = (args.url or settings.edge.url).rstrip("/")
     for name, value in (("--credits", args.credits), ("--allowance", args.allowance), ("--timeout-s", args.timeout_s)):
         if value <= 0:
             return fail("usage_error", f"{name} must be positive", as_json=ctx.as_json, exit_code=EXIT_USAGE)
-    if not settings.keys.signing_secrets:
-        return fail("secret_missing", "SPECIALISTS_KEY_SIGNING_SECRETS is not set; on one machine run "
-                    "`specialists serve` first (it generates it)", as_json=ctx.as_json, exit_code=EXIT_CONFIG)
-    problem = _service_problem(base_url)
-    if problem is not None:
-        return fail("journey_failed", f"{problem}. Nothing was granted.", as_json=ctx.as_json)
+    refused = _refuse_unready(ctx, base_url, "journey_failed")
+    if refused is not None:
+        return refused
     workspace = Path(args.workspace) if args.workspace else Path(tempfile.mkdtemp(prefix="specialists-journey-"))
     if workspace.exists() and any(workspace.iterdir()):
         return fail("journey_workspace_not_empty", f"{workspace} is not empty; the journey copies the example "
@@ -298,18 +289,11 @@ def cmd_journey(ctx: Any, args: argparse.Namespace) -> int:
     peers = _peers_file(workspace / "peers.toml", args.peer_url or f"{base_url}/specialists/{JOURNEY_SPECIALIST}",
                         spec.skill.id, tariff, spec.limits.deadline_s)
 
-    customer = f"journey-{uuid.uuid4().hex[:JOURNEY_CUSTOMER_SUFFIX_CHARS]}"
-    ledger = Ledger(engine)
-    ledger.open_account(customer, operator=ctx.operator, reason="specialists journey")
-    signer = keys.KeySigner([s.get_secret_value() for s in settings.keys.signing_secrets], settings.keys.environment)
-    issued = keys.issue_key(engine, signer, customer_id=customer, ttl=timedelta(days=1), label="specialists journey",
-                            require_customer=True, operator=ctx.operator)
-    ledger.grant(customer, args.credits, operator=ctx.operator, skills=[JOURNEY_SPECIALIST],
-                 reason="specialists journey", require_customer=True)
+    customer, token, ledger = _new_customer(ctx, engine, "journey", args.credits)
     _progress(f"added customer {customer}, issued it a key, granted {args.credits} credits for the "
               f"{spec.skill.id} skill; the reviewer's tariff is {tariff}, the root may hold {args.allowance}")
     _progress(f"workspace {repo}; the root's data folder {data_dir}")
-    env = _rlm_env(data_dir, peers, issued.token, args.kernel, args.allowance)
+    env = _rlm_env(data_dir, peers, token, args.kernel, args.allowance)
 
     summary: dict[str, Any] = {"customer": customer, "workspace": str(repo), "data_dir": str(data_dir),
                                "kernel": args.kernel, "model": args.model or "scripted"}
@@ -326,7 +310,7 @@ def cmd_journey(ctx: Any, args: argparse.Namespace) -> int:
     findings: list[dict[str, Any]] = []
     if review is not None and review.get("state") == "completed" and review.get("remote_task_id"):
         try:
-            findings = asyncio.run(_hosted_findings(base_url, issued.token, review["remote_task_id"]))
+            findings = asyncio.run(_hosted_findings(base_url, token, review["remote_task_id"]))
         except Exception as exc:  # the answer is still checked below: no findings is a failed journey
             _progress(f"could not read the hosted task's findings: {type(exc).__name__}: {exc}")
     delegations = _rlm_json(env, "delegations", result["run_id"])

@@ -38,7 +38,7 @@ DEMO_SPECIALIST = "reviewer"
 # How long the check that the service answers waits for each of its two requests (/readyz, the card).
 DEMO_PREFLIGHT_TIMEOUT_S = 10.0
 DEMO_CREDITS = 100
-DEMO_CUSTOMER_SUFFIX_CHARS = 8  # random hex characters that make each demo customer new
+DEMO_CUSTOMER_SUFFIX_CHARS = 8  # random hex characters that make each demo (or journey) customer new
 # Beyond the reviewer's own deadline: time for a worker to take the task and for the settlement.
 DEMO_MARGIN_S = 60.0
 
@@ -179,35 +179,51 @@ def _service_problem(base_url: str) -> str | None:
     return None
 
 
-def cmd_demo(ctx: Any, args: argparse.Namespace) -> int:
-    from ledger import keys
-    from ledger.client import Ledger
-
-    settings = ctx.settings
-    base_url = (args.url or settings.edge.url).rstrip("/")
-    engine = ctx.engine_at_head()
-    signer = keys.KeySigner([s.get_secret_value() for s in settings.keys.signing_secrets], settings.keys.environment)
-    if not settings.keys.signing_secrets:
+def _refuse_unready(ctx: Any, base_url: str, code: str) -> int | None:
+    """The exit code of a refusal when no customer can be added yet (no signing secret, or the service at
+    ``base_url`` is not ready); None: go on. Shared by ``demo`` and ``journey``, before anything is granted."""
+    if not ctx.settings.keys.signing_secrets:
         return fail("secret_missing", "SPECIALISTS_KEY_SIGNING_SECRETS is not set; on one machine run "
                     "`specialists serve` first (it generates it)", as_json=ctx.as_json, exit_code=EXIT_CONFIG)
     problem = _service_problem(base_url)
     if problem is not None:
-        return fail("demo_failed", f"{problem}. Nothing was granted.", as_json=ctx.as_json)
+        return fail(code, f"{problem}. Nothing was granted.", as_json=ctx.as_json)
+    return None
+
+
+def _new_customer(ctx: Any, engine: Any, purpose: str, credits: int) -> tuple[str, str, Any]:
+    """A new customer of its own for ``specialists <purpose>`` with a one-day key and ``credits`` granted for
+    the reviewer's skill: (customer id, the key's token, the Ledger that granted them)."""
+    from ledger import keys
+    from ledger.client import Ledger
+
+    settings = ctx.settings
+    reason = f"specialists {purpose}"
+    customer = f"{purpose}-{uuid.uuid4().hex[:DEMO_CUSTOMER_SUFFIX_CHARS]}"
+    ledger = Ledger(engine)
+    ledger.open_account(customer, operator=ctx.operator, reason=reason)
+    signer = keys.KeySigner([s.get_secret_value() for s in settings.keys.signing_secrets], settings.keys.environment)
+    issued = keys.issue_key(engine, signer, customer_id=customer, ttl=timedelta(days=1), label=reason,
+                            require_customer=True, operator=ctx.operator)
+    ledger.grant(customer, credits, operator=ctx.operator, skills=[DEMO_SPECIALIST], reason=reason,
+                 require_customer=True)
+    return customer, issued.token, ledger
+
+
+def cmd_demo(ctx: Any, args: argparse.Namespace) -> int:
+    settings = ctx.settings
+    base_url = (args.url or settings.edge.url).rstrip("/")
+    refused = _refuse_unready(ctx, base_url, "demo_failed")
+    if refused is not None:
+        return refused
     route, deadline_s, skill = _reviewer(settings)
     timeout_s = args.timeout_s if args.timeout_s is not None else deadline_s + DEMO_MARGIN_S
     _progress(f"the reviewer's model route is {route}" + (" (no model: a scripted replay)" if route == "scripted" else ""))
-    customer = f"demo-{uuid.uuid4().hex[:DEMO_CUSTOMER_SUFFIX_CHARS]}"
-    ledger = Ledger(engine)
-    ledger.open_account(customer, operator=ctx.operator, reason="specialists demo")  # the demo's own new customer
-    issued = keys.issue_key(engine, signer, customer_id=customer, ttl=timedelta(days=1), label="specialists demo",
-                            require_customer=True, operator=ctx.operator)
-    _progress(f"added customer {customer} and issued it a demo key")
-    ledger.grant(customer, DEMO_CREDITS, operator=ctx.operator, skills=[DEMO_SPECIALIST], reason="specialists demo",
-                 require_customer=True)
-    _progress(f"granted {DEMO_CREDITS} credits and the {skill} skill")
+    customer, token, ledger = _new_customer(ctx, ctx.engine_at_head(), "demo", DEMO_CREDITS)
+    _progress(f"added customer {customer}, issued it a demo key and granted {DEMO_CREDITS} credits for the {skill} skill")
     files = _demo_files()
     try:
-        seen = asyncio.run(asyncio.wait_for(_delegate(base_url, issued.token, files, timeout_s), timeout_s))
+        seen = asyncio.run(asyncio.wait_for(_delegate(base_url, token, files, timeout_s), timeout_s))
     except (TimeoutError, asyncio.TimeoutError):
         return fail("demo_timed_out", f"the review did not finish within {timeout_s:g} s (--timeout-s); is a worker "
                     "serving the reviewer? `curl <worker>/readyz` lists what it cannot serve", as_json=ctx.as_json)
