@@ -90,11 +90,14 @@ class SQLiteFile:
         return conn
 
     @contextmanager
-    def transaction(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction that holds the write lock from its first statement."""
+    def transaction(self, *, foreign_keys_off: bool = False) -> Iterator[sqlite3.Connection]:
+        """A write transaction that holds the write lock from its first statement; ``foreign_keys_off`` for a
+        table rebuild (SQLite ignores the pragma inside a transaction, so it is set before BEGIN)."""
         with self._converted():
             conn = self._connect()
             try:
+                if foreign_keys_off:
+                    conn.execute("PRAGMA foreign_keys=OFF")
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     yield conn

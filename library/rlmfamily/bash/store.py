@@ -195,27 +195,15 @@ class JobStore(SQLiteFile):
         """
         if self._surfaces_allowed():
             return
-        with self._converted():
-            conn = self._connect()
-            try:
-                conn.execute("PRAGMA foreign_keys=OFF")  # a no-op inside a transaction: before BEGIN
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    if not self._surfaces_allowed(conn):  # another process may have rebuilt it meanwhile
-                        conn.execute(JOBS_TABLE.replace("CREATE TABLE IF NOT EXISTS jobs (",
-                                                        "CREATE TABLE jobs_rebuilt ("))
-                        conn.execute("INSERT INTO jobs_rebuilt SELECT * FROM jobs")
-                        conn.execute("DROP TABLE jobs")
-                        conn.execute("ALTER TABLE jobs_rebuilt RENAME TO jobs")
-                        conn.execute("CREATE INDEX IF NOT EXISTS jobs_by_root ON jobs (root_id, state)")
-                        if conn.execute("PRAGMA foreign_key_check").fetchall():
-                            raise sqlite3.IntegrityError("a workspace lease names a job the rebuilt table lacks")
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
-                conn.execute("COMMIT")
-            finally:
-                conn.close()
+        with self.transaction(foreign_keys_off=True) as conn:
+            if not self._surfaces_allowed(conn):  # another process may have rebuilt it meanwhile
+                conn.execute(JOBS_TABLE.replace("CREATE TABLE IF NOT EXISTS jobs (", "CREATE TABLE jobs_rebuilt ("))
+                conn.execute("INSERT INTO jobs_rebuilt SELECT * FROM jobs")
+                conn.execute("DROP TABLE jobs")
+                conn.execute("ALTER TABLE jobs_rebuilt RENAME TO jobs")
+                conn.execute("CREATE INDEX IF NOT EXISTS jobs_by_root ON jobs (root_id, state)")
+                if conn.execute("PRAGMA foreign_key_check").fetchall():
+                    raise sqlite3.IntegrityError("a workspace lease names a job the rebuilt table lacks")
 
     def _surfaces_allowed(self, conn: sqlite3.Connection | None = None) -> bool:
         if conn is None:
