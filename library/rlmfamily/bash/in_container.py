@@ -26,7 +26,7 @@ import json
 import secrets
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +86,7 @@ def prepare(settings: RLMSettings, hidden: set[str], container: RunContainer, *,
                                grace_s=settings.bash_kill_grace_s, margin_s=settings.bash_container_margin_s)
     launch = launcher.launch('printf %s "$BASH_VERSION"', workspace, workspace=workspace,
                              deadline_s=VERSION_CHECK_DEADLINE_S)
-    image = f"RLM_CONTAINER_IMAGE={getattr(settings, 'container_image', '?')}"
+    image = f"RLM_CONTAINER_IMAGE={settings.container_image}"
     try:
         code, stdout, stderr = _run_held(launch, VERSION_CHECK_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -99,8 +99,7 @@ def prepare(settings: RLMSettings, hidden: set[str], container: RunContainer, *,
         raise BashUnavailable(f"the container image has no Bash that answers $BASH_VERSION ({said}); {image} must "
                               "name an image with bash and python3 (`rlm container image` builds one)",
                               setting="container_image")
-    return BashInContainer(container=container, version=version, env=launcher.env, grace_s=launcher.grace_s,
-                           margin_s=launcher.margin_s)
+    return replace(launcher, version=version)
 
 
 def _run_held(launch: Launch, timeout_s: float) -> tuple[int, bytes, bytes]:
