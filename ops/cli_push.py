@@ -31,6 +31,8 @@ def _known(ctx, customer: str) -> None:
 @handler
 def cmd_push_failures(ctx, args: argparse.Namespace) -> int:
     limit = min(args.limit, ctx.settings.ledger.max_rows_per_listing)
+    if args.customer is not None:
+        _known(ctx, args.customer)  # a typo is refused, never an empty list that reads as "none failed"
     with ctx.engine_at_head().connect() as conn:
         failed = push.failed_deliveries(conn, customer_id=args.customer, limit=limit)
     rows = [item.to_dict() for item in failed]
@@ -44,6 +46,8 @@ def cmd_push_failures(ctx, args: argparse.Namespace) -> int:
 @handler
 def cmd_push_retries(ctx, args: argparse.Namespace) -> int:
     limit = min(args.limit, ctx.settings.ledger.max_rows_per_listing)
+    if args.customer is not None:
+        _known(ctx, args.customer)
     with ctx.engine_at_head().connect() as conn:
         retrying = push.retrying_deliveries(conn, customer_id=args.customer, limit=limit)
     rows = [item.to_dict() for item in retrying]
@@ -60,9 +64,11 @@ def cmd_push_retries(ctx, args: argparse.Namespace) -> int:
 @handler
 def cmd_push_disable(ctx, args: argparse.Namespace) -> int:
     reason = args.reason.strip()
-    if not 1 <= len(reason) <= min(push.MAX_DISABLE_REASON_CHARS, ctx.settings.ledger.max_reason_chars):
-        return fail("reason_invalid", f"--reason takes 1 to {min(push.MAX_DISABLE_REASON_CHARS, ctx.settings.ledger.max_reason_chars)} "
-                    "characters (SPECIALISTS_LEDGER_MAX_REASON_CHARS)", as_json=ctx.as_json, exit_code=EXIT_USAGE)
+    max_chars = min(push.MAX_DISABLE_REASON_CHARS, ctx.settings.ledger.max_reason_chars)
+    if not 1 <= len(reason) <= max_chars:
+        return fail("reason_invalid", f"--reason takes 1 to {max_chars} characters, not {len(reason)} "
+                    f"(SPECIALISTS_LEDGER_MAX_REASON_CHARS, at most {push.MAX_DISABLE_REASON_CHARS})",
+                    as_json=ctx.as_json, exit_code=EXIT_USAGE)
     _known(ctx, args.customer)
     with ctx.engine_at_head().begin() as conn:
         stopped = push.disable_customer(conn, args.customer, reason=reason, by=ctx.operator)

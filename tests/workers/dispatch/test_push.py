@@ -186,12 +186,17 @@ def test_a_webhook_that_answers_500_is_retried_to_the_limit_then_listed_as_faile
     task_id, _ = new_task(engine, webhook.url(path), customer=customer)
     with delivering(engine, settings):
         [(seq, state, attempts, error)] = settled(engine, task_id, 1)
+    command = [sys.executable, "-m", "ops.cli", "push", "failures", "--customer", customer]
+    # A customer the ledger does not know is refused, never listed as "nothing failed".
+    unknown = subprocess.run([*command, "--json"], env=service_env, cwd=PROJECT_ROOT, capture_output=True, text=True)
+    assert unknown.returncode != 0 and json.loads(unknown.stdout)["error"]["code"] == "customer_not_found", unknown
+    subprocess.run([sys.executable, "-m", "ops.cli", "customers", "add", "--customer", customer], env=service_env,
+                   cwd=PROJECT_ROOT, capture_output=True, check=True)
     assert (state, attempts) == ("failed", 3) and "http_500" in error and "SPECIALISTS_PUSH_MAX_ATTEMPTS" in error
     assert len(webhook.at(path)) == 3  # each attempt one request, and no more
     with engine.connect() as conn:
         [failed] = push.failed_deliveries(conn, customer_id=customer, limit=10)
     assert (failed.task_id, failed.event_seq, failed.last_status, failed.url) == (task_id, seq, 500, webhook.url(path))
-    command = [sys.executable, "-m", "ops.cli", "push", "failures", "--customer", customer]
     listed = subprocess.run([*command, "--json"], env=service_env, cwd=PROJECT_ROOT, capture_output=True, text=True,
                             check=True)
     [row] = json.loads(listed.stdout)["failures"]
@@ -434,6 +439,11 @@ def test_retries_are_listed_before_they_fail_and_an_operator_can_turn_a_customer
     typo = subprocess.run([*command, "push", "disable", "--customer", customer[:-1] + "z", "--reason", "x", "--json"],
                           env=service_env, cwd=PROJECT_ROOT, capture_output=True, text=True)
     assert typo.returncode == 1 and json.loads(typo.stdout)["error"]["code"] == "customer_not_found"
+    blank = subprocess.run([*command, "push", "disable", "--customer", customer, "--reason", " ", "--json"],
+                           env=service_env, cwd=PROJECT_ROOT, capture_output=True, text=True)
+    refused = json.loads(blank.stdout)["error"]
+    assert blank.returncode == 2 and refused["code"] == "reason_invalid", blank
+    assert "not 0" in refused["message"] and "SPECIALISTS_LEDGER_MAX_REASON_CHARS" in refused["message"], refused
 
 
 def _plain_task(engine: Engine) -> tuple[str, str]:
