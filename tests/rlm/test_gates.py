@@ -27,6 +27,7 @@ from rlmfamily.budget import BudgetLedger
 from rlmfamily.bash.store import SCHEMA, JobStore
 from rlmfamily.cli import main
 from rlmfamily.errors import SettingsInvalid
+from rlmfamily.history import History
 from rlmfamily.resume import plan
 from rlmfamily.session import RunResult
 from rlmfamily.settings import RLMSettings, load_settings
@@ -103,6 +104,10 @@ def test_a_failed_gate_withdraws_the_answer_the_model_reads_the_failure_fixes_it
     assert f"gate tests FAILED: exit 1" in told and f"(job {runs[0]['job_id']})" in told and f"$ {UNITTEST}" in told
     assert "AssertionError: -1 != 5" in told and f"gates.read({runs[0]['job_id']!r}, 'stderr', start, size)" in told
     assert {"role": "user", "content": told} in session.messages
+    # The failed run's excerpt is kept in the run's history too (history.search finds it); the passed one's is not.
+    assert runs[1]["history_id"] is None
+    kept = History(settings.history_path, session.agent_id).read(runs[0]["history_id"])
+    assert kept.startswith("gate tests failed: exit 1 after ") and f"(job {runs[0]['job_id']})\n$ {UNITTEST}\n" in kept
     # The model read the whole output by that handle in its next step.
     steps = events(result, "step")
     assert "AssertionError: -1 != 5" in steps[1]["observation"] and "FAILED (failures=1)" in steps[1]["observation"]

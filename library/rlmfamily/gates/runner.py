@@ -20,6 +20,7 @@ failed, how (exit status, deadline), the head and tail of each stream (at most
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from rlmfamily.bash.extension import command_broker, workspace_of
@@ -144,25 +145,18 @@ class GateKeeper:
     def _judged(self, gate: GateSpec, job: Job, attempt: int, turn: int) -> GateRun:
         passed = job.state == "exited" and job.exit_code == 0
         error = None if job.state in ("exited", "killed") else (job.error or f"the job ended {job.state}")
-        excerpt = "" if passed else self.excerpt(job)
-        history_id = None
-        if not passed and error is None:
-            history_id = self.info.history.add(
-                "gate", f"{self.headline(gate.name, job)}\n$ {gate.command}\n{excerpt}", turn=turn,
-                title=f"gate {gate.name} (attempt {attempt}): {gate.command}"[:HISTORY_TITLE_CHARS])
-        return GateRun(attempt=attempt, turn=turn, name=gate.name, command=gate.command, deadline_s=job.deadline_s,
-                       passed=passed, state=job.state, exit_code=job.exit_code, stopped_by=job.stopped_by,
-                       duration_s=job.duration_s, job_id=job.id, stdout_bytes=job.stdout_bytes,
-                       stderr_bytes=job.stderr_bytes, excerpt=excerpt, history_id=history_id, error=error)
+        run = GateRun(attempt=attempt, turn=turn, name=gate.name, command=gate.command, deadline_s=job.deadline_s,
+                      passed=passed, state=job.state, exit_code=job.exit_code, stopped_by=job.stopped_by,
+                      duration_s=job.duration_s, job_id=job.id, stdout_bytes=job.stdout_bytes,
+                      stderr_bytes=job.stderr_bytes, excerpt="" if passed else self.excerpt(job), error=error)
+        if passed or error is not None:
+            return run
+        history_id = self.info.history.add(
+            "gate", f"gate {gate.name} failed: {how_it_failed(run)} (job {job.id})\n$ {gate.command}\n{run.excerpt}",
+            turn=turn, title=f"gate {gate.name} (attempt {attempt}): {gate.command}"[:HISTORY_TITLE_CHARS])
+        return replace(run, history_id=history_id)
 
     # ---------- what the model sees ----------
-
-    @staticmethod
-    def headline(name: str, job: Job) -> str:
-        took = f" after {job.duration_s:.2f} s" if job.duration_s is not None else ""
-        if job.state == "killed":
-            return f"gate {name} failed: killed at its {job.deadline_s:g} s deadline{took} (job {job.id})"
-        return f"gate {name} failed: exit {job.exit_code}{took} (job {job.id})"
 
     def excerpt(self, job: Job) -> str:
         """The head and tail of each stream that has output, at most ``gate_excerpt_bytes`` in all."""
@@ -209,10 +203,7 @@ class GateKeeper:
             if run.passed:
                 lines.append(f"gate {run.name} passed.")
                 continue
-            how = (f"killed at its {run.deadline_s:g} s deadline" if run.state == "killed"
-                   else f"exit {run.exit_code}")
-            took = f" after {run.duration_s:.2f} s" if run.duration_s is not None else ""
-            lines.append(f"gate {run.name} FAILED: {how}{took} (job {run.job_id})")
+            lines.append(f"gate {run.name} FAILED: {how_it_failed(run)} (job {run.job_id})")
             lines.append(f"$ {run.command}")
             lines.append(run.excerpt)
             streams = [s for s in STREAMS if getattr(run, f"{s}_bytes")] or ["stdout"]
@@ -236,6 +227,12 @@ class GateKeeper:
         if job.run_id != self.info.run_id or job.surface != "gate":
             raise JobRefused(f"job {job_id} is not a gate job of this run; gates.list() names the gates")
         return self.broker.read(job.id, str(stream), int(start or 0), size)
+
+
+def how_it_failed(run: GateRun) -> str:
+    """``exit 1 after 0.42 s`` or ``killed at its 30 s deadline after 30.01 s``: the feedback's and the history's."""
+    how = f"killed at its {run.deadline_s:g} s deadline" if run.state == "killed" else f"exit {run.exit_code}"
+    return how + (f" after {run.duration_s:.2f} s" if run.duration_s is not None else "")
 
 
 def gate_workspace(settings: RLMSettings, context: Context) -> Path:
