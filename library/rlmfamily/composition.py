@@ -53,14 +53,10 @@ def open_environment(kernel: str, settings: RLMSettings, *, run_id: str, context
     if kernel != "container":
         return None
     from rlmfamily.a2a.run import secret_env_names
+    from rlmfamily.bash.extension import workspace_of
     from rlmfamily.container.sandbox import RunContainer
 
-    if settings.bash_workspace is not None:
-        workspace = settings.bash_workspace
-    elif context.source == "repository" and context.root:
-        workspace = Path(context.root)
-    else:
-        workspace = run_dir / "workspace"
+    workspace = workspace_of(settings, context, fallback=run_dir / "workspace")
     return RunContainer.open(settings, run_id=run_id, workspace=workspace,
                              hidden_env={settings.key_env} | secret_env_names(settings))
 

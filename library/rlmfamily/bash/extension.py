@@ -202,12 +202,15 @@ def receipt(job: Job, *, replayed: bool = False) -> dict[str, Any]:
     }
 
 
-def workspace_of(settings: RLMSettings, context: Context, *, needed_by: str = "the python-bash profile") -> Path:
-    """Where a run's commands run: RLM_BASH_WORKSPACE, else the run's repository."""
+def workspace_of(settings: RLMSettings, context: Context, *, needed_by: str = "the python-bash profile",
+                 fallback: Path | None = None) -> Path:
+    """Where a run's commands run: RLM_BASH_WORKSPACE, else the run's repository, else ``fallback`` if given."""
     if settings.bash_workspace is not None:
         return settings.bash_workspace
     if context.source == "repository" and context.root:
         return Path(context.root)
+    if fallback is not None:
+        return fallback
     raise BashUnavailable(f"{needed_by} needs a workspace: run over a repository (--repo) or set "
                           "RLM_BASH_WORKSPACE", setting="bash_workspace")
 
@@ -221,7 +224,7 @@ def command_broker(info: RunInfo, *, settings: RLMSettings | None = None,
     settings = settings or info.settings
     workspace = workspace_of(info.settings, info.context)
     hidden = secret_env_names(settings)
-    container = getattr(info, "environment", None)
+    container = info.environment
     # A run of the container kernel has its container: its jobs run there, never on this machine.
     host: Launcher = (prepare(settings, hidden) if container is None
                       else in_container.prepare(settings, hidden, container, workspace=workspace))
