@@ -207,9 +207,11 @@ class PushDeliverer:
                 else:
                     return "retried" if push.record_retry(conn, claimed, wait_s, status, error) else None
             recorded = push.record_failed(conn, claimed, status, error)
+        if not recorded:
+            return None  # the lease was lost: whoever holds it now records (and says) what came of it
         log.warning("push notification %s of task %s to config %s failed: %s", claimed.event_seq,
                     claimed.task_id, claimed.config_id, error)
-        return "failed" if recorded else None
+        return "failed"
 
 
 def tls_context(limits: PushSettings) -> ssl.SSLContext:
