@@ -27,7 +27,7 @@ from rlmfamily.bash.extension import command_broker, workspace_of
 from rlmfamily.bash.errors import JobError, JobRefused
 from rlmfamily.bash.store import Job
 from rlmfamily.gates.spec import GateSpec
-from rlmfamily.gates.verdict import Attempt, GateRun
+from rlmfamily.gates.verdict import Attempt, GateRun, how_it_ended
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -151,9 +151,10 @@ class GateKeeper:
                       stderr_bytes=job.stderr_bytes, excerpt="" if passed else self.excerpt(job), error=error)
         if passed or error is not None:
             return run
+        headline = f"gate {gate.name} failed: {how_it_ended(run.to_dict())} (job {job.id})"
         history_id = self.info.history.add(
-            "gate", f"gate {gate.name} failed: {how_it_failed(run)} (job {job.id})\n$ {gate.command}\n{run.excerpt}",
-            turn=turn, title=f"gate {gate.name} (attempt {attempt}): {gate.command}"[:HISTORY_TITLE_CHARS])
+            "gate", f"{headline}\n$ {gate.command}\n{run.excerpt}", turn=turn,
+            title=f"gate {gate.name} (attempt {attempt}): {gate.command}"[:HISTORY_TITLE_CHARS])
         return replace(run, history_id=history_id)
 
     # ---------- what the model sees ----------
@@ -203,7 +204,7 @@ class GateKeeper:
             if run.passed:
                 lines.append(f"gate {run.name} passed.")
                 continue
-            lines.append(f"gate {run.name} FAILED: {how_it_failed(run)} (job {run.job_id})")
+            lines.append(f"gate {run.name} FAILED: {how_it_ended(run.to_dict())} (job {run.job_id})")
             lines.append(f"$ {run.command}")
             lines.append(run.excerpt)
             streams = [s for s in STREAMS if getattr(run, f"{s}_bytes")] or ["stdout"]
@@ -227,12 +228,6 @@ class GateKeeper:
         if job.run_id != self.info.run_id or job.surface != "gate":
             raise JobRefused(f"job {job_id} is not a gate job of this run; gates.list() names the gates")
         return self.broker.read(job.id, str(stream), int(start or 0), size)
-
-
-def how_it_failed(run: GateRun) -> str:
-    """``exit 1 after 0.42 s`` or ``killed at its 30 s deadline after 30.01 s``: the feedback's and the history's."""
-    how = f"killed at its {run.deadline_s:g} s deadline" if run.state == "killed" else f"exit {run.exit_code}"
-    return how + (f" after {run.duration_s:.2f} s" if run.duration_s is not None else "")
 
 
 def gate_workspace(settings: RLMSettings, context: Context) -> Path:

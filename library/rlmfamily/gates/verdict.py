@@ -99,12 +99,17 @@ def verdict_text(verdict: str, reason: str | None) -> str:
     return f"verdict: {verdict.replace('_', ' ')}" + (f": {reason}" if reason else "")
 
 
+def how_it_ended(run: Mapping[str, Any]) -> str:
+    """``exit 1 after 0.42 s`` or ``killed at its 30 s deadline after 30.01 s``: one gate run (a ``GateRun`` as a
+    dict), as the model's feedback, the history, rlm show and the page say it."""
+    deadline = run.get("deadline_s")
+    how = (f"killed at its {deadline:g} s deadline" if run.get("state") == "killed" and isinstance(deadline, (int, float))
+           else f"exit {run.get('exit_code')}")
+    return how + (f" after {run['duration_s']:.2f} s" if isinstance(run.get("duration_s"), (int, float)) else "")
+
+
 def outcome_text(run: Mapping[str, Any]) -> str:
     """One gate run (a ``GateRun`` as a dict) in a few words: passed or how it failed, its time and its job."""
     if run.get("error"):
         return f"could not run: {run['error']}"
-    deadline = run.get("deadline_s")
-    how = (f"killed at its {deadline:g} s deadline" if run.get("state") == "killed" and isinstance(deadline, (int, float))
-           else f"exit {run.get('exit_code')}")
-    took = f" after {run['duration_s']:.2f} s" if isinstance(run.get("duration_s"), (int, float)) else ""
-    return f"{'passed' if run.get('passed') else 'FAILED'} ({how}{took}; job {run.get('job_id')})"
+    return f"{'passed' if run.get('passed') else 'FAILED'} ({how_it_ended(run)}; job {run.get('job_id')})"
