@@ -22,6 +22,7 @@ pytestmark = pytest.mark.timeout(120)
 MODEL_KEY = "sk-model-key-never-inside-51d2"
 OPENAI_KEY = "sk-openai-key-never-inside-8c1e"
 PEER_KEY = "peer-bearer-never-inside-77a0"
+MAX_PIDS = 64  # RLM_CONTAINER_MAX_PIDS here: the fork bomb may never see more processes at once
 
 
 @pytest.fixture
@@ -57,7 +58,7 @@ def settings(make_settings: Callable[..., RLMSettings], container_image: str, tm
     peers = tmp_path / "peers.toml"
     peers.write_text('[[peers]]\nalias = "review"\nurl = "http://127.0.0.1:9"\ncredential_env = "PEER_BEARER"\n')
     return make_settings(kernel="container", container_image=container_image, api_key_env="MODEL_BEARER",
-                         a2a_enabled=True, a2a_peers_file=peers, container_max_pids=64,
+                         a2a_enabled=True, a2a_peers_file=peers, container_max_pids=MAX_PIDS,
                          container_memory_bytes=256 << 20, step_timeout_s=30.0, max_turns=10)
 
 
@@ -131,8 +132,8 @@ while FULL not in open("/tmp/bomb.err").read() and time.time() - started < 20:
     time.sleep(0.02)
 os.killpg(bomb.pid, signal.SIGKILL)
 bomb.wait()
-print("bounded:", FULL in open("/tmp/bomb.err").read(), most <= 64)
-""",
+print("bounded:", FULL in open("/tmp/bomb.err").read(), most <= MAX_PIDS)
+""".replace("MAX_PIDS", str(MAX_PIDS)),
         "y = bytearray(1 << 30)",  # 1 GiB touched, in a 256 MiB container
         "x += 1\nprint('after the bombs', x)",
         "final_answer(str(x))",
