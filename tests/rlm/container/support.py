@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from rlmfamily import Context, ScriptedProvider, Session
-from rlmfamily.container.engine import Engine, find_engine
-from rlmfamily.container.sandbox import LABEL_OWNER_PID, labelled_containers
+from rlmfamily.container.engine import Engine
+from rlmfamily.container.sandbox import LABEL_OWNER_PID
 from rlmfamily.session import RunResult
 from rlmfamily.settings import RLMSettings
 from rlmfamily.trajectory import read_trajectory
@@ -33,14 +33,6 @@ def steps_of(result: RunResult) -> list[dict[str, Any]]:
     return [e for e in read_trajectory(result.trajectory_path) if e["event"] == "step"]
 
 
-def engine_of(settings: RLMSettings) -> Engine:
-    return find_engine(settings)
-
-
 def containers_owned_by(engine: Engine, pid: int) -> list[str]:
     listed = engine.call("ps", "-a", "--filter", f"label={LABEL_OWNER_PID}={pid}", "--format", "{{.Names}}")
     return [name for name in listed.stdout.split() if name]
-
-
-def run_containers(engine: Engine, run_id: str) -> list[str]:
-    return labelled_containers(engine, run_id)

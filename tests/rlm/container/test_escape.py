@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from rlmfamily.container.engine import find_engine
+from rlmfamily.container.sandbox import labelled_containers
 from rlmfamily.settings import RLMSettings
 
-from .support import engine_of, run_containers, run_steps, steps_of
+from .support import run_steps, steps_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -144,5 +146,5 @@ print("bounded:", FULL in open("/tmp/bomb.err").read(), most <= MAX_PIDS)
     assert steps[2]["error_code"] == "memory" and steps[2]["restored"]
     assert "RLM_CONTAINER_MEMORY_BYTES" in steps[2]["error"]
     assert steps[3]["ok"] and "after the bombs 42" in steps[3]["observation"]
-    assert run_containers(engine_of(settings), result.run_id) == []
+    assert labelled_containers(find_engine(settings), result.run_id) == []
     assert list(where_the_user_is.iterdir()) == []

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from rlmfamily.container.engine import find_engine
+from rlmfamily.container.sandbox import labelled_containers
 from rlmfamily.settings import RLMSettings
 
-from .support import engine_of, run_containers, run_steps, steps_of
+from .support import run_steps, steps_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -44,7 +46,7 @@ def test_globals_persist_and_a_timed_out_step_is_stopped_inside_while_the_run_go
     assert "['/rlm/keeper.py', '/rlm/kernel.py']" in steps[3]["observation"]
     made = fixture_repo / "made_inside.txt"
     assert made.read_text() == "42" and made.stat().st_uid == os.getuid() and made.stat().st_gid == os.getgid()
-    assert run_containers(engine_of(settings), result.run_id) == []
+    assert labelled_containers(find_engine(settings), result.run_id) == []
 
 
 def test_the_host_bridges_answer_inside_and_a_child_gets_a_container_of_its_own(
@@ -64,4 +66,4 @@ def test_the_host_bridges_answer_inside_and_a_child_gets_a_container_of_its_own(
     assert "sub-call: it is 40" in outputs[0]
     assert "history: True" in outputs[1] and "child: completed True True" in outputs[1], outputs[1]
     assert result.subcalls == 1 and result.budget.calls >= 4  # three root turns and the sub-call, on one ledger
-    assert run_containers(engine_of(settings), result.run_id) == []
+    assert labelled_containers(find_engine(settings), result.run_id) == []

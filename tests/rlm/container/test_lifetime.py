@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from rlmfamily.container.engine import find_engine
+from rlmfamily.container.sandbox import labelled_containers
 from rlmfamily.family import procs
 from rlmfamily.settings import RLMSettings
 
 from ..holds import wait_until
-from .support import GONE_WITHIN_S, containers_owned_by, engine_of, run_containers, run_steps, steps_of
+from .support import GONE_WITHIN_S, containers_owned_by, run_steps, steps_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -54,7 +56,7 @@ def engine_client_of(pid: int) -> int:
 
 def test_a_sigkilled_run_takes_its_container_with_it(
         settings: RLMSettings, fixture_repo: Path, tmp_path: Path) -> None:
-    engine = engine_of(settings)
+    engine = find_engine(settings)
     run = start_spinning_run(settings, fixture_repo, tmp_path)
     try:
         assert len(containers_owned_by(engine, run.pid)) == 1
@@ -69,7 +71,7 @@ def test_a_sigkilled_run_takes_its_container_with_it(
 
 def test_a_container_left_by_a_killed_run_is_swept_at_the_next_start(
         settings: RLMSettings, fixture_repo: Path, tmp_path: Path) -> None:
-    engine = engine_of(settings)
+    engine = find_engine(settings)
     run = start_spinning_run(settings, fixture_repo, tmp_path)
     client = engine_client_of(run.pid)
     try:
@@ -84,7 +86,7 @@ def test_a_container_left_by_a_killed_run_is_swept_at_the_next_start(
         assert procs.alive(client) and procs.stat(client).state == "T"
         result = run_steps(settings, fixture_repo, ["final_answer('next run')"])
         assert result.answer == "next run", result.error
-        assert orphan not in engine_of(settings).call("ps", "-a", "--format", "{{.Names}}").stdout.split()
+        assert orphan not in find_engine(settings).call("ps", "-a", "--format", "{{.Names}}").stdout.split()
     finally:
         run.kill()
         run.wait()
@@ -105,6 +107,6 @@ def test_a_cancelled_child_takes_its_container_with_it(settings: RLMSettings, fi
     assert result.answer == "cancelled", result.error
     assert "spinning: True" in steps_of(result)[0]["observation"]
     assert "cancel: cancelled" in steps_of(result)[0]["observation"], steps_of(result)[0]["observation"]
-    engine = engine_of(settings)
-    wait_until(lambda: run_containers(engine, f"{result.run_id}.c1") == [], "the cancelled child's container is gone",
+    engine = find_engine(settings)
+    wait_until(lambda: labelled_containers(engine, f"{result.run_id}.c1") == [], "the cancelled child's container is gone",
                limit_s=GONE_WITHIN_S)
