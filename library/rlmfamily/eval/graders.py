@@ -47,13 +47,14 @@ class Grade:
         return asdict(self)
 
 
-def grade(task: Task, *, answer: str | None, workspace: Path | None, container: RLMSettings | None = None) -> Grade:
-    """``container``: the settings of a container-kernel attempt, whose tests run in its image."""
+def grade(task: Task, *, answer: str | None, workspace: Path | None,
+          container_settings: RLMSettings | None = None) -> Grade:
+    """``container_settings``: the settings of a container-kernel attempt, whose tests run in its image."""
     evaluator = task.spec.evaluator
     if isinstance(evaluator, TestsEvaluator):
         assert workspace is not None, "a tests grader needs the attempt's workspace"
         return grade_tests(evaluator, pristine=task.path(task.spec.input.workspace or "."), output=workspace,
-                           container=container)
+                           container_settings=container_settings)
     if isinstance(evaluator, FindingsEvaluator):
         return grade_findings(evaluator, answer)
     return grade_answer(evaluator, answer)
@@ -62,15 +63,16 @@ def grade(task: Task, *, answer: str | None, workspace: Path | None, container: 
 # ---------- tests ----------
 
 def grade_tests(evaluator: TestsEvaluator, *, pristine: Path, output: Path,
-                container: RLMSettings | None = None) -> Grade:
-    where: dict[str, Any] = {} if container is None else {"graded_in": container.container_image}
+                container_settings: RLMSettings | None = None) -> Grade:
+    where: dict[str, Any] = ({} if container_settings is None
+                             else {"graded_in": container_settings.container_image})
     with tempfile.TemporaryDirectory(prefix="rlm-eval-grade-") as tmp:
         fresh = Path(tmp) / "workspace"
         shutil.copytree(output, fresh, ignore=shutil.ignore_patterns("__pycache__", ".rlm"))
         restored = _restore_protected(evaluator.protected, pristine, fresh)
         try:
-            done = (_run_tests(evaluator, fresh) if container is None
-                    else _run_tests_in_container(evaluator, fresh, container))
+            done = (_run_tests(evaluator, fresh) if container_settings is None
+                    else _run_tests_in_container(evaluator, fresh, container_settings))
         except subprocess.TimeoutExpired:
             return Grade(False, 0.0, {"reason": f"the tests ran past {evaluator.timeout_s:g} s (evaluator.timeout_s)",
                                       "restored": restored, **where})

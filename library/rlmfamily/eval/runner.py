@@ -172,9 +172,9 @@ class Experiment:
             answer, ran = None, False
         record["run_s"] = round(time.monotonic() - started, 4)
         graded_at = time.monotonic()
-        in_container = (_settings_for(condition, task, folder / "data", workspace, None)
-                        if condition.kernel == "container" else None)  # graded in the attempt's image
-        outcome = (grade(task, answer=answer, workspace=workspace, container=in_container) if ran
+        container_settings = (_settings_for(condition, task, folder / "data", workspace, None)
+                              if condition.kernel == "container" else None)  # graded in the attempt's image
+        outcome = (grade(task, answer=answer, workspace=workspace, container_settings=container_settings) if ran
                    else Grade(False, 0.0, {"reason": "the run did not start"}))
         record["grade_s"] = round(time.monotonic() - graded_at, 4)
         record["wall_s"] = round(record["run_s"] + record["grade_s"], 4)
