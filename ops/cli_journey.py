@@ -60,6 +60,7 @@ JOURNEY_ALLOWANCE = 50  # the hosted credits the root family may hold at once (R
 JOURNEY_TIMEOUT_S = 900.0
 # After the run: the rlm commands that read what it recorded, and the hosted task's findings.
 JOURNEY_READ_TIMEOUT_S = 60.0
+JOURNEY_QUOTED_ERROR_CHARS = 500  # of the end of a failed rlm command's stderr, shown in the progress
 KERNELS = ("container", "host")
 FOLLOW_EVERY_S = 0.25  # how often the root's trajectory is read for the progress lines
 ROOT_STOP_GRACE_S = 30.0  # a root stopped early (SIGINT) has this long to end its children before SIGKILL
@@ -220,9 +221,14 @@ def _run_root(repo: Path, data_dir: Path, env: dict[str, str], args: argparse.Na
 
 
 def _rlm_json(env: dict[str, str], *args: str) -> dict[str, Any]:
+    """What ``rlm ARGS --json`` prints; {} (and a progress line saying why) when it prints no JSON document."""
     done = subprocess.run([*_rlm_command(), *args, "--json"], env=env, capture_output=True, text=True,
                           timeout=JOURNEY_READ_TIMEOUT_S)
-    return json.loads(done.stdout) if done.stdout.strip().startswith("{") else {}
+    if done.stdout.strip().startswith("{"):
+        return json.loads(done.stdout)
+    _progress(f"`rlm {' '.join(args)} --json` exited {done.returncode} without a result: "
+              f"{done.stderr.strip()[-JOURNEY_QUOTED_ERROR_CHARS:]}")
+    return {}
 
 
 async def _hosted_findings(base_url: str, token: str, task_id: str) -> list[dict[str, Any]]:
