@@ -69,9 +69,8 @@ def _problem(credits_held: int, reported: Any) -> str | None:
     quoted = repr(reported)
     if len(quoted) > MAX_QUOTED_CHARGE_CHARS:
         quoted = quoted[:MAX_QUOTED_CHARGE_CHARS] + "..."
-    if isinstance(reported, bool) or not isinstance(reported, (int, float)):
-        return f"the peer reports {quoted}, not a whole number of credits"
-    if isinstance(reported, float) and not reported.is_integer():
+    whole = isinstance(reported, int) or (isinstance(reported, float) and reported.is_integer())
+    if isinstance(reported, bool) or not whole:
         return f"the peer reports {quoted}, not a whole number of credits"
     if reported < 0:
         return f"the peer reports {quoted} credits, below 0"
