@@ -33,6 +33,7 @@ from rich.console import Console
 from rlmfamily.a2a.charge import credits_text
 from rlmfamily.errors import RLMError, TrajectoryInvalid
 from rlmfamily.family import procs
+from rlmfamily.gates.spec import VERDICTS
 from rlmfamily.gates.verdict import outcome_text, verdict_text
 from rlmfamily.prompts import NO_OUTPUT, NO_OUTPUT_HINT
 from rlmfamily.resumption import describe_resume
@@ -538,7 +539,7 @@ class _Chart:
         return text + (f"; {unknown} calls of unknown usage (orange)" if unknown else "")
 
 
-VERDICT_CLASSES = {"accepted": "accepted", "gates_failed": "gates-failed", "not_verified": "not-verified"}
+VERDICT_CLASSES = {verdict: verdict.replace("_", "-") for verdict in VERDICTS}  # the page's CSS classes
 
 
 def _state(view: RunView) -> str:
