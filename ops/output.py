@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.markup import escape
@@ -34,14 +34,16 @@ EXIT_DATABASE = 4
 UNBOUNDED_WIDTH = 1_000_000
 
 
-def _stdout_width() -> int | None:
-    if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit():  # the terminal's convention, as rich's
+def _width(stream: TextIO) -> int | None:
+    """A stream's width, by the same rule for stdout and stderr (a table on stderr, ``emit_table(on_stderr=True)``,
+    piped with `2> file` is whole too, not wrapped to rich's default 80)."""
+    if stream.isatty() or os.environ.get("COLUMNS", "").isdigit():  # the terminal's convention, as rich's
         return None
     return UNBOUNDED_WIDTH
 
 
-_out = Console(highlight=False, width=_stdout_width())
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
+_out = Console(highlight=False, width=_width(sys.stdout))
+_err = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
 
 
 def _plain(value: Any) -> Any:

@@ -278,6 +278,17 @@ def test_a_table_is_whole_when_piped_and_fits_the_terminal_or_columns_without_cu
     assert any(issued["key_id"] in line and customer in line for line in terminal)
 
 
+def test_a_key_issued_into_a_file_leaves_its_record_on_a_piped_stderr_whole(service_env):
+    # The record of `keys issue > key.txt` is a table on stderr; piped too (`2> issued.txt`), it is as whole as a
+    # piped stdout: a long customer id is not wrapped at 80 columns.
+    customer = new_customer("op-a-customer-id-long-enough-to-wrap-at-eighty")
+    assert cli_json(service_env, "customers", "add", "--customer", customer)["outcome"] == "created"
+    issued = cli(service_env, "keys", "issue", "--customer", customer)
+    assert issued.returncode == 0, issued.stderr
+    assert issued.stdout.startswith("sk_test_") and len(issued.stdout.split()) == 1, issued.stdout  # the key alone
+    assert any(customer in line for line in issued.stderr.splitlines()), issued.stderr
+
+
 def test_a_misspelled_setting_is_warned_about_at_start_up_naming_the_nearest_real_one(service_env):
     # Issue 42: SPECIALISTS_PUSH_MAX_ATEMPTS=3 was ignored without a word, the default of 8 in force.
     typo = service_env | {"SPECIALISTS_PUSH_MAX_ATEMPTS": "3", "SPECIALISTS_NOTHING_LIKE_IT": "1"}
