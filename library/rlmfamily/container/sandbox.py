@@ -168,6 +168,11 @@ class RunContainer:
             except OSError:
                 return None
             said = _read_line(self._keeper_stdout, time.monotonic() + PROBE_TIMEOUT_S)
+            if said is None:
+                # Silent past its deadline: an answer that came later would be read as the next request's, so
+                # the keeper is not asked again (each later request answers None, as for a keeper that is gone).
+                os.close(self._keeper_stdout)
+                self._keeper_stdout = -1
         return said.decode("ascii", "replace").strip() if said else None
 
     @property

@@ -110,3 +110,24 @@ def test_a_cancelled_child_takes_its_container_with_it(settings: RLMSettings, fi
     engine = find_engine(settings)
     wait_until(lambda: labelled_containers(engine, f"{result.run_id}.c1") == [], "the cancelled child's container is gone",
                limit_s=GONE_WITHIN_S)
+
+
+
+def test_a_keeper_silent_past_its_deadline_is_not_asked_again_so_a_late_answer_answers_nothing(
+        settings: RLMSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rlmfamily.container import sandbox
+
+    monkeypatch.setattr(sandbox, "PROBE_TIMEOUT_S", 1.0)
+    engine = find_engine(settings)
+    with sandbox.RunContainer.open(settings, run_id="silent-keeper", workspace=tmp_path / "ws") as box:
+        assert box.oom_kills() == 0  # a keeper that answers
+        assert engine.call("pause", box.name).returncode == 0  # frozen: it reads nothing, says nothing
+        try:
+            assert box.oom_kills() is None  # no answer within the deadline
+        finally:
+            assert engine.call("unpause", box.name).returncode == 0
+        # Thawed, the keeper answers that request late ("0"): read as this request's answer it would pass for one.
+        assert box.oom_kills() is None
+        assert box.signal(12345, signal.SIGTERM) is False
+    wait_until(lambda: labelled_containers(engine, "silent-keeper") == [], "the container is removed",
+               limit_s=GONE_WITHIN_S)
