@@ -48,6 +48,10 @@ ETC_FILES: Final = {
 }
 IMPORT_TIMEOUT_S: Final = 600.0
 DPKG_TIMEOUT_S: Final = 120.0
+# Waiting for another process's build of the image: its own calls are bounded (dpkg, import, tag, removals), so a
+# holder past this is stuck, not slow.
+LOCK_WAIT_S: Final = 2 * DPKG_TIMEOUT_S + 2 * IMPORT_TIMEOUT_S
+LOCK_POLL_S: Final = 0.1
 
 
 class ImageBuildFailed(ContainerUnavailable):
@@ -226,7 +230,18 @@ def _engine(engine: Engine, *args: str) -> None:
 def _machine_lock() -> Iterator[None]:
     path = Path(tempfile.gettempdir()) / f"rlmfamily-image-{os.getuid()}.lock"
     with open(path, "a+b") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        give_up = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= give_up:
+                    raise ImageBuildFailed(
+                        f"another process has been building the image for over {LOCK_WAIT_S:g} s (it holds {path}); "
+                        "stop it, or set RLM_CONTAINER_IMAGE to an image that provides python3 and bash",
+                        setting="container_image") from None
+                time.sleep(LOCK_POLL_S)  # flock announces nothing: the holder's release is polled
         try:
             yield
         finally:

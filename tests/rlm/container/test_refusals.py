@@ -58,3 +58,34 @@ def test_a_missing_image_is_refused_naming_the_image_setting_and_never_pulled(
     error = refused(make_settings(container_image="localhost/rlmfamily-missing:none"), fixture_repo, monkeypatch)
     assert "'localhost/rlmfamily-missing:none' is not in" in error and "RLM_CONTAINER_IMAGE" in error
     assert "rlm container image" in error
+
+
+def test_a_build_stuck_in_another_process_is_refused_after_the_lock_wait_naming_the_image_setting(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from rlmfamily.container import image
+    from rlmfamily.errors import RLMError
+
+    monkeypatch.setattr(image.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(image, "LOCK_WAIT_S", 0.5)
+    lock = tmp_path / f"rlmfamily-image-{os.getuid()}.lock"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, sys\n"
+        f"h = open({str(lock)!r}, 'a+b'); fcntl.flock(h, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"  # the other build holds it
+        with pytest.raises(RLMError) as refused:
+            with image._machine_lock():
+                pass
+        assert refused.value.code == "container_image_build_failed"
+        assert "RLM_CONTAINER_IMAGE" in refused.value.message and str(lock) in refused.value.message
+    finally:
+        holder.communicate("")  # its stdin closed: it exits and lets go
+    entered = []
+    with image._machine_lock():  # let go: taken at once
+        entered.append(True)
+    assert entered == [True]
