@@ -27,6 +27,9 @@ class WorkerBeat:
         self.beat_s = beat_s
         self.beats = 0  # written so far (tests and the log read it)
         self._stop = threading.Event()
+        # Held across a beat's write and the stop's delete: a slow beat cannot land after the delete and bring the
+        # row back (health would then see a stopped worker live for SPECIALISTS_HEALTH_WORKER_LIVE_S).
+        self._writing = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="worker-beat", daemon=True)
 
     def start(self) -> None:
@@ -34,8 +37,11 @@ class WorkerBeat:
 
     def _beat(self) -> None:
         try:
-            with self.engine.begin() as conn:
-                liveness.beat(conn, self.worker_id, self.specialists)
+            with self._writing:
+                if self._stop.is_set():
+                    return
+                with self.engine.begin() as conn:
+                    liveness.beat(conn, self.worker_id, self.specialists)
             self.beats += 1
         except Exception as exc:  # the next interval tries again; health sees the gap if it lasts
             log.warning("worker %s could not write its beat (%s); trying again in %g s (SPECIALISTS_WORKER_BEAT_S)",
@@ -51,7 +57,7 @@ class WorkerBeat:
         self._stop.set()
         self._thread.join(timeout_s)
         try:
-            with self.engine.begin() as conn:
+            with self._writing, self.engine.begin() as conn:
                 liveness.forget(conn, self.worker_id)
         except Exception as exc:  # its row ages out after SPECIALISTS_HEALTH_WORKER_LIVE_S instead
             log.warning("worker %s could not delete its beat as it stopped (%s)", self.worker_id,
