@@ -32,7 +32,7 @@ from rlmfamily.providers.base import PriceTable, Provider
 from rlmfamily.providers.scripted import ScriptedProvider
 from rlmfamily.session import RunResult, Session
 from rlmfamily.settings import RLMSettings, load_settings
-from rlmfamily.resumption import describe_resume
+from rlmfamily.resumption import describe_resume, endpoint_switch
 from rlmfamily.trajectory import find_run, read_trajectory
 
 EXIT_OK, EXIT_NO_ANSWER, EXIT_USAGE, EXIT_NOT_ACCEPTED = 0, 1, 2, 3
@@ -268,6 +268,9 @@ def _resume(args: argparse.Namespace, out: Console, err: Console) -> int:
     from rlmfamily import resume
 
     session, point = resume.prepare(args)
+    if "endpoint_changed" in point.record:
+        err.print(f"resuming against another endpoint than the run's: {endpoint_switch(point.record)}",
+                  style="yellow", markup=False)
     progress = _Progress(session.settings.max_turns, children=RunningChildren(session.settings))
     live = None if args.quiet or args.json else Live(progress.render(), console=err, refresh_per_second=8, transient=True)
 

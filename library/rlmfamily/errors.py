@@ -175,3 +175,15 @@ class ResumeInconsistent(ResumeError):
     """The run's records disagree (trajectory, host-call journal, checkpoints, corpus)."""
 
     code = "resume_inconsistent"
+
+
+class ResumeEndpointChanged(ResumeError):
+    """``rlm resume`` was pointed at another model endpoint than the run's; only ``--switch-endpoint`` allows it."""
+
+    code = "resume_endpoint_changed"
+
+
+class ResumeNeedsReconcile(ResumeError):
+    """The run's family has usage of unknown cost that blocks its token or USD limit: reconcile it first."""
+
+    code = "resume_needs_reconcile"

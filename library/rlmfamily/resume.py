@@ -39,6 +39,7 @@ from typing import Any
 
 from rlmfamily.context import Context
 from rlmfamily.errors import (
+    ResumeEndpointChanged,
     ResumeInconsistent,
     ResumeUnsupported,
     RunFinished,
@@ -52,7 +53,7 @@ from rlmfamily.prompts import final_request, first_message, in_text_words
 from rlmfamily.protocol import TEXT, Protocol, protocol_named
 from rlmfamily.providers.base import Completion, PriceTable, Provider, ToolCall
 from rlmfamily.resumption import FinalState, ResumePoint
-from rlmfamily.session import EMPTY_CODE, NOT_RUN, Session, no_such_tool
+from rlmfamily.session import EMPTY_CODE, NOT_RUN, Session, endpoint_of, no_such_tool
 from rlmfamily.settings import RLMSettings, load_settings
 from rlmfamily.trajectory import find_run, lock_trajectory, read_trajectory
 
@@ -60,6 +61,8 @@ Event = dict[str, Any]
 # What run_started records of the limits; a resumed run runs under the same ones (the budget insists).
 RECORDED_LIMITS = ("max_turns", "max_calls", "max_tokens", "max_usd", "max_subcalls", "max_observation_chars")
 SEGMENT_EVENTS = ("run_started", "run_resumed")
+# What run_started records of the model endpoint (session.endpoint_of); a resume talks to it unless told otherwise.
+ENDPOINT_FIELDS = ("provider", "base_url", "api_key_env")
 UNREPLAYABLE_CODES = ("timeout", "killed")  # a step cut off where the clock or a kill said: not reproducible
 
 
@@ -314,6 +317,9 @@ def add_parser(sub: Any) -> None:
     resume.add_argument("--base-url", default=argparse.SUPPRESS, help="the endpoint (RLM_BASE_URL)")
     resume.add_argument("--model", default=argparse.SUPPRESS, help="model id (default: the run's)")
     resume.add_argument("--api-key-env", default=argparse.SUPPRESS, help="NAME of the key's environment variable")
+    resume.add_argument("--switch-endpoint", action="store_true",
+                        help="resume against the endpoint given now (--provider, --base-url, --api-key-env or RLM_*), "
+                             "not the one the run started with; the conversation so far is sent there")
     resume.add_argument("--json", action="store_true", help="print the result as JSON")
     resume.add_argument("--quiet", action="store_true", help="no live progress display")
 
@@ -328,6 +334,9 @@ def prepare(args: argparse.Namespace) -> tuple[Session, ResumePoint]:
     context = _context(args, started, settings)
     provider = _provider(args, started, settings)
     point = plan(settings, path, events, context)
+    now = endpoint_of(provider)
+    if args.switch_endpoint and now != started.get("endpoint"):
+        point.record["endpoint_changed"] = {"from": started.get("endpoint"), "to": now}
     skip = getattr(provider, "skip_root_turns", None)
     if skip is not None:  # a script replays from its first turn; the run has had point.turns of them
         skip(point.turns)
@@ -347,17 +356,44 @@ def _settings(args: argparse.Namespace, started: Event) -> RLMSettings:
     overrides.update({k: v for k, v in (started.get("limits") or {}).items() if k in RECORDED_LIMITS})
     if started.get("gates"):  # the run's completion gates, as it started with them (from RLM_GATES or --gate)
         overrides["gates"] = started["gates"]
-    for name in ("provider", "base_url", "model", "api_key_env"):
-        if hasattr(args, name):
-            overrides[name] = getattr(args, name)
-    if not hasattr(args, "provider") and started.get("provider") in ("openai", "anthropic"):
-        overrides["provider"] = started["provider"]
+    if hasattr(args, "model"):
+        overrides["model"] = args.model
+    overrides.update(_endpoint(args, started))
     if args.data_dir:
         overrides["data_dir"] = args.data_dir
     settings = load_settings(**overrides)
     if settings.model is None and started.get("model") and not args.script:
         settings = load_settings(**overrides, model=started["model"])
     return settings
+
+
+def _endpoint(args: argparse.Namespace, started: Event) -> dict[str, Any]:
+    """The endpoint settings of the resumed run: the ones it started with, so its conversation goes nowhere else.
+
+    Another endpoint (a flag that differs, or a run recorded without its endpoint) is refused unless
+    ``--switch-endpoint`` says so; then the flags and RLM_* variables given now choose it, and run_resumed records
+    the switch. RLM_BASE_URL and the like never redirect a resume on their own: the recorded values override them.
+    """
+    given = {name: getattr(args, name) for name in ENDPOINT_FIELDS if hasattr(args, name)}
+    if args.switch_endpoint or args.script:
+        return given
+    recorded = started.get("endpoint")
+    run_id = started["run_id"]
+    if recorded is None:
+        if started.get("provider") == "scripted":
+            return given
+        raise ResumeEndpointChanged(
+            f"run {run_id} was recorded without its model endpoint (an older rlmfamily): give the endpoint it used "
+            "with --base-url and --api-key-env, and --switch-endpoint to confirm the conversation may go there")
+    differs = {name: value for name, value in given.items() if value != recorded.get(name)}
+    if differs:
+        told = ", ".join(f"--{name.replace('_', '-')} {value}" for name, value in differs.items())
+        raise ResumeEndpointChanged(
+            f"run {run_id} started against {recorded['provider']} at {recorded['base_url']} (key in "
+            f"{recorded.get('api_key_env')}); {told} is another endpoint, and the conversation so far would be sent "
+            "there. Drop the flag to resume against the run's own endpoint, or add --switch-endpoint to send it there",
+            recorded=recorded)
+    return {name: recorded.get(name) for name in ENDPOINT_FIELDS if recorded.get(name) is not None}
 
 
 def _context(args: argparse.Namespace, started: Event, settings: RLMSettings) -> Context:

@@ -46,6 +46,14 @@ class ResumePoint:
     gate_runs: tuple[dict[str, Any], ...] = ()  # completion-gate runs recorded (``gate`` events): numbered on after
 
 
+def endpoint_switch(event: dict[str, Any]) -> str:
+    """What ``--switch-endpoint`` changed, from a ``run_resumed`` event (or the record it will write)."""
+    switched = event.get("endpoint_changed") or {}
+    before, after = switched.get("from") or {}, switched.get("to") or {}
+    return (f"endpoint switched (--switch-endpoint) from {before.get('base_url', 'an unrecorded one')} "
+            f"to {after.get('base_url', 'a scripted provider')}")
+
+
 def describe_resume(event: dict[str, Any]) -> str:
     """How a resumed run got its namespace back and where it went on, from its ``run_resumed`` event."""
     steps = event.get("steps", 0)
@@ -57,6 +65,8 @@ def describe_resume(event: dict[str, Any]) -> str:
                   "its recorded host calls answered from the record")
     if event.get("corpus_changed"):
         where += "; the workspace changed since the run started (its commands changed files)"
+    if event.get("endpoint_changed"):
+        where += "; " + endpoint_switch(event)
     children = event.get("children") or []
     if children:
         where += "; children: " + ", ".join(f"{c['run_id']} {c['outcome']}" for c in children)

@@ -47,6 +47,7 @@ from rlmfamily.protocol import TEXT, TOOLS, Protocol, protocol_named, refused_to
 from rlmfamily.providers.base import Completion, Provider, ToolCall, estimate_tokens, message_chars, usd_cost_known
 from rlmfamily.settings import RLMSettings, load_settings
 from rlmfamily.resumption import ResumePoint
+from rlmfamily.tools import Tool, ToolsExtension, check_tools, once_only_functions, repeat_safe_functions
 from rlmfamily.trajectory import FILENAME, PREVIEW_CHARS, TrajectoryWriter
 
 STOP_REASONS = ("answered", "max_turns", "budget_exhausted", "deadline", "error")
@@ -136,6 +137,7 @@ class Session:
         root_id: str | None = None,
         agent_id: str | None = None,
         extensions: Sequence[ExtensionFactory] | None = None,
+        tools: Sequence[Tool] = (),
     ) -> None:
         self.settings = settings or load_settings()
         self.context = context
@@ -151,6 +153,10 @@ class Session:
         self.root_id = root_id or self.run_id
         self.agent_id = agent_id or self.run_id
         self.extension_factories = list(default_extensions() if extensions is None else extensions)
+        # Custom tools (rlmfamily/tools.py): host functions shown to the model, refused here before anything runs.
+        self.tools = check_tools(tools, self.settings.host_call_timeout_s)
+        if self.tools:
+            self.extension_factories.append(ToolsExtension.factory(self.tools))
         self.messages: list[dict[str, Any]] = []  # the conversation, kept for a follow-up
         self.on_event = on_event
         self._used = False
@@ -229,6 +235,16 @@ class Session:
     def _emit(self, event: Event) -> None:
         if self.on_event is not None:
             self.on_event(event)
+
+
+def endpoint_of(provider: Provider) -> dict[str, Any] | None:
+    """Whom a run talks to, as ``run_started`` records it for ``rlm resume``: the provider's kind, base URL and the
+    NAME of its key's variable, never the key. None for a provider with no endpoint (the scripted one)."""
+    base_url = getattr(provider, "base_url", None)
+    if base_url is None:
+        return None
+    return {"provider": getattr(provider, "name", type(provider).__name__), "base_url": str(base_url),
+            "api_key_env": getattr(provider, "api_key_env", None)}
 
 
 @dataclass
@@ -341,6 +357,7 @@ class _Run:
         self.trajectory.write(
             "run_started", run_id=session.run_id, question=self.question, kernel=session.kernel_name,
             provider=getattr(session.provider, "name", type(session.provider).__name__),
+            endpoint=endpoint_of(session.provider),
             model=session.model or getattr(session.provider, "default_model", None), corpus=self.stats,
             protocol=settings.protocol, profile=settings.profile, observation_strategy=settings.observation_strategy,
             tools=["python", *self.model_tools],
@@ -350,6 +367,7 @@ class _Run:
             first_message=self.messages[-1]["content"], system_prompt=self.messages[0]["content"],
             pid=os.getpid(), pid_start=procs.start_time(os.getpid()),
             **({"gates": [g.model_dump() for g in self.gates.gates]} if self.gates else {}),
+            **({"custom_tools": [t.name for t in session.tools]} if session.tools else {}),
         )
         self.emit({"event": "run_started", "run_id": session.run_id, "max_turns": settings.max_turns,
                    "budget": self.budget.snapshot().to_dict()})
@@ -397,7 +415,9 @@ class _Run:
         if session.root_id == session.run_id:  # a root can be resumed: its host calls are journaled
             kernel = JournaledKernel(kernel, run_dir / JOURNAL_FILENAME,
                                      host_call_timeout_s=self.settings.host_call_timeout_s,
-                                     restore=self.resumed.restore if self.resumed else None)
+                                     restore=self.resumed.restore if self.resumed else None,
+                                     live_on_replay=repeat_safe_functions(session.tools),
+                                     once_only=once_only_functions(session.tools))
         self.kernel = kernel
         self.kernel.start(functions, PRELUDE + "".join(e.prelude for e in self.extensions)
                           + (self.gates.prelude if self.gates else ""))
