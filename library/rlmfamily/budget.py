@@ -200,6 +200,18 @@ class BudgetLedger(SQLiteFile):
         with self.reading() as conn:
             return [_entry(r) for r in conn.execute(sql + " ORDER BY u.id", args)]
 
+    def blocking(self, root_id: str) -> list[UsageEntry]:
+        """The entries whose unknown usage refuses every call but the final answer under the root's limits (as
+        ``_refusal`` counts them): unknown tokens with no estimate under a token limit, unknown cost under a USD one."""
+        self._expire_dead_reservations(root_id)
+        with self.reading() as conn:
+            rows = conn.execute(
+                "SELECT u.* FROM usage u JOIN budgets b ON b.root_id = u.root_id WHERE u.root_id = ? AND ("
+                "(b.max_tokens IS NOT NULL AND u.state = 'unknown' AND u.tokens_estimate = 0) OR "
+                "(b.max_usd IS NOT NULL AND u.state != 'reserved' AND u.cost_usd IS NULL)) ORDER BY u.id",
+                (root_id,)).fetchall()
+        return [_entry(r) for r in rows]
+
     def reconcile(self, entry_id: int, *, tokens: int, usd: float | None, reason: str) -> UsageEntry:
         """Record the real usage of an entry whose usage was unknown, with an audit reason."""
         if not reason or not reason.strip():

@@ -41,6 +41,7 @@ from rlmfamily.context import Context
 from rlmfamily.errors import (
     ResumeEndpointChanged,
     ResumeInconsistent,
+    ResumeNeedsReconcile,
     ResumeUnsupported,
     RunFinished,
     RunRunning,
@@ -312,7 +313,7 @@ def add_parser(sub: Any) -> None:
     source.add_argument("--document", help="the run's document, if it moved (default: where it was)")
     source.add_argument("--bundle", help="the run's evidence bundle (needed: a bundle's file is not recorded)")
     resume.add_argument("--script", help="the scripted conversation the run was started with")
-    resume.add_argument("--provider", choices=["openai", "anthropic"], default=argparse.SUPPRESS,
+    resume.add_argument("--provider", choices=["openai", "anthropic", "gemini"], default=argparse.SUPPRESS,
                         help="the model API (default: the run's)")
     resume.add_argument("--base-url", default=argparse.SUPPRESS, help="the endpoint (RLM_BASE_URL)")
     resume.add_argument("--model", default=argparse.SUPPRESS, help="model id (default: the run's)")
@@ -330,6 +331,7 @@ def prepare(args: argparse.Namespace) -> tuple[Session, ResumePoint]:
     path = find_run(base.runs_dir, args.run)
     events = read_trajectory(path)
     started = check_resumable(base, path, events)
+    _check_budget(base, started["run_id"])
     settings = _settings(args, started)
     context = _context(args, started, settings)
     provider = _provider(args, started, settings)
@@ -394,6 +396,26 @@ def _endpoint(args: argparse.Namespace, started: Event) -> dict[str, Any]:
             "there. Drop the flag to resume against the run's own endpoint, or add --switch-endpoint to send it there",
             recorded=recorded)
     return {name: recorded.get(name) for name in ENDPOINT_FIELDS if recorded.get(name) is not None}
+
+
+def _check_budget(settings: RLMSettings, run_id: str) -> None:
+    """Refuse a resume that could only ask for the final answer: the family's unknown usage (a call in flight at the
+    kill) blocks its token or USD limit until reconciled, so say which entries and the command, before anything runs."""
+    if not settings.budget_path.is_file():
+        return
+    from rlmfamily.budget import BudgetLedger
+
+    blocking = BudgetLedger(settings.budget_path).blocking(run_id)
+    if not blocking:
+        return
+    ids = ", ".join(str(e.id) for e in blocking)
+    first = blocking[0].id
+    raise ResumeNeedsReconcile(
+        f"run {run_id}'s family has {len(blocking)} call(s) whose usage nobody knows (entries {ids}; a call in flight "
+        "when the run was killed is one), and its token or USD limit cannot admit another call until they are "
+        "reconciled: resumed now, the run would go straight to a forced final answer. Check the provider's "
+        f"console, record each with `rlm usage --reconcile {first} --tokens N --usd X --reason \"...\"`, then "
+        f"`rlm resume {run_id}` again", entries=[e.id for e in blocking])
 
 
 def _context(args: argparse.Namespace, started: Event, settings: RLMSettings) -> Context:
