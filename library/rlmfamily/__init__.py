@@ -13,10 +13,11 @@ from rlmfamily.llm import LLMResult
 from rlmfamily.providers import PriceTable, ScriptedProvider
 from rlmfamily.session import RunResult, Session, run_question
 from rlmfamily.settings import RLMSettings, load_settings
+from rlmfamily.tools import Tool, tool
 
 __all__ = [
     "Budget", "BudgetLedger", "BudgetLimits", "Context", "LLMResult", "OpenAIProvider", "PriceTable", "RLMError",
-    "RLMSettings", "RunResult", "ScriptedProvider", "Session", "load_settings", "run_question",
+    "RLMSettings", "RunResult", "ScriptedProvider", "Session", "Tool", "load_settings", "run_question", "tool",
 ]
 
 

@@ -7,7 +7,10 @@
 - ``{"kind": "call", "step": n, "index": i, "name": ..., "args_sha256": ..., "ok": true, "value": ...}``
   (or ``"ok": false`` with ``exc_type`` and ``message``): what the sandbox got from
   its ``i``-th host call: a sub-call's answer, a read, a search, a child's handle;
-- ``{"kind": "step_end", "step": n, "ok": ..., "error_code": ..., "restored": ..., "output_sha256": ...}``.
+- ``{"kind": "step_end", "step": n, "ok": ..., "error_code": ..., "restored": ..., "output_sha256": ...}``;
+- ``{"kind": "call_begun", "step": n, "index": i, "name": ...}`` before a call of a custom tool that is not
+  safe to repeat (rlmfamily/tools.py): a resume that finds it without its result knows the call may have
+  done its work, and does not run it twice.
 
 Steps are numbered by the run's ``Kernel.execute`` calls, counted across resumes.
 ``JournaledKernel`` wraps the real kernel of every root run and writes the
@@ -17,7 +20,8 @@ the recorded steps again), and while a recorded step runs again its host calls
 are answered from the journal, in order, each checked against the recorded name
 and arguments. Nothing recorded is asked again of a model, the corpus, a child
 or a peer. ``_final_answer`` is the exception: it only sets the run's answer, so
-it runs again. A call past the record (the interrupted step going on) runs for
+it runs again; so do the custom tools declared ``repeat_safe`` (``live_on_replay``).
+A call of one that is not, begun and never answered, gets ``tool_outcome_unknown``. A call past the record (the interrupted step going on) runs for
 real and is journaled. A replayed step that prints or fails differently from the
 record means the code depends on something outside it (time, randomness, files):
 the host kernel cannot be rebuilt faithfully, and the resume is refused.
@@ -75,6 +79,7 @@ class RecordedStep:
     number: int
     code_sha256: str
     calls: dict[int, Record] = field(default_factory=dict)  # by index; a later record of an index wins
+    begun: set[int] = field(default_factory=set)  # indexes of once-only calls that began (call_begun)
     end: Record | None = None
 
 
@@ -97,6 +102,8 @@ def load(path: Path) -> dict[int, RecordedStep]:
             steps.setdefault(step, RecordedStep(step, record["code_sha256"]))
         elif step in steps and kind == "call":
             steps[step].calls[int(record["index"])] = record
+        elif step in steps and kind == "call_begun":
+            steps[step].begun.add(int(record["index"]))
         elif step in steps and kind == "step_end":
             steps[step].end = record
     return steps
@@ -116,8 +123,11 @@ class Restore:
 class JournaledKernel:
     """A kernel whose steps and host calls are journaled; on a resume, restored and replayed from the journal."""
 
-    def __init__(self, inner: Kernel, path: Path, *, host_call_timeout_s: float, restore: Restore | None = None) -> None:
+    def __init__(self, inner: Kernel, path: Path, *, host_call_timeout_s: float, restore: Restore | None = None,
+                 live_on_replay: frozenset[str] = frozenset(), once_only: frozenset[str] = frozenset()) -> None:
         self.inner = inner
+        self.live_on_replay = LIVE_ON_REPLAY | live_on_replay  # run again when replayed (rlmfamily/tools.py)
+        self.once_only = once_only  # never run twice: their beginning is journaled (call_begun)
         self.name = inner.name
         self.path = path
         self.host_call_timeout_s = host_call_timeout_s
@@ -209,8 +219,11 @@ class JournaledKernel:
     def _wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def journaled(*args: Any, **kwargs: Any) -> Any:
             step, index, recorded = self._next_call(name, args, kwargs)
-            if recorded is not None and name not in LIVE_ON_REPLAY:
+            if recorded is not None and name not in self.live_on_replay:
                 return _replayed(recorded)
+            if name in self.once_only and recorded is None:
+                with self._lock:
+                    self._write({"kind": "call_begun", "step": step, "index": index, "name": name})
             began = time.monotonic()
             _position.value = (step, index)
             try:
@@ -234,6 +247,13 @@ class JournaledKernel:
             recorded = replaying.calls.get(index) if replaying is not None else None
             if replaying is None:
                 return step, index, None
+            if recorded is None and index in replaying.begun and name in self.once_only:
+                # Begun and never answered: it may have done its work. Never run twice; the step goes on live.
+                self._replaying = None
+                unknown = _outcome_unknown(name)
+                self._write({"kind": "call", "step": step, "index": index, "name": name,
+                             "args_sha256": digest([list(args), kwargs]), **unknown})
+                return step, index, unknown
             if recorded is None:
                 if replaying.end is not None or index < max(replaying.calls, default=0):
                     # The step made this call, but it never returned to the step in time.
@@ -275,6 +295,14 @@ def _timed_out(name: str, timeout_s: float) -> Record:
     # The message the kernels' HostCaller gives a call it abandoned at its deadline.
     return {"ok": False, "exc_type": "TimeoutError",
             "message": f"host function {name} {HOST_CALL_TIMEOUT_MARK}={timeout_s:g}s; it was abandoned"}
+
+
+def _outcome_unknown(name: str) -> Record:
+    tool = name.removeprefix("_tool_")
+    return {"ok": False, "exc_type": "RuntimeError",
+            "message": f"[tool_outcome_unknown] {tool} was running when the run was interrupted; it is not run twice "
+                       "(its outcome is unknown: check what it did before calling it again; a tool safe to run again "
+                       "is declared repeat_safe=True)"}
 
 
 def _replayed(record: Record) -> Any:
