@@ -22,7 +22,7 @@ KernelName = Literal["host", "monty", "container"]
 ContainerEngineName = Literal["auto", "podman", "docker"]  # rlmfamily/container/engine.py
 # The image `rlm container image` builds from this machine's packages (rlmfamily/container/image.py).
 DEFAULT_CONTAINER_IMAGE = "localhost/rlmfamily-python:local"
-ProviderName = Literal["openai", "anthropic"]
+ProviderName = Literal["openai", "anthropic", "gemini"]
 ProtocolName = Literal["tools", "text", "auto"]  # how code reaches the kernel: rlmfamily/protocol.py
 ProfileName = Literal["python", "python-bash"]  # python-bash adds command jobs: rlmfamily/bash/
 ObservationStrategy = Literal["transcript", "receipts"]  # what a step's output shows the model
@@ -30,8 +30,8 @@ ObservationStrategy = Literal["transcript", "receipts"]  # what a step's output 
 DEFAULT_BASH_ENV_ALLOW = ("PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "TZ", "USER", "LOGNAME", "TMPDIR")
 CREDENTIAL_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE", "SESSION")
 # Each provider's defaults when RLM_BASE_URL / RLM_API_KEY_ENV are not set. None: the client's own default.
-DEFAULT_BASE_URL: dict[str, str | None] = {"openai": "https://api.openai.com/v1", "anthropic": None}
-DEFAULT_API_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+DEFAULT_BASE_URL: dict[str, str | None] = {"openai": "https://api.openai.com/v1", "anthropic": None, "gemini": None}
+DEFAULT_API_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY", "gemini": "GEMINI_API_KEY"}
 ANTHROPIC_MAX_TEMPERATURE = 1.0  # the Messages API refuses more; OpenAI accepts up to 2
 
 
@@ -121,8 +121,8 @@ class RLMSettings(BaseSettings):
     final_reserve_tokens: int = Field(50_000, ge=0)
     max_usd: float | None = Field(None, gt=0)
 
-    # The model endpoint: "openai" (any OpenAI-compatible API) or "anthropic" (the Messages API, extra
-    # rlmfamily[anthropic]). base_url and api_key_env default per provider (DEFAULT_BASE_URL, DEFAULT_API_KEY_ENV).
+    # The model endpoint: "openai" (any OpenAI-compatible API), "anthropic" (the Messages API, extra
+    # rlmfamily[anthropic]) or "gemini" (Google's generateContent, extra rlmfamily[gemini]). base_url and api_key_env default per provider (DEFAULT_BASE_URL, DEFAULT_API_KEY_ENV).
     provider: ProviderName = "openai"
     # How the model sends code: "tools" (the python tool), "text" (fenced ```python blocks, for servers without
     # tool calling), "auto" (tools, then text if the first call is refused for its tools).

@@ -30,7 +30,7 @@ class Condition(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    provider: Literal["scripted", "openai", "anthropic", "hosted"]
+    provider: Literal["scripted", "openai", "anthropic", "gemini", "hosted"]
     script: str | None = None  # scripted: oracle, noop, or NAME (each task's scripts/NAME.toml)
     model: str | None = None
     base_url: str | None = None

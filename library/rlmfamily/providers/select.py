@@ -1,7 +1,7 @@
 """The provider a run's settings name (RLM_PROVIDER): one place that maps the setting to a class.
 
 Each provider module is imported only here, when chosen: the clients take about
-a second to import, and ``anthropic`` is an optional extra.
+a second to import, and ``anthropic`` and ``google-genai`` are optional extras.
 """
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ def build_provider(settings: RLMSettings, prices: PriceTable | None = None) -> P
         from rlmfamily.providers.anthropic_native import AnthropicProvider
 
         return AnthropicProvider(base_url=settings.endpoint, **common)
+    if settings.provider == "gemini":
+        from rlmfamily.providers.gemini_native import GeminiProvider
+
+        return GeminiProvider(base_url=settings.endpoint, **common)
     from rlmfamily.providers.openai_compat import OpenAIProvider
 
     endpoint = settings.endpoint

@@ -121,7 +121,7 @@ def test_sampling_settings_reach_the_openai_endpoint_and_are_absent_when_unset(f
 
 
 def test_sampling_and_provider_settings_are_validated_naming_the_setting() -> None:
-    cases = [({"provider": "gemini"}, "RLM_PROVIDER"), ({"temperature": -0.1}, "RLM_TEMPERATURE"),
+    cases = [({"provider": "mistral"}, "RLM_PROVIDER"), ({"temperature": -0.1}, "RLM_TEMPERATURE"),
              ({"temperature": 2.5}, "RLM_TEMPERATURE"), ({"max_completion_tokens": 0}, "RLM_MAX_COMPLETION_TOKENS")]
     for overrides, named in cases:
         with pytest.raises(SettingsInvalid) as info:
