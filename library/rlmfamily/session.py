@@ -47,21 +47,13 @@ from rlmfamily.protocol import TEXT, TOOLS, Protocol, protocol_named, refused_to
 from rlmfamily.providers.base import Completion, Provider, ToolCall, estimate_tokens, message_chars, usd_cost_known
 from rlmfamily.settings import RLMSettings, load_settings
 from rlmfamily.resumption import ResumePoint
+from rlmfamily.run_records import EMPTY_CODE, NOT_RUN, no_such_tool  # the results of calls that run no step
 from rlmfamily.tools import Tool, ToolsExtension, check_tools, once_only_functions, repeat_safe_functions
 from rlmfamily.trajectory import FILENAME, PREVIEW_CHARS, TrajectoryWriter
 
 STOP_REASONS = ("answered", "max_turns", "budget_exhausted", "deadline", "error")
 ENTRY_TITLE_CHARS = 80  # of a history entry's title: the first line of the code, or the sub-call's prompt
 MARKER_ROOM_CHARS = 160  # kept free in a bounded observation for the "[... omitted ...]" line
-# The tool results of calls that run no step (rlmfamily/resume.py rebuilds them from a turn's calls).
-NOT_RUN = "[not run: the run is ending]"
-EMPTY_CODE = "[error: empty code; send Python source in the code argument]"
-
-
-def no_such_tool(name: str, tools: Sequence[str] = ("python",)) -> str:
-    if tuple(tools) == ("python",):
-        return f"[error: there is no tool {name!r}; the only tool is python]"
-    return f"[error: there is no tool {name!r}; the tools are {', '.join(tools)}]"
 
 
 def receipt_of(text: str, preview_chars: int, history_id: int | None) -> str:
