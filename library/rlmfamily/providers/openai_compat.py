@@ -1,10 +1,15 @@
-"""Any OpenAI-compatible chat-completions endpoint (OpenAI, OpenRouter, vLLM, Ollama...) via the official client.
+"""Any OpenAI-compatible chat-completions endpoint (OpenAI, Azure OpenAI, OpenRouter, vLLM, Ollama, llama.cpp's
+server...) via the official client.
 
 Configured by base URL, model id and the NAME of the environment variable that
-holds the key. The key, the retries (connections that could not be opened,
-429/5xx answers; never a timeout or a connection broken mid-call, which may have
-billed) and the client's exceptions are ``HTTPProvider``'s (providers/http.py);
-this module gives the chat-completions wire format.
+holds the key. The servers' usage quirks (docs/RLM.md, "Provider recipes"): an
+answer without usage has unknown usage; cached prompt tokens come from
+``prompt_tokens_details.cached_tokens``, else llama.cpp's ``timings.cache_n``;
+OpenRouter's ``usage.cost`` is the cost of a model the price table lacks. The
+key, the retries (connections that could not be opened, 429/5xx answers; never a
+timeout or a connection broken mid-call, which may have billed) and the client's
+exceptions are ``HTTPProvider``'s (providers/http.py); this module gives the
+chat-completions wire format.
 """
 
 from __future__ import annotations
@@ -68,6 +73,10 @@ class OpenAIProvider(HTTPProvider):
             details = getattr(response.usage, "prompt_tokens_details", None)
             cached = getattr(details, "cached_tokens", None)  # part of prompt_tokens, billed at the cached price
             cached = int(cached) if isinstance(cached, int) else None
+            if cached is None:  # llama.cpp's server: prompt tokens reused from the slot's KV cache
+                timings = getattr(response, "timings", None)
+                reused = timings.get("cache_n") if isinstance(timings, dict) else None
+                cached = reused if isinstance(reused, int) and 0 <= reused <= prompt else None
             written = getattr(details, "cache_write_tokens", None)  # part of prompt_tokens, at the cache-write price
             written = int(written) if isinstance(written, int) else None
             cost = self.prices.cost(model_id, prompt, completion, cache_read_tokens=cached,

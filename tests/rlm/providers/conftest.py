@@ -71,8 +71,9 @@ class FakeLocalServer(FakeOpenAI):
     - ``ollama``: usage present, no details; ``system_fingerprint`` "fp_ollama"; the key is ignored.
     - ``llamacpp``: usage, plus ``timings`` (cache_n: prompt tokens reused from the slot's KV cache) beside it.
     - ``openrouter``: usage with ``cost`` (USD, the charge) and prompt_tokens_details.cached_tokens.
-    - ``azure``: usage with prompt_tokens_details.cached_tokens, ``prompt_filter_results`` and
-      per-choice ``content_filter_results``; the key comes in the ``api-key`` header.
+    - ``azure``: (the v1 API, .../openai/v1) usage with prompt_tokens_details.cached_tokens,
+      ``prompt_filter_results`` and per-choice ``content_filter_results``; ``model`` is the
+      underlying model, not the deployment name the request gave.
     - ``nousage``: no usage object at all (an old or misconfigured server).
     """
 
@@ -101,6 +102,7 @@ class FakeLocalServer(FakeOpenAI):
             usage["prompt_tokens_details"] = {"cached_tokens": spec.get("cached_tokens", 0)}
             payload["prompt_filter_results"] = [{"prompt_index": 0, "content_filter_results": {}}]
             payload["choices"][0]["content_filter_results"] = {"hate": {"filtered": False, "severity": "safe"}}
+            payload["model"] = "gpt-5-mini-2025-08-07"
         payload["usage"] = usage
         return payload
 
