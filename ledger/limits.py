@@ -1,7 +1,7 @@
 """The credit ledger's limits: its section of the settings, and the ceilings its schema enforces.
 
 Every bound a caller can hit is a field of ``LedgerSettings`` (``settings.ledger``, read from
-``SPECIALISTS_LEDGER_*``; it lives in core/settings.py with the other sections). The errors that
+``SPECIALISTS_LEDGER_*``; defined in ledger/settings.py, part of the one settings object). The errors that
 enforce them name the variable to change. The hard ceilings that the database schema itself
 enforces with CHECK constraints are the ``SCHEMA_MAX_*`` constants; they are defined beside the
 section, whose bounds stop at them, and tests/ledger/test_schema_limits.py checks each one against

@@ -26,6 +26,14 @@ MAY_IMPORT = {
 # What no room's code may import: it does not ship.
 NEVER_IMPORTED = {"tests", "bench"}
 
+# Each room's section of the one settings object lives beside the room (docs/ARCHITECTURE.md, "Settings"):
+# core.settings gathers them, the one import of core into the rooms. A section module may import nothing of the
+# service but SETTINGS_BASE, and the packages above it nothing at all, so that gathering them makes no cycle.
+SETTINGS_ROOT = "core.settings"
+SETTINGS_BASE = "core.settings_base"
+SECTION_MODULES = {"app.settings", "ledger.settings", "taskstate.settings", "workers.settings",
+                   "workers.hosted_rlm.settings", "ops.settings", "ops.console.settings"}
+
 # Every table of the schema, and the one module (or, for the ledger, the room) whose SQL may name it.
 OWNERS = {
     "tasks": "taskstate/rows.py",
@@ -147,6 +155,7 @@ def test_rooms_import_only_downward():
         if (room := module.split(".")[0]) != (other := target.split(".")[0])
         and other in MAY_IMPORT.keys() | NEVER_IMPORTED  # the standard library and third-party packages are not rooms
         and other not in MAY_IMPORT[room]
+        and not (module == SETTINGS_ROOT and target in SECTION_MODULES)
     ]
     assert not upward, "imports against docs/ARCHITECTURE.md's rooms:\n" + "\n".join(upward)
 
@@ -154,3 +163,21 @@ def test_rooms_import_only_downward():
 def test_no_module_is_part_of_an_import_cycle():
     found = cycles(module_graph(PROJECT_ROOT, ROOMS))
     assert not found, "import cycles:\n" + "\n".join(" <-> ".join(cycle) for cycle in found)
+
+
+def test_the_rooms_settings_sections_import_only_the_settings_base():
+    graph = module_graph(PROJECT_ROOT, ROOMS)
+    service = set(MAY_IMPORT) | NEVER_IMPORTED
+    found = {module for module in graph if module.endswith(".settings") and module.split(".")[0] != "rlmfamily"}
+    assert found - {SETTINGS_ROOT} == SECTION_MODULES, "a room's settings module that core.settings does not gather"
+    wrong = []
+    for module in sorted(SECTION_MODULES):
+        packages = [".".join(module.split(".")[:depth]) for depth in range(1, module.count(".") + 1)]
+        for importer in [module, *packages]:
+            allowed = {SETTINGS_BASE} if importer == module else set()
+            wrong += [f"{importer} imports {target}" for target in sorted(graph[importer])
+                      if target.split(".")[0] in service and target not in allowed]
+    gatherers = sorted(m for m, targets in graph.items() if targets & SECTION_MODULES and m != SETTINGS_ROOT
+                       and m.split(".")[0] == "core")
+    assert not wrong and not gatherers, ("a settings section must stand on core.settings_base alone:\n"
+                                         + "\n".join(wrong + [f"{m} imports a room's section" for m in gatherers]))
