@@ -439,12 +439,13 @@ class Budget:
         with self.ledger.reading() as conn:
             row = conn.execute(
                 "SELECT COUNT(*) AS calls, COALESCE(SUM(tokens), 0) AS tokens, COALESCE(SUM(cost_usd), 0) AS usd, "
-                "COALESCE(SUM(state = 'unknown'), 0) AS unknown_tokens FROM usage "
+                "COALESCE(SUM(state = 'unknown'), 0) AS unknown_tokens, "
+                "COALESCE(SUM(state != 'reserved' AND cost_usd IS NULL), 0) AS unknown_usd FROM usage "
                 "WHERE root_id = ? AND id IN (SELECT value FROM json_each(?))",
                 (self.root_id, json.dumps(self.entry_ids)),
             ).fetchone()
         return {"calls": int(row["calls"]), "tokens": int(row["tokens"]), "usd": float(row["usd"]),
-                "unknown_tokens": int(row["unknown_tokens"])}
+                "unknown_tokens": int(row["unknown_tokens"]), "unknown_usd": int(row["unknown_usd"])}
 
 
 @dataclass(frozen=True)
@@ -484,6 +485,24 @@ def _totals(conn: sqlite3.Connection, root_id: str) -> _Totals:
     return _Totals(int(row["calls"]), int(row["in_flight"]), int(row["in_flight_tokens"]), int(row["tokens"]),
                    float(row["usd"]), int(row["unknown_tokens"]), int(row["unknown_tokens_estimate"]),
                    int(row["unknown_unestimated"]), int(row["unknown_usd"]))
+
+
+def usage_text(usage: dict[str, Any]) -> str:
+    """Calls, tokens and USD as ``rlm show`` and the page say them (a run_finished ``usage`` or ``budget``): usage
+    no provider reported reads "unknown", as in ``rlm usage``, never 0."""
+    calls = int(usage.get("calls") or 0)
+    tokens = _with_unknown(f"{usage.get('tokens') or 0:,} tokens", "tokens unknown",
+                           int(usage.get("unknown_tokens") or 0), calls)
+    usd = _with_unknown(f"${usage.get('usd') or 0:.4f}", "USD unknown", int(usage.get("unknown_usd") or 0), calls)
+    return f"{calls} calls, {tokens}, {usd}"
+
+
+def _with_unknown(known: str, unknown: str, unknown_calls: int, calls: int) -> str:
+    if not unknown_calls:
+        return known
+    if unknown_calls >= calls:
+        return unknown
+    return f"{known} (+{unknown_calls} call{'s' if unknown_calls != 1 else ''} unknown)"
 
 
 def _refusal(limits: BudgetLimits, t: _Totals, estimate: int, keep_calls: int, keep_tokens: int,

@@ -20,10 +20,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from rlmfamily.budget import BudgetLedger
+from rlmfamily.budget import BudgetLedger, usage_text
 from rlmfamily.context import Context
 from rlmfamily.errors import RLMError, SettingsInvalid
-from rlmfamily.family import procs
 from rlmfamily.family.progress import RunningChildren
 from rlmfamily.gates.verdict import outcome_text, verdict_text
 from rlmfamily.memo import memo_usage
@@ -32,7 +31,7 @@ from rlmfamily.providers.base import PriceTable, Provider
 from rlmfamily.providers.scripted import ScriptedProvider
 from rlmfamily.session import RunResult, Session
 from rlmfamily.settings import RLMSettings, load_settings
-from rlmfamily.resumption import describe_resume, endpoint_switch
+from rlmfamily.resumption import describe_resume, endpoint_switch, unfinished_text
 from rlmfamily.trajectory import find_run, read_trajectory
 
 EXIT_OK, EXIT_NO_ANSWER, EXIT_USAGE, EXIT_NOT_ACCEPTED = 0, 1, 2, 3
@@ -369,7 +368,8 @@ def _print_result(result: RunResult, out: Console, err: Console, *, as_json: boo
         f"{b.calls} calls, {b.tokens:,} tokens"
         + (f" (+{b.unknown_tokens} calls with unknown usage, counted at {b.unknown_tokens_estimate:,} estimated"
            " tokens; `rlm usage` lists them)" if b.unknown_tokens else "")
-        + f", ${b.usd:.4f}; trajectory: rlm show {result.run_id}",
+        + f", ${b.usd:.4f}" + (f" (+{b.unknown_usd} calls of unknown cost)" if b.unknown_usd else "")
+        + f"; trajectory: rlm show {result.run_id}",
         markup=False, highlight=False,
     )
     if result.error:
@@ -417,23 +417,13 @@ def _show(args: argparse.Namespace, out: Console, err: Console) -> int:
     for event in events:
         _show_event(event, out)
     if not any(e["event"] == "run_finished" for e in events):
-        _show_unfinished(events, out)
+        _show_unfinished(events, path.parent.name, out)
     return EXIT_OK
 
 
-def _show_unfinished(events: list[dict[str, Any]], out: Console) -> None:
+def _show_unfinished(events: list[dict[str, Any]], run_id: str, out: Console) -> None:
     """A trajectory without run_finished: the run is still going, or its process ended without finishing."""
-    # The process that owns the run: the one that started it, or the last that resumed it.
-    started = next((e for e in reversed(events) if e["event"] in ("run_started", "run_resumed")), {})
-    turns = max((e.get("turn", 0) for e in events if e["event"] == "turn"), default=0)
-    pid = started.get("pid")
-    if pid and procs.alive(pid, started.get("pid_start")):
-        why = f"still running (pid {pid})"
-    elif pid:
-        why = f"its process (pid {pid}) ended without finishing the run: killed or crashed"
-    else:
-        why = "still running, or its process was killed or crashed"
-    out.print(f"\n── did not finish after {turns} turns: {why}", style="bold red", markup=False, highlight=False)
+    out.print(f"\n── {unfinished_text(events, run_id)}", style="bold red", markup=False, highlight=False)
 
 
 def _show_event(e: dict[str, Any], out: Console) -> None:
@@ -468,7 +458,7 @@ def _show_event(e: dict[str, Any], out: Console) -> None:
     elif kind == "subcall":
         status = "ok" if e.get("ok") else f"error {e.get('error_code')}"
         tokens = (e.get("usage") or {}).get("total_tokens")
-        cost = "cached, 0 tokens" if e.get("cached") else f"{tokens if tokens is not None else '?'} tokens"
+        cost = "cached, 0 tokens" if e.get("cached") else (f"{tokens} tokens" if tokens is not None else "usage unknown")
         p(f"  · sub-call {e.get('seq')} [{status}, {cost}]: "
           f"{_one_line(e.get('prompt', ''), 70)} → {_one_line(e.get('response', ''), 90)}", "magenta")
     elif kind == "run_resumed":
@@ -497,10 +487,10 @@ def _show_event(e: dict[str, Any], out: Console) -> None:
     elif kind == "run_finished":
         budget = e.get("budget", {})
         own = e.get("usage") or budget  # a trajectory from before "usage" has the allowance's totals only
-        family = f"; family total {_totals(budget)}" if own.get("calls") != budget.get("calls") else ""
+        family = f"; family total {usage_text(budget)}" if own.get("calls") != budget.get("calls") else ""
         cached = f" ({e['subcalls_cached']} cached)" if e.get("subcalls_cached") else ""
         p(f"\n── {e.get('stop_reason')} after {e.get('turns')} turns, {e.get('subcalls')} sub-calls{cached}, "
-          f"{_totals(own)}{family}", "bold")
+          f"{usage_text(own)}{family}", "bold")
         if e.get("verdict"):
             for line in verdict_lines(e["verdict"], e):
                 p(line, "bold green" if e["verdict"] == "accepted" else "bold red")
@@ -515,10 +505,6 @@ def _show_event(e: dict[str, Any], out: Console) -> None:
         for delegation in e.get("delegations") or []:
             p(evidence_line(delegation), "yellow")
         p(e.get("answer") if e.get("answer") is not None else "(no answer)")
-
-
-def _totals(usage: dict[str, Any]) -> str:
-    return f"{usage.get('calls')} calls, {usage.get('tokens', 0):,} tokens, ${usage.get('usd', 0):.4f}"
 
 
 def _one_line(text: str, width: int) -> str:

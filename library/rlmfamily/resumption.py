@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from rlmfamily.family import procs
 from rlmfamily.journal import Restore
 from rlmfamily.protocol import Protocol
 from rlmfamily.providers.base import Completion, ToolCall
@@ -44,6 +45,26 @@ class ResumePoint:
     final: FinalState | None = None
     record: dict[str, Any] = field(default_factory=dict)  # what the run_resumed event says
     gate_runs: tuple[dict[str, Any], ...] = ()  # completion-gate runs recorded (``gate`` events): numbered on after
+    turns_before: int = 0  # turns of the run's earlier questions (a follow-up's max_turns counts from here)
+
+
+def unfinished_text(events: list[dict[str, Any]], run_id: str) -> str:
+    """Why a trajectory has no ``run_finished`` (``rlm show``, the page): still running, or its process ended
+    without finishing it; then the command that continues it (a child's is its root's resume)."""
+    # The process that owns the run: the one that started it, or the last that resumed it.
+    owner = next((e for e in reversed(events) if e.get("event") in ("run_started", "run_resumed")), {})
+    turns = max((e.get("turn", 0) for e in events if e.get("event") == "turn"), default=0)
+    pid = owner.get("pid")
+    root_id = run_id.split(".")[0]  # a child's id is its root's with .cN (and .fN) after it
+    resume = (f"; continue it with `rlm resume {run_id}`" if root_id == run_id
+              else f"; a child is continued with its root: `rlm resume {root_id}`")
+    if pid and procs.alive(pid, owner.get("pid_start")):
+        why = f"still running (pid {pid})"
+    elif pid:
+        why = f"its process (pid {pid}) ended without finishing the run: killed or crashed{resume}"
+    else:
+        why = f"still running, or its process was killed or crashed{resume}"
+    return f"did not finish after {turns} turns: {why}"
 
 
 def endpoint_switch(event: dict[str, Any]) -> str:

@@ -264,7 +264,7 @@ class _Run:
     extensions: list[Extension] = field(default_factory=list)
     protocol: Protocol = TOOLS  # how code and observations travel (RLM_PROTOCOL, rlmfamily/protocol.py)
     model_tools: dict[str, Any] = field(default_factory=dict)  # tools beside python, by name (extensions')
-    chars_shown: int = 0  # characters of observations given to the model
+    chars_shown: int = 0  # characters of those outputs given to the model (kept_chars: no headers or markers)
     chars_produced: int = 0  # characters those steps and tool calls produced (the history keeps them all)
     resumed: ResumePoint | None = None  # a resumed run: where its records left it
     gates: GateKeeper | None = None  # a root run's completion gates (RLM_GATES), None without
@@ -587,7 +587,7 @@ class _Run:
             observation=observation, observation_chars=len(observation), full_chars=len(full), history_id=hid,
             **({"answer": self.answer.value} if answered else {}),
         )
-        self.chars_shown += len(observation)
+        self.chars_shown += self.kept_chars(full) if full else 0
         self.chars_produced += len(full)
         self.emit({"event": "step_finished", "turn": self.turn, "ok": result.ok})
         return observation
@@ -600,6 +600,19 @@ class _Run:
         return bounded(full, settings.max_observation_chars, settings.observation_tail_chars, history_id,
                        settings.max_history_read_chars)
 
+    def kept_chars(self, full: str, *, receipt: str | None = None) -> int:
+        """How many of an output's characters ``shown`` gives the model: all, its head and tail, or its preview.
+        Step headers, hints and markers are not output, so the count never exceeds the characters produced."""
+        settings = self.settings
+        if settings.observation_strategy == "receipts":
+            kept = len(receipt) if receipt is not None else settings.receipt_preview_chars
+        elif len(full) <= settings.max_observation_chars:
+            kept = len(full)
+        else:  # bounded()'s head and tail
+            kept = max(0, settings.max_observation_chars - settings.observation_tail_chars - MARKER_ROOM_CHARS)
+            kept += settings.observation_tail_chars
+        return min(len(full), kept)
+
     def tool_step(self, call: ToolCall, tool: Any) -> str:
         """A call of a model tool beside python (the bash tool): its output recorded, the model shown a bounded part."""
         self.emit({"event": "step_started", "turn": self.turn})
@@ -610,7 +623,7 @@ class _Run:
         self.trajectory.write("tool_step", turn=self.turn, call_id=call.id, name=call.name, ok=result.ok,
                               observation=observation, observation_chars=len(observation),
                               full_chars=len(result.full), history_id=hid, **result.record)
-        self.chars_shown += len(observation)
+        self.chars_shown += self.kept_chars(result.full, receipt=result.receipt)
         self.chars_produced += len(result.full)
         self.emit({"event": "step_finished", "turn": self.turn, "ok": result.ok})
         return observation

@@ -31,12 +31,12 @@ from typing import Any
 from rich.console import Console
 
 from rlmfamily.a2a.charge import credits_text
+from rlmfamily.budget import usage_text
 from rlmfamily.errors import RLMError, TrajectoryInvalid
-from rlmfamily.family import procs
 from rlmfamily.gates.spec import VERDICTS
 from rlmfamily.gates.verdict import outcome_text, verdict_text
 from rlmfamily.prompts import NO_OUTPUT, NO_OUTPUT_HINT
-from rlmfamily.resumption import describe_resume
+from rlmfamily.resumption import describe_resume, unfinished_text
 from rlmfamily.trajectory import FILENAME, read_trajectory
 
 # Runs embedded in one page. A family has at most max_children agents, plus their follow-ups; past this
@@ -269,13 +269,13 @@ class _Page:
     def _outcome(self, view: RunView) -> str:
         done = view.finished
         if not done:
-            return f'<div class="outcome unfinished">{self.text(_unfinished(view))}</div>'
+            return f'<div class="outcome unfinished">{self.text(unfinished_text(view.events, view.run_id))}</div>'
         own = done.get("usage") or done.get("budget") or {}
         family = done.get("budget") or {}
         line = (f"{done.get('stop_reason')} after {done.get('turns')} turns, {done.get('subcalls')} sub-calls, "
-                f"{_totals(own)}")
+                f"{usage_text(own)}")
         if family and own.get("calls") != family.get("calls"):
-            line += f"; family total {_totals(family)}"
+            line += f"; family total {usage_text(family)}"
         answer = done.get("answer")
         parts = [f'<div class="outcome"><p class="stop">{self.text(line)}</p>']
         verdict = done.get("verdict")
@@ -448,7 +448,7 @@ class _Page:
         if not budget:
             return ""
         limits = _limits(budget.get("limits")) or "no limits"
-        return f'<p class="totals">family allowance: {self.text(_totals(budget))}; limits {self.text(limits)}</p>'
+        return f'<p class="totals">family allowance: {self.text(usage_text(budget))}; limits {self.text(limits)}</p>'
 
     def chart(self, views: list[RunView]) -> str:
         return _Chart(views, self.text).svg()
@@ -552,21 +552,6 @@ def _state(view: RunView) -> str:
     return "no trajectory" if view.missing else "did not finish"
 
 
-def _unfinished(view: RunView) -> str:
-    started = view.first("run_started")
-    turns = max((e.get("turn", 0) for e in view.events if e.get("event") == "turn"), default=0)
-    pid = started.get("pid")
-    if pid and procs.alive(pid, started.get("pid_start")):
-        why = f"still running (pid {pid})"
-    elif pid:
-        why = f"its process (pid {pid}) ended without finishing the run: killed or crashed"
-    else:
-        why = "still running, or its process was killed or crashed"
-    return f"did not finish after {turns} turns: {why}"
-
-
-def _totals(usage: dict[str, Any]) -> str:
-    return f"{usage.get('calls')} calls, {usage.get('tokens') or 0:,} tokens, ${usage.get('usd') or 0:.4f}"
 
 
 def _limits(limits: Any) -> str | None:

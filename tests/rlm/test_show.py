@@ -6,6 +6,7 @@ command is the installed console script, run as a user runs it.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import signal
@@ -84,7 +85,11 @@ def test_a_killed_run_is_shown_as_not_finished(tmp_path: Path) -> None:
     assert show.returncode == 0, show.stderr
     assert "looking" in show.stdout
     [marker] = [line for line in show.stdout.splitlines() if "did not finish" in line]
-    assert marker.endswith(f"its process (pid {proc.pid}) ended without finishing the run: killed or crashed")
+    [run_id] = [p.parent.name for p in (data / "runs").glob(f"*/{FILENAME}")]
+    resume = f"continue it with `rlm resume {run_id}`"
+    assert marker.endswith(f"its process (pid {proc.pid}) ended without finishing the run: killed or crashed; {resume}")
+    page = rlm("show", "--html", "last", "-o", "-", data_dir=data)  # the page says the same, with the command
+    assert page.returncode == 0 and "continue it with `rlm resume " + run_id in html.unescape(page.stdout)
 
 
 class _SecondAnswersFirst:
