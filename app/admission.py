@@ -70,7 +70,7 @@ from app.errors import (
 from app.identity import Identity
 from app.push import PushRequest, cap_refusal, check_config, check_reachable, require_key
 from core import telemetry
-from core.db import compact_sql
+from core.fragments import compose
 from core.settings import Settings
 from core.specs import LoadedSpec, media_type_matches
 from taskstate import admitted, idempotency, outbox, push, rows
@@ -336,23 +336,24 @@ class AdmissionService:
         return admitted
 
     async def _admit_at_once(self, send: _Send) -> Admitted | None:
-        """A new task in one autocommit statement; None when the case needs the transaction (``_ADMIT_AT_ONCE``)."""
-        task, params = _new_task(send)
-        params["fingerprint_hex"] = send.checked.fingerprint.hex()
-        tariff = send.loaded.spec.tariff_credits
-        if tariff > 0:
-            assert send.identity.customer_id is not None  # anonymous callers only reach tariff-0 specialists
+        """A new task in one autocommit statement (``_ADMIT`` at once); None when its ``fallback`` named a reason,
+        which the send's transaction answers."""
+        task, params = _new_task(send, at_once=True)
+        reserved_credits = params["reserved_credits"]
+        if reserved_credits > 0:
+            assert send.identity.customer_id is not None  # anonymous callers only reach free specialists
             # The ledger's own checks of what it is handed, before anything is sent (ledger.statements).
             ledger_port.check_reserve(customer_id=send.identity.customer_id, task_id=task.id,
                                       fingerprint_hex=params["fingerprint_hex"], specialist_id=send.specialist_id,
-                                      credits=tariff)
+                                      credits=reserved_credits)
         try:
             async with self.autocommit.connect() as conn:
-                await conn.execute(_ADMIT_AT_ONCE, params)
+                row = (await conn.execute(_ADMIT.clause, _checked(params))).one()
         except DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) == FALLBACK_SQLSTATE:
                 return None
             raise
+        assert row.fallback is None, row.fallback  # a reason raised SPADM: the statement stood only without one
         return Admitted(task=task, version=1, replay=False)
 
     async def cancel(self, task_id: str, owner: str) -> Task:
@@ -437,68 +438,66 @@ _FIRST_SEND = text(
     "SELECT fingerprint, specialist_id, task_id FROM edge_messages WHERE customer_key = :c AND message_id = :m"
 )
 _CONTEXT_HOLDER = text("SELECT customer_key FROM edge_contexts WHERE context_id = :x")
-# A new task in one statement: the key's claim (with a key), then the messageId's (under the message_id policy),
-# and only if both are new, the context binding, the task (SDK rows), the edge's row and the outbox row. The
-# final SELECT sees the snapshot from before the statement: the context's earlier holder, and the key's first
-# use, if any.
+# A new task in ONE statement, the only way a new task is written: the key's claim (with a key), then the
+# messageId's (under the message_id policy), and only if both are new, the context binding, the task (SDK rows),
+# the edge's row and the outbox row; at once, the reservation too. ``fallback`` says, in one place, why the new task
+# cannot stand as written: a resend, the context (another customer's, or claimed by a transaction this
+# statement's snapshot does not see), the reservation refused. Run ``at_once`` (the common case: autocommit, one
+# round trip and one commit), a reason calls edge_admission_fallback (migration 0170), whose SQLSTATE SPADM turns
+# the whole statement back; then the same statement runs in the send's transaction, which answers the reason
+# (``_create``) and reserves through the ledger (its refusal, as the customer's error). The final SELECT sees
+# the snapshot from before the statement: the context's earlier holder, if any.
+FALLBACK_SQLSTATE = "SPADM"
 _KEY_GIVEN = "CAST(:idempotency_key AS text) IS NOT NULL"
-_NEW_TASK_CTES = f"""
-    {idempotency.claim_cte("key_claim", when=_KEY_GIVEN)},
+_NEW = "(SELECT new FROM admit)"
+RESEND, CONTEXT, RESERVATION = "a resend", "the context", "the reservation"
+_ADMIT = compose(
+    "admission.admit",
+    f"""
+    WITH {{key_claim}},
     claim AS (
         INSERT INTO edge_messages (customer_key, message_id, fingerprint, specialist_id, task_id)
         SELECT CAST(:customer_key AS text), CAST(:message_id AS text), CAST(:fingerprint AS bytea),
                CAST(:specialist_id AS text), CAST(:task_id AS varchar)
-         WHERE CAST(:by_message_id AS boolean) AND (NOT {_KEY_GIVEN} OR EXISTS (SELECT 1 FROM key_claim))
+         WHERE :by_message_id AND (NOT {_KEY_GIVEN} OR EXISTS (SELECT FROM key_claim))
         ON CONFLICT (customer_key, message_id) DO NOTHING RETURNING 1
     ),
     admit AS (
-        SELECT (NOT {_KEY_GIVEN} OR EXISTS (SELECT 1 FROM key_claim))
-               AND (NOT CAST(:by_message_id AS boolean) OR EXISTS (SELECT 1 FROM claim)) AS new
+        SELECT (NOT {_KEY_GIVEN} OR EXISTS (SELECT FROM key_claim))
+               AND (NOT :by_message_id OR EXISTS (SELECT FROM claim)) AS new
     ),
-    context_claim AS (
+    bound AS (
         INSERT INTO edge_contexts (context_id, customer_key)
-        SELECT CAST(:context_id AS varchar), CAST(:customer_key AS text) WHERE (SELECT new FROM admit)
+        SELECT CAST(:context_id AS varchar), CAST(:customer_key AS text) WHERE {_NEW}
         ON CONFLICT (context_id) DO NOTHING RETURNING 1
     ),
-    {rows.new_task_ctes(when="(SELECT new FROM admit)")},
-    {admitted.new_row_cte("edge_row", when="(SELECT new FROM admit)")},
-    {outbox.new_row_cte("outbox_row", when="(SELECT new FROM admit)")}"""
-_ADMIT_NEW = text(compact_sql(
-    f"""
-    WITH {_NEW_TASK_CTES}
-    SELECT (SELECT new FROM admit) AS new,
-           EXISTS (SELECT 1 FROM key_claim) AS key_claimed,
-           EXISTS (SELECT 1 FROM context_claim) AS context_claimed,
-           (SELECT customer_key FROM edge_contexts WHERE context_id = :context_id) AS context_holder,
-           key_holder.fingerprint AS key_fingerprint, key_holder.task_id AS key_task_id
-      FROM (SELECT 1) AS one LEFT JOIN {idempotency.holder_relation()} AS key_holder ON true
-    """
-))
-# The same new task and its reservation as ONE autocommit statement: one round trip, one commit. Only a clean
-# new task stands: anything else (a resend, a context that is not the caller's or was claimed a moment ago, a
-# reservation the ledger refuses) calls edge_admission_fallback (migration 0170), which raises SQLSTATE SPADM and
-# so turns the whole statement back; then ``_admit`` runs as one transaction and answers the case.
-FALLBACK_SQLSTATE = "SPADM"
-_ADMIT_AT_ONCE = text(compact_sql(
-    f"""
-    WITH {_NEW_TASK_CTES},
+    {{new_task}}, {{edge_row}}, {{outbox_row}},
     reserve AS (
         SELECT r.outcome
           FROM ledger_reserve(CAST(:customer_id AS text), CAST(:task_id AS text), CAST(:fingerprint_hex AS text),
-                              CAST(:specialist_id AS text), CAST(:tariff AS bigint), NULL) AS r
-         WHERE (SELECT new FROM admit) AND CAST(:tariff AS bigint) > 0
+                              CAST(:specialist_id AS text), CAST(:reserved_credits AS bigint), NULL) r
+         WHERE {_NEW} AND CAST(:reserved_credits AS bigint) > 0 AND :at_once
+    ),
+    holder AS (SELECT customer_key FROM edge_contexts WHERE context_id = :context_id),
+    verdict AS (
+        SELECT CASE
+            WHEN NOT {_NEW} THEN '{RESEND}'
+            WHEN NOT EXISTS (SELECT FROM bound)
+                 AND (SELECT customer_key FROM holder) IS DISTINCT FROM :customer_key THEN '{CONTEXT}'
+            WHEN EXISTS (SELECT FROM reserve WHERE outcome <> 'created') THEN '{RESERVATION}'
+        END AS fallback
     )
-    SELECT CASE
-        WHEN NOT (SELECT new FROM admit) THEN edge_admission_fallback('a resend')
-        WHEN NOT EXISTS (SELECT 1 FROM context_claim)
-             AND (SELECT customer_key FROM edge_contexts WHERE context_id = :context_id)
-                 IS DISTINCT FROM CAST(:customer_key AS text) THEN edge_admission_fallback('the context')
-        WHEN CAST(:tariff AS bigint) > 0 AND (SELECT outcome FROM reserve) IS DISTINCT FROM 'created'
-             THEN edge_admission_fallback('the reservation')
-        ELSE true
-    END AS admitted
-    """
-))
+    SELECT v.fallback, CASE WHEN :at_once AND v.fallback IS NOT NULL THEN edge_admission_fallback(v.fallback) END,
+           EXISTS (SELECT FROM key_claim) AS key_claimed, (SELECT customer_key FROM holder) AS context_holder
+      FROM verdict v
+    """,
+    own=("message_id", "by_message_id", "fingerprint_hex", "at_once"),
+    compact=True,
+    key_claim=idempotency.CLAIM.cte("key_claim", when=_KEY_GIVEN),
+    new_task=rows.NEW_TASK.cte("new_task", when=_NEW),
+    edge_row=admitted.NEW_ROW.cte("edge_row", when=_NEW),
+    outbox_row=outbox.NEW_ROW.cte("outbox_row", when=_NEW),
+)
 
 
 def _admit(conn: Connection, send: _Send) -> Admitted:
@@ -508,7 +507,7 @@ def _admit(conn: Connection, send: _Send) -> Admitted:
     if send.checked.idempotency_key is not None:
         if not idempotency.claim(conn, **send.key_scope(), fingerprint=send.checked.fingerprint,
                                  task_id=message.task_id, retention_s=send.key_retention_s):
-            return _replay_key(conn, send, None)
+            return _replay_key(conn, send)
     if send.by_message_id:
         claimed = conn.execute(
             _CLAIM_MESSAGE,
@@ -525,15 +524,15 @@ def _admit(conn: Connection, send: _Send) -> Admitted:
     return _continue(conn, send.loaded, send.owner, message, send)
 
 
-def _replay_key(conn: Connection, send: _Send, first: idempotency.FirstUse | None) -> Admitted:
-    """A send whose Idempotency-Key has a live first use (``first``, or read now): replay it, or refuse."""
+def _replay_key(conn: Connection, send: _Send) -> Admitted:
+    """A send whose Idempotency-Key has a live first use (read now: it may have committed while this send waited
+    on it): replay it, or refuse."""
     key = send.checked.idempotency_key
-    if first is None:  # the first use committed while this send waited on it
-        first = idempotency.first_use(conn, **send.key_scope())
-        if first is None:  # it was rolled back, or expired, at that very moment: the caller may send again
-            raise IdempotencyKeyConflict(
-                f"Idempotency-Key {key!r} was being used by another request at the same moment; send again"
-            )
+    first = idempotency.first_use(conn, **send.key_scope())
+    if first is None:  # it was rolled back, or expired, at that very moment: the caller may send again
+        raise IdempotencyKeyConflict(
+            f"Idempotency-Key {key!r} was being used by another request at the same moment; send again"
+        )
     if send.identity.anonymous:
         # Anonymous callers share one namespace: a replay could reveal another caller's task.
         raise IdempotencyKeyConflict(
@@ -580,7 +579,12 @@ def _replayed(conn: Connection, send: _Send, task_id: str) -> Admitted:
     return Admitted(task=task, version=version, replay=True, reply=reply)
 
 
-def _new_task(send: _Send) -> tuple[Task, dict[str, Any]]:
+def _checked(params: dict[str, Any]) -> dict[str, Any]:
+    _ADMIT.check(params)
+    return params
+
+
+def _new_task(send: _Send, *, at_once: bool) -> tuple[Task, dict[str, Any]]:
     """A new task for the send (SUBMITTED, the message its history) and the parameters of its statement."""
     spec, identity, message, checked = send.loaded.spec, send.identity, send.message, send.checked
     task_id = str(uuid.uuid4())
@@ -604,7 +608,10 @@ def _new_task(send: _Send) -> tuple[Task, dict[str, Any]]:
         "key_id": identity.key_id,
         "specialist_id": spec.id,
         "skill_id": spec.skill.id,
-        "tariff": spec.tariff_credits,
+        # From here on the spec's tariff is the task's reserved credits (docs/ARCHITECTURE.md, "Glossary").
+        "reserved_credits": spec.tariff_credits,
+        "fingerprint_hex": checked.fingerprint.hex(),
+        "at_once": at_once,
         "executor": spec.executor,
         "message": stored.SerializeToString(),
         "trace_parent": telemetry.traceparent(),  # the job continues this request's trace (None: telemetry off)
@@ -613,21 +620,20 @@ def _new_task(send: _Send) -> tuple[Task, dict[str, Any]]:
 
 
 def _create(conn: Connection, send: _Send) -> Admitted:
-    spec, identity, checked = send.loaded.spec, send.identity, send.checked
-    task, params = _new_task(send)
+    """A new task in the send's transaction: ``_ADMIT``, then the reason its ``fallback`` names answered, then
+    the reservation."""
+    identity, checked = send.identity, send.checked
+    task, params = _new_task(send, at_once=False)
     task_id, context_id = task.id, task.context_id
     send.store_push(conn, task_id)
-    row = conn.execute(_ADMIT_NEW, params).one()
-    if not row.new:
+    row = _ADMIT.execute(conn, params).one()
+    if row.fallback == RESEND:
         if send.checked.push is not None:  # a resend: its task already exists, the would-be task never will
             push.delete_task_configs(conn, task_id, send.owner)
         if checked.idempotency_key is not None and not row.key_claimed:
-            first = None
-            if row.key_task_id is not None:
-                first = idempotency.FirstUse(bytes(row.key_fingerprint), row.key_task_id)
-            return _replay_key(conn, send, first)
+            return _replay_key(conn, send)
         return _replay_message_id(conn, send, key_claimed=row.key_claimed)
-    if not row.context_claimed:
+    if row.fallback == CONTEXT:
         holder = row.context_holder
         if holder is None:  # claimed by a transaction that committed after this statement's snapshot
             holder = conn.execute(_CONTEXT_HOLDER, {"x": context_id}).scalar_one()
@@ -635,17 +641,19 @@ def _create(conn: Connection, send: _Send) -> Admitted:
             raise ContextUnavailable(
                 "this contextId cannot be used with your key; omit contextId to start a new conversation"
             )
-    if spec.tariff_credits > 0:
+    assert row.fallback in (None, CONTEXT), row.fallback  # the reservation is the transaction's, below
+    reserved_credits = params["reserved_credits"]
+    if reserved_credits > 0:
         # After the rows, in the same transaction: a refusal rolls all of them back.
-        assert identity.customer_id is not None  # anonymous callers only reach tariff-0 specialists
+        assert identity.customer_id is not None  # anonymous callers only reach free specialists
         # The reservation's job id is the task id (taskstate.admitted records it so).
         ledger_port.reserve(
             conn,
             customer_id=identity.customer_id,
             task_id=task_id,
-            fingerprint_hex=checked.fingerprint.hex(),
-            specialist_id=spec.id,
-            credits=spec.tariff_credits,
+            fingerprint_hex=params["fingerprint_hex"],
+            specialist_id=send.specialist_id,
+            credits=reserved_credits,
         )
     return Admitted(task=task, version=1, replay=False)
 

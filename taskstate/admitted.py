@@ -1,7 +1,7 @@
 """The owner of ``edge_tasks``: the edge's record of an admitted task, and what it reserved.
 
-One row per task, written by admission (``new_row_cte``, in admission's one
-statement): who sent it (customer and key), to which specialist and skill, the
+One row per task, written by admission (in admission's one
+statement, ``NEW_ROW``): who sent it (customer and key), to which specialist and skill, the
 owner scope of its rows, and the credits reserved for it with the reservation's
 id (the task id; NULL for a free specialist). One column changes later:
 ``reply_kind`` becomes ``message`` when the task's answer is a direct Message
@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, text
 
+from core.fragments import Fragment
+
 
 @dataclass(frozen=True)
 class Hold:
@@ -27,33 +29,34 @@ class Hold:
     reserved_credits: int
 
 
-def new_row_cte(name: str, *, when: str) -> str:
-    """The task's row as a common table expression ``name``, written only ``when`` the condition holds.
-    Parameters: task_id, customer_id, key_id, specialist_id, skill_id, owner, tariff (the credits reserved)."""
-    return f"""
-    {name} AS (
-        INSERT INTO edge_tasks (task_id, customer_id, key_id, specialist_id, skill_id, owner, tariff_credits,
-                                reservation_id)
-        SELECT CAST(:task_id AS varchar), CAST(:customer_id AS text), CAST(:key_id AS text),
-               CAST(:specialist_id AS text), CAST(:skill_id AS text), CAST(:owner AS varchar),
-               CAST(:tariff AS bigint), CASE WHEN CAST(:tariff AS bigint) > 0 THEN CAST(:task_id AS text) END
-        WHERE {when}
-    )"""
+# The task's row, written only ``{when}`` the condition holds (admission's one statement).
+NEW_ROW = Fragment.of("taskstate.admitted", """
+    INSERT INTO edge_tasks (task_id, customer_id, key_id, specialist_id, skill_id, owner, tariff_credits,
+                            reservation_id)
+    SELECT CAST(:task_id AS varchar), CAST(:customer_id AS text), CAST(:key_id AS text),
+           CAST(:specialist_id AS text), CAST(:skill_id AS text), CAST(:owner AS varchar),
+           CAST(:reserved_credits AS bigint),
+           CASE WHEN CAST(:reserved_credits AS bigint) > 0 THEN CAST(:task_id AS text) END
+    WHERE {when}""", ("task_id", "customer_id", "key_id", "specialist_id", "skill_id", "owner", "reserved_credits"))
 
-
-def hold_cte(name: str) -> str:
-    """``hold_of`` as a common table expression ``name`` (reservation_id, tariff_credits) of the task ``:t``, for
-    a statement that does more in the same round trip (the finish closes the job's outbox row with it)."""
-    return f"{name} AS (SELECT reservation_id, tariff_credits FROM edge_tasks WHERE task_id = :t)"
-
-
-_HOLD = text("SELECT reservation_id, tariff_credits FROM edge_tasks WHERE task_id = :t")
+# ``hold_of`` (reservation_id, reserved_credits) of the task ``:task_id``, for a statement that does more in the
+# same round trip (the finish closes the job's outbox row with it).
+HOLD = Fragment.of(
+    "taskstate.admitted",
+    "SELECT reservation_id, tariff_credits AS reserved_credits FROM edge_tasks WHERE task_id = :task_id",
+    ("task_id",),
+)
+_HOLD = HOLD.standalone("admitted.hold_of")
 
 
 def hold_of(conn: Connection, task_id: str) -> Hold | None:
     """What the task reserved; None when it is not an admitted task (a test's raw job)."""
-    row = conn.execute(_HOLD, {"t": task_id}).one_or_none()
-    return None if row is None else Hold(row.reservation_id, int(row.tariff_credits))
+    row = _HOLD.execute(conn, {"task_id": task_id}).one_or_none()
+    if row is None:
+        return None
+    hold = Hold(row.reservation_id, int(row.reserved_credits))
+    assert (hold.reservation_id is None) == (hold.reserved_credits == 0), hold  # NEW_ROW: held iff credits > 0
+    return hold
 
 
 def free_tasks_relation() -> str:

@@ -40,6 +40,7 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Engine, text
 
 from core.errors import ServiceError
+from core.fragments import Fragment
 from taskstate import outbox
 from taskstate.ids import TaskRef
 from taskstate.pages import Page, page_of
@@ -200,17 +201,17 @@ def renew(
     return RenewResult(row["outcome"], row["lease_expires_at"], bool(row["cancel_requested"]))
 
 
-_FINISH_CALL = ("job_finish(:finish_job_id, :finish_token, :finish_outcome, CAST(:finish_detail AS jsonb), "
+_FINISH_CALL = ("job_finish(:job_id, :finish_token, :finish_outcome, CAST(:finish_detail AS jsonb), "
                 ":finish_worker_id, CAST(:finish_now AS timestamptz))")
 
 
 def finish_params(job_id: str, *, fencing_token: int, outcome: str, detail: dict[str, Any] | None, worker_id: str,
                   now: datetime | None = None) -> dict[str, Any]:
-    """The parameters of ``finish`` and ``finish_cte``, checked."""
+    """The parameters of ``finish`` and ``FINISH``, checked."""
     if outcome not in JOB_OUTCOMES:
         raise ClaimError(f"job outcome {outcome!r} is not one of {JOB_OUTCOMES}", code="outcome_invalid")
     return {
-        "finish_job_id": job_id,
+        "job_id": job_id,
         "finish_token": fencing_token,
         "finish_outcome": outcome,
         "finish_detail": None if detail is None else json.dumps(detail, sort_keys=True),
@@ -219,15 +220,17 @@ def finish_params(job_id: str, *, fencing_token: int, outcome: str, detail: dict
     }
 
 
-def finish_cte(name: str) -> str:
-    """``finish`` as a common table expression ``name`` (outcome, state), for a statement that settles the job in
-    the same round trip (``workers.settlement``): what it writes must depend on ``name`` (``finished_in``), so
-    that the claim row is locked, and the finish decided, before anything else (the lock order: claim first)."""
-    return f"{name} AS MATERIALIZED (SELECT * FROM {_FINISH_CALL})"
+# ``finish`` as a common table expression (outcome, state), for a statement that settles the job in the same round
+# trip (``workers.settlement``): what it writes must depend on it (``finished_in``), so that the claim row is
+# locked, and the finish decided, before anything else (the lock order: claim first). Place it materialized.
+# Parameters: ``finish_params``.
+FINISH = Fragment.of("taskstate.claims", f"SELECT * FROM {_FINISH_CALL}",
+                     ("job_id", "finish_token", "finish_outcome", "finish_detail", "finish_worker_id", "finish_now"))
+_FINISH = FINISH.standalone("claims.finish")
 
 
 def finished_in(name: str) -> str:
-    """A condition true once the finish ``name`` (``finish_cte``) was accepted for the first time: PostgreSQL
+    """A condition true once the finish ``name`` (``FINISH``) was accepted for the first time: PostgreSQL
     evaluates it once, before the statement it guards touches a row."""
     return f"EXISTS (SELECT 1 FROM {name} WHERE outcome = 'finished')"
 
@@ -244,7 +247,7 @@ def finish(
 ) -> FinishResult:
     params = finish_params(job_id, fencing_token=fencing_token, outcome=outcome, detail=detail, worker_id=worker_id,
                            now=now)
-    row = conn.execute(text(f"SELECT * FROM {_FINISH_CALL}"), params).mappings().one()
+    row = _FINISH.execute(conn, params).mappings().one()
     return FinishResult(row["outcome"], row["state"])
 
 

@@ -5,10 +5,10 @@ fingerprint of the send that first used it (admission's ``fingerprint``): a
 resend with the same key and the same fingerprint replays that task, one with
 other content is refused. A row lives until ``expires_at`` (the edge's
 ``SPECIALISTS_IDEMPOTENCY_KEY_RETENTION_S`` after its first use). An expired row
-is as good as gone: the next send with its key takes it over (``claim_cte``),
+is as good as gone: the next send with its key takes it over (``CLAIM``),
 whether or not the dispatchers' prune (``prune_expired``) reached it yet.
 
-Admission writes the key in its one statement (``claim_cte``, ``holder_relation``);
+Admission writes the key in its one statement (the fragments ``CLAIM`` and ``HOLDER``, ``core.fragments``);
 the slower paths (a concurrent first use, a follow-up message, a resend that
 matched an earlier messageId) use the functions below.
 """
@@ -19,10 +19,14 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, text
 
+from core.fragments import Fragment
+
 # The CHECK constraint of migration 0120 on ``idempotency_key``: the edge's setting stops below it.
 SCHEMA_MAX_KEY_CHARS = 1024
 
-_CLAIM_SQL = """
+# The key's first use (a row when this send claimed the key), written only ``{when}`` the condition holds. A live
+# row of the same key is left alone: the send is a resend.
+CLAIM = Fragment.of("taskstate.idempotency", """
     INSERT INTO edge_idempotency_keys AS k (customer_key, specialist_id, idempotency_key, fingerprint, task_id,
                                             expires_at)
     SELECT CAST(:customer_key AS text), CAST(:specialist_id AS text), CAST(:idempotency_key AS text),
@@ -32,22 +36,17 @@ _CLAIM_SQL = """
        SET fingerprint = EXCLUDED.fingerprint, task_id = EXCLUDED.task_id, created_at = now(),
            expires_at = EXCLUDED.expires_at
      WHERE k.expires_at <= now()
-    RETURNING 1"""
+    RETURNING 1""", ("customer_key", "specialist_id", "idempotency_key", "fingerprint", "task_id", "key_retention_s"))
 
-
-def claim_cte(name: str, *, when: str) -> str:
-    """The key's first use as a common table expression ``name`` (a row when this send claimed the key), written
-    only ``when`` the condition holds. Parameters: customer_key, specialist_id, idempotency_key, fingerprint,
-    task_id, key_retention_s. A live row of the same key is left alone: the send is a resend."""
-    return f"{name} AS ({_CLAIM_SQL.format(when=when)}\n    )"
-
-
-def holder_relation() -> str:
-    """The live record of the key ``:idempotency_key`` as a sub-query (fingerprint, task_id), for the final SELECT
-    of admission's statement. It sees the statement's snapshot: a first use committed while this statement waited
-    on it is not there (``first_use`` reads it then)."""
-    return ("(SELECT fingerprint, task_id FROM edge_idempotency_keys WHERE customer_key = :customer_key "
-            "AND specialist_id = :specialist_id AND idempotency_key = :idempotency_key AND expires_at > now())")
+# The live record of the key (fingerprint, task_id), for the final SELECT of admission's statement. It sees the
+# statement's snapshot: a first use committed while this statement waited on it is not there (``first_use`` reads
+# it then).
+HOLDER = Fragment.of(
+    "taskstate.idempotency",
+    "SELECT fingerprint, task_id FROM edge_idempotency_keys WHERE customer_key = :customer_key "
+    "AND specialist_id = :specialist_id AND idempotency_key = :idempotency_key AND expires_at > now()",
+    ("customer_key", "specialist_id", "idempotency_key"),
+)
 
 
 @dataclass(frozen=True)
@@ -58,25 +57,25 @@ class FirstUse:
     task_id: str
 
 
-_FIRST_USE = text(f"SELECT fingerprint, task_id FROM {holder_relation()} h")
+_FIRST_USE = HOLDER.standalone("idempotency.first_use")
 
 
 def first_use(conn: Connection, *, customer_key: str, specialist_id: str, key: str) -> FirstUse | None:
     """The live record of ``key``; None when it expired (or never was)."""
-    row = conn.execute(
-        _FIRST_USE, {"customer_key": customer_key, "specialist_id": specialist_id, "idempotency_key": key}
+    row = _FIRST_USE.execute(
+        conn, {"customer_key": customer_key, "specialist_id": specialist_id, "idempotency_key": key}
     ).one_or_none()
     return None if row is None else FirstUse(bytes(row.fingerprint), row.task_id)
 
 
-_CLAIM = text(_CLAIM_SQL.format(when="true"))
+_CLAIM = CLAIM.standalone("idempotency.claim")
 
 
 def claim(conn: Connection, *, customer_key: str, specialist_id: str, key: str, fingerprint: bytes, task_id: str,
           retention_s: float) -> bool:
     """Record ``key`` as ``task_id``'s; False when a live record of it exists (the send is a resend)."""
-    return conn.execute(
-        _CLAIM,
+    return _CLAIM.execute(
+        conn,
         {"customer_key": customer_key, "specialist_id": specialist_id, "idempotency_key": key,
          "fingerprint": fingerprint, "task_id": task_id, "key_retention_s": retention_s},
     ).first() is not None

@@ -1,7 +1,7 @@
 """The owner of ``dispatch_outbox``: one row per message to dispatch, from admission to its job's end.
 
 Admission commits one row per message with the task and its reservation
-(``new_row_cte``; a follow-up's row: ``enqueue``). A row is due when it is
+(``NEW_ROW``, in admission's statement; a follow-up's row: ``enqueue``, the same fragment). A row is due when it is
 ``pending`` and its ``available_at`` has come. Dispatchers never hold a row across a failure:
 
 * the embedded dispatcher **takes** due rows in one statement (``FOR UPDATE SKIP
@@ -16,7 +16,7 @@ Admission commits one row per message with the task and its reservation
   that harmless).
 
 A failed attempt is rescheduled (``reschedule``); a job given up is marked
-``undeliverable``; the finish of a job closes its row (``close_cte``, in the
+``undeliverable``; the finish of a job closes its row (``CLOSE``, in the
 finish's statement), a cancel before any claim marks it ``canceled``
 (``cancel_rows``), a job found unknown closes it (``close_unknown``), an
 operator's reconcile closes it (``close``). Other owners
@@ -46,6 +46,7 @@ from typing import Any
 from sqlalchemy import Connection, text
 
 from core import telemetry
+from core.fragments import Fragment
 from taskstate import ids
 
 # The CHECK constraint of migration 0030 on ``last_error`` (tests/taskstate/test_schema_limits.py).
@@ -224,31 +225,23 @@ def trace_parent_of(conn: Connection, job_id: str) -> str | None:
 # --- written by admission, read by the job -----------------------------------------------
 
 
-def new_row_cte(name: str, *, when: str) -> str:
-    """A new task's first row as a common table expression ``name``, written only ``when`` the condition holds.
-    Parameters: task_id, specialist_id, executor, owner, context_id, message (the serialized Message),
-    trace_parent (admission's traceparent, or None)."""
-    return f"""
-    {name} AS (
-        INSERT INTO dispatch_outbox (task_id, specialist_id, executor, owner, context_id, message, trace_parent)
-        SELECT CAST(:task_id AS varchar), CAST(:specialist_id AS text), CAST(:executor AS text),
-               CAST(:owner AS varchar), CAST(:context_id AS varchar), CAST(:message AS bytea),
-               CAST(:trace_parent AS text)
-        WHERE {when}
-    )"""
-
-
-_ENQUEUE = text(
-    "INSERT INTO dispatch_outbox (task_id, specialist_id, executor, owner, context_id, message, trace_parent) "
-    "VALUES (:t, :s, :e, :o, :x, :m, :tp)"
-)
+# A message's row (a new task's first, or a follow-up's), written only ``{when}`` the condition holds. ``message``
+# is the serialized Message, ``trace_parent`` admission's traceparent (None: telemetry off).
+NEW_ROW = Fragment.of("taskstate.outbox", """
+    INSERT INTO dispatch_outbox (task_id, specialist_id, executor, owner, context_id, message, trace_parent)
+    SELECT CAST(:task_id AS varchar), CAST(:specialist_id AS text), CAST(:executor AS text),
+           CAST(:owner AS varchar), CAST(:context_id AS varchar), CAST(:message AS bytea),
+           CAST(:trace_parent AS text)
+    WHERE {when}""", ("task_id", "specialist_id", "executor", "owner", "context_id", "message", "trace_parent"))
+_ENQUEUE = NEW_ROW.standalone("outbox.enqueue")
 
 
 def enqueue(conn: Connection, *, task_id: str, specialist_id: str, executor: str, owner: str, context_id: str,
             message: bytes, trace_parent: str | None = None) -> None:
     """A follow-up message's row: a new job of the same task."""
-    conn.execute(_ENQUEUE, {"t": task_id, "s": specialist_id, "e": executor, "o": owner, "x": context_id,
-                            "m": message, "tp": trace_parent})
+    _ENQUEUE.execute(conn, {"task_id": task_id, "specialist_id": specialist_id, "executor": executor,
+                            "owner": owner, "context_id": context_id, "message": message,
+                            "trace_parent": trace_parent})
 
 
 def message_sql() -> str:
@@ -281,15 +274,13 @@ def message_of(conn: Connection, ref: ids.TaskRef) -> bytes | None:
 # --- closed by the finish, the cancel and the reconcile ----------------------------------
 
 
-def close_cte(name: str, *, when: str = "true") -> str:
-    """Close the job's row (``:d`` of task ``:t``) as done, as a common table expression ``name``, only ``when``
-    the condition holds: the finish puts it in its one statement, after the claim's finish."""
-    return f"""
-    {name} AS (
-        UPDATE dispatch_outbox SET status = 'done', finished_at = now()
-         WHERE dispatch_id = :d AND task_id = :t AND status IN ('pending', 'sent', 'undeliverable') AND {when}
-        RETURNING 1
-    )"""
+# Close the job's row (``:dispatch_id`` of task ``:task_id``) as done, only ``{when}`` the condition holds: the
+# finish puts it in its one statement, after the claim's finish.
+CLOSE = Fragment.of("taskstate.outbox", """
+    UPDATE dispatch_outbox SET status = 'done', finished_at = now()
+     WHERE dispatch_id = :dispatch_id AND task_id = :task_id AND status IN ('pending', 'sent', 'undeliverable')
+       AND {when}
+    RETURNING 1""", ("dispatch_id", "task_id"))
 
 
 def close_unknown(conn: Connection, ref: ids.TaskRef) -> None:

@@ -43,6 +43,7 @@ from a2a.utils.proto_utils import to_stream_response
 from google.protobuf.json_format import MessageToDict, ParseDict
 from sqlalchemy import Connection, and_, select, text
 
+from core.fragments import Fragment, compose
 from taskstate.pages import Page, page_of
 
 TASKS = TaskModel.__table__
@@ -97,34 +98,33 @@ def task_from_row(row: Any) -> Task:
     return task
 
 
-def new_task_ctes(when: str = "true") -> str:
-    """A new task at version 1, its version row, and the Task itself as its first event, as common
-    table expressions written only ``when`` the condition holds: admission puts its own rows in the
-    same statement (one round trip). Parameters: ``new_task_params``."""
-    return f"""
-    new_task AS (
-        INSERT INTO tasks (id, context_id, kind, owner, last_updated, status, artifacts, history, metadata,
-                           protocol_version)
-        SELECT CAST(:task_id AS varchar), CAST(:context_id AS varchar), 'task', CAST(:owner AS varchar),
-               CAST(:last_updated AS timestamp), CAST(:status AS json), CAST(:artifacts AS json),
-               CAST(:history AS json), CAST(:metadata AS json), '1.0'
-        WHERE {when}
+# A new task at version 1, its version row, and the Task itself as its first event, written only ``{when}`` the
+# condition holds: admission puts its own rows in the same statement (one round trip). Three common table
+# expressions (``new_task``, ``new_version``, ``new_event``): the fragment is placed with ``NEW_TASK.ctes(when)``.
+# Parameters: ``new_task_params``.
+NEW_TASK = Fragment.of("taskstate.rows", """
+    INSERT INTO tasks (id, context_id, kind, owner, last_updated, status, artifacts, history, metadata,
+                       protocol_version)
+    SELECT CAST(:task_id AS varchar), CAST(:context_id AS varchar), 'task', CAST(:owner AS varchar),
+           CAST(:last_updated AS timestamp), CAST(:status AS json), CAST(:artifacts AS json),
+           CAST(:history AS json), CAST(:metadata AS json), '1.0'
+    WHERE {when}
     ),
     new_version AS (
-        INSERT INTO task_versions (task_id, owner, version)
-        SELECT CAST(:task_id AS varchar), CAST(:owner AS varchar), 1 WHERE {when}
+    INSERT INTO task_versions (task_id, owner, version)
+    SELECT CAST(:task_id AS varchar), CAST(:owner AS varchar), 1 WHERE {when}
     ),
     new_event AS (
-        INSERT INTO task_events (task_id, owner, task_version, event_data)
-        SELECT CAST(:task_id AS varchar), CAST(:owner AS varchar), 1, CAST(:event_data AS bytea) WHERE {when}
-    )"""
+    INSERT INTO task_events (task_id, owner, task_version, event_data)
+    SELECT CAST(:task_id AS varchar), CAST(:owner AS varchar), 1, CAST(:event_data AS bytea) WHERE {when}
+    """, ("task_id", "context_id", "owner", "last_updated", "status", "artifacts", "history", "metadata",
+          "event_data"))
 
-
-_INSERT_NEW = text(f"WITH {new_task_ctes()} SELECT 1")
+_INSERT_NEW = compose("rows.insert_new", "WITH {new_task} SELECT 1", new_task=NEW_TASK.cte("new_task"))
 
 
 def new_task_params(task: Task, owner: str) -> dict[str, Any]:
-    """Parameters of ``new_task_ctes``: the JSON columns as JSON text, like the SDK's JSON type writes them."""
+    """Parameters of ``NEW_TASK``: the JSON columns as JSON text, like the SDK's JSON type writes them."""
     columns = _columns(task, owner)
     return {
         "task_id": task.id,
@@ -141,7 +141,7 @@ def new_task_params(task: Task, owner: str) -> dict[str, Any]:
 
 def insert_new(conn: Connection, task: Task, owner: str) -> int:
     """Create a task at version 1; the Task itself is its first event. Returns the version."""
-    conn.execute(_INSERT_NEW, new_task_params(task, owner))
+    _INSERT_NEW.execute(conn, new_task_params(task, owner))
     return 1
 
 

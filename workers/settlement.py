@@ -29,9 +29,10 @@ import logging
 from typing import Any
 
 from opentelemetry import trace
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection
 
 from core import telemetry
+from core.fragments import compose
 from ledger import operations
 from ledger.errors import ResolutionRefused
 from ledger.limits import LedgerSettings, default_limits
@@ -47,16 +48,18 @@ log = logging.getLogger(__name__)
 # The claim's fenced finish, and only when it is accepted for the first time the job's outbox row closed, with the
 # task's hold and the run's journal read: one round trip (issue 17: it was four, and a BEGIN). The claim's finish
 # is decided, and its row locked, before the outbox row is touched (``claims.finished_in``), as the lock order says.
-_FINISH_JOB = text(
-    f"""
-    WITH {claims.finish_cte("finish")},
-         {outbox.close_cte("closed", when=claims.finished_in("finish"))},
-         {admitted.hold_cte("hold")},
-         {journal.run_record_cte("run", "finish_job_id")}
-    SELECT finish.outcome, finish.state, hold.reservation_id, hold.tariff_credits,
+_FINISH_JOB = compose(
+    "settlement.finish_job",
+    """
+    WITH {finish}, {closed}, {hold}, {run}
+    SELECT finish.outcome, finish.state, hold.reservation_id, hold.reserved_credits,
            run.pricing, run.base_credits, run.credits_per_semantic_call, run.resumes, run.used, run.charged
       FROM finish LEFT JOIN hold ON finish.outcome = 'finished' LEFT JOIN run ON finish.outcome = 'finished'
-    """
+    """,
+    finish=claims.FINISH.cte("finish", materialized=True),
+    closed=outbox.CLOSE.cte("closed", when=claims.finished_in("finish")),
+    hold=admitted.HOLD.cte("hold"),
+    run=journal.RUN_RECORD.cte("run"),
 )
 
 
@@ -86,10 +89,10 @@ class TaskSettlement:
                                  detail=outcome.as_record(), worker_id=worker_id)
         params = claims.finish_params(job.job_id, fencing_token=fencing_token, outcome=outcome.state,
                                       detail=outcome.as_record(), worker_id=worker_id)
-        row = conn.execute(_FINISH_JOB, {**params, "d": ref.dispatch_id, "t": ref.task_id}).one()
+        row = _FINISH_JOB.execute(conn, {**params, "dispatch_id": ref.dispatch_id, "task_id": ref.task_id}).one()
         result = claims.FinishResult(row.outcome, row.state)
         if result.outcome == "finished":
-            hold = None if row.tariff_credits is None else admitted.Hold(row.reservation_id, int(row.tariff_credits))
+            hold = None if row.reserved_credits is None else admitted.Hold(row.reservation_id, int(row.reserved_credits))
             self._settle(conn, job, ref, fencing_token, outcome, hold, journal.run_record_of(row))
         return result
 

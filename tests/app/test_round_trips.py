@@ -106,12 +106,12 @@ def test_the_admission_statement_stays_short_enough_for_psycopg_to_cache_its_con
     from psycopg import _queries
     from sqlalchemy.dialects import postgresql
 
-    from app.admission import _ADMIT_AT_ONCE, _ADMIT_NEW
+    from app.admission import _ADMIT
     from core.db import PSYCOPG_CACHED_QUERY_CHARS
 
     assert _queries.MAX_CACHED_STATEMENT_LENGTH == PSYCOPG_CACHED_QUERY_CHARS
     dialect = postgresql.psycopg.dialect()
-    for statement in (_ADMIT_AT_ONCE, _ADMIT_NEW):
+    for statement in (_ADMIT.clause,):
         compiled = statement.compile(dialect=dialect)
         assert len(str(compiled)) <= PSYCOPG_CACHED_QUERY_CHARS
         assert len(compiled.params) <= _queries.MAX_CACHED_STATEMENT_PARAMS

@@ -33,6 +33,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, text
 
 from core.specs import PricingSpec
+from core.fragments import Fragment
 from taskstate import charge, claims, ids
 from rlmfamily.kernels.base import StepResult
 from rlmfamily.kernels.checkpoints import Checkpoint
@@ -60,27 +61,21 @@ class RunRecord:
     resumes: int
 
 
-def run_record_cte(name: str, job_id_param: str = "j") -> str:
-    """``run_record`` of the job ``:<job_id_param>`` as a common table expression ``name`` (pricing, base_credits,
-    credits_per_semantic_call, resumes, used, charged; no row: not a specialist run), for the finish's one
-    statement."""
-    return f"""
-    {name} AS (
+# ``run_record`` of the job ``:job_id`` (pricing, base_credits, credits_per_semantic_call, resumes, used, charged;
+# no row: not an rlm run), for the finish's one statement.
+RUN_RECORD = Fragment.of("workers.hosted_rlm.journal", """
         SELECT r.pricing, r.base_credits, r.credits_per_semantic_call, r.resumes,
                count(c.call_id) FILTER (WHERE c.purpose = 'subcall' AND c.superseded_by IS NULL) AS used,
                count(c.call_id) FILTER (WHERE c.purpose = 'subcall' AND c.superseded_by IS NULL
                                           AND c.state = 'completed') AS charged
           FROM specialist_runs r LEFT JOIN specialist_calls c ON c.job_id = r.job_id
-         WHERE r.job_id = :{job_id_param}
-         GROUP BY r.job_id
-    )"""
-
-
-_RUN_RECORD = text(f"WITH {run_record_cte('run')} SELECT * FROM run")
+         WHERE r.job_id = :job_id
+         GROUP BY r.job_id""", ("job_id",))
+_RUN_RECORD = RUN_RECORD.standalone("journal.run_record")
 
 
 def run_record_of(row: Any) -> RunRecord | None:
-    """A ``run_record_cte`` row (None, or its columns NULL: not a specialist run) as a RunRecord."""
+    """A ``RUN_RECORD`` row (None, or its columns NULL: not a specialist run) as a RunRecord."""
     if row is None or row.pricing is None:
         return None
     pricing = charge.Pricing(row.pricing, int(row.base_credits or 0), int(row.credits_per_semantic_call or 0))
@@ -89,7 +84,7 @@ def run_record_of(row: Any) -> RunRecord | None:
 
 def run_record(conn: Connection, job_id: str) -> RunRecord | None:
     """The run of a job, in the caller's transaction; None: the job is not a specialist run."""
-    return run_record_of(conn.execute(_RUN_RECORD, {"j": job_id}).one_or_none())
+    return run_record_of(_RUN_RECORD.execute(conn, {"job_id": job_id}).one_or_none())
 
 
 def completion_to_json(completion: Completion) -> dict[str, Any]:
