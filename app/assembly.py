@@ -27,7 +27,6 @@ from a2a.server.cluster import VersionedDatabaseTaskStore
 from a2a.server.context import ServerCallContext
 from a2a.server.routes import ServerCallContextBuilder, create_jsonrpc_routes, create_rest_routes
 from a2a.types.a2a_pb2 import AgentCard
-from a2a.utils.errors import TaskNotFoundError
 from fastapi import FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
@@ -42,7 +41,7 @@ from app.admission import AdmissionService
 from app.boundary import ErrorBoundary
 from app.cards import build_card, discovery_routes, jwks_routes
 from app.push import PushConfigs
-from app.errors import error_response, register_with_sdk
+from app.errors import TaskNotFound, error_response, register_with_sdk
 from app.events import NotifiedEventStream
 from app.grpc_binding import GRACEFUL_STOP_S, GrpcBinding, build_server
 from app.handler import EdgeRequestHandler, identity_of
@@ -125,11 +124,11 @@ def _a2a_routes(specialist_id: str, handler: EdgeRequestHandler, builder: Server
 
 def _no_such_task_route(prefix: str) -> Route:
     """A task id with a slash in it (``/tasks/a%2Fb``: the path is matched decoded) matches none of the SDK's
-    routes; it names no task, and is answered as any such id is (TaskNotFoundError, 404), not as a bare route
+    routes; it names no task, and is answered as any such id is (``TaskNotFound``, 404), not as a bare route
     miss. Registered after the SDK's routes, so it only sees what they did not take."""
 
     async def no_such_task(request: Request) -> Response:
-        return error_response(TaskNotFoundError(), "rest")
+        return error_response(TaskNotFound("Task not found"), "rest")
 
     return Route(f"{prefix}/tasks/{{head}}/{{tail:path}}", no_such_task, methods=["GET", "POST", "DELETE"])
 

@@ -150,7 +150,8 @@ class DatabaseUnavailable(EdgeError):
 
 class InvalidValue(EdgeError):
     """A value the edge cannot take whatever the method: a number that is not finite or too long to convert
-    (``number_not_finite``, ``number_too_long``), a page token the edge did not issue (``page_token_invalid``), an
+    (``number_not_finite``, ``number_too_long``), a page token the edge did not issue (``page_token_invalid``), a
+    ListTasks filter no task can match (``status_invalid``, ``status_timestamp_invalid``), an
     ``Idempotency-Key`` header that is empty, too long or not printable ASCII (``idempotency_key_invalid``), a
     push webhook this service will not call (``webhook_url_invalid``, ``webhook_https_required``,
     ``webhook_address_refused``: ``core.webhooks``), a push configuration field over its limit
@@ -161,6 +162,30 @@ class InvalidValue(EdgeError):
 
 class UnknownSpecialist(EdgeError):
     code = "specialist_not_found"
+
+
+# --- A2A's own errors, as the edge raises them ------------------------------------------
+# Each refines the a2a-sdk's class (clients and the SDK's dispatchers see that class, in its spec form and with
+# its reason) and carries its code like every other refusal.
+
+
+class TaskNotFound(EdgeError, TaskNotFoundError):
+    """No task of the caller's has this id, whatever its shape: every method answers it the same way."""
+
+    code = "task_not_found"
+
+
+class PushNotificationNotSupported(EdgeError, PushNotificationNotSupportedError):
+    """This service, or this specialist, sends no push notifications (no signing secret, or the spec's choice)."""
+
+    code = "push_notification_not_supported"
+
+
+class InternalFault(EdgeError, InternalError):
+    """The edge broke a rule of its own (a bug): the message names the rule. Not for foreign exceptions, whose
+    text never reaches a caller (``internal_error``)."""
+
+    code = "internal_error"
 
 
 # --- admission (raised inside the request handler) ------------------------------
@@ -281,6 +306,9 @@ WIRE_FORMS: dict[type[EdgeError], WireForm] = {
     PayloadTooLarge: WireForm(-41301, 413, "INVALID_ARGUMENT"),
     UnsupportedMediaType: WireForm(-41501, 415, "INVALID_ARGUMENT"),
     BodyContentTypeNotSupported: SPEC_WIRE_FORMS[ContentTypeNotSupportedError],
+    TaskNotFound: SPEC_WIRE_FORMS[TaskNotFoundError],
+    PushNotificationNotSupported: SPEC_WIRE_FORMS[PushNotificationNotSupportedError],
+    InternalFault: WireForm(-32603, 500, "INTERNAL"),  # JSON-RPC's own internal error
     MalformedRequest: WireForm(-32700, 400, "INVALID_ARGUMENT"),  # JSON-RPC's own parse error
     ServiceBusy: WireForm(-50301, 503, "UNAVAILABLE"),
     CustomerStreamCap: WireForm(-42903, 429, "RESOURCE_EXHAUSTED"),
@@ -308,11 +336,17 @@ def reason_of(cls: type[EdgeError]) -> str:
     return spec_reason(spec) if spec is not None else cls.code.upper()
 
 
+def owns_its_reason(cls: type[EdgeError]) -> bool:
+    """Whether a client should map the class's reason back to it: not for a refinement of A2A's or JSON-RPC's
+    own errors, whose reason stays the SDK's class (what a client raises)."""
+    return spec_error_of(cls) is None and not issubclass(cls, InternalError)
+
+
 def wire_form(error: EdgeError) -> WireForm:
     return WIRE_FORMS[type(error)]
 
 
-_INTERNAL_FORM = WireForm(-32603, 500, "INTERNAL")
+_INTERNAL_FORM = WIRE_FORMS[InternalFault]
 
 
 def wire_form_of(error: A2AError) -> WireForm:
@@ -364,7 +398,7 @@ def register_with_sdk() -> None:
     for cls, form in SPEC_WIRE_FORMS.items():
         _register(cls, form, spec_reason(cls), owns_reason=True)
     for edge_cls, form in WIRE_FORMS.items():
-        _register(edge_cls, form, reason_of(edge_cls), owns_reason=spec_error_of(edge_cls) is None)
+        _register(edge_cls, form, reason_of(edge_cls), owns_reason=owns_its_reason(edge_cls))
 
 
 def _register(cls: type[A2AError], form: WireForm, reason: str, *, owns_reason: bool) -> None:

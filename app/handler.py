@@ -48,11 +48,16 @@ from a2a.types.a2a_pb2 import (
     TaskPushNotificationConfig,
     TaskStatusUpdateEvent,
 )
-from a2a.utils.errors import InternalError, PushNotificationNotSupportedError
 from a2a.utils.task import apply_history_length
 
 from app.admission import Admitted, AdmissionService, check_list_request
-from app.errors import EdgeError, KeyRequiredForListing, converting_foreign_errors
+from app.errors import (
+    EdgeError,
+    InternalFault,
+    KeyRequiredForListing,
+    PushNotificationNotSupported,
+    converting_foreign_errors,
+)
 from app.events import NotifiedEventStream
 from app.identity import EdgeUser, Identity
 from app.listing import TaskListing
@@ -71,16 +76,16 @@ class _EdgeRunsNothing(AgentExecutor):
     """The edge never executes a specialist itself; reaching this is a bug, said loudly."""
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
-        raise InternalError(message="the edge does not run specialists in the request path")
+        raise InternalFault("the edge does not run specialists in the request path")
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
-        raise InternalError(message="the edge does not run specialists in the request path")
+        raise InternalFault("the edge does not run specialists in the request path")
 
 
 def identity_of(context: ServerCallContext) -> Identity:
     user = context.user
     if not isinstance(user, EdgeUser):
-        raise InternalError(message="request reached the handler without an identity")
+        raise InternalFault("request reached the handler without an identity")
     return user.identity
 
 
@@ -182,7 +187,7 @@ class EdgeRequestHandler(DefaultRequestHandler):
             pass  # answer with the task as it is now; the client polls or subscribes
         stored = await self._versioned_store.get(task.id, context)
         if stored is None:
-            raise InternalError(message=f"task {task.id} vanished after admission")
+            raise InternalFault(f"task {task.id} vanished after admission")
         return apply_history_length(stored.task, params.configuration)
 
     @validate_request_params
@@ -234,7 +239,7 @@ class EdgeRequestHandler(DefaultRequestHandler):
 
     def _push(self) -> PushConfigs:
         if self.push_configs is None or not self._agent_card.capabilities.push_notifications:
-            raise PushNotificationNotSupportedError(message="this service does not send push notifications")
+            raise PushNotificationNotSupported("this service does not send push notifications")
         return self.push_configs
 
     @validate_request_params

@@ -36,7 +36,6 @@ from datetime import datetime, timedelta
 
 from a2a.types.a2a_pb2 import ListTasksRequest, ListTasksResponse, TaskState
 from a2a.utils.constants import DEFAULT_LIST_TASKS_PAGE_SIZE
-from a2a.utils.errors import InvalidParamsError
 from a2a.utils.task import apply_history_length, decode_list_tasks_cursor, validate_history_length, validate_page_size
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -85,16 +84,15 @@ def filters_of(params: ListTasksRequest) -> ListingFilter:
         try:
             state = TaskState.Name(params.status)
         except ValueError:
-            raise InvalidParamsError(message=f"status {params.status} is not an A2A TaskState; send one of "
-                                     f"{', '.join(TaskState.keys()[1:])}, or no status",
-                                     data={"code": "status_invalid"}) from None
+            raise InvalidValue(f"status {params.status} is not an A2A TaskState; send one of "
+                               f"{', '.join(TaskState.keys()[1:])}, or no status", code="status_invalid") from None
     after = None
     if params.HasField("status_timestamp_after"):
         try:
             after = params.status_timestamp_after.ToDatetime()
         except (ValueError, OverflowError):
-            raise InvalidParamsError(message="statusTimestampAfter is outside the years 1 to 9999; send a time in them",
-                                     data={"code": "status_timestamp_invalid"}) from None
+            raise InvalidValue("statusTimestampAfter is outside the years 1 to 9999; send a time in them",
+                               code="status_timestamp_invalid") from None
     return ListingFilter(context_id=params.context_id or None, state=state, updated_after=after)
 
 

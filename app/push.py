@@ -6,7 +6,7 @@ Delete on every binding; ``EdgeRequestHandler`` calls ``PushConfigs``). ``check_
 service will not call (``core.webhooks``: https only, no private, loopback, link-local or metadata address,
 by literal and by what the host resolves to now; a name that does not resolve yet is accepted and checked
 again at every delivery) and fields over their limits. Every read and write is scoped by the task's owner:
-another customer's task or configuration is ``TaskNotFoundError``, exactly like one that does not exist.
+another customer's task or configuration is ``TaskNotFound`` (A2A's ``TaskNotFoundError``), exactly like one that does not exist.
 Anonymous callers cannot register (``key_required_for_push``): their tasks are reachable by id alone.
 """
 
@@ -16,10 +16,9 @@ import asyncio
 from dataclasses import dataclass
 
 from a2a.types.a2a_pb2 import AuthenticationInfo, TaskPushNotificationConfig
-from a2a.utils.errors import PushNotificationNotSupportedError, TaskNotFoundError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.errors import InvalidValue, KeyRequiredForPush, PushConfigCap
+from app.errors import InvalidValue, KeyRequiredForPush, PushConfigCap, PushNotificationNotSupported, TaskNotFound
 from app.identity import Identity
 from core.settings import Settings
 from core.webhooks import WebhookRefused, check_url, resolve_checked
@@ -54,7 +53,7 @@ def _field(name: str, value: str, limit: int, setting: str, *, printable: bool =
 def check_config(config: TaskPushNotificationConfig, settings: Settings) -> PushRequest:
     """The configuration's form (no resolution): raise the first problem, naming the field and the setting."""
     if not settings.push.enabled:
-        raise PushNotificationNotSupportedError(message="this service does not send push notifications")
+        raise PushNotificationNotSupported("this service does not send push notifications")
     limits = settings.push
     _field("id", config.id, push.MAX_CONFIG_ID_CHARS, "at most 64 characters", printable=True)
     _field("token", config.token, limits.max_token_chars, "SPECIALISTS_PUSH_MAX_TOKEN_CHARS")
@@ -123,7 +122,7 @@ class PushConfigs:
         config = request.for_task(params.task_id)
         async with self.engine.begin() as conn:
             if not await conn.run_sync(rows.owns, params.task_id, owner):
-                raise TaskNotFoundError(message="Task not found")
+                raise TaskNotFound("Task not found")
             try:
                 stored = await conn.run_sync(
                     lambda sync: push.insert_config(sync, config, owner=owner, customer_id=customer_id,
@@ -131,20 +130,20 @@ class PushConfigs:
             except push.TooManyConfigs as over:
                 raise cap_refusal(self.settings.push.max_configs_per_customer, over.held) from None
         if not stored:
-            raise TaskNotFoundError(message="Task not found")
+            raise TaskNotFound("Task not found")
         return to_proto(config)
 
     async def get(self, task_id: str, config_id: str, owner: str) -> TaskPushNotificationConfig:
         async with self.engine.connect() as conn:
             found = await conn.run_sync(push.get_config, task_id, config_id, owner)
         if found is None:
-            raise TaskNotFoundError(message="no push configuration of yours has this task and id")
+            raise TaskNotFound("no push configuration of yours has this task and id")
         return to_proto(found)
 
     async def list(self, task_id: str, owner: str) -> list[TaskPushNotificationConfig]:
         async with self.engine.connect() as conn:
             if not await conn.run_sync(rows.owns, task_id, owner):
-                raise TaskNotFoundError(message="Task not found")
+                raise TaskNotFound("Task not found")
             found = await conn.run_sync(
                 lambda sync: push.list_configs(sync, task_id, owner, limit=self.settings.push.max_configs_per_customer))
         return [to_proto(config) for config in found]
@@ -153,4 +152,4 @@ class PushConfigs:
         async with self.engine.begin() as conn:
             deleted = await conn.run_sync(push.delete_config, task_id, config_id, owner)
         if not deleted:
-            raise TaskNotFoundError(message="no push configuration of yours has this task and id")
+            raise TaskNotFound("no push configuration of yours has this task and id")
