@@ -103,6 +103,11 @@ class Provider(Protocol):
 BUNDLED_PRICES = Path(__file__).resolve().parent.parent / "prices.toml"
 PRICE_FIELDS = frozenset({"prompt", "completion", "cached", "cache_write"})  # USD per million tokens
 REQUIRED_PRICE_FIELDS = frozenset({"prompt", "completion"})
+# Where a price was read and when: `source` names an entry of the file's [sources] table (or is a URL),
+# `checked` is the date it was last compared with that page, or "unchecked". Optional in a user's file;
+# every entry of the bundled table has both (tests/rlm/providers/test_providers.py).
+PROVENANCE_FIELDS = ("source", "checked")
+UNCHECKED = "unchecked"
 LONG_PROMPT = "long_prompt"  # optional tier: {above = prompt tokens, then the price fields}
 
 
@@ -151,18 +156,12 @@ class PriceTable:
 
 
 def _read_prices(path: Path, *, setting: str) -> tuple[str | None, dict[str, dict[str, Any]]]:
-    """A price file: optional ``as_of``, then models at the top level or under ``[models]``."""
-    try:
-        raw = path.read_text()
-        data = dict(tomllib.loads(raw) if path.suffix == ".toml" else json.loads(raw))
-    except (OSError, ValueError, TypeError) as exc:
-        raise SettingsInvalid(f"price table {path} cannot be read: {exc} (setting RLM_PRICE_TABLE_FILE)",
-                              setting=setting) from None
-    as_of = data.pop("as_of", None)
-    models = data.pop("models", {})
-    entries = {**(models if isinstance(models, dict) else {}), **data}
+    """A price file: optional ``as_of`` and ``[sources]``, then models at the top level or under ``[models]``."""
+    as_of, entries, _ = _price_file(path, setting=setting)
     prices: dict[str, dict[str, Any]] = {}
     for model, price in entries.items():
+        if isinstance(price, dict):
+            price = {k: v for k, v in price.items() if k not in PROVENANCE_FIELDS}
         tier = price.pop(LONG_PROMPT, None) if isinstance(price, dict) else None
         if not _valid_rates(price):
             raise SettingsInvalid(
@@ -174,6 +173,32 @@ def _read_prices(path: Path, *, setting: str) -> tuple[str | None, dict[str, dic
         if tier is not None:
             prices[model][LONG_PROMPT] = _read_tier(tier, path=path, model=model, setting=setting)
     return (str(as_of) if as_of is not None else None), prices
+
+
+def _price_file(path: Path, *, setting: str) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """(as_of, the model entries, the [sources] table) of a price file, read and parsed."""
+    try:
+        raw = path.read_text()
+        data = dict(tomllib.loads(raw) if path.suffix == ".toml" else json.loads(raw))
+    except (OSError, ValueError, TypeError) as exc:
+        raise SettingsInvalid(f"price table {path} cannot be read: {exc} (setting RLM_PRICE_TABLE_FILE)",
+                              setting=setting) from None
+    as_of = data.pop("as_of", None)
+    sources = data.pop("sources", {})
+    models = data.pop("models", {})
+    return as_of, {**(models if isinstance(models, dict) else {}), **data}, sources if isinstance(sources, dict) else {}
+
+
+def price_provenance(path: Path = BUNDLED_PRICES) -> dict[str, dict[str, str | None]]:
+    """Each model's ``source`` (its [sources] entry resolved to the page's address) and ``checked`` date."""
+    _, entries, sources = _price_file(path, setting="price_table_file")
+    provenance: dict[str, dict[str, str | None]] = {}
+    for model, price in entries.items():
+        price = price if isinstance(price, dict) else {}
+        source = price.get("source")
+        provenance[model] = {"source": sources.get(source, source) if isinstance(source, str) else None,
+                             "checked": price.get("checked") if isinstance(price.get("checked"), str) else None}
+    return provenance
 
 
 def _valid_rates(price: Any) -> bool:

@@ -185,6 +185,21 @@ def test_the_bundled_price_table_is_dated_and_prices_common_models_with_their_ca
     assert not PriceTable.load({}, None, bundled=False).has("gpt-4o-mini")
 
 
+def test_every_bundled_price_names_its_source_page_and_when_it_was_checked() -> None:
+    from datetime import date
+
+    from rlmfamily.providers.base import UNCHECKED, price_provenance
+
+    provenance = price_provenance()
+    assert provenance and PriceTable.load({}, None).has("gemini-2.5-flash")
+    for model, marked in provenance.items():
+        assert marked["source"] and marked["source"].startswith("https://"), model
+        if marked["checked"] != UNCHECKED:
+            assert date.fromisoformat(marked["checked"]) <= date.fromisoformat(PriceTable.load({}, None).as_of), model
+    # What no official page confirmed says so (carried over, or read from third-party copies).
+    assert provenance["gpt-4o"]["checked"] == UNCHECKED and provenance["gemini-2.5-pro"]["checked"] == UNCHECKED
+
+
 def test_a_long_prompt_tier_prices_the_whole_call_once_the_prompt_passes_its_threshold(tmp_path: Path) -> None:
     # Priced like Claude Haiku 5.5 and OpenAI's >272K tier: past the threshold every token of the call costs more.
     table = tmp_path / "prices.toml"
