@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-calls", type=_limit_int, default=argparse.SUPPRESS, help="model calls, root and sub-calls ('none' = no limit)")
     run.add_argument("--max-tokens", type=_limit_int, default=argparse.SUPPRESS, help="tokens over all calls ('none' = no limit)")
     run.add_argument("--max-usd", type=_limit_float, default=argparse.SUPPRESS, help="USD over all calls ('none' = no limit; needs prices)")
+    run.add_argument("--final-reserve-tokens", type=int, default=argparse.SUPPRESS,
+                     help="tokens of --max-tokens kept for the final answer (default: a tenth of it, at most 50,000)")
     run.add_argument("--memoise-subcalls", action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
                      help="answer a sub-call the family already asked from the memo, unpaid (RLM_MEMOISE_SUBCALLS; default on)")
     run.add_argument("--profile", choices=["python", "python-bash"], default=argparse.SUPPRESS,
@@ -205,7 +207,7 @@ def _demo_args(args: argparse.Namespace) -> argparse.Namespace:
 
 OVERRIDES = ("kernel", "max_turns", "provider", "protocol", "base_url", "model", "api_key_env", "temperature",
              "max_completion_tokens", "max_calls", "max_tokens", "max_usd", "memoise_subcalls", "a2a_peers_file",
-             "profile", "bash_tool", "observation_strategy", "gate_default_deadline_s")
+             "profile", "bash_tool", "observation_strategy", "gate_default_deadline_s", "final_reserve_tokens")
 
 
 def _settings(args: argparse.Namespace) -> RLMSettings:

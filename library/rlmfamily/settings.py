@@ -33,6 +33,9 @@ CREDENTIAL_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL"
 DEFAULT_BASE_URL: dict[str, str | None] = {"openai": "https://api.openai.com/v1", "anthropic": None, "gemini": None}
 DEFAULT_API_KEY_ENV = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY", "gemini": "GEMINI_API_KEY"}
 ANTHROPIC_MAX_TEMPERATURE = 1.0  # the Messages API refuses more; OpenAI accepts up to 2
+# The final-answer reserve when final_reserve_tokens is not set: this share of max_tokens, at most this many.
+FINAL_RESERVE_SHARE = 10
+FINAL_RESERVE_MAX_TOKENS = 50_000
 
 
 class RLMSettings(BaseSettings):
@@ -118,7 +121,9 @@ class RLMSettings(BaseSettings):
     max_calls: int | None = Field(300, ge=1)
     max_tokens: int | None = Field(3_000_000, ge=1)
     # Tokens of max_tokens that every other call leaves for the run's final-answer request (rlmfamily/budget.py).
-    final_reserve_tokens: int = Field(50_000, ge=0)
+    # Not set: scaled to the budget, max_tokens // FINAL_RESERVE_SHARE, at most FINAL_RESERVE_MAX_TOKENS, so a
+    # small --max-tokens (a local model's budget) works as given. Set (--final-reserve-tokens): under max_tokens.
+    final_reserve_tokens: int = Field(FINAL_RESERVE_MAX_TOKENS, ge=0)
     max_usd: float | None = Field(None, gt=0)
 
     # The model endpoint: "openai" (any OpenAI-compatible API), "anthropic" (the Messages API, extra
@@ -285,10 +290,14 @@ class RLMSettings(BaseSettings):
             raise ValueError("max_suspensions_per_checkout must exceed max_suspensions_per_step")
         if self.max_file_bytes > self.max_total_bytes:
             raise ValueError("max_file_bytes cannot exceed max_total_bytes")
+        if self.max_tokens is not None and "final_reserve_tokens" not in self.model_fields_set:
+            # Scaled, not set: kept out of pydantic's fields_set, so settings rebuilt from those given scale it again.
+            self.__dict__["final_reserve_tokens"] = min(FINAL_RESERVE_MAX_TOKENS, self.max_tokens // FINAL_RESERVE_SHARE)
         if self.max_tokens is not None and self.final_reserve_tokens >= self.max_tokens:
-            raise ValueError(f"final_reserve_tokens ({self.final_reserve_tokens:,}, RLM_FINAL_RESERVE_TOKENS) must be "
-                             f"under max_tokens ({self.max_tokens:,}, RLM_MAX_TOKENS), or no call but the final "
-                             "answer could ever be admitted")
+            raise ValueError(f"final_reserve_tokens ({self.final_reserve_tokens:,}, --final-reserve-tokens or "
+                             f"RLM_FINAL_RESERVE_TOKENS) must be under max_tokens ({self.max_tokens:,}, --max-tokens or "
+                             "RLM_MAX_TOKENS), or no call but the final answer could ever be admitted; left unset, it "
+                             f"is 1/{FINAL_RESERVE_SHARE} of max_tokens, at most {FINAL_RESERVE_MAX_TOKENS:,}")
         if self.provider == "anthropic" and self.temperature is not None and self.temperature > ANTHROPIC_MAX_TEMPERATURE:
             raise ValueError(f"temperature must be at most {ANTHROPIC_MAX_TEMPERATURE:g} for provider anthropic")
         if self.a2a_paid_enabled and not self.a2a_enabled:

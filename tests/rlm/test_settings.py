@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from rlmfamily.cli import _settings as cli_settings
+from rlmfamily.cli import build_parser
 from rlmfamily.errors import SettingsInvalid
 from rlmfamily.settings import load_settings
 
@@ -21,11 +23,21 @@ def test_incoherent_limits_are_refused_at_start_up() -> None:
     with pytest.raises(SettingsInvalid) as info:
         load_settings(subcall_timeout_s=600, host_call_timeout_s=60)
     assert "host_call_timeout_s" in info.value.message
-    with pytest.raises(SettingsInvalid) as info:
-        load_settings(max_tokens=40_000)  # the default final_reserve_tokens (50,000) would leave nothing
-    assert "RLM_FINAL_RESERVE_TOKENS" in info.value.message and "RLM_MAX_TOKENS" in info.value.message
-    assert load_settings(max_tokens=40_000, final_reserve_tokens=4_000).final_reserve_tokens == 4_000
+
+
+def test_the_final_answer_reserve_scales_with_a_small_token_budget_and_a_flag_sets_it() -> None:
+    # A local model is budgeted with --max-tokens (docs/RLM.md): 20,000 works as given, a tenth kept for the answer.
+    assert load_settings(max_tokens=20_000).final_reserve_tokens == 2_000
+    assert load_settings().final_reserve_tokens == 50_000  # the default 3,000,000: the cap
     assert load_settings(max_tokens=None).final_reserve_tokens == 50_000  # no token limit: nothing to keep it from
+    given = build_parser().parse_args(["run", "--document", "notes.txt", "--max-tokens", "20000",
+                                       "--final-reserve-tokens", "5000", "q"])
+    assert cli_settings(given).final_reserve_tokens == 5_000
+    too_much = build_parser().parse_args(["run", "--document", "notes.txt", "--max-tokens", "20000",
+                                          "--final-reserve-tokens", "20000", "q"])
+    with pytest.raises(SettingsInvalid) as info:
+        cli_settings(too_much)
+    assert "--final-reserve-tokens" in info.value.message and "--max-tokens" in info.value.message
 
 
 def test_the_kernel_limits_are_built_from_the_settings_of_the_same_names() -> None:
