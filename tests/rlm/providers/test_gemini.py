@@ -104,3 +104,22 @@ def test_the_setting_selects_gemini_with_its_key_variable_and_sampling(fake_gemi
     _ask(provider, tools=None)
     assert fake_gemini.headers[0]["x-goog-api-key"] == "g-env-key"
     assert fake_gemini.requests[0]["generationConfig"] == {"temperature": 0.3, "maxOutputTokens": 777}
+
+
+def test_a_run_on_gemini_counts_files_over_two_turns_and_books_the_cached_tokens(fake_gemini, make_settings,
+                                                                                 fixture_repo) -> None:
+    from rlmfamily import Context, Session
+
+    fake_gemini.push(code="n = len(context.files())\nprint('files', n)", call_id="fc-a",
+                     signature=signature_text(b"sig-a"), prompt=3_000, candidates=40)
+    fake_gemini.push(code="final_answer(f'files: {n}')", call_id="fc-b", prompt=3_200, cached=2_900, candidates=30)
+    settings = make_settings(max_turns=4)
+    result = Session(context=Context.from_repository(fixture_repo, settings), provider=_provider(fake_gemini),
+                     settings=settings).run("how many files?")
+    assert result.stop_reason == "answered" and result.answer.startswith("files: ")
+    second = fake_gemini.requests[1]["contents"]
+    assert second[1]["parts"][-1]["thoughtSignature"] == signature_text(b"sig-a")
+    assert "files" in json.dumps(second[2]["parts"][0]["functionResponse"]["response"])
+    # 3,040 + 3,230 tokens; the second call's 2,900 cached prompt tokens at $0.10 instead of $1.
+    assert result.budget.tokens == 6_270
+    assert result.budget.usd == pytest.approx((3_000 * 1.0 + 40 * 4.0 + 300 * 1.0 + 2_900 * 0.1 + 30 * 4.0) / 1e6)
