@@ -32,6 +32,7 @@ from rlmfamily.providers.scripted import ScriptedProvider
 from rlmfamily.session import RunResult, Session
 from rlmfamily.settings import RLMSettings, load_settings
 from rlmfamily.resumption import describe_resume, endpoint_switch, unfinished_text
+from rlmfamily.run_records import last_question
 from rlmfamily.trajectory import find_run, read_trajectory
 
 EXIT_OK, EXIT_NO_ANSWER, EXIT_USAGE, EXIT_NOT_ACCEPTED = 0, 1, 2, 3
@@ -121,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from rlmfamily import resume
 
-    resume.add_parser(sub)
+    resume.add_parser(sub)  # resume, ask
     from rlmfamily.family import cli as family_cli
 
     family_cli.add_parsers(sub)  # inbox, message, follow-up, children
@@ -157,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
             return _show(args, out, err)
         if args.command == "resume":
             return _resume(args, out, err)
+        if args.command == "ask":
+            return _ask(args, out, err)
         from rlmfamily.family import cli as family_cli
 
         if args.command in family_cli.COMMANDS:
@@ -291,6 +294,29 @@ def _resume(args: argparse.Namespace, out: Console, err: Console) -> int:
     return _exit_code(result, session.settings)
 
 
+def _ask(args: argparse.Namespace, out: Console, err: Console) -> int:
+    """``rlm ask RUN QUESTION``: a follow-up question to a finished root run (``Session.follow_up``)."""
+    from rlmfamily import resume
+
+    session = resume.prepare_ask(args)
+    progress = _Progress(session.settings.max_turns, children=RunningChildren(session.settings))
+    live = None if args.quiet or args.json else Live(progress.render(), console=err, refresh_per_second=8, transient=True)
+
+    def on_event(event: dict[str, Any]) -> None:
+        progress.update(event)
+        if live is not None:
+            live.update(progress.render())
+
+    session.on_event = on_event
+    if live is not None:
+        with live:
+            result = session.follow_up(args.question)
+    else:
+        result = session.follow_up(args.question)
+    _print_result(result, out, err, as_json=args.json)
+    return _exit_code(result, session.settings)
+
+
 def _context(args: argparse.Namespace, settings: RLMSettings) -> Context:
     if args.repo:
         return Context.from_repository(args.repo, settings)
@@ -418,7 +444,7 @@ def _show(args: argparse.Namespace, out: Console, err: Console) -> int:
         return EXIT_OK
     for event in events:
         _show_event(event, out)
-    if not any(e["event"] == "run_finished" for e in events):
+    if not any(e["event"] == "run_finished" for e in last_question(events)):
         _show_unfinished(events, path.parent.name, out)
     return EXIT_OK
 
@@ -466,6 +492,15 @@ def _show_event(e: dict[str, Any], out: Console) -> None:
     elif kind == "run_resumed":
         p(f"\n── resumed after turn {e.get('turn')} (pid {e.get('pid')}; the process before, pid {e.get('after_pid')}, "
           f"ended without finishing): {describe_resume(e)}", "bold yellow")
+    elif kind == "follow_up":
+        p(f"\n══ follow-up {e.get('number')}: {e.get('question')}", "bold")
+        p(f"   after turn {e.get('turn')}; {describe_resume(e)}"
+          + (f"; the conversation before ({e['compacted']['messages']} messages, {e['compacted']['chars']:,} "
+             "characters) was compacted into a summary for the model, the record kept whole"
+             if e.get("compacted") else ""), "bold yellow")
+    elif kind == "tool_call":
+        status = "ok" if e.get("ok") else f"failed: {e.get('error')}"
+        p(f"  · tool {e.get('name')}({_one_line(e.get('arguments', ''), 70)}) [{status}]", "magenta")
     elif kind == "final_request":
         p(f"\n[asked for a final answer: {e.get('why')}]", "yellow")
     elif kind == "protocol_fallback":

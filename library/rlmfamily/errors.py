@@ -165,6 +165,12 @@ class RunFinished(ResumeError):
     code = "run_finished"
 
 
+class RunNotFinished(ResumeError):
+    """A follow-up question was asked of a run whose last question has not finished (running, or interrupted)."""
+
+    code = "run_not_finished"
+
+
 class ResumeUnsupported(ResumeError):
     """The run's state cannot be rebuilt faithfully (its kernel state, or how it was recorded)."""
 

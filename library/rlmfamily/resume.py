@@ -39,6 +39,7 @@ from rlmfamily.context import Context
 from rlmfamily.errors import (
     ResumeEndpointChanged,
     ResumeNeedsReconcile,
+    ResumeUnsupported,
     SettingsInvalid,
 )
 from rlmfamily.providers.base import PriceTable, Provider
@@ -48,7 +49,7 @@ from rlmfamily.session import Session, endpoint_of
 from rlmfamily.settings import RLMSettings, load_settings
 from rlmfamily.trajectory import find_run, read_trajectory
 
-__all__ = ["add_parser", "check_resumable", "plan", "prepare"]  # check_resumable and plan: rlmfamily/run_records.py
+__all__ = ["add_parser", "check_resumable", "plan", "prepare", "prepare_ask"]  # check_resumable and plan: rlmfamily/run_records.py
 
 Event = dict[str, Any]
 # What run_started records of the limits; a resumed run runs under the same ones (the budget insists).
@@ -61,8 +62,18 @@ ENDPOINT_FIELDS = ("provider", "base_url", "api_key_env")
 
 
 def add_parser(sub: Any) -> None:
+    """``rlm resume RUN`` and ``rlm ask RUN QUESTION``: both continue a root run from its records."""
     resume = sub.add_parser("resume", help="continue an interrupted root run from its checkpoint and records")
     resume.add_argument("run", help="run id, unique prefix, 'last', or a trajectory file")
+    _run_flags(resume)
+    ask = sub.add_parser("ask", help="a follow-up question to a finished root run: the same conversation and "
+                         "namespace, the family's budget (a child's: rlm follow-up)")
+    ask.add_argument("run", help="run id, unique prefix, 'last', or a trajectory file")
+    ask.add_argument("question")
+    _run_flags(ask)
+
+
+def _run_flags(resume: argparse.ArgumentParser) -> None:
     source = resume.add_mutually_exclusive_group()
     source.add_argument("--repo", help="the run's repository, if it moved (default: where it was)")
     source.add_argument("--document", help="the run's document, if it moved (default: where it was)")
@@ -80,12 +91,40 @@ def add_parser(sub: Any) -> None:
     resume.add_argument("--quiet", action="store_true", help="no live progress display")
 
 
+def prepare_ask(args: argparse.Namespace) -> Session:
+    """The session ``rlm ask`` asks its follow-up with (``Session.follow_up``): the run's settings, corpus and
+    endpoint, as ``rlm resume`` finds them."""
+    base = load_settings(**({"data_dir": args.data_dir} if args.data_dir else {}))
+    path = find_run(base.runs_dir, args.run)
+    events = read_trajectory(path)
+    started = check_resumable(base, path, events, finished=True)
+    _refuse_custom_tools(started, f"session.follow_up({args.question!r})")
+    settings = _settings(args, started)
+    provider = _provider(args, started, settings)
+    skip = getattr(provider, "skip_root_turns", None)
+    if skip is not None:  # a script replays from its first turn; the run has had this many of them
+        skip(max((int(e.get("turn") or 0) for e in events if e["event"] == "turn"), default=0))
+    return Session(context=_context(args, started, settings), provider=provider, settings=settings,
+                   run_id=started["run_id"], model=None if args.script else settings.model)
+
+
+def _refuse_custom_tools(started: Event, call: str) -> None:
+    """A run given custom tools (rlmfamily/tools.py) goes on only where its Python functions are: the caller's code."""
+    names = started.get("custom_tools")
+    if names:
+        raise ResumeUnsupported(
+            f"run {started['run_id']} was given custom tools ({', '.join(names)}), Python functions that the rlm "
+            f"command cannot rebuild: continue it from Python with the same tools, Session(..., "
+            f"run_id={started['run_id']!r}, tools=[...]) and {call} (docs/RLM.md, \"Custom tools\")")
+
+
 def prepare(args: argparse.Namespace) -> tuple[Session, ResumePoint]:
     """The session and the point ``rlm resume`` goes on from (the command shows its progress: cli.py)."""
     base = load_settings(**({"data_dir": args.data_dir} if args.data_dir else {}))
     path = find_run(base.runs_dir, args.run)
     events = read_trajectory(path)
     started = check_resumable(base, path, events)
+    _refuse_custom_tools(started, "session.resume(plan(settings, path, events, context))")
     _check_budget(base, started["run_id"])
     settings = _settings(args, started)
     context = _context(args, started, settings)

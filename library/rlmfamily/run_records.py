@@ -21,14 +21,15 @@ from rlmfamily.errors import (
     ResumeInconsistent,
     ResumeUnsupported,
     RunFinished,
+    RunNotFinished,
     RunRunning,
 )
 from rlmfamily.family import procs
 from rlmfamily.journal import FILENAME as JOURNAL_FILENAME
 from rlmfamily.journal import RecordedStep, Restore, digest, load
-from rlmfamily.prompts import final_request, first_message, in_text_words
+from rlmfamily.prompts import final_request, first_message, follow_up, in_text_words
 from rlmfamily.protocol import TEXT, Protocol, protocol_named
-from rlmfamily.providers.base import Completion, ToolCall
+from rlmfamily.providers.base import Completion, ToolCall, message_chars
 from rlmfamily.resumption import FinalState, ResumePoint
 from rlmfamily.settings import RLMSettings
 from rlmfamily.trajectory import lock_trajectory
@@ -36,6 +37,9 @@ from rlmfamily.trajectory import lock_trajectory
 Event = dict[str, Any]
 SEGMENT_EVENTS = ("run_started", "run_resumed", "follow_up")
 UNREPLAYABLE_CODES = ("timeout", "killed")  # a step cut off where the clock or a kill said: not reproducible
+SUMMARY_ANSWER_CHARS = 400  # of a question or an answer quoted in a compacted conversation's summary
+SUMMARY_LINE_CHARS = 100  # of a step's first line quoted there
+SUMMARY_RESERVE_CHARS = 200  # left free in the summary for its last line
 # The tool results of calls that run no step (the session gives them; the conversation's rebuild gives them again).
 NOT_RUN = "[not run: the run is ending]"
 EMPTY_CODE = "[error: empty code; send Python source in the code argument]"
@@ -50,27 +54,42 @@ def no_such_tool(name: str, tools: Sequence[str] = ("python",)) -> str:
 # ---------- checks ----------
 
 
-def check_resumable(settings: RLMSettings, path: Path, events: list[Event]) -> Event:
-    """The run's ``run_started``, once the run is known to be an unfinished root that no process runs."""
+def last_question(events: list[Event]) -> list[Event]:
+    """The events of the run's last question: from its last ``follow_up`` on (all of them without one)."""
+    starts = [i for i, e in enumerate(events) if e["event"] == "follow_up"]
+    return events[starts[-1]:] if starts else events
+
+
+def check_resumable(settings: RLMSettings, path: Path, events: list[Event], *, finished: bool = False) -> Event:
+    """The run's ``run_started``, once the run is known to be a root that no process runs, whose last question is
+    unfinished (``rlm resume``) or, with ``finished=True``, finished (a follow-up question)."""
     started = events[0] if events and events[0]["event"] == "run_started" else None
     run_id = path.parent.name
     if started is None:
         raise ResumeInconsistent(f"{path} does not begin with run_started; it is not a whole trajectory")
-    finished = [e for e in events if e["event"] == "run_finished"]
-    if finished:
-        raise RunFinished(f"run {run_id} already finished ({finished[-1].get('stop_reason')}); "
-                          f"`rlm show {run_id}` shows it. Ask again with `rlm run`")
+    ended = [e for e in last_question(events) if e["event"] == "run_finished"]
+    if ended and not finished:
+        raise RunFinished(f"run {run_id} already finished ({ended[-1].get('stop_reason')}); "
+                          f"`rlm show {run_id}` shows it. Ask it a follow-up with `rlm ask {run_id} QUESTION`, "
+                          "or ask again with `rlm run`")
+    if finished and not ended:
+        raise RunNotFinished(f"run {run_id} has not finished its question; a follow-up continues a finished run. "
+                             f"Resume it first (`rlm resume {run_id}`), or wait for it")
     if settings.family_path.is_file():
         from rlmfamily.family.store import FamilyStore
 
         member = FamilyStore(settings.family_path).run(run_id)
         if member is not None and member.root_id != run_id:
+            if finished:
+                raise ResumeUnsupported(f"run {run_id} is a child of {member.root_id}; a child's follow-up is "
+                                        f"`rlm follow-up {member.root_id} {member.agent_id} PROMPT`")
             raise ResumeUnsupported(f"run {run_id} is a child of {member.root_id}; a child is not resumed on its own. "
                                     f"Resume its root (`rlm resume {member.root_id}`), which settles its children")
     owner = [e for e in events if e["event"] in SEGMENT_EVENTS][-1]
     with path.open("a") as probe:  # the owner holds the writer's lock as long as it lives
         lock_trajectory(probe.fileno(), path)
-    if owner.get("pid") and procs.alive(owner["pid"], owner.get("pid_start")):
+    # A finished question's process may live on (this one, asking a follow-up): the lock alone says no one writes.
+    if not finished and owner.get("pid") and procs.alive(owner["pid"], owner.get("pid_start")):
         raise RunRunning(f"run {run_id} is still running (pid {owner['pid']}); wait for it, or stop it first")
     if "system_prompt" not in started or any(e["event"] == "turn" and "calls" not in e for e in events):
         raise ResumeUnsupported(f"run {run_id} was recorded by a version of rlmfamily without resume support "
@@ -120,6 +139,11 @@ class _Conversation:
             self.answer = None
         elif kind == "gate":
             self.gate_runs.append({k: v for k, v in event.items() if k not in ("event", "seq", "ts")})
+        elif kind == "follow_up":  # a further question after a finished one: as Session.follow_up built it
+            self.close_turn()
+            self.asked_final = self.final = None
+            self.final_turn, self.answer = False, None
+            self.messages = follow_up_messages(self.messages, event["message"], compacted="compacted" in event)
 
     def open_turn(self, event: Event) -> None:
         if self.asked_final is not None:
@@ -178,40 +202,126 @@ class _Conversation:
 def plan(settings: RLMSettings, path: Path, events: list[Event], context: Context) -> ResumePoint:
     """The point an interrupted run resumes from, or the reason it cannot (ResumeUnsupported / ResumeInconsistent)."""
     started = check_resumable(settings, path, events)
-    run_id, kernel = path.parent.name, started["kernel"]
-    protocol = protocol_named(started.get("protocol") or "tools")
-    shown = first_message(started["question"], context.stats(), protocol.name)
+    corpus_changed = _corpus_changed(started, context)
+    if corpus_changed and started.get("profile") != "python-bash":
+        raise ResumeInconsistent(f"the corpus of run {path.parent.name} changed since it started (its shape is not "
+                                 "the one the model was shown); resume it over the same files, or ask again with "
+                                 "`rlm run`")
+    talk, restore = _rebuild(settings, path, events, started)
+    run_id, question = path.parent.name, last_question(events)
+    subcalls = [e for e in events if e["event"] == "subcall"]
+    segments = [e for e in question if e["event"] in SEGMENT_EVENTS]
+    interrupted = talk.completion is not None and len(talk.observations) < len(talk.calls)
+    asked = question[0] if question[0]["event"] == "follow_up" else started
+    return ResumePoint(
+        run_id=run_id, question=asked["question"], kernel=started["kernel"], protocol=talk.protocol,
+        messages=talk.messages, turns=talk.turn, completion=talk.completion, calls=talk.calls,
+        observations=tuple(talk.observations), subcalls=sum(e["event"] == "subcall" for e in question),
+        subcall_seq=max((int(e.get("seq") or 0) for e in subcalls), default=0), elapsed_s=_alive_s(question),
+        restore=restore, budget_entries=_earlier_entries(settings, run_id, segments), answer=talk.answer,
+        final=talk.final, gate_runs=tuple(talk.gate_runs), turns_before=int(asked.get("turn") or 0),
+        record={"after_pid": segments[-1].get("pid"), "steps": restore.completed, "restore": restore.mode,
+                "checkpoint_seq": restore.completed if restore.mode == "checkpoint" else None,
+                "interrupted_call": len(talk.observations) + 1 if interrupted else None,
+                "final": talk.final is not None, "children": _recover_children(settings, run_id),
+                **({"corpus_changed": True} if corpus_changed else {})},
+    )
+
+
+def follow_up_point(settings: RLMSettings, path: Path, events: list[Event], context: Context,
+                    question: str) -> ResumePoint:
+    """Where a further question to a finished root run starts: its conversation with the question added (compacted
+    past ``follow_up_compact_chars``), its namespace restored from its checkpoint or journal, no turn played yet."""
+    started = check_resumable(settings, path, events, finished=True)
+    talk, restore = _rebuild(settings, path, events, started)
+    talk.close_turn()
+    run_id = path.parent.name
+    asked = [e for e in events if e["event"] == "follow_up"]
+    corpus_changed = _corpus_changed(started, context)
+    text = follow_up(question, talk.protocol.name)
+    if corpus_changed:
+        text += f"\n\nThe corpus changed since the run started; its shape now: {context.stats()}"
+    compacted = None
+    if message_chars(talk.messages) > settings.follow_up_compact_chars:
+        compacted = compaction(settings, run_id, events, talk.messages)
+        text = compacted["summary"] + "\n\n" + text
+    messages = follow_up_messages(talk.messages, text, compacted=compacted is not None)
+    return ResumePoint(
+        run_id=run_id, question=question, kernel=started["kernel"], protocol=talk.protocol, messages=messages,
+        turns=talk.turn, completion=None, calls=(), observations=(), subcalls=0,
+        subcall_seq=max((int(e.get("seq") or 0) for e in events if e["event"] == "subcall"), default=0),
+        elapsed_s=0.0, restore=restore, budget_entries=[], gate_runs=tuple(talk.gate_runs), turns_before=talk.turn,
+        record={"number": len(asked) + 1, "question": question, "message": text, "steps": restore.completed,
+                "restore": restore.mode, **({"compacted": compacted} if compacted else {}),
+                **({"corpus_changed": True} if corpus_changed else {})},
+    )
+
+
+def follow_up_messages(messages: list[dict[str, Any]], text: str, *, compacted: bool) -> list[dict[str, Any]]:
+    """The conversation a follow-up continues: the question added, or (compacted) the system prompt and the first
+    message, then one message holding the summary of the rest and the question."""
+    if compacted:
+        return [dict(messages[0]), dict(messages[1]), {"role": "user", "content": text}]
+    return [*messages, {"role": "user", "content": text}]
+
+
+def compaction(settings: RLMSettings, run_id: str, events: list[Event], messages: list[dict[str, Any]]) -> Event:
+    """A summary of a long conversation from its records: the questions and answers, each step's first line and the
+    history entry holding its whole output, newest kept within ``follow_up_summary_chars``. Nothing is deleted:
+    the trajectory and the history keep all of it, and the summary says where."""
+    limit = settings.follow_up_summary_chars
+    head = (f"[The conversation so far ({len(messages) - 2} messages, {message_chars(messages):,} characters) was "
+            f"compacted past RLM_FOLLOW_UP_COMPACT_CHARS ({settings.follow_up_compact_chars:,}) into this summary. "
+            "Nothing was deleted: each step's whole output is in the history (history.read(id), history.search(...)), "
+            f"and the whole conversation is in the run's trajectory (`rlm show {run_id}`). Your namespace is as "
+            "you left it.]")
+    answers = [e for e in events if e["event"] == "run_finished"]
+    questions = [e for e in events if e["event"] in ("run_started", "follow_up")]
+    qa = [f"- Q{n}: {_clip(q.get('question', ''))}\n  A{n}: {_clip(a.get('answer') or '(no answer: ' + str(a.get('stop_reason')) + ')')}"
+          for n, (q, a) in enumerate(zip(questions, answers, strict=False), 1)]
+    steps = [f"- turn {e.get('turn')}: `{_clip((e.get('code') or '').strip().splitlines()[0] if (e.get('code') or '').strip() else '', SUMMARY_LINE_CHARS)}`"
+             f" -> {'ok' if e.get('ok') else 'error ' + str(e.get('error_code'))}"
+             + (f", history {e['history_id']}" if e.get("history_id") is not None else "")
+             for e in events if e["event"] == "step"]
+    body = [head, "Questions and answers so far:", *qa, "Steps (first line of the code; newest last):"]
+    room = limit - sum(len(line) + 1 for line in body)
+    kept: list[str] = []
+    for line in reversed(steps):
+        if room - len(line) - 1 < SUMMARY_RESERVE_CHARS:
+            break
+        kept.insert(0, line)
+        room -= len(line) + 1
+    if len(kept) < len(steps):
+        body.append(f"- ({len(steps) - len(kept)} earlier steps left out of this summary; the trajectory has them)")
+    summary = "\n".join(body + kept)[:limit]
+    return {"messages": len(messages) - 2, "chars": message_chars(messages), "summary": summary}
+
+
+def _clip(text: str, limit: int | None = None) -> str:
+    limit = limit or SUMMARY_ANSWER_CHARS
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _corpus_changed(started: Event, context: Context) -> bool:
     # A python-bash run changes its workspace by design: its model was told `context` is the corpus as the run
     # started, so the conversation stays true over the changed files, and run_resumed says they changed.
-    corpus_changed = shown != started.get("first_message")
-    if corpus_changed and started.get("profile") != "python-bash":
-        raise ResumeInconsistent(f"the corpus of run {run_id} changed since it started (its shape is not the one the "
-                                 "model was shown); resume it over the same files, or ask again with `rlm run`")
+    protocol = protocol_named(started.get("protocol") or "tools")
+    return first_message(started["question"], context.stats(), protocol.name) != started.get("first_message")
+
+
+def _rebuild(settings: RLMSettings, path: Path, events: list[Event], started: Event) -> tuple[_Conversation, Restore]:
+    """The conversation as the session built it, and how the namespace comes back."""
+    run_id, kernel = path.parent.name, started["kernel"]
+    protocol = protocol_named(started.get("protocol") or "tools")
     talk = _Conversation(protocol, [{"role": "system", "content": started["system_prompt"]},
                                     {"role": "user", "content": started["first_message"]}],
                          tools=tuple(started.get("tools") or ("python",)))
     for event in events:
         talk.feed(event)
     journal = load(path.parent / JOURNAL_FILENAME)
-    completed = len(talk.steps)
     _check_journal(run_id, talk.steps, journal)
-    restore = _restore(settings, path.parent, run_id, kernel, talk.steps, journal)
-    subcalls = [e for e in events if e["event"] == "subcall"]
-    segments = [e for e in events if e["event"] in SEGMENT_EVENTS]
-    interrupted = talk.completion is not None and len(talk.observations) < len(talk.calls)
-    return ResumePoint(
-        run_id=run_id, question=started["question"], kernel=kernel, protocol=talk.protocol, messages=talk.messages,
-        turns=talk.turn, completion=talk.completion, calls=talk.calls, observations=tuple(talk.observations),
-        subcalls=len(subcalls),
-        subcall_seq=max((int(e.get("seq") or 0) for e in subcalls), default=0), elapsed_s=_alive_s(events),
-        restore=restore, budget_entries=_earlier_entries(settings, run_id, segments), answer=talk.answer,
-        final=talk.final, gate_runs=tuple(talk.gate_runs),
-        record={"after_pid": segments[-1].get("pid"), "steps": completed, "restore": restore.mode,
-                "checkpoint_seq": completed if restore.mode == "checkpoint" else None,
-                "interrupted_call": len(talk.observations) + 1 if interrupted else None,
-                "final": talk.final is not None, "children": _recover_children(settings, run_id),
-                **({"corpus_changed": True} if corpus_changed else {})},
-    )
+    return talk, _restore(settings, path.parent, run_id, kernel, talk.steps, journal)
 
 
 def _check_journal(run_id: str, steps: list[Event], journal: dict[int, RecordedStep]) -> None:

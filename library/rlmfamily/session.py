@@ -47,9 +47,9 @@ from rlmfamily.protocol import TEXT, TOOLS, Protocol, protocol_named, refused_to
 from rlmfamily.providers.base import Completion, Provider, ToolCall, estimate_tokens, message_chars, usd_cost_known
 from rlmfamily.settings import RLMSettings, load_settings
 from rlmfamily.resumption import ResumePoint
-from rlmfamily.run_records import EMPTY_CODE, NOT_RUN, no_such_tool  # the results of calls that run no step
+from rlmfamily.run_records import EMPTY_CODE, NOT_RUN, follow_up_point, no_such_tool
 from rlmfamily.tools import Tool, ToolsExtension, check_tools, once_only_functions, repeat_safe_functions
-from rlmfamily.trajectory import FILENAME, PREVIEW_CHARS, TrajectoryWriter
+from rlmfamily.trajectory import FILENAME, PREVIEW_CHARS, TrajectoryWriter, read_trajectory
 
 STOP_REASONS = ("answered", "max_turns", "budget_exhausted", "deadline", "error")
 ENTRY_TITLE_CHARS = 80  # of a history entry's title: the first line of the code, or the sub-call's prompt
@@ -193,6 +193,9 @@ class Session:
         except RLMError:
             run.abandon()
             raise
+        run.answer.withdraw()  # a host kernel's replay set earlier questions' answers again: the records say which
+        if point.answer is not None:
+            run.answer.set(*point.answer)
         run.write_resumed()
 
         def play() -> None:
@@ -211,6 +214,36 @@ class Session:
                 run.play_turns()
 
         return self._drive(run, play)
+
+    def follow_up(self, question: str) -> RunResult:
+        """Ask the finished root run ``run_id`` (this session's, or a past one's: ``Session(run_id=...)``) a further
+        question, as the next turns of the same conversation over the same namespace.
+
+        The conversation and namespace come from the run's records (rlmfamily/run_records.py): the namespace from
+        the Monty checkpoint after its last step, or (host, container) by replaying its journal. Past
+        ``follow_up_compact_chars`` the conversation is compacted into a summary naming the history entries and the
+        trajectory that keep all of it. The question runs under the family's one budget, with ``max_turns`` turns of
+        its own, and ends with its own ``run_finished``; the earlier ones stay as they are. May be called again.
+        """
+        if self.root_id != self.run_id:
+            raise RLMError("a child's follow-up is rlm.follow_up(child, prompt) from its parent, or `rlm follow-up`")
+        if not isinstance(question, str) or not question.strip():
+            raise SettingsInvalid("a follow-up needs a question: session.follow_up('what next?')")
+        path = self.settings.runs_dir / self.run_id / FILENAME
+        point = follow_up_point(self.settings, path, read_trajectory(path), self.context, question)
+        run = _Run.open(self, question, point.messages, resumed=point)
+        try:
+            run.start(follow_up=True)
+        except RLMError:
+            run.abandon()
+            raise
+        run.answer.withdraw()  # a host kernel's replay set the earlier question's answer again
+        run.trajectory.write("follow_up", turn=run.turn, pid=os.getpid(), pid_start=procs.start_time(os.getpid()),
+                             **point.record)
+        run.emit({"event": "follow_up", "run_id": self.run_id, "turn": run.turn, "number": point.record["number"],
+                  "max_turns": self.settings.max_turns, "budget": run.budget.snapshot().to_dict()})
+        self._used = True
+        return self._drive(run, run.play_turns)
 
     def _drive(self, run: _Run, play: Callable[[], None]) -> RunResult:
         try:
@@ -253,6 +286,7 @@ class _Run:
     messages: list[dict[str, Any]] = field(default_factory=list)
     answer: AnswerBox = field(default_factory=AnswerBox)
     turn: int = 0
+    turns_before: int = 0  # turns of the run's earlier questions: this one's max_turns counts from here
     subcall_count: int = 0
     root_chars_sent: int = 0
     root_chars_last: int = 0
@@ -312,6 +346,7 @@ class _Run:
         self.resumed = point
         self.messages = [dict(m) for m in point.messages]
         self.turn = point.turns
+        self.turns_before = point.turns_before
         self.subcall_count = point.subcalls
         self.subcalls.continue_from(admitted=point.subcalls, seq=point.subcall_seq)
         self.subcalls.current_turn = point.turns
@@ -444,7 +479,7 @@ class _Run:
         attempt = self.gates.check(self.turn)
         if attempt.error is not None or attempt.passed or final:
             return True
-        turns_left = max(0, self.settings.max_turns - self.turn)
+        turns_left = max(0, self.settings.max_turns - (self.turn - self.turns_before))
         message = self.gates.feedback(attempt, turns_left=turns_left)
         self.answer.withdraw()
         self.messages.append({"role": "user", "content": message})
@@ -474,7 +509,7 @@ class _Run:
     def admit_turn(self) -> int | None:
         """The budget entry of the next root turn, or None (and why) when the run must stop."""
         settings = self.settings
-        if self.turn >= settings.max_turns:
+        if self.turn - self.turns_before >= settings.max_turns:
             self.stop_reason, self.why = "max_turns", f"all {settings.max_turns} turns are used (RLM_MAX_TURNS)"
             return None
         if time.monotonic() >= self.deadline:
