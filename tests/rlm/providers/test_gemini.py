@@ -123,3 +123,19 @@ def test_a_run_on_gemini_counts_files_over_two_turns_and_books_the_cached_tokens
     # 3,040 + 3,230 tokens; the second call's 2,900 cached prompt tokens at $0.10 instead of $1.
     assert result.budget.tokens == 6_270
     assert result.budget.usd == pytest.approx((3_000 * 1.0 + 40 * 4.0 + 300 * 1.0 + 2_900 * 0.1 + 30 * 4.0) / 1e6)
+
+
+def test_without_the_extra_choosing_gemini_names_the_install_command(make_settings, monkeypatch) -> None:
+    import sys
+
+    import google
+
+    from rlmfamily.errors import SettingsInvalid
+
+    # sys.modules[name] = None is how Python makes an import fail as if the package were absent.
+    monkeypatch.setitem(sys.modules, "google.genai", None)
+    monkeypatch.delattr(google, "genai", raising=False)
+    monkeypatch.setenv("GEMINI_API_KEY", "g-key")
+    with pytest.raises(SettingsInvalid) as refused:
+        build_provider(make_settings(provider="gemini", model="gemini-2.5-flash"))
+    assert "pip install 'rlmfamily[gemini]'" in refused.value.message and refused.value.setting == "provider"
