@@ -23,7 +23,7 @@ from typing import Any
 from rlmfamily.budget import Budget
 from rlmfamily.errors import BudgetError, ProviderError, RLMError
 from rlmfamily.memo import MemoHit, MemoKey, SubcallMemo
-from rlmfamily.providers.base import Completion, Provider, estimate_tokens
+from rlmfamily.providers.base import Completion, Provider, Usage, estimate_tokens
 from rlmfamily.settings import RLMSettings
 
 SUBCALL_SYSTEM = (
@@ -282,10 +282,12 @@ class SubcallRunner:
 
     def _from_memo(self, seq: int, prompt: str, context_text: str, hit: MemoHit,
                    record: RecordSink | None) -> LLMResult:
-        """The model gets the answer as it first came; the record says it was cached and cost nothing."""
+        """The model gets the answer as it first came, its usage marked cached at zero cost (the first call's
+        usage stays with the first call); the record says it was cached and which entry paid for it."""
         with self._lock:
             self._cached += 1
-        result = LLMResult(text=hit.response, ok=True, usage=hit.usage, model=hit.model)
+        usage = {**Usage(0, 0, 0.0).to_dict(), "cached": True}
+        result = LLMResult(text=hit.response, ok=True, usage=usage, model=hit.model)
         self._record(seq, prompt, context_text, result, None, record,
                      cached_from={"run_id": hit.paid_by_run, "budget_entry": hit.budget_entry})
         return result

@@ -34,8 +34,10 @@ CRATES_RULES = [{"pattern": r"MAX_CRATES = (\d+).*What is MAX_CRATES", "answer":
 ASK_TWICE = """
 a = llm_query("What is MAX_CRATES?", context.read("ferry.txt"))
 b = llm_query("What is MAX_CRATES?", context.read("ferry.txt"))
-same = a.text == b.text and a.ok == b.ok and a.truncated == b.truncated and repr(a) == repr(b) and a.usage == b.usage
-final_answer(a.text + "/" + b.text + " same=" + str(same))
+same = a.text == b.text and a.ok == b.ok and a.truncated == b.truncated and repr(a) == repr(b)
+free = (b.usage.get("cached") is True and b.usage["cost_usd"] == 0 and b.usage["total_tokens"] == 0
+        and a.usage.get("cached") is None and a.usage["total_tokens"] > 0)
+final_answer(a.text + "/" + b.text + " same=" + str(same) + " free=" + str(free))
 """
 
 
@@ -75,7 +77,8 @@ def test_the_same_subcall_asked_twice_is_paid_once_and_shown_as_cached(tmp_path:
     run = _cli_run(tmp_path, ASK_TWICE, "--json")
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
-    assert result["answer"] == "40/40 same=True"  # the model gets the answer as it first came
+    # The model gets the answer as it first came, and its usage says it was cached, at no cost.
+    assert result["answer"] == "40/40 same=True free=True"
     assert result["budget"]["calls"] == 2  # the root turn and one paid sub-call
     assert result["subcalls"] == 2 and result["subcalls_cached"] == 1
     plain = tmp_path / "plain"
@@ -109,11 +112,11 @@ def test_the_same_subcall_asked_twice_is_paid_once_and_shown_as_cached(tmp_path:
 def test_with_no_memoise_subcalls_the_same_subcall_is_paid_twice(tmp_path: Path) -> None:
     run = _cli_run(tmp_path, ASK_TWICE, "--json", "--no-memoise-subcalls")
     assert run.returncode == 0, run.stderr
-    assert json.loads(run.stdout)["answer"] == "40/40 same=True"
+    assert json.loads(run.stdout)["answer"] == "40/40 same=True free=False"
     (root,) = _usage_json(tmp_path)["roots"]
     assert root["calls"] == 3 and root["cached"]["hits"] == 0
     shown = rlm("show", "last", data_dir=tmp_path / "data").stdout
-    assert "cached" not in shown
+    assert "[ok, cached" not in shown and "(1 cached)" not in shown  # the code shown may say the word
     assert not (tmp_path / "data" / "memo.sqlite3").exists()
 
 
