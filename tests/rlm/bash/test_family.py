@@ -89,12 +89,12 @@ def test_mutating_commands_of_two_children_serialise_and_read_only_ones_overlap(
     assert {j.root_id for j in store.jobs()} == {result.run_id}
 
 
+# The root cancels once the child's command has started its grandchild: a read-only command of the root (it
+# takes no lease, so it runs beside the child's) waits for the grandchild's pid file. Waiting for the job to be
+# "running" raced the command's first line: a cancel could land before the grandchild existed (issue 40).
 CANCELLER = """
-import time
 h = rlm.run("block")
-t = time.time()
-while not [j for j in bash.jobs() if j["state"] == "running"] and time.time() - t < 20:
-    time.sleep(0.02)
+bash.run("for i in $(seq 3000); do [ -s grandchild ] && break; sleep 0.01; done", read_only=True, deadline_s=60)
 h.cancel()
 final_answer(h.status()["state"])
 """
@@ -110,7 +110,7 @@ def test_cancelling_a_child_mid_command_stops_the_jobs_process_group_and_leaves_
     result = Session(context=Context.from_repository(workspace, settings), provider=ScriptedProvider(script),
                      settings=settings).run("q")
     assert result.answer == "cancelled", result.error
-    [job] = JobStore(settings.jobs_path).jobs()
+    [job] = [j for j in JobStore(settings.jobs_path).jobs() if not j.read_only]  # the child's, not the root's wait
     grandchild = int((workspace / "grandchild").read_text())
     from rlmfamily.family import procs
 
