@@ -32,9 +32,12 @@ locals {
     # The keys it issues must be of the environment the API accepts.
     SPECIALISTS_KEY_ENVIRONMENT = var.key_environment
     SPECIALISTS_LOG_LEVEL       = "INFO"
+    # Its share of the connection budget (infra/database.tf).
+    SPECIALISTS_DB_POOL_SIZE    = var.database_pools.console.size
+    SPECIALISTS_DB_MAX_OVERFLOW = var.database_pools.console.overflow
   }
   console_secret_env = {
-    DATABASE_URL                        = google_secret_manager_secret.database_url.secret_id
+    DATABASE_URL                        = google_secret_manager_secret.database_url_operator.secret_id
     SPECIALISTS_KEY_SIGNING_SECRETS     = google_secret_manager_secret.key_signing.secret_id
     SPECIALISTS_CONSOLE_SESSION_SECRETS = google_secret_manager_secret.console_session.secret_id
   }
@@ -59,7 +62,7 @@ resource "google_cloud_run_v2_service" "console" {
   depends_on = [
     google_project_service.apis,
     google_secret_manager_secret_iam_member.console_reads,
-    google_secret_manager_secret_version.database_url,
+    google_secret_manager_secret_version.database_url_operator,
     google_secret_manager_secret_version.console_session,
   ]
 
@@ -104,6 +107,9 @@ resource "google_cloud_run_v2_service" "console" {
           cpu    = "1"
           memory = "1Gi"
         }
+        # CPU only while a page is served: the console does nothing between requests (sessions are rows, signed
+        # cookies), so it is billed per request and scales to zero.
+        cpu_idle          = true
         startup_cpu_boost = true
       }
 
@@ -127,7 +133,7 @@ resource "google_cloud_run_v2_service" "console" {
           value_source {
             secret_key_ref {
               secret  = env.value
-              version = "latest"
+              version = local.secret_versions[env.value]
             }
           }
         }

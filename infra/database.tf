@@ -8,11 +8,14 @@ resource "google_compute_network" "vpc" {
   depends_on              = [google_project_service.apis]
 }
 
+# Direct VPC egress takes an address per instance of the API, gRPC and console services and the jobs, and during a
+# rollout the old and the new revisions' instances hold theirs together: var.run_subnet_cidr must hold
+# SUBNET_ADDRESSES_PER_INSTANCE (tests/deploy/test_infra_changes.py) times their maximum instances.
 resource "google_compute_subnetwork" "run" {
   name                     = "specialists-run"
   region                   = var.region
   network                  = google_compute_network.vpc.id
-  ip_cidr_range            = "10.8.0.0/24"
+  ip_cidr_range            = var.run_subnet_cidr
   private_ip_google_access = true
 }
 
@@ -37,6 +40,14 @@ resource "google_sql_database_instance" "main" {
   database_version    = "POSTGRES_16"
   deletion_protection = true
   depends_on          = [google_service_networking_connection.sql_private]
+
+  lifecycle {
+    # Every process's pool, at every service's maximum instances, fits in max_connections (the budget below).
+    precondition {
+      condition     = local.database_connections_worst_case <= var.database_max_connections - local.database_reserved_connections
+      error_message = "The services' connection pools at their maximum instances (local.database_connections_worst_case) exceed database_max_connections less the reserved connections: lower the pools (database_pools), the services' max instances, or raise database_max_connections."
+    }
+  }
 
   settings {
     tier                        = var.database_tier
@@ -79,6 +90,21 @@ resource "google_sql_database_instance" "main" {
       name  = "log_checkpoints"
       value = "on"
     }
+    # A statement that fails is logged with its text (CKV_GCP_109), every schema change is logged (CKV_GCP_111:
+    # `ddl`, not every statement of the hot path), and pgAudit is loaded (CKV_GCP_110), so that an operator can
+    # turn its session logging on for an investigation (pgaudit.log) without a restart; it logs nothing until then.
+    database_flags {
+      name  = "log_min_error_statement"
+      value = "error"
+    }
+    database_flags {
+      name  = "log_statement"
+      value = "ddl"
+    }
+    database_flags {
+      name  = "cloudsql.enable_pgaudit"
+      value = "on"
+    }
 
     backup_configuration {
       enabled                        = true
@@ -109,6 +135,14 @@ resource "google_sql_database" "app" {
   instance = google_sql_database_instance.main.name
 }
 
+# --- database users: the schema's owner, and one DML-only user per kind of serving role ----------------------
+# The owner (var.database_user) is the migration job's: it creates and alters the schema. The serving roles connect
+# as users of their own, which migrations/grants.sql (applied by every `specialists db upgrade`, so by the migration
+# job) gives DML on the tables, EXECUTE on the ledger's functions and nothing else: no CREATE, no ALTER, no DROP.
+#   edge      the API and gRPC services          worker    the worker service and its job processes
+#   operator  the console and the drill job (and operators' own commands through the Cloud SQL Auth Proxy)
+# docs/OPERATIONS.md "Database users" says why these are password users and not IAM database users yet.
+
 # Letters and digits only: the password goes into DATABASE_URL unescaped.
 resource "random_password" "database" {
   length  = 40
@@ -119,4 +153,67 @@ resource "google_sql_user" "app" {
   name     = var.database_user
   instance = google_sql_database_instance.main.name
   password = random_password.database.result
+}
+
+resource "random_password" "database_edge" {
+  length  = 40
+  special = false
+}
+
+resource "google_sql_user" "edge" {
+  name     = "specialists_edge"
+  instance = google_sql_database_instance.main.name
+  password = random_password.database_edge.result
+}
+
+resource "random_password" "database_worker" {
+  length  = 40
+  special = false
+}
+
+resource "google_sql_user" "worker" {
+  name     = "specialists_worker"
+  instance = google_sql_database_instance.main.name
+  password = random_password.database_worker.result
+}
+
+resource "random_password" "database_operator" {
+  length  = 40
+  special = false
+}
+
+resource "google_sql_user" "operator" {
+  name     = "specialists_operator"
+  instance = google_sql_database_instance.main.name
+  password = random_password.database_operator.result
+}
+
+# --- the connection budget ----------------------------------------------------------------------------------
+# The most connections every process can hold at once: per process its pool and overflow (database_pools, set in
+# each container's environment as SPECIALISTS_DB_POOL_SIZE and SPECIALISTS_DB_MAX_OVERFLOW) and one LISTEN
+# connection, times the processes of one instance (the API: the edge and its relay; a worker: itself and one
+# process per concurrent job), times the service's maximum instances. The instance's precondition above refuses
+# a plan where it exceeds max_connections less what Cloud SQL and an operator keep (superuser_reserved plus a
+# psql session, database_reserved_connections). tests/deploy/test_infra_changes.py sums it again from the
+# services themselves.
+locals {
+  database_reserved_connections = 10
+  database_processes = {
+    api     = { instances = var.api_max_instances, processes = 2, pool = var.database_pools.api }
+    grpc    = { instances = var.grpc_max_instances, processes = 1, pool = var.database_pools.grpc }
+    worker  = { instances = var.worker_max_instances, processes = 1 + var.worker_max_concurrent_jobs, pool = var.database_pools.worker }
+    console = { instances = var.console_max_instances, processes = 1, pool = var.database_pools.console }
+    migrate = { instances = 1, processes = 1, pool = var.database_pools.jobs }
+    drill   = { instances = 1, processes = 1, pool = var.database_pools.jobs }
+  }
+  database_connections_worst_case = sum([
+    for role in values(local.database_processes) : role.instances * role.processes * (role.pool.size + role.pool.overflow + 1)
+  ])
+  # The pool settings of each container (run.tf, console.tf).
+  database_pool_env = {
+    for name, role in local.database_processes : name => {
+      SPECIALISTS_DB_POOL_SIZE    = role.pool.size
+      SPECIALISTS_DB_MAX_OVERFLOW = role.pool.overflow
+    }
+  }
 }

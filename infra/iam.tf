@@ -2,6 +2,10 @@
 #   api       runs the edge and its Cloud Tasks relay: reaches Cloud SQL, enqueues on the jobs queue,
 #             and acts as the invoker account (Cloud Tasks mints the invoker's OIDC token for its tasks);
 #             its collector sidecar writes traces and metrics (infra/observability.tf)
+#   grpc      runs the gRPC binding's edge: reaches Cloud SQL and reads the key-signing, push-signing and metrics
+#             token secrets;
+#             it runs no relay, so nothing of Cloud Tasks, the invoker or the worker job secrets; its collector
+#             sidecar writes traces and metrics
 #   invoker   the identity of Cloud Tasks deliveries: may invoke the worker service, nothing else
 #   worker    runs jobs: reaches Cloud SQL; its collector sidecar writes traces and metrics
 #   migrate   the migration job: reaches Cloud SQL
@@ -18,6 +22,11 @@
 resource "google_service_account" "api" {
   account_id   = "specialists-api"
   display_name = "specialists: A2A edge and Cloud Tasks relay"
+}
+
+resource "google_service_account" "grpc" {
+  account_id   = "specialists-grpc"
+  display_name = "specialists: A2A gRPC binding"
 }
 
 resource "google_service_account" "invoker" {
@@ -51,10 +60,12 @@ resource "google_service_account" "deployer" {
 }
 
 # --- Cloud SQL ------------------------------------------------------------------------------------
+# roles/cloudsql.client exists only on the project; the condition narrows it to this deployment's instance.
 
 resource "google_project_iam_member" "cloudsql_client" {
   for_each = {
     api     = google_service_account.api.email
+    grpc    = google_service_account.grpc.email
     worker  = google_service_account.worker.email
     migrate = google_service_account.migrate.email
     drill   = google_service_account.drill.email
@@ -63,6 +74,12 @@ resource "google_project_iam_member" "cloudsql_client" {
   project = var.project_id
   role    = "roles/cloudsql.client"
   member  = "serviceAccount:${each.value}"
+
+  condition {
+    title       = "the specialists instance only"
+    description = "Connect to the deployment's Cloud SQL instance, no other of the project."
+    expression  = "resource.name == \"projects/${var.project_id}/instances/${var.database_instance_name}\" && resource.service == \"sqladmin.googleapis.com\""
+  }
 }
 
 # --- Cloud Tasks: the API enqueues, as the invoker; the invoker calls the worker -------------------
@@ -89,23 +106,9 @@ resource "google_cloud_run_v2_service_iam_member" "invoker_calls_worker" {
   member   = "serviceAccount:${google_service_account.invoker.email}"
 }
 
-# The edge is public: customers' agents call it with their API keys, checked by the service itself.
-resource "google_cloud_run_v2_service_iam_member" "public_calls_api" {
-  project  = var.project_id
-  location = google_cloud_run_v2_service.api.location
-  name     = google_cloud_run_v2_service.api.name
-  role     = "roles/run.invoker"
-  member   = "allUsers"
-}
-
-# The gRPC binding is public in the same way: the key travels in the call's metadata.
-resource "google_cloud_run_v2_service_iam_member" "public_calls_grpc" {
-  project  = var.project_id
-  location = google_cloud_run_v2_service.grpc.location
-  name     = google_cloud_run_v2_service.grpc.name
-  role     = "roles/run.invoker"
-  member   = "allUsers"
-}
+# The edge and its gRPC binding are public: customers' agents call them with their API keys, which the service
+# checks itself. They are public by `invoker_iam_disabled = true` on the services (infra/run.tf), not by an
+# allUsers grant: an organisation with domain-restricted sharing refuses allUsers in any policy, and accepts this.
 
 # --- traces and metrics: the collector sidecars write as their instance's account --------------------
 # Only the accounts of the exporting services (local.otel_writers; none when otel_enabled is false). Both roles
@@ -130,7 +133,7 @@ resource "google_project_iam_member" "otel_metric_writer" {
 
 resource "google_secret_manager_secret_iam_member" "api_reads" {
   for_each = {
-    database_url  = google_secret_manager_secret.database_url.id
+    database_url  = google_secret_manager_secret.database_url_edge.id
     key_signing   = google_secret_manager_secret.key_signing.id
     worker_job    = google_secret_manager_secret.worker_job.id
     metrics_token = google_secret_manager_secret.metrics_token.id
@@ -141,9 +144,21 @@ resource "google_secret_manager_secret_iam_member" "api_reads" {
   member    = "serviceAccount:${google_service_account.api.email}"
 }
 
+resource "google_secret_manager_secret_iam_member" "grpc_reads" {
+  for_each = {
+    database_url  = google_secret_manager_secret.database_url_edge.id
+    key_signing   = google_secret_manager_secret.key_signing.id
+    metrics_token = google_secret_manager_secret.metrics_token.id
+    push_signing  = google_secret_manager_secret.push_signing.id
+  }
+  secret_id = each.value
+  role      = "roles/secretmanager.secretAccessor"
+  member    = "serviceAccount:${google_service_account.grpc.email}"
+}
+
 resource "google_secret_manager_secret_iam_member" "worker_reads" {
   for_each = {
-    database_url   = google_secret_manager_secret.database_url.id
+    database_url   = google_secret_manager_secret.database_url_worker.id
     worker_job     = google_secret_manager_secret.worker_job.id
     checkpoint_key = google_secret_manager_secret.checkpoint_key.id
   }
@@ -178,7 +193,7 @@ resource "google_secret_manager_secret_iam_member" "migrate_reads" {
 
 resource "google_secret_manager_secret_iam_member" "drill_reads" {
   for_each = {
-    database_url = google_secret_manager_secret.database_url.id
+    database_url = google_secret_manager_secret.database_url_operator.id
     key_signing  = google_secret_manager_secret.key_signing.id
   }
   secret_id = each.value
@@ -188,7 +203,7 @@ resource "google_secret_manager_secret_iam_member" "drill_reads" {
 
 resource "google_secret_manager_secret_iam_member" "console_reads" {
   for_each = {
-    database_url    = google_secret_manager_secret.database_url.id
+    database_url    = google_secret_manager_secret.database_url_operator.id
     key_signing     = google_secret_manager_secret.key_signing.id
     console_session = google_secret_manager_secret.console_session.id
   }
@@ -221,6 +236,7 @@ resource "google_project_iam_member" "deployer" {
 resource "google_service_account_iam_member" "deployer_acts_as" {
   for_each = {
     api     = google_service_account.api.name
+    grpc    = google_service_account.grpc.name
     worker  = google_service_account.worker.name
     migrate = google_service_account.migrate.name
     drill   = google_service_account.drill.name

@@ -181,3 +181,57 @@ resource "google_monitoring_alert_policy" "database_connections" {
   }
   notification_channels = local.alert_channels
 }
+
+# The public API from outside Google's network: Cloud Monitoring asks /healthz from several regions every minute.
+resource "google_monitoring_uptime_check_config" "api" {
+  display_name = "specialists: the API answers /healthz"
+  timeout      = "10s"
+  period       = "60s"
+  depends_on   = [google_project_service.telemetry]
+
+  http_check {
+    path         = "/healthz"
+    port         = 443
+    use_ssl      = true
+    validate_ssl = true
+  }
+
+  monitored_resource {
+    type = "uptime_url"
+    labels = {
+      project_id = var.project_id
+      host       = replace(google_cloud_run_v2_service.api.uri, "https://", "")
+    }
+  }
+}
+
+resource "google_monitoring_alert_policy" "api_uptime" {
+  display_name = "specialists: the API is unreachable"
+  combiner     = "OR"
+  depends_on   = [google_project_service.telemetry]
+
+  conditions {
+    display_name = "the uptime check fails"
+    condition_threshold {
+      filter          = "resource.type = \"uptime_url\" AND metric.type = \"monitoring.googleapis.com/uptime_check/check_passed\" AND metric.label.check_id = \"${google_monitoring_uptime_check_config.api.uptime_check_id}\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = 1
+      duration        = "300s"
+      aggregations {
+        alignment_period     = "1200s"
+        per_series_aligner   = "ALIGN_NEXT_OLDER"
+        cross_series_reducer = "REDUCE_COUNT_FALSE"
+        group_by_fields      = ["resource.label.host"]
+      }
+      trigger {
+        count = 1
+      }
+    }
+  }
+
+  documentation {
+    content   = "The public API's /healthz has failed from more than one checker region for 5 minutes. Look at the API service's revisions and logs; `specialists health` says whether the database and the workers are there."
+    mime_type = "text/markdown"
+  }
+  notification_channels = local.alert_channels
+}

@@ -46,9 +46,10 @@ locals {
     SPECIALISTS_OTEL_PROJECT = var.project_id
   }
 
-  # The accounts the collectors write as: the API's (the api and grpc services) and the worker's.
+  # The accounts the collectors write as: the API's, the gRPC service's and the worker's.
   otel_exporting_accounts = {
     api    = google_service_account.api.email
+    grpc   = google_service_account.grpc.email
     worker = google_service_account.worker.email
   }
   otel_writers = { for name, email in local.otel_exporting_accounts : name => email if var.otel_enabled }
@@ -68,7 +69,11 @@ resource "google_project_service" "telemetry" {
 resource "google_secret_manager_secret" "otel_collector_config" {
   secret_id = "specialists-otel-collector-config"
   replication {
-    auto {}
+    user_managed {
+      replicas {
+        location = var.region
+      }
+    }
   }
   depends_on = [google_project_service.apis]
 }

@@ -47,19 +47,23 @@ locals {
     SPECIALISTS_DISPATCH_DEADLINE_S      = var.dispatch_deadline_s
     SPECIALISTS_DISPATCH_JOB_DEADLINE_S  = var.job_deadline_s
     SPECIALISTS_LOG_LEVEL                = "INFO"
+    # Its share of the connection budget (infra/database.tf).
+    SPECIALISTS_DB_POOL_SIZE    = var.database_pools.api.size
+    SPECIALISTS_DB_MAX_OVERFLOW = var.database_pools.api.overflow
   }
   api_secret_env = {
-    DATABASE_URL                     = google_secret_manager_secret.database_url.secret_id
+    DATABASE_URL                     = google_secret_manager_secret.database_url_edge.secret_id
     SPECIALISTS_KEY_SIGNING_SECRETS  = google_secret_manager_secret.key_signing.secret_id
     SPECIALISTS_WORKER_JOB_SECRETS   = google_secret_manager_secret.worker_job.secret_id
     SPECIALISTS_METRICS_TOKEN        = google_secret_manager_secret.metrics_token.secret_id
     SPECIALISTS_PUSH_SIGNING_SECRETS = google_secret_manager_secret.push_signing.secret_id
   }
 
-  # `specialists serve` on the gRPC service: the same edge (same account, secrets and cards), serving the
-  # gRPC binding on the container's port. Its admitted jobs reach Cloud Tasks through the API's relay (the
-  # outbox is in the database), so it runs no relay of its own.
-  # api_env's values, but these three (tests/deploy/test_infra.py checks it); the API's secrets.
+  # `specialists serve` on the gRPC service: the same edge (same cards), serving the gRPC binding on the
+  # container's port, as an account of its own. Its admitted jobs reach Cloud Tasks through the API's relay (the
+  # outbox is in the database), so it runs no relay of its own: it neither enqueues nor acts as the invoker, and
+  # reads no worker job secret. api_env's values, but the ports, the dispatcher and its pool (tests/deploy checks
+  # it); the API's secrets but the relay's (a live edge refuses to start without the metrics token).
   grpc_env = {
     SPECIALISTS_KEY_ENVIRONMENT          = var.key_environment
     SPECIALISTS_EDGE_PUBLIC_URL          = local.api_public_url
@@ -79,6 +83,14 @@ locals {
     SPECIALISTS_DISPATCH_DEADLINE_S      = var.dispatch_deadline_s
     SPECIALISTS_DISPATCH_JOB_DEADLINE_S  = var.job_deadline_s
     SPECIALISTS_LOG_LEVEL                = "INFO"
+    SPECIALISTS_DB_POOL_SIZE             = var.database_pools.grpc.size
+    SPECIALISTS_DB_MAX_OVERFLOW          = var.database_pools.grpc.overflow
+  }
+  grpc_secret_env = {
+    DATABASE_URL                     = google_secret_manager_secret.database_url_edge.secret_id
+    SPECIALISTS_KEY_SIGNING_SECRETS  = google_secret_manager_secret.key_signing.secret_id
+    SPECIALISTS_METRICS_TOKEN        = google_secret_manager_secret.metrics_token.secret_id
+    SPECIALISTS_PUSH_SIGNING_SECRETS = google_secret_manager_secret.push_signing.secret_id
   }
 
   # `specialists worker`: OIDC from the invoker account and a signed body, both bound to its own URL.
@@ -92,16 +104,21 @@ locals {
     SPECIALISTS_DISPATCH_JOB_DEADLINE_S    = var.job_deadline_s
     SPECIALISTS_MODEL_ROUTES_FILE          = local.model_routes_file
     SPECIALISTS_LOG_LEVEL                  = "INFO"
+    # The worker's and each job process's (infra/database.tf).
+    SPECIALISTS_DB_POOL_SIZE    = var.database_pools.worker.size
+    SPECIALISTS_DB_MAX_OVERFLOW = var.database_pools.worker.overflow
   }
   worker_secret_env = {
-    DATABASE_URL                          = google_secret_manager_secret.database_url.secret_id
+    DATABASE_URL                          = google_secret_manager_secret.database_url_worker.secret_id
     SPECIALISTS_WORKER_JOB_SECRETS        = google_secret_manager_secret.worker_job.secret_id
     SPECIALISTS_SPECIALIST_CHECKPOINT_KEY = google_secret_manager_secret.checkpoint_key.secret_id
   }
 
   # `specialists db upgrade`.
   migrate_env = {
-    SPECIALISTS_LOG_LEVEL = "INFO"
+    SPECIALISTS_LOG_LEVEL       = "INFO"
+    SPECIALISTS_DB_POOL_SIZE    = var.database_pools.jobs.size
+    SPECIALISTS_DB_MAX_OVERFLOW = var.database_pools.jobs.overflow
   }
   migrate_secret_env = {
     DATABASE_URL = google_secret_manager_secret.database_url.secret_id
@@ -114,6 +131,8 @@ locals {
   drill_env = {
     SPECIALISTS_KEY_ENVIRONMENT = var.key_environment
     SPECIALISTS_LOG_LEVEL       = "INFO"
+    SPECIALISTS_DB_POOL_SIZE    = var.database_pools.jobs.size
+    SPECIALISTS_DB_MAX_OVERFLOW = var.database_pools.jobs.overflow
     # The bounds the drill checks must be the ones the deployment runs with: any of
     # SPECIALISTS_WORKER_HEARTBEAT_S, SPECIALISTS_WORKER_CANCEL_GRACE_S, SPECIALISTS_WORKER_LEASE_S,
     # SPECIALISTS_DISPATCH_SWEEP_INTERVAL_S and SPECIALISTS_REVOCATION_CACHE_S set in api_env or
@@ -126,13 +145,18 @@ locals {
     # naming the setting.
   }
   drill_secret_env = {
-    DATABASE_URL                    = google_secret_manager_secret.database_url.secret_id
+    DATABASE_URL                    = google_secret_manager_secret.database_url_operator.secret_id
     SPECIALISTS_KEY_SIGNING_SECRETS = google_secret_manager_secret.key_signing.secret_id
   }
 
   vpc_egress = {
     network    = google_compute_network.vpc.id
     subnetwork = google_compute_subnetwork.run.id
+  }
+  # The workers' own subnet: all their egress goes through it (infra/network.tf).
+  worker_vpc_egress = {
+    network    = google_compute_network.vpc.id
+    subnetwork = google_compute_subnetwork.worker.id
   }
 }
 
@@ -143,10 +167,13 @@ resource "google_cloud_run_v2_service" "api" {
   location            = var.region
   ingress             = "INGRESS_TRAFFIC_ALL"
   deletion_protection = false
+  # Public without an allUsers grant: Cloud Run skips its invoker check, the service checks the customer's key
+  # (infra/iam.tf; docs/OPERATIONS.md "Who may reach what").
+  invoker_iam_disabled = true
   depends_on = [
     google_project_service.apis,
     google_secret_manager_secret_iam_member.api_reads,
-    google_secret_manager_secret_version.database_url,
+    google_secret_manager_secret_version.database_url_edge,
     google_secret_manager_secret_version.metrics_token,
     google_secret_manager_secret_version.push_signing,
     google_project_service.telemetry,
@@ -239,7 +266,7 @@ resource "google_cloud_run_v2_service" "api" {
           value_source {
             secret_key_ref {
               secret  = env.value
-              version = "latest"
+              version = local.secret_versions[env.value]
             }
           }
         }
@@ -325,12 +352,15 @@ resource "google_cloud_run_v2_service" "grpc" {
   location            = var.region
   ingress             = "INGRESS_TRAFFIC_ALL"
   deletion_protection = false
+  # Public without an allUsers grant: Cloud Run skips its invoker check, the service checks the customer's key
+  # (infra/iam.tf; docs/OPERATIONS.md "Who may reach what").
+  invoker_iam_disabled = true
   depends_on = [
     google_project_service.apis,
-    google_secret_manager_secret_iam_member.api_reads,
-    google_secret_manager_secret_version.database_url,
-    google_secret_manager_secret_version.metrics_token,
+    google_secret_manager_secret_iam_member.grpc_reads,
+    google_secret_manager_secret_version.database_url_edge,
     google_secret_manager_secret_version.push_signing,
+    google_secret_manager_secret_version.metrics_token,
     google_project_service.telemetry,
     google_secret_manager_secret_version.otel_collector_config,
     google_secret_manager_secret_iam_member.otel_config_reads,
@@ -339,7 +369,7 @@ resource "google_cloud_run_v2_service" "grpc" {
   ]
 
   template {
-    service_account = google_service_account.api.email
+    service_account = google_service_account.grpc.email
     # Streams (SendStreamingMessage, SubscribeToTask) stay open up to Cloud Run's longest request.
     timeout                          = "3600s"
     max_instance_request_concurrency = 80
@@ -347,7 +377,7 @@ resource "google_cloud_run_v2_service" "grpc" {
 
     scaling {
       min_instance_count = 0
-      max_instance_count = var.api_max_instances
+      max_instance_count = var.grpc_max_instances
     }
 
     vpc_access {
@@ -397,6 +427,9 @@ resource "google_cloud_run_v2_service" "grpc" {
           cpu    = "1"
           memory = "1Gi"
         }
+        # CPU only while a request (a call or a stream) is open: the gRPC edge runs nothing between requests (no
+        # relay, no sweeper), so it is billed per request and may scale to zero.
+        cpu_idle          = true
         startup_cpu_boost = true
       }
 
@@ -414,13 +447,13 @@ resource "google_cloud_run_v2_service" "grpc" {
       }
 
       dynamic "env" {
-        for_each = local.api_secret_env
+        for_each = local.grpc_secret_env
         content {
           name = env.key
           value_source {
             secret_key_ref {
               secret  = env.value
-              version = "latest"
+              version = local.secret_versions[env.value]
             }
           }
         }
@@ -460,6 +493,9 @@ resource "google_cloud_run_v2_service" "grpc" {
             cpu    = local.otel_collector.cpu
             memory = local.otel_collector.memory
           }
+          # As the service's own container (Cloud Run allocates CPU per instance): the collector exports on each
+          # request's CPU and at shutdown, when Cloud Run gives the instance CPU to stop.
+          cpu_idle = true
         }
 
         volume_mounts {
@@ -502,7 +538,9 @@ resource "google_cloud_run_v2_service" "worker" {
     google_project_service.apis,
     google_secret_manager_secret_iam_member.worker_reads,
     google_secret_manager_secret_iam_member.worker_reads_model_keys,
-    google_secret_manager_secret_version.database_url,
+    google_secret_manager_secret_version.database_url_worker,
+    google_compute_router_nat.worker,
+    google_compute_network_firewall_policy_association.vpc,
     google_project_service.telemetry,
     google_secret_manager_secret_version.otel_collector_config,
     google_secret_manager_secret_iam_member.otel_config_reads,
@@ -525,12 +563,14 @@ resource "google_cloud_run_v2_service" "worker" {
       max_instance_count = var.worker_max_instances
     }
 
+    # Every packet leaves through the workers' subnet: Cloud NAT for the internet, where the firewall policy lets
+    # out only the model endpoints' hosts (infra/network.tf). The jobs run model-driven code.
     vpc_access {
       network_interfaces {
-        network    = local.vpc_egress.network
-        subnetwork = local.vpc_egress.subnetwork
+        network    = local.worker_vpc_egress.network
+        subnetwork = local.worker_vpc_egress.subnetwork
       }
-      egress = "PRIVATE_RANGES_ONLY"
+      egress = "ALL_TRAFFIC"
     }
 
     volumes {
@@ -595,7 +635,7 @@ resource "google_cloud_run_v2_service" "worker" {
           value_source {
             secret_key_ref {
               secret  = env.value
-              version = "latest"
+              version = local.secret_versions[env.value]
             }
           }
         }
@@ -617,7 +657,7 @@ resource "google_cloud_run_v2_service" "worker" {
           value_source {
             secret_key_ref {
               secret  = env.value.secret_id
-              version = "latest"
+              version = local.secret_versions[env.value.secret_id]
             }
           }
         }
@@ -742,7 +782,7 @@ resource "google_cloud_run_v2_job" "migrate" {
             value_source {
               secret_key_ref {
                 secret  = env.value
-                version = "latest"
+                version = local.secret_versions[env.value]
               }
             }
           }
@@ -767,7 +807,7 @@ resource "google_cloud_run_v2_job" "drill" {
   depends_on = [
     google_project_service.apis,
     google_secret_manager_secret_iam_member.drill_reads,
-    google_secret_manager_secret_version.database_url,
+    google_secret_manager_secret_version.database_url_operator,
     google_secret_manager_secret_version.key_signing,
   ]
 
@@ -828,7 +868,7 @@ resource "google_cloud_run_v2_job" "drill" {
             value_source {
               secret_key_ref {
                 secret  = env.value
-                version = "latest"
+                version = local.secret_versions[env.value]
               }
             }
           }

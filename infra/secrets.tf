@@ -1,5 +1,7 @@
 # Secret Manager: every secret a service reads, each given only to the service accounts that need it
-# (see iam.tf). Services read version "latest", so a rotation is a new version and a redeploy.
+# (see iam.tf), each stored in var.region only (user-managed replication: the data stays where the services are).
+# Every revision reads a pinned version (local.secret_versions), never "latest": all instances of one revision
+# read the same one, and a rotation is a new version, var.secret_versions, and an apply (docs/OPERATIONS.md).
 #
 # Generated here on the first apply (and so also in the Terraform state): the database password and
 # DATABASE_URL, the first key-signing secret, worker job secret, push signing secret, checkpoint key and console
@@ -10,7 +12,11 @@
 resource "google_secret_manager_secret" "key_signing" {
   secret_id = "specialists-key-signing-secrets"
   replication {
-    auto {}
+    user_managed {
+      replicas {
+        location = var.region
+      }
+    }
   }
   depends_on = [google_project_service.apis]
 }
@@ -21,7 +27,11 @@ resource "google_secret_manager_secret" "key_signing" {
 resource "google_secret_manager_secret" "metrics_token" {
   secret_id = "specialists-metrics-token"
   replication {
-    auto {}
+    user_managed {
+      replicas {
+        location = var.region
+      }
+    }
   }
   depends_on = [google_project_service.apis]
 }
@@ -29,7 +39,11 @@ resource "google_secret_manager_secret" "metrics_token" {
 resource "google_secret_manager_secret" "worker_job" {
   secret_id = "specialists-worker-job-secrets"
   replication {
-    auto {}
+    user_managed {
+      replicas {
+        location = var.region
+      }
+    }
   }
   depends_on = [google_project_service.apis]
 }
@@ -38,7 +52,11 @@ resource "google_secret_manager_secret" "worker_job" {
 resource "google_secret_manager_secret" "checkpoint_key" {
   secret_id = "specialists-checkpoint-key"
   replication {
-    auto {}
+    user_managed {
+      replicas {
+        location = var.region
+      }
+    }
   }
   depends_on = [google_project_service.apis]
 }
@@ -48,7 +66,11 @@ resource "google_secret_manager_secret" "checkpoint_key" {
 resource "google_secret_manager_secret" "push_signing" {
   secret_id = "specialists-push-signing-secrets"
   replication {
-    auto {}
+    user_managed {
+      replicas {
+        location = var.region
+      }
+    }
   }
   depends_on = [google_project_service.apis]
 }
@@ -58,7 +80,11 @@ resource "google_secret_manager_secret" "push_signing" {
 resource "google_secret_manager_secret" "console_session" {
   secret_id = "specialists-console-session-secrets"
   replication {
-    auto {}
+    user_managed {
+      replicas {
+        location = var.region
+      }
+    }
   }
   depends_on = [google_project_service.apis]
 }
@@ -67,16 +93,24 @@ resource "google_secret_manager_secret" "console_session" {
 resource "google_secret_manager_secret" "database_password" {
   secret_id = "specialists-database-password"
   replication {
-    auto {}
+    user_managed {
+      replicas {
+        location = var.region
+      }
+    }
   }
   depends_on = [google_project_service.apis]
 }
 
-# DATABASE_URL (API, workers, migration and drill jobs): the password inside, the Cloud SQL socket as host.
+# DATABASE_URL of the migration job: the schema owner's password inside, the Cloud SQL socket as host.
 resource "google_secret_manager_secret" "database_url" {
   secret_id = "specialists-database-url"
   replication {
-    auto {}
+    user_managed {
+      replicas {
+        location = var.region
+      }
+    }
   }
   depends_on = [google_project_service.apis]
 }
@@ -86,7 +120,11 @@ resource "google_secret_manager_secret" "model_key" {
   for_each  = var.model_key_env_names
   secret_id = "specialists-${lower(replace(each.value, "_", "-"))}"
   replication {
-    auto {}
+    user_managed {
+      replicas {
+        location = var.region
+      }
+    }
   }
   depends_on = [google_project_service.apis]
 }
@@ -159,4 +197,84 @@ resource "google_secret_manager_secret_version" "database_password" {
 resource "google_secret_manager_secret_version" "database_url" {
   secret      = google_secret_manager_secret.database_url.id
   secret_data = "postgresql+psycopg://${google_sql_user.app.name}:${random_password.database.result}@/${google_sql_database.app.name}?host=/cloudsql/${google_sql_database_instance.main.connection_name}"
+}
+
+# DATABASE_URL of the serving roles, one per database user (infra/database.tf): edge (API, gRPC), worker, operator
+# (console, drill job). DML only: migrations/grants.sql.
+resource "google_secret_manager_secret" "database_url_edge" {
+  secret_id = "specialists-database-url-edge"
+  replication {
+    user_managed {
+      replicas {
+        location = var.region
+      }
+    }
+  }
+  depends_on = [google_project_service.apis]
+}
+
+resource "google_secret_manager_secret_version" "database_url_edge" {
+  secret      = google_secret_manager_secret.database_url_edge.id
+  secret_data = "postgresql+psycopg://${google_sql_user.edge.name}:${random_password.database_edge.result}@/${google_sql_database.app.name}?host=/cloudsql/${google_sql_database_instance.main.connection_name}"
+}
+
+resource "google_secret_manager_secret" "database_url_worker" {
+  secret_id = "specialists-database-url-worker"
+  replication {
+    user_managed {
+      replicas {
+        location = var.region
+      }
+    }
+  }
+  depends_on = [google_project_service.apis]
+}
+
+resource "google_secret_manager_secret_version" "database_url_worker" {
+  secret      = google_secret_manager_secret.database_url_worker.id
+  secret_data = "postgresql+psycopg://${google_sql_user.worker.name}:${random_password.database_worker.result}@/${google_sql_database.app.name}?host=/cloudsql/${google_sql_database_instance.main.connection_name}"
+}
+
+resource "google_secret_manager_secret" "database_url_operator" {
+  secret_id = "specialists-database-url-operator"
+  replication {
+    user_managed {
+      replicas {
+        location = var.region
+      }
+    }
+  }
+  depends_on = [google_project_service.apis]
+}
+
+resource "google_secret_manager_secret_version" "database_url_operator" {
+  secret      = google_secret_manager_secret.database_url_operator.id
+  secret_data = "postgresql+psycopg://${google_sql_user.operator.name}:${random_password.database_operator.result}@/${google_sql_database.app.name}?host=/cloudsql/${google_sql_database_instance.main.connection_name}"
+}
+
+# The version each revision reads, by secret id: the one Terraform wrote, unless var.secret_versions names a later
+# one (a rotation); the model keys' from var.model_key_versions (1: the operator's first). run.tf and console.tf
+# read every secret through this map.
+locals {
+  terraform_secret_versions = merge(
+    {
+      for version in [
+        google_secret_manager_secret_version.key_signing,
+        google_secret_manager_secret_version.worker_job,
+        google_secret_manager_secret_version.metrics_token,
+        google_secret_manager_secret_version.checkpoint_key,
+        google_secret_manager_secret_version.push_signing,
+        google_secret_manager_secret_version.console_session,
+        google_secret_manager_secret_version.database_url,
+        google_secret_manager_secret_version.database_url_edge,
+        google_secret_manager_secret_version.database_url_worker,
+        google_secret_manager_secret_version.database_url_operator,
+      ] : element(split("/", version.secret), 3) => version.version
+    },
+  )
+  secret_versions = merge(
+    local.terraform_secret_versions,
+    { for name, secret in google_secret_manager_secret.model_key : secret.secret_id => lookup(var.model_key_versions, name, "1") },
+    var.secret_versions,
+  )
 }

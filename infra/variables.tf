@@ -248,6 +248,56 @@ variable "api_max_instances" {
   default     = 20
 }
 
+variable "grpc_max_instances" {
+  description = "Most gRPC service instances."
+  type        = number
+  default     = 10
+}
+
+# --- the network (infra/database.tf, infra/network.tf) ----------------------------------------------------
+
+variable "run_subnet_cidr" {
+  description = "The subnet the API, gRPC and console services and the jobs egress through (Direct VPC): an address per instance, two during a rollout."
+  type        = string
+  default     = "10.8.0.0/22"
+}
+
+variable "worker_subnet_cidr" {
+  description = "The workers' own subnet: all their egress goes through it, to Cloud NAT, and the firewall policy lets out only worker_egress_hosts."
+  type        = string
+  default     = "10.8.4.0/24"
+}
+
+variable "worker_egress_hosts" {
+  description = "The host names workers may reach on the internet (tcp 443): every route's base_url host in infra/model_routes.toml (tests/deploy checks they agree). Add a route's host here and apply before deploying the route."
+  type        = list(string)
+  default     = ["openrouter.ai"]
+}
+
+# --- secret versions (infra/secrets.tf) ------------------------------------------------------------------
+
+variable "secret_versions" {
+  description = "The version each revision reads of a secret Terraform generated, by secret id (specialists-key-signing-secrets = \"3\"); unset: the version Terraform wrote. A rotation adds a version, sets it here and applies: a new revision reads it, and no revision mixes versions."
+  type        = map(string)
+  default     = {}
+
+  validation {
+    condition     = alltrue([for version in values(var.secret_versions) : can(regex("^[0-9]+$", version))])
+    error_message = "secret_versions are version numbers: never \"latest\", which would let one revision's instances read different versions during a rotation."
+  }
+}
+
+variable "model_key_versions" {
+  description = "The version the workers read of each model key secret, by its variable name (OPENROUTER_API_KEY = \"2\"); unset: version 1, the operator's first (docs/OPERATIONS.md \"First deployment\")."
+  type        = map(string)
+  default     = {}
+
+  validation {
+    condition     = alltrue([for version in values(var.model_key_versions) : can(regex("^[0-9]+$", version))])
+    error_message = "model_key_versions are version numbers: never \"latest\"."
+  }
+}
+
 variable "queue_max_dispatches_per_second" {
   description = "Cloud Tasks rate limit: deliveries started per second."
   type        = number
@@ -317,9 +367,27 @@ variable "alert_5xx_per_s" {
 }
 
 variable "database_max_connections" {
-  description = "PostgreSQL's max_connections on the instance (a database flag): every process's pool must fit in it."
+  description = "PostgreSQL's max_connections on the instance (a database flag): every process's pool at every service's maximum instances must fit in it (infra/database.tf's connection budget; the plan is refused otherwise). About 2-3 MB of the tier's memory per idle connection."
   type        = number
-  default     = 200
+  default     = 600
+}
+
+variable "database_pools" {
+  description = "Each role's connection pool per process (SPECIALISTS_DB_POOL_SIZE and SPECIALISTS_DB_MAX_OVERFLOW in its containers): api, grpc, worker (the worker and each job process), console, and jobs (migration and drill). Their worst case counts against database_max_connections."
+  type = object({
+    api     = object({ size = number, overflow = number })
+    grpc    = object({ size = number, overflow = number })
+    worker  = object({ size = number, overflow = number })
+    console = object({ size = number, overflow = number })
+    jobs    = object({ size = number, overflow = number })
+  })
+  default = {
+    api     = { size = 3, overflow = 2 }
+    grpc    = { size = 3, overflow = 2 }
+    worker  = { size = 2, overflow = 1 }
+    console = { size = 2, overflow = 1 }
+    jobs    = { size = 2, overflow = 1 }
+  }
 }
 
 variable "alert_database_connections_share" {

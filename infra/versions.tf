@@ -9,7 +9,7 @@ terraform {
   required_providers {
     google = {
       source  = "hashicorp/google"
-      version = "~> 6.0"
+      version = "~> 6.31" # invoker_iam_disabled on Cloud Run v2 services
     }
     # Only for the console (infra/console.tf): in 6.x, Cloud Run's own IAP (`iap_enabled`, from 6.30) and its
     # access grants (google_iap_web_cloud_run_service_iam_member, 6.31) are beta-provider fields.
@@ -49,6 +49,7 @@ resource "google_project_service" "apis" {
     "cloudbuild.googleapis.com",
     "cloudtasks.googleapis.com",
     "compute.googleapis.com",
+    "containerscanning.googleapis.com", # Artifact Analysis scans every pushed image for known vulnerabilities
     "iam.googleapis.com",
     "iap.googleapis.com",
     "run.googleapis.com",

@@ -10,12 +10,19 @@ transaction-level, because a revision that builds an index on a large table does
 with ``CREATE INDEX CONCURRENTLY`` (``migrations.compat.create_index_online``), which
 commits the migration's transaction around it; a transaction-level lock would be
 released there and a second instance could start the same upgrade.
+
+After the revisions, ``grants.sql`` gives the serving roles their DML-only privileges (docs/OPERATIONS.md
+"Database users"), under the same lock.
 """
+
+from pathlib import Path
 
 from alembic import context
 from sqlalchemy import create_engine, pool
 
 config = context.config
+# The serving roles' DML-only privileges, granted again after every upgrade (a new table is granted at once).
+GRANTS = Path(__file__).with_name("grants.sql")
 
 UPGRADE_LOCK = 7311200001
 
@@ -29,6 +36,8 @@ def run_migrations_online() -> None:
             context.configure(connection=connection, transaction_per_migration=True)
             with context.begin_transaction():
                 context.run_migrations()
+            connection.exec_driver_sql(GRANTS.read_text())
+            connection.commit()
         finally:
             connection.rollback()
             connection.exec_driver_sql(f"SELECT pg_advisory_unlock({UPGRADE_LOCK})")

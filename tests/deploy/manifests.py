@@ -240,8 +240,11 @@ class Terraform:
 
     def reference(self, ref: str) -> Any:
         parts = ref.split(".")
-        if parts[0] == "var":
-            return self.default(parts[1])
+        if parts[0] == "var":  # an object variable's attribute: var.database_pools.api.size
+            value = self.default(parts[1])
+            for part in parts[2:]:
+                value = value[part]
+            return value
         if parts[0] == "local":
             value: Any = self.locals[parts[1]]
             for part in parts[2:]:

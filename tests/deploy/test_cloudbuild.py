@@ -261,7 +261,7 @@ def test_the_build_runs_as_the_deployer_account_terraform_grants_what_the_releas
     assert pushes["role"] == "roles/artifactregistry.writer"
     acts_as = set(tf.resource("google_service_account_iam_member", "deployer_acts_as")["for_each"])
     # Deploying a service's revision, or updating a job, needs actAs on the account it runs as.
-    assert acts_as == {"api", "worker", "migrate", "drill", "console"}
+    assert acts_as == {"api", "grpc", "worker", "migrate", "drill", "console"}
 
 
 # --- the static checks, the smoke, and a push of only the smoke-tested image ---------------------------

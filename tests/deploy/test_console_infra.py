@@ -95,7 +95,7 @@ def test_the_iap_audience_the_console_checks_is_the_one_iap_signs_for_this_servi
 def test_the_console_reads_the_database_the_key_signing_secrets_and_its_session_secrets_and_nothing_else(tf):
     given = container_env(tf, SERVICE, "console")
     assert {variable: secret for variable, (secret, _) in given.secrets.items()} == {
-        "DATABASE_URL": "database_url",
+        "DATABASE_URL": "database_url_operator",  # the operator's DML-only user
         "SPECIALISTS_KEY_SIGNING_SECRETS": "key_signing",
         "SPECIALISTS_CONSOLE_SESSION_SECRETS": "console_session",
     }

@@ -44,8 +44,8 @@ SERVICE = "google_cloud_run_v2_service"
 JOB = "google_cloud_run_v2_job"
 ROLES = {"api": (SERVICE, "api"), "grpc": (SERVICE, "grpc"), "worker": (SERVICE, "worker"), "migrate": (JOB, "migrate"),
          "drill": (JOB, "drill"), "console": (SERVICE, "console")}
-# Which runtime service account each role runs as (the gRPC binding is the API's edge, on another port).
-RUNS_AS = {"api": "api", "grpc": "api", "worker": "worker", "migrate": "migrate", "drill": "drill", "console": "console"}
+# Which runtime service account each role runs as (the gRPC binding has its own: it runs no relay).
+RUNS_AS = {"api": "api", "grpc": "grpc", "worker": "worker", "migrate": "migrate", "drill": "drill", "console": "console"}
 # The bounds the drill checks: it must run with the values the services run with.
 DRILL_BOUNDS = (
     "SPECIALISTS_WORKER_HEARTBEAT_S",
@@ -196,11 +196,14 @@ def test_the_grpc_service_serves_a2a_over_grpc_on_its_container_port_from_terraf
     assert str(tf.resolve(spec["ports"][0]["container_port"])) == env["SPECIALISTS_GRPC_PORT"]
     assert env["SPECIALISTS_EDGE_PORT"] != env["SPECIALISTS_GRPC_PORT"]
     assert env["SPECIALISTS_SERVE_DISPATCHER"] == "false", "the API's relay sends every admitted job"
-    # Otherwise the API's edge: the same settings and secrets (the same cards, keys and database).
+    # Otherwise the API's edge: the same settings (the same cards and keys) but its pool, and the API's secrets but
+    # the relay's (the worker job secrets).
     api = container_env(tf, SERVICE, "api")
-    own = {"SPECIALISTS_GRPC_PORT", "SPECIALISTS_EDGE_PORT", "SPECIALISTS_SERVE_DISPATCHER"}
+    own = {"SPECIALISTS_GRPC_PORT", "SPECIALISTS_EDGE_PORT", "SPECIALISTS_SERVE_DISPATCHER", "SPECIALISTS_DB_POOL_SIZE",
+           "SPECIALISTS_DB_MAX_OVERFLOW"}
     assert {k: v for k, v in env.items() if k not in own} == {k: v for k, v in api.plain.items() if k not in own}
-    assert container_env(tf, SERVICE, "grpc").secrets == api.secrets
+    relay_only = {"SPECIALISTS_WORKER_JOB_SECRETS"}
+    assert container_env(tf, SERVICE, "grpc").secrets == {k: v for k, v in api.secrets.items() if k not in relay_only}
     grpc_port, http_port = free_port(), free_port()
     running = start_role(["serve"], terraform_environment(
         tf, SERVICE, "grpc", database_url, collector_url=collector.url, PORT=str(grpc_port),
@@ -310,16 +313,27 @@ def test_the_database_has_a_private_ip_only_backups_and_point_in_time_recovery(t
     assert instance["deletion_protection"] is True and settings["deletion_protection_enabled"] is True
 
 
-def test_database_url_reaches_the_cloud_sql_socket_every_container_mounts(tf):
-    url = tf.resolve(tf.resource("google_secret_manager_secret_version", "database_url")["secret_data"])
-    assert tf.resource("random_password", "database")["special"] is False, "the password goes into the URL unescaped"
+# Which database user each role connects as (its DATABASE_URL's secret): the migration job owns the schema; the
+# serving roles are DML-only users of migrations/grants.sql (tests/deploy/test_database_roles.py).
+DATABASE_USER_OF = {"migrate": ("database_url", "app"), "api": ("database_url_edge", "edge"),
+                    "grpc": ("database_url_edge", "edge"), "worker": ("database_url_worker", "worker"),
+                    "console": ("database_url_operator", "operator"), "drill": ("database_url_operator", "operator")}
+
+
+def test_database_url_reaches_the_cloud_sql_socket_every_container_mounts_as_its_roles_own_user(tf):
     connection_name = tf.reference("google_sql_database_instance.main.connection_name")
     mount = tf.reference("local.cloudsql_mount")
-    conninfo = psycopg.conninfo.conninfo_to_dict(libpq_url(db.sqlalchemy_url(url)))
-    assert conninfo["host"] == f"{mount}/{connection_name}"
-    assert conninfo["dbname"] == tf.default("database_name") and conninfo["user"] == tf.default("database_user")
+    for secret, user in set(DATABASE_USER_OF.values()):
+        url = tf.resolve(tf.resource("google_secret_manager_secret_version", secret)["secret_data"])
+        password = tf.resource("google_sql_user", user)["password"]
+        assert tf.resource(*tf.name_of(password))["special"] is False, "the password goes into the URL unescaped"
+        conninfo = psycopg.conninfo.conninfo_to_dict(libpq_url(db.sqlalchemy_url(url)))
+        assert conninfo["host"] == f"{mount}/{connection_name}"
+        assert conninfo["dbname"] == tf.default("database_name")
+        assert conninfo["user"] == tf.resolve(tf.resource("google_sql_user", user)["name"])
+    assert tf.resolve(tf.resource("google_sql_user", "app")["name"]) == tf.default("database_user")
     for role, (type_name, name) in ROLES.items():
-        assert container_env(tf, type_name, name).secrets["DATABASE_URL"][0] == "database_url"
+        assert container_env(tf, type_name, name).secrets["DATABASE_URL"][0] == DATABASE_USER_OF[role][0], role
         volumes = {v["name"]: v for v in revision_template(tf, type_name, name)["volumes"]}
         mounted = {m["name"]: tf.resolve(m["mount_path"]) for m in container(tf, type_name, name)["volume_mounts"]}
         sockets = [n for n, v in volumes.items() if "cloud_sql_instance" in v]
@@ -376,16 +390,15 @@ def test_the_worker_is_private_and_only_the_invoker_account_may_call_it(tf):
     assert invokers == {account(tf, "invoker")}
 
 
-def test_nothing_but_the_api_and_its_grpc_binding_is_granted_to_everyone(tf):
+def test_nothing_but_the_api_and_its_grpc_binding_is_open_to_everyone_and_nothing_is_granted_to_all_users(tf):
     public = [
         (kind, name)
         for (kind, name), body in tf.resources.items()
         if kind.endswith(("_iam_member", "_iam_binding")) and re.search(r"allUsers|allAuthenticatedUsers", str(body))
     ]
-    assert sorted(public) == [("google_cloud_run_v2_service_iam_member", "public_calls_api"),
-                              ("google_cloud_run_v2_service_iam_member", "public_calls_grpc")]
-    assert "google_cloud_run_v2_service.api" in tf.resource(*sorted(public)[0])["name"]
-    assert "google_cloud_run_v2_service.grpc" in tf.resource(*sorted(public)[1])["name"]
+    assert public == [], "domain-restricted sharing refuses allUsers: a public service sets invoker_iam_disabled"
+    open_to_all = {name for name, body in tf.of_type(SERVICE).items() if body.get("invoker_iam_disabled") is True}
+    assert open_to_all == {"api", "grpc"}
 
 
 def test_the_api_may_enqueue_and_act_as_the_invoker_and_the_invoker_may_do_nothing_else(tf):

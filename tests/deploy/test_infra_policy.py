@@ -35,11 +35,14 @@ from tests.deploy.manifests import (
 SERVICE = "google_cloud_run_v2_service"
 JOB = "google_cloud_run_v2_job"
 INVOKER = "roles/run.invoker"
+PUBLIC = "invoker_iam_disabled"  # anyone may invoke: Cloud Run's IAM check is off on the service
 # Each Cloud Run service: who may reach it (ingress) and who may invoke it. "account:NAME" is a service account,
 # "agent:NAME" a Google service agent (google_project_service_identity.NAME).
 INGRESS = {
-    "api": ("INGRESS_TRAFFIC_ALL", {"allUsers"}),  # customers' agents; the service checks their API keys
-    "grpc": ("INGRESS_TRAFFIC_ALL", {"allUsers"}),  # the API's gRPC binding, the same keys in metadata
+    # Customers' agents; the service checks their API keys. Public by Cloud Run's invoker check turned off
+    # (invoker_iam_disabled), never by an allUsers grant, which domain-restricted sharing refuses: PUBLIC.
+    "api": ("INGRESS_TRAFFIC_ALL", {PUBLIC}),
+    "grpc": ("INGRESS_TRAFFIC_ALL", {PUBLIC}),  # the API's gRPC binding, the same keys in metadata
     "worker": ("INGRESS_TRAFFIC_INTERNAL_ONLY", {"account:invoker"}),  # Cloud Tasks' deliveries only
     # Operators' browsers from anywhere, but IAP (enabled on the service) lets only its grantees through, and
     # then calls the service as its agent: the one invoker (tests/deploy/test_console_infra.py).
@@ -58,7 +61,7 @@ NO_CONTAINER_GRANTS = {
         ("roles/run.developer", "project"),
         ("roles/logging.logWriter", "project"),
         *{("roles/iam.serviceAccountUser", f"service_account:{name}")
-          for name in ("api", "worker", "migrate", "drill", "console")},
+          for name in ("api", "grpc", "worker", "migrate", "drill", "console")},
     },
 }
 # Settings that carry a credential though their type is not SecretStr.
@@ -206,22 +209,24 @@ def test_every_cloud_run_service_has_its_declared_ingress_and_exactly_its_declar
         ingress, invokers = INGRESS[name]
         assert body["ingress"] == ingress, name
         on_it = [g for g in all_grants if g.target == f"run_service:{name}"]
-        assert {g.member for g in on_it if g.role == INVOKER} == invokers, name
+        public = body.get("invoker_iam_disabled", False) is True
+        assert public == (PUBLIC in invokers), f"{name}: invoker_iam_disabled as declared in INGRESS"
+        assert {g.member for g in on_it if g.role == INVOKER} | ({PUBLIC} if public else set()) == invokers, name
         assert {g.role for g in on_it} <= {INVOKER}, f"{name}: only invokers are granted on a service"
         assert bool(body.get("iap_enabled", False)) == (name in BEHIND_IAP), f"{name}: IAP as declared in BEHIND_IAP"
         if name in BEHIND_IAP:  # IAP calls it as its agent; whom IAP lets through is granted on its gate
             assert invokers == {"agent:iap"}, name
             assert {g.role for g in all_grants if g.target == f"iap_run_service:{name}"} == {"roles/iap.httpsResourceAccessor"}
         elif ingress == "INGRESS_TRAFFIC_ALL":
-            assert invokers == {"allUsers"}, f"{name}: reachable from the internet, but by whom? (IAP, or public)"
+            assert invokers == {PUBLIC}, f"{name}: reachable from the internet, but by whom? (IAP, or public)"
 
 
 def test_a_private_service_has_one_invoker_and_nothing_is_public_but_the_declared_services(tf):
-    public = {g.target for g in grants(tf) if g.member in ("allUsers", "allAuthenticatedUsers")}
-    assert public == {f"run_service:{name}" for name, (_, members) in INGRESS.items() if "allUsers" in members}
+    assert not [g.address for g in grants(tf) if g.member in ("allUsers", "allAuthenticatedUsers")], \
+        "public services turn Cloud Run's invoker check off (invoker_iam_disabled); allUsers is refused by domain-restricted sharing"
     for name, (ingress, members) in INGRESS.items():
         if ingress != "INGRESS_TRAFFIC_ALL":
-            assert len(members) == 1 and not {"allUsers", "allAuthenticatedUsers"} & members, name
+            assert len(members) == 1 and PUBLIC not in members, name
 
 
 # --- secrets ---------------------------------------------------------------------------------------

@@ -27,11 +27,14 @@ GOOGLE_METRICS = {
     "run.googleapis.com/request_count": "Cloud Run: requests reaching the revision, by response_code_class",
     # https://cloud.google.com/monitoring/api/metrics_gcp_c#gcp-cloudsql
     "cloudsql.googleapis.com/database/postgresql/num_backends": "Cloud SQL: connections to the instance",
+    # https://cloud.google.com/monitoring/api/metrics_gcp_i_o#gcp-monitoring
+    "monitoring.googleapis.com/uptime_check/check_passed": "Uptime checks: whether the API's /healthz answered",
 }
 # What the issue asks alerts on, each by the policy (and for the service's gauges, the key) that covers it.
 REQUIRED = {
     ("service", "no_live_worker"), ("service", "job_wait"), ("service", "unknown_reservations"),
     ("service", "push_failures"), ("edge_5xx", None), ("database_connections", None),
+    ("api_uptime", None),  # issue 46: an uptime check of the public API
 }
 METRIC_TYPE = re.compile(r'metric\.type = \\?"([^"\\]+)\\?"')
 

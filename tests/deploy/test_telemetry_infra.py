@@ -219,7 +219,7 @@ def test_only_the_accounts_of_exporting_services_may_write_traces_or_metrics(tf)
     writers = {g.member for g in grants(tf) if g.role in TELEMETRY_ROLES}
     exporting = {"account:" + tf.name_of(revision_template(tf, kind, name)["service_account"])[1]
                  for kind, name in EXPORTING}
-    assert writers == exporting == {"account:api", "account:worker"}
+    assert writers == exporting == {"account:api", "account:grpc", "account:worker"}
     for kind, name in runs_containers(tf):
         if (kind, name) in EXPORTING:
             continue
