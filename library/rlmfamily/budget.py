@@ -200,6 +200,21 @@ class BudgetLedger(SQLiteFile):
         with self.reading() as conn:
             return [_entry(r) for r in conn.execute(sql + " ORDER BY u.id", args)]
 
+    def raise_usd_limit(self, root_id: str, max_usd: float) -> float | None:
+        """Raise a root's USD limit to ``max_usd``, an operator's explicit choice (``rlm eval run`` with a higher
+        ``--max-usd`` on the same results folder); returns the limit it had. Never lowers it, nor lifts it."""
+        with self.transaction() as conn:
+            row = conn.execute("SELECT max_usd FROM budgets WHERE root_id = ?", (root_id,)).fetchone()
+            if row is None:
+                raise UsageEntryNotFound(f"no inference budget for run {root_id!r}; `rlm usage` lists them")
+            before = row["max_usd"]
+            if before is None or max_usd < before:
+                raise BudgetLimitsMismatch(
+                    f"the USD limit of {root_id} is {'none' if before is None else f'{before:g}'}; it can only be "
+                    f"raised, not set to {max_usd:g}", setting="max_usd")
+            conn.execute("UPDATE budgets SET max_usd = ? WHERE root_id = ?", (max_usd, root_id))
+        return float(before)
+
     def blocking(self, root_id: str) -> list[UsageEntry]:
         """The entries whose unknown usage refuses every call but the final answer under the root's limits (as
         ``_refusal`` counts them): unknown tokens with no estimate under a token limit, unknown cost under a USD one."""

@@ -42,6 +42,9 @@ def build_report(folder: Path, *, seed: int = DEFAULT_SEED) -> dict[str, Any]:
     if any(c["attempts_with_unknown_cost"] for c in analysis["conditions"]):
         notes.append("Some attempts have unknown cost: their condition's USD and USD per accepted task are null, and "
                      "the known part is a lower bound.")
+    for raised in manifest.get("max_usd_raised", []):
+        notes.append(f"The spend cap was raised from ${raised['from']:g} to ${raised['to']:g} when the experiment was "
+                     "continued; attempts before it ran under the lower cap.")
     if manifest.get("rlm_environment"):
         notes.append("RLM_* variables were set when the experiment started (they apply to every condition): "
                      + ", ".join(manifest["rlm_environment"]))

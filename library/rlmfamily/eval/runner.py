@@ -28,7 +28,7 @@ from typing import Any
 
 from rlmfamily.budget import Budget, BudgetLedger, BudgetLimits
 from rlmfamily.context import Context
-from rlmfamily.errors import BudgetError, MissingAPIKey, RLMError
+from rlmfamily.errors import BudgetError, BudgetLimitsMismatch, MissingAPIKey, RLMError
 from rlmfamily.eval.conditions import Condition
 from rlmfamily.eval.errors import EvalError, SpendCapRequired
 from rlmfamily.eval.generate import generate
@@ -126,7 +126,10 @@ class Experiment:
         resumed = self.store.open(self.manifest())
         # Names this experiment in what it sends (a hosted attempt's message id), the same after a restart.
         self.experiment_id = hashlib.sha256(json.dumps(self.store.manifest(), sort_keys=True).encode()).hexdigest()[:16]
-        budget = Budget(BudgetLedger(self.store.budget_path), EXPERIMENT_ROOT, BudgetLimits(max_usd=self.max_usd))
+        ledger = BudgetLedger(self.store.budget_path)
+        if resumed:
+            self._raise_cap(ledger)
+        budget = Budget(ledger, EXPERIMENT_ROOT, BudgetLimits(max_usd=self.max_usd))
         if resumed:
             self._settle_interrupted(budget)
         plan = self.plan()
@@ -231,6 +234,21 @@ class Experiment:
                          f"{made.answer_path}:6 (it overrides settings/base.py).")
         record["input_digest"] = tree_digest(workspace)
         return reference
+
+    def _raise_cap(self, ledger: BudgetLedger) -> None:
+        """The same experiment continued with a higher ``--max-usd`` (as a spent cap's stop message advises):
+        its allowance is raised and the raise recorded in experiment.json. A lower or removed cap is refused."""
+        before = self.store.manifest().get("max_usd")
+        if before == self.max_usd or before is None or EXPERIMENT_ROOT not in ledger.roots():
+            return  # the same cap, or an offline experiment (no cap): Budget checks the rest
+        if self.max_usd is None or self.max_usd < before:
+            raise BudgetLimitsMismatch(
+                f"{self.store.folder} was run under --max-usd {before:g}; continue it with that cap or a higher one "
+                f"(given: {'none' if self.max_usd is None else f'{self.max_usd:g}'})", setting="max_usd")
+        ledger.raise_usd_limit(EXPERIMENT_ROOT, self.max_usd)
+        self.store.record_cap_raised(before, self.max_usd)
+        self.progress(f"the spend cap is raised from ${before:g} to ${self.max_usd:g} for this experiment "
+                      f"(recorded in {self.store.manifest_path.name})")
 
     def _settle_interrupted(self, budget: Budget) -> None:
         for entry in budget.ledger.entries(EXPERIMENT_ROOT):

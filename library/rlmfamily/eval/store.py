@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,13 @@ class ResultsStore:
         except FileNotFoundError:
             raise ResultsNotFound(f"{self.folder} is not a results folder (no experiment.json); "
                                   "`rlm eval run ... --results DIR` makes one") from None
+
+    def record_cap_raised(self, before: float, after: float) -> None:
+        """The experiment's spend cap was raised (``rlm eval run`` again with a higher ``--max-usd``): the
+        manifest's ``max_usd`` is the new cap, and ``max_usd_raised`` keeps each raise, oldest first."""
+        manifest = self.manifest()
+        raised = [*manifest.get("max_usd_raised", []), {"from": before, "to": after, "at": time.time()}]
+        _write_atomic(self.manifest_path, {**manifest, "max_usd": after, "max_usd_raised": raised})
 
     def has(self, key: str) -> bool:
         return (self.attempts / f"{key}.json").exists()

@@ -79,4 +79,21 @@ def test_a_spent_cap_stops_the_experiment_before_the_next_attempt(tmp_path: Path
                  "--tasks", "analyst-503-count,review-sql-injection", "--max-usd", "2.5", "--results",
                  str(results)]) == 1
     assert len(list((results / "attempts").glob("*.json"))) == 1
+    capsys.readouterr()
+
+    # The stop message says to raise --max-usd: the same experiment continues under the higher cap, recorded.
+    assert main(["eval", "run", "pilot", "--conditions-file", str(conditions_file), "--conditions", "priced",
+                 "--tasks", "analyst-503-count,review-sql-injection", "--max-usd", "100", "--results",
+                 str(results)]) == 0
+    assert "the spend cap is raised from $2.5 to $100" in capsys.readouterr().err
+    assert len(list((results / "attempts").glob("*.json"))) == 2
+    manifest = json.loads((results / "experiment.json").read_text())
+    assert manifest["max_usd"] == 100 and [(r["from"], r["to"]) for r in manifest["max_usd_raised"]] == [(2.5, 100)]
+    assert BudgetLedger(results / "budget.sqlite3").limits("experiment").max_usd == 100
+    assert any("raised from $2.5 to $100" in n for n in build_report(results)["notes"])
+    # A lower cap is no way to continue it.
+    assert main(["eval", "run", "pilot", "--conditions-file", str(conditions_file), "--conditions", "priced",
+                 "--tasks", "analyst-503-count,review-sql-injection", "--max-usd", "50", "--results",
+                 str(results)]) == 2
+    assert "[budget_limits_mismatch]" in capsys.readouterr().err
 
