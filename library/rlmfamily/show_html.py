@@ -37,6 +37,7 @@ from rlmfamily.gates.spec import VERDICTS
 from rlmfamily.gates.verdict import outcome_text, verdict_text
 from rlmfamily.prompts import NO_OUTPUT, NO_OUTPUT_HINT
 from rlmfamily.resumption import describe_resume, unfinished_text
+from rlmfamily.run_records import last_question
 from rlmfamily.trajectory import FILENAME, read_trajectory
 
 # Runs embedded in one page. A family has at most max_children agents, plus their follow-ups; past this
@@ -63,7 +64,8 @@ class RunView:
 
     @property
     def finished(self) -> dict[str, Any]:
-        return self.first("run_finished")
+        """The last question's ``run_finished`` (an earlier question's is shown in the flow, before its follow-up)."""
+        return next((e for e in reversed(last_question(self.events)) if e.get("event") == "run_finished"), {})
 
     def all(self) -> list[RunView]:
         return [self] + [v for c in self.children for v in c.all()]
@@ -266,8 +268,9 @@ class _Page:
         return (f"<h2>{self.text(view.name)}</h2>"
                 f'<p class="question">{self.text(question)}</p><dl class="meta">{meta}</dl>')
 
-    def _outcome(self, view: RunView) -> str:
-        done = view.finished
+    def _outcome(self, view: RunView, done: dict[str, Any] | None = None) -> str:
+        """How the run's last question ended (or ``done``, an earlier question's ``run_finished``)."""
+        done = view.finished if done is None else done
         if not done:
             return f'<div class="outcome unfinished">{self.text(unfinished_text(view.events, view.run_id))}</div>'
         own = done.get("usage") or done.get("budget") or {}
@@ -293,9 +296,16 @@ class _Page:
         """The events in order: one open ``details`` per turn, notes between turns."""
         blocks: list[str] = []
         turn: list[str] | None = None
+        last = view.finished
         for e in view.events:
             kind = e.get("event")
-            if kind in ("run_started", "run_finished"):
+            if kind == "run_started" or e is last:
+                continue
+            if kind in ("run_finished", "follow_up"):  # a session of several questions: each one's end, the next
+                if turn is not None:
+                    blocks.append("".join(turn) + "</details>")
+                    turn = None
+                blocks.append(self._outcome(view, e) if kind == "run_finished" else self._follow_up(e))
                 continue
             if kind == "turn":
                 if turn is not None:
@@ -330,6 +340,13 @@ class _Page:
             tool = names[index] if index < len(names) else "python"
             parts.append(self.pre("code", code if tool in ("python", None) else f"{tool}$ {code}"))
         return "".join(parts)
+
+    def _follow_up(self, e: dict[str, Any]) -> str:
+        how = describe_resume(e) + ("; the conversation before was compacted into a summary for the model"
+                                    if e.get("compacted") else "")
+        title = f"follow-up {e.get('number')}: {e.get('question')}"
+        after = f"after turn {e.get('turn')}; {how}"
+        return f'<h3 class="follow-up">{self.text(title)}</h3><p class="banner">{self.text(after)}</p>'
 
     def _banner(self, e: dict[str, Any]) -> str:
         kind = e.get("event")
@@ -377,6 +394,10 @@ class _Page:
             return f'<p class="note">{self.text(what)}</p>'
         if kind == "gate":  # a completion gate's run: how it ended, and the head and tail of its output
             return self._gate(e)
+        if kind == "tool_call":  # a custom tool's call (rlmfamily/tools.py)
+            status = "ok" if e.get("ok") else f"failed: {e.get('error')}"
+            call = f"tool {e.get('name')}({e.get('arguments', '')}) [{status}]"
+            return f'<p class="note">{self.text(call)}</p>'
         if kind == "tool_step":  # the receipt is in its job event; a refused call has none
             return "" if e.get("job_id") else self.pre("output failed", str(e.get("observation", "")))
         # An event this page does not know (a newer library wrote it): shown as its fields.

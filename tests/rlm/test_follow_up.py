@@ -84,6 +84,13 @@ def test_rlm_ask_continues_a_finished_run_and_rlm_show_shows_its_turns_as_one_se
     assert lines.index("question: what is x?") < lines.index("══ follow-up 1: and one more?") < lines.index("now 42")
     assert "namespace from the Monty checkpoint after step 2" in lines
     assert "did not finish" not in lines
+    # The page: the first question's outcome, then the follow-up's banner and turns, then its own outcome.
+    paged = rlm("show", "--html", "last", "-o", "-", data_dir=data)
+    page = paged.stdout
+    assert paged.returncode == 0, paged.stderr
+    first_end, follow, last_end = (page.index("answered after 2 turns"), page.index("follow-up 1: and one more?"),
+                                   page.index("answered after 4 turns"))
+    assert last_end < first_end < follow < page.index("now 42") and "did not finish" not in page  # the outcome leads
 
 
 def test_past_its_size_a_conversation_is_compacted_and_its_record_kept_whole(doc: Path, make_settings: Any) -> None:
