@@ -4,7 +4,8 @@
 runners (the built-in ones and every ready rlm spec, see ``workers.hosted_rlm``),
 where they run (``workers.isolation``: a process per job, from a ``RunnerRecipe``
 through ``build_job_runner``), the finisher, the settlement (the task's final
-state and the ledger, in the finish's transaction) and the fenced task events. ``run_worker`` checks the
+state and the ledger, in the finish's transaction, with the rlm executor's usage
+wired in: ``workers.hosted_rlm.usage``) and the fenced task events. ``run_worker`` checks the
 configuration (schema at head, a job secret present), then serves the endpoint
 with uvicorn until stopped; on shutdown running jobs get ``worker_drain_s`` to
 finish.
@@ -38,6 +39,7 @@ from workers.runs import EventSink, Runner, ScriptedRunner, ScriptStep
 from workers.server import WorkerLimits, WorkerService, create_worker_app
 from workers.settlement import TaskSettlement
 from workers.hosted_rlm.serving import specialist_runners
+from workers.hosted_rlm.usage import RLM_USAGE
 from taskstate.ids import TaskRef
 from taskstate.updates import TaskEvents
 
@@ -180,7 +182,7 @@ def build_worker_service(
     worker_id = worker_id or new_worker_id()
     tasks = TaskEvents(engine)
     settlement = settlement or TaskSettlement(
-        tasks, operator=f"worker:{worker_id}"[:SCHEMA_MAX_ID_CHARS], limits=settings.ledger
+        tasks, operator=f"worker:{worker_id}"[:SCHEMA_MAX_ID_CHARS], limits=settings.ledger, usage=RLM_USAGE
     )
     problems: list[dict[str, Any]] = []
     specs = load_specs(settings.hosted.specs_dir) if runners is None else {}

@@ -8,9 +8,9 @@ that serves an A2A task (``taskstate.ids.TaskRef``):
   closed and the task's hold and the run's journal read; then the task's
   final state (unless the customer already cancelled it) and the settlement
   of the task's reservation with what the charge rule (``taskstate.charge``) decides
-  from the outcome, the reserved credits, and for an rlm specialist the pricing
-  and the semantic calls of its journal. A stale worker never gets here: its
-  result is kept in ``job_stale_reports`` and moves no money.
+  from the outcome, the reserved credits, and the job's usage when its executor
+  keeps a record of it. A stale worker never gets here: its result is kept in
+  ``job_stale_reports`` and moves no money.
 * ``mark_unknown`` (the transaction that recorded the claim unknown): the job's
   outbox row is closed (no delivery will run it again: the embedded dispatcher
   closes it so on ``job_outcome_unknown``, and now the Cloud Tasks path does too,
@@ -19,6 +19,13 @@ that serves an A2A task (``taskstate.ids.TaskRef``):
   keeps its hold and its slot) and the task stays unfinished with a message
   saying it is under reconciliation. Idempotent.
 
+An executor's usage is a ``UsageSource`` the assembly wires in (``workers.assembly``:
+the rlm executor's journal, ``workers.hosted_rlm.usage``): its record of the job is
+one more common table expression of the finish's statement, read back as the
+pricing and usage the charge rule takes and the task's final metadata. Without one
+(the dispatcher's settlement, which only marks jobs unknown) every job is charged
+at its fixed price, and this module knows no executor.
+
 A task cancelled before any worker claimed it never reaches a worker: the edge
 voids its reservation in the cancel's transaction (``taskstate.cancel``).
 """
@@ -26,13 +33,15 @@ voids its reservation in the cancel's transaction (``taskstate.cancel``).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from opentelemetry import trace
 from sqlalchemy import Connection
 
 from core import telemetry
-from core.fragments import compose
+from core.fragments import Fragment, Statement, compose
 from ledger import operations
 from ledger.errors import ResolutionRefused
 from ledger.limits import LedgerSettings, default_limits
@@ -41,26 +50,66 @@ from taskstate.ids import TaskRef
 from taskstate.updates import TaskEvents
 from workers.auth import VerifiedJob
 from workers.runs import RunOutcome
-from workers.hosted_rlm import a2a, journal
 
 log = logging.getLogger(__name__)
 
+@dataclass(frozen=True)
+class ExecutorUsage:
+    """What an executor's record says a finished job used: the pricing the charge rule applies and the usage it
+    counts (``taskstate.charge``), and the record itself for the task's final metadata."""
+
+    pricing: charge.Pricing
+    usage: charge.Usage
+    record: Any
+
+
+class UsageSource(Protocol):
+    """An executor's record of what its jobs used, read in the finish's one statement.
+
+    ``record`` is the owner's fragment of the job's record: exactly the parameter ``job_id``, at most one row
+    (none: the job is not this executor's). ``finish_statement`` composes it in."""
+
+    name: str  # the executor's, in the name of the composed statement
+    record: Fragment
+
+    def usage_of(self, record: Mapping[str, Any] | None, outcome: RunOutcome) -> ExecutorUsage | None:
+        """The record's row as a dict (None: no record of the job) as usage; None: the job is not this source's."""
+        ...
+
+    def final_metadata(self, usage: ExecutorUsage, outcome: RunOutcome, credits_charged: int) -> dict[str, Any]:
+        """The metadata of the task's final state for a job with a record (``credits_charged``: 0 for a free task)."""
+        ...
+
+
 # The claim's fenced finish, and only when it is accepted for the first time the job's outbox row closed, with the
-# task's hold and the run's journal read: one round trip (issue 17: it was four, and a BEGIN). The claim's finish
-# is decided, and its row locked, before the outbox row is touched (``claims.finished_in``), as the lock order says.
+# task's hold and the executor's record of the job read: one round trip (issue 17: it was four, and a BEGIN). The
+# claim's finish is decided, and its row locked, before the outbox row is touched (``claims.finished_in``), as the
+# lock order says. The record comes back whole, as JSON: this module reads none of its columns.
+_FINISH_SELECT = """
+    SELECT finish.outcome, finish.state, hold.reservation_id, hold.reserved_credits, {usage} AS usage
+      FROM finish LEFT JOIN hold ON finish.outcome = 'finished'{join}
+    """
+
+
+def _finish_parts() -> dict[str, Any]:
+    return {"finish": claims.FINISH.cte("finish", materialized=True),
+            "closed": outbox.CLOSE.cte("closed", when=claims.finished_in("finish")),
+            "hold": admitted.HOLD.cte("hold")}
+
+
 _FINISH_JOB = compose(
     "settlement.finish_job",
-    """
-    WITH {finish}, {closed}, {hold}, {run}
-    SELECT finish.outcome, finish.state, hold.reservation_id, hold.reserved_credits,
-           run.pricing, run.base_credits, run.credits_per_semantic_call, run.resumes, run.used, run.charged
-      FROM finish LEFT JOIN hold ON finish.outcome = 'finished' LEFT JOIN run ON finish.outcome = 'finished'
-    """,
-    finish=claims.FINISH.cte("finish", materialized=True),
-    closed=outbox.CLOSE.cte("closed", when=claims.finished_in("finish")),
-    hold=admitted.HOLD.cte("hold"),
-    run=journal.RUN_RECORD.cte("run"),
+    "WITH {finish}, {closed}, {hold}" + _FINISH_SELECT.format(usage="NULL::jsonb", join=""),
+    **_finish_parts(),
 )
+
+
+def finish_statement(source: UsageSource) -> Statement:
+    """The finish's statement with ``source``'s record of the job (``executor_usage``) joined in."""
+    select = _FINISH_SELECT.format(usage="to_jsonb(executor_usage)",
+                                   join=" LEFT JOIN executor_usage ON finish.outcome = 'finished'")
+    return compose(f"settlement.finish_job.{source.name}", "WITH {finish}, {closed}, {hold}, {executor_usage}" + select,
+                   **_finish_parts(), executor_usage=source.record.cte("executor_usage"))
 
 
 def ledger_reason(reason: str, limits: LedgerSettings) -> str:
@@ -69,17 +118,14 @@ def ledger_reason(reason: str, limits: LedgerSettings) -> str:
     return reason[: limits.max_reason_chars]
 
 
-def _runner_credits(detail: dict[str, Any]) -> int | None:
-    """The figure a specialist runner recorded (``credits_to_settle``), if it stated one."""
-    credits = detail.get("credits_to_settle")
-    return credits if isinstance(credits, int) and not isinstance(credits, bool) else None
-
-
 class TaskSettlement:
-    def __init__(self, tasks: TaskEvents, *, operator: str, limits: LedgerSettings | None = None) -> None:
+    def __init__(self, tasks: TaskEvents, *, operator: str, limits: LedgerSettings | None = None,
+                 usage: UsageSource | None = None) -> None:
         self.tasks = tasks
         self.operator = operator  # who marks reservations unknown, for the ledger's audit record
         self.limits = limits or default_limits()  # settings.ledger
+        self.usage = usage  # the executors' record of what a job used (workers.assembly wires it)
+        self._finish_job = _FINISH_JOB if usage is None else finish_statement(usage)
 
     def finish(self, conn: Connection, job: VerifiedJob, fencing_token: int, outcome: RunOutcome, *,
                worker_id: str) -> claims.FinishResult:
@@ -89,23 +135,23 @@ class TaskSettlement:
                                  detail=outcome.as_record(), worker_id=worker_id)
         params = claims.finish_params(job.job_id, fencing_token=fencing_token, outcome=outcome.state,
                                       detail=outcome.as_record(), worker_id=worker_id)
-        row = _FINISH_JOB.execute(conn, {**params, "dispatch_id": ref.dispatch_id, "task_id": ref.task_id}).one()
+        row = self._finish_job.execute(conn, {**params, "dispatch_id": ref.dispatch_id, "task_id": ref.task_id}).one()
         result = claims.FinishResult(row.outcome, row.state)
         if result.outcome == "finished":
             hold = None if row.reserved_credits is None else admitted.Hold(row.reservation_id, int(row.reserved_credits))
-            self._settle(conn, job, ref, fencing_token, outcome, hold, journal.run_record_of(row))
+            usage = None if self.usage is None else self.usage.usage_of(row.usage, outcome)
+            self._settle(conn, job, ref, fencing_token, outcome, hold, usage)
         return result
 
     def _settle(self, conn: Connection, job: VerifiedJob, ref: TaskRef, fencing_token: int, outcome: RunOutcome,
-                hold: admitted.Hold | None, run: journal.RunRecord | None) -> None:
+                hold: admitted.Hold | None, usage: ExecutorUsage | None) -> None:
         """The rest of the finish's transaction: the task's final state, then the ledger settlement."""
         charged = None
         if hold is not None and hold.reservation_id is not None:
-            usage = (charge.NO_USAGE if run is None
-                     else charge.Usage(run.semantic_calls_charged, runner_credits=_runner_credits(outcome.detail)))
             charged = charge.charged_credits(outcome.state, reserved_credits=hold.reserved_credits,
-                                             pricing=charge.FIXED if run is None else run.pricing, usage=usage)
-        self.tasks.finish(conn, ref, outcome, metadata=self._final_metadata(run, outcome, hold, charged))
+                                             pricing=charge.FIXED if usage is None else usage.pricing,
+                                             usage=charge.NO_USAGE if usage is None else usage.usage)
+        self.tasks.finish(conn, ref, outcome, metadata=self._final_metadata(usage, outcome, hold, charged))
         if hold is None or hold.reservation_id is None or charged is None:
             return  # a free task (nothing was reserved), or one that goes on
         # A refusal raises: the finish rolls back, is retried, and a finish that cannot commit leaves the
@@ -117,16 +163,13 @@ class TaskSettlement:
         attributes = {"specialist": job.specialist_id, "outcome": outcome.state}
         telemetry.after_commit(conn, lambda: telemetry.meters.credits_settled.add(charged, attributes))
 
-    @staticmethod
-    def _final_metadata(run: journal.RunRecord | None, outcome: RunOutcome, hold: admitted.Hold | None,
+    def _final_metadata(self, usage: ExecutorUsage | None, outcome: RunOutcome, hold: admitted.Hold | None,
                         charged: int | None) -> dict[str, Any] | None:
-        """The ``specialist`` metadata of the task's final state (None: not a specialist run)."""
-        if run is None:
+        """The metadata of the task's final state, from the executor's record (None: the job has none)."""
+        if usage is None or self.usage is None:
             return None
         reserved = hold is not None and hold.reservation_id is not None
-        merged = {**outcome.detail, "semantic_calls_used": run.semantic_calls_used,
-                  "semantic_calls_charged": run.semantic_calls_charged, "resumes": run.resumes}
-        return a2a.final_metadata(merged, charged if reserved else 0)
+        return self.usage.final_metadata(usage, outcome, charged if reserved and charged is not None else 0)
 
     def mark_unknown(self, conn: Connection, job: VerifiedJob, fencing_token: int, reason: str) -> None:
         ref = TaskRef.of_payload(job.payload)
