@@ -373,11 +373,6 @@ def disabled_customers(conn: Connection, *, limit: int) -> list[Disabled]:
     return [Disabled(**row._mapping) for row in found]
 
 
-def pending_count(conn: Connection, task_id: str) -> int:
-    return conn.execute(text("SELECT count(*) FROM push_deliveries WHERE task_id = :t AND state = 'pending'"),
-                        {"t": task_id}).scalar_one()
-
-
 _PRUNE = text(compact_sql(f"""
     WITH old AS (SELECT delivery_id FROM push_deliveries
                   WHERE state <> 'pending' AND finished_at < now() - make_interval(secs => :retention_s)

@@ -203,10 +203,6 @@ class ScriptedProvider:
         """Always: a replayed call costs what the price table says for its model, else nothing."""
         return True
 
-    @property
-    def root_turns_left(self) -> int:
-        return len(self._root) - self._next_root
-
     def skip_root_turns(self, turns: int) -> None:
         """Serve root turns from ``turns`` on: a resumed run (rlmfamily/resume.py) already had the first ones."""
         with self._lock:
