@@ -104,6 +104,11 @@ def test_the_setting_selects_gemini_with_its_key_variable_and_sampling(fake_gemi
     _ask(provider, tools=None)
     assert fake_gemini.headers[0]["x-goog-api-key"] == "g-env-key"
     assert fake_gemini.requests[0]["generationConfig"] == {"temperature": 0.3, "maxOutputTokens": 777}
+    # A child process rebuilds it from the spec: the key's variable name, never the key.
+    spec = provider.child_spec()
+    assert "g-env-key" not in json.dumps(spec) and spec["factory"].startswith("rlmfamily.providers.gemini_native:")
+    child = GeminiProvider.for_child(settings=settings, prompt="", **spec["kwargs"])
+    assert (child.base_url, child.default_model, child.temperature) == (fake_gemini.base_url, "gemini-t", 0.3)
 
 
 def test_a_run_on_gemini_counts_files_over_two_turns_and_books_the_cached_tokens(fake_gemini, make_settings,
