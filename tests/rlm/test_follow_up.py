@@ -5,6 +5,9 @@ summary with handles to the full record. The scripted model serves every questio
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,8 @@ from rlmfamily.errors import RunNotFinished
 from rlmfamily.run_records import follow_up_point
 from rlmfamily.trajectory import read_trajectory
 
-from .test_cli import rlm
+from .holds import wait_until
+from .test_cli import RLM, rlm
 from .test_session import Recording
 
 pytestmark = pytest.mark.timeout(90)
@@ -66,13 +70,13 @@ def test_a_follow_up_continues_the_namespace_and_conversation_under_the_family_b
     assert third.budget.calls == 5
 
 
-def test_rlm_ask_continues_a_finished_run_and_rlm_show_shows_its_turns_as_one_session(tmp_path: Path,
-                                                                                    doc: Path) -> None:
+def test_rlm_ask_continues_a_finished_run_and_rlm_show_shows_its_turns_as_one_session(tmp_path: Path, doc: Path,
+                                                                                    make_settings: Any) -> None:
     data = tmp_path / "data"
     script = tmp_path / "script.json"
     script.write_text(json.dumps({"root": [{"code": c} for c in STEPS[:4]]}))
-    ran = rlm("run", "--quiet", "--document", str(doc), "--script", str(script), "what is x?", data_dir=data)
-    assert ran.returncode == 0, ran.stderr
+    first = _session(make_settings(data_dir=data), doc, "monty", ScriptedProvider.from_file(script)).run("what is x?")
+    assert first.answer == "41", first.error
     refused = rlm("resume", "last", "--script", str(script), data_dir=data)
     assert refused.returncode == 2 and "rlm ask" in refused.stderr
     asked = rlm("ask", "last", "and one more?", "--quiet", "--json", "--script", str(script), data_dir=data)
@@ -130,3 +134,36 @@ def test_a_follow_up_to_an_unfinished_or_child_run_is_refused_naming_the_command
                                 "question": "q", "kernel": "monty", "system_prompt": "s", "first_message": "m"}) + "\n")
     with pytest.raises(RunNotFinished, match=f"rlm resume {session.run_id}"):
         session.follow_up("more?")
+
+
+def test_a_follow_up_killed_midway_is_resumed_with_its_own_question(tmp_path: Path, doc: Path,
+                                                                   make_settings: Any) -> None:
+    data = tmp_path / "data"
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({
+        "root": [{"code": c} for c in STEPS[:2]] + [
+            {"code": "x += 1\nr = llm_query('held question')\nprint(r.text)"},
+            {"code": "final_answer(r.text + ' ' + str(x))"}],
+        "subcall": [{"pattern": "held question", "answer": "HELD", "hold_after": 0, "hold_until_file": "release"}]}))
+    first = _session(make_settings(data_dir=data), doc, "monty", ScriptedProvider.from_file(script)).run("what is x?")
+    assert first.answer == "41", first.error
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLM_")}
+    asking = subprocess.Popen([RLM, "ask", "last", "--quiet", "--script", str(script), "and now?"],
+                              env={**env, "RLM_DATA_DIR": str(data)}, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    ledger = BudgetLedger(data / "budget.sqlite3")
+    try:
+        wait_until(lambda: any(e.purpose == "subcall" and e.state == "reserved"
+                               for r in ledger.roots() for e in ledger.entries(r)), "the follow-up's sub-call in flight")
+    finally:
+        os.killpg(asking.pid, signal.SIGKILL)
+        asking.wait()
+    (tmp_path / "release").write_text("")
+    resumed = rlm("resume", "last", "--json", "--script", str(script), data_dir=data)
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["answer"] == "HELD 42"  # the follow-up's question, x from the first one
+    [root] = ledger.roots()
+    events = read_trajectory(data / "runs" / root / "trajectory.jsonl")
+    kinds = [e["event"] for e in events if e["event"] in ("run_finished", "follow_up", "run_resumed")]
+    assert kinds == ["run_finished", "follow_up", "run_resumed", "run_finished"]
+    assert [e["answer"] for e in events if e["event"] == "run_finished"] == ["41", "HELD 42"]
