@@ -75,6 +75,7 @@ def test_the_wheel_holds_the_library_alone_and_declares_only_its_own_dependencie
     tops = {name.split("/")[0] for name in names}
     assert tops == {"rlmfamily", wheel.name.split("-")[0] + "-" + wheel.name.split("-")[1] + ".dist-info"}
     assert "rlmfamily/examples/harbor_demo.toml" in names and "rlmfamily/examples/harbor/harbor/uploader.py" in names
+    assert "rlmfamily/examples/sqlite_tool.py" in names  # the custom tool example (docs/RLM.md, "Custom tools")
     assert "rlmfamily/eval/packs/pilot/pack.toml" in names
     assert "rlmfamily/eval/packs/pilot/tasks/fix-pagination/workspace/test_pages.py" in names
     # The container kernel's in-container code is mounted from the installed package.
