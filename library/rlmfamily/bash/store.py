@@ -296,6 +296,31 @@ class JobStore(SQLiteFile):
             conn.execute("DELETE FROM workspace_leases WHERE job_id = ?", (job_id,))
             return self._get(conn, job_id)
 
+    def end_stopped(self, run_ids: list[str], *, by: str) -> list[Job]:
+        """Jobs of ``run_ids`` whose process groups the library stopped itself (a cancelled run's tree, killed) and
+        now finds gone, no live member left: ``killed``, ``stopped_by`` ``by``, their leases given back. A job whose
+        group still has a live member, or that never recorded its pid, is left to become ``unknown``, lease held."""
+        if not run_ids:
+            return []
+        ended = []
+        marks = ", ".join("?" * len(run_ids))
+        with self.transaction() as conn:
+            rows = conn.execute(f"SELECT * FROM jobs WHERE run_id IN ({marks}) AND state IN ('running', 'unknown') "
+                                "AND released_at IS NULL", run_ids).fetchall()
+            for job in map(Job.from_row, rows):
+                if job.pid is None or job.process_alive() or procs.group_members(job.pid):
+                    continue
+                sizes = [_size(getattr(job, f"{stream}_path")) for stream in ("stdout", "stderr")]
+                conn.execute(
+                    "UPDATE jobs SET state = 'killed', stopped_by = ?, stdout_bytes = ?, stdout_stored = ?, "
+                    "stderr_bytes = ?, stderr_stored = ?, error = ?, ended_at = ? WHERE id = ?",
+                    (by, sizes[0], sizes[0], sizes[1], sizes[1],
+                     f"its run was stopped ({by}): the library killed its process group and found it gone",
+                     time.time(), job.id))
+                conn.execute("DELETE FROM workspace_leases WHERE job_id = ?", (job.id,))
+                ended.append(self._get(conn, job.id))
+        return ended
+
     def fail(self, job_id: str, error: str) -> Job:
         """A job that never ran its command (the wait ran out, the spawn failed): failed, no lease kept."""
         with self.transaction() as conn:
@@ -369,3 +394,10 @@ class JobStore(SQLiteFile):
             conn.execute("UPDATE jobs SET state = 'unknown', error = ? WHERE id = ?",
                          ("its run ended while the command ran: what it did is not known", job.id))
         return self._get(conn, job.id)
+
+
+def _size(path: str) -> int:
+    try:
+        return Path(path).stat().st_size
+    except OSError:
+        return 0

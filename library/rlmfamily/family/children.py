@@ -372,15 +372,28 @@ class Family:
         if not run.active:
             return run
         below = [a.agent_id for a in self.store.agents(self.root_id) if a.agent_id.startswith(run.agent_id + ".")]
+        stopped = [run.run_id]
         for agent_id in sorted(below, key=len, reverse=True):
             for sub in self.store.runs(self.root_id, agent_id=agent_id, active_only=True):
                 self._stop(sub)
                 self._finish(sub.run_id, "cancelled", note=f"its ancestor {run.agent_id} was cancelled")
+                stopped.append(sub.run_id)
         self._stop(run)
         self._finish(run.run_id, "cancelled", note=note)
+        self._end_stopped_jobs(stopped)
         fresh = self.store.run(run.run_id)
         assert fresh is not None
         return fresh
+
+    def _end_stopped_jobs(self, run_ids: list[str]) -> None:
+        """The cancelled runs' command jobs (the python-bash profile) whose groups the stop killed, verified gone,
+        end ``killed`` by ``cancel`` and give back their workspace leases; no ``rlm jobs release`` is needed.
+        In a container the command's group is not this machine's to verify: those stay ``unknown``."""
+        if self.settings.kernel == "container" or not self.settings.jobs_path.is_file():
+            return
+        from rlmfamily.bash.store import JobStore
+
+        JobStore(self.settings.jobs_path, output_dir=self.settings.runs_dir).end_stopped(run_ids, by="cancel")
 
     # ---------- restart ----------
 

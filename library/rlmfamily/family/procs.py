@@ -80,6 +80,21 @@ def descendants(pid: int) -> list[ProcStat]:
     return found
 
 
+def group_members(pgid: int) -> list[int]:
+    """The live processes (zombies have ended) of process group ``pgid``: none left means the group is gone."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != b"Z" and int(fields[2]) == pgid:
+            members.append(int(entry))
+    return members
+
+
 def _signal(pid: int, start: str, sig: int) -> None:
     if alive(pid, start):  # never signal a recycled pid
         try:

@@ -101,8 +101,8 @@ final_answer(h.status()["state"])
 BLOCKED_CHILD = "bash.run('sleep 300 & echo $! > grandchild; wait', deadline_s=200)\nfinal_answer('never')"
 
 
-def test_cancelling_a_child_mid_command_stops_the_jobs_process_group_and_leaves_it_unknown(make_settings,
-                                                                                          tmp_path: Path) -> None:
+def test_cancelling_a_child_mid_command_stops_the_jobs_process_group_and_gives_back_its_lease(make_settings,
+                                                                                              tmp_path: Path) -> None:
     settings = make_settings(profile="python-bash", max_sleep_s_per_step=30, child_cancel_grace_s=0.5)
     workspace = tmp_path / "work"
     workspace.mkdir()
@@ -115,4 +115,7 @@ def test_cancelling_a_child_mid_command_stops_the_jobs_process_group_and_leaves_
     from rlmfamily.family import procs
 
     wait_until(lambda: not job.process_alive() and not procs.alive(grandchild), "the job's group is gone")
-    assert JobStore(settings.jobs_path).job(job.id).state == "unknown"
+    # The library killed the group and verified it gone: the job ended, its lease given back, no release needed.
+    store = JobStore(settings.jobs_path)
+    assert (store.job(job.id).state, store.job(job.id).stopped_by) == ("killed", "cancel")
+    assert job.id not in store.leases()
