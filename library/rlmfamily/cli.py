@@ -351,7 +351,7 @@ class _Progress:
         self.subcalls = event.get("subcalls", self.subcalls)
         self.budget = event.get("budget", self.budget)
         kind = event.get("event", "")
-        if kind in ("run_started", "run_resumed") and self.children is not None:
+        if kind in ("run_started", "run_resumed", "follow_up") and self.children is not None:
             self.children.watch(event["run_id"])
         self.state = {"turn_started": "model thinking", "step_started": "running code", "subcall": "sub-calls",
                       "step_finished": "model thinking", "run_finished": "done",

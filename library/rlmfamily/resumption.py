@@ -52,7 +52,7 @@ def unfinished_text(events: list[dict[str, Any]], run_id: str) -> str:
     """Why a trajectory has no ``run_finished`` (``rlm show``, the page): still running, or its process ended
     without finishing it; then the command that continues it (a child's is its root's resume)."""
     # The process that owns the run: the one that started it, or the last that resumed it.
-    owner = next((e for e in reversed(events) if e.get("event") in ("run_started", "run_resumed")), {})
+    owner = next((e for e in reversed(events) if e.get("event") in ("run_started", "run_resumed", "follow_up")), {})
     turns = max((e.get("turn", 0) for e in events if e.get("event") == "turn"), default=0)
     pid = owner.get("pid")
     root_id = run_id.split(".")[0]  # a child's id is its root's with .cN (and .fN) after it

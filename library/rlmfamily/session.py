@@ -241,7 +241,7 @@ class Session:
         run.trajectory.write("follow_up", turn=run.turn, pid=os.getpid(), pid_start=procs.start_time(os.getpid()),
                              **point.record)
         run.emit({"event": "follow_up", "run_id": self.run_id, "turn": run.turn, "number": point.record["number"],
-                  "max_turns": self.settings.max_turns, "budget": run.budget.snapshot().to_dict()})
+                  "max_turns": run.last_turn, "budget": run.budget.snapshot().to_dict()})
         self._used = True
         return self._drive(run, run.play_turns)
 
@@ -360,6 +360,11 @@ class _Run:
         return self.session.settings
 
     @property
+    def last_turn(self) -> int:
+        """The last turn this question may play (turns are numbered across a run's questions): what progress shows."""
+        return self.turns_before + self.settings.max_turns
+
+    @property
     def deadline(self) -> float:
         return self.started + self.settings.max_run_s
 
@@ -404,7 +409,7 @@ class _Run:
         self.trajectory.write("run_resumed", turn=self.turn, **self.resumed.record, pid=os.getpid(),
                               pid_start=procs.start_time(os.getpid()))
         self.emit({"event": "run_resumed", "run_id": self.session.run_id, "turn": self.turn,
-                   "max_turns": self.settings.max_turns, "budget": self.budget.snapshot().to_dict()})
+                   "max_turns": self.last_turn, "budget": self.budget.snapshot().to_dict()})
 
     def start(self, *, follow_up: bool) -> None:
         """Build the extensions, then the kernel with every host function and prelude."""
@@ -527,7 +532,7 @@ class _Run:
     def play_turn(self, entry: int) -> None:
         self.turn += 1
         self.subcalls.current_turn = self.turn
-        self.emit({"event": "turn_started", "turn": self.turn, "max_turns": self.settings.max_turns,
+        self.emit({"event": "turn_started", "turn": self.turn, "max_turns": self.last_turn,
                    "subcalls": self.subcall_count, "budget": self.budget.snapshot().to_dict()})
         self.after_completion(self.root_call(entry))
 
@@ -691,7 +696,7 @@ class _Run:
             self.trajectory.write("budget_refused", turn=self.turn + 1, code=exc.code, message=exc.message)
             return
         self.turn += 1
-        self.emit({"event": "turn_started", "turn": self.turn, "max_turns": self.settings.max_turns,
+        self.emit({"event": "turn_started", "turn": self.turn, "max_turns": self.last_turn,
                    "final": True, "subcalls": self.subcall_count, "budget": self.budget.snapshot().to_dict()})
         self.messages.append({"role": "user", "content": final_request(self.why, self.protocol.name)})
         completion = self.root_call(entry)

@@ -40,6 +40,7 @@ tools is resumed from Python (docs/RLM.md, "Custom tools").
 
 from __future__ import annotations
 
+import builtins
 import inspect
 import json
 import keyword
@@ -117,8 +118,9 @@ def _checked(fn: Callable[..., Any], *, name: str, doc: str | None, timeout_s: f
         raise ToolInvalid(f"tool {name!r} is not callable")
     if not name.isidentifier() or keyword.iskeyword(name) or name.startswith("_"):
         raise ToolInvalid(f"tool name {name!r} must be a Python identifier not starting with '_' (name=...)")
-    if name in TAKEN_NAMES:
-        raise ToolInvalid(f"tool name {name!r} is a name the run's namespace already uses; give it another (name=...)")
+    if name in TAKEN_NAMES or hasattr(builtins, name):
+        raise ToolInvalid(f"tool name {name!r} is a name the run's namespace already uses (a builtin, or one of "
+                          "the run's own); give it another (name=...)")
     text = inspect.cleandoc(doc if doc is not None else (fn.__doc__ or ""))
     if not text:
         raise ToolInvalid(f"tool {name!r} has no docstring: the model knows a tool only by its signature and "

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from rlmfamily import Context, ScriptedProvider, Session, tool
+from rlmfamily.cli import main
 from rlmfamily.errors import SettingsInvalid
 from rlmfamily.examples.sqlite_tool import sqlite_query_tool
 from rlmfamily.resume import plan
@@ -54,7 +55,7 @@ def _observations(result: RunResult) -> list[str]:
 
 @pytest.mark.parametrize("kernel", ["host", "monty"])
 def test_the_model_sees_a_tool_and_queries_the_sqlite_file_read_only(kernel: str, shop: Path, fixture_repo: Path,
-                                                                     settings: Any) -> None:
+                                                                     settings: Any, capsys: Any) -> None:
     orders = sqlite_query_tool(shop, name="orders", max_rows=50)
     before = shop.read_bytes()
     result = _run(settings, fixture_repo, [
@@ -79,6 +80,9 @@ def test_the_model_sees_a_tool_and_queries_the_sqlite_file_read_only(kernel: str
     calls = [e for e in read_trajectory(result.trajectory_path) if e["event"] == "tool_call"]
     assert [c["ok"] for c in calls] == [True, False, False, True]
     assert result.extra["tools"] == [{"name": "orders", "calls": 4, "failed": 2}]
+    assert main(["--data-dir", str(settings.data_dir), "show", result.run_id]) == 0
+    assert "· tool orders([[\"DELETE FROM orders\"], {}]) [failed: ValueError: SQLite refused the query: not " \
+        "authorized]" in capsys.readouterr().out
 
 
 def test_bounds_refuse_a_large_argument_or_result_and_a_late_call_is_abandoned(fixture_repo: Path,
@@ -118,6 +122,8 @@ def test_a_tool_definition_is_refused_before_the_run_naming_what_to_change(fixtu
         tool(undocumented)
     with pytest.raises(ToolInvalid, match="already uses"):
         tool(undocumented, name="context", doc="d")
+    with pytest.raises(ToolInvalid, match="a builtin"):
+        tool(undocumented, name="len", doc="d")
     slow = tool(undocumented, doc="d", timeout_s=settings.host_call_timeout_s)
     with pytest.raises(ToolInvalid, match="raise RLM_HOST_CALL_TIMEOUT_S"):
         Session(context=Context.from_repository(fixture_repo, settings), provider=ScriptedProvider({"root": []}),
