@@ -177,6 +177,9 @@ class BudgetLedger(SQLiteFile):
     """The SQLite file that holds every root's allowance (what ``rlm usage`` reads)."""
 
     SCHEMA = SCHEMA
+    # What a call may cost at list prices, counted against max_usd while it is in flight (files made before it
+    # have NULL there: nothing to count).
+    ADDED_COLUMNS = {"usage": (("usd_estimate", "REAL CHECK (usd_estimate IS NULL OR usd_estimate >= 0)"),)}
 
     def roots(self) -> list[str]:
         with self.reading() as conn:
@@ -377,13 +380,16 @@ class Budget:
     # ---------- admission ----------
 
     def admit(self, purpose: str, *, tokens_estimate: int = 0, keep_calls: int = 0, keep_tokens: int = 0,
-              final: bool = False) -> int:
+              final: bool = False, usd_estimate: float | None = None) -> int:
         """Admit one call and return its usage entry id, or raise BudgetExhausted / BudgetUnknownUsage.
 
         ``tokens_estimate``: what the call may use (its request's characters / 4 plus its completion); it
         counts while the call is in flight, and afterwards if its usage stays unknown.
         ``keep_calls`` / ``keep_tokens``: left unused for the final answer (the session keeps 1 call and
         RLM_FINAL_RESERVE_TOKENS). ``final``: the kept call itself, refused only by the calls limit.
+        ``usd_estimate``: what the call may cost at list prices (``None``: no price); the calls in flight
+        count at their estimates against max_usd, so calls admitted together cannot all spend what one
+        could (a batch of sub-calls admitted before any answer came back went past the cap).
         What the family's other live members keep for their final answers is left unused as well.
         """
         self.ledger._expire_dead_reservations(self.root_id)
@@ -400,9 +406,10 @@ class Budget:
             if final and self.member is not None:
                 conn.execute("DELETE FROM kept_finals WHERE root_id = ? AND member = ?", (self.root_id, self.member))
             cursor = conn.execute(
-                "INSERT INTO usage (root_id, purpose, state, tokens_estimate, owner, admitted_at) "
-                "VALUES (?, ?, 'reserved', ?, ?, ?)",
-                (self.root_id, purpose, estimate, _owner(), time.time()),
+                "INSERT INTO usage (root_id, purpose, state, tokens_estimate, usd_estimate, owner, admitted_at) "
+                "VALUES (?, ?, 'reserved', ?, ?, ?, ?)",
+                (self.root_id, purpose, estimate, None if usd_estimate is None else max(0.0, float(usd_estimate)),
+                 _owner(), time.time()),
             )
             entry_id = int(cursor.lastrowid or 0)
         self.entry_ids.append(entry_id)
@@ -474,6 +481,7 @@ class _Totals:
     unknown_tokens_estimate: int  # their admission estimates
     unknown_unestimated: int  # unknown entries admitted without an estimate: nothing to count them at
     unknown_usd: int  # entries whose cost nobody knows
+    in_flight_usd: float = 0.0  # the USD estimates of the calls in flight (those admitted with one)
 
     @property
     def counted_tokens(self) -> int:
@@ -492,14 +500,15 @@ def _totals(conn: sqlite3.Connection, root_id: str) -> _Totals:
                COALESCE(SUM(state = 'unknown'), 0) AS unknown_tokens,
                COALESCE(SUM(CASE WHEN state = 'unknown' THEN tokens_estimate END), 0) AS unknown_tokens_estimate,
                COALESCE(SUM(state = 'unknown' AND tokens_estimate = 0), 0) AS unknown_unestimated,
-               COALESCE(SUM(state != 'reserved' AND cost_usd IS NULL), 0) AS unknown_usd
+               COALESCE(SUM(state != 'reserved' AND cost_usd IS NULL), 0) AS unknown_usd,
+               COALESCE(SUM(CASE WHEN state = 'reserved' THEN usd_estimate END), 0) AS in_flight_usd
         FROM usage WHERE root_id = ?
         """,
         (root_id,),
     ).fetchone()
     return _Totals(int(row["calls"]), int(row["in_flight"]), int(row["in_flight_tokens"]), int(row["tokens"]),
                    float(row["usd"]), int(row["unknown_tokens"]), int(row["unknown_tokens_estimate"]),
-                   int(row["unknown_unestimated"]), int(row["unknown_usd"]))
+                   int(row["unknown_unestimated"]), int(row["unknown_usd"]), float(row["in_flight_usd"]))
 
 
 def usage_text(usage: dict[str, Any]) -> str:
@@ -553,10 +562,11 @@ def _refusal(limits: BudgetLimits, t: _Totals, estimate: int, keep_calls: int, k
             + "); raise --max-tokens / RLM_MAX_TOKENS for a new run",
             setting="max_tokens",
         )
-    if limits.max_usd is not None and t.usd >= limits.max_usd:
+    if limits.max_usd is not None and t.usd + t.in_flight_usd >= limits.max_usd:
         return BudgetExhausted(
-            f"the allowance of ${limits.max_usd:.4f} is used up (${t.usd:.4f}); "
-            "raise --max-usd / RLM_MAX_USD for a new run",
+            f"the allowance of ${limits.max_usd:.4f} is used up (${t.usd:.4f} spent"
+            + (f", up to ${t.in_flight_usd:.4f} in flight" if t.in_flight_usd else "")
+            + "); raise --max-usd / RLM_MAX_USD for a new run",
             setting="max_usd",
         )
     return None

@@ -265,10 +265,14 @@ class SubcallRunner:
             hit = self.memo.lookup(memo_key)
             if hit is not None:  # before admission: a repeat is free even when the budget is spent
                 return self._from_memo(seq, prompt, context_text, hit, record)
-        estimate = estimate_tokens(total + len(SUBCALL_SYSTEM)) + estimate_tokens(self.settings.max_response_chars)
+        prompt_estimate = estimate_tokens(total + len(SUBCALL_SYSTEM))
+        completion_estimate = estimate_tokens(self.settings.max_response_chars)
+        prices = getattr(self.provider, "prices", None)
+        usd_estimate = (prices.cost(model_id or getattr(self.provider, "default_model", ""), prompt_estimate,
+                                    completion_estimate) if prices is not None else None)
         try:
-            entry = self.budget.admit("subcall", tokens_estimate=estimate, keep_calls=1,
-                                      keep_tokens=self.settings.final_reserve_tokens)
+            entry = self.budget.admit("subcall", tokens_estimate=prompt_estimate + completion_estimate, keep_calls=1,
+                                      keep_tokens=self.settings.final_reserve_tokens, usd_estimate=usd_estimate)
         except BudgetError as exc:
             result = _failure(exc.code, exc.message, "The inference budget is spent: answer now with final_answer().")
             self._record(seq, prompt, context_text, result, None, record)

@@ -174,6 +174,20 @@ def test_unknown_cost_blocks_a_usd_limit(tmp_path: Path) -> None:
     assert info.value.setting == "max_usd"
 
 
+def test_calls_in_flight_count_at_their_usd_estimates_so_a_batch_cannot_spend_past_the_cap(tmp_path: Path) -> None:
+    # Measured by bench/rlm_vs_rlms.py: four sub-calls admitted together under a $0.05 cap spent $0.10.
+    budget = Budget(tmp_path / "b.sqlite3", "root", BudgetLimits(max_usd=0.05))
+    first = budget.admit("subcall", usd_estimate=0.03)
+    second = budget.admit("subcall", usd_estimate=0.03)  # $0.03 in flight: under the cap
+    with pytest.raises(BudgetExhausted) as refused:
+        budget.admit("subcall", usd_estimate=0.03)
+    assert refused.value.setting == "max_usd" and "in flight" in refused.value.message
+    budget.settle(first, Usage(100, 10, 0.001))
+    budget.settle(second, Usage(100, 10, 0.001))  # settled far below their estimates: room again
+    budget.admit("subcall", usd_estimate=0.03)
+    assert budget.ledger.snapshot("root").usd == pytest.approx(0.002)
+
+
 def test_a_call_in_flight_when_its_process_died_becomes_unknown(tmp_path: Path) -> None:
     # Admitted without an estimate, so there is nothing to count it at: it blocks the token limit.
     path = tmp_path / "b.sqlite3"

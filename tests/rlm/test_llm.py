@@ -219,3 +219,27 @@ def test_a_slow_batch_returns_what_arrived_before_its_host_call_deadline(tmp_pat
     assert [r.error_code for r in results[2:]] == ["timeout", "timeout"]
     assert "RLM_HOST_CALL_TIMEOUT_S" in results[3].error
     assert provider.sent == ["item 0", "item 1", "item 2"], "a prompt with no time left is never sent"
+
+
+def test_a_batch_under_a_usd_cap_sends_only_what_the_cap_can_pay_for(tmp_path: Path, make_settings,
+                                                                      fake_openai) -> None:
+    # bench/rlm_vs_rlms.py measured four sub-calls admitted together spend twice a $0.05 cap: calls in flight
+    # now count at their list-price estimates (prompt / 4 + max_response_chars / 4 tokens).
+    from rlmfamily.providers import OpenAIProvider, PriceTable
+
+    for _ in range(4):  # each answer costs about what it was estimated at, whenever it settles
+        fake_openai.push(text="NONE", hold=True, prompt_tokens=6_000, completion_tokens=5)
+    provider = OpenAIProvider(base_url=fake_openai.base_url, model="m-1", api_key_env="K", environ={"K": "sk-x"},
+                              prices=PriceTable({"m-1": {"prompt": 1.0, "completion": 4.0}}), max_retries=0)
+    runner = _runner(tmp_path, make_settings, provider, limits=BudgetLimits(max_usd=0.01), max_concurrency=4,
+                     max_response_chars=4_000)  # each call: ~2,600 + 1,000 tokens, about $0.0066
+    results: list[LLMResult] = []
+    batch = threading.Thread(target=lambda: results.extend(runner.query_batched(["what is it?"] * 4,
+                                                                                 ["x" * 10_000] * 4)))
+    batch.start()
+    wait_until(lambda: len(fake_openai.requests) >= 2, "two sub-calls at the server")
+    fake_openai.hold.release()
+    batch.join(timeout=HOLD_LIMIT_S)
+    assert len(fake_openai.requests) == 2, "the third call would have taken the family past its USD cap"
+    assert [r.ok for r in results].count(True) == 2
+    assert {r.error_code for r in results if not r.ok} == {"budget_exhausted"}
