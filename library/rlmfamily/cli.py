@@ -26,6 +26,7 @@ from rlmfamily.errors import RLMError, SettingsInvalid
 from rlmfamily.family.progress import RunningChildren
 from rlmfamily.gates.verdict import outcome_text, verdict_text
 from rlmfamily.memo import memo_usage
+from rlmfamily.output import consoles, print_table
 from rlmfamily.prompts import NO_OUTPUT, NO_OUTPUT_HINT
 from rlmfamily.providers.base import PriceTable, Provider
 from rlmfamily.providers.scripted import ScriptedProvider
@@ -147,8 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    out = Console(soft_wrap=True)
-    err = Console(stderr=True, soft_wrap=True)
+    out, err = consoles()
     try:
         if args.command == "demo":
             return _run(_demo_args(args), out, err)
@@ -576,7 +576,7 @@ def _usage(args: argparse.Namespace, out: Console) -> int:
         out.print_json(json.dumps({"roots": summaries, "totals": totals, "unresolved": unresolved,
                                    "entries": entries}))
         return EXIT_OK
-    out.print(_usage_table(settings, summaries, totals))
+    print_table(out, _usage_table(settings, summaries, totals), ids=("run",))
     for run_id, hits in (summaries[0]["cached"]["by_run"].items() if root else ()):
         out.print(f"  cached: {hits['hits']} sub-call(s) of {run_id} answered from the memo "
                   f"({hits['tokens_saved']:,} tokens not spent)", markup=False, highlight=False)

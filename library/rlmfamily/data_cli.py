@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rlmfamily import data_location
+from rlmfamily.output import print_table
 from rlmfamily.settings import RLMSettings, load_settings
 
 COMMANDS = ("where", "init")
@@ -66,7 +67,7 @@ def _where(args: argparse.Namespace, settings: RLMSettings, out: Console) -> int
     for number, row in enumerate(report["rules"], start=1):
         table.add_row(str(number), row["label"], row["folder"] or "-",
                       row["note"], style="bold green" if row["chosen"] else None)
-    out.print(table)
+    print_table(out, table, ids=("folder",))
     for name, path in report["files"].items():
         p(f"  {name:8} {path}" + ("" if Path(path).exists() else "  (not yet)"))
     return EXIT_OK

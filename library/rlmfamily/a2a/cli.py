@@ -32,6 +32,7 @@ from rlmfamily.a2a.errors import A2AError
 from rlmfamily.a2a.peers import load_peers
 from rlmfamily.a2a.store import Delegation, DelegationStore
 from rlmfamily.errors import MAX_LISTED_NAMES, RunNotFound, SettingsInvalid
+from rlmfamily.output import print_table
 from rlmfamily.settings import RLMSettings
 
 COMMANDS = ("peers", "delegations", "reconcile")
@@ -110,7 +111,7 @@ def _peers(args: argparse.Namespace, settings: RLMSettings, out: Console) -> int
         cells = (r["alias"], r["url"], r["skill"] or "-", tariff, key, limits,
                  "open" if r["route_open"] else f"closed: {r['why_not']}")
         table.add_row(*(escape(c) for c in cells))  # error codes are [bracketed]: not markup
-    out.print(table)
+    print_table(out, table, ids=("alias", "key variable"))
     return EXIT_OK
 
 
@@ -154,7 +155,7 @@ def _delegations(args: argparse.Namespace, settings: RLMSettings, out: Console) 
         cells = (r.id, r.root_id, r.peer_alias, r.state, remote, credits_text(r.to_dict(), short=True),
                  "yes" if r.required else "no", f"{now - r.created_at:,.0f}s", note)
         table.add_row(*(escape(c) for c in cells))
-    out.print(table)
+    print_table(out, table, ids=("delegation", "run", "remote task"))
     for allowance in _allowances(rows, store):
         out.print(f"root {allowance['root_id']}: {allowance['credits_held']} of its {allowance['credits_allowed']} "
                   "credits drawn (holds, and charges the peers reported)", markup=False, highlight=False)

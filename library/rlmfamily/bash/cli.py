@@ -24,6 +24,7 @@ from rlmfamily.bash.extension import receipt_text
 from rlmfamily.bash.store import Job, JobStore
 from rlmfamily.errors import SettingsInvalid
 from rlmfamily.family.store import family_root
+from rlmfamily.output import print_table
 from rlmfamily.settings import RLMSettings
 from rlmfamily.trajectory import find_run
 
@@ -73,7 +74,7 @@ def main(args: argparse.Namespace, settings: RLMSettings, out: Console, err: Con
     if args.json:
         out.print_json(json.dumps({"jobs": [describe(j, leases) for j in jobs], "leases": leases}))
         return EXIT_OK
-    out.print(_table(settings, jobs, leases))
+    print_table(out, _table(settings, jobs, leases), ids=("job", "agent"))
     _print_notes(jobs, leases, out)
     return EXIT_OK
 

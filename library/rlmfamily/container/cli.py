@@ -32,6 +32,7 @@ def add_parsers(sub: Any) -> None:
     image.add_argument("--json", action="store_true")
     sweep = actions.add_parser("sweep", help="remove this machine's containers whose run's process is gone")
     sweep.add_argument("--engine", choices=ENGINE_KINDS, help="podman or docker (RLM_CONTAINER_ENGINE; default auto)")
+    sweep.add_argument("--json", action="store_true")
 
 
 def main(args: argparse.Namespace, settings: RLMSettings, out: Console, err: Console) -> int:
@@ -42,6 +43,9 @@ def main(args: argparse.Namespace, settings: RLMSettings, out: Console, err: Con
         from rlmfamily.container.sandbox import sweep_orphans
 
         removed = sweep_orphans(engine)
+        if args.json:
+            out.print_json(json.dumps({"engine": engine.kind, "removed": removed}))
+            return EXIT_OK
         out.print(f"{engine.kind}: removed {len(removed)} orphaned container(s)"
                   + (f": {', '.join(removed)}" if removed else ""), markup=False, highlight=False)
         return EXIT_OK

@@ -13,6 +13,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from rlmfamily.output import print_table
+
 COMMANDS = ("eval",)
 
 
@@ -116,7 +118,7 @@ def _tasks(args: argparse.Namespace, out: Console) -> int:
         table.add_column(column)
     for t in pack.tasks:
         table.add_row(t.id, t.spec.kind, t.spec.evaluator.kind, ", ".join(t.spec.tags))
-    out.print(table)
+    print_table(out, table, ids=("task",))
     for name, c in conditions.items():
         out.print(f"condition {name}: {c.provider}{' ' + c.model if c.model else ''}, profile {c.profile}, kernel "
                   f"{c.kernel}{' (paid: needs --max-usd)' if c.paid else ' (offline)'}", highlight=False)

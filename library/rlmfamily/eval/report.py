@@ -17,6 +17,7 @@ from rich.table import Table
 
 from rlmfamily.eval.stats import DEFAULT_SEED, analyse
 from rlmfamily.eval.store import ResultsStore
+from rlmfamily.output import print_table
 
 OFFLINE_NOTICE = ("Offline experiment: every condition is a scripted model making known-good or known-bad attempts. "
                   "These results measure the runner's plumbing, the graders and this report, not model quality.")
@@ -74,7 +75,7 @@ def print_report(report: dict[str, Any], console: Console) -> None:
                       _num(c["mean_score"]), _usd(c["usd"], c["usd_known_lower_bound"]), _usd(c["usd_per_accepted"]),
                       f"{_int(c['input_tokens'])}/{_int(c['output_tokens'])}", _num(c["latency_s"]["p50"], 1),
                       _num(c["latency_s"]["p90"], 1), str(c["errors"]))
-    console.print(table)
+    print_table(console, table, ids=("condition",))
     for p in report["pairs"]:
         pairs = Table(title=f"{p['b']} minus {p['a']}: accepted rate difference over {p['tasks_compared']} task(s), "
                             f"{_diff(p['accepted_diff'])} {_ci(p['interval'])}")

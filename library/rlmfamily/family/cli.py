@@ -21,6 +21,7 @@ from rlmfamily.family.children import Family, summary
 from rlmfamily.family.errors import ChildNotFound, FamilyNotFound
 from rlmfamily.family.inbox import Inbox, family_messages
 from rlmfamily.family.store import FamilyStore
+from rlmfamily.output import print_table
 from rlmfamily.settings import RLMSettings
 
 COMMANDS = ("inbox", "message", "follow-up", "children")
@@ -121,7 +122,7 @@ def _inbox(args: argparse.Namespace, settings: RLMSettings, store: FamilyStore, 
     for m in messages:
         table.add_row(str(m["id"]), short(root_id, m["from"]), short(root_id, m["to"]), "yes" if m["acked"] else "no",
                       _preview(m["text"]))
-    out.print(table)
+    print_table(out, table, ids=("id", "from", "to"))
     if not messages:
         out.print("(no messages)")
     return EXIT_OK
@@ -183,7 +184,7 @@ def _runs_table(out: Console, root_id: str, title: str, rows: list[dict[str, Any
         detail = r["answer"] if r["answer"] is not None else (r["error"] or r["note"] or "")
         table.add_row(short(root_id, r["id"]), r["kind"], r["state"], r["stop_reason"] or "-", r.get("outcome") or "-",
                       _preview(detail))
-    out.print(table)
+    print_table(out, table, ids=("run",))
     if not rows:
         out.print("(no children)")
 
