@@ -51,7 +51,7 @@ FILENAME: Final = "host_calls.jsonl"
 # Host functions that run again when their step is replayed: they change only this run's own state.
 LIVE_ON_REPLAY: Final = frozenset({"_final_answer"})
 
-RestoreMode = Literal["fresh", "checkpoint", "replay"]
+RestoreMode = Literal["fresh", "checkpoint", "replay", "kept"]  # kept: a follow-up on the live kernel
 Record = dict[str, Any]
 _position = threading.local()  # the host call being answered in this thread: (step, index)
 

@@ -80,7 +80,9 @@ def describe_resume(event: dict[str, Any]) -> str:
     steps = event.get("steps", 0)
     where = {"checkpoint": f"namespace from the Monty checkpoint after step {steps}",
              "replay": f"namespace rebuilt by replaying {steps} steps from the record",
-             "fresh": "no step had run"}.get(event.get("restore"), str(event.get("restore")))
+             "fresh": "no step had run",
+             "kept": "the namespace of its live kernel, kept since the last question",
+             }.get(event.get("restore"), str(event.get("restore")))
     if event.get("interrupted_call"):
         where += (f"; call {event['interrupted_call']} of turn {event.get('turn')} runs again, "
                   "its recorded host calls answered from the record")

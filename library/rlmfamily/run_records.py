@@ -229,11 +229,12 @@ def plan(settings: RLMSettings, path: Path, events: list[Event], context: Contex
 
 
 def follow_up_point(settings: RLMSettings, path: Path, events: list[Event], context: Context,
-                    question: str) -> ResumePoint:
+                    question: str, *, kept_namespace: bool = False) -> ResumePoint:
     """Where a further question to a finished root run starts: its conversation with the question added (compacted
-    past ``follow_up_compact_chars``), its namespace restored from its checkpoint or journal, no turn played yet."""
+    past ``follow_up_compact_chars``), its namespace restored from its checkpoint or journal (or, ``kept_namespace``,
+    the live kernel's: ``Session(keep_kernel=True)``), no turn played yet."""
     started = check_resumable(settings, path, events, finished=True)
-    talk, restore = _rebuild(settings, path, events, started)
+    talk, restore = _rebuild(settings, path, events, started, restore=not kept_namespace)
     talk.close_turn()
     run_id = path.parent.name
     asked = [e for e in events if e["event"] == "follow_up"]
@@ -310,8 +311,9 @@ def _corpus_changed(started: Event, context: Context) -> bool:
     return first_message(started["question"], context.stats(), protocol.name) != started.get("first_message")
 
 
-def _rebuild(settings: RLMSettings, path: Path, events: list[Event], started: Event) -> tuple[_Conversation, Restore]:
-    """The conversation as the session built it, and how the namespace comes back."""
+def _rebuild(settings: RLMSettings, path: Path, events: list[Event], started: Event, *,
+             restore: bool = True) -> tuple[_Conversation, Restore]:
+    """The conversation as the session built it, and how the namespace comes back (``kept``: it never left)."""
     run_id, kernel = path.parent.name, started["kernel"]
     protocol = protocol_named(started.get("protocol") or "tools")
     talk = _Conversation(protocol, [{"role": "system", "content": started["system_prompt"]},
@@ -319,6 +321,8 @@ def _rebuild(settings: RLMSettings, path: Path, events: list[Event], started: Ev
                          tools=tuple(started.get("tools") or ("python",)))
     for event in events:
         talk.feed(event)
+    if not restore:
+        return talk, Restore("kept", len(talk.steps))
     journal = load(path.parent / JOURNAL_FILENAME)
     _check_journal(run_id, talk.steps, journal)
     return talk, _restore(settings, path.parent, run_id, kernel, talk.steps, journal)

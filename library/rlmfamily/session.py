@@ -130,6 +130,7 @@ class Session:
         agent_id: str | None = None,
         extensions: Sequence[ExtensionFactory] | None = None,
         tools: Sequence[Tool] = (),
+        keep_kernel: bool = False,
     ) -> None:
         self.settings = settings or load_settings()
         self.context = context
@@ -150,6 +151,10 @@ class Session:
         if self.tools:
             self.extension_factories.append(ToolsExtension.factory(self.tools))
         self.messages: list[dict[str, Any]] = []  # the conversation, kept for a follow-up
+        # keep_kernel: a root's kernel (and container) outlives each question, so follow_up() continues its live
+        # namespace instead of restoring it from the records; close() (or the with block) releases it.
+        self.keep_kernel = keep_kernel and self.root_id == self.run_id
+        self._kept: _KeptKernel | None = None
         self.on_event = on_event
         self._used = False
         if self.settings.gates and self.root_id == self.run_id:
@@ -230,7 +235,8 @@ class Session:
         if not isinstance(question, str) or not question.strip():
             raise SettingsInvalid("a follow-up needs a question: session.follow_up('what next?')")
         path = self.settings.runs_dir / self.run_id / FILENAME
-        point = follow_up_point(self.settings, path, read_trajectory(path), self.context, question)
+        point = follow_up_point(self.settings, path, read_trajectory(path), self.context, question,
+                                kept_namespace=self._kept is not None)
         run = _Run.open(self, question, point.messages, resumed=point)
         try:
             run.start(follow_up=True)
@@ -251,11 +257,28 @@ class Session:
                 play()
             except RLMError as exc:  # provider, budget, kernel: the run ends with its error recorded
                 run.stop_reason, run.error = "error", f"{exc.code}: {exc.message}"
+                self._kept = None  # not kept after a failure (the run closes it): a follow-up restores from the records
             finally:
                 run.close_kernel()
             return run.close()
         finally:
             run.close_environment()  # after the extensions: their last commands (gates, jobs) run in it
+
+    def close(self) -> None:
+        """Release the kernel and container kept for follow-ups (``keep_kernel``); nothing to do without one."""
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            try:
+                kept.kernel.close()
+            finally:
+                if kept.environment is not None:
+                    kept.environment.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _emit(self, event: Event) -> None:
         if self.on_event is not None:
@@ -270,6 +293,24 @@ def endpoint_of(provider: Provider) -> dict[str, Any] | None:
         return None
     return {"provider": getattr(provider, "name", type(provider).__name__), "base_url": str(base_url),
             "api_key_env": getattr(provider, "api_key_env", None)}
+
+
+@dataclass
+class _KeptKernel:
+    """A root's kernel kept between its questions (``Session(keep_kernel=True)``), with its container. The kernel was
+    started with trampolines into ``functions``, which each question fills with its own host functions."""
+
+    kernel: Kernel
+    environment: Environment | None
+    functions: dict[str, Callable[..., Any]]
+
+
+def _trampoline(functions: dict[str, Callable[..., Any]], name: str) -> Callable[..., Any]:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return functions[name](*args, **kwargs)
+
+    call.__name__ = name
+    return call
 
 
 @dataclass
@@ -415,9 +456,10 @@ class _Run:
         """Build the extensions, then the kernel with every host function and prelude."""
         session = self.session
         run_dir = self.settings.runs_dir / session.run_id
+        kept = session._kept  # noqa: SLF001 - the run is the session's own
         # The run's container (RLM_KERNEL=container) exists before anything that runs code or commands in it.
-        self.environment = open_environment(session.kernel_name, self.settings, run_id=session.run_id,
-                                            context=session.context, run_dir=run_dir)
+        self.environment = kept.environment if kept is not None else open_environment(
+            session.kernel_name, self.settings, run_id=session.run_id, context=session.context, run_dir=run_dir)
         info = RunInfo(
             run_id=session.run_id, root_id=session.root_id, agent_id=session.agent_id, settings=self.settings,
             context=session.context, provider=session.provider, kernel=session.kernel_name, model=session.model,
@@ -442,6 +484,11 @@ class _Run:
                                                                                          if self.gates else "")
         if self.resumed is None:
             self.write_started()  # after the notes: it records the system prompt as the model sees it
+        if kept is not None:  # the live namespace of the last question: its host functions become this run's
+            kept.functions.clear()
+            kept.functions.update(functions)
+            self.kernel = kept.kernel
+            return
         in_environment = {"environment": self.environment} if self.environment is not None else {}
         kernel = session.kernel_factory(session.kernel_name, self.settings, run_dir, session.run_id, **in_environment)
         if session.root_id == session.run_id:  # a root can be resumed: its host calls are journaled
@@ -451,6 +498,10 @@ class _Run:
                                      live_on_replay=repeat_safe_functions(session.tools),
                                      once_only=once_only_functions(session.tools))
         self.kernel = kernel
+        if session.keep_kernel:
+            table = dict(functions)
+            functions = {name: _trampoline(table, name) for name in table}
+            session._kept = _KeptKernel(kernel, self.environment, table)  # noqa: SLF001
         self.kernel.start(functions, PRELUDE + "".join(e.prelude for e in self.extensions)
                           + (self.gates.prelude if self.gates else ""))
 
@@ -727,11 +778,13 @@ class _Run:
 
     def close_environment(self) -> None:
         environment, self.environment = self.environment, None
-        if environment is not None:
+        kept = self.session._kept  # noqa: SLF001
+        if environment is not None and (kept is None or kept.environment is not environment):
             environment.close()
 
     def close_kernel(self) -> None:
-        if self.kernel is None:
+        kept = self.session._kept  # noqa: SLF001
+        if self.kernel is None or (kept is not None and kept.kernel is self.kernel):
             return
         try:
             self.kernel.close()

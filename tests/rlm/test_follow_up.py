@@ -15,7 +15,7 @@ import pytest
 
 from rlmfamily import Context, ScriptedProvider, Session
 from rlmfamily.budget import BudgetLedger
-from rlmfamily.errors import RunNotFinished
+from rlmfamily.errors import ResumeUnsupported, RunNotFinished
 from rlmfamily.run_records import follow_up_point
 from rlmfamily.trajectory import read_trajectory
 
@@ -167,3 +167,19 @@ def test_a_follow_up_killed_midway_is_resumed_with_its_own_question(tmp_path: Pa
     kinds = [e["event"] for e in events if e["event"] in ("run_finished", "follow_up", "run_resumed")]
     assert kinds == ["run_finished", "follow_up", "run_resumed", "run_finished"]
     assert [e["answer"] for e in events if e["event"] == "run_finished"] == ["41", "HELD 42"]
+
+
+def test_a_kept_kernel_continues_a_namespace_that_no_replay_could_rebuild(doc: Path, make_settings: Any) -> None:
+    settings = make_settings()
+    steps = ["import random\nr = random.random()\nprint(r)", "final_answer(str(r))", "final_answer(str(r))"]
+    provider = ScriptedProvider({"root": [{"code": c} for c in steps]})
+    with _session(settings, doc, "host", provider, keep_kernel=True) as session:
+        first = session.run("draw a number")
+        second = session.follow_up("which number was it?")
+    assert second.answer == first.answer and second.stop_reason == "answered", second.error
+    follow = next(e for e in read_trajectory(first.trajectory_path) if e["event"] == "follow_up")
+    assert follow["restore"] == "kept"
+    # Without the live kernel, the host kernel's replay would print another number: the follow-up is refused.
+    fresh = _session(settings, doc, "host", ScriptedProvider({"root": []}), run_id=first.run_id)
+    with pytest.raises(ResumeUnsupported, match="cannot be rebuilt faithfully"):
+        fresh.follow_up("and now?")
