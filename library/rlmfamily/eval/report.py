@@ -61,20 +61,30 @@ def _basis(records: list[dict[str, Any]], condition: str) -> str | None:
 
 # ---------- the table ----------
 
+# The conditions table's columns, the same on the terminal and the page (``_condition_cells`` fills them).
+CONDITION_COLUMNS = ("condition", "attempts", "accepted", "pass rate", "mean score", "USD", "USD / accepted",
+                     "tokens in/out", "p50 s", "p90 s", "errors")
+
+
+def _condition_cells(c: dict[str, Any]) -> tuple[str, ...]:
+    cells = (c["condition"], str(c["attempts"]), str(c["accepted"]), _pct(c["pass_rate"]), _num(c["mean_score"]),
+             _usd(c["usd"], c["usd_known_lower_bound"]), _usd(c["usd_per_accepted"]),
+             f"{_int(c['input_tokens'])}/{_int(c['output_tokens'])}", _num(c["latency_s"]["p50"], 1),
+             _num(c["latency_s"]["p90"], 1), str(c["errors"]))
+    assert len(cells) == len(CONDITION_COLUMNS)
+    return cells
+
+
 def print_report(report: dict[str, Any], console: Console) -> None:
     console.print(f"pack {report['pack']} · {report['recorded']}/{report['planned']} attempts · "
                   f"{report['repeats']} repeat(s) · cap {_usd(report['max_usd'])}", highlight=False)
     for note in report["notes"]:
         console.print(f"note: {note}", style="yellow", highlight=False)
     table = Table(title="conditions")
-    for column in ("condition", "attempts", "accepted", "pass rate", "mean score", "USD", "USD / accepted",
-                   "tokens in/out", "p50 s", "p90 s", "errors"):
+    for column in CONDITION_COLUMNS:
         table.add_column(column, justify="left" if column == "condition" else "right")
     for c in report["conditions"]:
-        table.add_row(c["condition"], str(c["attempts"]), str(c["accepted"]), _pct(c["pass_rate"]),
-                      _num(c["mean_score"]), _usd(c["usd"], c["usd_known_lower_bound"]), _usd(c["usd_per_accepted"]),
-                      f"{_int(c['input_tokens'])}/{_int(c['output_tokens'])}", _num(c["latency_s"]["p50"], 1),
-                      _num(c["latency_s"]["p90"], 1), str(c["errors"]))
+        table.add_row(*_condition_cells(c))
     print_table(console, table, ids=("condition",))
     for p in report["pairs"]:
         pairs = Table(title=f"{p['b']} minus {p['a']}: accepted rate difference over {p['tasks_compared']} task(s), "
@@ -151,13 +161,9 @@ def render_html(report: dict[str, Any]) -> str:
 
 def _conditions_table(report: dict[str, Any]) -> str:
     e = html.escape
-    rows = ["<table><tr><th>condition</th><th>attempts</th><th>accepted</th><th>pass rate</th><th>mean score</th>"
-            "<th>USD</th><th>USD / accepted</th><th>p50 s</th><th>p90 s</th></tr>"]
-    for c in report["conditions"]:
-        rows.append(f"<tr><td>{e(c['condition'])}</td><td>{c['attempts']}</td><td>{c['accepted']}</td>"
-                    f"<td>{_pct(c['pass_rate'])}</td><td>{_num(c['mean_score'])}</td>"
-                    f"<td>{e(_usd(c['usd'], c['usd_known_lower_bound']))}</td><td>{e(_usd(c['usd_per_accepted']))}</td>"
-                    f"<td>{_num(c['latency_s']['p50'], 1)}</td><td>{_num(c['latency_s']['p90'], 1)}</td></tr>")
+    rows = ["<table><tr>" + "".join(f"<th>{e(column)}</th>" for column in CONDITION_COLUMNS) + "</tr>"]
+    rows += ["<tr>" + "".join(f"<td>{e(cell)}</td>" for cell in _condition_cells(c)) + "</tr>"
+             for c in report["conditions"]]
     return "".join(rows) + "</table>"
 
 

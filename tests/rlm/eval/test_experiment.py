@@ -4,6 +4,7 @@ repeats, a small subset of the pilot pack; its records, its report (table, JSON,
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,12 @@ def test_report_prints_a_table_writes_json_and_a_self_contained_page(results: Pa
     assert main(["eval", "report", str(results)]) == 0
     table = capsys.readouterr().out
     assert "noop minus oracle-python" in table and "Offline experiment" in table
+    # The page's conditions table is the command's: the same columns, tokens and errors too, and the same cells.
+    [cli_row] = [line for line in table.splitlines() if line.startswith("│ oracle-python ")]
+    [page_row] = re.findall(r"<tr><td>oracle-python</td>.*?</tr>", text)
+    assert [c.strip() for c in cli_row.split("│")[1:-1]] == re.findall(r"<td>([^<]*)</td>", page_row)
+    headers = re.findall(r"<th>([^<]*)</th>", text)
+    assert "tokens in/out" in headers and headers[-1] == "errors"
 
 
 def test_the_same_run_again_redoes_nothing_and_another_experiment_is_refused(results: Path) -> None:
