@@ -15,6 +15,7 @@ import pytest
 
 from rlmfamily import Context, ScriptedProvider, Session
 from rlmfamily.budget import BudgetLedger
+from rlmfamily.cli import main
 from rlmfamily.errors import ResumeUnsupported, RunNotFinished
 from rlmfamily.run_records import follow_up_point
 from rlmfamily.trajectory import read_trajectory
@@ -71,27 +72,29 @@ def test_a_follow_up_continues_the_namespace_and_conversation_under_the_family_b
 
 
 def test_rlm_ask_continues_a_finished_run_and_rlm_show_shows_its_turns_as_one_session(tmp_path: Path, doc: Path,
-                                                                                    make_settings: Any) -> None:
+                                                                                    make_settings: Any,
+                                                                                    capsys: Any) -> None:
     data = tmp_path / "data"
     script = tmp_path / "script.json"
     script.write_text(json.dumps({"root": [{"code": c} for c in STEPS[:4]]}))
     first = _session(make_settings(data_dir=data), doc, "monty", ScriptedProvider.from_file(script)).run("what is x?")
     assert first.answer == "41", first.error
-    refused = rlm("resume", "last", "--script", str(script), data_dir=data)
-    assert refused.returncode == 2 and "rlm ask" in refused.stderr
+    assert main(["--data-dir", str(data), "resume", "last", "--script", str(script)]) == 2
+    refused = capsys.readouterr().err
+    assert f"[run_finished] run {first.run_id} already finished" in refused
+    assert f"Ask it a follow-up with `rlm ask {first.run_id} QUESTION`" in refused
     asked = rlm("ask", "last", "and one more?", "--quiet", "--json", "--script", str(script), data_dir=data)
     assert asked.returncode == 0, asked.stderr
     assert json.loads(asked.stdout)["answer"] == "42"  # x came back from the Monty checkpoint of the first process
-    shown = rlm("show", "last", data_dir=data)
-    assert shown.returncode == 0, shown.stderr
-    lines = shown.stdout
+    # rlm show and its page, in this process (the follow-up above ran in its own).
+    assert main(["--data-dir", str(data), "show", "last"]) == 0
+    lines = capsys.readouterr().out
     assert lines.index("question: what is x?") < lines.index("══ follow-up 1: and one more?") < lines.index("now 42")
     assert "namespace from the Monty checkpoint after step 2" in lines
     assert "did not finish" not in lines
     # The page: the first question's outcome, then the follow-up's banner and turns, then its own outcome.
-    paged = rlm("show", "--html", "last", "-o", "-", data_dir=data)
-    page = paged.stdout
-    assert paged.returncode == 0, paged.stderr
+    assert main(["--data-dir", str(data), "show", "--html", "last", "-o", "-"]) == 0
+    page = capsys.readouterr().out
     first_end, follow, last_end = (page.index("answered after 2 turns"), page.index("follow-up 1: and one more?"),
                                    page.index("answered after 4 turns"))
     assert last_end < first_end < follow < page.index("now 42") and "did not finish" not in page  # the outcome leads
