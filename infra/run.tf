@@ -717,8 +717,14 @@ resource "google_cloud_run_v2_service" "worker" {
     }
   }
 
+  traffic {
+    type    = "TRAFFIC_TARGET_ALLOCATION_TYPE_LATEST"
+    percent = 100
+  }
+
   lifecycle {
-    ignore_changes = [template[0].containers[0].image, client, client_version]
+    # cloudbuild.yaml deploys each image as a tagged revision without traffic and moves traffic after the drill.
+    ignore_changes = [template[0].containers[0].image, traffic, client, client_version]
   }
 }
 

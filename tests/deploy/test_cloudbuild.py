@@ -30,13 +30,16 @@ from tests.deploy.manifests import (
 
 pytestmark = pytest.mark.timeout(30)
 
-RELEASE_ORDER = ["checks", "terraform", "test", "build", "smoke", "push", "migrate", "deploy-worker", "deploy-api", "deploy-grpc",
+RELEASE_ORDER = ["checks", "terraform", "test-image", "test", "build", "smoke", "push", "migrate", "deploy-worker", "deploy-api", "deploy-grpc",
                  "deploy-console", "drill", "traffic"]
 # Built-in substitutions Cloud Build fills in itself.
 BUILT_IN = {"PROJECT_ID", "SHORT_SHA", "COMMIT_SHA", "BUILD_ID", "LOCATION", "PROJECT_NUMBER"}
 # What a trigger gives a build, and a tag URL as the deploy-api step writes it (Cloud Run's form).
 TRIGGER = {"PROJECT_ID": "acme-specialists", "SHORT_SHA": "abc1234"}
 TAG_URL = "https://r-abc1234---specialists-api-x7kq2lmn3a-ew.a.run.app"
+WORKER_TAG_URL = "https://r-abc1234---specialists-worker-x7kq2lmn3a-ew.a.run.app"
+# The pushed image by digest, as the push step writes it for every later step.
+IMAGE_REF = "europe-west1-docker.pkg.dev/acme-specialists/specialists/specialists@sha256:" + "c" * 64
 
 # Stands in for gcloud, which cannot reach Google from here: records each call, one JSON list a line,
 # and fails the calls whose subcommand (`update`, `execute`) is named in FAKE_GCLOUD_FAILS.
@@ -51,6 +54,11 @@ sys.exit(1 if set(sys.argv[1:4]) & set(os.environ.get("FAKE_GCLOUD_FAILS", "").s
 @pytest.fixture(scope="module")
 def document() -> dict:
     return cloudbuild()
+
+
+def document_value(text: str) -> str:
+    """A step's image (or argument) with the build's substitutions put in."""
+    return substitute(text, substitutions(cloudbuild(), **TRIGGER))
 
 
 @pytest.fixture(scope="module")
@@ -76,14 +84,48 @@ def test_the_tests_are_the_readmes_and_cis_test_command(steps):
     assert "./dev test" in (PROJECT_ROOT / ".ci" / "run").read_text()
 
 
-def test_the_image_is_built_pushed_and_the_same_image_is_deployed_everywhere(steps):
+def test_the_image_is_built_pushed_and_the_same_image_is_deployed_everywhere_by_digest(document, steps):
     assert steps["build"].args[0] == "build" and "${_IMAGE}" in steps["build"].args
     assert "DOCKER_BUILDKIT=1" in steps["build"].raw["env"], "the Dockerfile's RUN --mount needs BuildKit"
     assert 'docker push "${_IMAGE}"' in steps["push"].command
+    assert "> /workspace/image_ref" in steps["push"].command
     for step_id in ("migrate", "deploy-worker", "deploy-api", "deploy-grpc", "deploy-console", "drill"):
-        assert "--image=${_IMAGE}" in steps[step_id].command.replace('"', ""), step_id
+        command = steps[step_id].command.replace('"', "")
+        assert "image_ref" in command and "--image=${_IMAGE}" not in command, f"{step_id} deploys by tag"
     for step_id in ("deploy-worker", "deploy-api", "deploy-grpc"):  # beside a collector: the image is app's
-        assert "--container=app --image=${_IMAGE}" in steps[step_id].command.replace('"', ""), step_id
+        assert "--container=app --image=" in steps[step_id].command.replace('"', ""), step_id
+    # Cloud Build records the image's digest and its provenance.
+    assert document["images"] == ["${_IMAGE}"]
+    assert document["options"]["requestedVerifyOption"] == "VERIFIED"
+
+
+def test_every_step_image_is_pinned_by_a_digest_the_trigger_must_give(document, steps):
+    values = document["substitutions"]
+    for step in steps.values():
+        assert re.fullmatch(r"\$\{_STEP_\w+\}", step.name), f"{step.id}: {step.name} is not a pinned step image"
+        reference = values[step.name[2:-1]]
+        built_here = step.name == "${_STEP_TEST}"
+        assert built_here or re.fullmatch(r"[\w./:-]+@\$\{_DIGEST_\w+\}", reference), reference
+    smoke_database = next(a for a in steps["smoke"].args if a.startswith("--database-image="))
+    assert smoke_database == "--database-image=${_STEP_POSTGRES}"
+    # Unset, a digest leaves a reference Cloud Build refuses (it ends in "@"): never a mutable tag's pull.
+    given = substitutions(document, **TRIGGER)
+    assert given["_STEP_PYTHON"].endswith("@") and given["_STEP_CLOUD_SDK"].endswith("@")
+    digest = "sha256:" + "d" * 64
+    by_trigger = {**document, "substitutions": {name: digest if name.startswith("_DIGEST_") else value
+                                                for name, value in values.items()}}
+    pinned = substitutions(by_trigger, **TRIGGER)
+    assert all(pinned[name].endswith("@" + digest) for name in values if name.startswith("_STEP_") and name != "_STEP_TEST")
+
+
+def test_the_suite_runs_in_the_python_image_with_git_and_terraform_added(steps):
+    build = steps["test-image"]
+    assert build.args[:3] == ["build", "--file", "infra/release/test-step.Dockerfile"]
+    assert "PYTHON_IMAGE=${_STEP_PYTHON}" in build.args and "TERRAFORM_IMAGE=${_STEP_TERRAFORM}" in build.args
+    assert build.args[build.args.index("--tag") + 1] == steps["test"].name == "${_STEP_TEST}"
+    dockerfile = (PROJECT_ROOT / "infra" / "release" / "test-step.Dockerfile").read_text()
+    assert re.search(r"apt-get install [^\n]*\bgit\b", dockerfile)
+    assert "COPY --from=terraform /bin/terraform /usr/local/bin/terraform" in dockerfile
 
 
 def test_migrations_run_as_the_cloud_run_job_and_are_waited_for_before_any_deploy(steps):
@@ -92,11 +134,16 @@ def test_migrations_run_as_the_cloud_run_job_and_are_waited_for_before_any_deplo
     assert re.search(r"gcloud run jobs execute \$\{_MIGRATE_JOB\} .*--wait", command)
 
 
-def test_the_worker_is_deployed_private(steps):
-    args = steps["deploy-worker"].args
-    assert args[:3] == ["run", "deploy", "${_WORKER_SERVICE}"]
-    assert "--ingress=internal" in args and "--no-allow-unauthenticated" in args
-    assert "--allow-unauthenticated" not in args
+def test_the_worker_is_deployed_private_as_a_tagged_revision_without_traffic_which_the_new_api_dispatches_to(steps):
+    deploy = steps["deploy-worker"].command.replace('"', "")
+    assert "gcloud run deploy ${_WORKER_SERVICE}" in deploy
+    assert "--ingress=internal" in deploy and "--no-allow-unauthenticated" in deploy
+    assert " --allow-unauthenticated" not in deploy
+    assert "--no-traffic" in deploy and "--tag=${_REVISION_TAG}" in deploy
+    assert "> /workspace/worker_tag_url" in deploy
+    api = steps["deploy-api"].command.replace('"', "")
+    assert "--update-env-vars=SPECIALISTS_DISPATCH_WORKER_URL=$$worker/jobs" in api
+    assert RELEASE_ORDER.index("deploy-worker") < RELEASE_ORDER.index("deploy-api") < RELEASE_ORDER.index("drill")
 
 
 def test_the_api_is_deployed_as_a_tagged_revision_without_traffic_and_drilled_through_its_tag(steps):
@@ -143,6 +190,7 @@ def run_step(step: BuildStep, document: dict, tmp_path: Path, *, tag_url: str | 
     workspace.mkdir()
     if tag_url is not None:
         (workspace / "api_tag_url").write_text(tag_url + "\n")
+    (workspace / "image_ref").write_text(IMAGE_REF + "\n")
     bin_dir, calls = stand_in(tmp_path, "gcloud", FAKE_GCLOUD)
     script = substitute(step.command, substitutions(document, **TRIGGER)).replace("/workspace/", f"{workspace}/")
     env = {
@@ -160,7 +208,7 @@ def test_the_drill_step_puts_the_released_image_on_the_drill_job_then_executes_i
     values = substitutions(document, **TRIGGER)
     job, region = values["_DRILL_JOB"], f"--region={values['_REGION']}"
     assert calls == [
-        ["run", "jobs", "update", job, region, f"--image={values['_IMAGE']}"],
+        ["run", "jobs", "update", job, region, f"--image={IMAGE_REF}"],
         ["run", "jobs", "execute", job, region, "--wait", f"--args=drill,--target,{TAG_URL}"],
     ]
 
@@ -206,22 +254,75 @@ def test_the_console_step_deploys_the_released_image_under_the_releases_tag(docu
     assert status == 0
     values = substitutions(document, **TRIGGER)
     assert calls == [["run", "deploy", values["_CONSOLE_SERVICE"], f"--region={values['_REGION']}",
-                      f"--image={values['_IMAGE']}", "--no-traffic", f"--tag={values['_REVISION_TAG']}"]]
+                      f"--image={IMAGE_REF}", "--no-traffic", f"--tag={values['_REVISION_TAG']}"]]
 
 
-def test_only_the_last_step_moves_traffic_and_only_to_the_drilled_tag(document, steps, tmp_path):
-    traffic_moves = [step.id for step in steps.values() if "update-traffic" in step.command or "--to-" in step.command]
+# Stands in for gcloud in the traffic step: each service's traffic is all on "<service>-old"; update-traffic fails
+# for the services named in FAKE_GCLOUD_FAILS.
+FAKE_GCLOUD_TRAFFIC = """\
+import json, os, sys
+with open(os.environ["FAKE_GCLOUD_CALLS"], "a") as calls:
+    calls.write(json.dumps(sys.argv[1:]) + "\\n")
+if sys.argv[3] == "describe":
+    print(json.dumps({"status": {"traffic": [{"revisionName": sys.argv[4] + "-old", "percent": 100},
+                                             {"revisionName": sys.argv[4] + "-new", "tag": "r-abc1234"}]}}))
+sys.exit(1 if sys.argv[3] == "update-traffic" and sys.argv[4] in os.environ.get("FAKE_GCLOUD_FAILS", "").split()
+         and "--to-tags" in " ".join(sys.argv) else 0)
+"""
+
+
+def run_traffic(document: dict, steps: dict, tmp_path: Path, fails: str = "") -> tuple[int, list[list[str]], Path]:
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    bin_dir, calls = stand_in(tmp_path, "gcloud", FAKE_GCLOUD_TRAFFIC)
+    script = substitute(steps["traffic"].command, substitutions(document, **TRIGGER)).replace("/workspace/", f"{workspace}/")
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_GCLOUD_CALLS": str(calls), "FAKE_GCLOUD_FAILS": fails}
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=20, cwd=PROJECT_ROOT)
+    return done.returncode, [json.loads(line) for line in calls.read_text().splitlines()], workspace / "traffic_before.json"
+
+
+def test_only_the_last_step_moves_traffic_worker_first_and_only_to_the_drilled_tag(document, steps, tmp_path):
+    traffic_moves = [step.id for step in steps.values() if "update-traffic" in step.command or "traffic.py" in step.command]
     assert traffic_moves == ["traffic"]
     assert list(steps)[-1] == "traffic"
-    status, calls = run_step(steps["traffic"], document, tmp_path)
+    status, calls, record = run_traffic(document, steps, tmp_path)
     assert status == 0
     names = substitutions(document, **TRIGGER)
-    assert [call[:4] for call in calls] == [
-        ["run", "services", "update-traffic", names["_API_SERVICE"]],
-        ["run", "services", "update-traffic", names["_GRPC_SERVICE"]],
-        ["run", "services", "update-traffic", names["_CONSOLE_SERVICE"]],
+    services = [names["_WORKER_SERVICE"], names["_API_SERVICE"], names["_GRPC_SERVICE"], names["_CONSOLE_SERVICE"]]
+    moves = [call for call in calls if call[2] == "update-traffic"]
+    assert [call[3] for call in moves] == services
+    assert all(f"--to-tags={names['_REVISION_TAG']}=100" in call for call in moves)
+    assert json.loads(record.read_text())["traffic"] == {service: {f"{service}-old": 100} for service in services}
+
+
+def test_a_failed_traffic_move_puts_back_the_previous_traffic_of_every_service_moved_and_fails(document, steps, tmp_path):
+    names = substitutions(document, **TRIGGER)
+    status, calls, _ = run_traffic(document, steps, tmp_path, fails=names["_GRPC_SERVICE"])
+    assert status != 0
+    moves = [call for call in calls if call[2] == "update-traffic"]
+    assert [(call[3], call[-1].split("=")[0]) for call in moves] == [
+        (names["_WORKER_SERVICE"], "--to-tags"), (names["_API_SERVICE"], "--to-tags"), (names["_GRPC_SERVICE"], "--to-tags"),
+        (names["_GRPC_SERVICE"], "--to-revisions"), (names["_API_SERVICE"], "--to-revisions"),
+        (names["_WORKER_SERVICE"], "--to-revisions"),
     ]
-    assert all(f"--to-tags={names['_REVISION_TAG']}=100" in call for call in calls)
+    assert moves[3][-1] == f"--to-revisions={names['_GRPC_SERVICE']}-old=100"
+    assert not [call for call in moves if call[3] == names["_CONSOLE_SERVICE"]], "nothing moves after a failure"
+
+
+def test_an_operators_rollback_puts_back_what_the_release_recorded(document, steps, tmp_path):
+    status, _, record = run_traffic(document, steps, tmp_path)
+    assert status == 0
+    bin_dir = tmp_path / "bin"
+    calls = tmp_path / "gcloud-calls"
+    calls.write_text("")
+    names = substitutions(document, **TRIGGER)
+    done = subprocess.run([sys.executable, str(PROJECT_ROOT / "infra" / "release" / "traffic.py"), "rollback",
+                           f"--record={record}", names["_API_SERVICE"]], capture_output=True, text=True, timeout=20,
+                          env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_GCLOUD_CALLS": str(calls)})
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line) for line in calls.read_text().splitlines()] == [
+        ["run", "services", "update-traffic", names["_API_SERVICE"], f"--region={names['_REGION']}",
+         f"--to-revisions={names['_API_SERVICE']}-old=100"]]
 
 
 def test_every_substitution_used_is_defined(document):
@@ -272,7 +373,7 @@ def test_the_static_checks_and_terraforms_validation_run_before_anything_is_buil
     assert "pip install -q --no-deps -r infra/release/checks.lock" in checks
     assert re.search(r"python infra/release/checks\.py --tools \S+ --skip \"terraform fmt\"", checks)
     terraform = steps["terraform"].command
-    assert steps["terraform"].name.startswith("hashicorp/terraform:")
+    assert document_value(steps["terraform"].name).startswith("hashicorp/terraform:")
     for command in ("terraform fmt -check -recursive infra", "init -backend=false", "terraform -chdir=infra validate"):
         assert command in terraform
     assert steps["terraform"].args[1].lstrip().startswith("set -eu"), "sh (the image has no bash) stops at a failure"
@@ -282,7 +383,8 @@ def test_the_smoke_tests_the_built_image_and_writes_the_verdict_the_push_reads(s
     smoke = steps["smoke"]
     assert smoke.entrypoint == "python3" and smoke.args[0] == "infra/release/smoke.py"
     assert {"--engine=docker", "--no-build", "--image=${_IMAGE}", "--network=cloudbuild"} <= set(smoke.args)
-    assert any(arg.startswith("--database-image=postgres:16") for arg in smoke.args), "Cloud SQL's major version"
+    database = next(arg.split("=", 1)[1] for arg in smoke.args if arg.startswith("--database-image="))
+    assert document_value(database).startswith("postgres:16"), "Cloud SQL's major version"
     verdict = next(arg.split("=", 1)[1] for arg in smoke.args if arg.startswith("--verdict-file="))
     assert verdict in steps["push"].command
 
@@ -292,7 +394,7 @@ import json, os, sys
 with open(os.environ["FAKE_DOCKER_CALLS"], "a") as calls:
     calls.write(json.dumps(sys.argv[1:]) + "\\n")
 if sys.argv[1:3] == ["image", "inspect"]:
-    print(os.environ["FAKE_IMAGE_ID"])
+    print(os.environ["FAKE_REPO_DIGEST"] if "RepoDigests" in " ".join(sys.argv) else os.environ["FAKE_IMAGE_ID"])
 """
 
 
@@ -304,7 +406,7 @@ def run_push(document: dict, steps: dict, tmp_path: Path, verdict: str | None) -
     bin_dir, calls = stand_in(tmp_path, "docker", FAKE_DOCKER)
     script = substitute(steps["push"].command, substitutions(document, **TRIGGER)).replace("/workspace/", f"{workspace}/")
     env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_DOCKER_CALLS": str(calls),
-           "FAKE_IMAGE_ID": "sha256:" + "a" * 64}
+           "FAKE_IMAGE_ID": "sha256:" + "a" * 64, "FAKE_REPO_DIGEST": IMAGE_REF}
     done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=20)
     return done.returncode, [json.loads(line) for line in calls.read_text().splitlines()]
 
@@ -312,7 +414,8 @@ def run_push(document: dict, steps: dict, tmp_path: Path, verdict: str | None) -
 def test_the_push_sends_the_image_the_smoke_passed(document, steps, tmp_path):
     status, calls = run_push(document, steps, tmp_path, verdict="sha256:" + "a" * 64)
     assert status == 0
-    assert calls[-1] == ["push", substitutions(document, **TRIGGER)["_IMAGE"]]
+    assert ["push", substitutions(document, **TRIGGER)["_IMAGE"]] in calls
+    assert (tmp_path / "workspace" / "image_ref").read_text().strip() == IMAGE_REF
 
 
 @pytest.mark.parametrize("verdict", [None, "", "sha256:" + "b" * 64])

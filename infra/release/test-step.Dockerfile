@@ -1,0 +1,20 @@
+# The environment of the release's `test` step (cloudbuild.yaml): the python image the suite ran in, plus what the
+# suite needs that it lacks: git (the library's tests make repositories: tests/rlm/conftest.py) and Terraform
+# (tests/deploy's plan of infra/variables.tf, and `terraform fmt`). Built by the `test-image` step, on the build's
+# Docker, from the step images' own digests (given as build arguments: cloudbuild.yaml's _STEP_* substitutions).
+# Locally, infra/release/test_step.py builds it on stand-ins for both and runs the step's command in it.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG TERRAFORM_IMAGE=hashicorp/terraform:1.11.4
+# hadolint ignore=DL3006
+FROM ${TERRAFORM_IMAGE} AS terraform
+
+# hadolint ignore=DL3006
+FROM ${PYTHON_IMAGE}
+SHELL ["/bin/sh", "-eu", "-c"]
+# Debian bookworm's git; the suite's container tests install podman themselves (./dev test) when it is missing.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends git ca-certificates \
+    && rm -rf /var/lib/apt/lists/*
+COPY --from=terraform /bin/terraform /usr/local/bin/terraform
+RUN git --version && terraform version
