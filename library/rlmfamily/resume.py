@@ -99,6 +99,7 @@ def prepare_ask(args: argparse.Namespace) -> Session:
     events = read_trajectory(path)
     started = check_resumable(base, path, events, finished=True)
     _refuse_custom_tools(started, f"session.follow_up({args.question!r})")
+    _check_budget(base, started["run_id"], "ask")
     settings = _settings(args, started)
     provider = _provider(args, started, settings)
     skip = getattr(provider, "skip_root_turns", None)
@@ -192,9 +193,10 @@ def _endpoint(args: argparse.Namespace, started: Event) -> dict[str, Any]:
     return {name: recorded.get(name) for name in ENDPOINT_FIELDS if recorded.get(name) is not None}
 
 
-def _check_budget(settings: RLMSettings, run_id: str) -> None:
-    """Refuse a resume that could only ask for the final answer: the family's unknown usage (a call in flight at the
-    kill) blocks its token or USD limit until reconciled, so say which entries and the command, before anything runs."""
+def _check_budget(settings: RLMSettings, run_id: str, command: str = "resume") -> None:
+    """Refuse a resume (or ``rlm ask``: ``command="ask"``) that could only ask for the final answer: the family's
+    unknown usage (a call in flight at a kill) blocks its token or USD limit until reconciled, so say which entries
+    and the command, before anything runs."""
     if not settings.budget_path.is_file():
         return
     from rlmfamily.budget import BudgetLedger
@@ -207,9 +209,10 @@ def _check_budget(settings: RLMSettings, run_id: str) -> None:
     raise ResumeNeedsReconcile(
         f"run {run_id}'s family has {len(blocking)} call(s) whose usage nobody knows (entries {ids}; a call in flight "
         "when the run was killed is one), and its token or USD limit cannot admit another call until they are "
-        "reconciled: resumed now, the run would go straight to a forced final answer. Check the provider's "
+        f"reconciled: {'resumed' if command == 'resume' else 'asked'} now, the run would go straight to a forced "
+        "final answer. Check the provider's "
         f"console, record each with `rlm usage --reconcile {first} --tokens N --usd X --reason \"...\"`, then "
-        f"`rlm resume {run_id}` again", entries=[e.id for e in blocking])
+        f"`rlm {command} {run_id}{' QUESTION' if command == 'ask' else ''}` again", entries=[e.id for e in blocking])
 
 
 def _context(args: argparse.Namespace, started: Event, settings: RLMSettings) -> Context:
