@@ -10,15 +10,11 @@ from __future__ import annotations
 import argparse
 import getpass
 import os
-import select
 import signal
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cached_property
-from pathlib import Path
 
 from pydantic import ValidationError
 from sqlalchemy import Engine
@@ -34,6 +30,7 @@ from ledger.near import did_you_mean, near_customer_ids, near_key_ids
 from ops import local_secrets, output
 from ops.flags import GlobalFlags, JsonFlag, OperatorFlag, Parser, UsageError
 from ops.output import EXIT_CONFIG, EXIT_DATABASE, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit, fail, say
+from ops.topology import READY_FD, Ready, Role, RoleFailed, StartBounds, ops_cli, stop
 
 
 @dataclass
@@ -256,125 +253,6 @@ def _child_preexec() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # kept across exec, and Python keeps an ignored SIGINT ignored
 
 
-def _start_child(command: list[str], env: dict[str, str], pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "ops.cli", *command], env=env, preexec_fn=_child_preexec, pass_fds=pass_fds
-    )
-
-
-def _cpu_ticks(pid: int) -> int | None:
-    """CPU time (clock ticks) used so far by ``pid`` and its descendants (a worker's forkserver imports too), from
-    /proc; None where there is no /proc (a start is then bounded by time alone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    ticks = int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)'s stat
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        try:
-            ticks += sum(_cpu_ticks(int(child)) or 0 for child in task.read_text().split())
-        except OSError:
-            continue
-    return ticks
-
-
-class _StartClock:
-    """How long a starting child may take: as long as it makes progress (uses CPU time: on a loaded machine it is
-    slow, not stuck), up to ``max_s``; ``stall_s`` without progress and it has failed to start."""
-
-    def __init__(self, child: subprocess.Popen, stall_s: float, max_s: float) -> None:
-        self.child, self.stall_s, self.max_s = child, stall_s, max_s
-        self.started = self.progressed = time.monotonic()
-        self.ticks = _cpu_ticks(child.pid)
-
-    def expired(self) -> str | None:
-        """None while the child may still start; else what happened, naming the setting."""
-        now = time.monotonic()
-        ticks = _cpu_ticks(self.child.pid)
-        if ticks is not None and ticks != self.ticks:
-            self.ticks, self.progressed = ticks, now
-        if now - self.started > self.max_s:
-            return f"within {self.max_s:g} s (SPECIALISTS_SERVE_CHILD_START_MAX_S)"
-        if now - self.progressed > self.stall_s:
-            return (f"and used no CPU time for {self.stall_s:g} s (SPECIALISTS_SERVE_CHILD_START_TIMEOUT_S)"
-                    if ticks is not None else f"within {self.stall_s:g} s (SPECIALISTS_SERVE_CHILD_START_TIMEOUT_S)")
-        return None
-
-
-def _start_dispatcher(env: dict[str, str], stopping: "_Stopping", timeout_s: float,
-                      max_s: float) -> subprocess.Popen:
-    """Start the dispatcher child and wait until it says it is ready (a byte on a pipe, once its loop can run):
-    `serve` answers /readyz only once every part it starts is up."""
-    read_end, write_end = os.pipe()
-    try:
-        child = _start_child(["dispatcher", "--ready-fd", str(write_end)], env, pass_fds=(write_end,))
-    finally:
-        os.close(write_end)
-    try:
-        clock = _StartClock(child, timeout_s, max_s)
-        while stopping.signal is None:
-            readable, _, _ = select.select([read_end], [], [], 0.1)
-            if readable:
-                if os.read(read_end, 1):
-                    return child
-                child.wait()  # the pipe closed without a byte: the child ended before it was ready
-            if child.poll() is not None:
-                raise _ChildFailed(f"the dispatcher exited with status {child.returncode} while starting "
-                                   "(see its log above)", child=child)
-            expired = clock.expired()
-            if expired:
-                raise _ChildFailed(f"the dispatcher was not ready {expired}", child=child)
-        return child
-    finally:
-        os.close(read_end)
-
-
-def _wait_for_worker(worker: subprocess.Popen, url: str, stopping: _Stopping, timeout_s: float,
-                     max_s: float) -> None:
-    _wait_for_child(worker, "worker", url, stopping, timeout_s, max_s)
-
-
-def _wait_for_child(child: subprocess.Popen, what: str, url: str, stopping: _Stopping, timeout_s: float,
-                    max_s: float) -> None:
-    """Until ``url`` answers 200, the child exits, or it stops making progress (``_StartClock``)."""
-    import httpx
-
-    clock = _StartClock(child, timeout_s, max_s)
-    while stopping.signal is None:
-        if child.poll() is not None:
-            raise _ChildFailed(f"the {what} exited with status {child.returncode} while starting (see its log above)")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        expired = clock.expired()
-        if expired:
-            raise _ChildFailed(f"the {what} did not answer {url} {expired}")
-        time.sleep(0.1)  # a poll of another process's port, which nothing announces
-
-
-class _ChildFailed(ServiceError):
-    code = "child_failed"
-
-    def __init__(self, message: str, *, child: subprocess.Popen | None = None) -> None:
-        super().__init__(message)
-        self.child = child  # to stop with the others
-
-
-def _stop_children(children: list[subprocess.Popen], wait_s: float) -> None:
-    for child in children:
-        if child.poll() is None:
-            child.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + wait_s
-    for child in children:
-        try:
-            child.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
-
-
 def _assign(settings: Settings, section: str, name: str, value: object) -> None:
     """Set one field of a section, validated as its environment variable would be."""
     part = getattr(settings, section)
@@ -468,34 +346,48 @@ def cmd_serve(ctx: Ctx, args: argparse.Namespace) -> int:
         title="service starting",
     )
     ctx.engine.dispose()
-    children: list[subprocess.Popen] = []
+    return _run_children(settings, ctx, _children(settings, ctx.url, child_settings, dispatch_to), stopping, serve)
+
+
+def _children(settings: Settings, url: str, child_settings: dict[str, str], dispatch_to: str | None) -> list[Role]:
+    """The roles `serve` starts beside its edge (SPECIALISTS_SERVE_WORKER, _DISPATCHER, _CONSOLE)."""
+    def child(name: str, command: list[str], ready: Ready, **extra: str) -> Role:
+        return Role(name, ops_cli(*command), _child_env(settings, url, **extra), ready,
+                    stop_grace_s=settings.worker.drain_s + settings.serve.child_stop_margin_s, preexec=_child_preexec)
+
+    children = []
+    if settings.serve.worker:
+        children.append(child("worker", ["worker", "--host", settings.worker.host, "--port", str(settings.worker.port)],
+                              Ready.http(f"http://{settings.worker.host}:{settings.worker.port}/healthz"),
+                              **child_settings))
+    if settings.serve.dispatcher:
+        # Its ready byte comes once its loop can run; it delivers to a worker still starting as to one busy.
+        children.append(child("dispatcher", ["dispatcher", "--ready-fd", READY_FD], Ready.pipe(),
+                              SPECIALISTS_DISPATCH_WORKER_URL=dispatch_to or ""))
+    if settings.serve.console:
+        children.append(child("console", ["console", "--host", settings.console.host, "--port",
+                                          str(settings.console.port)],
+                              Ready.http(f"{_console_url(settings)}healthz"), **child_settings))
+    return children
+
+
+def _run_children(settings: Settings, ctx: Ctx, children: list[Role], stopping: _Stopping, serve) -> int:
+    """Start the children side by side, wait until each is ready (while it makes progress: ops/topology.py), then
+    serve the edge until stopped; the children are stopped however it ends. `serve` answers /readyz only once
+    every part it starts is up."""
+    started: list[Role] = []
     try:
-        if settings.serve.worker and stopping.signal is None:
-            worker = _start_child(
-                ["worker", "--host", settings.worker.host, "--port", str(settings.worker.port)],
-                _child_env(settings, ctx.url, **child_settings),
-            )
-            children.append(worker)
-            _wait_for_worker(worker, f"{worker_url}/healthz", stopping, settings.serve.child_start_timeout_s,
-                             settings.serve.child_start_max_s)
-        if settings.serve.dispatcher and stopping.signal is None:
-            children.append(_start_dispatcher(_child_env(settings, ctx.url, SPECIALISTS_DISPATCH_WORKER_URL=dispatch_to),
-                                              stopping, settings.serve.child_start_timeout_s,
-                                              settings.serve.child_start_max_s))
-        if settings.serve.console and stopping.signal is None:
-            console = _start_child(["console", "--host", settings.console.host, "--port", str(settings.console.port)],
-                                   _child_env(settings, ctx.url, **child_settings))
-            children.append(console)
-            _wait_for_child(console, "console", f"{_console_url(settings)}healthz", stopping,
-                            settings.serve.child_start_timeout_s, settings.serve.child_start_max_s)
+        for role in children:
+            if stopping.signal is None:
+                started.append(role.start())
+        for role in started:
+            role.wait_ready(StartBounds.from_settings(settings), lambda: stopping.signal is not None)
         if stopping.signal is None:
             serve(settings, ctx.url)
-    except _ChildFailed as problem:
-        if problem.child is not None:
-            children.append(problem.child)
+    except RoleFailed as problem:
         return fail(problem.code, problem.message, as_json=ctx.as_json)
     finally:
-        _stop_children(children, settings.worker.drain_s + settings.serve.child_stop_margin_s)
+        stop(started)
     return EXIT_OK
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from ops.drill import folders
 from ops.output import EXIT_CONFIG, EXIT_OK, EXIT_REFUSED, emit_json, emit_table, fail, say
+from ops.topology import RoleFailed, StartBounds
 
 
 def _progress(line: str) -> None:
@@ -124,7 +125,7 @@ def _report(ctx: Any, mode: str, verdicts: list[Any], started: float, logs: Path
 def cmd_drill(ctx: Any, args: argparse.Namespace) -> int:
     from core import db
     from ops.drill.deployments import LocalDeployment, TargetDeployment
-    from ops.drill.topology import Bounds, LocalTopology, TopologyFailed, server_url
+    from ops.drill.topology import Bounds, LocalTopology, server_url
 
     settings = ctx.settings
     try:
@@ -140,13 +141,14 @@ def cmd_drill(ctx: Any, args: argparse.Namespace) -> int:
             removed = folders.prune(keep, current=folder)
             _progress(f"the processes' logs: {folder / 'logs'} (the newest {keep} drills' folders in "
                       f"{folder.parent} are kept, SPECIALISTS_DRILL_KEEP_LOCAL_RUNS; {len(removed)} older removed)")
-        topology = LocalTopology(folder, server_url(settings), dispatcher_kind=args.dispatcher, progress=_progress)
+        topology = LocalTopology(folder, server_url(settings), dispatcher_kind=args.dispatcher, progress=_progress,
+                                 start_bounds=StartBounds.from_settings(settings))
         mode = f"local, {args.dispatcher} dispatch"
         run = _Run(target=mode)
         try:
             with topology:
                 verdicts = _drill(LocalDeployment(topology), names, settings, run)
-        except TopologyFailed as problem:
+        except RoleFailed as problem:  # a process of the topology did not start
             return fail(f"{problem.code}", f"{problem.message}; the processes' logs: {folder / 'logs'}",
                         as_json=ctx.as_json)
         finally:

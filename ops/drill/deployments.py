@@ -26,7 +26,8 @@ from sqlalchemy import Engine
 
 from core.settings import DrillSettings, Settings
 from ledger.keys import KeySigner
-from ops.drill.topology import Bounds, LocalTopology, Process, free_port
+from ops.drill.topology import Bounds, LocalTopology, free_port
+from ops.topology import Role
 
 Progress = Callable[[str], None]
 
@@ -121,17 +122,17 @@ class LocalDeployment(Deployment):
         """A new revision takes over: a new process starts and is ready, then the old one gets SIGTERM."""
         old = self.topology.api[index]
         port = free_port()
-        command = ["serve", "--port", str(port), "--grpc-port", str(free_port())]  # a revision serves gRPC too
-        new = Process(f"{old.name}-r{old.starts + 1}", command, old.env,
-                      old.log_path.with_name(f"{old.name}-r{old.starts + 1}.log"), f"http://127.0.0.1:{port}/readyz")
+        assert old.log_path is not None
+        new = self.topology.api_role(f"{old.name}-r{old.starts + 1}", dict(old.env),
+                                     old.log_path.with_name(f"{old.name}-r{old.starts + 1}.log"), port)
         new.start()
         new.wait_ready()
         old.stop()
         self.topology.api[index] = new
         return (f"{old.name} (pid {old.pid}) replaced by {new.name} (pid {new.pid}, port {port}): the new one "
-                f"ready first, then SIGTERM to the old (exit {old.popen.returncode if old.popen else '?'})")
+                f"ready first, then SIGTERM to the old (exit {old.returncode})")
 
-    def _worker_of(self, job_id: str) -> Process:
+    def _worker_of(self, job_id: str) -> Role:
         worker = self.topology.worker_running(job_id)
         if worker is None:
             raise RuntimeError(f"no live worker of this topology holds job {job_id}")
@@ -140,8 +141,8 @@ class LocalDeployment(Deployment):
     def restart_worker(self, job_id: str) -> str:
         worker = self._worker_of(job_id)
         old = worker.pid
-        worker.stop(timeout_s=30)  # SIGTERM: it drains (SPECIALISTS_WORKER_DRAIN_S) before it exits
-        code = worker.popen.returncode if worker.popen else None
+        worker.stop(30)  # SIGTERM: it drains (SPECIALISTS_WORKER_DRAIN_S) before it exits
+        code = worker.returncode
         worker.start()
         worker.wait_ready()
         return f"{worker.name}: SIGTERM to pid {old} (exit {code} after draining), restarted as pid {worker.pid}"

@@ -9,43 +9,37 @@ on a port fixed when the topology is built, so a process restarted after a
 kill answers at the same address, as a Cloud Run service does. Leases,
 heartbeats and sweeps are short (``LOCAL_BOUNDS``) so a drill of a crash takes
 seconds, not minutes. ``stop`` ends every process and drops the database.
+Each process is an ``ops.topology.Role``: started, waited for while it makes
+progress, and stopped there, as `specialists serve` starts its children.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import signal
 import socket
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
 from sqlalchemy import Engine, create_engine, text
 
 from core import db
-from core.errors import ServiceError
 from core.settings import PROJECT_ROOT, Settings
 from ledger.keys import KeySigner
+from ops.topology import READY_FD, Ready, Role, StartBounds, ops_cli, stop
 
 Progress = Callable[[str], None]
 DispatcherKind = Literal["embedded", "cloud-tasks"]
 
 # The demo's scripted routes, the reviewer's semantic calls slowed down (the resume drill kills a worker mid call).
 DRILL_ROUTES = Path(__file__).with_name("routes.toml")
-START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0
+# The emulator's retries of a delivery (about every 100 ms) must outlast a killed worker's restart.
+EMULATOR_RETRY_S = 60.0
 EMULATOR_QUEUE = "projects/drill-project/locations/drill-location/queues/drill-jobs"
-
-
-class TopologyFailed(ServiceError):
-    code = "drill_topology_failed"
 
 
 @dataclass(frozen=True)
@@ -100,93 +94,17 @@ def server_url(settings: Settings) -> str:
     return with_database(db.database_url(settings), "postgres")
 
 
-@dataclass
-class Process:
-    """One service process, restartable at the same address with the same environment."""
+def drill_role(name: str, command: list[str], env: dict[str, str], log_path: Path, ready: Ready,
+               bounds: StartBounds) -> Role:
+    """One service process of the topology (`specialists <command>`), restartable at the same address with the
+    same environment; its own process group, so a Ctrl-C at the drill's terminal is the drill's to handle."""
+    return Role(name, ops_cli(*command), env, ready, log_path, bounds=bounds, stop_grace_s=STOP_TIMEOUT_S,
+                new_session=True)
 
-    name: str
-    command: list[str]
-    env: dict[str, str]
-    log_path: Path
-    ready_url: str | None  # answered 200 once it serves; None: ready when ``ready_text`` is in its log
-    ready_text: str = ""
-    popen: subprocess.Popen | None = None
-    starts: int = 0
 
-    @property
-    def pid(self) -> int | None:
-        return self.popen.pid if self.popen else None
-
-    @property
-    def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def start(self) -> None:
-        self.starts += 1
-        with self.log_path.open("ab") as log:
-            log.write(f"--- start {self.starts} ---\n".encode())
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", *self.command],
-            cwd=PROJECT_ROOT,
-            env=self.env,
-            stdout=subprocess.DEVNULL,
-            stderr=self.log_path.open("ab"),
-            start_new_session=True,  # a Ctrl-C at the drill's terminal is the drill's to handle
-        )
-
-    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not self.alive:
-                raise TopologyFailed(f"{self.name} exited with {self.popen.returncode if self.popen else '?'} while "
-                                     f"starting; its log: {self.log_path}\n{self.log_tail()}")
-            if self.ready_url is None:
-                if self.ready_text in self.log_path.read_text(errors="replace"):
-                    return
-            else:
-                try:
-                    if httpx.get(self.ready_url, timeout=1).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-            time.sleep(0.05)
-        raise TopologyFailed(f"{self.name} was not ready within {timeout_s:g} s; its log: {self.log_path}\n"
-                             f"{self.log_tail()}")
-
-    def signal(self, signum: int) -> None:
-        if self.alive:
-            assert self.popen is not None
-            os.kill(self.popen.pid, signum)
-
-    def kill(self) -> None:
-        """SIGKILL: no handler runs, nothing is flushed or finished."""
-        if self.alive:
-            assert self.popen is not None
-            self.popen.kill()
-            self.popen.wait(STOP_TIMEOUT_S)
-
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        """SIGTERM, as Cloud Run stops an instance; SIGKILL after ``timeout_s``."""
-        if self.popen is None:
-            return
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(timeout_s)
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-        self.wait_ready()
-
-    def log_tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+def url_of(role: Role) -> str:
+    """The base URL of a role that answers over HTTP (its ready check's, without the path)."""
+    return urlunsplit(urlsplit(role.ready.value)._replace(path=""))
 
 
 @dataclass
@@ -201,6 +119,7 @@ class LocalTopology:
     workers: int = 2
     extra_settings: dict[str, str] = field(default_factory=dict)
     progress: Progress = lambda line: None  # noqa: E731
+    start_bounds: StartBounds = StartBounds()  # the drill's: StartBounds.from_settings (ops/topology.py)
 
     def __post_init__(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -209,9 +128,9 @@ class LocalTopology:
         self.signing_secret = secrets.token_urlsafe(48)
         self.worker_secret = secrets.token_urlsafe(48)
         self.push_secret = secrets.token_urlsafe(48)
-        self.api: list[Process] = []
-        self.worker: list[Process] = []
-        self.dispatcher: Process | None = None
+        self.api: list[Role] = []
+        self.worker: list[Role] = []
+        self.dispatcher: Role | None = None
         self.emulator = None
         self.engine: Engine | None = None
         self._created = False
@@ -267,14 +186,14 @@ class LocalTopology:
         logs.mkdir(exist_ok=True)
         for index in range(self.workers):
             port = free_port()
-            self.worker.append(Process(f"worker-{index + 1}", ["worker", "--port", str(port)], env,
-                                       logs / f"worker-{index + 1}.log", f"http://127.0.0.1:{port}/healthz"))
+            self.worker.append(drill_role(f"worker-{index + 1}", ["worker", "--port", str(port)], env,
+                                          logs / f"worker-{index + 1}.log",
+                                          Ready.http(f"http://127.0.0.1:{port}/healthz"), self.start_bounds))
         for index in range(self.apis):
             port = free_port()
             # Each instance serves gRPC too; its cards name it, and the cross-instance scenario creates through it.
             command = ["serve", "--port", str(port), "--grpc-port", str(free_port())]
-            self.api.append(Process(f"api-{index + 1}", command, env,
-                                    logs / f"api-{index + 1}.log", f"http://127.0.0.1:{port}/readyz"))
+            self.api.append(self.api_role(f"api-{index + 1}", env, logs / f"api-{index + 1}.log", port))
         self.dispatcher = self._dispatcher(env, logs)
         starting = self.worker + self.api + [self.dispatcher]
         self.progress(f"starting {self.workers} workers, {self.apis} API instances and the dispatcher "
@@ -284,17 +203,23 @@ class LocalTopology:
         for process in starting:
             process.wait_ready()
 
-    def _dispatcher(self, env: dict[str, str], logs: Path) -> Process:
+    def api_role(self, name: str, env: dict[str, str], log_path: Path, port: int) -> Role:
+        """An API instance (`specialists serve`, the edge alone) at ``port``; it serves gRPC too."""
+        return drill_role(name, ["serve", "--port", str(port), "--grpc-port", str(free_port())], env, log_path,
+                          Ready.http(f"http://127.0.0.1:{port}/readyz"), self.start_bounds)
+
+    def _dispatcher(self, env: dict[str, str], logs: Path) -> Role:
         worker_urls = ",".join(self.worker_url(w) for w in self.worker)
+        ready = ["dispatcher", "--ready-fd", READY_FD]  # a byte on a pipe once its loop runs
         if self.dispatcher_kind == "embedded":
-            return Process("dispatcher", ["dispatcher"], {**env, "SPECIALISTS_DISPATCH_WORKER_URL": worker_urls},
-                           logs / "dispatcher.log", None, ready_text="ready")
+            return drill_role("dispatcher", ready, {**env, "SPECIALISTS_DISPATCH_WORKER_URL": worker_urls},
+                              logs / "dispatcher.log", Ready.pipe(), self.start_bounds)
         from workers.dispatch.emulator import CloudTasksEmulator
 
         self.progress("starting the Cloud Tasks emulator (its environment is built on first use)")
         # The emulator retries about every 100 ms and then drops the task for good (Cloud Tasks retries for
         # job_max_age_s): enough retries to outlast a killed worker's restart, or its jobs stay SUBMITTED.
-        self.emulator = CloudTasksEmulator([EMULATOR_QUEUE], max_retries=int(START_TIMEOUT_S / 0.1),
+        self.emulator = CloudTasksEmulator([EMULATOR_QUEUE], max_retries=int(EMULATOR_RETRY_S / 0.1),
                                            log_path=logs / "emulator.log")
         self.emulator.start()
         project, location, queue = EMULATOR_QUEUE.split("/")[1::2]
@@ -309,23 +234,22 @@ class LocalTopology:
             # Cloud Tasks calls one URL (the worker service's, in front of its instances); here the first worker.
             "SPECIALISTS_DISPATCH_WORKER_URL": self.worker_url(self.worker[0]),
         }
-        return Process("relay", ["dispatcher"], relay_env, logs / "relay.log", None, ready_text="ready")
+        return drill_role("relay", ready, relay_env, logs / "relay.log", Ready.pipe(), self.start_bounds)
 
     # --- what the drill uses ----------------------------------------------------------
 
     @property
     def api_urls(self) -> list[str]:
-        return [p.ready_url.removesuffix("/readyz") for p in self.api if p.ready_url]
+        return [url_of(p) for p in self.api]
 
     @staticmethod
-    def worker_url(process: Process) -> str:
-        assert process.ready_url is not None
-        return process.ready_url.removesuffix("/healthz") + "/jobs"
+    def worker_url(process: Role) -> str:
+        return url_of(process) + "/jobs"
 
     def signer(self) -> KeySigner:
         return KeySigner([self.signing_secret], "test")
 
-    def worker_running(self, job_id: str) -> Process | None:
+    def worker_running(self, job_id: str) -> Role | None:
         """The worker process holding the job's claim (its worker id carries its pid)."""
         assert self.engine is not None
         with self.engine.connect() as conn:
@@ -339,17 +263,8 @@ class LocalTopology:
     def stop(self) -> None:
         processes = ([self.dispatcher] if self.dispatcher else []) + self.worker + self.api
         self.progress(f"stopping {sum(p.alive for p in processes)} processes and dropping {self.database}")
-        for process in processes:  # all at once: each drains on its own
-            process.signal(signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        for process in processes:
-            if process.popen is not None:
-                try:
-                    process.popen.wait(max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    self.progress(f"{process.name} did not stop within {STOP_TIMEOUT_S:g} s of SIGTERM: SIGKILL "
-                                  f"(its log: {process.log_path})")
-                    process.kill()
+        stop(processes, STOP_TIMEOUT_S, on_kill=lambda process: self.progress(
+            f"{process.name} did not stop within {STOP_TIMEOUT_S:g} s of SIGTERM: SIGKILL (its log: {process.log_path})"))
         if self.emulator is not None:
             self.emulator.stop()
         if self.engine is not None:

@@ -95,7 +95,7 @@ def test_serve_gives_up_on_a_worker_that_does_not_answer_in_time_and_names_the_s
                    worker_port=str(free_port()), serve_child_start_max_s="0.001", worker_drain_s="1")
     done = specialists(env, "serve", "--port", str(free_port()))
     assert done.returncode == 1, done.stderr
-    assert "child_failed" in done.stderr and "SPECIALISTS_SERVE_CHILD_START_MAX_S" in done.stderr
+    assert "role_failed" in done.stderr and "SPECIALISTS_SERVE_CHILD_START_MAX_S" in done.stderr
     assert "service starting" in done.stdout  # it got as far as starting its worker
 
 

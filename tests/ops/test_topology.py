@@ -1,19 +1,18 @@
-"""`serve` waits for its children while they make progress (issue 42: a worker that needed over 30 s to start on a
-machine at load 15-30 failed serve's first start). Real child processes; progress is CPU time, read from /proc."""
+"""A role is waited for while it makes progress (ops/topology.py; issue 42: a worker that needed over 30 s to start on
+a machine at load 15-30 failed serve's first start). Real child processes; progress is CPU time, read from /proc."""
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
-from types import SimpleNamespace
+from pathlib import Path
 
 import pytest
 
-from ops.cli import _ChildFailed, _cpu_ticks, _wait_for_child
+from ops.topology import Ready, Role, RoleFailed, StartBounds, cpu_ticks
 from tests.app.conftest import free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -21,6 +20,7 @@ pytestmark = pytest.mark.timeout(120)
 # A child that computes (slowly starting, as under load) until a file appears, then answers /healthz.
 SLOW_STARTER = """
 import http.server, os, sys
+print("importing", flush=True)
 flag, port = sys.argv[1], int(sys.argv[2])
 n = 0
 while not os.path.exists(flag):
@@ -36,15 +36,20 @@ STALL_S = 1.0
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
-def waiting(child: subprocess.Popen, port: int, stall_s: float, max_s: float = 600) -> dict:
+def slow_starter(flag: Path, port: int) -> Role:
+    return Role("worker", [sys.executable, "-c", SLOW_STARTER, str(flag), str(port)], os.environ,
+                Ready.http(f"http://127.0.0.1:{port}/healthz"), log_path=flag.with_name("worker.log"),
+                stop_grace_s=10).start()
+
+
+def waiting(child: Role, stall_s: float, max_s: float = 600) -> dict:
     outcome: dict = {}
 
     def wait() -> None:
         try:
-            _wait_for_child(child, "worker", f"http://127.0.0.1:{port}/healthz", SimpleNamespace(signal=None),
-                            stall_s, max_s)
+            child.wait_ready(StartBounds(stall_s=stall_s, max_s=max_s))
             outcome["ready"] = True
-        except _ChildFailed as failed:
+        except RoleFailed as failed:
             outcome["failed"] = failed.message
 
     thread = threading.Thread(target=wait, daemon=True)
@@ -53,14 +58,14 @@ def waiting(child: subprocess.Popen, port: int, stall_s: float, max_s: float = 6
     return outcome
 
 
-def test_a_child_that_starts_slowly_but_computes_is_waited_for_past_the_stall_bound(tmp_path):
+def test_a_role_that_starts_slowly_but_computes_is_waited_for_past_the_stall_bound(tmp_path):
     port, flag = free_port(), tmp_path / "go"
-    child = subprocess.Popen([sys.executable, "-c", SLOW_STARTER, str(flag), str(port)])
+    child = slow_starter(flag, port)
     try:
-        outcome = waiting(child, port, STALL_S)
+        outcome = waiting(child, STALL_S)
         # Until it has computed for two stall bounds (so at least that long has passed): still waited for.
         deadline = time.monotonic() + 90
-        while (_cpu_ticks(child.pid) or 0) < 2 * STALL_S * TICKS_PER_S:
+        while (cpu_ticks(child.pid) or 0) < 2 * STALL_S * TICKS_PER_S:
             assert "failed" not in outcome, outcome
             assert time.monotonic() < deadline, "the child never computed"
             time.sleep(0.05)
@@ -70,22 +75,26 @@ def test_a_child_that_starts_slowly_but_computes_is_waited_for_past_the_stall_bo
         assert outcome.get("ready") is True, outcome
     finally:
         child.kill()
-        child.wait()
 
 
-def test_a_child_that_makes_no_progress_fails_the_start_naming_the_setting(tmp_path):
+def test_a_role_that_makes_no_progress_fails_the_start_naming_the_setting_and_its_log(tmp_path):
     port = free_port()
-    child = subprocess.Popen([sys.executable, "-c", SLOW_STARTER, str(tmp_path / "never"), str(port)])
+    child = slow_starter(tmp_path / "never", port)
     try:
-        child.send_signal(signal.SIGSTOP)  # stuck: no CPU time, no answer
-        outcome = waiting(child, port, STALL_S)
+        deadline = time.monotonic() + 90
+        while "importing" not in child.log_text():
+            assert time.monotonic() < deadline, "the child never started"
+            time.sleep(0.05)
+        child.signal(signal.SIGSTOP)  # stuck: no CPU time, no log, no answer
+        outcome = waiting(child, STALL_S)
         outcome["thread"].join(60)
-        assert "used no CPU time for 1 s (SPECIALISTS_SERVE_CHILD_START_TIMEOUT_S)" in outcome.get("failed", ""), outcome
+        failed = outcome.get("failed", "")
+        assert "made no progress (no CPU time, no log) for 1 s (SPECIALISTS_SERVE_CHILD_START_TIMEOUT_S)" in failed, outcome
+        assert "importing" in failed, "the report ends with the role's last log lines"
         # And past the overall bound even while computing.
-        child.send_signal(signal.SIGCONT)
-        bounded = waiting(child, port, stall_s=60, max_s=STALL_S)
+        child.signal(signal.SIGCONT)
+        bounded = waiting(child, stall_s=60, max_s=STALL_S)
         bounded["thread"].join(60)
         assert "within 1 s (SPECIALISTS_SERVE_CHILD_START_MAX_S)" in bounded.get("failed", ""), bounded
     finally:
         child.kill()
-        child.wait()
