@@ -186,3 +186,19 @@ def test_a_kept_kernel_continues_a_namespace_that_no_replay_could_rebuild(doc: P
     fresh = _session(settings, doc, "host", ScriptedProvider({"root": []}), run_id=first.run_id)
     with pytest.raises(ResumeUnsupported, match="cannot be rebuilt faithfully"):
         fresh.follow_up("and now?")
+
+
+def test_rlm_ask_names_the_unknown_usage_to_reconcile_before_a_follow_up(tmp_path: Path, doc: Path,
+                                                                         make_settings: Any, capsys: Any) -> None:
+    data = tmp_path / "data"
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"root": [{"code": "r = llm_query('q')"}, {"code": "final_answer('done')"}],
+                                  "subcall": [{"pattern": "q", "answer": "A", "usage": "unknown"}]}))
+    settings = make_settings(data_dir=data, max_usd=5.0,
+                             prices_usd_per_mtok={"scripted": {"prompt": 1.0, "completion": 1.0}})
+    first = _session(settings, doc, "monty", ScriptedProvider.from_file(script, prices=None)).run("q?")
+    assert first.stop_reason in ("answered", "budget_exhausted"), first.error
+    assert main(["--data-dir", str(data), "ask", "last", "more?", "--script", str(script)]) == 2
+    refused = capsys.readouterr().err
+    assert "[resume_needs_reconcile]" in refused and f"`rlm ask {first.run_id} QUESTION` again" in refused
+    assert [e["event"] for e in read_trajectory(first.trajectory_path)].count("follow_up") == 0
