@@ -487,7 +487,8 @@ def _show_event(e: dict[str, Any], out: Console) -> None:
         status = "ok" if e.get("ok") else f"error {e.get('error_code')}"
         tokens = (e.get("usage") or {}).get("total_tokens")
         cost = "cached, 0 tokens" if e.get("cached") else (f"{tokens} tokens" if tokens is not None else "usage unknown")
-        p(f"  · sub-call {e.get('seq')} [{status}, {cost}]: "
+        on = f" on {', '.join(e['sources'])}" if e.get("sources") else ""  # the chunks it answered (path:lines)
+        p(f"  · sub-call {e.get('seq')} [{status}, {cost}]{on}: "
           f"{_one_line(e.get('prompt', ''), 70)} → {_one_line(e.get('response', ''), 90)}", "magenta")
     elif kind == "run_resumed":
         p(f"\n── resumed after turn {e.get('turn')} (pid {e.get('pid')}; the process before, pid {e.get('after_pid')}, "

@@ -523,6 +523,15 @@ class Context:
         """Labelled text of a chunk reference (what llm_query receives for a chunk)."""
         return label(path, start, end) + "\n" + self.read(path, start, end - start)
 
+    def where(self, path: str, start: int, end: int) -> str:
+        """``path:first-last``: the lines of the file that characters [start, end) span (what a sub-call answered)."""
+        doc = self._doc(path)
+        text = self._full_text(doc)
+        local_start = min(max(int(start) - doc.origin, 0), len(text))
+        local_last = min(max(int(end) - doc.origin - 1, local_start), len(text))
+        first, last = text.count("\n", 0, local_start) + 1, text.count("\n", 0, local_last) + 1
+        return f"{path}:{first}" if first == last else f"{path}:{first}-{last}"
+
     def hit_text(self, path: str, start: int, end: int) -> str:
         """Labelled text of a search hit (what llm_query receives for one): its path, line numbers and lines.
 

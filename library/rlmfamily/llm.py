@@ -87,6 +87,7 @@ class SubcallRecord:
     budget_entry: int | None
     cached: bool = False  # answered from the family's memo: no budget entry, no tokens
     cached_from: dict[str, Any] | None = None  # the run and budget entry that paid for the answer
+    sources: tuple[str, ...] = ()  # which chunks the context was: "path:first-last" lines, or a handle's type
 
 
 def _failure(code: str, error: str, advice: str) -> LLMResult:
@@ -131,6 +132,7 @@ class SubcallRunner:
         budget: Budget,
         settings: RLMSettings,
         resolve_context: ContextResolver | None = None,
+        describe_context: Callable[[Any], tuple[str, ...]] | None = None,
         on_record: Callable[[SubcallRecord], None] | None = None,
         model: str | None = None,
         memo: SubcallMemo | None = None,
@@ -140,6 +142,7 @@ class SubcallRunner:
         self.budget = budget
         self.settings = settings
         self.resolve_context = resolve_context or _plain_text
+        self.describe_context = describe_context or (lambda context: ())
         self.on_record = on_record
         self.model = model
         self.current_turn = 0
@@ -237,6 +240,7 @@ class SubcallRunner:
             if exc.setting == "max_prompt_chars":  # the resolver stopped at the cap rather than read it all
                 return _failure("prompt_too_large", exc.message, PROMPT_TOO_LARGE_ADVICE)
             return _failure("invalid_context", exc.message, "Pass a string, a chunk, or a list of them as context.")
+        sources = self.describe_context(context)
         total = len(prompt) + len(context_text)
         cap = self.settings.max_prompt_chars
         if total > cap:
@@ -264,7 +268,7 @@ class SubcallRunner:
             memo_key = MemoKey.of(model_id or getattr(self.provider, "default_model", None), messages, context_text)
             hit = self.memo.lookup(memo_key)
             if hit is not None:  # before admission: a repeat is free even when the budget is spent
-                return self._from_memo(seq, prompt, context_text, hit, record)
+                return self._from_memo(seq, prompt, context_text, hit, record, sources)
         prompt_estimate = estimate_tokens(total + len(SUBCALL_SYSTEM))
         completion_estimate = estimate_tokens(self.settings.max_response_chars)
         prices = getattr(self.provider, "prices", None)
@@ -275,17 +279,17 @@ class SubcallRunner:
                                       keep_tokens=self.settings.final_reserve_tokens, usd_estimate=usd_estimate)
         except BudgetError as exc:
             result = _failure(exc.code, exc.message, "The inference budget is spent: answer now with final_answer().")
-            self._record(seq, prompt, context_text, result, None, record)
+            self._record(seq, prompt, context_text, result, None, record, sources=sources)
             return result
         result = self._call(messages, model_id, entry, timeout_s)
         if memo_key is not None and result.ok and not result.truncated:  # only complete answers are kept
             self.memo.store(memo_key, response=result.text, model=result.model, usage=result.usage,
                             budget_entry=entry)
-        self._record(seq, prompt, context_text, result, entry, record)
+        self._record(seq, prompt, context_text, result, entry, record, sources=sources)
         return result
 
     def _from_memo(self, seq: int, prompt: str, context_text: str, hit: MemoHit,
-                   record: RecordSink | None) -> LLMResult:
+                   record: RecordSink | None, sources: tuple[str, ...]) -> LLMResult:
         """The model gets the answer as it first came, its usage marked cached at zero cost (the first call's
         usage stays with the first call); the record says it was cached and which entry paid for it."""
         with self._lock:
@@ -293,7 +297,7 @@ class SubcallRunner:
         usage = {**Usage(0, 0, 0.0).to_dict(), "cached": True}
         result = LLMResult(text=hit.response, ok=True, usage=usage, model=hit.model)
         self._record(seq, prompt, context_text, result, None, record,
-                     cached_from={"run_id": hit.paid_by_run, "budget_entry": hit.budget_entry})
+                     cached_from={"run_id": hit.paid_by_run, "budget_entry": hit.budget_entry}, sources=sources)
         return result
 
     def _call(self, messages: list[dict[str, Any]], model: str | None, entry: int, timeout_s: float) -> LLMResult:
@@ -352,7 +356,8 @@ class SubcallRunner:
         )
 
     def _record(self, seq: int, prompt: str, context_text: str, result: LLMResult, entry: int | None,
-                record: RecordSink | None, cached_from: dict[str, Any] | None = None) -> None:
+                record: RecordSink | None, cached_from: dict[str, Any] | None = None,
+                sources: tuple[str, ...] = ()) -> None:
         deliver = record or self.on_record
         if deliver is None:
             return
@@ -362,7 +367,7 @@ class SubcallRunner:
                 error_code=result.error_code, response=result.text if result.ok else (result.error or ""),
                 truncated=result.truncated, usage=None if cached_from else result.usage, model=result.model,
                 duration_s=result.duration_s, budget_entry=entry, cached=cached_from is not None,
-                cached_from=cached_from,
+                cached_from=cached_from, sources=sources,
             )
         )
 

@@ -29,6 +29,7 @@ from rlmfamily.llm import PREVIEW_CHARS, SubcallRunner
 RESERVED_NAMES = ("context", "llm_query", "llm_query_batched", "history", "final_answer")
 MAX_CACHED_VIEWS = 64  # views (context.select results) the bridge keeps built; older ones are rebuilt on use
 MAX_CONTEXT_DEPTH = 64  # lists in lists of a sub-call's context, as deep as a host call's value may be
+MAX_SOURCES_NAMED = 8  # chunks a sub-call's record names (rlm show, the page); the rest are counted
 
 PRELUDE = r'''
 class _Chunk:
@@ -311,6 +312,30 @@ class Bridge:
                 )
             parts.append(part)
         return "\n\n".join(parts)
+
+    def sources_of(self, value: Any) -> tuple[str, ...]:
+        """Which part of the corpus a sub-call's ``context`` is, for the record: ``path:first-last`` lines of each
+        chunk or search hit, the type of any other handle; plain text names none. At most MAX_SOURCES_NAMED are
+        named, then how many more. Called on a context ``resolve_context`` accepted, so its size is bounded."""
+        found: list[str] = []
+        more = 0
+        todo = [value]
+        while todo:
+            item = todo.pop()
+            if isinstance(item, (list, tuple)):
+                todo.extend(reversed(item))
+                continue
+            if item is None or isinstance(item, str):
+                continue
+            if len(found) >= MAX_SOURCES_NAMED:
+                more += 1
+            elif isinstance(item, dict) and {"path", "start", "end"} <= set(item):
+                found.append(self.context.where(str(item["path"]), int(item["start"]), int(item["end"])))
+            elif all(hasattr(item, name) for name in ("labelled", "path", "start", "end")):  # a Chunk
+                found.append(self.context.where(item.path, item.start, item.end))
+            else:
+                found.append(f"a {type(item).__name__} handle")
+        return (*found, f"+{more} more") if more else tuple(found)
 
     def _context_parts(self, value: Any, depth: int) -> Iterator[str]:
         if depth > MAX_CONTEXT_DEPTH:

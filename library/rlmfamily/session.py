@@ -371,6 +371,7 @@ class _Run:
         run.subcalls = SubcallRunner(
             provider=session.provider, budget=run.budget, settings=settings, on_record=run.record_subcall,
             model=settings.subcall_model, resolve_context=lambda value: run.bridge.resolve_context(value),
+            describe_context=lambda value: run.bridge.sources_of(value),
             memo=open_memo(settings, root_id=session.root_id, run_id=session.run_id),
         )
         run.bridge = Bridge(context=session.context, subcalls=run.subcalls, history=run.history, answer=run.answer,
@@ -731,6 +732,7 @@ class _Run:
                 response_chars=len(record.response), truncated=record.truncated, usage=record.usage,
                 model=record.model, duration_s=record.duration_s, budget_entry=record.budget_entry, history_id=hid,
                 cached=record.cached, cached_from=record.cached_from,
+                **({"sources": list(record.sources)} if record.sources else {}),
             )
             self.emit({"event": "subcall", "turn": record.turn, "subcalls": self.subcall_count, "ok": record.ok,
                        "budget": self.budget.snapshot().to_dict()})

@@ -416,6 +416,8 @@ class _Page:
         head = f"sub-call {e.get('seq')} · {status} · {tokens if tokens is not None else 'unknown'} tokens"
         if e.get("cached"):
             head += " · cached"
+        if e.get("sources"):  # which chunks it answered (path:lines), as rlm show says
+            head += " · on " + ", ".join(e["sources"])
         return (f'<div class="subcall"><p>{self.text(head)}</p>{self.pre("prompt", e.get("prompt", ""))}'
                 f'{self.pre("response", e.get("response", ""))}</div>')
 

@@ -1,5 +1,6 @@
-"""What ``rlm show`` says of a run's usage and observations (issue 45): usage a provider never reported reads
-"unknown", never "0 tokens, $0"; the characters shown to the model never exceed the characters produced.
+"""What ``rlm show`` and its page say of a run (issue 45): usage a provider never reported reads "unknown", never
+"0 tokens, $0"; the characters shown to the model never exceed the characters produced; a sub-call names the
+chunk it answered (path and lines).
 
 One run, shared by the tests of this module: the installed ``rlm`` against a local OpenAI-compatible server
 that reports no usage at all. Its first step prints a line and asks a sub-call over a chunk; its second prints
@@ -8,6 +9,7 @@ more than an observation holds and answers.
 
 from __future__ import annotations
 
+import html
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,6 +35,7 @@ class ShownRun:
     data: Path
     events: list[dict[str, Any]]
     show: str
+    page: str
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +56,9 @@ def no_usage_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShownRun]
         events = json.loads(rlm("show", "last", "--json", data_dir=data).stdout)
         show = rlm("show", "last", data_dir=data)
         assert show.returncode == 0, show.stderr
-        yield ShownRun(data, events, show.stdout)
+        page = rlm("show", "--html", "last", "-o", "-", data_dir=data)
+        assert page.returncode == 0, page.stderr
+        yield ShownRun(data, events, show.stdout, html.unescape(page.stdout))
     finally:
         server.close()
 
@@ -78,3 +83,12 @@ def test_characters_shown_never_exceed_the_characters_produced(no_usage_run: Sho
     assert steps[1]["full_chars"] > limits.max_observation_chars
     assert seen["chars_shown"] == steps[0]["full_chars"] + head_and_tail < produced
     assert f"{seen['chars_shown']:,} characters shown of {produced:,} produced" in no_usage_run.show
+
+
+def test_a_subcall_names_the_chunk_it_answered_in_show_and_on_the_page(no_usage_run: ShownRun) -> None:
+    # context.chunk(60)[1] is characters 60-119 of notes.txt: lines 2 to 4 (each line is 34 characters with its end).
+    [event] = [e for e in no_usage_run.events if e["event"] == "subcall"]
+    assert event["sources"] == ["notes.txt:2-4"]
+    [line] = [line for line in no_usage_run.show.splitlines() if "sub-call 1" in line]
+    assert " on notes.txt:2-4: what is here?" in line
+    assert "sub-call 1 · ok · unknown tokens · on notes.txt:2-4" in no_usage_run.page
