@@ -6,7 +6,6 @@ Each speaks the wire format its real counterpart does, quirks included, on 127.0
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -119,7 +118,3 @@ def local_server(request: pytest.FixtureRequest) -> Iterator[FakeLocalServer]:
     server = FakeLocalServer(request.param)
     yield server
     server.close()
-
-
-def sent_json(server: FakeModelServer, index: int = 0) -> str:
-    return json.dumps(server.requests[index])
