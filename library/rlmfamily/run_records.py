@@ -39,7 +39,7 @@ SEGMENT_EVENTS = ("run_started", "run_resumed", "follow_up")
 UNREPLAYABLE_CODES = ("timeout", "killed")  # a step cut off where the clock or a kill said: not reproducible
 SUMMARY_ANSWER_CHARS = 400  # of a question or an answer quoted in a compacted conversation's summary
 SUMMARY_LINE_CHARS = 100  # of a step's first line quoted there
-SUMMARY_RESERVE_CHARS = 200  # left free in the summary for its last line
+SUMMARY_RESERVE_CHARS = 300  # of follow_up_summary_chars left for the summary's headings and "left out" notes
 # The tool results of calls that run no step (the session gives them; the conversation's rebuild gives them again).
 NOT_RUN = "[not run: the run is ending]"
 EMPTY_CODE = "[error: empty code; send Python source in the code argument]"
@@ -268,8 +268,9 @@ def follow_up_messages(messages: list[dict[str, Any]], text: str, *, compacted: 
 
 def compaction(settings: RLMSettings, run_id: str, events: list[Event], messages: list[dict[str, Any]]) -> Event:
     """A summary of a long conversation from its records: the questions and answers, each step's first line and the
-    history entry holding its whole output, newest kept within ``follow_up_summary_chars``. Nothing is deleted:
-    the trajectory and the history keep all of it, and the summary says where."""
+    history entry holding its whole output, the newest of each kept within ``follow_up_summary_chars`` (at most half
+    of it for the questions). Nothing is deleted: the trajectory and the history keep all of it, and the summary
+    says where."""
     limit = settings.follow_up_summary_chars
     head = (f"[The conversation so far ({len(messages) - 2} messages, {message_chars(messages):,} characters) was "
             f"compacted past RLM_FOLLOW_UP_COMPACT_CHARS ({settings.follow_up_compact_chars:,}) into this summary. "
@@ -278,24 +279,44 @@ def compaction(settings: RLMSettings, run_id: str, events: list[Event], messages
             "you left it.]")
     answers = [e for e in events if e["event"] == "run_finished"]
     questions = [e for e in events if e["event"] in ("run_started", "follow_up")]
-    qa = [f"- Q{n}: {_clip(q.get('question', ''))}\n  A{n}: {_clip(a.get('answer') or '(no answer: ' + str(a.get('stop_reason')) + ')')}"
+    qa = [f"- Q{n}: {_clip(q.get('question', ''))}\n  A{n}: {_clip(_answer_of(a))}"
           for n, (q, a) in enumerate(zip(questions, answers, strict=False), 1)]
-    steps = [f"- turn {e.get('turn')}: `{_clip((e.get('code') or '').strip().splitlines()[0] if (e.get('code') or '').strip() else '', SUMMARY_LINE_CHARS)}`"
-             f" -> {'ok' if e.get('ok') else 'error ' + str(e.get('error_code'))}"
-             + (f", history {e['history_id']}" if e.get("history_id") is not None else "")
-             for e in events if e["event"] == "step"]
-    body = [head, "Questions and answers so far:", *qa, "Steps (first line of the code; newest last):"]
-    room = limit - sum(len(line) + 1 for line in body)
+    steps = [_step_line(e) for e in events if e["event"] == "step"]
+    room = limit - len(head) - SUMMARY_RESERVE_CHARS
+    qa_kept = _newest(qa, room // 2)
+    steps_kept = _newest(steps, room - sum(len(line) + 1 for line in qa_kept))
+    body = [head, "Questions and answers so far:"]
+    if len(qa_kept) < len(qa):
+        body.append(f"- ({len(qa) - len(qa_kept)} earlier questions left out of this summary; the trajectory has them)")
+    body += [*qa_kept, "Steps (first line of the code; newest last):"]
+    if len(steps_kept) < len(steps):
+        body.append(f"- ({len(steps) - len(steps_kept)} earlier steps left out of this summary; the trajectory has "
+                    "them)")
+    summary = "\n".join(body + steps_kept)
+    assert len(summary) <= limit, "the summary keeps within follow_up_summary_chars (SUMMARY_RESERVE_CHARS is its notes)"
+    return {"messages": len(messages) - 2, "chars": message_chars(messages), "summary": summary}
+
+
+def _newest(lines: list[str], room: int) -> list[str]:
+    """The newest of ``lines`` that fit in ``room`` characters (one newline each), in their order."""
     kept: list[str] = []
-    for line in reversed(steps):
-        if room - len(line) - 1 < SUMMARY_RESERVE_CHARS:
+    for line in reversed(lines):
+        if len(line) + 1 > room:
             break
         kept.insert(0, line)
         room -= len(line) + 1
-    if len(kept) < len(steps):
-        body.append(f"- ({len(steps) - len(kept)} earlier steps left out of this summary; the trajectory has them)")
-    summary = "\n".join(body + kept)[:limit]
-    return {"messages": len(messages) - 2, "chars": message_chars(messages), "summary": summary}
+    return kept
+
+
+def _answer_of(finished: Event) -> str:
+    return finished.get("answer") or f"(no answer: {finished.get('stop_reason')})"
+
+
+def _step_line(step: Event) -> str:
+    code = (step.get("code") or "").strip()
+    outcome = "ok" if step.get("ok") else f"error {step.get('error_code')}"
+    where = f", history {step['history_id']}" if step.get("history_id") is not None else ""
+    return f"- turn {step.get('turn')}: `{_clip(code.splitlines()[0] if code else '', SUMMARY_LINE_CHARS)}` -> {outcome}{where}"
 
 
 def _clip(text: str, limit: int | None = None) -> str:

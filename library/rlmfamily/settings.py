@@ -65,7 +65,7 @@ class RLMSettings(BaseSettings):
     # A follow-up question (rlm ask, Session.follow_up) to a root whose conversation is longer than this many
     # characters gets a summary of it, at most follow_up_summary_chars, with handles to the full record instead.
     follow_up_compact_chars: int = Field(200_000, ge=1_000, le=100_000_000)
-    follow_up_summary_chars: int = Field(8_000, ge=500, le=1_000_000)
+    follow_up_summary_chars: int = Field(8_000, ge=1_000, le=1_000_000)
 
     # Kernels: the same names as rlmfamily.kernels.base.KernelLimits (see kernel_limits()).
     # Both kernels: seconds of execution per step, printed output and error text kept per step,
