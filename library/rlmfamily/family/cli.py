@@ -46,7 +46,8 @@ def add_parsers(sub: Any) -> None:
     message.add_argument("--delivery-id", help="makes the send idempotent: the same id again delivers nothing new")
     message.add_argument("--json", action="store_true")
 
-    follow = sub.add_parser("follow-up", help="new work for a completed child, continuing its conversation")
+    follow = sub.add_parser("follow-up", help="new work for a completed child, continuing its conversation "
+                            "(a finished root's follow-up question: rlm ask)")
     follow.add_argument("run", help="root run id, unique prefix, or 'last'")
     follow.add_argument("child", help="the child's agent id or run id (or a suffix such as c1)")
     follow.add_argument("prompt")
