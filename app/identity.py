@@ -53,18 +53,3 @@ class EdgeUser(User):
     @property
     def user_name(self) -> str:
         return self.identity.owner(self.specialist_id)
-
-
-class OwnerUser(User):
-    """A user that is only an owner scope: what a runner acts as when it writes a task's events."""
-
-    def __init__(self, owner: str) -> None:
-        self._owner = owner
-
-    @property
-    def is_authenticated(self) -> bool:
-        return True
-
-    @property
-    def user_name(self) -> str:
-        return self._owner

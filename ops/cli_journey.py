@@ -40,8 +40,9 @@ from typing import Any
 
 from core.settings import PROJECT_ROOT
 from core.specs import load_specs
-from ops.cli_specialists import DEMO_SPECIALIST, _new_customer, _progress, _refuse_unready, _whole
+from ops.cli_specialists import DEMO_SPECIALIST, _new_customer, _progress, _refuse_unready
 from ops.output import EXIT_CONFIG, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit, emit_json, fail, say
+from rlmfamily.a2a.wire import whole_numbers
 from rlmfamily.errors import RLMError
 
 EXAMPLES = PROJECT_ROOT / "library" / "rlmfamily" / "examples"
@@ -245,7 +246,7 @@ async def _hosted_findings(base_url: str, token: str, task_id: str) -> list[dict
         task = await client.get_task(GetTaskRequest(id=task_id))
     for artifact in task.artifacts:
         if artifact.name == "findings" and artifact.parts and artifact.parts[0].HasField("data"):
-            found = _whole(MessageToDict(artifact.parts[0].data))
+            found = whole_numbers(MessageToDict(artifact.parts[0].data))
             return list(found.get("findings", found) if isinstance(found, dict) else found)
     return []
 

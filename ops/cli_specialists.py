@@ -27,6 +27,7 @@ from typing import Any
 from core.settings import PROJECT_ROOT
 from core.specs import load_specs
 from ops.output import EXIT_CONFIG, EXIT_OK, EXIT_REFUSED, EXIT_USAGE, emit, emit_json, fail, say
+from rlmfamily.a2a.wire import whole_numbers  # protobuf Struct numbers are floats; show 8, not 8.0
 
 DEMO_PROJECT = PROJECT_ROOT / "specs" / "demo" / "shop"
 DEMO_RULE = (
@@ -87,17 +88,6 @@ def cmd_usage(ctx: Any, args: argparse.Namespace) -> int:
 # --- the demo -----------------------------------------------------------------------
 
 
-def _whole(value: Any) -> Any:
-    """Protobuf Struct numbers are floats; show 8, not 8.0."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _whole(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_whole(v) for v in value]
-    return value
-
-
 def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
@@ -149,12 +139,12 @@ async def _delegate(base_url: str, token: str, files: dict[str, str], timeout_s:
                 text = " ".join(p.text for p in status.message.parts if p.text)
                 seen["status_message"] = text or seen["status_message"]
                 if event.status_update.metadata.fields:
-                    seen["metadata"] = _whole(MessageToDict(event.status_update.metadata))
+                    seen["metadata"] = whole_numbers(MessageToDict(event.status_update.metadata))
                 _progress(f"  [{seen['state'].removeprefix('TASK_STATE_').lower()}] {text}")
             elif kind == "artifact_update":
                 artifact = event.artifact_update.artifact
                 part = artifact.parts[0]
-                seen["artifacts"][artifact.name] = _whole(MessageToDict(part.data)) if part.HasField("data") else part.text
+                seen["artifacts"][artifact.name] = whole_numbers(MessageToDict(part.data)) if part.HasField("data") else part.text
                 _progress(f"  artifact: {artifact.name}")
             elif kind == "message":
                 seen["status_message"] = " ".join(p.text for p in event.message.parts if p.text)

@@ -42,8 +42,9 @@ _STATES = {
 }
 
 
-class _Owner(User):
-    """The task's owner scope, as the executor's call context user."""
+class OwnerUser(User):
+    """A user that is only an owner scope (the task store's filter, ``<customer>:<specialist>``): the call
+    context's user of an executor writing its task's events. The edge's callers are ``app.identity.EdgeUser``."""
 
     def __init__(self, owner: str) -> None:
         self._owner = owner
@@ -89,7 +90,7 @@ class ExecutorRunner:
         given = await asyncio.to_thread(self.tasks.load, ctx.job)
         ref = given.ref
         request = RequestContext(
-            ServerCallContext(user=_Owner(ref.owner)),
+            ServerCallContext(user=OwnerUser(ref.owner)),
             request=SendMessageRequest(message=given.message),
             task_id=ref.task_id,
             context_id=ref.context_id,

@@ -24,7 +24,7 @@ from google.protobuf.struct_pb2 import Struct, Value
 from sqlalchemy import text
 
 from taskstate import rows as taskrows
-from app.identity import OwnerUser
+from workers.executor_runner import OwnerUser
 from taskstate.notify import Listener, Notifier
 from app.observability import JsonFormatter, RedactingFilter
 from core import db

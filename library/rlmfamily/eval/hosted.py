@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rlmfamily.a2a.wire import whole_numbers  # protobuf Struct numbers are floats: 5, not 5.0
 from rlmfamily.eval.conditions import Condition
 from rlmfamily.eval.errors import EvalError
 from rlmfamily.eval.pack import Task
@@ -100,11 +101,11 @@ async def _send(condition: Condition, token: str, question: str, files: dict[str
                 seen["state"] = TaskState.Name(status.state)
                 seen["status_message"] = " ".join(p.text for p in status.message.parts if p.text) or seen["status_message"]
                 if event.status_update.metadata.fields:
-                    seen["metadata"] = _whole(MessageToDict(event.status_update.metadata))
+                    seen["metadata"] = whole_numbers(MessageToDict(event.status_update.metadata))
             elif kind == "artifact_update":
                 artifact = event.artifact_update.artifact
                 part = artifact.parts[0]
-                seen["artifacts"][artifact.name] = _whole(MessageToDict(part.data)) if part.HasField("data") else part.text
+                seen["artifacts"][artifact.name] = whole_numbers(MessageToDict(part.data)) if part.HasField("data") else part.text
         if seen["task_id"] and not seen["artifacts"] and seen["state"] in FINAL_STATES:
             # A resend (the same message id) is answered with the first task, without its events: read it whole.
             _read_task(await client.get_task(GetTaskRequest(id=seen["task_id"])), seen)
@@ -119,11 +120,11 @@ def _read_task(task: Any, seen: dict[str, Any]) -> None:
     seen["status_message"] = " ".join(p.text for p in task.status.message.parts if p.text) or seen["status_message"]
     for artifact in task.artifacts:
         part = artifact.parts[0]
-        seen["artifacts"][artifact.name] = _whole(MessageToDict(part.data)) if part.HasField("data") else part.text
+        seen["artifacts"][artifact.name] = whole_numbers(MessageToDict(part.data)) if part.HasField("data") else part.text
     if task.metadata.fields:
-        seen["metadata"] = _whole(MessageToDict(task.metadata))
+        seen["metadata"] = whole_numbers(MessageToDict(task.metadata))
     if task.status.HasField("message") and task.status.message.metadata.fields and not seen["metadata"]:
-        seen["metadata"] = _whole(MessageToDict(task.status.message.metadata))
+        seen["metadata"] = whole_numbers(MessageToDict(task.status.message.metadata))
 
 
 def service_usage(condition: Condition, task_id: str | None) -> dict[str, Any]:
@@ -156,14 +157,3 @@ def service_usage(condition: Condition, task_id: str | None) -> dict[str, Any]:
             "cost_usd": None if unknown_cost else round(usd, 10),
             "known_lower_bound": {"input_tokens": prompt, "output_tokens": completion, "cost_usd": round(usd, 10)},
             "jobs": [j.get("job_id") for j in jobs], "source": "the service's usage record (usage_command)"}
-
-
-def _whole(value: Any) -> Any:
-    """protobuf Struct numbers are floats: 5, not 5.0."""
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, dict):
-        return {k: _whole(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_whole(v) for v in value]
-    return value
