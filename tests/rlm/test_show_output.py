@@ -9,8 +9,9 @@ more than an observation holds and answers.
 
 from __future__ import annotations
 
+import contextlib
 import html
-import json
+import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,8 +19,10 @@ from typing import Any
 
 import pytest
 
+from rlmfamily.cli import main
 from rlmfamily.session import MARKER_ROOM_CHARS
 from rlmfamily.settings import load_settings
+from rlmfamily.trajectory import FILENAME, read_trajectory
 
 from .conftest import FakeOpenAI
 from .test_cli import rlm
@@ -38,6 +41,13 @@ class ShownRun:
     page: str
 
 
+def _rlm_out(*args: str) -> str:
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(list(args)) == 0
+    return printed.getvalue()
+
+
 @pytest.fixture(scope="module")
 def no_usage_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShownRun]:
     tmp = tmp_path_factory.mktemp("show-output")
@@ -53,12 +63,10 @@ def no_usage_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ShownRun]
         done = rlm("run", "--document", str(doc), "--model", "m", "--base-url", server.base_url, "--api-key-env",
                    "LOCAL_KEY", "what crossed?", data_dir=data, env=env)
         assert done.returncode == 0, done.stderr
-        events = json.loads(rlm("show", "last", "--json", data_dir=data).stdout)
-        show = rlm("show", "last", data_dir=data)
-        assert show.returncode == 0, show.stderr
-        page = rlm("show", "--html", "last", "-o", "-", data_dir=data)
-        assert page.returncode == 0, page.stderr
-        yield ShownRun(data, events, show.stdout, html.unescape(page.stdout))
+        [path] = (data / "runs").glob(f"*/{FILENAME}")
+        # What a person reads, from rlm itself (in this process: the run above is the one real process needed).
+        yield ShownRun(data, read_trajectory(path), _rlm_out("--data-dir", str(data), "show", "last"),
+                       html.unescape(_rlm_out("--data-dir", str(data), "show", "--html", "last", "-o", "-")))
     finally:
         server.close()
 
