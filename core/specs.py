@@ -125,6 +125,13 @@ class LimitsSpec(_Closed):
         return self
 
 
+def metered_credits(base_credits: int, credits_per_semantic_call: int, semantic_calls: int) -> int:
+    """The metered price of a run that answered ``semantic_calls`` calls: the one place the formula is written.
+    The charge rule (``taskstate.charge.charged_credits``) caps it by the reservation; a spec's check bounds its
+    most by the tariff."""
+    return base_credits + credits_per_semantic_call * max(0, semantic_calls)
+
+
 class PricingSpec(_Closed):
     """What a task costs. ``fixed`` settles the tariff; ``metered`` settles base + per semantic call, never above
     the tariff. The rule itself is ``taskstate.charge.charged_credits``."""
@@ -270,7 +277,8 @@ class SpecialistSpec(_Closed):
         pricing = self.pricing
         if pricing.mode == "metered":
             assert pricing.base_credits is not None and pricing.credits_per_semantic_call is not None
-            most = pricing.base_credits + pricing.credits_per_semantic_call * self.limits.max_semantic_calls
+            most = metered_credits(pricing.base_credits, pricing.credits_per_semantic_call,
+                                   self.limits.max_semantic_calls)
             if most > self.tariff_credits:
                 raise ValueError(
                     f"pricing: metered base_credits ({pricing.base_credits}) + credits_per_semantic_call "

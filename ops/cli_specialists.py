@@ -44,7 +44,7 @@ DEMO_CUSTOMER_SUFFIX_CHARS = 8  # random hex characters that make each demo (or 
 DEMO_MARGIN_S = 60.0
 
 _JOB_COLUMNS = ["job_id", "specialist_id", "outcome", "stop_reason", "resumes", "turns", "semantic_calls_used",
-                "semantic_calls_charged", "credits_to_settle", "model_calls", "replayed_calls", "prompt_tokens",
+                "semantic_calls_charged", "charged_credits", "model_calls", "replayed_calls", "prompt_tokens",
                 "completion_tokens", "cost_usd", "calls_with_unknown_tokens", "calls_with_unknown_cost"]
 _CALL_COLUMNS = ["call_id", "purpose", "turn", "step_index", "state", "model", "prompt_tokens", "completion_tokens",
                  "cost_usd", "replays", "superseded_by", "claim", "note"]

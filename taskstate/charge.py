@@ -24,9 +24,17 @@ outcome                charged
 ``completed``,         the pricing, capped by the reservation and by the
 ``failed``,            runner's own figure: ``fixed`` charges the reserved
 ``canceled``           credits, ``metered`` ``base + per call x answered
-                       calls``; a runner figure of 0 (a refused task, a
-                       resume the service could not make) charges 0
+                       calls`` (``core.specs.metered_credits``); a runner
+                       figure of 0 charges 0
+any, ``waived``        0: the service's own failure (a task it could not
+                       read, a resume it could not make), not the customer's
+                       (``input_required`` still settles nothing yet)
 =====================  ====================================================
+
+The names of the credits, stage by stage (docs/ARCHITECTURE.md, "Glossary"): the
+spec's *tariff* (``tariff_credits``, only in specs), from admission on the task's
+*reserved credits* (``reserved_credits``), and what this rule returns, the
+*charged credits* (``charged_credits``), which the settlement posts.
 
 An outcome that is *unknown* is not an input: nothing is charged until an
 operator reconciles it, and then the operator states the charge
@@ -39,6 +47,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from core.errors import ServiceError
+from core.specs import metered_credits
 
 Outcome = Literal["completed", "failed", "canceled", "rejected", "input_required", "never_ran"]
 OUTCOMES: tuple[Outcome, ...] = ("completed", "failed", "canceled", "rejected", "input_required", "never_ran")
@@ -65,6 +74,7 @@ class ChargeInputInvalid(ServiceError, ValueError):
 class Usage:
     semantic_calls_charged: int = 0
     runner_credits: int | None = None  # the runner's own figure, when it stated one: a cap, never a floor
+    waived: bool = False  # the service's own failure (the runner says so): nothing is charged
 
 
 NO_USAGE = Usage()
@@ -80,12 +90,14 @@ def charged_credits(
         raise ChargeInputInvalid(f"reserved credits cannot be negative, got {reserved_credits}")
     if outcome == "input_required":
         return None
-    if outcome in ("rejected", "never_ran"):
+    if outcome in ("rejected", "never_ran") or usage.waived:
         return 0
     if pricing.mode == "fixed":
         priced = reserved_credits
     else:
-        priced = pricing.base_credits + pricing.credits_per_semantic_call * max(0, usage.semantic_calls_charged)
+        priced = metered_credits(pricing.base_credits, pricing.credits_per_semantic_call, usage.semantic_calls_charged)
     if usage.runner_credits is not None:
         priced = min(priced, max(0, usage.runner_credits))
-    return min(reserved_credits, priced)
+    charged = min(reserved_credits, priced)
+    assert 0 <= charged <= reserved_credits, (charged, reserved_credits)  # a settle never exceeds the reservation
+    return charged

@@ -40,8 +40,8 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Engine, text
 
 from core.errors import ServiceError
-from core.fragments import Fragment
-from taskstate import outbox
+from core.fragments import Fragment, Statement, compose
+from taskstate import admitted, outbox
 from taskstate.ids import TaskRef
 from taskstate.pages import Page, page_of
 
@@ -73,6 +73,9 @@ class ClaimResult:
     job_outcome_detail: dict[str, Any] | None = None
     newly_unknown: bool = False  # this delivery found the expired lease (mark the ledger now)
     message: bytes | None = None  # claimed: the job's message, when the claim was asked to read it (``ref``)
+    # claimed: the credits its task reserved at admission (``admitted.HOLD``, 0 for a free task), read with the
+    # message; None for a raw job, or an unclaimed one. Every credit figure a runner states comes from it.
+    reserved_credits: int | None = None
 
 
 @dataclass(frozen=True)
@@ -104,30 +107,49 @@ def _aware(now: datetime | None) -> datetime | None:
     return now
 
 
-def _claim_sql(function: str, arguments: str, ref: TaskRef | None) -> str:
-    """The claim function's row, called as ``function(<job id>, arguments)``. With ``ref`` the job serves a task:
-    the claim runs only over its outbox row (``outbox.claimable_cte``; no row, no claim, no result row), and
-    beside it, when the job was claimed, the job's message: the run needs it next, and reading it here spares the
-    job's process a connection and a round trip."""
+_CLAIM_ARGUMENTS = {"job_claim": ":w, :l, CAST(:n AS timestamptz)",
+                    "specialist_claim": ":w, :l, :m, CAST(:n AS timestamptz)"}
+_CLAIM_PARAMS = {"job_claim": ("j", "w", "l", "n"), "specialist_claim": ("j", "w", "l", "m", "n")}
+
+
+def _raw_claim(function: str) -> str:
+    return (f"SELECT *, CAST(NULL AS bytea) AS message, CAST(NULL AS bigint) AS reserved_credits "
+            f"FROM {function}(:j, {_CLAIM_ARGUMENTS[function]})")
+
+
+def _task_claim(function: str) -> Statement:
+    """The claim function's row over the job's outbox row (``outbox.claimable_cte``; no row, no claim, no result
+    row), and beside it, when the job was claimed, the job's message and its task's reserved credits
+    (``admitted.HOLD``): the run needs both next, and reading them here spares the job's process a connection
+    and a round trip."""
+    return compose(
+        f"claims.{function}",
+        f"""WITH {outbox.claimable_cte('job')}
+        SELECT c.*, CASE WHEN c.outcome = 'claimed' THEN job.message END AS message,
+               CASE WHEN c.outcome = 'claimed' THEN hold.reserved_credits END AS reserved_credits
+          FROM job CROSS JOIN LATERAL {function}(job.job_id, {_CLAIM_ARGUMENTS[function]}) c
+          LEFT JOIN {{hold}} AS hold ON true""",
+        own=(*_CLAIM_PARAMS[function], "message_dispatch_id", "message_task_id"),
+        hold=admitted.HOLD.relation(),
+    )
+
+
+_CLAIMS_OF_TASK_JOBS = {function: _task_claim(function) for function in _CLAIM_ARGUMENTS}
+
+
+def _claim_row(conn: Connection, function: str, params: dict[str, Any], ref: TaskRef | None) -> Any:
     if ref is None:
-        return f"SELECT *, CAST(NULL AS bytea) AS message FROM {function}(:j, {arguments})"
-    return (f"WITH {outbox.claimable_cte('job')} "
-            f"SELECT c.*, CASE WHEN c.outcome = 'claimed' THEN job.message END AS message "
-            f"FROM job CROSS JOIN LATERAL {function}(job.job_id, {arguments}) c")
+        return conn.execute(text(_raw_claim(function)), params).mappings().first()
+    params = {**params, **outbox.message_params(ref), "task_id": ref.task_id}
+    return _CLAIMS_OF_TASK_JOBS[function].execute(conn, params).mappings().first()
 
 
 def claim(conn: Connection, job_id: str, *, worker_id: str, lease_s: float, now: datetime | None = None,
           ref: TaskRef | None = None) -> ClaimResult:
     _check_lease(lease_s)
-    row = conn.execute(
-        text(_claim_sql("job_claim", ":w, :l, CAST(:n AS timestamptz)", ref)),
-        {"j": job_id, "w": worker_id[:MAX_WORKER_ID_CHARS], "l": lease_s, "n": _aware(now), **_ref_params(ref)},
-    ).mappings().first()
+    row = _claim_row(conn, "job_claim",
+                     {"j": job_id, "w": worker_id[:MAX_WORKER_ID_CHARS], "l": lease_s, "n": _aware(now)}, ref)
     return _claim_result(row)
-
-
-def _ref_params(ref: TaskRef | None) -> dict[str, Any]:
-    return {} if ref is None else outbox.message_params(ref)
 
 
 GONE = ClaimResult(outcome="gone", fencing_token=0)
@@ -145,6 +167,7 @@ def _claim_result(row: Any) -> ClaimResult:
         job_outcome_detail=row["job_outcome_detail"],
         newly_unknown=bool(row["newly_unknown"]),
         message=None if row["message"] is None else bytes(row["message"]),
+        reserved_credits=None if row["reserved_credits"] is None else int(row["reserved_credits"]),
     )
 
 
@@ -162,11 +185,8 @@ def claim_resumable(
     job has a checkpoint and fewer than ``max_resumes`` (SPECIALISTS_SPECIALIST_MAX_RESUMES) resumes, decided under
     the claim row's lock; without a checkpoint, or past the limit, the job becomes unknown exactly as before."""
     _check_lease(lease_s)
-    row = conn.execute(
-        text(_claim_sql("specialist_claim", ":w, :l, :m, CAST(:n AS timestamptz)", ref)),
-        {"j": job_id, "w": worker_id[:MAX_WORKER_ID_CHARS], "l": lease_s, "m": max_resumes, "n": _aware(now),
-         **_ref_params(ref)},
-    ).mappings().first()
+    row = _claim_row(conn, "specialist_claim", {"j": job_id, "w": worker_id[:MAX_WORKER_ID_CHARS], "l": lease_s,
+                                                "m": max_resumes, "n": _aware(now)}, ref)
     return ResumableClaim(claim=_claim_result(row), resumed=row is not None and bool(row["resumed"]))
 
 

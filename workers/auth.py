@@ -103,6 +103,9 @@ class VerifiedJob:
     # Not signed: the job's message as the worker's claim read it from its outbox row (``claims.claim``), handed
     # to the job's process with the job so that the run does not read it again. None: read it when needed.
     message: bytes | None = field(default=None, compare=False, repr=False)
+    # Not signed either: the credits the job's task reserved at admission, as the claim read them
+    # (``claims.ClaimResult.reserved_credits``); what ``RunContext.reserved_credits`` hands the runner.
+    reserved_credits: int | None = field(default=None, compare=False)
     # Not signed either: the worker's run span as a W3C traceparent (core/telemetry.py), which the job's process
     # continues. None: telemetry is off.
     trace_parent: str | None = field(default=None, compare=False, repr=False)

@@ -53,6 +53,15 @@ class RunContext:
     cancel: threading.Event  # or a multiprocessing Event, in a job's process: the same is_set/wait
     events: EventSink
 
+    @property
+    def reserved_credits(self) -> int:
+        """The credits the task reserved at admission (read by the claim, ``taskstate.admitted``): the ceiling of
+        every credit figure a runner states, never a spec file's tariff. 0: nothing was reserved (a free
+        specialist, or a raw job, which serves no task)."""
+        credits = self.job.reserved_credits or 0
+        assert credits >= 0, credits
+        return credits
+
     def cancelled(self) -> bool:
         return self.cancel.is_set()
 

@@ -224,7 +224,7 @@ class WorkerService:
                 )
             started = True
             if claim.message is not None:
-                job = dataclasses.replace(job, message=claim.message)
+                job = dataclasses.replace(job, message=claim.message, reserved_credits=claim.reserved_credits)
             # Shielded: a dispatcher that hangs up does not stop the job or its finish.
             return await asyncio.shield(asyncio.ensure_future(self._execute(job, claim.fencing_token)))
         finally:

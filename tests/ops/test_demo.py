@@ -45,7 +45,7 @@ def test_the_demo_reviews_the_example_project_through_the_running_service(server
         usage = json.loads(specialists(env, "usage", "--json").stdout)
         assert len(usage["jobs"]) == 2 and {j["specialist_id"] for j in usage["jobs"]} == {"reviewer"}
         job = usage["jobs"][0]
-        assert (job["outcome"], job["semantic_calls_used"], job["credits_to_settle"]) == ("completed", 1, 5)
+        assert (job["outcome"], job["semantic_calls_used"], job["charged_credits"]) == ("completed", 1, 5)
         one = specialists(env, "usage", "--job", job["job_id"])
         assert one.returncode == 0 and "model calls of" in one.stdout and "subcall" in one.stdout
         missing = specialists(env, "usage", "--job", "no-such-job", "--json")

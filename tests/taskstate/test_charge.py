@@ -17,7 +17,7 @@ PRICING = st.one_of(
               credits_per_semantic_call=st.integers(0, 10**6)),
 )
 USAGE = st.builds(Usage, semantic_calls_charged=st.integers(-3, 10**4),
-                  runner_credits=st.one_of(st.none(), st.integers(-3, 10**12)))
+                  runner_credits=st.one_of(st.none(), st.integers(-3, 10**12)), waived=st.booleans())
 
 
 @pytest.mark.parametrize(
@@ -39,6 +39,13 @@ def test_a_runner_that_states_zero_is_charged_nothing_whatever_the_pricing():
         assert charged_credits("failed", reserved_credits=20, pricing=pricing, usage=Usage(5, runner_credits=0)) == 0
 
 
+def test_a_run_the_service_failed_is_charged_nothing_but_a_task_asking_for_input_still_waits():
+    for outcome in ("completed", "failed", "canceled"):
+        assert charged_credits(outcome, reserved_credits=20, pricing=Pricing("metered", 4, 1),
+                               usage=Usage(5, waived=True)) == 0
+    assert charged_credits("input_required", reserved_credits=20, usage=Usage(waived=True)) is None
+
+
 def test_an_outcome_outside_the_table_or_a_negative_reservation_is_refused():
     with pytest.raises(ValueError, match="outcome 'unknown' is not one of") as refused:
         charged_credits("unknown", reserved_credits=7)  # type: ignore[arg-type]
@@ -51,7 +58,7 @@ def model(outcome: str, reserved: int, pricing: Pricing, usage: Usage) -> int | 
     """The docstring's table, written out again as plainly as possible."""
     if outcome == "input_required":
         return None
-    if outcome in ("rejected", "never_ran"):
+    if outcome in ("rejected", "never_ran") or usage.waived:
         return 0
     if pricing.mode == "fixed":
         amount = reserved

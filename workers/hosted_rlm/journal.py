@@ -204,9 +204,10 @@ class Journal:
 
     # --- the run ------------------------------------------------------------------------
 
-    def open_run(self, *, specialist_id: str, route: str, pricing: PricingSpec, tariff_credits: int,
+    def open_run(self, *, specialist_id: str, route: str, pricing: PricingSpec, reserved_credits: int,
                  session_id: str) -> int:
-        """Record the run (first delivery) or find it (a resume); returns how many times it was resumed."""
+        """Record the run (first delivery) or find it (a resume), with the credits its task reserved (the run
+        context's); returns how many times it was resumed."""
         with self.engine.begin() as conn:
             check_fence(conn, self.job_id, self.fencing_token)
             conn.execute(
@@ -215,15 +216,17 @@ class Journal:
                     "credits_per_semantic_call, session_id) VALUES (:j, :sp, :r, :p, :tc, :base, :per, :sid) "
                     "ON CONFLICT (job_id) DO NOTHING"
                 ),
-                self._params(sp=specialist_id, r=route, p=pricing.mode, tc=tariff_credits, base=pricing.base_credits,
+                self._params(sp=specialist_id, r=route, p=pricing.mode, tc=reserved_credits, base=pricing.base_credits,
                              per=pricing.credits_per_semantic_call, sid=session_id),
             )
             return int(
                 conn.execute(text("SELECT resumes FROM specialist_runs WHERE job_id = :j"), {"j": self.job_id}).scalar_one()
             )
 
-    def end_run(self, *, outcome: str, stop_reason: str | None, turns: int, credits_to_settle: int) -> dict[str, Any]:
-        """Record how the run ended and what it settles; returns the call totals."""
+    def end_run(self, *, outcome: str, stop_reason: str | None, turns: int,
+                charged_credits: int | None) -> dict[str, Any]:
+        """Record how the run ended and the charge rule's figure for it; returns the call totals."""
+        assert charged_credits is None or charged_credits >= 0, charged_credits
         with self.engine.begin() as conn:
             check_fence(conn, self.job_id, self.fencing_token)
             totals = self._totals(conn)
@@ -235,7 +238,7 @@ class Journal:
                 ),
                 self._params(
                     o=outcome, sr=stop_reason, turns=turns, used=totals["semantic_calls_used"],
-                    charged=totals["semantic_calls_charged"], credits=credits_to_settle,
+                    charged=totals["semantic_calls_charged"], credits=charged_credits,
                 ),
             )
         return totals
@@ -449,7 +452,8 @@ MAX_ROWS = 1000
 # One row per run with its calls' totals; ``{runs}`` is the condition that picks the runs.
 _JOBS_TEMPLATE = """
     SELECT r.job_id, r.specialist_id, r.route, r.state, r.outcome, r.stop_reason, r.resumes, r.turns,
-           r.semantic_calls_used, r.semantic_calls_charged, r.pricing, r.tariff_credits, r.credits_to_settle,
+           r.semantic_calls_used, r.semantic_calls_charged, r.pricing,
+           r.tariff_credits AS reserved_credits, r.credits_to_settle AS charged_credits,
            r.started_at, r.ended_at,
            count(c.call_id) AS model_calls,
            coalesce(sum(c.replays), 0) AS replayed_calls,

@@ -94,10 +94,6 @@ class SpecialistRunner:
         self.max_resumes = max_resumes
         self.checkpoint_sync = checkpoint_sync
 
-    @property
-    def specialist_ids(self) -> list[str]:
-        return sorted(self.specs)
-
     def run(self, ctx: RunContext) -> RunOutcome:
         job = ctx.job
         loaded = self.specs.get(job.specialist_id)
@@ -115,7 +111,7 @@ class SpecialistRunner:
         assert spec.model_route is not None
         resumes = journal.open_run(
             specialist_id=spec.id, route=spec.model_route, pricing=spec.pricing,
-            tariff_credits=spec.tariff_credits, session_id=session_id,
+            reserved_credits=ctx.reserved_credits, session_id=session_id,
         )
         latest = store.latest(session_id)
         plan = None
@@ -123,7 +119,7 @@ class SpecialistRunner:
             try:
                 checkpoint = Checkpoint.decode(latest[1], key=self.checkpoint_key)
             except RLMError as refused:  # tampered, or signed with another key: never loaded, never guessed around
-                return self._end(journal, loaded, Verdict(
+                return self._end(ctx, journal, loaded, Verdict(
                     "failed", f"the job could not be resumed after its worker stopped: {refused.message}",
                     code=refused.code, free=True), None, resumes)
             plan = journal.plan(checkpoint)
@@ -137,7 +133,7 @@ class SpecialistRunner:
         try:
             result, run = self._session(ctx, loaded, task, journal, store, plan, scratch)
         except (RouteNotReady, TaskRefused) as problem:
-            return self._end(journal, loaded, Verdict("failed", problem.message, code=problem.code), None, resumes)
+            return self._end(ctx, journal, loaded, Verdict("failed", problem.message, code=problem.code), None, resumes)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         if ctx.cancelled():
@@ -145,7 +141,7 @@ class SpecialistRunner:
             verdict = Verdict("failed", "the run was stopped before it finished", code="run_stopped")
         else:
             verdict = verdict_of(spec, task, result, journal.refusals())
-        outcome = self._end(journal, loaded, verdict, result, resumes, replayed=run.replayed_calls)
+        outcome = self._end(ctx, journal, loaded, verdict, result, resumes, replayed=run.replayed_calls)
         for event in artifact_events(outcome.artifacts):
             ctx.report("a2a", {"event": event})  # fenced: a worker that lost its claim writes nothing
         return outcome
@@ -178,18 +174,18 @@ class SpecialistRunner:
         )
         return session.run(task.question), run
 
-    def _end(self, journal: Journal, loaded: LoadedSpec, verdict: Verdict, result: Any, resumes: int,
-             *, replayed: int = 0) -> RunOutcome:
+    def _end(self, ctx: RunContext, journal: Journal, loaded: LoadedSpec, verdict: Verdict, result: Any,
+             resumes: int, *, replayed: int = 0) -> RunOutcome:
         spec = loaded.spec
         totals = journal.totals()
-        credits = 0 if verdict.free else charge.charged_credits(
-            verdict.state, reserved_credits=spec.tariff_credits, pricing=pricing_of(spec.pricing),
-            usage=charge.Usage(totals["semantic_calls_charged"]),
+        charged_credits = charge.charged_credits(
+            verdict.state, reserved_credits=ctx.reserved_credits, pricing=pricing_of(spec.pricing),
+            usage=charge.Usage(totals["semantic_calls_charged"], waived=verdict.free),
         )
         try:
             totals = journal.end_run(
                 outcome=verdict.state, stop_reason=result.stop_reason if result is not None else None,
-                turns=result.turns if result is not None else 0, credits_to_settle=credits,
+                turns=result.turns if result is not None else 0, charged_credits=charged_credits,
             )
         except ClaimLost as lost:  # the worker learns the same at its next heartbeat; nothing to record
             log.info("job %s: %s", journal.job_id, lost.message)
@@ -199,7 +195,7 @@ class SpecialistRunner:
             "turns": result.turns if result is not None else 0,
             "semantic_calls_used": totals["semantic_calls_used"],
             "semantic_calls_charged": totals["semantic_calls_charged"],
-            "credits_to_settle": credits,
+            "credits_to_settle": charged_credits,  # read by the settlement (workers.hosted_rlm.usage)
             "pricing": spec.pricing.mode,
             "resumes": resumes,
             "replayed_calls": replayed,

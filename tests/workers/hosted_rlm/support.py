@@ -110,13 +110,18 @@ class Events:
         return [data.get("text", "") for kind, data in self.items if kind == "progress"]
 
 
+RESERVED_CREDITS = 20  # what admission reserves for a reviewer task (specs/reviewer.yaml's tariff)
+
+
 def context(job_id: str, spec_id: str, token: int, *, deadline_s: float = 120.0,
-            events: Events | None = None, cancel: threading.Event | None = None) -> RunContext:
+            events: Events | None = None, cancel: threading.Event | None = None,
+            reserved_credits: int = RESERVED_CREDITS) -> RunContext:
+    """A run's context as the worker hands it over: the job, as its claim read it (with the task's reservation)."""
     from workers.auth import VerifiedJob
     from workers.runs import RunContext
 
     job = VerifiedJob(job_id=job_id, specialist_id=spec_id, deadline_s=deadline_s, payload={},
-                      signed_at=None, secret_id="test")  # type: ignore[arg-type]
+                      signed_at=None, secret_id="test", reserved_credits=reserved_credits)  # type: ignore[arg-type]
     return RunContext(job, token, time.monotonic() + deadline_s, cancel or threading.Event(), events or Events())
 
 

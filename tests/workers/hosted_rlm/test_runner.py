@@ -68,10 +68,27 @@ def test_a_review_finds_the_defects_with_their_path_and_line_and_drops_foreign_p
     with engine.connect() as conn:
         [row] = journal.usage_by_job(conn, job_id=job_id)
         listed = journal.usage_calls(conn, job_id)
-    assert (row["specialist_id"], row["model_calls"], row["semantic_calls_charged"], row["credits_to_settle"]) == (
+    assert (row["specialist_id"], row["model_calls"], row["semantic_calls_charged"], row["charged_credits"]) == (
         "reviewer", 5, 2, 6)
     assert row["prompt_tokens"] == sum(c.prompt_tokens for c in calls) and row["calls_with_unknown_tokens"] == 0
     assert [c["purpose"] for c in listed] == [c.purpose for c in calls]
+def test_the_runners_figure_comes_from_the_tasks_reservation_in_its_run_context_not_from_the_spec(engine, tmp_path):
+    """The spec's tariff is 20 and the run's metered price 4 + 2, but the task reserved 5 at admission (a spec
+    changed since, say): the runner states no more than 5 and journals the reservation it was given."""
+    spec = support.write_spec(tmp_path / "specs")
+    assert spec.spec.tariff_credits == 20
+    job_id = support.new_job_id()
+    runner = support.runner(engine, spec, support.routes_for("review_sql.toml"), support.message(RULE, files=FILES))
+
+    outcome = runner.run(support.context(job_id, "reviewer", support.claim(engine, job_id), reserved_credits=5))
+
+    assert outcome.state == "completed" and outcome.detail["credits_to_settle"] == 5
+    with engine.connect() as conn:
+        journaled = conn.execute(text("SELECT tariff_credits FROM specialist_runs WHERE job_id = :j"),
+                                 {"j": job_id}).scalar_one()
+    assert journaled == 5
+
+
 def test_a_refused_message_ends_the_job_rejected_and_charges_nothing(engine, tmp_path):
     spec = support.write_spec(tmp_path / "specs")
     job_id = support.new_job_id()
