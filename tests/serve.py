@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 from core.settings import PROJECT_ROOT
-from tests import http_calls
+from ops.topology import Ready, Role, StartBounds, ops_cli
 from tests.app.conftest import edge_env, free_port
 from tests.workers.hosted_rlm import support
 from tests.workers.conftest import WORKER_SECRET
@@ -32,7 +26,8 @@ class RunningService:
 @contextmanager
 def running_service(server_url: str, log_dir: Path, ready_timeout_s: float = 60,
                     extra_env: dict[str, str] | None = None) -> Iterator[RunningService]:
-    """The shipped specs and the scripted demo routes, served until the block ends (then SIGINT, as Ctrl-C)."""
+    """The shipped specs and the scripted demo routes, served until the block ends (then SIGINT, as Ctrl-C).
+    ``ready_timeout_s``: how long serve and its children may start without progress (ops/topology.py)."""
     url = fresh_database(server_url)
     port = free_port()
     # An external database needs scripted routes allowed explicitly.
@@ -40,31 +35,16 @@ def running_service(server_url: str, log_dir: Path, ready_timeout_s: float = 60,
                    worker_job_secrets=WORKER_SECRET, worker_port=str(free_port()), worker_drain_s="1",
                    model_routes_allow_scripted="true", specialist_checkpoint_key=support.CHECKPOINT_KEY.decode(),
                    db_pool_size="3", db_max_overflow="6",
-                   serve_child_start_timeout_s=str(ready_timeout_s))  # a loaded machine's worker start-up
+                   serve_child_start_timeout_s=str(ready_timeout_s))
     env.update(extra_env or {})
-    log_path = log_dir / "serve.log"
-    serve = subprocess.Popen([sys.executable, "-m", "ops.cli", "serve", "--port", str(port)], env=env,
-                             cwd=PROJECT_ROOT, stdout=log_path.open("wb"), stderr=subprocess.STDOUT,
-                             start_new_session=True)
     base = f"http://127.0.0.1:{port}"
+    serve = Role("serve", ops_cli("serve", "--port", str(port)), env, Ready.http(f"{base}/readyz"),
+                 log_dir / "serve.log", bounds=StartBounds(stall_s=ready_timeout_s), stop_grace_s=30,
+                 stop_signal=signal.SIGINT, new_session=True)  # its own group: SIGINT to it all, as Ctrl-C
     try:
-        deadline = time.monotonic() + ready_timeout_s
-        while True:
-            assert serve.poll() is None, log_path.read_text()
-            try:
-                if http_calls.get(f"{base}/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "the service did not become ready:\n" + log_path.read_text()
-            time.sleep(0.1)
-        yield RunningService(base_url=base, env=env, log_path=log_path)
+        serve.run()
+        assert serve.log_path is not None
+        yield RunningService(base_url=base, env=env, log_path=serve.log_path)
     finally:
-        if serve.poll() is None:
-            os.killpg(serve.pid, signal.SIGINT)
-            try:
-                serve.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(serve.pid, signal.SIGKILL)
-                serve.wait()
+        serve.stop()
         drop_database(server_url, url)

@@ -7,26 +7,26 @@ running the tests first on PATH, and with the environment Terraform would give t
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
+import pytest
 
 from core.settings import PROJECT_ROOT
-from tests import http_calls
+from ops import topology
 from tests.app.conftest import free_port
 from tests.deploy.manifests import ENTRYPOINT
 
-# How long a listening role may take to answer after it is started: generous, since only "never" is a failure
-# (`serve` took over 20 s at load 7 on 2 cores, and over 30 s at load 11). The tests time their own body only
-# (``func_only``): a session's roles are started by fixtures, each bounded by this.
-START_TIMEOUT_S = 90.0
+# How long a listening role may start without progress (ops/topology.py): `serve` took over 20 s at load 7 on 2
+# cores and over 30 s at load 11, computing all along. The tests time their own body only (``func_only``): a
+# session's roles are started by fixtures, each bounded by this.
+START_BOUNDS = topology.StartBounds(stall_s=60)
 IMAGE_ROOT = "/app"  # the Dockerfile's WORKDIR: where the project lives in the image
 # The image's ENTRYPOINT, with the interpreter running the tests for the image's venv.
 ENTRY_POINT = [sys.executable, *ENTRYPOINT[1:]]
@@ -51,26 +51,19 @@ def on_this_machine(value: str) -> str:
 
 
 @dataclass
-class Role:
-    process: subprocess.Popen
-    port: int
-    log: Path
+class Role(topology.Role):
+    """A listening role of the image (ops/topology.py's, with the port it listens on)."""
+
+    port: int = 0
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+    @property
+    def process(self) -> subprocess.Popen:
+        assert self.popen is not None
+        return self.popen
 
 
 def run_role(args: list[str], env: Mapping[str, str], log: Path, timeout_s: float = 60) -> subprocess.CompletedProcess:
@@ -90,28 +83,30 @@ def run_command(args: list[str], env: Mapping[str, str], timeout_s: float = 60) 
     )
 
 
+def run_command_here(args: list[str], env: Mapping[str, str], monkeypatch: pytest.MonkeyPatch
+                     ) -> subprocess.CompletedProcess:
+    """``run_command`` in this process: the image's entry point with exactly ``env`` as its environment, its
+    output captured. For a test of what several commands do with an environment: an interpreter's start-up per
+    command is no part of it, and three of them took a test past its 90 s at load 15-30 (issue 40)."""
+    from ops.entrypoint import main
+
+    with monkeypatch.context() as patch:
+        for name in list(os.environ):
+            patch.delenv(name)
+        for name, value in env.items():
+            patch.setenv(name, value)
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(args))
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
 def start_role(args: list[str], env: Mapping[str, str], log: Path, *, port: int, ready_path: str = "/healthz") -> Role:
-    """Start a listening role and wait until ``ready_path`` answers 200 on ``port``."""
-    out = log.open("wb")
-    process = subprocess.Popen(
-        [*ENTRY_POINT, *args], env=dict(env), cwd=PROJECT_ROOT, stdout=out, stderr=subprocess.STDOUT
-    )
-    role = Role(process=process, port=port, log=log)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    last = "no answer"
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"{args} exited with {process.returncode}:\n{role.log_text()}")
-        try:
-            answer = http_calls.get(f"{role.url}{ready_path}", timeout=2)
-            if answer.status_code == 200:
-                return role
-            last = f"{answer.status_code} {answer.text}"
-        except httpx.HTTPError as exc:
-            last = type(exc).__name__
-        time.sleep(0.1)
-    role.stop()
-    raise AssertionError(f"{args} did not answer {ready_path} on port {port} ({last}):\n{role.log_text()}")
+    """Start a listening role and wait until ``ready_path`` answers 200 on ``port`` (while it makes progress)."""
+    role = Role(args[0], [*ENTRY_POINT, *args], env, topology.Ready.http(f"http://127.0.0.1:{port}{ready_path}"),
+                log, bounds=START_BOUNDS, stop_grace_s=20, port=port)
+    return role.run()  # type: ignore[return-value]
 
 
-__all__ = ["Role", "clean_environment", "free_port", "on_this_machine", "run_command", "run_role", "start_role"]
+__all__ = ["Role", "clean_environment", "free_port", "on_this_machine", "run_command", "run_command_here", "run_role",
+           "start_role"]

@@ -34,7 +34,7 @@ from tests.deploy.manifests import (
     revision_template,
     sidecars,
 )
-from tests.deploy.roles import free_port, on_this_machine, run_command, run_role, start_role
+from tests.deploy.roles import free_port, on_this_machine, run_command_here, run_role, start_role
 from tests.deploy.test_infra_policy import grants
 from workers.server import JOBS_PATH
 
@@ -124,17 +124,18 @@ def test_each_container_runs_a_real_command_of_the_image(tf, role, command):
 
 
 def test_a_key_and_credits_the_drill_job_gives_from_its_environment_are_honoured_by_the_api(
-    tf, deploy_database, api_from_terraform
+    tf, deploy_database, api_from_terraform, monkeypatch
 ):
     # What the drill does first in target mode: issue a key and grant credits to a `drill-…` customer,
     # with the database and the key-signing secrets and environment the job is given.
     env = terraform_environment(tf, JOB, "drill", deploy_database)
     customer = f"drill-deploy-{uuid.uuid4().hex[:8]}"
-    added = run_command(["customers", "add", "--customer", customer, "--reason", "deploy test"], env)
+    added = run_command_here(["customers", "add", "--customer", customer, "--reason", "deploy test"], env, monkeypatch)
     assert added.returncode == 0, added.stderr
-    issued = run_command(["keys", "issue", "--customer", customer, "--ttl-days", "1", "--json"], env)
+    issued = run_command_here(["keys", "issue", "--customer", customer, "--ttl-days", "1", "--json"], env, monkeypatch)
     assert issued.returncode == 0, issued.stderr
-    granted = run_command(["credits", "grant", "--customer", customer, "--credits", "7", "--reason", "deploy test"], env)
+    granted = run_command_here(["credits", "grant", "--customer", customer, "--credits", "7", "--reason", "deploy test"],
+                               env, monkeypatch)
     assert granted.returncode == 0, granted.stderr
     key = json.loads(issued.stdout)["key"]
     assert key.startswith(f"sk_{tf.default('key_environment')}_")
