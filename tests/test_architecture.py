@@ -4,6 +4,7 @@ cycles, and one owner module for every table."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -146,8 +147,14 @@ def test_the_ownership_table_knows_every_table_of_the_schema():
     assert created | sdk_tables | {"alembic_version"} == set(OWNERS)
 
 
+@functools.cache
+def rooms_graph() -> dict[str, set[str]]:
+    """The rooms' import graph, parsed once for the tests that read it (each parse reads every file)."""
+    return module_graph(PROJECT_ROOT, ROOMS)
+
+
 def test_rooms_import_only_downward():
-    graph = module_graph(PROJECT_ROOT, ROOMS)
+    graph = rooms_graph()
     upward = [
         f"{module} imports {target}"
         for module, targets in sorted(graph.items())
@@ -161,12 +168,12 @@ def test_rooms_import_only_downward():
 
 
 def test_no_module_is_part_of_an_import_cycle():
-    found = cycles(module_graph(PROJECT_ROOT, ROOMS))
+    found = cycles(rooms_graph())
     assert not found, "import cycles:\n" + "\n".join(" <-> ".join(cycle) for cycle in found)
 
 
 def test_the_rooms_settings_sections_import_only_the_settings_base():
-    graph = module_graph(PROJECT_ROOT, ROOMS)
+    graph = rooms_graph()
     service = set(MAY_IMPORT) | NEVER_IMPORTED
     found = {module for module in graph if module.endswith(".settings") and module.split(".")[0] != "rlmfamily"}
     assert found - {SETTINGS_ROOT} == SECTION_MODULES, "a room's settings module that core.settings does not gather"
