@@ -21,7 +21,8 @@ are answered from the journal, in order, each checked against the recorded name
 and arguments. Nothing recorded is asked again of a model, the corpus, a child
 or a peer. ``_final_answer`` is the exception: it only sets the run's answer, so
 it runs again; so do the custom tools declared ``repeat_safe`` (``live_on_replay``).
-A call of one that is not, begun and never answered, gets ``tool_outcome_unknown``. A call past the record (the interrupted step going on) runs for
+A call of one that is not, begun and never answered, gets ``tool_outcome_unknown``.
+A call past the record (the interrupted step going on) runs for
 real and is journaled. A replayed step that prints or fails differently from the
 record means the code depends on something outside it (time, randomness, files):
 the host kernel cannot be rebuilt faithfully, and the resume is refused.

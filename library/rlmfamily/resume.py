@@ -49,7 +49,8 @@ from rlmfamily.session import Session, endpoint_of
 from rlmfamily.settings import RLMSettings, load_settings
 from rlmfamily.trajectory import find_run, read_trajectory
 
-__all__ = ["add_parser", "check_resumable", "plan", "prepare", "prepare_ask"]  # check_resumable and plan: rlmfamily/run_records.py
+# check_resumable and plan live in rlmfamily/run_records.py; they are named here too, where resume's callers look.
+__all__ = ["add_parser", "check_resumable", "plan", "prepare", "prepare_ask"]
 
 Event = dict[str, Any]
 # What run_started records of the limits; a resumed run runs under the same ones (the budget insists).

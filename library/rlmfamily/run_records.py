@@ -293,7 +293,7 @@ def compaction(settings: RLMSettings, run_id: str, events: list[Event], messages
         body.append(f"- ({len(steps) - len(steps_kept)} earlier steps left out of this summary; the trajectory has "
                     "them)")
     summary = "\n".join(body + steps_kept)
-    assert len(summary) <= limit, "the summary keeps within follow_up_summary_chars (SUMMARY_RESERVE_CHARS is its notes)"
+    assert len(summary) <= limit, "the summary keeps within follow_up_summary_chars (its notes: SUMMARY_RESERVE_CHARS)"
     return {"messages": len(messages) - 2, "chars": message_chars(messages), "summary": summary}
 
 
@@ -316,7 +316,8 @@ def _step_line(step: Event) -> str:
     code = (step.get("code") or "").strip()
     outcome = "ok" if step.get("ok") else f"error {step.get('error_code')}"
     where = f", history {step['history_id']}" if step.get("history_id") is not None else ""
-    return f"- turn {step.get('turn')}: `{_clip(code.splitlines()[0] if code else '', SUMMARY_LINE_CHARS)}` -> {outcome}{where}"
+    first_line = _clip(code.splitlines()[0] if code else "", SUMMARY_LINE_CHARS)
+    return f"- turn {step.get('turn')}: `{first_line}` -> {outcome}{where}"
 
 
 def _clip(text: str, limit: int | None = None) -> str:

@@ -157,7 +157,8 @@ def test_a_follow_up_killed_midway_is_resumed_with_its_own_question(tmp_path: Pa
     ledger = BudgetLedger(data / "budget.sqlite3")
     try:
         wait_until(lambda: any(e.purpose == "subcall" and e.state == "reserved"
-                               for r in ledger.roots() for e in ledger.entries(r)), "the follow-up's sub-call in flight")
+                               for r in ledger.roots() for e in ledger.entries(r)),
+                   "the follow-up's sub-call in flight")
     finally:
         os.killpg(asking.pid, signal.SIGKILL)
         asking.wait()
