@@ -8,8 +8,9 @@ one server-side function, one round trip, at default isolation.
 Every function takes a ``Connection`` so that callers can put it in their own
 transaction: the finish, the task's final state and the ledger settlement commit
 together (see ``workers.finish``), and a newly unknown job can be marked in the
-ledger in the same transaction as the claim that discovered it. ``Claims`` wraps
-an engine for callers that want one transaction per call.
+ledger in the same transaction as the claim that discovered it. The finish is
+also a fragment (``FINISH``, ``core.fragments``) that the settlement composes into
+its one statement, and ``finished_in`` is the condition its other writes take.
 
 The functions that decide by the clock (claim, renew, finish, expire_lease) take
 ``now``, as the ledger's do: None is the database clock, which is what workers
@@ -25,7 +26,10 @@ claim by ``outbox.of_job_sql``, so each side is a primary-key lookup (issue 18).
 
 A job that serves a task (``ref``) is claimed only while its outbox row exists
 (``outbox.claimable_cte``): a delivery of a job whose records were pruned past
-their retention is ``gone`` and runs nothing. Finished claims are pruned
+their retention is ``gone`` and runs nothing. That claim is one composed
+statement (``claims.job_claim``, ``claims.specialist_claim``) that also reads, for
+a claimed job, its message and its task's reserved credits (``admitted.HOLD``):
+the figures a runner states come from them. Finished claims are pruned
 (``prune_finished``) past ``SPECIALISTS_JOB_CLAIMS_RETENTION_DAYS``, and only once
 their job's outbox row is gone; running and unknown claims never are.
 """
