@@ -94,7 +94,7 @@ def with_specialists(
     settings: Settings, engine: Engine, tasks: TaskEvents, runners: Mapping[str, Runner],
     specs: Mapping[str, LoadedSpec] | None = None,
 ) -> tuple[dict[str, Runner], list[dict[str, Any]]]:
-    """``runners`` plus a ``SpecialistRunner`` for every ready rlm spec not served by them, and the readiness
+    """``runners`` plus a ``RlmRunner`` for every ready rlm spec not served by them, and the readiness
     problems of the others (what ``/readyz`` reports; logged here, once, by the worker)."""
     combined, problems = _served(settings, engine, tasks, runners, specs)
     for problem in problems:

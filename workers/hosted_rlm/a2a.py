@@ -1,4 +1,4 @@
-"""A specialist run's outcome as A2A events: the artifacts, and the metadata of the task's final state.
+"""An rlm run's outcome as A2A events: the artifacts, and the metadata of the task's final state.
 
 The runner reports the artifacts as task events (``ctx.report("a2a", ...)``) just
 before it returns, so every API instance streams them; the final status carries

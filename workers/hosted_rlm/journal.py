@@ -1,4 +1,5 @@
-"""The journal of one specialist run in PostgreSQL: its record, its model calls, its steps, and the resume plan.
+"""The journal of one rlm run (the rlm executor's run of a specialist's task) in PostgreSQL: its record, its model
+calls, its steps, and the resume plan.
 
 Written as the run goes (migration 0070), every write fenced by the job's claim
 (``store.check_fence``):
@@ -18,8 +19,12 @@ that replaces them. Counting semantic calls ignores superseded rows, so a resume
 never makes a customer pay for a call twice.
 
 This module is the one owner of ``specialist_runs``, ``specialist_calls`` and
-``specialist_steps``: the finish's settlement reads a run through ``run_record``,
-operators through ``usage_by_job`` and ``usage_calls``.
+``specialist_steps`` (the rlm executor's tables: their names predate the glossary of
+docs/ARCHITECTURE.md and become ``rlm_*`` in the release that contracts the schema):
+the finish's settlement reads a run through ``RUN_RECORD`` (``workers.hosted_rlm.usage``),
+operators through ``usage_by_job`` and ``usage_calls``. Its columns ``tariff_credits`` and
+``credits_to_settle`` hold the run's reserved credits and charged credits, and are read
+under those names.
 """
 
 from __future__ import annotations
@@ -75,7 +80,7 @@ _RUN_RECORD = RUN_RECORD.standalone("journal.run_record")
 
 
 def run_record_of(row: Any) -> RunRecord | None:
-    """A ``RUN_RECORD`` row (None, or its columns NULL: not a specialist run) as a RunRecord."""
+    """A ``RUN_RECORD`` row (None, or its columns NULL: not an rlm run) as a RunRecord."""
     if row is None or row.pricing is None:
         return None
     pricing = charge.Pricing(row.pricing, int(row.base_credits or 0), int(row.credits_per_semantic_call or 0))
@@ -83,7 +88,7 @@ def run_record_of(row: Any) -> RunRecord | None:
 
 
 def run_record(conn: Connection, job_id: str) -> RunRecord | None:
-    """The run of a job, in the caller's transaction; None: the job is not a specialist run."""
+    """The run of a job, in the caller's transaction; None: the job is not an rlm run."""
     return run_record_of(_RUN_RECORD.execute(conn, {"job_id": job_id}).one_or_none())
 
 

@@ -1,4 +1,4 @@
-"""``SpecialistRunner``: the worker's ``Runner`` for executor ``rlm`` specs.
+"""``RlmRunner``: the worker's ``Runner`` for executor ``rlm`` specs.
 
 One run: the job's A2A message becomes the task and the evidence bundle
 (``bundle``); the model route gives a provider (``routes``); ``rlm.Session`` runs
@@ -9,7 +9,7 @@ reviewer, findings (``answer``); the run's record gets the amount to settle.
 A job that already has checkpoints was resumed by
 ``taskstate.claims.claim_resumable`` after its worker died: the run replays
 what the journal holds and continues from the newest checkpoint. The runner's
-own figure (``RunOutcome.detail["credits_to_settle"]``) is the charge rule's
+own figure (``RunOutcome.detail["charged_credits"]``) is the charge rule's
 (``taskstate.charge``) for the spec's pricing and the answered semantic calls; a
 refused task, and a job whose checkpoint cannot be used (tampered, another key
 or Monty version), state 0: the failure is the service's, not the customer's.
@@ -58,7 +58,7 @@ class CheckpointKeyMissing(ServiceError):
     code = "checkpoint_key_missing"
 
 
-class SpecialistRunner:
+class RlmRunner:
     """Runs the ``rlm`` specs of ``specs`` (by specialist id) on jobs this worker claimed."""
 
     def __init__(
@@ -103,7 +103,7 @@ class SpecialistRunner:
         try:
             task = task_from_message(self.message_of(job), spec.limits)
         except TaskRefused as refused:
-            return RunOutcome("rejected", refused.message, detail={"code": refused.code, "credits_to_settle": 0})
+            return RunOutcome("rejected", refused.message, detail={"code": refused.code, "charged_credits": 0})
         journal = Journal(self.engine, job_id=job.job_id, fencing_token=ctx.fencing_token)
         session_id = session_id_for(job.job_id)
         store = PgCheckpointStore(self.engine, job_id=job.job_id, fencing_token=ctx.fencing_token, session_id=session_id,
@@ -195,7 +195,7 @@ class SpecialistRunner:
             "turns": result.turns if result is not None else 0,
             "semantic_calls_used": totals["semantic_calls_used"],
             "semantic_calls_charged": totals["semantic_calls_charged"],
-            "credits_to_settle": charged_credits,  # read by the settlement (workers.hosted_rlm.usage)
+            "charged_credits": charged_credits,  # read by the settlement (workers.hosted_rlm.usage)
             "pricing": spec.pricing.mode,
             "resumes": resumes,
             "replayed_calls": replayed,

@@ -1,7 +1,7 @@
 """Which rlm specialists a worker serves, from settings: the specs, the routes, the key, the readiness report.
 
 ``specialist_runners`` is what the worker's runner registry adds for executor
-``rlm``: one ``SpecialistRunner`` per spec that is ready (it has a route and a
+``rlm``: one ``RlmRunner`` per spec that is ready (it has a route and a
 prompt, its route is configured, its key variable is set, its script loads, a
 scripted route is allowed here). A spec that is not ready is not served (a job
 for it is answered ``specialist_not_served`` and its dispatcher retries later)
@@ -26,12 +26,12 @@ from core.settings import Settings
 from core.specs import LoadedSpec, SpecInvalid, load_specs, require_runnable
 from workers.auth import VerifiedJob
 from workers.hosted_rlm.routes import ModelRoutes, RouteProblem, readiness
-from workers.hosted_rlm.runner import SpecialistRunner
+from workers.hosted_rlm.runner import RlmRunner
 
 
 @dataclass(frozen=True)
 class SpecialistService:
-    runners: dict[str, SpecialistRunner] = field(default_factory=dict)
+    runners: dict[str, RlmRunner] = field(default_factory=dict)
     problems: tuple[RouteProblem, ...] = ()
 
     @property
@@ -101,7 +101,7 @@ def specialist_runners(
     if not plan.ready:
         return SpecialistService(problems=plan.problems)
     assert plan.routes is not None and settings.hosted.checkpoint_key is not None
-    runner = SpecialistRunner(
+    runner = RlmRunner(
         engine=engine,
         specs=plan.ready,
         routes=plan.routes,

@@ -2,7 +2,7 @@
 
 The run's record in the journal (``journal.RUN_RECORD``: the pricing the run was opened under, its semantic calls
 used and charged, its resumes) is joined into the finish's one statement; this module turns it into what the
-charge rule takes, with the runner's own figure (``credits_to_settle``) beside it, and into the ``specialist``
+charge rule takes, with the runner's own figure (``charged_credits``) beside it, and into the ``specialist``
 metadata of the task's final state (``a2a.final_metadata``). ``workers.assembly`` wires ``RLM_USAGE`` into the
 worker's settlement, so the generic finish knows no executor.
 """
@@ -21,8 +21,8 @@ from workers.settlement import ExecutorUsage, finish_statement
 
 
 def runner_credits(detail: Mapping[str, Any]) -> int | None:
-    """The figure the rlm runner recorded (``credits_to_settle``), if it stated one."""
-    credits = detail.get("credits_to_settle")
+    """The figure the rlm runner recorded (``charged_credits``: the charge rule's for its run), if it stated one."""
+    credits = detail.get("charged_credits")
     return credits if isinstance(credits, int) and not isinstance(credits, bool) else None
 
 

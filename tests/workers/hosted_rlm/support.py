@@ -30,7 +30,7 @@ from core.specs import LoadedSpec, load_spec
 if TYPE_CHECKING:
     from workers.runs import RunContext
     from workers.hosted_rlm.routes import ModelRoutes
-    from workers.hosted_rlm.runner import SpecialistRunner
+    from workers.hosted_rlm.runner import RlmRunner
 
 SCRIPTS = Path(__file__).parent / "scripts"
 CHECKPOINT_KEY = b"test-checkpoint-key-" + b"z" * 40
@@ -126,10 +126,10 @@ def context(job_id: str, spec_id: str, token: int, *, deadline_s: float = 120.0,
 
 
 def runner(engine: Engine, spec: LoadedSpec, routes: ModelRoutes, msg: Message, *,
-           environ: dict[str, str] | None = None, checkpoint_sync: CheckpointSync = "with_journal") -> SpecialistRunner:
-    from workers.hosted_rlm.runner import SpecialistRunner
+           environ: dict[str, str] | None = None, checkpoint_sync: CheckpointSync = "with_journal") -> RlmRunner:
+    from workers.hosted_rlm.runner import RlmRunner
 
-    return SpecialistRunner(
+    return RlmRunner(
         engine=engine, specs={spec.spec.id: spec}, routes=routes, checkpoint_key=CHECKPOINT_KEY,
         message_of=lambda job: msg, environ=environ or {}, checkpoint_sync=checkpoint_sync,
     )

@@ -49,7 +49,7 @@ code = """final_answer({"summary": results[16].error_code + ": " + results[16].a
     assert report.startswith("subcall_limit: Combine the answers you have")
     assert "1 semantic call(s) were refused: this specialist makes at most 16 per task (limits.max_semantic_calls)" in report
     assert outcome.detail["semantic_calls_used"] == 16
-    assert outcome.detail["credits_to_settle"] == 20  # 4 + 16 x 1: the metered maximum, exactly the tariff
+    assert outcome.detail["charged_credits"] == 20  # 4 + 16 x 1: the metered maximum, exactly the tariff
 
 
 def test_an_over_long_prompt_is_refused_without_calling_the_model(engine, tmp_path):
@@ -66,7 +66,7 @@ final_answer({"summary": r.error, "findings": []})
     report = support.artifact(outcome, "report")["text"]
     assert "32,001 characters; a sub-call takes at most 32,000" in report
     assert "1 semantic call(s) were refused: a prompt is at most 32,000 characters (limits.max_prompt_chars)" in report
-    assert outcome.detail["credits_to_settle"] == 4  # the base: no semantic call was answered
+    assert outcome.detail["charged_credits"] == 4  # the base: no semantic call was answered
 
 
 def test_an_answer_over_the_output_limit_is_refused_in_the_sandbox_and_a_shorter_one_is_taken(engine, tmp_path):

@@ -166,7 +166,7 @@ def test_a_job_killed_mid_subcall_resumes_in_a_new_process_without_repeating_ans
     lost = [r for r in rows if r.state == "unknown"]
     assert lost and all(r.superseded_by is not None and r.prompt_tokens is None and "in flight" in r.note for r in lost)
     assert outcome["detail"]["semantic_calls_used"] == 4
-    assert outcome["detail"]["credits_to_settle"] == expected["detail"]["credits_to_settle"] == 4 + 4
+    assert outcome["detail"]["charged_credits"] == expected["detail"]["charged_credits"] == 4 + 4
     assert outcome["detail"]["resumes"] == 1
     with engine.connect() as conn:
         [job] = journal.usage_by_job(conn, job_id=job_id)

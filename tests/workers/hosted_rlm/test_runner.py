@@ -53,7 +53,7 @@ def test_a_review_finds_the_defects_with_their_path_and_line_and_drops_foreign_p
     assert "app/db.py:4 [high]" in report and "Dropped 2 citation(s)" in report
     # Metered: 4 base + 1 per answered semantic call, within the tariff of 20.
     assert outcome.detail["semantic_calls_used"] == 2
-    assert outcome.detail["credits_to_settle"] == 4 + 2
+    assert outcome.detail["charged_credits"] == 4 + 2
     assert any("turn 2 of 10" in t for t in events.texts())
     with engine.connect() as conn:
         calls = conn.execute(
@@ -82,7 +82,7 @@ def test_the_runners_figure_comes_from_the_tasks_reservation_in_its_run_context_
 
     outcome = runner.run(support.context(job_id, "reviewer", support.claim(engine, job_id), reserved_credits=5))
 
-    assert outcome.state == "completed" and outcome.detail["credits_to_settle"] == 5
+    assert outcome.state == "completed" and outcome.detail["charged_credits"] == 5
     with engine.connect() as conn:
         journaled = conn.execute(text("SELECT tariff_credits FROM specialist_runs WHERE job_id = :j"),
                                  {"j": job_id}).scalar_one()
@@ -96,7 +96,7 @@ def test_a_refused_message_ends_the_job_rejected_and_charges_nothing(engine, tmp
     runner = support.runner(engine, spec, support.routes_for("review_sql.toml"), pasted)
     outcome = runner.run(support.context(job_id, "reviewer", support.claim(engine, job_id)))
     assert outcome.state == "rejected"
-    assert outcome.detail == {"code": "evidence_path_invalid", "credits_to_settle": 0}
+    assert outcome.detail == {"code": "evidence_path_invalid", "charged_credits": 0}
     assert "'/etc/passwd' is absolute" in outcome.message and "relative path" in outcome.message
 
 

@@ -141,7 +141,7 @@ def test_a_run_resumed_after_it_answered_replays_everything_and_calls_no_model(e
     # The three root turns are replayed from the journal; the steps are replayed from their recorded results, so
     # the semantic calls inside them are not asked at all.
     assert calls_after[1] == 3
-    assert again.detail["credits_to_settle"] == first.detail["credits_to_settle"]
+    assert again.detail["charged_credits"] == first.detail["charged_credits"]
 
 
 def test_a_tampered_checkpoint_is_refused_and_the_job_fails_saying_why(engine, tmp_path):
@@ -156,7 +156,7 @@ def test_a_tampered_checkpoint_is_refused_and_the_job_fails_saying_why(engine, t
     assert outcome.state == "failed"
     assert outcome.detail["code"] == "checkpoint_tampered"
     assert "could not be resumed" in outcome.message and "digest mismatch" in outcome.message
-    assert outcome.detail["credits_to_settle"] == 0  # the service's failure, not the customer's
+    assert outcome.detail["charged_credits"] == 0  # the service's failure, not the customer's
 
 
 def test_the_journal_decides_what_a_job_settles_and_whether_it_may_still_be_resumed(engine, tmp_path):
@@ -171,7 +171,7 @@ def test_the_journal_decides_what_a_job_settles_and_whether_it_may_still_be_resu
         usage = charge.Usage(run.semantic_calls_charged, runner_credits=runner_credits)
         return charge.charged_credits(outcome, reserved_credits=20, pricing=run.pricing, usage=usage)
 
-    assert charged("completed", first.detail["credits_to_settle"]) == 4 + 2
+    assert charged("completed", first.detail["charged_credits"]) == 4 + 2
     assert charged("failed", None) == 4 + 2  # stopped by the worker: the journal's
     assert charged("rejected", None) == 0
     assert charged("failed", 0) == 0

@@ -11,7 +11,7 @@ from tests.workers.hosted_rlm import support
 from tests.workers.conftest import WORKER_SECRET
 from workers.server import create_worker_app
 from workers.assembly import build_worker_service
-from workers.hosted_rlm.runner import SpecialistRunner
+from workers.hosted_rlm.runner import RlmRunner
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -73,6 +73,6 @@ def test_a_ready_specialist_is_served_by_the_specialist_runner(database_url, eng
     )
     service = build_worker_service(configured, engine)
     runner = service.runners["reviewer"]
-    assert isinstance(runner, SpecialistRunner) and runner.max_resumes == 3
+    assert isinstance(runner, RlmRunner) and runner.max_resumes == 3
     with TestClient(create_worker_app(service)) as client:
         assert client.get("/readyz").json()["status"] == "ready"
