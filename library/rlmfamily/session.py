@@ -237,6 +237,9 @@ class Session:
         path = self.settings.runs_dir / self.run_id / FILENAME
         point = follow_up_point(self.settings, path, read_trajectory(path), self.context, question,
                                 kept_namespace=self._kept is not None)
+        if point.kernel != self.kernel_name:  # its namespace lives in that kernel's checkpoints or journal
+            raise SettingsInvalid(f"run {self.run_id} ran on the {point.kernel} kernel; ask its follow-up on the same "
+                                  f"kernel: Session(kernel={point.kernel!r}) (RLM_KERNEL)", setting="kernel")
         run = _Run.open(self, question, point.messages, resumed=point)
         try:
             run.start(follow_up=True)

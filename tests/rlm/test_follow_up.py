@@ -16,7 +16,7 @@ import pytest
 from rlmfamily import Context, ScriptedProvider, Session
 from rlmfamily.budget import BudgetLedger
 from rlmfamily.cli import main
-from rlmfamily.errors import ResumeUnsupported, RunNotFinished
+from rlmfamily.errors import ResumeUnsupported, RunNotFinished, SettingsInvalid
 from rlmfamily.run_records import follow_up_point
 from rlmfamily.trajectory import read_trajectory
 
@@ -137,6 +137,11 @@ def test_a_follow_up_to_an_unfinished_or_child_run_is_refused_naming_the_command
                                 "question": "q", "kernel": "monty", "system_prompt": "s", "first_message": "m"}) + "\n")
     with pytest.raises(RunNotFinished, match=f"rlm resume {session.run_id}"):
         session.follow_up("more?")
+    with path.open("a") as fh:
+        fh.write(json.dumps({"seq": 2, "ts": 0, "event": "run_finished", "stop_reason": "answered"}) + "\n")
+    on_host = _session(settings, doc, "host", ScriptedProvider({"root": []}), run_id=session.run_id)
+    with pytest.raises(SettingsInvalid, match="ran on the monty kernel; ask its follow-up on the same kernel"):
+        on_host.follow_up("more?")
 
 
 def test_a_follow_up_killed_midway_is_resumed_with_its_own_question(tmp_path: Path, doc: Path,
