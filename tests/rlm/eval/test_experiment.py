@@ -66,7 +66,8 @@ def test_the_report_compares_the_conditions_on_matched_repeats(results: Path) ->
     assert build_report(results) == report  # the bootstrap is seeded
 
 
-def test_report_prints_a_table_writes_json_and_a_self_contained_page(results: Path, capsys, tmp_path: Path) -> None:
+def test_report_prints_a_table_writes_json_and_a_self_contained_page(results: Path, capsys, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     page = tmp_path / "report.html"
     assert main(["eval", "report", str(results), "--json", "--html", str(page)]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -75,6 +76,7 @@ def test_report_prints_a_table_writes_json_and_a_self_contained_page(results: Pa
     assert "default-src 'none'" in text and "<script" not in text and "http" not in text.replace(
         "http-equiv", "").replace("http://www.w3.org/2000/svg", "")
     assert text.count("<div class='task'>") == 2 and "measure the runner&#x27;s plumbing" in text and "not model quality" in text
+    monkeypatch.delenv("COLUMNS", raising=False)  # piped: whole rows, to compare with the page's
     assert main(["eval", "report", str(results)]) == 0
     table = capsys.readouterr().out
     assert "noop minus oracle-python" in table and "Offline experiment" in table
