@@ -27,7 +27,7 @@ from ledger.client import Ledger
 from ops.health import health
 from tests import http_calls
 from tests.conftest import TEST_SECRET
-from tests.workers.system import System, script_message, stop_process, system_on_its_own_database
+from tests.workers.system import System, script_message, system_on_its_own_database
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -126,7 +126,7 @@ def test_a_killed_worker_turns_health_metrics_and_the_dispatchers_log_while_the_
         found if not (found := health(settings, system.engine)).without_live_worker else None), timeout_s=60)
     live_ids = [w.worker_id for w in back.facts.workers if w.live]
     assert len(live_ids) == 1
-    stop_process(replacement.process)
+    replacement.stop()
     gone = health(settings, system.engine)
     assert live_ids[0] not in [w.worker_id for w in gone.facts.workers]
     assert gone.without_live_worker == SERVED

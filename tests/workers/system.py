@@ -10,11 +10,8 @@ created for it and dropped afterwards, so no other process of the test session
 
 from __future__ import annotations
 
-import os
 import secrets
-import select
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -32,6 +29,7 @@ from sqlalchemy import Engine, create_engine, text
 
 from core import db
 from core.settings import PROJECT_ROOT, Settings
+from ops.topology import READY_FD, Ready, Role, StartBounds, ops_cli, stop
 from tests import http_calls
 from tests.app.conftest import EdgeProcess, edge_env, start_edge, stop_edge
 from tests.conftest import _with_database
@@ -80,59 +78,46 @@ def drop_database(server_url: str, url: str) -> None:
     admin.dispose()
 
 
-# How long a process this harness starts may take to say it is ready: as tests/app and tests/deploy, a start-up
-# deadline for a loaded machine, not a bound the product promises (a 30 s one failed at a load average of 9).
-START_TIMEOUT_S = 240.0  # only "never" is a failure: a worker took two minutes to start at load 14
-
-
-def _wait_for_line(process: subprocess.Popen, prefix: str, timeout_s: float = START_TIMEOUT_S) -> str:
-    assert process.stdout is not None
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([process.stdout], [], [], 0.2)
-        if ready:
-            line = process.stdout.readline()
-            if line.startswith(prefix):
-                return line
-            if not line:
-                break
-        elif process.poll() is not None:
-            break
-    raise AssertionError(f"process {process.args} did not print {prefix!r} (exit {process.poll()})")
-
-
-def stop_process(process: subprocess.Popen, timeout_s: float = 10) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout_s)
-    if process.stdout:
-        process.stdout.close()
+# How long a process this harness starts may go without progress (ops/topology.py): a start-up bound for a loaded
+# machine, not one the product promises. A worker took two minutes to start at load 14, computing all along.
+START_BOUNDS = StartBounds(stall_s=60)
+STOP_GRACE_S = 10.0
 
 
 @dataclass
 class Worker:
-    process: subprocess.Popen
+    role: Role
     url: str  # the jobs endpoint
+
+    @property
+    def process(self) -> subprocess.Popen:
+        assert self.role.popen is not None
+        return self.role.popen
 
     def post(self, body: bytes, timeout_s: float = 30) -> httpx.Response:
         return http_calls.post(self.url, content=body, timeout=timeout_s)
 
     def kill(self) -> None:
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(10)
+        self.role.kill()
+
+    def stop(self) -> None:
+        self.role.stop()
 
 
 @dataclass
 class Dispatcher:
-    process: subprocess.Popen
-    log_path: Path
+    role: Role
+
+    @property
+    def process(self) -> subprocess.Popen:
+        assert self.role.popen is not None
+        return self.role.popen
 
     def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        return self.role.log_text()
+
+    def stop(self) -> None:
+        self.role.stop()
 
 
 @dataclass
@@ -191,38 +176,30 @@ class System:
         return edge
 
     def start_worker(self, database_url: str | None = None, **overrides: str) -> Worker:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tests.workers.worker_process", str(self.step_log)],
-            cwd=PROJECT_ROOT,
-            env=self.env(database_url, **overrides),
-            stdout=subprocess.PIPE,
-            stderr=(self.folder / f"worker-{len(self.workers)}.log").open("wb"),
-            text=True,
-        )
-        port = int(_wait_for_line(process, "LISTENING ").split()[1])
-        worker = Worker(process, f"http://127.0.0.1:{port}/jobs")
+        """The real worker (tests.workers.worker_process), ready once it prints the port it listens on."""
+        role = Role(f"worker-{len(self.workers)}",
+                    [sys.executable, "-m", "tests.workers.worker_process", str(self.step_log)],
+                    self.env(database_url, **overrides), Ready.line("LISTENING "),
+                    self.folder / f"worker-{len(self.workers)}.log", bounds=START_BOUNDS,
+                    stop_grace_s=STOP_GRACE_S).run()
+        worker = Worker(role, f"http://127.0.0.1:{int(role.ready_line.split()[1])}/jobs")
         self.workers.append(worker)
         return worker
 
     def start_dispatcher(self, *, worker_urls: list[str] | None = None, wait: bool = True,
                          database_url: str | None = None, **overrides: str) -> Dispatcher:
+        """A `specialists dispatcher` to ``worker_urls`` (the live workers); with ``wait``, once its loop runs
+        (``role.wait_ready()`` otherwise)."""
         urls = worker_urls or [w.url for w in self.workers if w.process.poll() is None]
-        log_path = self.folder / f"dispatcher-{len(self.dispatchers)}.log"
-        process = subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", "dispatcher"],
-            cwd=PROJECT_ROOT,
-            env=self.env(database_url, dispatch_worker_url=",".join(urls), **overrides),
-            stdout=subprocess.DEVNULL,
-            stderr=log_path.open("wb"),
-        )
-        dispatcher = Dispatcher(process, log_path)
+        role = Role(f"dispatcher-{len(self.dispatchers)}", ops_cli("dispatcher", "--ready-fd", READY_FD),
+                    self.env(database_url, dispatch_worker_url=",".join(urls), **overrides),
+                    Ready.pipe(), self.folder / f"dispatcher-{len(self.dispatchers)}.log", bounds=START_BOUNDS,
+                    stop_grace_s=STOP_GRACE_S)
+        dispatcher = Dispatcher(role)
         self.dispatchers.append(dispatcher)
+        role.start()
         if wait:
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while "ready" not in dispatcher.log_text():
-                assert process.poll() is None, f"the dispatcher exited with {process.returncode}:\n{dispatcher.log_text()}"
-                assert time.monotonic() < deadline, "the dispatcher did not get ready"
-                time.sleep(0.05)
+            role.wait_ready()
         return dispatcher
 
     def live_worker(self) -> Worker:
@@ -239,14 +216,12 @@ class System:
             self.start_dispatcher()
 
     def stop_dispatchers(self) -> None:
-        for dispatcher in self.dispatchers:
-            stop_process(dispatcher.process)
+        stop([d.role for d in self.dispatchers])
         self.dispatchers.clear()
 
     def stop(self) -> None:
         self.stop_dispatchers()
-        for worker in self.workers:
-            stop_process(worker.process)
+        stop([w.role for w in self.workers])
         for edge in self.edges:
             stop_edge(edge)
 

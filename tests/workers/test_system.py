@@ -38,11 +38,9 @@ from tests.workers.system import (
     HEARTBEAT_S,
     LEASE_S,
     SCRIPTED_TARIFF,
-    START_TIMEOUT_S,
     SWEEP_INTERVAL_S,
     System,
     system_on_its_own_database,
-    stop_process,
     script_message,
 )
 from taskstate import claims
@@ -201,9 +199,7 @@ def test_any_number_of_dispatchers_share_the_outbox_and_every_job_runs_exactly_o
             system.wait_for("every task to complete",
                             lambda: state_of(system, customer, task_id) == "TASK_STATE_COMPLETED")
     finally:
-        from tests.workers.system import stop_process
-
-        stop_process(second.process)
+        second.stop()
         system.dispatchers.remove(second)
     with system.engine.connect() as conn:
         taken_by = set(conn.execute(
@@ -388,8 +384,8 @@ def test_a_worker_full_with_another_dispatchers_job_delays_a_job_without_giving_
     try:
         starting = [system.start_dispatcher(worker_urls=[one_slot.url], dispatch_max_attempts="2", wait=False)
                     for _ in range(2)]
-        system.wait_for("both dispatchers to be ready", lambda: all("ready" in d.log_text() for d in starting),
-                        timeout_s=START_TIMEOUT_S)
+        for dispatcher in starting:
+            dispatcher.role.wait_ready()
         long_task = send(system, customer, [{"op": "sleep", "seconds": 60}, {"op": "complete", "text": "long"}])
         system.wait_for("the long job to start", lambda: system.runs(system.job_of(long_task)))
         short_task = send(system, customer, [{"op": "complete", "text": "short"}])
@@ -415,7 +411,7 @@ def test_a_worker_full_with_another_dispatchers_job_delays_a_job_without_giving_
                         lambda: state_of(system, customer, short_task) == "TASK_STATE_COMPLETED", timeout_s=30)
     finally:
         system.stop_dispatchers()
-        stop_process(one_slot.process)
+        one_slot.stop()
         system.workers.remove(one_slot)
         system.start_dispatcher()
     assert [len(system.runs(system.job_of(t))) for t in (long_task, short_task)] == [1, 1]
