@@ -34,7 +34,7 @@ HOSTILE = '</script><img src=x onerror="window.pwned=1"><b id="injected">bold</b
 HOSTILE_PROMPT = "count the crates <script>window.pwned2=1</script>"
 ROOT_TURNS = [
     {"text": "Let me look. " + HOSTILE,
-     "code": f"print({HOSTILE!r})\nr = llm_query('What is MAX_CRATES?', context.read('ferry.txt'))\n"
+     "code": f"print({HOSTILE!r})\nr = llm_query('What is MAX_CRATES?', context.chunk(1000)[0])\n"
              "print('sub-call said', r.text)"},
     {"code": f"h = rlm.run({HOSTILE_PROMPT!r})\n"
              "d = a2a.start('review', 'review this file', 'MAX_CRATES = 40', request_id='r-1')\n"
@@ -133,6 +133,7 @@ def test_the_page_shows_the_roots_turns_code_output_and_sub_calls(opened: OpenPa
     assert "llm_query('What is MAX_CRATES?'" in first.locator("pre.code").inner_text()
     assert "sub-call said 40" in first.locator("pre.output").inner_text()
     assert "What is MAX_CRATES?" in first.locator(".subcall").inner_text()
+    assert "on ferry.txt:1-3" in first.locator(".subcall p").inner_text()  # the chunk it answered: path and lines
     answer = root.locator(".outcome").inner_text()
     assert "answered" in answer and "40 crates; the review found nothing" in answer
     assert opened.console_errors == [], "the page runs under its own policy without a violation"
