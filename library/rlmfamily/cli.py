@@ -77,9 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-turns", type=int, default=argparse.SUPPRESS, help="root turns (RLM_MAX_TURNS)")
     run.add_argument("--max-calls", type=_limit_int, default=argparse.SUPPRESS, help="model calls, root and sub-calls ('none' = no limit)")
     run.add_argument("--max-tokens", type=_limit_int, default=argparse.SUPPRESS, help="tokens over all calls ('none' = no limit)")
-    run.add_argument("--max-usd", type=_limit_float, default=argparse.SUPPRESS, help="USD over all calls ('none' = no limit; needs prices)")
     run.add_argument("--final-reserve-tokens", type=int, default=argparse.SUPPRESS,
                      help="tokens of --max-tokens kept for the final answer (default: a tenth of it, at most 50,000)")
+    run.add_argument("--max-usd", type=_limit_float, default=argparse.SUPPRESS, help="USD over all calls ('none' = no limit; needs prices)")
     run.add_argument("--memoise-subcalls", action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
                      help="answer a sub-call the family already asked from the memo, unpaid (RLM_MEMOISE_SUBCALLS; default on)")
     run.add_argument("--profile", choices=["python", "python-bash"], default=argparse.SUPPRESS,
