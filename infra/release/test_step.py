@@ -14,7 +14,8 @@ labelled with the sha256 of test-step.Dockerfile; `podman rmi` one to make it ag
 `test` step's script from cloudbuild.yaml, substitutions put in, run by bash in /workspace: a fresh clone of this
 repository's HEAD (as Cloud Build checks a commit out; never this working tree or its .venv). PYTEST ARGS, when
 given, are appended to its `./dev test` (a subset, to try the environment first); without them it is the step's
-exact command. Packages come from this machine's indexes (mounted read-only; no registry is reachable here), and
+exact command. Packages come from this machine's indexes (mounted read-only, with its certificate authority for
+the package index; no container registry is reachable here), and
 the container is privileged, as Cloud Build's step containers are (the suite's container tests run podman).
 Standard library only.
 """
@@ -55,7 +56,7 @@ def cloudbuild_test_script() -> str:
         if line.strip() and not line.startswith(" " * 8):
             break  # the script's block ended (a comment of the next step)
         lines.append(line[8:])
-    return "\n".join(lines).replace("${_RELEASE}", "local").replace("$$", "$") + "\n"
+    return "\n".join(lines).strip().replace("${_RELEASE}", "local").replace("$$", "$") + "\n"
 
 
 def make_python_stand_in(engine: str, env: dict[str, str], folder: Path) -> str:
@@ -112,8 +113,11 @@ def build_step_image(engine: str, env: dict[str, str], python: str, terraform: s
 
 def run_step(engine: str, env: dict[str, str], image: str, script: str, workspace: Path) -> int:
     mounts = [arg for index in LOCAL_INDEXES if Path(index).is_dir() for arg in ("-v", f"{index}:{index}:ro")]
-    indexes = {"PIP_INDEX_URL": "file:///opt/pypi/simple", "PIP_EXTRA_INDEX_URL": "file:///opt/pypi-more/simple",
+    indexes = {"PIP_EXTRA_INDEX_URL": "file:///opt/pypi/simple file:///opt/pypi-more/simple",
                "PIP_FIND_LINKS": "/opt/wheels", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    if smoke.MACHINE_CA.exists():  # the package index's certificate authority on this kind of machine, as the smoke's
+        mounts += ["-v", f"{smoke.MACHINE_CA}:{smoke.MACHINE_CA}:ro"]
+        indexes["PIP_CERT"] = str(smoke.MACHINE_CA)
     argv = [engine, "run", "--rm", "--privileged", "--network", "host", "-v", f"{workspace}:/workspace",
             "-w", "/workspace", *mounts, *[a for k, v in indexes.items() for a in ("-e", f"{k}={v}")],
             image, "bash", "-c", script]

@@ -95,7 +95,7 @@ def test_a_baseline_entry_without_a_reason_is_refused(tmp_path):
         checks.load_baseline(path)
 
 
-@pytest.mark.parametrize("script", ["checks.py", "smoke.py"])
+@pytest.mark.parametrize("script", ["checks.py", "smoke.py", "traffic.py", "test_step.py", "lock_hashes.py"])
 def test_the_release_commands_need_only_the_standard_library(script):
     # -I: no site-packages, no environment, no current directory; what Cloud Build's images have.
     done = subprocess.run(["/usr/bin/python3", "-I", str(RELEASE / script), "--help"], capture_output=True, text=True,
@@ -186,3 +186,16 @@ def test_the_smokes_otlp_receiver_keeps_what_the_services_exporter_sends_and_ans
             urllib.request.urlopen(urllib.request.Request(f"{receiver.url}/v1/logs", data=b"x"), timeout=5)
         assert refused.value.code == 404
         assert receiver.posts("/v1/logs") == []
+
+
+def test_the_local_test_step_runs_exactly_the_release_steps_script():
+    import yaml
+
+    sys.path.insert(0, str(RELEASE))
+    try:
+        import test_step
+    finally:
+        sys.path.remove(str(RELEASE))
+    step = next(s for s in yaml.safe_load((RELEASE.parents[1] / "cloudbuild.yaml").read_text())["steps"] if s["id"] == "test")
+    assert test_step.cloudbuild_test_script() == step["args"][1].replace("${_RELEASE}", "local")
+    assert test_step.cloudbuild_test_script().rstrip().endswith("./dev test")
