@@ -37,7 +37,6 @@ import json
 import os
 import random
 import secrets
-import signal
 import socket
 import statistics
 import subprocess
@@ -45,12 +44,15 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from ops.topology import Ready, Role, ops_cli, stop  # noqa: E402
 
 TARIFF = 5
 SPEC = f"""\
@@ -300,31 +302,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_ready(url: str, process: subprocess.Popen) -> None:
-    import httpx
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"server exited with {process.returncode}")
-        try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise SystemExit(f"server at {url} did not start")
+LOGS = Path(tempfile.gettempdir()) / "specialists-bench-logs"  # the processes' output, apart from the figures
 
 
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
+def start(name: str, argv: list[str], env: Mapping[str, str] | None, ready: Ready) -> Role:
+    """A process of the benchmark, started by ops/topology.py (its output in ``LOGS``; ``wait_ready`` next)."""
+    LOGS.mkdir(exist_ok=True)
+    return Role(name, argv, dict(os.environ if env is None else env), ready, LOGS / f"{name}-{os.getpid()}.log",
+                cwd=ROOT, stop_grace_s=20).start()
 
 
-def cpu_s(process: subprocess.Popen) -> float:
+def cpu_s(process: Role) -> float:
     """User and system CPU seconds the process has used so far, all its threads."""
     import psutil
 
@@ -333,7 +321,7 @@ def cpu_s(process: subprocess.Popen) -> float:
 
 
 def measure(name: str, url: str, keys: list[str], seconds: float, warmup_s: float, rate_per_s: float = 0.0,
-            watched: dict[str, subprocess.Popen] | None = None) -> dict:
+            watched: dict[str, Role] | None = None) -> dict:
     """One run of the load; the CPU each ``watched`` process used during it (warm-up included) is in ``cpu_s``."""
     watched = watched or {}
     cpu_before = {label: cpu_s(process) for label, process in watched.items()}
@@ -513,26 +501,23 @@ def main() -> None:
             "SPECIALISTS_SERVE_DISPATCHER": "false",
         }
     )
-    edge = subprocess.Popen(
-        [sys.executable, "-m", "ops.cli", "serve", "--port", str(edge_port)],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-    )
-    baseline = subprocess.Popen([sys.executable, __file__, "baseline-server", str(base_port)], cwd=ROOT)
+    edge = start("edge", ops_cli("serve", "--port", str(edge_port)), env, Ready.http(f"http://127.0.0.1:{edge_port}/healthz"))
+    baseline = start("baseline", [sys.executable, __file__, "baseline-server", str(base_port)], None,
+                     Ready.listening(f"http://127.0.0.1:{base_port}/"))
     servers = {"edge": (edge, f"http://127.0.0.1:{edge_port}/specialists/bench-paid/message:send")}
     receiver = None
     if args.telemetry:
         receiver_port, otel_port = free_port(), free_port()
         receiver_url = f"http://127.0.0.1:{receiver_port}"
-        receiver = subprocess.Popen([sys.executable, __file__, "otlp-receiver", str(receiver_port)], cwd=ROOT)
+        receiver = start("otlp-receiver", [sys.executable, __file__, "otlp-receiver", str(receiver_port)], None,
+                         Ready.listening(f"{receiver_url}/counts"))
         # Only these two (and the sampling when --sampling names it): export delay and metrics interval stay at
         # their defaults.
         otel_env = {**env, "SPECIALISTS_OTEL_ENABLED": "true", "SPECIALISTS_OTEL_ENDPOINT": receiver_url}
         if args.sampling is not None:
             otel_env["SPECIALISTS_OTEL_SAMPLING_RATIO"] = str(args.sampling)
-        edge_otel = subprocess.Popen([sys.executable, "-m", "ops.cli", "serve", "--port", str(otel_port)],
-                                     env=otel_env, cwd=ROOT, stdout=subprocess.DEVNULL)
+        edge_otel = start("edge-otel", ops_cli("serve", "--port", str(otel_port)), otel_env,
+                          Ready.http(f"http://127.0.0.1:{otel_port}/healthz"))
         servers["edge+otel"] = (edge_otel, f"http://127.0.0.1:{otel_port}/specialists/bench-paid/message:send")
     results = []
     counts: dict = {}
@@ -545,11 +530,8 @@ def main() -> None:
                        watched)
 
     try:
-        for name, (process, send_url) in servers.items():
-            wait_ready(urlunsplit(urlsplit(send_url)._replace(path="/healthz")), process)
-        wait_ready(f"http://127.0.0.1:{base_port}/", baseline)
-        if receiver is not None:
-            wait_ready(f"{receiver_url}/counts", receiver)
+        for process in [server for server, _ in servers.values()] + [baseline] + ([receiver] if receiver else []):
+            process.wait_ready()
         for round_no in range(args.rounds):
             results.append(measure("baseline", base_url, [""] * args.clients, args.seconds, args.warmup))
             # Alternate which edge goes first, so a machine that drifts within a round favours neither.
@@ -560,16 +542,15 @@ def main() -> None:
         results.append(measure("baseline@", base_url, [""] * args.clients, args.seconds, args.warmup, paced_rate))
         results += [run_edge(name, paced_rate) for name in servers]
     finally:
-        for process, _ in servers.values():
-            stop(process)  # the telemetry edge's shutdown exports its last spans and counts
-        stop(baseline)
+        stop([process for process, _ in servers.values()] + [baseline])  # the telemetry edge's shutdown exports
+        # its last spans and counts
         if receiver is not None:
             try:
                 counts = receiver_counts(receiver_url, RECEIVER_QUIET_S)
             except Exception as exc:  # the figures above still stand; the span count is then unknown
                 print(f"the OTLP receiver could not be read: {exc!r}", file=sys.stderr)
                 counts = {"spans": {}, "trace_exports": 0, "metric_exports": 0, "metric_points": 0, "bytes": 0}
-            stop(receiver)
+            receiver.stop()
         drop()
 
     print(

@@ -50,7 +50,8 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.admission import _Connection, database, free_port, stop, wait_ready  # noqa: E402
+from bench.admission import _Connection, database, free_port, start  # noqa: E402
+from ops.topology import READY_FD, Ready, Role, ops_cli, stop  # noqa: E402
 from taskstate.ids import job_id_sql  # noqa: E402
 
 SPEC_ID = "scripted"  # the worker's scripted runner; no script in the message: it completes at once
@@ -362,47 +363,44 @@ def main() -> None:
     )
     edge_port = free_port()
     worker_ports = [free_port() for _ in range(WORKERS)]
-    processes: list[subprocess.Popen] = []
+    processes: list[Role] = []
     consumer = None
     results: dict[str, dict] = {}
     try:
-        for port in worker_ports:
-            processes.append(subprocess.Popen([sys.executable, "-m", "ops.cli", "worker", "--port", str(port)],
-                                              env=env, cwd=ROOT, stdout=subprocess.DEVNULL))
-        processes.append(subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", "dispatcher"], cwd=ROOT, stdout=subprocess.DEVNULL,
-            env={**env, "SPECIALISTS_DISPATCH_WORKER_URL": ",".join(f"http://127.0.0.1:{p}/jobs" for p in worker_ports)},
-        ))
-        edge = subprocess.Popen([sys.executable, "-m", "ops.cli", "serve", "--port", str(edge_port)],
-                                env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
-        processes.append(edge)
         for index, port in enumerate(worker_ports):
-            wait_ready(f"http://127.0.0.1:{port}/healthz", processes[index])
-        wait_ready(f"http://127.0.0.1:{edge_port}/healthz", edge)
+            processes.append(start(f"worker-{index}", ops_cli("worker", "--port", str(port)), env,
+                                   Ready.http(f"http://127.0.0.1:{port}/healthz")))
+        processes.append(start(
+            "dispatcher", ops_cli("dispatcher", "--ready-fd", READY_FD),
+            {**env, "SPECIALISTS_DISPATCH_WORKER_URL": ",".join(f"http://127.0.0.1:{p}/jobs" for p in worker_ports)},
+            Ready.pipe(),
+        ))
+        edge = start("edge", ops_cli("serve", "--port", str(edge_port)), env,
+                     Ready.http(f"http://127.0.0.1:{edge_port}/healthz"))
+        processes.append(edge)
+        for process in processes:
+            process.wait_ready()
         send_url = f"http://127.0.0.1:{edge_port}/specialists/{SPEC_ID}/message:send"
 
-        roles = {"edge": [edge.pid], "dispatcher": [processes[WORKERS].pid],
-                 "workers": [p.pid for p in processes[:WORKERS]]}
+        roles = {"edge": [edge.pid or 0], "dispatcher": [processes[WORKERS].pid or 0],
+                 "workers": [p.pid or 0 for p in processes[:WORKERS]]}
         results["closed"] = measure_path(engine, send_url, closed_keys, "closed", args.seconds, args.warmup, 0.0, True,
                                          roles)
         paced_rate = max(1.0, 0.4 * results["closed"]["jobs_per_s"])
         results["paced"] = measure_path(engine, send_url, paced_keys, "paced", args.seconds, args.warmup, paced_rate,
                                         False)
-        for process in processes:
-            stop(process)
+        stop(processes)
         processes.clear()
 
-        consumer = subprocess.Popen([sys.executable, __file__, "baseline-consumer", url], cwd=ROOT,
-                                    stdout=subprocess.PIPE, text=True)
-        assert consumer.stdout is not None and consumer.stdout.readline().strip() == "READY"
+        consumer = start("baseline-consumer", [sys.executable, __file__, "baseline-consumer", url], None,
+                         Ready.line("READY"))
+        consumer.wait_ready()
         results["baseline"] = measure_baseline(url, engine, args.seconds, 0.0, args.clients)
         results["baseline@"] = measure_baseline(url, engine, args.seconds, paced_rate, args.clients)
     finally:
-        for process in processes:
-            stop(process)
+        stop(processes)
         if consumer is not None:
             consumer.kill()
-            consumer.wait()
         engine.dispose()
         drop()
 

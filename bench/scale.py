@@ -35,7 +35,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,7 +47,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.admission import database, free_port, stop, wait_ready  # noqa: E402
+from bench.admission import database, free_port, start  # noqa: E402
+from ops.topology import Ready, ops_cli  # noqa: E402
 from bench.seed import CUSTOMER_PREFIX, Seeder  # noqa: E402
 
 SECRET = "bench-signing-secret-" + "s" * 40
@@ -79,9 +79,9 @@ class Edge:
             "SPECIALISTS_SERVE_WORKER": "false", "SPECIALISTS_SERVE_DISPATCHER": "false",
             "SPECIALISTS_RATE_LIMIT_PER_KEY": "10000000", "SPECIALISTS_RATE_LIMIT_GLOBAL": "100000000",
         })
-        self.process = subprocess.Popen([sys.executable, "-m", "ops.cli", "serve", "--port", str(self.port)],
-                                        env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
-        wait_ready(f"http://127.0.0.1:{self.port}/healthz", self.process)
+        self.process = start("edge", ops_cli("serve", "--port", str(self.port)), env,
+                             Ready.http(f"http://127.0.0.1:{self.port}/healthz"))
+        self.process.wait_ready()
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}/specialists/{SPECIALIST}", timeout=120)
 
     def _headers(self, who: str) -> dict[str, str]:
@@ -117,7 +117,7 @@ class Edge:
 
     def close(self) -> None:
         self.http.close()
-        stop(self.process)
+        self.process.stop()
 
 
 def timed(call: Callable[[], Any], repeat: int, *, pause_s: float = 0.0) -> list[float]:

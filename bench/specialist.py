@@ -36,7 +36,6 @@ import asyncio
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -48,7 +47,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.admission import database, free_port, stop, wait_ready  # noqa: E402
+from bench.admission import database, free_port  # noqa: E402
+from ops.topology import Ready, Role, ops_cli  # noqa: E402
 from taskstate.ids import job_id_sql  # noqa: E402
 
 KEY_SECRET = "bench-signing-secret-" + "b" * 40
@@ -214,13 +214,13 @@ def main() -> None:
         "SPECIALISTS_SERVE_DISPATCHER": "true", "SPECIALISTS_LOG_LEVEL": "WARNING",
         "SPECIALISTS_MAX_REQUEST_BODY_BYTES": str(4 * 1024 * 1024),
     })
-    serve = subprocess.Popen([sys.executable, "-m", "ops.cli", "serve"], cwd=ROOT, env=env,
-                             stdout=subprocess.DEVNULL, stderr=(folder / "serve.log").open("wb"))
-    engine = db.make_engine(url, Settings(database={"url": url}))
     base = f"http://127.0.0.1:{port}"
+    # Ready once serve's /readyz answers: every part it starts is up, the worker included.
+    serve = Role("serve", ops_cli("serve"), env, Ready.http(f"{base}/readyz"), folder / "serve.log", cwd=ROOT,
+                 stop_grace_s=20).start()
+    engine = db.make_engine(url, Settings(database={"url": url}))
     try:
-        wait_ready(f"{base}/readyz", serve)
-        wait_ready(f"http://127.0.0.1:{worker_port}/readyz", serve)
+        serve.wait_ready()
         worker_pid = next(int(pid) for pid in Path(f"/proc/{serve.pid}/task/{serve.pid}/children").read_text().split()
                           if "worker" in Path(f"/proc/{pid}/cmdline").read_text())
         customer = f"bench-{uuid.uuid4().hex[:6]}"
@@ -297,7 +297,7 @@ def main() -> None:
               f"on average; load average {os.getloadavg()[0]:.1f}")
     finally:
         engine.dispose()
-        stop(serve)
+        serve.stop()
         cleanup()
 
 

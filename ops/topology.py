@@ -117,17 +117,22 @@ class StartClock:
 
 @dataclass(frozen=True)
 class Ready:
-    """How a role says it is ready. ``kind``: ``http`` (``value`` is a URL answering 200), ``pipe`` (the role is
+    """How a role says it is ready. ``kind``: ``http`` (``value`` is a URL answering 200), ``listening`` (any HTTP
+    answer at ``value``: a server with no health path), ``pipe`` (the role is
     handed a pipe's write end in place of ``{ready_fd}`` in its argv and writes a byte once ready), ``line``
     (it prints a line starting with ``value`` on its stdout, which is then a pipe), ``log`` (``value`` appears in
     its log after this start), or ``none`` (ready once started)."""
 
-    kind: Literal["http", "pipe", "line", "log", "none"]
+    kind: Literal["http", "listening", "pipe", "line", "log", "none"]
     value: str = ""
 
     @classmethod
     def http(cls, url: str) -> Ready:
         return cls("http", url)
+
+    @classmethod
+    def listening(cls, url: str) -> Ready:
+        return cls("listening", url)
 
     @classmethod
     def pipe(cls) -> Ready:
@@ -261,7 +266,7 @@ class Role:
             import httpx  # the web client loads only for a role that is asked over HTTP
 
             try:
-                if httpx.get(self.ready.value, timeout=2).status_code == 200:
+                if httpx.get(self.ready.value, timeout=2).status_code == 200 or kind == "listening":
                     return True
             except httpx.HTTPError:
                 pass

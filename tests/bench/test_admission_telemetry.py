@@ -20,8 +20,9 @@ from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from bench.admission import free_port, stop, wait_ready
+from bench.admission import free_port, start
 from core.settings import PROJECT_ROOT
+from ops.topology import Ready
 
 BENCH = str(PROJECT_ROOT / "bench" / "admission.py")
 
@@ -29,13 +30,14 @@ BENCH = str(PROJECT_ROOT / "bench" / "admission.py")
 @pytest.fixture
 def receiver_url():
     port = free_port()
-    process = subprocess.Popen([sys.executable, BENCH, "otlp-receiver", str(port)], cwd=PROJECT_ROOT)
     url = f"http://127.0.0.1:{port}"
+    process = start("otlp-receiver", [sys.executable, BENCH, "otlp-receiver", str(port)], None,
+                    Ready.listening(f"{url}/counts"))
     try:
-        wait_ready(f"{url}/counts", process)
+        process.wait_ready()
         yield url
     finally:
-        stop(process)
+        process.stop()
 
 
 def test_the_benchmarks_receiver_counts_every_span_and_metric_export_the_exporters_send(receiver_url):
