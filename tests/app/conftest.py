@@ -18,25 +18,21 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-import httpx
 import pytest
 from sqlalchemy import Engine, text
 
 from core.settings import PROJECT_ROOT
 from ledger import keys
 from ledger.client import Ledger
-from tests import http_calls
+from ops.topology import Ready, Role, StartBounds, ops_cli
 from tests.conftest import TEST_SECRET
 
 PAID_SPEC = """\
@@ -60,12 +56,12 @@ limits:
 PAID = "paid-echo"
 PAID_TARIFF = 5
 PUSH_SECRET = "edge-tests-push-signing-secret-" + "p" * 40
-# How long an edge may take to answer /readyz after it is started: generous, since only "never" is a failure
-# (edge_a, a worker then the edge, took 17 s with the database at load 7 on 2 cores; `serve` took over 30 s
-# at load 11 in tests/deploy; edge_a took over 90 s at load 14, its worker child alone two minutes, while
-# several suites shared the machine). The tests using the edges time their own body only (``func_only``): the
-# first test of a session also sets up the database and the edges, each bounded by its own deadline.
+# How long an edge may start without progress (ops/topology.py: CPU time or log growth of it and its children).
+# Its start took 17 s with the database at load 7 on 2 cores, over 90 s at load 14 (its worker child alone two
+# minutes), computing all along. The tests using the edges time their own body only (``func_only``): the first
+# test of a session also sets up the database and the edges, each bounded by its own start.
 STARTUP_TIMEOUT_S = 240.0
+STARTUP_BOUNDS = StartBounds(stall_s=60)
 # How long the conformance specialist keeps a `test-resubscribe-message-id` task WORKING: the window in which
 # a test that saw it WORKING subscribes to it or cancels it. Long enough for a loaded machine to get a few
 # requests through; each test that waits for such a task to complete pays it once.
@@ -75,15 +71,24 @@ CONFORMANCE_HOLD_S = 5.0
 @dataclass
 class EdgeProcess:
     url: str
-    process: subprocess.Popen
-    log_path: Path
+    role: Role  # ops/topology.py's: started, waited for and stopped there
     grpc_address: str = ""  # host:port of its A2A gRPC binding (every test edge serves one)
+
+    @property
+    def process(self) -> subprocess.Popen:
+        assert self.role.popen is not None
+        return self.role.popen
+
+    @property
+    def log_path(self) -> Path:
+        assert self.role.log_path is not None
+        return self.role.log_path
 
     def specialist(self, specialist_id: str) -> str:
         return f"{self.url}/specialists/{specialist_id}"
 
     def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        return self.role.log_text()
 
 
 def free_port() -> int:
@@ -116,38 +121,15 @@ def edge_env(database_url: str, specs_dir: Path, **settings: str) -> dict[str, s
 
 def start_edge(database_url: str, specs_dir: Path, log_dir: Path, name: str, **settings: str) -> EdgeProcess:
     port, grpc_port = free_port(), free_port()
-    log_path = log_dir / f"{name}.log"
-    log_file = log_path.open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "ops.cli", "serve", "--port", str(port), "--grpc-port", str(grpc_port)],
-        env=edge_env(database_url, specs_dir, **settings),
-        cwd=PROJECT_ROOT,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-    )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"edge {name} exited with {process.returncode}:\n{log_path.read_text()}")
-        try:
-            if http_calls.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return EdgeProcess(url=url, process=process, log_path=log_path, grpc_address=f"127.0.0.1:{grpc_port}")
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    stop_edge(EdgeProcess(url=url, process=process, log_path=log_path))
-    raise RuntimeError(f"edge {name} did not become ready:\n{log_path.read_text()}")
+    role = Role(f"edge {name}", ops_cli("serve", "--port", str(port), "--grpc-port", str(grpc_port)),
+                edge_env(database_url, specs_dir, **settings), Ready.http(f"{url}/readyz"), log_dir / f"{name}.log",
+                bounds=STARTUP_BOUNDS, stop_grace_s=15)
+    return EdgeProcess(url=url, role=role.run(), grpc_address=f"127.0.0.1:{grpc_port}")
 
 
 def stop_edge(edge: EdgeProcess) -> None:
-    if edge.process.poll() is None:
-        edge.process.send_signal(signal.SIGTERM)
-        try:
-            edge.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            edge.process.kill()
-            edge.process.wait()
+    edge.role.stop()
 
 
 @pytest.fixture(scope="session")
