@@ -71,6 +71,12 @@ class ReserveResult:
     expired_at: datetime | None  # for `expired`: when the entitlement or the last lot expired
     holds: tuple[Hold, ...]
 
+    def __post_init__(self) -> None:
+        # A new reservation is held whole, on lots that each hold a positive part of it.
+        if self.outcome == CREATED:
+            assert self.credits is not None and sum(hold.credits for hold in self.holds) == self.credits, self
+            assert all(hold.credits > 0 for hold in self.holds), self
+
     @property
     def ok(self) -> bool:
         """The job holds its reservation (new, or this same request replayed)."""
@@ -132,6 +138,13 @@ class ResolveResult:
     resolved_at: datetime
     operator: str | None
     reason: str
+
+    def __post_init__(self) -> None:
+        # A settle never exceeds the reservation, and every reserved credit goes somewhere: charged, released back
+        # to its lot, or to breakage with a lot that expired meanwhile.
+        assert 0 <= self.charged <= self.credits, self
+        assert self.released >= 0 and self.expired >= 0, self
+        assert self.charged + self.released + self.expired == self.credits, self
 
 
 @dataclass(frozen=True)

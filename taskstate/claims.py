@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, text
 
 from core.errors import ServiceError
 from core.fragments import Fragment, Statement, compose
@@ -81,6 +81,11 @@ class ClaimResult:
     # message; None for a raw job, or an unclaimed one. Every credit figure a runner states comes from it.
     reserved_credits: int | None = None
 
+    def __post_init__(self) -> None:
+        if self.outcome == "claimed":  # a claim holds a lease under a token no earlier claim of the job had
+            assert self.fencing_token >= 1 and self.lease_expires_at is not None, self
+        assert self.reserved_credits is None or self.reserved_credits >= 0, self
+
 
 @dataclass(frozen=True)
 class RenewResult:
@@ -93,6 +98,10 @@ class RenewResult:
 class FinishResult:
     outcome: FinishOutcome
     state: str  # the claim's state afterwards: finished, unknown, running (someone else's), none
+
+    def __post_init__(self) -> None:
+        # A claim finishes once: an accepted finish (the first, or the same one again) leaves it finished.
+        assert not self.accepted or self.state == "finished", self
 
     @property
     def accepted(self) -> bool:
@@ -574,33 +583,6 @@ def prune_finished(conn: Connection, *, retention_s: float, batch: int,
     row = conn.execute(_PRUNE, {"retention_s": retention_s, "batch": batch, "after_at": after[0],
                                 "after_id": after[1]}).one()
     return page_of(row, asked=batch)
-
-
-class Claims:
-    """The claim calls, each in its own transaction (one round trip each)."""
-
-    def __init__(self, engine: Engine, *, worker_id: str, lease_s: float) -> None:
-        self.engine = engine
-        self.worker_id = worker_id
-        self.lease_s = lease_s
-
-    def claim(self, job_id: str) -> ClaimResult:
-        with self.engine.begin() as conn:
-            return claim(conn, job_id, worker_id=self.worker_id, lease_s=self.lease_s)
-
-    def renew(self, job_id: str, fencing_token: int) -> RenewResult:
-        with self.engine.begin() as conn:
-            return renew(conn, job_id, fencing_token=fencing_token, lease_s=self.lease_s)
-
-    def finish(self, job_id: str, fencing_token: int, outcome: str, detail: dict[str, Any] | None) -> FinishResult:
-        with self.engine.begin() as conn:
-            return finish(
-                conn, job_id, fencing_token=fencing_token, outcome=outcome, detail=detail, worker_id=self.worker_id
-            )
-
-    def release(self, job_id: str, fencing_token: int) -> bool:
-        with self.engine.begin() as conn:
-            return release(conn, job_id, fencing_token=fencing_token)
 
 
 def may_resume_relation() -> str:

@@ -100,21 +100,28 @@ class OutboxRow:
 
 
 def _rows(result) -> list[OutboxRow]:  # type: ignore[no-untyped-def]
-    return sorted(
+    """Taken or locked rows: each counts the attempt about to be made."""
+    rows = sorted(
         (OutboxRow(r.dispatch_id, r.task_id, r.specialist_id, r.owner, r.context_id, r.attempts, r.trace_parent)
          for r in result),
         key=lambda row: row.dispatch_id,
     )
+    assert all(row.attempts >= 1 for row in rows), rows
+    return rows
 
 
 def take(conn: Connection, *, limit: int, lease_s: float, me: str) -> list[OutboxRow]:
     """Embedded: take up to ``limit`` due rows for ``lease_s`` (commit right after)."""
-    return _rows(conn.execute(_TAKE, {"n": limit, "lease_s": lease_s, "me": me[:MAX_TAKEN_BY_CHARS]}))
+    taken = _rows(conn.execute(_TAKE, {"n": limit, "lease_s": lease_s, "me": me[:MAX_TAKEN_BY_CHARS]}))
+    assert len(taken) <= limit, (len(taken), limit)
+    return taken
 
 
 def lock_due(conn: Connection, *, limit: int) -> list[OutboxRow]:
     """Cloud Tasks relay: lock up to ``limit`` due rows until the caller's transaction ends."""
-    return _rows(conn.execute(_LOCK, {"n": limit}))
+    locked = _rows(conn.execute(_LOCK, {"n": limit}))
+    assert len(locked) <= limit, (len(locked), limit)
+    return locked
 
 
 def renew(conn: Connection, dispatch_ids: list[int], *, lease_s: float) -> None:

@@ -201,7 +201,7 @@ def test_usage_of_a_task_id_lists_its_jobs_and_the_table_shows_whole_job_ids(ser
     jobs = [f"{task}.3", f"{task}.17"]  # dispatch ids are global: a task's first job is rarely .1
     for job in jobs:
         Journal(engine, job_id=job, fencing_token=support.claim(engine, job)).open_run(
-            specialist_id="reviewer", route="test", pricing=reviewer.pricing, tariff_credits=reviewer.tariff_credits,
+            specialist_id="reviewer", route="test", pricing=reviewer.pricing, reserved_credits=reviewer.tariff_credits,
             session_id=f"session-{job}")
 
     listed = cli_json(service_env, "usage", "--job", task)
