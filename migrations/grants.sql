@@ -14,6 +14,7 @@
 DO $grants$
 DECLARE
   serving text;
+  bookkeeping text;
 BEGIN
   FOREACH serving IN ARRAY ARRAY['specialists_edge', 'specialists_worker', 'specialists_operator'] LOOP
     IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = serving) THEN
@@ -28,7 +29,11 @@ BEGIN
     EXECUTE 'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO ' || quote_ident(serving);
     EXECUTE 'GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA public TO ' || quote_ident(serving);
     EXECUTE 'GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO ' || quote_ident(serving);
-    EXECUTE 'REVOKE INSERT, UPDATE, DELETE ON TABLE alembic_version, schema_compatibility FROM ' || quote_ident(serving);
+    FOREACH bookkeeping IN ARRAY ARRAY['alembic_version', 'schema_compatibility'] LOOP
+      IF to_regclass('public.' || bookkeeping) IS NOT NULL THEN  -- an upgrade to a revision before 0080 has one
+        EXECUTE 'REVOKE INSERT, UPDATE, DELETE ON TABLE ' || quote_ident(bookkeeping) || ' FROM ' || quote_ident(serving);
+      END IF;
+    END LOOP;
   END LOOP;
 END
 $grants$;
