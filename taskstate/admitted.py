@@ -29,7 +29,9 @@ class Hold:
     reserved_credits: int
 
 
-# The task's row, written only ``{when}`` the condition holds (admission's one statement).
+# The task's row, written only ``{when}`` the condition holds (admission's one statement). The column
+# ``tariff_credits`` holds the task's reserved credits (its name predates the glossary of docs/ARCHITECTURE.md; the
+# release that contracts the schema renames it): every read here names it ``reserved_credits``.
 NEW_ROW = Fragment.of("taskstate.admitted", """
     INSERT INTO edge_tasks (task_id, customer_id, key_id, specialist_id, skill_id, owner, tariff_credits,
                             reservation_id)
@@ -66,10 +68,11 @@ def free_tasks_relation() -> str:
 
 
 def admitted_relation() -> str:
-    """Every admitted task as a sub-query (task_id, customer_id, specialist_id, skill_id, tariff_credits,
+    """Every admitted task as a sub-query (task_id, customer_id, specialist_id, skill_id, reserved_credits,
     reservation_id, admitted_at), for the operator's reads: by admission time (``edge_tasks_admitted``) or a
     customer's newest (``edge_tasks_customer``, migration 0230)."""
-    return ("(SELECT task_id, customer_id, specialist_id, skill_id, tariff_credits, reservation_id, admitted_at "
+    return ("(SELECT task_id, customer_id, specialist_id, skill_id, tariff_credits AS reserved_credits, "
+            "reservation_id, admitted_at "
             "FROM edge_tasks)")
 
 

@@ -65,7 +65,7 @@ def tasks_by_outcome(
 CUSTOMER_TASKS_SQL = text(
     f"SELECT e.task_id, e.specialist_id, {_STATE} AS state, e.admitted_at AS created_at, "
     "s.last_updated AT TIME ZONE 'UTC' AS updated_at, "
-    "CASE WHEN e.reservation_id IS NULL THEN NULL ELSE e.tariff_credits END AS reserved_credits, "
+    "CASE WHEN e.reservation_id IS NULL THEN NULL ELSE e.reserved_credits END AS reserved_credits, "
     "r.charged AS charged_credits, "
     f"ARRAY(SELECT o.job_id FROM {outbox.jobs_relation()} o WHERE o.task_id = e.task_id ORDER BY o.dispatch_id) "
     "AS job_ids "
