@@ -1,0 +1,74 @@
+"""The conformance kit's judge (ops/tck.py): the bar per transport, and the excused requirements docs/A2A_EDGE.md
+lists. `./dev tck` itself runs the kit in CI (.ci/run)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ops.tck import EDGE_DOC, Excuse, TckError, excused_requirements, score_transport, wrapper_fingerprint
+
+
+def compatibility(results: dict[str, tuple[str, dict[str, str]]]) -> dict:
+    return {"per_requirement": {rid: {"level": level, "transports": per} for rid, (level, per) in results.items()}}
+
+
+def musts(passed: int, failed: int, transport: str = "grpc") -> dict[str, tuple[str, dict[str, str]]]:
+    return {f"M-{i:03}": ("MUST", {transport: "PASS" if i < passed else "FAIL"}) for i in range(passed + failed)}
+
+
+def test_must_at_97_percent_meets_the_bar_and_below_it_does_not():
+    assert score_transport("grpc", compatibility(musts(97, 3)), [], "conformance").met
+    missed = score_transport("grpc", compatibility(musts(96, 4)), [], "conformance")
+    assert not missed.met
+    assert missed.problems == ["GRPC MUST 96.0% < 97% (failing: M-096, M-097, M-098, M-099)"]
+
+
+def test_one_failing_should_or_may_misses_the_bar():
+    for level in ("SHOULD", "MAY"):
+        results = {**musts(10, 0), "X-1": (level, {"grpc": "PASS"}), "X-2": (level, {"grpc": "FAIL"})}
+        score = score_transport("grpc", compatibility(results), [], "conformance")
+        assert [p.split(" (")[0] for p in score.problems] == [f"GRPC {level} 50.0% < 100%"]
+
+
+def test_a_transport_is_judged_on_its_own_results_and_untested_levels_pass():
+    results = {**musts(10, 0, "jsonrpc"), "M-900": ("MUST", {"jsonrpc": "SKIPPED", "grpc": "FAIL"}),
+               "S-1": ("SHOULD", {"jsonrpc": "SKIPPED"}), "Y-1": ("MAY", {})}
+    score = score_transport("jsonrpc", compatibility(results), [], "conformance")
+    assert score.met and score.levels["MUST"].percent == 100.0
+    assert score.levels["SHOULD"].percent is None and score.levels["MAY"].percent is None
+
+
+def test_an_excused_requirement_is_left_out_only_for_the_specialists_it_names():
+    results = {**musts(96, 2), "KIT-1": ("MUST", {"grpc": "FAIL"}), "POL-1": ("MUST", {"grpc": "FAIL"})}
+    excuses = [Excuse("KIT-1", frozenset({"*"}), "kit fault", "the kit's"),
+               Excuse("POL-1", frozenset({"reviewer"}), "policy", "message_id idempotency")]
+    reviewer = score_transport("grpc", compatibility(results), excuses, "reviewer")
+    assert reviewer.met and reviewer.levels["MUST"].excused == ["KIT-1", "POL-1"]
+    conformance = score_transport("grpc", compatibility(results), excuses, "conformance")
+    assert not conformance.met and "POL-1" in conformance.levels["MUST"].failed
+
+
+def test_the_docs_table_is_the_judges_list_and_every_row_has_a_reason():
+    excuses = excused_requirements(EDGE_DOC.read_text())
+    assert excuses and all(e.reason and e.kind in ("kit fault", "policy") for e in excuses)
+    assert "CORE-SEND-003" in {e.requirement for e in excuses}
+    doc = "### Excused requirements\n\n| requirement | specialists | kind | reason |\n|---|---|---|---|\n"
+    with pytest.raises(TckError, match="needs a requirement id"):
+        excused_requirements(doc + "| `CORE-X-1` | * | kit fault |  |\n")
+    with pytest.raises(TckError, match="has no section"):
+        excused_requirements("# nothing here\n")
+
+
+def test_the_fingerprint_is_the_one_run_tck_sh_keeps_so_each_run_reuses_the_kits_venv(tmp_path: Path):
+    for name in ("tck/a.py", "tck/sub/b.py", "specification/a2a.proto", "codegen/x.txt", "pyproject.toml",
+                 "sut/deep/pyproject.toml", "tests/not_counted.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(name)
+    # run_tck.sh, step 2, as it computes it
+    script = ("find . -type f \\( -path './tck/*' -o -path './specification/*' -o -path './codegen/*' "
+              "-o -name pyproject.toml \\) -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1")
+    expected = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, check=True)
+    assert wrapper_fingerprint(tmp_path) == expected.stdout.strip()
