@@ -266,20 +266,21 @@ class WireForm(NamedTuple):
 
 
 # A2A's own errors, exactly as the A2A 1.0 specification's section 5.4 ("Error Code Mappings") states them.
-# The rows are those of the v1.0.1 patch release, which the TCK vendors and the a2a-sdk 1.3 ships; the
-# v1.0.0 tag still carries a superseded table (TaskNotCancelable 409, ContentTypeNotSupported 415,
-# InvalidAgentResponse 502, UNIMPLEMENTED for the three capability errors) that the patch corrected.
+# The rows are those of the v1.0.0 release, which the official conformance kit (a2a-tck 1.0-dev) bundles and
+# checks (TaskNotCancelable 409, ContentTypeNotSupported 415, InvalidAgentResponse 502, UNIMPLEMENTED for the
+# push, operation and version errors). The a2a-sdk 1.3 ships a later table (400, 400, 500, FAILED_PRECONDITION);
+# docs/A2A_EDGE.md ("Where the edge and the SDK differ") says why the kit's edition is followed.
 # tests/app/test_spec_codes.py checks these rows against the spec's text and the edge's answers.
 SPEC_WIRE_FORMS: dict[type[A2AError], WireForm] = {
     TaskNotFoundError: WireForm(-32001, 404, "NOT_FOUND"),
-    TaskNotCancelableError: WireForm(-32002, 400, "FAILED_PRECONDITION"),
-    PushNotificationNotSupportedError: WireForm(-32003, 400, "FAILED_PRECONDITION"),
-    UnsupportedOperationError: WireForm(-32004, 400, "FAILED_PRECONDITION"),
-    ContentTypeNotSupportedError: WireForm(-32005, 400, "INVALID_ARGUMENT"),
-    InvalidAgentResponseError: WireForm(-32006, 500, "INTERNAL"),
+    TaskNotCancelableError: WireForm(-32002, 409, "FAILED_PRECONDITION"),
+    PushNotificationNotSupportedError: WireForm(-32003, 400, "UNIMPLEMENTED"),
+    UnsupportedOperationError: WireForm(-32004, 400, "UNIMPLEMENTED"),
+    ContentTypeNotSupportedError: WireForm(-32005, 415, "INVALID_ARGUMENT"),
+    InvalidAgentResponseError: WireForm(-32006, 502, "INTERNAL"),
     ExtendedAgentCardNotConfiguredError: WireForm(-32007, 400, "FAILED_PRECONDITION"),
     ExtensionSupportRequiredError: WireForm(-32008, 400, "FAILED_PRECONDITION"),
-    VersionNotSupportedError: WireForm(-32009, 400, "FAILED_PRECONDITION"),
+    VersionNotSupportedError: WireForm(-32009, 400, "UNIMPLEMENTED"),
 }
 
 

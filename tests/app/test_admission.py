@@ -106,7 +106,7 @@ def test_a_part_of_a_media_type_the_specialist_does_not_take_is_refused(edge_a, 
     body = message()
     body["message"]["parts"] = [{"data": {"a": 1}}]  # application/json; paid-echo takes text/plain
     answer = send(edge_a, customer, body)
-    assert answer.status_code == 400
+    assert answer.status_code == 415
     assert answer.json()["error"]["details"][0]["reason"] == "CONTENT_TYPE_NOT_SUPPORTED"
     assert footprint(engine, customer.customer_id) == NOTHING
 
@@ -177,7 +177,7 @@ def test_cancel_before_any_worker_claimed_the_task_voids_its_reservation(edge_a,
             text("SELECT status FROM dispatch_outbox WHERE task_id = :t"), {"t": task_id}
         ).scalar_one() == "canceled"
     again = http_calls.post(f"{edge_a.specialist(PAID)}/tasks/{task_id}:cancel", json={}, headers=customer.headers)
-    assert again.status_code == 400
+    assert again.status_code == 409
     assert again.json()["error"]["details"][0]["reason"] == "TASK_NOT_CANCELABLE"
 
 

@@ -75,8 +75,8 @@ def test_a_body_that_is_not_json_is_refused_as_content_type_not_supported(strict
     answer = http_calls.post(
         f"{strict_edge.specialist(PAID)}/message:send", content=json.dumps(message()).encode(), headers=headers
     )
-    # A2A's own ContentTypeNotSupportedError in the spec's form (section 5.4: 400), not an edge-private 415.
-    assert answer.status_code == 400
+    # A2A's own ContentTypeNotSupportedError in the spec's form (section 5.4 of v1.0.0, the kit's: 415).
+    assert answer.status_code == 415
     assert answer.json()["error"]["details"][0]["reason"] == "CONTENT_TYPE_NOT_SUPPORTED"
     assert answer.json()["error"]["details"][0]["metadata"]["code"] == "content_type_not_supported"
 
@@ -180,7 +180,7 @@ def test_a_json_rpc_body_that_is_not_json_gets_content_type_not_supported_as_a_j
         content=json.dumps(rpc("GetTask", {"id": "x"})).encode(),
         headers={**customer.headers, "Content-Type": "text/plain"},
     )
-    assert answer.status_code == 400
+    assert answer.status_code == 415
     body = answer.json()
     assert body["jsonrpc"] == "2.0" and body["id"] is None and body["error"]["code"] == -32005
 

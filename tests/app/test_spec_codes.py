@@ -1,8 +1,8 @@
 """A2A's own errors answer in the specification's forms (A2A 1.0 section 5.4) on every binding.
 
 ``app.errors.SPEC_WIRE_FORMS`` is the spec's table; the first tests hold it to the
-spec's text (the rows below are copied from section 5.4 of the v1.0.1 release,
-the one the TCK vendors) and to what the a2a-sdk answers once the edge registered
+spec's text (the rows below are copied from section 5.4 of the v1.0.0 release,
+the one the conformance kit bundles) and to what the a2a-sdk answers once the edge registered
 it. The rest trigger every row the edge can produce, for real, over JSON-RPC and
 HTTP+JSON against a running edge, and check the whole wire form: the JSON-RPC
 code with a ``google.rpc.ErrorInfo`` in ``error.data``; the HTTP status with a
@@ -38,19 +38,19 @@ from tests.app.conftest import PAID, message, rpc
 pytestmark = pytest.mark.timeout(120, func_only=True)
 CONFORMANCE = "conformance"
 
-# Section 5.4 of the A2A specification, v1.0.1 (specification/specification.md), verbatim.
+# Section 5.4 of the A2A specification, v1.0.0 (the kit's specification/specification.md), verbatim.
 SPEC_SECTION_5_4 = """
-| A2A Error Type                        | JSON-RPC Code | gRPC Status           | HTTP Status                 |
-| :------------------------------------ | :------------ | :-------------------- | :-------------------------- |
-| `TaskNotFoundError`                   | `-32001`      | `NOT_FOUND`           | `404 Not Found`             |
-| `TaskNotCancelableError`              | `-32002`      | `FAILED_PRECONDITION` | `400 Bad Request`           |
-| `PushNotificationNotSupportedError`   | `-32003`      | `FAILED_PRECONDITION` | `400 Bad Request`           |
-| `UnsupportedOperationError`           | `-32004`      | `FAILED_PRECONDITION` | `400 Bad Request`           |
-| `ContentTypeNotSupportedError`        | `-32005`      | `INVALID_ARGUMENT`    | `400 Bad Request`           |
-| `InvalidAgentResponseError`           | `-32006`      | `INTERNAL`            | `500 Internal Server Error` |
-| `ExtendedAgentCardNotConfiguredError` | `-32007`      | `FAILED_PRECONDITION` | `400 Bad Request`           |
-| `ExtensionSupportRequiredError`       | `-32008`      | `FAILED_PRECONDITION` | `400 Bad Request`           |
-| `VersionNotSupportedError`            | `-32009`      | `FAILED_PRECONDITION` | `400 Bad Request`           |
+| A2A Error Type                        | JSON-RPC Code | gRPC Status           | HTTP Status                  |
+| :------------------------------------ | :------------ | :-------------------- | :--------------------------- |
+| `TaskNotFoundError`                   | `-32001`      | `NOT_FOUND`           | `404 Not Found`              |
+| `TaskNotCancelableError`              | `-32002`      | `FAILED_PRECONDITION` | `409 Conflict`               |
+| `PushNotificationNotSupportedError`   | `-32003`      | `UNIMPLEMENTED`       | `400 Bad Request`            |
+| `UnsupportedOperationError`           | `-32004`      | `UNIMPLEMENTED`       | `400 Bad Request`            |
+| `ContentTypeNotSupportedError`        | `-32005`      | `INVALID_ARGUMENT`    | `415 Unsupported Media Type` |
+| `InvalidAgentResponseError`           | `-32006`      | `INTERNAL`            | `502 Bad Gateway`            |
+| `ExtendedAgentCardNotConfiguredError` | `-32007`      | `FAILED_PRECONDITION` | `400 Bad Request`            |
+| `ExtensionSupportRequiredError`       | `-32008`      | `FAILED_PRECONDITION` | `400 Bad Request`            |
+| `VersionNotSupportedError`            | `-32009`      | `UNIMPLEMENTED`       | `400 Bad Request`            |
 """
 # Section 11.6: the ErrorInfo reason is the type's name in UPPER_SNAKE_CASE without "Error".
 SPEC_REASONS = {
@@ -248,7 +248,7 @@ def test_content_type_not_supported_for_a_body_that_is_not_json(edge_alone, call
         headers["Content-Type"] = content_type
     rpc_body = json.dumps(rpc("SendMessage", message())).encode()
     answer = http_calls.post(f"{base}/jsonrpc", content=rpc_body, headers=headers)
-    assert answer.status_code == 400
+    assert answer.status_code == 415  # the guard answers it over JSON-RPC too, in the table's HTTP status
     error = assert_jsonrpc_form(answer, "ContentTypeNotSupportedError")
     assert error["data"][0]["metadata"]["code"] == "content_type_not_supported"
     assert answer.json()["id"] is None  # refused before the body was read as JSON-RPC
