@@ -149,7 +149,9 @@ class PushConfigs:
         return [to_proto(config) for config in found]
 
     async def delete(self, task_id: str, config_id: str, owner: str) -> None:
+        """Idempotent (spec 3.1.10): a configuration already gone answers success, as long as the task is the
+        caller's; another customer's task, or none, is ``TaskNotFound``."""
         async with self.engine.begin() as conn:
             deleted = await conn.run_sync(push.delete_config, task_id, config_id, owner)
-        if not deleted:
-            raise TaskNotFound("no push configuration of yours has this task and id")
+            if not deleted and not await conn.run_sync(rows.owns, task_id, owner):
+                raise TaskNotFound("Task not found")
