@@ -4,7 +4,7 @@
 admitted work leaves through the dispatch outbox to workers (docs/WORKERS.md). Per specialist, under
 ``/specialists/<id>``: the Agent Card, the JSON-RPC endpoint at ``/jsonrpc``
 (A2A 1.0 methods, plus the 0.3 names), and the HTTP+JSON routes; with
-SPECIALISTS_GRPC_PORT set, one gRPC server for all of them (app/grpc_binding.py),
+SPECIALISTS_GRPC_PORT set, one gRPC server for all of them, and one per SPECIALISTS_GRPC_SPECIALIST_PORTS entry (app/grpc_binding.py),
 started and stopped with the app's lifespan. The SDK's
 REST builder also mounts a catch-all ``/{tenant}`` route at the root; the edge
 serves no tenants by path (the key names the customer), so it is dropped.
@@ -43,7 +43,7 @@ from app.cards import build_card, discovery_routes, jwks_routes
 from app.push import PushConfigs
 from app.errors import TaskNotFound, error_response, register_with_sdk
 from app.events import NotifiedEventStream
-from app.grpc_binding import GRACEFUL_STOP_S, GrpcBinding, build_server
+from app.grpc_binding import GRACEFUL_STOP_S, GrpcBinding, build_servers
 from app.handler import EdgeRequestHandler, identity_of
 from app.identity import EdgeUser
 from app.listing import TaskListing
@@ -224,8 +224,14 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
         handlers=handlers,
         schema_head=db.head_revision(),
     )
+    unknown = sorted(set(settings.edge.grpc_specialist_ports) - set(specs))
+    if unknown:
+        raise EdgeNotConfigured(
+            f"SPECIALISTS_GRPC_SPECIALIST_PORTS names {', '.join(unknown)}, which no spec in "
+            f"{settings.hosted.specs_dir} defines: name served specialists only"
+        )
     binding = None
-    if settings.edge.grpc_port:
+    if settings.edge.grpc_port or settings.edge.grpc_specialist_ports:
         binding = GrpcBinding(
             specs=specs, handlers=handlers, verifier=verifier, limiter=limiter, settings=settings, metrics=metrics
         )
@@ -239,11 +245,12 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
             raise db.SchemaNotAtHead(problem)
         listener.start()
         pruner = asyncio.create_task(limiter.prune_forever(), name="rate-window-pruner")
-        grpc_server = None
-        if binding is not None:  # in this event loop, on the same handlers as the HTTP bindings
-            grpc_server = build_server(binding, settings)
+        grpc_servers = build_servers(binding, settings) if binding is not None else []
+        for grpc_server in grpc_servers:  # in this event loop, on the same handlers as the HTTP bindings
             await grpc_server.start()
-            log.info("gRPC binding at %s:%d", settings.edge.host, settings.edge.grpc_port, extra={"event": "grpc_ready"})
+        if grpc_servers:
+            ports = {"shared": settings.edge.grpc_port, **settings.edge.grpc_specialist_ports}
+            log.info("gRPC binding on %s: %s", settings.edge.host, ports, extra={"event": "grpc_ready"})
         # Everything built so far (SDK, protobuf, SQLAlchemy) lives as long as the process:
         # keep it out of the collector's full passes, which otherwise scanned it every
         # second or two under load for ~90 ms each (the tail of the latency).
@@ -253,8 +260,7 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
         try:
             yield
         finally:
-            if grpc_server is not None:
-                await grpc_server.stop(GRACEFUL_STOP_S)
+            await asyncio.gather(*(grpc_server.stop(GRACEFUL_STOP_S) for grpc_server in grpc_servers))
             pruner.cancel()
             for handler in handlers.values():
                 await handler.aclose()

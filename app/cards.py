@@ -71,8 +71,13 @@ def build_card(loaded: LoadedSpec, settings: Settings) -> AgentCard:
         {"url": base, "protocolBinding": "HTTP+JSON", "protocolVersion": "1.0"},
         {"url": f"{base}/jsonrpc", "protocolBinding": "JSONRPC", "protocolVersion": "0.3"},
     ]
+    own_grpc_url = settings.edge.grpc_specialist_url(spec.id)
+    if own_grpc_url:
+        # This specialist's own listener, first: a client that follows only the URL (and copies no tenant)
+        # reaches it (app/grpc_binding.py).
+        interfaces.append({"url": own_grpc_url, "protocolBinding": "GRPC", "protocolVersion": "1.0"})
     if settings.edge.grpc_url:
-        # One gRPC server serves every specialist: the tenant, which a client copies into each
+        # The shared gRPC server serves every specialist: the tenant, which a client copies into each
         # request, chooses it (app/grpc_binding.py).
         interfaces.append(
             {"url": settings.edge.grpc_url, "protocolBinding": "GRPC", "protocolVersion": "1.0", "tenant": spec.id}

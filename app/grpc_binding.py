@@ -1,4 +1,5 @@
-"""The A2A gRPC binding: one ``grpc.aio`` server for every specialist, on the HTTP bindings' handlers.
+"""The A2A gRPC binding: a shared ``grpc.aio`` server for every specialist (routing on the tenant), and one per
+specialist given a port of its own (no tenant needed), all on the HTTP bindings' handlers.
 
 Each specialist's ``EdgeRequestHandler`` (admission, ledger, task store, tenancy)
 is served by the a2a-sdk's ``GrpcHandler``; what the HTTP guard does in
@@ -8,11 +9,16 @@ request, in the same order and with the same checks:
      the method handlers are registered without a deserializer, so the size is
      known before protobuf parses it), then the parse (a bad message is
      ``MalformedRequest``);
-  2. the specialist, from the request's ``tenant`` (each card's GRPC interface
-     carries ``tenant=<specialist id>``, which the SDK client copies into every
-     request); an unknown one is ``UnknownSpecialist`` (NOT_FOUND);
+  2. the specialist: on a specialist's own listener (``SPECIALISTS_GRPC_SPECIALIST_PORTS``,
+     the first GRPC interface of its card, with no tenant) that specialist, so a
+     client that follows only the card's URL reaches it; on the shared listener
+     (``SPECIALISTS_GRPC_PORT``) the request's ``tenant`` (the card's second GRPC
+     interface carries ``tenant=<specialist id>``, which the SDK client copies into
+     every request); an unknown one is ``UnknownSpecialist`` (NOT_FOUND), and so is
+     a tenant naming another specialist than the listener's;
   3. the key, from the ``authorization`` metadata (``Bearer <key>``), with the
-     guard's own ``authenticate``; then the rate limits;
+     guard's own ``authenticate``; then the rate limits; then ``a2a-version``,
+     when sent: anything but 1.x is ``VersionNotSupportedError`` (UNIMPLEMENTED);
   4. what the request holds (app/bodies.py ``check_parsed``): its parts and
      metadata values against ``max_body_elements``, and no non-finite number,
      before anything walks it in Python;
@@ -29,6 +35,7 @@ stops what is far over, which the edge then never reads.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import time
@@ -42,7 +49,7 @@ import grpc.aio
 from a2a.extensions.common import HTTP_EXTENSION_HEADER, get_requested_extensions
 from a2a.server.context import ServerCallContext
 from a2a.server.request_handlers.grpc_handler import GrpcHandler, GrpcServerCallContextBuilder
-from a2a.types import InvalidParamsError
+from a2a.types import InvalidParamsError, VersionNotSupportedError
 from a2a.types.a2a_pb2_grpc import add_A2AServiceServicer_to_server
 from a2a.utils.errors import A2AError
 from a2a.utils.grpc_status import status_to_grpc
@@ -50,6 +57,7 @@ from a2a.utils.proto_utils import validation_errors_to_bad_request
 from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
+from packaging.version import InvalidVersion, Version
 
 from app.bodies import check_parsed
 from app.errors import (
@@ -78,6 +86,7 @@ ERROR_DOMAIN = "a2a-protocol.org"
 TRANSPORT_CAP_FACTOR = 2  # gRPC's own receive limit, in body limits: see the module's docstring
 # Seconds a stopping server gives calls in flight (streams included) to end on their own.
 GRACEFUL_STOP_S = 10.0
+MAX_VERSION_CHARS = 16  # of an unsupported a2a-version, echoed in the refusal
 
 
 @dataclass(frozen=True)
@@ -165,19 +174,22 @@ class GrpcBinding:
         builder = EdgeGrpcContextBuilder()
         self.handlers = {sid: _EdgeGrpcHandler(handler, context_builder=builder) for sid, handler in handlers.items()}
 
-    def method_handlers(self) -> dict[str, grpc.RpcMethodHandler]:
-        """The SDK's generated method table for the A2A service, each method behind the checks and taking raw bytes."""
+    def method_handlers(self, own: str | None = None) -> dict[str, grpc.RpcMethodHandler]:
+        """The SDK's generated method table for the A2A service, each method behind the checks and taking raw bytes.
+
+        ``own``: the specialist a listener serves alone (a call there needs no tenant); None: the shared listener.
+        """
         table = _MethodTable()
         add_A2AServiceServicer_to_server(_Unused(), table)
-        return {name: self._guarded(name, handler) for name, handler in table.handlers.items()}
+        return {name: self._guarded(name, handler, own) for name, handler in table.handlers.items()}
 
-    def _guarded(self, name: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    def _guarded(self, name: str, handler: grpc.RpcMethodHandler, own: str | None) -> grpc.RpcMethodHandler:
         parse: Callable[[bytes], Any] = handler.request_deserializer
         if handler.response_streaming:
 
             async def stream(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                 with _CallLog(self.metrics, name, context) as call:
-                    request, grpc_handler = await call.admit(self, raw, parse)
+                    request, grpc_handler = await call.admit(self, raw, parse, own)
                     async for item in getattr(grpc_handler, name)(request, context):
                         yield item
 
@@ -185,13 +197,13 @@ class GrpcBinding:
 
         async def unary(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
             with _CallLog(self.metrics, name, context) as call:
-                request, grpc_handler = await call.admit(self, raw, parse)
+                request, grpc_handler = await call.admit(self, raw, parse, own)
                 return await getattr(grpc_handler, name)(request, context)
 
         return handler._replace(request_deserializer=None, unary_unary=unary)
 
     async def check(
-        self, raw: bytes, parse: Callable[[bytes], Any], context: grpc.aio.ServicerContext
+        self, raw: bytes, parse: Callable[[bytes], Any], context: grpc.aio.ServicerContext, own: str | None = None
     ) -> tuple[Any, GrpcHandler, _Caller]:
         """The guard's checks for one call, in the module docstring's order; raises the refusal."""
         limit = self.settings.edge.max_request_body_bytes
@@ -205,7 +217,13 @@ class GrpcBinding:
             request = parse(raw)
         except DecodeError:
             raise MalformedRequest("the request is not a valid A2A protobuf message for this method") from None
-        specialist_id = getattr(request, "tenant", "")
+        tenant = getattr(request, "tenant", "")
+        if own is not None and tenant not in ("", own):
+            raise UnknownSpecialist(
+                f"this address serves the specialist {own!r} alone and the request's tenant names {tenant!r}: leave "
+                "the tenant empty, or call that specialist at its own card's GRPC interface"
+            )
+        specialist_id = own or tenant
         loaded = self.specs.get(specialist_id)
         if loaded is None or "\x00" in specialist_id:
             raise UnknownSpecialist(
@@ -219,8 +237,26 @@ class GrpcBinding:
         identity = await authenticate(authorization, _peer_address(context), loaded, self.settings, self.verifier)
         customer_var.set(identity.customer_id or "anonymous")
         await self.limiter.check(identity)
+        _check_version(context)
         check_parsed(request, self.settings.edge)  # what the request holds, before the SDK walks it
         return request, self.handlers[specialist_id], _Caller(identity, specialist_id)
+
+
+def _check_version(context: grpc.aio.ServicerContext) -> None:
+    """Refuse an ``a2a-version`` other than 1.x, as the HTTP bindings do (spec 3.2.6: ``VersionNotSupportedError``,
+    whose gRPC status is section 5.4's ``UNIMPLEMENTED``). Without one the call is served: the gRPC service
+    (``lf.a2a.v1``) exists in 1.0 only, so it cannot mean 0.3 as a missing header does over HTTP."""
+    offered = next((value for key, value in _metadata(context) if key == "a2a-version"), "").strip()
+    if not offered:
+        return
+    try:
+        major_minor = Version(offered).release[:2]
+    except InvalidVersion:
+        major_minor = None
+    if major_minor != (1, 0):
+        raise VersionNotSupportedError(
+            f"A2A version {offered[:MAX_VERSION_CHARS]!r} is not supported over gRPC: send a2a-version 1.0"
+        )
 
 
 def _peer_address(context: grpc.aio.ServicerContext) -> str:
@@ -244,13 +280,20 @@ class _CallLog:
     def __enter__(self) -> _CallLog:
         offered = next((v for k, v in _metadata(self.context) if k == "x-request-id"), None)
         self.request_id = offered if offered and SANE_REQUEST_ID.match(offered) else uuid.uuid4().hex
-        self.tokens = (request_id_var.set(self.request_id), customer_var.set("-"), refusal_var.set(self.refusal))
+        # Set, never reset: grpc.aio serves each call in a task of its own, whose context is a copy, so nothing
+        # set here outlives the call. A reset could not work: a stream whose client went away is finalised by
+        # asyncio in another task (another context), where resetting raised "created in a different Context".
+        request_id_var.set(self.request_id)
+        customer_var.set("-")
+        refusal_var.set(self.refusal)
         self.started = time.perf_counter()
         return self
 
-    async def admit(self, binding: GrpcBinding, raw: bytes, parse: Callable[[bytes], Any]) -> tuple[Any, GrpcHandler]:
+    async def admit(
+        self, binding: GrpcBinding, raw: bytes, parse: Callable[[bytes], Any], own: str | None
+    ) -> tuple[Any, GrpcHandler]:
         try:
-            request, grpc_handler, caller = await binding.check(raw, parse, self.context)
+            request, grpc_handler, caller = await binding.check(raw, parse, self.context, own)
         except EdgeError as refused:
             self.metrics.count_refusal(refused.code)
             note_refusal(refused.code)
@@ -260,10 +303,13 @@ class _CallLog:
         _caller.set(caller)
         return request, grpc_handler
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
         duration_s = time.perf_counter() - self.started
         code = self.context.code()
-        status = code.name if isinstance(code, grpc.StatusCode) else "OK" if code in (None, 0) else str(code)
+        if self.context.cancelled() or exc_type in (GeneratorExit, asyncio.CancelledError):
+            status = "CANCELLED"  # by the client, or its deadline (a stream is closed mid-way): code() says nothing
+        else:
+            status = code.name if isinstance(code, grpc.StatusCode) else "OK" if code in (None, 0) else str(code)
         operation = f"grpc_{self.method}"
         self.metrics.requests.labels(operation=operation, status=status).inc()
         self.metrics.latency.labels(operation=operation).observe(duration_s)
@@ -280,10 +326,6 @@ class _CallLog:
                 "task_id": self.refusal.get("task_id"),
             },
         )
-        refusal_token, customer_token, id_token = reversed(self.tokens)
-        refusal_var.reset(refusal_token)
-        customer_var.reset(customer_token)
-        request_id_var.reset(id_token)
 
 
 class _MethodTable:
@@ -306,16 +348,28 @@ class _Unused:
         return None
 
 
-def build_server(binding: GrpcBinding, settings: Settings) -> grpc.aio.Server:
-    """A ``grpc.aio`` server (in the running event loop) serving the binding on SPECIALISTS_GRPC_PORT."""
+def build_servers(binding: GrpcBinding, settings: Settings) -> list[grpc.aio.Server]:
+    """The ``grpc.aio`` servers (in the running event loop): the shared one on SPECIALISTS_GRPC_PORT, routing on the
+    tenant, and one per entry of SPECIALISTS_GRPC_SPECIALIST_PORTS, serving that specialist alone.
+
+    A stock gRPC client dials the card's ``host:port`` and nothing more (no path, and the ``:authority`` it sends
+    is not visible to a Python servicer), so a listener is what can name a specialist without a tenant.
+    """
+    listeners: list[tuple[int, str | None]] = [(settings.edge.grpc_port, None)] if settings.edge.grpc_port else []
+    listeners += [(port, sid) for sid, port in sorted(settings.edge.grpc_specialist_ports.items())]
+    return [_server(binding, settings, port, own) for port, own in listeners]
+
+
+def _server(binding: GrpcBinding, settings: Settings, port: int, own: str | None) -> grpc.aio.Server:
     cap = settings.edge.max_request_body_bytes * TRANSPORT_CAP_FACTOR
     server = grpc.aio.server(
         interceptors=telemetry.grpc_server_interceptors(),  # the call's span, when telemetry is on
         options=[("grpc.max_receive_message_length", cap), ("grpc.max_send_message_length", -1)],
     )
-    handlers = binding.method_handlers()
+    handlers = binding.method_handlers(own)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
-    address = f"{settings.edge.host}:{settings.edge.grpc_port}"
+    address = f"{settings.edge.host}:{port}"
     if server.add_insecure_port(address) == 0:
-        raise OSError(f"the gRPC binding cannot listen on {address} (SPECIALISTS_GRPC_PORT)")
+        setting = "SPECIALISTS_GRPC_PORT" if own is None else f"SPECIALISTS_GRPC_SPECIALIST_PORTS ({own!r})"
+        raise OSError(f"the gRPC binding cannot listen on {address} ({setting})")
     return server

@@ -6,10 +6,15 @@ imports only core/settings_base.py.
 
 from __future__ import annotations
 
+import re
+
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from core.settings_base import Section
+
+_HOST_PORT = re.compile(r"^[A-Za-z0-9.\-]+:[0-9]{1,5}$")  # a gRPC target as a stock client takes it
+
 
 class EdgeSettings(Section):
     """The A2A edge (app/): every bound it enforces. docs/A2A_EDGE.md lists them for customers."""
@@ -41,6 +46,20 @@ class EdgeSettings(Section):
         validation_alias="SPECIALISTS_GRPC_PUBLIC_URL",
         description="host:port customers reach the gRPC binding at (each Agent Card's GRPC interface). "
         "Unset: 127.0.0.1:SPECIALISTS_GRPC_PORT when that is set, else the cards list no GRPC interface.",
+    )
+    grpc_specialist_ports: dict[str, int] = Field(
+        default_factory=dict,
+        validation_alias="SPECIALISTS_GRPC_SPECIALIST_PORTS",
+        description="Ports, on SPECIALISTS_EDGE_HOST, where the gRPC binding serves one specialist each, as JSON "
+        '({"conformance": 50052}): a call there needs no tenant, so a client that follows only the card\'s URL '
+        "reaches its specialist. Empty: none (the shared SPECIALISTS_GRPC_PORT routes on the tenant).",
+    )
+    grpc_specialist_urls: dict[str, str] = Field(
+        default_factory=dict,
+        validation_alias="SPECIALISTS_GRPC_SPECIALIST_URLS",
+        description="host:port customers reach a specialist's own gRPC listener at, as JSON "
+        '({"conformance": "conformance-grpc.example.com:443"}): the first GRPC interface of its card, without a '
+        "tenant. Unset for a specialist: 127.0.0.1:<its SPECIALISTS_GRPC_SPECIALIST_PORTS port>, if it has one.",
     )
     max_request_body_bytes: int = Field(
         default=2 * 1024 * 1024,
@@ -212,6 +231,13 @@ class EdgeSettings(Section):
             return self.grpc_public_url
         return f"127.0.0.1:{self.grpc_port}" if self.grpc_port else None
 
+    def grpc_specialist_url(self, specialist_id: str) -> str | None:
+        """Where customers reach the gRPC listener of this specialist alone (host:port), or None if it has none."""
+        if specialist_id in self.grpc_specialist_urls:
+            return self.grpc_specialist_urls[specialist_id]
+        port = self.grpc_specialist_ports.get(specialist_id)
+        return f"127.0.0.1:{port}" if port else None
+
     @model_validator(mode="after")
     def _grpc_port_is_its_own(self) -> EdgeSettings:
         if self.grpc_port and self.grpc_port == self.port:
@@ -219,4 +245,17 @@ class EdgeSettings(Section):
                 f"SPECIALISTS_GRPC_PORT ({self.grpc_port}) is SPECIALISTS_EDGE_PORT too; "
                 "the gRPC binding needs a port of its own"
             )
+        taken = {self.port: "SPECIALISTS_EDGE_PORT", **({self.grpc_port: "SPECIALISTS_GRPC_PORT"} if self.grpc_port else {})}
+        for specialist_id, port in sorted(self.grpc_specialist_ports.items()):
+            if not 1 <= port <= 65535:
+                raise ValueError(f"SPECIALISTS_GRPC_SPECIALIST_PORTS gives {specialist_id!r} port {port}; a port is 1-65535")
+            if port in taken:
+                raise ValueError(
+                    f"SPECIALISTS_GRPC_SPECIALIST_PORTS gives {specialist_id!r} port {port}, which {taken[port]} "
+                    "has: each specialist's gRPC listener needs a port of its own"
+                )
+            taken[port] = f"{taken.get(port, 'SPECIALISTS_GRPC_SPECIALIST_PORTS')} ({specialist_id!r})"
+        for specialist_id, url in sorted(self.grpc_specialist_urls.items()):
+            if not _HOST_PORT.match(url):
+                raise ValueError(f"SPECIALISTS_GRPC_SPECIALIST_URLS gives {specialist_id!r} {url!r}; it takes host:port")
         return self

@@ -16,6 +16,7 @@ tests do not depend on each other.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -73,6 +74,7 @@ class EdgeProcess:
     url: str
     role: Role  # ops/topology.py's: started, waited for and stopped there
     grpc_address: str = ""  # host:port of its A2A gRPC binding (every test edge serves one)
+    conformance_grpc_address: str = ""  # host:port of the conformance specialist's own gRPC listener (no tenant)
 
     @property
     def process(self) -> subprocess.Popen:
@@ -120,12 +122,14 @@ def edge_env(database_url: str, specs_dir: Path, **settings: str) -> dict[str, s
 
 
 def start_edge(database_url: str, specs_dir: Path, log_dir: Path, name: str, **settings: str) -> EdgeProcess:
-    port, grpc_port = free_port(), free_port()
+    port, grpc_port, conformance_port = free_port(), free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
+    settings = {"grpc_specialist_ports": json.dumps({"conformance": conformance_port}), **settings}
     role = Role(f"edge {name}", ops_cli("serve", "--port", str(port), "--grpc-port", str(grpc_port)),
                 edge_env(database_url, specs_dir, **settings), Ready.http(f"{url}/readyz"), log_dir / f"{name}.log",
                 bounds=STARTUP_BOUNDS, stop_grace_s=15)
-    return EdgeProcess(url=url, role=role.run(), grpc_address=f"127.0.0.1:{grpc_port}")
+    return EdgeProcess(url=url, role=role.run(), grpc_address=f"127.0.0.1:{grpc_port}",
+                       conformance_grpc_address=f"127.0.0.1:{conformance_port}")
 
 
 def stop_edge(edge: EdgeProcess) -> None:

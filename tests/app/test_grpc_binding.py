@@ -9,6 +9,7 @@ binding through the whole pipeline is tests/workers/test_grpc.py.
 
 from __future__ import annotations
 
+import contextvars
 import json
 
 import grpc
@@ -20,6 +21,7 @@ from app import grpc_binding
 from app.cards import build_card
 from app.grpc_binding import EdgeGrpcContextBuilder
 from app.identity import Identity
+from app.observability import Metrics
 from core.settings import PROJECT_ROOT, EdgeSettings, Settings
 from core.specs import load_specs
 
@@ -59,6 +61,34 @@ async def test_the_metadata_less_credentials_is_the_contexts_headers_in_lower_ca
     assert all(key == key.lower() for key in headers)
     assert answer["user"] == "c-1:conformance"
     assert answer["extensions"] == ["urn:x:one", "urn:x:two"]
+
+
+async def _close_elsewhere(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    """What asyncio does to a stream whose client went away: its generator is finalised in another task, so the
+    call's log is closed in another context than the one it opened in."""
+    metrics = Metrics()
+    call = grpc_binding._CallLog(metrics, "SendStreamingMessage", context)
+    call.__enter__()
+    contextvars.copy_context().run(call.__exit__, GeneratorExit, GeneratorExit(), None)
+    counted = metrics.requests.labels(operation="grpc_SendStreamingMessage", status="CANCELLED")._value.get()
+    return json.dumps({"cancelled_counted": counted}).encode()
+
+
+@pytest.mark.anyio
+async def test_a_call_log_closed_in_another_context_counts_the_call_cancelled_and_raises_nothing():
+    """It raised 'ValueError: <Token ...> was created in a different Context', which asyncio then logged as
+    'Task exception was never retrieved' (issue 43)."""
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "test.Log", {"Close": grpc.unary_unary_rpc_method_handler(_close_elsewhere)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            answer = json.loads(await channel.unary_unary("/test.Log/Close")(b"", timeout=10))
+    finally:
+        await server.stop(None)
+    assert answer == {"cancelled_counted": 1.0}
 
 
 # --- the setting and the cards --------------------------------------------------------------------------
