@@ -9,7 +9,9 @@ after the SDK's checks, with the SDK's response. Sends and cancels differ:
     direct Message it was answered with, if it was) instead of executing in
     this process; a blocking send then waits on the task's event stream for a
     terminal or interrupted state (at most ``blocking_wait_max_s``), a stream
-    relays the events;
+    relays the events (the task first, except that a specialist that may answer
+    with a direct Message holds the task back until the first event: a Message
+    then streams alone);
   - the push-notification config methods (Create, Get, List, Delete) are the edge's own (``app.push``),
     scoped by owner, on its tables (``taskstate.push``); a send's own configuration is stored by admission;
   - CancelTask is one transaction on any instance: the task's jobs are cancelled
@@ -70,6 +72,9 @@ from core.specs import LoadedSpec
 
 STOP_STATES = TERMINAL_TASK_STATES | INTERRUPTED_TASK_STATES
 IDEMPOTENCY_KEY_HEADER = "idempotency-key"
+# The executors that may answer a send with a direct Message instead of a task (the conformance specialist's
+# ``message`` scenario); every other specialist's answer is always its task.
+DIRECT_REPLY_EXECUTORS = frozenset({"conformance"})
 
 
 class _EdgeRunsNothing(AgentExecutor):
@@ -135,6 +140,7 @@ class EdgeRequestHandler(DefaultRequestHandler):
         self.settings = settings
         self.metrics = metrics
         self.push_configs = push_configs
+        self.direct_replies = loaded.spec.executor in DIRECT_REPLY_EXECUTORS
 
     async def _admit(self, params: SendMessageRequest, context: ServerCallContext) -> Admitted:
         spec = self.loaded.spec
@@ -200,10 +206,20 @@ class EdgeRequestHandler(DefaultRequestHandler):
             if admitted.reply is not None:  # a resend of a send answered with a direct Message: that Message again
                 yield admitted.reply
                 return
-            yield apply_history_length(admitted.task, params.configuration)
+            task = apply_history_length(admitted.task, params.configuration)
             if admitted.task.status.state in STOP_STATES:
+                yield task
                 return
+            # A specialist that may answer with a direct Message: the task is held back until the first event
+            # says which answer this is, so that a Message streams alone (spec 3.1.2: exactly one Message, then
+            # the stream closes), and a task streams as it always has, the task first.
+            held: Task | None = task if self.direct_replies else None
+            if held is None:
+                yield task
             async for event in self._tail(admitted.task.id, admitted.version):
+                if held is not None and not isinstance(event, Message):
+                    yield held
+                held = None
                 yield event
 
     @validate_request_params

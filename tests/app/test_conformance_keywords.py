@@ -1,6 +1,6 @@
 """A foreign client reaches every conformance scenario by the first word of its text, with random message ids.
 
-The official a2a-sdk client on JSON-RPC and on HTTP+JSON, through the whole
+The official a2a-sdk client on JSON-RPC and on HTTP+JSON (and gRPC where a test says so), through the whole
 hosted pipeline (edge, admission, dispatcher, worker claim, executor): the
 message ids are plain UUIDs, as every real SDK sends them, so only the text
 chooses. A ``slow`` task works long enough to be canceled.
@@ -12,9 +12,11 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import grpc
+import grpc.aio
 import httpx
 import pytest
-from a2a.client import ClientConfig, ClientFactory
+from a2a.client import ClientCallContext, ClientConfig, ClientFactory
 from a2a.client.card_resolver import A2ACardResolver
 from a2a.types.a2a_pb2 import CancelTaskRequest, GetTaskRequest, Message, Part, Role, SendMessageRequest, TaskState
 from google.protobuf.json_format import MessageToDict
@@ -64,8 +66,14 @@ def random_message(text: str) -> Message:
 async def sdk_client(edge, customer, binding: str, *, streaming: bool = False) -> AsyncIterator:
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {customer.key}"}, timeout=30) as http:
         card = await A2ACardResolver(http, edge.specialist(CONFORMANCE)).get_agent_card()
-        config = ClientConfig(httpx_client=http, supported_protocol_bindings=[binding], streaming=streaming)
+        config = ClientConfig(httpx_client=http, supported_protocol_bindings=[binding], streaming=streaming,
+                              grpc_channel_factory=grpc.aio.insecure_channel)
         yield ClientFactory(config).create(card)
+
+
+def key_of(customer) -> ClientCallContext:
+    """The key as gRPC metadata (the HTTP bindings carry it in the httpx client's headers)."""
+    return ClientCallContext(service_parameters={"authorization": f"Bearer {customer.key}"}, timeout=30)
 
 
 async def send_once(client, request: SendMessageRequest):
@@ -93,6 +101,26 @@ async def test_message_answers_with_a_direct_message_and_no_task(edge_a, make_cu
         answer = await send_once(client, SendMessageRequest(message=random_message("Message: just say something")))
     assert answer.WhichOneof("payload") == "message"
     assert [p.text for p in answer.message.parts] == ["Direct message response"]
+
+
+@pytest.mark.parametrize("binding, message_id, text", [
+    ("JSONRPC", None, "message"),
+    ("HTTP+JSON", None, "message"),
+    ("GRPC", None, "message"),
+    ("GRPC", "tck-message-response-x1", "hello"),  # the kit's way: the messageId chooses
+])
+async def test_a_streamed_send_answered_with_a_direct_message_streams_that_message_alone(
+    edge_a, make_customer, binding, message_id, text
+):
+    """Spec 3.1.2: a stream whose answer is a Message is exactly that Message, then closed: no task before it."""
+    customer = make_customer()
+    request = SendMessageRequest(message=random_message(text))
+    if message_id:
+        request.message.message_id = f"{message_id}-{uuid.uuid4().hex[:8]}"
+    async with sdk_client(edge_a, customer, binding, streaming=True) as client:
+        events = [event async for event in client.send_message(request, context=key_of(customer))]
+    assert [step(e) for e in events] == ["message"]
+    assert [p.text for p in events[0].message.parts] == ["Direct message response"]
 
 
 def step(event) -> str:
