@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
+from tests import commands
 from tests.ledger.conftest import new_customer, new_job
 
 SPECIALISTS = Path(sys.executable).parent / "specialists"  # the environment that runs the tests has the project
@@ -19,9 +20,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(SPECIALISTS), *args, "--operator", "ops-test"], env=env, capture_output=True, text=True, timeout=60
-    )
+    return commands.specialists([*args, "--operator", "ops-test"], env)  # in this process (tests/commands.py)
 
 
 def run_json(env: dict[str, str], *args: str, expect: int = 0) -> dict:

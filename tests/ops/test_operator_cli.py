@@ -17,6 +17,7 @@ from app import ledger_port
 from core.settings import PROJECT_ROOT
 from core.specs import load_specs
 from ledger.client import Ledger
+from tests import commands
 from tests.ledger.conftest import new_customer, new_job
 from tests.workers.hosted_rlm import support
 from workers.hosted_rlm.journal import Journal
@@ -29,6 +30,11 @@ pytestmark = pytest.mark.timeout(120)
 
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     """The command exactly as given (the flags where the test puts them)."""
+    return commands.specialists(args, env)  # in this process: an interpreter per command cost most of the file
+
+
+def cli_process(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    """The command in a process of its own: its output's width is read from its own start (COLUMNS, a pipe)."""
     return subprocess.run([str(SPECIALISTS), *args], env=env, capture_output=True, text=True, timeout=60)
 
 
@@ -245,11 +251,11 @@ def test_a_table_is_whole_when_piped_and_fits_the_terminal_or_columns_without_cu
     customer = added(service_env)
     label = "a label of a hundred and ninety characters " * 4 + "end"
     issued = cli_json(service_env, "keys", "issue", "--customer", customer, "--label", label)
-    piped = cli(service_env, "keys", "list", "--customer", customer)
+    piped = cli_process(service_env, "keys", "list", "--customer", customer)
     assert label in piped.stdout and "…" not in piped.stdout, piped.stdout  # one line, whole
     assert max(len(line) for line in piped.stdout.splitlines()) > 200
 
-    narrow = cli(service_env | {"COLUMNS": "100"}, "keys", "list", "--customer", customer)
+    narrow = cli_process(service_env | {"COLUMNS": "100"}, "keys", "list", "--customer", customer)
     lines = narrow.stdout.splitlines()
     label_cells = [line.split("│")[6].strip() for line in lines if line.startswith("│")]  # key_id ... tier, label
     assert "…" not in narrow.stdout and "".join("".join(label_cells).split()) == "".join(label.split())  # wrapped
