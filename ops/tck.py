@@ -308,6 +308,8 @@ def start_service(out: Path, say) -> Service:
         "SPECIALISTS_MODEL_ROUTES_ALLOW_SCRIPTED": "true",  # the paid specialists' scripted route, with no model
         "SPECIALISTS_SERVE_CONSOLE": "false",
         "SPECIALISTS_WORKER_PORT": str(free_port()),
+        # Each specialist its own gRPC listener, the first GRPC interface of its card: the kit sends no tenant.
+        "SPECIALISTS_GRPC_SPECIALIST_PORTS": json.dumps({sid: free_port() for sid in _served_specialists(env)}),
     })
     base = f"http://127.0.0.1:{port}"
     log_path = out / "serve.log"
@@ -322,6 +324,12 @@ def start_service(out: Path, say) -> Service:
             step()
         raise
     return Service(base, env, log_path, role, cleanup)
+
+
+def _served_specialists(env: Mapping[str, str]) -> list[str]:
+    from core.specs import load_specs
+
+    return sorted(load_specs(Path(env.get("SPECIALISTS_SPECS_DIR") or ROOT / "specs")))
 
 
 def _fresh_database(server_url: str, cleanup: list) -> str:
