@@ -446,6 +446,21 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f}%"
 
 
+def service_errors(log_text: str) -> list[str]:
+    """The service's ERROR and CRITICAL lines (its log is JSON lines) and tracebacks: shown, never judged."""
+    found = []
+    for line in log_text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            if line.startswith("Traceback") or "Task exception was never retrieved" in line:
+                found.append(line.strip())
+            continue
+        if isinstance(record, dict) and str(record.get("level", "")).upper() in ("ERROR", "CRITICAL"):
+            found.append(f"{record.get('logger', '?')}: {record.get('message', '')}")
+    return found
+
+
 def report(runs: Sequence[Run], excuses: Sequence[Excuse], specialist: str, kit: Kit, out: Path,
            elapsed_s: float) -> tuple[bool, str]:
     lines = [f"A2A conformance kit {kit.commit} against `{specialist}`, {elapsed_s:.0f} s; reports in {out}", "",
@@ -488,6 +503,10 @@ def report(runs: Sequence[Run], excuses: Sequence[Excuse], specialist: str, kit:
         lines += ["", f"Excused (docs/A2A_EDGE.md, {EXCUSED_HEADING}), whatever their result:"]
         lines += [f"  {req} [{', '.join(where)}] ({reasons[req].kind}): {reasons[req].reason}"
                   for req, where in sorted(excused_seen.items())]
+    errors = service_errors((out / "serve.log").read_text(errors="replace")) if (out / "serve.log").is_file() else []
+    if errors:
+        lines += ["", f"The service logged {len(errors)} error lines meanwhile ({out / 'serve.log'}), the first:",
+                  *(f"  {line[:200]}" for line in errors[:5])]
     lines += ["", "Levels are PASS/(PASS+FAIL) per transport after the excused requirements; the bar: "
               + ", ".join(f"{level} >= {BAR[level]:g}%" for level in LEVELS) + ". The service ran with "
               "SPECIALISTS_PUSH_ALLOW_LOOPBACK=true (the kit's push-delivery webhook is on localhost)."]

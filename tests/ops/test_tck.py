@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ops.tck import EDGE_DOC, Excuse, TckError, excused_requirements, score_transport, wrapper_fingerprint
+from ops.tck import (EDGE_DOC, Excuse, TckError, excused_requirements, score_transport, service_errors,
+                     wrapper_fingerprint)
 
 
 def compatibility(results: dict[str, tuple[str, dict[str, str]]]) -> dict:
@@ -72,3 +73,10 @@ def test_the_fingerprint_is_the_one_run_tck_sh_keeps_so_each_run_reuses_the_kits
               "-o -name pyproject.toml \\) -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1")
     expected = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert wrapper_fingerprint(tmp_path) == expected.stdout.strip()
+
+
+def test_the_services_error_lines_are_shown_from_its_json_log():
+    log = ('{"level": "INFO", "logger": "uvicorn", "message": "started"}\n'
+           '{"level": "ERROR", "logger": "asyncio", "message": "Task exception was never retrieved"}\n'
+           'Traceback (most recent call last):\n  File "x.py", line 1\n')
+    assert service_errors(log) == ["asyncio: Task exception was never retrieved", "Traceback (most recent call last):"]
