@@ -148,7 +148,7 @@ def excused_requirements(doc: str) -> list[Excuse]:
         requirement, specialists, kind, reason = cells
         requirement = requirement.strip("`")
         names = frozenset(name.strip().strip("`") for name in specialists.split(","))
-        if kind not in ("kit fault", "policy") or not reason or not re.fullmatch(r"[A-Z0-9_-]+", requirement):
+        if kind not in ("kit fault", "policy") or not reason or not re.fullmatch(r"[A-Za-z0-9_-]+", requirement):
             raise TckError(f"{EDGE_DOC.name} '{EXCUSED_HEADING}': row {line.strip()!r} needs a requirement id, the "
                            "specialists (* for all), a kind ('kit fault' or 'policy') and a reason")
         rows.append(Excuse(requirement, names, kind, reason))
