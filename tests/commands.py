@@ -13,14 +13,16 @@ import contextlib
 import io
 import os
 import subprocess
+import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 _ENVIRON = threading.Lock()  # one command at a time: each replaces the process's environment while it runs
 
 
-def specialists(args: Sequence[str], env: Mapping[str, str]) -> subprocess.CompletedProcess:
-    """``specialists *args`` with ``env`` as its whole environment; its exit code, stdout and stderr."""
+def specialists(args: Sequence[str], env: Mapping[str, str], stdin: str | None = None) -> subprocess.CompletedProcess:
+    """``specialists *args`` with ``env`` as its whole environment (and ``stdin`` as its input); its exit code,
+    stdout and stderr."""
     from ops.cli import main
 
     out, err = io.StringIO(), io.StringIO()
@@ -29,7 +31,7 @@ def specialists(args: Sequence[str], env: Mapping[str, str]) -> subprocess.Compl
         os.environ.clear()
         os.environ.update(env)
         try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _stdin(stdin):
                 try:
                     code = main(list(args))
                 except SystemExit as exit_:  # argparse's --help and the like
@@ -38,3 +40,13 @@ def specialists(args: Sequence[str], env: Mapping[str, str]) -> subprocess.Compl
             os.environ.clear()
             os.environ.update(saved)
     return subprocess.CompletedProcess(["specialists", *args], code, out.getvalue(), err.getvalue())
+
+
+@contextlib.contextmanager
+def _stdin(text: str | None) -> Iterator[None]:
+    saved = sys.stdin
+    sys.stdin = io.StringIO(text or "")
+    try:
+        yield
+    finally:
+        sys.stdin = saved

@@ -3,21 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
 
 from ledger import keys
+from tests import commands
 
 SECRET_A = "a" * 48
 SECRET_B = "b" * 48
-# The bin directory of the environment running these tests: the one with the project installed.
-ENV_BIN = Path(sys.executable).parent
 
 
 def customer() -> str:
@@ -145,7 +141,7 @@ def test_invalid_customer_ids_are_refused_before_anything_is_written(engine):
 
 
 def run_cli(env, *args, stdin: str | None = None):
-    return subprocess.run([str(ENV_BIN / "specialists"), *args], env=env, input=stdin, capture_output=True, text=True, timeout=60)
+    return commands.specialists(args, env, stdin)  # in this process (tests/commands.py)
 
 
 def test_the_operator_command_issues_lists_verifies_and_revokes_keys(service_env):

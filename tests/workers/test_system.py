@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -26,10 +25,10 @@ from a2a.client.card_resolver import A2ACardResolver
 from a2a.types.a2a_pb2 import SubscribeToTaskRequest, TaskState
 from sqlalchemy import text
 
-from core.settings import PROJECT_ROOT, Settings
+from core.settings import Settings
 from ledger import keys
 from ledger.client import Ledger
-from tests import http_calls
+from tests import commands, http_calls
 from tests.conftest import TEST_SECRET
 from tests.workers.conftest import QUEUE, SERVICE_ACCOUNT, WORKER_SECRET
 from tests.workers.system import (
@@ -125,10 +124,7 @@ def settlements(system: System, task_id: str) -> list[tuple[str, int]]:
 def specialists(system: System, *args: str) -> subprocess.CompletedProcess:
     env = system.env()
     env["SPECIALISTS_KEY_SIGNING_SECRETS"] = TEST_SECRET
-    return subprocess.run(
-        [sys.executable, "-m", "ops.cli", *args, "--json", "--operator", "ops-drill"],
-        env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60,
-    )
+    return commands.specialists([*args, "--json", "--operator", "ops-drill"], env)  # in this process
 
 
 # --- the path --------------------------------------------------------------------------------

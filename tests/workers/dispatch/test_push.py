@@ -34,6 +34,7 @@ from taskstate import push, rows
 from taskstate.ids import TaskRef
 from taskstate.notify import PUSH, TASK_EVENTS, libpq_url
 from taskstate.updates import TaskEvents
+from tests import commands
 from tests.webhook import Webhook, private_ca, running_webhook
 from tests.workers.system import drop_database, fresh_database
 from workers.dispatch.process import OutboxListener
@@ -186,22 +187,22 @@ def test_a_webhook_that_answers_500_is_retried_to_the_limit_then_listed_as_faile
     task_id, _ = new_task(engine, webhook.url(path), customer=customer)
     with delivering(engine, settings):
         [(seq, state, attempts, error)] = settled(engine, task_id, 1)
-    command = [sys.executable, "-m", "ops.cli", "push", "failures", "--customer", customer]
+    command = ["push", "failures", "--customer", customer]  # each run in this process (tests/commands.py)
     # A customer the ledger does not know is refused, never listed as "nothing failed".
-    unknown = subprocess.run([*command, "--json"], env=service_env, cwd=PROJECT_ROOT, capture_output=True, text=True)
+    unknown = commands.specialists([*command, "--json"], service_env)
     assert unknown.returncode != 0 and json.loads(unknown.stdout)["error"]["code"] == "customer_not_found", unknown
-    subprocess.run([sys.executable, "-m", "ops.cli", "customers", "add", "--customer", customer], env=service_env,
-                   cwd=PROJECT_ROOT, capture_output=True, check=True)
+    assert commands.specialists(["customers", "add", "--customer", customer], service_env).returncode == 0
     assert (state, attempts) == ("failed", 3) and "http_500" in error and "SPECIALISTS_PUSH_MAX_ATTEMPTS" in error
     assert len(webhook.at(path)) == 3  # each attempt one request, and no more
     with engine.connect() as conn:
         [failed] = push.failed_deliveries(conn, customer_id=customer, limit=10)
     assert (failed.task_id, failed.event_seq, failed.last_status, failed.url) == (task_id, seq, 500, webhook.url(path))
-    listed = subprocess.run([*command, "--json"], env=service_env, cwd=PROJECT_ROOT, capture_output=True, text=True,
-                            check=True)
+    listed = commands.specialists([*command, "--json"], service_env)
+    assert listed.returncode == 0, listed.stderr
     [row] = json.loads(listed.stdout)["failures"]
     assert (row["task_id"], row["event_id"], row["attempts"], row["last_status"]) == (task_id, str(seq), 3, 500)
-    table = subprocess.run(command, env=service_env, cwd=PROJECT_ROOT, capture_output=True, text=True, check=True)
+    table = commands.specialists(command, service_env)
+    assert table.returncode == 0, table.stderr
     assert task_id in table.stdout and "http_500" in table.stdout
 
 
@@ -401,11 +402,8 @@ def test_a_dispatchers_attempts_are_counted_and_each_is_a_span_in_its_tasks_trac
 def test_retries_are_listed_before_they_fail_and_an_operator_can_turn_a_customers_webhooks_off(
         engine, settings, webhook, service_env):
     customer = f"c-{uuid.uuid4().hex[:8]}"
-    command = [sys.executable, "-m", "ops.cli"]
-
     def cli(*args: str) -> dict:
-        done = subprocess.run([*command, *args, "--json"], env=service_env, cwd=PROJECT_ROOT, capture_output=True,
-                              text=True)
+        done = commands.specialists([*args, "--json"], service_env)  # in this process (tests/commands.py)
         assert done.returncode == 0, done.stdout + done.stderr
         return json.loads(done.stdout)
 
@@ -436,11 +434,10 @@ def test_retries_are_listed_before_they_fail_and_an_operator_can_turn_a_customer
     assert cli("push", "enable", "--customer", customer)["was_disabled"] is True
     move(engine, task_id, owner, TaskState.TASK_STATE_COMPLETED)
     assert [state for _, state, _, _ in deliveries(engine, task_id)] == ["failed", "pending"]  # on again
-    typo = subprocess.run([*command, "push", "disable", "--customer", customer[:-1] + "z", "--reason", "x", "--json"],
-                          env=service_env, cwd=PROJECT_ROOT, capture_output=True, text=True)
+    typo = commands.specialists(["push", "disable", "--customer", customer[:-1] + "z", "--reason", "x", "--json"],
+                                service_env)
     assert typo.returncode == 1 and json.loads(typo.stdout)["error"]["code"] == "customer_not_found"
-    blank = subprocess.run([*command, "push", "disable", "--customer", customer, "--reason", " ", "--json"],
-                           env=service_env, cwd=PROJECT_ROOT, capture_output=True, text=True)
+    blank = commands.specialists(["push", "disable", "--customer", customer, "--reason", " ", "--json"], service_env)
     refused = json.loads(blank.stdout)["error"]
     assert blank.returncode == 2 and refused["code"] == "reason_invalid", blank
     assert "not 0" in refused["message"] and "SPECIALISTS_LEDGER_MAX_REASON_CHARS" in refused["message"], refused
