@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from core.settings import PROJECT_ROOT
+from tests import commands
 from tests.serve import running_service
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
@@ -31,8 +32,7 @@ ALLOWANCE = 50
 
 
 def specialists(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ops.cli", *args], env=env, cwd=PROJECT_ROOT,
-                          capture_output=True, text=True, timeout=90)
+    return commands.specialists(args, env)  # in this process (tests/commands.py)
 
 
 @pytest.fixture(scope="module")
