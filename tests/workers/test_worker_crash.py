@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import secrets
-import select
-import signal
 import subprocess
 import sys
 import threading
@@ -17,9 +14,10 @@ import httpx
 import pytest
 from sqlalchemy import Engine, text
 
-from core.settings import PROJECT_ROOT
+from ops.topology import Ready, Role
 from tests import http_calls
 from tests.workers.conftest import WORKER_SECRET
+from tests.workers.system import START_BOUNDS
 from taskstate import claims
 from workers.auth import JobSigner
 
@@ -31,45 +29,27 @@ LEASE_S = 5.0
 
 
 class WorkerProcess:
+    """The real worker (tests.workers.worker_process), an ops/topology.py role ready on its LISTENING line."""
+
     def __init__(self, env: dict[str, str], step_log: Path) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.workers.worker_process", str(step_log)],
-            cwd=PROJECT_ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        deadline = time.monotonic() + 30
-        assert self.process.stdout is not None
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([self.process.stdout], [], [], 0.2)
-            if ready:
-                line = self.process.stdout.readline()
-                if line.startswith("LISTENING "):
-                    self.url = f"http://127.0.0.1:{int(line.split()[1])}/jobs"
-                    return
-                if not line:
-                    break
-        self.stop()
-        raise AssertionError("the worker process did not start")
+        self.role = Role("worker", [sys.executable, "-m", "tests.workers.worker_process", str(step_log)], env,
+                         Ready.line("LISTENING "), step_log.with_name(f"worker-{secrets.token_hex(3)}.log"),
+                         bounds=START_BOUNDS, stop_grace_s=10).run()
+        self.url = f"http://127.0.0.1:{int(self.role.ready_line.split()[1])}/jobs"
+
+    @property
+    def process(self) -> subprocess.Popen:
+        assert self.role.popen is not None
+        return self.role.popen
 
     def post(self, body: bytes, timeout_s: float = 30) -> httpx.Response:
         return http_calls.post(self.url, content=body, timeout=timeout_s)
 
     def kill(self) -> None:
-        os.kill(self.process.pid, signal.SIGKILL)
-        self.process.wait(10)
+        self.role.kill()
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-        if self.process.stdout:
-            self.process.stdout.close()
+        self.role.stop()
 
 
 @pytest.fixture
