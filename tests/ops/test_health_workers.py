@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -21,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from core.settings import PROJECT_ROOT, Settings
+from core.settings import Settings
 from ledger import keys
 from ledger.client import Ledger
 from ops.health import health
-from tests import http_calls
+from tests import commands, http_calls
 from tests.conftest import TEST_SECRET
 from tests.workers.system import System, script_message, system_on_its_own_database
 
@@ -51,8 +50,7 @@ def settings_of(system: System) -> Settings:
 
 
 def cli_health(system: System) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ops.cli", "health", "--json"], env=system.env(), cwd=PROJECT_ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return commands.specialists(["health", "--json"], system.env())  # in this process (tests/commands.py)
 
 
 def send_scripted(system: System) -> str:
@@ -107,8 +105,7 @@ def test_a_killed_worker_turns_health_metrics_and_the_dispatchers_log_while_the_
     report = json.loads(after.stdout)
     assert report["without_live_worker"] == SERVED and report["queue"]["redelivery"] >= 1
     assert {p["specialist_id"] for p in report["problems"] if p["code"] == "no_live_worker"} == set(SERVED)
-    table = subprocess.run([sys.executable, "-m", "ops.cli", "health"], env=system.env(), cwd=PROJECT_ROOT,
-                           capture_output=True, text=True, timeout=120)
+    table = commands.specialists(["health"], system.env())
     assert table.returncode == 1, table.stdout
     assert "NOT READY no_live_worker: no worker serving scripted" in table.stdout, table.stdout
 
