@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
 from core.settings import PROJECT_ROOT
+from tests import commands
 from tests.app.conftest import edge_env, free_port
 from tests.serve import running_service
 from tests.workers.system import drop_database, fresh_database
@@ -17,9 +17,8 @@ from tests.workers.system import drop_database, fresh_database
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 
-def specialists(env: dict[str, str], *args: str, timeout_s: float = 90) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ops.cli", *args], env=env, cwd=PROJECT_ROOT,
-                          capture_output=True, text=True, timeout=timeout_s)
+def specialists(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return commands.specialists(args, env)  # in this process (tests/commands.py)
 
 
 def test_the_demo_reviews_the_example_project_through_the_running_service(server_url, engine, tmp_path):
