@@ -7,9 +7,12 @@ Then ONE transaction: the idempotency records, the context binding, the ledger
 reservation, the task row (in the a2a-sdk store's format) and the dispatch
 outbox row. Any refusal raises and rolls everything back, so a refused request
 leaves no task and no reservation. This module owns ``edge_messages`` and
-``edge_contexts``; the other rows are written through their owners' common table
-expressions (``taskstate.idempotency``, ``taskstate.rows``, ``taskstate.admitted``,
-``taskstate.outbox``), so a new task is one statement.
+``edge_contexts``; the other rows are written through their owners' fragments
+(``idempotency.CLAIM``, ``rows.NEW_TASK``, ``admitted.NEW_ROW``, ``outbox.NEW_ROW``,
+composed and checked by ``core.fragments``), so a new task is one statement, ``_ADMIT``:
+the only way a new task is written, run at once (autocommit, with the reservation in
+it) or, when its ``fallback`` names a reason, in the send's transaction. From here on
+the spec's tariff is the task's reserved credits (docs/ARCHITECTURE.md, "Glossary").
 
 Idempotency (docs/A2A_EDGE.md): an ``Idempotency-Key`` header, scoped to the
 customer and the specialist and kept ``idempotency_key_retention_s``, makes a
