@@ -20,7 +20,9 @@ documented policy, each with its reason). Exit status: 0 the bar is met, 1 it is
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import io
 import json
 import os
 import re
@@ -261,6 +263,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def specialists(command: Sequence[str], env: Mapping[str, str]) -> str:
+    """`specialists *command` in this process (an interpreter start-up fewer per command), with ``env`` as the
+    whole environment while it runs; its standard output."""
+    from ops.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(list(command))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    if code != 0:
+        raise TckError(f"`specialists {' '.join(command)}` failed (exit {code}): "
+                       f"{(out.getvalue() + err.getvalue()).strip()[-1500:]}")
+    return out.getvalue()
+
+
 @dataclass
 class Service:
     base_url: str
@@ -270,17 +293,20 @@ class Service:
     cleanup: list = field(default_factory=list)
 
     def cli(self, *command: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "ops.cli", *command], env=self.env, cwd=ROOT,
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            raise TckError(f"`specialists {' '.join(command)}` failed (exit {done.returncode}): "
-                           f"{(done.stdout + done.stderr).strip()[-1500:]}")
-        return done.stdout
+        return specialists(command, self.env)
 
     def stop(self) -> None:
         self.role.stop()
-        for step in reversed(self.cleanup):
+        run_cleanup(self.cleanup)
+
+
+def run_cleanup(steps: list) -> None:
+    """Each step, newest first; one that fails is reported and the others still run."""
+    for step in reversed(steps):
+        try:
             step()
+        except Exception as error:  # noqa: BLE001 - a cleanup that failed must not hide the run's result
+            print(f"tck: cleanup: {error}", file=sys.stderr, flush=True)
 
 
 def start_service(out: Path, say) -> Service:
@@ -299,8 +325,7 @@ def start_service(out: Path, say) -> Service:
         data_dir = Path(tempfile.mkdtemp(prefix="tck-data-"))
         env["SPECIALISTS_DATA_DIR"] = str(data_dir)
         cleanup.append(lambda: shutil.rmtree(data_dir, ignore_errors=True))
-        cleanup.append(lambda: subprocess.run([sys.executable, "-m", "ops.cli", "db", "stop"], env=env, cwd=ROOT,
-                                              capture_output=True))
+        cleanup.append(lambda: specialists(["db", "stop"], env))
         say(f"tck: an embedded PostgreSQL in {data_dir} (DATABASE_URL is unset)")
     port = free_port()
     env.update({
@@ -308,6 +333,7 @@ def start_service(out: Path, say) -> Service:
         "SPECIALISTS_MODEL_ROUTES_ALLOW_SCRIPTED": "true",  # the paid specialists' scripted route, with no model
         "SPECIALISTS_SERVE_CONSOLE": "false",
         "SPECIALISTS_WORKER_PORT": str(free_port()),
+        "SPECIALISTS_WORKER_DRAIN_S": "1",  # the run is over when it stops: nothing to drain
         # Each specialist its own gRPC listener, the first GRPC interface of its card: the kit sends no tenant.
         "SPECIALISTS_GRPC_SPECIALIST_PORTS": json.dumps({sid: free_port() for sid in _served_specialists(env)}),
     })
@@ -320,9 +346,9 @@ def start_service(out: Path, say) -> Service:
     try:
         role.run()
     except BaseException:
-        for step in reversed(cleanup):
-            step()
+        run_cleanup(cleanup)
         raise
+    say("tck: the service is ready")
     return Service(base, env, log_path, role, cleanup)
 
 
@@ -525,10 +551,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="one transport (repeatable; default: all three)")
     args = parser.parse_args(argv)
 
-    def say(line: str) -> None:
-        print(line, flush=True)
-
     started = time.monotonic()
+
+    def say(line: str) -> None:
+        print(f"[{time.monotonic() - started:5.1f} s] {line}", flush=True)
+
     try:
         excuses = excused_requirements(EDGE_DOC.read_text())
         kit = find_kit(args.kit)
