@@ -154,6 +154,6 @@ def test_cancel_of_another_customers_unknown_task_answers_like_a_missing_one_on_
         assert foreign.status_code == 404
     # The owner is told the truth about its own task.
     own = http_calls.post(f"{base}/tasks/{task_id}:cancel", json={}, headers=owner.headers)
-    assert own.status_code == 400 and "under reconciliation" in own.json()["error"]["message"], own.json()
+    assert own.status_code == 409 and "under reconciliation" in own.json()["error"]["message"], own.json()
     with engine.connect() as conn:
         assert verify(conn, owner.customer_id) == [] and verify(conn, stranger.customer_id) == []

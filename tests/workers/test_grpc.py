@@ -132,12 +132,13 @@ def settlements(system: System, task_id: str) -> list[tuple[str, int]]:
 # --- the card ---------------------------------------------------------------------------------------
 
 
-async def test_every_card_lists_the_grpc_interface_with_the_specialist_as_its_tenant(system):
+async def test_every_card_lists_the_shared_grpc_interface_with_the_specialist_as_its_tenant(system):
+    own = {CONFORMANCE: [(system.edges[0].conformance_grpc_address, "", "1.0")], SCRIPTED: []}  # its own listener
     for specialist in (SCRIPTED, CONFORMANCE):
         card = await card_of(system, 0, specialist)
         grpc_interfaces = [i for i in card.supported_interfaces if i.protocol_binding == "GRPC"]
         assert [(i.url, i.tenant, i.protocol_version) for i in grpc_interfaces] == [
-            (system.edges[0].grpc_address, specialist, "1.0")
+            *own[specialist], (system.edges[0].grpc_address, specialist, "1.0")
         ]
 
 
