@@ -123,3 +123,19 @@ def test_the_grpc_port_must_be_its_own_and_the_public_url_a_host_and_port():
         edge_settings(grpc_port=8080)
     with pytest.raises(ValidationError, match="(?i)grpc_public_url"):
         edge_settings(grpc_public_url="https://grpc.example.com")
+
+
+def test_a_specialist_with_a_grpc_port_of_its_own_is_named_first_on_its_card_without_a_tenant():
+    settings = edge_settings(grpc_port=50051, grpc_specialist_ports={"conformance": 50052})
+    assert grpc_interfaces(settings) == [("127.0.0.1:50052", "", "1.0"), ("127.0.0.1:50051", "conformance", "1.0")]
+    public = edge_settings(grpc_specialist_urls={"conformance": "conformance-grpc.example.com:443"})
+    assert grpc_interfaces(public) == [("conformance-grpc.example.com:443", "", "1.0")]
+
+
+def test_a_specialists_grpc_port_must_be_its_own_and_its_url_a_host_and_port():
+    with pytest.raises(ValidationError, match="SPECIALISTS_GRPC_SPECIALIST_PORTS .*SPECIALISTS_GRPC_PORT"):
+        edge_settings(grpc_port=50051, grpc_specialist_ports={"conformance": 50051})
+    with pytest.raises(ValidationError, match=r"gives 'b' port 50052, which SPECIALISTS_GRPC_SPECIALIST_PORTS \('a'\) has"):
+        edge_settings(grpc_specialist_ports={"a": 50052, "b": 50052})
+    with pytest.raises(ValidationError, match="SPECIALISTS_GRPC_SPECIALIST_URLS .*host:port"):
+        edge_settings(grpc_specialist_urls={"conformance": "https://grpc.example.com"})
