@@ -177,6 +177,13 @@ def check_edge_settings(settings: Settings) -> None:
 def create_app(settings: Settings, *, database_url: str | None = None) -> FastAPI:
     """The edge as an ASGI app. Raises SpecInvalid for a bad spec before anything starts."""
     specs = load_specs(settings.hosted.specs_dir)
+    for setting, named in (("SPECIALISTS_GRPC_SPECIALIST_PORTS", settings.edge.grpc_specialist_ports),
+                           ("SPECIALISTS_GRPC_SPECIALIST_URLS", settings.edge.grpc_specialist_urls)):
+        if unknown := sorted(set(named) - set(specs)):
+            raise EdgeNotConfigured(
+                f"{setting} names {', '.join(unknown)}, which no spec in {settings.hosted.specs_dir} defines: "
+                "name served specialists only"
+            )
     register_with_sdk()  # the edge's refusals get their wire forms before any route can raise one
     integers.install()  # whole numbers print as integers in every JSON answer (raises if protobuf moved the hook)
     url = database_url or db.database_url(settings)
@@ -224,12 +231,6 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
         handlers=handlers,
         schema_head=db.head_revision(),
     )
-    unknown = sorted(set(settings.edge.grpc_specialist_ports) - set(specs))
-    if unknown:
-        raise EdgeNotConfigured(
-            f"SPECIALISTS_GRPC_SPECIALIST_PORTS names {', '.join(unknown)}, which no spec in "
-            f"{settings.hosted.specs_dir} defines: name served specialists only"
-        )
     binding = None
     if settings.edge.grpc_port or settings.edge.grpc_specialist_ports:
         binding = GrpcBinding(

@@ -18,6 +18,7 @@ import pytest
 from pydantic import ValidationError
 
 from app import grpc_binding
+from app.assembly import EdgeNotConfigured, create_app
 from app.cards import build_card
 from app.grpc_binding import EdgeGrpcContextBuilder
 from app.identity import Identity
@@ -139,3 +140,10 @@ def test_a_specialists_grpc_port_must_be_its_own_and_its_url_a_host_and_port():
         edge_settings(grpc_specialist_ports={"a": 50052, "b": 50052})
     with pytest.raises(ValidationError, match="SPECIALISTS_GRPC_SPECIALIST_URLS .*host:port"):
         edge_settings(grpc_specialist_urls={"conformance": "https://grpc.example.com"})
+
+
+def test_the_edge_refuses_to_start_with_a_grpc_port_or_url_for_a_specialist_it_does_not_serve():
+    for field in ({"grpc_specialist_ports": {"nobody": 50052}}, {"grpc_specialist_urls": {"nobody": "h:443"}}):
+        settings = Settings(edge=edge_settings(**field).model_dump())
+        with pytest.raises(EdgeNotConfigured, match="SPECIALISTS_GRPC_SPECIALIST_.* names nobody"):
+            create_app(settings, database_url="postgresql://nobody@127.0.0.1:1/none")  # refused before connecting
