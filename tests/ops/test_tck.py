@@ -42,6 +42,14 @@ def test_a_transport_is_judged_on_its_own_results_and_untested_levels_pass():
     assert score.levels["SHOULD"].percent is None and score.levels["MAY"].percent is None
 
 
+def test_a_requirement_with_one_failed_test_of_several_fails_on_its_transport():
+    # The kit keeps the last test's status per transport (PASS here) and FAIL as the requirement's status.
+    results = compatibility(musts(20, 0, "http_json"))
+    results["per_requirement"]["SVC-1"] = {"level": "MUST", "status": "FAIL", "transports": {"http_json": "PASS"}}
+    score = score_transport("http_json", results, [], "conformance")
+    assert score.levels["MUST"].failed == ["SVC-1"] and not score.met
+
+
 def test_an_excused_requirement_is_left_out_only_for_the_specialists_it_names():
     results = {**musts(96, 2), "KIT-1": ("MUST", {"grpc": "FAIL"}), "POL-1": ("MUST", {"grpc": "FAIL"})}
     excuses = [Excuse("KIT-1", frozenset({"*"}), "kit fault", "the kit's"),
