@@ -183,8 +183,9 @@ class Kit:
         return self.source.is_file()
 
 
-NO_KIT = ("the A2A conformance kit is not at {where}. Put it there (a folder holding run_tck.sh and "
-          "a2a-tck-<branch>-<commit>.tar.gz, as the project's shared folder has it) or pass --kit PATH")
+NO_KIT = ("no A2A conformance kit at {where}: the kit is a folder holding its wrapper run_tck.sh and its sources "
+          "(a2a-tck-<branch>-<commit>.tar.gz, or an unpacked a2a-tck checkout), as the project's shared/a2a-tck/ does. "
+          "Put shared/ beside the repository (../shared/a2a-tck/ is the default) or pass --kit PATH")
 
 
 def find_kit(path: Path | None) -> Kit:

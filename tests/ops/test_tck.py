@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.tck import (EDGE_DOC, Excuse, TckError, excused_requirements, score_transport, service_errors,
+from ops.tck import (EDGE_DOC, Excuse, TckError, excused_requirements, find_kit, score_transport, service_errors,
                      wrapper_fingerprint)
 
 
@@ -88,3 +88,14 @@ def test_the_services_error_lines_are_shown_from_its_json_log():
            '{"level": "ERROR", "logger": "asyncio", "message": "Task exception was never retrieved"}\n'
            'Traceback (most recent call last):\n  File "x.py", line 1\n')
     assert service_errors(log) == ["asyncio: Task exception was never retrieved", "Traceback (most recent call last):"]
+
+
+def test_the_kit_is_found_with_its_commit_or_the_error_says_where_to_put_it(tmp_path: Path):
+    with pytest.raises(TckError, match=r"no A2A conformance kit at .*\(\.\./shared/a2a-tck/ is the default\)"):
+        find_kit(tmp_path / "nowhere")
+    (tmp_path / "a2a-tck-1.0-dev-357c4a8.tar.gz").write_bytes(b"")
+    with pytest.raises(TckError, match="run_tck.sh missing there"):
+        find_kit(tmp_path)
+    (tmp_path / "run_tck.sh").write_text("#!/bin/sh\n")
+    kit = find_kit(tmp_path)
+    assert kit.commit == "357c4a8" and kit.packed and kit.wrapper == tmp_path / "run_tck.sh"
