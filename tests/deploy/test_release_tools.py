@@ -131,7 +131,7 @@ def test_the_smoke_makes_its_database_url_from_the_administrative_one_and_never_
 def test_ci_runs_the_static_checks_before_the_suite_and_the_smoke_is_left_to_the_release():
     ci = (PROJECT_ROOT / ".ci" / "run").read_text()
     commands = [line.strip() for line in ci.splitlines() if line.strip().startswith("./dev")]
-    assert commands == ["./dev check", "./dev test"]
+    assert commands == ["./dev check", "./dev test", "./dev tck"]  # the conformance kit after the suite (issue 43)
 
 
 def test_the_smoke_builds_on_local_bases_under_the_dockerfiles_own_pinned_references():
