@@ -2,8 +2,8 @@
 
 A ``Role`` is one process: its argv, its environment (built by the caller from the settings object), where its
 output goes, how it says it is ready (``Ready``: an HTTP path answering 200, a byte on a pipe it is handed, a
-line it prints, a text in its log) and how long it may take to stop (SIGTERM, then SIGKILL). ``Roles`` starts a
-group side by side, waits until each is ready, and stops them all at once. `specialists serve` (its worker,
+line it prints) and how long it may take to stop (SIGTERM, then SIGKILL); ``stop`` stops a group at once.
+`specialists serve` (its worker,
 dispatcher and console), the local drill topology (ops/drill/topology.py), the benchmarks and the test
 harnesses all start their processes here.
 
@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Literal
 
 from core.errors import ServiceError
 from core.settings import PROJECT_ROOT, Settings
@@ -120,10 +120,10 @@ class Ready:
     """How a role says it is ready. ``kind``: ``http`` (``value`` is a URL answering 200), ``listening`` (any HTTP
     answer at ``value``: a server with no health path), ``pipe`` (the role is
     handed a pipe's write end in place of ``{ready_fd}`` in its argv and writes a byte once ready), ``line``
-    (it prints a line starting with ``value`` on its stdout, which is then a pipe), ``log`` (``value`` appears in
-    its log after this start), or ``none`` (ready once started)."""
+    (it prints a line starting with ``value`` on its stdout, which is then a pipe), or ``none`` (ready once
+    started)."""
 
-    kind: Literal["http", "listening", "pipe", "line", "log", "none"]
+    kind: Literal["http", "listening", "pipe", "line", "none"]
     value: str = ""
 
     @classmethod
@@ -141,10 +141,6 @@ class Ready:
     @classmethod
     def line(cls, prefix: str) -> Ready:
         return cls("line", prefix)
-
-    @classmethod
-    def log(cls, text: str) -> Ready:
-        return cls("log", text)
 
 
 READY_FD = "{ready_fd}"  # in a role's argv: the descriptor of its ready pipe (Ready.pipe)
@@ -172,7 +168,6 @@ class Role:
     starts: int = 0
     ready_line: str = ""  # the line a Ready.line role printed
     _ready_read: int | None = field(default=None, repr=False)
-    _log_offset: int = field(default=0, repr=False)
 
     @property
     def pid(self) -> int | None:
@@ -198,7 +193,6 @@ class Role:
         if self.log_path is not None:
             with self.log_path.open("ab") as log:
                 log.write(f"--- {self.name}: start {self.starts} ---\n".encode())
-                self._log_offset = log.tell()
             out = self.log_path.open("ab")
         try:
             self.popen = subprocess.Popen(
@@ -259,18 +253,14 @@ class Role:
                 if not line:
                     self.popen.wait()
             return False
-        if kind == "log":
-            if self.ready.value in self.log_text(since_start=True):
-                return True
-        else:
-            import httpx  # the web client loads only for a role that is asked over HTTP
+        import httpx  # the web client loads only for a role that is asked over HTTP
 
-            try:
-                if httpx.get(self.ready.value, timeout=2).status_code == 200 or kind == "listening":
-                    return True
-            except httpx.HTTPError:
-                pass
-        time.sleep(POLL_S)  # a port or a file of another process, which nothing announces
+        try:
+            if httpx.get(self.ready.value, timeout=2).status_code == 200 or kind == "listening":
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(POLL_S)  # a port of another process, which nothing announces
         return False
 
     def _close_ready_pipe(self) -> None:
@@ -294,23 +284,23 @@ class Role:
             os.kill(self.popen.pid, signum)
 
     def kill(self) -> None:
-        """SIGKILL (its process group, if it has one of its own): no handler runs, nothing is flushed."""
+        """SIGKILL to the role's process (to its group too when it is stopped as a group, with SIGINT as Ctrl-C):
+        no handler runs, nothing is flushed or finished."""
         if self.alive:
             assert self.popen is not None
-            if self.new_session:
+            if self._stopped_as_group:
                 os.killpg(self.popen.pid, signal.SIGKILL)
             else:
                 self.popen.kill()
         self._reap(self.stop_grace_s)
 
+    @property
+    def _stopped_as_group(self) -> bool:
+        return self.new_session and self.stop_signal == signal.SIGINT
+
     def stop(self, grace_s: float | None = None) -> None:
         """``stop_signal`` (SIGTERM, as Cloud Run stops an instance), then SIGKILL after ``grace_s``."""
         stop([self], grace_s)
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-        self.wait_ready()
 
     def _reap(self, timeout_s: float) -> None:
         if self.popen is not None:
@@ -319,14 +309,11 @@ class Role:
                 self.popen.stdout.close()
         self._close_ready_pipe()
 
-    def log_text(self, since_start: bool = False) -> str:
+    def log_text(self) -> str:
         if self.log_path is None:
             return ""
         try:
-            with self.log_path.open("rb") as log:
-                if since_start:
-                    log.seek(self._log_offset)
-                return log.read().decode(errors="replace")
+            return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
 
@@ -346,7 +333,7 @@ def stop(roles: Iterable[Role], grace_s: float | None = None, on_kill: Callable[
     for role in asked:
         if role.alive:
             assert role.popen is not None
-            if role.new_session and role.stop_signal == signal.SIGINT:  # as Ctrl-C: to the whole group
+            if role._stopped_as_group:  # as Ctrl-C: to the whole group
                 os.killpg(role.popen.pid, signal.SIGINT)
             else:
                 role.popen.send_signal(role.stop_signal)
@@ -362,36 +349,9 @@ def stop(roles: Iterable[Role], grace_s: float | None = None, on_kill: Callable[
         role._reap(role.stop_grace_s)
 
 
-@dataclass
-class Roles:
-    """A group of roles started side by side (each is a Python start-up of seconds), ready together, stopped
-    together."""
-
-    roles: list[Role] = field(default_factory=list)
-
-    def add(self, role: Role) -> Role:
-        self.roles.append(role)
-        return role
-
-    def run(self, roles: Sequence[Role], bounds: StartBounds | None = None) -> None:
-        """Start ``roles`` together and wait until each is ready; a failure stops none of the others (``stop``
-        does, with the group)."""
-        for role in roles:
-            self.add(role).start()
-        for role in roles:
-            role.wait_ready(bounds)
-
-    def stop(self, grace_s: float | None = None) -> None:
-        stop(self.roles, grace_s)
-
-    def __iter__(self) -> Any:
-        return iter(self.roles)
-
-
 def ops_cli(*command: str) -> list[str]:
     """The argv of `specialists <command>` run by this interpreter."""
     return [*OPS_CLI, *command]
 
 
-__all__ = ["READY_FD", "Ready", "Role", "RoleFailed", "Roles", "StartBounds", "StartClock", "cpu_ticks", "ops_cli",
-           "stop"]
+__all__ = ["READY_FD", "Ready", "Role", "RoleFailed", "StartBounds", "StartClock", "cpu_ticks", "ops_cli", "stop"]
