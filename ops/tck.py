@@ -587,7 +587,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             key = issue_key(service, args.specialist)
             base = f"{service.base_url}/specialists/{args.specialist}"
             transports = args.transport or list(TRANSPORTS)
-            say(f"tck: running the kit on {', '.join(transports)} side by side against {base} ...")
+            say(f"tck: running the kit on {', '.join(transports)}{' side by side' if len(transports) > 1 else ''} "
+                f"against {base} ...")
             runs = run_kit(kit, src, base, key, out, transports, ["--level", "must"] if args.level == "must" else [],
                            say)
         finally:
