@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ops.tck import (EDGE_DOC, Excuse, TckError, excused_requirements, find_kit, score_transport, service_errors,
-                     wrapper_fingerprint)
+from ops.tck import (EDGE_DOC, Excuse, TckError, excused_requirements, find_kit, merge, score_transport,
+                     service_errors, wrapper_fingerprint)
 
 
 def compatibility(results: dict[str, tuple[str, dict[str, str]]]) -> dict:
@@ -48,6 +48,14 @@ def test_a_requirement_with_one_failed_test_of_several_fails_on_its_transport():
     results["per_requirement"]["SVC-1"] = {"level": "MUST", "status": "FAIL", "transports": {"http_json": "PASS"}}
     score = score_transport("http_json", results, [], "conformance")
     assert score.levels["MUST"].failed == ["SVC-1"] and not score.met
+
+
+def test_a_transport_whose_tests_ran_in_two_kit_processes_is_judged_on_both_reports():
+    waits = compatibility({"SUB-1": ("MUST", {"grpc": "FAIL"}), "GET-1": ("MUST", {})})
+    rest = compatibility({"SUB-1": ("MUST", {"grpc": "PASS"}), "GET-1": ("MUST", {"grpc": "PASS"})})
+    merged = merge("grpc", [rest, waits])
+    score = score_transport("grpc", merged, [], "conformance")
+    assert score.levels["MUST"].failed == ["SUB-1"] and score.levels["MUST"].passed == ["GET-1"]
 
 
 def test_an_excused_requirement_is_left_out_only_for_the_specialists_it_names():
