@@ -7,10 +7,12 @@ while the kit and that file are unchanged; one ``specialists serve`` starts on f
 fresh database (a new database on ``DATABASE_URL``'s server, or an embedded PostgreSQL in a temporary folder),
 ``SPECIALISTS_PUSH_ALLOW_LOOPBACK=true`` for that service alone (the kit's push-delivery tests post to a webhook on
 localhost); a customer is added, granted credits and the specialist's skill, and given a key; then the wrapper runs
-the kit once per transport (JSONRPC, HTTP+JSON, gRPC), the three side by side against the one service, each with the
-key injected by the wrapper (``TCK_AUTH_HEADER``) and writing its reports to a folder of its own under ``--out``.
+the kit once per transport (JSONRPC, HTTP+JSON, gRPC), the three side by side against the one service (and the tests
+in ``SPLIT``, which wait out a deadline of the kit's, in a kit process of their own beside their transport's), each
+with the key injected by the wrapper (``TCK_AUTH_HEADER``) and writing its reports to a folder of its own under
+``--out``.
 
-The judge (``judge``) reads each transport's ``compatibility.json``: on every transport MUST must be at least
+The judge (``score_transport``) reads each transport's ``compatibility.json`` (``merge``d when split): on every transport MUST must be at least
 ``BAR["MUST"]`` and SHOULD and MAY ``BAR["SHOULD"]``/``BAR["MAY"]`` (a level with nothing tested passes), counting a
 requirement's result on that transport and leaving out only the requirements docs/A2A_EDGE.md lists as excused
 (its table *Excused requirements*, read by ``excused_requirements``: the kit's own faults, and a specialist's
