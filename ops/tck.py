@@ -12,9 +12,10 @@ in ``SPLIT``, which wait out a deadline of the kit's, in a kit process of their 
 with the key injected by the wrapper (``TCK_AUTH_HEADER``) and writing its reports to a folder of its own under
 ``--out``.
 
-The judge (``score_transport``) reads each transport's ``compatibility.json`` (``merge``d when split): on every transport MUST must be at least
-``BAR["MUST"]`` and SHOULD and MAY ``BAR["SHOULD"]``/``BAR["MAY"]`` (a level with nothing tested passes), counting a
-requirement's result on that transport and leaving out only the requirements docs/A2A_EDGE.md lists as excused
+The judge (``score_transport``) reads each transport's ``compatibility.json`` (``merge``d when split): on every
+transport MUST must be at least ``BAR["MUST"]`` and SHOULD and MAY ``BAR["SHOULD"]``/``BAR["MAY"]`` (a level with
+nothing tested passes), counting a requirement's result on that transport and leaving out only the requirements
+docs/A2A_EDGE.md lists as excused
 (its table *Excused requirements*, read by ``excused_requirements``: the kit's own faults, and a specialist's
 documented policy, each with its reason). Exit status: 0 the bar is met, 1 it is not, 2 the kit could not run.
 """
