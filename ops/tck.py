@@ -58,6 +58,7 @@ BAR = {"MUST": 97.0, "SHOULD": 100.0, "MAY": 100.0}
 CUSTOMER = "tck"
 GRANT_CREDITS = 100_000  # enough for every paid task one kit run starts
 PROGRESS_EVERY_S = 20.0
+KIT_TIMEOUT_S = 900  # one kit run's limit (run_tck.sh's TCK_TIMEOUT): a hung run ends, reported, not CI's whole time
 # Tests that wait out a deadline of the kit's own run in a second kit process beside their transport's other tests
 # (pytest -k): gRPC's SubscribeToTask test drains a stream on a task that stays INPUT_REQUIRED (the stream rightly
 # stays open, spec 3.1.6) until its client's 30 s deadline, which alone made the gRPC run the longest by that much.
@@ -457,7 +458,7 @@ class Run:
 
 
 def run_kit(kit: Kit, src: Path, base_url: str, key: str, out: Path, transports: Sequence[str],
-            kit_args: Sequence[str], say) -> list[Run]:
+            kit_args: Sequence[str], say, timeout_s: int = KIT_TIMEOUT_S) -> list[Run]:
     """run_tck.sh once per transport, side by side; each run's venv is .venv-tck."""
     runs = []
     parts = [(t, t, "") for t in transports if t not in SPLIT]
@@ -468,7 +469,7 @@ def run_kit(kit: Kit, src: Path, base_url: str, key: str, out: Path, transports:
         if not (folder / "venv").is_symlink():
             (folder / "venv").symlink_to(TCK_VENV)
         env = {**os.environ, "TCK_TRANSPORTS": transport, "TCK_AUTH_HEADER": f"Authorization: Bearer {key}",
-               "PYTHON": str(TCK_VENV / "bin" / "python")}
+               "PYTHON": str(TCK_VENV / "bin" / "python"), "TCK_TIMEOUT": str(timeout_s)}
         argv = ["bash", str(kit.wrapper), str(src), base_url, str(folder)]
         if kit_args or select:
             argv += ["--", *kit_args]
@@ -600,7 +601,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="all requirements (default), or the MUST ones alone")
     parser.add_argument("--transport", action="append", choices=TRANSPORTS,
                         help="one transport (repeatable; default: all three)")
+    parser.add_argument("--timeout-s", type=int, default=KIT_TIMEOUT_S,
+                        help=f"how long one kit run may take, the wrapper's TCK_TIMEOUT (default: {KIT_TIMEOUT_S})")
     args = parser.parse_args(argv)
+    if args.timeout_s <= 0:
+        parser.error("--timeout-s must be a positive number of seconds")
 
     started = time.monotonic()
 
@@ -623,7 +628,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             say(f"tck: running the kit on {', '.join(transports)}{' side by side' if len(transports) > 1 else ''} "
                 f"against {base} ...")
             runs = run_kit(kit, src, base, key, out, transports, ["--level", "must"] if args.level == "must" else [],
-                           say)
+                           say, args.timeout_s)
         finally:
             service.stop()
     except Exception as error:  # noqa: BLE001 - the kit could not run: say why, exit 2
