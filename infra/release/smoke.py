@@ -553,6 +553,8 @@ def console(smoke: Smoke, url: str) -> None:
         "SPECIALISTS_CONSOLE_AUTH": "iap",
         "SPECIALISTS_CONSOLE_IAP_AUDIENCE": "/projects/123456789012/locations/europe-west1/services/specialists-console",
         "SPECIALISTS_CONSOLE_OPERATORS": "operator@example.com",
+        # The one origin its forms may be posted from: its own URL, as infra/console.tf sets it (required with IAP).
+        "SPECIALISTS_CONSOLE_ALLOWED_ORIGINS": "https://specialists-console-123456789012.europe-west1.run.app",
     }
     running = smoke.start("console", ["console"], env)
     if not running.wait_live():

@@ -11,10 +11,11 @@ FROM ${TERRAFORM_IMAGE} AS terraform
 # hadolint ignore=DL3006
 FROM ${PYTHON_IMAGE}
 SHELL ["/bin/sh", "-eu", "-c"]
-# Debian bookworm's git; the suite's container tests install podman themselves (./dev test) when it is missing.
+# Debian bookworm's git, and libatomic1, which Playwright's driver (node) links and the slim image lacks (the page
+# tests drive Debian's chromium through it); ./dev test installs chromium and podman itself when they are missing.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends git ca-certificates \
+    && apt-get install -y --no-install-recommends git libatomic1 ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=terraform /bin/terraform /usr/local/bin/terraform
 RUN git --version && terraform version
