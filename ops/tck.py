@@ -59,10 +59,13 @@ CUSTOMER = "tck"
 GRANT_CREDITS = 100_000  # enough for every paid task one kit run starts
 PROGRESS_EVERY_S = 20.0
 KIT_TIMEOUT_S = 900  # one kit run's limit (run_tck.sh's TCK_TIMEOUT): a hung run ends, reported, not CI's whole time
-# Tests that wait out a deadline of the kit's own run in a second kit process beside their transport's other tests
-# (pytest -k): gRPC's SubscribeToTask test drains a stream on a task that stays INPUT_REQUIRED (the stream rightly
-# stays open, spec 3.1.6) until its client's 30 s deadline, which alone made the gRPC run the longest by that much.
-SPLIT = {"grpc": "test_subscribe_first_event_is_task"}
+# Tests that wait out a deadline of the kit's own, each group in a kit process of its own beside its transport's other
+# tests (pytest -k), on tasks that stay INPUT_REQUIRED, whose streams rightly stay open (spec 3.1.6): the three
+# multi-stream tests collect for 10 s each, and gRPC's SubscribeToTask test drains until its client's 30 s deadline.
+# In one process per transport they made most of the run's time.
+MULTI_STREAM = "TestMultiStreamOrdering"
+SPLIT = {"jsonrpc": [MULTI_STREAM], "http_json": [MULTI_STREAM],
+         "grpc": [MULTI_STREAM, "test_subscribe_first_event_is_task"]}
 # The wrapper's lines worth showing as they come (the rest are in each transport's folder: tck_output.log).
 WRAPPER_NEWS = re.compile(r"exited with|pytest:|creating venv|installing|reinstalling|error|warning|fail",
                           re.IGNORECASE)
@@ -461,8 +464,11 @@ def run_kit(kit: Kit, src: Path, base_url: str, key: str, out: Path, transports:
             kit_args: Sequence[str], say, timeout_s: int = KIT_TIMEOUT_S) -> list[Run]:
     """run_tck.sh once per transport, side by side; each run's venv is .venv-tck."""
     runs = []
-    parts = [(t, t, "") for t in transports if t not in SPLIT]
-    parts += [p for t in transports if t in SPLIT for p in ((t, t, f"not {SPLIT[t]}"), (t, f"{t}-waits", SPLIT[t]))]
+    parts = []  # (transport, folder, pytest -k)
+    for t in transports:
+        groups = SPLIT.get(t, [])
+        parts.append((t, t, " and ".join(f"not {group}" for group in groups)))
+        parts += [(t, f"{t}-waits-{i}", group) for i, group in enumerate(groups, 1)]
     for transport, name, select in parts:
         folder = out / name
         folder.mkdir(parents=True, exist_ok=True)
