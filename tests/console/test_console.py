@@ -34,8 +34,9 @@ from ledger.client import Ledger
 from taskstate import claims
 from taskstate.charge import charged_credits
 from tests.app.conftest import free_port
-from tests.workers.system import (LEASE_S, SCRIPTED_TARIFF, SWEEP_INTERVAL_S, System, script_message, stop_process,
-                                  system_on_its_own_database)
+from ops.topology import Ready, Role, ops_cli
+from tests.workers.system import (LEASE_S, SCRIPTED_TARIFF, START_BOUNDS, STOP_GRACE_S, SWEEP_INTERVAL_S, System,
+                                  script_message, system_on_its_own_database)
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -49,29 +50,23 @@ SESSION_SECRET = "console-tests-session-secret-" + "s" * 40
 class Console:
     url: str
     operator: str
-    process: subprocess.Popen
-    log_path: Path
+    role: Role
 
 
 def start_console(system: System, operator: str, **settings: str) -> Console:
+    """The operator console as a role (ops/topology.py), started, not yet waited for (``wait_until_up``)."""
     port = free_port()
-    log_path = system.folder / f"console-{operator}.log"
+    url = f"http://127.0.0.1:{port}"
     env = system.env(console_operator_secret=OPERATOR_SECRET, console_session_secrets=SESSION_SECRET,
                      console_local_operator=operator, revocation_cache_s="0", **settings)
-    process = subprocess.Popen([sys.executable, "-m", "ops.cli", "console", "--port", str(port)], cwd=PROJECT_ROOT,
-                               env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT)
-    return Console(f"http://127.0.0.1:{port}", operator, process, log_path)
+    role = Role(f"console-{operator}", ops_cli("console", "--port", str(port)), env, Ready.http(f"{url}/healthz"),
+                system.folder / f"console-{operator}.log", bounds=START_BOUNDS, stop_grace_s=STOP_GRACE_S)
+    return Console(url, operator, role.start())
 
 
 def wait_until_up(system: System, console: Console) -> None:
-    def up() -> bool:
-        assert console.process.poll() is None, console.log_path.read_text()
-        try:
-            return httpx.get(f"{console.url}/healthz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    system.wait_for(f"the console of {console.operator}", up, timeout_s=120)
+    """Until its /healthz answers 200, while it makes progress; a console that exits or stalls fails with its log."""
+    console.role.wait_ready()
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +86,7 @@ def consoles(system: System) -> Iterator[dict[str, Console]]:
         yield started
     finally:
         for console in started.values():
-            stop_process(console.process)
+            console.role.stop()
 
 
 # carol's console counts wrong logins with small limits, in a window no test outlives: her lockouts are hers.
@@ -107,7 +102,7 @@ def carol(system: System) -> Iterator[Console]:
         wait_until_up(system, console)
         yield console
     finally:
-        stop_process(console.process)
+        console.role.stop()
 
 
 @pytest.fixture(scope="module")
@@ -628,7 +623,7 @@ def test_every_page_answers_an_unknown_or_malformed_id_with_a_refusal_never_a_50
     alice.goto("/usage?customer=nobody-such-customer")
     assert "customer_not_found" in alice.inner_text("[data-testid=error]")
     assert alice.locator("form.period input[name=customer]").input_value() == "nobody-such-customer"
-    assert "Traceback" not in consoles["alice"].log_path.read_text()
+    assert "Traceback" not in consoles["alice"].role.log_text()
 
 
 def test_re_adding_a_customer_says_it_exists_and_the_list_can_be_searched(system, alice):
