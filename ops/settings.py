@@ -25,13 +25,15 @@ class ServeSettings(Section):
     )
     child_start_timeout_s: float = Field(
         default=30.0, gt=0, le=600,
-        description="How long a child of `specialists serve` (worker, dispatcher, console) may start without "
-        "progress: not answering yet and using no CPU time (itself and its processes, from /proc; where there is no "
-        "/proc, how long it may take at all). A loaded machine's slow start is progress.",
+        description="How long any role started as a process (ops/topology.py: `specialists serve`'s worker, "
+        "dispatcher and console, a drill's roles) may start without progress: not ready yet, using no CPU time "
+        "(itself and its processes, from /proc) and not writing to its log; where there is no /proc, how long it "
+        "may take at all. A loaded machine's slow start, its CPU time or its growing log, is progress.",
     )
     child_start_max_s: float = Field(
         default=600.0, gt=0, le=3600,
-        description="The longest a child of `specialists serve` may take to start, progress or not.",
+        description="The longest any role started as a process (`specialists serve`'s children, a drill's roles; "
+        "ops/topology.py) may take to start, progress or not.",
     )
     child_stop_margin_s: float = Field(
         default=5.0, gt=0, le=300,
