@@ -11,14 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timezone
+from pathlib import Path
 from contextlib import contextmanager
 
 import psycopg
@@ -29,14 +27,15 @@ from sqlalchemy import Engine, text
 
 from core import db
 from core.push_signing import verify
-from core.settings import PROJECT_ROOT, Settings
+from core.settings import Settings
+from ops.topology import READY_FD, Ready, Role, ops_cli
 from taskstate import push, rows
 from taskstate.ids import TaskRef
 from taskstate.notify import PUSH, TASK_EVENTS, libpq_url
 from taskstate.updates import TaskEvents
 from tests import commands
 from tests.webhook import Webhook, private_ca, running_webhook
-from tests.workers.system import drop_database, fresh_database
+from tests.workers.system import START_BOUNDS, STOP_GRACE_S, drop_database, fresh_database
 from workers.dispatch.process import OutboxListener
 from workers.dispatch.push import PushDeliverer, signer_of
 
@@ -295,10 +294,9 @@ def test_a_dispatcher_killed_mid_delivery_leaves_every_event_delivered_once_per_
                 "SPECIALISTS_PUSH_RESOLVE_TIMEOUT_S": "1", "SPECIALISTS_PUSH_POLL_INTERVAL_S": "0.1",
                 "SPECIALISTS_PUSH_BACKOFF_BASE_S": "0.05"})
 
-    def dispatcher(name: str) -> subprocess.Popen:
-        log = (tmp_path / f"{name}.log").open("wb")
-        return subprocess.Popen([sys.executable, "-m", "ops.cli", "dispatcher"], cwd=PROJECT_ROOT, env=env,
-                                stdout=log, stderr=subprocess.STDOUT)
+    def dispatcher(name: str) -> Role:
+        """A `specialists dispatcher` (ops/topology.py), once its loop runs."""
+        return _dispatcher_role(name, env, tmp_path).run()
 
     path = f"/hang/{uuid.uuid4().hex}"
     webhook.released.clear()
@@ -308,25 +306,28 @@ def test_a_dispatcher_killed_mid_delivery_leaves_every_event_delivered_once_per_
         for state in STATES:
             move(engine, task_id, owner, state)
         webhook.wait_for(lambda seen: any(r.path == path for r in seen))  # the first event's request is open
-        first.send_signal(signal.SIGKILL)
-        first.wait(30)
+        first.kill()  # SIGKILL: nothing of its attempt is recorded
         webhook.release()
         second = dispatcher("second")
         try:
             received = webhook.wait_for(lambda seen: len({r.event_id for r in seen if r.path == path}) == 4)
             found = settled(engine, task_id, 4)
         finally:
-            second.send_signal(signal.SIGTERM)
-            second.wait(30)
+            second.stop()
     finally:
-        if first.poll() is None:
-            first.kill()
+        first.stop()
     mine = [r for r in received if r.path == path]
     event_ids = [r.event_id for r in mine]
     assert event_ids[0] == event_ids[1], "the killed attempt's event came again, with its event id"
     assert list(dict.fromkeys(event_ids)) == [str(seq) for seq, _, _, _ in found]  # in order, none lost
     assert len(event_ids) == 5  # the one attempt the kill left unrecorded, repeated once; nothing else twice
     assert [(state, attempts) for _, state, attempts, _ in found] == [("delivered", 2)] + [("delivered", 1)] * 3
+
+
+def _dispatcher_role(name: str, env: dict[str, str], folder: Path) -> Role:
+    """A `specialists dispatcher` as a role (ops/topology.py): ready once its loop runs, SIGTERM to stop it."""
+    return Role(name, ops_cli("dispatcher", "--ready-fd", READY_FD), env, Ready.pipe(), folder / f"{name}.log",
+                bounds=START_BOUNDS, stop_grace_s=STOP_GRACE_S)
 
 
 def _dispatcher_env(push_database: str, **extra: str) -> dict[str, str]:
@@ -365,9 +366,7 @@ def test_a_dispatchers_attempts_are_counted_and_each_is_a_span_in_its_tasks_trac
     ok_trace, fail_trace = _traced(engine, ok_task, ok_owner), _traced(engine, fail_task, fail_owner)
     with otlp_receiver() as receiver:
         env = _dispatcher_env(push_database, SPECIALISTS_PUSH_MAX_ATTEMPTS="2", **telemetry_env(receiver))
-        log = (tmp_path / "dispatcher.log").open("wb")
-        dispatcher = subprocess.Popen([sys.executable, "-m", "ops.cli", "dispatcher"], cwd=PROJECT_ROOT, env=env,
-                                      stdout=log, stderr=subprocess.STDOUT)
+        dispatcher = _dispatcher_role("dispatcher", env, tmp_path).run()
         try:
             assert [state for _, state, _, _ in settled(engine, ok_task, 1)] == ["delivered"]
             assert [(state, attempts) for _, state, attempts, _ in settled(engine, fail_task, 1)] == [("failed", 2)]
@@ -388,8 +387,7 @@ def test_a_dispatchers_attempts_are_counted_and_each_is_a_span_in_its_tasks_trac
             ok_spans = receiver.wait_for("the delivery's span in its task's trace", lambda: delivered_in(ok_trace, "delivered"), 60)
             fail_spans = receiver.wait_for("the retried attempt's span", lambda: delivered_in(fail_trace, "failed"), 60)
         finally:
-            dispatcher.send_signal(signal.SIGTERM)
-            dispatcher.wait(30)
+            dispatcher.stop()
     assert totals["delivered"] >= 1 and totals["retried"] >= 1 and totals["failed"] >= 1, totals
     attempts = sorted(s.attributes["specialists.attempt"] for s in fail_spans if s.name == "push.deliver")
     assert attempts == [1, 2]  # both attempts, one trace: the task's
