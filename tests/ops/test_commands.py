@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import stat
@@ -13,18 +12,18 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
-import httpx
 import pytest
 
 from core import db
 from core.settings import PROJECT_ROOT, Settings
 from ledger import keys
 from ops import local_secrets
+from ops.topology import Ready, Role, StartClock, ops_cli
 from tests import http_calls
 from tests.app.conftest import edge_env, free_port
 from tests.conftest import TEST_SECRET
 from tests.workers.conftest import WORKER_SECRET
-from tests.workers.system import drop_database, fresh_database
+from tests.workers.system import START_BOUNDS, drop_database, fresh_database
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -125,7 +124,8 @@ def test_serve_runs_the_whole_system_in_one_command_and_ctrl_c_stops_every_part(
     log_path = tmp_path / "serve.log"
     serve, base = _start_serve(url, specs_dir, log_path)
     try:
-        _wait_until(lambda: _ready(base), "/readyz answers 200", serve, log_path)
+        serve.wait_ready()  # /readyz answers 200
+        assert serve.pid is not None
         children = _children(serve.pid)
         assert len(children) == 2  # the worker and the dispatcher
         own = db.make_engine(url, Settings(database={"url": url}))
@@ -143,14 +143,12 @@ def test_serve_runs_the_whole_system_in_one_command_and_ctrl_c_stops_every_part(
         )
         assert answer.json()["task"]["status"]["state"] == "TASK_STATE_COMPLETED"  # edge -> dispatcher -> worker
 
-        os.killpg(serve.pid, signal.SIGINT)  # Ctrl-C in the terminal: the whole group gets it
-        assert serve.wait(30) == 0
+        serve.stop(30)  # Ctrl-C in the terminal: the whole group gets SIGINT (SIGKILL past 30 s)
+        assert serve.returncode == 0, log_path.read_text()
         for child in children:
             assert not Path(f"/proc/{child}").exists() or "zombie" in Path(f"/proc/{child}/status").read_text()
     finally:
-        if serve.poll() is None:
-            os.killpg(serve.pid, signal.SIGKILL)
-            serve.wait()
+        serve.stop()
     log = log_path.read_text()  # the children write to the same terminal
     assert "service starting" in log and "embedded to http://127.0.0.1:" in log
     assert "Traceback" not in log  # every part stopped cleanly, not by an interrupt's stack trace
@@ -159,16 +157,16 @@ def test_serve_runs_the_whole_system_in_one_command_and_ctrl_c_stops_every_part(
 # --- start-up: ready means every part is up, and Ctrl-C at any moment of it is clean (issue 15) ------------------
 
 
-def _start_serve(url: str, specs_dir: Path, log_path: Path) -> tuple[subprocess.Popen, str]:
+def _start_serve(url: str, specs_dir: Path, log_path: Path) -> tuple[Role, str]:
+    """`specialists serve` as a role (ops/topology.py), started, not waited for: ready once /readyz answers 200;
+    in its own process group, as a terminal gives it, and stopped by SIGINT to the group, as Ctrl-C."""
     port = free_port()
+    base = f"http://127.0.0.1:{port}"
     env = edge_env(url, specs_dir, serve_worker="true", serve_dispatcher="true", worker_job_secrets=WORKER_SECRET,
                    worker_port=str(free_port()), worker_drain_s="1")
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "ops.cli", "serve", "--port", str(port)],
-        env=env, cwd=PROJECT_ROOT, stdout=log_path.open("wb"), stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group, as a terminal gives it
-    )
-    return serve, f"http://127.0.0.1:{port}"
+    serve = Role("serve", ops_cli("serve", "--port", str(port)), env, Ready.http(f"{base}/readyz"), log_path,
+                 bounds=START_BOUNDS, stop_grace_s=30, stop_signal=signal.SIGINT, new_session=True)
+    return serve.start(), base
 
 
 def _children(pid: int) -> list[int]:
@@ -178,30 +176,21 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def _wait_until(condition, what: str, serve: subprocess.Popen, log_path: Path, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
+def _wait_until(condition, what: str, serve: Role) -> None:
+    """Until ``condition()``, a moment of serve's start-up, while serve makes progress (ops/topology.py's clock)."""
+    assert serve.pid is not None
+    clock = StartClock(serve.pid, serve.bounds, serve.log_path)
     while not condition():
-        assert serve.poll() is None, f"serve exited with {serve.returncode} before {what}:\n{log_path.read_text()}"
-        assert time.monotonic() < deadline, f"not within {timeout_s:g} s: {what}\n{log_path.read_text()}"
+        assert serve.alive, f"serve exited with {serve.returncode} before {what}:\n{serve.log_text()}"
+        expired = clock.expired()
+        assert not expired, f"serve did not reach {what} {expired}:\n{serve.log_text()}"
         time.sleep(0.01)
 
 
-def _ready(base: str) -> bool:
-    try:
-        return http_calls.get(f"{base}/readyz", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def _ctrl_c_and_wait(serve: subprocess.Popen, log_path: Path) -> str:
-    os.killpg(serve.pid, signal.SIGINT)  # Ctrl-C in the terminal: the whole group gets it
-    try:
-        assert serve.wait(30) in (0, 130), log_path.read_text()
-    finally:
-        if serve.poll() is None:
-            os.killpg(serve.pid, signal.SIGKILL)
-            serve.wait()
-    return log_path.read_text()
+def _ctrl_c_and_wait(serve: Role) -> str:
+    serve.stop()  # Ctrl-C in the terminal: the whole group gets SIGINT (SIGKILL past its stop grace)
+    assert serve.returncode in (0, 130), serve.log_text()
+    return serve.log_text()
 
 
 @pytest.fixture
@@ -215,10 +204,10 @@ def serve_database(server_url, engine):
 def test_serve_is_ready_only_once_its_dispatcher_is_and_ctrl_c_then_is_clean(serve_database, specs_dir, tmp_path):
     log_path = tmp_path / "serve.log"
     serve, base = _start_serve(serve_database, specs_dir, log_path)
-    _wait_until(lambda: _ready(base), "/readyz answers 200", serve, log_path)
+    serve.wait_ready()  # /readyz answers 200
     log = log_path.read_text()
     assert "dispatcher" in log and " ready: embedded to " in log, log  # the dispatcher's own ready line, before
-    log = _ctrl_c_and_wait(serve, log_path)
+    log = _ctrl_c_and_wait(serve)
     assert "Traceback" not in log and "KeyboardInterrupt" not in log, log
 
 
@@ -245,8 +234,8 @@ def _started(pid: int, command: bytes) -> bool:
 def test_ctrl_c_while_serve_starts_its_children_ends_cleanly(serve_database, specs_dir, tmp_path, command):
     log_path = tmp_path / "serve.log"
     serve, _ = _start_serve(serve_database, specs_dir, log_path)
-    _wait_until(lambda: _started(serve.pid, command.encode()), f"the {command} child runs", serve, log_path)
-    log = _ctrl_c_and_wait(serve, log_path)  # the child is still importing its modules
+    _wait_until(lambda: _started(serve.pid, command.encode()), f"the {command} child runs", serve)
+    log = _ctrl_c_and_wait(serve)  # the child is still importing its modules
     assert "Traceback" not in log and "KeyboardInterrupt" not in log, log
     assert "service starting" in log
 
@@ -254,6 +243,6 @@ def test_ctrl_c_while_serve_starts_its_children_ends_cleanly(serve_database, spe
 def test_ctrl_c_while_serve_itself_starts_ends_cleanly(serve_database, specs_dir, tmp_path):
     log_path = tmp_path / "serve.log"
     serve, _ = _start_serve(serve_database, specs_dir, log_path)
-    _wait_until(lambda: "service starting" in log_path.read_text(), "serve says it is starting", serve, log_path)
-    log = _ctrl_c_and_wait(serve, log_path)
+    _wait_until(lambda: "service starting" in log_path.read_text(), "serve says it is starting", serve)
+    log = _ctrl_c_and_wait(serve)
     assert "Traceback" not in log and "KeyboardInterrupt" not in log, log
