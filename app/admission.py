@@ -46,14 +46,6 @@ from a2a.types.a2a_pb2 import (
     TaskStatus,
     TaskStatusUpdateEvent,
 )
-from a2a.utils.errors import (
-    ContentTypeNotSupportedError,
-    InvalidParamsError,
-    PushNotificationNotSupportedError,
-    TaskNotCancelableError,
-    TaskNotFoundError,
-    UnsupportedOperationError,
-)
 from a2a.utils.task import validate_history_length
 from google.protobuf.json_format import MessageToDict
 from sqlalchemy import Connection, text
@@ -62,13 +54,20 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import ledger_port
 from app.errors import (
+    ContentTypeNotSupported,
     ContextUnavailable,
+    EdgeError,
     IdempotencyKeyConflict,
+    InvalidParams,
     InvalidValue,
     MessageIdConflict,
     OverCreditCeiling,
     PayloadTooLarge,
+    PushNotificationNotSupported,
     TaskNotAwaitingInput,
+    TaskNotCancelable,
+    TaskNotFound,
+    UnsupportedOperation,
 )
 from app.identity import Identity
 from app.push import PushRequest, cap_refusal, check_config, check_reachable, require_key
@@ -86,12 +85,12 @@ CREDIT_CEILING_KEY = "credit_ceiling"
 CANCEL_ATTEMPTS = 3
 _RETRYABLE = {"40P01", "40001"}
 # The a2a-sdk task tables store ids in varchar(36). A longer contextId is refused (InvalidParams: it could
-# never be stored); a longer taskId is TaskNotFoundError, like every id that names no task of the caller's.
+# never be stored); a longer taskId is TaskNotFound, like every id that names no task of the caller's.
 MAX_ID_CHARS = 36
 
 
-def invalid(message: str, code: str) -> InvalidParamsError:
-    return InvalidParamsError(message=message, data={"code": code})
+def invalid(message: str, code: str) -> InvalidParams:
+    return InvalidParams(message, code=code)
 
 
 def _mib(n: int) -> str:
@@ -152,7 +151,7 @@ def check_message(
     push_request = None
     if params.configuration.HasField("task_push_notification_config"):
         if not spec.push_notifications:
-            raise PushNotificationNotSupportedError(message="this specialist does not send push notifications")
+            raise PushNotificationNotSupported("this specialist does not send push notifications")
         push_request = check_config(params.configuration.task_push_notification_config, settings)
     if len(message.message_id) > settings.edge.max_message_id_chars:
         raise invalid(
@@ -176,10 +175,9 @@ def check_message(
             raise invalid(f"part {index} has no content (text, raw, url or data)", "part_empty")
         media_type = part_media_type(part)
         if not media_type_matches(media_type, spec.input_modes):
-            raise ContentTypeNotSupportedError(
-                message=(
-                    f"part {index} is {media_type}; this specialist accepts {', '.join(spec.input_modes)}"
-                )
+            raise ContentTypeNotSupported(
+                f"part {index} is {media_type}; this specialist accepts {', '.join(spec.input_modes)}",
+                code="part_media_type_not_accepted",
             )
     # The whole message as received counts (ids, parts with their names and metadata, extensions, references),
     # except its metadata, which has a limit of its own: a 1.9 MB filename once slipped past a count of content.
@@ -199,11 +197,10 @@ def check_message(
         )
     accepted = list(params.configuration.accepted_output_modes)
     if accepted and not any(media_type_matches(mode, spec.output_modes) for mode in accepted):
-        raise ContentTypeNotSupportedError(
-            message=(
-                f"acceptedOutputModes {', '.join(accepted)} has nothing this specialist produces "
-                f"({', '.join(spec.output_modes)})"
-            )
+        raise ContentTypeNotSupported(
+            f"acceptedOutputModes {', '.join(accepted)} has nothing this specialist produces "
+            f"({', '.join(spec.output_modes)})",
+            code="output_modes_not_produced",
         )
     ceiling = _credit_ceiling(message)
     if ceiling is not None and spec.tariff_credits > ceiling:
@@ -216,7 +213,7 @@ def check_message(
     if len(message.task_id) > MAX_ID_CHARS:
         # Longer than any task id there is (the service issues uuids, the store holds 36 characters): it names
         # no task of the caller's, and is answered as any such id is, after every other check.
-        raise TaskNotFoundError(message="Task not found")
+        raise TaskNotFound("Task not found")
     return Checked(fingerprint=fingerprint(spec.id, message), ceiling=ceiling, idempotency_key=key, push=push_request)
 
 
@@ -362,8 +359,8 @@ class AdmissionService:
     async def cancel(self, task_id: str, owner: str) -> Task:
         """Cancel the caller's task from any instance, in one transaction with what it charges.
 
-        The transaction is ``taskstate.cancel.cancel_task``'s. Raises TaskNotFoundError for a
-        task that is not the caller's, TaskNotCancelableError for a finished one or one whose
+        The transaction is ``taskstate.cancel.cancel_task``'s. Raises TaskNotFound for a
+        task that is not the caller's, TaskNotCancelable for a finished one or one whose
         outcome is under reconciliation.
         """
         for attempt in range(CANCEL_ATTEMPTS):
@@ -382,13 +379,13 @@ class AdmissionService:
         return canceled
 
 
-def _cancel_error(refused: CancelRefused) -> Exception:
+def _cancel_error(refused: CancelRefused) -> EdgeError:
     """The task state's refusal as the A2A error a customer gets for it."""
     if refused.code == "task_not_found":
-        return TaskNotFoundError()
+        return TaskNotFound("Task not found")
     if refused.code == "outcome_under_reconciliation":
-        return TaskNotCancelableError(message=refused.message)
-    return TaskNotCancelableError()
+        return TaskNotCancelable(refused.message, code=refused.code)
+    return TaskNotCancelable("Task cannot be canceled")
 
 
 # --- the transactions (sync code on the async connection, via run_sync) -------------------
@@ -665,16 +662,18 @@ def _continue(conn: Connection, loaded: LoadedSpec, owner: str, message: Message
     spec = loaded.spec
     locked = rows.lock(conn, message.task_id, owner, with_artifacts=True)
     if locked is None:
-        raise TaskNotFoundError(message="Task not found")
+        raise TaskNotFound("Task not found")
     task = locked.task  # without its history until written (rows.Locked)
     if message.context_id and message.context_id != task.context_id:
-        raise InvalidParamsError(
-            message=f"Context {message.context_id} does not match context {task.context_id} of task {task.id}"
+        raise invalid(
+            f"Context {message.context_id} does not match context {task.context_id} of task {task.id}",
+            "context_id_mismatch",
         )
     if task.status.state in TERMINAL_TASK_STATES:
-        raise UnsupportedOperationError(
-            message=f"Task {task.id} is in terminal state: {TaskState.Name(task.status.state)}; "
-            "send a new message (same contextId, no taskId) to start a new task"
+        raise UnsupportedOperation(
+            f"Task {task.id} is in terminal state: {TaskState.Name(task.status.state)}; "
+            "send a new message (same contextId, no taskId) to start a new task",
+            code="task_terminal",
         )
     if task.status.state not in INTERRUPTED_TASK_STATES:
         raise TaskNotAwaitingInput(

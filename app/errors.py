@@ -15,7 +15,7 @@ place the edge chooses them: ``SPEC_WIRE_FORMS``, A2A's own errors exactly as th
 specification's section 5.4 maps them (JSON-RPC code, HTTP status, gRPC status),
 and ``WIRE_FORMS``, the edge's refusals. Where the spec has an error for a
 situation, the edge answers it (an edge class that is one, such as
-``BodyContentTypeNotSupported``, takes its form and reason); the edge's own codes
+``ContentTypeNotSupported`` or ``TaskNotFound``, takes its form and reason); the edge's own codes
 are for what the spec does not cover. ``register_with_sdk()`` (called once where
 the app is built) copies both into those tables; ``grpc_status_for()`` gives the
 gRPC binding the same statuses. The edge's own JSON-RPC codes are
@@ -55,6 +55,7 @@ from a2a.utils.errors import (
     ExtensionSupportRequiredError,
     InternalError,
     InvalidAgentResponseError,
+    InvalidParamsError,
     PushNotificationNotSupportedError,
     TaskNotCancelableError,
     TaskNotFoundError,
@@ -118,9 +119,11 @@ class UnsupportedMediaType(EdgeError):
     code = "unsupported_media_type"
 
 
-class BodyContentTypeNotSupported(EdgeError, ContentTypeNotSupportedError):
-    """A request body that is not JSON (``Content-Type: text/plain``, or none): A2A's own
-    ``ContentTypeNotSupportedError``, so it takes the spec's wire form (``SPEC_WIRE_FORMS``), not one of ours."""
+class ContentTypeNotSupported(EdgeError, ContentTypeNotSupportedError):
+    """A request body that is not JSON (``Content-Type: text/plain``, or none), a part of a media type the
+    specialist does not take (``part_media_type_not_accepted``), or ``acceptedOutputModes`` it produces none of
+    (``output_modes_not_produced``): A2A's own ``ContentTypeNotSupportedError``, so it takes the spec's wire
+    form (``SPEC_WIRE_FORMS``), not one of ours."""
 
     code = "content_type_not_supported"
 
@@ -173,6 +176,26 @@ class TaskNotFound(EdgeError, TaskNotFoundError):
     """No task of the caller's has this id, whatever its shape: every method answers it the same way."""
 
     code = "task_not_found"
+
+
+class TaskNotCancelable(EdgeError, TaskNotCancelableError):
+    """The task cannot be canceled: it has finished, or its outcome is under reconciliation."""
+
+    code = "task_not_cancelable"
+
+
+class UnsupportedOperation(EdgeError, UnsupportedOperationError):
+    """A follow-up message to a task in a terminal state (``task_terminal``): a new message starts a new task."""
+
+    code = "unsupported_operation"
+
+
+class InvalidParams(EdgeError, InvalidParamsError):
+    """A request field the method cannot take (a messageId or contextId too long, a role other than user, an
+    empty part, a contextId that is not the task's): JSON-RPC's own invalid params, whose code and reason
+    (``INVALID_PARAMS``) it keeps. ``InvalidValue`` is for values refused whatever the method."""
+
+    code = "invalid_params"
 
 
 class PushNotificationNotSupported(EdgeError, PushNotificationNotSupportedError):
@@ -306,8 +329,11 @@ WIRE_FORMS: dict[type[EdgeError], WireForm] = {
     RateLimited: WireForm(-42901, 429, "RESOURCE_EXHAUSTED"),
     PayloadTooLarge: WireForm(-41301, 413, "INVALID_ARGUMENT"),
     UnsupportedMediaType: WireForm(-41501, 415, "INVALID_ARGUMENT"),
-    BodyContentTypeNotSupported: SPEC_WIRE_FORMS[ContentTypeNotSupportedError],
+    ContentTypeNotSupported: SPEC_WIRE_FORMS[ContentTypeNotSupportedError],
     TaskNotFound: SPEC_WIRE_FORMS[TaskNotFoundError],
+    TaskNotCancelable: SPEC_WIRE_FORMS[TaskNotCancelableError],
+    UnsupportedOperation: SPEC_WIRE_FORMS[UnsupportedOperationError],
+    InvalidParams: WireForm(-32602, 400, "INVALID_ARGUMENT"),  # JSON-RPC's own invalid params, as the SDK sends it
     PushNotificationNotSupported: SPEC_WIRE_FORMS[PushNotificationNotSupportedError],
     InternalFault: WireForm(-32603, 500, "INTERNAL"),  # JSON-RPC's own internal error
     MalformedRequest: WireForm(-32700, 400, "INVALID_ARGUMENT"),  # JSON-RPC's own parse error
@@ -340,7 +366,7 @@ def reason_of(cls: type[EdgeError]) -> str:
 def owns_its_reason(cls: type[EdgeError]) -> bool:
     """Whether a client should map the class's reason back to it: not for a refinement of A2A's or JSON-RPC's
     own errors, whose reason stays the SDK's class (what a client raises)."""
-    return spec_error_of(cls) is None and not issubclass(cls, InternalError)
+    return spec_error_of(cls) is None and not issubclass(cls, (InternalError, InvalidParamsError))
 
 
 def wire_form(error: EdgeError) -> WireForm:

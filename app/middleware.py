@@ -32,7 +32,7 @@ from app.bodies import ElementCounter, check_numbers, count_elements
 from app.cards import CARD_PATHS, anonymous_allowed
 from app.errors import (
     Binding,
-    BodyContentTypeNotSupported,
+    ContentTypeNotSupported,
     EdgeError,
     KeyRejected,
     KeyRequired,
@@ -271,7 +271,7 @@ class A2AGuard:
             )
         media_type = (_header(scope, b"content-type") or "").split(";", 1)[0].strip().lower()
         if media_type and media_type not in JSON_MEDIA_TYPES:  # refused before reading, like an oversize body
-            raise BodyContentTypeNotSupported(
+            raise ContentTypeNotSupported(
                 f"the body's Content-Type is {media_type}; send application/json (or application/a2a+json)"
             )
         declared = _header(scope, b"content-length")
@@ -303,7 +303,7 @@ class A2AGuard:
                 break
         body = b"".join(chunks)
         if body and not media_type:
-            raise BodyContentTypeNotSupported(
+            raise ContentTypeNotSupported(
                 "the body has no Content-Type; send application/json (or application/a2a+json)"
             )
         count_elements(body, self.settings.edge.max_body_elements)  # before anything walks the body: app/bodies.py

@@ -27,7 +27,7 @@ from a2a.utils.error_handlers import build_rest_error_payload
 from app.errors import (
     SPEC_WIRE_FORMS,
     WIRE_FORMS,
-    BodyContentTypeNotSupported,
+    ContentTypeNotSupported,
     grpc_status_for,
     register_with_sdk,
     spec_reason,
@@ -113,9 +113,9 @@ def test_grpc_status_for_gives_each_error_the_status_of_its_table() -> None:
 
 def test_an_edge_refusal_that_is_an_a2a_error_takes_the_spec_form_and_reason() -> None:
     register_with_sdk()
-    refused = BodyContentTypeNotSupported("send JSON")
+    refused = ContentTypeNotSupported("send JSON")
     assert isinstance(refused, sdk_errors.ContentTypeNotSupportedError)
-    assert WIRE_FORMS[BodyContentTypeNotSupported] == SPEC_WIRE_FORMS[sdk_errors.ContentTypeNotSupportedError]
+    assert WIRE_FORMS[ContentTypeNotSupported] == SPEC_WIRE_FORMS[sdk_errors.ContentTypeNotSupportedError]
     info = build_rest_error_payload(refused)["error"]["details"][0]
     assert info["reason"] == "CONTENT_TYPE_NOT_SUPPORTED"
     assert info["metadata"]["code"] == "content_type_not_supported"
