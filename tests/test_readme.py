@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
@@ -57,6 +56,7 @@ def test_the_readme_operator_commands_work_as_written_beside_the_local_service(t
     """As on a developer's machine: `./dev serve` with DATABASE_URL unset (the embedded database, secrets it
     generates), and the README's commands in another terminal, with nothing exported. The key they issue is
     one the running service accepts; one signed with an exported secret (what the README once showed) is not."""
+    from ops.topology import Ready, Role, StartBounds, ops_cli
     from tests import embedded_pg, http_calls
     from tests.app.conftest import free_port
 
@@ -72,11 +72,12 @@ def test_the_readme_operator_commands_work_as_written_beside_the_local_service(t
     env["SPECIALISTS_CONSOLE_PORT"] = str(free_port())  # serve starts the console on one machine (8090 elsewhere)
     port = free_port()
     log_path = tmp_path / "serve.log"
-    serve = subprocess.Popen(
-        [sys.executable, "-m", "ops.cli", "serve", "--port", str(port), "--worker-port", str(free_port())],
-        env=env | {"SPECIALISTS_SERVE_CHILD_START_TIMEOUT_S": "240"}, cwd=ROOT, stdout=log_path.open("wb"),
-        stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
+    # A role (ops/topology.py) in its own process group, as a terminal gives it, stopped by SIGINT to the group
+    # (Ctrl-C); it may start without progress for 240 s (the embedded database's first start), its children too.
+    serve = Role("serve", ops_cli("serve", "--port", str(port), "--worker-port", str(free_port())),
+                 env | {"SPECIALISTS_SERVE_CHILD_START_TIMEOUT_S": "240"}, Ready.http(f"{base}/readyz"), log_path,
+                 bounds=StartBounds(stall_s=240), stop_grace_s=60, stop_signal=signal.SIGINT, new_session=True)
 
     def specialists(*args: str, stdin: str | None = None, extra: dict[str, str] | None = None):
         return subprocess.run([sys.executable, "-m", "ops.cli", *args], env=env | (extra or {}), cwd=tmp_path,
@@ -91,11 +92,7 @@ def test_the_readme_operator_commands_work_as_written_beside_the_local_service(t
         return answer.status_code == 200 and answer.json()["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
 
     try:
-        deadline = time.monotonic() + 240
-        while not _answers(f"{base}/readyz"):
-            assert serve.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, "serve was not ready:\n" + log_path.read_text()
-            time.sleep(0.1)
+        serve.run()  # until /readyz answers 200; an exit or a stall fails with its log
         # The console it printed, behind the operator secret it generated beside the others.
         console = f"http://127.0.0.1:{env['SPECIALISTS_CONSOLE_PORT']}/"
         assert console in log_path.read_text()
@@ -125,8 +122,7 @@ def test_the_readme_operator_commands_work_as_written_beside_the_local_service(t
                 assert accepted(token), "the running service refused the key the README's command issued"
                 exported = specialists(*args, "--json", extra={"SPECIALISTS_KEY_SIGNING_SECRETS": "s" * 48})
                 assert not accepted(json.loads(exported.stdout)["key"])  # the old README's way: refused
-        os.killpg(serve.pid, signal.SIGINT)  # Ctrl-C
-        serve.wait(60)
+        serve.stop()  # Ctrl-C
         # The embedded server outlives `serve`, as the README says, until the README's `db stop`.
         [(pid_file, running)] = _postmasters(data_dir)
         assert running, "the embedded PostgreSQL stopped with serve"
@@ -137,13 +133,7 @@ def test_the_readme_operator_commands_work_as_written_beside_the_local_service(t
         again = specialists(*shlex.split(stop_line, comments=True)[2:], "--json")
         assert again.returncode == 0 and json.loads(again.stdout)["stopped"] is False
     finally:
-        if serve.poll() is None:
-            os.killpg(serve.pid, signal.SIGINT)
-            try:
-                serve.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(serve.pid, signal.SIGKILL)
-                serve.wait()
+        serve.stop()  # Ctrl-C, SIGKILL to the group past 60 s
         # The embedded server outlives `serve` on purpose, not the test. Not clean_up: the folder names this run's
         # token, and clean_up kills every process that carries it (it killed the suite's other pytest worker).
         embedded_pg.stop_server(data_dir)
@@ -165,17 +155,6 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def _answers(url: str) -> bool:
-    import httpx
-
-    from tests import http_calls
-
-    try:
-        return http_calls.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def test_the_readme_names_every_secret_serve_needs():
