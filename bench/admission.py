@@ -327,6 +327,7 @@ def measure(name: str, url: str, keys: list[str], seconds: float, warmup_s: floa
     cpu_before = {label: cpu_s(process) for label, process in watched.items()}
     per_process = [keys[i::LOAD_PROCESSES] for i in range(LOAD_PROCESSES)]
     process_rate = rate_per_s / LOAD_PROCESSES
+    # The load generators are clients run to completion (not roles, ops/topology.py); the roles under load are.
     loaders = [
         subprocess.Popen(
             [sys.executable, __file__, "load", url, str(seconds), str(warmup_s), str(process_rate),

@@ -194,6 +194,7 @@ def _run_root(repo: Path, data_dir: Path, env: dict[str, str], args: argparse.Na
     follow = _Follower(data_dir)
     deadline = time.monotonic() + timeout_s
     with tempfile.TemporaryFile("w+") as out:
+        # Not an ops/topology.py role: a library run to completion, its stdout the JSON result, its stderr the terminal.
         root = subprocess.Popen(command, env=env, stdout=out, stderr=None, text=True)
         try:
             while True:

@@ -481,6 +481,7 @@ def run_kit(kit: Kit, src: Path, base_url: str, key: str, out: Path, transports:
             argv += ["--", *kit_args]
         if select:
             argv += ["--", "-k", select]
+        # Not a role (ops/topology.py): the conformance kit's pytest, a client run to completion, its output parsed.
         runs.append(Run(transport, folder, subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
                                                             stderr=subprocess.PIPE, text=True), select))
 

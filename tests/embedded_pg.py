@@ -236,6 +236,7 @@ def start(say: Callable[[str], None], *, max_connections: int) -> RunServer:
     folder = Path(tempfile.mkdtemp(prefix=PREFIX))
     (folder / OWNER_FILE).write_text(json.dumps({"pid": os.getpid(), "token": token}))
     quiet_env = {k: v for k, v in os.environ.items() if k != RUN_TOKEN_ENV}  # the watchdog is not one to kill
+    # Not a role (ops/topology.py): the run's watchdog, which outlives the run on purpose, tied to it by a pipe.
     watchdog = subprocess.Popen([sys.executable, "-m", "tests.embedded_pg", "watch", str(folder)],
                                 stdin=subprocess.PIPE, cwd=Path(__file__).resolve().parents[1], env=quiet_env,
                                 start_new_session=True)  # a Ctrl-C of the run's terminal does not reach it

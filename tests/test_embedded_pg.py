@@ -46,6 +46,7 @@ time.sleep(600)
 
 
 def play_run(script: str) -> tuple[subprocess.Popen, dict]:
+    # Not a role (ops/topology.py): a stand-in for a test run, whose SIGKILL is the point; so are the sleepers.
     run = subprocess.Popen([sys.executable, "-c", script], cwd=PROJECT_ROOT, stdout=subprocess.PIPE, text=True,
                            env={k: v for k, v in os.environ.items() if k != embedded_pg.RUN_TOKEN_ENV})
     assert run.stdout is not None

@@ -265,6 +265,7 @@ def test_a_table_is_whole_when_piped_and_fits_the_terminal_or_columns_without_cu
     leader, follower = pty.openpty()  # a terminal 150 columns wide, and no COLUMNS
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 150, 0, 0))
     env = {k: v for k, v in service_env.items() if k not in ("COLUMNS", "LINES")} | {"TERM": "dumb"}
+    # Not a role (ops/topology.py): a command to completion whose terminal (a pty) is what is under test.
     command = subprocess.Popen([str(SPECIALISTS), "keys", "list", "--customer", customer], env=env, stdout=follower,
                                stderr=subprocess.PIPE)
     os.close(follower)

@@ -70,6 +70,7 @@ class HealthSampler:
         self.samples_s: list[float] = []
 
     def __enter__(self) -> "HealthSampler":
+        # Not a role (ops/topology.py): a probe of the test's own, fed and ended through its stdin.
         self.probe = subprocess.Popen([sys.executable, "-m", "tests.workers.healthz_probe", self.url], cwd=PROJECT_ROOT,
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         return self

@@ -78,6 +78,7 @@ class CloudTasksEmulator:
         python = ensure_emulator_venv()
         stderr = open(self.log_path, "w") if self.log_path else subprocess.DEVNULL
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "GOOGLE_", "SPECIALISTS_"))}
+        # Not an ops/topology.py role: Cloud Tasks' emulator stands in for GCP (and workers/ does not import ops/).
         self.process = subprocess.Popen(
             [str(python), str(LAUNCHER), str(self.max_retries), *self.queue_paths],
             stdout=subprocess.PIPE,

@@ -68,6 +68,7 @@ def spawn(tmp_path: Path, name: str, database_url: str, job_id: str, token: int,
     path = tmp_path / f"{name}.config.json"
     path.write_text(json.dumps(config))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECIALISTS_", "RLM_"))}
+    # Not a role (ops/topology.py): one runner's run to completion, which the tests kill mid-run and resume.
     process = subprocess.Popen([sys.executable, "-m", "tests.workers.hosted_rlm.run_process", str(path)], cwd=PROJECT_ROOT,
                                env=env)
     return process, config
