@@ -110,6 +110,7 @@ def test_keys_never_reach_the_logs_even_at_debug(edge_b, make_customer):
 
 
 def run_serve(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    """`specialists serve` refusing to start: a command that exits, not a role (ops/topology.py starts the roles)."""
     return subprocess.run(
         [sys.executable, "-m", "ops.cli", "serve", *args],
         env=env,
