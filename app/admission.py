@@ -299,6 +299,8 @@ class Admitted:
     # A resend of a send the specialist answered with a direct Message: that Message is the answer again.
     reply: Message | None = None
     pushed: bool = False  # the event written is a push notification (a configuration is stored for the task)
+    # The credits this admission reserved (the new task's hold); 0 for a resend or a follow-up, which reserve none.
+    reserved_credits: int = 0
 
 
 class AdmissionService:
@@ -354,7 +356,7 @@ class AdmissionService:
                 return None
             raise
         assert row.fallback is None, row.fallback  # a reason raised SPADM: the statement stood only without one
-        return Admitted(task=task, version=1, replay=False)
+        return Admitted(task=task, version=1, replay=False, reserved_credits=reserved_credits)
 
     async def cancel(self, task_id: str, owner: str) -> Task:
         """Cancel the caller's task from any instance, in one transaction with what it charges.
@@ -655,7 +657,7 @@ def _create(conn: Connection, send: _Send) -> Admitted:
             specialist_id=send.specialist_id,
             credits=reserved_credits,
         )
-    return Admitted(task=task, version=1, replay=False)
+    return Admitted(task=task, version=1, replay=False, reserved_credits=reserved_credits)
 
 
 def _continue(conn: Connection, loaded: LoadedSpec, owner: str, message: Message, send: _Send | None = None) -> Admitted:

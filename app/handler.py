@@ -162,10 +162,9 @@ class EdgeRequestHandler(DefaultRequestHandler):
             raise
         outcome = "replay" if admitted.replay else "admitted"
         note_task(admitted.task.id)
-        reserved = spec.tariff_credits if outcome == "admitted" and admitted.version == 1 else 0
-        self.metrics.count_admission(spec.id, outcome, credits_reserved=reserved)
+        self.metrics.count_admission(spec.id, outcome, credits_reserved=admitted.reserved_credits)
         telemetry.annotate(span, **{"specialists.outcome": outcome, "specialists.task_id": admitted.task.id,
-                                    "specialists.credits_reserved": reserved})
+                                    "specialists.credits_reserved": admitted.reserved_credits})
         return admitted
 
     async def _tail(self, task_id: str, version: int) -> AsyncGenerator[Event, None]:
