@@ -306,6 +306,7 @@ def cmd_reservations_mark_unknown(ctx, args: argparse.Namespace) -> int:
 def cmd_reconcile(ctx, args: argparse.Namespace) -> int:
     """The ledger's reconcile; for an A2A task also its unknown job's claim and the task's final state,
     all in one transaction (workers.reconcile)."""
+    from workers.assembly import USAGE
     from workers.reconcile import ReconcileRefused, reconcile
 
     ledger = ledger_of(ctx)
@@ -317,6 +318,7 @@ def cmd_reconcile(ctx, args: argparse.Namespace) -> int:
             state=args.state,
             reason=args.reason,
             operator=ctx.operator,
+            usage=USAGE,
             limits=ledger.limits,
         )
     except ReconcileRefused as refused:

@@ -4,8 +4,9 @@
 runners (the built-in ones and every ready rlm spec, see ``workers.hosted_rlm``),
 where they run (``workers.isolation``: a process per job, from a ``RunnerRecipe``
 through ``build_job_runner``), the finisher, the settlement (the task's final
-state and the ledger, in the finish's transaction, with the rlm executor's usage
-wired in: ``workers.hosted_rlm.usage``) and the fenced task events. ``run_worker`` checks the
+state and the ledger, in the finish's transaction, with the executors' usage
+wired in: ``USAGE``, the rlm executor's ``workers.hosted_rlm.usage``) and the fenced task events.
+``USAGE`` is also what an operator's reconcile reads (``workers.reconcile``: its callers pass it). ``run_worker`` checks the
 configuration (schema at head, a job secret present), then serves the endpoint
 with uvicorn until stopped; on shutdown running jobs get ``worker_drain_s`` to
 finish.
@@ -37,13 +38,18 @@ from workers.instance import host_name
 from workers.isolation import BuiltRunner, JobHost, ProcessJobs, ThreadJobs
 from workers.runs import EventSink, Runner, ScriptedRunner, ScriptStep
 from workers.server import WorkerLimits, WorkerService, create_worker_app
-from workers.settlement import TaskSettlement
+from workers.settlement import TaskSettlement, UsageSource
 from workers.hosted_rlm.serving import specialist_runners
 from workers.hosted_rlm.usage import RLM_USAGE
 from taskstate.ids import TaskRef
 from taskstate.updates import TaskEvents
 
 log = logging.getLogger(__name__)
+
+# The executors' record of what a job used: the one place it is chosen, for the finish's settlement and the
+# operator's reconcile (workers.reconcile) alike. Only the rlm executor keeps one; every other job is charged
+# at its fixed price.
+USAGE: UsageSource = RLM_USAGE
 
 StepObserver = Callable[[str, int, ScriptStep], None]
 
@@ -182,7 +188,7 @@ def build_worker_service(
     worker_id = worker_id or new_worker_id()
     tasks = TaskEvents(engine)
     settlement = settlement or TaskSettlement(
-        tasks, operator=f"worker:{worker_id}"[:SCHEMA_MAX_ID_CHARS], limits=settings.ledger, usage=RLM_USAGE
+        tasks, operator=f"worker:{worker_id}"[:SCHEMA_MAX_ID_CHARS], limits=settings.ledger, usage=USAGE
     )
     problems: list[dict[str, Any]] = []
     specs = load_specs(settings.hosted.specs_dir) if runners is None else {}

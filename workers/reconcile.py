@@ -12,8 +12,10 @@ A2A task (marked unknown by hand) is reconciled in the ledger alone.
 
 The operator states the charge. Beside it the record shows what the charge rule
 (``taskstate.charge``) would have charged had the job ended in the stated state
-(``rule_credits``), from the reserved credits and, for an rlm specialist, its
-journal: a figure to compare, never applied on its own.
+(``rule_credits``), from the reserved credits and the executor's record of the
+job: the ``UsageSource`` its caller passes (``workers.assembly.USAGE``, which the
+finish's settlement reads too; for an rlm run its journal), so this module knows no
+executor. A figure to compare, never applied on its own.
 
 Repeating the same reconcile answers "exists"; a different amount is refused by
 the ledger, and nothing else changes. Lock order as everywhere: claims, outbox,
@@ -33,7 +35,8 @@ from ledger.limits import LedgerSettings
 from ledger.results import ResolveResult
 from taskstate import admitted, charge, claims, outbox
 from taskstate.updates import TaskEvents
-from workers.hosted_rlm import journal
+from workers.runs import RunOutcome
+from workers.settlement import UsageSource
 
 RECONCILE_STATES = ("completed", "failed", "canceled")
 
@@ -68,14 +71,16 @@ def reconcile(
     state: str | None,
     reason: str,
     operator: str,
+    usage: UsageSource | None,
     limits: LedgerSettings | None = None,
 ) -> Reconciled:
+    """``usage``: the executors' record of a job (``workers.assembly.USAGE``; None: every job at its fixed price)."""
     if state is not None and state not in RECONCILE_STATES:
         raise ReconcileRefused(f"--state must be one of {', '.join(RECONCILE_STATES)}", code="state_invalid")
     tasks = TaskEvents(engine)
     with engine.begin() as conn:
         result = _reconcile(conn, tasks, job_id, charged=charged, state=state, reason=reason, operator=operator,
-                            limits=limits)
+                            usage=usage, limits=limits)
     if result.task_state is not None:
         tasks.notify(job_id)
     return result
@@ -90,6 +95,7 @@ def _reconcile(
     state: str | None,
     reason: str,
     operator: str,
+    usage: UsageSource | None,
     limits: LedgerSettings | None,
 ) -> Reconciled:
     unknown = claims.unknown_of_task(conn, job_id)
@@ -108,7 +114,7 @@ def _reconcile(
         )
     resolved: list[str] = []
     finished = False
-    rule = _rule_credits(conn, state, hold, [job.job_id for job in unknown])
+    rule = _rule_credits(conn, state, hold, [job.job_id for job in unknown], usage)
     for job in unknown:
         claims.resolve_unknown(conn, job.job_id, outcome=state, reason=reason, operator=operator)
         outbox.close(conn, job.ref.dispatch_id)
@@ -122,28 +128,31 @@ def _reconcile(
     return Reconciled(job_id, tuple(resolved), state if finished else None, ledger, rule)
 
 
-def _rule_credits(conn: Connection, state: str, hold: admitted.Hold, job_ids: list[str]) -> int:
-    """What the charge rule gives for the stated state: the last unknown job's journal, if it is an rlm run."""
+def _rule_credits(conn: Connection, state: str, hold: admitted.Hold, job_ids: list[str],
+                  usage: UsageSource | None) -> int:
+    """What the charge rule gives for the stated state: from the usage source's record of the last unknown job,
+    if it keeps one (an rlm run's journal), else at the fixed price."""
     if hold.reservation_id is None:
         return 0
-    run = journal.run_record(conn, job_ids[-1]) if job_ids else None
+    outcome = RunOutcome(state)  # type: ignore[arg-type]  # one of RECONCILE_STATES, checked above
+    used = usage.usage_of_job(conn, job_ids[-1], outcome) if usage is not None and job_ids else None
     credits = charge.charged_credits(
-        state,  # type: ignore[arg-type]  # one of RECONCILE_STATES, checked above
+        outcome.state,
         reserved_credits=hold.reserved_credits,
-        pricing=charge.FIXED if run is None else run.pricing,
-        usage=charge.NO_USAGE if run is None else charge.Usage(run.semantic_calls_charged),
+        pricing=charge.FIXED if used is None else used.pricing,
+        usage=charge.NO_USAGE if used is None else used.usage,
     )
     return credits or 0
 
 
-def rule_charges(conn: Connection, task_id: str, job_ids: list[str]) -> dict[str, int] | None:
+def rule_charges(conn: Connection, task_id: str, job_ids: list[str], usage: UsageSource | None) -> dict[str, int] | None:
     """What the charge rule gives for each way the task may have ended (``RECONCILE_STATES``), from its reservation
-    and, for an rlm run, the journal of its last job in ``job_ids``: the figures an operator chooses between
-    (the console's reservations). None: not an A2A task (a ledger job alone)."""
+    and ``usage``'s record of its last job in ``job_ids`` (``workers.assembly.USAGE``): the figures an operator
+    chooses between (the console's reservations). None: not an A2A task (a ledger job alone)."""
     hold = admitted.hold_of(conn, task_id)
     if hold is None:
         return None
-    return {state: _rule_credits(conn, state, hold, job_ids) for state in RECONCILE_STATES}
+    return {state: _rule_credits(conn, state, hold, job_ids, usage) for state in RECONCILE_STATES}
 
 
 _UNKNOWN_FREE = text(

@@ -76,6 +76,11 @@ class UsageSource(Protocol):
         """The record's row as a dict (None: no record of the job) as usage; None: the job is not this source's."""
         ...
 
+    def usage_of_job(self, conn: Connection, job_id: str, outcome: RunOutcome) -> ExecutorUsage | None:
+        """The job's usage read alone, in the caller's transaction (the operator's reconcile, ``workers.reconcile``,
+        for the charge rule's figure beside its charge); None: the job is not this source's."""
+        ...
+
     def final_metadata(self, usage: ExecutorUsage, outcome: RunOutcome, credits_charged: int) -> dict[str, Any]:
         """The metadata of the task's final state for a job with a record (``credits_charged``: 0 for a free task)."""
         ...

@@ -493,6 +493,7 @@ class Pages:
 
     def _reservations_view(self) -> dict[str, Any]:
         from taskstate import claims, outbox
+        from workers.assembly import USAGE
         from workers.reconcile import rule_charges, unknown_free_tasks
 
         unknown = [asdict(r) for r in self.c.ledger.reservation_page(states=("unknown",)).reservations]
@@ -508,7 +509,7 @@ class Pages:
                 row["skill_name"] = self.c.catalogue.skill_of(row["skill"]) or row["skill"]
             for row in unknown:  # what an operator decides from: the rule's charge per outcome, the trace, the logs
                 job_ids = [j["job_id"] for j in row["jobs"]]
-                row["rule"] = rule_charges(conn, row["job_id"], job_ids)
+                row["rule"] = rule_charges(conn, row["job_id"], job_ids, USAGE)
                 parent = outbox.trace_parent_of(conn, job_ids[-1]) if job_ids else None
                 row["trace_id"] = parent.split("-")[1] if parent and parent.count("-") == 3 else None
                 row["log_query"] = f'jsonPayload.task_id="{row["job_id"]}"'
@@ -524,6 +525,7 @@ class Pages:
 
     def reconcile(self, request: Request, session: Session, form: Form) -> Response:
         """Two steps: the first shows what will happen and asks to confirm; the second (``confirm=yes``) does it."""
+        from workers.assembly import USAGE
         from workers.reconcile import ReconcileRefused, reconcile
 
         job_id = request.path_params["job_id"]
@@ -534,7 +536,7 @@ class Pages:
                 from workers.reconcile import rule_charges
 
                 with self.c.engine.connect() as conn:  # a free specialist's task reserves nothing, yet is one
-                    if rule_charges(conn, job_id, []) is None:
+                    if rule_charges(conn, job_id, [], USAGE) is None:
                         raise Refused(f"no reservation or task has the id {job_id}", code="job_not_found",
                                       status=404)
             credits = reserved.credits if reserved is not None else 0
@@ -547,7 +549,7 @@ class Pages:
                 from workers.reconcile import rule_charges
 
                 with self.c.engine.connect() as conn:
-                    rule = rule_charges(conn, job_id, [j["job_id"] for j in claims_of(conn, job_id)])
+                    rule = rule_charges(conn, job_id, [j["job_id"] for j in claims_of(conn, job_id)], USAGE)
                 if rule is None or form.get("state") not in rule:
                     raise Refused("the rule's charge needs an A2A task and how it ended; choose charged, void or "
                                   "partial", code="kind_required", status=400)
@@ -571,12 +573,12 @@ class Pages:
                 from workers.reconcile import rule_charges
 
                 with self.c.engine.connect() as conn:
-                    rule = rule_charges(conn, job_id, [j["job_id"] for j in claims_of(conn, job_id)])
+                    rule = rule_charges(conn, job_id, [j["job_id"] for j in claims_of(conn, job_id)], USAGE)
                 return self._render(request, "reconcile_confirm.html", session, job_id=job_id, reserved=reserved,
                                     credits=credits, kind=kind, charged=charged, state=state, reason=reason,
                                     rule_credits=None if rule is None else rule[state])
             result = reconcile(self.c.engine, job_id, charged=charged, state=state, reason=reason,
-                               operator=session.operator, limits=self.c.limits)
+                               operator=session.operator, usage=USAGE, limits=self.c.limits)
         except (LedgerError, ReconcileRefused, Refused) as refused:
             error = _error(refused)
             if error["code"] in ALREADY_RESOLVED:

@@ -599,11 +599,12 @@ def retained_unknown(drill: Drill, step: Step) -> None:
         step.note(f"never run twice: {claim['claims']} claim, {claim['deliveries']} deliveries")
     finally:
         drill.deployment.revive_workers()
+    from workers.assembly import USAGE
     from workers.reconcile import reconcile
 
     result = reconcile(drill.deployment.engine, task_id, charged=0, state="failed",
                        reason=f"specialists drill {drill.run_id}: the drill killed the worker", operator=OPERATOR,
-                       limits=drill.ledger.limits).as_record()
+                       usage=USAGE, limits=drill.ledger.limits).as_record()
     step.check(result["outcome"] == "reconciled", f"reconcile: {result}")
     reservation = drill.reservation(task_id)
     step.check(reservation.state == "reconciled" and reservation.charged == 0,
