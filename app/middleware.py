@@ -9,7 +9,7 @@ every A2A call is middleware, in this order:
   3. ``A2AGuard``, for ``/specialists/<id>/...`` except the public card:
      unknown specialist (404), the key (401 + ``WWW-Authenticate``), the rate
      limits (429 + ``Retry-After``), the body's media type (A2A's
-     ContentTypeNotSupportedError, 400) and encoding (415),
+     ContentTypeNotSupported, 415) and encoding (the edge's own 415),
      its size while it is read (413, before it is read whole), then what it
      holds, before anything parses it (app/bodies.py: element count, number
      literals). The resolved caller is put in the ASGI scope for the
