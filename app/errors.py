@@ -27,6 +27,16 @@ Foreign errors: ``converting_foreign_errors`` wraps every method the SDK calls o
 the request handler, so whatever else escapes (SQL, a bug) reaches the customer
 as an ``InternalError`` with a generic message, never with its own text; the
 original goes to the log with the request id.
+
+One vocabulary: the edge raises only these classes. Where A2A (or JSON-RPC, for invalid params) has an
+error for a refusal, the class here refines the a2a-sdk's (``TaskNotFound``, ``TaskNotCancelable``,
+``UnsupportedOperation``, ``ContentTypeNotSupported``, ``PushNotificationNotSupported``, ``InvalidParams``,
+``InternalFault``), so clients see the SDK's class, form and reason, and every refusal carries its ``code``.
+The SDK's own classes remain in two places, on purpose: ``app/grpc_binding.py`` raises the SDK's
+``VersionNotSupportedError`` before a request reaches the handler (a version the edge never serves has no
+code of its own; the binding is the SDK's, not the edge's vocabulary), and ``internal_error()`` here answers a
+foreign failure with the SDK's ``InternalError`` itself: ``InternalFault`` (same form and reason) is for the
+edge's own broken rules, and a foreign failure's answer names none.
 """
 
 from __future__ import annotations
