@@ -42,8 +42,14 @@ def _width(stream: TextIO) -> int | None:
     return UNBOUNDED_WIDTH
 
 
-_out = Console(highlight=False, width=_width(sys.stdout))
-_err = Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
+def _out() -> Console:
+    """stdout's console, its width by ``_width`` at the moment of printing: a process whose streams or COLUMNS change
+    (a command run in a test's process, tests/commands.py) must not keep the first command's width."""
+    return Console(highlight=False, width=_width(sys.stdout))
+
+
+def _err() -> Console:
+    return Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
 
 
 def _plain(value: Any) -> Any:
@@ -87,7 +93,7 @@ def emit_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[str], *, tit
                on_stderr: bool = False) -> None:
     """A table (on stdout, or ``on_stderr``). Its title never wraps (the table is at least as wide), and an id
     column is never cut or wrapped: an id is what an operator copies into the next command."""
-    out = _err if on_stderr else _out
+    out = _err() if on_stderr else _out()
     cells = [[_cell(row.get(column)) for column in columns] for row in rows]
     if not cells:
         out.print(f"{title + ': ' if title else ''}nothing to show")
@@ -140,17 +146,17 @@ def emit_page(rows: list[Mapping[str, Any]], *, as_json: bool, key: str, columns
 
 
 def say(message: str) -> None:
-    _out.print(message)
+    _out().print(message)
 
 
 def progress(message: str) -> None:
     """A line for the person watching a long command, on stderr: stdout stays the command's result (and its JSON)."""
-    _err.print(escape(message))
+    _err().print(escape(message))
 
 
 def warn(code: str, message: str) -> None:
     """Something the person should fix that stops nothing: on stderr, with or without ``--json``."""
-    _err.print(f"[bold yellow]warning[/] {escape(f'[{code}]')} {escape(message)}")
+    _err().print(f"[bold yellow]warning[/] {escape(f'[{code}]')} {escape(message)}")
 
 
 def fail(code: str, message: str, *, as_json: bool, exit_code: int = EXIT_REFUSED) -> int:
@@ -159,5 +165,5 @@ def fail(code: str, message: str, *, as_json: bool, exit_code: int = EXIT_REFUSE
     if as_json:
         emit_json({"error": {"code": code, "message": message}})
     else:
-        _err.print(f"[bold red]error[/] {escape(f'[{code}]')} {escape(message)}")
+        _err().print(f"[bold red]error[/] {escape(f'[{code}]')} {escape(message)}")
     return exit_code

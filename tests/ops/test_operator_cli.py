@@ -285,6 +285,20 @@ def test_a_table_is_whole_when_piped_and_fits_the_terminal_or_columns_without_cu
     assert any(issued["key_id"] in line and customer in line for line in terminal)
 
 
+def test_each_command_in_one_process_takes_its_width_from_its_own_environment(service_env):
+    # A command's width was read once, when ops/output.py was imported: in a process that runs several commands
+    # (tests/commands.py; the suite under load once had every later table wrapped at 80 after a first command saw
+    # COLUMNS), the first command's width held for all. Each command now reads COLUMNS and its streams as it prints.
+    customer = new_customer("op-a-customer-id-long-enough-to-wrap-at-sixty")
+    assert cli_json(service_env, "customers", "add", "--customer", customer)["outcome"] == "created"
+    label = "a label long enough to be wrapped in sixty columns " * 3
+    cli_json(service_env, "keys", "issue", "--customer", customer, "--label", label)
+    narrow = cli(service_env | {"COLUMNS": "60"}, "keys", "list", "--customer", customer)
+    whole = cli(service_env, "keys", "list", "--customer", customer)
+    assert label.strip() not in narrow.stdout, narrow.stdout  # wrapped to COLUMNS
+    assert label.strip() in whole.stdout and any(customer in line for line in whole.stdout.splitlines()), whole.stdout
+
+
 def test_a_key_issued_into_a_file_leaves_its_record_on_a_piped_stderr_whole(service_env):
     # The record of `keys issue > key.txt` is a table on stderr; piped too (`2> issued.txt`), it is as whole as a
     # piped stdout: a long customer id is not wrapped at 80 columns.
