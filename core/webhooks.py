@@ -126,6 +126,11 @@ def check_address(address: IPAddress, *, allow_loopback: bool) -> None:
                     check_address(inner, allow_loopback=False)
                 except WebhookRefused as refused:
                     raise WebhookRefused(f"{address} embeds {refused.message}", code=refused.code) from None
+            if address.sixtofour is not None:
+                # 6to4 (2002::/16) is routed to the IPv4 address it embeds, which has just passed: that address
+                # decides. The standard library's own table must not: Python before 3.11.4 (Debian bookworm's
+                # 3.11.2, the image's) counts all of 2002::/16 as private, later ones as global.
+                return
     if address in METADATA_ADDRESSES:
         raise WebhookRefused(f"{address} is a cloud metadata address", code="webhook_address_refused")
     if address.is_loopback:

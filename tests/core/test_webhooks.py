@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from cryptography.exceptions import InvalidSignature
 from pydantic import SecretStr, ValidationError
 
 from core.push_signing import PushSigner, verify
-from core.settings import Settings
+from core.settings import PROJECT_ROOT, Settings
 from core.webhooks import WebhookRefused, check_url, resolve_checked
 
 REFUSED = [
@@ -59,6 +63,29 @@ def test_every_ipv6_form_that_embeds_a_refused_ipv4_address_is_refused(form, add
 
 def test_6to4_of_a_public_ipv4_address_is_still_taken():
     assert check_url("https://[2002:5db8:d822::1]/h", allow_loopback=False, max_chars=2048).host == "2002:5db8:d822::1"
+
+
+SIX_TO_FOUR_VERDICTS = """
+from core.webhooks import WebhookRefused, check_url
+for host in ("2002:5db8:d822::1", "2002:a9fe:a9fe::", "2002:0a00:0001::"):
+    try:
+        print(host, check_url(f"https://[{host}]/h", allow_loopback=False, max_chars=2048).host == host)
+    except WebhookRefused as refused:
+        print(host, refused.code)
+"""
+
+
+def test_6to4_verdicts_do_not_depend_on_the_python_that_runs_them():
+    # The image runs Debian's python3.11 (3.11.2), whose ipaddress counts all of 2002::/16 as private: there a
+    # webhook to the 6to4 address of a public IPv4 address was refused, where the tests' Python took it.
+    pythons = [sys.executable] + [p for p in ("/usr/bin/python3.11",) if Path(p).exists()]
+    verdicts = {python: subprocess.run([python, "-c", SIX_TO_FOUR_VERDICTS], capture_output=True, text=True,
+                                       timeout=60, cwd=PROJECT_ROOT, env={"PYTHONPATH": str(PROJECT_ROOT)})
+                for python in pythons}
+    for python, done in verdicts.items():
+        assert done.returncode == 0, (python, done.stderr)
+        assert done.stdout.split() == ["2002:5db8:d822::1", "True", "2002:a9fe:a9fe::", "webhook_address_refused",
+                                       "2002:0a00:0001::", "webhook_address_refused"], (python, done.stdout)
 
 
 @pytest.mark.parametrize("url, code", [
