@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -276,22 +277,7 @@ def _resume(args: argparse.Namespace, out: Console, err: Console) -> int:
     if "endpoint_changed" in point.record:
         err.print(f"resuming against another endpoint than the run's: {endpoint_switch(point.record)}",
                   style="yellow", markup=False)
-    progress = _Progress(session.settings.max_turns, children=RunningChildren(session.settings))
-    live = None if args.quiet or args.json else Live(progress.render(), console=err, refresh_per_second=8, transient=True)
-
-    def on_event(event: dict[str, Any]) -> None:
-        progress.update(event)
-        if live is not None:
-            live.update(progress.render())
-
-    session.on_event = on_event
-    if live is not None:
-        with live:
-            result = session.resume(point)
-    else:
-        result = session.resume(point)
-    _print_result(result, out, err, as_json=args.json)
-    return _exit_code(result, session.settings)
+    return _continue(args, out, err, session, lambda: session.resume(point))
 
 
 def _ask(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -299,6 +285,12 @@ def _ask(args: argparse.Namespace, out: Console, err: Console) -> int:
     from rlmfamily import resume
 
     session = resume.prepare_ask(args)
+    return _continue(args, out, err, session, lambda: session.follow_up(args.question))
+
+
+def _continue(args: argparse.Namespace, out: Console, err: Console, session: Session,
+              go_on: Callable[[], RunResult]) -> int:
+    """A run taken up again (``rlm resume``, ``rlm ask``), its progress shown as ``rlm run`` shows it."""
     progress = _Progress(session.settings.max_turns, children=RunningChildren(session.settings))
     live = None if args.quiet or args.json else Live(progress.render(), console=err, refresh_per_second=8, transient=True)
 
@@ -310,9 +302,9 @@ def _ask(args: argparse.Namespace, out: Console, err: Console) -> int:
     session.on_event = on_event
     if live is not None:
         with live:
-            result = session.follow_up(args.question)
+            result = go_on()
     else:
-        result = session.follow_up(args.question)
+        result = go_on()
     _print_result(result, out, err, as_json=args.json)
     return _exit_code(result, session.settings)
 
