@@ -13,9 +13,12 @@ FROM ${PYTHON_IMAGE}
 SHELL ["/bin/sh", "-eu", "-c"]
 # Debian bookworm's git, and libatomic1, which Playwright's driver (node) links and the slim image lacks (the page
 # tests drive Debian's chromium through it); ./dev test installs chromium and podman itself when they are missing.
+# tini: the step's PID 1 (cloudbuild.yaml's entrypoint). A step container's PID 1 is otherwise its command, bash,
+# which never reaps what is orphaned to it: an embedded PostgreSQL a test stops or kills is a daemon, and stayed a
+# zombie that still looked alive (`specialists db stop` waited its 60 s; a crash test's restart saw a live server).
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends git libatomic1 ca-certificates \
+    && apt-get install -y --no-install-recommends git libatomic1 tini ca-certificates \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=terraform /bin/terraform /usr/local/bin/terraform
-RUN git --version && terraform version
+RUN git --version && terraform version && tini --version

@@ -120,7 +120,7 @@ def run_step(engine: str, env: dict[str, str], image: str, script: str, workspac
         indexes["PIP_CERT"] = str(smoke.MACHINE_CA)
     argv = [engine, "run", "--rm", "--privileged", "--network", "host", "-v", f"{workspace}:/workspace",
             "-w", "/workspace", *mounts, *[a for k, v in indexes.items() for a in ("-e", f"{k}={v}")],
-            image, "bash", "-c", script]
+            image, "tini", "--", "bash", "-c", script]  # as cloudbuild.yaml's entrypoint
     print(f"step: {' '.join(argv[:-1])} <the test step's script>", file=sys.stderr, flush=True)
     return subprocess.run(argv, env=env, timeout=RUN_TIMEOUT_S).returncode
 

@@ -469,10 +469,19 @@ class BuildStep:
     raw: dict
 
     @cached_property
-    def command(self) -> str:
-        """What the step runs, as one text (a bash -c script, or the entrypoint and its args)."""
+    def bash_script(self) -> str | None:
+        """The script of a `bash -c` step, run by bash itself or under tini (``tini -- bash -c``); else None."""
         if self.entrypoint == "bash" and self.args[:1] == ["-c"]:
             return self.args[1]
+        if self.entrypoint == "tini" and self.args[:3] == ["--", "bash", "-c"]:
+            return self.args[3]
+        return None
+
+    @cached_property
+    def command(self) -> str:
+        """What the step runs, as one text (a bash -c script, or the entrypoint and its args)."""
+        if self.bash_script is not None:
+            return self.bash_script
         return " ".join([self.entrypoint or ""] + self.args).strip()
 
 

@@ -74,7 +74,7 @@ def test_the_release_runs_its_steps_in_order_one_after_another(document, steps):
 
 def test_every_multi_command_step_stops_at_its_first_failing_command(steps):
     for step in steps.values():
-        if step.entrypoint == "bash":
+        if step.bash_script is not None:
             assert step.command.lstrip().startswith("set -euo pipefail"), step.id
             assert "|| true" not in step.command, step.id
 
@@ -126,6 +126,9 @@ def test_the_suite_runs_in_the_python_image_with_git_and_terraform_added(steps):
     dockerfile = (PROJECT_ROOT / "infra" / "release" / "test-step.Dockerfile").read_text()
     assert re.search(r"apt-get install [^\n]*\bgit\b", dockerfile)
     assert "COPY --from=terraform /bin/terraform /usr/local/bin/terraform" in dockerfile
+    # Its PID 1 reaps: the embedded servers the suite stops are orphaned to it (a bash PID 1 left them zombies).
+    assert re.search(r"apt-get install [^\n]*\btini\b", dockerfile)
+    assert steps["test"].entrypoint == "tini" and steps["test"].bash_script == steps["test"].command
 
 
 def test_migrations_run_as_the_cloud_run_job_and_are_waited_for_before_any_deploy(steps):

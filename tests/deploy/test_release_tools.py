@@ -197,5 +197,6 @@ def test_the_local_test_step_runs_exactly_the_release_steps_script():
     finally:
         sys.path.remove(str(RELEASE))
     step = next(s for s in yaml.safe_load((RELEASE.parents[1] / "cloudbuild.yaml").read_text())["steps"] if s["id"] == "test")
-    assert test_step.cloudbuild_test_script() == step["args"][1].replace("${_RELEASE}", "local")
+    assert step["entrypoint"] == "tini" and step["args"][:3] == ["--", "bash", "-c"]  # the script under tini, as here
+    assert test_step.cloudbuild_test_script() == step["args"][3].replace("${_RELEASE}", "local")
     assert test_step.cloudbuild_test_script().rstrip().endswith("./dev test")
