@@ -68,7 +68,12 @@ async def sdk_client(edge, customer, binding: str, *, streaming: bool = False) -
         card = await A2ACardResolver(http, edge.specialist(CONFORMANCE)).get_agent_card()
         config = ClientConfig(httpx_client=http, supported_protocol_bindings=[binding], streaming=streaming,
                               grpc_channel_factory=grpc.aio.insecure_channel)
-        yield ClientFactory(config).create(card)
+        client = ClientFactory(config).create(card)
+        try:
+            yield client
+        finally:
+            await client.close()  # its gRPC channel: one left open outlives the test's event loop, and a late
+            # event of it was scheduled on that closed loop during a later test (RuntimeError: Event loop is closed)
 
 
 def key_of(customer) -> ClientCallContext:

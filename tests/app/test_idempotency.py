@@ -51,6 +51,7 @@ async def send(edge, customer, specialist: str, binding: str, sent: SendMessageR
     try:
         return [event async for event in client.send_message(sent)]
     finally:
+        await client.close()  # its gRPC channel: a channel left open outlives the test's event loop
         await http.aclose()
 
 

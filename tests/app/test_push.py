@@ -89,6 +89,7 @@ async def test_the_config_methods_set_get_list_and_delete_twice_on_every_binding
             ListTaskPushNotificationConfigsRequest(task_id=task_id), context=context)
         assert list(listed.configs) == []
     finally:
+        await client.close()  # its gRPC channel: a channel left open outlives the test's event loop
         await http.aclose()
 
 
@@ -157,6 +158,7 @@ async def test_a_send_with_a_push_config_notifies_its_webhook_of_every_update_in
         [answer] = [event async for event in client.send_message(request, context=context)]
         jwks = (await http.get(f"{edge_a.url}/.well-known/jwks.json")).json()
     finally:
+        await client.close()  # its gRPC channel: a channel left open outlives the test's event loop
         await http.aclose()
     task_id = answer.task.id
     assert answer.task.status.state == TaskState.TASK_STATE_COMPLETED

@@ -212,6 +212,7 @@ async def test_the_official_client_raises_task_not_found_for_any_foreign_id(edge
                 async for _ in client.send_message(SendMessageRequest(message=follow_up)):
                     pass
     finally:
+        await client.close()  # its gRPC channel: a channel left open outlives the test's event loop
         await http.aclose()
 
 

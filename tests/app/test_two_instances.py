@@ -97,6 +97,8 @@ async def test_a_task_sent_to_one_instance_is_read_and_listed_through_the_other(
         listed = await on_b.list_tasks(ListTasksRequest())
         assert task.id in [t.id for t in listed.tasks]
     finally:
+        await on_a.close()  # their gRPC channels: a channel left open outlives the test's event loop
+        await on_b.close()
         await http_a.aclose()
         await http_b.aclose()
 
@@ -115,6 +117,8 @@ async def test_a_task_started_on_one_instance_streams_to_a_subscriber_on_the_oth
         assert seen[0].task.id == task_id
         assert seen[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
     finally:
+        await on_a.close()  # their gRPC channels: a channel left open outlives the test's event loop
+        await on_b.close()
         await http_a.aclose()
         await http_b.aclose()
 
@@ -125,6 +129,7 @@ async def test_a_streamed_send_on_one_instance_relays_every_event(edge_a, make_c
     try:
         events = [e async for e in client.send_message(SendMessageRequest(message=new_message("tck-stream-001")))]
     finally:
+        await client.close()
         await http.aclose()
     kinds = [e.WhichOneof("payload") for e in events]
     assert kinds == ["task", "status_update", "artifact_update", "status_update"]
@@ -149,6 +154,8 @@ async def test_a_running_task_is_canceled_through_the_other_instance_and_stays_c
         await wait_for_the_run_to_end(engine, task_id)  # whatever the runner did, it did: it must not have completed it
         assert (await on_a.get_task(GetTaskRequest(id=task_id))).status.state == TaskState.TASK_STATE_CANCELED
     finally:
+        await on_a.close()  # their gRPC channels: a channel left open outlives the test's event loop
+        await on_b.close()
         await http_a.aclose()
         await http_b.aclose()
 
@@ -172,6 +179,8 @@ async def test_a_follow_up_carrying_only_the_task_id_continues_the_task_on_the_o
             m.message_id == follow_up.message_id for m in done.history
         )
     finally:
+        await on_a.close()  # their gRPC channels: a channel left open outlives the test's event loop
+        await on_b.close()
         await http_a.aclose()
         await http_b.aclose()
 
