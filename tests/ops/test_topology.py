@@ -7,13 +7,13 @@ import os
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from ops.topology import Ready, Role, RoleFailed, StartBounds, cpu_ticks
 from tests.app.conftest import free_port
+from tests.rlm.holds import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -64,11 +64,8 @@ def test_a_role_that_starts_slowly_but_computes_is_waited_for_past_the_stall_bou
     try:
         outcome = waiting(child, STALL_S)
         # Until it has computed for two stall bounds (so at least that long has passed): still waited for.
-        deadline = time.monotonic() + 90
-        while (cpu_ticks(child.pid) or 0) < 2 * STALL_S * TICKS_PER_S:
-            assert "failed" not in outcome, outcome
-            assert time.monotonic() < deadline, "the child never computed"
-            time.sleep(0.05)
+        wait_until(lambda: "failed" in outcome or (cpu_ticks(child.pid) or 0) >= 2 * STALL_S * TICKS_PER_S,
+                   "the child to compute for two stall bounds (its CPU time in /proc)", limit_s=90)
         assert "failed" not in outcome, outcome
         flag.touch()
         outcome["thread"].join(60)
@@ -81,10 +78,7 @@ def test_a_role_that_makes_no_progress_fails_the_start_naming_the_setting_and_it
     port = free_port()
     child = slow_starter(tmp_path / "never", port)
     try:
-        deadline = time.monotonic() + 90
-        while "importing" not in child.log_text():
-            assert time.monotonic() < deadline, "the child never started"
-            time.sleep(0.05)
+        wait_until(lambda: "importing" in child.log_text(), "the child's first log line ('importing')", limit_s=90)
         child.signal(signal.SIGSTOP)  # stuck: no CPU time, no log, no answer
         outcome = waiting(child, STALL_S)
         outcome["thread"].join(60)
