@@ -113,6 +113,11 @@ class LimitsSpec(_Closed):
     max_prompt_chars: int = Field(default=MAX_PROMPT_CHARS, ge=100, le=MAX_PROMPT_CHARS)
     max_response_chars: int = Field(default=MAX_RESPONSE_CHARS, ge=100, le=MAX_RESPONSE_CHARS)
     semantic_call_timeout_s: float = Field(default=60.0, gt=0, le=600)
+    max_cpu_s: float | None = Field(
+        default=None, gt=0, le=86_400.0,
+        description="CPU seconds one run's processes may use together (workers/cpu_share.py); none: the "
+        "worker's SPECIALISTS_WORKER_JOB_MAX_CPU_S. Past it the run fails with job_cpu_exceeded."
+    )
     monty: MontyLimitsSpec = Field(default_factory=MontyLimitsSpec)
 
     @model_validator(mode="after")

@@ -56,6 +56,7 @@ from google.protobuf.message import Message as ProtoMessage
 
 from core import telemetry
 from workers.auth import VerifiedJob
+from workers.cpu_share import JobCpu
 from workers.runs import EventSink, RunContext, Runner, RunOutcome
 
 log = logging.getLogger(__name__)
@@ -259,6 +260,7 @@ def _job_process(build: RunnerBuild, recipe: Any, control: multiprocessing.conne
     except (EOFError, OSError):  # the worker let its spare process go (it is stopping): no job came
         return
     cancel = _cancel_of(control)
+    cpu = JobCpu.start(recipe, job.specialist_id, cancel)  # its share, cap and count (workers.cpu_share)
     built: BuiltRunner | None = None
     try:
         built = build(recipe, job.specialist_id)
@@ -273,6 +275,7 @@ def _job_process(build: RunnerBuild, recipe: Any, control: multiprocessing.conne
                     job.job_id, max_memory_bytes)
         outcome = RunOutcome("failed", f"the specialist ran out of memory: a job may use {max_memory_bytes} bytes",
                              outcome.artifacts, {**outcome.detail, "max_memory_bytes": max_memory_bytes})
+    outcome = cpu.judged(outcome)
     try:
         conn.send(("outcome", _portable(outcome)))
     except OSError:  # the worker is gone (it stopped while this job ran): the job becomes unknown after its lease

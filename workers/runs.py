@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import math
 import re
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -82,6 +84,9 @@ class RunOutcome:
     # The A2A event that ended the run (a final TaskStatusUpdateEvent, or a direct-reply Message), written as
     # the task's last event. Not part of the claim's record.
     final_event: Any = field(default=None, compare=False, repr=False)
+    # The CPU seconds of the job's processes together (``workers.cpu_share``), measured in its process; None: not
+    # measured (a runner in a thread of the worker, or a process that died before its outcome).
+    cpu_seconds: float | None = field(default=None, compare=False)
 
     def as_record(self) -> dict[str, Any]:
         """What the claim row stores and a later delivery answers with (bounded)."""
@@ -89,6 +94,7 @@ class RunOutcome:
             "message": self.message[:MAX_MESSAGE_CHARS],
             "artifacts": list(self.artifacts[:MAX_ARTIFACTS]),
             **({"detail": self.detail} if self.detail else {}),
+            **({"cpu_seconds": self.cpu_seconds} if self.cpu_seconds is not None else {}),
         }
 
 
@@ -104,11 +110,14 @@ class ScriptStep(BaseModel):
     ``hold_gil`` keeps the interpreter's lock for ``seconds`` the way a long C call does (a catastrophic regex
     match in the host code of an rlm run, issue 15): it cannot be interrupted, and in the job's process nothing
     else of Python runs meanwhile; ``allocate`` takes ``megabytes`` of memory at once and lets it go (a run whose
-    state blows up, against the job's memory cap)."""
+    state blows up, against the job's memory cap); ``spin`` runs a process of the job that burns a core for up to
+``seconds`` (as Monty's process does on code that loops: in the job's process group), and ends it early on a
+cancel (against the job's CPU share and cap, ``workers.cpu_share``)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    op: Literal["progress", "sleep", "stubborn_sleep", "hold_gil", "allocate", "artifact", "fail", "raise", "complete"]
+    op: Literal["progress", "sleep", "stubborn_sleep", "hold_gil", "allocate", "spin", "artifact", "fail", "raise",
+                "complete"]
     text: str = Field(default="", max_length=MAX_MESSAGE_CHARS)
     seconds: float = Field(default=0.0, ge=0.0, le=600.0)
     megabytes: int = Field(default=0, ge=0, le=65_536)
@@ -139,6 +148,17 @@ def hold_gil(seconds: float) -> None:
         doublings = math.floor(math.log2(left_s / unit_s)) if left_s > unit_s else 0
         chars = min(MAX_HOLD_CHARS, CALIBRATION_CHARS + max(0, doublings))
         _CATASTROPHIC.match("a" * chars + "!")
+
+
+def spin(ctx: RunContext, seconds: float) -> bool:
+    """A child process that loops for up to ``seconds``; True when the run was asked to stop meanwhile."""
+    # Not a role: the job's own busy child, in the job's process group, killed with it.
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+    try:
+        return ctx.wait(seconds)
+    finally:
+        child.kill()
+        child.wait()
 
 
 class ScriptedRunner:
@@ -182,6 +202,9 @@ class ScriptedRunner:
             elif step.op == "allocate":
                 held = bytearray(step.megabytes << 20)
                 del held
+            elif step.op == "spin":
+                if spin(ctx, step.seconds):
+                    return RunOutcome("canceled", f"stopped during step {index}", tuple(artifacts))
             elif step.op == "artifact":
                 artifact = {"name": f"artifact-{len(artifacts) + 1}", "text": step.text}
                 artifacts.append(artifact)

@@ -300,6 +300,41 @@ class WorkerSettings(Section):
         description="Address space (RLIMIT_AS) of each process of a job, in bytes, process isolation only; "
         "0: no cap. A job past it fails, and the worker and its other jobs go on.",
     )
+    job_cpu_share: Literal["auto", "nice", "off"] = Field(
+        default="auto",
+        description="How a job's processes share the worker's CPU, process isolation only (workers/cpu_share.py): "
+        "`auto` puts each job in a cgroup of its own (v2, else v1) where the worker may create one, else uses "
+        "scheduling priority (nice); `nice` always uses priority; `off` leaves jobs as the worker is.",
+    )
+    job_cpu_weight: int = Field(
+        default=100, ge=1, le=10_000,
+        description="A job's cgroup CPU weight (cgroup v2 cpu.weight; v1 cpu.shares is 10.24 times it) until it "
+        "has used SPECIALISTS_WORKER_JOB_CPU_DEMOTE_AFTER_S: every job the same share, however many processes it runs.",
+    )
+    job_cpu_demote_after_s: float = Field(
+        default=2.0, ge=0.0, le=3600.0,
+        description="CPU seconds (the job's processes together) after which a job's share is lowered to "
+        "SPECIALISTS_WORKER_JOB_CPU_DEMOTED_WEIGHT (cgroup) or SPECIALISTS_WORKER_JOB_CPU_DEMOTED_NICE, so that a "
+        "spinning job yields to another customer's short one.",
+    )
+    job_cpu_demoted_weight: int = Field(
+        default=1, ge=1, le=10_000, description="A job's cgroup CPU weight once it is past its demotion threshold."
+    )
+    job_cpu_demoted_nice: int = Field(
+        default=19, ge=0, le=19,
+        description="The nice value of a job's processes once it is past its demotion threshold, where no cgroup "
+        "can be made (SPECIALISTS_WORKER_JOB_CPU_SHARE=nice, or auto without cgroups).",
+    )
+    job_max_cpu_s: float = Field(
+        default=120.0, ge=0.0, le=86_400.0,
+        description="CPU seconds one job's processes may use together when its spec states no limits.max_cpu_s; "
+        "0: no cap. A job past it fails with job_cpu_exceeded, and the worker and its other jobs go on.",
+    )
+    job_cpu_poll_s: float = Field(
+        default=0.25, ge=0.01, le=10.0,
+        description="How often a job's CPU meter reads its processes' CPU time (shorter near the cap): with the "
+        "worker's cores, the bound of how far past its cap a job can go.",
+    )
     host: str = Field(default="127.0.0.1", description="Interface `specialists worker` listens on.")
     port: int = Field(default=8081, ge=1, le=65535, description="TCP port `specialists worker` listens on.")
     seen_window_s: float = Field(
