@@ -313,15 +313,19 @@ class AdmissionService:
         self.notifier = notifier
 
     async def admit(
-        self, loaded: LoadedSpec, identity: Identity, params: SendMessageRequest, idempotency_key: str | None = None
+        self, loaded: LoadedSpec, identity: Identity, params: SendMessageRequest, idempotency_key: str | None = None,
+        new_task_id: str | None = None,
     ) -> Admitted:
-        """Admit the send, or replay the one it repeats; ``idempotency_key`` is the header as received."""
+        """Admit the send, or replay the one it repeats; ``idempotency_key`` is the header as received.
+        ``new_task_id``: the id a new task gets (a blocking send watches it before the task exists); a new one
+        when None."""
         checked = check_message(loaded, params, self.settings, idempotency_key)
         if checked.push is not None:
             require_key(identity)
             await check_reachable(checked.push, self.settings)
         send = _Send(loaded, identity, identity.owner(loaded.spec.id), params.message, checked,
-                     self.settings.edge.idempotency_key_retention_s, self.settings.push.max_configs_per_customer)
+                     self.settings.edge.idempotency_key_retention_s, self.settings.push.max_configs_per_customer,
+                     new_task_id or str(uuid.uuid4()))
         # A send with a push configuration takes the transaction: the configuration is written before the task's
         # first event, so the trigger that writes notifications (migration 0240) sees it.
         at_once = not params.message.task_id and checked.push is None
@@ -404,6 +408,7 @@ class _Send:
     checked: Checked
     key_retention_s: float
     max_push_configs: int = 0
+    new_task_id: str = ""  # the id of the task this send creates, if it creates one
 
     def store_push(self, conn: Connection, task_id: str) -> None:
         """The send's push configuration for ``task_id``, before the event that should notify it."""
@@ -589,7 +594,7 @@ def _checked(params: dict[str, Any]) -> dict[str, Any]:
 def _new_task(send: _Send, *, at_once: bool) -> tuple[Task, dict[str, Any]]:
     """A new task for the send (SUBMITTED, the message its history) and the parameters of its statement."""
     spec, identity, message, checked = send.loaded.spec, send.identity, send.message, send.checked
-    task_id = str(uuid.uuid4())
+    task_id = send.new_task_id or str(uuid.uuid4())
     context_id = message.context_id or str(uuid.uuid4())
     stored = Message()
     stored.CopyFrom(message)

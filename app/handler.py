@@ -7,8 +7,11 @@ after the SDK's checks, with the SDK's response. Sends and cancels differ:
   - SendMessage / SendStreamingMessage run admission (one transaction: task,
     reservation, outbox row; or the replay of the send they repeat, with the
     direct Message it was answered with, if it was) instead of executing in
-    this process; a blocking send then waits on the task's event stream for a
-    terminal or interrupted state (at most ``blocking_wait_max_s``), a stream
+    this process; a blocking send then waits for a terminal or interrupted state
+    (at most ``blocking_wait_max_s``) on the task's notifications, watched from
+    before its admission commits, reading the task only when woken and only if
+    it stopped (a specialist that may answer with a direct Message waits on the
+    task's event stream instead, which tells which answer it is), a stream
     relays the events (the task first, except that a specialist that may answer
     with a direct Message holds the task back until the first event: a Message
     then streams alone);
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from a2a.server.agent_execution import AgentExecutor, RequestContext
@@ -48,6 +52,7 @@ from a2a.types.a2a_pb2 import (
     SubscribeToTaskRequest,
     Task,
     TaskPushNotificationConfig,
+    TaskState,
     TaskStatusUpdateEvent,
 )
 from a2a.utils.task import apply_history_length
@@ -71,6 +76,7 @@ from core.settings import Settings
 from core.specs import LoadedSpec
 
 STOP_STATES = TERMINAL_TASK_STATES | INTERRUPTED_TASK_STATES
+STOP_STATE_NAMES = sorted(TaskState.Name(state) for state in STOP_STATES)  # as the task rows store them
 IDEMPOTENCY_KEY_HEADER = "idempotency-key"
 # The executors that may answer a send with a direct Message instead of a task (the conformance specialist's
 # ``message`` scenario); every other specialist's answer is always its task.
@@ -142,14 +148,15 @@ class EdgeRequestHandler(DefaultRequestHandler):
         self.push_configs = push_configs
         self.direct_replies = loaded.spec.executor in DIRECT_REPLY_EXECUTORS
 
-    async def _admit(self, params: SendMessageRequest, context: ServerCallContext) -> Admitted:
+    async def _admit(self, params: SendMessageRequest, context: ServerCallContext,
+                     new_task_id: str | None = None) -> Admitted:
         spec = self.loaded.spec
         # The request's span (RequestLog's, or the gRPC binding's) is the admission's: one span per SendMessage,
         # renamed and annotated here, rather than a child of its own (half of telemetry's cost at the edge).
         span = telemetry.admission_span(spec.id, spec.tariff_credits)
         try:
             admitted = await self.admission.admit(
-                self.loaded, identity_of(context), params, idempotency_key_of(context)
+                self.loaded, identity_of(context), params, idempotency_key_of(context), new_task_id
             )
         except EdgeError as refused:
             self.metrics.count_admission(spec.id, refused.code)
@@ -177,6 +184,41 @@ class EdgeRequestHandler(DefaultRequestHandler):
 
     @validate_request_params
     async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Message | Task:
+        if params.configuration.return_immediately or self.direct_replies:
+            return await self._send_and_tail(params, context)
+        # Blocking: the task's notifications are watched from before its admission commits, so none is lost and
+        # nothing needs reading until one comes (a new task's id is chosen here; a follow-up names its task).
+        new_task_id = str(uuid.uuid4())
+        watched = params.message.task_id or new_task_id
+        with self.events.watching(watched) as woken:
+            admitted = await self._admit(params, context, new_task_id)
+            if admitted.reply is not None:  # a resend of a send answered with a direct Message: that Message again
+                return admitted.reply
+            task = admitted.task
+            if task.status.state in STOP_STATES:
+                return apply_history_length(task, params.configuration)
+            if task.id != watched:  # a resend: its task was admitted before the watch began
+                with self.events.watching(task.id) as woken_too:
+                    return await self._wait(task.id, params, context, woken_too, read_first=True)
+            return await self._wait(task.id, params, context, woken, read_first=False)
+
+    async def _wait(self, task_id: str, params: SendMessageRequest, context: ServerCallContext,
+                    woken: asyncio.Event, *, read_first: bool) -> Task:
+        """The task once it finished or asks for input, or as it is at ``blocking_wait_max_s``."""
+        owner = context.user.user_name
+        try:
+            async with asyncio.timeout(self.settings.edge.blocking_wait_max_s):
+                stopped, _ = await self.events.until_in(task_id, owner, STOP_STATE_NAMES, woken,
+                                                        read_first=read_first)
+                return apply_history_length(stopped, params.configuration)
+        except TimeoutError:
+            pass  # answer with the task as it is now; the client polls or subscribes
+        now, _ = await self.events.read(task_id, owner)
+        return apply_history_length(now, params.configuration)
+
+    async def _send_and_tail(self, params: SendMessageRequest, context: ServerCallContext) -> Message | Task:
+        """A send that answers at once, or a blocking one of a specialist that may answer with a direct Message
+        (the task's events tell which answer it is)."""
         admitted = await self._admit(params, context)
         if admitted.reply is not None:  # a resend of a send answered with a direct Message: that Message again
             return admitted.reply

@@ -10,16 +10,17 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import signal
 import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.exc import DBAPIError, InvalidatePoolError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from core import telemetry
@@ -157,16 +158,48 @@ def retrying_once(work: Callable[[], T]) -> T:
         return work()
 
 
-def make_async_engine(url: str, settings: Settings) -> AsyncEngine:
+# A pooled connection is replaced after this long, so none outlives a server's or a proxy's idle timeout.
+ASYNC_POOL_RECYCLE_S = 3600
+
+
+def make_async_engine(url: str, settings: Settings, *, instrumented: bool = True) -> AsyncEngine:
+    """The edge's engine (``instrumented=False``: the edge traces its requests, not its statements) and tests'.
+
+    No ping on checkout, as ``make_engine`` (issue 44: a round trip before every transaction, and the edge checks
+    out twice a request). Instead ``discard_dead_on_checkout`` looks at the pooled connection's socket, which
+    costs no round trip: a server that ended the connection (a restart, a failover, ``pg_terminate_backend``)
+    sent its notice and closed it, so the socket reads; the pool then discards that connection and every one
+    pooled before it, and the request goes on with a new one. A customer's request never meets a connection the
+    server dropped while it was idle."""
     engine = create_async_engine(
         url,
         pool_size=settings.database.pool_size,
         max_overflow=settings.database.max_overflow,
-        pool_pre_ping=True,
+        pool_pre_ping=False,
+        pool_recycle=ASYNC_POOL_RECYCLE_S,
         connect_args={"connect_timeout": settings.database.connect_timeout_s},
     )
-    telemetry.instrument_engine(engine)
+    event.listen(engine.sync_engine.pool, "checkout", discard_dead_on_checkout)
+    if instrumented:
+        telemetry.instrument_engine(engine)
     return engine
+
+
+def discard_dead_on_checkout(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    """The pool's checkout hook: refuse a connection whose socket has something to read while it sat idle.
+
+    An idle connection in the pool has sent nothing and waits for nothing: the server speaks on it only to end it
+    (its FATAL notice, then the close). ``InvalidatePoolError`` makes SQLAlchemy discard this connection and
+    every one pooled before it (a restart ended them all) and check out a new one, in the same call."""
+    pgconn = getattr(dbapi_connection, "_connection", dbapi_connection).pgconn  # the async adapter's, or psycopg's
+    try:
+        fd = pgconn.socket
+    except Exception:  # psycopg: the connection is already closed
+        raise InvalidatePoolError("the pooled connection is closed") from None
+    waiting = select.poll()
+    waiting.register(fd, select.POLLIN | select.POLLPRI)
+    if waiting.poll(0):
+        raise InvalidatePoolError("the server ended the pooled connection while it was idle")
 
 
 def alembic_config(url: str):

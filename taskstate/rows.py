@@ -169,6 +169,20 @@ def load(conn: Connection, task_id: str, owner: str) -> tuple[Task, int]:
     return task_from_row(row), int(row.version)
 
 
+_TASK_WITH_VERSION_IN_STATES = text(
+    "SELECT t.*, v.version FROM tasks t JOIN task_versions v ON v.task_id = t.id "
+    "WHERE t.id = :t AND t.owner = :o AND t.status ->> 'state' = ANY(CAST(:states AS text[]))"
+)
+
+
+def load_if_in(conn: Connection, task_id: str, owner: str, states: list[str]) -> tuple[Task, int] | None:
+    """The owner's task and its version when its state is one of ``states`` (``TASK_STATE_COMPLETED`` ...), else
+    None: one statement that carries the task only when the caller wants it (a blocking send's wait, on each
+    wake-up)."""
+    row = conn.execute(_TASK_WITH_VERSION_IN_STATES, {"t": task_id, "o": owner, "states": states}).one_or_none()
+    return None if row is None else (task_from_row(row), int(row.version))
+
+
 def lock(conn: Connection, task_id: str, owner: str, *, with_artifacts: bool = False) -> Locked | None:
     """The owner's task, both rows locked until the transaction ends, read without its history (``Locked``);
     its artifacts only ``with_artifacts`` (an artifact event, or a caller that answers with the task).

@@ -121,12 +121,19 @@ def edge_env(database_url: str, specs_dir: Path, **settings: str) -> dict[str, s
     return env
 
 
+def edge_application_name(name: str) -> str:
+    """The ``application_name`` of the connections of the test edge ``name`` (``start_edge``)."""
+    return f"test-edge-{name}"
+
+
 def start_edge(database_url: str, specs_dir: Path, log_dir: Path, name: str, **settings: str) -> EdgeProcess:
     port, grpc_port, conformance_port = free_port(), free_port(), free_port()
     url = f"http://127.0.0.1:{port}"
     settings = {"grpc_specialist_ports": json.dumps({"conformance": conformance_port}), **settings}
+    # Its connections are named (libpq's PGAPPNAME; the listener names its own), so a test can find its backends.
+    env = edge_env(database_url, specs_dir, **settings) | {"PGAPPNAME": edge_application_name(name)}
     role = Role(f"edge {name}", ops_cli("serve", "--port", str(port), "--grpc-port", str(grpc_port)),
-                edge_env(database_url, specs_dir, **settings), Ready.http(f"{url}/readyz"), log_dir / f"{name}.log",
+                env, Ready.http(f"{url}/readyz"), log_dir / f"{name}.log",
                 bounds=STARTUP_BOUNDS, stop_grace_s=15)
     return EdgeProcess(url=url, role=role.run(), grpc_address=f"127.0.0.1:{grpc_port}",
                        conformance_grpc_address=f"127.0.0.1:{conformance_port}")

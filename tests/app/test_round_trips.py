@@ -5,20 +5,34 @@ The edge runs as its own process with its database behind a counting proxy
 pings. The budget (docs/A2A_EDGE.md, "What an admission costs the database"):
 two round trips on the request's path (the rate-limit count, then the admission
 statement), and the wake-up for the dispatchers after the answer, off the
-request's path and shared by the admissions of the moment. These tests count;
-they never time.
+request's path and shared by the admissions of the moment. A blocking send adds
+one read for each notification of its task's events, and nothing else (issue 44).
+A pooled connection the server ended costs no request (``core.db``'s checkout
+check, no ping). These tests count; they never time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from a2a.types.a2a_pb2 import TaskState, TaskStatus, TaskStatusUpdateEvent
+from sqlalchemy import Engine, text
 
 from core.settings import Settings
 from tests import http_calls
-from tests.app.conftest import PAID, PAID_TARIFF, EdgeProcess, message, start_edge, stop_edge
+from taskstate import notify, rows
+from tests.app.conftest import (
+    PAID,
+    PAID_TARIFF,
+    EdgeProcess,
+    edge_application_name,
+    message,
+    start_edge,
+    stop_edge,
+)
 from tests.pg_wire import StatementCounter
 from tests.rlm.holds import wait_until
 
@@ -26,14 +40,21 @@ pytestmark = pytest.mark.timeout(120, func_only=True)
 
 REQUEST_PATH_BUDGET = 2  # round trips a paid admission may make before it answers
 SENDS = 12
+# A blocking send whose task works, then completes: the rate-limit count, the admission, the dispatchers' wake-up,
+# and one read per notification of its task (the working one finds nothing to answer, the completed one the task).
+# The same send cost 19 before issue 44: its wait read the event log (a BEGIN/ROLLBACK pair around the cursor's
+# read and each poll of the events, then the task read whole).
+BLOCKING_SEND_ROUND_TRIPS = 5
 
 
 @pytest.fixture(scope="module")
 def counted_edge(database_url: str, edge_specs_dir: Path, edge_logs: Path) -> Iterator[tuple[EdgeProcess, StatementCounter]]:
     counter = StatementCounter(database_url)
     # The key check's revocation cache at its default, as a service runs (the shared test edges turn it off).
+    # The safety-net poll of a missed notification far apart: a blocking send's reads are its notifications'.
     edge = start_edge(counter.url, edge_specs_dir, edge_logs, "counted",
-                      revocation_cache_s=str(Settings().keys.revocation_cache_s))
+                      revocation_cache_s=str(Settings().keys.revocation_cache_s),
+                      event_poll_interval_s="30", blocking_wait_max_s="900")
     yield edge, counter
     stop_edge(edge)
     counter.close()
@@ -115,3 +136,78 @@ def test_the_admission_statement_stays_short_enough_for_psycopg_to_cache_its_con
         compiled = statement.compile(dialect=dialect)
         assert len(str(compiled)) <= PSYCOPG_CACHED_QUERY_CHARS
         assert len(compiled.params) <= _queries.MAX_CACHED_STATEMENT_PARAMS
+
+
+def _move(engine: Engine, autocommit: Engine, task_id: str, owner: str, state: int) -> None:
+    """What a worker does to a task: write its next status event, commit, then notify (``task_event_now``)."""
+    with engine.begin() as conn:
+        locked = rows.lock(conn, task_id, owner)
+        assert locked is not None
+        locked.task.status.CopyFrom(TaskStatus(state=state))
+        rows.stamp(locked.task)
+        rows.write_event(conn, locked, TaskStatusUpdateEvent(task_id=task_id, context_id=locked.task.context_id,
+                                                             status=locked.task.status))
+    notify.task_event_now(autocommit, task_id)
+
+
+def test_a_blocking_send_reads_its_task_once_per_notification_and_answers_on_the_last(
+    counted_edge, make_customer, engine: Engine
+):
+    edge, counter = counted_edge
+    customer = make_customer(credits=PAID_TARIFF * 8, max_parallel=8)
+    for _ in range(6):  # every statement of a send prepared on the connection it uses, the key cached
+        _send(edge, counter, customer)
+    owner = f"{customer.customer_id}:{PAID}"
+    known = set(_task_ids(engine, owner))
+    autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+    count = Count(counter)
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(http_calls.post, f"{edge.specialist(PAID)}/message:send", json=message(),
+                             headers=customer.headers, timeout=None)
+        wait_until(lambda: count.since()["wakeups"] > 0, what="the admission's wake-up for the dispatchers")
+        [task_id] = set(_task_ids(engine, owner)) - known
+        admitted = count.since()["round_trips"]
+        _move(engine, autocommit, task_id, owner, TaskState.TASK_STATE_WORKING)
+        wait_until(lambda: count.since()["round_trips"] > admitted, what="the edge's read on the working event")
+        assert not answer.done(), "a blocking send answered before its task stopped"
+        _move(engine, autocommit, task_id, owner, TaskState.TASK_STATE_COMPLETED)
+        answered = answer.result()
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["task"]["id"] == task_id
+    assert answered.json()["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert [m["parts"][0]["text"] for m in answered.json()["task"]["history"]] == ["hello"]
+    cost = count.since()
+    assert cost == {"round_trips": BLOCKING_SEND_ROUND_TRIPS, "wakeups": 1, "key_checks": 0}, (
+        cost, counter.snapshot()[3])
+
+
+def _task_ids(engine: Engine, owner: str) -> list[str]:
+    with engine.connect() as conn:
+        return list(conn.execute(text("SELECT id FROM tasks WHERE owner = :o"), {"o": owner}).scalars())
+
+
+def _edge_backends(engine: Engine, name: str) -> list[int]:
+    with engine.connect() as conn:
+        return list(conn.execute(text(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = :a"
+        ), {"a": edge_application_name(name)}).scalars())
+
+
+def test_a_pooled_connection_the_server_ended_costs_no_request(edge_alone, make_customer, engine: Engine):
+    """No ping before a checkout: the pool finds a connection the server ended by its socket and replaces it."""
+    customer = make_customer(credits=PAID_TARIFF * 4, max_parallel=4)
+    first = http_calls.post(f"{edge_alone.specialist(PAID)}/message:send", json=message(returnImmediately=True),
+                            headers=customer.headers)
+    assert first.status_code == 200, first.text
+    pooled = _edge_backends(engine, "alone")
+    assert pooled, "the edge pooled no connection"
+    with engine.connect() as conn:  # as a restart or a failover would: every connection of the edge's pool ends
+        conn.execute(text("SELECT pg_terminate_backend(pid) FROM unnest(CAST(:p AS int[])) AS k(pid)"),
+                     {"p": pooled})
+    wait_until(lambda: not set(_edge_backends(engine, "alone")) & set(pooled), what="the edge's backends to end")
+    for _ in range(2):  # the rate-limit count and the admission: two checkouts, each of a connection now dead
+        answer = http_calls.post(f"{edge_alone.specialist(PAID)}/message:send", json=message(returnImmediately=True),
+                                 headers=customer.headers)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["task"]["status"]["state"] == "TASK_STATE_SUBMITTED"
+    assert set(_edge_backends(engine, "alone")) - set(pooled), "the edge answered without a new connection"
