@@ -43,6 +43,7 @@ import time
 import uuid
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -133,6 +134,145 @@ def rss_kib(pid: int) -> int:
     return total
 
 
+# --- where the hosted run's time goes (--profile) -----------------------------------------------------------
+
+
+class Split:
+    """Exclusive wall time per label, summed over threads: a wrapped call's time minus its wrapped callees'."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._undo: list[tuple[Any, str, Any]] = []
+
+    def wrap(self, owner: Any, name: str, label: str) -> None:
+        inner = owner.__dict__.get(name, getattr(owner, name))
+        self._undo.append((owner, name, owner.__dict__.get(name)))
+        local, split = self._local, self
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            stack = local.__dict__.setdefault("stack", [])
+            stack.append(0.0)
+            started = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                elapsed = time.perf_counter() - started
+                inside = stack.pop()
+                if stack:
+                    stack[-1] += elapsed
+                with split._lock:
+                    split.seconds[label] = split.seconds.get(label, 0.0) + elapsed - inside
+                    split.calls[label] = split.calls.get(label, 0) + 1
+
+        setattr(owner, name, staticmethod(timed) if isinstance(inner, staticmethod) else timed)
+
+    def restore(self) -> None:
+        for owner, name, original in reversed(self._undo):
+            if original is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, original)
+
+
+def profile(url: str, files: dict[str, str], script: Path, tasks: int, *, show: bool = True) -> None:
+    """``tasks`` reviewer runs through the worker's runner in this process (no edge, no dispatch, model time 0),
+    with the time inside each part of the run and the database's commits counted."""
+    from sqlalchemy import event
+
+    from core import db
+    from core.settings import Settings
+    from rlmfamily.budget import Budget, BudgetLedger
+    from rlmfamily.history import History
+    from rlmfamily.journal import JournaledKernel
+    from rlmfamily.kernels.checkpoints import Checkpoint
+    from rlmfamily.kernels.monty import MontyKernel
+    from rlmfamily.providers.scripted import ScriptedProvider
+    from rlmfamily.trajectory import TrajectoryWriter
+    from taskstate import claims
+    from workers.hosted_rlm.journal import Journal
+    from workers.hosted_rlm.runner import RlmRunner
+    from workers.hosted_rlm.store import PgCheckpointStore
+    from a2a.types.a2a_pb2 import Message, Part, Role
+    import yaml
+
+    from core.settings import PROJECT_ROOT
+    from core.specs import load_spec
+    from workers.auth import VerifiedJob
+    from workers.hosted_rlm.routes import ModelRoutes, ScriptedRoute
+    from workers.runs import RunContext
+
+    engine = db.make_engine(url, Settings(database={"url": url}))
+    commits = {"transactions": 0, "autocommit statements": 0}
+
+    @event.listens_for(engine, "commit")
+    def _commit(conn: Any) -> None:
+        commits["transactions"] += 1
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def _statement(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+            commits["autocommit statements"] += 1
+
+    folder = Path(tempfile.mkdtemp(prefix="bench-specialist-profile-"))
+    document = yaml.safe_load((PROJECT_ROOT / "specs" / "reviewer.yaml").read_text())
+    (folder / "reviewer.yaml").write_text(yaml.safe_dump({**document, "model_route": "bench"}))
+    spec = load_spec(folder / "reviewer.yaml")
+    routes = ModelRoutes({"bench": ScriptedRoute(kind="scripted", script=script)})
+    message = Message(message_id=str(uuid.uuid4()), role=Role.ROLE_USER, parts=[Part(text=RULE)] + [
+        Part(raw=text.encode(), filename=name, media_type="text/x-python") for name, text in files.items()])
+
+    class Sink:
+        def emit(self, *args: Any) -> None:
+            return None
+    split = Split()
+    for owner, names, label in (
+        (Journal, ("_fenced", "open_run", "end_run", "totals", "refusals", "plan"), "journal (PostgreSQL)"),
+        (PgCheckpointStore, ("put", "delete_before", "latest", "get"), "checkpoint store (PostgreSQL)"),
+        (Checkpoint, ("encode",), "checkpoint encode and sign"),
+        (MontyKernel, ("_checkpoint_session", "_checkpoint_pending"), "Monty dumps"),
+        (MontyKernel, ("execute", "start", "close"), "Monty steps (own time)"),
+        (BudgetLedger, ("__init__",), "budget store (SQLite)"),
+        (Budget, ("admit", "settle", "fail", "mark_unknown", "snapshot", "release", "own_usage"), "budget store (SQLite)"),
+        (History, ("__init__", "add", "stats"), "history store (SQLite)"),
+        (JournaledKernel, ("_write",), "library's file journal"),
+        (TrajectoryWriter, ("__init__", "write", "close"), "trajectory file"),
+        (ScriptedProvider, ("complete",), "scripted model"),
+        (RlmRunner, ("run",), "the rest (session, bundle, answer)"),
+    ):
+        for name in names:
+            split.wrap(owner, name, label)
+    started = time.perf_counter()
+    try:
+        for _ in range(tasks):
+            job_id = f"bench-{uuid.uuid4().hex[:12]}"
+            with engine.begin() as conn:
+                token = claims.claim(conn, job_id, worker_id="bench", lease_s=600).fencing_token
+            job = VerifiedJob(job_id=job_id, specialist_id=spec.spec.id, deadline_s=300, payload={}, signed_at=None,
+                              secret_id="bench", reserved_credits=20)  # type: ignore[arg-type]
+            runner = RlmRunner(engine=engine, specs={spec.spec.id: spec}, routes=routes,
+                               checkpoint_key=CHECKPOINT_KEY.encode(), message_of=lambda job: message, environ={})
+            outcome = runner.run(RunContext(job, token, time.monotonic() + 300, threading.Event(), Sink()))
+            assert outcome.state == "completed", outcome
+    finally:
+        split.restore()
+        engine.dispose()
+    wall_s = time.perf_counter() - started
+    total = sum(split.seconds.values())
+    if not show:
+        return
+    print(f"\nwhere a hosted run's time goes: {tasks} runs in this process (the runner, no edge or dispatch; "
+          f"model time 0), exclusive time per part, ms per run")
+    for label, seconds in sorted(split.seconds.items(), key=lambda item: -item[1]):
+        print(f"  {label:<40} {seconds / tasks * 1000:8.1f} ms  {split.calls[label] / tasks:6.1f} calls  "
+              f"{seconds / total * 100:5.1f}%")
+    print(f"  {'total':<40} {total / tasks * 1000:8.1f} ms (wall {wall_s / tasks * 1000:.1f} ms a run)")
+    print(f"  database commits per run: {commits['transactions'] / tasks:.1f} transactions, "
+          f"{commits['autocommit statements'] / tasks:.1f} autocommit statements")
+
+
 # --- the customer ------------------------------------------------------------------------------------------
 
 
@@ -187,7 +327,21 @@ def main() -> None:
     parser.add_argument("--concurrent", type=int, default=4)
     parser.add_argument("--files", type=int, default=200)
     parser.add_argument("--model-delay-s", type=float, default=0.1)
+    parser.add_argument("--profile", type=int, default=0, metavar="RUNS",
+                        help="only profile RUNS runs through the runner in this process (model time 0)")
     args = parser.parse_args()
+    if args.profile:
+        files = bundle(args.files)
+        folder = Path(tempfile.mkdtemp(prefix="bench-specialist-"))
+        script = folder / "reviewer.toml"
+        script.write_text(SCRIPT.format(delay=0))
+        url, cleanup = database(os.environ.get("DATABASE_URL"))
+        try:
+            profile(url, files, script, 1, show=False)  # warm-up: imports, Monty's pool
+            profile(url, files, script, args.profile)
+        finally:
+            cleanup()
+        return
 
     from sqlalchemy import text
 

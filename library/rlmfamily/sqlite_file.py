@@ -5,11 +5,18 @@ own schema in such a file. Writers take the write lock first (``BEGIN
 IMMEDIATE``), so a check and the write it guards are atomic across processes.
 This is the one place where ``sqlite3`` errors (a locked, unreadable or corrupt
 file, a full disk) become the library's own ``StoreUnavailable``.
+
+The path ``MEMORY`` (``":memory:"``) names no file: the store lives in one connection of this process, for
+as long as the object, with every use of it serialised by a lock. That is for a store nobody needs after
+the run: a hosted specialist's budget and history (its service's journal in PostgreSQL holds what a
+resume needs, and the run's data folder is deleted when it ends) - no file to open, lock and sync on
+every write.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +25,7 @@ from pathlib import Path
 from rlmfamily.errors import StoreUnavailable
 
 BUSY_TIMEOUT_MS = 30_000
+MEMORY = ":memory:"  # the path of a store kept in memory (see above)
 
 
 class SQLiteFile:
@@ -31,11 +39,16 @@ class SQLiteFile:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreUnavailable(f"cannot create the folder of {self.path}: {exc} (setting RLM_DATA_DIR)",
-                                   setting="data_dir") from None
+        self._memory: sqlite3.Connection | None = None
+        self._memory_lock = threading.RLock()
+        if str(path) == MEMORY:
+            self._memory = self._connect()
+        else:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreUnavailable(f"cannot create the folder of {self.path}: {exc} (setting RLM_DATA_DIR)",
+                                       setting="data_dir") from None
         self._initialize()
 
     def _initialize(self) -> None:
@@ -81,7 +94,9 @@ class SQLiteFile:
         return [c for c in columns if c[0] not in present]
 
     def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+        memory = str(self.path) == MEMORY
+        conn = sqlite3.connect(MEMORY if memory else self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None,
+                               check_same_thread=not memory)
         conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         conn.execute("PRAGMA synchronous=NORMAL")
         if self.FOREIGN_KEYS:
@@ -93,11 +108,10 @@ class SQLiteFile:
     def transaction(self, *, foreign_keys_off: bool = False) -> Iterator[sqlite3.Connection]:
         """A write transaction that holds the write lock from its first statement; ``foreign_keys_off`` for a
         table rebuild (SQLite ignores the pragma inside a transaction, so it is set before BEGIN)."""
-        with self._converted():
-            conn = self._connect()
+        with self._converted(), self._connection() as conn:
+            if foreign_keys_off:
+                conn.execute("PRAGMA foreign_keys=OFF")
             try:
-                if foreign_keys_off:
-                    conn.execute("PRAGMA foreign_keys=OFF")
                 conn.execute("BEGIN IMMEDIATE")
                 try:
                     yield conn
@@ -106,17 +120,27 @@ class SQLiteFile:
                     raise
                 conn.execute("COMMIT")
             finally:
-                conn.close()
+                if foreign_keys_off and self.FOREIGN_KEYS and self._memory is not None:
+                    conn.execute("PRAGMA foreign_keys=ON")  # the one connection outlives this transaction
 
     @contextmanager
     def reading(self) -> Iterator[sqlite3.Connection]:
         """A connection in autocommit mode, for reads (and a single statement that needs no lock held)."""
-        with self._converted():
+        with self._converted(), self._connection() as conn:
+            yield conn
+
+    @contextmanager
+    def _connection(self) -> Iterator[sqlite3.Connection]:
+        """A new connection to the file, closed after use; or the store's one connection in memory, held."""
+        if self._memory is None:
             conn = self._connect()
             try:
                 yield conn
             finally:
                 conn.close()
+            return
+        with self._memory_lock:
+            yield self._memory
 
     @contextmanager
     def _converted(self) -> Iterator[None]:

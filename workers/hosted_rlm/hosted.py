@@ -47,6 +47,7 @@ from rlmfamily.kernels.monty import MontyKernel
 from rlmfamily.namespace import render_answer
 from rlmfamily.providers.base import Completion, Provider
 from rlmfamily.settings import RLMSettings
+from rlmfamily.sqlite_file import MEMORY
 from workers.hosted_rlm.journal import Journal, ResumePlan, completion_from_json, step_from_json
 from workers.hosted_rlm.routes import OpenAIRoute, ScriptedRoute
 from workers.hosted_rlm.store import PgCheckpointStore
@@ -76,6 +77,17 @@ class HostedRLMSettings(RLMSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings,)
+
+    # The run's budget and history live in memory: the service's journal (PostgreSQL) holds what a resume needs,
+    # and the run's data folder is deleted when the attempt ends, so a file would buy nothing but its writes
+    # (bench/specialist.py --profile: most of a run's own time, docs/BENCHMARKS.md).
+    @property
+    def budget_path(self) -> Path:
+        return Path(MEMORY)
+
+    @property
+    def history_path(self) -> Path:
+        return Path(MEMORY)
 
 
 class RunStopped(ProviderError):
