@@ -56,25 +56,84 @@ MAX_TAKEN_BY_CHARS = 200
 # The CHECK constraint of migration 0250 on ``trace_parent``: a version-00 W3C traceparent, as telemetry writes it.
 MAX_TRACE_PARENT_CHARS = telemetry.TRACEPARENT_CHARS
 
+# A customer's weight in the fair order (``dispatch_weights``, migration 0290): the CHECK's bounds.
+MAX_WEIGHT = 1000
+MAX_WEIGHT_REASON_CHARS = 500
+MAX_CHANGED_BY_CHARS = 200
+
+# The fair order of due rows (issue 41): a row's owner is ``<customer>:<specialist>`` (``app.identity``), and its
+# customer the owner's first part (a customer id has no ``:``), the expression of migration 0290's index.
+_CUSTOMER = "split_part({t}.owner, ':', 1)"
+# The customers with open rows, walked through ``dispatch_outbox_customer_open`` one probe each (a loose index
+# scan); for each, its jobs in flight (``sent``: with Cloud Tasks; ``pending`` and not due: an embedded delivery's
+# lease, or a retry's wait) and its first ``:n`` due rows of a specialist served (``:served``: NULL is any), each
+# ranked by ``(in flight + its place in the customer's line) / weight``: the row of least rank is the job of the
+# customer furthest behind its share of the slots. Ties go to the customer whose last turn (``dispatch_turns``) is
+# longest past, never-served first (a round-robin), then to the row due first.
+_FAIR_DUE = f"""
+    WITH RECURSIVE open_customers AS (
+        (SELECT {_CUSTOMER.format(t="x")} AS customer FROM dispatch_outbox x
+          WHERE x.status IN ('pending', 'sent') ORDER BY 1 LIMIT 1)
+        UNION ALL
+        SELECT (SELECT {_CUSTOMER.format(t="x")} FROM dispatch_outbox x
+                 WHERE x.status IN ('pending', 'sent') AND {_CUSTOMER.format(t="x")} > c.customer
+                 ORDER BY 1 LIMIT 1)
+          FROM open_customers c WHERE c.customer IS NOT NULL
+    ),
+    ranked AS (
+        SELECT d.dispatch_id, d.available_at, c.customer, t.last_started_at,
+               CAST(f.in_flight + d.place AS float8) / COALESCE(w.weight, CAST(:default_weight AS integer)) AS share
+          FROM open_customers c
+          CROSS JOIN LATERAL (
+              SELECT count(*) AS in_flight FROM dispatch_outbox x
+               WHERE {_CUSTOMER.format(t="x")} = c.customer AND x.status IN ('pending', 'sent')
+                 AND (x.status = 'sent' OR x.available_at > now())) f
+          CROSS JOIN LATERAL (
+              SELECT x.dispatch_id, x.available_at,
+                     row_number() OVER (ORDER BY x.available_at, x.dispatch_id) AS place
+                FROM dispatch_outbox x
+               WHERE {_CUSTOMER.format(t="x")} = c.customer AND x.status IN ('pending', 'sent')
+                 AND x.status = 'pending' AND x.available_at <= now()
+                 AND (CAST(:served AS text[]) IS NULL OR x.specialist_id = ANY (CAST(:served AS text[])))
+               ORDER BY x.available_at, x.dispatch_id LIMIT :n) d
+          LEFT JOIN dispatch_weights w ON w.customer_id = c.customer
+          LEFT JOIN dispatch_turns t ON t.customer = c.customer
+         WHERE c.customer IS NOT NULL
+    )"""
+# The rows chosen, locked in the fair order (``{limit}``: how many at most), and their customers' turns taken.
+_CHOSEN = """,
+    chosen AS (
+        SELECT o.dispatch_id, r.customer, r.share, r.last_started_at AS turn_at, r.available_at AS due_at
+          FROM dispatch_outbox o JOIN ranked r ON r.dispatch_id = o.dispatch_id
+         WHERE o.status = 'pending' AND o.available_at <= now()
+         ORDER BY r.share, r.last_started_at NULLS FIRST, r.available_at, o.dispatch_id
+           FOR NO KEY UPDATE OF o SKIP LOCKED LIMIT {limit}
+    ),
+    turns AS (
+        INSERT INTO dispatch_turns AS t (customer, last_started_at)
+        SELECT DISTINCT customer, now() FROM chosen
+        ON CONFLICT (customer) DO UPDATE SET last_started_at = EXCLUDED.last_started_at
+        RETURNING 1
+    )"""
 _TAKE = text(
-    """
+    f"""{_FAIR_DUE}{_CHOSEN.format(limit=":n")}
     UPDATE dispatch_outbox o
        SET attempts = o.attempts + 1, available_at = now() + make_interval(secs => :lease_s),
            taken_by = :me, taken_at = now()
-     WHERE o.dispatch_id IN (SELECT dispatch_id FROM dispatch_outbox
-                              WHERE status = 'pending' AND available_at <= now()
-                              ORDER BY available_at, dispatch_id
-                              FOR NO KEY UPDATE SKIP LOCKED LIMIT :n)
-    RETURNING o.dispatch_id, o.task_id, o.specialist_id, o.owner, o.context_id, o.attempts, o.trace_parent
+      FROM chosen
+     WHERE o.dispatch_id = chosen.dispatch_id
+    RETURNING o.dispatch_id, o.task_id, o.specialist_id, o.owner, o.context_id, o.attempts, o.trace_parent,
+              chosen.share, chosen.turn_at, chosen.due_at
     """
 )
+# The relay keeps at most ``:max_in_flight`` rows ``sent`` (queued in Cloud Tasks or running): the queue is FIFO,
+# so what it holds is what the fair order can no longer change.
 _LOCK = text(
-    """
-    SELECT dispatch_id, task_id, specialist_id, owner, context_id, attempts + 1 AS attempts, trace_parent
-      FROM dispatch_outbox
-     WHERE status = 'pending' AND available_at <= now()
-     ORDER BY available_at, dispatch_id
-       FOR NO KEY UPDATE SKIP LOCKED LIMIT :n
+    f"""{_FAIR_DUE}{_CHOSEN.format(
+        limit="LEAST(:n, GREATEST(0, :max_in_flight - (SELECT count(*) FROM dispatch_outbox WHERE status = 'sent')))")}
+    SELECT o.dispatch_id, o.task_id, o.specialist_id, o.owner, o.context_id, o.attempts + 1 AS attempts,
+           o.trace_parent, chosen.share, chosen.turn_at, chosen.due_at
+      FROM dispatch_outbox o JOIN chosen ON chosen.dispatch_id = o.dispatch_id
     """
 )
 
@@ -100,26 +159,47 @@ class OutboxRow:
 
 
 def _rows(result) -> list[OutboxRow]:  # type: ignore[no-untyped-def]
-    """Taken or locked rows: each counts the attempt about to be made."""
-    rows = sorted(
-        (OutboxRow(r.dispatch_id, r.task_id, r.specialist_id, r.owner, r.context_id, r.attempts, r.trace_parent)
-         for r in result),
-        key=lambda row: row.dispatch_id,
-    )
+    """Taken or locked rows in the fair order (least share first): each counts the attempt about to be made."""
+    ordered = sorted(result, key=lambda r: (r.share, r.turn_at is not None, r.turn_at or r.due_at, r.due_at,
+                                            r.dispatch_id))
+    rows = [OutboxRow(r.dispatch_id, r.task_id, r.specialist_id, r.owner, r.context_id, r.attempts, r.trace_parent)
+            for r in ordered]
     assert all(row.attempts >= 1 for row in rows), rows
     return rows
 
 
-def take(conn: Connection, *, limit: int, lease_s: float, me: str) -> list[OutboxRow]:
-    """Embedded: take up to ``limit`` due rows for ``lease_s`` (commit right after)."""
-    taken = _rows(conn.execute(_TAKE, {"n": limit, "lease_s": lease_s, "me": me[:MAX_TAKEN_BY_CHARS]}))
+@dataclass(frozen=True)
+class FairOrder:
+    """What a take's fair order needs: the weight of a customer without one of its own, and the specialists whose
+    jobs may be taken (None: any; a dispatcher that knows what its workers serve names them)."""
+
+    default_weight: int = 1
+    served: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        assert 1 <= self.default_weight <= MAX_WEIGHT, self.default_weight
+
+    def params(self, limit: int) -> dict[str, Any]:
+        return {"n": limit, "default_weight": self.default_weight,
+                "served": None if self.served is None else list(self.served)}
+
+
+ANY_SPECIALIST = FairOrder()
+
+
+def take(conn: Connection, *, limit: int, lease_s: float, me: str,
+         order: FairOrder = ANY_SPECIALIST) -> list[OutboxRow]:
+    """Embedded: take up to ``limit`` due rows in the fair order, for ``lease_s`` (commit right after)."""
+    taken = _rows(conn.execute(_TAKE, {**order.params(limit), "lease_s": lease_s, "me": me[:MAX_TAKEN_BY_CHARS]}))
     assert len(taken) <= limit, (len(taken), limit)
     return taken
 
 
-def lock_due(conn: Connection, *, limit: int) -> list[OutboxRow]:
-    """Cloud Tasks relay: lock up to ``limit`` due rows until the caller's transaction ends."""
-    locked = _rows(conn.execute(_LOCK, {"n": limit}))
+def lock_due(conn: Connection, *, limit: int, max_in_flight: int,
+             order: FairOrder = ANY_SPECIALIST) -> list[OutboxRow]:
+    """Cloud Tasks relay: lock up to ``limit`` due rows in the fair order until the caller's transaction ends, and
+    never so many that more than ``max_in_flight`` rows would be ``sent``."""
+    locked = _rows(conn.execute(_LOCK, {**order.params(limit), "max_in_flight": max_in_flight}))
     assert len(locked) <= limit, (len(locked), limit)
     return locked
 
@@ -384,3 +464,67 @@ def prune_finished_sql(*, only: str) -> str:
            last.finished_at AS last_at, last.dispatch_id AS last_id
       FROM (SELECT 1) one
       LEFT JOIN (SELECT * FROM page ORDER BY finished_at DESC, dispatch_id DESC LIMIT 1) last ON true"""
+
+
+# --- a customer's share of the worker slots (issue 41) ---------------------------------------
+
+
+@dataclass(frozen=True)
+class CustomerShare:
+    """A customer's place in the fair order: its weight, and its jobs in flight and waiting (due, not yet taken)."""
+
+    customer_id: str
+    weight: int
+    weight_is_default: bool
+    in_flight: int
+    waiting: int
+    weight_changed_by: str | None = None
+    weight_changed_at: datetime | None = None
+    weight_reason: str | None = None
+
+
+_SHARE = text(
+    f"""
+    SELECT count(*) FILTER (WHERE x.status = 'sent' OR x.available_at > now()) AS in_flight,
+           count(*) FILTER (WHERE x.status = 'pending' AND x.available_at <= now()) AS waiting,
+           w.weight, w.changed_by, w.changed_at, w.reason
+      FROM (SELECT 1) one
+      LEFT JOIN dispatch_outbox x ON {_CUSTOMER.format(t="x")} = :c AND x.status IN ('pending', 'sent')
+      LEFT JOIN dispatch_weights w ON w.customer_id = :c
+     GROUP BY w.weight, w.changed_by, w.changed_at, w.reason
+    """
+)
+
+
+def share_of(conn: Connection, customer_id: str, *, default_weight: int) -> CustomerShare:
+    """What `customers show` prints of the fair order: read through the customer's index of open rows."""
+    r = conn.execute(_SHARE, {"c": customer_id}).one()
+    return CustomerShare(customer_id, r.weight or default_weight, r.weight is None, int(r.in_flight), int(r.waiting),
+                         r.changed_by, r.changed_at, r.reason)
+
+
+@dataclass(frozen=True)
+class WeightChange:
+    customer_id: str
+    outcome: str  # "changed" or "unchanged"
+    weight_before: int | None  # None: it had the default
+    weight: int
+
+
+def set_weight(conn: Connection, customer_id: str, weight: int, *, changed_by: str, reason: str) -> WeightChange:
+    """An operator's weight for a customer (`customers set --weight`); the caller checked that the customer exists."""
+    if not 1 <= weight <= MAX_WEIGHT:
+        raise ValueError(f"a weight is 1 to {MAX_WEIGHT}, not {weight}")
+    if not 1 <= len(reason) <= MAX_WEIGHT_REASON_CHARS:
+        raise ValueError(f"a reason has 1 to {MAX_WEIGHT_REASON_CHARS} characters")
+    before = conn.execute(text("SELECT weight FROM dispatch_weights WHERE customer_id = :c FOR UPDATE"),
+                          {"c": customer_id}).scalar_one_or_none()
+    if before == weight:
+        return WeightChange(customer_id, "unchanged", before, weight)
+    conn.execute(
+        text("INSERT INTO dispatch_weights (customer_id, weight, changed_by, reason) VALUES (:c, :w, :by, :r) "
+             "ON CONFLICT (customer_id) DO UPDATE SET weight = EXCLUDED.weight, changed_by = EXCLUDED.changed_by, "
+             "reason = EXCLUDED.reason, changed_at = now()"),
+        {"c": customer_id, "w": weight, "by": changed_by[:MAX_CHANGED_BY_CHARS], "r": reason},
+    )
+    return WeightChange(customer_id, "changed", before, weight)

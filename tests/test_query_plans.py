@@ -163,7 +163,8 @@ QUERIES: dict[str, Callable[[Connection, Seeded], Any]] = {
     # The dispatcher's loop.
     "dispatcher: take due jobs (taskstate.outbox.take)":
         lambda c, s: outbox.take(c, limit=8, lease_s=30, me="plans"),
-    "dispatcher: lock due jobs (taskstate.outbox.lock_due)": lambda c, s: outbox.lock_due(c, limit=8),
+    "dispatcher: lock due jobs (taskstate.outbox.lock_due)":
+        lambda c, s: outbox.lock_due(c, limit=8, max_in_flight=40),
     "dispatcher: expired Idempotency-Keys (taskstate.idempotency.prune_expired)":
         lambda c, s: idempotency.prune_expired(c, batch=500),
     "dispatcher: ended jobs' checkpoints (workers.hosted_rlm.store.prune_ended)":

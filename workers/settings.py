@@ -57,6 +57,28 @@ class DispatchSettings(Section):
         description="How often a dispatcher looks at the outbox when no notification woke it.",
     )
     batch_size: int = Field(default=32, ge=1, le=1000, description="Outbox rows one dispatcher round takes.")
+    default_weight: int = Field(
+        default=1,
+        ge=1,
+        le=1000,
+        description="A customer's weight in the fair order of worker slots when an operator set none (`specialists "
+        "customers set --weight`): while customers wait, one of weight w holds w slots for each slot of a weight-1 "
+        "customer.",
+    )
+    relay_max_in_flight: int = Field(
+        default=40,
+        ge=1,
+        le=100_000,
+        description="Cloud Tasks: jobs the relay keeps enqueued or running at most (the workers' slots: workers x "
+        "SPECIALISTS_WORKER_MAX_CONCURRENT_JOBS); the rest wait in the outbox, where the fair order picks the next.",
+    )
+    served_refresh_s: float = Field(
+        default=30.0,
+        ge=1.0,
+        le=3600.0,
+        description="Embedded: how often a dispatcher asks its workers (their /readyz) which specialists they serve; "
+        "it takes only jobs of those (any, until a worker answered).",
+    )
     delivery_lease_s: float = Field(
         default=30.0,
         ge=1.0,

@@ -14,11 +14,16 @@ What the worker's answer means (``workers.dispatch.delivery``):
 ``retry`` (busy, unreachable, failing) reschedules it with backoff, never sooner
 than the worker's ``Retry-After``; ``worker_at_capacity`` (the worker claimed
 nothing: its slots are taken, by another dispatcher's deliveries or by a job
-still ending) comes due again after the worker's ``Retry-After`` alone, neither
-growing its backoff nor counting towards ``dispatch_max_attempts``: a full
-worker is a reason to wait, not a sign the job cannot be delivered; ``refused`` (authentication,
-a specialist no worker serves: configuration) reschedules it at the longest
-backoff and says so in the log. After ``dispatch_max_attempts`` a job no worker
+still ending) makes the row due again at once, in its place in the fair order, and it is the worker that waits:
+no delivery goes to it before its ``Retry-After``. That neither grows the row's backoff nor counts towards
+``dispatch_max_attempts``: a full worker is a reason to wait, not a sign the job cannot be delivered; ``refused``
+(authentication, a specialist no worker serves: configuration) reschedules it at the longest backoff and says so
+in the log, and a ``specialist_not_served`` asks the workers again what they serve.
+
+**Which rows, in which order** (issue 41): a take is fair across customers (``taskstate.outbox.take``: the next
+slot goes to the customer furthest behind its weighted share, ``SPECIALISTS_DISPATCH_DEFAULT_WEIGHT`` and
+`specialists customers set --weight`), and takes only jobs of a specialist one of the dispatcher's workers serves
+(``workers.dispatch.served``: their ``/readyz``). A job goes to a worker URL that serves its specialist. After ``dispatch_max_attempts`` a job no worker
 ever claimed is given up (``workers.dispatch.sweeper.give_up``).
 
 Each of the dispatcher's writes is one statement in autocommit (a take, a
@@ -54,6 +59,7 @@ from workers.auth import JobSigner
 from taskstate import outbox
 from workers.dispatch import jobs
 from workers.dispatch.delivery import DeliveryResult, deliver_over_http, retry_delay_s
+from workers.dispatch.served import ServedSpecialists
 from workers.dispatch.sweeper import give_up
 from taskstate.updates import TaskEvents
 
@@ -61,6 +67,7 @@ log = logging.getLogger(__name__)
 
 CRASH_EXIT_CODE = 70  # a recovery drill's abrupt exit (dispatch_crash_point)
 WORKER_FULL = "worker_at_capacity"  # the worker's answer when it claimed nothing because its slots are taken
+NOT_SERVED = "specialist_not_served"  # the worker's answer when it does not run the job's specialist
 
 
 def crash_here(point: str, settings: Settings) -> None:
@@ -105,6 +112,9 @@ class EmbeddedDispatcher:
         self._unreachable_logged_at: float | None = None  # when "no worker answers" was last logged (monotonic)
         self._renew_every_s = settings.dispatch.delivery_lease_s / 3
         self._next_renewal = time.monotonic() + self._renew_every_s
+        # A worker URL answered worker_at_capacity: no delivery goes to it before this (monotonic), its Retry-After.
+        self._full_until: dict[str, float] = {}
+        self.served = ServedSpecialists(self.urls, self.client, refresh_s=settings.dispatch.served_refresh_s)
 
     @property
     def in_flight(self) -> int:
@@ -118,32 +128,44 @@ class EmbeddedDispatcher:
         # slots were counted must not find the flag of an earlier round that had found nothing (issue 17: a closed
         # loop waited for the poll interval).
         self._left_due = True
+        now = time.monotonic()
+        open_urls = [url for url in self.urls if self._full_until.get(url, 0.0) <= now]
         with self._lock:
-            free = self.capacity - len(self._in_flight)
+            load = self._load()
+            free = sum(self.slots_per_url - load[url] for url in open_urls)
         if free <= 0:
             self._note_full()
-            return self._renew_every_s  # a delivery ending wakes us sooner
+            held_s = [until - now for until in self._full_until.values() if until > now]
+            return min([self._renew_every_s, *held_s])  # a delivery ending wakes us sooner
         self._full_since = None
         limit = min(free, self.settings.dispatch.batch_size)
-        rows = db.retrying_once(lambda: self._take(limit))
+        order = outbox.FairOrder(default_weight=self.settings.dispatch.default_weight, served=self.served.current())
+        rows = db.retrying_once(lambda: self._take(limit, order))
         self._left_due = len(rows) == limit
         if rows:
             crash_here("before_enqueue", self.settings)
         for row in rows:
             with self._lock:
-                load = {url: 0 for url in self.urls}
-                for url in self._in_flight.values():
-                    load[url] += 1
-                url = min(self.urls, key=lambda u: (self._unanswered[u], load[u]))
+                load = self._load()
+                url = min(open_urls, key=lambda u: (not self.served.serves(u, row.specialist_id),
+                                                    self._unanswered[u], load[u]))
                 self._in_flight[row.dispatch_id] = url
             # Daemon threads: stopping the dispatcher abandons deliveries in flight, which is safe (their rows
             # come due again after the lease and a redelivery is answered from the job's claim).
             threading.Thread(target=self._deliver, args=(row, url), name=f"deliver-{row.dispatch_id}", daemon=True).start()
         return 0.0 if len(rows) == limit else self.settings.dispatch.poll_interval_s
 
-    def _take(self, limit: int) -> list[outbox.OutboxRow]:
+    def _load(self) -> dict[str, int]:
+        """Deliveries in flight per worker URL (under ``_lock``)."""
+        load = {url: 0 for url in self.urls}
+        for url in self._in_flight.values():
+            load[url] += 1
+        return load
+
+    def _take(self, limit: int, order: outbox.FairOrder) -> list[outbox.OutboxRow]:
         with self._autocommit.connect() as conn:
-            return outbox.take(conn, limit=limit, lease_s=self.settings.dispatch.delivery_lease_s, me=self.name)
+            return outbox.take(conn, limit=limit, lease_s=self.settings.dispatch.delivery_lease_s, me=self.name,
+                               order=order)
 
     def _note_full(self) -> None:
         """Say, once a delivery lease, that due jobs wait for a slot (what an operator sees as 'nothing moves')."""
@@ -214,7 +236,7 @@ class EmbeddedDispatcher:
             crash_here("after_enqueue", self.settings)
             with self._renewing:  # no renewal can now overwrite what _record writes
                 self._leave(row)
-            self._record(row, result)
+            self._record(row, url, result)
         except Exception:
             log.exception("delivering job %s failed; it comes due again after its delivery lease", row.job_id)
         finally:
@@ -226,18 +248,24 @@ class EmbeddedDispatcher:
         with self._lock:
             self._in_flight.pop(row.dispatch_id, None)
 
-    def _record(self, row: outbox.OutboxRow, result: DeliveryResult) -> None:
+    def _record(self, row: outbox.OutboxRow, url: str, result: DeliveryResult) -> None:
         if result.verdict == "done":
             self._write(lambda conn: outbox.mark_delivered(conn, row))
             return
         error = f"{result.code} (HTTP {result.status})" if result.status else result.code
         if result.code == WORKER_FULL:
+            # The row is due again at once and keeps its place in the fair order; it is the worker that waits its
+            # Retry-After: no delivery goes to it meanwhile. Had the row waited instead, the rows due while it did
+            # (another customer's backlog) would have taken the slot ahead of it.
             delay_s = result.retry_after_s or self.settings.dispatch.retry_base_s
-            log.info("job %s: the worker is full (%s); delivering again in %g s", row.job_id, error, delay_s,
+            self._full_until[url] = time.monotonic() + delay_s
+            log.info("job %s: the worker is full (%s); delivering to it again in %g s", row.job_id, error, delay_s,
                      extra={"event": "dispatch_retry", "job_id": row.job_id, "code": result.code})
-            self._write(lambda conn: outbox.reschedule(conn, row, delay_s=delay_s, error=error,
+            self._write(lambda conn: outbox.reschedule(conn, row, delay_s=0.0, error=error,
                                                        attempts=row.attempts - 1))
             return
+        if result.code == NOT_SERVED:
+            self.served.stale()
         if row.attempts >= self.settings.dispatch.max_attempts and give_up(self.engine, self.tasks, row, error=error, limits=self.settings.ledger):
             return
         if result.verdict == "refused":

@@ -12,6 +12,11 @@ large, the dispatch deadline too short for it) is given up at once.
 
 Once ``sent``, delivery and its retries belong to Cloud Tasks; the worker's
 settlement marks the row ``done``.
+
+The Cloud Tasks queue is first in, first out, so the relay is where the fair order of worker slots is kept
+(issue 41): it locks rows in the outbox's fair order (``taskstate.outbox.lock_due``, the embedded take's order)
+and keeps at most ``SPECIALISTS_DISPATCH_RELAY_MAX_IN_FLIGHT`` rows ``sent``: the rest wait in the outbox, where a
+customer's backlog cannot stand in front of another's next job. docs/OPERATIONS.md says what that guarantees.
 """
 
 from __future__ import annotations
@@ -54,7 +59,8 @@ class CloudTasksRelay:
         limit = self.settings.dispatch.batch_size
         to_give_up: list[tuple[outbox.OutboxRow, str]] = []
         with self.engine.begin() as conn:
-            rows = outbox.lock_due(conn, limit=limit)
+            rows = outbox.lock_due(conn, limit=limit, max_in_flight=self.settings.dispatch.relay_max_in_flight,
+                                   order=outbox.FairOrder(default_weight=self.settings.dispatch.default_weight))
             if rows:
                 crash_here("before_enqueue", self.settings)
             for row in rows:
