@@ -45,7 +45,7 @@ DEMO_MARGIN_S = 60.0
 
 _JOB_COLUMNS = ["job_id", "specialist_id", "outcome", "stop_reason", "resumes", "turns", "semantic_calls_used",
                 "semantic_calls_charged", "charged_credits", "model_calls", "replayed_calls", "prompt_tokens",
-                "completion_tokens", "cost_usd", "calls_with_unknown_tokens", "calls_with_unknown_cost"]
+                "completion_tokens", "cost_usd", "cpu_seconds", "calls_with_unknown_tokens", "calls_with_unknown_cost"]
 _CALL_COLUMNS = ["call_id", "purpose", "turn", "step_index", "state", "model", "prompt_tokens", "completion_tokens",
                  "cost_usd", "replays", "superseded_by", "claim", "note"]
 

@@ -676,7 +676,8 @@ class Pages:
             "credits": ["day", "specialist_id", "customer_id", "credits_charged", "settlements"],
             "outcomes": ["day", "specialist_id", "state", "tasks"],
             "jobs": ["job_id", "specialist_id", "state", "outcome", "model_calls", "prompt_tokens",
-                     "completion_tokens", "cost_usd", "calls_with_unknown_cost", "charged_credits", "started_at"],
+                     "completion_tokens", "cost_usd", "calls_with_unknown_cost", "cpu_seconds", "charged_credits",
+                     "started_at"],
         }.get(what)
         if columns is None:
             raise Refused("what= is credits, outcomes or jobs", code="csv_invalid", status=400)

@@ -36,6 +36,7 @@ def test_the_demo_reviews_the_example_project_through_the_running_service(server
         assert [(f["path"], f["line"]) for f in as_json["findings"]] == [("shop/customers.py", 8)]
         meta = as_json["specialist"]
         assert (meta["semanticCallsUsed"], meta["creditsCharged"]) == (1, 5)  # metered: 4 + 1 answered call
+        assert meta["cpuSeconds"] > 0  # the job's processes' CPU, counted in its process (workers.cpu_share)
         entries = {(m["entry_id"], m["kind"]) for m in as_json["ledger"]}
         assert sorted(kind for _, kind in entries) == ["grant", "reserve", "settle"]  # one settlement
         charged = [m["credits"] for m in as_json["ledger"] if m["kind"] == "settle" and m["to_account"] == "revenue"]
@@ -45,6 +46,7 @@ def test_the_demo_reviews_the_example_project_through_the_running_service(server
         assert len(usage["jobs"]) == 2 and {j["specialist_id"] for j in usage["jobs"]} == {"reviewer"}
         job = usage["jobs"][0]
         assert (job["outcome"], job["semantic_calls_used"], job["charged_credits"]) == ("completed", 1, 5)
+        assert job["cpu_seconds"] > 0
         one = specialists(env, "usage", "--job", job["job_id"])
         assert one.returncode == 0 and "model calls of" in one.stdout and "subcall" in one.stdout
         missing = specialists(env, "usage", "--job", "no-such-job", "--json")

@@ -47,6 +47,7 @@ def final_metadata(detail: dict[str, Any], credits_charged: int | None) -> dict[
         "resumes": "resumes",
         "pricing": "pricing",
         "code": "code",
+        "cpu_seconds": "cpuSeconds",  # the job's processes together (workers.cpu_share)
     }
     data = {camel: detail[key] for key, camel in keys.items() if detail.get(key) is not None}
     if credits_charged is not None:

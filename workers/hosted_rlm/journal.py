@@ -451,6 +451,8 @@ class Journal:
 # Tokens and cost are the sums of what providers reported. A call whose usage nobody knows (in flight when
 # a worker died, a timeout, an answer without usage, a model without a price) is counted apart and never as
 # zero: a total next to a non-zero ``calls_with_unknown_*`` is a lower bound.
+# ``cpu_seconds``: the CPU seconds of the job's processes together in its last claim's run (``workers.cpu_share``, kept
+# in the claim's record); None: not measured (a run in a thread of the worker, one not finished, or whose process died).
 
 MAX_ROWS = 1000
 
@@ -469,8 +471,10 @@ _JOBS_TEMPLATE = """
                                     OR (c.state = 'completed' AND (c.prompt_tokens IS NULL OR c.completion_tokens IS NULL)))
              AS calls_with_unknown_tokens,
            count(c.call_id) FILTER (WHERE c.state IN ('started', 'unknown')
-                                    OR (c.state = 'completed' AND c.cost_usd IS NULL)) AS calls_with_unknown_cost
+                                    OR (c.state = 'completed' AND c.cost_usd IS NULL)) AS calls_with_unknown_cost,
+           max((k.outcome_detail ->> 'cpu_seconds')::float8) AS cpu_seconds
       FROM specialist_runs r LEFT JOIN specialist_calls c ON c.job_id = r.job_id
+           LEFT JOIN job_claims k ON k.job_id = r.job_id
      WHERE (CAST(:sp AS text) IS NULL OR r.specialist_id = :sp)
        AND {runs}
        AND (CAST(:since AS timestamptz) IS NULL OR r.started_at >= :since)

@@ -44,7 +44,8 @@ class RlmUsage:
     def final_metadata(self, usage: ExecutorUsage, outcome: RunOutcome, credits_charged: int) -> dict[str, Any]:
         run: journal.RunRecord = usage.record
         merged = {**outcome.detail, "semantic_calls_used": run.semantic_calls_used,
-                  "semantic_calls_charged": run.semantic_calls_charged, "resumes": run.resumes}
+                  "semantic_calls_charged": run.semantic_calls_charged, "resumes": run.resumes,
+                  "cpu_seconds": outcome.cpu_seconds}
         return a2a.final_metadata(merged, credits_charged)
 
 
