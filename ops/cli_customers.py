@@ -3,7 +3,10 @@
 A customer exists only once an operator adds it (``customers add``): the grant, the key and every read of one
 customer refuse an id the service does not know (``customer_not_found``), so a typo is an error, never a new
 account or an empty answer. ``customers set`` changes a customer's cap on tasks at once without a grant. Both
-are recorded with the operator and the reason (``ledger_account_changes``).
+are recorded with the operator and the reason (``ledger_account_changes``). ``customers set --weight`` changes
+the customer's weight in the fair order of worker slots (``taskstate.outbox``: ``dispatch_weights`` keeps the last
+change's operator, time and reason), and ``customers show`` prints that share: the weight, the customer's jobs in
+flight and those waiting for a slot (docs/OPERATIONS.md, "Fair share of worker slots").
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from dataclasses import asdict
 from ledger import keys
 from ops import output
 from ops.cli_ledger import handler, ledger_of, positive_int
-from ops.output import EXIT_OK, emit, say
+from ops.output import EXIT_OK, EXIT_USAGE, emit, fail, say
+from taskstate import outbox
 from taskstate import reads as task_reads
 
 _CUSTOMER_COLUMNS = ["customer_id", "created_at", "max_parallel", "open_reservations", "held", "available", "spent"]
@@ -57,17 +61,22 @@ def cmd_customers_show(ctx, args: argparse.Namespace) -> int:
     with ledger.engine.connect() as conn:
         tasks = task_reads.customer_tasks(conn, customer, limit=min(args.limit, ctx.settings.ledger.max_rows_per_listing))
     held_keys = keys.list_keys(ledger.engine, customer)
+    with ledger.engine.connect() as conn:
+        share = asdict(outbox.share_of(conn, customer, default_weight=ctx.settings.dispatch.default_weight))
+    share.pop("customer_id")
     balances = None if view is None else {
         "available": view.available, "held": view.held, "expired_unswept": view.expired_unswept,
         "open_reservations": view.open_reservations, "max_parallel": view.max_parallel,
     }
     if ctx.as_json:
-        output.emit_json({"customer_id": customer, "balances": balances, "keys": held_keys, "tasks": tasks})
+        output.emit_json({"customer_id": customer, "balances": balances, "fair_share": share, "keys": held_keys,
+                          "tasks": tasks})
         return EXIT_OK
     if balances is None:
         say(f"{customer} has no credit account yet")
     else:
         emit(balances, as_json=False, title=f"customer {customer}")
+    emit(share, as_json=False, title="fair share of worker slots (weight; jobs in flight; jobs waiting for a slot)")
     emit(held_keys, as_json=False, columns=_KEY_COLUMNS, title="keys")
     emit(tasks, as_json=False, columns=_TASK_COLUMNS, title=f"newest tasks (at most {args.limit})")
     say(f"lots and entitlements: `specialists credits show --customer {customer}`")
@@ -76,14 +85,34 @@ def cmd_customers_show(ctx, args: argparse.Namespace) -> int:
 
 @handler
 def cmd_customers_set(ctx, args: argparse.Namespace) -> int:
+    if args.max_parallel is None and args.weight is None:
+        return fail("nothing_to_set", "name what to change: --max-parallel N, --weight W or both",
+                    as_json=ctx.as_json, exit_code=EXIT_USAGE)
+    if args.weight is not None and not 1 <= args.weight <= outbox.MAX_WEIGHT:
+        return fail("weight_invalid", f"--weight is 1 to {outbox.MAX_WEIGHT}, not {args.weight} (the default of "
+                    "customers without one is SPECIALISTS_DISPATCH_DEFAULT_WEIGHT)", as_json=ctx.as_json,
+                    exit_code=EXIT_USAGE)
+    if args.weight is not None and not 1 <= len(args.reason) <= outbox.MAX_WEIGHT_REASON_CHARS:
+        return fail("reason_invalid", f"--reason is 1 to {outbox.MAX_WEIGHT_REASON_CHARS} characters: why, for the "
+                    "audit record", as_json=ctx.as_json, exit_code=EXIT_USAGE)
     ledger = ledger_of(ctx)
-    result = ledger.set_max_parallel(ledger.require_customer(args.customer), args.max_parallel,
-                                     operator=ctx.operator, reason=args.reason)
-    emit(
-        asdict(result),
-        as_json=ctx.as_json,
-        title="max_parallel changed" if result.outcome == "changed" else "max_parallel already at that value",
-    )
+    customer = ledger.require_customer(args.customer)
+    results: dict[str, dict] = {}
+    if args.max_parallel is not None:
+        result = ledger.set_max_parallel(customer, args.max_parallel, operator=ctx.operator, reason=args.reason)
+        results["max_parallel"] = asdict(result)
+        if not ctx.as_json:
+            emit(asdict(result), as_json=False, title="max_parallel changed" if result.outcome == "changed"
+                 else "max_parallel already at that value")
+    if args.weight is not None:
+        with ledger.engine.begin() as conn:
+            change = outbox.set_weight(conn, customer, args.weight, changed_by=ctx.operator, reason=args.reason)
+        results["weight"] = asdict(change)
+        if not ctx.as_json:
+            emit(asdict(change), as_json=False,
+                 title="weight changed" if change.outcome == "changed" else "weight already at that value")
+    if ctx.as_json:
+        output.emit_json(results["max_parallel"] if list(results) == ["max_parallel"] else results)
     return EXIT_OK
 
 
@@ -110,9 +139,13 @@ def register(groups: argparse._SubParsersAction, common: argparse.ArgumentParser
     show.add_argument("--limit", type=positive_int, default=DEFAULT_SHOWN_TASKS, help="how many of its newest tasks")
     show.set_defaults(func=cmd_customers_show)
 
-    cap = customers.add_parser("set", parents=[common], help="change a customer's cap on tasks at once (no grant)")
+    cap = customers.add_parser("set", parents=[common],
+                               help="change a customer's cap on tasks at once (no grant) or its weight for worker slots")
     cap.add_argument("--customer", required=True)
-    cap.add_argument("--max-parallel", type=int, required=True,
+    cap.add_argument("--max-parallel", type=int, default=None,
                      help="1 or more; at least its open and unknown reservations")
+    cap.add_argument("--weight", type=int, default=None,
+                     help=f"1 to {outbox.MAX_WEIGHT}: while customers wait for worker slots, one of weight w holds w "
+                     "slots for each slot of a weight-1 customer (default SPECIALISTS_DISPATCH_DEFAULT_WEIGHT)")
     cap.add_argument("--reason", required=True, help="why, for the audit record")
     cap.set_defaults(func=cmd_customers_set)
