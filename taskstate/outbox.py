@@ -123,7 +123,7 @@ _TAKE = text(
       FROM chosen
      WHERE o.dispatch_id = chosen.dispatch_id
     RETURNING o.dispatch_id, o.task_id, o.specialist_id, o.owner, o.context_id, o.attempts, o.trace_parent,
-              chosen.share, chosen.turn_at, chosen.due_at
+              chosen.share, chosen.turn_at, chosen.due_at, o.taken_at
     """
 )
 # The relay keeps at most ``:max_in_flight`` rows ``sent`` (queued in Cloud Tasks or running): the queue is FIFO,
@@ -132,7 +132,7 @@ _LOCK = text(
     f"""{_FAIR_DUE}{_CHOSEN.format(
         limit="LEAST(:n, GREATEST(0, :max_in_flight - (SELECT count(*) FROM dispatch_outbox WHERE status = 'sent')))")}
     SELECT o.dispatch_id, o.task_id, o.specialist_id, o.owner, o.context_id, o.attempts + 1 AS attempts,
-           o.trace_parent, chosen.share, chosen.turn_at, chosen.due_at
+           o.trace_parent, chosen.share, chosen.turn_at, chosen.due_at, CAST(NULL AS timestamptz) AS taken_at
       FROM dispatch_outbox o JOIN chosen ON chosen.dispatch_id = o.dispatch_id
     """
 )
@@ -148,6 +148,11 @@ class OutboxRow:
     attempts: int  # including the attempt about to be made
     # The W3C traceparent admission wrote (migration 0250): the trace the job continues. None: telemetry was off.
     trace_parent: str | None = None
+    # What the take changed, so that a worker that was full can have it back (``hand_back``): when the row was
+    # due, its customer's turn before the take (None: it had none), and the take's time. None: not known.
+    due_at: datetime | None = None
+    turn_before: datetime | None = None
+    taken_at: datetime | None = None
 
     @property
     def job_id(self) -> str:
@@ -162,7 +167,8 @@ def _rows(result) -> list[OutboxRow]:  # type: ignore[no-untyped-def]
     """Taken or locked rows in the fair order (least share first): each counts the attempt about to be made."""
     ordered = sorted(result, key=lambda r: (r.share, r.turn_at is not None, r.turn_at or r.due_at, r.due_at,
                                             r.dispatch_id))
-    rows = [OutboxRow(r.dispatch_id, r.task_id, r.specialist_id, r.owner, r.context_id, r.attempts, r.trace_parent)
+    rows = [OutboxRow(r.dispatch_id, r.task_id, r.specialist_id, r.owner, r.context_id, r.attempts, r.trace_parent,
+                      r.due_at, r.turn_at, r.taken_at)
             for r in ordered]
     assert all(row.attempts >= 1 for row in rows), rows
     return rows
@@ -247,6 +253,43 @@ def reschedule(conn: Connection, row: OutboxRow, *, delay_s: float, error: str, 
         ),
         {"d": row.dispatch_id, "delay_s": delay_s, "e": error[:MAX_LAST_ERROR_CHARS], "a": attempts},
     )
+
+
+_HAND_BACK = text(
+    """
+    WITH back AS (
+        UPDATE dispatch_outbox SET available_at = LEAST(CAST(:due_at AS timestamptz), now()), last_error = :e,
+                                   attempts = :a
+         WHERE dispatch_id = :d AND status = 'pending' AND taken_at = CAST(:taken_at AS timestamptz)
+        RETURNING split_part(owner, ':', 1) AS customer
+    ),
+    restored AS (
+        UPDATE dispatch_turns t SET last_started_at = CAST(:turn_before AS timestamptz) FROM back
+         WHERE t.customer = back.customer AND t.last_started_at = CAST(:taken_at AS timestamptz)
+           AND CAST(:turn_before AS timestamptz) IS NOT NULL
+        RETURNING 1
+    ),
+    forgotten AS (
+        DELETE FROM dispatch_turns t USING back
+         WHERE t.customer = back.customer AND t.last_started_at = CAST(:taken_at AS timestamptz)
+           AND CAST(:turn_before AS timestamptz) IS NULL
+        RETURNING 1
+    )
+    SELECT count(*) FROM back
+    """
+)
+
+
+def hand_back(conn: Connection, row: OutboxRow, *, error: str) -> None:
+    """The worker claimed nothing because it was full: the row is as it was before the take, due since it was, its
+    attempt uncounted, and its customer's turn as it was unless the customer had another since. So the busy path
+    keeps the fair order: a refusal moves neither the row behind rows due after it nor its customer behind others.
+    A row not taken by ``take`` (no ``taken_at``) is made due at once."""
+    if row.taken_at is None or row.due_at is None:
+        reschedule(conn, row, delay_s=0.0, error=error, attempts=row.attempts - 1)
+        return
+    conn.execute(_HAND_BACK, {"d": row.dispatch_id, "due_at": row.due_at, "e": error[:MAX_LAST_ERROR_CHARS],
+                              "a": row.attempts - 1, "turn_before": row.turn_before, "taken_at": row.taken_at})
 
 
 def mark_undeliverable(conn: Connection, row: OutboxRow, *, error: str) -> None:

@@ -99,6 +99,23 @@ def test_with_one_customers_eight_jobs_queued_a_second_customers_job_is_the_next
     assert jobs.starts(2) == "BA"
 
 
+def test_a_job_a_full_worker_refused_keeps_its_place_and_its_customer_keeps_its_turn(jobs: Queue) -> None:
+    # The slot B's job was sent to was still held by A's job ending: the worker claimed nothing. The next take must
+    # be B's job again, not A's next (whose row was due first and whose customer, without the hand-back, would
+    # have had the older turn).
+    jobs.queue("A", 8)
+    [first] = jobs.take()
+    jobs.queue("B")
+    jobs.finish(first)
+    [refused] = jobs.take()
+    assert jobs.letter(refused) == "B"
+    with jobs.engine.connect() as conn:
+        outbox.hand_back(conn, refused, error="worker_at_capacity (HTTP 503)")
+    [again] = jobs.take()
+    assert (again.dispatch_id, again.attempts) == (refused.dispatch_id, refused.attempts)
+    assert jobs.starts(2) == "AA"
+
+
 def test_customers_of_equal_weight_take_turns_and_a_waiting_customer_never_waits_for_anothers_backlog(
         jobs: Queue) -> None:
     jobs.queue("A", 6)

@@ -66,6 +66,10 @@ def system(server_url: str, engine, tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.fixture
 def customer(system: System) -> dict[str, str]:
+    return new_customer(system)
+
+
+def new_customer(system: System) -> dict[str, str]:
     """A new customer entitled to the scripted specialist, with credits; the request headers."""
     customer_id = f"c-{uuid.uuid4().hex[:12]}"
     issued = keys.issue_key(system.engine, keys.KeySigner([TEST_SECRET], "test"), customer_id=customer_id,
@@ -412,6 +416,36 @@ def test_a_worker_full_with_another_dispatchers_job_delays_a_job_without_giving_
         system.start_dispatcher()
     assert [len(system.runs(system.job_of(t))) for t in (long_task, short_task)] == [1, 1]
     assert settlements(system, short_task) == [("settle", SCRIPTED_TARIFF)]
+
+
+def test_with_one_customers_eight_jobs_queued_a_second_customers_job_is_the_next_one_started(system, customer):
+    # Issue 41: a one-slot worker; one customer's eight long jobs, within its cap, hold the slot and queue seven.
+    # When the slot frees, the next job started is the second customer's, not the first customer's next one.
+    second = new_customer(system)
+    system.stop_dispatchers()
+    one_slot = system.start_worker(worker_max_concurrent_jobs="1")
+    flood: list[str] = []
+    try:
+        system.start_dispatcher(worker_urls=[one_slot.url])
+        flood = [send(system, customer, [{"op": "sleep", "seconds": 60}, {"op": "complete", "text": "long"}])
+                 for _ in range(8)]
+        running = system.wait_for("one of the flood's jobs to start",
+                                  lambda: next((t for t in flood if system.runs(system.job_of(t))), None))
+        victim = send(system, second, [{"op": "complete", "text": "short"}])
+        canceled = http_calls.post(f"{api(system, 0)}/tasks/{running}:cancel", json={}, headers=customer)
+        assert canceled.status_code == 200, canceled.text
+        system.wait_for("the second customer's task to complete",
+                        lambda: state_of(system, second, victim) == "TASK_STATE_COMPLETED", timeout_s=60)
+        starts = [line.split()[1] for line in system.step_log.read_text().splitlines() if line.split()[2] == "0"]
+        jobs_started = [job for job in starts if job in {system.job_of(t) for t in [*flood, victim]}]
+        assert jobs_started[:2] == [system.job_of(running), system.job_of(victim)], jobs_started
+    finally:
+        for task_id in flood:
+            http_calls.post(f"{api(system, 0)}/tasks/{task_id}:cancel", json={}, headers=customer)
+        system.stop_dispatchers()
+        one_slot.stop()
+        system.workers.remove(one_slot)
+        system.start_dispatcher()
 
 
 

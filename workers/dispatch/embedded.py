@@ -254,15 +254,15 @@ class EmbeddedDispatcher:
             return
         error = f"{result.code} (HTTP {result.status})" if result.status else result.code
         if result.code == WORKER_FULL:
-            # The row is due again at once and keeps its place in the fair order; it is the worker that waits its
-            # Retry-After: no delivery goes to it meanwhile. Had the row waited instead, the rows due while it did
-            # (another customer's backlog) would have taken the slot ahead of it.
+            # The row goes back as it was before the take (``outbox.hand_back``): due at once, in its place in the
+            # fair order, its customer's turn not spent; it is the worker that waits its Retry-After: no delivery goes
+            # to it meanwhile. Had the row waited instead, the rows due while it did (another customer's backlog)
+            # would have taken the slot ahead of it.
             delay_s = result.retry_after_s or self.settings.dispatch.retry_base_s
             self._full_until[url] = time.monotonic() + delay_s
             log.info("job %s: the worker is full (%s); delivering to it again in %g s", row.job_id, error, delay_s,
                      extra={"event": "dispatch_retry", "job_id": row.job_id, "code": result.code})
-            self._write(lambda conn: outbox.reschedule(conn, row, delay_s=0.0, error=error,
-                                                       attempts=row.attempts - 1))
+            self._write(lambda conn: outbox.hand_back(conn, row, error=error))
             return
         if result.code == NOT_SERVED:
             self.served.stale()
