@@ -10,6 +10,8 @@ refused (auth, size)       4xx     the refusal's code; nothing is claimed
 specialist not served      404     ``specialist_not_served``; nothing is claimed
 worker full                503     ``worker_at_capacity`` + Retry-After; nothing claimed
 live lease elsewhere       503     ``job_busy`` + Retry-After (the lease's time left)
+worker stopping            503     ``worker_stopping``: nothing claimed (or the claim
+                                   given back before the run started); deliver elsewhere
 already finished           200     ``job_already_finished`` + the stored outcome
 lease expired (unknown)    200     ``job_outcome_unknown``: never run again
 records pruned             200     ``job_gone``: no outbox row (finished, past retention)
@@ -30,6 +32,13 @@ is killed (in thread mode: abandoned) and the job finishes without it.
 The runner runs in a process of its own (``workers.isolation``): this process
 keeps the HTTP server, the heartbeats and the finish, so no job's code can stall
 them (issue 15).
+
+A clean stop (SIGTERM, SIGINT; issue 44 §4): from the signal on, a delivery is
+answered ``worker_stopping`` and claims nothing, and a job claimed as the signal
+came is given back (``claims.release``) before its run starts, so the dispatcher
+delivers it to another worker at once, without a lease to wait out. Running jobs
+get ``worker_drain_s``; those still running when the worker stops had started, so
+they are recorded unknown then (``abandon_running``), not a lease later.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ import dataclasses
 import json
 import logging
 import math
+import signal
 import threading
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -127,6 +137,45 @@ class WorkerService:
         self.readiness_problems = list(readiness_problems or [])
         # Counts running runners, not requests: a runner holds its slot until its process (or thread) has ended.
         self._slots = threading.BoundedSemaphore(limits.max_concurrent_jobs)
+        self.stopping = threading.Event()  # set by a stop signal: no new claim, unstarted claims go back
+        self._running: dict[str, tuple[VerifiedJob, int]] = {}  # job id -> (job, fencing token), while it runs
+        self._running_lock = threading.Lock()
+
+    def begin_stop(self) -> None:
+        """The worker is stopping: deliveries from now on are handed back (``worker_stopping``), nothing claimed."""
+        if not self.stopping.is_set():
+            self.stopping.set()
+            log.info("worker %s is stopping: new deliveries are handed back", self.worker_id,
+                     extra={"event": "worker_stopping", "worker_id": self.worker_id})
+
+    def abandon_running(self) -> list[str]:
+        """As the worker stops: record the jobs still running unknown now (they started; their processes end with
+        this worker), in one transaction each with the ledger's and the task's unknown mark. A job that finished
+        meanwhile is left as it is. Returns the job ids recorded."""
+        with self._running_lock:
+            running = list(self._running.values())
+        recorded = []
+        why = "its worker stopped before it ended (SPECIALISTS_WORKER_DRAIN_S)"
+        for job, token in running:
+            try:
+                with self.engine.begin() as conn:
+                    newly = claims.record_unknown(conn, job.job_id, fencing_token=token, why=why)
+                    if newly:
+                        self.settlement.mark_unknown(conn, job, token, why)
+            except DBAPIError as exc:  # its lease passes instead, and the sweeper records it
+                log.warning("job %s: could not be recorded unknown as the worker stopped (%s)", job.job_id,
+                            type(exc).__name__)
+                continue
+            if newly:
+                self.settlement.committed(job)
+                recorded.append(job.job_id)
+                log.warning("job %s: still running as its worker stopped; recorded unknown for an operator",
+                            job.job_id, extra={"event": "job_unknown", "job_id": job.job_id, "code": "worker_stopped"})
+        return recorded
+
+    def _stopping_answer(self, job: VerifiedJob) -> JSONResponse:
+        return _answer(503, "worker_stopping", "this worker is stopping; the job was not started here, deliver it to "
+                       "another worker", job_id=job.job_id)
 
     # --- the request ------------------------------------------------------------------
 
@@ -172,6 +221,8 @@ class WorkerService:
             return _answer(
                 404, "specialist_not_served", f"this worker does not run specialist {job.specialist_id!r}"
             )
+        if self.stopping.is_set():
+            return self._stopping_answer(job)
         if not self._slots.acquire(blocking=False):
             return _answer(
                 503,
@@ -222,6 +273,9 @@ class WorkerService:
                 return _answer(
                     503, "job_busy", "another worker holds a live lease on this job", retry_after_s=claim.retry_after_s
                 )
+            if self.stopping.is_set():  # the stop came during the claim: give it back before anything ran
+                await anyio.to_thread.run_sync(db.retrying_once, lambda: self._release(job, claim.fencing_token))
+                return self._stopping_answer(job)
             started = True
             if claim.message is not None:
                 job = dataclasses.replace(job, message=claim.message, reserved_credits=claim.reserved_credits)
@@ -276,6 +330,10 @@ class WorkerService:
             self.settlement.committed(job)
         return result
 
+    def _release(self, job: VerifiedJob, token: int) -> None:
+        with self.engine.begin() as conn:
+            claims.release(conn, job.job_id, fencing_token=token)
+
     def _renew(self, job: VerifiedJob, token: int) -> claims.RenewResult:
         return db.retrying_once(lambda: self._renew_once(job, token))
 
@@ -292,11 +350,17 @@ class WorkerService:
 
     async def _execute(self, job: VerifiedJob, token: int) -> JSONResponse:
         started_at = time.monotonic()
-        with telemetry.span("job.run", attributes={"specialists.fencing_token": token}) as span:
-            # The job's process continues the trace from this span: its specialist's steps and model calls.
-            job = dataclasses.replace(job, trace_parent=telemetry.traceparent())
-            response, state = await self._execute_traced(job, token)
-            telemetry.annotate(span, **{"specialists.outcome": state})
+        with self._running_lock:
+            self._running[job.job_id] = (job, token)
+        try:
+            with telemetry.span("job.run", attributes={"specialists.fencing_token": token}) as span:
+                # The job's process continues the trace from this span: its specialist's steps and model calls.
+                job = dataclasses.replace(job, trace_parent=telemetry.traceparent())
+                response, state = await self._execute_traced(job, token)
+                telemetry.annotate(span, **{"specialists.outcome": state})
+        finally:
+            with self._running_lock:
+                self._running.pop(job.job_id, None)
         telemetry.meters.job_duration.record(time.monotonic() - started_at,
                                              {"specialist": job.specialist_id, "outcome": state or "none"})
         return response
@@ -413,15 +477,39 @@ class _NotStarted:
         return None
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _hand_back_on_stop_signals(service: WorkerService) -> None:
+    """Chain the server's own stop signal handlers (uvicorn's, which start its graceful shutdown) with
+    ``service.begin_stop``, so deliveries stop being claimed the moment the signal comes, not once the server has
+    drained. Only the main thread may set handlers; elsewhere (a test's server thread) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in STOP_SIGNALS:
+        previous = signal.getsignal(signum)
+
+        def handler(sig: int, frame: Any, previous: Any = previous) -> None:
+            service.begin_stop()
+            if callable(previous):
+                previous(sig, frame)
+
+        signal.signal(signum, handler)
+
+
 def create_worker_app(service: WorkerService) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         beat = WorkerBeat(service.engine, worker_id=service.worker_id, specialists=sorted(service.runners),
                           beat_s=service.limits.beat_s)
         beat.start()
+        _hand_back_on_stop_signals(service)
         try:
             yield
         finally:
+            service.begin_stop()
+            # Past the drain: what still runs had started and ends with this process; say so now, not a lease later.
+            await anyio.to_thread.run_sync(service.abandon_running)
             await anyio.to_thread.run_sync(beat.stop, service.limits.beat_s)
             service.jobs.close()  # the process forked ahead of the next job goes, unused
 

@@ -367,12 +367,27 @@ class WorkerSettings(Section):
         "within it is listed as seen (a worker with no job writes nothing, so it is not seen).",
     )
     beat_s: float = Field(
-        default=15.0,
+        default=2.0,
         ge=0.05,
         le=600.0,
         description="How often a worker writes that it is alive, with the specialists it serves (worker_beats); "
-        "at most half of SPECIALISTS_HEALTH_WORKER_LIVE_S.",
+        "at most half of SPECIALISTS_HEALTH_WORKER_LIVE_S. Every worker and dispatcher of a deployment runs with "
+        "the same value: the dispatchers judge a worker dead by it (SPECIALISTS_WORKER_DEAD_AFTER_BEATS).",
     )
+    dead_after_beats: int = Field(
+        default=5,
+        ge=0,
+        le=1000,
+        description="A worker whose last beat is older than this many SPECIALISTS_WORKER_BEAT_S died without a word "
+        "(SIGKILL, a lost machine): the dispatchers' sweeper records its running jobs unknown at once instead of "
+        "after their leases (SPECIALISTS_WORKER_LEASE_S). At least 3, so two late beats never cost a live worker "
+        "its jobs; 0: off, a dead worker's jobs wait for their leases.",
+    )
+
+    @property
+    def dead_after_s(self) -> float | None:
+        """How old a worker's last beat is when the sweeper takes it for dead; None when that is off."""
+        return self.dead_after_beats * self.beat_s if self.dead_after_beats else None
 
     @model_validator(mode="after")
     def _consistent(self) -> "WorkerSettings":
@@ -387,6 +402,11 @@ class WorkerSettings(Section):
                 f"worker_heartbeat_s ({self.heartbeat_s}) must be at most a third of worker_lease_s "
                 f"({self.lease_s}) so that two lost heartbeats do not lose the lease; lower "
                 "SPECIALISTS_WORKER_HEARTBEAT_S or raise SPECIALISTS_WORKER_LEASE_S"
+            )
+        if 0 < self.dead_after_beats < 3:
+            raise ValueError(
+                f"worker_dead_after_beats ({self.dead_after_beats}) must be 0 (off) or at least 3, or one or two "
+                "late beats of a live worker cost it its running jobs; raise SPECIALISTS_WORKER_DEAD_AFTER_BEATS"
             )
         if self.seen_window_s < self.heartbeat_s:
             raise ValueError(

@@ -57,3 +57,24 @@ def test_a_beat_must_come_at_least_twice_within_the_live_bound():
     with pytest.raises(ValidationError, match="SPECIALISTS_WORKER_BEAT_S.*SPECIALISTS_HEALTH_WORKER_LIVE_S"):
         Settings(worker={"beat_s": 40.0}, health={"worker_live_s": 60.0})
     assert Settings(worker={"beat_s": 30.0}, health={"worker_live_s": 60.0}).worker.beat_s == 30.0
+
+
+def test_a_worker_is_taken_for_dead_only_after_at_least_three_missed_beats():
+    with pytest.raises(ValidationError, match="SPECIALISTS_WORKER_DEAD_AFTER_BEATS"):
+        Settings(worker={"dead_after_beats": 2})
+    assert Settings(worker={"beat_s": 0.5, "dead_after_beats": 3}).worker.dead_after_s == 1.5
+    assert Settings(worker={"dead_after_beats": 0}).worker.dead_after_s is None  # off: the leases decide
+
+
+def test_only_a_beat_older_than_the_bound_says_its_worker_stopped(engine):
+    prefix = f"w-{uuid.uuid4().hex[:8]}"
+    with engine.begin() as conn:
+        liveness.beat(conn, f"{prefix}-old", ["reviewer"])
+        liveness.beat(conn, f"{prefix}-new", ["reviewer"])
+        conn.execute(text("UPDATE worker_beats SET beat_at = now() - interval '30 seconds' WHERE worker_id = :w"),
+                     {"w": f"{prefix}-old"})
+    stopped = text(f"SELECT {liveness.stopped_beating_sql('CAST(:w AS text)')}")
+    with engine.connect() as conn:
+        said = {name: conn.execute(stopped, {"w": f"{prefix}-{name}", "dead_after_s": 10.0}).scalar_one()
+                for name in ("old", "new", "never")}
+    assert said == {"old": True, "new": False, "never": False}  # a worker that never beat is left to its leases

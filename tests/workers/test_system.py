@@ -360,6 +360,37 @@ def killed_mid_job_then_reconciled(system: System, customer: dict) -> None:
     assert verify.returncode == 0 and json.loads(verify.stdout)["clean"] is True
 
 
+def test_a_killed_workers_job_is_decided_by_its_beat_before_its_lease_passes(system, customer):
+    # A lease longer than the test may take: only the dead worker's beat can decide its job (issue 44 §4).
+    lease_s = 600
+    beats = {"worker_beat_s": "0.2", "worker_dead_after_beats": "3"}  # the worker's and the sweeper's, as deployed
+    system.stop_dispatchers()
+    doomed = system.start_worker(worker_lease_s=str(lease_s), **beats)
+    try:
+        system.start_dispatcher(worker_urls=[doomed.url], **beats)
+        task_id = send(system, customer, [{"op": "progress", "text": "started"}, {"op": "sleep", "seconds": 60},
+                                          {"op": "complete"}])
+        job = system.wait_for("the job to start", lambda: system.runs(system.job_of(task_id)) and system.job_of(task_id))
+        doomed.kill()
+        system.wait_for("the sweeper to record the dead worker's job unknown",
+                        lambda: (claim(system, job) or {}).get("state") == "unknown", timeout_s=60)
+        row = claim(system, job)
+        assert "stopped beating" in row["unknown_reason"] and row["claims"] == 1
+        assert row["unknown_at"] < row["claimed_at"] + timedelta(seconds=lease_s)  # its lease had not passed
+        assert reservation(system, task_id).state == "unknown"  # held for an operator: it may have run
+        seen = task_of(system, customer, task_id)
+        assert seen["status"]["state"] == "TASK_STATE_WORKING"
+        assert "under reconciliation" in seen["status"]["message"]["parts"][0]["text"]
+        survivor = next(w for w in system.workers if w is not doomed and w.process.poll() is None)
+        later = survivor.post(signed_body(system, job))  # at most once: no later delivery runs it
+        assert (later.status_code, later.json()["code"]) == (200, "job_outcome_unknown")
+        assert system.runs(job) == [str(doomed.process.pid)]
+    finally:
+        system.stop_dispatchers()
+        system.workers.remove(doomed)
+        system.start_dispatcher()
+
+
 def test_a_job_no_worker_can_take_is_failed_as_undeliverable_and_charged_nothing(system, customer):
     system.stop_dispatchers()
     try:

@@ -207,6 +207,7 @@ def _run(settings: Settings, database_url: str | None, stop: threading.Event | N
         abandoned_after_s=settings.worker.job_max_age_s + settings.dispatch.deadline_s
         if settings.dispatch.backend == "cloud_tasks"
         else None,
+        dead_after_s=settings.worker.dead_after_s,
     )
     specialists = served_specialists(settings)
     telemetry.observe_service(lambda: service_points(settings, engine, specialists))

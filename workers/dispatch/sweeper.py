@@ -10,6 +10,14 @@
   after its last heartbeat. Except a job a later delivery can still resume (an
   rlm specialist's, with a checkpoint and resumes left, ``specialist_resumable``):
   it is left to that delivery for ``specialist_resume_window_s``, then swept.
+* ``LeaseSweeper`` also decides the running jobs of a worker that stopped beating
+  (``dead_after_s``: ``worker_dead_after_beats`` x ``worker_beat_s``, issue 44 §4)
+  without waiting for their leases: a worker killed without a word (SIGKILL, a lost
+  machine) leaves its beat row to age, and its jobs are recorded unknown as the
+  lease's expiry would record them, at most ``dead_after_s`` +
+  ``dispatch_sweep_interval_s`` after its last beat. Unknown, not run again: they
+  had started, and at most once is the promise. Resumable jobs are left to their
+  lease as above.
 * ``LeaseSweeper`` also gives up a job handed to Cloud Tasks (``sent``) that no
   worker claimed within the signed body's lifetime plus one delivery
   (``worker_job_max_age_s`` + ``dispatch_deadline_s``): Cloud Tasks has stopped
@@ -59,12 +67,15 @@ class LeaseSweeper:
         max_resumes: int = 0,
         resume_window_s: float = 0.0,
         abandoned_after_s: float | None = None,
+        dead_after_s: float | None = None,
     ) -> None:
+        assert dead_after_s is None or dead_after_s > 0, "SPECIALISTS_WORKER_DEAD_AFTER_BEATS x _BEAT_S is positive"
         self.engine = engine
         self.settlement = settlement
         self.max_resumes = max_resumes
         self.resume_window_s = resume_window_s
         self.abandoned_after_s = abandoned_after_s  # None: no job is handed to Cloud Tasks here
+        self.dead_after_s = dead_after_s  # None: a dead worker's jobs wait for their leases
 
     def give_up_abandoned(self) -> list[str]:
         """Fail and void every job Cloud Tasks was given but no worker claimed in time; their job ids."""
@@ -82,7 +93,35 @@ class LeaseSweeper:
         return given_up
 
     def sweep(self) -> list[Swept]:
-        """Record every expired lease of a dispatched job unknown; return those this call recorded."""
+        """Record every expired lease of a dispatched job unknown, and every running job of a worker that stopped
+        beating; return those this call recorded."""
+        return self._sweep_expired() + self._sweep_dead_holders()
+
+    def _sweep_dead_holders(self) -> list[Swept]:
+        if self.dead_after_s is None:
+            return []
+        dead_after_s = self.dead_after_s
+        with self.engine.connect() as conn:
+            held = claims.dead_holders(conn, dead_after_s=dead_after_s, limit=MAX_SWEPT_PER_ROUND,
+                                       max_resumes=self.max_resumes, resume_window_s=self.resume_window_s)
+        swept: list[Swept] = []
+        for job in held:
+            assert job.fencing_token is not None
+            why = f"its worker stopped beating for {dead_after_s:g} s; found by the lease sweeper"
+            with self.engine.begin() as conn:
+                newly = claims.record_unknown(conn, job.job_id, fencing_token=job.fencing_token, why=why,
+                                              holder_dead_after_s=dead_after_s)
+                if newly:
+                    self.settlement.mark_unknown_ref(conn, job.ref, job.fencing_token, why)
+            if newly:
+                log.warning("job %s: its worker stopped beating; recorded unknown for an operator", job.job_id,
+                            extra={"event": "job_unknown", "job_id": job.job_id, "task_id": job.ref.task_id,
+                                   "code": "worker_dead"})
+                self.settlement.tasks.notify(job.ref.task_id)
+                swept.append(Swept(job.job_id, job.fencing_token))
+        return swept
+
+    def _sweep_expired(self) -> list[Swept]:
         with self.engine.connect() as conn:
             expired = claims.expired_dispatched(conn, limit=MAX_SWEPT_PER_ROUND, max_resumes=self.max_resumes,
                                                 resume_window_s=self.resume_window_s)

@@ -61,6 +61,8 @@ def known(grown: Engine) -> dict[str, Any]:
 CASES: dict[str, Callable[[Connection, dict[str, Any]], object]] = {
     "claims.expired_dispatched": lambda c, k: claims.expired_dispatched(c, limit=100, max_resumes=2,
                                                                         resume_window_s=300.0),
+    "claims.dead_holders": lambda c, k: claims.dead_holders(c, dead_after_s=10.0, limit=100, max_resumes=2,
+                                                            resume_window_s=300.0),
     "claims.sent_never_claimed": lambda c, k: claims.sent_never_claimed(c, sent_before_s=4200.0, limit=100),
     "claims.unknown_tasks_relation": lambda c, k: c.execute(text(
         f"SELECT * FROM {claims.unknown_tasks_relation()} u ORDER BY u.unknown_at LIMIT 100")).all(),
