@@ -44,6 +44,8 @@ OWNERS = {
     "edge_tasks": "taskstate/admitted.py",
     "edge_idempotency_keys": "taskstate/idempotency.py",
     "dispatch_outbox": "taskstate/outbox.py",
+    "dispatch_weights": "taskstate/outbox.py",
+    "dispatch_turns": "taskstate/outbox.py",
     "job_claims": "taskstate/claims.py",
     "job_stale_reports": "taskstate/claims.py",
     "push_configs": "taskstate/push.py",
