@@ -16,6 +16,7 @@ refused here, at load time, never discovered by a customer.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -130,11 +131,14 @@ class LimitsSpec(_Closed):
         return self
 
 
-def metered_credits(base_credits: int, credits_per_semantic_call: int, semantic_calls: int) -> int:
-    """The metered price of a run that answered ``semantic_calls`` calls: the one place the formula is written.
-    The charge rule (``taskstate.charge.charged_credits``) caps it by the reservation; a spec's check bounds its
-    most by the tariff."""
-    return base_credits + credits_per_semantic_call * max(0, semantic_calls)
+def metered_credits(base_credits: int, credits_per_semantic_call: int, semantic_calls: int,
+                    credits_per_cpu_second: int = 0, cpu_seconds: float = 0.0) -> int:
+    """The metered price of a run that answered ``semantic_calls`` calls and used ``cpu_seconds`` CPU seconds (its
+    processes together, ``workers.cpu_share``; each second begun counts whole): the one place the formula is
+    written. The CPU term is off (0) unless a spec prices it. The charge rule (``taskstate.charge.charged_credits``)
+    caps the price by the reservation; a spec's check bounds its most by the tariff."""
+    return (base_credits + credits_per_semantic_call * max(0, semantic_calls)
+            + credits_per_cpu_second * math.ceil(max(0.0, cpu_seconds)))
 
 
 class PricingSpec(_Closed):
@@ -144,12 +148,19 @@ class PricingSpec(_Closed):
     mode: Literal["fixed", "metered"] = "fixed"
     base_credits: int | None = Field(default=None, ge=0, le=1_000_000_000)
     credits_per_semantic_call: int | None = Field(default=None, ge=0, le=1_000_000_000)
+    credits_per_cpu_second: int | None = Field(
+        default=None, ge=0, le=1_000_000_000,
+        description="Metered only, optional: credits per CPU second the run's processes used (each begun second "
+        "counts); absent: CPU is not priced. A spec that prices CPU states limits.max_cpu_s."
+    )
 
     @model_validator(mode="after")
     def _fields_of_the_mode(self) -> PricingSpec:
         metered_fields = (self.base_credits, self.credits_per_semantic_call)
         if self.mode == "fixed" and any(value is not None for value in metered_fields):
             raise ValueError("fixed pricing settles the tariff: remove base_credits and credits_per_semantic_call")
+        if self.mode == "fixed" and self.credits_per_cpu_second is not None:
+            raise ValueError("fixed pricing settles the tariff: remove credits_per_cpu_second")
         if self.mode == "metered" and any(value is None for value in metered_fields):
             raise ValueError("metered pricing needs base_credits and credits_per_semantic_call")
         return self
@@ -282,13 +293,19 @@ class SpecialistSpec(_Closed):
         pricing = self.pricing
         if pricing.mode == "metered":
             assert pricing.base_credits is not None and pricing.credits_per_semantic_call is not None
+            per_cpu_second = pricing.credits_per_cpu_second or 0
+            if per_cpu_second and self.limits.max_cpu_s is None:
+                raise ValueError("pricing: credits_per_cpu_second needs limits.max_cpu_s, so that the reserved "
+                                 "tariff can cover the most a task's CPU can cost")
             most = metered_credits(pricing.base_credits, pricing.credits_per_semantic_call,
-                                   self.limits.max_semantic_calls)
+                                   self.limits.max_semantic_calls, per_cpu_second, self.limits.max_cpu_s or 0.0)
             if most > self.tariff_credits:
                 raise ValueError(
                     f"pricing: metered base_credits ({pricing.base_credits}) + credits_per_semantic_call "
                     f"({pricing.credits_per_semantic_call}) x limits.max_semantic_calls "
-                    f"({self.limits.max_semantic_calls}) = {most} is above tariff_credits ({self.tariff_credits}); "
+                    f"({self.limits.max_semantic_calls}) + credits_per_cpu_second ({per_cpu_second}) x "
+                    f"limits.max_cpu_s ({self.limits.max_cpu_s or 0:g}) = {most} is above tariff_credits "
+                    f"({self.tariff_credits}); "
                     "the reserved tariff must cover the most a task can cost"
                 )
         return self

@@ -12,7 +12,9 @@ for the figure it records in its journal. Its inputs:
 - the **pricing** the run was started under (recorded in its journal when an
   rlm specialist opened it; ``FIXED`` for every other executor);
 - the **metered usage**: answered semantic calls (a call superseded after a
-  resume counts once), and the runner's own figure when it stated one.
+  resume counts once), the job's CPU seconds (``workers.cpu_share``, measured
+  after the runner stated its figure), and the runner's own figure when it
+  stated one.
 
 =====================  ====================================================
 outcome                charged
@@ -24,7 +26,10 @@ outcome                charged
 ``completed``,         the pricing, capped by the reservation and by the
 ``failed``,            runner's own figure: ``fixed`` charges the reserved
 ``canceled``           credits, ``metered`` ``base + per call x answered
-                       calls`` (``core.specs.metered_credits``); a runner
+                       calls + per CPU second x CPU seconds begun`` (the
+                       CPU term 0 unless the spec prices it,
+                       ``core.specs.metered_credits``); the runner's
+                       figure caps all but the CPU term, and a runner
                        figure of 0 charges 0
 any, ``waived``        0: the service's own failure (a task it could not
                        read, a resume it could not make), not the customer's
@@ -59,6 +64,7 @@ class Pricing:
     mode: PricingMode = "fixed"
     base_credits: int = 0
     credits_per_semantic_call: int = 0
+    credits_per_cpu_second: int = 0  # metered only; 0: CPU is not priced (the default)
 
 
 FIXED = Pricing()
@@ -75,6 +81,7 @@ class Usage:
     semantic_calls_charged: int = 0
     runner_credits: int | None = None  # the runner's own figure, when it stated one: a cap, never a floor
     waived: bool = False  # the service's own failure (the runner says so): nothing is charged
+    cpu_seconds: float = 0.0  # the job's processes together (workers.cpu_share); priced only if the pricing says
 
 
 NO_USAGE = Usage()
@@ -92,12 +99,17 @@ def charged_credits(
         return None
     if outcome in ("rejected", "never_ran") or usage.waived:
         return 0
+    cpu_priced = 0
     if pricing.mode == "fixed":
         priced = reserved_credits
     else:
-        priced = metered_credits(pricing.base_credits, pricing.credits_per_semantic_call, usage.semantic_calls_charged)
+        priced = metered_credits(pricing.base_credits, pricing.credits_per_semantic_call, usage.semantic_calls_charged,
+                                 pricing.credits_per_cpu_second, usage.cpu_seconds)
+        cpu_priced = metered_credits(0, 0, 0, pricing.credits_per_cpu_second, usage.cpu_seconds)
     if usage.runner_credits is not None:
-        priced = min(priced, max(0, usage.runner_credits))
+        # The runner states its figure before its CPU is counted: it caps the rest of the price, never the CPU term,
+        # and a figure of 0 (nothing to charge) charges nothing.
+        priced = 0 if usage.runner_credits <= 0 else min(priced - cpu_priced, usage.runner_credits) + cpu_priced
     charged = min(reserved_credits, priced)
     assert 0 <= charged <= reserved_credits, (charged, reserved_credits)  # a settle never exceeds the reservation
     return charged

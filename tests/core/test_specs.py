@@ -72,6 +72,15 @@ def test_metered_pricing_above_the_reserved_tariff_is_refused(tmp_path):
     assert "= 21 is above tariff_credits (20)" in message
 
 
+def test_a_cpu_price_needs_a_cpu_cap_and_counts_in_the_most_a_task_can_cost(tmp_path):
+    metered = {"mode": "metered", "base_credits": 2, "credits_per_semantic_call": 1, "credits_per_cpu_second": 1}
+    assert "credits_per_cpu_second needs limits.max_cpu_s" in refused(tmp_path, pricing=metered)
+    # 2 + 1 x 16 calls + 1 x 3 CPU seconds = 21, above the tariff of 20.
+    assert "= 21 is above tariff_credits (20)" in refused(tmp_path, pricing=metered, limits={"max_cpu_s": 2.5})
+    fixed = {"mode": "fixed", "base_credits": None, "credits_per_semantic_call": None, "credits_per_cpu_second": 1}
+    assert "remove credits_per_cpu_second" in refused(tmp_path, pricing=fixed)
+
+
 def test_pricing_fields_must_fit_the_mode(tmp_path):
     assert "metered pricing needs base_credits" in refused(
         tmp_path, pricing={"mode": "metered", "base_credits": 1, "credits_per_semantic_call": None}

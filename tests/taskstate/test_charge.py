@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -14,10 +16,11 @@ CREDITS = st.integers(min_value=0, max_value=10**12)
 PRICING = st.one_of(
     st.just(charge.FIXED),
     st.builds(Pricing, mode=st.just("metered"), base_credits=st.integers(0, 10**6),
-              credits_per_semantic_call=st.integers(0, 10**6)),
+              credits_per_semantic_call=st.integers(0, 10**6), credits_per_cpu_second=st.integers(0, 10**3)),
 )
 USAGE = st.builds(Usage, semantic_calls_charged=st.integers(-3, 10**4),
-                  runner_credits=st.one_of(st.none(), st.integers(-3, 10**12)), waived=st.booleans())
+                  runner_credits=st.one_of(st.none(), st.integers(-3, 10**12)), waived=st.booleans(),
+                  cpu_seconds=st.floats(0.0, 10**4, allow_nan=False))
 
 
 @pytest.mark.parametrize(
@@ -32,6 +35,19 @@ def test_a_metered_price_charges_base_plus_answered_calls_never_above_the_reserv
     metered = Pricing("metered", base_credits=4, credits_per_semantic_call=1)
     charged = [charged_credits("completed", reserved_credits=20, pricing=metered, usage=Usage(n)) for n in (0, 3, 16, 40)]
     assert charged == [4, 7, 20, 20]
+
+
+def test_cpu_is_priced_only_when_the_pricing_says_per_cpu_second_begun_beside_the_runners_figure():
+    calls_only = Pricing("metered", base_credits=4, credits_per_semantic_call=1)
+    with_cpu = Pricing("metered", base_credits=4, credits_per_semantic_call=1, credits_per_cpu_second=2)
+    spun = Usage(3, runner_credits=7, cpu_seconds=2.1)  # 3 seconds begun
+    assert charged_credits("completed", reserved_credits=100, pricing=calls_only, usage=spun) == 7  # off by default
+    assert charged_credits("completed", reserved_credits=100, pricing=with_cpu, usage=spun) == 4 + 3 + 2 * 3
+    assert charged_credits("failed", reserved_credits=100, pricing=with_cpu, usage=Usage(3, cpu_seconds=0.0)) == 7
+    assert charged_credits("completed", reserved_credits=10, pricing=with_cpu, usage=spun) == 10  # the reservation
+    assert charged_credits("completed", reserved_credits=100, usage=Usage(3, cpu_seconds=2.1)) == 100  # fixed: the tariff
+    assert charged_credits("completed", reserved_credits=100, pricing=with_cpu,
+                           usage=Usage(3, runner_credits=0, cpu_seconds=50)) == 0
 
 
 def test_a_runner_that_states_zero_is_charged_nothing_whatever_the_pricing():
@@ -64,9 +80,12 @@ def model(outcome: str, reserved: int, pricing: Pricing, usage: Usage) -> int | 
         amount = reserved
     else:
         amount = pricing.base_credits + pricing.credits_per_semantic_call * max(0, usage.semantic_calls_charged)
+    cpu = 0 if pricing.mode == "fixed" else pricing.credits_per_cpu_second * math.ceil(usage.cpu_seconds)
     if usage.runner_credits is not None:
         amount = min(amount, max(0, usage.runner_credits))
-    return min(amount, reserved)
+        if usage.runner_credits <= 0:
+            return 0
+    return min(amount + cpu, reserved)
 
 
 @given(OUTCOMES, CREDITS, PRICING, USAGE)

@@ -52,7 +52,8 @@ HELD = "EXISTS (SELECT 1 FROM fence)"  # the condition of every journal write (`
 
 def pricing_of(spec: PricingSpec) -> charge.Pricing:
     """A spec's pricing, as the charge rule takes it."""
-    return charge.Pricing(spec.mode, spec.base_credits or 0, spec.credits_per_semantic_call or 0)
+    return charge.Pricing(spec.mode, spec.base_credits or 0, spec.credits_per_semantic_call or 0,
+                          spec.credits_per_cpu_second or 0)
 
 
 @dataclass(frozen=True)
@@ -66,10 +67,11 @@ class RunRecord:
     resumes: int
 
 
-# ``run_record`` of the job ``:job_id`` (pricing, base_credits, credits_per_semantic_call, resumes, used, charged;
+# ``run_record`` of the job ``:job_id`` (pricing, base_credits, credits_per_semantic_call, credits_per_cpu_second,
+# resumes, used, charged;
 # no row: not an rlm run), for the finish's one statement.
 RUN_RECORD = Fragment.of("workers.hosted_rlm.journal", """
-        SELECT r.pricing, r.base_credits, r.credits_per_semantic_call, r.resumes,
+        SELECT r.pricing, r.base_credits, r.credits_per_semantic_call, r.credits_per_cpu_second, r.resumes,
                count(c.call_id) FILTER (WHERE c.purpose = 'subcall' AND c.superseded_by IS NULL) AS used,
                count(c.call_id) FILTER (WHERE c.purpose = 'subcall' AND c.superseded_by IS NULL
                                           AND c.state = 'completed') AS charged
@@ -83,7 +85,8 @@ def run_record_of(row: Any) -> RunRecord | None:
     """A ``RUN_RECORD`` row (None, or its columns NULL: not an rlm run) as a RunRecord."""
     if row is None or row.pricing is None:
         return None
-    pricing = charge.Pricing(row.pricing, int(row.base_credits or 0), int(row.credits_per_semantic_call or 0))
+    pricing = charge.Pricing(row.pricing, int(row.base_credits or 0), int(row.credits_per_semantic_call or 0),
+                             int(row.credits_per_cpu_second or 0))
     return RunRecord(pricing, int(row.used), int(row.charged), int(row.resumes))
 
 
@@ -218,11 +221,12 @@ class Journal:
             conn.execute(
                 text(
                     "INSERT INTO specialist_runs (job_id, specialist_id, route, pricing, tariff_credits, base_credits, "
-                    "credits_per_semantic_call, session_id) VALUES (:j, :sp, :r, :p, :tc, :base, :per, :sid) "
+                    "credits_per_semantic_call, credits_per_cpu_second, session_id) "
+                    "VALUES (:j, :sp, :r, :p, :tc, :base, :per, :cpu, :sid) "
                     "ON CONFLICT (job_id) DO NOTHING"
                 ),
                 self._params(sp=specialist_id, r=route, p=pricing.mode, tc=reserved_credits, base=pricing.base_credits,
-                             per=pricing.credits_per_semantic_call, sid=session_id),
+                             per=pricing.credits_per_semantic_call, cpu=pricing.credits_per_cpu_second, sid=session_id),
             )
             return int(
                 conn.execute(text("SELECT resumes FROM specialist_runs WHERE job_id = :j"), {"j": self.job_id}).scalar_one()
@@ -452,7 +456,8 @@ class Journal:
 # a worker died, a timeout, an answer without usage, a model without a price) is counted apart and never as
 # zero: a total next to a non-zero ``calls_with_unknown_*`` is a lower bound.
 # ``cpu_seconds``: the CPU seconds of the job's processes together in its last claim's run (``workers.cpu_share``, kept
-# in the claim's record); None: not measured (a run in a thread of the worker, one not finished, or whose process died).
+# in the claim's record, ``claims.cpu_seconds_of``); None: not measured (a run in a thread of the worker, one not
+# finished, or whose process died).
 
 MAX_ROWS = 1000
 
@@ -471,10 +476,8 @@ _JOBS_TEMPLATE = """
                                     OR (c.state = 'completed' AND (c.prompt_tokens IS NULL OR c.completion_tokens IS NULL)))
              AS calls_with_unknown_tokens,
            count(c.call_id) FILTER (WHERE c.state IN ('started', 'unknown')
-                                    OR (c.state = 'completed' AND c.cost_usd IS NULL)) AS calls_with_unknown_cost,
-           max((k.outcome_detail ->> 'cpu_seconds')::float8) AS cpu_seconds
+                                    OR (c.state = 'completed' AND c.cost_usd IS NULL)) AS calls_with_unknown_cost
       FROM specialist_runs r LEFT JOIN specialist_calls c ON c.job_id = r.job_id
-           LEFT JOIN job_claims k ON k.job_id = r.job_id
      WHERE (CAST(:sp AS text) IS NULL OR r.specialist_id = :sp)
        AND {runs}
        AND (CAST(:since AS timestamptz) IS NULL OR r.started_at >= :since)
@@ -503,14 +506,21 @@ def usage_by_job(conn: Connection, *, specialist_id: str | None = None, job_id: 
     rows = conn.execute(
         _JOBS, {"sp": specialist_id, "job": job_id, "since": since, "until": until, "n": max(1, min(limit, MAX_ROWS))}
     ).mappings()
-    return [{**row, "cost_usd": float(row["cost_usd"])} for row in rows]
+    return _with_cpu(conn, rows)
 
 
 def usage_by_task(conn: Connection, task_id: str, *, limit: int = 50) -> list[dict[str, Any]]:
     """One row per rlm job of the task ``task_id`` (an A2A task's id), newest first."""
     rows = conn.execute(_TASK_JOBS, {"sp": None, "task": task_id, "since": None, "until": None,
                                      "n": max(1, min(limit, MAX_ROWS))}).mappings()
-    return [{**row, "cost_usd": float(row["cost_usd"])} for row in rows]
+    return _with_cpu(conn, rows)
+
+
+def _with_cpu(conn: Connection, rows: Any) -> list[dict[str, Any]]:
+    """The runs' rows with their jobs' CPU seconds, read from their claims' records (one more statement)."""
+    jobs = [{**row, "cost_usd": float(row["cost_usd"])} for row in rows]
+    cpu = claims.cpu_seconds_of(conn, [job["job_id"] for job in jobs])
+    return [{**job, "cpu_seconds": cpu.get(job["job_id"])} for job in jobs]
 
 
 def usage_calls(conn: Connection, job_id: str, *, limit: int = MAX_ROWS) -> list[dict[str, Any]]:

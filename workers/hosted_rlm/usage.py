@@ -52,7 +52,8 @@ class RlmUsage:
 def _usage(run: journal.RunRecord | None, outcome: RunOutcome) -> ExecutorUsage | None:
     if run is None:
         return None
-    usage = charge.Usage(run.semantic_calls_charged, runner_credits=runner_credits(outcome.detail))
+    usage = charge.Usage(run.semantic_calls_charged, runner_credits=runner_credits(outcome.detail),
+                         cpu_seconds=outcome.cpu_seconds or 0.0)
     return ExecutorUsage(run.pricing, usage, run)
 
 
