@@ -45,7 +45,7 @@ from sqlalchemy import Connection, text
 
 from core.errors import ServiceError
 from core.fragments import Fragment, Statement, compose
-from taskstate import admitted, outbox
+from taskstate import admitted, liveness, outbox
 from taskstate.ids import TaskRef
 from taskstate.pages import Page, page_of
 
@@ -349,6 +349,7 @@ def task_jobs(conn: Connection, task_id: str) -> TaskJobs:
 class DispatchedJob:
     job_id: str
     ref: TaskRef
+    fencing_token: int | None = None  # the running claim's, where the query read it (``dead_holders``)
 
 
 # The running claims' partial index by lease (``job_claims_running_lease``), then each one's outbox row by its
@@ -370,6 +371,60 @@ def expired_dispatched(conn: Connection, *, limit: int, max_resumes: int, resume
     sweeper's work, oldest lease first, in one statement whatever their number."""
     rows = conn.execute(_EXPIRED, {"n": limit, "max_resumes": max_resumes, "window_s": resume_window_s}).all()
     return [DispatchedJob(r.job_id, TaskRef(r.task_id, int(r.dispatch_id), r.owner, r.context_id)) for r in rows]
+
+
+# The running claims of workers that stopped beating (``liveness.stopped_beating_sql``): the running claims' partial
+# index by lease (``job_claims_running_lease``), each one's beat and outbox row by primary key. A worker killed without
+# a word leaves claims whose leases still run; its beat row, aging, says sooner that it is gone (issue 44 §4). A job a
+# later delivery may resume (``specialist_resumable``) is left to its lease and that delivery, as above.
+DEAD_HOLDERS_SQL = (
+    f"SELECT c.job_id, c.fencing_token, o.task_id, o.dispatch_id, o.owner, o.context_id "
+    f"FROM job_claims c CROSS JOIN {outbox.of_job_sql('c.job_id')} o "
+    f"WHERE c.state = 'running' AND c.lease_expires_at IS NOT NULL AND {liveness.stopped_beating_sql('c.worker_id')} "
+    "AND o.status IN ('pending', 'sent') AND NOT specialist_resumable(c.job_id, :max_resumes, :window_s) "
+    "ORDER BY c.lease_expires_at LIMIT :n"
+)
+_DEAD_HOLDERS = text(DEAD_HOLDERS_SQL)
+
+
+def dead_holders(conn: Connection, *, dead_after_s: float, limit: int, max_resumes: int, resume_window_s: float
+                 ) -> list[DispatchedJob]:
+    """Dispatched jobs running under a claim of a worker whose last beat is older than ``dead_after_s`` (it died
+    without a word), whose lease has not passed yet, and that no later delivery may resume; with their tokens."""
+    if not dead_after_s > 0:
+        raise ClaimError(f"a dead worker's bound must be positive, got {dead_after_s} s", code="dead_after_invalid")
+    rows = conn.execute(_DEAD_HOLDERS, {"n": limit, "dead_after_s": dead_after_s, "max_resumes": max_resumes,
+                                        "window_s": resume_window_s}).all()
+    return [DispatchedJob(r.job_id, TaskRef(r.task_id, int(r.dispatch_id), r.owner, r.context_id), int(r.fencing_token))
+            for r in rows]
+
+
+# A running claim recorded unknown before its lease passed: its worker is gone (it stopped beating), or is giving the
+# job up as it stops. What job_expire_lease writes, with the reason; the claim row's lock orders it against a renewal
+# or a finish of the same claim, and the token and state are decided under it. With ``:dead_after_s`` given, only
+# while the holder's beat is still that old.
+_RECORD_UNKNOWN = text(
+    "UPDATE job_claims c SET state = 'unknown', unknown_at = clock_timestamp(), lease_expires_at = NULL, "
+    "unknown_reason = left(format('claim %s (worker %s) was running, its lease to %s: %s', c.fencing_token, "
+    f"c.worker_id, c.lease_expires_at, CAST(:why AS text)), {MAX_REASON_CHARS}) "
+    "WHERE c.job_id = :j AND c.fencing_token = :t AND c.state = 'running' "
+    f"AND (CAST(:dead_after_s AS double precision) IS NULL OR {liveness.stopped_beating_sql('c.worker_id')}) "
+    "RETURNING c.fencing_token"
+)
+
+
+def record_unknown(conn: Connection, job_id: str, *, fencing_token: int, why: str,
+                   holder_dead_after_s: float | None = None) -> bool:
+    """Record the running claim ``fencing_token`` of ``job_id`` unknown now, without waiting for its lease: the work
+    may have happened, so it is never run again and its money stays held for an operator. With
+    ``holder_dead_after_s``, only while its worker's last beat is older than that. False when the claim is no longer
+    that running claim (finished, renewed by a live holder, already unknown)."""
+    if holder_dead_after_s is not None and not holder_dead_after_s > 0:
+        raise ClaimError(f"a dead worker's bound must be positive, got {holder_dead_after_s} s",
+                         code="dead_after_invalid")
+    row = conn.execute(_RECORD_UNKNOWN, {"j": job_id, "t": fencing_token, "why": why,
+                                         "dead_after_s": holder_dead_after_s}).first()
+    return row is not None
 
 
 # Handed to Cloud Tasks longer ago than any delivery of its body can run, and never claimed (no claim row:
@@ -507,6 +562,18 @@ def unknown_count(conn: Connection, *, cap: int) -> int:
 def get(conn: Connection, job_id: str) -> dict[str, Any] | None:
     row = conn.execute(text("SELECT * FROM job_claims WHERE job_id = :j"), {"j": job_id}).mappings().first()
     return dict(row) if row else None
+
+
+_CPU_SECONDS = text("SELECT job_id, (outcome_detail ->> 'cpu_seconds')::float8 AS cpu_seconds FROM job_claims "
+                    "WHERE job_id = ANY(:jobs) AND outcome_detail ? 'cpu_seconds'")
+
+
+def cpu_seconds_of(conn: Connection, job_ids: list[str]) -> dict[str, float]:
+    """The CPU seconds each job's finish recorded (``RunOutcome.cpu_seconds``, ``workers.cpu_share``: its last
+    claim's run); a job not measured (a run in a thread, one not finished, or whose process died) is absent."""
+    if not job_ids:
+        return {}
+    return {row.job_id: row.cpu_seconds for row in conn.execute(_CPU_SECONDS, {"jobs": job_ids})}
 
 
 _CPU_SECONDS = text("SELECT job_id, (outcome_detail ->> 'cpu_seconds')::float8 AS cpu_seconds FROM job_claims "
