@@ -576,18 +576,6 @@ def cpu_seconds_of(conn: Connection, job_ids: list[str]) -> dict[str, float]:
     return {row.job_id: row.cpu_seconds for row in conn.execute(_CPU_SECONDS, {"jobs": job_ids})}
 
 
-_CPU_SECONDS = text("SELECT job_id, (outcome_detail ->> 'cpu_seconds')::float8 AS cpu_seconds FROM job_claims "
-                    "WHERE job_id = ANY(:jobs) AND outcome_detail ? 'cpu_seconds'")
-
-
-def cpu_seconds_of(conn: Connection, job_ids: list[str]) -> dict[str, float]:
-    """The CPU seconds each job's finish recorded (``RunOutcome.cpu_seconds``, ``workers.cpu_share``: its last
-    claim's run); a job not measured (a run in a thread, one not finished, or whose process died) is absent."""
-    if not job_ids:
-        return {}
-    return {row.job_id: row.cpu_seconds for row in conn.execute(_CPU_SECONDS, {"jobs": job_ids})}
-
-
 def list_unknown(conn: Connection, limit: int = 100) -> list[dict[str, Any]]:
     rows = conn.execute(
         text(
