@@ -397,6 +397,8 @@ class HostedKernel:
         self._bridge: dict[str, Callable[..., Any]] = {}
         self._prelude = ""
         self._live = False
+        self._recovery: Any = None  # what the kernel recovered from on a resume (MontyKernel.recover)
+        self._resumed = False  # the first step run live after a resume was reached
         self._answer: str | None = None
         self._refusals: dict[str, int] = {}
         self._bridge_lock = threading.Lock()
@@ -454,8 +456,11 @@ class HostedKernel:
         if run.cancelled():
             return _stopped_step()
         if plan is not None and (turn, index) in plan.steps:
+            if (turn, index) in plan.rerun:
+                return self._rerun(turn, index, code)
             return self._replay(turn, index)
-        if not self._live:
+        if plan is not None and not self._resumed:
+            self._resumed = True
             resumed = self._go_live(turn, index)
             if resumed is not None:
                 return resumed
@@ -483,6 +488,26 @@ class HostedKernel:
         assert record.result is not None
         return step_from_json(record.result)
 
+    def _rerun(self, turn: int, index: int, code: str) -> StepResult:
+        """A step that ended after the record the resume restored: its code runs again for the namespace it
+        leaves (its calls are deterministic reads: a step that made a paid call always has the record after it
+        written, store.CheckpointPolicy), and the model is shown what it was shown (the journal's result)."""
+        assert self.run.plan is not None
+        record = self.run.plan.steps[(turn, index)]
+        self._recover()
+        with telemetry.span("specialist.step", attributes={"specialists.turn": turn, "specialists.step": index,
+                                                           "specialists.rerun": True}):
+            self.monty.execute(code)
+        assert record.result is not None
+        return step_from_json(record.result)
+
+    def _recover(self) -> Any:
+        """Recover the newest checkpoint, once per resume; what it recovered."""
+        if not self._live:
+            self._recovery = self.monty.recover(self._bridge, self._prelude)
+            self._live = True
+        return self._recovery
+
     def _history(self, turn: int, index: int) -> None:
         """Give the session's history the semantic calls this step made before the resume, in their order."""
         assert self.run.plan is not None and self.run.info is not None
@@ -501,8 +526,7 @@ class HostedKernel:
                 f"{interrupted.index} of turn {interrupted.turn} was interrupted; the job cannot be resumed safely"
             )
         self._history(turn, index)
-        recovery = self.monty.recover(self._bridge, self._prelude)
-        self._live = True
+        recovery = self._recover()
         if interrupted is None:
             assert self.monty.last_checkpoint is not None
             self.run.journal.start_step(turn, index, self.monty.last_checkpoint.seq)

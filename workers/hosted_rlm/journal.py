@@ -11,6 +11,19 @@ Written as the run goes (migration 0070), every write fenced by the job's claim
 - a **step** is recorded when it starts (with the checkpoint it starts from) and
   when it ends (with its result and the answer it set, if any).
 
+One WAL flush per model call: a call's start is the one write that waits for its
+flush, because a call must be on disk before it is sent (a call nobody recorded
+could be paid and never known). Every other write of the run (the call's answer,
+a replay, a step's start and end) commits with ``synchronous_commit`` off: it is
+visible at once (a killed worker loses nothing), and reaches disk at the latest
+with the next call's start or the run's end (``end_run``, synchronous), because
+PostgreSQL flushes its WAL in order. A PostgreSQL crash can therefore lose only
+the tail since the last call was sent: an answer not yet on disk leaves its call
+``started``, which the resume makes ``unknown`` (never charged, counted as used)
+and asks again; a step's end not yet on disk makes the step the interrupted one.
+Money stays exactly-once: a charge needs a ``completed`` row, and a call
+superseded by its replacement counts once.
+
 A replacement worker reads it back as a ``ResumePlan``: root turns and steps that
 completed are replayed instead of run again, answered semantic calls of the
 interrupted step are served from the journal instead of being paid again, and
@@ -157,6 +170,10 @@ class ResumePlan:
 
     latest_seq: int
     pending_seq: int | None  # the newest record is a step suspended at a host call
+    # The idle session record the resume restores: the newest, or the one the newest snapshot stands on. Steps that
+    # ended but started from it or later (the records after them were held, store.CheckpointPolicy) run again.
+    restored_seq: int = 0
+    rerun: set[tuple[int, int]] = field(default_factory=set)
     root: dict[int, Replayable] = field(default_factory=dict)  # answered root turns
     root_in_flight: dict[int, int] = field(default_factory=dict)  # turn -> call id (now unknown)
     steps: dict[tuple[int, int], StepRecord] = field(default_factory=dict)  # completed steps
@@ -192,17 +209,21 @@ class Journal:
     def _params(self, **extra: Any) -> dict[str, Any]:
         return {"j": self.job_id, "t": self.fencing_token, **extra}
 
-    def _fenced(self, write: str, params: dict[str, Any], *, returning: str = "NULL", then: str | None = None) -> Any:
+    def _fenced(self, write: str, params: dict[str, Any], *, returning: str = "NULL", then: str | None = None,
+                flush: bool = False) -> Any:
         """One fenced write as one autocommit statement: the claim's share lock (``claims.fence_cte``), then
         ``write`` (which must hold ``HELD`` in its condition), one round trip and one
         commit instead of BEGIN, the fence, the write and COMMIT. Raises ClaimLost as ``check_fence`` does;
         returns ``returning`` (an expression over the ``written`` relation). ``then``: one more common table
-        expression, after the write (it may read ``written``)."""
+        expression, after the write (it may read ``written``). ``flush``: the commit waits for its WAL flush
+        (a call's start); otherwise it commits with ``synchronous_commit`` off (see the module's opening)."""
         # A write without the condition would commit before the lost claim is noticed: none may leave it out.
         assert all(HELD in part for part in (write, then) if part), "a fenced write must be conditional on the fence"
+        # set_config(..., true) lasts until this statement's own transaction ends, its commit included.
+        relaxed = "" if flush else ", set_config('synchronous_commit', 'off', true) AS relaxed"
         statement = text(
             f"WITH {claims.fence_cte()}, written AS ({write}){', ' + then if then else ''} "
-            f"SELECT {HELD} AS held, {returning} AS value"
+            f"SELECT {HELD} AS held, {returning} AS value{relaxed}"
         )
         with self._autocommit.connect() as conn:
             row = conn.execute(statement, params).one()
@@ -309,6 +330,7 @@ class Journal:
             then="superseded AS (UPDATE specialist_calls SET superseded_by = (SELECT call_id FROM written) "
                  f"WHERE call_id = CAST(:old AS bigint) AND job_id = :j AND {HELD})",
             returning="(SELECT call_id FROM written)",
+            flush=True,  # on disk before the call is sent, with everything the run wrote before it
         ))
 
     def complete_call(self, call_id: int, completion: Completion) -> None:
@@ -409,12 +431,15 @@ class Journal:
             ).mappings().all()
 
         pending_seq = latest.seq if latest.kind == "pending_call" else None
-        plan = ResumePlan(latest_seq=latest.seq, pending_seq=pending_seq)
+        restored_seq = latest.pending.base_seq if latest.pending is not None else latest.seq
+        plan = ResumePlan(latest_seq=latest.seq, pending_seq=pending_seq, restored_seq=restored_seq)
         for row in steps:
             record = StepRecord(int(row["turn"]), int(row["step_index"]), int(row["base_seq"]), row["result"],
                                 row["answer"], dict(row["refusals"] or {}))
             if record.result is not None:
                 plan.steps[(record.turn, record.index)] = record
+                if record.base_seq >= restored_seq:  # its effects are not in the record restored
+                    plan.rerun.add((record.turn, record.index))
             else:
                 plan.interrupted = record  # at most one step is ever left unfinished: steps run one at a time
         interrupted = None if plan.interrupted is None else (plan.interrupted.turn, plan.interrupted.index)

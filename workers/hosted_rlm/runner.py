@@ -46,7 +46,7 @@ from workers.hosted_rlm.bundle import SpecialistTask, TaskRefused, task_from_mes
 from workers.hosted_rlm.hosted import HostedRun, hosted_settings, session_id_for
 from workers.hosted_rlm.journal import Journal, pricing_of
 from workers.hosted_rlm.routes import ModelRoutes, RouteNotReady
-from workers.hosted_rlm.store import ClaimLost, PgCheckpointStore
+from workers.hosted_rlm.store import CheckpointPolicy, ClaimLost, PgCheckpointStore
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,7 @@ class RlmRunner:
         scratch_dir: Path | None = None,
         max_resumes: int = 0,
         checkpoint_sync: CheckpointSync = "with_journal",
+        checkpoint_policy: CheckpointPolicy = CheckpointPolicy(),
     ) -> None:
         if not checkpoint_key:
             raise CheckpointKeyMissing(
@@ -93,6 +94,7 @@ class RlmRunner:
         # Read by the worker's claim: an expired lease of this runner's job is resumed this many times at most.
         self.max_resumes = max_resumes
         self.checkpoint_sync = checkpoint_sync
+        self.checkpoint_policy = checkpoint_policy
 
     def run(self, ctx: RunContext) -> RunOutcome:
         job = ctx.job
@@ -107,7 +109,7 @@ class RlmRunner:
         journal = Journal(self.engine, job_id=job.job_id, fencing_token=ctx.fencing_token)
         session_id = session_id_for(job.job_id)
         store = PgCheckpointStore(self.engine, job_id=job.job_id, fencing_token=ctx.fencing_token, session_id=session_id,
-                                  sync=self.checkpoint_sync)
+                                  sync=self.checkpoint_sync, policy=self.checkpoint_policy)
         assert spec.model_route is not None
         resumes = journal.open_run(
             specialist_id=spec.id, route=spec.model_route, pricing=spec.pricing,

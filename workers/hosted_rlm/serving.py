@@ -27,6 +27,7 @@ from core.specs import LoadedSpec, SpecInvalid, load_specs, require_runnable
 from workers.auth import VerifiedJob
 from workers.hosted_rlm.routes import ModelRoutes, RouteProblem, readiness
 from workers.hosted_rlm.runner import RlmRunner
+from workers.hosted_rlm.store import CheckpointPolicy
 
 
 @dataclass(frozen=True)
@@ -110,5 +111,6 @@ def specialist_runners(
         environ=environ,
         max_resumes=settings.hosted.max_resumes,
         checkpoint_sync=settings.hosted.checkpoint_sync,
+        checkpoint_policy=CheckpointPolicy(settings.hosted.checkpoint_every_steps, settings.hosted.checkpoint_every_s),
     )
     return SpecialistService(runners={sid: runner for sid in plan.ready}, problems=plan.problems)

@@ -63,6 +63,23 @@ class HostedSettings(Section):
         "on it; a killed worker loses nothing, a PostgreSQL crash only records no journal entry refers to yet. "
         "`each_record`: every checkpoint commit waits for its flush, as the database's synchronous_commit says.",
     )
+    checkpoint_every_steps: int = Field(
+        default=8,
+        ge=1,
+        le=1000,
+        description="A running job's Monty session record is written at least every this many steps (docs/WORKERS.md, "
+        "Checkpoint policy); besides, always before a paid model call, after a step that made one, and the run's "
+        "first. A resume runs the steps since the newest record again from their code (cheap reads only), so this "
+        "bounds that work; 1 writes a record after every step.",
+    )
+    checkpoint_every_s: float = Field(
+        default=10.0,
+        ge=0.0,
+        le=3600.0,
+        description="A running job's Monty session record is written at least every this many seconds of its run "
+        "(with the steps' count above, whichever comes first): the time a resume may spend running steps again. "
+        "0 writes a record after every step.",
+    )
     resume_window_s: float = Field(
         default=300.0,
         ge=1.0,

@@ -4,13 +4,32 @@ Records are the signed bytes ``rlmfamily.kernels.checkpoints`` produces, kept in
 ``specialist_checkpoints`` (this module is the table's one owner) by job and
 sequence number (migration 0070).
 
-Only the snapshots worth their write are kept: every idle session record, and a
-step suspended before a *paid* host call (``llm_query``, ``llm_query_batched``).
-The kernel also offers a snapshot before each cheap call (``context.read``,
-``context.search``...); those are dropped, because a resume from the previous
-snapshot replays them (they are deterministic reads) and serves the paid calls
-in between from the journal. A step that reads 200 files then writes 2 records,
-not 200.
+Only the snapshots worth their write are kept: a step suspended before a *paid*
+host call (``llm_query``, ``llm_query_batched``), and the idle session records the
+checkpoint policy asks for. The kernel also offers a snapshot before each cheap
+call (``context.read``, ``context.search``...); those are dropped, because a
+resume from the previous snapshot replays them (they are deterministic reads) and
+serves the paid calls in between from the journal. A step that reads 200 files
+then writes 2 records, not 200.
+
+The checkpoint policy (``CheckpointPolicy``: ``SPECIALISTS_SPECIALIST_CHECKPOINT_EVERY_STEPS``
+and ``_EVERY_S``). The kernel offers a session record after every step; the store
+holds them back in memory and writes what it holds, in one statement, when a resume
+needs it:
+
+- the run's first record (so a job can always be resumed);
+- a snapshot before a paid host call, which cannot be replayed (its answer comes from
+  the journal, at the point the snapshot stands);
+- the record after a step that made paid calls (the newest record is never a
+  snapshot of a step that has ended);
+- once ``every_steps`` records are held, or ``every_s`` seconds have passed since the
+  last write.
+
+A resume restores the newest record written and runs the steps that ended after it
+again from their code (``workers.hosted_rlm.hosted``): their cheap calls are
+deterministic reads, their paid calls are answered from the journal, and the model
+is shown what it was shown the first time. A prune the kernel asks for while the
+record it keeps is held waits for that record's write (same statement).
 
 How durable a record is when ``put`` returns is the setting
 ``SPECIALISTS_SPECIALIST_CHECKPOINT_SYNC`` (``CheckpointSync``):
@@ -38,6 +57,8 @@ from __future__ import annotations
 
 import json
 import struct
+import time
+from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import IntegrityError
@@ -48,6 +69,16 @@ from taskstate import claims
 
 PAID_HOST_CALLS = frozenset({"_llm_query", "_llm_query_batched"})
 
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    """When held session records are written (see the module's opening). The default writes every record."""
+
+    every_steps: int = 1
+    every_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        assert self.every_steps >= 1 and self.every_s >= 0, self
 
 
 class ClaimLost(CheckpointConflict):
@@ -87,28 +118,19 @@ class PgCheckpointStore:
     """``CheckpointStore`` for one job. ``last_seq`` is the newest record this process wrote or read."""
 
     def __init__(self, engine: Engine, *, job_id: str, fencing_token: int, session_id: str,
-                 sync: CheckpointSync = "with_journal") -> None:
+                 sync: CheckpointSync = "with_journal", policy: CheckpointPolicy = CheckpointPolicy()) -> None:
         self.engine = engine
         self.job_id = job_id
         self.fencing_token = fencing_token
         self.session_id = check_session_id(session_id)
         self.sync = sync
+        self.policy = policy
         self.last_seq: int | None = None
-
-    def _newest_seq(self, conn: Connection) -> int | None:
-        """The newest record's seq; under ``with_journal`` the same statement lets this transaction commit
-        without waiting for its flush (one round trip, not two)."""
-        if self.sync == "with_journal":
-            return conn.execute(
-                text(
-                    "SELECT (SELECT max(seq) FROM specialist_checkpoints WHERE job_id = :j) AS newest, "
-                    "set_config('synchronous_commit', 'off', true) AS relaxed"
-                ),
-                {"j": self.job_id},
-            ).scalar()
-        return conn.execute(
-            text("SELECT max(seq) FROM specialist_checkpoints WHERE job_id = :j"), {"j": self.job_id}
-        ).scalar()
+        self.last_pending = False  # the newest record written is a snapshot before a paid call
+        self.writes = 0  # statements that wrote records (one per write, whatever it holds)
+        self._held: list[tuple[int, bytes]] = []  # session records not written yet, oldest first
+        self._prune_before: int | None = None  # a prune waiting for the write of the record it keeps
+        self._written_at = time.monotonic()
 
     def _same_session(self, session_id: str) -> None:
         if session_id != self.session_id:
@@ -119,27 +141,41 @@ class PgCheckpointStore:
         pending = pending_call_of(data)
         if pending is not None and pending not in PAID_HOST_CALLS:
             return  # a cheap, deterministic call: a resume replays it from the snapshot before
-        with self.engine.begin() as conn:
-            check_fence(conn, self.job_id, self.fencing_token)
-            newest = self._newest_seq(conn)
-            if newest is not None and seq <= newest:
-                raise CheckpointConflict(
-                    f"checkpoint seq {seq} of job {self.job_id} is not above the newest ({newest}): "
-                    "another writer is ahead; this kernel must stop"
-                )
-            try:
-                conn.execute(
-                    text(
-                        "INSERT INTO specialist_checkpoints (job_id, seq, session_id, fencing_token, data) "
-                        "VALUES (:j, :s, :sid, :t, :d)"
-                    ),
-                    {"j": self.job_id, "s": seq, "sid": session_id, "t": self.fencing_token, "d": data},
-                )
-            except IntegrityError:
-                raise CheckpointConflict(
-                    f"checkpoint seq {seq} of job {self.job_id} was written by another writer; this kernel must stop"
-                ) from None
-        self.last_seq = seq
+        self._held.append((seq, data))
+        if pending is None and not self._due():
+            return
+        self._write(pending=pending is not None)
+
+    def _due(self) -> bool:
+        """Whether the session records held are to be written now (the policy, the module's opening)."""
+        return (self.last_seq is None or self.last_pending or len(self._held) >= self.policy.every_steps
+                or time.monotonic() - self._written_at >= self.policy.every_s)
+
+    def _write(self, *, pending: bool) -> None:
+        """The records held, oldest first, and the prune waiting for them: one statement, fenced. Under
+        ``with_journal`` its commit does not wait for its flush (the module's opening)."""
+        records, self._held = self._held, []
+        prune, self._prune_before = self._prune_before, None
+        params = {"j": self.job_id, "t": self.fencing_token, "sid": self.session_id, "prune": prune,
+                  "seqs": [seq for seq, _ in records], "data": [data for _, data in records]}
+        try:
+            with self.engine.begin() as conn:
+                row = conn.execute(_WRITE_RELAXED if self.sync == "with_journal" else _WRITE, params).one()
+        except IntegrityError:
+            raise CheckpointConflict(
+                f"checkpoint seq {records[0][0]} of job {self.job_id} was written by another writer; this kernel must "
+                "stop"
+            ) from None
+        if not row.held:
+            raise claim_lost(self.job_id, self.fencing_token)
+        if row.written != len(records):
+            raise CheckpointConflict(
+                f"checkpoint seq {records[0][0]} of job {self.job_id} is not above the newest ({row.newest}): "
+                "another writer is ahead; this kernel must stop"
+            )
+        self.last_seq, self.last_pending = records[-1][0], pending
+        self.writes += 1
+        self._written_at = time.monotonic()
 
     def get(self, session_id: str, seq: int) -> bytes:
         self._same_session(session_id)
@@ -161,7 +197,7 @@ class PgCheckpointStore:
             ).first()
         if row is None:
             return None
-        self.last_seq = int(row.seq)
+        self.last_seq, self.last_pending = int(row.seq), pending_call_of(bytes(row.data)) is not None
         return int(row.seq), bytes(row.data)
 
     def list(self, session_id: str) -> list[int]:
@@ -174,6 +210,12 @@ class PgCheckpointStore:
 
     def delete_before(self, session_id: str, seq: int) -> None:
         self._same_session(session_id)
+        if any(held == seq for held, _ in self._held):
+            # The record kept is not written yet: the prune goes with its write, and the records held before it
+            # (which it no longer needs) are not written at all.
+            self._held = [(held, data) for held, data in self._held if held >= seq]
+            self._prune_before = seq
+            return
         with self.engine.begin() as conn:
             check_fence(conn, self.job_id, self.fencing_token)
             if self.sync == "with_journal":  # a prune lost in a crash leaves old records, nothing worse
@@ -181,6 +223,26 @@ class PgCheckpointStore:
             conn.execute(
                 text("DELETE FROM specialist_checkpoints WHERE job_id = :j AND seq < :s"), {"j": self.job_id, "s": seq}
             )
+
+
+# A write of the records held (``PgCheckpointStore._write``): the claim's share lock, the newest record, the new
+# ones if every one is above it, and the prune that waited for them; what it tells: whether the claim held, the
+# newest record before, and how many rows it wrote (fewer than given: another writer is ahead).
+_HELD = "EXISTS (SELECT 1 FROM fence)"
+_WRITE_SQL = (
+    f"WITH {claims.fence_cte()}, "
+    "newest AS (SELECT max(seq) AS seq FROM specialist_checkpoints WHERE job_id = :j), "
+    "written AS (INSERT INTO specialist_checkpoints (job_id, seq, session_id, fencing_token, data) "
+    "SELECT :j, r.seq, :sid, :t, r.data FROM unnest(CAST(:seqs AS bigint[]), CAST(:data AS bytea[])) AS r(seq, data) "
+    f"WHERE {_HELD} AND NOT EXISTS (SELECT 1 FROM newest n, unnest(CAST(:seqs AS bigint[])) AS s(seq) "
+    "WHERE s.seq <= n.seq) RETURNING seq), "
+    "pruned AS (DELETE FROM specialist_checkpoints WHERE job_id = :j AND seq < CAST(:prune AS bigint) "
+    f"AND {_HELD} AND EXISTS (SELECT 1 FROM written)) "
+    f"SELECT {_HELD} AS held, (SELECT seq FROM newest) AS newest, (SELECT count(*) FROM written) AS written"
+)
+_WRITE = text(_WRITE_SQL)
+# set_config(..., true) lasts until the transaction ends, its commit included: that commit does not wait for its flush.
+_WRITE_RELAXED = text(_WRITE_SQL + ", set_config('synchronous_commit', 'off', true) AS relaxed")
 
 
 # A finished or unknown job never resumes, so its checkpoints serve nobody: a reviewer task leaves about 30 KB of

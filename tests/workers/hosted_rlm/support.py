@@ -126,12 +126,16 @@ def context(job_id: str, spec_id: str, token: int, *, deadline_s: float = 120.0,
 
 
 def runner(engine: Engine, spec: LoadedSpec, routes: ModelRoutes, msg: Message, *,
-           environ: dict[str, str] | None = None, checkpoint_sync: CheckpointSync = "with_journal") -> RlmRunner:
+           environ: dict[str, str] | None = None, checkpoint_sync: CheckpointSync = "with_journal",
+           checkpoint_policy: Any = None) -> RlmRunner:
+    """A runner of ``spec``; ``checkpoint_policy`` (a store.CheckpointPolicy): by default a record after every step."""
     from workers.hosted_rlm.runner import RlmRunner
+    from workers.hosted_rlm.store import CheckpointPolicy
 
     return RlmRunner(
         engine=engine, specs={spec.spec.id: spec}, routes=routes, checkpoint_key=CHECKPOINT_KEY,
         message_of=lambda job: msg, environ=environ or {}, checkpoint_sync=checkpoint_sync,
+        checkpoint_policy=checkpoint_policy or CheckpointPolicy(),
     )
 
 

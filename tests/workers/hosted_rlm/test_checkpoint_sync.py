@@ -5,9 +5,10 @@ killed, every process of it, between a checkpoint's write and anything else, the
 recovery keeps what reached the WAL on disk and nothing else.
 
 - ``each_record``: a record whose ``put`` returned is there.
-- ``with_journal``: a record a journal entry refers to (the step that starts from it, written after it) is
-  there; the record alone may be lost, and a resume then starts from the one before (not asserted: whether the
-  WAL writer flushed it first is a race).
+- ``with_journal``: a record is there once the journal's next synchronous commit is (a model call's start,
+  workers/hosted_rlm/journal.py), and so is every journal row written before that commit (a step's start that
+  names the record); the record alone may be lost, and a resume then starts from the one before (not asserted:
+  whether the WAL writer flushed it first is a race).
 
 A SIGKILL of the server tests the write half of the promise (what was written to the WAL survives); the fsync
 half (a power cut) is the same flush, which the server's fsync=on makes durable.
@@ -131,14 +132,18 @@ def test_with_journal_keeps_every_record_the_journal_refers_to(crashable: Crasha
     journal = Journal(engine, job_id=job_id, fencing_token=store.fencing_token)
     store.put(store.session_id, 0, a_record(store.session_id, 0))
     store.put(store.session_id, 1, a_record(store.session_id, 1))
-    journal.start_step(1, 0, base_seq=1)  # the step that starts from record 1: a synchronous commit after it
+    journal.start_step(1, 0, base_seq=1)  # the step that starts from record 1 (its commit does not wait either)
+    # The step's model call: its start is the synchronous commit, made before the call is sent.
+    call = journal.start_call(purpose="subcall", turn=1, step_index=0, after_seq=1, request_sha256=b"\x00" * 32,
+                              request_text="is this SQL built from input?", model="scripted")
     engine.dispose()
     crashable.crash_and_restart()
     engine = crashable.engine()
     assert kept_seqs(engine, job_id) == [0, 1]
     with engine.connect() as conn:
         base = conn.execute(text("SELECT base_seq FROM specialist_steps WHERE job_id = :j"), {"j": job_id}).scalar()
-    assert base == 1
+        calls = conn.execute(text("SELECT call_id FROM specialist_calls WHERE job_id = :j"), {"j": job_id}).scalars()
+        assert (base, list(calls)) == (1, [call])
     engine.dispose()
 
 
