@@ -1,6 +1,7 @@
 """Specialist benchmark: the worker's overhead per reviewer task, and memory per concurrent task.
 
     .venv/bin/python bench/specialist.py [--tasks 20] [--concurrent 4] [--files 200] [--model-delay-s 0.1]
+    .venv/bin/python bench/specialist.py --profile 10 [--files 200]
 
 Starts its own database: a fresh database on the server named by DATABASE_URL when it
 is set (dropped afterwards), otherwise an embedded PostgreSQL in a temporary folder.
@@ -25,6 +26,15 @@ scripted delays along its critical path), p50/p99; the ratio compares the hosted
 overhead with the bare library's. Then ``--concurrent`` tasks at once: the worker's
 resident memory (its process and its Monty worker processes) over its idle memory,
 per concurrent task.
+
+Memory is read from /proc/<pid>/smaps_rollup of the worker and every process under it, three ways: RSS summed
+(pages shared by forked processes counted once per process, so an upper bound), PSS (each process's share of
+shared pages: the tree's real footprint) and USS (private pages only).
+
+``--profile RUNS`` runs only the worker's runner in this process, RUNS reviews with model time 0, and prints
+where a run's time goes: the exclusive wall time inside each part (the journal and the checkpoint store in
+PostgreSQL, Monty's steps and dumps, the session's budget and history stores, the library's files, the rest),
+summed over the run's threads, and the database commits per run.
 
 A benchmark is not a test: it prints figures and never fails on speed.
 """
@@ -118,18 +128,29 @@ def percentiles(values_s: list[float]) -> tuple[float, float]:
     return statistics.median(ordered) * 1000, p99 * 1000
 
 
-def rss_kib(pid: int) -> int:
-    """Resident memory of a process and all its descendants (the worker and its Monty processes)."""
-    total = 0
+MEMORY_KINDS = ("rss", "pss", "uss")
+
+
+def memory_kib(pid: int) -> dict[str, int]:
+    """Memory of a process and all its descendants (the worker, its job processes and their Monty processes), in
+    KiB: ``rss`` sums resident memory (pages shared between forked processes counted once per process: an upper
+    bound), ``pss`` gives each process its share of shared pages (the tree's real footprint), ``uss`` sums private
+    pages only (what the tree frees if it exits). From /proc/<pid>/smaps_rollup."""
+    total = dict.fromkeys(MEMORY_KINDS, 0)
     pending = [pid]
     while pending:
         current = pending.pop()
         try:
-            status = Path(f"/proc/{current}/status").read_text()
-            total += int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:")))
+            fields = {}
+            for line in Path(f"/proc/{current}/smaps_rollup").read_text().splitlines()[1:]:
+                name, value, *_ = line.split()
+                fields[name.rstrip(":")] = int(value)
+            total["rss"] += fields.get("Rss", 0)
+            total["pss"] += fields.get("Pss", 0)
+            total["uss"] += fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)
             for task in Path(f"/proc/{current}/task").iterdir():
                 pending += [int(child) for child in (task / "children").read_text().split()]
-        except (FileNotFoundError, StopIteration, ProcessLookupError):
+        except (FileNotFoundError, ProcessLookupError, PermissionError, ValueError):
             continue
     return total
 
@@ -392,14 +413,15 @@ def main() -> None:
             hosted.append(seconds)
         bare = baseline(files, script, args.tasks)
 
-        idle_kib = rss_kib(worker_pid)
-        peak_kib = idle_kib
+        idle_kib = memory_kib(worker_pid)
+        peak_kib = dict(idle_kib)
         sampling = threading.Event()
 
         def sample() -> None:
-            nonlocal peak_kib
             while not sampling.wait(0.05):
-                peak_kib = max(peak_kib, rss_kib(worker_pid))
+                now = memory_kib(worker_pid)
+                for kind in MEMORY_KINDS:
+                    peak_kib[kind] = max(peak_kib[kind], now[kind])
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
@@ -445,8 +467,10 @@ def main() -> None:
                              ("run ends -> finished and settled", 3)):
             p50, p99 = percentiles([float(row[index]) for row in stages])
             print(f"  {label:<58} p50 {p50:6.0f} ms  p99 {p99:6.0f} ms")
-        print(f"{args.concurrent} tasks at once: {burst_s:.2f} s wall; worker RSS idle {idle_kib / 1024:.0f} MiB, "
-              f"peak {peak_kib / 1024:.0f} MiB: {(peak_kib - idle_kib) / 1024 / args.concurrent:.1f} MiB per concurrent task")
+        print(f"{args.concurrent} tasks at once: {burst_s:.2f} s wall; the worker's process tree, idle and peak:")
+        for kind in MEMORY_KINDS:
+            print(f"  {kind.upper()} idle {idle_kib[kind] / 1024:.0f} MiB, peak {peak_kib[kind] / 1024:.0f} MiB: "
+                  f"{(peak_kib[kind] - idle_kib[kind]) / 1024 / args.concurrent:.1f} MiB per concurrent task")
         print(f"journal: {calls} model calls; {checkpoints[0]} checkpoints kept, {checkpoints[1] / 1024:.0f} KiB each "
               f"on average; load average {os.getloadavg()[0]:.1f}")
     finally:
