@@ -4,9 +4,10 @@
 
 Starts its own database (a fresh one on the server named by DATABASE_URL, dropped
 afterwards, or an embedded PostgreSQL) and writes, per "step", what the hosted
-worker writes: a checkpoint record (``PgCheckpointStore.put``, its fence included)
-and the journal row that refers to it (``Journal.start_step``, a synchronous
-commit). Baseline, in the same run: the journal row alone. Rows: each policy, with
+worker writes before a paid model call: a checkpoint record (``PgCheckpointStore.put``,
+its fence included) and the journal row after it that waits for the WAL flush
+(``Journal.start_call``, the run's one synchronous commit per model call).
+Baseline, in the same run: the journal row alone. Rows: each policy, with
 a delta-sized record (4 KiB) and a whole one (1 MiB); the ratio is against the
 baseline. What the server flushes depends on its own fsync and disk: the figures
 mean something only on a server with fsync on.
@@ -53,9 +54,11 @@ def main() -> None:
         seqs = iter(range(10**9))
 
         def step(store: PgCheckpointStore | None, data: bytes) -> None:
+            seq = next(seqs)
             if store is not None:
-                store.put(store.session_id, next(seqs), data)
-            journal.start_step(1, next(index), 0)
+                store.put(store.session_id, seq, data)
+            journal.start_call(purpose="subcall", turn=1, step_index=next(index), after_seq=seq,
+                               request_sha256=bytes(32), request_text=None, model=None)
 
         def median_s(store: PgCheckpointStore | None, data: bytes, steps: int) -> float:
             step(store, data)
