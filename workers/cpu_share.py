@@ -227,8 +227,9 @@ def _renice_group(pgid: int, nice: int) -> None:
 class JobCpu:
     """The share, cap and count of the job in this process (its process group's leader)."""
 
-    def __init__(self, policy: CpuPolicy, cancel: threading.Event) -> None:
+    def __init__(self, policy: CpuPolicy, cancel: threading.Event, specialist_id: str = "") -> None:
         self.policy = policy
+        self.specialist_id = specialist_id
         self.cancel = cancel
         self.pid = os.getpid()
         self.pgid = os.getpgid(0)
@@ -245,7 +246,7 @@ class JobCpu:
     @classmethod
     def start(cls, recipe: Any, specialist_id: str, cancel: threading.Event) -> JobCpu:
         """The job's share applied and its meter running (the hook of ``workers.isolation._job_process``)."""
-        meter = cls(policy_of(recipe, specialist_id), cancel)
+        meter = cls(policy_of(recipe, specialist_id), cancel, specialist_id)
         meter._apply_share()
         meter._arm_rlimit()
         meter._thread = threading.Thread(target=meter._watch, name="job-cpu", daemon=True)
@@ -289,6 +290,9 @@ class JobCpu:
 
     def _demote(self) -> None:
         self.demoted = True
+        log.info("job process %d passed %g CPU seconds: its share is lowered (%s)", self.pid,
+                 self.policy.demote_after_s, self.mechanism,
+                 extra={"event": "job_cpu_demoted", "specialist": self.specialist_id, "share": self.mechanism})
         if self.cgroup is not None:
             try:
                 self.cgroup.set_weight(self.policy.demoted_weight)
@@ -301,7 +305,9 @@ class JobCpu:
         """Stop the run: its other processes killed (again, for any it starts meanwhile), its cancel set."""
         if not self.exceeded:
             log.warning("job process %d used %.2f CPU seconds, past its cap of %g: stopping it", self.pid, used_s,
-                        self.policy.max_cpu_s)
+                        self.policy.max_cpu_s, extra={"event": "job_cpu_exceeded", "specialist": self.specialist_id,
+                                                      "cpu_seconds": round(used_s, 3),
+                                                      "max_cpu_s": self.policy.max_cpu_s})
         self.exceeded = True
         for pid in group_members(self.pgid):
             if pid != self.pid:
