@@ -391,6 +391,26 @@ def test_a_killed_workers_job_is_decided_by_its_beat_before_its_lease_passes(sys
         system.start_dispatcher()
 
 
+def test_a_job_a_dead_worker_did_not_take_goes_to_a_live_one_without_an_attempt_or_a_backoff(system, customer):
+    # The dead worker's URL comes first, so the first delivery meets it (connection refused, as while a killed
+    # worker restarts); the job goes back as it was and the live worker runs it: one counted attempt (issue 44 §4).
+    system.stop_dispatchers()
+    try:
+        dispatcher = system.start_dispatcher(worker_urls=["http://127.0.0.1:9/jobs", system.live_worker().url])
+        task_id = send(system, customer, [{"op": "complete", "text": "on the live worker"}])
+        system.wait_for("the task to complete", lambda: state_of(system, customer, task_id) == "TASK_STATE_COMPLETED")
+        job = system.job_of(task_id)
+        assert f"job {job}: the worker did not take it" in dispatcher.log_text()  # it did meet the dead one first
+        with system.engine.connect() as conn:
+            attempts = conn.execute(text("SELECT attempts FROM dispatch_outbox WHERE task_id = :t"),
+                                    {"t": task_id}).scalar_one()
+        assert attempts == 1 and len(system.runs(job)) == 1
+        assert settlements(system, task_id) == [("settle", SCRIPTED_TARIFF)]
+    finally:
+        system.stop_dispatchers()
+        system.start_dispatcher()
+
+
 def test_a_job_no_worker_can_take_is_failed_as_undeliverable_and_charged_nothing(system, customer):
     system.stop_dispatchers()
     try:

@@ -18,7 +18,10 @@ still ending) makes the row due again at once, in its place in the fair order, a
 no delivery goes to it before its ``Retry-After``. That neither grows the row's backoff nor counts towards
 ``dispatch_max_attempts``: a full worker is a reason to wait, not a sign the job cannot be delivered; ``refused``
 (authentication, a specialist no worker serves: configuration) reschedules it at the longest backoff and says so
-in the log, and a ``specialist_not_served`` asks the workers again what they serve.
+in the log, and a ``specialist_not_served`` asks the workers again what they serve. A worker that gave no answer
+(killed, restarting) or answered ``worker_stopping`` (its stop signal came; it claimed nothing) gets no delivery for
+a while, longer each time in a row, and while another worker answers, the row goes back as a full worker's does,
+to that worker at once instead of after a backoff (issue 44 §4).
 
 **Which rows, in which order** (issue 41): a take is fair across customers (``taskstate.outbox.take``: the next
 slot goes to the customer furthest behind its weighted share, ``SPECIALISTS_DISPATCH_DEFAULT_WEIGHT`` and
@@ -67,7 +70,8 @@ log = logging.getLogger(__name__)
 
 CRASH_EXIT_CODE = 70  # a recovery drill's abrupt exit (dispatch_crash_point)
 WORKER_FULL = "worker_at_capacity"  # the worker's answer when it claimed nothing because its slots are taken
-NOT_SERVED = "specialist_not_served"  # the worker's answer when it does not run the job's specialist
+NOT_SERVED = "specialist_not_served"
+WORKER_STOPPING = "worker_stopping"  # the worker's answer from its stop signal on: nothing claimed, deliver elsewhere  # the worker's answer when it does not run the job's specialist
 
 
 def crash_here(point: str, settings: Settings) -> None:
@@ -264,6 +268,21 @@ class EmbeddedDispatcher:
                      extra={"event": "dispatch_retry", "job_id": row.job_id, "code": result.code})
             self._write(lambda conn: outbox.hand_back(conn, row, error=error))
             return
+        if (result.status is None or result.code == WORKER_STOPPING) and self._elsewhere(url):
+            # The worker is gone (no answer: killed, restarting) or going (its stop signal came): no delivery goes to
+            # it for a while, longer each time in a row, and the job goes back as it was before the take, to another
+            # worker at once, not after a backoff (issue 44 §4). With no other worker, the backoff below holds.
+            # A job that had run there is answered from its claim wherever it goes.
+            with self._lock:
+                in_a_row = max(1, self._unanswered[url])
+            closed_s = min(self.settings.dispatch.retry_max_s, self.settings.dispatch.retry_base_s * 2 ** (in_a_row - 1))
+            self._full_until[url] = time.monotonic() + closed_s
+            log.info("job %s: the worker did not take it (%s); delivering it to another worker now, to that one again "
+                     "in %g s", row.job_id, error, closed_s,
+                     extra={"event": "dispatch_retry", "job_id": row.job_id, "code": result.code})
+            self._write(lambda conn: outbox.hand_back(conn, row, error=error))
+            self._left_due = True  # due now: the delivery's end wakes the next round
+            return
         if result.code == NOT_SERVED:
             self.served.stale()
         if row.attempts >= self.settings.dispatch.max_attempts and give_up(self.engine, self.tasks, row, error=error, limits=self.settings.ledger):
@@ -286,6 +305,11 @@ class EmbeddedDispatcher:
                      row.attempts, error, delay_s,
                      extra={"event": "dispatch_retry", "job_id": row.job_id, "code": result.code})
         self._write(lambda conn: outbox.reschedule(conn, row, delay_s=delay_s, error=error))
+
+    def _elsewhere(self, url: str) -> bool:
+        """Another worker URL answered its last delivery (full or not: the job waits for its slot in the outbox)."""
+        with self._lock:
+            return any(other != url and self._unanswered[other] == 0 for other in self.urls)
 
     def _write(self, statement: Callable[[Connection], None]) -> None:
         """One statement of the row's outcome, in autocommit (each is safe to repeat)."""
