@@ -2,11 +2,13 @@
 
     .venv/bin/python -m bench.load [--customers 16] [--seconds 30] [--cancel 0.1] [--duplicate 0.1]
                                    [--kill-every 8] [--dispatcher embedded|cloud-tasks] [--no-baseline] [--json]
+                                   [--keep-logs]
 
 Builds the service as a deployment on 127.0.0.1 (``ops.drill.topology.LocalTopology``: a
 fresh database on DATABASE_URL's server or on the embedded PostgreSQL, two API instances, two
-workers with 4 job slots each, the dispatcher; leases of 2 s), then runs the same load twice on it,
-each run with customers of its own:
+workers with 4 job slots each, the dispatcher; leases of 2 s, worker beats every 0.15 s, so a dead worker is
+found after 5 missed beats, 0.75 s: production's ratios, a 30 s lease and a 2 s beat, scaled down), then runs the
+same load twice on it, each run with customers of its own:
 
   baseline  ``--customers`` customers, each with its own key, credits and the `drill` skill, for
             ``--seconds``. Each sends a drill task (a random script: a progress step, 0-1 s of sleep
@@ -18,9 +20,10 @@ each run with customers of its own:
             other instance, half of them after the first answer and half racing it (both answers
             must carry the same task); a fraction is canceled after a random delay within its
             script; every ``--kill-every`` seconds a worker that holds a running job is killed with
-            SIGKILL and started again at once. A killed worker's jobs end *unknown* when their
-            lease passes (held, listed for an operator): that is the service's promise, not an
-            error. Their customers stop waiting after the bound below and send the next task.
+            SIGKILL and started again at once. A killed worker's jobs end *unknown* once its beat
+            stops (or their lease passes; held, listed for an operator): that is the service's
+            promise, not an error. Their customers stop waiting after the bound below and send the
+            next task.
 
 A customer stops waiting for its task when GetTask says its outcome is under reconciliation (the
 status message's ``outcomeUnderReconciliation``: its worker died), as an agent reading the status
@@ -95,6 +98,9 @@ QUIESCENCE_MAX_S = 600.0
 REFUSAL_BACKOFF_S = 0.2
 PROGRESS_EVERY_S = 5.0
 RATE_LIMIT_PER_KEY = 6000
+# Production's beat and lease (2 s, 30 s) in LOCAL_BOUNDS' scale (a 2 s lease): the sweeper takes a worker for dead
+# after SPECIALISTS_WORKER_DEAD_AFTER_BEATS (5) missed beats, 0.75 s.
+WORKER_BEAT_S = 0.15
 TRANSPORT = 0  # the status recorded for a request that got no HTTP answer
 
 
@@ -552,6 +558,7 @@ def main() -> None:
     parser.add_argument("--no-baseline", action="store_true", help="only the run with faults")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON on stdout")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the processes' logs (always kept on a failure)")
     args = parser.parse_args()
 
     began = time.monotonic()
@@ -563,7 +570,8 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     folder = Path(tempfile.mkdtemp(prefix="bench-load-"))
     topology = LocalTopology(folder, server_url(Settings()), dispatcher_kind=dispatcher, progress=progress,
-                             extra_settings={"rate_limit_per_key": str(RATE_LIMIT_PER_KEY)})
+                             extra_settings={"rate_limit_per_key": str(RATE_LIMIT_PER_KEY),
+                                             "worker_beat_s": str(WORKER_BEAT_S)})
     common = {"customers": args.customers, "seconds": args.seconds, "seed": args.seed, "progress": progress}
     results: list[LoadResult] = []
     with topology:
@@ -573,7 +581,7 @@ def main() -> None:
         results.append(run_load(topology, name="faults", cancel_fraction=args.cancel,
                                 duplicate_fraction=args.duplicate, kill_every_s=args.kill_every or None, **common))
     failures = [f"{r.name}: {failure}" for r in results for failure in r.failures]
-    if failures:
+    if failures or args.keep_logs:
         progress(f"the processes' logs are kept in {folder / 'logs'}")
     else:
         shutil.rmtree(folder, ignore_errors=True)
