@@ -46,6 +46,8 @@ QUIET = {  # nothing on a clock during the test: each of these would add stateme
     "dispatch_sweep_interval_s": "600",
     "dispatch_poll_interval_s": "60",
     "push_poll_interval_s": "60",  # push is on (the tests' signing secret): its deliverer's safety-net poll
+    "worker_beat_s": "600",  # the worker's beat (worker_beats), at most half of the health's live bound
+    "health_worker_live_s": "1200",
 }
 
 
