@@ -128,14 +128,18 @@ def context(job_id: str, spec_id: str, token: int, *, deadline_s: float = 120.0,
 def runner(engine: Engine, spec: LoadedSpec, routes: ModelRoutes, msg: Message, *,
            environ: dict[str, str] | None = None, checkpoint_sync: CheckpointSync = "with_journal",
            checkpoint_policy: Any = None) -> RlmRunner:
-    """A runner of ``spec``; ``checkpoint_policy`` (a store.CheckpointPolicy): by default a record after every step."""
+    """A runner of ``spec``; ``checkpoint_policy`` (a store.CheckpointPolicy): by default the settings' defaults, as a
+    worker runs it."""
+    from core.settings import HostedSettings
     from workers.hosted_rlm.runner import RlmRunner
     from workers.hosted_rlm.store import CheckpointPolicy
 
+    defaults = HostedSettings.model_fields
     return RlmRunner(
         engine=engine, specs={spec.spec.id: spec}, routes=routes, checkpoint_key=CHECKPOINT_KEY,
         message_of=lambda job: msg, environ=environ or {}, checkpoint_sync=checkpoint_sync,
-        checkpoint_policy=checkpoint_policy or CheckpointPolicy(),
+        checkpoint_policy=checkpoint_policy or CheckpointPolicy(defaults["checkpoint_every_steps"].default,
+                                                                defaults["checkpoint_every_s"].default),
     )
 
 
