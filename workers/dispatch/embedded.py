@@ -136,7 +136,9 @@ class EmbeddedDispatcher:
         open_urls = [url for url in self.urls if self._full_until.get(url, 0.0) <= now]
         with self._lock:
             load = self._load()
-            free = sum(self.slots_per_url - load[url] for url in open_urls)
+            # A URL whose last delivery got no answer (a worker killed or restarting) gets one delivery at a time, a
+            # probe, not a worker's share of the slots.
+            free = sum(max(0, (1 if self._unanswered[url] else self.slots_per_url) - load[url]) for url in open_urls)
         if free <= 0:
             self._note_full()
             held_s = [until - now for until in self._full_until.values() if until > now]
