@@ -3,7 +3,7 @@ beside another customer's CPU-spinning jobs, in one run.
 
     .venv/bin/python bench/noisy_neighbour.py [--reps 3] [--rounds 2] [--flood 8] [--long-s 8]
                                               [--spinners 3] [--spin-s 10] [--victim-model-s 0.3]
-                                              [--victim-iterations 4000000] [--json]
+                                              [--victim-iterations 4000000] [--setting NAME=VALUE] [--json]
 
 Starts its own database: a fresh database on the server named by DATABASE_URL when it
 is set (dropped afterwards), otherwise an embedded PostgreSQL in a temporary folder.
@@ -146,7 +146,7 @@ _TIMES = text(
     SELECT e.task_id, t.status ->> 'state' AS state, r.state::text AS reservation,
            extract(epoch FROM c.first_claimed_at - e.admitted_at) AS to_start,
            extract(epoch FROM c.finished_at - e.admitted_at) AS to_finish,
-           e.admitted_at, c.first_claimed_at
+           e.admitted_at, c.first_claimed_at, (c.job_outcome_detail ->> 'cpu_seconds')::float AS cpu_s
       FROM edge_tasks e JOIN tasks t ON t.id = e.task_id
       LEFT JOIN ledger_reservations r ON r.job_id = e.reservation_id
       LEFT JOIN dispatch_outbox o ON o.task_id = e.task_id
@@ -178,6 +178,7 @@ class Victim:
     to_start_s: float
     to_finish_s: float
     neighbour_started_ahead: int = 0
+    cpu_s: float | None = None  # the job's CPU seconds, where the worker records them (issue 41 section 2)
 
 
 @dataclass
@@ -185,6 +186,7 @@ class Scenario:
     name: str
     victims: list[Victim] = field(default_factory=list)
     neighbour_states: dict[str, int] = field(default_factory=dict)
+    neighbour_cpu_s: list[float] = field(default_factory=list)
     ledger_clean: bool = False
     seconds: float = 0.0
 
@@ -277,7 +279,7 @@ class Service:
             with self.engine.connect() as conn:
                 ahead = conn.execute(_AHEAD, {"tasks": neighbours, "admitted": row.admitted_at,
                                               "started": row.first_claimed_at}).scalar_one()
-        return Victim(task_id, float(row.to_start), float(row.to_finish), ahead)
+        return Victim(task_id, float(row.to_start), float(row.to_finish), ahead, row.cpu_s)
 
 
 def run_scenario(service: Service, name: str, rounds: int, neighbours_of_round: Any) -> Scenario:
@@ -292,6 +294,8 @@ def run_scenario(service: Service, name: str, rounds: int, neighbours_of_round: 
         scenario.victims.append(service.victim_times(victim, neighbours))
         for row in service.wait_settled(neighbours) if neighbours else []:
             scenario.neighbour_states[row.state] = scenario.neighbour_states.get(row.state, 0) + 1
+            if row.cpu_s is not None:
+                scenario.neighbour_cpu_s.append(row.cpu_s)
     service.wait_settled(everything)
     scenario.seconds = time.monotonic() - started
     scenario.ledger_clean = service.verify()
@@ -309,10 +313,15 @@ def main() -> int:
     parser.add_argument("--victim-model-s", type=float, default=0.3, help="the victim's semantic call's time")
     parser.add_argument("--victim-iterations", type=int, default=4_000_000,
                         help="the victim's own CPU work: a Monty loop of this many additions")
+    parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting for the service, e.g. worker_job_cpu_share=off (SPECIALISTS_ + NAME upper-cased); "
+                             "repeatable")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = parser.parse_args()
     if args.spinners >= SLOTS or args.flood <= SLOTS:
         parser.error(f"--spinners must leave the victim a slot (< {SLOTS}); --flood must queue (> {SLOTS})")
+    if any("=" not in setting for setting in args.setting):
+        parser.error("--setting is NAME=VALUE, e.g. worker_job_cpu_share=off")
 
     from core import db
     from core.settings import Settings
@@ -341,6 +350,8 @@ def main() -> int:
         "SPECIALISTS_SERVE_DISPATCHER": "true", "SPECIALISTS_LOG_LEVEL": "WARNING",
         "SPECIALISTS_WORKER_MAX_CONCURRENT_JOBS": str(SLOTS), "SPECIALISTS_DATA_DIR": str(folder / "data"),
     })
+    env.update({f"SPECIALISTS_{name.strip().upper()}": value for name, value in
+                (setting.split("=", 1) for setting in args.setting)})
     base = f"http://127.0.0.1:{port}"
     log = folder / "serve.log"
     serve = Role("serve", ops_cli("serve"), env, Ready.http(f"{base}/readyz"), log, cwd=ROOT, stop_grace_s=20).start()
@@ -398,6 +409,7 @@ def report(args: argparse.Namespace, scenarios: list[Scenario], load_before: str
             "finish_ratio": s.median("to_finish_s") / base_finish,
             "victims": [asdict(v) for v in s.victims],
             "neighbour_states": s.neighbour_states,
+            "neighbour_cpu_s": s.neighbour_cpu_s,
             "ledger_clean": s.ledger_clean,
             "seconds": s.seconds,
         } for s in scenarios},
@@ -406,16 +418,21 @@ def report(args: argparse.Namespace, scenarios: list[Scenario], load_before: str
         print(json.dumps(figures, indent=2))
         return
     print(f"\n{'scenario':<8} {'n':>2} {'to start s':>11} {'x alone':>8} {'to finish s':>12} {'x alone':>8} "
-          f"{'ahead':>6} {'ledger':>7}  each victim's finish (s)")
+          f"{'ahead':>6} {'cpu s':>6} {'ledger':>7}  each victim's finish (s)")
     for s in scenarios:
         f = figures["scenarios"][s.name]
         ahead = max(v.neighbour_started_ahead for v in s.victims)
+        cpu = [v.cpu_s for v in s.victims if v.cpu_s is not None]
         print(f"{s.name:<8} {len(s.victims):>2} {f['to_start_s_median']:>11.2f} {f['start_ratio']:>7.1f}x "
               f"{f['to_finish_s_median']:>12.2f} {f['finish_ratio']:>7.1f}x {ahead:>6} "
+              f"{statistics.median(cpu) if cpu else float('nan'):>6.2f} "
               f"{'clean' if s.ledger_clean else 'DIRTY':>7}  {', '.join(f'{v.to_finish_s:.2f}' for v in s.victims)}")
     print("\nmedians; x alone = over the 'alone' median; ahead = most neighbour jobs started between a victim's "
-          "admission and its start")
-    print(f"neighbour's tasks: flood {scenarios[1].neighbour_states}, cpu {scenarios[2].neighbour_states}")
+          "admission and its start; cpu s = the victim job's CPU seconds as the worker recorded them (nan: not recorded)")
+    for s in scenarios[1:]:
+        cpu = s.neighbour_cpu_s
+        print(f"neighbour's tasks ({s.name}): {s.neighbour_states}; CPU s each, median "
+              f"{statistics.median(cpu) if cpu else float('nan'):.2f}, max {max(cpu, default=float('nan')):.2f}")
     print(f"goal (issue 41): to finish <= 1.5x alone in both; load average before {load_before}, after {load_after}")
 
 
