@@ -13,6 +13,7 @@ import signal
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from sqlalchemy import Engine
@@ -162,3 +163,15 @@ def test_each_job_runs_in_a_cgroup_of_its_own_at_the_weight_the_settings_give(se
         wait_until(lambda: weight.read_text().strip() == demoted, f"the job's cgroup weight to be {demoted}")
         assert _nice(job_pid) == 0  # a cgroup's share, not a nice value
         _end(job_pid)
+
+
+def test_a_specs_max_cpu_s_is_its_cap_and_the_workers_setting_caps_the_specs_that_state_none(database_url, tmp_path):
+    from tests.workers.hosted_rlm import support
+
+    settings = worker_settings(database_url, worker={"job_max_cpu_s": 50.0})
+    specs = {"capped": support.write_spec(tmp_path, "capped", limits={"max_cpu_s": 7.5}),
+             "plain": support.write_spec(tmp_path, "plain")}
+    recipe = SimpleNamespace(settings=settings, specs=specs)  # what a job's process has: workers.assembly's recipe
+    assert cpu_share.policy_of(recipe, "capped").max_cpu_s == 7.5
+    assert cpu_share.policy_of(recipe, "plain").max_cpu_s == 50.0
+    assert cpu_share.policy_of(recipe, "scripted").max_cpu_s == 50.0  # a runner without a spec file
