@@ -493,6 +493,9 @@ def _hand_back_on_stop_signals(service: WorkerService) -> None:
             service.begin_stop()
             if callable(previous):
                 previous(sig, frame)
+            elif previous == signal.SIG_DFL:  # no server of ours handles it: what the signal did before
+                signal.signal(sig, previous)
+                signal.raise_signal(sig)
 
         signal.signal(signum, handler)
 

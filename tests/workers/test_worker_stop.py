@@ -8,14 +8,21 @@ worker stops (past its drain) had started, so it is recorded unknown then (``aba
 
 from __future__ import annotations
 
+import signal
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import httpx
 import pytest
 from sqlalchemy import Engine, event
 
+from tests.workers.conftest import WORKER_SECRET
 from tests.workers.harness import TestWorker, worker_settings
 from tests.workers.test_server import ANSWER_TIMEOUT_S, RecordingSettlement, claim_row, new_job_id, settlements
+from tests.workers.test_worker_crash import WorkerProcess, body, runs
 
 
 @pytest.fixture
@@ -84,3 +91,35 @@ def test_a_job_still_running_when_its_worker_stops_is_recorded_unknown_then(data
     assert row["outcome"] is None and row["claims"] == 1
     # Marked unknown with the claim (the late result's finish marks it again: the mark is idempotent), never settled.
     assert settlements(engine, job)[0] == ("unknown", 1) and set(settlements(engine, job)) == {("unknown", 1)}
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_stopped_by_sigterm_records_the_job_it_leaves_running_unknown_as_it_stops(
+        service_env: dict[str, str], tmp_path: Path, engine: Engine) -> None:
+    step_log = tmp_path / "steps.log"
+    step_log.touch()
+    env = {**service_env, "SPECIALISTS_WORKER_JOB_SECRETS": WORKER_SECRET, "SPECIALISTS_WORKER_OIDC_VERIFY": "false",
+           # A lease longer than the test: only the worker's own stop can decide the job.
+           "SPECIALISTS_WORKER_LEASE_S": "600", "SPECIALISTS_WORKER_HEARTBEAT_S": "0.2",
+           "SPECIALISTS_WORKER_CANCEL_GRACE_S": "0.5", "SPECIALISTS_WORKER_DRAIN_S": "0"}
+    worker = WorkerProcess(env, step_log)
+    job = new_job_id()
+
+    def deliver() -> None:
+        try:
+            worker.post(body(job, [{"op": "sleep", "seconds": 60}, {"op": "complete"}]))
+        except httpx.HTTPError:  # the request ends with the worker
+            pass
+
+    in_flight = threading.Thread(target=deliver, daemon=True)
+    in_flight.start()
+    deadline = time.monotonic() + 30
+    while not runs(step_log, job):
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.02)
+    worker.process.send_signal(signal.SIGTERM)  # a clean stop: its drain (0 s) passes with the job still running
+    worker.process.wait(60)  # uvicorn raises the signal again once it stopped: this harness exits by it
+    row = claim_row(engine, job)
+    assert row["state"] == "unknown" and "stopped before it ended" in row["unknown_reason"]
+    assert row["claims"] == 1 and runs(step_log, job) == [str(worker.process.pid)]
+    in_flight.join(5)
