@@ -82,29 +82,33 @@ _FAIR_DUE = f"""
     ),
     ranked AS (
         SELECT d.dispatch_id, d.available_at, c.customer, t.last_started_at,
-               CAST(f.in_flight + d.place AS float8) / COALESCE(w.weight, CAST(:default_weight AS integer)) AS share
+               CAST(d.in_flight + d.place AS float8) / COALESCE(w.weight, CAST(:default_weight AS integer)) AS share
           FROM open_customers c
-          CROSS JOIN LATERAL (
-              SELECT count(*) AS in_flight FROM dispatch_outbox x
-               WHERE {_CUSTOMER.format(t="x")} = c.customer AND x.status IN ('pending', 'sent')
-                 AND (x.status = 'sent' OR x.available_at > now())) f
-          CROSS JOIN LATERAL (
-              SELECT x.dispatch_id, x.available_at,
-                     row_number() OVER (ORDER BY x.available_at, x.dispatch_id) AS place
-                FROM dispatch_outbox x
-               WHERE {_CUSTOMER.format(t="x")} = c.customer AND x.status IN ('pending', 'sent')
-                 AND x.status = 'pending' AND x.available_at <= now()
-                 AND (CAST(:served AS text[]) IS NULL OR x.specialist_id = ANY (CAST(:served AS text[])))
-               ORDER BY x.available_at, x.dispatch_id LIMIT :n) d
+          CROSS JOIN LATERAL (  -- one read of the customer's open rows: its jobs in flight, and its due ones
+              SELECT y.dispatch_id, y.available_at, y.in_flight,
+                     row_number() OVER (ORDER BY y.available_at, y.dispatch_id) AS place
+                FROM (SELECT x.dispatch_id, x.available_at, x.status, x.specialist_id,
+                             count(*) FILTER (WHERE x.status = 'sent' OR x.available_at > now()) OVER () AS in_flight
+                        FROM dispatch_outbox x
+                       WHERE {_CUSTOMER.format(t="x")} = c.customer AND x.status IN ('pending', 'sent')) y
+               WHERE y.status = 'pending' AND y.available_at <= now()
+                 AND (CAST(:served AS text[]) IS NULL OR y.specialist_id = ANY (CAST(:served AS text[])))
+               ORDER BY y.available_at, y.dispatch_id LIMIT :n) d
           LEFT JOIN dispatch_weights w ON w.customer_id = c.customer
           LEFT JOIN dispatch_turns t ON t.customer = c.customer
          WHERE c.customer IS NOT NULL
     )"""
-# The rows chosen, locked in the fair order (``{limit}``: how many at most), and their customers' turns taken.
+# The rows chosen, locked in the fair order (``{limit}``: how many at most), and their customers' turns taken. Only
+# the first of the ranked rows are joined and locked (the join of all of them cost more than the ranking: 20 of
+# 84 ms for 1,000 customers with 8 jobs each), with a margin for the rows other dispatchers lock meanwhile (SKIP
+# LOCKED): past it a take returns fewer rows, and the next round takes the rest.
+_LOCK_MARGIN = 16  # ranked rows past twice the take's limit that are still joined and may be locked
 _CHOSEN = """,
     chosen AS (
         SELECT o.dispatch_id, r.customer, r.share, r.last_started_at AS turn_at, r.available_at AS due_at
-          FROM dispatch_outbox o JOIN ranked r ON r.dispatch_id = o.dispatch_id
+          FROM dispatch_outbox o
+          JOIN (SELECT * FROM ranked ORDER BY share, last_started_at NULLS FIRST, available_at, dispatch_id
+                 LIMIT 2 * :n + {margin}) r ON r.dispatch_id = o.dispatch_id
          WHERE o.status = 'pending' AND o.available_at <= now()
          ORDER BY r.share, r.last_started_at NULLS FIRST, r.available_at, o.dispatch_id
            FOR NO KEY UPDATE OF o SKIP LOCKED LIMIT {limit}
@@ -116,7 +120,7 @@ _CHOSEN = """,
         RETURNING 1
     )"""
 _TAKE = text(
-    f"""{_FAIR_DUE}{_CHOSEN.format(limit=":n")}
+    f"""{_FAIR_DUE}{_CHOSEN.format(limit=":n", margin=_LOCK_MARGIN)}
     UPDATE dispatch_outbox o
        SET attempts = o.attempts + 1, available_at = now() + make_interval(secs => :lease_s),
            taken_by = :me, taken_at = now()
@@ -126,11 +130,12 @@ _TAKE = text(
               chosen.share, chosen.turn_at, chosen.due_at, o.taken_at
     """
 )
+_UNDER_MAX_IN_FLIGHT = ("LEAST(:n, GREATEST(0, :max_in_flight - "
+                        "(SELECT count(*) FROM dispatch_outbox WHERE status = 'sent')))")
 # The relay keeps at most ``:max_in_flight`` rows ``sent`` (queued in Cloud Tasks or running): the queue is FIFO,
 # so what it holds is what the fair order can no longer change.
 _LOCK = text(
-    f"""{_FAIR_DUE}{_CHOSEN.format(
-        limit="LEAST(:n, GREATEST(0, :max_in_flight - (SELECT count(*) FROM dispatch_outbox WHERE status = 'sent')))")}
+    f"""{_FAIR_DUE}{_CHOSEN.format(margin=_LOCK_MARGIN, limit=_UNDER_MAX_IN_FLIGHT)}
     SELECT o.dispatch_id, o.task_id, o.specialist_id, o.owner, o.context_id, o.attempts + 1 AS attempts,
            o.trace_parent, chosen.share, chosen.turn_at, chosen.due_at, CAST(NULL AS timestamptz) AS taken_at
       FROM dispatch_outbox o JOIN chosen ON chosen.dispatch_id = o.dispatch_id
