@@ -171,12 +171,15 @@ def _own_cgroup_dirs() -> list[tuple[Literal[2, 1], Path]]:
 
 def _sweep(parent: Path) -> None:
     """Remove the empty cgroups of jobs gone before (a job's process cannot remove its own while its children
-    live); a cgroup still in use refuses (EBUSY) and stays."""
+    live); a cgroup still in use refuses (EBUSY) and stays, and one whose job's process lives is left alone (it may
+    have made its cgroup and not yet moved in)."""
     try:
         entries = [entry for entry in parent.iterdir() if entry.name.startswith(CGROUP_PREFIX)]
     except OSError:
         return
     for entry in entries:
+        if Path(f"/proc/{entry.name[len(CGROUP_PREFIX):]}").exists():
+            continue
         try:
             entry.rmdir()
         except OSError:
