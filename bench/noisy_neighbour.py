@@ -146,7 +146,7 @@ _TIMES = text(
     SELECT e.task_id, t.status ->> 'state' AS state, r.state::text AS reservation,
            extract(epoch FROM c.first_claimed_at - e.admitted_at) AS to_start,
            extract(epoch FROM c.finished_at - e.admitted_at) AS to_finish,
-           e.admitted_at, c.first_claimed_at, (c.job_outcome_detail ->> 'cpu_seconds')::float AS cpu_s
+           e.admitted_at, c.first_claimed_at, (c.outcome_detail ->> 'cpu_seconds')::float AS cpu_s
       FROM edge_tasks e JOIN tasks t ON t.id = e.task_id
       LEFT JOIN ledger_reservations r ON r.job_id = e.reservation_id
       LEFT JOIN dispatch_outbox o ON o.task_id = e.task_id
