@@ -45,7 +45,7 @@ import ast
 import functools
 import hashlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -114,6 +114,19 @@ def runtime_identity() -> RuntimeIdentity:
         for block in iter(lambda: binary.read(1 << 20), b""):
             digest.update(block)
     return RuntimeIdentity(monty_version=pydantic_monty.__version__, runtime_sha256=digest.hexdigest())
+
+
+def pending_call_names(record_pending_calls: bool | Collection[str]) -> frozenset[str] | None:
+    """The bridge names snapshotted before their call: None for every one, an empty set for none."""
+    if isinstance(record_pending_calls, bool):
+        return None if record_pending_calls else frozenset()
+    if isinstance(record_pending_calls, str) or not all(isinstance(n, str) for n in record_pending_calls):
+        raise CheckpointError(
+            "record_pending_calls takes True, False or a collection of bridge names (e.g. {'_llm_query'}), "
+            f"not {record_pending_calls!r}",
+            setting="record_pending_calls",
+        )
+    return frozenset(record_pending_calls)
 
 
 def monty_resource_limits(limits: KernelLimits) -> dict[str, Any]:
@@ -211,8 +224,12 @@ class MontyKernel:
 
     ``mounts`` are ``(host_directory, sandbox_path)`` pairs, mounted read-only on
     every feed. With a ``store`` (and a ``session_id``) every step's checkpoint and,
-    if ``record_pending_calls``, a snapshot before every host call are written
-    there; ``recover`` continues from the newest record in another process.
+    if ``record_pending_calls``, a snapshot before a host call are written there;
+    ``recover`` continues from the newest record in another process.
+    ``record_pending_calls`` is True (before every host call), False (never), or the
+    bridge names worth a snapshot: a call that cannot be replayed (a paid model
+    call). A snapshot is a round trip to the worker, a hash and an encode; a call
+    left out costs neither, and a resume replays it from the record before.
     ``checkpoint_key`` signs records with HMAC-SHA256 (recommended wherever the
     store is writable by anyone but this service).
     """
@@ -226,7 +243,7 @@ class MontyKernel:
         mounts: Sequence[tuple[str | Path, str]] = (),
         store: CheckpointStore | None = None,
         session_id: str | None = None,
-        record_pending_calls: bool = True,
+        record_pending_calls: bool | Collection[str] = True,
         prune_checkpoints: bool = True,
         checkpoint_key: bytes | None = None,
         pool: Monty | None = None,
@@ -237,7 +254,8 @@ class MontyKernel:
             raise CheckpointError("a checkpoint store needs a session_id", setting="session_id")
         self.session_id = check_session_id(session_id) if session_id is not None else "local"
         self._store = store
-        self._record_pending = record_pending_calls and store is not None
+        self._pending_names = pending_call_names(record_pending_calls)  # None: before every host call
+        self._record_pending = store is not None and self._pending_names != frozenset()
         self._prune = prune_checkpoints
         self._key = checkpoint_key
         self._mount_specs = [(Path(host), str(virtual)) for host, virtual in mounts]
@@ -450,7 +468,7 @@ class MontyKernel:
         return snapshot
 
     def _host_call(self, snapshot: FunctionSnapshot, name: str, out: CappedOutput, state: _StepState) -> Any:
-        if state.record_pending:
+        if state.record_pending and (self._pending_names is None or name in self._pending_names):
             self._checkpoint_pending(snapshot, name, out)
         return self._answer(snapshot, name, state, fn=None)
 

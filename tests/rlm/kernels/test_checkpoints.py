@@ -249,3 +249,60 @@ def test_only_the_steps_own_host_calls_are_snapshotted_not_the_preludes(store: F
         assert kinds() == ["session", "session"]
         assert k.execute("y = ask()").ok
         assert kinds() == ["session", "session", "pending_call", "session"]
+
+
+def pending_calls(store: FileCheckpointStore) -> list[str | None]:
+    """The host call each stored record is suspended at, in order (None: an idle session record)."""
+    records = [Checkpoint.decode(store.get(SESSION, seq)) for seq in store.list(SESSION)]
+    return [None if r.pending is None else r.pending.function_name for r in records]
+
+
+READS_AND_AN_ASK = "a = [read() for _ in range(3)]\nb = ask('q')\nc = read()"
+
+
+def test_only_the_named_host_calls_are_snapshotted_before_they_run(store: FileCheckpointStore) -> None:
+    bridge = {"ask": lambda q: f"answer to {q}", "read": lambda: "text"}
+    with MontyKernel(LIMITS, store=store, session_id=SESSION, prune_checkpoints=False,
+                     record_pending_calls={"ask"}) as k:
+        k.start(bridge, "")
+        assert k.execute(READS_AND_AN_ASK).ok
+    assert pending_calls(store) == [None, "ask", None]
+
+
+def test_every_host_call_is_snapshotted_when_record_pending_calls_is_true(tmp_path: Path) -> None:
+    store = FileCheckpointStore(tmp_path / "all", fsync=False)
+    with MontyKernel(LIMITS, store=store, session_id=SESSION, prune_checkpoints=False) as k:
+        k.start({"ask": lambda q: f"answer to {q}", "read": lambda: "text"}, "")
+        assert k.execute(READS_AND_AN_ASK).ok
+    assert pending_calls(store) == [None, "read", "read", "read", "ask", "read", None]
+
+
+def test_a_step_cut_off_in_a_named_call_resumes_there_and_runs_the_unnamed_calls_after_it(
+    store: FileCheckpointStore,
+) -> None:
+    reads: list[int] = []
+    with MontyKernel(LIMITS, store=store, session_id=SESSION, prune_checkpoints=False,
+                     record_pending_calls=frozenset({"ask"})) as k:
+        k.start({"ask": lambda q: "first answer", "read": lambda: "text"}, "")
+        assert k.execute(READS_AND_AN_ASK).ok
+    # The process died inside ask(): the step's own end was never recorded.
+    newest = store.list(SESSION)[-1]
+    (store.root / SESSION / f"{newest:016d}.ckpt").unlink()
+    resumed = MontyKernel(LIMITS, store=store, session_id=SESSION)
+    try:
+        recovery = resumed.recover({"ask": lambda q: "never asked again", "read": lambda: reads.append(1) or "again"},
+                                   "", result_provider=lambda name, args, kwargs: "journaled answer")
+        assert recovery.kind == "pending_call" and recovery.step is not None and recovery.step.ok
+        assert reads == [1]  # the read after ask ran again; the three before it are in the snapshot
+        assert resumed.execute("print(a, b, c)").stdout == "['text', 'text', 'text'] journaled answer again\n"
+    finally:
+        resumed.close()
+
+
+@pytest.mark.parametrize("wrong", ["ask", ["ask", 3]])
+def test_record_pending_calls_refuses_what_is_not_a_collection_of_bridge_names(
+    store: FileCheckpointStore, wrong: object
+) -> None:
+    with pytest.raises(RLMError) as refused:
+        MontyKernel(LIMITS, store=store, session_id=SESSION, record_pending_calls=wrong)  # type: ignore[arg-type]
+    assert refused.value.code == "checkpoint_error" and "record_pending_calls" in str(refused.value)
