@@ -103,9 +103,12 @@ def main() -> None:
         bare_kept = median_s(lambda: (session.feed_run(TRIVIAL), session.dump()), steps)
         bare_start = median_s(lambda: bare_host_calls(session, TRIVIAL), steps)
         bare_calls = median_s(lambda: bare_host_calls(session, loop), max(steps // 10, 5))
+        bare_dump = len(session.dump())
+        bare_feeds = 3 * (steps + 1) + max(steps // 10, 5) + 1
     floors = {"feed+dump": bare_kept, "call": (bare_calls - bare_start) / CALLS_PER_STEP}
     rows.append(("baseline: bare Monty feed_run, trivial", bare, "", ""))
-    rows.append(("baseline: bare Monty feed_run + dump() (floor)", bare_kept, "a step with a rollback target", ""))
+    rows.append(("baseline: bare Monty feed_run + dump() (floor)", bare_kept,
+                 f"a step with a rollback target; dump {bare_dump / 1e3:.0f} KB after {bare_feeds} feeds", ""))
     rows.append(("baseline: bare Monty host call (resume) (floor)", floors["call"], "per call", ""))
 
     with HostKernel(limits) as host:
@@ -122,7 +125,10 @@ def main() -> None:
         monty.start(bridge, "")
         monty_step = median_s(lambda: ok(monty.execute(TRIVIAL)), steps)
         monty_calls = median_s(lambda: ok(monty.execute(loop)), max(steps // 10, 5))
-    rows.append(("monty kernel: trivial step (memory checkpoint)", monty_step, "", "feed+dump"))
+        assert monty.last_checkpoint is not None
+        monty_dump = len(monty.last_checkpoint.dump)
+    rows.append(("monty kernel: trivial step (memory checkpoint)", monty_step,
+                 f"dump {monty_dump / 1e3:.0f} KB after {steps + max(steps // 10, 5) + 2} steps", "feed+dump"))
     rows.append(("monty kernel: host-call round trip", (monty_calls - monty_step) / CALLS_PER_STEP, "per call", "call"))
 
     with MontyKernel(limits) as library:
