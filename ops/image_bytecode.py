@@ -17,7 +17,7 @@ import sys
 
 MODULES = (
     "app.assembly", "app.grpc_binding", "ops.cli", "ops.entrypoint", "ops.drill.cli", "ops.console.app",
-    "workers.job_signals", "workers.assembly", "workers.server", "workers.dispatch.process",
+    "workers.job_signals", "workers.job_template", "workers.assembly", "workers.server", "workers.dispatch.process",
     "workers.dispatch.cloud_tasks", "workers.hosted_rlm.serving", "workers.hosted_rlm.runner",
     "rlmfamily.session", "rlmfamily.kernels.monty", "rlmfamily.providers.openai_compat",
     "sqlalchemy.dialects.postgresql", "alembic.command", "openai",

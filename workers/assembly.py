@@ -2,8 +2,8 @@
 
 ``build_worker_service`` wires the signer, the OIDC check (unless turned off), the
 runners (the built-in ones and every ready rlm spec, see ``workers.hosted_rlm``),
-where they run (``workers.isolation``: a process per job, from a ``RunnerRecipe``
-through ``build_job_runner``), the finisher, the settlement (the task's final
+where they run (``workers.isolation``: a process per job, its runners prepared once
+from a ``RunnerRecipe`` by ``JOB_RUNNERS``), the finisher, the settlement (the task's final
 state and the ledger, in the finish's transaction, with the executors' usage
 wired in: ``USAGE``, the rlm executor's ``workers.hosted_rlm.usage``) and the fenced task events.
 ``USAGE`` is also what an operator's reconcile reads (``workers.reconcile``: its callers pass it). ``run_worker`` checks the
@@ -29,16 +29,18 @@ from core import db, telemetry
 from core.errors import ServiceError
 from core.settings import Settings
 from core.specs import LoadedSpec, load_specs
+from rlmfamily.kernels.monty import runtime_identity
 from ledger.limits import SCHEMA_MAX_ID_CHARS
 from workers.auth import CertsFetcher, JobSigner, OidcVerifier, VerifiedJob
 from workers.conformance import ConformanceExecutor
 from workers.executor_runner import ExecutorRunner
 from workers.finish import ClaimFinisher, Settlement
 from workers.instance import host_name
-from workers.isolation import BuiltRunner, JobHost, ProcessJobs, ThreadJobs
+from workers.isolation import BuiltRunner, JobHost, ProcessJobs, RunnerBuild, ThreadJobs
 from workers.runs import EventSink, Runner, ScriptedRunner, ScriptStep
 from workers.server import WorkerLimits, WorkerService, create_worker_app
 from workers.settlement import TaskSettlement, UsageSource
+from workers.hosted_rlm.runner import RlmRunner
 from workers.hosted_rlm.serving import specialist_runners
 from workers.hosted_rlm.usage import RLM_USAGE
 from taskstate.ids import TaskRef
@@ -148,22 +150,51 @@ class RunnerRecipe:
     on_step: StepObserver | None = None
 
 
-def build_job_runner(recipe: RunnerRecipe, specialist_id: str) -> BuiltRunner:
-    """In a job's process: the runner of ``specialist_id`` as the worker serves it, on an engine of its own."""
+@dataclass(frozen=True)
+class PreparedRunners:
+    """A worker's runners as a job's process takes them: built once in the forkserver (``workers.job_template``),
+    on an engine that no job's process shares a connection of (it has none when they are forked)."""
+
+    settings: Settings
+    engine: Engine
+    tasks: TaskEvents
+    runners: Mapping[str, Runner]
+
+
+def prepare_job_runners(recipe: RunnerRecipe) -> PreparedRunners:
+    """Every runner of the worker, as it serves them, on an engine of their own: no job in it, no thread started,
+    no connection opened (the forkserver forks every job's process from it). The digest of Monty's binary is taken
+    here too (``runtime_identity``, cached for the process): a run's checkpoints name it, and hashing the binary
+    cost each job's process 27 ms."""
     settings = recipe.settings
-    # Its own exporters (a forked process has none running); its spans continue the worker's run span, and the
-    # last of them are exported when it lets go, after its outcome was sent.
-    telemetry.setup(settings.telemetry, role="job")
     engine = db.make_engine(recipe.database_url, settings)
     tasks = TaskEvents(engine)
     runners, _ = _served(settings, engine, tasks, default_runners(settings, tasks, recipe.on_step, recipe.specs),
                          recipe.specs)
+    if any(isinstance(runner, RlmRunner) for runner in runners.values()):
+        try:
+            runtime_identity()
+        except (OSError, RuntimeError):  # no binary to hash: the run that needs one says so, not every job
+            pass
+    return PreparedRunners(settings, engine, tasks, runners)
+
+
+def start_job_runner(prepared: PreparedRunners, specialist_id: str) -> BuiltRunner:
+    """In a job's process, its job come: the runner of ``specialist_id``. Its own exporters (a forked process has
+    none running), and its engine's statements in its spans; they continue the worker's run span, and the last of
+    them are exported when it lets go, after its outcome was sent."""
+    if telemetry.setup(prepared.settings.telemetry, role="job") is not None:
+        telemetry.instrument_engine(prepared.engine)
 
     def close() -> None:
-        engine.dispose()
+        prepared.engine.dispose()
         telemetry.shutdown()
 
-    return BuiltRunner(runner=runners[specialist_id], events=tasks, close=close)
+    return BuiltRunner(runner=prepared.runners[specialist_id], events=prepared.tasks, close=close)
+
+
+# What ``workers.isolation.ProcessJobs`` builds a job's runner with.
+JOB_RUNNERS = RunnerBuild(prepare=prepare_job_runners, start=start_job_runner)
 
 
 def build_worker_service(
@@ -199,7 +230,7 @@ def build_worker_service(
     jobs: JobHost
     if settings.worker.job_isolation == "process":
         recipe = RunnerRecipe(settings, engine.url.render_as_string(hide_password=False), specs, on_step)
-        jobs = ProcessJobs(build_job_runner, recipe, max_memory_bytes=settings.worker.job_max_memory_bytes)
+        jobs = ProcessJobs(JOB_RUNNERS, recipe, max_memory_bytes=settings.worker.job_max_memory_bytes)
     else:
         jobs = ThreadJobs(runners, events)
     return WorkerService(

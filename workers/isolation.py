@@ -14,9 +14,13 @@ with the heavy modules imported (``PRELOAD``): a fork of a clean, single-threade
 server, never of the multi-threaded worker (whose other threads may hold locks).
 The next job's process is forked ahead of its job and waits for it on its control
 pipe, so a delivery does not wait for a fork (issue 17).
-Runners hold engines and callbacks that do not pickle, so the child builds its
-runner from a picklable recipe (``RunnerBuild``: ``workers.assembly`` gives the
-settings and the specialist id), with an engine of its own. The job itself, then the run's cancel, come on
+What no job changes is done once, before the fork (issue 44 §1): the forkserver prepares
+the worker's runners from its picklable recipe (``RunnerBuild.prepare``, ``workers.job_template``:
+the specs, the routes, the runners, their engine with no connection yet, Monty's digest), and
+each job's process is forked from them; once its job came it takes its specialist's runner
+(``RunnerBuild.start``: its telemetry) and runs it. A forkserver without this worker's template
+(another worker's in the same process, or one restarted) leaves each job's process to prepare its
+own runners before its job comes. A process serves one job, then exits. The job itself, then the run's cancel, come on
 the control pipe: after the job, a message on it, or its end (the worker gone), sets the child's cancel
 event (a pipe, not a multiprocessing Event: those are named semaphores that a
 worker stopped mid-job leaves behind, with a warning at exit); ``ctx.report`` writes task events from the child (fenced
@@ -38,13 +42,21 @@ and holds its slot until it ends.
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
 import logging.handlers
 import multiprocessing
 import multiprocessing.connection
+import multiprocessing.context
 import multiprocessing.forkserver
+import multiprocessing.popen_forkserver
+import multiprocessing.reduction
+import multiprocessing.spawn
+import multiprocessing.util
 import os
+import pickle
 import resource
+import secrets
 import signal
 import threading
 from collections.abc import Callable, Mapping
@@ -68,6 +80,7 @@ PRELOAD = (
     "workers.job_signals",  # first: SIGINT ignored before anything else, and so in every job process
     "workers.assembly", "workers.hosted_rlm.runner", "rlmfamily.session", "rlmfamily.kernels.monty",
     "sqlalchemy.dialects.postgresql",  # imported by the first create_engine of a process: 50-100 ms a job
+    "workers.job_template",  # last: the runners built once, from everything above (issue 44 §1)
 )
 # After its outcome a child only has to exit; one that does not within this long is killed.
 EXIT_WAIT_S = 5.0
@@ -169,8 +182,18 @@ class BuiltRunner:
     close: Callable[[], None]
 
 
-# A module-level function (it is pickled by name): (recipe, specialist id) -> the runner, in the child.
-RunnerBuild = Callable[[Any, str], BuiltRunner]
+@dataclass(frozen=True)
+class RunnerBuild:
+    """How a job's process gets its runner, in two parts (module-level functions: they are pickled by name).
+
+    ``prepare(recipe)``: everything no job changes (the runners, their engine): once, in the forkserver
+    (``workers.job_template``), or in a job's process before its job comes when the forkserver has no template
+    of this worker. It starts no thread and opens no connection: the forkserver forks from it.
+    ``start(prepared, specialist_id)``: in the job's process once its job came: the runner of that specialist,
+    with what only a running process may have (its telemetry's exporters)."""
+
+    prepare: Callable[[Any], Any]
+    start: Callable[[Any, str], BuiltRunner]
 
 
 class _PipeQueue:
@@ -245,16 +268,33 @@ def _cancel_of(stop: multiprocessing.connection.Connection) -> threading.Event:
     return cancel
 
 
-def _job_process(build: RunnerBuild, recipe: Any, control: multiprocessing.connection.Connection,
+def _prepared(build: RunnerBuild, key: str, offered: bytes) -> tuple[Any, Any, Exception | None]:
+    """(recipe, prepared runners, the error that prevented them): the forkserver's template of this worker, or
+    prepared here from the recipe that came with this process (``offered``: the pickled ``(key, build, recipe)``)."""
+    from workers import job_template  # imported by the forkserver after this module (see PRELOAD)
+
+    template = job_template.prepared(key)
+    if template is not None:
+        return template.recipe, template.prepared, None
+    _, _, recipe = pickle.loads(offered)
+    try:
+        return recipe, build.prepare(recipe), None
+    except Exception as exc:  # said when the job comes, as the job's failure
+        return recipe, None, exc
+
+
+def _job_process(build: RunnerBuild, key: str, offered: bytes, control: multiprocessing.connection.Connection,
                  conn: multiprocessing.connection.Connection, max_memory_bytes: int, log_level: int) -> None:
-    """The body of a job's process: wait for its job on ``control`` (it was forked before the job came), build the
-    runner, run it, send its outcome back. Later messages on ``control``, or its end, stop the run."""
+    """The body of a job's process: take its runners (the forkserver's template, or prepared here), wait for its
+    job on ``control`` (it was forked before the job came), start the runner, run it, send its outcome back.
+    Later messages on ``control``, or its end, stop the run. It serves this one job, then exits."""
     os.setpgid(0, 0)  # its own process group: a kill reaches whatever it started (Monty's processes)
     _die_with_forkserver()
     root = logging.getLogger()
     root.handlers[:] = [logging.handlers.QueueHandler(_PipeQueue(conn))]  # type: ignore[arg-type]
     root.setLevel(log_level)
     _cap_memory(max_memory_bytes)
+    recipe, prepared, unprepared = _prepared(build, key, offered)
     try:
         job, fencing_token, deadline_at = control.recv()
     except (EOFError, OSError):  # the worker let its spare process go (it is stopping): no job came
@@ -263,7 +303,9 @@ def _job_process(build: RunnerBuild, recipe: Any, control: multiprocessing.conne
     cpu = JobCpu.start(recipe, job.specialist_id, cancel)  # its share, cap and count (workers.cpu_share)
     built: BuiltRunner | None = None
     try:
-        built = build(recipe, job.specialist_id)
+        if unprepared is not None:
+            raise unprepared
+        built = build.start(prepared, job.specialist_id)
         # Linux's monotonic clock is the machine's: the worker's deadline means the same here.
         outcome = _run_guarded(built.runner, RunContext(job, fencing_token, deadline_at, cancel, built.events))
     except Exception as exc:
@@ -352,10 +394,41 @@ class _Spare:
             _kill_group(self.process.pid)
 
 
+class _JobPopen(multiprocessing.popen_forkserver.Popen):
+    """The forkserver's launch, without the worker's main module: multiprocessing sends its name with each process,
+    and the child runs that module again (as ``__mp_main__``: ops.cli, about 8 ms a job) for a body that needs
+    nothing of it. The rest is ``popen_forkserver.Popen._launch`` as it is (Python 3.11)."""
+
+    def _launch(self, process_obj: Any) -> None:
+        prep_data = multiprocessing.spawn.get_preparation_data(process_obj._name)
+        prep_data.pop("init_main_from_name", None)
+        prep_data.pop("init_main_from_path", None)
+        buf = io.BytesIO()
+        multiprocessing.context.set_spawning_popen(self)
+        try:
+            multiprocessing.reduction.dump(prep_data, buf)
+            multiprocessing.reduction.dump(process_obj, buf)
+        finally:
+            multiprocessing.context.set_spawning_popen(None)
+        self.sentinel, w = multiprocessing.forkserver.connect_to_new_process(self._fds)
+        parent_w = os.dup(w)  # the child's sentinel of its parent, as multiprocessing keeps it
+        self.finalizer = multiprocessing.util.Finalize(self, multiprocessing.util.close_fds, (parent_w, self.sentinel))
+        with open(w, "wb", closefd=True) as f:
+            f.write(buf.getbuffer())
+        self.pid = multiprocessing.forkserver.read_signed(self.sentinel)
+
+
+class _JobProcess(multiprocessing.context.ForkServerProcess):
+    @staticmethod
+    def _Popen(process_obj: Any) -> _JobPopen:
+        return _JobPopen(process_obj)
+
+
 class ProcessJobs:
-    """Each job in a one-use process. The next one is forked while the current one starts (``_spare``): a job's
-    start sends its job to a process already waiting, and the fork (about 40 ms on this machine, most of it the
-    child's start-up) is off the delivery's path. Two jobs at once: the second forks its own, as before."""
+    """Each job in a one-use process, forked from the forkserver, which holds the runners prepared once
+    (``workers.job_template``). The next one is forked while the current one starts (``_spare``): a job's start
+    sends its job to a process already waiting, and the fork is off the delivery's path. Two jobs at once: the
+    second forks its own."""
 
     isolation: JobIsolation = "process"
 
@@ -364,21 +437,30 @@ class ProcessJobs:
         self.recipe = recipe
         self.max_memory_bytes = max_memory_bytes
         self.context = multiprocessing.get_context("forkserver")
-        # multiprocessing re-runs the module the worker started from in each child (as __mp_main__): about 8 ms
-        # for ops.cli. Preloading it would save 4 of them and print runpy's "found in sys.modules" warning a job.
         self.context.set_forkserver_preload(list(PRELOAD))
+        # Each job's process gets the key of this worker's template and, for a forkserver without it, the recipe
+        # (pickled once, here: it crosses as bytes).
+        self._key = secrets.token_hex(16)
+        self._offered = pickle.dumps((self._key, build, recipe))
         self._spare_lock = threading.Lock()
         self._closed = False
-        # At start-up, not on the first job: the forkserver imports PRELOAD (seconds on a loaded machine), and the
-        # first process forked from it waits for that.
-        self._spare: _Spare | None = self._fork()
+        # At start-up, not on the first job: the forkserver imports PRELOAD and prepares the runners (seconds on a
+        # loaded machine), and the first process forked from it waits for that. A forkserver already running (an
+        # earlier worker in this process) reads no offer: its job processes prepare their own.
+        from workers import job_template  # not at the top: the forkserver must import it last (PRELOAD)
+
+        offer = job_template.offer(self._key, self._offered)
+        try:
+            self._spare: _Spare | None = self._fork()
+        finally:
+            job_template.withdraw(offer)
 
     def _fork(self) -> _Spare:
         reader, writer = self.context.Pipe(duplex=False)
         control_reader, control = self.context.Pipe(duplex=False)
-        process = self.context.Process(
+        process = _JobProcess(
             target=_job_process,
-            args=(self.build, self.recipe, control_reader, writer, self.max_memory_bytes,
+            args=(self.build, self._key, self._offered, control_reader, writer, self.max_memory_bytes,
                   logging.getLogger().getEffectiveLevel()),
             name="job",
             daemon=True,  # a worker that exits ends its jobs' processes (they become unknown after their lease)

@@ -1,0 +1,82 @@
+"""Run by tests/workers/test_job_template.py as a process of its own, so that its forkserver is its own too.
+
+Two ``ProcessJobs`` of different recipes, as two workers in one process: the first starts the forkserver with its
+template, the second finds it running. Each runs two jobs whose runner tells where its runners were prepared, which
+recipe they came from, and which process ran it; then each lets its spare go. Prints what it saw as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing.forkserver
+import os
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from workers.auth import VerifiedJob  # noqa: E402
+from workers.isolation import BuiltRunner, ProcessJobs, RunnerBuild  # noqa: E402
+from workers.runs import RunContext, RunOutcome  # noqa: E402
+
+
+class Where:
+    def __init__(self, prepared: dict[str, Any]) -> None:
+        self.prepared = prepared
+
+    def run(self, ctx: RunContext) -> RunOutcome:
+        return RunOutcome("completed", json.dumps({**self.prepared, "ran_in": os.getpid()}))
+
+
+def prepare(recipe: str) -> dict[str, Any]:
+    return {"recipe": recipe, "prepared_in": os.getpid()}
+
+
+def start(prepared: dict[str, Any], specialist_id: str) -> BuiltRunner:
+    return BuiltRunner(runner=Where(prepared), events=None, close=lambda: None)  # type: ignore[arg-type]
+
+
+BUILD = RunnerBuild(prepare=prepare, start=start)
+
+
+def run_one(jobs: ProcessJobs, job_id: str) -> dict[str, Any]:
+    done = threading.Event()
+    outcomes: list[RunOutcome] = []
+
+    def finished(outcome: RunOutcome) -> None:
+        outcomes.append(outcome)
+        done.set()
+
+    job = VerifiedJob(job_id=job_id, specialist_id="where", deadline_s=60.0, payload={},
+                      signed_at=datetime.now(timezone.utc), secret_id="probe")
+    jobs.start(job, 1, time.monotonic() + 60, finished)
+    assert done.wait(120), f"job {job_id} did not finish"
+    seen = json.loads(outcomes[0].message)
+    seen["exited_when_finished"] = not Path(f"/proc/{seen['ran_in']}").exists()  # finished() follows its exit
+    return seen
+
+
+def main() -> None:
+
+    # By its module's name: a job's process is launched without the worker's __main__ (workers.isolation._JobPopen).
+    from tests.workers.job_template_probe import BUILD as build
+
+    report: dict[str, Any] = {"probe": os.getpid()}
+    first = ProcessJobs(build, "first-recipe", max_memory_bytes=0)
+    report["forkserver"] = multiprocessing.forkserver._forkserver._forkserver_pid
+    second = ProcessJobs(build, "second-recipe", max_memory_bytes=0)
+    for name, jobs in (("first", first), ("second", second)):
+        report[name] = [run_one(jobs, f"{name}-{index}") for index in range(2)]
+        spare = jobs._spare
+        assert spare is not None
+        jobs.close()
+        report[name + "_spare_exitcode"] = spare.process.exitcode
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
