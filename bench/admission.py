@@ -1,7 +1,7 @@
 """Admission benchmark: SendMessage with returnImmediately through the edge, against a bare a2a-sdk server.
 
     .venv/bin/python bench/admission.py [--seconds 10] [--clients 32] [--warmup 2] [--rounds 2] [--idempotency-key]
-                                        [--telemetry]
+                                        [--telemetry] [--profile PREFIX [--py-spy PATH]]
 
 Starts its own database: a fresh database on the server named by DATABASE_URL when it
 is set (dropped afterwards), otherwise an embedded PostgreSQL in a temporary folder.
@@ -475,6 +475,10 @@ def main() -> None:
                              "settings), exporting to an OTLP receiver on 127.0.0.1, alternated with the edge")
     parser.add_argument("--sampling", type=float, default=None,
                         help="with --telemetry: edge+otel's SPECIALISTS_OTEL_SAMPLING_RATIO (default: the setting's)")
+    parser.add_argument("--profile", metavar="PREFIX", default=None,
+                        help="sample the edge with py-spy during each closed-loop edge run: PREFIX.<n>.txt, collapsed "
+                             "stacks (py-spy's raw format)")
+    parser.add_argument("--py-spy", default="py-spy", help="with --profile: the py-spy executable")
     args = parser.parse_args()
     if args.idempotency_key:
         os.environ[KEY_SWITCH] = "1"
@@ -527,8 +531,19 @@ def main() -> None:
     def run_edge(name: str, rate_per_s: float = 0.0) -> dict:
         process, send_url = servers[name]
         watched = {"server": process, **({"receiver": receiver} if name == "edge+otel" else {})}
-        return measure(name + ("@" if rate_per_s else ""), send_url, tokens, args.seconds, args.warmup, rate_per_s,
-                       watched)
+        profiler = None
+        if args.profile and name == "edge" and not rate_per_s:
+            # A sampling profile of the edge over its closed-loop runs (py-spy, --nonblocking: the edge is not paused).
+            # Not a role: a tool run to completion beside the load.
+            profiler = subprocess.Popen(
+                [args.py_spy, "record", "--pid", str(process.pid), "--rate", "200", "--nonblocking", "--format", "raw",
+                 "--duration", str(int(args.seconds + args.warmup)), "--output", f"{args.profile}.{len(results)}.txt"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        result = measure(name + ("@" if rate_per_s else ""), send_url, tokens, args.seconds, args.warmup, rate_per_s,
+                         watched)
+        if profiler is not None:
+            profiler.wait(timeout=60)
+        return result
 
     try:
         for process in [server for server, _ in servers.values()] + [baseline] + ([receiver] if receiver else []):
