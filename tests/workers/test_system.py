@@ -477,7 +477,9 @@ def test_with_one_customers_eight_jobs_queued_a_second_customers_job_is_the_next
     one_slot = system.start_worker(worker_max_concurrent_jobs="1")
     flood: list[str] = []
     try:
-        system.start_dispatcher(worker_urls=[one_slot.url])
+        # The dispatcher knows the worker's one slot: one that believed in more would race its own deliveries into
+        # the worker, and the first to arrive when the slot frees would win, whatever the order of its takes.
+        system.start_dispatcher(worker_urls=[one_slot.url], worker_max_concurrent_jobs="1")
         flood = [send(system, customer, [{"op": "sleep", "seconds": 60}, {"op": "complete", "text": "long"}])
                  for _ in range(8)]
         running = system.wait_for("one of the flood's jobs to start",
