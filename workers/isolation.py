@@ -449,11 +449,16 @@ class ProcessJobs:
         # earlier worker in this process) reads no offer: its job processes prepare their own.
         from workers import job_template  # not at the top: the forkserver must import it last (PRELOAD)
 
-        offer = job_template.offer(self._key, self._offered)
+        try:
+            offer: str | None = job_template.offer(self._key, self._offered)
+        except OSError as exc:  # no private file to hand it over in: each job's process prepares its own
+            log.warning("the job processes' runners are prepared in each of them (%s)", type(exc).__name__)
+            offer = None
         try:
             self._spare: _Spare | None = self._fork()
         finally:
-            job_template.withdraw(offer)
+            if offer is not None:
+                job_template.withdraw(offer)
 
     def _fork(self) -> _Spare:
         reader, writer = self.context.Pipe(duplex=False)
