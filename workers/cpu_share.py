@@ -64,7 +64,7 @@ class CpuPolicy:
 
     share: Literal["auto", "nice", "off"] = "auto"
     weight: int = 100
-    demote_after_s: float = 2.0
+    demote_after_s: float = 1.0
     demoted_weight: int = 1
     demoted_nice: int = 19
     max_cpu_s: float = 0.0  # 0: no cap

@@ -334,7 +334,7 @@ class WorkerSettings(Section):
         "has used SPECIALISTS_WORKER_JOB_CPU_DEMOTE_AFTER_S: every job the same share, however many processes it runs.",
     )
     job_cpu_demote_after_s: float = Field(
-        default=2.0, ge=0.0, le=3600.0,
+        default=1.0, ge=0.0, le=3600.0,
         description="CPU seconds (the job's processes together) after which a job's share is lowered to "
         "SPECIALISTS_WORKER_JOB_CPU_DEMOTED_WEIGHT (cgroup) or SPECIALISTS_WORKER_JOB_CPU_DEMOTED_NICE, so that a "
         "spinning job yields to another customer's short one.",
