@@ -2,7 +2,7 @@
 beside another customer's CPU-spinning jobs, in one run.
 
     .venv/bin/python bench/noisy_neighbour.py [--reps 3] [--rounds 2] [--flood 8] [--long-s 8]
-                                              [--spinners 3] [--spin-s 10] [--victim-model-s 0.3]
+                                              [--spinners 3] [--spin-s 10] [--spin-lead-s 0.5] [--victim-model-s 0.3]
                                               [--victim-iterations 4000000] [--setting NAME=VALUE] [--json]
 
 Starts its own database: a fresh database on the server named by DATABASE_URL when it
@@ -28,8 +28,8 @@ Scenarios, one after the other on the same service:
   flood     the neighbour sends ``--flood`` long tasks at once (within its cap), which fill
             the worker's slots and queue the rest; once the slots are full the victim sends
             its task. ``--rounds`` times.
-  cpu       the neighbour sends ``--spinners`` spinning tasks; once they run, the victim sends
-            its task. ``--rounds`` times.
+  cpu       the neighbour sends ``--spinners`` spinning tasks; ``--spin-lead-s`` after they run,
+            the victim sends its task. ``--rounds`` times.
 
 For each victim task, on the database's clock: admission (``edge_tasks.admitted_at``) to
 start (the job's first claim: it holds a slot) and to finish (the claim finished, the
@@ -310,6 +310,8 @@ def main() -> int:
     parser.add_argument("--long-s", type=float, default=8.0, help="a long task's model time (it holds a slot)")
     parser.add_argument("--spinners", type=int, default=3, help="the neighbour's CPU-spinning tasks")
     parser.add_argument("--spin-s", type=float, default=10.0, help="how long each spinning task spins")
+    parser.add_argument("--spin-lead-s", type=float, default=0.5,
+                        help="how long the spinners run before the victim sends (their demotion comes later)")
     parser.add_argument("--victim-model-s", type=float, default=0.3, help="the victim's semantic call's time")
     parser.add_argument("--victim-iterations", type=int, default=4_000_000,
                         help="the victim's own CPU work: a Monty loop of this many additions")
@@ -375,7 +377,7 @@ def main() -> int:
         def spin() -> list[str]:
             tasks = [service.neighbour("MODE-SPIN") for _ in range(args.spinners)]
             service.wait_running(tasks, args.spinners)
-            time.sleep(0.5)  # past the first turn's start: they spin
+            time.sleep(args.spin_lead_s)  # past the first turn's start: they spin
             return tasks
 
         scenarios = [run_scenario(service, "alone", args.reps, list),
