@@ -71,7 +71,7 @@ from app.errors import (
 )
 from app.identity import Identity
 from app.push import PushRequest, cap_refusal, check_config, check_reachable, require_key
-from core import telemetry
+from core import db, telemetry
 from core.fragments import compose
 from core.settings import Settings
 from core.specs import LoadedSpec, media_type_matches
@@ -353,13 +353,13 @@ class AdmissionService:
                                       fingerprint_hex=params["fingerprint_hex"], specialist_id=send.specialist_id,
                                       credits=reserved_credits)
         try:
-            async with self.autocommit.connect() as conn:
-                row = (await conn.execute(_ADMIT.clause, _checked(params))).one()
+            async with self.autocommit.connect() as conn:  # the hot statement, on the driver (core.db.driver_rows)
+                [(fallback, *_)] = await db.driver_rows(conn, _ADMIT_SQL, _checked(params))
         except DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) == FALLBACK_SQLSTATE:
                 return None
             raise
-        assert row.fallback is None, row.fallback  # a reason raised SPADM: the statement stood only without one
+        assert fallback is None, fallback  # a reason raised SPADM: the statement stood only without one
         return Admitted(task=task, version=1, replay=False, reserved_credits=reserved_credits)
 
     async def cancel(self, task_id: str, owner: str) -> Task:
@@ -505,6 +505,7 @@ _ADMIT = compose(
     edge_row=admitted.NEW_ROW.cte("edge_row", when=_NEW),
     outbox_row=outbox.NEW_ROW.cte("outbox_row", when=_NEW),
 )
+_ADMIT_SQL = db.compiled_for_psycopg(_ADMIT.clause)  # at once, on the driver: ``_admit_at_once``
 
 
 def _admit(conn: Connection, send: _Send) -> Admitted:

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.errors import RateLimited
 from app.identity import Identity
+from core import db
 from core.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ _COUNT = text(
               extract(epoch FROM (window_start + make_interval(secs => :window_s) - now())) AS remaining_s
     """
 )
+_COUNT_SQL = db.compiled_for_psycopg(_COUNT)
 _PRUNE = text("DELETE FROM edge_rate_windows WHERE window_start < now() - make_interval(secs => :keep_s)")
 
 
@@ -52,11 +54,10 @@ class RateLimiter:
             )
         else:
             bucket, limit, setting = f"key:{identity.key_id}", s.edge.rate_limit_per_key, "SPECIALISTS_RATE_LIMIT_PER_KEY"
-        async with self.engine.connect() as conn:
-            rows = (
-                await conn.execute(_COUNT, {"window_s": s.edge.rate_limit_window_s, "buckets": [bucket, GLOBAL]})
-            ).all()
-        counts = {row.bucket: (int(row.requests), float(row.remaining_s)) for row in rows}
+        async with self.engine.connect() as conn:  # every request's statement: on the driver (core.db.driver_rows)
+            rows = await db.driver_rows(conn, _COUNT_SQL, {"window_s": s.edge.rate_limit_window_s,
+                                                            "buckets": [bucket, GLOBAL]})
+        counts = {name: (int(requests), float(remaining_s)) for name, requests, remaining_s in rows}
         own, remaining_s = counts[bucket]
         total, _ = counts[GLOBAL]
         retry_after_s = max(1, math.ceil(remaining_s))

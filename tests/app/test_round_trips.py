@@ -127,7 +127,8 @@ def test_the_admission_statement_stays_short_enough_for_psycopg_to_cache_its_con
     from psycopg import _queries
     from sqlalchemy.dialects import postgresql
 
-    from app.admission import _ADMIT
+    from app.admission import _ADMIT, _ADMIT_SQL
+    from app.ratelimit import _COUNT_SQL
     from core.db import PSYCOPG_CACHED_QUERY_CHARS
 
     assert _queries.MAX_CACHED_STATEMENT_LENGTH == PSYCOPG_CACHED_QUERY_CHARS
@@ -136,6 +137,8 @@ def test_the_admission_statement_stays_short_enough_for_psycopg_to_cache_its_con
         compiled = statement.compile(dialect=dialect)
         assert len(str(compiled)) <= PSYCOPG_CACHED_QUERY_CHARS
         assert len(compiled.params) <= _queries.MAX_CACHED_STATEMENT_PARAMS
+    for sent in (_ADMIT_SQL, _COUNT_SQL):  # what the edge sends on the driver itself (core.db.driver_rows)
+        assert len(sent) <= PSYCOPG_CACHED_QUERY_CHARS
 
 
 def _move(engine: Engine, autocommit: Engine, task_id: str, owner: str, state: int) -> None:
