@@ -288,7 +288,8 @@ class JobCpu:
             cap_s = self.policy.max_cpu_s
             if cap_s > 0 and used_s >= cap_s:
                 self._over_cap(used_s)
-            left_s = (cap_s - used_s) / (os.cpu_count() or 1) if cap_s > 0 else self.policy.poll_s
+            # Nearer the cap, sooner; past it, at the poll again (killing what the run starts while it stops).
+            left_s = (cap_s - used_s) / (os.cpu_count() or 1) if cap_s > 0 and not self.exceeded else self.policy.poll_s
             self._stop.wait(max(MIN_POLL_S, min(self.policy.poll_s, left_s)))
 
     def _demote(self) -> None:
