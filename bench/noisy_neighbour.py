@@ -146,11 +146,15 @@ _TIMES = text(
     SELECT e.task_id, t.status ->> 'state' AS state, r.state::text AS reservation,
            extract(epoch FROM c.first_claimed_at - e.admitted_at) AS to_start,
            extract(epoch FROM c.finished_at - e.admitted_at) AS to_finish,
-           e.admitted_at, c.first_claimed_at, (c.outcome_detail ->> 'cpu_seconds')::float AS cpu_s
+           e.admitted_at, c.first_claimed_at, (c.outcome_detail ->> 'cpu_seconds')::float AS cpu_s,
+           extract(epoch FROM run.started_at - c.first_claimed_at) AS to_run,
+           extract(epoch FROM run.ended_at - run.started_at) AS run,
+           extract(epoch FROM c.finished_at - run.ended_at) AS after_run
       FROM edge_tasks e JOIN tasks t ON t.id = e.task_id
       LEFT JOIN ledger_reservations r ON r.job_id = e.reservation_id
       LEFT JOIN dispatch_outbox o ON o.task_id = e.task_id
       LEFT JOIN job_claims c ON c.job_id = {job_id_sql('o')}
+      LEFT JOIN specialist_runs run ON run.job_id = c.job_id
      WHERE e.task_id IN :tasks
     """
 ).bindparams(bindparam("tasks", expanding=True))
@@ -179,6 +183,10 @@ class Victim:
     to_finish_s: float
     neighbour_started_ahead: int = 0
     cpu_s: float | None = None  # the job's CPU seconds, where the worker records them (issue 41 section 2)
+    # Where its time went after the claim: the job's process and runner start, the run, its finish and settlement.
+    claim_to_run_s: float = float("nan")
+    run_s: float = float("nan")
+    run_to_finish_s: float = float("nan")
 
 
 @dataclass
@@ -279,7 +287,8 @@ class Service:
             with self.engine.connect() as conn:
                 ahead = conn.execute(_AHEAD, {"tasks": neighbours, "admitted": row.admitted_at,
                                               "started": row.first_claimed_at}).scalar_one()
-        return Victim(task_id, float(row.to_start), float(row.to_finish), ahead, row.cpu_s)
+        stages = [float("nan") if value is None else float(value) for value in (row.to_run, row.run, row.after_run)]
+        return Victim(task_id, float(row.to_start), float(row.to_finish), ahead, row.cpu_s, *stages)
 
 
 def run_scenario(service: Service, name: str, rounds: int, neighbours_of_round: Any) -> Scenario:
@@ -431,6 +440,9 @@ def report(args: argparse.Namespace, scenarios: list[Scenario], load_before: str
               f"{'clean' if s.ledger_clean else 'DIRTY':>7}  {', '.join(f'{v.to_finish_s:.2f}' for v in s.victims)}")
     print("\nmedians; x alone = over the 'alone' median; ahead = most neighbour jobs started between a victim's "
           "admission and its start; cpu s = the victim job's CPU seconds as the worker recorded them (nan: not recorded)")
+    print("the victim's time after its claim, medians (s): " + "; ".join(
+        f"{s.name} {s.median('claim_to_run_s'):.2f} to its run's start, {s.median('run_s'):.2f} the run, "
+        f"{s.median('run_to_finish_s'):.2f} to finished" for s in scenarios))
     for s in scenarios[1:]:
         cpu = s.neighbour_cpu_s
         print(f"neighbour's tasks ({s.name}): {s.neighbour_states}; CPU s each, median "
