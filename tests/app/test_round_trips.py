@@ -102,8 +102,11 @@ def test_a_paid_admission_makes_two_round_trips_before_it_answers(counted_edge, 
         assert task["status"]["state"] == "TASK_STATE_SUBMITTED"
     cost = count.since()
     assert cost["wakeups"] == SENDS, cost
-    assert cost["round_trips"] - cost["wakeups"] <= REQUEST_PATH_BUDGET * SENDS, (
-        f"{cost['round_trips'] - cost['wakeups']} round trips for {SENDS} admissions besides their wake-ups "
+    # Besides the key's check when its revocation cache runs out, which a slow run (a loaded machine) meets: the
+    # next test counts that one.
+    on_path = cost["round_trips"] - cost["wakeups"] - cost["key_checks"]
+    assert on_path <= REQUEST_PATH_BUDGET * SENDS, (
+        f"{on_path} round trips for {SENDS} admissions besides their wake-ups and key checks "
         f"(budget {REQUEST_PATH_BUDGET} each); statements so far: {counter.snapshot()[3]}"
     )
 
@@ -180,7 +183,9 @@ def test_a_blocking_send_reads_its_task_once_per_notification_and_answers_on_the
     assert answered.json()["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
     assert [m["parts"][0]["text"] for m in answered.json()["task"]["history"]] == ["hello"]
     cost = count.since()
-    assert cost == {"round_trips": BLOCKING_SEND_ROUND_TRIPS, "wakeups": 1, "key_checks": 0}, (
+    # The key's check, when its revocation cache ran out meanwhile (a slow run), is not the wait's: left out.
+    assert cost["key_checks"] <= 1, cost
+    assert (cost["round_trips"] - cost["key_checks"], cost["wakeups"]) == (BLOCKING_SEND_ROUND_TRIPS, 1), (
         cost, counter.snapshot()[3])
 
 
