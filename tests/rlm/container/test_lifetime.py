@@ -79,6 +79,8 @@ def test_a_container_left_by_a_killed_run_is_swept_at_the_next_start(
         # container after its run is SIGKILLed: only its labels (owner pid and start time) can tell it is orphaned.
         (orphan,) = containers_owned_by(engine, run.pid)
         os.kill(client, signal.SIGSTOP)
+        # A signal is delivered when the kernel next schedules its process: on a loaded machine it is still "R" a while.
+        wait_until(lambda: getattr(procs.stat(client), "state", None) == "T", "the engine client is stopped")
         run.send_signal(signal.SIGKILL)
         run.wait()
         # Its client is alive, stopped: nothing but a sweep removes the container now (another test's run starting

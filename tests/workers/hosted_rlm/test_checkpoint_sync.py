@@ -17,7 +17,9 @@ half (a power cut) is the same flush, which the server's fsync=on makes durable.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -89,10 +91,17 @@ def _children(parent: int) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def crashable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CrashableServer]:
-    server = CrashableServer(tmp_path_factory.mktemp("crashable"))
-    yield server
-    server.stop()
+def crashable() -> Iterator[CrashableServer]:
+    # Not under pytest's basetemp: every pytest session that starts on this machine makes /tmp/pytest-of-<user> 0700
+    # again, and the server, which runs as another user, then cannot open its own files to recover (a developer's
+    # targeted run beside the suite did that: "could not open file .../global/pg_control: Permission denied").
+    folder = Path(tempfile.mkdtemp(prefix="specialists-crashable-"))
+    try:
+        server = CrashableServer(folder)
+        yield server
+        server.stop()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def a_record(session_id: str, seq: int) -> bytes:
