@@ -120,7 +120,8 @@ def pending_call_names(record_pending_calls: bool | Collection[str]) -> frozense
     """The bridge names snapshotted before their call: None for every one, an empty set for none."""
     if isinstance(record_pending_calls, bool):
         return None if record_pending_calls else frozenset()
-    if isinstance(record_pending_calls, str) or not all(isinstance(n, str) for n in record_pending_calls):
+    if (isinstance(record_pending_calls, str) or not isinstance(record_pending_calls, Collection)
+            or not all(isinstance(n, str) for n in record_pending_calls)):
         raise CheckpointError(
             "record_pending_calls takes True, False or a collection of bridge names (e.g. {'_llm_query'}), "
             f"not {record_pending_calls!r}",

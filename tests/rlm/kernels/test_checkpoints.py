@@ -299,7 +299,7 @@ def test_a_step_cut_off_in_a_named_call_resumes_there_and_runs_the_unnamed_calls
         resumed.close()
 
 
-@pytest.mark.parametrize("wrong", ["ask", ["ask", 3]])
+@pytest.mark.parametrize("wrong", ["ask", ["ask", 3], 3])
 def test_record_pending_calls_refuses_what_is_not_a_collection_of_bridge_names(
     store: FileCheckpointStore, wrong: object
 ) -> None:
