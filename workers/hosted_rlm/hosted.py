@@ -50,7 +50,7 @@ from rlmfamily.settings import RLMSettings
 from rlmfamily.sqlite_file import MEMORY
 from workers.hosted_rlm.journal import Journal, ResumePlan, completion_from_json, step_from_json
 from workers.hosted_rlm.routes import OpenAIRoute, ScriptedRoute
-from workers.hosted_rlm.store import PgCheckpointStore
+from workers.hosted_rlm.store import PAID_HOST_CALLS, PgCheckpointStore
 
 # At most one progress report about semantic calls per this many seconds (turns are always reported).
 SUBCALL_REPORT_INTERVAL_S = 1.0
@@ -209,7 +209,9 @@ class HostedRun:
             limits=settings.kernel_limits(),
             store=self.store,
             session_id=self.store.session_id,
-            record_pending_calls=True,
+            # Only before a paid call: a cheap call (context.read...) is replayed from the record before it, so its
+            # snapshot would be a worker round trip, a hash and an encode the store throws away.
+            record_pending_calls=PAID_HOST_CALLS,
             prune_checkpoints=True,
             checkpoint_key=self.checkpoint_key,
             pool=self.pool,
