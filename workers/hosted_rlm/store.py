@@ -6,10 +6,11 @@ sequence number (migration 0070).
 
 Only the snapshots worth their write are kept: a step suspended before a *paid*
 host call (``llm_query``, ``llm_query_batched``), and the idle session records the
-checkpoint policy asks for. The kernel also offers a snapshot before each cheap
-call (``context.read``, ``context.search``...); those are dropped, because a
-resume from the previous snapshot replays them (they are deterministic reads) and
-serves the paid calls in between from the journal. A step that reads 200 files
+checkpoint policy asks for. A snapshot before a cheap call (``context.read``,
+``context.search``...) is not taken (the hosted kernel names the paid calls in
+``record_pending_calls``) and dropped if a kernel offers one, because a resume
+from the previous snapshot replays them (they are deterministic reads) and serves
+the paid calls in between from the journal. A step that reads 200 files
 then writes 2 records, not 200.
 
 The checkpoint policy (``CheckpointPolicy``: ``SPECIALISTS_SPECIALIST_CHECKPOINT_EVERY_STEPS``
