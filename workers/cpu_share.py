@@ -23,14 +23,18 @@ process, its threads, and what it started: Monty's processes are in its process 
 * **counts**: ``judged`` puts the job's CPU seconds in its outcome (``RunOutcome.cpu_seconds``), which the claim's
   record keeps, and ``specialists usage``, the console and the task's final metadata show.
 
-The count is the kernel's per-process accounting (``/proc/<pid>/stat`` of the group's live processes, plus the job
-process's own and its reaped children's ``getrusage``), the same whichever share is used; its granularity is the
-clock tick. How far past its cap a job can go is what its processes burn between two reads: at most the worker's
-cores times the time between them (shorter as the cap nears, ``MIN_POLL_S`` at the least).
+The count is the kernel's: where the job's cgroup counts its processes' time (v2's ``cpu.stat``, v1's
+``cpuacct.usage`` where cpuacct is mounted with cpu) one read of it; otherwise ``/proc/<pid>/stat`` of the job
+process's live descendants alone (found through ``/proc/<pid>/task/*/children``; the job's process is their
+subreaper, so a grandchild whose parent died stays one), plus the job process's own and its reaped children's
+``getrusage``; never a scan of every process on the machine. Its granularity is the clock tick. How far past its
+cap a job can go is what its processes burn between two reads: at most the worker's cores times the time between
+them (shorter as the cap nears, ``MIN_POLL_S`` at the least).
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import math
@@ -55,6 +59,7 @@ MIN_POLL_S = 0.01  # the meter's shortest sleep, near the cap
 V1_SHARES_PER_WEIGHT = 1024 / 100  # cgroup v1's default cpu.shares over v2's default cpu.weight
 V1_MIN_SHARES = 2
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 CPU_EXCEEDED = "job_cpu_exceeded"
 
 
@@ -103,30 +108,55 @@ def _stat_fields(pid: int | str) -> list[str] | None:
     return raw[raw.rfind(")") + 2:].split()  # the command name may hold spaces and parentheses: skip past it
 
 
-def group_members(pgid: int) -> list[int]:
-    """The live processes of process group ``pgid`` (zombies included: their time is still theirs)."""
-    members = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            fields = _stat_fields(entry.name)
-            if fields is not None and int(fields[2]) == pgid:
-                members.append(int(entry.name))
-    return members
+def _children(pid: int) -> list[int]:
+    """The children of ``pid``, whichever of its threads started them (none once it has gone)."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            found.extend(int(child) for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split())
+        except OSError:  # the thread has ended
+            continue
+    return found
 
 
-def group_cpu_s(pgid: int) -> float:
-    """CPU seconds of this process (every thread), the children it has reaped, and the other live processes of
-    its group ``pgid`` with the children they reaped. Its own figures are read first: a child reaped between the
-    two reads is missed once (counted at the next read), never counted twice."""
+def descendants(pid: int) -> list[int]:
+    """The live processes ``pid`` started, and theirs, all the way down (zombies included: their time is still
+    theirs). A process whose parent dies is re-parented to the job's process (``adopt_orphans``), so it stays."""
+    found: list[int] = []
+    pending = _children(pid)
+    while pending:
+        child = pending.pop()
+        found.append(child)
+        pending.extend(_children(child))
+    return found
+
+
+def adopt_orphans() -> bool:
+    """Make this process the child subreaper of what it starts (``PR_SET_CHILD_SUBREAPER``): a grandchild whose
+    parent dies becomes its child rather than init's, so ``descendants`` keeps counting it. False where the kernel
+    refuses."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def group_cpu_s() -> float:
+    """CPU seconds of this process (every thread), the children it has reaped, and its live descendants with the
+    children they reaped (``/proc/<pid>/stat`` of those alone, not every process on the machine). Its own figures
+    are read first: a child reaped between the two reads is missed once (counted at the next read), never counted
+    twice."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
     total = own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
-    me = os.getpid()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        fields = _stat_fields(entry.name)
-        if fields is not None and int(fields[2]) == pgid:
+    for child in descendants(os.getpid()):
+        fields = _stat_fields(child)
+        if fields is not None:
             total += sum(int(value) for value in fields[11:15]) * TICK_S  # utime stime cutime cstime
     return total
 
@@ -150,6 +180,20 @@ class Cgroup:
 
     def set_weight(self, weight: int) -> None:
         self.weight_file.write_text(str(self.weight_value(weight)))
+
+    def usage_s(self) -> float | None:
+        """CPU seconds of every process that has been in the cgroup (v2's ``cpu.stat`` usage_usec; v1's
+        ``cpuacct.usage`` where cpuacct is mounted with cpu); None where the cgroup does not count them."""
+        try:
+            if self.version == 2:
+                for line in (self.path / "cpu.stat").read_text().splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "usage_usec":
+                        return int(value) / 1e6
+                return None
+            return int((self.path / "cpuacct.usage").read_text()) / 1e9
+        except (OSError, ValueError):
+            return None
 
 
 def _own_cgroup_dirs() -> list[tuple[Literal[2, 1], Path]]:
@@ -236,7 +280,8 @@ class JobCpu:
         self.cancel = cancel
         self.pid = os.getpid()
         self.pgid = os.getpgid(0)
-        self.start_cpu_s = group_cpu_s(self.pgid)  # what this process used before its job came (its start-up)
+        self.start_cpu_s = group_cpu_s()  # what this process used before its job came (its start-up)
+        self._cgroup_base_s: float | None = None  # the cgroup's count when this process entered it, where it counts
         self.used_s = 0.0
         self.exceeded = False
         self.demoted = False
@@ -249,6 +294,7 @@ class JobCpu:
     @classmethod
     def start(cls, recipe: Any, specialist_id: str, cancel: threading.Event) -> JobCpu:
         """The job's share applied and its meter running (the hook of ``workers.isolation._job_process``)."""
+        adopt_orphans()  # before the run starts anything: what it starts stays among this process's descendants
         meter = cls(policy_of(recipe, specialist_id), cancel, specialist_id)
         meter._apply_share()
         meter._arm_rlimit()
@@ -261,6 +307,8 @@ class JobCpu:
             return
         if self.policy.share == "auto":
             self.cgroup = enter_cgroup(self.pid, self.policy.weight)
+            if self.cgroup is not None:  # it counts from here what this process and all it starts use: one read
+                self._cgroup_base_s = self.cgroup.usage_s()
         self.mechanism = "nice" if self.cgroup is None else ("cgroup2" if self.cgroup.version == 2 else "cgroup1")
         log.debug("job process %d shares the CPU by %s", self.pid, self.mechanism)
 
@@ -277,7 +325,9 @@ class JobCpu:
     def read(self) -> float:
         """The job's CPU seconds so far (never less than an earlier read)."""
         with self._lock:
-            self.used_s = max(self.used_s, group_cpu_s(self.pgid) - self.start_cpu_s)
+            counted = None if self._cgroup_base_s is None or self.cgroup is None else self.cgroup.usage_s()
+            now_s = group_cpu_s() - self.start_cpu_s if counted is None else counted - self._cgroup_base_s
+            self.used_s = max(self.used_s, now_s)
             return self.used_s
 
     def _watch(self) -> None:
@@ -313,12 +363,11 @@ class JobCpu:
                                                       "cpu_seconds": round(used_s, 3),
                                                       "max_cpu_s": self.policy.max_cpu_s})
         self.exceeded = True
-        for pid in group_members(self.pgid):
-            if pid != self.pid:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        for pid in descendants(self.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.cancel.set()
 
     def stop(self) -> float:

@@ -175,3 +175,47 @@ def test_a_specs_max_cpu_s_is_its_cap_and_the_workers_setting_caps_the_specs_tha
     assert cpu_share.policy_of(recipe, "capped").max_cpu_s == 7.5
     assert cpu_share.policy_of(recipe, "plain").max_cpu_s == 50.0
     assert cpu_share.policy_of(recipe, "scripted").max_cpu_s == 50.0  # a runner without a spec file
+
+
+_GRANDCHILD = r"""
+import json, os, subprocess, sys
+from tests.rlm.holds import wait_until
+from workers import cpu_share
+
+assert cpu_share.adopt_orphans()
+before_s = cpu_share.group_cpu_s()
+# A child that starts a spinning grandchild and exits at once: the grandchild is an orphan of the job.
+spawn = ("import subprocess, sys; quiet = subprocess.DEVNULL; print(subprocess.Popen("
+         "[sys.executable, '-c', 'while True: pass'], stdout=quiet, stderr=quiet).pid)")
+middle = subprocess.run([sys.executable, "-c", spawn], capture_output=True, text=True, check=True)
+grandchild = int(middle.stdout)
+
+def spun_s():
+    fields = cpu_share._stat_fields(grandchild)
+    return sum(int(value) for value in fields[11:13]) * cpu_share.TICK_S
+
+wait_until(lambda: spun_s() >= 0.3, "the grandchild to spin for 0.3 CPU seconds")
+seen_s = spun_s()
+counted_s = cpu_share.group_cpu_s() - before_s
+parent = int(cpu_share._stat_fields(grandchild)[1])
+os.kill(grandchild, 9)
+os.waitpid(grandchild, 0)
+print(json.dumps({"seen_s": seen_s, "counted_s": counted_s, "adopted": parent == os.getpid(),
+                  "after_reaped_s": cpu_share.group_cpu_s() - before_s}))
+"""
+
+
+def test_the_cpu_of_a_grandchild_whose_parent_has_exited_is_counted():
+    """The count reads only the job process's descendants (not every process on the machine); a grandchild
+    orphaned by its parent stays one (the job's process is its subreaper), live and once reaped."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _GRANDCHILD], capture_output=True, text=True, timeout=100,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(done.stdout)
+    assert figures["adopted"], figures
+    assert figures["counted_s"] >= figures["seen_s"] >= 0.3, figures
+    assert figures["after_reaped_s"] >= figures["seen_s"], figures
