@@ -231,6 +231,13 @@ class Settings(BaseModel):
                     f"can still arrive: raise {DispatchSettings.env_name(field)} or lower "
                     "SPECIALISTS_WORKER_JOB_MAX_AGE_S"
                 )
+        capacity = self.dispatch_capacity
+        if capacity > 1 and dispatch.reserved_slots >= capacity:
+            raise ValueError(
+                f"SPECIALISTS_DISPATCH_RESERVED_SLOTS ({dispatch.reserved_slots}) must be below the worker slots the "
+                f"dispatcher knows ({capacity}: {self._capacity_source}), or no customer could take a job; lower "
+                "SPECIALISTS_DISPATCH_RESERVED_SLOTS (0 turns the reserve off)"
+            )
         if dispatch.backend == "cloud_tasks" and not worker.oidc_verify and not dispatch.cloud_tasks_emulator_host:
             raise ValueError(
                 "SPECIALISTS_WORKER_OIDC_VERIFY=false is only allowed on one machine (embedded dispatch or "
@@ -242,6 +249,27 @@ class Settings(BaseModel):
                 "SPECIALISTS_KEY_ENVIRONMENT=live webhooks must be https on public addresses"
             )
         return self
+
+    @property
+    def dispatch_capacity(self) -> int:
+        """The worker slots the dispatcher knows: what SPECIALISTS_DISPATCH_RESERVED_SLOTS is kept free out of."""
+        if self.dispatch.backend == "cloud_tasks":
+            return self.dispatch.relay_max_in_flight
+        return self.worker.max_concurrent_jobs * len(self.dispatch.worker_urls)
+
+    @property
+    def _capacity_source(self) -> str:
+        if self.dispatch.backend == "cloud_tasks":
+            return "SPECIALISTS_DISPATCH_RELAY_MAX_IN_FLIGHT"
+        return (f"SPECIALISTS_WORKER_MAX_CONCURRENT_JOBS {self.worker.max_concurrent_jobs} x "
+                f"{len(self.dispatch.worker_urls)} SPECIALISTS_DISPATCH_WORKER_URL")
+
+    @property
+    def customer_max_slots(self) -> int | None:
+        """The most slots one customer's jobs may hold (None: no cap): the capacity less the reserve, which is off
+        at 0 and when the capacity is 1 (a cap of 0 would start nothing)."""
+        capacity, reserved = self.dispatch_capacity, self.dispatch.reserved_slots
+        return capacity - reserved if reserved and capacity > 1 else None
 
     @property
     def scripted_routes_allowed(self) -> bool:

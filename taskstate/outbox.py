@@ -97,6 +97,7 @@ _FAIR_DUE = f"""
           LEFT JOIN dispatch_weights w ON w.customer_id = c.customer
           LEFT JOIN dispatch_turns t ON t.customer = c.customer
          WHERE c.customer IS NOT NULL
+           AND (CAST(:max_per_customer AS integer) IS NULL OR d.in_flight + d.place <= CAST(:max_per_customer AS integer))
     )"""
 # The rows chosen, locked in the fair order (``{limit}``: how many at most), and their customers' turns taken. Only
 # the first of the ranked rows are joined and locked (the join of all of them cost more than the ranking: 20 of
@@ -186,12 +187,16 @@ class FairOrder:
 
     default_weight: int = 1
     served: tuple[str, ...] | None = None
+    # The most jobs one customer may have in flight (``Settings.customer_max_slots``: the slots the dispatcher knows
+    # less SPECIALISTS_DISPATCH_RESERVED_SLOTS), so a slot stays free for the next customer; None: no cap.
+    max_per_customer: int | None = None
 
     def __post_init__(self) -> None:
         assert 1 <= self.default_weight <= MAX_WEIGHT, self.default_weight
+        assert self.max_per_customer is None or self.max_per_customer >= 1, self.max_per_customer
 
     def params(self, limit: int) -> dict[str, Any]:
-        return {"n": limit, "default_weight": self.default_weight,
+        return {"n": limit, "default_weight": self.default_weight, "max_per_customer": self.max_per_customer,
                 "served": None if self.served is None else list(self.served)}
 
 

@@ -72,6 +72,15 @@ class DispatchSettings(Section):
         description="Cloud Tasks: jobs the relay keeps enqueued or running at most (the workers' slots: workers x "
         "SPECIALISTS_WORKER_MAX_CONCURRENT_JOBS); the rest wait in the outbox, where the fair order picks the next.",
     )
+    reserved_slots: int = Field(
+        default=1,
+        ge=0,
+        le=100_000,
+        description="Worker slots no single customer may fill: one customer holds at most the slots the dispatcher "
+        "knows (embedded: workers x SPECIALISTS_WORKER_MAX_CONCURRENT_JOBS; Cloud Tasks: "
+        "SPECIALISTS_DISPATCH_RELAY_MAX_IN_FLIGHT) minus this many, so the next customer's job starts at once; "
+        "0 turns it off; must be below that capacity, and is off when the capacity is 1.",
+    )
     served_refresh_s: float = Field(
         default=30.0,
         ge=1.0,

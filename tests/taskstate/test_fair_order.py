@@ -11,9 +11,12 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from pydantic import ValidationError
 from sqlalchemy import Connection, Engine, text
 
+from core.settings import Settings
 from taskstate import outbox
+from tests.workers.conftest import SERVICE_ACCOUNT
 
 
 class Queue:
@@ -181,3 +184,69 @@ def test_the_relay_keeps_at_most_its_bound_of_jobs_sent_and_picks_them_in_the_fa
 
 def _sent_count(conn: Connection) -> int:
     return int(conn.execute(text("SELECT count(*) FROM dispatch_outbox WHERE status = 'sent'")).scalar_one())
+
+
+def _capped(jobs: Queue, settings: Settings) -> outbox.FairOrder:
+    """The order a dispatcher with these settings takes in (its cap per customer), over the test's specialist."""
+    return outbox.FairOrder(served=(jobs.specialist,), max_per_customer=settings.customer_max_slots)
+
+
+CLOUD_TASKS = {"backend": "cloud_tasks", "cloud_tasks_project": "p", "cloud_tasks_location": "l",
+               "cloud_tasks_queue": "q", "service_account": SERVICE_ACCOUNT}
+FOUR_SLOTS = Settings(worker={"max_concurrent_jobs": 4})  # embedded, one worker URL: 4 slots, the default reserve 1
+
+
+def test_with_four_slots_one_customer_holds_three_and_the_fourth_is_kept_for_the_next_customer(jobs: Queue) -> None:
+    # The flood of issue 41: A queues eight long jobs on a four-slot worker. A take asking for all four slots
+    # starts three of A's; the fourth stays free, and a take asking for it again gets nothing of A's.
+    order = _capped(jobs, FOUR_SLOTS)
+    jobs.queue("A", 8)
+    assert [jobs.letter(r) for r in jobs.take(4, order)] == ["A", "A", "A"]
+    assert jobs.take(1, order) == []
+    # B sends one job: the free slot is its own at once, not after one of A's jobs ends.
+    jobs.queue("B")
+    assert [jobs.letter(r) for r in jobs.take(1, order)] == ["B"]
+    # When one of A's jobs ends, A has two in flight and takes its third slot again.
+    with jobs.engine.connect() as conn:
+        [running] = conn.execute(text("SELECT dispatch_id FROM dispatch_outbox WHERE split_part(owner, ':', 1) = :c "
+                                      "AND status = 'pending' AND available_at > now() LIMIT 1"),
+                                 {"c": jobs.customer("A")}).scalars().all()
+        conn.execute(text("UPDATE dispatch_outbox SET status = 'done', finished_at = now() WHERE dispatch_id = :d"),
+                     {"d": running})
+    assert [jobs.letter(r) for r in jobs.take(4, order)] == ["A"]
+
+
+def test_the_cap_counts_each_customers_own_jobs_and_caps_the_relay_too(jobs: Queue, engine: Engine) -> None:
+    order = _capped(jobs, Settings(dispatch={"relay_max_in_flight": 3}, worker={"max_concurrent_jobs": 3}))
+    assert order.max_per_customer == 2
+    jobs.queue("A", 5)
+    jobs.queue("B", 5)
+    with engine.begin() as conn:
+        locked = outbox.lock_due(conn, limit=10, max_in_flight=10_000, order=order)
+        assert sorted(jobs.letter(r) for r in locked) == ["A", "A", "B", "B"]
+        for row in locked:
+            outbox.mark_sent(conn, row)
+    with engine.begin() as conn:  # both hold their two: neither gets a third
+        assert outbox.lock_due(conn, limit=10, max_in_flight=10_000, order=order) == []
+
+
+def test_a_reserve_of_zero_lets_one_customer_fill_every_slot(jobs: Queue) -> None:
+    settings = Settings(dispatch={"reserved_slots": 0}, worker={"max_concurrent_jobs": 4})
+    assert settings.customer_max_slots is None
+    jobs.queue("A", 8)
+    assert [jobs.letter(r) for r in jobs.take(4, _capped(jobs, settings))] == ["A", "A", "A", "A"]
+
+
+def test_the_reserve_is_checked_at_start_up_against_the_slots_the_dispatcher_knows() -> None:
+    assert FOUR_SLOTS.customer_max_slots == 3
+    two_workers = Settings(dispatch={"worker_url": "http://w1/jobs,http://w2/jobs", "reserved_slots": 3},
+                           worker={"max_concurrent_jobs": 2})
+    assert two_workers.customer_max_slots == 1  # 2 slots x 2 workers, 3 reserved
+    with pytest.raises(ValidationError, match=r"SPECIALISTS_DISPATCH_RESERVED_SLOTS \(4\) must be below .*\(4: "):
+        Settings(dispatch={"reserved_slots": 4}, worker={"max_concurrent_jobs": 4})
+    with pytest.raises(ValidationError, match="SPECIALISTS_DISPATCH_RESERVED_SLOTS.*RELAY_MAX_IN_FLIGHT"):
+        Settings(dispatch={**CLOUD_TASKS, "relay_max_in_flight": 5, "reserved_slots": 5})
+    with pytest.raises(ValidationError, match="dispatch.reserved_slots"):
+        Settings(dispatch={"reserved_slots": -1})
+    # One slot: a reserve would leave none, so it is off and the one customer there is takes the slot.
+    assert Settings(worker={"max_concurrent_jobs": 1}).customer_max_slots is None

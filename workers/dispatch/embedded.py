@@ -145,7 +145,8 @@ class EmbeddedDispatcher:
             return min([self._renew_every_s, *held_s])  # a delivery ending wakes us sooner
         self._full_since = None
         limit = min(free, self.settings.dispatch.batch_size)
-        order = outbox.FairOrder(default_weight=self.settings.dispatch.default_weight, served=self.served.current())
+        order = outbox.FairOrder(default_weight=self.settings.dispatch.default_weight, served=self.served.current(),
+                                 max_per_customer=self.settings.customer_max_slots)
         rows = db.retrying_once(lambda: self._take(limit, order))
         self._left_due = len(rows) == limit
         if rows:

@@ -60,7 +60,8 @@ class CloudTasksRelay:
         to_give_up: list[tuple[outbox.OutboxRow, str]] = []
         with self.engine.begin() as conn:
             rows = outbox.lock_due(conn, limit=limit, max_in_flight=self.settings.dispatch.relay_max_in_flight,
-                                   order=outbox.FairOrder(default_weight=self.settings.dispatch.default_weight))
+                                   order=outbox.FairOrder(default_weight=self.settings.dispatch.default_weight,
+                                                          max_per_customer=self.settings.customer_max_slots))
             if rows:
                 crash_here("before_enqueue", self.settings)
             for row in rows:
