@@ -67,12 +67,10 @@ import httpx  # noqa: E402
 from sqlalchemy import bindparam, text  # noqa: E402
 
 from bench.admission import database, free_port  # noqa: E402
+from bench.one_machine import KEY_SECRET, serve_env  # noqa: E402
 from ops.topology import Ready, Role, ops_cli  # noqa: E402
 from taskstate.ids import job_id_sql  # noqa: E402
 
-KEY_SECRET = "bench-signing-secret-" + "b" * 40
-JOB_SECRET = "bench-worker-secret-" + "w" * 40
-CHECKPOINT_KEY = "bench-checkpoint-key-" + "c" * 40
 SLOTS = 4  # the worker's job slots (worker_max_concurrent_jobs), as in the review
 VICTIM, NEIGHBOUR = "analyst", "reviewer"
 CREDITS = 1_000_000
@@ -353,17 +351,11 @@ def main() -> int:
         f'[routes.reviewer]\nkind = "scripted"\nscript = "{folder / "neighbour.toml"}"\n')
     url, cleanup = database(os.environ.get("DATABASE_URL"))
     port, worker_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECIALISTS_", "RLM_"))}
-    env.update({
-        "DATABASE_URL": url, "SPECIALISTS_KEY_SIGNING_SECRETS": KEY_SECRET, "SPECIALISTS_WORKER_JOB_SECRETS": JOB_SECRET,
-        "SPECIALISTS_SPECIALIST_CHECKPOINT_KEY": CHECKPOINT_KEY, "SPECIALISTS_MODEL_ROUTES_FILE": str(folder / "routes.toml"),
-        "SPECIALISTS_MODEL_ROUTES_ALLOW_SCRIPTED": "true", "SPECIALISTS_EDGE_PORT": str(port),
-        "SPECIALISTS_WORKER_PORT": str(worker_port), "SPECIALISTS_SERVE_WORKER": "true",
-        "SPECIALISTS_SERVE_DISPATCHER": "true", "SPECIALISTS_LOG_LEVEL": "WARNING",
+    env = serve_env(url, routes_file=folder / "routes.toml", edge_port=port, worker_port=worker_port, extra={
         "SPECIALISTS_WORKER_MAX_CONCURRENT_JOBS": str(SLOTS), "SPECIALISTS_DATA_DIR": str(folder / "data"),
+        **{f"SPECIALISTS_{name.strip().upper()}": value for name, value in
+           (setting.split("=", 1) for setting in args.setting)},
     })
-    env.update({f"SPECIALISTS_{name.strip().upper()}": value for name, value in
-                (setting.split("=", 1) for setting in args.setting)})
     base = f"http://127.0.0.1:{port}"
     log = folder / "serve.log"
     serve = Role("serve", ops_cli("serve"), env, Ready.http(f"{base}/readyz"), log, cwd=ROOT, stop_grace_s=20).start()

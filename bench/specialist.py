@@ -59,12 +59,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.admission import database, free_port  # noqa: E402
+from bench.one_machine import CHECKPOINT_KEY, KEY_SECRET, serve_env  # noqa: E402
 from ops.topology import Ready, Role, ops_cli  # noqa: E402
 from taskstate.ids import job_id_sql  # noqa: E402
 
-KEY_SECRET = "bench-signing-secret-" + "b" * 40
-JOB_SECRET = "bench-worker-secret-" + "w" * 40
-CHECKPOINT_KEY = "bench-checkpoint-key-" + "c" * 40
 RULE = "Find every SQL statement built from caller input."
 DEFECT_EVERY = 25
 SCRIPT = '''
@@ -381,15 +379,8 @@ def main() -> None:
     (folder / "routes.toml").write_text(f'[routes.reviewer]\nkind = "scripted"\nscript = "{script}"\n')
     url, cleanup = database(os.environ.get("DATABASE_URL"))
     port, worker_port = free_port(), free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECIALISTS_", "RLM_"))}
-    env.update({
-        "DATABASE_URL": url, "SPECIALISTS_KEY_SIGNING_SECRETS": KEY_SECRET, "SPECIALISTS_WORKER_JOB_SECRETS": JOB_SECRET,
-        "SPECIALISTS_SPECIALIST_CHECKPOINT_KEY": CHECKPOINT_KEY, "SPECIALISTS_MODEL_ROUTES_FILE": str(folder / "routes.toml"),
-        "SPECIALISTS_MODEL_ROUTES_ALLOW_SCRIPTED": "true", "SPECIALISTS_EDGE_PORT": str(port),
-        "SPECIALISTS_WORKER_PORT": str(worker_port), "SPECIALISTS_SERVE_WORKER": "true",
-        "SPECIALISTS_SERVE_DISPATCHER": "true", "SPECIALISTS_LOG_LEVEL": "WARNING",
-        "SPECIALISTS_MAX_REQUEST_BODY_BYTES": str(4 * 1024 * 1024),
-    })
+    env = serve_env(url, routes_file=folder / "routes.toml", edge_port=port, worker_port=worker_port,
+                    extra={"SPECIALISTS_MAX_REQUEST_BODY_BYTES": str(4 * 1024 * 1024)})
     base = f"http://127.0.0.1:{port}"
     # Ready once serve's /readyz answers: every part it starts is up, the worker included.
     serve = Role("serve", ops_cli("serve"), env, Ready.http(f"{base}/readyz"), folder / "serve.log", cwd=ROOT,
