@@ -58,6 +58,7 @@ import pickle
 import resource
 import secrets
 import signal
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -394,10 +395,17 @@ class _Spare:
             _kill_group(self.process.pid)
 
 
+# The Python whose ``popen_forkserver.Popen._launch`` ``_JobPopen._launch`` copies, and the digest of that method's
+# source there; tests/workers/test_job_template.py checks the digest against the running Python's.
+LAUNCH_COPIED_FROM = (3, 11)
+LAUNCH_SOURCE_SHA256 = "214844899bd3407f72082111e993b40f7c271620be27195b878ea1e44a5f3837"
+
+
 class _JobPopen(multiprocessing.popen_forkserver.Popen):
     """The forkserver's launch, without the worker's main module: multiprocessing sends its name with each process,
     and the child runs that module again (as ``__mp_main__``: ops.cli, about 8 ms a job) for a body that needs
-    nothing of it. The rest is ``popen_forkserver.Popen._launch`` as it is (Python 3.11)."""
+    nothing of it. The rest is ``popen_forkserver.Popen._launch`` as it is in ``LAUNCH_COPIED_FROM``: on another
+    Python a job's process is launched by multiprocessing's own (``_JobProcess``), main module and all."""
 
     def _launch(self, process_obj: Any) -> None:
         prep_data = multiprocessing.spawn.get_preparation_data(process_obj._name)
@@ -420,7 +428,9 @@ class _JobPopen(multiprocessing.popen_forkserver.Popen):
 
 class _JobProcess(multiprocessing.context.ForkServerProcess):
     @staticmethod
-    def _Popen(process_obj: Any) -> _JobPopen:
+    def _Popen(process_obj: Any) -> multiprocessing.popen_forkserver.Popen:
+        if sys.version_info[:2] != LAUNCH_COPIED_FROM:  # a launch copied from another Python may be wrong here
+            return multiprocessing.popen_forkserver.Popen(process_obj)
         return _JobPopen(process_obj)
 
 

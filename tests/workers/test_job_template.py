@@ -10,12 +10,17 @@ lets it go exits without a job.
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 import json
+import multiprocessing.popen_forkserver
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from workers import isolation
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -51,3 +56,13 @@ def test_a_jobs_process_serves_one_job_and_has_exited_when_it_is_reported_finish
 
 def test_a_spare_that_its_worker_lets_go_exits_without_a_job(seen: dict):
     assert (seen["first_spare_exitcode"], seen["second_spare_exitcode"]) == (0, 0)
+
+
+@pytest.mark.skipif(sys.version_info[:2] != isolation.LAUNCH_COPIED_FROM,
+                    reason="another Python launches a job's process with multiprocessing's own launch")
+def test_the_launch_a_jobs_process_copies_is_still_this_pythons_forkserver_launch():
+    source = inspect.getsource(multiprocessing.popen_forkserver.Popen._launch)
+    assert hashlib.sha256(source.encode()).hexdigest() == isolation.LAUNCH_SOURCE_SHA256, (
+        "multiprocessing.popen_forkserver.Popen._launch changed in this Python: copy it again into "
+        "workers.isolation._JobPopen._launch (dropping the main module from its preparation data), then update "
+        "LAUNCH_SOURCE_SHA256")
