@@ -70,8 +70,8 @@ log = logging.getLogger(__name__)
 
 CRASH_EXIT_CODE = 70  # a recovery drill's abrupt exit (dispatch_crash_point)
 WORKER_FULL = "worker_at_capacity"  # the worker's answer when it claimed nothing because its slots are taken
-NOT_SERVED = "specialist_not_served"
-WORKER_STOPPING = "worker_stopping"  # the worker's answer from its stop signal on: nothing claimed, deliver elsewhere  # the worker's answer when it does not run the job's specialist
+NOT_SERVED = "specialist_not_served"  # the worker's answer when it does not run the job's specialist
+WORKER_STOPPING = "worker_stopping"  # the worker's answer from its stop signal on: nothing claimed, deliver elsewhere
 
 
 def crash_here(point: str, settings: Settings) -> None:
