@@ -54,15 +54,15 @@ DEFAULT_SHOWN_TASKS = 20
 
 @handler
 def cmd_customers_show(ctx, args: argparse.Namespace) -> int:
-    """One customer: its balances, its keys and its newest tasks (lots and entitlements: `credits show`)."""
+    """One customer: its balances, its fair share of worker slots, its keys and its newest tasks (lots and
+    entitlements: `credits show`)."""
     ledger = ledger_of(ctx)
     customer = ledger.require_customer(args.customer)
     view = ledger.account(customer)
     with ledger.engine.connect() as conn:
         tasks = task_reads.customer_tasks(conn, customer, limit=min(args.limit, ctx.settings.ledger.max_rows_per_listing))
-    held_keys = keys.list_keys(ledger.engine, customer)
-    with ledger.engine.connect() as conn:
         share = asdict(outbox.share_of(conn, customer, default_weight=ctx.settings.dispatch.default_weight))
+    held_keys = keys.list_keys(ledger.engine, customer)
     share.pop("customer_id")
     balances = None if view is None else {
         "available": view.available, "held": view.held, "expired_unswept": view.expired_unswept,
