@@ -315,8 +315,8 @@ class WorkerSettings(Section):
         default=10.0,
         ge=0.0,
         le=3600.0,
-        description="On shutdown, how long running jobs may finish; jobs still running then become unknown "
-        "after their lease.",
+        description="On shutdown (SIGTERM, SIGINT), how long running jobs may finish; jobs still running then are "
+        "recorded unknown as the worker stops, not after their lease.",
     )
     job_isolation: Literal["process", "thread"] = Field(
         default="process",
