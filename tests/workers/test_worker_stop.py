@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,6 +18,7 @@ import httpx
 import pytest
 from sqlalchemy import Engine, event
 
+from tests.rlm.holds import wait_until
 from tests.workers.conftest import WORKER_SECRET
 from tests.workers.harness import TestWorker, worker_settings
 from tests.workers.test_server import ANSWER_TIMEOUT_S, RecordingSettlement, claim_row, new_job_id, settlements
@@ -113,10 +113,7 @@ def test_a_worker_stopped_by_sigterm_records_the_job_it_leaves_running_unknown_a
 
     in_flight = threading.Thread(target=deliver, daemon=True)
     in_flight.start()
-    deadline = time.monotonic() + 30
-    while not runs(step_log, job):
-        assert time.monotonic() < deadline, "the job never started"
-        time.sleep(0.02)
+    wait_until(lambda: runs(step_log, job), "the job's run to start on the worker")
     worker.process.send_signal(signal.SIGTERM)  # a clean stop: its drain (0 s) passes with the job still running
     worker.process.wait(60)  # uvicorn raises the signal again once it stopped: this harness exits by it
     row = claim_row(engine, job)
