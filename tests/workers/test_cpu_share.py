@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import secrets
 import signal
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,11 +17,10 @@ from types import SimpleNamespace
 import pytest
 from sqlalchemy import Engine
 
-from taskstate import claims
 from tests.rlm.holds import wait_until
 from tests.workers.harness import TestWorker, worker_settings
 from tests.workers.step_file import StepFile
-from tests.workers.test_job_process import job_processes
+from tests.workers.test_job_process import claim_row, job_processes, new_job_id
 from workers import cpu_share
 
 pytestmark = pytest.mark.timeout(120)
@@ -34,15 +32,8 @@ POLL_S = 0.1
 OVERSHOOT_S = (os.cpu_count() or 1) * POLL_S + 0.1
 
 
-def new_job_id() -> str:
-    return "job-" + secrets.token_hex(8)
-
-
 def outcome_record(engine: Engine, job_id: str) -> dict:
-    with engine.connect() as conn:
-        row = claims.get(conn, job_id)
-    assert row is not None
-    return row["outcome_detail"]
+    return claim_row(engine, job_id)["outcome_detail"]
 
 
 @pytest.fixture
