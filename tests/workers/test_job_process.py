@@ -12,13 +12,15 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from sqlalchemy import Engine
 
 from taskstate import claims
+from tests.rlm.holds import POLL_LIMIT_S, wait_until
 from tests.workers.harness import TestWorker, worker_settings
 from tests.workers.step_file import StepFile
 
@@ -26,6 +28,7 @@ pytestmark = pytest.mark.timeout(90)
 
 ANSWER_TIMEOUT_S = 30.0
 BOUND_MARGIN_FACTOR = 5  # as tests/workers/test_server.py: the bound is respected at all, with room for load
+T = TypeVar("T")
 
 
 def new_job_id() -> str:
@@ -57,14 +60,11 @@ def job_processes(worker: TestWorker) -> list[int]:
     return [pid for pid in children if pid != worker.service.jobs.waiting_pid]
 
 
-def wait_for(what: str, check, timeout_s: float = ANSWER_TIMEOUT_S):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+def wait_for(what: str, check: Callable[[], T], limit_s: float = POLL_LIMIT_S) -> T:
+    """``check()``'s first truthy value, waited for by ``wait_until``."""
+    seen: list[T] = []
+    wait_until(lambda: seen.append(check()) or seen[-1], what, limit_s=limit_s)
+    return seen[-1]
 
 
 def started(worker: TestWorker, job_id: str) -> bool:
@@ -99,7 +99,7 @@ def test_a_runner_that_ignores_the_stop_is_killed_after_the_grace_and_its_slot_i
     # Killed, not abandoned: the slot comes back (a thread would keep it for the 60 s of its sleep).
     body = worker.body(next_job, [{"op": "complete"}])
     served = wait_for("the slot to be free again",
-                      lambda: (a := worker.post(body)).json()["code"] != "worker_at_capacity" and a, timeout_s=bound_s)
+                      lambda: (a := worker.post(body)).json()["code"] != "worker_at_capacity" and a, limit_s=bound_s)
     assert served.json()["code"] == "job_finished"
     wait_for("no job process but the one waiting for the next job", lambda: job_processes(worker) == [])
 
