@@ -56,11 +56,10 @@ from taskstate import charge, claims, ids
 from rlmfamily.kernels.base import StepResult
 from rlmfamily.kernels.checkpoints import Checkpoint
 from rlmfamily.providers.base import Completion, ToolCall, Usage
-from workers.hosted_rlm.store import check_fence, claim_lost
+from workers.hosted_rlm.store import HELD, RELAXED_COMMIT, check_fence, claim_lost
 
 MAX_NOTE_CHARS = 500  # of the note on a model call that ended without an answer (kept for the operator)
 IN_FLIGHT_NOTE = "in flight when the worker running it stopped; its usage is unknown"
-HELD = "EXISTS (SELECT 1 FROM fence)"  # the condition of every journal write (``Journal._fenced``)
 
 
 def pricing_of(spec: PricingSpec) -> charge.Pricing:
@@ -219,8 +218,7 @@ class Journal:
         (a call's start); otherwise it commits with ``synchronous_commit`` off (see the module's opening)."""
         # A write without the condition would commit before the lost claim is noticed: none may leave it out.
         assert all(HELD in part for part in (write, then) if part), "a fenced write must be conditional on the fence"
-        # set_config(..., true) lasts until this statement's own transaction ends, its commit included.
-        relaxed = "" if flush else ", set_config('synchronous_commit', 'off', true) AS relaxed"
+        relaxed = "" if flush else RELAXED_COMMIT
         statement = text(
             f"WITH {claims.fence_cte()}, written AS ({write}){', ' + then if then else ''} "
             f"SELECT {HELD} AS held, {returning} AS value{relaxed}"

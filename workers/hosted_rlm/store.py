@@ -69,6 +69,11 @@ from rlmfamily.kernels.checkpoints import MAGIC, CheckpointConflict, CheckpointN
 from taskstate import claims
 
 PAID_HOST_CALLS = frozenset({"_llm_query", "_llm_query_batched"})
+# The condition of every fenced write of a hosted run, here and in its journal (``claims.fence_cte``): the claim held.
+HELD = "EXISTS (SELECT 1 FROM fence)"
+# A column that makes the statement's own commit skip waiting for its WAL flush: set_config(..., true) lasts until the
+# transaction ends, its commit included (``CheckpointSync`` ``with_journal``, the journal's module opening).
+RELAXED_COMMIT = ", set_config('synchronous_commit', 'off', true) AS relaxed"
 
 
 @dataclass(frozen=True)
@@ -229,21 +234,19 @@ class PgCheckpointStore:
 # A write of the records held (``PgCheckpointStore._write``): the claim's share lock, the newest record, the new
 # ones if every one is above it, and the prune that waited for them; what it tells: whether the claim held, the
 # newest record before, and how many rows it wrote (fewer than given: another writer is ahead).
-_HELD = "EXISTS (SELECT 1 FROM fence)"
 _WRITE_SQL = (
     f"WITH {claims.fence_cte()}, "
     "newest AS (SELECT max(seq) AS seq FROM specialist_checkpoints WHERE job_id = :j), "
     "written AS (INSERT INTO specialist_checkpoints (job_id, seq, session_id, fencing_token, data) "
     "SELECT :j, r.seq, :sid, :t, r.data FROM unnest(CAST(:seqs AS bigint[]), CAST(:data AS bytea[])) AS r(seq, data) "
-    f"WHERE {_HELD} AND NOT EXISTS (SELECT 1 FROM newest n, unnest(CAST(:seqs AS bigint[])) AS s(seq) "
+    f"WHERE {HELD} AND NOT EXISTS (SELECT 1 FROM newest n, unnest(CAST(:seqs AS bigint[])) AS s(seq) "
     "WHERE s.seq <= n.seq) RETURNING seq), "
     "pruned AS (DELETE FROM specialist_checkpoints WHERE job_id = :j AND seq < CAST(:prune AS bigint) "
-    f"AND {_HELD} AND EXISTS (SELECT 1 FROM written)) "
-    f"SELECT {_HELD} AS held, (SELECT seq FROM newest) AS newest, (SELECT count(*) FROM written) AS written"
+    f"AND {HELD} AND EXISTS (SELECT 1 FROM written)) "
+    f"SELECT {HELD} AS held, (SELECT seq FROM newest) AS newest, (SELECT count(*) FROM written) AS written"
 )
 _WRITE = text(_WRITE_SQL)
-# set_config(..., true) lasts until the transaction ends, its commit included: that commit does not wait for its flush.
-_WRITE_RELAXED = text(_WRITE_SQL + ", set_config('synchronous_commit', 'off', true) AS relaxed")
+_WRITE_RELAXED = text(_WRITE_SQL + RELAXED_COMMIT)
 
 
 # A finished or unknown job never resumes, so its checkpoints serve nobody: a reviewer task leaves about 30 KB of
