@@ -1,6 +1,6 @@
 """The job's process alone (issue 44 §1): the CPU one no-op job's one-use process costs, beside a bare fork.
 
-    .venv/bin/python bench/job_process.py [--jobs 100] [--rlm] [--profile] [--top 25]
+    .venv/bin/python bench/job_process.py [--jobs 100] [--warmup 5] [--rlm] [--profile] [--top 25]
 
 Starts its own database (as bench/dispatch.py: a fresh database on DATABASE_URL's server, otherwise an embedded
 PostgreSQL). No HTTP, dispatcher or claim: ``workers.isolation.ProcessJobs`` is built exactly as a worker builds
@@ -129,7 +129,7 @@ def measure(count: int, work, server: int) -> dict[str, float]:  # type: ignore[
             "wall": 1000 * (ended - started) / count}
 
 
-def print_profile(folder: Path, jobs: int, top: int) -> None:
+def print_profile(folder: Path, top: int) -> None:
     files = sorted(folder.glob("job-*.prof"))
     if not files:
         print("no profiles were written")
@@ -159,7 +159,6 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
 
-    from core import db
     from core.specs import load_specs
     from workers.assembly import JOB_RUNNERS, RunnerRecipe
 
@@ -180,7 +179,6 @@ def main() -> None:
     url, drop = database(os.environ.get("DATABASE_URL"))
     try:
         settings = _settings(url, specs, args.rlm)
-        engine = db.make_engine(url, settings)
         recipe = RunnerRecipe(settings, url, load_specs(specs))
         jobs = isolation.ProcessJobs(JOB_RUNNERS, recipe, max_memory_bytes=settings.worker.job_max_memory_bytes)
         try:
@@ -190,9 +188,11 @@ def main() -> None:
                 stale.unlink()
             job = measure(args.jobs, lambda n: run_jobs(jobs, n), server)
             bare = measure(args.jobs, run_bare, server)
+            let_go = jobs.waiting_pid  # the spare forked after the last job: it runs none
         finally:
             jobs.close()
-            engine.dispose()
+        if let_go is not None:  # its profile (written as it exits, at the close) is no job's
+            (profile_dir / f"job-{let_go}.prof").unlink(missing_ok=True)
     finally:
         drop()
     print(f"\nJob processes: {args.jobs} no-op jobs one after another{' (rlm specs served)' if args.rlm else ''}, "
@@ -203,7 +203,7 @@ def main() -> None:
     print(f"the job's process costs {job['processes'] - bare['processes']:.1f} ms of CPU above a bare fork's "
           f"{bare['processes']:.1f} ms")
     if args.profile:
-        print_profile(profile_dir, args.jobs, args.top)
+        print_profile(profile_dir, args.top)
 
 
 if __name__ == "__main__":
