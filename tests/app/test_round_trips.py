@@ -18,12 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from a2a.types.a2a_pb2 import TaskState, TaskStatus, TaskStatusUpdateEvent
+from a2a.types.a2a_pb2 import TaskState
 from sqlalchemy import Engine, text
 
 from core.settings import Settings
 from tests import http_calls
-from taskstate import notify, rows
 from tests.app.conftest import (
     PAID,
     PAID_TARIFF,
@@ -35,6 +34,7 @@ from tests.app.conftest import (
 )
 from tests.pg_wire import StatementCounter
 from tests.rlm.holds import wait_until
+from tests.task_moves import move
 
 pytestmark = pytest.mark.timeout(120, func_only=True)
 
@@ -144,18 +144,6 @@ def test_the_admission_statement_stays_short_enough_for_psycopg_to_cache_its_con
         assert len(sent) <= PSYCOPG_CACHED_QUERY_CHARS
 
 
-def _move(engine: Engine, autocommit: Engine, task_id: str, owner: str, state: int) -> None:
-    """What a worker does to a task: write its next status event, commit, then notify (``task_event_now``)."""
-    with engine.begin() as conn:
-        locked = rows.lock(conn, task_id, owner)
-        assert locked is not None
-        locked.task.status.CopyFrom(TaskStatus(state=state))
-        rows.stamp(locked.task)
-        rows.write_event(conn, locked, TaskStatusUpdateEvent(task_id=task_id, context_id=locked.task.context_id,
-                                                             status=locked.task.status))
-    notify.task_event_now(autocommit, task_id)
-
-
 def test_a_blocking_send_reads_its_task_once_per_notification_and_answers_on_the_last(
     counted_edge, make_customer, engine: Engine
 ):
@@ -165,7 +153,6 @@ def test_a_blocking_send_reads_its_task_once_per_notification_and_answers_on_the
         _send(edge, counter, customer)
     owner = f"{customer.customer_id}:{PAID}"
     known = set(_task_ids(engine, owner))
-    autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
     count = Count(counter)
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(http_calls.post, f"{edge.specialist(PAID)}/message:send", json=message(),
@@ -173,10 +160,10 @@ def test_a_blocking_send_reads_its_task_once_per_notification_and_answers_on_the
         wait_until(lambda: count.since()["wakeups"] > 0, what="the admission's wake-up for the dispatchers")
         [task_id] = set(_task_ids(engine, owner)) - known
         admitted = count.since()["round_trips"]
-        _move(engine, autocommit, task_id, owner, TaskState.TASK_STATE_WORKING)
+        move(engine, task_id, owner, TaskState.TASK_STATE_WORKING, notify=True)
         wait_until(lambda: count.since()["round_trips"] > admitted, what="the edge's read on the working event")
         assert not answer.done(), "a blocking send answered before its task stopped"
-        _move(engine, autocommit, task_id, owner, TaskState.TASK_STATE_COMPLETED)
+        move(engine, task_id, owner, TaskState.TASK_STATE_COMPLETED, notify=True)
         answered = answer.result()
     assert answered.status_code == 200, answered.text
     assert answered.json()["task"]["id"] == task_id

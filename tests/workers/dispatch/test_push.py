@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 import psycopg
 import pytest
-from a2a.types.a2a_pb2 import Task, TaskState, TaskStatus, TaskStatusUpdateEvent
+from a2a.types.a2a_pb2 import Task, TaskState, TaskStatus
 from pydantic import SecretStr, ValidationError
 from sqlalchemy import Engine, text
 
@@ -34,6 +34,7 @@ from taskstate.ids import TaskRef
 from taskstate.notify import PUSH, TASK_EVENTS, libpq_url
 from taskstate.updates import TaskEvents
 from tests import commands
+from tests.task_moves import move
 from tests.webhook import Webhook, private_ca, running_webhook
 from tests.workers.system import START_BOUNDS, STOP_GRACE_S, drop_database, fresh_database
 from workers.dispatch.process import OutboxListener
@@ -106,16 +107,6 @@ def new_task(engine: Engine, url: str, *, customer: str | None = None, token: st
                            owner=owner, customer_id=customer, max_per_customer=100)
         rows.insert_new(conn, task, owner)
     return task.id, owner
-
-
-def move(engine: Engine, task_id: str, owner: str, state: int) -> None:
-    with engine.begin() as conn:
-        locked = rows.lock(conn, task_id, owner)
-        assert locked is not None
-        locked.task.status.CopyFrom(TaskStatus(state=state))
-        rows.stamp(locked.task)
-        rows.write_event(conn, locked, TaskStatusUpdateEvent(task_id=task_id, context_id=locked.task.context_id,
-                                                             status=locked.task.status))
 
 
 def deliveries(engine: Engine, task_id: str) -> list[tuple[int, str, int, str | None]]:
