@@ -16,6 +16,7 @@ prepares its runners itself, before its job comes, from the recipe it was given:
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import pickle
 import secrets
@@ -77,8 +78,12 @@ def _build() -> None:
         with open(path, "rb") as file:
             key, build, recipe = pickle.load(file)
         TEMPLATE = Template(key, recipe, build.prepare(recipe))
-    except Exception:  # noqa: BLE001 - the forkserver must start anyway; each job's process then prepares its own
+    except Exception as exc:  # noqa: BLE001 - the forkserver must start anyway; each job's process then prepares its own
         TEMPLATE = None
+        # To the worker's stderr (the forkserver inherits it): a job whose own preparation fails too says why.
+        logging.getLogger(__name__).warning(
+            "the job processes' runners could not be prepared in the forkserver (%s): each job's process prepares "
+            "its own, before its job comes", type(exc).__name__)
     gc.collect()
     gc.freeze()
 
