@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from workers.runs import RunOutcome
+from workers.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
 
@@ -65,19 +66,20 @@ CPU_EXCEEDED = "job_cpu_exceeded"
 
 @dataclass(frozen=True)
 class CpuPolicy:
-    """A job's share and cap, from the worker's settings and its spec."""
+    """A job's share and cap, from the worker's settings and its spec (``of``: the settings' fields, whose
+    descriptions say what each one does)."""
 
-    share: Literal["auto", "nice", "off"] = "auto"
-    weight: int = 100
-    demote_after_s: float = 1.0
-    demoted_weight: int = 1
-    demoted_nice: int = 19
-    max_cpu_s: float = 0.0  # 0: no cap
-    poll_s: float = 0.25
-    grace_s: float = 5.0  # past the cap, the job's own RLIMIT_CPU
+    share: Literal["auto", "nice", "off"]
+    weight: int
+    demote_after_s: float
+    demoted_weight: int
+    demoted_nice: int
+    max_cpu_s: float  # 0: no cap
+    poll_s: float
+    grace_s: float  # past the cap, the job's own RLIMIT_CPU
 
     @classmethod
-    def of(cls, worker: Any, spec_max_cpu_s: float | None) -> CpuPolicy:
+    def of(cls, worker: WorkerSettings, spec_max_cpu_s: float | None) -> CpuPolicy:
         """``worker``: the worker's settings (``settings.worker``); ``spec_max_cpu_s``: the spec's cap, if it says."""
         return cls(share=worker.job_cpu_share, weight=worker.job_cpu_weight, demote_after_s=worker.job_cpu_demote_after_s,
                    demoted_weight=worker.job_cpu_demoted_weight, demoted_nice=worker.job_cpu_demoted_nice,
@@ -87,10 +89,10 @@ class CpuPolicy:
 
 def policy_of(recipe: Any, specialist_id: str) -> CpuPolicy:
     """The policy of a job of ``specialist_id`` from the job process's recipe (``workers.assembly.RunnerRecipe``:
-    the worker's settings and the specs it loaded); a recipe without them gets the defaults."""
+    the worker's settings and the specs it loaded); a recipe without them (a test's) gets the settings' defaults."""
     settings = getattr(recipe, "settings", None)
     if settings is None:
-        return CpuPolicy()
+        return CpuPolicy.of(WorkerSettings.model_construct(), None)  # the defaults, not the environment's
     loaded: Mapping[str, Any] = getattr(recipe, "specs", None) or {}
     spec = loaded.get(specialist_id)
     limits = None if spec is None else getattr(spec.spec, "limits", None)

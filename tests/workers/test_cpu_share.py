@@ -22,6 +22,7 @@ from tests.workers.harness import TestWorker, worker_settings
 from tests.workers.step_file import StepFile
 from tests.workers.test_job_process import claim_row, job_processes, new_job_id
 from workers import cpu_share
+from workers.settings import WorkerSettings
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -166,6 +167,9 @@ def test_a_specs_max_cpu_s_is_its_cap_and_the_workers_setting_caps_the_specs_tha
     assert cpu_share.policy_of(recipe, "capped").max_cpu_s == 7.5
     assert cpu_share.policy_of(recipe, "plain").max_cpu_s == 50.0
     assert cpu_share.policy_of(recipe, "scripted").max_cpu_s == 50.0  # a runner without a spec file
+    # A recipe without the worker's settings (a test's own build) gets the settings' defaults, the cap included.
+    default_cap_s = WorkerSettings.model_fields["job_max_cpu_s"].default
+    assert default_cap_s > 0 and cpu_share.policy_of("a test's recipe", "scripted").max_cpu_s == default_cap_s
 
 
 _GRANDCHILD = r"""
