@@ -23,6 +23,7 @@ import psycopg
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import DBAPIError, InvalidatePoolError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import ConnectionPoolEntry
 
 from core import telemetry
 from core.errors import ServiceError
@@ -186,16 +187,15 @@ def make_async_engine(url: str, settings: Settings, *, instrumented: bool = True
     return engine
 
 
-def discard_dead_on_checkout(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+def discard_dead_on_checkout(dbapi_connection: Any, record: ConnectionPoolEntry, proxy: Any) -> None:
     """The pool's checkout hook: refuse a connection whose socket has something to read while it sat idle.
 
     An idle connection in the pool has sent nothing and waits for nothing: the server speaks on it only to end it
     (its FATAL notice, then the close). ``InvalidatePoolError`` makes SQLAlchemy discard this connection and
     every one pooled before it (a restart ended them all) and check out a new one, in the same call."""
-    pgconn = getattr(dbapi_connection, "_connection", dbapi_connection).pgconn  # the async adapter's, or psycopg's
     try:
-        fd = pgconn.socket
-    except Exception:  # psycopg: the connection is already closed
+        fd = record.driver_connection.pgconn.socket  # psycopg's connection, under the async adapter or not
+    except psycopg.OperationalError:  # psycopg: the connection is already closed
         raise InvalidatePoolError("the pooled connection is closed") from None
     waiting = select.poll()
     waiting.register(fd, select.POLLIN | select.POLLPRI)
