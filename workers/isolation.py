@@ -444,7 +444,6 @@ class ProcessJobs:
 
     def __init__(self, build: RunnerBuild, recipe: Any, *, max_memory_bytes: int) -> None:
         self.build = build
-        self.recipe = recipe
         self.max_memory_bytes = max_memory_bytes
         self.context = multiprocessing.get_context("forkserver")
         self.context.set_forkserver_preload(list(PRELOAD))
