@@ -461,7 +461,8 @@ class ProcessJobs:
         try:
             offer: str | None = job_template.offer(self._key, self._offered)
         except OSError as exc:  # no private file to hand it over in: each job's process prepares its own
-            log.warning("the job processes' runners are prepared in each of them (%s)", type(exc).__name__)
+            log.warning("the job processes' template could not be written to a private file (%s; TMPDIR names where):"
+                        " each job's process prepares its own runners, before its job comes", type(exc).__name__)
             offer = None
         try:
             self._spare: _Spare | None = self._fork()
