@@ -62,8 +62,9 @@ MAX_WEIGHT_REASON_CHARS = 500
 MAX_CHANGED_BY_CHARS = 200
 
 # The fair order of due rows (issue 41): a row's owner is ``<customer>:<specialist>`` (``app.identity``), and its
-# customer the owner's first part (a customer id has no ``:``), the expression of migration 0290's index.
-_CUSTOMER = "split_part({t}.owner, ':', 1)"
+# customer the owner's first part (a customer id has no ``:``), the expression of migration 0290's index; every
+# statement here names the outbox row it reads ``x``.
+_CUSTOMER = "split_part(x.owner, ':', 1)"
 # The customers with open rows, walked through ``dispatch_outbox_customer_open`` one probe each (a loose index
 # scan); for each, its jobs in flight (``sent``: with Cloud Tasks; ``pending`` and not due: an embedded delivery's
 # lease, or a retry's wait) and its first ``:n`` due rows of a specialist served (``:served``: NULL is any), each
@@ -72,11 +73,11 @@ _CUSTOMER = "split_part({t}.owner, ':', 1)"
 # longest past, never-served first (a round-robin), then to the row due first.
 _FAIR_DUE = f"""
     WITH RECURSIVE open_customers AS (
-        (SELECT {_CUSTOMER.format(t="x")} AS customer FROM dispatch_outbox x
+        (SELECT {_CUSTOMER} AS customer FROM dispatch_outbox x
           WHERE x.status IN ('pending', 'sent') ORDER BY 1 LIMIT 1)
         UNION ALL
-        SELECT (SELECT {_CUSTOMER.format(t="x")} FROM dispatch_outbox x
-                 WHERE x.status IN ('pending', 'sent') AND {_CUSTOMER.format(t="x")} > c.customer
+        SELECT (SELECT {_CUSTOMER} FROM dispatch_outbox x
+                 WHERE x.status IN ('pending', 'sent') AND {_CUSTOMER} > c.customer
                  ORDER BY 1 LIMIT 1)
           FROM open_customers c WHERE c.customer IS NOT NULL
     ),
@@ -90,7 +91,7 @@ _FAIR_DUE = f"""
                 FROM (SELECT x.dispatch_id, x.available_at, x.status, x.specialist_id,
                              count(*) FILTER (WHERE x.status = 'sent' OR x.available_at > now()) OVER () AS in_flight
                         FROM dispatch_outbox x
-                       WHERE {_CUSTOMER.format(t="x")} = c.customer AND x.status IN ('pending', 'sent')) y
+                       WHERE {_CUSTOMER} = c.customer AND x.status IN ('pending', 'sent')) y
                WHERE y.status = 'pending' AND y.available_at <= now()
                  AND (CAST(:served AS text[]) IS NULL OR y.specialist_id = ANY (CAST(:served AS text[])))
                ORDER BY y.available_at, y.dispatch_id LIMIT :n) d
@@ -266,12 +267,12 @@ def reschedule(conn: Connection, row: OutboxRow, *, delay_s: float, error: str, 
 
 
 _HAND_BACK = text(
-    """
+    f"""
     WITH back AS (
-        UPDATE dispatch_outbox SET available_at = LEAST(CAST(:due_at AS timestamptz), now()), last_error = :e,
-                                   attempts = :a
-         WHERE dispatch_id = :d AND status = 'pending' AND taken_at = CAST(:taken_at AS timestamptz)
-        RETURNING split_part(owner, ':', 1) AS customer
+        UPDATE dispatch_outbox x SET available_at = LEAST(CAST(:due_at AS timestamptz), now()), last_error = :e,
+                                     attempts = :a
+         WHERE x.dispatch_id = :d AND x.status = 'pending' AND x.taken_at = CAST(:taken_at AS timestamptz)
+        RETURNING {_CUSTOMER} AS customer
     ),
     restored AS (
         UPDATE dispatch_turns t SET last_started_at = CAST(:turn_before AS timestamptz) FROM back
@@ -542,7 +543,7 @@ _SHARE = text(
            count(*) FILTER (WHERE x.status = 'pending' AND x.available_at <= now()) AS waiting,
            w.weight, w.changed_by, w.changed_at, w.reason
       FROM (SELECT 1) one
-      LEFT JOIN dispatch_outbox x ON {_CUSTOMER.format(t="x")} = :c AND x.status IN ('pending', 'sent')
+      LEFT JOIN dispatch_outbox x ON {_CUSTOMER} = :c AND x.status IN ('pending', 'sent')
       LEFT JOIN dispatch_weights w ON w.customer_id = :c
      GROUP BY w.weight, w.changed_by, w.changed_at, w.reason
     """
