@@ -111,6 +111,6 @@ def specialist_runners(
         environ=environ,
         max_resumes=settings.hosted.max_resumes,
         checkpoint_sync=settings.hosted.checkpoint_sync,
-        checkpoint_policy=CheckpointPolicy(settings.hosted.checkpoint_every_steps, settings.hosted.checkpoint_every_s),
+        checkpoint_policy=CheckpointPolicy.of(settings.hosted),
     )
     return SpecialistService(runners={sid: runner for sid in plan.ready}, problems=plan.problems)

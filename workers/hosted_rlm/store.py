@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import IntegrityError
 
-from core.settings import CheckpointSync
+from core.settings import CheckpointSync, HostedSettings
 from rlmfamily.kernels.checkpoints import MAGIC, CheckpointConflict, CheckpointNotFound, check_session_id
 from taskstate import claims
 
@@ -85,6 +85,12 @@ class CheckpointPolicy:
 
     def __post_init__(self) -> None:
         assert self.every_steps >= 1 and self.every_s >= 0, self
+
+    @classmethod
+    def of(cls, hosted: HostedSettings) -> CheckpointPolicy:
+        """The policy the settings name (SPECIALISTS_SPECIALIST_CHECKPOINT_EVERY_STEPS and _EVERY_S): what a worker
+        runs, and what a test or benchmark of the worker's run uses."""
+        return cls(hosted.checkpoint_every_steps, hosted.checkpoint_every_s)
 
 
 class ClaimLost(CheckpointConflict):

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from workers.runs import RunContext
     from workers.hosted_rlm.routes import ModelRoutes
     from workers.hosted_rlm.runner import RlmRunner
+    from workers.hosted_rlm.store import CheckpointPolicy
 
 SCRIPTS = Path(__file__).parent / "scripts"
 CHECKPOINT_KEY = b"test-checkpoint-key-" + b"z" * 40
@@ -127,19 +128,17 @@ def context(job_id: str, spec_id: str, token: int, *, deadline_s: float = 120.0,
 
 def runner(engine: Engine, spec: LoadedSpec, routes: ModelRoutes, msg: Message, *,
            environ: dict[str, str] | None = None, checkpoint_sync: CheckpointSync = "with_journal",
-           checkpoint_policy: Any = None) -> RlmRunner:
-    """A runner of ``spec``; ``checkpoint_policy`` (a store.CheckpointPolicy): by default the settings' defaults, as a
+           checkpoint_policy: CheckpointPolicy | None = None) -> RlmRunner:
+    """A runner of ``spec``; ``checkpoint_policy``: by default the settings' defaults (not the environment's), as a
     worker runs it."""
     from core.settings import HostedSettings
     from workers.hosted_rlm.runner import RlmRunner
     from workers.hosted_rlm.store import CheckpointPolicy
 
-    defaults = HostedSettings.model_fields
     return RlmRunner(
         engine=engine, specs={spec.spec.id: spec}, routes=routes, checkpoint_key=CHECKPOINT_KEY,
         message_of=lambda job: msg, environ=environ or {}, checkpoint_sync=checkpoint_sync,
-        checkpoint_policy=checkpoint_policy or CheckpointPolicy(defaults["checkpoint_every_steps"].default,
-                                                                defaults["checkpoint_every_s"].default),
+        checkpoint_policy=checkpoint_policy or CheckpointPolicy.of(HostedSettings.model_construct()),
     )
 
 
