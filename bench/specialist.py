@@ -213,7 +213,7 @@ def profile(url: str, files: dict[str, str], script: Path, tasks: int, *, show: 
     from taskstate import claims
     from workers.hosted_rlm.journal import Journal
     from workers.hosted_rlm.runner import RlmRunner
-    from workers.hosted_rlm.store import PgCheckpointStore
+    from workers.hosted_rlm.store import CheckpointPolicy, PgCheckpointStore
     from a2a.types.a2a_pb2 import Message, Part, Role
     import yaml
 
@@ -223,7 +223,8 @@ def profile(url: str, files: dict[str, str], script: Path, tasks: int, *, show: 
     from workers.hosted_rlm.routes import ModelRoutes, ScriptedRoute
     from workers.runs import RunContext
 
-    engine = db.make_engine(url, Settings(database={"url": url}))
+    settings = Settings(database={"url": url})
+    engine = db.make_engine(url, settings)
     commits = {"transactions": 0, "autocommit statements": 0}
 
     @event.listens_for(engine, "commit")
@@ -264,6 +265,10 @@ def profile(url: str, files: dict[str, str], script: Path, tasks: int, *, show: 
     ):
         for name in names:
             split.wrap(owner, name, label)
+    # One runner for every job, with the checkpoint policy of the settings, as a worker runs them.
+    runner = RlmRunner(engine=engine, specs={spec.spec.id: spec}, routes=routes,
+                       checkpoint_key=CHECKPOINT_KEY.encode(), message_of=lambda job: message, environ={},
+                       checkpoint_policy=CheckpointPolicy.of(settings.hosted))
     started = time.perf_counter()
     try:
         for _ in range(tasks):
@@ -272,8 +277,6 @@ def profile(url: str, files: dict[str, str], script: Path, tasks: int, *, show: 
                 token = claims.claim(conn, job_id, worker_id="bench", lease_s=600).fencing_token
             job = VerifiedJob(job_id=job_id, specialist_id=spec.spec.id, deadline_s=300, payload={}, signed_at=None,
                               secret_id="bench", reserved_credits=20)  # type: ignore[arg-type]
-            runner = RlmRunner(engine=engine, specs={spec.spec.id: spec}, routes=routes,
-                               checkpoint_key=CHECKPOINT_KEY.encode(), message_of=lambda job: message, environ={})
             outcome = runner.run(RunContext(job, token, time.monotonic() + 300, threading.Event(), Sink()))
             assert outcome.state == "completed", outcome
     finally:
