@@ -412,6 +412,13 @@ class WorkerSettings(Section):
                 f"({self.lease_s}) so that two lost heartbeats do not lose the lease; lower "
                 "SPECIALISTS_WORKER_HEARTBEAT_S or raise SPECIALISTS_WORKER_LEASE_S"
             )
+        if self.job_cpu_demoted_weight > self.job_cpu_weight:
+            raise ValueError(
+                f"worker_job_cpu_demoted_weight ({self.job_cpu_demoted_weight}) must be at most worker_job_cpu_weight "
+                f"({self.job_cpu_weight}), or a job that spins past SPECIALISTS_WORKER_JOB_CPU_DEMOTE_AFTER_S gets a "
+                "larger share of the CPU, not a smaller one; lower SPECIALISTS_WORKER_JOB_CPU_DEMOTED_WEIGHT or raise "
+                "SPECIALISTS_WORKER_JOB_CPU_WEIGHT"
+            )
         if 0 < self.dead_after_beats < 3:
             raise ValueError(
                 f"worker_dead_after_beats ({self.dead_after_beats}) must be 0 (off) or at least 3, or one or two "

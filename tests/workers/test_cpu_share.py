@@ -15,8 +15,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from pydantic import ValidationError
 from sqlalchemy import Engine
 
+from core.settings import Settings
 from tests.rlm.holds import wait_until
 from tests.workers.harness import TestWorker, worker_settings
 from tests.workers.step_file import StepFile
@@ -170,6 +172,13 @@ def test_a_specs_max_cpu_s_is_its_cap_and_the_workers_setting_caps_the_specs_tha
     # A recipe without the worker's settings (a test's own build) gets the settings' defaults, the cap included.
     default_cap_s = WorkerSettings.model_fields["job_max_cpu_s"].default
     assert default_cap_s > 0 and cpu_share.policy_of("a test's recipe", "scripted").max_cpu_s == default_cap_s
+
+
+def test_a_demoted_weight_above_the_jobs_weight_is_refused_at_start_up_naming_both_settings():
+    with pytest.raises(ValidationError, match="SPECIALISTS_WORKER_JOB_CPU_DEMOTED_WEIGHT") as refused:
+        Settings(worker={"job_cpu_weight": 50, "job_cpu_demoted_weight": 60})
+    assert "SPECIALISTS_WORKER_JOB_CPU_WEIGHT" in str(refused.value)
+    assert Settings(worker={"job_cpu_weight": 50, "job_cpu_demoted_weight": 50}).worker.job_cpu_demoted_weight == 50
 
 
 _GRANDCHILD = r"""
