@@ -7,9 +7,10 @@ No service: the mechanisms alone, with real processes on this machine. A *victim
 that loop forever (jobs spinning in the sandbox, each past its demotion threshold), under each mechanism:
 
   off      the spinners as the worker is: every process one share (before issue 41 §2)
-  nice     each spinner at SPECIALISTS_WORKER_JOB_CPU_DEMOTED_NICE's default, 19 (the victim at 0)
-  cgroup   each spinner in a job cgroup of its own at the demoted weight (1), the victim in its own at the
-           job weight (100): ``cpu_share.enter_cgroup``; skipped where this process may not make cgroups
+  nice     each spinner at SPECIALISTS_WORKER_JOB_CPU_DEMOTED_NICE's default (the victim at 0)
+  cgroup   each spinner in a job cgroup of its own at SPECIALISTS_WORKER_JOB_CPU_DEMOTED_WEIGHT's default, the
+           victim in its own at SPECIALISTS_WORKER_JOB_CPU_WEIGHT's: ``cpu_share.enter_cgroup``; skipped where this
+           process may not make cgroups
 
 The figure is the victim's wall time from its start to its exit, the median of ``--reps``, and its ratio over the
 victim alone measured in the same run (alone runs are interleaved with the others, so the machine's other load
@@ -33,9 +34,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from workers import cpu_share  # noqa: E402
+from workers.settings import WorkerSettings  # noqa: E402
 
 SPIN = "while True: pass"
-JOB_WEIGHT, DEMOTED_WEIGHT, DEMOTED_NICE = 100, 1, 19
+# The settings' defaults, as a worker runs them.
+JOB_WEIGHT, DEMOTED_WEIGHT, DEMOTED_NICE = (WorkerSettings.model_fields[name].default for name in (
+    "job_cpu_weight", "job_cpu_demoted_weight", "job_cpu_demoted_nice"))
 
 
 def victim_s(loops: int, placed: Callable[[int], Callable[[], None]]) -> float:
@@ -139,7 +143,8 @@ def main() -> int:
     if args.json:
         print(json.dumps({"cores": os.cpu_count(), "spinners": args.spinners, "figures": figures}))
         return 0
-    print(f"victim: counts to {args.victim_loops}; {args.spinners} spinners; {os.cpu_count()} cores; {args.reps} reps")
+    print(f"victim: counts to {args.victim_loops}; {args.spinners} spinners; {os.cpu_count()} cores; {args.reps} reps; "
+          f"weights {JOB_WEIGHT} -> {DEMOTED_WEIGHT}, nice {DEMOTED_NICE}")
     print(f"{'scenario':<10}{'median s':>10}{'ratio':>8}  runs (s)")
     for name, figure in figures.items():
         print(f"{name:<10}{figure['median_s']:>10.3f}{figure['ratio']:>8.2f}  {figure['runs_s']}")
