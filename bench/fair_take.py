@@ -6,7 +6,8 @@ Starts its own database (a fresh one on the server named by DATABASE_URL, droppe
 PostgreSQL), queues ``--jobs`` jobs for each of ``--customers`` customers, and times ``--takes`` takes of
 ``--limit`` jobs with each statement, alternating: the service's ``taskstate.outbox.take`` (the fair order) and the
 FIFO statement it replaced (e369db3), on the same rows. After each take the rows taken are put back as they were
-(due, not in flight), so every take ranks the same queue. Prints the median and p90 per statement.
+(due, not in flight), so every take ranks the same queue. Prints the median and p90 per statement, and the fair
+take's median over the FIFO's, the baseline measured in the same run.
 
 A benchmark is not a test: it prints figures and never fails on speed.
 """
@@ -92,12 +93,14 @@ def main() -> int:
     try:
         print(f"one take of {args.limit} jobs, {args.takes} takes per statement, {args.jobs} jobs per customer; "
               f"load average {os.getloadavg()[0]:.1f}")
-        print(f"{'customers':>9}  {'fifo p50':>8}  {'fair p50':>8}  {'fifo p90':>8}  {'fair p90':>8}  ms")
+        print(f"{'customers':>9}  {'fifo p50':>8}  {'fair p50':>8}  {'fifo p90':>8}  {'fair p90':>8}  ms  "
+              f"{'fair/fifo p50':>13}")
         for customers in (int(c) for c in args.customers.split(",")):
             times = measure(url, customers, args.jobs, args.takes, args.limit)
+            p50 = {k: statistics.median(v) for k, v in times.items()}
             p90 = {k: sorted(v)[int(len(v) * 0.9) - 1] for k, v in times.items()}
-            print(f"{customers:>9}  {statistics.median(times['fifo']):>8.2f}  {statistics.median(times['fair']):>8.2f}"
-                  f"  {p90['fifo']:>8.2f}  {p90['fair']:>8.2f}", flush=True)
+            print(f"{customers:>9}  {p50['fifo']:>8.2f}  {p50['fair']:>8.2f}  {p90['fifo']:>8.2f}  {p90['fair']:>8.2f}"
+                  f"      {p50['fair'] / p50['fifo']:>12.1f}x", flush=True)
         print(f"load average {os.getloadavg()[0]:.1f} at the end")
     finally:
         drop()
