@@ -111,8 +111,8 @@ class ScriptStep(BaseModel):
     match in the host code of an rlm run, issue 15): it cannot be interrupted, and in the job's process nothing
     else of Python runs meanwhile; ``allocate`` takes ``megabytes`` of memory at once and lets it go (a run whose
     state blows up, against the job's memory cap); ``spin`` runs a process of the job that burns a core for up to
-``seconds`` (as Monty's process does on code that loops: in the job's process group), and ends it early on a
-cancel (against the job's CPU share and cap, ``workers.cpu_share``)."""
+    ``seconds`` (as Monty's process does on code that loops: in the job's process group), and ends it early on a
+    cancel (against the job's CPU share and cap, ``workers.cpu_share``)."""
 
     model_config = ConfigDict(extra="forbid")
 
