@@ -3,14 +3,17 @@
 Two ``ProcessJobs`` of different recipes, as two workers in one process: the first starts the forkserver with its
 template, the second finds it running. Each runs two jobs whose runner tells where its runners were prepared, which
 recipe they came from, and which process ran it; then each lets its spare go. Prints what it saw as JSON.
+With ``--no-template-file``, one ``ProcessJobs`` whose template's file cannot be written (no space) runs two jobs.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing.forkserver
 import os
 import sys
+import tempfile
 import threading
 import time
 from datetime import datetime, timezone
@@ -66,6 +69,19 @@ def main() -> None:
     from tests.workers.job_template_probe import BUILD as build
 
     report: dict[str, Any] = {"probe": os.getpid()}
+    if sys.argv[1:] == ["--no-template-file"]:  # a worker that cannot write its template starts anyway
+        # A full disk, here only for the template's file (the forkserver's socket needs the temporary directory too,
+        # so one that is missing stops the worker before any template).
+        def no_space(*args: Any, **kwargs: Any) -> Any:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        tempfile.mkstemp = no_space  # type: ignore[assignment]
+        jobs = ProcessJobs(build, "unwritten-recipe", max_memory_bytes=0)
+        report["forkserver"] = multiprocessing.forkserver._forkserver._forkserver_pid
+        report["unwritten"] = [run_one(jobs, f"unwritten-{index}") for index in range(2)]
+        jobs.close()
+        print(json.dumps(report))
+        return
     first = ProcessJobs(build, "first-recipe", max_memory_bytes=0)
     report["forkserver"] = multiprocessing.forkserver._forkserver._forkserver_pid
     second = ProcessJobs(build, "second-recipe", max_memory_bytes=0)

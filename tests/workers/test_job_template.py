@@ -5,7 +5,7 @@ is): two ``ProcessJobs`` of different recipes, two jobs each. The first starts t
 its jobs' runners were prepared there; the second finds the forkserver running with another's, so its jobs'
 processes prepare their own, from their recipe, before their job comes. Either way a job runs its own worker's
 runners, each in a process of its own that has exited when the job is reported finished, and a spare whose worker
-lets it go exits without a job.
+lets it go exits without a job. A worker that cannot write its template starts anyway, and says so.
 """
 
 from __future__ import annotations
@@ -27,12 +27,17 @@ pytestmark = pytest.mark.timeout(180)
 PROBE = Path(__file__).with_name("job_template_probe.py")
 
 
+def run_probe(*args: str) -> tuple[dict, str]:
+    """What the probe saw, and its stderr (the worker's log)."""
+    # A process of its own, not a role: it runs to its end and prints what it saw.
+    probe = subprocess.run([sys.executable, str(PROBE), *args], capture_output=True, text=True, timeout=150)
+    assert probe.returncode == 0, probe.stderr
+    return json.loads(probe.stdout.splitlines()[-1]), probe.stderr
+
+
 @pytest.fixture(scope="module")
 def seen() -> dict:
-    # A process of its own, not a role: it runs to its end and prints what it saw.
-    probe = subprocess.run([sys.executable, str(PROBE)], capture_output=True, text=True, timeout=150)
-    assert probe.returncode == 0, probe.stderr
-    return json.loads(probe.stdout.splitlines()[-1])
+    return run_probe()[0]
 
 
 def test_the_first_workers_runners_are_prepared_once_in_the_forkserver_and_run_in_a_process_per_job(seen: dict):
@@ -56,6 +61,14 @@ def test_a_jobs_process_serves_one_job_and_has_exited_when_it_is_reported_finish
 
 def test_a_spare_that_its_worker_lets_go_exits_without_a_job(seen: dict):
     assert (seen["first_spare_exitcode"], seen["second_spare_exitcode"]) == (0, 0)
+
+
+def test_a_worker_that_cannot_write_its_template_says_so_and_its_jobs_processes_prepare_their_own_runners():
+    seen, log = run_probe("--no-template-file")
+    jobs = seen["unwritten"]
+    assert [job["recipe"] for job in jobs] == ["unwritten-recipe", "unwritten-recipe"]
+    assert all(job["prepared_in"] == job["ran_in"] != seen["forkserver"] for job in jobs)
+    assert "the job processes' template could not be written" in log and "TMPDIR" in log
 
 
 @pytest.mark.skipif(sys.version_info[:2] != isolation.LAUNCH_COPIED_FROM,
