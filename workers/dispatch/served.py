@@ -19,12 +19,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from taskstate.liveness import MAX_SPECIALISTS_PER_WORKER
+
 log = logging.getLogger(__name__)
 
 # How long one /readyz question may take: it runs in the dispatcher's loop, so a worker that does not answer
 # delays a round by at most this much, once a refresh.
 READYZ_TIMEOUT_S = 2.0
-MAX_SPECIALISTS = 1000  # a worker's list read at most (taskstate.liveness.MAX_SPECIALISTS_PER_WORKER)
 
 
 def readyz_url(worker_url: str) -> str:
@@ -69,7 +70,7 @@ class ServedSpecialists:
             specialists = answer.json().get("specialists")
         except (httpx.HTTPError, ValueError, AttributeError):
             return  # unreachable or not a worker's answer: keep what it said last
-        if not isinstance(specialists, list) or len(specialists) > MAX_SPECIALISTS:
+        if not isinstance(specialists, list) or len(specialists) > MAX_SPECIALISTS_PER_WORKER:
             return
         served = frozenset(s for s in specialists if isinstance(s, str))
         if served != self._by_url.get(url):
