@@ -61,6 +61,8 @@ class Interrupted:
                                            "subcall": RULES, "child": children or []}))
         self.kernel = kernel
         self.env = env or {}
+        # The script holds the "second question" rule, the run's last sub-call: how many sub-calls come before it.
+        self.held_subcall = sum(code.count("llm_query(") for code in (first_step, *steps))
         self.proc = self._start()
 
     def _start(self) -> subprocess.Popen[bytes]:
@@ -80,11 +82,15 @@ class Interrupted:
         return path
 
     def wait_for_the_held_subcall(self) -> None:
+        """Until the held sub-call is in flight: every sub-call of the run is admitted and the last is reserved. Any
+        sub-call reserved is not enough: the first one is reserved too while it is answered, and a kill then leaves
+        the first call unknown and the second never asked, not the run these tests describe."""
         def held() -> bool:
             if not (self.data / "budget.sqlite3").is_file():
                 return False
-            return any(e.purpose == "subcall" and e.state == "reserved"
-                       for root in self.ledger.roots() for e in self.ledger.entries(root))
+            states = [e.state for root in self.ledger.roots() for e in self.ledger.entries(root)
+                      if e.purpose == "subcall"]
+            return len(states) == self.held_subcall and states[-1:] == ["reserved"]
 
         wait_until(held, "the second sub-call is in flight")
 
