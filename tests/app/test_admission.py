@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
 import httpx
 import pytest
 from sqlalchemy import text
 
 from tests import http_calls
-from tests.app.conftest import NOTHING, PAID, PAID_TARIFF, footprint, message, rpc
+from tests.app.conftest import (
+    NOTHING,
+    PAID,
+    PAID_TARIFF,
+    EdgeProcess,
+    footprint,
+    message,
+    rpc,
+    start_edge,
+    stop_edge,
+)
+from tests.rlm.holds import DEADLINE_SLACK_S
 
 pytestmark = pytest.mark.timeout(60, func_only=True)
 
@@ -238,3 +253,36 @@ def test_cancel_of_a_task_waiting_for_input_after_a_run_charges_the_tariff(edge_
     canceled = http_calls.post(f"{edge_a.specialist(PAID)}/tasks/{task_id}:cancel", json={}, headers=customer.headers)
     assert canceled.json()["status"]["state"] == "TASK_STATE_CANCELED"
     assert reservation_state(engine, task_id) == ("settled", PAID_TARIFF)
+
+
+BLOCKING_WAIT_MAX_S = 1.0  # SPECIALISTS_BLOCKING_WAIT_MAX_S's least value
+
+
+@pytest.fixture(scope="module")
+def short_wait_edge(database_url: str, edge_specs_dir: Path, edge_logs: Path) -> Iterator[EdgeProcess]:
+    """An edge alone (no worker: its tasks are never claimed) whose blocking sends wait the least they may."""
+    edge = start_edge(database_url, edge_specs_dir, edge_logs, "short-wait",
+                      blocking_wait_max_s=str(BLOCKING_WAIT_MAX_S))
+    yield edge
+    stop_edge(edge)
+
+
+def test_a_blocking_send_whose_task_does_not_stop_answers_it_as_it_is_at_the_wait_limit(
+    short_wait_edge, engine, make_customer
+):
+    customer = make_customer(credits=PAID_TARIFF * 2)
+    body = message()
+    started = time.monotonic()
+    first = send(short_wait_edge, customer, body)
+    waited_s = time.monotonic() - started
+    assert first.status_code == 200, first.text
+    task = first.json()["task"]
+    assert task["status"]["state"] == "TASK_STATE_SUBMITTED"
+    assert [m["parts"][0]["text"] for m in task["history"]] == ["hello"]
+    assert waited_s <= BLOCKING_WAIT_MAX_S + DEADLINE_SLACK_S, waited_s
+    # A resend watches a task admitted before its watch began: the same task, as it is at the limit, reserved once.
+    again = send(short_wait_edge, customer, body)
+    assert again.status_code == 200, again.text
+    assert again.json()["task"]["id"] == task["id"]
+    assert again.json()["task"]["status"]["state"] == "TASK_STATE_SUBMITTED"
+    assert footprint(engine, customer.customer_id)["reservations"] == 1
