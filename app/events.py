@@ -80,11 +80,6 @@ class NotifiedEventStream(DatabaseTaskEventStream):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(woken.wait(), timeout=self._poll_interval_s)
 
-    async def read(self, task_id: str, owner: str) -> tuple[Task, int]:
-        """The owner's task as it is now, in one statement (a blocking send's answer at its deadline)."""
-        async with self._autocommit.connect() as conn:
-            return await conn.run_sync(rows.load, task_id, owner)
-
     async def subscribe(  # type: ignore[override]
         self, task_id: str, *, after: TaskVersion
     ) -> AsyncGenerator[VersionedEvent, None]:

@@ -212,9 +212,7 @@ class EdgeRequestHandler(DefaultRequestHandler):
                                                         read_first=read_first)
                 return apply_history_length(stopped, params.configuration)
         except TimeoutError:
-            pass  # answer with the task as it is now; the client polls or subscribes
-        now, _ = await self.events.read(task_id, owner)
-        return apply_history_length(now, params.configuration)
+            return await self._as_it_is(task_id, params, context)  # the client polls or subscribes
 
     async def _send_and_tail(self, params: SendMessageRequest, context: ServerCallContext) -> Message | Task:
         """A send that answers at once, or a blocking one of a specialist that may answer with a direct Message
@@ -232,9 +230,13 @@ class EdgeRequestHandler(DefaultRequestHandler):
                         return event
         except TimeoutError:
             pass  # answer with the task as it is now; the client polls or subscribes
-        stored = await self._versioned_store.get(task.id, context)
+        return await self._as_it_is(task.id, params, context)
+
+    async def _as_it_is(self, task_id: str, params: SendMessageRequest, context: ServerCallContext) -> Task:
+        """The owner's task as it is now: a blocking send's answer at ``blocking_wait_max_s``."""
+        stored = await self._versioned_store.get(task_id, context)
         if stored is None:
-            raise InternalFault(f"task {task.id} vanished after admission")
+            raise InternalFault(f"task {task_id} vanished after admission")
         return apply_history_length(stored.task, params.configuration)
 
     @validate_request_params
