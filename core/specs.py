@@ -300,13 +300,13 @@ class SpecialistSpec(_Closed):
             most = metered_credits(pricing.base_credits, pricing.credits_per_semantic_call,
                                    self.limits.max_semantic_calls, per_cpu_second, self.limits.max_cpu_s or 0.0)
             if most > self.tariff_credits:
+                cpu_term = (f" + credits_per_cpu_second ({per_cpu_second}) x limits.max_cpu_s "
+                            f"({self.limits.max_cpu_s:g})" if per_cpu_second else "")  # only where CPU is priced
                 raise ValueError(
                     f"pricing: metered base_credits ({pricing.base_credits}) + credits_per_semantic_call "
                     f"({pricing.credits_per_semantic_call}) x limits.max_semantic_calls "
-                    f"({self.limits.max_semantic_calls}) + credits_per_cpu_second ({per_cpu_second}) x "
-                    f"limits.max_cpu_s ({self.limits.max_cpu_s or 0:g}) = {most} is above tariff_credits "
-                    f"({self.tariff_credits}); "
-                    "the reserved tariff must cover the most a task can cost"
+                    f"({self.limits.max_semantic_calls}){cpu_term} = {most} is above tariff_credits "
+                    f"({self.tariff_credits}); the reserved tariff must cover the most a task can cost"
                 )
         return self
 

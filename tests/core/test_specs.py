@@ -70,13 +70,16 @@ def test_a_limit_above_the_hosted_ceiling_is_refused_naming_the_field(tmp_path, 
 def test_metered_pricing_above_the_reserved_tariff_is_refused(tmp_path):
     message = refused(tmp_path, pricing={"mode": "metered", "base_credits": 5, "credits_per_semantic_call": 1})
     assert "= 21 is above tariff_credits (20)" in message
+    assert "credits_per_cpu_second" not in message  # a spec that does not price CPU is not told of its term
 
 
 def test_a_cpu_price_needs_a_cpu_cap_and_counts_in_the_most_a_task_can_cost(tmp_path):
     metered = {"mode": "metered", "base_credits": 2, "credits_per_semantic_call": 1, "credits_per_cpu_second": 1}
     assert "credits_per_cpu_second needs limits.max_cpu_s" in refused(tmp_path, pricing=metered)
     # 2 + 1 x 16 calls + 1 x 3 CPU seconds = 21, above the tariff of 20.
-    assert "= 21 is above tariff_credits (20)" in refused(tmp_path, pricing=metered, limits={"max_cpu_s": 2.5})
+    message = refused(tmp_path, pricing=metered, limits={"max_cpu_s": 2.5})
+    assert "= 21 is above tariff_credits (20)" in message
+    assert "+ credits_per_cpu_second (1) x limits.max_cpu_s (2.5) = 21" in message
     fixed = {"mode": "fixed", "base_credits": None, "credits_per_semantic_call": None, "credits_per_cpu_second": 1}
     assert "remove credits_per_cpu_second" in refused(tmp_path, pricing=fixed)
 
