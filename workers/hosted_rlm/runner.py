@@ -70,11 +70,13 @@ class RlmRunner:
         checkpoint_key: bytes | None,
         message_of: MessageSource,
         environ: Mapping[str, str],
+        # No default: CheckpointPolicy() writes a record after every step, not what the settings ship
+        # (CheckpointPolicy.of(settings.hosted)); a caller that forgot it would run, and measure, another policy.
+        checkpoint_policy: CheckpointPolicy,
         pool: Any = None,
         scratch_dir: Path | None = None,
         max_resumes: int = 0,
         checkpoint_sync: CheckpointSync = "with_journal",
-        checkpoint_policy: CheckpointPolicy = CheckpointPolicy(),
     ) -> None:
         if not checkpoint_key:
             raise CheckpointKeyMissing(
