@@ -116,8 +116,11 @@ class EmbeddedDispatcher:
         self._unreachable_logged_at: float | None = None  # when "no worker answers" was last logged (monotonic)
         self._renew_every_s = settings.dispatch.delivery_lease_s / 3
         self._next_renewal = time.monotonic() + self._renew_every_s
-        # A worker URL answered worker_at_capacity: no delivery goes to it before this (monotonic), its Retry-After.
-        self._full_until: dict[str, float] = {}
+        # No delivery goes to a worker URL before this (monotonic): its Retry-After when it answered
+        # worker_at_capacity, a growing pause when it gave no answer or was stopping. Every URL has its entry from
+        # the start: delivery threads write it while the loop iterates it, and a dict whose keys never change cannot
+        # change size under that iteration ("dictionary changed size during iteration").
+        self._full_until: dict[str, float] = {url: 0.0 for url in self.urls}
         self.served = ServedSpecialists(self.urls, self.client, refresh_s=settings.dispatch.served_refresh_s)
 
     @property
@@ -133,7 +136,7 @@ class EmbeddedDispatcher:
         # loop waited for the poll interval).
         self._left_due = True
         now = time.monotonic()
-        open_urls = [url for url in self.urls if self._full_until.get(url, 0.0) <= now]
+        open_urls = [url for url in self.urls if self._full_until[url] <= now]
         with self._lock:
             load = self._load()
             # A URL whose last delivery got no answer (a worker killed or restarting) gets one delivery at a time, a
