@@ -156,11 +156,12 @@ class PricingSpec(_Closed):
 
     @model_validator(mode="after")
     def _fields_of_the_mode(self) -> PricingSpec:
+        if self.mode == "fixed":
+            stated = [name for name in ("base_credits", "credits_per_semantic_call", "credits_per_cpu_second")
+                      if getattr(self, name) is not None]
+            if stated:
+                raise ValueError(f"fixed pricing settles the tariff: remove {' and '.join(stated)}")
         metered_fields = (self.base_credits, self.credits_per_semantic_call)
-        if self.mode == "fixed" and any(value is not None for value in metered_fields):
-            raise ValueError("fixed pricing settles the tariff: remove base_credits and credits_per_semantic_call")
-        if self.mode == "fixed" and self.credits_per_cpu_second is not None:
-            raise ValueError("fixed pricing settles the tariff: remove credits_per_cpu_second")
         if self.mode == "metered" and any(value is None for value in metered_fields):
             raise ValueError("metered pricing needs base_credits and credits_per_semantic_call")
         return self

@@ -88,9 +88,12 @@ def test_pricing_fields_must_fit_the_mode(tmp_path):
     assert "metered pricing needs base_credits" in refused(
         tmp_path, pricing={"mode": "metered", "base_credits": 1, "credits_per_semantic_call": None}
     )
-    assert "fixed pricing settles the tariff" in refused(
+    assert "fixed pricing settles the tariff: remove base_credits and credits_per_semantic_call" in refused(
         tmp_path, pricing={"mode": "fixed", "base_credits": 1, "credits_per_semantic_call": 1}
     )
+    # Only what the spec states is named.
+    one = refused(tmp_path, pricing={"mode": "fixed", "base_credits": 1, "credits_per_semantic_call": None})
+    assert "remove base_credits" in one and "credits_per_semantic_call" not in one
 
 
 def test_metered_pricing_settles_base_plus_answered_calls_and_never_above_the_tariff(tmp_path):
