@@ -78,7 +78,7 @@ def _build() -> None:
         with open(path, "rb") as file:
             key, build, recipe = pickle.load(file)
         TEMPLATE = Template(key, recipe, build.prepare(recipe))
-    except Exception as exc:  # noqa: BLE001 - the forkserver must start anyway; each job's process then prepares its own
+    except Exception as exc:  # noqa: BLE001 - the forkserver must start anyway; each job's process prepares its own
         TEMPLATE = None
         # To the worker's stderr (the forkserver inherits it): a job whose own preparation fails too says why.
         logging.getLogger(__name__).warning(

@@ -3,7 +3,8 @@
 Two ``ProcessJobs`` of different recipes, as two workers in one process: the first starts the forkserver with its
 template, the second finds it running. Each runs two jobs whose runner tells where its runners were prepared, which
 recipe they came from, and which process ran it; then each lets its spare go. Prints what it saw as JSON.
-With ``--no-template-file``, one ``ProcessJobs`` whose template's file cannot be written (no space) runs two jobs.
+With ``--unhappy``: a ``ProcessJobs`` whose template fails to build in the forkserver, then one whose template's
+file cannot be written (no space), two jobs each.
 """
 
 from __future__ import annotations
@@ -35,7 +36,13 @@ class Where:
         return RunOutcome("completed", json.dumps({**self.prepared, "ran_in": os.getpid()}))
 
 
+FAILS_IN_FORKSERVER = "fails-in-forkserver"
+
+
 def prepare(recipe: str) -> dict[str, Any]:
+    # A job's process leads its own process group (workers.isolation._job_process); the forkserver does not.
+    if recipe == FAILS_IN_FORKSERVER and os.getpgid(0) != os.getpid():
+        raise RuntimeError("this recipe fails in the forkserver")
     return {"recipe": recipe, "prepared_in": os.getpid()}
 
 
@@ -69,17 +76,22 @@ def main() -> None:
     from tests.workers.job_template_probe import BUILD as build
 
     report: dict[str, Any] = {"probe": os.getpid()}
-    if sys.argv[1:] == ["--no-template-file"]:  # a worker that cannot write its template starts anyway
-        # A full disk, here only for the template's file (the forkserver's socket needs the temporary directory too,
-        # so one that is missing stops the worker before any template).
+    if sys.argv[1:] == ["--unhappy"]:
+        # A template that fails to build in the forkserver (this one starts it).
+        failing = ProcessJobs(build, FAILS_IN_FORKSERVER, max_memory_bytes=0)
+        report["forkserver"] = multiprocessing.forkserver._forkserver._forkserver_pid
+        report["failed"] = [run_one(failing, f"failed-{index}") for index in range(2)]
+        failing.close()
+
+        # A worker that cannot write its template: a full disk, here only for the template's file (the forkserver's
+        # socket needs the temporary directory too, so one that is missing stops the worker before any template).
         def no_space(*args: Any, **kwargs: Any) -> Any:
             raise OSError(errno.ENOSPC, "No space left on device")
 
         tempfile.mkstemp = no_space  # type: ignore[assignment]
-        jobs = ProcessJobs(build, "unwritten-recipe", max_memory_bytes=0)
-        report["forkserver"] = multiprocessing.forkserver._forkserver._forkserver_pid
-        report["unwritten"] = [run_one(jobs, f"unwritten-{index}") for index in range(2)]
-        jobs.close()
+        unwritten = ProcessJobs(build, "unwritten-recipe", max_memory_bytes=0)
+        report["unwritten"] = [run_one(unwritten, f"unwritten-{index}") for index in range(2)]
+        unwritten.close()
         print(json.dumps(report))
         return
     first = ProcessJobs(build, "first-recipe", max_memory_bytes=0)

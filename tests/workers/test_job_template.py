@@ -5,7 +5,8 @@ is): two ``ProcessJobs`` of different recipes, two jobs each. The first starts t
 its jobs' runners were prepared there; the second finds the forkserver running with another's, so its jobs'
 processes prepare their own, from their recipe, before their job comes. Either way a job runs its own worker's
 runners, each in a process of its own that has exited when the job is reported finished, and a spare whose worker
-lets it go exits without a job. A worker that cannot write its template starts anyway, and says so.
+lets it go exits without a job. A template that fails to build, or whose file cannot be written, is said in the
+worker's log, and each job's process prepares its own runners.
 """
 
 from __future__ import annotations
@@ -63,11 +64,13 @@ def test_a_spare_that_its_worker_lets_go_exits_without_a_job(seen: dict):
     assert (seen["first_spare_exitcode"], seen["second_spare_exitcode"]) == (0, 0)
 
 
-def test_a_worker_that_cannot_write_its_template_says_so_and_its_jobs_processes_prepare_their_own_runners():
-    seen, log = run_probe("--no-template-file")
-    jobs = seen["unwritten"]
-    assert [job["recipe"] for job in jobs] == ["unwritten-recipe", "unwritten-recipe"]
-    assert all(job["prepared_in"] == job["ran_in"] != seen["forkserver"] for job in jobs)
+def test_a_template_that_fails_to_build_or_cannot_be_written_is_said_and_each_jobs_process_prepares_its_own():
+    seen, log = run_probe("--unhappy")
+    for name, recipe in (("failed", "fails-in-forkserver"), ("unwritten", "unwritten-recipe")):
+        jobs = seen[name]
+        assert [job["recipe"] for job in jobs] == [recipe, recipe]
+        assert all(job["prepared_in"] == job["ran_in"] != seen["forkserver"] for job in jobs)
+    assert "could not be prepared in the forkserver (RuntimeError)" in log
     assert "the job processes' template could not be written" in log and "TMPDIR" in log
 
 
