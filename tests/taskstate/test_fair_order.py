@@ -17,6 +17,7 @@ from sqlalchemy import Connection, Engine, text
 from core.settings import Settings
 from taskstate import outbox
 from tests.workers.conftest import SERVICE_ACCOUNT
+from workers.dispatch.embedded import fair_order
 
 
 class Queue:
@@ -188,7 +189,7 @@ def _sent_count(conn: Connection) -> int:
 
 def _capped(jobs: Queue, settings: Settings) -> outbox.FairOrder:
     """The order a dispatcher with these settings takes in (its cap per customer), over the test's specialist."""
-    return outbox.FairOrder(served=(jobs.specialist,), max_per_customer=settings.customer_max_slots)
+    return fair_order(settings, served=(jobs.specialist,))
 
 
 CLOUD_TASKS = {"backend": "cloud_tasks", "cloud_tasks_project": "p", "cloud_tasks_location": "l",

@@ -82,6 +82,13 @@ def crash_here(point: str, settings: Settings) -> None:
         os._exit(CRASH_EXIT_CODE)
 
 
+def fair_order(settings: Settings, served: tuple[str, ...] | None = None) -> outbox.FairOrder:
+    """The fair order a dispatcher with these settings takes in (the embedded one's and the relay's): the default
+    weight, the cap per customer the reserve leaves (``Settings.customer_max_slots``), over ``served``."""
+    return outbox.FairOrder(default_weight=settings.dispatch.default_weight, served=served,
+                            max_per_customer=settings.customer_max_slots)
+
+
 class EmbeddedDispatcher:
     def __init__(
         self,
@@ -148,8 +155,7 @@ class EmbeddedDispatcher:
             return min([self._renew_every_s, *held_s])  # a delivery ending wakes us sooner
         self._full_since = None
         limit = min(free, self.settings.dispatch.batch_size)
-        order = outbox.FairOrder(default_weight=self.settings.dispatch.default_weight, served=self.served.current(),
-                                 max_per_customer=self.settings.customer_max_slots)
+        order = fair_order(self.settings, served=self.served.current())
         rows = db.retrying_once(lambda: self._take(limit, order))
         self._left_due = len(rows) == limit
         if rows:

@@ -33,7 +33,7 @@ from taskstate import outbox
 from workers.dispatch import jobs
 from workers.dispatch.base import DispatchError, DispatchRefused, Dispatcher
 from workers.dispatch.delivery import retry_delay_s
-from workers.dispatch.embedded import crash_here
+from workers.dispatch.embedded import crash_here, fair_order
 from workers.dispatch.sweeper import give_up
 from taskstate.updates import TaskEvents
 
@@ -60,8 +60,7 @@ class CloudTasksRelay:
         to_give_up: list[tuple[outbox.OutboxRow, str]] = []
         with self.engine.begin() as conn:
             rows = outbox.lock_due(conn, limit=limit, max_in_flight=self.settings.dispatch.relay_max_in_flight,
-                                   order=outbox.FairOrder(default_weight=self.settings.dispatch.default_weight,
-                                                          max_per_customer=self.settings.customer_max_slots))
+                                   order=fair_order(self.settings))
             if rows:
                 crash_here("before_enqueue", self.settings)
             for row in rows:
