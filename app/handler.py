@@ -197,10 +197,11 @@ class EdgeRequestHandler(DefaultRequestHandler):
             task = admitted.task
             if task.status.state in STOP_STATES:
                 return apply_history_length(task, params.configuration)
-            if task.id != watched:  # a resend: its task was admitted before the watch began
-                with self.events.watching(task.id) as woken_too:
-                    return await self._wait(task.id, params, context, woken_too, read_first=True)
-            return await self._wait(task.id, params, context, woken, read_first=False)
+            if task.id == watched:
+                return await self._wait(task.id, params, context, woken, read_first=False)
+        # A resend of a new task: the task was admitted before this send's watch began, so it reads before it waits.
+        with self.events.watching(task.id) as woken:
+            return await self._wait(task.id, params, context, woken, read_first=True)
 
     async def _wait(self, task_id: str, params: SendMessageRequest, context: ServerCallContext,
                     woken: asyncio.Event, *, read_first: bool) -> Task:
