@@ -545,6 +545,13 @@ class MontyKernel:
         if self._started:
             raise CheckpointError("the kernel is already started; close it first")
         check_bridge_names(bridge)
+        unknown = sorted(self._pending_names - set(bridge)) if self._pending_names else []
+        if unknown:
+            raise CheckpointError(
+                f"record_pending_calls names {unknown}, which the bridge does not have (it has {sorted(bridge)}): "
+                "no call would ever be snapshotted under that name; name bridge functions",
+                setting="record_pending_calls",
+            )
         self._caller = HostCaller(
             bridge, timeout_s=self.limits.host_call_timeout_s, max_abandoned=self.limits.max_abandoned_host_calls
         )

@@ -306,3 +306,13 @@ def test_record_pending_calls_refuses_what_is_not_a_collection_of_bridge_names(
     with pytest.raises(RLMError) as refused:
         MontyKernel(LIMITS, store=store, session_id=SESSION, record_pending_calls=wrong)  # type: ignore[arg-type]
     assert refused.value.code == "checkpoint_error" and "record_pending_calls" in str(refused.value)
+
+
+def test_record_pending_calls_refuses_a_name_the_bridge_does_not_have(store: FileCheckpointStore) -> None:
+    """A misspelt name (the bridge's is ``ask``) would leave the call it means without a snapshot, silently."""
+    with MontyKernel(LIMITS, store=store, session_id=SESSION, record_pending_calls={"asks"}) as k:
+        with pytest.raises(RLMError) as refused:
+            k.start({"ask": lambda q: q}, "")
+    assert refused.value.code == "checkpoint_error"
+    assert "record_pending_calls" in str(refused.value) and "'asks'" in str(refused.value)
+    assert store.list(SESSION) == []  # refused before anything ran or was written
