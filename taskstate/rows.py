@@ -145,9 +145,10 @@ def insert_new(conn: Connection, task: Task, owner: str) -> int:
     return 1
 
 
-_TASK_WITH_VERSION = text(
+_TASK_WITH_VERSION_SQL = (
     "SELECT t.*, v.version FROM tasks t JOIN task_versions v ON v.task_id = t.id WHERE t.id = :t AND t.owner = :o"
 )
+_TASK_WITH_VERSION = text(_TASK_WITH_VERSION_SQL)
 
 
 def read(conn: Connection, task_id: str, owner: str) -> Task | None:
@@ -169,10 +170,7 @@ def load(conn: Connection, task_id: str, owner: str) -> tuple[Task, int]:
     return task_from_row(row), int(row.version)
 
 
-_TASK_WITH_VERSION_IN_STATES = text(
-    "SELECT t.*, v.version FROM tasks t JOIN task_versions v ON v.task_id = t.id "
-    "WHERE t.id = :t AND t.owner = :o AND t.status ->> 'state' = ANY(CAST(:states AS text[]))"
-)
+_TASK_WITH_VERSION_IN_STATES = text(_TASK_WITH_VERSION_SQL + " AND t.status ->> 'state' = ANY(CAST(:states AS text[]))")
 
 
 def load_if_in(conn: Connection, task_id: str, owner: str, states: list[str]) -> tuple[Task, int] | None:
