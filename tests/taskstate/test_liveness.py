@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from sqlalchemy import text
 
 from core.settings import Settings
-from taskstate import liveness
+from taskstate import claims, liveness
 
 
 def _mine(engine, prefix: str) -> dict[str, liveness.WorkerBeat]:
@@ -78,3 +78,36 @@ def test_only_a_beat_older_than_the_bound_says_its_worker_stopped(engine):
         said = {name: conn.execute(stopped, {"w": f"{prefix}-{name}", "dead_after_s": 10.0}).scalar_one()
                 for name in ("old", "new", "never")}
     assert said == {"old": True, "new": False, "never": False}  # a worker that never beat is left to its leases
+
+
+def test_a_running_claim_is_recorded_unknown_for_a_dead_holder_only_while_its_beat_is_still_that_old(engine):
+    # The sweeper's decision (``claims.record_unknown`` with ``holder_dead_after_s``), taken under the claim's row
+    # lock: a holder whose beat came back (it was only late) keeps its claim; a dead one's is decided once, with the
+    # reason, and the holder's next renewal is fenced.
+    prefix = f"w-{uuid.uuid4().hex[:8]}"
+    late, dead = f"{prefix}-late", f"{prefix}-dead"
+    jobs = {name: f"job-{uuid.uuid4().hex[:16]}" for name in (late, dead)}
+    with engine.begin() as conn:
+        tokens = {name: claims.claim(conn, jobs[name], worker_id=name, lease_s=600).fencing_token
+                  for name in (late, dead)}
+        liveness.beat(conn, late, ["reviewer"])
+        liveness.beat(conn, dead, ["reviewer"])
+        conn.execute(text("UPDATE worker_beats SET beat_at = now() - interval '30 seconds' WHERE worker_id = :w"),
+                     {"w": dead})
+    why = "its worker stopped beating for 10 s"
+    with engine.begin() as conn:
+        recorded = {name: claims.record_unknown(conn, jobs[name], fencing_token=tokens[name], why=why,
+                                                holder_dead_after_s=10.0) for name in (late, dead)}
+    assert recorded == {late: False, dead: True}
+    with engine.begin() as conn:
+        assert not claims.record_unknown(conn, jobs[dead], fencing_token=tokens[dead], why=why,
+                                         holder_dead_after_s=10.0)  # decided once
+        dead_row, late_row = claims.get(conn, jobs[dead]), claims.get(conn, jobs[late])
+        renewed = claims.renew(conn, jobs[dead], fencing_token=tokens[dead], lease_s=600)
+    assert dead_row["state"] == "unknown" and dead_row["lease_expires_at"] is None
+    assert why in dead_row["unknown_reason"] and dead in dead_row["unknown_reason"]
+    assert late_row["state"] == "running" and late_row["unknown_at"] is None
+    assert renewed.outcome == "fenced"  # the holder, were it alive after all, learns it at its next renewal
+    with pytest.raises(claims.ClaimError, match="positive"):
+        with engine.begin() as conn:
+            claims.record_unknown(conn, jobs[late], fencing_token=tokens[late], why=why, holder_dead_after_s=0.0)
