@@ -65,25 +65,32 @@ def prepared(key: str) -> Template | None:
     return template
 
 
-def _build() -> None:
-    """In the forkserver, at its preload: the offered template, if any, then the collector's freeze."""
-    global TEMPLATE
-    offered = os.environ.pop(TEMPLATE_VARIABLE, None)
-    if offered is None or sys.argv[:1] != ["-c"]:  # not a forkserver (it runs as `python -c ...`)
-        return
+def _read(offered: str) -> Template | None:
+    """The template offered (``offer``'s ``pid:path``), built; None if it is not this forkserver's, or failed."""
     offerer, _, path = offered.partition(":")
     if offerer != str(os.getppid()):  # not the forkserver of the worker that offered it
-        return
+        return None
     try:
         with open(path, "rb") as file:
             key, build, recipe = pickle.load(file)
-        TEMPLATE = Template(key, recipe, build.prepare(recipe))
+        return Template(key, recipe, build.prepare(recipe))
     except Exception as exc:  # noqa: BLE001 - the forkserver must start anyway; each job's process prepares its own
-        TEMPLATE = None
         # To the worker's stderr (the forkserver inherits it): a job whose own preparation fails too says why.
         logging.getLogger(__name__).warning(
             "the job processes' runners could not be prepared in the forkserver (%s): each job's process prepares "
             "its own, before its job comes", type(exc).__name__)
+        return None
+
+
+def _build() -> None:
+    """In the forkserver, at its preload: the offered template, if any, then the collector's freeze (with or
+    without a template: a job's collector then leaves the imported modules' pages shared too)."""
+    global TEMPLATE
+    offered = os.environ.pop(TEMPLATE_VARIABLE, None)
+    if sys.argv[:1] != ["-c"]:  # not a forkserver (it runs as `python -c ...`)
+        return
+    if offered is not None:
+        TEMPLATE = _read(offered)
     gc.collect()
     gc.freeze()
 
