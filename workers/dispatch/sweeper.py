@@ -35,9 +35,10 @@ Lock order as everywhere: claim, outbox, task, ledger.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from ledger import operations
 from ledger.errors import ResolutionRefused
@@ -104,41 +105,45 @@ class LeaseSweeper:
         with self.engine.connect() as conn:
             held = claims.dead_holders(conn, dead_after_s=dead_after_s, limit=MAX_SWEPT_PER_ROUND,
                                        max_resumes=self.max_resumes, resume_window_s=self.resume_window_s)
-        swept: list[Swept] = []
-        for job in held:
-            assert job.fencing_token is not None
-            why = f"its worker stopped beating for {dead_after_s:g} s; found by the lease sweeper"
-            with self.engine.begin() as conn:
-                newly = claims.record_unknown(conn, job.job_id, fencing_token=job.fencing_token, why=why,
-                                              holder_dead_after_s=dead_after_s)
-                if newly:
-                    self.settlement.mark_unknown_ref(conn, job.ref, job.fencing_token, why)
-            if newly:
-                log.warning("job %s: its worker stopped beating; recorded unknown for an operator", job.job_id,
-                            extra={"event": "job_unknown", "job_id": job.job_id, "task_id": job.ref.task_id,
-                                   "code": "worker_dead"})
-                self.settlement.tasks.notify(job.ref.task_id)
-                swept.append(Swept(job.job_id, job.fencing_token))
-        return swept
+        why = f"its worker stopped beating for {dead_after_s:g} s; found by the lease sweeper"
+
+        def decide(conn: Connection, job: claims.DispatchedJob) -> int | None:
+            assert job.fencing_token is not None  # dead_holders reads it
+            newly = claims.record_unknown(conn, job.job_id, fencing_token=job.fencing_token, why=why,
+                                          holder_dead_after_s=dead_after_s)
+            return job.fencing_token if newly else None
+
+        return self._record_unknown(held, decide, why=why, code="worker_dead", said="its worker stopped beating")
 
     def _sweep_expired(self) -> list[Swept]:
         with self.engine.connect() as conn:
             expired = claims.expired_dispatched(conn, limit=MAX_SWEPT_PER_ROUND, max_resumes=self.max_resumes,
                                                 resume_window_s=self.resume_window_s)
+
+        def decide(conn: Connection, job: claims.DispatchedJob) -> int | None:
+            newly, token = claims.expire_lease(conn, job.job_id)
+            return int(token) if newly else None
+
+        return self._record_unknown(expired, decide, why="its lease expired while it ran; found by the lease sweeper",
+                                    code="lease_expired", said="its worker's lease expired")
+
+    def _record_unknown(self, jobs: list[claims.DispatchedJob],
+                        decide: Callable[[Connection, claims.DispatchedJob], int | None], *, why: str, code: str,
+                        said: str) -> list[Swept]:
+        """Each job's claim decided (``decide``: the token it recorded unknown, None when it no longer could) in one
+        transaction with the ledger's and the task's unknown mark, then its task's watchers told; those recorded."""
         swept: list[Swept] = []
-        for job in expired:
+        for job in jobs:
             with self.engine.begin() as conn:
-                newly, token = claims.expire_lease(conn, job.job_id)
-                if newly:
-                    self.settlement.mark_unknown_ref(
-                        conn, job.ref, int(token), "its lease expired while it ran; found by the lease sweeper"
-                    )
-            if newly:
-                log.warning("job %s: its worker's lease expired; recorded unknown for an operator", job.job_id,
-                            extra={"event": "job_unknown", "job_id": job.job_id, "task_id": job.ref.task_id,
-                                   "code": "lease_expired"})
-                self.settlement.tasks.notify(job.ref.task_id)
-                swept.append(Swept(job.job_id, int(token)))
+                token = decide(conn, job)
+                if token is not None:
+                    self.settlement.mark_unknown_ref(conn, job.ref, token, why)
+            if token is None:
+                continue
+            log.warning("job %s: %s; recorded unknown for an operator", job.job_id, said,
+                        extra={"event": "job_unknown", "job_id": job.job_id, "task_id": job.ref.task_id, "code": code})
+            self.settlement.tasks.notify(job.ref.task_id)
+            swept.append(Swept(job.job_id, token))
         return swept
 
 
