@@ -114,6 +114,12 @@ def _check_lease(lease_s: float) -> None:
         raise ClaimError(f"a lease must be positive, got {lease_s} s (SPECIALISTS_WORKER_LEASE_S)", code="lease_invalid")
 
 
+def _check_dead_after(dead_after_s: float) -> None:
+    if not dead_after_s > 0:
+        raise ClaimError(f"a dead worker's bound must be positive, got {dead_after_s} s "
+                         "(SPECIALISTS_WORKER_DEAD_AFTER_BEATS x SPECIALISTS_WORKER_BEAT_S)", code="dead_after_invalid")
+
+
 def _aware(now: datetime | None) -> datetime | None:
     if now is not None and now.tzinfo is None:
         raise ClaimError("now must carry a time zone", code="now_invalid")
@@ -391,8 +397,7 @@ def dead_holders(conn: Connection, *, dead_after_s: float, limit: int, max_resum
                  ) -> list[DispatchedJob]:
     """Dispatched jobs running under a claim of a worker whose last beat is older than ``dead_after_s`` (it died
     without a word), whose lease has not passed yet, and that no later delivery may resume; with their tokens."""
-    if not dead_after_s > 0:
-        raise ClaimError(f"a dead worker's bound must be positive, got {dead_after_s} s", code="dead_after_invalid")
+    _check_dead_after(dead_after_s)
     rows = conn.execute(_DEAD_HOLDERS, {"n": limit, "dead_after_s": dead_after_s, "max_resumes": max_resumes,
                                         "window_s": resume_window_s}).all()
     return [DispatchedJob(r.job_id, TaskRef(r.task_id, int(r.dispatch_id), r.owner, r.context_id), int(r.fencing_token))
@@ -419,9 +424,8 @@ def record_unknown(conn: Connection, job_id: str, *, fencing_token: int, why: st
     may have happened, so it is never run again and its money stays held for an operator. With
     ``holder_dead_after_s``, only while its worker's last beat is older than that. False when the claim is no longer
     that running claim (finished, renewed by a live holder, already unknown)."""
-    if holder_dead_after_s is not None and not holder_dead_after_s > 0:
-        raise ClaimError(f"a dead worker's bound must be positive, got {holder_dead_after_s} s",
-                         code="dead_after_invalid")
+    if holder_dead_after_s is not None:
+        _check_dead_after(holder_dead_after_s)
     row = conn.execute(_RECORD_UNKNOWN, {"j": job_id, "t": fencing_token, "why": why,
                                          "dead_after_s": holder_dead_after_s}).first()
     return row is not None

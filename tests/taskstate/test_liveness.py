@@ -108,6 +108,7 @@ def test_a_running_claim_is_recorded_unknown_for_a_dead_holder_only_while_its_be
     assert why in dead_row["unknown_reason"] and dead in dead_row["unknown_reason"]
     assert late_row["state"] == "running" and late_row["unknown_at"] is None
     assert renewed.outcome == "fenced"  # the holder, were it alive after all, learns it at its next renewal
-    with pytest.raises(claims.ClaimError, match="positive"):
+    with pytest.raises(claims.ClaimError, match="positive.*SPECIALISTS_WORKER_DEAD_AFTER_BEATS") as refused:
         with engine.begin() as conn:
             claims.record_unknown(conn, jobs[late], fencing_token=tokens[late], why=why, holder_dead_after_s=0.0)
+    assert refused.value.code == "dead_after_invalid"
