@@ -48,6 +48,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from core.specs import LoadedSpec
 from workers.runs import RunOutcome
 from workers.settings import WorkerSettings
 
@@ -93,10 +94,9 @@ def policy_of(recipe: Any, specialist_id: str) -> CpuPolicy:
     settings = getattr(recipe, "settings", None)
     if settings is None:
         return CpuPolicy.of(WorkerSettings.model_construct(), None)  # the defaults, not the environment's
-    loaded: Mapping[str, Any] = getattr(recipe, "specs", None) or {}
-    spec = loaded.get(specialist_id)
-    limits = None if spec is None else getattr(spec.spec, "limits", None)
-    return CpuPolicy.of(settings.worker, None if limits is None else limits.max_cpu_s)
+    loaded: Mapping[str, LoadedSpec] = getattr(recipe, "specs", None) or {}
+    spec = loaded.get(specialist_id)  # none for a runner without a spec file (the scripted specialist)
+    return CpuPolicy.of(settings.worker, None if spec is None else spec.spec.limits.max_cpu_s)
 
 
 # --- the count ------------------------------------------------------------------------------------
