@@ -292,13 +292,11 @@ _HAND_BACK = text(
 
 
 def hand_back(conn: Connection, row: OutboxRow, *, error: str) -> None:
-    """The worker claimed nothing because it was full: the row is as it was before the take, due since it was, its
-    attempt uncounted, and its customer's turn as it was unless the customer had another since. So the busy path
-    keeps the fair order: a refusal moves neither the row behind rows due after it nor its customer behind others.
-    A row not taken by ``take`` (no ``taken_at``) is made due at once."""
-    if row.taken_at is None or row.due_at is None:
-        reschedule(conn, row, delay_s=0.0, error=error, attempts=row.attempts - 1)
-        return
+    """The worker claimed nothing (it was full, gone or stopping): the row is as it was before the take, due since
+    it was, its attempt uncounted, and its customer's turn as it was unless the customer had another since. So the
+    busy path keeps the fair order: a refusal moves neither the row behind rows due after it nor its customer behind
+    others. Only a row of ``take`` can be handed back: what the take changed is what it returned."""
+    assert row.taken_at is not None and row.due_at is not None, f"hand_back is given a row of take(): {row}"
     conn.execute(_HAND_BACK, {"d": row.dispatch_id, "due_at": row.due_at, "e": error[:MAX_LAST_ERROR_CHARS],
                               "a": row.attempts - 1, "turn_before": row.turn_before, "taken_at": row.taken_at})
 
