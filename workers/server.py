@@ -158,10 +158,9 @@ class WorkerService:
         why = "its worker stopped before it ended (SPECIALISTS_WORKER_DRAIN_S)"
         for job, token in running:
             try:
-                with self.engine.begin() as conn:
-                    newly = claims.record_unknown(conn, job.job_id, fencing_token=token, why=why)
-                    if newly:
-                        self.settlement.mark_unknown(conn, job, token, why)
+                # A pooled connection idle since the database restarted is found dead here (no ping on checkout):
+                # again at once on a new one, or the job would wait out its lease (its beat row goes with the stop).
+                newly = db.retrying_once(lambda job=job, token=token: self._record_abandoned(job, token, why))
             except DBAPIError as exc:  # its lease passes instead, and the sweeper records it
                 log.warning("job %s: could not be recorded unknown as the worker stopped (%s)", job.job_id,
                             type(exc).__name__)
@@ -172,6 +171,13 @@ class WorkerService:
                 log.warning("job %s: still running as its worker stopped; recorded unknown for an operator",
                             job.job_id, extra={"event": "job_unknown", "job_id": job.job_id, "code": "worker_stopped"})
         return recorded
+
+    def _record_abandoned(self, job: VerifiedJob, token: int, why: str) -> bool:
+        with self.engine.begin() as conn:
+            newly = claims.record_unknown(conn, job.job_id, fencing_token=token, why=why)
+            if newly:
+                self.settlement.mark_unknown(conn, job, token, why)
+        return newly
 
     def _stopping_answer(self, job: VerifiedJob) -> JSONResponse:
         return _answer(503, "worker_stopping", "this worker is stopping; the job was not started here, deliver it to "
