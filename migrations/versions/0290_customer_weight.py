@@ -33,12 +33,13 @@ depends_on = None
 
 MAX_WEIGHT = 1000  # taskstate.outbox.MAX_WEIGHT
 MAX_REASON_CHARS = 500  # taskstate.outbox.MAX_WEIGHT_REASON_CHARS, as ledger_account_changes.reason
+MAX_CHANGED_BY_CHARS = 200  # taskstate.outbox.MAX_CHANGED_BY_CHARS
 
 SCHEMA = rf"""
 CREATE TABLE dispatch_weights (
     customer_id  text PRIMARY KEY REFERENCES customers (customer_id),
     weight       integer NOT NULL CHECK (weight BETWEEN 1 AND {MAX_WEIGHT}),
-    changed_by   text NOT NULL CHECK (length(changed_by) BETWEEN 1 AND 200),
+    changed_by   text NOT NULL CHECK (length(changed_by) BETWEEN 1 AND {MAX_CHANGED_BY_CHARS}),
     reason       text NOT NULL CHECK (length(reason) BETWEEN 1 AND {MAX_REASON_CHARS}),
     changed_at   timestamptz NOT NULL DEFAULT now()
 );
