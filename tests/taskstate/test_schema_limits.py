@@ -11,6 +11,9 @@ UPPER_BOUNDS = [
     ("job_claims", "length(worker_id)", claims.MAX_WORKER_ID_CHARS),
     ("job_claims", "length(cancel_reason)", claims.MAX_REASON_CHARS),
     ("dispatch_outbox", "length(last_error)", outbox.MAX_LAST_ERROR_CHARS),
+    ("dispatch_weights", "weight", outbox.MAX_WEIGHT),
+    ("dispatch_weights", "length(reason)", outbox.MAX_WEIGHT_REASON_CHARS),
+    ("dispatch_weights", "length(changed_by)", outbox.MAX_CHANGED_BY_CHARS),
 ]
 
 
