@@ -407,8 +407,8 @@ class _Send:
     message: Message
     checked: Checked
     key_retention_s: float
-    max_push_configs: int = 0
-    new_task_id: str = ""  # the id of the task this send creates, if it creates one
+    max_push_configs: int
+    new_task_id: str  # the id of the task this send creates, if it creates one (chosen by ``admit``)
 
     def store_push(self, conn: Connection, task_id: str) -> None:
         """The send's push configuration for ``task_id``, before the event that should notify it."""
@@ -595,7 +595,7 @@ def _checked(params: dict[str, Any]) -> dict[str, Any]:
 def _new_task(send: _Send, *, at_once: bool) -> tuple[Task, dict[str, Any]]:
     """A new task for the send (SUBMITTED, the message its history) and the parameters of its statement."""
     spec, identity, message, checked = send.loaded.spec, send.identity, send.message, send.checked
-    task_id = send.new_task_id or str(uuid.uuid4())
+    task_id = send.new_task_id
     context_id = message.context_id or str(uuid.uuid4())
     stored = Message()
     stored.CopyFrom(message)
