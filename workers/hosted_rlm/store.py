@@ -59,6 +59,7 @@ from __future__ import annotations
 import json
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import Connection, Engine, text
@@ -130,19 +131,21 @@ class PgCheckpointStore:
     """``CheckpointStore`` for one job. ``last_seq`` is the newest record this process wrote or read."""
 
     def __init__(self, engine: Engine, *, job_id: str, fencing_token: int, session_id: str,
-                 sync: CheckpointSync = "with_journal", policy: CheckpointPolicy = CheckpointPolicy()) -> None:
+                 sync: CheckpointSync = "with_journal", policy: CheckpointPolicy = CheckpointPolicy(),
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.engine = engine
         self.job_id = job_id
         self.fencing_token = fencing_token
         self.session_id = check_session_id(session_id)
         self.sync = sync
         self.policy = policy
+        self._clock = clock  # the policy's every_s is measured on it
         self.last_seq: int | None = None
         self.last_pending = False  # the newest record written is a snapshot before a paid call
         self.writes = 0  # statements that wrote records (one per write, whatever it holds)
         self._held: list[tuple[int, bytes]] = []  # session records not written yet, oldest first
         self._prune_before: int | None = None  # a prune waiting for the write of the record it keeps
-        self._written_at = time.monotonic()
+        self._written_at = self._clock()
 
     def _same_session(self, session_id: str) -> None:
         if session_id != self.session_id:
@@ -161,7 +164,7 @@ class PgCheckpointStore:
     def _due(self) -> bool:
         """Whether the session records held are to be written now (the policy, the module's opening)."""
         return (self.last_seq is None or self.last_pending or len(self._held) >= self.policy.every_steps
-                or time.monotonic() - self._written_at >= self.policy.every_s)
+                or self._clock() - self._written_at >= self.policy.every_s)
 
     def _write(self, *, pending: bool) -> None:
         """The records held, oldest first, and the prune waiting for them: one statement, fenced. Under
@@ -187,7 +190,7 @@ class PgCheckpointStore:
             )
         self.last_seq, self.last_pending = records[-1][0], pending
         self.writes += 1
-        self._written_at = time.monotonic()
+        self._written_at = self._clock()
 
     def get(self, session_id: str, seq: int) -> bytes:
         self._same_session(session_id)

@@ -59,6 +59,27 @@ def test_records_are_held_until_the_policy_or_a_paid_call_needs_them_and_written
     assert (store.list(sid), store.writes) == ([8, 9, 10], 5)
 
 
+def test_records_held_are_written_once_every_s_has_passed_since_the_last_write(engine):
+    """The time half of the policy, on the store's clock (the test's, so nothing waits): a record offered before
+    ``every_s`` is held, the first one offered at or after it is written with everything held."""
+    now = [1000.0]
+    job_id = support.new_job_id()
+    store = PgCheckpointStore(engine, job_id=job_id, fencing_token=support.claim(engine, job_id),
+                              session_id=session_id_for(job_id), policy=CheckpointPolicy(every_steps=1000, every_s=10),
+                              clock=lambda: now[0])
+    sid = store.session_id
+    store.put(sid, 0, record(sid, 0))
+    now[0] += 9.9
+    store.put(sid, 1, record(sid, 1))
+    assert (store.list(sid), store.writes) == ([0], 1)  # 9.9 s after the last write: held
+    now[0] += 0.1
+    store.put(sid, 2, record(sid, 2))
+    assert (store.list(sid), store.writes) == ([0, 1, 2], 2)  # 10 s: written, with the one held
+    now[0] += 5
+    store.put(sid, 3, record(sid, 3))
+    assert (store.list(sid), store.writes) == ([0, 1, 2], 2)  # the clock restarts at each write
+
+
 def test_a_paid_call_is_sent_only_after_the_snapshot_it_resumes_from_is_written(engine, tmp_path, monkeypatch):
     """Whatever the count, every semantic call's row names a snapshot before its host call that was written before
     the call's row (so before the call was sent); the run wrote 3 times: its first record, the snapshot (with the
