@@ -37,15 +37,6 @@ _BEAT = text(compact_sql("""
     RETURNING (SELECT count(*) FROM dead) AS pruned
 """))
 _FORGET = text("DELETE FROM worker_beats WHERE worker_id = :worker")
-
-
-def stopped_beating_sql(worker_id: str) -> str:
-    """A condition: the worker id expression ``worker_id`` has a beat row older than ``:dead_after_s`` seconds by the
-    database's clock (parameter ``dead_after_s``): a worker that died without a word (SIGKILL, a lost machine), by
-    its primary key. A worker that never beat, or stopped cleanly (its row deleted), is not one: its claims are
-    left to their leases."""
-    return (f"EXISTS (SELECT 1 FROM worker_beats b WHERE b.worker_id = {worker_id} "
-            "AND b.beat_at < now() - make_interval(secs => :dead_after_s))")
 _READ = text(compact_sql("""
     SELECT worker_id, specialists, started_at, beat_at, now() - beat_at <= make_interval(secs => :live_s) AS live,
            EXTRACT(EPOCH FROM now() - beat_at) AS beat_age_s
@@ -76,6 +67,15 @@ def beat(conn: Connection, worker_id: str, specialists: list[str]) -> int:
 def forget(conn: Connection, worker_id: str) -> None:
     """A worker stopping cleanly: it is gone now, not after the live bound."""
     conn.execute(_FORGET, {"worker": worker_id})
+
+
+def stopped_beating_sql(worker_id: str) -> str:
+    """A condition: the worker id expression ``worker_id`` has a beat row older than ``:dead_after_s`` seconds by the
+    database's clock (parameter ``dead_after_s``): a worker that died without a word (SIGKILL, a lost machine), by
+    its primary key. A worker that never beat, or stopped cleanly (its row deleted), is not one: its claims are
+    left to their leases."""
+    return (f"EXISTS (SELECT 1 FROM worker_beats b WHERE b.worker_id = {worker_id} "
+            "AND b.beat_at < now() - make_interval(secs => :dead_after_s))")
 
 
 def workers(conn: Connection, *, live_s: float) -> list[WorkerBeat]:
