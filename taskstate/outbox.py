@@ -107,7 +107,7 @@ _FAIR_DUE = f"""
 _LOCK_MARGIN = 16  # ranked rows past twice the take's limit that are still joined and may be locked
 _CHOSEN = """,
     chosen AS (
-        SELECT o.dispatch_id, r.customer, r.share, r.last_started_at AS turn_at, r.available_at AS due_at
+        SELECT o.dispatch_id, r.customer, r.share, r.last_started_at AS turn_before, r.available_at AS due_at
           FROM dispatch_outbox o
           JOIN (SELECT * FROM ranked ORDER BY share, last_started_at NULLS FIRST, available_at, dispatch_id
                  LIMIT 2 * :n + {margin}) r ON r.dispatch_id = o.dispatch_id
@@ -129,7 +129,7 @@ _TAKE = text(
       FROM chosen
      WHERE o.dispatch_id = chosen.dispatch_id
     RETURNING o.dispatch_id, o.task_id, o.specialist_id, o.owner, o.context_id, o.attempts, o.trace_parent,
-              chosen.share, chosen.turn_at, chosen.due_at, o.taken_at
+              chosen.share, chosen.turn_before, chosen.due_at, o.taken_at
     """
 )
 _UNDER_MAX_IN_FLIGHT = ("LEAST(:n, GREATEST(0, :max_in_flight - "
@@ -139,7 +139,7 @@ _UNDER_MAX_IN_FLIGHT = ("LEAST(:n, GREATEST(0, :max_in_flight - "
 _LOCK = text(
     f"""{_FAIR_DUE}{_CHOSEN.format(margin=_LOCK_MARGIN, limit=_UNDER_MAX_IN_FLIGHT)}
     SELECT o.dispatch_id, o.task_id, o.specialist_id, o.owner, o.context_id, o.attempts + 1 AS attempts,
-           o.trace_parent, chosen.share, chosen.turn_at, chosen.due_at, CAST(NULL AS timestamptz) AS taken_at
+           o.trace_parent, chosen.share, chosen.turn_before, chosen.due_at, CAST(NULL AS timestamptz) AS taken_at
       FROM dispatch_outbox o JOIN chosen ON chosen.dispatch_id = o.dispatch_id
     """
 )
@@ -172,10 +172,10 @@ class OutboxRow:
 
 def _rows(result) -> list[OutboxRow]:  # type: ignore[no-untyped-def]
     """Taken or locked rows in the fair order (least share first): each counts the attempt about to be made."""
-    ordered = sorted(result, key=lambda r: (r.share, r.turn_at is not None, r.turn_at or r.due_at, r.due_at,
+    ordered = sorted(result, key=lambda r: (r.share, r.turn_before is not None, r.turn_before or r.due_at, r.due_at,
                                             r.dispatch_id))
     rows = [OutboxRow(r.dispatch_id, r.task_id, r.specialist_id, r.owner, r.context_id, r.attempts, r.trace_parent,
-                      r.due_at, r.turn_at, r.taken_at)
+                      r.due_at, r.turn_before, r.taken_at)
             for r in ordered]
     assert all(row.attempts >= 1 for row in rows), rows
     return rows
