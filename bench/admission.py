@@ -74,6 +74,9 @@ MAX_OTLP_BODY_BYTES = 16 * 1024 * 1024
 # After the telemetry edge stops (its shutdown exports what is pending), the receiver is read once nothing has
 # arrived for this long.
 RECEIVER_QUIET_S = 1.0
+# --profile: py-spy's sampling rate, and how long the bench waits for it to write its file after its --duration.
+PROFILE_RATE_HZ = 200
+PROFILE_WRITE_MAX_S = 60
 
 
 # --- the baseline server (run as a subprocess: `admission.py baseline-server PORT`) -----------
@@ -536,13 +539,13 @@ def main() -> None:
             # A sampling profile of the edge over its closed-loop runs (py-spy, --nonblocking: the edge is not paused).
             # Not a role: a tool run to completion beside the load.
             profiler = subprocess.Popen(
-                [args.py_spy, "record", "--pid", str(process.pid), "--rate", "200", "--nonblocking", "--format", "raw",
-                 "--duration", str(int(args.seconds + args.warmup)), "--output", f"{args.profile}.{len(results)}.txt"],
+                [args.py_spy, "record", "--pid", str(process.pid), "--rate", str(PROFILE_RATE_HZ), "--nonblocking",
+                 "--format", "raw", "--duration", str(int(args.seconds + args.warmup)), "--output", f"{args.profile}.{len(results)}.txt"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         result = measure(name + ("@" if rate_per_s else ""), send_url, tokens, args.seconds, args.warmup, rate_per_s,
                          watched)
         if profiler is not None:
-            profiler.wait(timeout=60)
+            profiler.wait(timeout=PROFILE_WRITE_MAX_S)
         return result
 
     try:
