@@ -540,7 +540,8 @@ def main() -> None:
             # Not a role: a tool run to completion beside the load.
             profiler = subprocess.Popen(
                 [args.py_spy, "record", "--pid", str(process.pid), "--rate", str(PROFILE_RATE_HZ), "--nonblocking",
-                 "--format", "raw", "--duration", str(int(args.seconds + args.warmup)), "--output", f"{args.profile}.{len(results)}.txt"],
+                 "--format", "raw", "--duration", str(int(args.seconds + args.warmup)),
+                 "--output", f"{args.profile}.{len(results)}.txt"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         result = measure(name + ("@" if rate_per_s else ""), send_url, tokens, args.seconds, args.warmup, rate_per_s,
                          watched)
