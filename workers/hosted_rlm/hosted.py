@@ -43,7 +43,7 @@ from core.specs import SpecialistSpec
 from rlmfamily.errors import KernelError, ProviderError
 from rlmfamily.extensions import RunInfo
 from rlmfamily.kernels.base import StepResult
-from rlmfamily.kernels.monty import MontyKernel
+from rlmfamily.kernels.monty import MontyKernel, Recovery
 from rlmfamily.namespace import render_answer
 from rlmfamily.providers.base import Completion, Provider
 from rlmfamily.settings import RLMSettings
@@ -399,7 +399,7 @@ class HostedKernel:
         self._bridge: dict[str, Callable[..., Any]] = {}
         self._prelude = ""
         self._live = False
-        self._recovery: Any = None  # what the kernel recovered from on a resume (MontyKernel.recover)
+        self._recovery: Recovery | None = None  # what the kernel recovered from on a resume
         self._resumed = False  # the first step run live after a resume was reached
         self._answer: str | None = None
         self._refusals: dict[str, int] = {}
@@ -503,11 +503,12 @@ class HostedKernel:
         assert record.result is not None
         return step_from_json(record.result)
 
-    def _recover(self) -> Any:
+    def _recover(self) -> Recovery:
         """Recover the newest checkpoint, once per resume; what it recovered."""
         if not self._live:
             self._recovery = self.monty.recover(self._bridge, self._prelude)
             self._live = True
+        assert self._recovery is not None, "only a resumed run recovers (a fresh one is live from its start)"
         return self._recovery
 
     def _history(self, turn: int, index: int) -> None:
