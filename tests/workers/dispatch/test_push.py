@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -34,6 +33,7 @@ from taskstate.ids import TaskRef
 from taskstate.notify import PUSH, TASK_EVENTS, libpq_url
 from taskstate.updates import TaskEvents
 from tests import commands
+from tests.rlm.holds import wait_until
 from tests.task_moves import move
 from tests.webhook import Webhook, private_ca, running_webhook
 from tests.workers.system import START_BOUNDS, STOP_GRACE_S, drop_database, fresh_database
@@ -118,13 +118,17 @@ def deliveries(engine: Engine, task_id: str) -> list[tuple[int, str, int, str | 
 
 def settled(engine: Engine, task_id: str, count: int, timeout_s: float = 60) -> list[tuple[int, str, int, str | None]]:
     """Until the task's ``count`` notifications are no longer pending (only "never" fails)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = deliveries(engine, task_id)
-        if len(found) == count and all(state != "pending" for _, state, _, _ in found):
-            return found
-        assert time.monotonic() < deadline, found
-        time.sleep(0.05)
+    found: list[tuple[int, str, int, str | None]] = []
+
+    def done() -> bool:
+        found[:] = deliveries(engine, task_id)
+        return len(found) == count and all(state != "pending" for _, state, _, _ in found)
+
+    try:
+        wait_until(done, f"the task's {count} notifications to settle", limit_s=timeout_s)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; last seen: {found}") from None
+    return found
 
 
 def test_a_webhook_receives_a_tasks_events_in_order_each_signed_and_bound_to_its_task(engine, settings, webhook):
@@ -404,10 +408,8 @@ def test_retries_are_listed_before_they_fail_and_an_operator_can_turn_a_customer
     task_id, owner = new_task(engine, webhook.url(path), customer=customer)
     # A long backoff: after its first attempt the notification waits, pending, for its retry.
     with delivering(engine, push_settings(settings, backoff_base_s=600.0, backoff_max_s=600.0, max_attempts=8)):
-        deadline = time.monotonic() + 60
-        while [row[1:] for row in deliveries(engine, task_id)] != [("pending", 1, "http_500")]:
-            assert time.monotonic() < deadline, deliveries(engine, task_id)
-            time.sleep(0.05)
+        wait_until(lambda: [row[1:] for row in deliveries(engine, task_id)] == [("pending", 1, "http_500")],
+                   "the first attempt's http_500, its retry pending", limit_s=60)
     [retry] = cli("push", "retries", "--customer", customer)["retries"]
     assert (retry["task_id"], retry["attempts"], retry["last_status"], retry["last_error"], retry["in_flight"]) == (
         task_id, 1, 500, "http_500", False)
