@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,7 +24,7 @@ from core.settings import Settings
 from tests.rlm.holds import wait_until
 from tests.workers.harness import TestWorker, worker_settings
 from tests.workers.step_file import StepFile
-from tests.workers.test_job_process import claim_row, job_processes, new_job_id
+from tests.workers.test_job_process import claim_row, job_processes, new_job_id, wait_for
 from workers import cpu_share
 from workers.settings import WorkerSettings
 
@@ -75,9 +77,11 @@ def _children(pid: int) -> list[int]:
     return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
-def _spinning_job(worker: TestWorker, pool: ThreadPoolExecutor) -> tuple[int, int]:
-    """Start a job that spins, and wait for its process and its spinning child: (job pid, child pid)."""
-    pool.submit(worker.post, worker.body(new_job_id(), [{"op": "spin", "seconds": 600}], deadline_s=300), timeout_s=300)
+@contextmanager
+def _spinning_job(worker: TestWorker) -> Iterator[tuple[int, int]]:
+    """Start a job that spins, wait for its process and its spinning child, and give (job pid, child pid). However
+    the test ends, the job's processes are killed on the way out (the job ends as a dead process; its share is what
+    these tests are about), so a failed assertion fails at once instead of waiting out the spin."""
     found: list[tuple[int, int]] = []
 
     def running() -> bool:
@@ -88,22 +92,25 @@ def _spinning_job(worker: TestWorker, pool: ThreadPoolExecutor) -> tuple[int, in
                 return True
         return False
 
-    wait_until(running, "the job's process and its spinning child")
-    return found[-1]
-
-
-def _end(pid: int) -> None:
-    os.killpg(pid, signal.SIGKILL)  # the job ends as a dead process; its share is what this test is about
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(worker.post, worker.body(new_job_id(), [{"op": "spin", "seconds": 600}], deadline_s=300),
+                    timeout_s=300)
+        try:
+            wait_until(running, "the job's process and its spinning child")
+            yield found[-1]
+        finally:
+            for pid in {pid for pid, _ in found[-1:]} or set(job_processes(worker)):
+                with suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
 
 
 def test_past_its_threshold_a_jobs_processes_run_at_the_demoted_nice_and_the_next_jobs_process_does_not(serve):
     with serve(job_cpu_share="nice", job_cpu_demote_after_s=0.0, job_cpu_demoted_nice=17) as worker, \
-            ThreadPoolExecutor(1) as pool:
-        job_pid, child_pid = _spinning_job(worker, pool)
+            _spinning_job(worker) as (job_pid, child_pid):
         wait_until(lambda: _nice(job_pid) == 17 and _nice(child_pid) == 17, "the job's processes to be demoted")
-        spare = worker.service.jobs.waiting_pid
-        assert spare is not None and _nice(spare) == 0  # the share is the job's, not the worker's
-        _end(job_pid)
+        # The process forked ahead of the next job is forked after this one was taken: wait for it to exist.
+        spare = wait_for("the process forked ahead of the next job", lambda: worker.service.jobs.waiting_pid)
+        assert _nice(spare) == 0  # the share is the job's, not the worker's
 
 
 def _cgroup_creatable() -> bool:
@@ -143,11 +150,9 @@ def test_each_job_runs_in_a_cgroup_of_its_own_at_the_weight_the_settings_give(se
     specialists-job-<pid>, at SPECIALISTS_WORKER_JOB_CPU_WEIGHT until demoted, then the demoted weight. Where no
     cgroup can be made, auto falls back to the nice value."""
     with serve(job_cpu_weight=300, job_cpu_demote_after_s=0.0, job_cpu_demoted_weight=5,
-               job_cpu_demoted_nice=16) as worker, ThreadPoolExecutor(1) as pool:
-        job_pid, child_pid = _spinning_job(worker, pool)
+               job_cpu_demoted_nice=16) as worker, _spinning_job(worker) as (job_pid, child_pid):
         if not _cgroup_creatable():
             wait_until(lambda: _nice(job_pid) == 16 == _nice(child_pid), "the job's processes to be demoted")
-            _end(job_pid)
             return
         group = _job_cgroup(job_pid)
         assert group is not None, Path(f"/proc/{job_pid}/cgroup").read_text()
@@ -156,7 +161,6 @@ def test_each_job_runs_in_a_cgroup_of_its_own_at_the_weight_the_settings_give(se
         demoted = "5" if weight.name == "cpu.weight" else str(max(cpu_share.V1_MIN_SHARES, round(5 * 10.24)))
         wait_until(lambda: weight.read_text().strip() == demoted, f"the job's cgroup weight to be {demoted}")
         assert _nice(job_pid) == 0  # a cgroup's share, not a nice value
-        _end(job_pid)
 
 
 def test_a_specs_max_cpu_s_is_its_cap_and_the_workers_setting_caps_the_specs_that_state_none(database_url, tmp_path):
