@@ -92,7 +92,7 @@ class PushDeliverer:
                     running.add(task)
                     task.add_done_callback(running.discard)
                     task.add_done_callback(lambda _t, c=one.customer_id: self._release(c))
-                await self._wait(running, limits.poll_interval_s if not claimed else 0.0)
+                await self._wait(running, limits.poll_interval_s if not claimed else 0.0, stop)
             for task in running:
                 task.cancel()  # leases stay: another dispatcher delivers them after lease_s
 
@@ -102,12 +102,13 @@ class PushDeliverer:
             del self.in_flight[customer_id]
         self.wake.set()  # a slot is free, and the webhook's next event may be due now
 
-    async def _wait(self, running: set[asyncio.Task[None]], timeout_s: float) -> None:
-        """Until the wake event (an event was written, a delivery ended) or ``timeout_s``."""
+    async def _wait(self, running: set[asyncio.Task[None]], timeout_s: float, stop: threading.Event) -> None:
+        """Until the wake event (an event was written, a delivery ended), ``stop`` (the dispatcher stopping: it
+        waits for this thread, and must not wait out a poll interval) or ``timeout_s``."""
         if timeout_s <= 0 and not running:
             return
         deadline = asyncio.get_running_loop().time() + max(timeout_s, 0.02)
-        while not self.wake.is_set() and asyncio.get_running_loop().time() < deadline:
+        while not (self.wake.is_set() or stop.is_set()) and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.02)  # the wake event is a threading.Event set by the listener thread
 
     def _claim(self, free: int, in_flight: dict[str, int]) -> list[Claimed]:

@@ -519,6 +519,34 @@ def test_a_notification_is_delivered_on_its_wake_up_not_at_the_next_poll(engine,
         listener.stop()
 
 
+def test_a_deliverer_waiting_out_its_poll_interval_stops_when_asked_without_a_wake_up(engine, settings):
+    """The dispatcher stops its push thread by its stop event alone and then joins it: a deliverer that heard
+    nothing, polling every 60 s, must not hold the dispatcher's stop for the rest of the interval (the join gave
+    up after SPECIALISTS_DATABASE_CONNECT_TIMEOUT_S, and a supervisor's grace ran out first)."""
+    deliverer = PushDeliverer(engine, push_settings(settings, poll_interval_s=60.0), name=f"test-{uuid.uuid4().hex[:6]}")
+    claim = deliverer._claim
+    first_claim = threading.Event()
+
+    def counted_claim(free: int, in_flight: dict[str, int]) -> list[push.Claimed]:
+        try:
+            return claim(free, in_flight)
+        finally:
+            first_claim.set()
+
+    deliverer._claim = counted_claim  # type: ignore[method-assign]
+    stop = threading.Event()
+    thread = threading.Thread(target=deliverer.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        assert first_claim.wait(30)  # its first round is done: it now waits for a wake-up, 60 s or the stop
+        stop.set()
+        thread.join(30)  # half the poll interval: a stop that only the poll ended fails here
+        assert not thread.is_alive(), "the deliverer waited out its poll interval after it was asked to stop"
+    finally:
+        stop.set()
+        deliverer.wake.set()
+
+
 def test_the_prune_removes_finished_notifications_and_ended_tasks_configurations_past_retention(engine, settings, webhook):
     path = f"/ok/{uuid.uuid4().hex}"
     task_id, owner = new_task(engine, webhook.url(path))
