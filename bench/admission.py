@@ -47,12 +47,16 @@ import uuid
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from ops.topology import Ready, Role, ops_cli, stop  # noqa: E402
+if TYPE_CHECKING:
+    # Imported where the orchestration runs, not at the top: ops.topology reads the settings (about a second of
+    # imports), and every run starts two load processes from this file that need none of it.
+    from ops.topology import Ready, Role
 
 TARIFF = 5
 SPEC = f"""\
@@ -310,6 +314,8 @@ LOGS = Path(tempfile.gettempdir()) / "specialists-bench-logs"  # the processes' 
 
 def start(name: str, argv: list[str], env: Mapping[str, str] | None, ready: Ready) -> Role:
     """A process of the benchmark, started by ops/topology.py (its output in ``LOGS``; ``wait_ready`` next)."""
+    from ops.topology import Role
+
     LOGS.mkdir(exist_ok=True)
     return Role(name, argv, dict(os.environ if env is None else env), ready, LOGS / f"{name}-{os.getpid()}.log",
                 cwd=ROOT, stop_grace_s=20).start()
@@ -483,6 +489,8 @@ def main() -> None:
                              "stacks (py-spy's raw format)")
     parser.add_argument("--py-spy", default="py-spy", help="with --profile: the py-spy executable")
     args = parser.parse_args()
+    from ops.topology import Ready, ops_cli, stop
+
     if args.idempotency_key:
         os.environ[KEY_SWITCH] = "1"
 

@@ -74,9 +74,10 @@ def test_the_receiver_refuses_a_path_that_is_not_an_otlp_signal(receiver_url):
 def test_a_short_telemetry_run_reports_edge_and_edge_otel_side_by_side_with_the_spans_received(server_url):
     env = {**os.environ, "DATABASE_URL": server_url}
     run = subprocess.run(
-        # Short and light (two clients, half-second runs): a closed loop saturates what it can, and the suite's other
-        # worker may be measuring latency under an isolation test's flood at the same time.
-        [sys.executable, BENCH, "--telemetry", "--sampling", "1", "--seconds", "0.5", "--warmup", "0.2", "--clients", "2",
+        # Short and light (two clients, quarter-second runs after a tenth of warm-up: each closed-loop client still
+        # sends, so every row and span count is of real requests): a closed loop saturates what it can, and the
+        # suite's other worker may be measuring latency under an isolation test's flood at the same time.
+        [sys.executable, BENCH, "--telemetry", "--sampling", "1", "--seconds", "0.25", "--warmup", "0.1", "--clients", "2",
          "--rounds", "2"],
         cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=220,
     )
