@@ -80,6 +80,13 @@ class TaskRef:
         return cls(str(payload["t"]), int(payload["d"]), str(payload["o"]), str(payload["x"]))
 
 
+def owner_of_payload(payload: Mapping[str, Any]) -> str | None:
+    """The owner scope a job's payload names (``o``, ``<customer>:<specialist>``), with or without its task; None
+    for a raw job that names none."""
+    owner = payload.get("o")
+    return None if owner is None else str(owner)
+
+
 def task_payload(task_id: str, dispatch_id: int, owner: str, context_id: str) -> dict[str, Any]:
     """The signed payload naming a job's task (what ``TaskRef.of_payload`` reads back)."""
     return {"t": task_id, "d": dispatch_id, "o": owner, "x": context_id}
