@@ -8,9 +8,9 @@ that loop forever (jobs spinning in the sandbox, each past its demotion threshol
 
   off      the spinners as the worker is: every process one share (before issue 41 §2)
   nice     each spinner at SPECIALISTS_WORKER_JOB_CPU_DEMOTED_NICE's default (the victim at 0)
-  cgroup   each spinner in a job cgroup of its own at SPECIALISTS_WORKER_JOB_CPU_DEMOTED_WEIGHT's default, the
-           victim in its own at SPECIALISTS_WORKER_JOB_CPU_WEIGHT's: ``cpu_share.enter_cgroup``; skipped where this
-           process may not make cgroups
+  cgroup   each spinner in a job cgroup of its own at SPECIALISTS_WORKER_JOB_CPU_DEMOTED_WEIGHT's default, inside
+           the neighbour's customer group, the victim in its own at SPECIALISTS_WORKER_JOB_CPU_WEIGHT's inside the
+           victim's: ``cpu_share.enter_cgroup``; skipped where this process may not make cgroups
 
 The figure is the victim's wall time from its start to its exit, the median of ``--reps``, and its ratio over the
 victim alone measured in the same run (alone runs are interleaved with the others, so the machine's other load
@@ -82,16 +82,17 @@ def niced(pid: int) -> Callable[[], None]:
     return lambda: None
 
 
-def in_cgroup(weight: int) -> Callable[[int], Callable[[], None]]:
+def in_cgroup(weight: int, customer: str) -> Callable[[int], Callable[[], None]]:
     def place(pid: int) -> Callable[[], None]:
-        group = cpu_share.enter_cgroup(pid, weight)
+        group = cpu_share.enter_cgroup(pid, weight, customer, JOB_WEIGHT)
         assert group is not None, "no cgroup could be made"
 
         def undo() -> None:
-            try:
-                group.path.rmdir()  # its process has exited: the cgroup is empty
-            except OSError:
-                pass
+            for empty in (group.path, group.customer):  # its process has exited: the cgroup is empty
+                try:
+                    empty.rmdir()
+                except OSError:  # the customer's group still holds another's
+                    pass
 
         return undo
 
@@ -101,16 +102,17 @@ def in_cgroup(weight: int) -> Callable[[int], Callable[[], None]]:
 def cgroups_available() -> bool:
     probe = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        group = cpu_share.enter_cgroup(probe.pid, JOB_WEIGHT)
+        group = cpu_share.enter_cgroup(probe.pid, JOB_WEIGHT, "probe")
     finally:
         probe.kill()
         probe.wait()
     if group is None:
         return False
-    try:
-        group.path.rmdir()
-    except OSError:
-        pass
+    for empty in (group.path, group.customer):
+        try:
+            empty.rmdir()
+        except OSError:
+            pass
     return True
 
 
@@ -126,7 +128,7 @@ def main() -> int:
         "nice": (as_is, niced),
     }
     if cgroups_available():
-        scenarios["cgroup"] = (in_cgroup(JOB_WEIGHT), in_cgroup(DEMOTED_WEIGHT))
+        scenarios["cgroup"] = (in_cgroup(JOB_WEIGHT, "victim"), in_cgroup(DEMOTED_WEIGHT, "neighbour"))
     times: dict[str, list[float]] = {"alone": [], **{name: [] for name in scenarios}}
     for _ in range(args.reps):
         for name, (victim_place, spinner_place) in scenarios.items():

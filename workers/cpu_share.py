@@ -5,16 +5,26 @@ outcome. In between a meter thread of the job's process reads the CPU time of th
 process, its threads, and what it started: Monty's processes are in its process group) every
 ``SPECIALISTS_WORKER_JOB_CPU_POLL_S``, more often as the cap nears, and:
 
-* **shares**: every job starts with the same share. Where the worker may make cgroups (``job_cpu_share=auto``) the
-  job's process moves into a cgroup of its own, ``specialists-job-<pid>``, under the worker's (v2: ``cpu.weight``
-  = ``SPECIALISTS_WORKER_JOB_CPU_WEIGHT``; v1: ``cpu.shares``, 10.24 times it), and what it starts is born there:
-  a job of eight Monty processes weighs what a job of one does. Past ``SPECIALISTS_WORKER_JOB_CPU_DEMOTE_AFTER_S``
-  CPU seconds the job is *demoted*: its weight drops to ``SPECIALISTS_WORKER_JOB_CPU_DEMOTED_WEIGHT``. Without
-  cgroups (or ``job_cpu_share=nice``) the demotion is a nice value, ``SPECIALISTS_WORKER_JOB_CPU_DEMOTED_NICE``, for
-  every thread of the job's process group (their children inherit it); before it, a job's processes run at the
-  worker's priority, one share each. Equal shares alone would not keep a short job fast beside three spinning
-  ones (on two cores each would get half of one); the demotion does: a job that has spun for seconds yields to one
-  that has not.
+* **shares**, per customer, then per job: a customer's jobs on this worker together weigh what one customer's job
+  would (its customer is its signed payload's owner, ``customer_of``). Where the worker may make cgroups
+  (``job_cpu_share=auto``) the job's process moves into a cgroup of its own inside its customer's, under the
+  worker's: ``specialists-customer-<hash of the customer id>/specialists-job-<pid>`` (v2: ``cpu.weight``; v1:
+  ``cpu.shares``, 10.24 times it), and what it starts is born there: a job of eight Monty processes weighs what a
+  job of one does. The job's group starts at ``SPECIALISTS_WORKER_JOB_CPU_WEIGHT``; its customer's is the least of
+  that one weight and its jobs' weights together (``Cgroup.share_customer``, set by each job as it enters, at its
+  demotion, at each read of its meter and as it leaves), so that three jobs of one customer weigh what the next
+  customer's one job does. Customer groups are made on demand and removed by their last job (or the next job's
+  sweep); a customer id never appears in a path, only its hash. Past ``SPECIALISTS_WORKER_JOB_CPU_DEMOTE_AFTER_S``
+  CPU seconds the job is *demoted*: its weight drops to ``SPECIALISTS_WORKER_JOB_CPU_DEMOTED_WEIGHT``, inside its
+  customer (the customer's other, fresh jobs go first) and so across customers (a customer of demoted jobs only
+  weighs what they do together). Without cgroups (or ``job_cpu_share=nice``) the share is a nice value for every
+  thread of the job's process group (their children inherit it): the worker tells each job's process how many
+  jobs its customer runs on this worker (``CustomerJobs``), and n jobs run at ``customer_nice(n)`` (1.25 ** nice
+  ~= n: together about one job at the worker's priority); demoted, at
+  ``SPECIALISTS_WORKER_JOB_CPU_DEMOTED_NICE``. A process may raise its nice value but, without CAP_SYS_NICE, never
+  lower it: where that is refused a job keeps the higher value when its customer's other jobs end. Equal shares
+  alone would not keep a short job fast beside three spinning ones (on two cores each would get half of one); the
+  share per customer and the demotion do.
 * **caps**: at ``max_cpu_s`` (the spec's ``limits.max_cpu_s``, else ``SPECIALISTS_WORKER_JOB_MAX_CPU_S``) the meter
   kills the job's other processes (SIGKILL), sets the run's cancel, and ``judged`` makes the outcome a failed run
   with the code ``job_cpu_exceeded``, charged as any failed run is. A job's process that spins itself, in a C call
@@ -36,6 +46,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
 import logging
 import math
 import os
@@ -46,9 +57,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from core.specs import LoadedSpec
+from taskstate import ids
 from workers.runs import RunOutcome
 from workers.settings import WorkerSettings
 
@@ -57,6 +69,14 @@ log = logging.getLogger(__name__)
 ShareMechanism = Literal["cgroup2", "cgroup1", "nice", "off"]
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_PREFIX = "specialists-job-"
+CUSTOMER_PREFIX = "specialists-customer-"
+CUSTOMER_HASH_CHARS = 16  # of the customer id's sha256, in hex: its group's name, never the id itself
+NO_CUSTOMER = ""  # a raw job's (a test's, naming no owner): all such jobs are one customer
+# A customer's group removed (by its last job, or a sweep) between a job's making it and making its own group in it:
+# made again, this many times at most.
+ENTER_ATTEMPTS = 5
+NICE_WEIGHT_RATIO = 1.25  # the kernel's: each nice step weighs about 1.25 times less (sched_prio_to_weight)
+MAX_NICE = 19
 MIN_POLL_S = 0.01  # the meter's shortest sleep, near the cap
 V1_SHARES_PER_WEIGHT = 1024 / 100  # cgroup v1's default cpu.shares over v2's default cpu.weight
 V1_MIN_SHARES = 2
@@ -97,6 +117,27 @@ def policy_of(recipe: Any, specialist_id: str) -> CpuPolicy:
     loaded: Mapping[str, LoadedSpec] = getattr(recipe, "specs", None) or {}
     spec = loaded.get(specialist_id)  # none for a runner without a spec file (the scripted specialist)
     return CpuPolicy.of(settings.worker, None if spec is None else spec.spec.limits.max_cpu_s)
+
+
+def customer_of(payload: Mapping[str, Any]) -> str:
+    """The customer whose share a job runs under: the customer of the owner scope its signed payload names
+    (``<customer>:<specialist>``, ``app.identity``; a customer id has no ``:``, an anonymous caller is ``~anonymous``),
+    ``NO_CUSTOMER`` for a raw job that names none."""
+    owner = ids.owner_of_payload(payload)
+    return NO_CUSTOMER if owner is None else owner.partition(":")[0]
+
+
+def customer_hash(customer: str) -> str:
+    """The name a customer's group carries: a hash, so that no customer id is ever written in a path."""
+    return hashlib.sha256(f"specialists-cpu-customer:{customer}".encode()).hexdigest()[:CUSTOMER_HASH_CHARS]
+
+
+def customer_nice(jobs: int) -> int:
+    """The nice value (over the worker's) of each of a customer's ``jobs`` running jobs, where the share is a nice
+    value: the nearest k with 1.25 ** k ~= jobs, so that together they weigh about one job at the worker's priority
+    (1 job: 0; 2: 3, 526 + 526 against 1024; 3: 5, 3 x 335; 4: 6, 4 x 272; 8: 9, 8 x 137)."""
+    assert jobs >= 1, jobs
+    return min(MAX_NICE, round(math.log(jobs) / math.log(NICE_WEIGHT_RATIO)))
 
 
 # --- the count ------------------------------------------------------------------------------------
@@ -166,22 +207,65 @@ def group_cpu_s() -> float:
 # --- the share ------------------------------------------------------------------------------------
 
 
+def _weight_file(group: Path, version: Literal[2, 1]) -> Path:
+    return group / ("cpu.weight" if version == 2 else "cpu.shares")
+
+
+def _weight_value(weight: int, version: Literal[2, 1]) -> int:
+    return weight if version == 2 else max(V1_MIN_SHARES, round(weight * V1_SHARES_PER_WEIGHT))
+
+
 @dataclass(frozen=True)
 class Cgroup:
-    """The job's own cgroup, and how its weight is written."""
+    """The job's own cgroup, ``<the worker's>/specialists-customer-<hash>/specialists-job-<pid>``, and how its
+    weight and its customer's are written."""
 
     path: Path
     version: Literal[2, 1]
+    customer_weight: int  # one customer's weight (SPECIALISTS_WORKER_JOB_CPU_WEIGHT): its group's at most
+
+    @property
+    def customer(self) -> Path:
+        return self.path.parent
+
+    @property
+    def home(self) -> Path:
+        """The worker's cgroup, where the job's process came from and goes back to."""
+        return self.path.parent.parent
 
     @property
     def weight_file(self) -> Path:
-        return self.path / ("cpu.weight" if self.version == 2 else "cpu.shares")
+        return _weight_file(self.path, self.version)
 
     def weight_value(self, weight: int) -> int:
-        return weight if self.version == 2 else max(V1_MIN_SHARES, round(weight * V1_SHARES_PER_WEIGHT))
+        return _weight_value(weight, self.version)
 
     def set_weight(self, weight: int) -> None:
         self.weight_file.write_text(str(self.weight_value(weight)))
+
+    def share_customer(self) -> None:
+        """Set the customer's group to the least of one customer's weight and its jobs' weights together: n fresh
+        jobs weigh one customer, n demoted ones what they weigh. Each of the customer's jobs sets it as it enters,
+        at its demotion, at every read of its meter and as it leaves, so a value two of them raced on (one read
+        the jobs before another's group was made) is set right at the next read. A group gone meanwhile (its last
+        job left) is left gone."""
+        weight_name = self.weight_file.name
+        try:
+            jobs = [entry for entry in self.customer.iterdir() if entry.name.startswith(CGROUP_PREFIX)]
+            values: list[int] = []
+            for job in jobs:
+                try:
+                    values.append(int((job / weight_name).read_text()))
+                except (OSError, ValueError):  # removed meanwhile
+                    continue
+            if not values:
+                return
+            target = min(self.weight_value(self.customer_weight), sum(values))
+            file = self.customer / weight_name
+            if int(file.read_text()) != target:
+                file.write_text(str(target))
+        except (OSError, ValueError) as exc:
+            log.debug("the customer group %s keeps its weight (%s)", self.customer, exc)
 
     def usage_s(self) -> float | None:
         """CPU seconds of every process that has been in the cgroup (v2's ``cpu.stat`` usage_usec; v1's
@@ -215,7 +299,7 @@ def _own_cgroup_dirs() -> list[tuple[Literal[2, 1], Path]]:
     return found
 
 
-def _sweep(parent: Path) -> None:
+def _sweep_jobs(parent: Path) -> None:
     """Remove the empty cgroups of jobs gone before (a job's process cannot remove its own while its children
     live); a cgroup still in use refuses (EBUSY) and stays, and one whose job's process lives is left alone (it may
     have made its cgroup and not yet moved in)."""
@@ -232,42 +316,76 @@ def _sweep(parent: Path) -> None:
             pass
 
 
-def enter_cgroup(pid: int, weight: int) -> Cgroup | None:
-    """Move process ``pid`` into a new cgroup of its own with ``weight``; None where no CPU cgroup can be made."""
-    for version, parent in _own_cgroup_dirs():
+def _sweep(home: Path) -> None:
+    """The jobs' cgroups left behind in every customer's group, then the customers' groups left empty (one whose
+    job is entering it may go: that job makes it again, ``enter_cgroup``), and job cgroups made directly under the
+    worker's (before the share per customer)."""
+    _sweep_jobs(home)
+    try:
+        customers = [entry for entry in home.iterdir() if entry.name.startswith(CUSTOMER_PREFIX)]
+    except OSError:
+        return
+    for customer in customers:
+        _sweep_jobs(customer)
+        try:
+            customer.rmdir()
+        except OSError:  # a job's group is still in it (EBUSY), or it is already gone
+            pass
+
+
+def _enter(version: Literal[2, 1], home: Path, customer: str, pid: int, weight: int, customer_weight: int) -> Cgroup:
+    """One attempt: the customer's group (made if it is not there), the job's in it, ``pid`` moved in. Raises
+    FileNotFoundError when the customer's group was removed between the two mkdirs."""
+    customer_dir = home / f"{CUSTOMER_PREFIX}{customer_hash(customer)}"
+    customer_dir.mkdir(exist_ok=True)
+    if version == 2 and "cpu" not in (customer_dir / "cgroup.subtree_control").read_text().split():
+        (customer_dir / "cgroup.subtree_control").write_text("+cpu")
+    group = Cgroup(customer_dir / f"{CGROUP_PREFIX}{pid}", version, customer_weight)
+    group.path.mkdir(exist_ok=True)  # from here the customer's group is not empty: no rmdir removes it
+    group.set_weight(weight)
+    (group.path / "cgroup.procs").write_text(str(pid))
+    group.share_customer()
+    return group
+
+
+def enter_cgroup(pid: int, weight: int, customer: str = NO_CUSTOMER, customer_weight: int | None = None
+                 ) -> Cgroup | None:
+    """Move process ``pid`` into a new cgroup of its own with ``weight``, inside ``customer``'s group (at most
+    ``customer_weight``, ``weight`` if not given); None where no CPU cgroup can be made."""
+    for version, home in _own_cgroup_dirs():
         try:
             if version == 2:
-                if "cpu" not in (parent / "cgroup.controllers").read_text().split():
+                if "cpu" not in (home / "cgroup.controllers").read_text().split():
                     continue
-                if "cpu" not in (parent / "cgroup.subtree_control").read_text().split():
-                    (parent / "cgroup.subtree_control").write_text("+cpu")
-            _sweep(parent)
-            group = Cgroup(parent / f"{CGROUP_PREFIX}{pid}", version)
-            group.path.mkdir(exist_ok=True)
-            group.set_weight(weight)
-            (group.path / "cgroup.procs").write_text(str(pid))
-            return group
+                if "cpu" not in (home / "cgroup.subtree_control").read_text().split():
+                    (home / "cgroup.subtree_control").write_text("+cpu")
+            _sweep(home)
+            for attempt in range(1, ENTER_ATTEMPTS + 1):
+                try:
+                    return _enter(version, home, customer, pid, weight,
+                                  weight if customer_weight is None else customer_weight)
+                except FileNotFoundError:  # the customer's group went between our two mkdirs: make it again
+                    if attempt == ENTER_ATTEMPTS:
+                        raise
         except OSError as exc:  # read-only, not delegated, or v2's rule against processes in inner cgroups
-            log.debug("no cgroup v%d for job processes under %s (%s)", version, parent, exc)
+            log.debug("no cgroup v%d for job processes under %s (%s)", version, home, exc)
     return None
 
 
 def leave_cgroup(group: Cgroup, pid: int) -> None:
-    """Move ``pid`` back to the parent and remove the job's cgroup if nothing is left in it."""
+    """Move ``pid`` back to the worker's cgroup and remove the job's cgroup if nothing is left in it, then its
+    customer's if no other job is in that."""
     try:
-        (group.path.parent / "cgroup.procs").write_text(str(pid))
+        (group.home / "cgroup.procs").write_text(str(pid))
         group.path.rmdir()
     except OSError as exc:
         if exc.errno != errno.EBUSY:  # EBUSY: a process it started lives on; the next job's sweep removes it
             log.debug("the job's cgroup %s stays (%s)", group.path, exc)
-
-
-def _renice_group(pgid: int, nice: int) -> None:
-    """Every thread of every process in the group (setpriority with PRIO_PGRP reaches each thread on Linux)."""
+        return
     try:
-        os.setpriority(os.PRIO_PGRP, pgid, nice)
-    except OSError as exc:
-        log.warning("could not lower the priority of job process group %d (%s)", pgid, exc)
+        group.customer.rmdir()
+    except OSError:  # another job of the customer is in it (EBUSY; its share is now theirs), or it is gone
+        group.share_customer()
 
 
 # --- the meter ------------------------------------------------------------------------------------
@@ -276,12 +394,17 @@ def _renice_group(pgid: int, nice: int) -> None:
 class JobCpu:
     """The share, cap and count of the job in this process (its process group's leader)."""
 
-    def __init__(self, policy: CpuPolicy, cancel: threading.Event, specialist_id: str = "") -> None:
+    def __init__(self, policy: CpuPolicy, cancel: threading.Event, specialist_id: str = "",
+                 customer: str = NO_CUSTOMER) -> None:
         self.policy = policy
         self.specialist_id = specialist_id
+        self.customer = customer
         self.cancel = cancel
         self.pid = os.getpid()
         self.pgid = os.getpgid(0)
+        self.base_nice = os.getpriority(os.PRIO_PROCESS, 0)  # the worker's: the nice mode's values are over it
+        self.nice = self.base_nice  # what the job's processes run at now, in the nice mode
+        self.customer_jobs = 1  # its customer's jobs running on this worker, as the worker last said (nice mode)
         self.start_cpu_s = group_cpu_s()  # what this process used before its job came (its start-up)
         self._cgroup_base_s: float | None = None  # the cgroup's count when this process entered it, where it counts
         self.used_s = 0.0
@@ -294,10 +417,11 @@ class JobCpu:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def start(cls, recipe: Any, specialist_id: str, cancel: threading.Event) -> JobCpu:
-        """The job's share applied and its meter running (the hook of ``workers.isolation._job_process``)."""
+    def start(cls, recipe: Any, specialist_id: str, payload: Mapping[str, Any], cancel: threading.Event) -> JobCpu:
+        """The job's share applied and its meter running (the hook of ``workers.isolation._job_process``):
+        ``payload``, the job's signed payload, names its customer."""
         adopt_orphans()  # before the run starts anything: what it starts stays among this process's descendants
-        meter = cls(policy_of(recipe, specialist_id), cancel, specialist_id)
+        meter = cls(policy_of(recipe, specialist_id), cancel, specialist_id, customer_of(payload))
         meter._apply_share()
         meter._arm_rlimit()
         meter._thread = threading.Thread(target=meter._watch, name="job-cpu", daemon=True)
@@ -308,7 +432,7 @@ class JobCpu:
         if self.policy.share == "off":
             return
         if self.policy.share == "auto":
-            self.cgroup = enter_cgroup(self.pid, self.policy.weight)
+            self.cgroup = enter_cgroup(self.pid, self.policy.weight, self.customer, self.policy.weight)
             if self.cgroup is not None:  # it counts from here what this process and all it starts use: one read
                 self._cgroup_base_s = self.cgroup.usage_s()
         self.mechanism = "nice" if self.cgroup is None else ("cgroup2" if self.cgroup.version == 2 else "cgroup1")
@@ -332,11 +456,39 @@ class JobCpu:
             self.used_s = max(self.used_s, now_s)
             return self.used_s
 
+    def customer_jobs_changed(self, jobs: int) -> None:
+        """The worker's word: its customer runs ``jobs`` jobs on this worker now (this one among them). In the nice
+        mode the job's processes follow it (``customer_nice``); a cgroup's share needs no word (the kernel weighs
+        the customer's group)."""
+        assert jobs >= 1, jobs
+        with self._lock:
+            self.customer_jobs = jobs
+            if self.mechanism == "nice":
+                self._renice()
+
+    def _renice(self) -> None:
+        """The job's processes to its customer's value, or the demoted one (whichever is lower in priority). Called
+        with ``_lock`` held: the worker's word and the demotion never interleave."""
+        target = min(MAX_NICE, self.base_nice + customer_nice(self.customer_jobs))
+        if self.demoted:
+            target = max(target, self.policy.demoted_nice)
+        if target == self.nice:
+            return
+        try:  # every thread of every process in the group (setpriority with PRIO_PGRP reaches each thread on Linux)
+            os.setpriority(os.PRIO_PGRP, self.pgid, target)
+        except OSError as exc:  # lower than now without CAP_SYS_NICE: it keeps its value
+            log.log(logging.DEBUG if target < self.nice else logging.WARNING,
+                    "job process group %d stays at nice %d, not %d (%s)", self.pgid, self.nice, target, exc)
+            return
+        self.nice = target
+
     def _watch(self) -> None:
         while not self._stop.is_set():
             used_s = self.read()
             if not self.demoted and self.mechanism != "off" and used_s >= self.policy.demote_after_s:
                 self._demote()
+            if self.cgroup is not None:  # a value two of the customer's jobs raced on is set right here
+                self.cgroup.share_customer()
             cap_s = self.policy.max_cpu_s
             if cap_s > 0 and used_s >= cap_s:
                 self._over_cap(used_s)
@@ -345,17 +497,19 @@ class JobCpu:
             self._stop.wait(max(MIN_POLL_S, min(self.policy.poll_s, left_s)))
 
     def _demote(self) -> None:
-        self.demoted = True
         log.info("job process %d passed %g CPU seconds: its share is lowered (%s)", self.pid,
                  self.policy.demote_after_s, self.mechanism,
                  extra={"event": "job_cpu_demoted", "specialist": self.specialist_id, "share": self.mechanism})
-        if self.cgroup is not None:
-            try:
-                self.cgroup.set_weight(self.policy.demoted_weight)
-                return
-            except OSError as exc:
-                log.warning("could not lower the weight of %s (%s); lowering its priority", self.cgroup.path, exc)
-        _renice_group(self.pgid, self.policy.demoted_nice)
+        with self._lock:
+            self.demoted = True
+            if self.cgroup is not None:
+                try:
+                    self.cgroup.set_weight(self.policy.demoted_weight)
+                    self.cgroup.share_customer()
+                    return
+                except OSError as exc:
+                    log.warning("could not lower the weight of %s (%s); lowering its priority", self.cgroup.path, exc)
+            self._renice()
 
     def _over_cap(self, used_s: float) -> None:
         """Stop the run: its other processes killed (again, for any it starts meanwhile), its cancel set."""
@@ -392,3 +546,46 @@ class JobCpu:
                    "limits.max_cpu_s of its spec (the worker's default: SPECIALISTS_WORKER_JOB_MAX_CPU_S)")
         return RunOutcome("failed", message, outcome.artifacts,
                           {**outcome.detail, "error": CPU_EXCEEDED, "code": CPU_EXCEEDED, "max_cpu_s": cap_s}, cpu_seconds=used_s)
+
+
+class Told(Protocol):
+    """A running job's process as the worker holds it: it can be told its customer's count of jobs."""
+
+    def customer_jobs(self, jobs: int) -> None: ...
+
+
+class CustomerJobs:
+    """The worker's side of the share per customer in the nice mode: the jobs each customer runs on this worker,
+    and each of them told its customer's count whenever it changes (``JobCpu.customer_jobs_changed``). Told under
+    the lock, so a job hears its customer's counts in the order they changed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[str, list[Told]] = {}
+
+    def started(self, customer: str, job: Told) -> None:
+        with self._lock:
+            jobs = self._running.setdefault(customer, [])
+            jobs.append(job)
+            self._tell(jobs)
+
+    def ended(self, customer: str, job: Told) -> None:
+        with self._lock:
+            jobs = self._running.get(customer, [])
+            left = [other for other in jobs if other is not job]
+            if len(left) == len(jobs):
+                return
+            jobs[:] = left
+            if jobs:
+                self._tell(jobs)
+            else:
+                del self._running[customer]
+
+    def count(self, customer: str) -> int:
+        with self._lock:
+            return len(self._running.get(customer, []))
+
+    @staticmethod
+    def _tell(jobs: list[Told]) -> None:
+        for job in jobs:
+            job.customer_jobs(len(jobs))

@@ -69,7 +69,7 @@ from google.protobuf.message import Message as ProtoMessage
 
 from core import telemetry
 from workers.auth import VerifiedJob
-from workers.cpu_share import JobCpu
+from workers.cpu_share import CustomerJobs, JobCpu, customer_of
 from workers.runs import EventSink, RunContext, Runner, RunOutcome
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,9 @@ PRELOAD = (
 )
 # After its outcome a child only has to exit; one that does not within this long is killed.
 EXIT_WAIT_S = 5.0
+# On a job's control pipe after the job, the worker's word that its customer's count of running jobs changed
+# (``CustomerJobs``), followed by the count; any other message, or the pipe's end, is the run's cancel.
+CUSTOMER_JOBS = b"customer-jobs "
 _PR_SET_PDEATHSIG = 1
 
 Finished = Callable[[RunOutcome], None]
@@ -254,19 +257,19 @@ def _cap_memory(max_memory_bytes: int) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (max_memory_bytes, max_memory_bytes))
 
 
-def _cancel_of(stop: multiprocessing.connection.Connection) -> threading.Event:
-    """The run's cancel in the job's process: set by the worker's word on ``stop``, or by the worker's end."""
-    cancel = threading.Event()
+def _listen(control: multiprocessing.connection.Connection, cancel: threading.Event, cpu: JobCpu) -> None:
+    """The worker's words in the job's process, after its job: its customer's count of jobs to ``cpu``, until a
+    stop, or the worker's end, sets the run's ``cancel``."""
 
     def listen() -> None:
         try:
-            stop.recv_bytes()
+            while (message := control.recv_bytes()).startswith(CUSTOMER_JOBS):
+                cpu.customer_jobs_changed(int(message[len(CUSTOMER_JOBS):]))
         except (EOFError, OSError):
             pass
         cancel.set()
 
     threading.Thread(target=listen, name="job-cancel", daemon=True).start()
-    return cancel
 
 
 def _prepared(build: RunnerBuild, key: str, offered: bytes) -> tuple[Any, Any, Exception | None]:
@@ -300,8 +303,9 @@ def _job_process(build: RunnerBuild, key: str, offered: bytes, control: multipro
         job, fencing_token, deadline_at = control.recv()
     except (EOFError, OSError):  # the worker let its spare process go (it is stopping): no job came
         return
-    cancel = _cancel_of(control)
-    cpu = JobCpu.start(recipe, job.specialist_id, cancel)  # its share, cap and count (workers.cpu_share)
+    cancel = threading.Event()
+    cpu = JobCpu.start(recipe, job.specialist_id, job.payload, cancel)  # its share, cap and count (workers.cpu_share)
+    _listen(control, cancel, cpu)  # what the worker said meanwhile waits in the pipe
     built: BuiltRunner | None = None
     try:
         if unprepared is not None:
@@ -353,11 +357,18 @@ class _ProcessJob:
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)  # stop() and ended() race
 
     def stop(self) -> None:
+        self._say(b"stop")
+
+    def customer_jobs(self, jobs: int) -> None:
+        """Its customer's count of jobs on this worker changed (``cpu_share.CustomerJobs``)."""
+        self._say(CUSTOMER_JOBS + str(jobs).encode())
+
+    def _say(self, message: bytes) -> None:
         with self.lock:
             if not self.stopper.closed:
                 try:
-                    self.stopper.send_bytes(b"stop")
-                except OSError:  # it has exited: nothing is left to stop
+                    self.stopper.send_bytes(message)
+                except OSError:  # it has exited: nothing is left to tell
                     pass
 
     def ended(self) -> None:
@@ -453,6 +464,7 @@ class ProcessJobs:
         self._offered = pickle.dumps((self._key, build, recipe))
         self._spare_lock = threading.Lock()
         self._closed = False
+        self.customers = CustomerJobs()  # each customer's running jobs, told their count (the nice mode's share)
         # At start-up, not on the first job: the forkserver imports PRELOAD and prepares the runners (seconds on a
         # loaded machine), and the first process forked from it waits for that. A forkserver already running (an
         # earlier worker in this process) reads no offer: its job processes prepare their own.
@@ -527,6 +539,7 @@ class ProcessJobs:
             raise
         threading.Thread(target=self._replenish, name="job-spare", daemon=True).start()
         running = _ProcessJob(spare.process, spare.control)
+        self.customers.started(customer_of(job.payload), running)
         threading.Thread(target=self._watch, args=(job, running, spare.reader, finished), name=f"job-{job.job_id}",
                          daemon=True).start()
         return running
@@ -562,6 +575,7 @@ class ProcessJobs:
                 log.error("job %s: %s", job.job_id, outcome.message)
         process.close()
         running.ended()
+        self.customers.ended(customer_of(job.payload), running)
         finished(outcome)
 
     def close(self) -> None:

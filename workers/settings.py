@@ -334,13 +334,16 @@ class WorkerSettings(Section):
     job_cpu_share: Literal["auto", "nice", "off"] = Field(
         default="auto",
         description="How a job's processes share the worker's CPU, process isolation only (workers/cpu_share.py): "
-        "`auto` puts each job in a cgroup of its own (v2, else v1) where the worker may create one, else uses "
-        "scheduling priority (nice); `nice` always uses priority; `off` leaves jobs as the worker is.",
+        "a customer's jobs on the worker together weigh what one job does. `auto` puts each job in a cgroup of its "
+        "own inside its customer's (v2, else v1) where the worker may create one, else uses scheduling priority "
+        "(nice: n jobs of one customer at nice k, 1.25^k ~= n); `nice` always uses priority; `off` leaves jobs as "
+        "the worker is.",
     )
     job_cpu_weight: int = Field(
         default=100, ge=1, le=10_000,
         description="A job's cgroup CPU weight (cgroup v2 cpu.weight; v1 cpu.shares is 10.24 times it) until it "
-        "has used SPECIALISTS_WORKER_JOB_CPU_DEMOTE_AFTER_S: every job the same share, however many processes it runs.",
+        "has used SPECIALISTS_WORKER_JOB_CPU_DEMOTE_AFTER_S: every job the same share, however many processes it runs. "
+        "Also one customer's: its group weighs the least of this and its jobs' weights together.",
     )
     job_cpu_demote_after_s: float = Field(
         default=1.0, ge=0.0, le=3600.0,
@@ -354,7 +357,8 @@ class WorkerSettings(Section):
     job_cpu_demoted_nice: int = Field(
         default=19, ge=0, le=19,
         description="The nice value of a job's processes once it is past its demotion threshold, where no cgroup "
-        "can be made (SPECIALISTS_WORKER_JOB_CPU_SHARE=nice, or auto without cgroups).",
+        "can be made (SPECIALISTS_WORKER_JOB_CPU_SHARE=nice, or auto without cgroups); its customer's value for its "
+        "count of jobs if that is higher.",
     )
     job_max_cpu_s: float = Field(
         default=120.0, ge=0.0, le=86_400.0,

@@ -13,8 +13,10 @@ import signal
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -25,6 +27,7 @@ from tests.rlm.holds import wait_until
 from tests.workers.harness import TestWorker, worker_settings
 from tests.workers.step_file import StepFile
 from tests.workers.test_job_process import claim_row, job_processes, new_job_id, wait_for
+from taskstate import claims
 from workers import cpu_share
 from workers.settings import WorkerSettings
 
@@ -77,36 +80,69 @@ def _children(pid: int) -> list[int]:
     return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
+@dataclass(frozen=True)
+class Spinning:
+    job_id: str
+    pid: int  # the job's process
+    child: int  # its spinning child
+
+
+def _spinning_child(pid: int) -> int | None:
+    children = [child for child in _children(pid) if b"while True" in Path(f"/proc/{child}/cmdline").read_bytes()]
+    return children[0] if children else None
+
+
 @contextmanager
-def _spinning_job(worker: TestWorker) -> Iterator[tuple[int, int]]:
-    """Start a job that spins, wait for its process and its spinning child, and give (job pid, child pid). However
-    the test ends, the job's processes are killed on the way out (the job ends as a dead process; its share is what
-    these tests are about), so a failed assertion fails at once instead of waiting out the spin."""
-    found: list[tuple[int, int]] = []
-
-    def running() -> bool:
-        for pid in job_processes(worker):
-            children = [child for child in _children(pid) if b"while True" in Path(f"/proc/{child}/cmdline").read_bytes()]
-            if children:
-                found.append((pid, children[0]))
-                return True
-        return False
-
-    with ThreadPoolExecutor(1) as pool:
-        pool.submit(worker.post, worker.body(new_job_id(), [{"op": "spin", "seconds": 600}], deadline_s=300),
-                    timeout_s=300)
+def _spinning_jobs(worker: TestWorker, owners: list[str | None]) -> Iterator[list[Spinning]]:
+    """Start a job that spins for each of ``owners`` (its payload's owner scope, ``<customer>:<specialist>``; None:
+    a raw job naming none), one after the other, each waited for (its process and its spinning child) before the
+    next is sent, so each job's process is known. However the test ends, the job processes are killed on the way
+    out (the jobs end as dead processes; their share is what these tests are about), so a failed assertion fails at
+    once instead of waiting out the spin."""
+    found: list[Spinning] = []
+    with ThreadPoolExecutor(len(owners)) as pool:
         try:
-            wait_until(running, "the job's process and its spinning child")
-            yield found[-1]
+            for owner in owners:
+                job_id = new_job_id()
+                payload: dict[str, Any] = {"script": {"steps": [{"op": "spin", "seconds": 600}]}}
+                if owner is not None:
+                    payload["o"] = owner
+                body = worker.signer.sign(job_id=job_id, specialist_id="scripted", deadline_s=300, payload=payload)
+                pool.submit(worker.post, body, timeout_s=300)
+                known = {job.pid for job in found}
+
+                def running() -> Spinning | None:
+                    for pid in job_processes(worker):
+                        child = None if pid in known else _spinning_child(pid)
+                        if child is not None:
+                            return Spinning(job_id, pid, child)
+                    return None
+
+                found.append(wait_for(f"the process of job {job_id} and its spinning child", running))
+            yield found
         finally:
-            for pid in {pid for pid, _ in found[-1:]} or set(job_processes(worker)):
+            for pid in {job.pid for job in found} or set(job_processes(worker)):
                 with suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
 
 
+def _cancel(engine: Engine, job: Spinning) -> None:
+    """End a job as a customer's cancel does: its run stops and its process winds down (its share left behind)."""
+    with engine.begin() as conn:
+        assert claims.request_cancel(conn, job.job_id, reason="the test is done with it") == "cancel_requested"
+    wait_until(lambda: not Path(f"/proc/{job.pid}").exists() or _stat_state(job.pid) == "Z",
+               f"the process of job {job.job_id} to end")
+
+
+def _stat_state(pid: int) -> str | None:
+    fields = cpu_share._stat_fields(pid)
+    return None if fields is None else fields[0]
+
+
 def test_past_its_threshold_a_jobs_processes_run_at_the_demoted_nice_and_the_next_jobs_process_does_not(serve):
     with serve(job_cpu_share="nice", job_cpu_demote_after_s=0.0, job_cpu_demoted_nice=17) as worker, \
-            _spinning_job(worker) as (job_pid, child_pid):
+            _spinning_jobs(worker, [None]) as [job]:
+        job_pid, child_pid = job.pid, job.child
         wait_until(lambda: _nice(job_pid) == 17 and _nice(child_pid) == 17, "the job's processes to be demoted")
         # The process forked ahead of the next job is forked after this one was taken: wait for it to exist.
         spare = wait_for("the process forked ahead of the next job", lambda: worker.service.jobs.waiting_pid)
@@ -145,22 +181,143 @@ def _job_cgroup(pid: int) -> Path | None:
     return None
 
 
+def _weight_file(group: Path) -> Path:
+    return group / ("cpu.weight" if (group / "cpu.weight").exists() else "cpu.shares")
+
+
+def _weight_value(group: Path, weight: int) -> str:
+    """What a weight reads as in ``group``'s file: itself in v2, 10.24 times it in v1 (at least 2)."""
+    return str(weight) if _weight_file(group).name == "cpu.weight" else \
+        str(max(cpu_share.V1_MIN_SHARES, round(weight * 10.24)))
+
+
+def _customer_group(name: str) -> str:
+    return f"{cpu_share.CUSTOMER_PREFIX}{cpu_share.customer_hash(name)}"
+
+
 def test_each_job_runs_in_a_cgroup_of_its_own_at_the_weight_the_settings_give(serve):
     """With cgroups (auto, where the worker may make them): the job's process and what it starts are in
-    specialists-job-<pid>, at SPECIALISTS_WORKER_JOB_CPU_WEIGHT until demoted, then the demoted weight. Where no
-    cgroup can be made, auto falls back to the nice value."""
+    specialists-job-<pid>, in its customer's group, at SPECIALISTS_WORKER_JOB_CPU_WEIGHT until demoted, then the
+    demoted weight, and its customer (it is its customer's only job) weighs what it does. Where no cgroup can be
+    made, auto falls back to the nice value."""
     with serve(job_cpu_weight=300, job_cpu_demote_after_s=0.0, job_cpu_demoted_weight=5,
-               job_cpu_demoted_nice=16) as worker, _spinning_job(worker) as (job_pid, child_pid):
+               job_cpu_demoted_nice=16) as worker, _spinning_jobs(worker, [None]) as [job]:
+        job_pid, child_pid = job.pid, job.child
         if not _cgroup_creatable():
             wait_until(lambda: _nice(job_pid) == 16 == _nice(child_pid), "the job's processes to be demoted")
             return
         group = _job_cgroup(job_pid)
         assert group is not None, Path(f"/proc/{job_pid}/cgroup").read_text()
         assert str(child_pid) in (group / "cgroup.procs").read_text().split()
-        weight = group / ("cpu.weight" if (group / "cpu.weight").exists() else "cpu.shares")
-        demoted = "5" if weight.name == "cpu.weight" else str(max(cpu_share.V1_MIN_SHARES, round(5 * 10.24)))
+        assert group.parent.name == _customer_group(cpu_share.NO_CUSTOMER)  # a raw job names no customer
+        weight, demoted = _weight_file(group), _weight_value(group, 5)
         wait_until(lambda: weight.read_text().strip() == demoted, f"the job's cgroup weight to be {demoted}")
+        customer = _weight_file(group.parent)
+        wait_until(lambda: customer.read_text().strip() == demoted, f"its customer's weight to be {demoted}")
         assert _nice(job_pid) == 0  # a cgroup's share, not a nice value
+
+
+def test_a_customers_jobs_share_its_customer_group_and_its_last_job_to_end_removes_it(serve, engine: Engine):
+    """Two jobs of one customer are in one group, specialists-customer-<hash of its id>, at one customer's weight
+    (SPECIALISTS_WORKER_JOB_CPU_WEIGHT, not twice it); another customer's job is in a group of its own at the same
+    weight. A job that ends removes its cgroup, and the customer's last one its customer's group."""
+    if not _cgroup_creatable():
+        pytest.skip("no CPU cgroup can be made here: the nice mode's share per customer is tested below")
+    with serve(max_concurrent_jobs=3, job_cpu_weight=300, job_cpu_demote_after_s=3600.0) as worker, \
+            _spinning_jobs(worker, ["acme:scripted", "acme:reviewer", "globex:scripted"]) as [first, second, other]:
+        groups = {job: _job_cgroup(job.pid) for job in (first, second, other)}
+        assert None not in groups.values(), groups
+        acme, globex = groups[first].parent, groups[other].parent
+        assert groups[second].parent == acme != globex
+        assert (acme.name, globex.name) == (_customer_group("acme"), _customer_group("globex"))
+        assert all("acme" not in str(group) and "globex" not in str(group) for group in groups.values())
+        for job, group in groups.items():
+            assert str(job.child) in (group / "cgroup.procs").read_text().split()
+            assert _weight_file(group).read_text().strip() == _weight_value(group, 300)
+        one_customer = _weight_value(acme, 300)
+        assert _weight_file(acme).read_text().strip() == one_customer == _weight_file(globex).read_text().strip()
+
+        _cancel(engine, first)
+        assert not groups[first].exists() and acme.exists()  # its second job still runs in it
+        _cancel(engine, second)
+        assert not groups[second].exists() and not acme.exists()
+        assert globex.exists() and _weight_file(globex).read_text().strip() == one_customer
+
+
+def test_jobs_of_one_customer_entering_and_leaving_at_once_each_get_their_group_and_leave_none_behind():
+    """Creation races with removal: one job's leave removes its customer's group while another job of the customer
+    makes its own in it; the second makes the group again. Real processes, real cgroups, two threads at once."""
+    if not _cgroup_creatable():
+        pytest.skip("no CPU cgroup can be made here")
+    import subprocess
+    import sys
+    import threading
+
+    rounds, customer = 20, f"race-{secrets.token_hex(4)}"
+    start = threading.Barrier(2)
+    failures: list[str] = []
+    customer_groups: set[Path] = set()
+
+    def job() -> None:
+        for _ in range(rounds):
+            process = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+            try:
+                start.wait(timeout=60)
+                group = cpu_share.enter_cgroup(process.pid, 100, customer)
+                if group is None or str(process.pid) not in (group.path / "cgroup.procs").read_text().split():
+                    failures.append(f"process {process.pid} is not in a group of its own: {group}")
+                else:
+                    customer_groups.add(group.customer)
+                    cpu_share.leave_cgroup(group, process.pid)
+            finally:
+                process.kill()
+                process.wait()
+
+    threads = [threading.Thread(target=job) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert [group.name for group in customer_groups] == [_customer_group(customer)]
+    assert not any(group.exists() for group in customer_groups)
+
+
+def test_in_the_nice_mode_a_customers_jobs_run_at_the_nice_value_of_its_count_of_jobs(serve, engine: Engine):
+    """Without cgroups the worker tells each job's process its customer's count of jobs on the worker, and n jobs
+    run at customer_nice(n); another customer's job is not lowered. When one ends the other goes back up, where
+    this process may lower a nice value (root, or CAP_SYS_NICE); without, it keeps the lower priority."""
+    with serve(job_cpu_share="nice", max_concurrent_jobs=3, job_cpu_demote_after_s=3600.0) as worker, \
+            _spinning_jobs(worker, ["acme:scripted", "acme:reviewer", "globex:scripted"]) as [first, second, other]:
+        two = cpu_share.customer_nice(2)
+        for job in (first, second):
+            wait_until(lambda job=job: _nice(job.pid) == two == _nice(job.child), f"job {job.job_id} at nice {two}")
+        assert _nice(other.pid) == 0 == _nice(other.child)
+        _cancel(engine, second)
+        back = 0 if _may_lower_nice() else two
+        wait_until(lambda: _nice(first.pid) == back == _nice(first.child), f"the customer's last job at nice {back}")
+
+
+def _may_lower_nice() -> bool:
+    import subprocess
+    import sys
+
+    probe = "import os; os.nice(1); os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) - 1)"
+    return subprocess.run([sys.executable, "-c", probe], capture_output=True).returncode == 0
+
+
+# The kernel's weight of each nice value (kernel/sched/core.c, sched_prio_to_weight), 0 to 9.
+KERNEL_NICE_WEIGHT = (1024, 820, 655, 526, 423, 335, 272, 215, 172, 137)
+
+
+def test_a_customers_jobs_at_its_nice_value_weigh_about_one_job_at_the_workers_priority():
+    """The nice mode's rule against the kernel's own table: n jobs at customer_nice(n) weigh together within 10% of
+    one job at nice 0, for as many jobs as a worker runs."""
+    assert cpu_share.customer_nice(1) == 0
+    for jobs in range(1, 9):
+        together = jobs * KERNEL_NICE_WEIGHT[cpu_share.customer_nice(jobs)]
+        assert abs(together - 1024) <= 0.1 * 1024, (jobs, cpu_share.customer_nice(jobs), together)
+    assert cpu_share.customer_nice(10_000) == 19  # never past the kernel's lowest priority
 
 
 def test_a_specs_max_cpu_s_is_its_cap_and_the_workers_setting_caps_the_specs_that_state_none(database_url, tmp_path):
