@@ -2,8 +2,9 @@
 `specialists console` processes beside a whole system (an edge, a worker, a dispatcher) on a database of its own.
 
 Two consoles run, as two operators (alice, bob), so two people can act on the same reservation at the same
-moment from two processes. Customers are made with the CLI, keys are used with the a2a-sdk client, a worker is
-killed with SIGKILL. Screenshots of the main pages go to ``SCREENSHOTS`` (a CI artifact, docs/TESTING.md).
+moment from two processes. A customer is made with the CLI (the others by the same ledger calls in process),
+keys are used with the a2a-sdk client, a worker is killed with SIGKILL. Screenshots of the main pages go to
+``SCREENSHOTS`` (a CI artifact, docs/TESTING.md).
 Tests wait on what the page or the database shows, never on time.
 """
 
@@ -34,7 +35,7 @@ from ledger.client import Ledger
 from taskstate import claims
 from taskstate.charge import charged_credits
 from tests.app.conftest import free_port
-from ops.topology import Ready, Role, ops_cli
+from ops.topology import Ready, Role, ops_cli, stop
 from tests.workers.system import (LEASE_S, SCRIPTED_TARIFF, START_BOUNDS, STOP_GRACE_S, SWEEP_INTERVAL_S, System,
                                   script_message, system_on_its_own_database)
 
@@ -85,8 +86,7 @@ def consoles(system: System) -> Iterator[dict[str, Console]]:
             wait_until_up(system, console)
         yield started
     finally:
-        for console in started.values():
-            console.role.stop()
+        stop([console.role for console in started.values()])  # asked at once, each drains on its own
 
 
 # carol's console counts wrong logins with small limits, in a window no test outlives: her lockouts are hers.
@@ -143,11 +143,19 @@ def cli(system: System, *args: str) -> subprocess.CompletedProcess:
     return done
 
 
-def new_customer(system: System, credits: int = 50) -> str:
+def new_customer(system: System, credits: int = 50, *, by_cli: bool = False) -> str:
+    """A customer granted ``credits`` for the scripted skill: ``by_cli`` as an operator does (`customers add`, then
+    `credits grant`), otherwise by the same two ledger calls in process (two CLI start-ups are ~3 s of CPU a test)."""
     customer_id = f"acme-{uuid.uuid4().hex[:8]}"
-    cli(system, "customers", "add", "--customer", customer_id, "--reason", "console tests")
-    cli(system, "credits", "grant", "--customer", customer_id, "--credits", str(credits), "--skill", "scripted",
-        "--reason", "console tests")
+    if by_cli:
+        cli(system, "customers", "add", "--customer", customer_id, "--reason", "console tests")
+        cli(system, "credits", "grant", "--customer", customer_id, "--credits", str(credits), "--skill", "scripted",
+            "--reason", "console tests")
+        return customer_id
+    ledger = Ledger(system.engine)
+    assert ledger.open_account(customer_id, operator="console-tests", reason="console tests").outcome == "created"
+    ledger.grant(customer_id, credits, operator="console-tests", skills=["scripted"], require_customer=True,
+                 reason="console tests")
     return customer_id
 
 
@@ -231,7 +239,7 @@ def test_a_post_without_the_csrf_token_or_from_another_site_is_refused_and_chang
 
 def test_a_customer_granted_from_the_cli_shows_and_a_grant_and_a_refusal_are_journalled_as_the_operator(
         system, alice):
-    customer_id = new_customer(system, credits=50)
+    customer_id = new_customer(system, credits=50, by_cli=True)
     alice.goto("/customers")
     row = alice.locator(f"tr[data-customer='{customer_id}']")
     assert row.locator("[data-field=available]").inner_text() == "50"
@@ -460,6 +468,10 @@ def test_a_worker_killed_mid_task_is_reconciled_once_when_two_operators_confirm_
     doomed = next(w for w in system.workers if str(w.process.pid) == pid)
     doomed.kill()  # SIGKILL
     try:
+        # Its replacement starts while the lease runs out, as a restarted instance would (not after the test, on top
+        # of it): the dead worker's claim is its own, no other worker takes it over.
+        system.replace_dead_workers()
+
         def unknown() -> bool:
             with system.engine.connect() as conn:
                 return (claims.get(conn, job) or {}).get("state") == "unknown"
