@@ -407,11 +407,20 @@ def cmd_worker(ctx: Ctx, args: argparse.Namespace) -> int:
             _assign(settings, "worker", name, value)
     _configure_logging(settings)
     # uvicorn re-raises the signal it stopped on once it has stopped; with these handlers that ends here
-    # (exit 0) instead of in a KeyboardInterrupt traceback or a kill by the default SIGTERM action.
+    # (exit 0) instead of in a KeyboardInterrupt traceback or a kill by the default SIGTERM action. A signal
+    # that comes while the worker still starts (before uvicorn handles its own) ends the start-up: nothing is
+    # claimed yet. Swallowed, it left a worker serving on, killed only past its stopper's grace.
+    listening: list[int] = []
+
+    def on_stop_signal(_signum: int, _frame: object) -> None:
+        if not listening:
+            raise SystemExit(EXIT_OK)
+
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: None)
+        signal.signal(signum, on_stop_signal)
     try:
-        run_worker(settings, host=settings.worker.host, port=settings.worker.port, database_url=ctx.url)
+        run_worker(settings, host=settings.worker.host, port=settings.worker.port, database_url=ctx.url,
+                   on_listening=listening.append)
     except WorkerNotConfigured as problem:
         return _config_problem(problem, ctx.as_json)
     return EXIT_OK

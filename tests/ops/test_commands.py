@@ -22,6 +22,7 @@ from ops.topology import Ready, Role, StartClock, ops_cli
 from tests import http_calls
 from tests.app.conftest import edge_env, free_port
 from tests.conftest import TEST_SECRET
+from tests.rlm.holds import wait_until
 from tests.workers.conftest import WORKER_SECRET
 from tests.workers.system import START_BOUNDS, drop_database, fresh_database
 
@@ -46,6 +47,25 @@ def test_a_worker_without_a_job_secret_refuses_to_start_naming_the_setting(datab
     done = specialists(edge_env(database_url, specs_dir), "worker", "--port", str(free_port()))
     assert done.returncode == 3
     assert "SPECIALISTS_WORKER_JOB_SECRETS" in done.stderr
+
+
+def test_a_worker_stopped_while_it_starts_exits_instead_of_serving_on(database_url, specs_dir, tmp_path):
+    # A supervisor that restarts a worker may stop it again before it listens (the drill's target-mode test did,
+    # at its end): the stop signal once came between the worker's own handlers and uvicorn's, was swallowed, and
+    # the worker served on until SIGKILL past the grace.
+    env = edge_env(database_url, specs_dir, worker_job_secrets=WORKER_SECRET, worker_oidc_verify="false")
+    worker = Role("worker", ops_cli("worker", "--port", str(free_port())), env, log_path=tmp_path / "worker.log",
+                  stop_grace_s=30)
+    worker.start()
+    try:
+        # Logged as its settings are checked: its handlers are set, its schema check and uvicorn still to come.
+        wait_until(lambda: "OIDC tokens are NOT checked" in worker.log_text() or not worker.alive,
+                   "the worker to check its settings", limit_s=60)
+        worker.signal(signal.SIGTERM)
+        worker.popen.wait(30)
+        assert worker.returncode == 0, worker.log_tail()
+    finally:
+        worker.kill()
 
 
 def test_a_dispatcher_without_a_job_secret_or_with_half_a_cloud_tasks_setup_refuses_to_start(database_url, specs_dir):
