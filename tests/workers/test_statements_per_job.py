@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 
@@ -61,8 +62,10 @@ def counted(server_url: str, engine, tmp_path: Path) -> Iterator[tuple[System, S
     system.settings.update(QUIET)
     counter = StatementCounter(url)
     try:
-        system.start_edge("api")
-        worker = system.start_worker(database_url=counter.url)
+        with ThreadPoolExecutor(2) as pool:  # two Python start-ups side by side, as System.start starts its roles
+            edge = pool.submit(system.start_edge, "api")
+            worker = pool.submit(system.start_worker, database_url=counter.url).result()
+            edge.result()
         system.start_dispatcher(worker_urls=[worker.url], database_url=counter.url)
         yield system, counter
     finally:

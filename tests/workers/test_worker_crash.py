@@ -8,13 +8,14 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 from sqlalchemy import Engine, text
 
-from ops.topology import Ready, Role
+from ops.topology import Ready, Role, stop
 from tests import http_calls
 from tests.workers.conftest import WORKER_SECRET
 from tests.workers.system import START_BOUNDS
@@ -71,14 +72,18 @@ def spawn(service_env: dict[str, str], step_log: Path) -> Iterator:
     )
     started: list[WorkerProcess] = []
 
-    def start() -> WorkerProcess:
+    def start_one() -> WorkerProcess:
         worker = WorkerProcess(env, step_log)
         started.append(worker)
         return worker
 
+    def start(count: int) -> list[WorkerProcess]:
+        """``count`` workers, started side by side (each is a Python start-up of its own)."""
+        with ThreadPoolExecutor(count) as pool:
+            return list(pool.map(lambda _: start_one(), range(count)))
+
     yield start
-    for worker in started:
-        worker.stop()
+    stop([worker.role for worker in started])  # asked at once, waited for together
 
 
 def runs(step_log: Path, job_id: str) -> list[str]:
@@ -100,7 +105,7 @@ def body(job_id: str, steps: list[dict]) -> bytes:
 def test_a_worker_killed_mid_job_leaves_it_unknown_and_no_later_delivery_runs_it(spawn, step_log, engine: Engine) -> None:
     job = "job-" + secrets.token_hex(8)
     signed = body(job, [{"op": "sleep", "seconds": 30}, {"op": "complete"}])
-    first, second = spawn(), spawn()
+    first, second = spawn(2)
 
     cut_off: list[BaseException] = []
 
@@ -139,7 +144,7 @@ def test_a_worker_killed_mid_job_leaves_it_unknown_and_no_later_delivery_runs_it
 def test_five_concurrent_deliveries_across_two_worker_processes_run_the_job_once(spawn, step_log, engine) -> None:
     job = "job-" + secrets.token_hex(8)
     signed = body(job, [{"op": "sleep", "seconds": 0.5}, {"op": "complete", "text": "once"}])
-    workers = [spawn(), spawn()]
+    workers = spawn(2)
     barrier = threading.Barrier(5)
     answers: list[httpx.Response] = []
 
