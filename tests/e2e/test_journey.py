@@ -31,10 +31,9 @@ import pytest
 
 from core.settings import PROJECT_ROOT
 from ops.cli_journey import JOURNEY_SCRIPT, KEY_ENV
-from tests.app.conftest import edge_env, free_port
+from tests.app.conftest import free_port
 from tests.rlm.conftest import FakeOpenAI
 from tests.serve import running_service
-from tests.workers.system import drop_database, fresh_database
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
@@ -231,35 +230,30 @@ def test_a_real_model_by_flag_drives_the_same_journey(service, tmp_path):
     assert summary["children"][0]["state"] == "completed" and summary["hosted"]["reservations"][0]["state"] == "settled"
 
 
-def test_the_journey_checks_the_service_first_and_grants_nothing_when_none_answers(server_url, engine, tmp_path):
-    engine.dispose()
-    url = fresh_database(server_url)  # of its own: nobody else adds customers to it
-    try:
-        env = edge_env(url, PROJECT_ROOT / "specs")
-        done = subprocess.run([sys.executable, "-m", "ops.cli", "journey", "--url", f"http://127.0.0.1:{free_port()}",
-                               "--workspace", str(tmp_path / "ws"), "--json"], env=env, cwd=PROJECT_ROOT,
-                              capture_output=True, text=True, timeout=60)
-        assert done.returncode == 1 and json.loads(done.stdout)["error"]["code"] == "journey_failed", done.stdout
-        assert "Nothing was granted" in done.stdout
-        listed = subprocess.run([sys.executable, "-m", "ops.cli", "customers", "list", "--json"], env=env,
-                                cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
-        assert json.loads(listed.stdout)["customers"] == []  # no customer, no key, no credit
-        assert not (tmp_path / "ws").exists()  # and no workspace
-    finally:
-        drop_database(server_url, url)
+def customers(service) -> set[str]:
+    listed = subprocess.run([sys.executable, "-m", "ops.cli", "customers", "list", "--json"], env=service.env,
+                            cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
+    return {c["customer_id"] for c in json.loads(listed.stdout)["customers"]}
+
+
+def test_the_journey_checks_the_service_first_and_grants_nothing_when_none_answers(service, tmp_path):
+    # The service's database (not one made and migrated for this test), a URL where nothing answers.
+    before = customers(service)
+    done = subprocess.run([sys.executable, "-m", "ops.cli", "journey", "--url", f"http://127.0.0.1:{free_port()}",
+                           "--workspace", str(tmp_path / "ws"), "--json"], env=service.env, cwd=PROJECT_ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and json.loads(done.stdout)["error"]["code"] == "journey_failed", done.stdout
+    assert "Nothing was granted" in done.stdout
+    assert customers(service) == before  # no customer, no key, no credit
+    assert not (tmp_path / "ws").exists()  # and no workspace
 
 
 def test_without_a_container_engine_the_journey_says_which_setting_and_grants_nothing(service, tmp_path):
-    def customers() -> set[str]:
-        listed = subprocess.run([sys.executable, "-m", "ops.cli", "customers", "list", "--json"], env=service.env,
-                                cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
-        return {c["customer_id"] for c in json.loads(listed.stdout)["customers"]}
-
-    before = customers()
+    before = customers(service)
     code, summary, _ = journey(service, tmp_path, env={"PATH": str(tmp_path / "no-engine-here")})
     assert code == 3 and summary["error"]["code"] == "journey_kernel_unavailable", summary
     assert "RLM_CONTAINER_ENGINE" in summary["error"]["message"] and "Nothing was granted" in summary["error"]["message"]
-    assert customers() == before  # no customer, no key, no credit
+    assert customers(service) == before  # no customer, no key, no credit
 
 
 def test_the_readme_shows_the_journey_right_after_the_service_demo_and_it_prints_what_the_readme_says(
