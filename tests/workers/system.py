@@ -205,14 +205,23 @@ class System:
     def live_worker(self) -> Worker:
         return next(w for w in self.workers if w.process.poll() is None)
 
-    def replace_dead_workers(self) -> None:
-        """Start a worker for each that died, and dispatchers that deliver to the live ones."""
+    def replace_dead_workers(self, *, restart_dispatchers: bool = True) -> None:
+        """Start a worker for each that died, and (``restart_dispatchers``) dispatchers that deliver to the live
+        ones; without, the dispatchers are stopped and the next ``dispatching`` starts one."""
         dead = [w for w in self.workers if w.process.poll() is not None]
         for worker in dead:
             self.workers.remove(worker)
             self.start_worker()
         if dead:
             self.stop_dispatchers()
+            if restart_dispatchers:
+                self.start_dispatcher()
+
+    def dispatching(self) -> None:
+        """The default dispatcher (to the live workers) running: started here when none runs. Tests that run
+        dispatchers of their own stop them all on their way out and leave the default one to the next test that
+        needs it, instead of each restoring it for a next test that may stop it at once."""
+        if not self.dispatchers:
             self.start_dispatcher()
 
     def stop_dispatchers(self) -> None:

@@ -67,6 +67,12 @@ def system(server_url: str, engine, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 @pytest.fixture
+def dispatching(system: System) -> None:
+    """The default dispatcher running (System.dispatching): a test that ran dispatchers of its own stopped them."""
+    system.dispatching()
+
+
+@pytest.fixture
 def customer(system: System) -> dict[str, str]:
     return new_customer(system)
 
@@ -137,6 +143,7 @@ def specialists(system: System, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.anyio
+@pytest.mark.usefixtures("dispatching")
 async def test_a_paid_task_runs_on_a_worker_streams_through_the_other_instance_and_is_settled_once(system, customer):
     task_id = send(system, customer, [
         {"op": "progress", "text": "reading the bundle"},
@@ -160,6 +167,7 @@ async def test_a_paid_task_runs_on_a_worker_streams_through_the_other_instance_a
     assert reservation(system, task_id).state == "settled"
 
 
+@pytest.mark.usefixtures("dispatching")
 def test_a_failed_execution_is_charged_the_tariff_and_the_customer_is_told_why(system, customer):
     task_id = send(system, customer, [{"op": "fail", "text": "the rule does not apply to this bundle"}])
     system.wait_for("the task to fail", lambda: state_of(system, customer, task_id) == "TASK_STATE_FAILED")
@@ -168,6 +176,7 @@ def test_a_failed_execution_is_charged_the_tariff_and_the_customer_is_told_why(s
     assert settlements(system, task_id) == [("settle", SCRIPTED_TARIFF)]
 
 
+@pytest.mark.usefixtures("dispatching")
 def test_the_same_job_delivered_five_times_at_once_runs_once_and_settles_once(system, customer):
     task_id = send(system, customer, [{"op": "sleep", "seconds": 0.8}, {"op": "complete", "text": "once"}])
     job = system.job_of(task_id)
@@ -190,6 +199,7 @@ def test_the_same_job_delivered_five_times_at_once_runs_once_and_settles_once(sy
     assert settlements(system, task_id) == [("settle", SCRIPTED_TARIFF)]
 
 
+@pytest.mark.usefixtures("dispatching")
 def test_any_number_of_dispatchers_share_the_outbox_and_every_job_runs_exactly_once(system, customer):
     Ledger(system.engine).grant(customer["X-Customer"], 100, operator="tests", max_parallel=32, reason="a burst")
     second = system.start_dispatcher()
@@ -214,6 +224,7 @@ def test_any_number_of_dispatchers_share_the_outbox_and_every_job_runs_exactly_o
 # --- cancel, forgeries ------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("dispatching")
 def test_a_cancel_through_the_other_api_instance_stops_the_running_job_within_heartbeat_and_grace(system, customer):
     task_id = send(system, customer, [{"op": "progress", "text": "working"}, {"op": "sleep", "seconds": 30},
                                       {"op": "complete", "text": "should never happen"}], via=0)
@@ -237,6 +248,7 @@ def test_a_cancel_through_the_other_api_instance_stops_the_running_job_within_he
     assert settlements(system, task_id) == [("settle", SCRIPTED_TARIFF)]
 
 
+@pytest.mark.usefixtures("dispatching")
 def test_forged_tampered_and_replayed_deliveries_are_refused_or_answered_without_running(system, customer):
     task_id = send(system, customer, [{"op": "complete", "text": "ran"}])
     system.wait_for("the task to complete", lambda: state_of(system, customer, task_id) == "TASK_STATE_COMPLETED")
@@ -256,6 +268,7 @@ def test_forged_tampered_and_replayed_deliveries_are_refused_or_answered_without
     assert settlements(system, task_id) == [("settle", SCRIPTED_TARIFF)]
 
 
+@pytest.mark.usefixtures("dispatching")
 def test_a_finished_job_pruned_past_its_retention_and_delivered_again_runs_nothing_and_moves_nothing(
         system, customer):
     task_id = send(system, customer, [{"op": "complete", "text": "ran once"}])
@@ -310,16 +323,17 @@ def test_a_dispatcher_killed_after_committing_its_take_and_before_delivering_los
         assert (row.status, row.attempts) == ("done", 2)
         assert len(system.runs(job)) == 1
         assert settlements(system, task_id) == [("settle", SCRIPTED_TARIFF)]
-    finally:
-        if not system.dispatchers:
-            system.start_dispatcher()
+    except BaseException:
+        system.stop_dispatchers()  # the doomed one may still run; on success the default one it started is left
+        raise
 
 
+@pytest.mark.usefixtures("dispatching")
 def test_a_worker_killed_mid_job_stays_unknown_until_an_operator_reconciles_it(system, customer):
     try:
         killed_mid_job_then_reconciled(system, customer)
     finally:
-        system.replace_dead_workers()  # later tests get a full set again
+        system.replace_dead_workers(restart_dispatchers=False)  # later tests get a full set again
 
 
 def killed_mid_job_then_reconciled(system: System, customer: dict) -> None:
@@ -390,7 +404,6 @@ def test_a_killed_workers_job_is_decided_by_its_beat_before_its_lease_passes(sys
     finally:
         system.stop_dispatchers()
         system.workers.remove(doomed)
-        system.start_dispatcher()
 
 
 def test_a_job_a_dead_worker_did_not_take_goes_to_a_live_one_without_an_attempt_or_a_backoff(system, customer):
@@ -410,7 +423,6 @@ def test_a_job_a_dead_worker_did_not_take_goes_to_a_live_one_without_an_attempt_
         assert settlements(system, task_id) == [("settle", SCRIPTED_TARIFF)]
     finally:
         system.stop_dispatchers()
-        system.start_dispatcher()
 
 
 def test_a_job_no_worker_can_take_is_failed_as_undeliverable_and_charged_nothing(system, customer):
@@ -425,7 +437,6 @@ def test_a_job_no_worker_can_take_is_failed_as_undeliverable_and_charged_nothing
         assert claim(system, system.job_of(task_id))["outcome"] == "failed"  # a late delivery would not run it
     finally:
         system.stop_dispatchers()
-        system.start_dispatcher()
 
 
 def test_a_worker_full_with_another_dispatchers_job_delays_a_job_without_giving_it_up(system, customer):
@@ -466,7 +477,6 @@ def test_a_worker_full_with_another_dispatchers_job_delays_a_job_without_giving_
         system.stop_dispatchers()
         one_slot.stop()
         system.workers.remove(one_slot)
-        system.start_dispatcher()
     assert [len(system.runs(system.job_of(t))) for t in (long_task, short_task)] == [1, 1]
     assert settlements(system, short_task) == [("settle", SCRIPTED_TARIFF)]
 
@@ -501,7 +511,6 @@ def test_with_one_customers_eight_jobs_queued_a_second_customers_job_is_the_next
         system.stop_dispatchers()
         one_slot.stop()
         system.workers.remove(one_slot)
-        system.start_dispatcher()
 
 
 
@@ -510,33 +519,30 @@ def test_a_job_cloud_tasks_stopped_delivering_is_failed_and_voided_once_no_deliv
     from workers.settlement import TaskSettlement
     from taskstate.updates import TaskEvents
 
-    system.stop_dispatchers()
-    try:
-        task_id = send(system, customer, [{"op": "complete", "text": "must never run"}])
-        running = send(system, customer, [{"op": "complete"}])
-        job = system.job_of(task_id)
-        # What the relay leaves once the queue dropped the task: handed over, never claimed. The other job was
-        # handed over as long ago but claimed: it is the claim's to finish, not the sweeper's.
-        with system.engine.begin() as conn:
-            conn.execute(text("UPDATE dispatch_outbox SET status = 'sent', sent_at = now() - interval '2 hours', "
-                              "attempts = 1 WHERE task_id = ANY(:t)"), {"t": [task_id, running]})
-            claims.claim(conn, system.job_of(running), worker_id="elsewhere", lease_s=60)
-        settings = Settings()
-        sweeper = LeaseSweeper(system.engine, TaskSettlement(TaskEvents(system.engine), operator="test"),
-                               abandoned_after_s=settings.worker.job_max_age_s + settings.dispatch.deadline_s)
-        assert sweeper.give_up_abandoned() == [job]
-        assert sweeper.give_up_abandoned() == []  # once
-        seen = task_of(system, customer, task_id)
-        assert seen["status"]["state"] == "TASK_STATE_FAILED"
-        assert "the queue stopped delivering it" in seen["status"]["message"]["parts"][0]["text"]
-        assert reservation(system, task_id).state == "voided" and reservation(system, task_id).charged == 0
-        late = system.live_worker().post(signed_body(system, job))  # the queue delivers after all: not run
-        assert (late.status_code, late.json()["code"]) == (200, "job_already_finished")
-        assert system.runs(job) == []
-        assert state_of(system, customer, running) == "TASK_STATE_SUBMITTED"
-        assert reservation(system, running).state == "open"
-    finally:
-        system.start_dispatcher()
+    system.stop_dispatchers()  # no dispatcher may deliver these rows: the test plays the queue
+    task_id = send(system, customer, [{"op": "complete", "text": "must never run"}])
+    running = send(system, customer, [{"op": "complete"}])
+    job = system.job_of(task_id)
+    # What the relay leaves once the queue dropped the task: handed over, never claimed. The other job was
+    # handed over as long ago but claimed: it is the claim's to finish, not the sweeper's.
+    with system.engine.begin() as conn:
+        conn.execute(text("UPDATE dispatch_outbox SET status = 'sent', sent_at = now() - interval '2 hours', "
+                          "attempts = 1 WHERE task_id = ANY(:t)"), {"t": [task_id, running]})
+        claims.claim(conn, system.job_of(running), worker_id="elsewhere", lease_s=60)
+    settings = Settings()
+    sweeper = LeaseSweeper(system.engine, TaskSettlement(TaskEvents(system.engine), operator="test"),
+                           abandoned_after_s=settings.worker.job_max_age_s + settings.dispatch.deadline_s)
+    assert sweeper.give_up_abandoned() == [job]
+    assert sweeper.give_up_abandoned() == []  # once
+    seen = task_of(system, customer, task_id)
+    assert seen["status"]["state"] == "TASK_STATE_FAILED"
+    assert "the queue stopped delivering it" in seen["status"]["message"]["parts"][0]["text"]
+    assert reservation(system, task_id).state == "voided" and reservation(system, task_id).charged == 0
+    late = system.live_worker().post(signed_body(system, job))  # the queue delivers after all: not run
+    assert (late.status_code, late.json()["code"]) == (200, "job_already_finished")
+    assert system.runs(job) == []
+    assert state_of(system, customer, running) == "TASK_STATE_SUBMITTED"
+    assert reservation(system, running).state == "open"
 
 
 # --- Cloud Tasks -------------------------------------------------------------------------------
@@ -573,7 +579,6 @@ def test_the_cloud_tasks_path_end_to_end_through_the_emulator(system, customer, 
         assert settlements(system, task_id) == [("settle", SCRIPTED_TARIFF)]
     finally:
         system.stop_dispatchers()
-        system.start_dispatcher()
 
 
 def test_a_relay_killed_after_enqueueing_and_before_recording_it_enqueues_again_and_the_job_runs_once(
@@ -611,4 +616,3 @@ def test_a_relay_killed_after_enqueueing_and_before_recording_it_enqueues_again_
         assert settlements(system, task_id) == [("settle", SCRIPTED_TARIFF)]
     finally:
         system.stop_dispatchers()
-        system.start_dispatcher()
