@@ -24,6 +24,7 @@ from ops.drill import folders, record
 from ops.drill.scenarios import SCENARIOS
 from ops.drill.topology import LocalTopology
 from tests.app.conftest import edge_env, start_edge, stop_edge
+from tests.commands import specialists
 from tests.conftest import TEST_SECRET
 
 pytestmark = [pytest.mark.slow]
@@ -139,13 +140,15 @@ def test_a_target_that_breaks_the_revocation_bound_fails_the_drill_and_exits_1(d
 
 
 def test_target_mode_names_what_it_needs(database_url):
+    # Refused before any drill runs: in this process (tests/commands.py), not three interpreters' start-ups.
     env = edge_env(database_url, PROJECT_ROOT / "specs")
     env.pop("DATABASE_URL")
-    done = drill(env, "--target", "http://127.0.0.1:9", "--json", timeout_s=60)
+    done = specialists(["drill", "--target", "http://127.0.0.1:9", "--json"], env)
     assert done.returncode == 3 and json.loads(done.stdout)["error"]["code"] == "drill_needs_database"
-    bad = drill(edge_env(database_url, PROJECT_ROOT / "specs"), "--target", "ftp://x", "--json", timeout_s=60)
+    bad = specialists(["drill", "--target", "ftp://x", "--json"], edge_env(database_url, PROJECT_ROOT / "specs"))
     assert bad.returncode == 2 and json.loads(bad.stdout)["error"]["code"] == "drill_target_invalid"
-    unknown = drill(edge_env(database_url, PROJECT_ROOT / "specs"), "--local", "--scenario", "nope", "--json")
+    unknown = specialists(["drill", "--local", "--scenario", "nope", "--json"],
+                          edge_env(database_url, PROJECT_ROOT / "specs"))
     assert unknown.returncode == 2 and "the scenarios are refusal, cancellation" in json.loads(unknown.stdout)["error"]["message"]
 
 
