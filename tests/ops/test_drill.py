@@ -118,7 +118,8 @@ def test_a_target_that_breaks_the_revocation_bound_fails_the_drill_and_exits_1(d
     try:
         env = edge_env(database_url, PROJECT_ROOT / "specs", revocation_cache_s="0", drill_slack_s="0.5")
         env["SPECIALISTS_KEY_SIGNING_SECRETS"] = TEST_SECRET
-        done = drill(env, "--target", edge.url, "--scenario", "refusal", "--json", timeout_s=90)
+        # A client of the deployment, as an operator runs it: in this process (tests/commands.py), the edge apart.
+        done = specialists(["drill", "--target", edge.url, "--scenario", "refusal", "--json"], env)
         assert done.returncode == 1, done.stdout + done.stderr
         report = json.loads(done.stdout)
         assert report["passed"] is False and report["mode"] == "target"
@@ -133,7 +134,7 @@ def test_a_target_that_breaks_the_revocation_bound_fails_the_drill_and_exits_1(d
             edge.url, "fail", [("refusal", "fail")])
         assert last.scenarios[0].evidence == scenario["evidence"][-1][:record.MAX_EVIDENCE_CHARS]
 
-        table = drill(env, "--target", edge.url, "--scenario", "refusal", timeout_s=90)
+        table = specialists(["drill", "--target", edge.url, "--scenario", "refusal"], env)
         assert table.returncode == 1 and "refusal failed; its evidence:" in table.stdout
     finally:
         stop_edge(edge)
