@@ -216,8 +216,9 @@ def test_target_mode_drills_process_control_through_the_operators_hooks_and_skip
     topology, supervisor = supervised
     target = ",".join(topology.api_urls)
 
-    bare = drill(target_env(topology), "--target", target, "--scenario", "retained-unknown,restart-and-rollout",
-                 "--json")
+    # The drill is a client of the deployment: in this process (tests/commands.py); its hooks are processes.
+    bare = specialists(["drill", "--target", target, "--scenario", "retained-unknown,restart-and-rollout", "--json"],
+                       target_env(topology))
     assert bare.returncode == 0, bare.stdout + bare.stderr  # skipped is not failed
     report = json.loads(bare.stdout)
     assert [(s["scenario"], s["verdict"]) for s in report["scenarios"]] == [
@@ -226,11 +227,11 @@ def test_target_mode_drills_process_control_through_the_operators_hooks_and_skip
     assert supervisor.restarts == []
 
     hook = f"{sys.executable} -m tests.ops.drill_hooks {{}} {supervisor.pids_file}"
-    hooked = drill(target_env(topology, drill_restart_api_hook=hook.format("restart-api"),
-                              drill_roll_api_hook=hook.format("roll-api"),
-                              drill_restart_worker_hook=hook.format("restart-worker"),
-                              drill_kill_worker_hook=hook.format("kill-worker")),
-                   "--target", target, "--scenario", "retained-unknown,restart-and-rollout", "--json")
+    hooked = specialists(["drill", "--target", target, "--scenario", "retained-unknown,restart-and-rollout", "--json"],
+                         target_env(topology, drill_restart_api_hook=hook.format("restart-api"),
+                                    drill_roll_api_hook=hook.format("roll-api"),
+                                    drill_restart_worker_hook=hook.format("restart-worker"),
+                                    drill_kill_worker_hook=hook.format("kill-worker")))
     assert hooked.returncode == 0, hooked.stdout + hooked.stderr
     report = json.loads(hooked.stdout)
     assert [(s["scenario"], s["verdict"]) for s in report["scenarios"]] == [
