@@ -37,6 +37,47 @@ def _with_database(url: str, name: str) -> str:
     return urlunsplit(parts._replace(path="/" + name))
 
 
+def _template_name() -> str:
+    return f"specialists_template_{os.environ[embedded_pg.RUN_TOKEN_ENV]}"
+
+
+def migrated_database(server_url: str, name: str) -> str:
+    """Create database ``name`` at the migrations' head and give its URL.
+
+    It is a copy of this run's template (``CREATE DATABASE ... TEMPLATE``, a quarter of a second), which the first
+    caller of the run migrates (several seconds: every migration since 0001) under an advisory lock, so that the two
+    xdist workers make it once between them. The template is named by the run's token, becomes visible under that
+    name only once migrated (it is built under another and renamed), and is dropped when the run ends
+    (``pytest_unconfigure``), so no run ever copies another's."""
+    template = _template_name()
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text("SELECT pg_advisory_lock(hashtext(:t))"), {"t": template})
+            try:
+                if conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :t"), {"t": template}).first() is None:
+                    building = f"{template}_building"
+                    conn.execute(text(f'DROP DATABASE IF EXISTS "{building}"'))
+                    conn.execute(text(f'CREATE DATABASE "{building}"'))
+                    db.upgrade(_with_database(server_url, building))  # its engine is gone when this returns
+                    conn.execute(text(f'ALTER DATABASE "{building}" RENAME TO "{template}"'))
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(hashtext(:t))"), {"t": template})
+            conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
+    finally:
+        admin.dispose()
+    return _with_database(server_url, name)
+
+
+def _drop_template(server_url: str) -> None:
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{_template_name()}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
+
+
 def _external_url() -> str | None:
     return os.environ.get("TEST_DATABASE_URL") or os.environ.get("DATABASE_URL")
 
@@ -89,6 +130,8 @@ def pytest_configure_node(node) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     global _run_server
+    if not hasattr(config, "workerinput") and (_run_server is not None or _external_url()):
+        _drop_template(_server(config))
     if _run_server is not None:
         for line in _run_server.stop():
             _say(config, line)
@@ -109,10 +152,7 @@ def database_url(server_url: str) -> Iterator[str]:
     """This run's own database, migrated to head."""
     name = f"specialists_test_{os.getpid()}_{secrets.token_hex(4)}"
     admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = _with_database(server_url, name)
-    db.upgrade(url)
+    url = migrated_database(server_url, name)
     yield url
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))

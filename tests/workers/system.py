@@ -32,7 +32,7 @@ from core.settings import PROJECT_ROOT, Settings
 from ops.topology import READY_FD, Ready, Role, StartBounds, ops_cli, stop
 from tests import http_calls
 from tests.app.conftest import EdgeProcess, edge_env, start_edge, stop_edge
-from tests.conftest import _with_database
+from tests.conftest import migrated_database
 from tests.workers.conftest import WORKER_SECRET
 
 # Twenty heartbeats a lease: a worker starved for seconds on a loaded machine keeps its claim. Tests that need a
@@ -61,14 +61,8 @@ output_modes: [text/plain]
 
 
 def fresh_database(server_url: str) -> str:
-    name = f"specialists_system_{secrets.token_hex(4)}"
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    admin.dispose()
-    url = _with_database(server_url, name)
-    db.upgrade(url)
-    return url
+    """A database of its own at the migrations' head (a copy of the run's migrated template)."""
+    return migrated_database(server_url, f"specialists_system_{secrets.token_hex(4)}")
 
 
 def drop_database(server_url: str, url: str) -> None:
