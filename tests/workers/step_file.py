@@ -3,6 +3,10 @@
 It crosses to the job's process by pickle (``workers.assembly.RunnerRecipe``), so it is a module-level class
 holding only a path and the pid of the worker that made it: a line names the worker, not the job's process, which
 is how tests tell which worker ran a job. Each line is flushed at once, so a SIGKILL loses nothing written before.
+
+A step whose text is ``gate:NAME`` waits, once its line is written, until the test opens the gate (``open_gate``:
+a file NAME beside the log), so that a test can hold a job at a point until it has done what it must do first
+(subscribed, say), however slow the machine, instead of betting on a sleep being long enough.
 """
 
 from __future__ import annotations
@@ -11,7 +15,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.rlm.holds import wait_until
 from workers.runs import ScriptStep
+
+GATE = "gate:"
+GATE_LIMIT_S = 240.0  # a guard for a test that never opens its gate, not a promise
 
 
 @dataclass(frozen=True)
@@ -23,6 +31,12 @@ class StepFile:
         with open(self.path, "a") as out:
             out.write(f"{self.worker_pid} {job_id} {index} {step.op}\n")
             out.flush()
+        if step.text.startswith(GATE):
+            gate = self.path.with_name(step.text.removeprefix(GATE))
+            wait_until(gate.exists, f"the test to open {gate.name}", limit_s=GATE_LIMIT_S)
+
+    def open_gate(self, name: str) -> None:
+        self.path.with_name(name).touch()
 
     def lines(self) -> list[list[str]]:
         return [line.split() for line in self.path.read_text().splitlines()]
