@@ -262,6 +262,7 @@ class OidcVerifier:
         clock_skew_s: int,
         fetch_certs: CertsFetcher | None = None,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.audience = audience
         self.service_account_email = service_account_email
@@ -269,7 +270,8 @@ class OidcVerifier:
         self.certs_cache_s = certs_cache_s
         self.clock_skew_s = clock_skew_s
         self._fetch = fetch_certs or fetch_certs_with_google_auth
-        self._clock = clock
+        self._clock = clock  # tokens' times
+        self._monotonic = monotonic  # the certificates' age and the refetch interval
         self._lock = threading.Lock()
         self._certs: dict[str, str] = {}
         self._fetched_at = float("-inf")
@@ -286,7 +288,7 @@ class OidcVerifier:
         )
 
     def _cert_for(self, key_id: str) -> str | None:
-        now = time.monotonic()
+        now = self._monotonic()
         with self._lock:
             fresh = now - self._fetched_at < self.certs_cache_s
             if fresh and key_id in self._certs:
