@@ -496,15 +496,7 @@ def test_a_notification_is_delivered_on_its_wake_up_not_at_the_next_poll(engine,
     try:
         assert wake.wait(30), "the listener never ran LISTEN"  # set once it has: a notification wakes it now
         deliverer = PushDeliverer(engine, polled, name=f"test-{uuid.uuid4().hex[:6]}", wake=wake)
-        claim = deliverer._claim
-
-        def counted_claim(free: int, in_flight: dict[str, int]) -> list[push.Claimed]:
-            try:
-                return claim(free, in_flight)
-            finally:
-                first_claim.set()
-
-        deliverer._claim = counted_claim  # type: ignore[method-assign]
+        _signal_claims(deliverer, first_claim)
         thread = threading.Thread(target=deliverer.run, args=(stop,), daemon=True)
         thread.start()
         first_claim.wait(30)  # its first round found nothing: it now waits for a wake-up or 60 s
@@ -519,21 +511,26 @@ def test_a_notification_is_delivered_on_its_wake_up_not_at_the_next_poll(engine,
         listener.stop()
 
 
+def _signal_claims(deliverer: PushDeliverer, claimed: threading.Event) -> None:
+    """Set ``claimed`` each time the deliverer has finished a claim round (its first: it now waits)."""
+    claim = deliverer._claim
+
+    def signalled(free: int, in_flight: dict[str, int]) -> list[push.Claimed]:
+        try:
+            return claim(free, in_flight)
+        finally:
+            claimed.set()
+
+    deliverer._claim = signalled  # type: ignore[method-assign]
+
+
 def test_a_deliverer_waiting_out_its_poll_interval_stops_when_asked_without_a_wake_up(engine, settings):
     """The dispatcher stops its push thread by its stop event alone and then joins it: a deliverer that heard
     nothing, polling every 60 s, must not hold the dispatcher's stop for the rest of the interval (the join gave
     up after SPECIALISTS_DATABASE_CONNECT_TIMEOUT_S, and a supervisor's grace ran out first)."""
     deliverer = PushDeliverer(engine, push_settings(settings, poll_interval_s=60.0), name=f"test-{uuid.uuid4().hex[:6]}")
-    claim = deliverer._claim
     first_claim = threading.Event()
-
-    def counted_claim(free: int, in_flight: dict[str, int]) -> list[push.Claimed]:
-        try:
-            return claim(free, in_flight)
-        finally:
-            first_claim.set()
-
-    deliverer._claim = counted_claim  # type: ignore[method-assign]
+    _signal_claims(deliverer, first_claim)
     stop = threading.Event()
     thread = threading.Thread(target=deliverer.run, args=(stop,), daemon=True)
     thread.start()
