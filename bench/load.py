@@ -97,6 +97,7 @@ QUIESCENCE_MARGIN_S = 30.0
 QUIESCENCE_MAX_S = 600.0
 REFUSAL_BACKOFF_S = 0.2
 PROGRESS_EVERY_S = 5.0
+UNTIL_POLL_S = 0.1  # past its floor, a run with `until` looks at its counts this often
 RATE_LIMIT_PER_KEY = 6000
 # Production's beat and lease (2 s, 30 s) in LOCAL_BOUNDS' scale (a 2 s lease): the sweeper takes a worker for dead
 # after SPECIALISTS_WORKER_DEAD_AFTER_BEATS (5) missed beats, 0.75 s.
@@ -255,11 +256,14 @@ class LoadRun:
 
     def __init__(self, topology: LocalTopology, *, name: str, customers: int, seconds: float,
                  cancel_fraction: float, duplicate_fraction: float, kill_every_s: float | None,
-                 seed: int, progress: Progress) -> None:
+                 seed: int, progress: Progress, until: Callable[[LoadResult], bool] | None = None,
+                 max_seconds: float | None = None) -> None:
         assert topology.engine is not None
         self.topology = topology
         self.engine = topology.engine
         self.seconds = seconds
+        self.until = until
+        self.max_seconds = seconds if max_seconds is None else max_seconds
         self.cancel_fraction = cancel_fraction
         self.duplicate_fraction = duplicate_fraction
         self.kill_every_s = kill_every_s
@@ -450,14 +454,24 @@ class LoadRun:
         for thread in threads:
             thread.start()
         end_at = self.started + self.seconds
-        while (left := end_at - time.monotonic()) > 0:
-            time.sleep(min(PROGRESS_EVERY_S, left))
+        give_up_at = self.started + self.max_seconds
+        report_at = self.started + PROGRESS_EVERY_S
+        while True:
+            now = time.monotonic()
             with self.lock:
-                elapsed = time.monotonic() - self.started
-                errors = sum(result.errors.values())
-                self.progress(f"[{result.name}] {elapsed:4.0f} s: {result.admitted} tasks admitted "
-                              f"({result.admitted / elapsed:.1f}/s), {errors} answers not 200, {result.duplicates} "
-                              f"duplicates, {result.cancels} cancels, {len(result.kills)} workers killed")
+                done = now >= give_up_at or (now >= end_at and (self.until is None or self.until(result)))
+                if not done and now >= report_at:
+                    report_at += PROGRESS_EVERY_S
+                    elapsed = now - self.started
+                    errors = sum(result.errors.values())
+                    self.progress(f"[{result.name}] {elapsed:4.0f} s: {result.admitted} tasks admitted "
+                                  f"({result.admitted / elapsed:.1f}/s), {errors} answers not 200, "
+                                  f"{result.duplicates} duplicates, {result.cancels} cancels, "
+                                  f"{len(result.kills)} workers killed")
+            if done:
+                break
+            next_at = min(report_at, give_up_at, end_at if now < end_at else now + UNTIL_POLL_S)
+            time.sleep(max(0.0, next_at - time.monotonic()))
         self.stop.set()
         stopped_at = time.monotonic()
         for thread in threads:  # a customer ends its request (bounded by its timeout); the killer its restart
@@ -502,11 +516,17 @@ class LoadRun:
 
 def run_load(topology: LocalTopology, *, name: str = "faults", customers: int = 16, seconds: float = 30.0,
              cancel_fraction: float = 0.1, duplicate_fraction: float = 0.1, kill_every_s: float | None = 8.0,
-             seed: int = 1, progress: Progress | None = None) -> LoadResult:
-    """Run the load on a started topology (see the module doc) and audit what it left."""
+             seed: int = 1, progress: Progress | None = None, until: Callable[[LoadResult], bool] | None = None,
+             max_seconds: float | None = None) -> LoadResult:
+    """Run the load on a started topology (see the module doc) and audit what it left.
+
+    Sending lasts ``seconds``; with ``until``, it goes on past that until ``until(result)`` holds (checked under
+    the run's lock), but not past ``max_seconds``. A test that needs a cancel or a kill to have happened says so
+    there, so a slow machine sends longer instead of failing for having sent too little."""
     return LoadRun(topology, name=name, customers=customers, seconds=seconds, cancel_fraction=cancel_fraction,
                    duplicate_fraction=duplicate_fraction, kill_every_s=kill_every_s, seed=seed,
-                   progress=progress or (lambda line: None)).run()
+                   progress=progress or (lambda line: None), until=until,
+                   max_seconds=seconds if max_seconds is None else max(seconds, max_seconds)).run()
 
 
 # --- the report -----------------------------------------------------------------------------
