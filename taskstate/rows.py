@@ -184,22 +184,20 @@ def load_if_in(conn: Connection, task_id: str, owner: str, states: list[str]) ->
 def lock(conn: Connection, task_id: str, owner: str, *, with_artifacts: bool = False) -> Locked | None:
     """The owner's task, both rows locked until the transaction ends, read without its history (``Locked``);
     its artifacts only ``with_artifacts`` (an artifact event, or a caller that answers with the task).
-    None if not theirs. Locks the version row before the task row, as the SDK's store does."""
-    version = conn.execute(
-        select(VERSIONS.c.version)
-        .where(and_(VERSIONS.c.task_id == task_id, VERSIONS.c.owner == owner))
-        .with_for_update()
-    ).scalar_one_or_none()
-    if version is None:
-        return None
-    columns = [TASKS.c.id, TASKS.c.context_id, TASKS.c.status, TASKS.c.metadata]
+    None if not theirs. One statement (issue 44: it was two); its rows are locked in the order ``FOR UPDATE OF``
+    names them, the version row before the task row, as the SDK's store locks them."""
+    columns = [VERSIONS.c.version, TASKS.c.id, TASKS.c.context_id, TASKS.c.status, TASKS.c.metadata]
     if with_artifacts:
         columns.append(TASKS.c.artifacts)
     row = conn.execute(
-        select(*columns).where(and_(TASKS.c.id == task_id, TASKS.c.owner == owner)).with_for_update()
+        select(*columns)
+        .select_from(VERSIONS.join(TASKS, TASKS.c.id == VERSIONS.c.task_id))
+        .where(and_(VERSIONS.c.task_id == task_id, VERSIONS.c.owner == owner, TASKS.c.owner == owner))
+        .with_for_update(of=[VERSIONS, TASKS])
     ).one_or_none()
     if row is None:
         return None
+    version = row.version
     task = Task(id=row.id, context_id=row.context_id)
     if row.status:
         ParseDict(row.status, task.status)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from a2a.server.cluster import TaskVersion, VersionedDatabaseTaskStore
@@ -22,6 +24,7 @@ from a2a.types.a2a_pb2 import (
 from google.protobuf.json_format import ParseDict
 from google.protobuf.struct_pb2 import Struct, Value
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 
 from taskstate import rows as taskrows
 from workers.executor_runner import OwnerUser
@@ -109,6 +112,44 @@ def test_an_event_appends_to_an_empty_history(engine):
         taskrows.write_event(conn, locked, locked.task)
         stored = taskrows.read(conn, task.id, owner)
     assert [m.message_id for m in stored.history] == ["m1"]
+
+
+def test_a_tasks_lock_takes_its_version_row_before_its_task_row_as_the_sdks_store_does(engine):
+    """``rows.lock`` reads both rows in one statement; the lock order stays the SDK store's (version, then task),
+    or a writer of each kind could deadlock the other. Seen directly: while the task row is held elsewhere, the
+    lock waits on it already holding the version row."""
+    owner = f"c-{uuid.uuid4().hex[:8]}:conformance"
+    task = Task(id=str(uuid.uuid4()), context_id=str(uuid.uuid4()), status=TaskStatus(state=TaskState.TASK_STATE_WORKING))
+    with engine.begin() as conn:
+        taskrows.insert_new(conn, task, owner)
+    holder, locker, prober = engine.connect(), engine.connect(), engine.connect()
+    try:
+        holder.begin()
+        holder.execute(text("SELECT 1 FROM tasks WHERE id = :t FOR UPDATE"), {"t": task.id})
+        locker.begin()
+        locker_pid = locker.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        with ThreadPoolExecutor(1) as pool:
+            locking = pool.submit(taskrows.lock, locker, task.id, owner)
+            try:
+                waiting = text("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = :p")
+                deadline = time.monotonic() + 30
+                while not prober.execute(waiting, {"p": locker_pid}).scalar():
+                    assert time.monotonic() < deadline and not locking.done(), "the lock never waited on the task row"
+                    prober.rollback()  # each look sees the activity anew
+                    time.sleep(0.01)
+                prober.rollback()
+                with pytest.raises(OperationalError, match="could not obtain lock"):
+                    prober.execute(text("SELECT 1 FROM task_versions WHERE task_id = :t FOR UPDATE NOWAIT"),
+                                   {"t": task.id})
+            finally:  # both rows free (the probe may hold one when it failed): the lock goes through, the pool ends
+                prober.rollback()
+                holder.rollback()
+            locked = locking.result(timeout=30)
+        assert locked is not None and locked.task.id == task.id and locked.version == 1
+        locker.rollback()
+    finally:
+        for conn in (holder, locker, prober):
+            conn.close()
 
 
 def test_the_log_filter_redacts_keys_and_bearer_credentials_whoever_logs_them():
