@@ -17,6 +17,10 @@ The functions that decide by the clock (claim, renew, finish, expire_lease) take
 use; a time decides as of then (migration 0100), so a test lets a lease pass, or
 keeps one alive, without waiting on the machine.
 
+A job's first delivery is claimed by ``claim_first`` (``job_claim_first``, migration 0292): one statement in
+autocommit that only inserts the claim, and returns nothing when the job was claimed before; the worker then
+claims it with ``claim`` in a transaction, which decides every other case.
+
 A specialist worker claims with ``claim_resumable`` (``specialist_claim``,
 migration 0070): an expired lease of a job with a Monty checkpoint is resumed,
 within ``max_resumes``. ``hold_fence`` is the share lock every fenced write of a
@@ -172,6 +176,41 @@ def claim(conn: Connection, job_id: str, *, worker_id: str, lease_s: float, now:
 
 
 GONE = ClaimResult(outcome="gone", fencing_token=0)
+
+
+# A job's first claim alone (``job_claim_first``, migration 0292): the claim columns ``_claim_result`` reads.
+_FIRST_COLUMNS = ("'claimed' AS outcome, c.fencing_token, c.lease_expires_at, "
+                  "CAST(NULL AS float8) AS retry_after_s, CAST(NULL AS text) AS job_outcome, "
+                  "CAST(NULL AS jsonb) AS job_outcome_detail, false AS newly_unknown")
+_RAW_FIRST_CLAIM = text(f"SELECT {_FIRST_COLUMNS}, CAST(NULL AS bytea) AS message, "
+                        "CAST(NULL AS bigint) AS reserved_credits "
+                        "FROM job_claim_first(:j, :w, :l, CAST(:n AS timestamptz)) c")
+_TASK_FIRST_CLAIM = compose(
+    "claims.job_claim_first",
+    f"""WITH {outbox.claimable_cte('job')}
+    SELECT {_FIRST_COLUMNS}, job.message, hold.reserved_credits
+      FROM job CROSS JOIN LATERAL job_claim_first(job.job_id, :w, :l, CAST(:n AS timestamptz)) c
+      LEFT JOIN {{hold}} AS hold ON true""",
+    own=("j", "w", "l", "n", "message_dispatch_id", "message_task_id"),
+    hold=admitted.HOLD.relation(),
+)
+
+
+def claim_first(conn: Connection, job_id: str, *, worker_id: str, lease_s: float, now: datetime | None = None,
+                ref: TaskRef | None = None) -> ClaimResult | None:
+    """The job's first claim, when no claim of it exists yet: ``claimed`` with token 1, and for a task's job its
+    message and reserved credits, as ``claim`` returns them. None: the job was claimed before (or its outbox row is
+    gone), and the caller claims it with ``claim`` or ``claim_resumable``, which decide every other case. It
+    decides nothing else, so one statement in autocommit is the whole of it (issue 44: no ``BEGIN`` and
+    ``COMMIT`` around a job's usual claim)."""
+    _check_lease(lease_s)
+    params = {"j": job_id, "w": worker_id[:MAX_WORKER_ID_CHARS], "l": lease_s, "n": _aware(now)}
+    if ref is None:
+        row = conn.execute(_RAW_FIRST_CLAIM, params).mappings().first()
+    else:
+        row = _TASK_FIRST_CLAIM.execute(conn, {**params, **outbox.message_params(ref), "task_id": ref.task_id}
+                                        ).mappings().first()
+    return None if row is None else _claim_result(row)
 
 
 def _claim_result(row: Any) -> ClaimResult:

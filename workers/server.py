@@ -123,6 +123,7 @@ class WorkerService:
         readiness_problems: list[dict[str, Any]] | None = None,
     ) -> None:
         self.engine = engine
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")  # one-statement work: no BEGIN/COMMIT
         self.limits = limits
         self.worker_id = worker_id
         self.signer = signer
@@ -313,6 +314,12 @@ class WorkerService:
     def _claim(self, job: VerifiedJob, runner: Runner) -> claims.ClaimResult:
         max_resumes = getattr(runner, "max_resumes", None)
         ref = ids.TaskRef.of_payload(job.payload)
+        # A job's first delivery (nearly every one): its claim alone, one statement. Any other, in a transaction
+        # that decides it: a redelivery, a resume, a lease found expired (the job unknown, with its money).
+        with self._autocommit.connect() as conn:
+            first = claims.claim_first(conn, job.job_id, worker_id=self.worker_id, lease_s=self.limits.lease_s, ref=ref)
+        if first is not None:
+            return first
         with self.engine.begin() as conn:
             if max_resumes is None:
                 result = claims.claim(conn, job.job_id, worker_id=self.worker_id, lease_s=self.limits.lease_s, ref=ref)

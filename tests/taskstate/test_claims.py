@@ -288,3 +288,68 @@ def test_a_claim_that_waited_for_an_aborted_concurrent_claim_gets_its_whole_leas
     assert result.outcome == "claimed" and result.fencing_token == 1
     # Counted from when it was claimed (after the rollback), not from when its delivery began to wait.
     assert result.lease_expires_at >= stalled_until + timedelta(seconds=2.0)
+
+
+def first_claim(engine: Engine, job_id: str, **kwargs) -> claims.ClaimResult | None:
+    """``claim_first`` as a worker sends it: one statement in autocommit."""
+    with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:
+        return claims.claim_first(conn, job_id, **kwargs)
+
+
+def delivered(engine: Engine, job_id: str, **kwargs) -> claims.ClaimResult:
+    """A delivery as a worker claims it (``workers.server``): the first claim alone, else the claim in a transaction."""
+    return first_claim(engine, job_id, **kwargs) or do(engine, claims.claim, job_id, **kwargs)
+
+
+def test_a_first_claim_is_one_statement_and_any_later_delivery_is_decided_by_the_claim(engine: Engine) -> None:
+    job = new_job_id()
+    first = first_claim(engine, job, worker_id="w1", lease_s=30)
+    assert first is not None and (first.outcome, first.fencing_token, first.newly_unknown) == ("claimed", 1, False)
+    with engine.connect() as conn:
+        row = claims.get(conn, job)
+    assert (row["state"], row["worker_id"], row["claims"], row["deliveries"]) == ("running", "w1", 1, 1)
+    assert row["lease_expires_at"] == first.lease_expires_at
+    # Claimed before: the first claim gives way (changes nothing), and the claim in a transaction says busy.
+    assert first_claim(engine, job, worker_id="w2", lease_s=30) is None
+    with engine.connect() as conn:
+        assert claims.get(conn, job)["deliveries"] == 1
+    assert do(engine, claims.claim, job, worker_id="w2", lease_s=30).outcome == "busy"
+    # A finished job, or one whose lease expired, is never claimed first again: the claim decides, as before.
+    t0 = clock()
+    expired = new_job_id()
+    assert first_claim(engine, expired, worker_id="crashed", lease_s=20, now=t0).outcome == "claimed"
+    late = t0 + timedelta(seconds=21)
+    assert first_claim(engine, expired, worker_id="w3", lease_s=20, now=late) is None
+    found = delivered(engine, expired, worker_id="w3", lease_s=20, now=late)
+    assert (found.outcome, found.newly_unknown) == ("lease_expired_unknown", True)
+
+
+def test_five_concurrent_first_deliveries_of_one_job_claim_it_exactly_once(engine: Engine) -> None:
+    for _ in range(10):
+        job = new_job_id()
+        results = at_once(5, lambda i: delivered(engine, job, worker_id=f"w{i}", lease_s=30))
+        assert sorted(r.outcome for r in results) == ["busy", "busy", "busy", "busy", "claimed"]
+        with engine.connect() as conn:
+            row = claims.get(conn, job)
+        assert row["fencing_token"] == 1 and row["claims"] == 1 and row["deliveries"] == 5
+
+
+def test_a_first_claim_that_waited_for_an_aborted_concurrent_claim_gets_its_whole_lease(engine: Engine) -> None:
+    job_id = new_job_id()
+    first = engine.connect()
+    first.begin()
+    assert claims.claim(first, job_id, worker_id="stalls", lease_s=2.0).outcome == "claimed"  # not committed yet
+    waited: dict = {}
+    first_pid = first.execute(text("SELECT pg_backend_pid()")).scalar_one()
+    thread = threading.Thread(target=lambda: waited.update(claim=first_claim(engine, job_id, worker_id="second",
+                                                                             lease_s=2.0)))
+    thread.start()
+    wait_until_blocked_by(engine, first_pid, "the first claim never waited on the other's insert")
+    time.sleep(0.2)  # the wall clock runs on while it waits (job_claim_first corrects a wait over 50 ms)
+    stalled_until = first.execute(text("SELECT clock_timestamp()")).scalar_one()
+    first.rollback()
+    first.close()
+    thread.join(10)
+    result = waited["claim"]
+    assert result is not None and result.outcome == "claimed" and result.fencing_token == 1
+    assert result.lease_expires_at >= stalled_until + timedelta(seconds=2.0)

@@ -53,7 +53,7 @@ def _outbox_row(task_id: str) -> dict[str, Any]:
 
 def _examples(task: Task, dispatch_id: int) -> dict[str, dict[str, Any]]:
     """One example per composed statement, in the order they run after the admission of ``task``: its job's claim
-    (then a resumable claim of it, busy), reads of it, the job's finish, a finish again (refused), then a
+    (then a resumable claim of it, busy, and a first claim of it, none), reads of it, the job's finish, a finish again (refused), then a
     follow-up's outbox row."""
     job_id = f"{task.id}.{dispatch_id}"
     claim = {"j": job_id, "w": "w", "l": 30.0, "n": None, "message_dispatch_id": dispatch_id,
@@ -61,6 +61,7 @@ def _examples(task: Task, dispatch_id: int) -> dict[str, dict[str, Any]]:
     return {
         "claims.job_claim": claim,
         "claims.specialist_claim": {**claim, "m": 1},
+        "claims.job_claim_first": claim,
         "rows.insert_new": rows.new_task_params(_task(), "owner"),
         "admitted.hold_of": {"task_id": task.id},
         "idempotency.first_use": {"customer_key": "c", "specialist_id": "drill", "idempotency_key": "k" + task.id},
@@ -110,6 +111,7 @@ def test_every_composed_statement_runs_on_postgresql(engine: Engine):
         claimed = results["claims.job_claim"][0]
         assert (claimed.outcome, claimed.message is not None, claimed.reserved_credits) == ("claimed", True, 0)
         assert results["claims.specialist_claim"][0].outcome == "busy"
+        assert results["claims.job_claim_first"] == []  # claimed before: the first claim gives way
         assert results["admitted.hold_of"][0].reserved_credits == 0
         assert [tuple(row)[:2] for row in results["settlement.finish_job"]] == [("finished", "finished")]
         assert results["claims.finish"][0].outcome != "finished"  # a claim finishes once

@@ -55,7 +55,8 @@ def test_a_job_claimed_as_its_worker_began_to_stop_is_given_back_before_it_runs(
     body = stopping.body(job, [{"op": "complete", "text": "ran on the other worker"}])
 
     def stop_during_the_claim(conn, cursor, statement, parameters, context, executemany) -> None:  # noqa: ANN001
-        if "job_claim(" in statement and job in str(parameters):  # the signal arrives while the claim commits
+        # the signal arrives while the claim commits (a first delivery's: job_claim_first, in autocommit)
+        if ("job_claim(" in statement or "job_claim_first(" in statement) and job in str(parameters):
             stopping.service.begin_stop()
 
     event.listen(engine, "after_cursor_execute", stop_during_the_claim)
