@@ -264,6 +264,48 @@ def test_the_claims_migration_rolls_back_and_forward_cleanly(server_url: str) ->
         admin.dispose()
 
 
+def test_stepping_back_over_0293_restores_both_job_claims_as_0292_left_them(server_url: str) -> None:
+    """0293 only rewrites ``job_claim``'s first-claim branch as a call of ``job_claim_first``: its downgrade gives
+    back both signatures' definitions character for character, and at head the signature without ``p_now`` (the
+    code before 0100) still claims a new job once and tells a second delivery it is busy (its own database)."""
+    from alembic import command
+    from sqlalchemy import create_engine
+
+    from core import db
+    from tests.conftest import _with_database
+
+    definitions = text("SELECT p.oid::regprocedure::text, pg_get_functiondef(p.oid) FROM pg_proc p "
+                       "WHERE p.proname = 'job_claim' ORDER BY 1")
+    name = f"specialists_first_claim_migration_{secrets.token_hex(4)}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = _with_database(server_url, name)
+    probe = create_engine(url)
+    try:
+        db.upgrade(url, "0292")
+        with probe.connect() as conn:
+            before = conn.execute(definitions).all()
+        assert [signature for signature, _ in before] == [
+            "job_claim(text,text,double precision)", "job_claim(text,text,double precision,timestamp with time zone)"]
+        db.upgrade(url, "0293")
+        with probe.connect() as conn:
+            assert all("job_claim_first(" in body for _, body in conn.execute(definitions).all())
+        command.downgrade(db.alembic_config(url), "0292")
+        with probe.connect() as conn:
+            assert conn.execute(definitions).all() == before
+        db.upgrade(url)
+        with probe.begin() as conn:
+            assert conn.execute(text("SELECT outcome, fencing_token FROM job_claim('job-old-code', 'w1', 5)")).one() \
+                == ("claimed", 1)
+            assert conn.execute(text("SELECT outcome FROM job_claim('job-old-code', 'w2', 5)")).scalar_one() == "busy"
+    finally:
+        probe.dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
 def test_a_claim_that_waited_for_an_aborted_concurrent_claim_gets_its_whole_lease(engine: Engine) -> None:
     job_id = new_job_id()
     first = engine.connect()
