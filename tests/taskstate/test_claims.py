@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -306,32 +307,6 @@ def test_stepping_back_over_0293_restores_both_job_claims_as_0292_left_them(serv
         admin.dispose()
 
 
-def test_a_claim_that_waited_for_an_aborted_concurrent_claim_gets_its_whole_lease(engine: Engine) -> None:
-    job_id = new_job_id()
-    first = engine.connect()
-    first.begin()
-    assert claims.claim(first, job_id, worker_id="stalls", lease_s=2.0).outcome == "claimed"  # not committed yet
-    waited: dict = {}
-
-    def second_delivery() -> None:
-        with engine.begin() as conn:
-            waited["claim"] = claims.claim(conn, job_id, worker_id="second", lease_s=2.0)
-
-    first_pid = first.execute(text("SELECT pg_backend_pid()")).scalar_one()
-    thread = threading.Thread(target=second_delivery)
-    thread.start()
-    wait_until_blocked_by(engine, first_pid, "the second claim never waited on the first")  # on the first's row
-    time.sleep(0.2)  # the wall clock runs on while it waits (job_claim corrects a wait over 50 ms)
-    stalled_until = first.execute(text("SELECT clock_timestamp()")).scalar_one()
-    first.rollback()  # the stalled claim's transaction fails
-    first.close()
-    thread.join(10)
-    result = waited["claim"]
-    assert result.outcome == "claimed" and result.fencing_token == 1
-    # Counted from when it was claimed (after the rollback), not from when its delivery began to wait.
-    assert result.lease_expires_at >= stalled_until + timedelta(seconds=2.0)
-
-
 def first_claim(engine: Engine, job_id: str, **kwargs) -> claims.ClaimResult | None:
     """``claim_first`` as a worker sends it: one statement in autocommit."""
     with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:
@@ -376,22 +351,32 @@ def test_five_concurrent_first_deliveries_of_one_job_claim_it_exactly_once(engin
         assert row["fencing_token"] == 1 and row["claims"] == 1 and row["deliveries"] == 5
 
 
-def test_a_first_claim_that_waited_for_an_aborted_concurrent_claim_gets_its_whole_lease(engine: Engine) -> None:
+def claimed_in_a_transaction(engine: Engine, job_id: str, **kwargs) -> claims.ClaimResult:
+    """``claim`` as a worker sends it once a first claim gave way: in a transaction of its own."""
+    return do(engine, claims.claim, job_id, **kwargs)
+
+
+@pytest.mark.parametrize("claim_path", [claimed_in_a_transaction, first_claim], ids=[
+    "claimed_in_a_transaction_by_job_claim", "claimed_first_in_autocommit_by_job_claim_first"])
+def test_a_claim_that_waited_for_an_aborted_concurrent_claim_gets_its_whole_lease(
+    engine: Engine, claim_path: Callable[..., claims.ClaimResult | None],
+) -> None:
     job_id = new_job_id()
     first = engine.connect()
     first.begin()
     assert claims.claim(first, job_id, worker_id="stalls", lease_s=2.0).outcome == "claimed"  # not committed yet
     waited: dict = {}
     first_pid = first.execute(text("SELECT pg_backend_pid()")).scalar_one()
-    thread = threading.Thread(target=lambda: waited.update(claim=first_claim(engine, job_id, worker_id="second",
-                                                                             lease_s=2.0)))
+    thread = threading.Thread(target=lambda: waited.update(claim=claim_path(engine, job_id, worker_id="second",
+                                                                            lease_s=2.0)))
     thread.start()
-    wait_until_blocked_by(engine, first_pid, "the first claim never waited on the other's insert")
-    time.sleep(0.2)  # the wall clock runs on while it waits (job_claim_first corrects a wait over 50 ms)
+    wait_until_blocked_by(engine, first_pid, "the second claim never waited on the first's insert")
+    time.sleep(0.2)  # the wall clock runs on while it waits (job_claim_first corrects a wait over 50 ms, either path)
     stalled_until = first.execute(text("SELECT clock_timestamp()")).scalar_one()
-    first.rollback()
+    first.rollback()  # the stalled claim's transaction fails
     first.close()
     thread.join(10)
     result = waited["claim"]
     assert result is not None and result.outcome == "claimed" and result.fencing_token == 1
+    # Counted from when it was claimed (after the rollback), not from when its delivery began to wait.
     assert result.lease_expires_at >= stalled_until + timedelta(seconds=2.0)
