@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -31,6 +30,7 @@ from workers.executor_runner import OwnerUser
 from taskstate.notify import Listener, Notifier
 from app.observability import JsonFormatter, RedactingFilter
 from core import db
+from tests.locks import wait_until_blocked_by
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.anyio]
 
@@ -126,18 +126,12 @@ def test_a_tasks_lock_takes_its_version_row_before_its_task_row_as_the_sdks_stor
     try:
         holder.begin()
         holder.execute(text("SELECT 1 FROM tasks WHERE id = :t FOR UPDATE"), {"t": task.id})
+        holder_pid = holder.execute(text("SELECT pg_backend_pid()")).scalar_one()
         locker.begin()
-        locker_pid = locker.execute(text("SELECT pg_backend_pid()")).scalar_one()
         with ThreadPoolExecutor(1) as pool:
             locking = pool.submit(taskrows.lock, locker, task.id, owner)
             try:
-                waiting = text("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = :p")
-                deadline = time.monotonic() + 30
-                while not prober.execute(waiting, {"p": locker_pid}).scalar():
-                    assert time.monotonic() < deadline and not locking.done(), "the lock never waited on the task row"
-                    prober.rollback()  # each look sees the activity anew
-                    time.sleep(0.01)
-                prober.rollback()
+                wait_until_blocked_by(engine, holder_pid, "the lock never waited on the task row")
                 with pytest.raises(OperationalError, match="could not obtain lock"):
                     prober.execute(text("SELECT 1 FROM task_versions WHERE task_id = :t FOR UPDATE NOWAIT"),
                                    {"t": task.id})
