@@ -101,11 +101,7 @@ def run_jobs(jobs, count: int) -> None:  # type: ignore[no-untyped-def]
         done = threading.Event()
         outcomes: list = []
 
-        def finished(outcome, outcomes=outcomes, done=done) -> None:  # type: ignore[no-untyped-def]
-            outcomes.append(outcome)
-            done.set()
-
-        jobs.start(_job(index), 1, time.monotonic() + 60, finished)
+        jobs.start(_job(index), 1, time.monotonic() + 60, outcomes.append, done.set)
         assert done.wait(60), "a job did not finish in 60 s"
         assert outcomes[0].state == "completed", outcomes[0]
 

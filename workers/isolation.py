@@ -90,7 +90,8 @@ EXIT_WAIT_S = 5.0
 CUSTOMER_JOBS = b"customer-jobs "
 _PR_SET_PDEATHSIG = 1
 
-Finished = Callable[[RunOutcome], None]
+Reported = Callable[[RunOutcome], None]
+Ended = Callable[[], None]
 
 
 class RunningJob(Protocol):
@@ -106,9 +107,12 @@ class RunningJob(Protocol):
 class JobHost(Protocol):
     isolation: JobIsolation
 
-    def start(self, job: VerifiedJob, fencing_token: int, deadline_at: float, finished: Finished) -> RunningJob:
-        """Start the job's runner. ``finished(outcome)`` is called once, from another thread, when the runner
-        has ended (its process has exited): the slot it held is free then."""
+    def start(self, job: VerifiedJob, fencing_token: int, deadline_at: float, reported: Reported,
+              ended: Ended) -> RunningJob:
+        """Start the job's runner. From another thread, once each and in this order: ``reported(outcome)`` as soon
+        as its outcome is known, so that the finish need not wait for its process to exit (a hosted run's process
+        closes its Monty sessions and connections after it reported); ``ended()`` when the runner has ended (its
+        process has exited): the slot it held is free then."""
         ...
 
     def close(self) -> None: ...
@@ -135,13 +139,15 @@ class ThreadJobs:
         self.runners = dict(runners)
         self.events = events
 
-    def start(self, job: VerifiedJob, fencing_token: int, deadline_at: float, finished: Finished) -> RunningJob:
+    def start(self, job: VerifiedJob, fencing_token: int, deadline_at: float, reported: Reported,
+              ended: Ended) -> RunningJob:
         cancel = threading.Event()
         ctx = RunContext(job, fencing_token, deadline_at, cancel, self.events)
         runner = self.runners[job.specialist_id]
 
         def run() -> None:
-            finished(_run_guarded(runner, ctx))
+            reported(_run_guarded(runner, ctx))
+            ended()
 
         threading.Thread(target=run, name=f"job-{job.job_id}", daemon=True).start()
         return _ThreadJob(cancel)
@@ -530,7 +536,8 @@ class ProcessJobs:
                 return
         spare.discard()
 
-    def start(self, job: VerifiedJob, fencing_token: int, deadline_at: float, finished: Finished) -> RunningJob:
+    def start(self, job: VerifiedJob, fencing_token: int, deadline_at: float, reported: Reported,
+              ended: Ended) -> RunningJob:
         spare = self._take_spare()
         try:
             spare.control.send((job, fencing_token, deadline_at))
@@ -540,13 +547,15 @@ class ProcessJobs:
         threading.Thread(target=self._replenish, name="job-spare", daemon=True).start()
         running = _ProcessJob(spare.process, spare.control)
         self.customers.started(customer_of(job.payload), running)
-        threading.Thread(target=self._watch, args=(job, running, spare.reader, finished), name=f"job-{job.job_id}",
-                         daemon=True).start()
+        threading.Thread(target=self._watch, args=(job, running, spare.reader, reported, ended),
+                         name=f"job-{job.job_id}", daemon=True).start()
         return running
 
     def _watch(self, job: VerifiedJob, running: _ProcessJob, reader: multiprocessing.connection.Connection,
-               finished: Finished) -> None:
-        """Relay the child's log records until its outcome, wait for it to exit, then report it finished."""
+               reported: Reported, ended: Ended) -> None:
+        """Relay the child's log records until its outcome, and report that at once: the finish does not wait for
+        the child to let go of its runner. Then wait for it to exit, and report it ended. A child that dies without
+        an outcome is reported once it has exited, as its death."""
         outcome: RunOutcome | None = None
         try:
             while outcome is None:
@@ -563,6 +572,8 @@ class ProcessJobs:
             log.error("job %s: its process sent what could not be read (%s)", job.job_id, type(exc).__name__)
         finally:
             reader.close()
+        if outcome is not None:
+            reported(outcome)
         process = running.process
         process.join(EXIT_WAIT_S)
         if process.exitcode is None:  # it closed its pipe but goes on: it has nothing left to say
@@ -573,10 +584,11 @@ class ProcessJobs:
             outcome = _death(process.exitcode, running.killed)
             if not running.killed:
                 log.error("job %s: %s", job.job_id, outcome.message)
+            reported(outcome)
         process.close()
         running.ended()
         self.customers.ended(customer_of(job.payload), running)
-        finished(outcome)
+        ended()
 
     def close(self) -> None:
         with self._spare_lock:

@@ -383,26 +383,37 @@ class WorkerService:
         done: asyncio.Future[RunOutcome] = loop.create_future()
         deadline_at = time.monotonic() + job.deadline_s
 
+        exited = asyncio.Event()  # the runner has ended (its process has exited) and its slot is free
+
         def deliver_outcome(outcome: RunOutcome) -> None:
             if not done.done():
                 done.set_result(outcome)
 
-        def finished(outcome: RunOutcome) -> None:  # from the job's watcher thread, once its runner has ended
-            self._slots.release()
+        def reported(outcome: RunOutcome) -> None:  # from the job's watcher thread, as soon as the outcome is known
             try:
                 loop.call_soon_threadsafe(deliver_outcome, outcome)
             except RuntimeError:  # the server stopped while a runner was still going
                 log.info("job %s: runner ended after the worker stopped; its outcome is dropped", job.job_id)
 
+        def ended() -> None:  # from the job's watcher thread, once its runner has ended
+            self._slots.release()
+            try:
+                loop.call_soon_threadsafe(exited.set)
+            except RuntimeError:  # the server stopped meanwhile: nobody waits for it
+                pass
+
         try:
-            running: RunningJob = await anyio.to_thread.run_sync(self.jobs.start, job, token, deadline_at, finished)
+            running: RunningJob = await anyio.to_thread.run_sync(self.jobs.start, job, token, deadline_at, reported,
+                                                                 ended)
         except Exception as exc:  # no process could be started (fork failed, out of memory): a failed run
             log.exception("job %s: its runner could not be started", job.job_id)
-            finished(RunOutcome("failed", "the worker could not start the specialist",
+            reported(RunOutcome("failed", "the worker could not start the specialist",
                                 detail={"error": type(exc).__name__}))
+            ended()
             running = _NotStarted()
 
         stop_reason: str | None = None
+        gave_up = False
         give_up_at = math.inf
         next_renewal = time.monotonic() + self.limits.heartbeat_s
 
@@ -434,16 +445,25 @@ class WorkerService:
                 stop("deadline")
             if now >= give_up_at:
                 running.kill()  # frees its slot once its process is gone (a thread is only abandoned)
+                gave_up = True
                 break
 
         outcome = self._final_outcome(job, done.result() if done.done() else None, stop_reason)
+        # The finish runs while the runner's process lets go of what it held and exits (the job host kills one that
+        # does not within its wait); the answer waits for both, so a delivery answered is a slot free again. A runner
+        # given up on past the grace is not waited for: it was killed (a process) or abandoned (a thread), and holds
+        # its slot until it ends.
         with telemetry.span("job.finish", attributes={"specialists.outcome": outcome.state}) as span:
             try:
                 result = await anyio.to_thread.run_sync(self.finisher.finish, job, token, outcome)
             except Exception as exc:
                 log.error("job %s: %s", job.job_id, exc)
+                if not gave_up:
+                    await exited.wait()
                 return _answer(503, "finish_failed", str(exc), retry_after_s=self.limits.lease_s), None
             telemetry.annotate(span, **{"specialists.accepted": result.accepted, "specialists.state": result.state})
+        if not gave_up:
+            await exited.wait()
         if result.accepted:
             return _answer(
                 200, "job_finished", "the job ran and its outcome is recorded", job_id=job.job_id, outcome=outcome.state

@@ -57,16 +57,15 @@ def run_one(jobs: ProcessJobs, job_id: str) -> dict[str, Any]:
     done = threading.Event()
     outcomes: list[RunOutcome] = []
 
-    def finished(outcome: RunOutcome) -> None:
-        outcomes.append(outcome)
+    def ended() -> None:
         done.set()
 
     job = VerifiedJob(job_id=job_id, specialist_id="where", deadline_s=60.0, payload={},
                       signed_at=datetime.now(timezone.utc), secret_id="probe")
-    jobs.start(job, 1, time.monotonic() + 60, finished)
+    jobs.start(job, 1, time.monotonic() + 60, outcomes.append, ended)
     assert done.wait(120), f"job {job_id} did not finish"
     seen = json.loads(outcomes[0].message)
-    seen["exited_when_finished"] = not Path(f"/proc/{seen['ran_in']}").exists()  # finished() follows its exit
+    seen["exited_when_finished"] = not Path(f"/proc/{seen['ran_in']}").exists()  # ended() follows its exit
     return seen
 
 

@@ -7,11 +7,16 @@ is how tests tell which worker ran a job. Each line is flushed at once, so a SIG
 A step whose text is ``gate:NAME`` waits, once its line is written, until the test opens the gate (``open_gate``:
 a file NAME beside the log), so that a test can hold a job at a point until it has done what it must do first
 (subscribed, say), however slow the machine, instead of betting on a sleep being long enough.
+
+A step whose text is ``linger:NAME`` goes on at once, but its job's process cannot exit until the test opens the gate
+NAME: a thread that is not a daemon waits for it, as a process that lets go of a slow runner (its Monty sessions,
+its connections) takes time after it reported its outcome.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +24,7 @@ from tests.rlm.holds import wait_until
 from workers.runs import ScriptStep
 
 GATE = "gate:"
+LINGER = "linger:"
 GATE_LIMIT_S = 240.0  # a guard for a test that never opens its gate, not a promise
 
 
@@ -34,6 +40,10 @@ class StepFile:
         if step.text.startswith(GATE):
             gate = self.path.with_name(step.text.removeprefix(GATE))
             wait_until(gate.exists, f"the test to open {gate.name}", limit_s=GATE_LIMIT_S)
+        elif step.text.startswith(LINGER):
+            gate = self.path.with_name(step.text.removeprefix(LINGER))
+            threading.Thread(target=wait_until, args=(gate.exists, f"the test to open {gate.name}"),
+                             kwargs={"limit_s": GATE_LIMIT_S}, name="linger", daemon=False).start()
 
     def open_gate(self, name: str) -> None:
         self.path.with_name(name).touch()

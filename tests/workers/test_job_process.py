@@ -22,7 +22,7 @@ from sqlalchemy import Engine
 from taskstate import claims
 from tests.rlm.holds import POLL_LIMIT_S, wait_until
 from tests.workers.harness import TestWorker, worker_settings
-from tests.workers.step_file import StepFile
+from tests.workers.step_file import GATE_LIMIT_S, StepFile
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -102,6 +102,39 @@ def test_a_runner_that_ignores_the_stop_is_killed_after_the_grace_and_its_slot_i
                       lambda: (a := worker.post(body)).json()["code"] != "worker_at_capacity" and a, limit_s=bound_s)
     assert served.json()["code"] == "job_finished"
     wait_for("no job process but the one waiting for the next job", lambda: job_processes(worker) == [])
+
+
+def test_a_jobs_outcome_is_recorded_while_its_process_lets_go_and_the_answer_waits_for_its_exit(
+    worker: TestWorker, engine: Engine, monkeypatch: pytest.MonkeyPatch
+):
+    """The finish (the claim's outcome, the task's final state, the settlement) does not wait for the job's process
+    to let go of its runner and exit (issue 44 §2: a hosted run's process closes its Monty sessions and connections
+    after its outcome); the delivery's answer does, so an answered delivery is a free slot."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from workers import isolation
+
+    # The worker kills a process that has not exited this long after its outcome; here the test decides when it does.
+    monkeypatch.setattr(isolation, "EXIT_WAIT_S", 4 * GATE_LIMIT_S)
+
+    def finished() -> bool:
+        with engine.connect() as conn:
+            row = claims.get(conn, job)
+        return row is not None and row["state"] == "finished"
+
+    job = new_job_id()
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(worker.post, worker.body(job, [{"op": "progress", "text": "linger:let-go"},
+                                                             {"op": "complete"}]))
+        wait_for("the job's outcome to be recorded", finished)
+        assert claim_row(engine, job)["outcome"] == "completed"
+        assert len(job_processes(worker)) == 1, "its process still runs: it cannot exit before the gate opens"
+        assert not pending.done(), "the delivery was answered before the job's process exited"
+        worker.log.open_gate("let-go")
+        answer = pending.result(timeout=ANSWER_TIMEOUT_S)
+    assert (answer.status_code, answer.json()["code"], answer.json()["outcome"]) == (200, "job_finished", "completed")
+    assert job_processes(worker) == []  # exited before the answer: the one slot is free
+    assert worker.post(worker.body(new_job_id(), [{"op": "complete"}])).json()["code"] == "job_finished"
 
 
 def test_a_job_whose_process_dies_is_a_failed_run_and_the_worker_goes_on(worker: TestWorker, engine: Engine):
