@@ -10,8 +10,13 @@ one after the other, each waited for to its end (its process has exited).
   job       CPU per job of the job processes (the forkserver waits for each, so their CPU is its children's,
             read from /proc), and of this process (the worker's side: the start, the watching thread, the
             spare's fork request). A no-op job of the scripted specialist sends no statement.
-  baseline  the floor: a process forked from the same forkserver that runs nothing and exits (the fork, the
-            child's multiprocessing bootstrap and its exit), the same number of times.
+  baseline  a process forked from the same forkserver and launched as a job's is, that runs nothing (``os.getpid``,
+            of a module every process has: a target of this file would make the child import it) and exits: the
+            fork, the child's multiprocessing bootstrap and its exit, the same number of times.
+  floor     the kernel's part alone: ``os.fork()`` and ``os._exit(0)`` of an interpreter that imported the same
+            ``PRELOAD`` and froze its collector as the forkserver does (a process of its own, started for it),
+            the parent's and the child's CPU. Copying the page tables of a heap this size, and tearing them down
+            at the exit, is what one process per job costs at the least.
 
 ``--rlm`` serves the project's rlm specs too (the checkpoint key set, the demo's scripted model routes), as
 ``specialists serve`` does on one machine: the runner build then includes the RlmRunner. ``--profile``
@@ -60,10 +65,6 @@ def profiled_job_process(*args) -> None:  # type: ignore[no-untyped-def]
         profile.dump_stats(Path(os.environ[PROFILE_DIR_VARIABLE]) / f"job-{os.getpid()}.prof")
 
 
-def _nothing() -> None:
-    return None
-
-
 def _settings(url: str, specs: Path, rlm: bool):  # type: ignore[no-untyped-def]
     from core.settings import Settings
 
@@ -107,13 +108,45 @@ def run_jobs(jobs, count: int) -> None:  # type: ignore[no-untyped-def]
 
 
 def run_bare(count: int) -> None:
-    from bench.job_process import _nothing as nothing  # by the module's name: the child has no __main__ of this file
-
     for _ in range(count):
-        process = isolation._JobProcess(target=nothing, daemon=True)  # launched as a job's process is
+        process = isolation._JobProcess(target=os.getpid, daemon=True)  # launched as a job's process is
         process.start()
         process.join()
         assert process.exitcode == 0
+
+
+# Run as ``python -c FLOOR_PROBE COUNT``: the preload imported, the collector frozen, then COUNT forks that only exit;
+# prints the child's and the parent's CPU ms per fork.
+FLOOR_PROBE = """
+import gc, importlib, os, resource, sys
+from workers import isolation
+for name in isolation.PRELOAD[:-1]:  # not job_template: it builds nothing outside a forkserver
+    importlib.import_module(name)
+gc.collect()
+gc.freeze()
+count = int(sys.argv[1])
+def cpu(who):
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+children, own = cpu(resource.RUSAGE_CHILDREN), cpu(resource.RUSAGE_SELF)
+for _ in range(count):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+print(1000 * (cpu(resource.RUSAGE_CHILDREN) - children) / count, 1000 * (cpu(resource.RUSAGE_SELF) - own) / count)
+"""
+
+
+def fork_floor(count: int) -> dict[str, float]:
+    import subprocess
+
+    started = time.perf_counter()
+    printed = subprocess.run([sys.executable, "-c", FLOOR_PROBE, str(count)], cwd=ROOT, check=True,
+                             capture_output=True, text=True).stdout.split()
+    child, parent = (float(value) for value in printed)
+    return {"processes": child + parent, "worker": 0.0, "wall": 1000 * (time.perf_counter() - started) / count,
+            "child": child, "parent": parent}
 
 
 def measure(count: int, work, server: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -187,6 +220,7 @@ def main() -> None:
             let_go = jobs.waiting_pid  # the spare forked after the last job: it runs none
         finally:
             jobs.close()
+        floor = fork_floor(args.jobs)
         if let_go is not None:  # its profile (written as it exits, at the close) is no job's
             (profile_dir / f"job-{let_go}.prof").unlink(missing_ok=True)
     finally:
@@ -194,10 +228,12 @@ def main() -> None:
     print(f"\nJob processes: {args.jobs} no-op jobs one after another{' (rlm specs served)' if args.rlm else ''}, "
           f"{os.cpu_count()} CPUs, load average {load_before[0]:.2f} before and {os.getloadavg()[0]:.2f} after")
     print(f"{'run':<34}{'processes ms':>14}{'worker ms':>11}{'wall ms':>9}   (per job)")
-    for label, figures in (("no-op job (spare, build, run, exit)", job), ("bare fork of the forkserver", bare)):
+    for label, figures in (("no-op job (spare, build, run, exit)", job), ("bare fork of the forkserver", bare),
+                           ("floor: fork + _exit, same heap", floor)):
         print(f"{label:<34}{figures['processes']:>14.1f}{figures['worker']:>11.1f}{figures['wall']:>9.1f}")
     print(f"the job's process costs {job['processes'] - bare['processes']:.1f} ms of CPU above a bare fork's "
-          f"{bare['processes']:.1f} ms")
+          f"{bare['processes']:.1f} ms; the kernel's fork and exit of this heap alone, {floor['processes']:.1f} ms "
+          f"({floor['parent']:.1f} in the parent, {floor['child']:.1f} in the child)")
     if args.profile:
         print_profile(profile_dir, args.top)
 
