@@ -280,13 +280,14 @@ def _listen(control: multiprocessing.connection.Connection, cancel: threading.Ev
 
 def _prepared(build: RunnerBuild, key: str, offered: bytes) -> tuple[Any, Any, Exception | None]:
     """(recipe, prepared runners, the error that prevented them): the forkserver's template of this worker, or
-    prepared here from the recipe that came with this process (``offered``: the pickled ``(key, build, recipe)``)."""
+    prepared here from the recipe that came with this process (``offered``: the pickled ``(key, build, recipe, the
+    worker's log level)``)."""
     from workers import job_template  # imported by the forkserver after this module (see PRELOAD)
 
     template = job_template.prepared(key)
     if template is not None:
         return template.recipe, template.prepared, None
-    _, _, recipe = pickle.loads(offered)
+    _, _, recipe, _ = pickle.loads(offered)
     try:
         return recipe, build.prepare(recipe), None
     except Exception as exc:  # said when the job comes, as the job's failure
@@ -302,7 +303,8 @@ def _job_process(build: RunnerBuild, key: str, offered: bytes, control: multipro
     _die_with_forkserver()
     root = logging.getLogger()
     root.handlers[:] = [logging.handlers.QueueHandler(_PipeQueue(conn))]  # type: ignore[arg-type]
-    root.setLevel(log_level)
+    if root.level != log_level:  # the forkserver's template set the worker's level: a change clears every logger's
+        root.setLevel(log_level)  # cache, touching (and so copying) the pages of each, about 0.5 ms a job
     _cap_memory(max_memory_bytes)
     recipe, prepared, unprepared = _prepared(build, key, offered)
     try:
@@ -465,9 +467,9 @@ class ProcessJobs:
         self.context = multiprocessing.get_context("forkserver")
         self.context.set_forkserver_preload(list(PRELOAD))
         # Each job's process gets the key of this worker's template and, for a forkserver without it, the recipe
-        # (pickled once, here: it crosses as bytes).
+        # (pickled once, here: it crosses as bytes); the template takes the worker's log level too.
         self._key = secrets.token_hex(16)
-        self._offered = pickle.dumps((self._key, build, recipe))
+        self._offered = pickle.dumps((self._key, build, recipe, logging.getLogger().getEffectiveLevel()))
         self._spare_lock = threading.Lock()
         self._closed = False
         self.customers = CustomerJobs()  # each customer's running jobs, told their count (the nice mode's share)

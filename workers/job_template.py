@@ -39,7 +39,7 @@ TEMPLATE: Template | None = None
 
 
 def offer(key: str, offered: bytes) -> str:
-    """Write ``offered`` (the pickled ``(key, build, recipe)``) where the next forkserver this process starts reads it;
+    """Write ``offered`` (the pickled ``(key, build, recipe, log level)``) where the next forkserver this process starts reads it;
     the file's path, to ``withdraw`` once that forkserver has started."""
     descriptor, path = tempfile.mkstemp(prefix="specialists-job-template-")  # mode 0600: it holds the settings
     with os.fdopen(descriptor, "wb") as file:
@@ -72,7 +72,8 @@ def _read(offered: str) -> Template | None:
         return None
     try:
         with open(path, "rb") as file:
-            key, build, recipe = pickle.load(file)
+            key, build, recipe, log_level = pickle.load(file)
+        logging.getLogger().setLevel(log_level)  # the worker's, once: a job's process that sets it again pays for it
         return Template(key, recipe, build.prepare(recipe))
     except Exception as exc:  # noqa: BLE001 - the forkserver must start anyway; each job's process prepares its own
         # To the worker's stderr (the forkserver inherits it): a job whose own preparation fails too says why.
