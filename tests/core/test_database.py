@@ -119,3 +119,27 @@ def test_an_index_a_failed_online_build_left_invalid_is_built_again_when_the_mig
     finally:
         engine.dispose()
         drop_database(server_url, url)
+
+
+def test_the_large_columns_are_compressed_with_lz4_where_the_server_has_it_and_keep_pglz_where_not(engine):
+    """Migration 0294 (issue 44): a hosted review's message, its task's history and events, and a run's checkpoints
+    and calls are written with lz4 (inserting a 328 KiB message: 2.1 ms against pglz's 10.0). A server built
+    without lz4 (the embedded PostgreSQL's build) keeps pglz, and the migration still reached head."""
+    import importlib
+
+    import psycopg
+
+    columns = importlib.import_module("migrations.versions.0294_lz4_large_columns").COLUMNS
+    with engine.connect() as conn:
+        try:
+            with conn.begin_nested():
+                conn.execute(text("CREATE TEMPORARY TABLE lz4_probe (value bytea COMPRESSION lz4)"))
+            has_lz4 = True
+        except Exception as exc:  # noqa: BLE001 - the server's own refusal, checked just below
+            assert isinstance(getattr(exc, "orig", None), psycopg.errors.FeatureNotSupported), exc
+            has_lz4 = False
+        found = {(table, column): method for table, column, method in conn.execute(text(
+            "SELECT c.relname, a.attname, a.attcompression FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+            "WHERE c.relnamespace = 'public'::regnamespace AND a.attnum > 0 AND NOT a.attisdropped"))}
+    assert set(columns) <= set(found), "a column 0294 names is not in the schema"
+    assert {found[column] for column in columns} == {"l" if has_lz4 else ""}
