@@ -1,9 +1,9 @@
 """A job's CPU: its share of the worker's cores, its cap, and its count (issue 41 §2).
 
-A job's process (``workers.isolation``) calls ``JobCpu.start`` once its job has come, and ``JobCpu.judged`` on its
-outcome. In between a meter thread of the job's process reads the CPU time of the job's processes together (the job's
-process, its threads, and what it started: Monty's processes are in its process group) every
-``SPECIALISTS_WORKER_JOB_CPU_POLL_S``, more often as the cap nears, and:
+A job's process (``workers.isolation``) calls ``JobCpu.start`` once its job has come, ``JobCpu.judged`` on its
+outcome, and ``JobCpu.leave`` once it has sent it. In between a meter thread of the job's process reads the CPU time
+of the job's processes together (the job's process, its threads, and what it started: Monty's processes are in its
+process group) every ``SPECIALISTS_WORKER_JOB_CPU_POLL_S``, more often as the cap nears, and:
 
 * **shares**, per customer, then per job: a customer's jobs on this worker together weigh what one customer's job
   would (its customer is its signed payload's owner, ``customer_of``). Where the worker may make cgroups
@@ -527,14 +527,19 @@ class JobCpu:
         self.cancel.set()
 
     def stop(self) -> float:
-        """Stop the meter; the job's CPU seconds."""
+        """Stop the meter; the job's CPU seconds. Its process stays in its cgroup until ``leave``."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        used_s = self.read()
+        return self.read()
+
+    def leave(self) -> None:
+        """Out of the job's cgroup, and the cgroup removed (its customer's too, if no other job is in it): once the
+        outcome is sent. Moving a process between cgroups waits for the kernel's RCU grace period (16 ms a move
+        in the specialist benchmark, where moves are a second apart), which the finish need not wait for."""
         if self.cgroup is not None:
             leave_cgroup(self.cgroup, self.pid)
-        return used_s
+            self.cgroup = None
 
     def judged(self, outcome: RunOutcome) -> RunOutcome:
         """``outcome`` with the job's CPU seconds; a run stopped at its cap is a failed run that says why."""

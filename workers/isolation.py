@@ -340,6 +340,7 @@ def _job_process(build: RunnerBuild, key: str, offered: bytes, control: multipro
         conn.send(("outcome", RunOutcome("failed", "the specialist's outcome could not be recorded",
                                          detail={"error": type(exc).__name__})))
     conn.close()
+    cpu.leave()  # after the outcome: the finish does not wait for the cgroup's move
     if built is not None:
         built.close()
 
