@@ -350,6 +350,9 @@ def main() -> None:
     parser.add_argument("--concurrent", type=int, default=4)
     parser.add_argument("--files", type=int, default=200)
     parser.add_argument("--model-delay-s", type=float, default=0.1)
+    parser.add_argument("--cpu-share", choices=("auto", "nice", "off"), default=None,
+                        help="the worker's SPECIALISTS_WORKER_JOB_CPU_SHARE (default: the setting's, auto: a cgroup "
+                             "where one can be made, as on this machine as root; production's image runs nice)")
     parser.add_argument("--profile", type=int, default=0, metavar="RUNS",
                         help="only profile RUNS runs through the runner in this process (model time 0)")
     args = parser.parse_args()
@@ -383,7 +386,8 @@ def main() -> None:
     url, cleanup = database(os.environ.get("DATABASE_URL"))
     port, worker_port = free_port(), free_port()
     env = serve_env(url, routes_file=folder / "routes.toml", edge_port=port, worker_port=worker_port,
-                    extra={"SPECIALISTS_MAX_REQUEST_BODY_BYTES": str(4 * 1024 * 1024)})
+                    extra={"SPECIALISTS_MAX_REQUEST_BODY_BYTES": str(4 * 1024 * 1024),
+                           **({"SPECIALISTS_WORKER_JOB_CPU_SHARE": args.cpu_share} if args.cpu_share else {})})
     base = f"http://127.0.0.1:{port}"
     # Ready once serve's /readyz answers: every part it starts is up, the worker included.
     serve = Role("serve", ops_cli("serve"), env, Ready.http(f"{base}/readyz"), folder / "serve.log", cwd=ROOT,
@@ -397,6 +401,8 @@ def main() -> None:
         token = keys.issue_key(engine, keys.KeySigner([KEY_SECRET], "test"), customer_id=customer,
                                ttl=timedelta(days=1)).token
         Ledger(engine).grant(customer, 100_000, operator="bench", skills=["reviewer"], reason="bench")
+        if args.cpu_share:
+            print(f"the worker's jobs share the CPU by SPECIALISTS_WORKER_JOB_CPU_SHARE={args.cpu_share}")
         print(f"bundle: {args.files} files, {size_kib:.0f} KiB; model time per task {model_s * 1000:.0f} ms "
               f"({args.model_delay_s * 1000:.0f} ms a call); load average {os.getloadavg()[0]:.1f}")
 
