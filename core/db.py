@@ -125,10 +125,12 @@ def make_engine(url: str, settings: Settings) -> Engine:
     """The synchronous engine of workers, dispatchers, a job's process and commands.
 
     No ping on checkout: it was a round trip before every transaction (issue 17: 6.8 of a job's 52.5 statements).
-    A pooled connection the server dropped while it was idle (a restart, a failover, ``pg_terminate_backend``) is
-    found by its first statement instead; SQLAlchemy then discards it and every connection pooled before it, and
-    the hot paths run their work once more (``retrying_once``). No native hstore: the project has no hstore column,
-    and looking its type up cost every new connection three statements.
+    A pooled connection the server ended while it was idle (a restart, a failover, ``pg_terminate_backend``) is
+    found at checkout by its socket, as on the edge's engine (``discard_dead_on_checkout``: no round trip), and a
+    new one is made in the same call; one the server ends in the moment between checkout and the first statement is
+    found by that statement, SQLAlchemy then discards it and every connection pooled before it, and the hot paths
+    run their work once more (``retrying_once``). No native hstore: the project has no hstore column, and looking
+    its type up cost every new connection three statements.
     """
     engine = create_engine(
         url,
@@ -138,6 +140,7 @@ def make_engine(url: str, settings: Settings) -> Engine:
         use_native_hstore=False,
         connect_args={"connect_timeout": settings.database.connect_timeout_s},
     )
+    event.listen(engine.pool, "checkout", discard_dead_on_checkout)
     telemetry.instrument_engine(engine)
     return engine
 

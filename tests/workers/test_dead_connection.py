@@ -1,9 +1,12 @@
-"""A pooled connection the server killed: no ping finds it, the first statement does, and the work runs once more.
+"""A pooled connection the server killed: its socket says so at checkout, or its first statement does.
 
 ``core.db.make_engine`` pings nothing on checkout (issue 17: a round trip before
 every transaction). These tests kill the backend of a worker's pooled connection
 with ``pg_terminate_backend``, as a restart or a failover would, and show that
-the next operation still succeeds, on a new connection.
+the next operation still succeeds, on a new connection: one killed while idle in
+the pool is discarded at checkout (``core.db.discard_dead_on_checkout``: its socket
+has the server's goodbye to read), one killed while in use fails its statement and
+the work runs once more (``core.db.retrying_once``).
 """
 
 from __future__ import annotations
@@ -49,17 +52,34 @@ def terminate(engine: Engine, pid: int) -> None:
     raise AssertionError(f"backend {pid} is still listed after pg_terminate_backend")
 
 
-def test_without_a_ping_the_first_statement_finds_the_dead_connection(one_connection: Engine, engine: Engine) -> None:
-    terminate(engine, backend_pid(one_connection))
-    with pytest.raises(DBAPIError) as failed:
-        backend_pid(one_connection)
-    assert failed.value.connection_invalidated
-
-
-def test_retrying_once_runs_the_work_again_on_a_new_connection(one_connection: Engine, engine: Engine) -> None:
+def test_a_connection_killed_while_idle_is_replaced_at_checkout_without_a_failed_statement(
+    one_connection: Engine, engine: Engine
+) -> None:
     killed = backend_pid(one_connection)
     terminate(engine, killed)
-    assert db.retrying_once(lambda: backend_pid(one_connection)) != killed
+    assert backend_pid(one_connection) != killed  # no error: the dead one never reached a statement
+
+
+def test_a_connection_killed_in_use_fails_its_statement_and_retrying_once_runs_the_work_on_a_new_one(
+    one_connection: Engine, engine: Engine
+) -> None:
+    failures: list[DBAPIError] = []
+    killed: list[int] = []
+
+    def work() -> int:
+        with one_connection.connect() as conn:
+            pid = int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+            if not killed:  # the first time: the server ends it after its checkout, before the next statement
+                killed.append(pid)
+                terminate(engine, pid)
+            try:
+                return int(conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
+            except DBAPIError as exc:
+                failures.append(exc)
+                raise
+
+    assert db.retrying_once(work) != killed[0]
+    assert [failure.connection_invalidated for failure in failures] == [True]
 
 
 def test_a_worker_whose_connection_was_killed_claims_runs_and_finishes_the_next_job(
@@ -80,4 +100,5 @@ def test_a_worker_whose_connection_was_killed_claims_runs_and_finishes_the_next_
         row = claims.get(conn, second)
     assert row is not None and row["state"] == "finished" and row["outcome"] == "completed"
     assert backend_pid(one_connection) != killed
-    assert any("connection was dead" in record.getMessage() for record in caplog.records), "the claim met no dead connection"
+    # Found at its checkout, by its socket: no statement of the claim met it, so nothing had to run again.
+    assert not any("connection was dead" in record.getMessage() for record in caplog.records)
