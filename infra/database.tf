@@ -201,7 +201,7 @@ locals {
   database_processes = {
     api     = { instances = var.api_max_instances, processes = 2, pool = var.database_pools.api }
     grpc    = { instances = var.grpc_max_instances, processes = 1, pool = var.database_pools.grpc }
-    worker  = { instances = var.worker_max_instances, processes = 1 + var.worker_max_concurrent_jobs, pool = var.database_pools.worker }
+    worker  = { instances = var.worker_max_instances, processes = 2 + var.worker_max_concurrent_jobs, pool = var.database_pools.worker }
     console = { instances = var.console_max_instances, processes = 1, pool = var.database_pools.console }
     migrate = { instances = 1, processes = 1, pool = var.database_pools.jobs }
     drill   = { instances = 1, processes = 1, pool = var.database_pools.jobs }

@@ -193,8 +193,20 @@ def start_job_runner(prepared: PreparedRunners, specialist_id: str) -> BuiltRunn
     return BuiltRunner(runner=prepared.runners[specialist_id], events=prepared.tasks, close=close)
 
 
+def connect_ahead(prepared: PreparedRunners) -> None:
+    """In a job's process waiting for its job: one connection of the runners' engine, opened now and kept in its
+    pool, when the worker serves an rlm specialist (its run opens its journal first thing: 3-5 ms of connecting,
+    SQLAlchemy's first-connect questions included, that its job then does not wait for). A worker that serves none
+    (the scripted and conformance specialists write only task events, if anything) opens none: a no-op job stays
+    without a connection. The connection waits with the process; one the server ended meanwhile is found at
+    checkout (``core.db.discard_dead_on_checkout``) and the run connects anew."""
+    if any(isinstance(runner, RlmRunner) for runner in prepared.runners.values()):
+        with prepared.engine.connect():
+            pass
+
+
 # What ``workers.isolation.ProcessJobs`` builds a job's runner with.
-JOB_RUNNERS = RunnerBuild(prepare=prepare_job_runners, start=start_job_runner)
+JOB_RUNNERS = RunnerBuild(prepare=prepare_job_runners, start=start_job_runner, ahead=connect_ahead)
 
 
 def build_worker_service(

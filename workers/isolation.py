@@ -192,18 +192,26 @@ class BuiltRunner:
     close: Callable[[], None]
 
 
+def _nothing_ahead(prepared: Any) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class RunnerBuild:
-    """How a job's process gets its runner, in two parts (module-level functions: they are pickled by name).
+    """How a job's process gets its runner, in parts (module-level functions: they are pickled by name).
 
     ``prepare(recipe)``: everything no job changes (the runners, their engine): once, in the forkserver
     (``workers.job_template``), or in a job's process before its job comes when the forkserver has no template
     of this worker. It starts no thread and opens no connection: the forkserver forks from it.
+    ``ahead(prepared)``: in a job's process forked ahead of its job, while it waits for it: what every run of
+    these runners does first and no job changes (a connection of their engine), so that its job does not wait
+    for it. A failure is logged and left to the run, which does it again.
     ``start(prepared, specialist_id)``: in the job's process once its job came: the runner of that specialist,
     with what only a running process may have (its telemetry's exporters)."""
 
     prepare: Callable[[Any], Any]
     start: Callable[[Any, str], BuiltRunner]
+    ahead: Callable[[Any], None] = _nothing_ahead
 
 
 class _PipeQueue:
@@ -307,6 +315,11 @@ def _job_process(build: RunnerBuild, key: str, offered: bytes, control: multipro
         root.setLevel(log_level)  # cache, touching (and so copying) the pages of each, about 0.5 ms a job
     _cap_memory(max_memory_bytes)
     recipe, prepared, unprepared = _prepared(build, key, offered)
+    if unprepared is None:
+        try:
+            build.ahead(prepared)
+        except Exception as exc:  # noqa: BLE001 - its run does the same, and says so if it fails then
+            log.warning("a job's process could not get ready ahead of its job (%s); its run will", type(exc).__name__)
     try:
         job, fencing_token, deadline_at = control.recv()
     except (EOFError, OSError):  # the worker let its spare process go (it is stopping): no job came

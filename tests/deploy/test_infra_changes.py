@@ -76,9 +76,10 @@ def pool(tf: Terraform, kind: str, name: str) -> int:
 
 
 def test_every_process_at_every_services_maximum_instances_fits_in_max_connections(tf):
-    # Processes per instance: the API's edge and its relay child; a worker and one process per concurrent job.
+    # Processes per instance: the API's edge and its relay child; a worker, one process per concurrent job, and the
+    # job process forked ahead of the next job (it connects while it waits, workers.assembly.connect_ahead).
     processes = {"api": 2, "grpc": 1, "console": 1,
-                 "worker": 1 + int(tf.resolve(container_env(tf, SERVICE, "worker").plain["SPECIALISTS_WORKER_MAX_CONCURRENT_JOBS"]))}
+                 "worker": 2 + int(tf.resolve(container_env(tf, SERVICE, "worker").plain["SPECIALISTS_WORKER_MAX_CONCURRENT_JOBS"]))}
     worst = sum(max_instances(tf, name) * processes[name] * pool(tf, SERVICE, name) for name in SERVICES)
     worst += sum(pool(tf, JOB, name) for name in ("migrate", "drill"))  # one task each
     flags = {f["name"]: f["value"] for f in tf.resource("google_sql_database_instance", "main")["settings"][0]["database_flags"]}
@@ -88,7 +89,7 @@ def test_every_process_at_every_services_maximum_instances_fits_in_max_connectio
     assert worst <= limit - reserved, f"{worst} connections at worst against max_connections {limit} less {reserved}"
     # Terraform's own sum (the instance's precondition) counts the same processes.
     for name, count in processes.items():
-        assert tf.locals["database_processes"][name]["processes"] in (count, "${1 + var.worker_max_concurrent_jobs}")
+        assert tf.locals["database_processes"][name]["processes"] in (count, "${2 + var.worker_max_concurrent_jobs}")
 
 
 # --- the workers' egress ------------------------------------------------------------------------------

@@ -33,7 +33,15 @@ class Where:
         self.prepared = prepared
 
     def run(self, ctx: RunContext) -> RunOutcome:
-        return RunOutcome("completed", json.dumps({**self.prepared, "ran_in": os.getpid()}))
+        return RunOutcome("completed", json.dumps({**self.prepared, "ran_in": os.getpid(), "ahead_in": AHEAD_IN}))
+
+
+AHEAD_IN: int | None = None  # the process whose ``ahead`` ran, set in it
+
+
+def ahead(prepared: dict[str, Any]) -> None:
+    global AHEAD_IN
+    AHEAD_IN = os.getpid()
 
 
 FAILS_IN_FORKSERVER = "fails-in-forkserver"
@@ -50,7 +58,7 @@ def start(prepared: dict[str, Any], specialist_id: str) -> BuiltRunner:
     return BuiltRunner(runner=Where(prepared), events=None, close=lambda: None)  # type: ignore[arg-type]
 
 
-BUILD = RunnerBuild(prepare=prepare, start=start)
+BUILD = RunnerBuild(prepare=prepare, start=start, ahead=ahead)
 
 
 def run_one(jobs: ProcessJobs, job_id: str) -> dict[str, Any]:

@@ -205,3 +205,37 @@ def test_a_job_process_ignores_ctrl_c_from_its_first_instruction(worker: TestWor
     of the next job ignores SIGINT already, as every job process does from its fork."""
     ahead = wait_for("a process forked ahead of the first job", lambda: worker.service.jobs.waiting_pid)
     assert _ignored_signals(ahead) & (1 << (signal.SIGINT - 1))
+
+
+@pytest.mark.parametrize("serves_rlm", [True, False], ids=["a worker serving rlm specs", "a scripted-only worker"])
+def test_a_job_process_connects_ahead_of_its_job_only_when_its_worker_serves_an_rlm_specialist(
+    database_url: str, tmp_path: Path, serves_rlm: bool
+):
+    """Issue 44 §1: a job's database work uses a connection made before the job needs it. An rlm run opens its
+    journal first thing, so a job's process of a worker that serves one connects while it waits for its job
+    (``workers.assembly.connect_ahead``, run by ``workers.isolation`` as the build's ``ahead``) and keeps the
+    connection in its pool; a worker that serves none (a no-op scripted job sends no statement) connects nothing."""
+    from core.settings import PROJECT_ROOT, Settings
+    from core.specs import load_specs
+    from workers.assembly import RunnerRecipe, connect_ahead, prepare_job_runners
+
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "scripted.yaml").write_text(  # the worker's scripted runner
+        "id: scripted\nname: No-op\ndescription: The scripted specialist.\nexecutor: rlm\ntariff_credits: 1\n"
+        "skill: {id: noop, name: No-op, description: Completes at once.}\ninput_modes: [text/plain]\n"
+        "output_modes: [text/plain]\n")
+    hosted: dict = {"specs_dir": specs}
+    if serves_rlm:
+        for spec in (PROJECT_ROOT / "specs").glob("*.yaml"):
+            (specs / spec.name).write_text(spec.read_text())
+        hosted.update(checkpoint_key="test-checkpoint-key-" + "k" * 40, model_routes_allow_scripted=True)
+    settings = Settings(database={"url": database_url}, hosted=hosted,
+                        worker={"job_secrets": ["test-" + "w" * 40], "oidc_verify": False})
+    prepared = prepare_job_runners(RunnerRecipe(settings, database_url, load_specs(specs)))
+    try:
+        assert prepared.engine.pool.checkedin() == 0  # prepared (as in the forkserver) without a connection
+        connect_ahead(prepared)
+        assert prepared.engine.pool.checkedin() == (1 if serves_rlm else 0)
+    finally:
+        prepared.engine.dispose()

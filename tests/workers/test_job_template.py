@@ -56,6 +56,12 @@ def test_a_worker_without_a_template_in_the_forkserver_prepares_its_own_runners_
     assert len({job["ran_in"] for job in jobs}) == 2
 
 
+def test_what_a_build_does_ahead_is_done_in_each_jobs_process_before_its_job_and_never_in_the_forkserver(seen: dict):
+    jobs = seen["first"] + seen["second"]
+    assert all(job["ahead_in"] == job["ran_in"] for job in jobs)
+    assert seen["forkserver"] not in {job["ahead_in"] for job in jobs}
+
+
 def test_a_jobs_process_serves_one_job_and_has_exited_when_it_is_reported_finished(seen: dict):
     assert all(job["exited_when_finished"] for job in seen["first"] + seen["second"])
 
