@@ -10,6 +10,7 @@ leftovers.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from collections.abc import Iterator
@@ -35,6 +36,22 @@ _run_server: embedded_pg.RunServer | None = None
 def _with_database(url: str, name: str) -> str:
     parts = urlsplit(url)
     return urlunsplit(parts._replace(path="/" + name))
+
+
+@contextlib.contextmanager
+def empty_database(server_url: str, prefix: str) -> Iterator[str]:
+    """A new, empty database of this server for one test (its name ``prefix`` and a random suffix), its URL; dropped
+    at the end, whoever is still connected to it."""
+    name = f"{prefix}_{secrets.token_hex(4)}"
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield _with_database(server_url, name)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        admin.dispose()
 
 
 def _template_name() -> str:

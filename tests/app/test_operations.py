@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import secrets
 import subprocess
 import sys
 import time
@@ -12,12 +11,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, text
 
 from core.settings import PROJECT_ROOT
 from tests import http_calls
 from tests.app.conftest import PAID, edge_env, message, rpc, start_edge, stop_edge
-from tests.conftest import _with_database
+from tests.conftest import empty_database
 
 pytestmark = pytest.mark.timeout(60, func_only=True)
 
@@ -135,18 +133,10 @@ def test_serve_refuses_to_start_on_an_invalid_spec_naming_file_and_field(databas
 
 
 def test_serve_refuses_to_start_on_a_schema_that_is_not_at_head(server_url, edge_specs_dir):
-    name = f"specialists_edge_empty_{secrets.token_hex(3)}"
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        done = run_serve(edge_env(_with_database(server_url, name), edge_specs_dir))
+    with empty_database(server_url, "specialists_edge_empty") as url:
+        done = run_serve(edge_env(url, edge_specs_dir))
         assert done.returncode == 4
         assert "specialists db upgrade" in done.stderr
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def test_serve_refuses_a_port_out_of_range(database_url, edge_specs_dir):

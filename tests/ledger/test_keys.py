@@ -186,26 +186,16 @@ def test_a_short_secret_is_refused_at_start_up_without_echoing_it(service_env):
 
 
 def test_a_schema_not_at_head_stops_the_command_with_the_fix(service_env, server_url):
-    from sqlalchemy import create_engine, text
+    from tests.conftest import empty_database
 
-    from tests.conftest import _with_database
-
-    name = "specialists_cli_empty_" + uuid.uuid4().hex[:8]
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        env = dict(service_env, DATABASE_URL=_with_database(server_url, name))
+    with empty_database(server_url, "specialists_cli_empty") as url:
+        env = dict(service_env, DATABASE_URL=url)
         result = run_cli(env, "keys", "list")
         assert result.returncode == 4
         assert "specialists db upgrade" in result.stderr
         upgraded = run_cli(env, "db", "upgrade", "--json")
         assert upgraded.returncode == 0, upgraded.stderr
         assert run_cli(env, "keys", "list").returncode == 0
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 # --- the environment under the signature (issue 15) -----------------------------------------------------------
@@ -243,46 +233,40 @@ def test_a_key_issued_before_the_environment_was_signed_verifies_until_it_expire
     from sqlalchemy import create_engine, text
 
     from core import db
-    from tests.conftest import _with_database
+    from tests.conftest import empty_database
 
-    name = "specialists_keys_legacy_" + uuid.uuid4().hex[:8]
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = _with_database(server_url, name)
-    engine = create_engine(url)
-    try:
-        db.upgrade(url, "0100")  # the schema before keys signed their environment
-        cust, key_id = customer(), keys.new_key_id()
-        issued_at = datetime.now(timezone.utc).replace(microsecond=0)
-        expires_at = issued_at + timedelta(days=2)
-        with engine.begin() as conn:  # what the code before 0110 wrote when it issued a key
-            keys.ensure_customer(conn, cust)
-            conn.execute(text("INSERT INTO api_keys (key_id, customer_id, environment, tier, label, issued_at, "
-                              "expires_at) VALUES (:k, :c, 'test', 'standard', '', :i, :x)"),
-                         {"k": key_id, "c": cust, "i": issued_at, "x": expires_at})
-        legacy = _legacy_token(SECRET_A, "test", key_id, cust, issued_at, expires_at)
-        db.upgrade(url)
+    with empty_database(server_url, "specialists_keys_legacy") as url:
+        engine = create_engine(url)
+        try:
+            db.upgrade(url, "0100")  # the schema before keys signed their environment
+            cust, key_id = customer(), keys.new_key_id()
+            issued_at = datetime.now(timezone.utc).replace(microsecond=0)
+            expires_at = issued_at + timedelta(days=2)
+            with engine.begin() as conn:  # what the code before 0110 wrote when it issued a key
+                keys.ensure_customer(conn, cust)
+                conn.execute(text("INSERT INTO api_keys (key_id, customer_id, environment, tier, label, issued_at, "
+                                  "expires_at) VALUES (:k, :c, 'test', 'standard', '', :i, :x)"),
+                             {"k": key_id, "c": cust, "i": issued_at, "x": expires_at})
+            legacy = _legacy_token(SECRET_A, "test", key_id, cust, issued_at, expires_at)
+            db.upgrade(url)
 
-        test = keys.KeySigner([SECRET_A], "test")
-        verifier = keys.KeyVerifier(test, engine, revocation_cache_s=0)
-        identity = verifier.verify(legacy)
-        assert (identity.key_id, identity.environment_signed) == (key_id, False)
-        assert refusal(verifier, legacy, now=expires_at) == keys.EXPIRED
-        # Its prefix is not under its signature, so its record vouches for it: a rewritten one is refused.
-        live_verifier = keys.KeyVerifier(keys.KeySigner([SECRET_A], "live"), engine, revocation_cache_s=0)
-        assert refusal(live_verifier, legacy.replace("sk_test_", "sk_live_", 1)) == keys.TAMPERED
-        new = issue(engine, test, customer_id=cust)
-        assert verifier.verify(new.token).environment_signed
+            test = keys.KeySigner([SECRET_A], "test")
+            verifier = keys.KeyVerifier(test, engine, revocation_cache_s=0)
+            identity = verifier.verify(legacy)
+            assert (identity.key_id, identity.environment_signed) == (key_id, False)
+            assert refusal(verifier, legacy, now=expires_at) == keys.EXPIRED
+            # Its prefix is not under its signature, so its record vouches for it: a rewritten one is refused.
+            live_verifier = keys.KeyVerifier(keys.KeySigner([SECRET_A], "live"), engine, revocation_cache_s=0)
+            assert refusal(live_verifier, legacy.replace("sk_test_", "sk_live_", 1)) == keys.TAMPERED
+            new = issue(engine, test, customer_id=cust)
+            assert verifier.verify(new.token).environment_signed
 
-        env = dict(service_env, DATABASE_URL=url, SPECIALISTS_KEY_SIGNING_SECRETS=SECRET_A)
-        listed = run_cli(env, "keys", "list", "--customer", cust, "--json")
-        assert listed.returncode == 0, listed.stderr
-        forms = {row["key_id"]: row["key_form"] for row in json.loads(listed.stdout)}
-        assert forms == {key_id: keys.FORM_ENV_UNSIGNED, new.identity.key_id: keys.FORM_ENV_SIGNED}
-        human = run_cli(env, "keys", "list", "--customer", cust)
-        assert "key_form" in human.stdout and keys.FORM_ENV_UNSIGNED in human.stdout
-    finally:
-        engine.dispose()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+            env = dict(service_env, DATABASE_URL=url, SPECIALISTS_KEY_SIGNING_SECRETS=SECRET_A)
+            listed = run_cli(env, "keys", "list", "--customer", cust, "--json")
+            assert listed.returncode == 0, listed.stderr
+            forms = {row["key_id"]: row["key_form"] for row in json.loads(listed.stdout)}
+            assert forms == {key_id: keys.FORM_ENV_UNSIGNED, new.identity.key_id: keys.FORM_ENV_SIGNED}
+            human = run_cli(env, "keys", "list", "--customer", cust)
+            assert "key_form" in human.stdout and keys.FORM_ENV_UNSIGNED in human.stdout
+        finally:
+            engine.dispose()

@@ -239,30 +239,24 @@ def test_the_claims_migration_rolls_back_and_forward_cleanly(server_url: str) ->
     from sqlalchemy import create_engine
 
     from core import db
-    from tests.conftest import _with_database
+    from tests.conftest import empty_database
 
-    name = f"specialists_claims_migration_{secrets.token_hex(4)}"
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = _with_database(server_url, name)
-    probe = create_engine(url)
-    try:
-        db.upgrade(url, "0020")
-        command.downgrade(db.alembic_config(url), "0020-1")
-        with probe.connect() as conn:
-            assert conn.execute(text("SELECT to_regclass('job_claims'), to_regproc('job_claim')")).one() == (None, None)
-        db.upgrade(url, "0020")
-        with probe.begin() as conn:  # the 0020 signature, as the code of its time called it
-            assert conn.execute(text("SELECT outcome FROM job_claim('job-after-roundtrip', 'w', 5)")).scalar_one() == "claimed"
-        db.upgrade(url)
-        with probe.begin() as conn:
-            assert claims.claim(conn, "job-at-head", worker_id="w", lease_s=5).outcome == "claimed"
-    finally:
-        probe.dispose()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with empty_database(server_url, "specialists_claims_migration") as url:
+        probe = create_engine(url)
+        try:
+            db.upgrade(url, "0020")
+            command.downgrade(db.alembic_config(url), "0020-1")
+            with probe.connect() as conn:
+                assert conn.execute(text("SELECT to_regclass('job_claims'), to_regproc('job_claim')")).one() == (None, None)
+            db.upgrade(url, "0020")
+            with probe.begin() as conn:  # the 0020 signature, as the code of its time called it
+                assert conn.execute(text("SELECT outcome FROM job_claim('job-after-roundtrip', 'w', 5)")).scalar_one() \
+                    == "claimed"
+            db.upgrade(url)
+            with probe.begin() as conn:
+                assert claims.claim(conn, "job-at-head", worker_id="w", lease_s=5).outcome == "claimed"
+        finally:
+            probe.dispose()
 
 
 def test_stepping_back_over_0293_restores_both_job_claims_as_0292_left_them(server_url: str) -> None:
@@ -273,38 +267,33 @@ def test_stepping_back_over_0293_restores_both_job_claims_as_0292_left_them(serv
     from sqlalchemy import create_engine
 
     from core import db
-    from tests.conftest import _with_database
+    from tests.conftest import empty_database
 
     definitions = text("SELECT p.oid::regprocedure::text, pg_get_functiondef(p.oid) FROM pg_proc p "
                        "WHERE p.proname = 'job_claim' ORDER BY 1")
-    name = f"specialists_first_claim_migration_{secrets.token_hex(4)}"
-    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = _with_database(server_url, name)
-    probe = create_engine(url)
-    try:
-        db.upgrade(url, "0292")
-        with probe.connect() as conn:
-            before = conn.execute(definitions).all()
-        assert [signature for signature, _ in before] == [
-            "job_claim(text,text,double precision)", "job_claim(text,text,double precision,timestamp with time zone)"]
-        db.upgrade(url, "0293")
-        with probe.connect() as conn:
-            assert all("job_claim_first(" in body for _, body in conn.execute(definitions).all())
-        command.downgrade(db.alembic_config(url), "0292")
-        with probe.connect() as conn:
-            assert conn.execute(definitions).all() == before
-        db.upgrade(url)
-        with probe.begin() as conn:
-            assert conn.execute(text("SELECT outcome, fencing_token FROM job_claim('job-old-code', 'w1', 5)")).one() \
-                == ("claimed", 1)
-            assert conn.execute(text("SELECT outcome FROM job_claim('job-old-code', 'w2', 5)")).scalar_one() == "busy"
-    finally:
-        probe.dispose()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with empty_database(server_url, "specialists_first_claim_migration") as url:
+        probe = create_engine(url)
+        try:
+            db.upgrade(url, "0292")
+            with probe.connect() as conn:
+                before = conn.execute(definitions).all()
+            assert [signature for signature, _ in before] == [
+                "job_claim(text,text,double precision)",
+                "job_claim(text,text,double precision,timestamp with time zone)"]
+            db.upgrade(url, "0293")
+            with probe.connect() as conn:
+                assert all("job_claim_first(" in body for _, body in conn.execute(definitions).all())
+            command.downgrade(db.alembic_config(url), "0292")
+            with probe.connect() as conn:
+                assert conn.execute(definitions).all() == before
+            db.upgrade(url)
+            with probe.begin() as conn:
+                assert conn.execute(text("SELECT outcome, fencing_token FROM job_claim('job-old-code', 'w1', 5)")) \
+                    .one() == ("claimed", 1)
+                assert conn.execute(text("SELECT outcome FROM job_claim('job-old-code', 'w2', 5)")).scalar_one() \
+                    == "busy"
+        finally:
+            probe.dispose()
 
 
 def first_claim(engine: Engine, job_id: str, **kwargs) -> claims.ClaimResult | None:
