@@ -39,8 +39,8 @@ TEMPLATE: Template | None = None
 
 
 def offer(key: str, offered: bytes) -> str:
-    """Write ``offered`` (the pickled ``(key, build, recipe, log level)``) where the next forkserver this process starts reads it;
-    the file's path, to ``withdraw`` once that forkserver has started."""
+    """Write ``offered`` (the pickled ``(key, build, recipe, log level)``) where the next forkserver this process
+    starts reads it; the file's path, to ``withdraw`` once that forkserver has started."""
     descriptor, path = tempfile.mkstemp(prefix="specialists-job-template-")  # mode 0600: it holds the settings
     with os.fdopen(descriptor, "wb") as file:
         file.write(offered)

@@ -453,17 +453,18 @@ class WorkerService:
         # does not within its wait); the answer waits for both, so a delivery answered is a slot free again. A runner
         # given up on past the grace is not waited for: it was killed (a process) or abandoned (a thread), and holds
         # its slot until it ends.
-        with telemetry.span("job.finish", attributes={"specialists.outcome": outcome.state}) as span:
-            try:
-                result = await anyio.to_thread.run_sync(self.finisher.finish, job, token, outcome)
-            except Exception as exc:
-                log.error("job %s: %s", job.job_id, exc)
-                if not gave_up:
-                    await exited.wait()
-                return _answer(503, "finish_failed", str(exc), retry_after_s=self.limits.lease_s), None
-            telemetry.annotate(span, **{"specialists.accepted": result.accepted, "specialists.state": result.state})
-        if not gave_up:
-            await exited.wait()
+        try:
+            with telemetry.span("job.finish", attributes={"specialists.outcome": outcome.state}) as span:
+                try:
+                    result = await anyio.to_thread.run_sync(self.finisher.finish, job, token, outcome)
+                except Exception as exc:
+                    log.error("job %s: %s", job.job_id, exc)
+                    return _answer(503, "finish_failed", str(exc), retry_after_s=self.limits.lease_s), None
+                telemetry.annotate(span, **{"specialists.accepted": result.accepted,
+                                            "specialists.state": result.state})
+        finally:
+            if not gave_up:
+                await exited.wait()
         if result.accepted:
             return _answer(
                 200, "job_finished", "the job ran and its outcome is recorded", job_id=job.job_id, outcome=outcome.state
