@@ -260,9 +260,10 @@ def test_the_claims_migration_rolls_back_and_forward_cleanly(server_url: str) ->
 
 
 def test_stepping_back_over_0293_restores_both_job_claims_as_0292_left_them(server_url: str) -> None:
-    """0293 only rewrites ``job_claim``'s first-claim branch as a call of ``job_claim_first``: its downgrade gives
-    back both signatures' definitions character for character, and at head the signature without ``p_now`` (the
-    code before 0100) still claims a new job once and tells a second delivery it is busy (its own database)."""
+    """0293 rewrites ``job_claim``'s first-claim branch as a call of ``job_claim_first``, and the signature without
+    ``p_now`` as a call of the one with it: its downgrade gives back both signatures' definitions character for
+    character, and at head the signature without ``p_now`` (the code before 0100) still claims a new job once and
+    tells a second delivery it is busy (its own database)."""
     from alembic import command
     from sqlalchemy import create_engine
 
@@ -282,7 +283,9 @@ def test_stepping_back_over_0293_restores_both_job_claims_as_0292_left_them(serv
                 "job_claim(text,text,double precision,timestamp with time zone)"]
             db.upgrade(url, "0293")
             with probe.connect() as conn:
-                assert all("job_claim_first(" in body for _, body in conn.execute(definitions).all())
+                without_now, with_now = (body for _, body in conn.execute(definitions).all())
+            assert "job_claim_first(" in with_now  # the first claim's one definition
+            assert "job_claim(p_job_id, p_worker_id, p_lease_s, NULL::timestamptz)" in without_now
             command.downgrade(db.alembic_config(url), "0292")
             with probe.connect() as conn:
                 assert conn.execute(definitions).all() == before
@@ -360,7 +363,9 @@ def test_a_claim_that_waited_for_an_aborted_concurrent_claim_gets_its_whole_leas
                                                                             lease_s=2.0)))
     thread.start()
     wait_until_blocked_by(engine, first_pid, "the second claim never waited on the first's insert")
-    time.sleep(0.2)  # the wall clock runs on while it waits (job_claim_first corrects a wait over 50 ms, either path)
+    # Not a wait for an event (the blocked claim was waited for just above): what this tests is a claim that waited
+    # longer than job_claim_first's 50 ms before its lease is counted again, so the wait is made that long here.
+    time.sleep(0.2)
     stalled_until = first.execute(text("SELECT clock_timestamp()")).scalar_one()
     first.rollback()  # the stalled claim's transaction fails
     first.close()
