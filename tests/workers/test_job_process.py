@@ -217,21 +217,20 @@ def test_a_job_process_connects_ahead_of_its_job_only_when_its_worker_serves_an_
     connection in its pool; a worker that serves none (a no-op scripted job sends no statement) connects nothing."""
     from core.settings import PROJECT_ROOT, Settings
     from core.specs import load_specs
+    from tests.workers.conftest import WORKER_SECRET
+    from tests.workers.system import SCRIPTED_SPEC
     from workers.assembly import RunnerRecipe, connect_ahead, prepare_job_runners
 
     specs = tmp_path / "specs"
     specs.mkdir()
-    (specs / "scripted.yaml").write_text(  # the worker's scripted runner
-        "id: scripted\nname: No-op\ndescription: The scripted specialist.\nexecutor: rlm\ntariff_credits: 1\n"
-        "skill: {id: noop, name: No-op, description: Completes at once.}\ninput_modes: [text/plain]\n"
-        "output_modes: [text/plain]\n")
+    (specs / "scripted.yaml").write_text(SCRIPTED_SPEC)  # the worker's scripted runner
     hosted: dict = {"specs_dir": specs}
     if serves_rlm:
         for spec in (PROJECT_ROOT / "specs").glob("*.yaml"):
             (specs / spec.name).write_text(spec.read_text())
         hosted.update(checkpoint_key="test-checkpoint-key-" + "k" * 40, model_routes_allow_scripted=True)
     settings = Settings(database={"url": database_url}, hosted=hosted,
-                        worker={"job_secrets": ["test-" + "w" * 40], "oidc_verify": False})
+                        worker={"job_secrets": [WORKER_SECRET], "oidc_verify": False})
     prepared = prepare_job_runners(RunnerRecipe(settings, database_url, load_specs(specs)))
     try:
         assert prepared.engine.pool.checkedin() == 0  # prepared (as in the forkserver) without a connection
