@@ -23,7 +23,10 @@ they bound (``_rlm_bound``) and ``_rlm_restore()``, which assigns them back from
 Each step's code is then fed with a short ``try: _rlm_ok = _rlm_restore()``
 appended, whose value says whether that worked. The setup runs again only before a
 step that follows one that did not end that way (the first step, an exception, a
-recovery). Feeding the prelude on every
+recovery). A step whose code names none of those names, in a session that never fed
+``exec``, ``eval`` or ``global``, is fed without the suffix: in Monty (no ``globals()``,
+no wildcard import, ``locals()`` a copy) such code cannot rebind them, so the restore
+would be a no-op that Monty keeps the source of (``may_rebind``). Feeding the prelude on every
 step, as this kernel used to, cost two more round trips per step and grew the
 session by the prelude's size every step: Monty keeps the source of every feed
 (measured with pydantic-monty 1.4: ~20 KB per step with the library's prelude, so
@@ -182,6 +185,15 @@ def restore_function(names: Sequence[str]) -> str:
 RESTORE_SUFFIX: Final = (
     f"\ntry: {RESTORED_FLAG} = {RESTORE_FUNCTION}()\nexcept: {RESTORED_FLAG} = False\n{RESTORED_FLAG} is True\n"
 )
+# Code that may rebind a global it does not name, now or in a later step (a function it defines): once a
+# session was fed any of these, every step of it is fed with the restore suffix.
+REBINDS_UNNAMED: Final = ("exec", "eval", "global")
+
+
+def may_rebind(code: str, names: Sequence[str]) -> bool:
+    """Whether ``code`` may rebind one of ``names`` (or the kernel's own ``_rlm_`` names) itself: it names one,
+    or it can bind names it does not spell out (``REBINDS_UNNAMED``). Textual, so it errs on yes."""
+    return "_rlm_" in code or any(word in code for word in REBINDS_UNNAMED) or any(name in code for name in names)
 
 
 @dataclass(frozen=True)
@@ -271,6 +283,8 @@ class MontyKernel:
         self._bridge_by_function: dict[str, str] = {}
         self._setup_code = ""  # bridges, prelude, then the tuple of the names they bound
         self._restore = ""  # appended to each step's code; "" when the setup must run before every step
+        self._restored_names: tuple[str, ...] = ()  # what the restore assigns back (the bridge's, the prelude's)
+        self._unnamed_rebinds = False  # the session was fed code that may rebind names it does not name
         self._names_fresh = False  # the setup's names are bound as the setup left them
         self._last_good_fresh = False  # ... in the state of ``_last_good``
         self._external_modules: dict[str, ExternalModule] = {}
@@ -316,6 +330,7 @@ class MontyKernel:
         checkpoint = self._verified(*latest)
         self._chain_tip = None  # the next record starts a chain of this process's own
         self._setup(bridge, prelude)
+        self._unnamed_rebinds = True  # what the earlier process's steps were fed is not known here
         self._seq = checkpoint.seq
         if checkpoint.kind == "session":
             self._checkout()
@@ -374,7 +389,8 @@ class MontyKernel:
             self._run_setup(out, state)
         state.record_pending = self._record_pending
         before = state.suspensions
-        outcome = self._run_feed(code + self._restore, out, state)
+        suffix = self._suffix_for(code)
+        outcome = self._run_feed(code + suffix, out, state)
         if outcome.code == "killed" and state.suspensions == before:
             # The worker died before the code made any host call (e.g. between steps): nothing outside
             # the sandbox saw this step, so it runs again, once, on a fresh worker from the last good state.
@@ -382,13 +398,26 @@ class MontyKernel:
             self._rollback()
             if not self._names_fresh:
                 self._run_setup(out, state)
-            outcome = self._run_feed(code + self._restore, out, state)
-        if outcome.code == "syntax" and self._restore:
+            suffix = self._suffix_for(code)
+            outcome = self._run_feed(code + suffix, out, state)
+        if outcome.code == "syntax" and suffix:
             # Nothing ran. The model gets the message of its own code, not of the code with the suffix
             # (a last line ending in a backslash joins the suffix): the code alone is fed.
             outcome = self._run_feed(code, out, state)
-        self._names_fresh = bool(self._restore) and outcome.ok and outcome.value is True
+        if suffix:
+            self._names_fresh = outcome.ok and outcome.value is True
+        elif not self._restore:
+            self._names_fresh = False  # nothing restores them: the setup runs before every step
+        # else the code could not rebind them: they are as fresh as before it (a rollback below says otherwise)
         return self._finish_step(outcome, out, started)
+
+    def _suffix_for(self, code: str) -> str:
+        """The restore suffix, or "" for code that cannot rebind what it restores while those names are fresh."""
+        if any(word in code for word in REBINDS_UNNAMED):
+            self._unnamed_rebinds = True  # a function it defines may rebind them in a later step
+        if self._names_fresh and not self._unnamed_rebinds and not may_rebind(code, self._restored_names):
+            return ""
+        return self._restore
 
     def _run_setup(self, out: CappedOutput, state: _StepState) -> None:
         """Bind the bridges and the prelude. Its failure is not the step's: the step's code still runs."""
@@ -567,10 +596,13 @@ class MontyKernel:
         names = bound_names(prelude)
         self._setup_code = rebind + prelude
         self._restore = ""
+        self._restored_names = ()
+        self._unnamed_rebinds = any(word in prelude for word in REBINDS_UNNAMED)
         if names is not None and (bridge or names):
             every = list(dict.fromkeys([*bridge, *names]))
             self._setup_code += restore_function(every)
             self._restore = RESTORE_SUFFIX
+            self._restored_names = tuple(every)
         self._names_fresh = False
         self._mounts = [MountDir(host_path=host, virtual_path=virtual, mode="read-only") for host, virtual in self._mount_specs]
         if self._pool is None:

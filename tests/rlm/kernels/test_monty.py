@@ -16,7 +16,7 @@ import pytest
 
 from rlmfamily.kernels.base import KernelLimits
 from rlmfamily.kernels.checkpoints import Checkpoint, FileCheckpointStore
-from rlmfamily.kernels.monty import MontyKernel
+from rlmfamily.kernels.monty import RESTORE_SUFFIX, MontyKernel
 
 from ..holds import DEADLINE_SLACK_S, POLL_LIMIT_S, Hold, wait_until
 
@@ -133,6 +133,42 @@ def test_overwriting_the_prelude_context_does_not_break_the_next_step(kernel: Mo
 def test_replacing_the_kernels_own_restore_names_costs_nothing_but_a_fresh_setup(kernel: MontyKernel) -> None:
     run_ok(kernel, "_rlm_bound = 'gone'\n_rlm_restore = None\ncontext = None")
     assert run_ok(kernel, "print(context.read('a'))") == "text of a\n"
+
+
+def test_a_step_that_names_no_restored_name_is_fed_without_the_restore(kernel: MontyKernel) -> None:
+    """Monty keeps the source of every feed: the restore suffix grew every dump by its size, even after a step
+    that could not have touched what it restores."""
+    run_ok(kernel, "x = 0")
+    first = kernel.last_checkpoint
+    for _ in range(20):
+        run_ok(kernel, "x = 1")
+    assert first is not None and kernel.last_checkpoint is not None
+    grown = len(kernel.last_checkpoint.dump) - len(first.dump)
+    assert grown < 20 * len(RESTORE_SUFFIX), f"twenty steps of `x = 1` grew the session by {grown} bytes"
+    assert run_ok(kernel, "print(llm_query('after'), context)") == "answer to after <context /corpus>\n"
+
+
+def test_a_name_rebound_through_exec_is_restored_after_its_step(kernel: MontyKernel) -> None:
+    run_ok(kernel, "exec('llm' + '_query = None')")
+    assert run_ok(kernel, "print(llm_query('after'))") == "answer to after\n"
+
+
+def test_a_name_rebound_by_a_function_an_earlier_step_defined_is_restored_after_the_step_that_calls_it(
+        kernel: MontyKernel) -> None:
+    run_ok(kernel, "def spoil():\n    global llm_query\n    llm_query = None")
+    run_ok(kernel, "spoil()")  # names nothing the kernel restores: the function does
+    assert run_ok(kernel, "print(llm_query('after'))") == "answer to after\n"
+
+
+def test_a_recovered_session_restores_names_a_function_from_before_the_recovery_rebinds(tmp_path: Path) -> None:
+    store = FileCheckpointStore(tmp_path / "store")
+    with MontyKernel(store=store, session_id="run-5") as first:
+        first.start(make_bridge(), PRELUDE)
+        run_ok(first, "def spoil():\n    global llm_query\n    llm_query = None")
+    with MontyKernel(store=store, session_id="run-5") as second:
+        second.recover(make_bridge(), PRELUDE)
+        run_ok(second, "spoil()")
+        assert run_ok(second, "print(llm_query('after'))") == "answer to after\n"
 
 
 def test_the_prelude_is_fed_once_not_on_every_step(corpus: Path) -> None:
@@ -382,7 +418,7 @@ def test_a_kernel_process_killed_mid_step_resumes_from_the_last_checkpoint_in_a_
         f"""
         from rlmfamily.kernels.base import KernelLimits
         from rlmfamily.kernels.checkpoints import FileCheckpointStore
-        from rlmfamily.kernels.monty import MontyKernel
+        from rlmfamily.kernels.monty import RESTORE_SUFFIX, MontyKernel
         # `running` tells the test the step is under way; it must not leave a pending-call record
         # (that is another test), so the store keeps only the idle checkpoint of the first step.
         k = MontyKernel(KernelLimits(step_timeout_s=20), store=FileCheckpointStore({str(store_dir)!r}), session_id="run-1",
@@ -419,7 +455,7 @@ def test_a_pending_host_call_resumes_from_its_snapshot_in_another_process(tmp_pa
         f"""
         import os
         from rlmfamily.kernels.checkpoints import FileCheckpointStore
-        from rlmfamily.kernels.monty import MontyKernel
+        from rlmfamily.kernels.monty import RESTORE_SUFFIX, MontyKernel
         def ask(question):
             os._exit(17)
         k = MontyKernel(store=FileCheckpointStore({str(store_dir)!r}), session_id="run-2")
@@ -464,7 +500,7 @@ def test_a_pending_host_call_is_answered_by_the_bridge_when_no_result_is_recorde
         f"""
         import os
         from rlmfamily.kernels.checkpoints import FileCheckpointStore
-        from rlmfamily.kernels.monty import MontyKernel
+        from rlmfamily.kernels.monty import RESTORE_SUFFIX, MontyKernel
         k = MontyKernel(store=FileCheckpointStore({str(store_dir)!r}), session_id="run-3")
         k.start({{"ask": lambda q: os._exit(17)}}, "")
         k.execute("seen = [ask('q')]")
