@@ -23,7 +23,10 @@ over HTTP, streaming.
 
 The overhead per task is each one's time minus the model time it waited for (the
 scripted delays along its critical path), p50/p99; the ratio compares the hosted
-overhead with the bare library's. Then ``--concurrent`` tasks at once: the worker's
+overhead with the bare library's. Then where a hosted task's time went, stage by stage, from
+the customer's send to its final event: the stages between on the database clock (the
+admission's transaction start, the claim, the run's start and end, the finish), the first
+and last against the customer's wall clock (the same machine's). Then ``--concurrent`` tasks at once: the worker's
 resident memory (its process and its Monty worker processes) over its idle memory,
 per concurrent task.
 
@@ -51,6 +54,7 @@ import tempfile
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -299,8 +303,21 @@ def profile(url: str, files: dict[str, str], script: Path, tasks: int, *, show: 
 # --- the customer ------------------------------------------------------------------------------------------
 
 
-async def review(base_url: str, token: str, files: dict[str, str]) -> tuple[float, int, str]:
-    """One task through the a2a-sdk client, streaming: (seconds from send to the final event, findings, state)."""
+@dataclass(frozen=True)
+class Review:
+    """One hosted review as its customer saw it: the wall clock (``time.time``, the clock PostgreSQL's timestamps
+    read on this machine) when the request was sent and when the final event arrived."""
+
+    seconds: float  # from the send to the final event (monotonic)
+    findings: int
+    state: str
+    task_id: str
+    sent_at: float
+    final_at: float
+
+
+async def review(base_url: str, token: str, files: dict[str, str]) -> Review:
+    """One task through the a2a-sdk client, streaming."""
     import httpx
     from a2a.client import ClientConfig, ClientFactory
     from a2a.client.card_resolver import A2ACardResolver
@@ -312,15 +329,17 @@ async def review(base_url: str, token: str, files: dict[str, str]) -> tuple[floa
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=300) as http:
         card = await A2ACardResolver(http, f"{base_url}/specialists/reviewer").get_agent_card()
         client = ClientFactory(ClientConfig(httpx_client=http, streaming=True)).create(card)
-        findings, state = 0, "none"
-        started = time.perf_counter()
+        findings, state, task_id = 0, "none", ""
+        sent_at, started = time.time(), time.perf_counter()
         async for event in client.send_message(SendMessageRequest(message=message)):
             kind = event.WhichOneof("payload")
-            if kind == "artifact_update" and event.artifact_update.artifact.name == "findings":
+            if kind == "task":
+                task_id = event.task.id
+            elif kind == "artifact_update" and event.artifact_update.artifact.name == "findings":
                 findings = len(event.artifact_update.artifact.parts[0].data.list_value.values)
             elif kind == "status_update":
                 state = TaskState.Name(event.status_update.status.state)
-        return time.perf_counter() - started, findings, state
+        return Review(time.perf_counter() - started, findings, state, task_id, sent_at, time.time())
 
 
 def baseline(files: dict[str, str], script: Path, tasks: int) -> list[float]:
@@ -407,11 +426,12 @@ def main() -> None:
               f"({args.model_delay_s * 1000:.0f} ms a call); load average {os.getloadavg()[0]:.1f}")
 
         asyncio.run(review(base, token, files))  # warm-up: imports, Monty pool, connections
-        hosted = []
+        reviews = []
         for _ in range(args.tasks):
-            seconds, findings, state = asyncio.run(review(base, token, files))
-            assert state == "TASK_STATE_COMPLETED" and findings == math.ceil(args.files / DEFECT_EVERY), (state, findings)
-            hosted.append(seconds)
+            done = asyncio.run(review(base, token, files))
+            assert done.state == "TASK_STATE_COMPLETED" and done.findings == math.ceil(args.files / DEFECT_EVERY), done
+            reviews.append(done)
+        hosted = [done.seconds for done in reviews]
         bare = baseline(files, script, args.tasks)
 
         idle_kib = memory_kib(worker_pid)
@@ -427,7 +447,7 @@ def main() -> None:
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
 
-        async def burst() -> list[tuple[float, int, str]]:
+        async def burst() -> list[Review]:
             return await asyncio.gather(*(review(base, token, files) for _ in range(args.concurrent)))
 
         started = time.perf_counter()
@@ -435,21 +455,25 @@ def main() -> None:
         burst_s = time.perf_counter() - started
         sampling.set()
         sampler.join()
-        assert all(state == "TASK_STATE_COMPLETED" for _, _, state in concurrent)
+        assert all(done.state == "TASK_STATE_COMPLETED" for done in concurrent)
 
         with engine.connect() as conn:
             checkpoints = conn.execute(text("SELECT count(*), coalesce(avg(length(data)), 0) FROM specialist_checkpoints")).one()
             calls = conn.execute(text("SELECT count(*) FROM specialist_calls")).scalar_one()
-            # Where the time goes, on the database clock, for the one-at-a-time tasks.
-            stages = conn.execute(text(
-                "SELECT extract(epoch FROM c.first_claimed_at - e.admitted_at) AS to_claim, "
-                "extract(epoch FROM r.started_at - c.first_claimed_at) AS to_run, "
-                "extract(epoch FROM r.ended_at - r.started_at) AS run, "
-                "extract(epoch FROM c.finished_at - r.ended_at) AS to_finish "
+            # Where the time goes for the one-at-a-time tasks: the stages on the database clock, and the customer's
+            # send and final event against it (the same machine's clock).
+            points = {row.task_id: row._mapping for row in conn.execute(text(
+                "SELECT e.task_id, extract(epoch FROM e.admitted_at) AS admitted, "
+                "extract(epoch FROM c.first_claimed_at) AS claimed, extract(epoch FROM r.started_at) AS started, "
+                "extract(epoch FROM r.ended_at) AS ended, extract(epoch FROM c.finished_at) AS finished "
                 "FROM edge_tasks e JOIN dispatch_outbox o ON o.task_id = e.task_id "
                 f"JOIN job_claims c ON c.job_id = {job_id_sql('o')} "
-                "JOIN specialist_runs r ON r.job_id = c.job_id ORDER BY e.admitted_at LIMIT :n OFFSET 1"),
-                {"n": args.tasks}).all()
+                "JOIN specialist_runs r ON r.job_id = c.job_id WHERE e.task_id = ANY(:ids)"),
+                {"ids": [done.task_id for done in reviews]})}
+            stages = [(float(points[done.task_id]["admitted"]) - done.sent_at,
+                       *(float(points[done.task_id][later]) - float(points[done.task_id][earlier]) for earlier, later in
+                         (("admitted", "claimed"), ("claimed", "started"), ("started", "ended"), ("ended", "finished"))),
+                       done.final_at - float(points[done.task_id]["finished"])) for done in reviews]
         hosted_over = [t - model_s for t in hosted]
         bare_over = [t - model_s for t in bare]
         h50, h99 = percentiles(hosted)
@@ -463,11 +487,13 @@ def main() -> None:
         print(f"{'baseline: library overhead':<34} {bo50:8.0f} {bo99:8.0f}")
         print(f"\nhosted overhead / library overhead (p50): {o50 / max(bo50, 1e-9):.1f}x; "
               f"hosted overhead is {o50 / (h50 or 1) * 100:.0f}% of the task's time")
-        for label, index in (("admission -> claim", 0), ("claim -> run starts (message, journal, plan)", 1),
-                             ("the run (Session, Monty, journal, checkpoints, model time)", 2),
-                             ("run ends -> finished and settled", 3)):
+        for label, index in (("the customer sends -> admitted (the edge's transaction starts)", 0),
+                             ("admission -> claim", 1), ("claim -> run starts (message, journal, plan)", 2),
+                             ("the run (Session, Monty, journal, checkpoints, model time)", 3),
+                             ("run ends -> finished and settled", 4),
+                             ("finished -> the customer has the final event", 5)):
             p50, p99 = percentiles([float(row[index]) for row in stages])
-            print(f"  {label:<58} p50 {p50:6.0f} ms  p99 {p99:6.0f} ms")
+            print(f"  {label:<64} p50 {p50:6.0f} ms  p99 {p99:6.0f} ms")
         print(f"{args.concurrent} tasks at once: {burst_s:.2f} s wall; the worker's process tree, idle and peak:")
         for kind in MEMORY_KINDS:
             print(f"  {kind.upper()} idle {idle_kib[kind] / 1024:.0f} MiB, peak {peak_kib[kind] / 1024:.0f} MiB: "
