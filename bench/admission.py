@@ -24,6 +24,10 @@ is not the bottleneck) sending ``POST /message:send`` with ``returnImmediately``
             decode it, on the same two cores). Each round measures edge and edge+otel one
             after the other, in alternating order, so drift on a shared machine favours neither.
 
+CPU per admission: each closed-loop run's server process (the edge's, the baseline's), and for the edge the
+PostgreSQL backends of its pool beside it (read from /proc, as bench/dispatch.py reads them): on one machine
+the database's CPU comes out of the same cores as the edge's, which the bare SDK's does not have to share.
+
 A benchmark is not a test: it prints figures and the ratio and never fails on speed.
 Target (issue 3): edge throughput >= 40% of the baseline's, edge p99 < 100 ms.
 Target (issue 25): edge+otel throughput within 5% of the edge's, in the same run.
@@ -44,7 +48,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -329,11 +333,26 @@ def cpu_s(process: Role) -> float:
     return times.user + times.system
 
 
+def backends_cpu(url: str) -> Callable[[], float]:
+    """CPU seconds used so far by the PostgreSQL backends connected to ``url``'s database (the edge's pool: its
+    connections live through a run), read as ``bench.dispatch.backends_cpu_s`` reads them."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
+    from bench.dispatch import backends_cpu_s
+    from core.db import sqlalchemy_url
+
+    engine = create_engine(sqlalchemy_url(url), poolclass=NullPool)
+    return lambda: backends_cpu_s(engine)
+
+
 def measure(name: str, url: str, keys: list[str], seconds: float, warmup_s: float, rate_per_s: float = 0.0,
-            watched: dict[str, Role] | None = None) -> dict:
-    """One run of the load; the CPU each ``watched`` process used during it (warm-up included) is in ``cpu_s``."""
-    watched = watched or {}
-    cpu_before = {label: cpu_s(process) for label, process in watched.items()}
+            watched: dict[str, Role | Callable[[], float]] | None = None) -> dict:
+    """One run of the load; the CPU each ``watched`` process (or reading of CPU seconds) used during it (warm-up
+    included) is in ``cpu_s``."""
+    readings = {label: watched_ if callable(watched_) else (lambda process=watched_: cpu_s(process))
+                for label, watched_ in (watched or {}).items()}
+    cpu_before = {label: read() for label, read in readings.items()}
     per_process = [keys[i::LOAD_PROCESSES] for i in range(LOAD_PROCESSES)]
     process_rate = rate_per_s / LOAD_PROCESSES
     # The load generators are clients run to completion (not roles, ops/topology.py); the roles under load are.
@@ -365,7 +384,7 @@ def measure(name: str, url: str, keys: list[str], seconds: float, warmup_s: floa
         "p99_ms": 1000 * latencies[min(count - 1, int(count * 0.99))] if latencies else float("nan"),
         "errors": errors,
         "answered": answered,
-        "cpu_s": {label: cpu_s(process) - cpu_before[label] for label, process in watched.items()},
+        "cpu_s": {label: read() - cpu_before[label] for label, read in readings.items()},
     }
 
 
@@ -539,9 +558,12 @@ def main() -> None:
     counts: dict = {}
     base_url = f"http://127.0.0.1:{base_port}/bench/message:send"
 
+    postgres_cpu = backends_cpu(url)
+
     def run_edge(name: str, rate_per_s: float = 0.0) -> dict:
         process, send_url = servers[name]
-        watched = {"server": process, **({"receiver": receiver} if name == "edge+otel" else {})}
+        watched = {"server": process, "postgres": postgres_cpu,
+                   **({"receiver": receiver} if name == "edge+otel" else {})}
         profiler = None
         if args.profile and name == "edge" and not rate_per_s:
             # A sampling profile of the edge over its closed-loop runs (py-spy, --nonblocking: the edge is not paused).
@@ -561,7 +583,8 @@ def main() -> None:
         for process in [server for server, _ in servers.values()] + [baseline] + ([receiver] if receiver else []):
             process.wait_ready()
         for round_no in range(args.rounds):
-            results.append(measure("baseline", base_url, [""] * args.clients, args.seconds, args.warmup))
+            results.append(measure("baseline", base_url, [""] * args.clients, args.seconds, args.warmup,
+                                   watched={"server": baseline}))
             # Alternate which edge goes first, so a machine that drifts within a round favours neither.
             names = list(servers) if round_no % 2 == 0 else list(reversed(servers))
             results += [run_edge(name) for name in names]
@@ -598,6 +621,11 @@ def main() -> None:
         f"\nedge / baseline throughput (best closed-loop runs): {ratio:.0%} (target >= 40%); edge p99 "
         f"{best['edge']['p99_ms']:.1f} ms saturated, {paced['p99_ms']:.1f} ms at {paced_rate:.0f}/s (target < 100 ms)"
     )
+    closed = [r for r in results if r["name"] in ("edge", "baseline")]
+    print("CPU per admission in the closed-loop runs (ms, warm-up included; load-independent, unlike admissions/s): "
+          + ", ".join(f"{r['name']} {_cpu_ms(r, 'server'):.2f}"
+                      + (f" + its PostgreSQL {_cpu_ms(r, 'postgres'):.2f}" if "postgres" in r["cpu_s"] else "")
+                      for r in closed))
     if args.telemetry:
         report_telemetry(results, paced_rate, counts)
 
