@@ -471,7 +471,9 @@ class ProcessJobs:
     """Each job in a one-use process, forked from the forkserver, which holds the runners prepared once
     (``workers.job_template``). The next one is forked while the current one starts (``_spare``): a job's start
     sends its job to a process already waiting, and the fork is off the delivery's path. Two jobs at once: the
-    second forks its own."""
+    second forks its own, and does not fork another ahead while the first one's is being forked (issue 44: it
+    did, and one of the two was let go unused: a fork and an exit of a whole job process, for about one job in
+    six of a busy worker)."""
 
     isolation: JobIsolation = "process"
 
@@ -486,6 +488,8 @@ class ProcessJobs:
         self._offered = pickle.dumps((self._key, build, recipe, logging.getLogger().getEffectiveLevel()))
         self._spare_lock = threading.Lock()
         self._closed = False
+        self._forking_ahead = False  # a process is being forked ahead of the next job (``_replenish``)
+        self.forked = 0  # processes forked so far: each ran a job, or waits for one (``waiting_pid``), or was let go
         self.customers = CustomerJobs()  # each customer's running jobs, told their count (the nice mode's share)
         # At start-up, not on the first job: the forkserver imports PRELOAD and prepares the runners (seconds on a
         # loaded machine), and the first process forked from it waits for that. A forkserver already running (an
@@ -523,6 +527,8 @@ class ProcessJobs:
         finally:
             writer.close()
             control_reader.close()
+        with self._spare_lock:
+            self.forked += 1
         return _Spare(process, control, reader)
 
     @property
@@ -540,17 +546,30 @@ class ProcessJobs:
             spare.discard()
         return self._fork()
 
+    def _fork_ahead(self) -> None:
+        """Fork the next job's process in a thread of its own, unless one waits already, or is being forked: that
+        one is the next job's (a job that came meanwhile forked its own, and may find it ready when it is done)."""
+        with self._spare_lock:
+            if self._forking_ahead or self._spare is not None or self._closed:
+                return
+            self._forking_ahead = True
+        threading.Thread(target=self._replenish, name="job-spare", daemon=True).start()
+
     def _replenish(self) -> None:
         try:
             spare = self._fork()
         except Exception as exc:  # the next job forks its own, and says so if it cannot
+            with self._spare_lock:
+                self._forking_ahead = False
             log.warning("could not fork the next job's process ahead of its job (%s)", type(exc).__name__)
             return
         with self._spare_lock:
-            if self._spare is None and not self._closed:
+            self._forking_ahead = False
+            if not self._closed:
+                assert self._spare is None, "two processes forked ahead of the next job (one at a time: _fork_ahead)"
                 self._spare = spare
                 return
-        spare.discard()
+        spare.discard()  # the worker is stopping: this one goes unused
 
     def start(self, job: VerifiedJob, fencing_token: int, deadline_at: float, reported: Reported,
               ended: Ended) -> RunningJob:
@@ -560,7 +579,7 @@ class ProcessJobs:
         except BaseException:
             spare.discard()
             raise
-        threading.Thread(target=self._replenish, name="job-spare", daemon=True).start()
+        self._fork_ahead()
         running = _ProcessJob(spare.process, spare.control)
         self.customers.started(customer_of(job.payload), running)
         threading.Thread(target=self._watch, args=(job, running, spare.reader, reported, ended),
