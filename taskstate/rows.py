@@ -32,6 +32,7 @@ does not hold. The per-owner counts (``task_counts``) are kept by triggers on
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -41,7 +42,7 @@ from a2a.server.models import TaskEventModel, TaskModel, TaskVersionModel
 from a2a.types.a2a_pb2 import Message, Task, TaskArtifactUpdateEvent, TaskStatusUpdateEvent
 from a2a.utils.proto_utils import to_stream_response
 from google.protobuf.json_format import MessageToDict, ParseDict
-from sqlalchemy import Connection, and_, select, text
+from sqlalchemy import Connection, Select, TextClause, and_, bindparam, select, text
 
 from core.fragments import Fragment, compose
 from taskstate.pages import Page, page_of
@@ -181,20 +182,29 @@ def load_if_in(conn: Connection, task_id: str, owner: str, states: list[str]) ->
     return None if row is None else (task_from_row(row), int(row.version))
 
 
+def _lock_statement(with_artifacts: bool) -> Select[Any]:
+    columns = [VERSIONS.c.version, TASKS.c.id, TASKS.c.context_id, TASKS.c.status, TASKS.c.metadata]
+    if with_artifacts:
+        columns.append(TASKS.c.artifacts)
+    task_id, owner = bindparam("task_id"), bindparam("owner")
+    return (
+        select(*columns)
+        .select_from(VERSIONS.join(TASKS, TASKS.c.id == VERSIONS.c.task_id))
+        .where(and_(VERSIONS.c.task_id == task_id, VERSIONS.c.owner == owner, TASKS.c.owner == owner))
+        .with_for_update(of=[VERSIONS, TASKS])
+    )
+
+
+# Built once: a job's finish locks its task, and building the select each time cost as much as running it (issue 44).
+_LOCK = {with_artifacts: _lock_statement(with_artifacts) for with_artifacts in (False, True)}
+
+
 def lock(conn: Connection, task_id: str, owner: str, *, with_artifacts: bool = False) -> Locked | None:
     """The owner's task, both rows locked until the transaction ends, read without its history (``Locked``);
     its artifacts only ``with_artifacts`` (an artifact event, or a caller that answers with the task).
     None if not theirs. One statement (issue 44: it was two); its rows are locked in the order ``FOR UPDATE OF``
     names them, the version row before the task row, as the SDK's store locks them."""
-    columns = [VERSIONS.c.version, TASKS.c.id, TASKS.c.context_id, TASKS.c.status, TASKS.c.metadata]
-    if with_artifacts:
-        columns.append(TASKS.c.artifacts)
-    row = conn.execute(
-        select(*columns)
-        .select_from(VERSIONS.join(TASKS, TASKS.c.id == VERSIONS.c.task_id))
-        .where(and_(VERSIONS.c.task_id == task_id, VERSIONS.c.owner == owner, TASKS.c.owner == owner))
-        .with_for_update(of=[VERSIONS, TASKS])
-    ).one_or_none()
+    row = conn.execute(_LOCK[with_artifacts], {"task_id": task_id, "owner": owner}).one_or_none()
     if row is None:
         return None
     version = row.version
@@ -250,8 +260,8 @@ def write_event(conn: Connection, locked: Locked, event: Event, *, returning_his
         ctes.insert(0, "task AS (SELECT history FROM tasks WHERE id = :task_id)")
     returned = "(SELECT history FROM task)" if returning_history else "NULL"
     pushed = pushed_sql or "false"
-    written = conn.execute(text(f"WITH {', '.join(ctes)} SELECT {returned} AS history, {pushed} AS pushed"),
-                           params).one()
+    statement = _event_clause(f"WITH {', '.join(ctes)} SELECT {returned} AS history, {pushed} AS pushed")
+    written = conn.execute(statement, params).one()
     history = written.history
     locked.pushed = bool(written.pushed)
     if returning_history:
@@ -260,6 +270,17 @@ def write_event(conn: Connection, locked: Locked, event: Event, *, returning_his
             ParseDict(message, task.history.add())
     locked.version = new_version
     return new_version
+
+
+# The forms of ``write_event``'s statement: which of four columns it sets, whether it returns the history, and its
+# push condition or none.
+EVENT_STATEMENTS = 64
+
+
+@functools.lru_cache(maxsize=EVENT_STATEMENTS)
+def _event_clause(sql: str) -> TextClause:
+    """``write_event``'s statement, parsed once per form (which columns changed, history, push condition)."""
+    return text(sql)
 
 
 def _changed_columns(locked: Locked) -> dict[str, Any]:
