@@ -8,6 +8,7 @@ processes. Set, it names the server to use (Cloud SQL in production).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import select
@@ -20,10 +21,12 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
-from sqlalchemy import Engine, create_engine, event, text
+from psycopg.rows import dict_row
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.exc import DBAPIError, InvalidatePoolError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
+from sqlalchemy.sql import ClauseElement
 
 from core import telemetry
 from core.errors import ServiceError
@@ -228,6 +231,43 @@ def compiled_for_psycopg(statement: Any) -> str:
     from sqlalchemy.dialects import postgresql
 
     return str(statement.compile(dialect=postgresql.psycopg.dialect()))
+
+
+# The statements ``hot_rows`` runs, each in psycopg's form once: a job's claim, finish, task lock, task event and
+# notification (the task event's in each of its forms, ``taskstate.rows.EVENT_STATEMENTS``), and room to spare.
+HOT_STATEMENTS = 128
+
+
+@functools.lru_cache(maxsize=HOT_STATEMENTS)
+def _psycopg_form(statement: ClauseElement) -> str:
+    return compiled_for_psycopg(statement)
+
+
+def hot_rows(conn: Connection, statement: ClauseElement, params: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """A hot statement's rows, as mappings, run on ``conn``'s psycopg connection itself: ``driver_rows`` for a
+    synchronous caller, a worker's job (issue 44: SQLAlchemy's execution, its context, parameters and result
+    metadata, was a fifth to a third of the CPU of each of its five statements). The pool, the connection's
+    autocommit and its transaction stay SQLAlchemy's; a connection neither in autocommit nor in a transaction goes
+    through SQLAlchemy, whose autobegin its commit must see.
+    ``statement`` is a module's constant (its psycopg form is kept, by identity). While anything listens to the
+    engine's statements (telemetry's statement spans, a test's hook: ``before_cursor_execute``,
+    ``after_cursor_execute``) they run through SQLAlchemy, so that every one is seen. A failure is SQLAlchemy's as
+    ``conn.execute`` would raise it (``connection_invalidated`` when the connection broke, which is discarded)."""
+    driver = conn.connection.driver_connection
+    watched = conn.dispatch.before_cursor_execute or conn.dispatch.after_cursor_execute
+    if (watched or not isinstance(driver, psycopg.Connection)  # psycopg's async connection, under run_sync
+            or not (driver.autocommit or conn.in_transaction())):  # SQLAlchemy's autobegin: its commit must see it
+        return list(conn.execute(statement, params).mappings())
+    sql = _psycopg_form(statement)
+    try:
+        with driver.cursor(row_factory=dict_row) as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchall() if cursor.description is not None else []
+    except psycopg.Error as failed:
+        broken = driver.broken
+        if broken:
+            conn.invalidate(failed)
+        raise DBAPIError.instance(sql, params, failed, psycopg.Error, connection_invalidated=broken) from failed
 
 
 def alembic_config(url: str):

@@ -25,6 +25,8 @@ from typing import Any
 
 from sqlalchemy import Connection, CursorResult, TextClause, text
 
+from core import db
+
 _SLOT = re.compile(r"\{(\w+)\}")
 
 
@@ -106,6 +108,11 @@ class Statement:
     def execute(self, conn: Connection, params: Mapping[str, Any]) -> CursorResult[Any]:
         self.check(params)
         return conn.execute(self.clause, dict(params))
+
+    def rows(self, conn: Connection, params: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+        """A hot statement's rows, as mappings, on the connection's driver (``core.db.hot_rows``)."""
+        self.check(params)
+        return db.hot_rows(conn, self.clause, params)
 
 
 COMPOSED: dict[str, Statement] = {}

@@ -208,8 +208,8 @@ def claim_first(conn: Connection, job_id: str, *, worker_id: str, lease_s: float
     if ref is None:
         row = conn.execute(_RAW_FIRST_CLAIM, params).mappings().first()
     else:
-        row = _TASK_FIRST_CLAIM.execute(conn, {**params, **outbox.message_params(ref), "task_id": ref.task_id}
-                                        ).mappings().first()
+        found = _TASK_FIRST_CLAIM.rows(conn, {**params, **outbox.message_params(ref), "task_id": ref.task_id})
+        row = found[0] if found else None
     return None if row is None else _claim_result(row)
 
 

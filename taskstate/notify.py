@@ -26,6 +26,8 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from core import db
+
 log = logging.getLogger(__name__)
 
 TASK_EVENTS = "edge_task_events"
@@ -176,10 +178,10 @@ def task_event_now(autocommit_engine: Engine, task_id: str, *, push: bool = Fals
     """From synchronous code (a worker, a dispatcher, an operator's command), after its commit: wake the task's
     streams on every instance, and with ``push`` the push deliverers, in one statement. Best effort: they also poll."""
     try:
-        with autocommit_engine.connect() as conn:
+        with autocommit_engine.connect() as conn:  # every job's: on the driver (core.db.hot_rows)
             if push:
-                conn.execute(_NOTIFY, {"channels": [TASK_EVENTS, PUSH], "payloads": [task_id, ""]})
+                db.hot_rows(conn, _NOTIFY, {"channels": [TASK_EVENTS, PUSH], "payloads": [task_id, ""]})
             else:
-                conn.execute(_NOTIFY_ONE, {"channel": TASK_EVENTS, "payload": task_id})
+                db.hot_rows(conn, _NOTIFY_ONE, {"channel": TASK_EVENTS, "payload": task_id})
     except Exception as exc:
         log.debug("could not notify task %s (%s); streams will poll", task_id, type(exc).__name__)

@@ -44,6 +44,7 @@ from a2a.utils.proto_utils import to_stream_response
 from google.protobuf.json_format import MessageToDict, ParseDict
 from sqlalchemy import Connection, Select, TextClause, and_, bindparam, select, text
 
+from core import db
 from core.fragments import Fragment, compose
 from taskstate.pages import Page, page_of
 
@@ -204,20 +205,21 @@ def lock(conn: Connection, task_id: str, owner: str, *, with_artifacts: bool = F
     its artifacts only ``with_artifacts`` (an artifact event, or a caller that answers with the task).
     None if not theirs. One statement (issue 44: it was two); its rows are locked in the order ``FOR UPDATE OF``
     names them, the version row before the task row, as the SDK's store locks them."""
-    row = conn.execute(_LOCK[with_artifacts], {"task_id": task_id, "owner": owner}).one_or_none()
-    if row is None:
+    found = db.hot_rows(conn, _LOCK[with_artifacts], {"task_id": task_id, "owner": owner})
+    if not found:
         return None
-    version = row.version
-    task = Task(id=row.id, context_id=row.context_id)
-    if row.status:
-        ParseDict(row.status, task.status)
-    if row.metadata:
-        task.metadata.update(row.metadata)
-    stored = {"status": row.status, "metadata": row.metadata or None}
+    [row] = found
+    version = row["version"]
+    task = Task(id=row["id"], context_id=row["context_id"])
+    if row["status"]:
+        ParseDict(row["status"], task.status)
+    if row["metadata"]:
+        task.metadata.update(row["metadata"])
+    stored = {"status": row["status"], "metadata": row["metadata"] or None}
     if with_artifacts:
-        for artifact in row.artifacts or []:
+        for artifact in row["artifacts"] or []:
             ParseDict(artifact, task.artifacts.add())
-        stored["artifacts"] = row.artifacts or []
+        stored["artifacts"] = row["artifacts"] or []
     return Locked(task=task, version=int(version), owner=owner, stored=stored)
 
 
@@ -261,9 +263,9 @@ def write_event(conn: Connection, locked: Locked, event: Event, *, returning_his
     returned = "(SELECT history FROM task)" if returning_history else "NULL"
     pushed = pushed_sql or "false"
     statement = _event_clause(f"WITH {', '.join(ctes)} SELECT {returned} AS history, {pushed} AS pushed")
-    written = conn.execute(statement, params).one()
-    history = written.history
-    locked.pushed = bool(written.pushed)
+    [written] = db.hot_rows(conn, statement, params)
+    history = written["history"]
+    locked.pushed = bool(written["pushed"])
     if returning_history:
         del task.history[:]
         for message in history or []:

@@ -140,11 +140,12 @@ class TaskSettlement:
                                  detail=outcome.as_record(), worker_id=worker_id)
         params = claims.finish_params(job.job_id, fencing_token=fencing_token, outcome=outcome.state,
                                       detail=outcome.as_record(), worker_id=worker_id)
-        row = self._finish_job.execute(conn, {**params, "dispatch_id": ref.dispatch_id, "task_id": ref.task_id}).one()
-        result = claims.FinishResult(row.outcome, row.state)
+        [row] = self._finish_job.rows(conn, {**params, "dispatch_id": ref.dispatch_id, "task_id": ref.task_id})
+        result = claims.FinishResult(row["outcome"], row["state"])
         if result.outcome == "finished":
-            hold = None if row.reserved_credits is None else admitted.Hold(row.reservation_id, int(row.reserved_credits))
-            usage = None if self.usage is None else self.usage.usage_of(row.usage, outcome)
+            hold = (None if row["reserved_credits"] is None
+                    else admitted.Hold(row["reservation_id"], int(row["reserved_credits"])))
+            usage = None if self.usage is None else self.usage.usage_of(row["usage"], outcome)
             self._settle(conn, job, ref, fencing_token, outcome, hold, usage)
         return result
 

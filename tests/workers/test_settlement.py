@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime, timezone
 
 from a2a.types.a2a_pb2 import Task, TaskState, TaskStatus
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from core.settings import Settings
 from ledger.client import Ledger
-from taskstate import outbox, rows
+from taskstate import claims, outbox, rows
 from taskstate.ids import TaskRef
 from taskstate.updates import TaskEvents
+from workers.auth import VerifiedJob
+from workers.finish import ClaimFinisher
+from workers.runs import RunOutcome
 from workers.settlement import TaskSettlement
 
 MAX_REASON_CHARS = 50
@@ -67,3 +71,67 @@ def test_a_job_found_unknown_has_its_outbox_row_closed_so_no_sweep_reads_it_agai
                               {"d": dispatch_id}).one()
     assert closed.status == "done" and closed.finished_at is not None
     assert ledger.reservation(ref.task_id).state == "unknown"
+
+
+# What a job's claim, finish and notification send, recognised in the statement's text.
+HOT = {"claim": "job_claim_first(", "task lock": "FOR UPDATE OF", "task event": "INSERT INTO task_events",
+       "notification": "pg_notify("}
+
+
+def _dispatched(engine, ledger: Ledger) -> VerifiedJob:
+    """A task's job as a worker holds it: admitted with a reservation, its outbox row sent."""
+    ref = admitted_task(engine, ledger, credits=2)
+    with engine.begin() as conn:
+        outbox.enqueue(conn, task_id=ref.task_id, specialist_id="drill", executor="drill", owner="owner",
+                       context_id=ref.context_id, message=b"")
+        dispatch_id = outbox.open_dispatch_ids(conn, ref.task_id, "owner")[0]
+        outbox.mark_sent(conn, outbox.row_of_job(conn, f"{ref.task_id}.{dispatch_id}"))
+    ref = TaskRef(ref.task_id, dispatch_id, ref.owner, ref.context_id)
+    payload = {"t": ref.task_id, "d": dispatch_id, "o": ref.owner, "x": ref.context_id}
+    return VerifiedJob(ref.job_id, "drill", 30.0, payload, datetime.now(timezone.utc), "test")
+
+
+def _run_job(engine, job: VerifiedJob) -> None:
+    """The claim, run and finish of ``job`` as the worker does them, on ``engine``."""
+    with engine.execution_options(isolation_level="AUTOCOMMIT").connect() as conn:
+        claim = claims.claim_first(conn, job.job_id, worker_id="w-test", lease_s=30,
+                                   ref=TaskRef.of_payload(job.payload))
+    assert claim is not None and claim.outcome == "claimed"
+    finisher = ClaimFinisher(engine, worker_id="w-test", settlement=TaskSettlement(TaskEvents(engine), operator="t"))
+    assert finisher.finish(job, claim.fencing_token, RunOutcome("completed", "done")).outcome == "finished"
+
+
+def test_a_jobs_hot_statements_skip_sqlalchemys_execution_unless_something_watches_the_statements(engine):
+    """Issue 44: SQLAlchemy's execution (its context, parameters and result metadata) was a fifth to a third of
+    the worker's CPU for each of a job's statements. Its claim, task lock, task event and notification run on the
+    connection's driver (``core.db.hot_rows``), and the job is recorded all the same; while a hook watches the
+    statements (telemetry's spans, a test's), every one of them goes through SQLAlchemy and is seen."""
+    ledger = Ledger(engine)
+    executed: list[str] = []
+    seen: list[str] = []
+
+    def through_sqlalchemy(conn, clause, *args) -> None:  # noqa: ANN001
+        executed.append(str(clause))
+
+    def at_the_cursor(conn, cursor, statement, *args) -> None:  # noqa: ANN001
+        seen.append(statement)
+
+    unwatched, watched = _dispatched(engine, ledger), _dispatched(engine, ledger)
+    event.listen(engine, "before_execute", through_sqlalchemy)  # not a statement hook: the driver's path stays
+    try:
+        _run_job(engine, unwatched)
+        assert {name for name, text_ in HOT.items() if any(text_ in sql for sql in executed)} == set()
+        event.listen(engine, "after_cursor_execute", at_the_cursor)
+        try:
+            _run_job(engine, watched)
+        finally:
+            event.remove(engine, "after_cursor_execute", at_the_cursor)
+    finally:
+        event.remove(engine, "before_execute", through_sqlalchemy)
+    assert {name for name, text_ in HOT.items() if any(text_ in sql for sql in seen)} == set(HOT)
+    for job in (unwatched, watched):
+        ref = TaskRef.of_payload(job.payload)
+        assert ledger.reservation(ref.task_id).state == "settled"
+        with engine.connect() as conn:
+            assert claims.get(conn, job.job_id)["outcome"] == "completed"
+            assert rows.read(conn, ref.task_id, "owner").status.state == TaskState.TASK_STATE_COMPLETED
