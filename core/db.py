@@ -257,7 +257,8 @@ def hot_rows(conn: Connection, statement: ClauseElement, params: Mapping[str, An
     watched = conn.dispatch.before_cursor_execute or conn.dispatch.after_cursor_execute
     if (watched or not isinstance(driver, psycopg.Connection)  # psycopg's async connection, under run_sync
             or not (driver.autocommit or conn.in_transaction())):  # SQLAlchemy's autobegin: its commit must see it
-        return list(conn.execute(statement, params).mappings())
+        result = conn.execute(statement, params)
+        return list(result.mappings()) if result.returns_rows else []
     sql = _psycopg_form(statement)
     try:
         with driver.cursor(row_factory=dict_row) as cursor:

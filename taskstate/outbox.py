@@ -39,13 +39,14 @@ a claim that comes second waits for the prune and then finds no row.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import Connection, text
 
-from core import telemetry
+from core import db, telemetry
 from core.fragments import Fragment
 from taskstate import ids
 
@@ -170,12 +171,12 @@ class OutboxRow:
         return ids.TaskRef(self.task_id, self.dispatch_id, self.owner, self.context_id)
 
 
-def _rows(result) -> list[OutboxRow]:  # type: ignore[no-untyped-def]
+def _rows(result: Iterable[Mapping[str, Any]]) -> list[OutboxRow]:
     """Taken or locked rows in the fair order (least share first): each counts the attempt about to be made."""
-    ordered = sorted(result, key=lambda r: (r.share, r.turn_before is not None, r.turn_before or r.due_at, r.due_at,
-                                            r.dispatch_id))
-    rows = [OutboxRow(r.dispatch_id, r.task_id, r.specialist_id, r.owner, r.context_id, r.attempts, r.trace_parent,
-                      r.due_at, r.turn_before, r.taken_at)
+    ordered = sorted(result, key=lambda r: (r["share"], r["turn_before"] is not None, r["turn_before"] or r["due_at"],
+                                            r["due_at"], r["dispatch_id"]))
+    rows = [OutboxRow(r["dispatch_id"], r["task_id"], r["specialist_id"], r["owner"], r["context_id"], r["attempts"],
+                      r["trace_parent"], r["due_at"], r["turn_before"], r["taken_at"])
             for r in ordered]
     assert all(row.attempts >= 1 for row in rows), rows
     return rows
@@ -207,7 +208,8 @@ ANY_SPECIALIST = FairOrder()
 def take(conn: Connection, *, limit: int, lease_s: float, me: str,
          order: FairOrder = ANY_SPECIALIST) -> list[OutboxRow]:
     """Embedded: take up to ``limit`` due rows in the fair order, for ``lease_s`` (commit right after)."""
-    taken = _rows(conn.execute(_TAKE, {**order.params(limit), "lease_s": lease_s, "me": me[:MAX_TAKEN_BY_CHARS]}))
+    # Every round of the embedded dispatcher's: on the driver (core.db.hot_rows).
+    taken = _rows(db.hot_rows(conn, _TAKE, {**order.params(limit), "lease_s": lease_s, "me": me[:MAX_TAKEN_BY_CHARS]}))
     assert len(taken) <= limit, (len(taken), limit)
     return taken
 
@@ -216,7 +218,7 @@ def lock_due(conn: Connection, *, limit: int, max_in_flight: int,
              order: FairOrder = ANY_SPECIALIST) -> list[OutboxRow]:
     """Cloud Tasks relay: lock up to ``limit`` due rows in the fair order until the caller's transaction ends, and
     never so many that more than ``max_in_flight`` rows would be ``sent``."""
-    locked = _rows(conn.execute(_LOCK, {**order.params(limit), "max_in_flight": max_in_flight}))
+    locked = _rows(conn.execute(_LOCK, {**order.params(limit), "max_in_flight": max_in_flight}).mappings())
     assert len(locked) <= limit, (len(locked), limit)
     return locked
 
@@ -243,15 +245,14 @@ def mark_sent(conn: Connection, row: OutboxRow) -> None:
     )
 
 
+_MARK_DELIVERED = text("UPDATE dispatch_outbox SET status = 'done', finished_at = now(), last_error = NULL "
+                       "WHERE dispatch_id = :d AND status IN ('pending', 'sent')")
+
+
 def mark_delivered(conn: Connection, row: OutboxRow) -> None:
-    """The worker answered for good (finished, already finished, unknown, stale): stop delivering."""
-    conn.execute(
-        text(
-            "UPDATE dispatch_outbox SET status = 'done', finished_at = now(), last_error = NULL "
-            "WHERE dispatch_id = :d AND status IN ('pending', 'sent')"
-        ),
-        {"d": row.dispatch_id},
-    )
+    """The worker answered for good (finished, already finished, unknown, stale): stop delivering. Every job's: on
+    the driver (``core.db.hot_rows``)."""
+    db.hot_rows(conn, _MARK_DELIVERED, {"d": row.dispatch_id})
 
 
 def reschedule(conn: Connection, row: OutboxRow, *, delay_s: float, error: str, attempts: int | None = None) -> None:
