@@ -299,37 +299,45 @@ def _own_cgroup_dirs() -> list[tuple[Literal[2, 1], Path]]:
     return found
 
 
-def _sweep_jobs(parent: Path) -> None:
+def _sweep_jobs(parent: str) -> bool:
     """Remove the empty cgroups of jobs gone before (a job's process cannot remove its own while its children
     live); a cgroup still in use refuses (EBUSY) and stays, and one whose job's process lives is left alone (it may
-    have made its cgroup and not yet moved in)."""
+    have made its cgroup and not yet moved in). True when a job's cgroup stays in ``parent``."""
     try:
-        entries = [entry for entry in parent.iterdir() if entry.name.startswith(CGROUP_PREFIX)]
+        with os.scandir(parent) as entries:
+            names = [entry.name for entry in entries if entry.name.startswith(CGROUP_PREFIX)]
     except OSError:
-        return
-    for entry in entries:
-        if Path(f"/proc/{entry.name[len(CGROUP_PREFIX):]}").exists():
+        return False
+    stays = False
+    for name in names:
+        if os.path.exists(f"/proc/{name[len(CGROUP_PREFIX):]}"):
+            stays = True
             continue
         try:
-            entry.rmdir()
+            os.rmdir(os.path.join(parent, name))
         except OSError:
-            pass
+            stays = True
+    return stays
 
 
 def _sweep(home: Path) -> None:
     """The jobs' cgroups left behind in every customer's group, then the customers' groups left empty (one whose
     job is entering it may go: that job makes it again, ``enter_cgroup``), and job cgroups made directly under the
-    worker's (before the share per customer)."""
-    _sweep_jobs(home)
+    worker's (before the share per customer). Every job's process sweeps as it enters, so it reads directories
+    with ``os.scandir`` and tries no removal it knows will be refused (issue 44: with pathlib, and an ``rmdir`` of
+    every customer's group still in use, about 0.2 ms of CPU a job beside eight customers' jobs)."""
+    _sweep_jobs(str(home))
     try:
-        customers = [entry for entry in home.iterdir() if entry.name.startswith(CUSTOMER_PREFIX)]
+        with os.scandir(home) as entries:
+            customers = [entry.path for entry in entries if entry.name.startswith(CUSTOMER_PREFIX)]
     except OSError:
         return
     for customer in customers:
-        _sweep_jobs(customer)
+        if _sweep_jobs(customer):  # a job's group is still in it: the customer's group is not empty
+            continue
         try:
-            customer.rmdir()
-        except OSError:  # a job's group is still in it (EBUSY), or it is already gone
+            os.rmdir(customer)
+        except OSError:  # a job's group came meanwhile (EBUSY), or it is already gone
             pass
 
 

@@ -244,6 +244,41 @@ def test_a_customers_jobs_share_its_customer_group_and_its_last_job_to_end_remov
         assert globex.exists() and _weight_file(globex).read_text().strip() == one_customer
 
 
+def test_a_jobs_sweep_removes_the_groups_of_jobs_gone_and_customers_left_empty_and_nothing_in_use():
+    """What a job's process sweeps as it enters (``cpu_share._sweep``), under a home of the test's own: the group a
+    gone job left behind, then its customer's if that is empty now; never a group whose job's process lives, nor
+    its customer's. Real cgroups."""
+    if not _cgroup_creatable():
+        pytest.skip("no CPU cgroup can be made here")
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid names no process now
+    version, own = cpu_share._own_cgroup_dirs()[0]
+    home = own / f"specialists-test-{secrets.token_hex(4)}"
+    home.mkdir()
+    left, living = home / _customer_group("left"), home / _customer_group("living")
+    groups = {
+        "a gone job's, directly under the worker's": home / f"{cpu_share.CGROUP_PREFIX}{gone.pid}",
+        "a gone job's, in its customer's": left / f"{cpu_share.CGROUP_PREFIX}{gone.pid}",
+        "a living job's": living / f"{cpu_share.CGROUP_PREFIX}{os.getpid()}",
+        "a gone job's beside a living one": living / f"{cpu_share.CGROUP_PREFIX}{gone.pid}",
+    }
+    try:
+        for group in groups.values():
+            group.mkdir(parents=True)
+        cpu_share._sweep(home)
+        assert {name: group.exists() for name, group in groups.items()} == {
+            "a gone job's, directly under the worker's": False, "a gone job's, in its customer's": False,
+            "a living job's": True, "a gone job's beside a living one": False}
+        assert (left.exists(), living.exists()) == (False, True)
+    finally:
+        for group in (*groups.values(), left, living, home):
+            with suppress(OSError):
+                group.rmdir()
+
+
 def test_jobs_of_one_customer_entering_and_leaving_at_once_each_get_their_group_and_leave_none_behind():
     """Creation races with removal: one job's leave removes its customer's group while another job of the customer
     makes its own in it; the second makes the group again. Real processes, real cgroups, two threads at once."""
