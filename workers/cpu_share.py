@@ -178,15 +178,28 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def _libc_prctl() -> Any:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# libc's prctl, loaded as this module is imported: in the forkserver (``workers.isolation.PRELOAD``), so that every
+# job's process inherits it rather than loading it, twice, after its fork (issue 44).
+_PRCTL = _libc_prctl()
+
+
+def prctl(option: int, value: int) -> int | None:
+    """``prctl(option, value)``'s result (0, or -1 where the kernel refuses); None where libc has no prctl."""
+    return None if _PRCTL is None else int(_PRCTL(option, value, 0, 0, 0))
+
+
 def adopt_orphans() -> bool:
     """Make this process the child subreaper of what it starts (``PR_SET_CHILD_SUBREAPER``): a grandchild whose
     parent dies becomes its child rather than init's, so ``descendants`` keeps counting it. False where the kernel
     refuses."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
+    return prctl(PR_SET_CHILD_SUBREAPER, 1) == 0
 
 
 def group_cpu_s() -> float:

@@ -69,7 +69,7 @@ from google.protobuf.message import Message as ProtoMessage
 
 from core import telemetry
 from workers.auth import VerifiedJob
-from workers.cpu_share import CustomerJobs, JobCpu, customer_of
+from workers.cpu_share import CustomerJobs, JobCpu, customer_of, prctl
 from workers.runs import EventSink, RunContext, Runner, RunOutcome
 
 log = logging.getLogger(__name__)
@@ -256,11 +256,7 @@ def _restored(outcome: RunOutcome) -> RunOutcome:
 def _die_with_forkserver() -> None:
     """SIGKILL when the forkserver (the parent) ends; it ends when the worker dies, even by SIGKILL."""
     parent = os.getppid()
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
+    if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) is None:
         return
     if os.getppid() != parent:  # it ended before the signal was armed
         os._exit(1)
