@@ -234,7 +234,8 @@ def compiled_for_psycopg(statement: Any) -> str:
 
 
 # The statements ``hot_rows`` runs, each in psycopg's form once: a job's claim, finish, task lock, task event and
-# notification (the task event's in each of its forms, ``taskstate.rows.EVENT_STATEMENTS``), and room to spare.
+# notification (the task event's in each of its forms, ``taskstate.rows.EVENT_STATEMENTS``), the embedded
+# dispatcher's take and delivered mark, and room to spare.
 HOT_STATEMENTS = 128
 
 
@@ -245,8 +246,8 @@ def _psycopg_form(statement: ClauseElement) -> str:
 
 def hot_rows(conn: Connection, statement: ClauseElement, params: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """A hot statement's rows, as mappings, run on ``conn``'s psycopg connection itself: ``driver_rows`` for a
-    synchronous caller, a worker's job (issue 44: SQLAlchemy's execution, its context, parameters and result
-    metadata, was a fifth to a third of the CPU of each of its five statements). The pool, the connection's
+    synchronous caller: a worker's job and the embedded dispatcher's rounds (issue 44: SQLAlchemy's execution, its
+    context, parameters and result metadata, was a fifth to a third of the CPU of each of a job's statements). The pool, the connection's
     autocommit and its transaction stay SQLAlchemy's; a connection neither in autocommit nor in a transaction goes
     through SQLAlchemy, whose autobegin its commit must see.
     ``statement`` is a module's constant (its psycopg form is kept, by identity). While anything listens to the
