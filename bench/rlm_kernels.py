@@ -8,7 +8,9 @@ in the same run (plain ``exec()`` in this process, a bare pydantic-monty
 baselines are Monty's own floors for what a kernel row does: ``feed_run`` then
 ``dump()`` (a step that keeps a rollback target, as every Monty kernel step does),
 and a bare host call (``feed_start`` and one ``resume`` per call, no deadline):
-the last column is a row's ratio against the floor it names. ``--profile`` also
+the last column is a row's ratio against the floor it names. The last line measures
+a bare ``feed_run``, the feed+dump floor and the kernel's trivial step in turn, round by
+round, so that their ratios hold whatever state the machine is in. ``--profile`` also
 prints where a kernel's trivial step spends its time (cProfile, own time).
 A benchmark, not a test: it never fails on speed.
 """
@@ -64,6 +66,25 @@ def bare_host_calls(session: object, code: str) -> None:
     snapshot = session.feed_start(code)  # type: ignore[attr-defined]
     while not isinstance(snapshot, MontyComplete):
         snapshot = snapshot.resume({"return_value": 1})
+
+
+def alternating(limits: KernelLimits, steps: int) -> tuple[float, float, float]:
+    """Medians of a bare ``feed_run``, a bare ``feed_run`` + ``dump()`` and the kernel's trivial step, measured in
+    turn within each of ``steps`` rounds: one machine state for all three (a feed's round trip to its worker
+    process moves by up to 2x between runs here, with the CPUs the two processes land on), so their ratios hold
+    within a run. Each session grows by its own feeds, as in a session of that many steps."""
+    bare, kept, step = [], [], []
+    with Monty() as pool, pool.checkout(limits=monty_resource_limits(limits)) as session, \
+            MontyKernel(limits) as kernel:  # type: ignore[arg-type]
+        kernel.start({"ping": lambda: 1}, "")
+        for _ in range(steps):
+            for samples, run in ((bare, lambda: session.feed_run(TRIVIAL)),
+                                 (kept, lambda: (session.feed_run(TRIVIAL), session.dump())),
+                                 (step, lambda: ok(kernel.execute(TRIVIAL)))):
+                started = time.perf_counter()
+                run()
+                samples.append(time.perf_counter() - started)
+    return statistics.median(bare), statistics.median(kept), statistics.median(step)
 
 
 def profile_trivial_step(limits: KernelLimits, steps: int) -> None:
@@ -220,6 +241,10 @@ def main() -> None:
         against = f"{seconds / floors[floor]:>5.2f}x {floor:<8}" if floor else ""
         print(f"{what:64} {seconds * 1e6:>9.1f}us {seconds / baseline:>7.0f}x {seconds / bare:>6.1f}x {against:>14}  {note}")
     print(f"empty Monty session checkpoint record: {empty_size} bytes")
+    feed, kept, step = alternating(limits, steps)
+    print(f"alternating, {steps} rounds (one state of the machine for the three): bare feed_run {feed * 1e6:.1f}us, "
+          f"feed_run + dump() {kept * 1e6:.1f}us ({kept / feed:.2f}x feed), the kernel's trivial step "
+          f"{step * 1e6:.1f}us: {step / feed:.2f}x feed, {step / kept:.2f}x feed+dump")
     if args.profile:
         profile_trivial_step(limits, max(steps * 5, 100))
 
