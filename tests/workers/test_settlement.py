@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime, timezone
 
 from a2a.types.a2a_pb2 import Task, TaskState, TaskStatus
-from sqlalchemy import event, text
+from sqlalchemy import text
 
 from core.settings import Settings
 from ledger.client import Ledger
@@ -17,6 +17,8 @@ from workers.auth import VerifiedJob
 from workers.finish import ClaimFinisher
 from workers.runs import RunOutcome
 from workers.settlement import TaskSettlement
+
+from tests.statements import Statements
 
 MAX_REASON_CHARS = 50
 
@@ -107,28 +109,13 @@ def test_a_jobs_hot_statements_skip_sqlalchemys_execution_unless_something_watch
     connection's driver (``core.db.hot_rows``), and the job is recorded all the same; while a hook watches the
     statements (telemetry's spans, a test's), every one of them goes through SQLAlchemy and is seen."""
     ledger = Ledger(engine)
-    executed: list[str] = []
-    seen: list[str] = []
-
-    def through_sqlalchemy(conn, clause, *args) -> None:  # noqa: ANN001
-        executed.append(str(clause))
-
-    def at_the_cursor(conn, cursor, statement, *args) -> None:  # noqa: ANN001
-        seen.append(statement)
-
     unwatched, watched = _dispatched(engine, ledger), _dispatched(engine, ledger)
-    event.listen(engine, "before_execute", through_sqlalchemy)  # not a statement hook: the driver's path stays
-    try:
+    with Statements(engine) as statements:
         _run_job(engine, unwatched)
-        assert {name for name, text_ in HOT.items() if any(text_ in sql for sql in executed)} == set()
-        event.listen(engine, "after_cursor_execute", at_the_cursor)
-        try:
+        assert {name for name, text_ in HOT.items() if any(text_ in sql for sql in statements.executed)} == set()
+        with statements.watching():
             _run_job(engine, watched)
-        finally:
-            event.remove(engine, "after_cursor_execute", at_the_cursor)
-    finally:
-        event.remove(engine, "before_execute", through_sqlalchemy)
-    assert {name for name, text_ in HOT.items() if any(text_ in sql for sql in seen)} == set(HOT)
+    assert {name for name, text_ in HOT.items() if any(text_ in sql for sql in statements.seen)} == set(HOT)
     for job in (unwatched, watched):
         ref = TaskRef.of_payload(job.payload)
         assert ledger.reservation(ref.task_id).state == "settled"

@@ -111,6 +111,16 @@ def run_ok(kernel: MontyKernel, code: str) -> str:
     return result.stdout
 
 
+def dump_growth(kernel: MontyKernel, steps: int) -> int:
+    """Bytes the session's dump grew by over ``steps`` trivial steps (Monty keeps the source of every feed)."""
+    run_ok(kernel, "x = 0")
+    first = kernel.last_checkpoint
+    for _ in range(steps):
+        run_ok(kernel, "x = 1")
+    assert first is not None and kernel.last_checkpoint is not None
+    return len(kernel.last_checkpoint.dump) - len(first.dump)
+
+
 # ---- the namespace and the bridges ------------------------------------------------------------
 
 
@@ -138,12 +148,7 @@ def test_replacing_the_kernels_own_restore_names_costs_nothing_but_a_fresh_setup
 def test_a_step_that_names_no_restored_name_is_fed_without_the_restore(kernel: MontyKernel) -> None:
     """Monty keeps the source of every feed: the restore suffix grew every dump by its size, even after a step
     that could not have touched what it restores."""
-    run_ok(kernel, "x = 0")
-    first = kernel.last_checkpoint
-    for _ in range(20):
-        run_ok(kernel, "x = 1")
-    assert first is not None and kernel.last_checkpoint is not None
-    grown = len(kernel.last_checkpoint.dump) - len(first.dump)
+    grown = dump_growth(kernel, 20)
     assert grown < 20 * len(RESTORE_SUFFIX), f"twenty steps of `x = 1` grew the session by {grown} bytes"
     assert run_ok(kernel, "print(llm_query('after'), context)") == "answer to after <context /corpus>\n"
 
@@ -176,12 +181,7 @@ def test_the_prelude_is_fed_once_not_on_every_step(corpus: Path) -> None:
     prelude = PRELUDE + "\n" + "\n".join(f"def helper_{i}(x):\n    return x + {i}" for i in range(80))
     with MontyKernel(FAST, mounts=[(corpus, "/corpus")]) as k:
         k.start(make_bridge(), prelude)
-        run_ok(k, "x = 0")
-        first = k.last_checkpoint
-        for _ in range(10):
-            run_ok(k, "x = 1")
-        assert first is not None and k.last_checkpoint is not None
-        grown = len(k.last_checkpoint.dump) - len(first.dump)
+        grown = dump_growth(k, 10)
         assert grown < len(prelude), f"ten steps grew the session by {grown} bytes, the prelude is {len(prelude)}"
         assert run_ok(k, "print(helper_3(1), context)") == "4 <context /corpus>\n"
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine
 
+from tests.statements import Statements
 from tests.taskstate.test_fair_order import Queue
 
 
@@ -14,14 +15,6 @@ def test_the_dispatchers_take_and_delivered_mark_skip_sqlalchemys_execution_and_
     not through SQLAlchemy's execution (its context and result metadata, a fifth to a third of a statement's CPU);
     while a hook watches the statements they go through SQLAlchemy and it sees them. The rows are taken either way."""
     queue = Queue(engine)
-    executed: list[str] = []
-    seen: list[str] = []
-
-    def through_sqlalchemy(conn, clause, *args) -> None:  # noqa: ANN001
-        executed.append(str(clause))
-
-    def at_the_cursor(conn, cursor, statement, *args) -> None:  # noqa: ANN001
-        seen.append(statement)
 
     def took_and_delivered() -> list[str]:
         queue.queue("A", 2)
@@ -31,18 +24,14 @@ def test_the_dispatchers_take_and_delivered_mark_skip_sqlalchemys_execution_and_
             queue.finish(row)
         return [queue.letter(row) for row in rows]
 
-    event.listen(engine, "before_execute", through_sqlalchemy)  # not a statement hook: the driver's path stays
     try:
-        unwatched = took_and_delivered()
-        assert not [sql for sql in executed if "UPDATE dispatch_outbox" in sql]
-        event.listen(engine, "after_cursor_execute", at_the_cursor)
-        try:
-            watched = took_and_delivered()
-        finally:
-            event.remove(engine, "after_cursor_execute", at_the_cursor)
+        with Statements(engine) as statements:
+            unwatched = took_and_delivered()
+            assert not [sql for sql in statements.executed if "UPDATE dispatch_outbox" in sql]
+            with statements.watching():
+                watched = took_and_delivered()
     finally:
-        event.remove(engine, "before_execute", through_sqlalchemy)
         queue.close_all()
     assert sorted(unwatched) == sorted(watched) == ["A", "A", "B"]
-    assert sum("SET attempts = o.attempts + 1" in sql for sql in seen) == 1  # the take, seen by the hook
-    assert sum("SET status = 'done'" in sql for sql in seen) == 3  # each delivered mark
+    assert sum("SET attempts = o.attempts + 1" in sql for sql in statements.seen) == 1  # the take, seen by the hook
+    assert sum("SET status = 'done'" in sql for sql in statements.seen) == 3  # each delivered mark
