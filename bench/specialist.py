@@ -470,10 +470,11 @@ def main() -> None:
                 f"JOIN job_claims c ON c.job_id = {job_id_sql('o')} "
                 "JOIN specialist_runs r ON r.job_id = c.job_id WHERE e.task_id = ANY(:ids)"),
                 {"ids": [done.task_id for done in reviews]})}
-            stages = [(float(points[done.task_id]["admitted"]) - done.sent_at,
-                       *(float(points[done.task_id][later]) - float(points[done.task_id][earlier]) for earlier, later in
-                         (("admitted", "claimed"), ("claimed", "started"), ("started", "ended"), ("ended", "finished"))),
-                       done.final_at - float(points[done.task_id]["finished"])) for done in reviews]
+            stages = []
+            for done in reviews:
+                at = [float(points[done.task_id][moment]) for moment in ("admitted", "claimed", "started", "ended",
+                                                                         "finished")]
+                stages.append([at[0] - done.sent_at, *(b - a for a, b in zip(at, at[1:])), done.final_at - at[-1]])
         hosted_over = [t - model_s for t in hosted]
         bare_over = [t - model_s for t in bare]
         h50, h99 = percentiles(hosted)

@@ -247,9 +247,9 @@ def _psycopg_form(statement: ClauseElement) -> str:
 def hot_rows(conn: Connection, statement: ClauseElement, params: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """A hot statement's rows, as mappings, run on ``conn``'s psycopg connection itself: ``driver_rows`` for a
     synchronous caller: a worker's job and the embedded dispatcher's rounds (issue 44: SQLAlchemy's execution, its
-    context, parameters and result metadata, was a fifth to a third of the CPU of each of a job's statements). The pool, the connection's
-    autocommit and its transaction stay SQLAlchemy's; a connection neither in autocommit nor in a transaction goes
-    through SQLAlchemy, whose autobegin its commit must see.
+    context, parameters and result metadata, was a fifth to a third of the CPU of each of a job's statements).
+    The pool, the connection's autocommit and its transaction stay SQLAlchemy's; a connection neither in
+    autocommit nor in a transaction goes through SQLAlchemy, whose autobegin its commit must see.
     ``statement`` is a module's constant (its psycopg form is kept, by identity). While anything listens to the
     engine's statements (telemetry's statement spans, a test's hook: ``before_cursor_execute``,
     ``after_cursor_execute``) they run through SQLAlchemy, so that every one is seen. A failure is SQLAlchemy's as

@@ -22,3 +22,19 @@ def wait_until_blocked_by(engine: Engine, pid: int, what: str, timeout_s: float 
             if time.monotonic() >= deadline:
                 raise AssertionError(f"{what} within {timeout_s:g} s")
             time.sleep(_POLL_S)
+
+
+def wait_until_waited(engine: Engine, pid: int, seconds: float, what: str,
+                      timeout_s: float = BLOCKED_TIMEOUT_S) -> None:
+    """Until a session blocked by the backend ``pid`` has been waiting for ``seconds`` by the database's clock (its
+    statement's start against ``clock_timestamp()``, the clock the product compares a wait with)."""
+    deadline = time.monotonic() + timeout_s
+    with engine.connect() as probe:
+        while not probe.execute(text("SELECT EXISTS (SELECT 1 FROM pg_stat_activity "
+                                     "WHERE :p = ANY (pg_blocking_pids(pid)) "
+                                     "AND clock_timestamp() - query_start >= make_interval(secs => :s))"),
+                                {"p": pid, "s": seconds}).scalar_one():
+            probe.rollback()
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"{what} within {timeout_s:g} s")
+            time.sleep(_POLL_S)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import secrets
 import threading
-import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 
@@ -12,9 +11,11 @@ import pytest
 from sqlalchemy import Engine, text
 
 from taskstate import claims
-from tests.locks import wait_until_blocked_by
+from tests.locks import wait_until_blocked_by, wait_until_waited
 
 pytestmark = pytest.mark.timeout(60)
+
+FIRST_CLAIM_WAIT_S = 0.05  # job_claim_first (0292): a first claim that waited longer counts its lease again
 
 
 def new_job_id() -> str:
@@ -363,9 +364,9 @@ def test_a_claim_that_waited_for_an_aborted_concurrent_claim_gets_its_whole_leas
                                                                             lease_s=2.0)))
     thread.start()
     wait_until_blocked_by(engine, first_pid, "the second claim never waited on the first's insert")
-    # Not a wait for an event (the blocked claim was waited for just above): what this tests is a claim that waited
-    # longer than job_claim_first's 50 ms before its lease is counted again, so the wait is made that long here.
-    time.sleep(0.2)
+    # What this tests is a claim that waited longer than job_claim_first's 50 ms before its lease is counted again:
+    # the first holds its insert until the second's wait is twice that by the database's clock.
+    wait_until_waited(engine, first_pid, 2 * FIRST_CLAIM_WAIT_S, "the second claim never waited 0.1 s")
     stalled_until = first.execute(text("SELECT clock_timestamp()")).scalar_one()
     first.rollback()  # the stalled claim's transaction fails
     first.close()

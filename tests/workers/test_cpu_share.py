@@ -255,7 +255,7 @@ def test_a_jobs_sweep_removes_the_groups_of_jobs_gone_and_customers_left_empty_a
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # its pid names no process now
-    version, own = cpu_share._own_cgroup_dirs()[0]
+    _, own = cpu_share._own_cgroup_dirs()[0]
     home = own / f"specialists-test-{secrets.token_hex(4)}"
     home.mkdir()
     left, living = home / _customer_group("left"), home / _customer_group("living")
