@@ -45,6 +45,7 @@ from workers.hosted_rlm.answer import Verdict, verdict_of
 from workers.hosted_rlm.bundle import SpecialistTask, TaskRefused, task_from_message
 from workers.hosted_rlm.hosted import HostedRun, hosted_settings, session_id_for
 from workers.hosted_rlm.journal import Journal, pricing_of
+from workers.hosted_rlm.progress import ProgressWriter
 from workers.hosted_rlm.routes import ModelRoutes, RouteNotReady
 from workers.hosted_rlm.store import CheckpointPolicy, ClaimLost, PgCheckpointStore
 
@@ -134,11 +135,15 @@ class RlmRunner:
             current.add_event("resumed", {"specialists.from_turn": plan.last_replayed_turn,
                                           "specialists.baked_subcalls": plan.baked_subcalls})
         scratch = Path(tempfile.mkdtemp(prefix="specialist-", dir=self.scratch_dir))
+        # The run's progress goes to the database on a thread of its own; every report is written before the
+        # run's artifacts and its final event (``progress.close``).
+        progress = ProgressWriter(lambda data: ctx.report("progress", data), name=f"progress-{job.job_id}")
         try:
-            result, run = self._session(ctx, loaded, task, journal, store, plan, scratch)
+            result, run = self._session(ctx, loaded, task, journal, store, plan, scratch, progress)
         except (RouteNotReady, TaskRefused) as problem:
             return self._end(ctx, journal, loaded, Verdict("failed", problem.message, code=problem.code), None, resumes)
         finally:
+            progress.close()
             shutil.rmtree(scratch, ignore_errors=True)
         if ctx.cancelled():
             # The worker decides the final state (cancel, deadline, lost lease); record what was used.
@@ -151,7 +156,8 @@ class RlmRunner:
         return outcome
 
     def _session(self, ctx: RunContext, loaded: LoadedSpec, task: SpecialistTask, journal: Journal,
-                 store: PgCheckpointStore, plan: Any, scratch: Path) -> tuple[Any, HostedRun]:
+                 store: PgCheckpointStore, plan: Any, scratch: Path,
+                 progress: ProgressWriter) -> tuple[Any, HostedRun]:
         spec = loaded.spec
         assert spec.model_route is not None
         provider, route = self.routes.provider(
@@ -169,7 +175,7 @@ class RlmRunner:
             raise TaskRefused(f"the evidence bundle cannot be read: {exc.message}", code="evidence_invalid") from None
         run = HostedRun(
             journal=journal, store=store, spec=spec, checkpoint_key=self.checkpoint_key, plan=plan,
-            cancelled=ctx.cancelled, report=lambda data: ctx.report("progress", data), pool=self.pool,
+            cancelled=ctx.cancelled, report=progress, pool=self.pool,
             trace_context=telemetry.current_context(),
         )
         session = Session(
