@@ -126,44 +126,58 @@ class Listener:
 
 # Many wake-ups in one statement: channels and payloads as two parallel arrays.
 _NOTIFY = text("SELECT pg_notify(c, p) FROM unnest(CAST(:channels AS text[]), CAST(:payloads AS text[])) AS n(c, p)")
-# Wake-ups requested within this window go out together, off the request path: under load
-# one round trip carries many, and no request waits for one.
-NOTIFY_COALESCE_S = 0.005
 
 
 class Notifier:
-    """Sends wake-ups after commits. Best effort: a lost one costs a poll interval of latency."""
+    """Sends wake-ups after commits, at once. A wake-up asked for while none is being sent goes out in the asker's
+    own round trip, awaited: the dispatcher takes the job while the edge still answers the customer (issue 44: it
+    waited out a 5 ms window, then for the edge's loop to finish the answer it was busy writing, 5-24 ms of
+    admission -> claim). Those asked for while one is in flight go out together right after it, off their askers'
+    paths: under load one round trip carries many, and only one asker at a time waits for one. Best effort: a lost
+    wake-up costs a poll interval of latency."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine.execution_options(isolation_level="AUTOCOMMIT")
         self._pending: set[tuple[str, str]] = set()
+        self._sending = False  # a round trip is in flight (an asker's, or the flush after it): it takes what comes
         self._flusher: asyncio.Task[None] | None = None
 
     async def task_event(self, task_id: str) -> None:
-        self._request(TASK_EVENTS, task_id)
+        await self._request(TASK_EVENTS, task_id)
 
     async def dispatch(self, executor: str) -> None:
-        self._request(DISPATCH, executor)
+        await self._request(DISPATCH, executor)
 
     async def push(self) -> None:
-        self._request(PUSH, "")
+        await self._request(PUSH, "")
 
-    def _request(self, channel: str, payload: str) -> None:
+    async def _request(self, channel: str, payload: str) -> None:
         self._pending.add((channel, payload))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush(), name="edge-notifier")
+        if self._sending:  # the round trip in flight, or the flush right after it, sends this one too
+            return
+        self._sending = True
+        try:
+            await self._send_pending()
+        finally:
+            if self._pending:  # asked for during the round trip: one more, off this asker's path
+                self._flusher = asyncio.create_task(self._flush(), name="edge-notifier")
+            else:
+                self._sending = False
 
     async def _flush(self) -> None:
-        await asyncio.sleep(NOTIFY_COALESCE_S)
-        while self._pending:
-            batch, self._pending = sorted(self._pending), set()
-            try:
-                async with self.engine.connect() as conn:
-                    await conn.execute(
-                        _NOTIFY, {"channels": [c for c, _ in batch], "payloads": [p for _, p in batch]}
-                    )
-            except Exception as exc:
-                log.debug("could not send %d wake-up(s) (%s); listeners will poll", len(batch), type(exc).__name__)
+        try:
+            while self._pending:
+                await self._send_pending()
+        finally:
+            self._sending = False
+
+    async def _send_pending(self) -> None:
+        batch, self._pending = sorted(self._pending), set()
+        try:
+            async with self.engine.connect() as conn:
+                await conn.execute(_NOTIFY, {"channels": [c for c, _ in batch], "payloads": [p for _, p in batch]})
+        except Exception as exc:
+            log.debug("could not send %d wake-up(s) (%s); listeners will poll", len(batch), type(exc).__name__)
 
     async def close(self) -> None:
         """Send what is pending (shutdown)."""
