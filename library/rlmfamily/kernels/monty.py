@@ -38,6 +38,20 @@ not trustworthy (Monty: "discard the session"), so the kernel checks out a fresh
 worker and loads the dump taken after the last good step. After every step that
 kept its state, the session is dumped and recorded as a ``Checkpoint``.
 
+Checkpoints in the background (``checkpoint_in_background=True``). The dump is a
+round trip to the worker that grows with the session, and with a store the record
+is encoded and written too: together most of a small step. ``execute`` can return
+as soon as the feed is done and leave the dump and the record to the kernel's one
+checkpoint thread (``_background.Background``), which overlaps what the caller
+does next (in the RLM loop: the model's next turn). pydantic-monty releases the
+GIL while it waits on the worker's pipe (measured, 1.4), so the overlap is real
+when the caller waits on I/O. Everything that needs the state after the step
+waits for it first: ``execute``, ``flush``, ``last_checkpoint``, ``recover``,
+``close``. A failed background checkpoint raises at that next call, the same
+exception a synchronous one would have raised from ``execute``, never swallowed.
+The session is never used by both threads: every use of it on the caller's thread
+goes through ``_idle_session``, which asserts that no checkpoint is pending.
+
 The corpus reaches the sandbox through read-only ``MountDir`` mounts or host
 functions, never as globals (which would land in every dump).
 """
@@ -70,6 +84,7 @@ from pydantic_monty import (
 )
 from pydantic_monty._binary import find_monty_binary
 
+from rlmfamily.kernels._background import Background
 from rlmfamily.kernels._calls import HOST_CALL_TIMEOUT_MARK, HostCaller
 from rlmfamily.kernels._output import CappedOutput
 from rlmfamily.kernels.base import (
@@ -245,6 +260,11 @@ class MontyKernel:
     left out costs neither, and a resume replays it from the record before.
     ``checkpoint_key`` signs records with HMAC-SHA256 (recommended wherever the
     store is writable by anyone but this service).
+    ``checkpoint_in_background`` takes each step's dump and record on the kernel's
+    checkpoint thread after ``execute`` returns (``flush`` waits for it): a step's
+    record then reaches the store by the next ``execute``, ``flush`` or ``close``,
+    not by the time ``execute`` returns. A caller whose resume needs the record of
+    every step it has recorded elsewhere calls ``flush`` before recording it.
     """
 
     name = "monty"
@@ -261,8 +281,16 @@ class MontyKernel:
         checkpoint_key: bytes | None = None,
         pool: Monty | None = None,
         script_name: str = "main.py",
+        checkpoint_in_background: bool = False,
     ) -> None:
         self.limits = limits or KernelLimits()
+        if not isinstance(checkpoint_in_background, bool):
+            raise CheckpointError(
+                f"checkpoint_in_background takes True or False, not {checkpoint_in_background!r}",
+                setting="checkpoint_in_background",
+            )
+        # The one thread that takes each step's dump and record after ``execute`` returned; None: in ``execute``.
+        self._background = Background("rlm-monty-checkpoint") if checkpoint_in_background else None
         if store is not None and session_id is None:
             raise CheckpointError("a checkpoint store needs a session_id", setting="session_id")
         self.session_id = check_session_id(session_id) if session_id is not None else "local"
@@ -291,18 +319,22 @@ class MontyKernel:
         self._suspensions_used = 0
         self._seq = -1
         self._last_good: Checkpoint | None = None
+        # The dump after a step failed (its worker died under it): the session is not the state of any record,
+        # so the next step starts from the last good record on a fresh worker.
+        self._dump_failed = False
         # The chain of stored records the next delta extends: its first (whole) record, its length, its tip.
         self._chain_root = 0
         self._chain_length = 0
         self._chain_delta_bytes = 0
         self._chain_tip: Checkpoint | None = None
-        self.stored_bytes = 0  # bytes of records this kernel handed to its store (diagnostics, benchmarks)
+        self.stored_bytes = 0  # bytes of records this kernel handed to its store, as of the last flush (benchmarks)
         self._started = False
 
     # ---- lifecycle -------------------------------------------------------------------------
 
     def start(self, bridge: Bridge, prelude: str) -> None:
         """A fresh session. Refuses a session id that already has checkpoints (use ``recover``)."""
+        self.flush()
         if self._store is not None and self._store.list(self.session_id):
             raise CheckpointConflict(
                 f"session {self.session_id} already has checkpoints; call recover() to continue it "
@@ -310,7 +342,7 @@ class MontyKernel:
             )
         self._setup(bridge, prelude)
         self._checkout()
-        self._checkpoint_session()
+        self._record_session(self._next_seq(), self._names_fresh)  # now: a store that fails is refused here
 
     def recover(self, bridge: Bridge, prelude: str, *, result_provider: ResultProvider | None = None) -> Recovery:
         """Continue this session id from the newest record in the store, in this process.
@@ -324,6 +356,7 @@ class MontyKernel:
         """
         if self._store is None:
             raise CheckpointError("recover() needs a checkpoint store", setting="store")
+        self.flush()
         latest = self._store.latest(self.session_id)
         if latest is None:
             raise CheckpointNotFound(f"no checkpoint for session {self.session_id}")
@@ -344,18 +377,35 @@ class MontyKernel:
         return Recovery(kind="pending_call", seq=checkpoint.seq, step=self._resume_pending(checkpoint, result_provider))
 
     def close(self) -> None:
-        """Return the worker, close mounts and (if this kernel made it) the pool. Idempotent."""
-        self._started = False
-        if self._caller is not None:
-            self._caller.close()
-            self._caller = None
-        self._discard_session()
-        for mount in self._mounts:
-            mount.close()
-        self._mounts = []
-        if self._owns_pool and self._pool is not None:
-            self._pool.__exit__(None, None, None)
-            self._pool = None
+        """Wait for a pending checkpoint, return the worker, close mounts and (if this kernel made it) the pool.
+
+        Idempotent. Everything is released whatever happens; then a pending checkpoint's error is raised.
+        """
+        try:
+            if self._background is not None:
+                self._background.close()
+        finally:
+            self._started = False
+            if self._caller is not None:
+                self._caller.close()
+                self._caller = None
+            self._discard_session()
+            for mount in self._mounts:
+                mount.close()
+            self._mounts = []
+            if self._owns_pool and self._pool is not None:
+                self._pool.__exit__(None, None, None)
+                self._pool = None
+
+    def flush(self) -> None:
+        """Wait until the record of the last step is taken (and stored, with a store); raise what that raised.
+
+        A no-op unless ``checkpoint_in_background``: then it is the checkpoint's error, the same a
+        synchronous checkpoint would have raised from ``execute`` (a ``CheckpointError`` from the store,
+        a ``MontyError`` from the worker). Once raised, it is not raised again.
+        """
+        if self._background is not None:
+            self._background.wait()
 
     def __enter__(self) -> MontyKernel:
         return self
@@ -370,7 +420,8 @@ class MontyKernel:
 
     @property
     def last_checkpoint(self) -> Checkpoint | None:
-        """The record of the state after the last step that kept its state."""
+        """The record of the state after the last step that kept its state (waits for it: ``flush``)."""
+        self.flush()
         return self._last_good
 
     # ---- one step --------------------------------------------------------------------------
@@ -379,9 +430,12 @@ class MontyKernel:
         if not self._started or self._session is None:
             raise KernelNotStarted("the Monty kernel is not started; call start() or recover() first")
         started = time.perf_counter()
+        self.flush()  # the last step's record: the rollback target of this one
+        restored = self._dump_failed  # the caller was told (the dump's error); the state is the last good step's
         # Monty's suspension count is cumulative per checkout; a fresh checkout with the last
         # dump resets it. The state is unchanged: the last dump is the current state.
-        if self._suspensions_used + self.limits.max_suspensions_per_step + 1 > self.limits.max_suspensions_per_checkout:
+        if restored or (self._suspensions_used + self.limits.max_suspensions_per_step + 1
+                        > self.limits.max_suspensions_per_checkout):
             self._rollback()
         out = CappedOutput(self.limits.max_output_bytes)
         state = _StepState()
@@ -409,7 +463,7 @@ class MontyKernel:
         elif not self._restore:
             self._names_fresh = False  # nothing restores them: the setup runs before every step
         # else the code could not rebind them: they are as fresh as before it (a rollback below says otherwise)
-        return self._finish_step(outcome, out, started)
+        return self._finish_step(outcome, out, started, restored=restored)
 
     def _suffix_for(self, code: str) -> str:
         """The restore suffix, or "" for code that cannot rebind what it restores while those names are fresh."""
@@ -428,10 +482,16 @@ class MontyKernel:
             outcome = self._run_feed(self._setup_code, out, state)
         self._names_fresh = outcome.ok
 
-    def _finish_step(self, outcome: _FeedOutcome, out: CappedOutput, started: float) -> StepResult:
-        restored = False
+    def _finish_step(self, outcome: _FeedOutcome, out: CappedOutput, started: float, *,
+                     restored: bool = False) -> StepResult:
+        """The step's result, after its record (or the rollback its failure needs). ``restored``: the step
+        already started from the last good record (the dump after the step before it failed)."""
         if outcome.ok or outcome.code not in ROLLBACK_CODES:
-            self._checkpoint_session()
+            seq, fresh = self._next_seq(), self._names_fresh
+            if self._background is None:
+                self._record_session(seq, fresh)
+            else:
+                self._background.submit(functools.partial(self._record_session, seq, fresh))
         else:
             self._rollback()
             restored = True
@@ -452,9 +512,8 @@ class MontyKernel:
         )
 
     def _run_feed(self, code: str, out: CappedOutput, state: _StepState) -> _FeedOutcome:
-        assert self._session is not None
         try:
-            snapshot = self._session.feed_start(code, print_callback=out, mount=self._mounts or None)
+            snapshot = self._idle_session().feed_start(code, print_callback=out, mount=self._mounts or None)
             complete = self._drive(snapshot, out, state)
         except _StepAborted as aborted:
             return _FeedOutcome(False, aborted.code, aborted.message)
@@ -625,7 +684,15 @@ class MontyKernel:
         self._worker_pid = session.worker_pid
         self._suspensions_used = 0
 
+    def _idle_session(self) -> MontySession:
+        """The session, for the caller's thread: a MontySession is used by one thread at a time, and the
+        checkpoint thread has it from a step's end until the next ``flush``."""
+        assert self._session is not None
+        assert self._background is None or not self._background.pending, "the session's checkpoint is pending"
+        return self._session
+
     def _discard_session(self) -> None:
+        assert self._background is None or not self._background.pending, "the session's checkpoint is pending"
         session, self._session = self._session, None
         if session is not None:
             try:
@@ -640,10 +707,10 @@ class MontyKernel:
         self._checkout()
         self._load_session(self._last_good)
         self._names_fresh = self._last_good_fresh = fresh
+        self._dump_failed = False
 
     def _load_session(self, checkpoint: Checkpoint) -> None:
-        assert self._session is not None
-        self._session.load_session(checkpoint.dump)
+        self._idle_session().load_session(checkpoint.dump)
         self._last_good = checkpoint
         # A record read back may predate the restore suffix (or lack the names tuple): set up again.
         self._names_fresh = self._last_good_fresh = False
@@ -652,19 +719,26 @@ class MontyKernel:
         self._seq += 1
         return self._seq
 
-    def _checkpoint_session(self) -> None:
+    def _record_session(self, seq: int, fresh: bool) -> None:
+        """The state after a step, as record ``seq``: the rollback target, and with a store the stored record.
+        On the checkpoint thread with ``checkpoint_in_background`` (the session is its own until ``flush``)."""
         assert self._session is not None
+        try:
+            dump = self._session.dump()
+        except (MontyError, RuntimeError):
+            self._dump_failed = True  # a dead worker leaves its checkout finished: the next step needs a new one
+            raise
         checkpoint = Checkpoint.create(
             session_id=self.session_id,
-            seq=self._next_seq(),
+            seq=seq,
             kind="session",
-            dump=self._session.dump(),
+            dump=dump,
             identity=runtime_identity(),
             limits=self._resource_limits,
             hashed=self._store is not None,  # without a store it is only ever loaded from memory
         )
         self._last_good = checkpoint
-        self._last_good_fresh = self._names_fresh
+        self._last_good_fresh = fresh
         if self._store is not None:
             self._put(checkpoint)
 
@@ -755,7 +829,7 @@ class MontyKernel:
         )
         state = _StepState(record_pending=self._record_pending)
         try:
-            snapshot = self._session.load_snapshot(checkpoint.dump, mount=self._mounts or None, print_callback=out)
+            snapshot = self._idle_session().load_snapshot(checkpoint.dump, mount=self._mounts or None, print_callback=out)
             if not isinstance(snapshot, FunctionSnapshot) or self._bridge_by_function.get(snapshot.function_name) != pending.function_name:
                 raise CheckpointTampered(
                     f"checkpoint seq {checkpoint.seq}: the restored step is not suspended at {pending.function_name}"
