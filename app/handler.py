@@ -35,7 +35,7 @@ from a2a.server.agent_execution.active_task import INTERRUPTED_TASK_STATES, TERM
 from a2a.server.cluster import TaskVersion, VersionedDatabaseTaskStore
 from a2a.server.context import ServerCallContext
 from a2a.server.events.event_queue import Event, EventQueue
-from a2a.server.request_handlers import DefaultRequestHandler, validate_request_params
+from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.request_handlers.request_handler import validate
 from a2a.types.a2a_pb2 import (
     AgentCard,
@@ -70,6 +70,7 @@ from app.identity import EdgeUser, Identity
 from app.listing import TaskListing
 from app.observability import Metrics, note_refusal, note_task
 from app.push import PushConfigs
+from app.required import validate_request_params
 from app.streams import StreamGate, caller_of
 from core import telemetry
 from core.settings import Settings
