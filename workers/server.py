@@ -380,18 +380,29 @@ class WorkerService:
 
     async def _execute_traced(self, job: VerifiedJob, token: int) -> tuple[JSONResponse, str | None]:
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[RunOutcome] = loop.create_future()
+        done: asyncio.Future[RunOutcome] = loop.create_future()  # an outcome a stop came before: finished below
+        finished: asyncio.Future[tuple[RunOutcome, claims.FinishResult | Exception]] = loop.create_future()
         deadline_at = time.monotonic() + job.deadline_s
+        decision = _Decision()
+        parent = telemetry.current_context()  # the job's run span: the finish's span continues it from any thread
 
         exited = asyncio.Event()  # the runner has ended (its process has exited) and its slot is free
 
-        def deliver_outcome(outcome: RunOutcome) -> None:
-            if not done.done():
-                done.set_result(outcome)
+        def settle(future: asyncio.Future[Any], value: Any) -> None:
+            if not future.done():
+                future.set_result(value)
 
         def reported(outcome: RunOutcome) -> None:  # from the job's watcher thread, as soon as the outcome is known
+            if decision.outcome_first():
+                # No stop came before it: the outcome is the job's as it is, finished here and now (issue 44: through
+                # the event loop and back to a thread, 0.5-2.4 ms of run ends -> finished).
+                value: tuple[RunOutcome, claims.FinishResult | Exception] = (outcome, self._finish(job, token, outcome,
+                                                                                                   parent))
+                target: asyncio.Future[Any] = finished
+            else:
+                value, target = outcome, done
             try:
-                loop.call_soon_threadsafe(deliver_outcome, outcome)
+                loop.call_soon_threadsafe(settle, target, value)
             except RuntimeError:  # the server stopped while a runner was still going
                 log.info("job %s: runner ended after the worker stopped; its outcome is dropped", job.job_id)
 
@@ -407,28 +418,31 @@ class WorkerService:
                                                                  ended)
         except Exception as exc:  # no process could be started (fork failed, out of memory): a failed run
             log.exception("job %s: its runner could not be started", job.job_id)
-            reported(RunOutcome("failed", "the worker could not start the specialist",
-                                detail={"error": type(exc).__name__}))
+            # Finished below, off the event loop (``reported`` would finish it here, on the loop's thread).
+            settle(done, RunOutcome("failed", "the worker could not start the specialist",
+                                    detail={"error": type(exc).__name__}))
             ended()
             running = _NotStarted()
 
-        stop_reason: str | None = None
         gave_up = False
         give_up_at = math.inf
         next_renewal = time.monotonic() + self.limits.heartbeat_s
 
         def stop(reason: str) -> None:
-            nonlocal stop_reason, give_up_at
-            if stop_reason is None:
-                stop_reason = reason
+            nonlocal give_up_at
+            if decision.stop(reason):
                 give_up_at = time.monotonic() + self.limits.cancel_grace_s
                 running.stop()
 
-        while not done.done():
-            wake_at = min(next_renewal, give_up_at, deadline_at if stop_reason is None else math.inf)
-            await asyncio.wait([done], timeout=max(0.0, wake_at - time.monotonic()))
-            if done.done():
-                break
+        while not (done.done() or finished.done()):
+            if decision.outcome_came:  # the outcome is on its way, or being finished by its thread: nothing to decide
+                await asyncio.wait([done, finished], return_when=asyncio.FIRST_COMPLETED)
+                continue
+            wake_at = min(next_renewal, give_up_at, deadline_at if decision.stop_reason is None else math.inf)
+            await asyncio.wait([done, finished], timeout=max(0.0, wake_at - time.monotonic()),
+                               return_when=asyncio.FIRST_COMPLETED)
+            if done.done() or finished.done() or decision.outcome_came:
+                continue
             now = time.monotonic()
             if now >= next_renewal:
                 next_renewal = now + self.limits.heartbeat_s
@@ -441,30 +455,28 @@ class WorkerService:
                         stop("lease_lost")
                     elif renewal.cancel_requested:
                         stop("canceled")
-            if stop_reason is None and now >= deadline_at:
+            if decision.stop_reason is None and now >= deadline_at:
                 stop("deadline")
             if now >= give_up_at:
                 running.kill()  # frees its slot once its process is gone (a thread is only abandoned)
                 gave_up = True
                 break
 
-        outcome = self._final_outcome(job, done.result() if done.done() else None, stop_reason)
         # The finish runs while the runner's process lets go of what it held and exits (the job host kills one that
         # does not within its wait); the answer waits for both, so a delivery answered is a slot free again. A runner
         # given up on past the grace is not waited for: it was killed (a process) or abandoned (a thread), and holds
         # its slot until it ends.
         try:
-            with telemetry.span("job.finish", attributes={"specialists.outcome": outcome.state}) as span:
-                try:
-                    result = await anyio.to_thread.run_sync(self.finisher.finish, job, token, outcome)
-                except Exception as exc:
-                    log.error("job %s: %s", job.job_id, exc)
-                    return _answer(503, "finish_failed", str(exc), retry_after_s=self.limits.lease_s), None
-                telemetry.annotate(span, **{"specialists.accepted": result.accepted,
-                                            "specialists.state": result.state})
+            if finished.done():
+                outcome, result = finished.result()
+            else:
+                outcome = self._final_outcome(job, done.result() if done.done() else None, decision.stop_reason)
+                result = await anyio.to_thread.run_sync(self._finish, job, token, outcome, parent)
         finally:
             if not gave_up:
                 await exited.wait()
+        if isinstance(result, Exception):
+            return _answer(503, "finish_failed", str(result), retry_after_s=self.limits.lease_s), None
         if result.accepted:
             return _answer(
                 200, "job_finished", "the job ran and its outcome is recorded", job_id=job.job_id, outcome=outcome.state
@@ -476,6 +488,19 @@ class WorkerService:
             "its result is recorded for operators and moves no money",
             job_id=job.job_id,
         ), "stale"
+
+    def _finish(self, job: VerifiedJob, token: int, outcome: RunOutcome,
+                parent: Any) -> claims.FinishResult | Exception:
+        """The job's finish (claim, task, money: ``Finisher``) in its own span under the job's run span; a finish
+        that could not be recorded is returned as its exception (the answer is ``finish_failed``)."""
+        with telemetry.span("job.finish", parent=parent, attributes={"specialists.outcome": outcome.state}) as span:
+            try:
+                result = self.finisher.finish(job, token, outcome)
+            except Exception as exc:
+                log.error("job %s: %s", job.job_id, exc)
+                return exc
+            telemetry.annotate(span, **{"specialists.accepted": result.accepted, "specialists.state": result.state})
+            return result
 
     def _final_outcome(self, job: VerifiedJob, outcome: RunOutcome | None, stop_reason: str | None) -> RunOutcome:
         grace = f"within worker_cancel_grace_s ({self.limits.cancel_grace_s:g} s)"
@@ -501,6 +526,33 @@ class WorkerService:
             return RunOutcome("failed", f"the worker lost its lease and the specialist did not stop {grace}",
                               detail={"stopped": stop_reason})
         return outcome
+
+
+class _Decision:
+    """What decides how a run's outcome is finished: whichever of the two comes first, under one lock. An outcome
+    that comes while no stop was asked for is the job's as the runner gave it, finished by the thread that reported
+    it (``outcome_first``), and a stop asked for after it changes nothing; a stop asked for first (a cancel, the
+    deadline, a lost lease: ``stop``) applies to the outcome that comes later (``WorkerService._final_outcome``),
+    which the request's task finishes. As before, where the event loop saw the outcome before its next decision."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.stop_reason: str | None = None
+        self.outcome_came = False
+
+    def outcome_first(self) -> bool:
+        """The outcome came: True when no stop came before it (its reporter finishes it)."""
+        with self._lock:
+            self.outcome_came = True
+            return self.stop_reason is None
+
+    def stop(self, reason: str) -> bool:
+        """A stop: True when it is the first and no outcome came before it (the runner is to be asked to stop)."""
+        with self._lock:
+            if self.stop_reason is not None or self.outcome_came:
+                return False
+            self.stop_reason = reason
+            return True
 
 
 class _NotStarted:
