@@ -10,8 +10,14 @@ baselines are Monty's own floors for what a kernel row does: ``feed_run`` then
 and a bare host call (``feed_start`` and one ``resume`` per call, no deadline):
 the last column is a row's ratio against the floor it names. The last line measures
 a bare ``feed_run``, the feed+dump floor and the kernel's trivial step in turn, round by
-round, so that their ratios hold whatever state the machine is in. ``--profile`` also
-prints where a kernel's trivial step spends its time (cProfile, own time).
+round, so that their ratios hold whatever state the machine is in: back to back, and as the
+RLM loop sees a step, ``execute``'s latency after a short model turn (``--turn-ms`` of sleep,
+the same before each bare ``feed_run``), for the kernel that checkpoints in ``execute`` and
+the one that checkpoints in the background (``checkpoint_in_background``; "n/a" on a
+library without it). The line before it is the CPU a trivial step costs (this process, all
+its threads, and its Monty worker) in the loop, for both: moving the dump off the step's
+path moves when it is paid, not what. ``--profile`` also prints where a kernel's trivial
+step spends its time (cProfile, own time).
 A benchmark, not a test: it never fails on speed.
 """
 
@@ -19,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import inspect
+import os
 import pstats
 import statistics
 import sys
@@ -38,6 +46,9 @@ from rlmfamily.kernels.monty import MontyKernel, monty_resource_limits, runtime_
 from rlmfamily.namespace import PRELUDE  # noqa: E402
 
 TRIVIAL = "x = 1"
+TURN_MS = 2.0  # the model turn between two steps in the loop's view: short, so that the rounds stay quick
+# Whether the library measured has background checkpoints (the bench also runs against a library from before).
+BACKGROUND = "checkpoint_in_background" in inspect.signature(MontyKernel).parameters
 CALLS_PER_STEP = 100
 STATE_CODE = "state = ['line %d of some retained text ' % i * 3 for i in range(10000)]"  # ~1 MB
 # The host functions the library's prelude calls (rlmfamily/namespace.py); here they answer nothing.
@@ -68,23 +79,79 @@ def bare_host_calls(session: object, code: str) -> None:
         snapshot = snapshot.resume({"return_value": 1})
 
 
-def alternating(limits: KernelLimits, steps: int) -> tuple[float, float, float]:
-    """Medians of a bare ``feed_run``, a bare ``feed_run`` + ``dump()`` and the kernel's trivial step, measured in
-    turn within each of ``steps`` rounds: one machine state for all three (a feed's round trip to its worker
-    process moves by up to 2x between runs here, with the CPUs the two processes land on), so their ratios hold
-    within a run. Each session grows by its own feeds, as in a session of that many steps."""
-    bare, kept, step = [], [], []
+def monty_kernel(limits: KernelLimits, *, background: bool, **kwargs: object) -> MontyKernel:
+    """A Monty kernel that checkpoints in ``execute`` or, where the library has it, in the background."""
+    if background:
+        kwargs["checkpoint_in_background"] = True
+    return MontyKernel(limits, **kwargs)  # type: ignore[arg-type]
+
+
+def alternating(limits: KernelLimits, steps: int, turn_s: float) -> dict[str, float]:
+    """Medians (seconds) of a bare ``feed_run``, a bare ``feed_run`` + ``dump()`` and the kernels' trivial step,
+    measured in turn within each of ``steps`` rounds: one machine state for all (a feed's round trip to its
+    worker process moves by up to 2x between runs here, with the CPUs the two processes land on), so their ratios
+    hold within a run. Each session grows by its own feeds, as in a session of that many steps.
+
+    Back to back (``feed``, ``floor``, ``step``, and ``step_bg``: the background kernel's step and the wait for
+    its checkpoint, what the next step would wait for), then as the loop sees them (``loop_*``): each measured
+    call after ``turn_s`` of sleep, the model's turn, during which a background checkpoint runs."""
+    names = ["feed", "floor", "step", "loop_feed", "loop_step"] + (["step_bg", "loop_step_bg"] if BACKGROUND else [])
+    samples: dict[str, list[float]] = {name: [] for name in names}
     with Monty() as pool, pool.checkout(limits=monty_resource_limits(limits)) as session, \
-            MontyKernel(limits) as kernel:  # type: ignore[arg-type]
+            monty_kernel(limits, background=False) as kernel, \
+            monty_kernel(limits, background=BACKGROUND) as in_background:  # type: ignore[arg-type]
         kernel.start({"ping": lambda: 1}, "")
+        in_background.start({"ping": lambda: 1}, "")
+        measured: dict[str, Callable[[], object]] = {
+            "feed": lambda: session.feed_run(TRIVIAL),
+            "floor": lambda: (session.feed_run(TRIVIAL), session.dump()),
+            "step": lambda: ok(kernel.execute(TRIVIAL)),
+            # Back to back, a step's checkpoint is waited for by the next step: here, at once.
+            "step_bg": lambda: (ok(in_background.execute(TRIVIAL)), in_background.flush()),
+            "loop_step_bg": lambda: ok(in_background.execute(TRIVIAL)),
+        }
+        measured.update({"loop_feed": measured["feed"], "loop_step": measured["step"]})
         for _ in range(steps):
-            for samples, run in ((bare, lambda: session.feed_run(TRIVIAL)),
-                                 (kept, lambda: (session.feed_run(TRIVIAL), session.dump())),
-                                 (step, lambda: ok(kernel.execute(TRIVIAL)))):
+            for name in names:
+                if name.startswith("loop_"):
+                    time.sleep(turn_s)
                 started = time.perf_counter()
-                run()
-                samples.append(time.perf_counter() - started)
-    return statistics.median(bare), statistics.median(kept), statistics.median(step)
+                measured[name]()
+                samples[name].append(time.perf_counter() - started)
+            if BACKGROUND:
+                # The model's turn after the round's last step, its checkpoint taken meanwhile: nothing of it may
+                # run while the next round measures the others.
+                time.sleep(turn_s)
+                in_background.flush()
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def worker_cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of a Monty worker process so far (Linux /proc)."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_step(limits: KernelLimits, steps: int, turn_s: float, *, background: bool) -> float:
+    """CPU seconds per trivial step in the loop (a turn between steps): this process (every thread) and the
+    kernel's Monty worker, over ``steps`` steps after a warm-up."""
+    with monty_kernel(limits, background=background) as kernel:
+        kernel.start({"ping": lambda: 1}, "")
+        for _ in range(20):
+            ok(kernel.execute(TRIVIAL))
+        if background:
+            kernel.flush()
+        pid = kernel.worker_pid
+        before = time.process_time() + worker_cpu_s(pid)
+        for _ in range(steps):
+            ok(kernel.execute(TRIVIAL))
+            time.sleep(turn_s)
+        if background:
+            kernel.flush()
+        assert kernel.worker_pid == pid, "the worker was replaced: the CPU would be counted on two processes"
+        return (time.process_time() + worker_cpu_s(pid) - before) / steps
 
 
 def profile_trivial_step(limits: KernelLimits, steps: int) -> None:
@@ -106,8 +173,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200, help="steps per median (default 200)")
     parser.add_argument("--profile", action="store_true", help="also profile the kernel's trivial step")
+    parser.add_argument("--turn-ms", type=float, default=TURN_MS,
+                        help=f"the model turn (sleep) before each step in the loop's view (default {TURN_MS:g})")
     args = parser.parse_args()
     steps = args.steps
+    turn_s = args.turn_ms / 1e3
     # (what, seconds, note, floor): floor is the baseline row of Monty's own cost it is compared with
     rows: list[tuple[str, float, str, str]] = []
     limits = KernelLimits()
@@ -241,10 +311,25 @@ def main() -> None:
         against = f"{seconds / floors[floor]:>5.2f}x {floor:<8}" if floor else ""
         print(f"{what:64} {seconds * 1e6:>9.1f}us {seconds / baseline:>7.0f}x {seconds / bare:>6.1f}x {against:>14}  {note}")
     print(f"empty Monty session checkpoint record: {empty_size} bytes")
-    feed, kept, step = alternating(limits, steps)
-    print(f"alternating, {steps} rounds (one state of the machine for the three): bare feed_run {feed * 1e6:.1f}us, "
-          f"feed_run + dump() {kept * 1e6:.1f}us ({kept / feed:.2f}x feed), the kernel's trivial step "
-          f"{step * 1e6:.1f}us: {step / feed:.2f}x feed, {step / kept:.2f}x feed+dump")
+    cpu = cpu_per_step(limits, steps, turn_s, background=False)
+    cpu_bg = cpu_per_step(limits, steps, turn_s, background=True) if BACKGROUND else None
+    print(f"CPU per trivial step in the loop ({args.turn_ms:g} ms turn; this process and its Monty worker): "
+          f"checkpoint in execute {cpu * 1e6:.1f}us, in the background "
+          + (f"{cpu_bg * 1e6:.1f}us" if cpu_bg is not None else "n/a"))
+    m = alternating(limits, steps, turn_s)
+
+    def step_of(name: str) -> str:
+        if name not in m:
+            return "n/a"
+        feed = m["loop_feed"] if name.startswith("loop_") else m["feed"]
+        return f"{m[name] * 1e6:.1f}us ({m[name] / feed:.2f}x feed)"
+
+    print(f"alternating, {steps} rounds (one state of the machine for all): bare feed_run {m['feed'] * 1e6:.1f}us, "
+          f"feed_run + dump() {m['floor'] * 1e6:.1f}us ({m['floor'] / m['feed']:.2f}x feed), the kernel's trivial "
+          f"step {step_of('step')}, {m['step'] / m['floor']:.2f}x feed+dump; in the background, its checkpoint waited "
+          f"for {step_of('step_bg')} | "
+          f"in the loop ({args.turn_ms:g} ms turn before each): bare feed_run {m['loop_feed'] * 1e6:.1f}us, "
+          f"the kernel's step {step_of('loop_step')}, in the background {step_of('loop_step_bg')}")
     if args.profile:
         profile_trivial_step(limits, max(steps * 5, 100))
 
