@@ -20,7 +20,9 @@ HTTP+JSON error payload).
 
 from __future__ import annotations
 
+import itertools
 import logging
+import operator
 import re
 import time
 import uuid
@@ -28,7 +30,7 @@ from contextlib import nullcontext
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.bodies import ElementCounter, check_numbers, count_elements
+from app.bodies import ElementCounter, check_numbers, count_elements, outside_strings
 from app.cards import CARD_PATHS, anonymous_allowed
 from app.errors import (
     Binding,
@@ -100,26 +102,29 @@ def check_json_text(body: bytes, max_depth: int) -> None:
         raise MalformedRequest(
             f"the body is not UTF-8 (invalid byte at offset {bad.start}); A2A bodies are UTF-8 JSON"
         ) from None
-    if "\x00" in text or (b"\\u0000" in body.lower() and _ESCAPED_NUL.search(text)):
+    # The escape in either case, as _ESCAPED_NUL reads it, without a lowered copy of the body (0.4 ms for 475 KB).
+    escaped = b"\\u0000" in body or b"\\U0000" in body
+    if "\x00" in text or (escaped and _ESCAPED_NUL.search(text)):
         raise MalformedRequest("the body carries a NUL character (\\u0000), which A2A text here cannot hold; remove it")
-    if body.count(b"[") + body.count(b"{") <= max_depth:
-        return  # cannot nest deeper than it has brackets: the usual case, at C speed
-    depth = 0
-    # Strings removed first (in C, by the regex engine), so the loop only visits brackets.
-    for bracket in _BRACKETS.finditer(_JSON_STRING.sub("", text)):
-        if bracket.group() in "[{":
-            depth += 1
-            if depth > max_depth:
-                raise MalformedRequest(
-                    f"the body nests JSON deeper than {max_depth} levels (SPECIALISTS_MAX_JSON_DEPTH)",
-                    limit="max_json_depth",
-                )
-        else:
-            depth -= 1
+    if json_depth(body) > max_depth:
+        raise MalformedRequest(
+            f"the body nests JSON deeper than {max_depth} levels (SPECIALISTS_MAX_JSON_DEPTH)",
+            limit="max_json_depth",
+        )
 
 
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_BRACKETS = re.compile(r"[\[\]{}]")
+def json_depth(body: bytes) -> int:
+    """How deep the body's JSON nests: its brackets outside strings, each opening one +1, each closing one -1, at
+    their deepest. Every step in C (``outside_strings``, then ``translate`` to one byte a bracket, then a running
+    sum): a message of 200 parts has over 400 brackets, and a regex over its strings then a loop over them cost
+    2.5 ms of every such send (issue 44). Strings are told as JSON tells them; past a body's first syntax error
+    the count may differ from a parser's, which stops there."""
+    deltas = outside_strings(body).translate(_BRACKET_DELTAS, _NOT_BRACKETS)  # opening 2, closing 0
+    return max(map(operator.sub, itertools.accumulate(deltas), itertools.count(1)), default=0)
+
+
+_NOT_BRACKETS = bytes(byte for byte in range(256) if byte not in b"[]{}")
+_BRACKET_DELTAS = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
 # \u0000 as a JSON escape: preceded by an even number of backslashes (so not an escaped backslash).
 _ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000", re.IGNORECASE)
 
