@@ -86,16 +86,20 @@ def monty_kernel(limits: KernelLimits, *, background: bool, **kwargs: object) ->
     return MontyKernel(limits, **kwargs)  # type: ignore[arg-type]
 
 
-def alternating(limits: KernelLimits, steps: int, turn_s: float) -> dict[str, float]:
+def alternating(limits: KernelLimits, steps: int, turn_s: float = 0.0) -> dict[str, float]:
     """Medians (seconds) of a bare ``feed_run``, a bare ``feed_run`` + ``dump()`` and the kernels' trivial step,
     measured in turn within each of ``steps`` rounds: one machine state for all (a feed's round trip to its
     worker process moves by up to 2x between runs here, with the CPUs the two processes land on), so their ratios
     hold within a run. Each session grows by its own feeds, as in a session of that many steps.
 
-    Back to back (``feed``, ``floor``, ``step``, and ``step_bg``: the background kernel's step and the wait for
-    its checkpoint, what the next step would wait for), then as the loop sees them (``loop_*``): each measured
-    call after ``turn_s`` of sleep, the model's turn, during which a background checkpoint runs."""
-    names = ["feed", "floor", "step", "loop_feed", "loop_step"] + (["step_bg", "loop_step_bg"] if BACKGROUND else [])
+    Back to back (``turn_s`` 0): ``feed``, ``floor``, ``step``, and ``step_bg``, the background kernel's step with
+    the wait for its checkpoint (what the next step would wait for). As the loop sees them (``turn_s`` > 0): the
+    bare ``feed``, ``step`` and ``step_bg`` (``execute`` alone), each after ``turn_s`` of sleep, the model's
+    turn, during which a background checkpoint is taken. The two are separate passes: sleeps between calls slow
+    the calls that follow them, so a back-to-back figure measured beside them is not one."""
+    in_loop = turn_s > 0
+    names = ["feed", "step"] if in_loop else ["feed", "floor", "step"]
+    names += ["step_bg"] if BACKGROUND else []
     samples: dict[str, list[float]] = {name: [] for name in names}
     with Monty() as pool, pool.checkout(limits=monty_resource_limits(limits)) as session, \
             monty_kernel(limits, background=False) as kernel, \
@@ -106,19 +110,17 @@ def alternating(limits: KernelLimits, steps: int, turn_s: float) -> dict[str, fl
             "feed": lambda: session.feed_run(TRIVIAL),
             "floor": lambda: (session.feed_run(TRIVIAL), session.dump()),
             "step": lambda: ok(kernel.execute(TRIVIAL)),
-            # Back to back, a step's checkpoint is waited for by the next step: here, at once.
-            "step_bg": lambda: (ok(in_background.execute(TRIVIAL)), in_background.flush()),
-            "loop_step_bg": lambda: ok(in_background.execute(TRIVIAL)),
+            "step_bg": (lambda: ok(in_background.execute(TRIVIAL))) if in_loop
+            else (lambda: (ok(in_background.execute(TRIVIAL)), in_background.flush())),
         }
-        measured.update({"loop_feed": measured["feed"], "loop_step": measured["step"]})
         for _ in range(steps):
             for name in names:
-                if name.startswith("loop_"):
+                if in_loop:
                     time.sleep(turn_s)
                 started = time.perf_counter()
                 measured[name]()
                 samples[name].append(time.perf_counter() - started)
-            if BACKGROUND:
+            if in_loop and BACKGROUND:
                 # The model's turn after the round's last step, its checkpoint taken meanwhile: nothing of it may
                 # run while the next round measures the others.
                 time.sleep(turn_s)
@@ -127,31 +129,41 @@ def alternating(limits: KernelLimits, steps: int, turn_s: float) -> dict[str, fl
 
 
 def worker_cpu_s(pid: int | None) -> float:
-    """User + system CPU seconds of a Monty worker process so far (Linux /proc)."""
+    """User + system CPU seconds of a Monty worker process so far (Linux /proc; clock ticks, so summed over many
+    steps, never per step)."""
     if pid is None:
         return 0.0
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def cpu_per_step(limits: KernelLimits, steps: int, turn_s: float, *, background: bool) -> float:
-    """CPU seconds per trivial step in the loop (a turn between steps): this process (every thread) and the
-    kernel's Monty worker, over ``steps`` steps after a warm-up."""
-    with monty_kernel(limits, background=background) as kernel:
-        kernel.start({"ping": lambda: 1}, "")
-        for _ in range(20):
-            ok(kernel.execute(TRIVIAL))
-        if background:
-            kernel.flush()
-        pid = kernel.worker_pid
-        before = time.process_time() + worker_cpu_s(pid)
+def cpu_per_step(limits: KernelLimits, steps: int, turn_s: float) -> dict[str, float]:
+    """CPU seconds per trivial step in the loop, for the kernel that checkpoints in ``execute`` (``step``) and the
+    one that checkpoints in the background (``step_bg``), in turn round by round: each step and the turn after it
+    (its checkpoint waited for at the end), this process's every thread and the kernel's own Monty worker."""
+    kernels = {"step": monty_kernel(limits, background=False)}
+    if BACKGROUND:
+        kernels["step_bg"] = monty_kernel(limits, background=True)
+    spent = dict.fromkeys(kernels, 0.0)
+    try:
+        for kernel in kernels.values():
+            kernel.start({"ping": lambda: 1}, "")
+            for _ in range(20):
+                ok(kernel.execute(TRIVIAL))
+        pids = {name: kernel.worker_pid for name, kernel in kernels.items()}
         for _ in range(steps):
-            ok(kernel.execute(TRIVIAL))
-            time.sleep(turn_s)
-        if background:
-            kernel.flush()
-        assert kernel.worker_pid == pid, "the worker was replaced: the CPU would be counted on two processes"
-        return (time.process_time() + worker_cpu_s(pid) - before) / steps
+            for name, kernel in kernels.items():
+                before = time.process_time() + worker_cpu_s(pids[name])
+                ok(kernel.execute(TRIVIAL))
+                time.sleep(turn_s)
+                if name == "step_bg":
+                    kernel.flush()
+                spent[name] += time.process_time() + worker_cpu_s(pids[name]) - before
+        assert pids == {name: kernel.worker_pid for name, kernel in kernels.items()}, "a worker was replaced"
+    finally:
+        for kernel in kernels.values():
+            kernel.close()
+    return {name: total / steps for name, total in spent.items()}
 
 
 def profile_trivial_step(limits: KernelLimits, steps: int) -> None:
@@ -311,25 +323,22 @@ def main() -> None:
         against = f"{seconds / floors[floor]:>5.2f}x {floor:<8}" if floor else ""
         print(f"{what:64} {seconds * 1e6:>9.1f}us {seconds / baseline:>7.0f}x {seconds / bare:>6.1f}x {against:>14}  {note}")
     print(f"empty Monty session checkpoint record: {empty_size} bytes")
-    cpu = cpu_per_step(limits, steps, turn_s, background=False)
-    cpu_bg = cpu_per_step(limits, steps, turn_s, background=True) if BACKGROUND else None
-    print(f"CPU per trivial step in the loop ({args.turn_ms:g} ms turn; this process and its Monty worker): "
-          f"checkpoint in execute {cpu * 1e6:.1f}us, in the background "
-          + (f"{cpu_bg * 1e6:.1f}us" if cpu_bg is not None else "n/a"))
-    m = alternating(limits, steps, turn_s)
+    cpu = cpu_per_step(limits, steps, turn_s)
+    print(f"CPU per trivial step in the loop ({args.turn_ms:g} ms turn; this process and its Monty worker, in turn): "
+          f"checkpoint in execute {cpu['step'] * 1e6:.1f}us, in the background "
+          + (f"{cpu['step_bg'] * 1e6:.1f}us" if "step_bg" in cpu else "n/a"))
+    b2b = alternating(limits, steps)
+    loop = alternating(limits, steps, turn_s)
 
-    def step_of(name: str) -> str:
-        if name not in m:
-            return "n/a"
-        feed = m["loop_feed"] if name.startswith("loop_") else m["feed"]
-        return f"{m[name] * 1e6:.1f}us ({m[name] / feed:.2f}x feed)"
+    def step_of(m: dict[str, float], name: str) -> str:
+        return f"{m[name] * 1e6:.1f}us ({m[name] / m['feed']:.2f}x feed)" if name in m else "n/a"
 
-    print(f"alternating, {steps} rounds (one state of the machine for all): bare feed_run {m['feed'] * 1e6:.1f}us, "
-          f"feed_run + dump() {m['floor'] * 1e6:.1f}us ({m['floor'] / m['feed']:.2f}x feed), the kernel's trivial "
-          f"step {step_of('step')}, {m['step'] / m['floor']:.2f}x feed+dump; in the background, its checkpoint waited "
-          f"for {step_of('step_bg')} | "
-          f"in the loop ({args.turn_ms:g} ms turn before each): bare feed_run {m['loop_feed'] * 1e6:.1f}us, "
-          f"the kernel's step {step_of('loop_step')}, in the background {step_of('loop_step_bg')}")
+    print(f"alternating, {steps} rounds (one state of the machine for all): bare feed_run {b2b['feed'] * 1e6:.1f}us, "
+          f"feed_run + dump() {b2b['floor'] * 1e6:.1f}us ({b2b['floor'] / b2b['feed']:.2f}x feed), the kernel's "
+          f"trivial step {step_of(b2b, 'step')}, {b2b['step'] / b2b['floor']:.2f}x feed+dump; in the background, its "
+          f"checkpoint waited for {step_of(b2b, 'step_bg')} | in the loop ({args.turn_ms:g} ms turn before each): "
+          f"bare feed_run {loop['feed'] * 1e6:.1f}us, the kernel's step {step_of(loop, 'step')}, in the background "
+          f"{step_of(loop, 'step_bg')}")
     if args.profile:
         profile_trivial_step(limits, max(steps * 5, 100))
 
