@@ -207,6 +207,13 @@ class JournaledKernel:
                              "restored": result.restored_from_checkpoint, "output_sha256": output_digest(result)})
         return result
 
+    def flush(self) -> None:
+        """Wait for the inner kernel's record of its last step, where it takes it in the background
+        (``MontyKernel.flush``); a no-op for a kernel that records in ``execute`` or not at all."""
+        flush = getattr(self.inner, "flush", None)
+        if flush is not None:
+            flush()
+
     def close(self) -> None:
         try:
             self.inner.close()

@@ -675,6 +675,11 @@ class _Run:
         answered = self.answer.value is not None and self.answer.turn == self.turn
         if answered:
             observation += "\n[final answer recorded]"
+        # A resume needs the kernel's record of every step the trajectory records: a kernel that takes it in the
+        # background (MontyKernel(checkpoint_in_background=True)) has taken it meanwhile, or is waited for here.
+        flush = getattr(self.kernel, "flush", None)
+        if flush is not None:
+            flush()
         self.trajectory.write(
             "step", turn=self.turn, code=code, ok=result.ok, error_code=result.error_code, error=result.error,
             stdout_bytes=result.stdout_bytes, stdout_truncated=result.stdout_truncated,

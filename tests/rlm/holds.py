@@ -18,6 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlmfamily.kernels.checkpoints import FileCheckpointStore
+
 # A held party lets go by itself after this, so a deadline that is ignored fails an assertion
 # instead of hanging until pytest-timeout. Longer than any setting a test holds a call against.
 HOLD_LIMIT_S = 10.0
@@ -120,3 +122,20 @@ class GateOpener(threading.Thread):
     def check(self) -> None:
         self.join(POLL_LIMIT_S)
         assert self.failure is None, self.failure
+
+
+class HeldStore(FileCheckpointStore):
+    """A real file store (no fsync) whose ``put`` of record ``held_seq`` waits in ``hold`` until the test lets it
+    go: a Monty kernel's checkpoint that is certainly still being written (``checkpoint_in_background``)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root, fsync=False)
+        self.hold = Hold()
+        self.held_seq: int | None = None
+        self.put_seqs: list[int] = []
+
+    def put(self, session_id: str, seq: int, data: bytes) -> None:
+        if seq == self.held_seq:
+            self.hold()
+        super().put(session_id, seq, data)
+        self.put_seqs.append(seq)

@@ -17,6 +17,8 @@ import shutil
 import signal
 import subprocess
 import re
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +27,14 @@ import pytest
 from rlmfamily.budget import BudgetLedger
 from rlmfamily.cli import build_parser
 from rlmfamily.context import Context
+from rlmfamily.kernels.monty import MontyKernel
 from rlmfamily.providers import ScriptedProvider
 from rlmfamily.resume import prepare
 from rlmfamily.session import Session
 from rlmfamily.settings import load_settings
 from rlmfamily.trajectory import FILENAME, read_trajectory
 
-from .holds import wait_until
+from .holds import HOLD_LIMIT_S, HeldStore, wait_until
 from .test_cli import RLM, rlm
 
 pytestmark = pytest.mark.timeout(180)
@@ -165,6 +168,52 @@ def test_a_killed_run_resumes_to_its_answer_without_asking_an_answered_subcall_a
 
     again = run.resume()
     assert again.returncode == 2 and "[run_finished]" in again.stderr
+
+
+def waiting_for_a_checkpoint(thread: threading.Thread) -> bool:
+    """``thread`` is blocked waiting for a Monty kernel's background checkpoint (rlmfamily/kernels/_background.py)."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    while frame is not None:
+        if frame.f_code.co_name == "wait" and frame.f_code.co_filename.endswith("_background.py"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_a_step_reaches_the_trajectory_only_once_a_background_checkpoint_has_stored_it(
+        fixture_repo: Path, make_settings, write_script) -> None:
+    """A resume needs the record of every step the trajectory records (the newest record is its step count): a
+    kernel that checkpoints in the background (checkpoint_in_background) is waited for before a step is written."""
+    settings = make_settings()
+    run_id = "background-run"
+    store = HeldStore(settings.runs_dir / run_id / "checkpoints")
+    store.held_seq = 2  # the record of the second step (0: the kernel's start)
+
+    def kernel_factory(name: str, settings: Any, run_dir: Path, run_id: str, **kwargs: Any) -> MontyKernel:
+        return MontyKernel(limits=settings.kernel_limits(), store=store, session_id=run_id,
+                           record_pending_calls=False, checkpoint_in_background=True)
+
+    script = write_script(["x = 41", "x += 1", "final_answer(x)"])
+    session = Session(context=Context.from_repository(fixture_repo, settings),
+                      provider=ScriptedProvider.from_file(script), settings=settings, kernel="monty",
+                      kernel_factory=kernel_factory, run_id=run_id, extensions=[])
+    results = []
+    runner = threading.Thread(target=lambda: results.append(session.run("what is x?")))
+    runner.start()
+    try:
+        assert store.hold.entered.wait(HOLD_LIMIT_S), "the second step's record never reached the store"
+        # The run goes as far as it can while the record is held: until it waits for the checkpoint (to record the
+        # step, or, were it not waited for there, to run the third step).
+        wait_until(lambda: waiting_for_a_checkpoint(runner), "the run waits for the second step's checkpoint")
+        steps = [e for e in read_trajectory(settings.runs_dir / run_id / FILENAME) if e["event"] == "step"]
+        assert [s["code"] for s in steps] == ["x = 41"]  # the second step ran; it is not recorded before its record
+    finally:
+        store.hold.release()
+        runner.join(HOLD_LIMIT_S)
+    [result] = results
+    assert result.answer == "42" and result.stop_reason == "answered"
+    steps = [e for e in read_trajectory(result.trajectory_path) if e["event"] == "step"]
+    assert len(steps) == 3 and store.list(run_id)[-1] == len(steps)
 
 
 def test_records_that_disagree_are_refused_and_nothing_is_appended(interrupted) -> None:

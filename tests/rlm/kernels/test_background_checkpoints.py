@@ -24,7 +24,7 @@ from rlmfamily.kernels.base import KernelLimits, KernelNotStarted
 from rlmfamily.kernels.checkpoints import Checkpoint, CheckpointConflict, CheckpointError, FileCheckpointStore
 from rlmfamily.kernels.monty import MontyKernel
 
-from ..holds import Hold, wait_until
+from ..holds import HeldStore, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,22 +34,6 @@ FAST = KernelLimits(step_timeout_s=0.5, max_memory_bytes=32 * 1024 * 1024)
 BIG_STATE = "state = ['line %d of some retained text ' % i * 3 for i in range(10000)]"  # ~1.2 MB dump
 ENDLESS = "kept = 'damaged'\nwhile True:\n    pass"
 MEMORY_HOG = "kept = 'damaged'\nhog = []\nwhile True:\n    hog.append('x' * 100000)"
-
-
-class HeldStore(FileCheckpointStore):
-    """A real file store whose ``put`` of a chosen record waits until the test lets it go."""
-
-    def __init__(self, root: Path) -> None:
-        super().__init__(root, fsync=False)
-        self.hold = Hold()
-        self.held_seq: int | None = None
-        self.put_seqs: list[int] = []
-
-    def put(self, session_id: str, seq: int, data: bytes) -> None:
-        if seq == self.held_seq:
-            self.hold()
-        super().put(session_id, seq, data)
-        self.put_seqs.append(seq)
 
 
 @pytest.fixture
