@@ -216,6 +216,47 @@ def test_a_step_reaches_the_trajectory_only_once_a_background_checkpoint_has_sto
     assert len(steps) == 3 and store.list(run_id)[-1] == len(steps)
 
 
+class InterruptedInTheBackground(Interrupted):
+    """The same run, its Monty kernel checkpointing in the background: a Session in Python, as ``rlm run`` builds
+    it but with its own kernel factory (the command's kernel checkpoints in ``execute``)."""
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RLM_")}
+        env.update({"RLM_DATA_DIR": str(self.data), **self.env})
+        program = f"""
+from rlmfamily.context import Context
+from rlmfamily.kernels.checkpoints import FileCheckpointStore
+from rlmfamily.kernels.monty import MontyKernel
+from rlmfamily.providers import ScriptedProvider
+from rlmfamily.session import Session
+from rlmfamily.settings import load_settings
+
+def kernel_factory(name, settings, run_dir, run_id, **kwargs):
+    return MontyKernel(limits=settings.kernel_limits(), store=FileCheckpointStore(run_dir / "checkpoints"),
+                       session_id=run_id, record_pending_calls=False, checkpoint_in_background=True)
+
+settings = load_settings(kernel="monty")
+Session(context=Context.from_document({str(self.doc)!r}, settings), provider=ScriptedProvider.from_file(
+    {str(self.script)!r}), settings=settings, kernel_factory=kernel_factory).run({QUESTION!r})
+"""
+        return subprocess.Popen([sys.executable, "-c", program], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def test_a_killed_run_whose_kernel_checkpoints_in_the_background_resumes_to_its_answer(tmp_path: Path) -> None:
+    run = InterruptedInTheBackground(tmp_path, "monty")
+    try:
+        run.wait_for_the_held_subcall()
+    finally:
+        run.kill()
+    run.release()
+    resumed = run.resume("--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["answer"] == "ONE TWO 42"  # x from the first step's record
+    [resume_event] = [e for e in read_trajectory(run.trajectory) if e["event"] == "run_resumed"]
+    assert resume_event["restore"] == "checkpoint" and resume_event["steps"] == 1
+
+
 def test_records_that_disagree_are_refused_and_nothing_is_appended(interrupted) -> None:
     run = interrupted("monty")
     run.wait_for_the_held_subcall()
