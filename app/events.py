@@ -12,6 +12,14 @@ A blocking SendMessage does not read the events at all (``watching``, ``until_in
 it watches the task's notifications from before its admission commits, and on
 each wake-up asks, in one statement outside any transaction, for the task only
 if it has stopped; the task travels once, at the end (issue 44).
+
+A stream (``subscribe``) reads the events the same way: each read, and the cursor
+it starts from, is one statement in autocommit on the driver (``core.db.driver_rows``),
+one round trip, and a read comes after a notification (or the poll), never straight
+after a read that found events. The SDK's stream opened a session for each, three
+round trips (BEGIN, the read, ROLLBACK), and read again at once after every event it
+found: six round trips an event, on the way of every event to its customer, the last
+one included (issue 44, "finished -> the customer has the final event").
 """
 
 from __future__ import annotations
@@ -22,16 +30,25 @@ import logging
 from collections.abc import AsyncGenerator, Iterator
 
 from a2a.server.cluster import DatabaseTaskEventStream, TaskVersion, VersionedEvent
-from a2a.server.cluster.database_event_stream import stream_response_to_event
+from a2a.server.cluster.database_event_stream import _as_int, stream_response_to_event
+from a2a.server.models import TaskEventModel
 from a2a.types.a2a_pb2 import StreamResponse, Task
-from sqlalchemy import and_, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from core import db
 from taskstate import rows
 from taskstate.notify import TASK_EVENTS, Listener, Notifier
 
 log = logging.getLogger(__name__)
+
+# The SDK stream's two reads (``_seq_at_or_before_version`` and its poll) of its table, in psycopg's form for
+# ``driver_rows``.
+_EVENTS = TaskEventModel.__tablename__
+_CURSOR_SQL = (f"SELECT seq FROM {_EVENTS} WHERE task_id = %(task_id)s AND task_version <= %(version)s "
+               "ORDER BY seq DESC LIMIT 1")
+_EVENTS_AFTER_SQL = (f"SELECT seq, task_version, event_data FROM {_EVENTS} WHERE task_id = %(task_id)s "
+                     "AND seq > %(cursor)s ORDER BY seq")
 
 
 class NotifiedEventStream(DatabaseTaskEventStream):
@@ -85,20 +102,12 @@ class NotifiedEventStream(DatabaseTaskEventStream):
     ) -> AsyncGenerator[VersionedEvent, None]:
         woken = self._listener.watch(TASK_EVENTS, task_id)
         try:
-            async with self._session_maker() as session:
-                cursor = await self._seq_at_or_before_version(session, task_id, after)
-            model = self._event_model
+            cursor = await self._cursor(task_id, after)
             while True:
                 woken.clear()  # before reading: a notification that lands during the read is not lost
                 try:
-                    async with self._session_maker() as session:
-                        rows = (
-                            await session.execute(
-                                select(model.seq, model.task_version, model.event_data)
-                                .where(and_(model.task_id == task_id, model.seq > cursor))
-                                .order_by(model.seq.asc())
-                            )
-                        ).all()
+                    async with self._autocommit.connect() as conn:
+                        rows = await db.driver_rows(conn, _EVENTS_AFTER_SQL, {"task_id": task_id, "cursor": cursor})
                 except OperationalError:
                     log.debug("transient error reading events of %s; retrying", task_id, exc_info=True)
                     rows = []
@@ -110,8 +119,18 @@ class NotifiedEventStream(DatabaseTaskEventStream):
                     response = StreamResponse()
                     response.ParseFromString(event_data)
                     yield VersionedEvent(event=stream_response_to_event(response), version=version)
-                if not rows:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(woken.wait(), timeout=self._poll_interval_s)
+                # Whatever was committed after this read notifies after its commit, so the next read waits for a
+                # notification (set meanwhile, it returns at once) even after a read that found events.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), timeout=self._poll_interval_s)
         finally:
             self._listener.unwatch(TASK_EVENTS, task_id, woken)
+
+    async def _cursor(self, task_id: str, after: TaskVersion) -> int:
+        """The seq of the task's last event at or before ``after`` (0: none, or no version): the SDK's
+        ``_seq_at_or_before_version``, in one round trip."""
+        if after.is_missing:
+            return 0
+        async with self._autocommit.connect() as conn:
+            found = await db.driver_rows(conn, _CURSOR_SQL, {"task_id": task_id, "version": _as_int(after)})
+        return found[0][0] if found else 0

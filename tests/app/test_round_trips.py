@@ -6,7 +6,8 @@ pings. The budget (docs/A2A_EDGE.md, "What an admission costs the database"):
 two round trips on the request's path (the rate-limit count, then the admission
 statement), and the wake-up for the dispatchers after the answer, off the
 request's path and shared by the admissions of the moment. A blocking send adds
-one read for each notification of its task's events, and nothing else (issue 44).
+one read for each notification of its task's events, and nothing else (issue 44); a stream reads where its events
+start, then once more, then once per notification, each read one round trip.
 A pooled connection the server ended costs no request (``core.db``'s checkout
 check, no ping). These tests count; they never time.
 """
@@ -45,6 +46,11 @@ SENDS = 12
 # The same send cost 19 before issue 44: its wait read the event log (a BEGIN/ROLLBACK pair around the cursor's
 # read and each poll of the events, then the task read whole).
 BLOCKING_SEND_ROUND_TRIPS = 5
+# A streamed send whose task works, then completes: the rate-limit count, the admission, the dispatchers' wake-up,
+# the stream's cursor (its task's first event), its first read (nothing yet), and one read per notification. 16
+# at 729e253, before issue 44's stream reads: the cursor and every read in a session of its own (BEGIN, the read,
+# ROLLBACK), and a read again at once after each read that found an event.
+STREAMED_SEND_ROUND_TRIPS = 7
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +179,43 @@ def test_a_blocking_send_reads_its_task_once_per_notification_and_answers_on_the
     # The key's check, when its revocation cache ran out meanwhile (a slow run), is not the wait's: left out.
     assert cost["key_checks"] <= 1, cost
     assert (cost["round_trips"] - cost["key_checks"], cost["wakeups"]) == (BLOCKING_SEND_ROUND_TRIPS, 1), (
+        cost, counter.snapshot()[3])
+
+
+def test_a_streamed_send_reads_its_events_in_one_round_trip_a_read(counted_edge, make_customer, engine: Engine):
+    edge, counter = counted_edge
+    customer = make_customer(credits=PAID_TARIFF * 8, max_parallel=8)
+    for _ in range(6):  # every statement of a send prepared on the connection it uses, the key cached
+        _send(edge, counter, customer)
+    owner = f"{customer.customer_id}:{PAID}"
+    known = set(_task_ids(engine, owner))
+    count = Count(counter)
+    received: list[str] = []
+
+    def stream() -> int:
+        with http_calls.stream("POST", f"{edge.specialist(PAID)}/message:stream", json=message(),
+                               headers=customer.headers, timeout=None) as answer:
+            for line in answer.iter_lines():
+                if line.startswith("data:"):
+                    received.append(line)
+            return answer.status_code
+
+    with ThreadPoolExecutor(1) as pool:
+        streamed = pool.submit(stream)
+        # The rate-limit count, the admission, the wake-up (after the answer), the stream's cursor and first read.
+        wait_until(lambda: count.since()["round_trips"] - count.since()["key_checks"] >= 5 and received,
+                   what="the admission, its wake-up, the task on the stream and the stream's first read")
+        [task_id] = set(_task_ids(engine, owner)) - known
+        move(engine, task_id, owner, TaskState.TASK_STATE_WORKING, notify=True)
+        wait_until(lambda: len(received) >= 2, what="the working event on the stream")
+        move(engine, task_id, owner, TaskState.TASK_STATE_COMPLETED, notify=True)
+        assert streamed.result() == 200, received
+    states = [line for line in received if "statusUpdate" in line]
+    assert len(received) == 3 and task_id in received[0], received  # the task, then its two status updates
+    assert ["TASK_STATE_WORKING" in states[0], "TASK_STATE_COMPLETED" in states[1]] == [True, True], states
+    cost = count.since()
+    assert cost["key_checks"] <= 1, cost  # its revocation cache may run out meanwhile (a slow run): not the stream's
+    assert (cost["round_trips"] - cost["key_checks"], cost["wakeups"]) == (STREAMED_SEND_ROUND_TRIPS, 1), (
         cost, counter.snapshot()[3])
 
 
