@@ -46,8 +46,8 @@ checkpoint thread (``_background.Background``), which overlaps what the caller
 does next (in the RLM loop: the model's next turn). pydantic-monty releases the
 GIL while it waits on the worker's pipe (measured, 1.4), so the overlap is real
 when the caller waits on I/O. Everything that needs the state after the step
-waits for it first: ``execute``, ``flush``, ``last_checkpoint``, ``recover``,
-``close``. A failed background checkpoint raises at that next call, the same
+waits for it first: ``execute``, ``flush``, ``last_checkpoint``, ``start``,
+``recover``, ``close``. A failed background checkpoint raises at that next call, the same
 exception a synchronous one would have raised from ``execute``, never swallowed.
 The session is never used by both threads: every use of it on the caller's thread
 goes through ``_idle_session``, which asserts that no checkpoint is pending.
