@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import defaultdict
 
 import psycopg
@@ -126,21 +127,29 @@ class Listener:
 
 # Many wake-ups in one statement: channels and payloads as two parallel arrays.
 _NOTIFY = text("SELECT pg_notify(c, p) FROM unnest(CAST(:channels AS text[]), CAST(:payloads AS text[])) AS n(c, p)")
+# At most one wake-up statement goes out within this long: under load, one round trip carries many.
+NOTIFY_COALESCE_S = 0.005
 
 
 class Notifier:
-    """Sends wake-ups after commits, at once. A wake-up asked for while none is being sent goes out in the asker's
-    own round trip, awaited: the dispatcher takes the job while the edge still answers the customer (issue 44: it
-    waited out a 5 ms window, then for the edge's loop to finish the answer it was busy writing, 5-24 ms of
-    admission -> claim). Those asked for while one is in flight go out together right after it, off their askers'
-    paths: under load one round trip carries many, and only one asker at a time waits for one. Best effort: a lost
-    wake-up costs a poll interval of latency."""
+    """Sends wake-ups after commits: at most one statement every ``coalesce_s``, the first at once.
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    A wake-up asked for when none went out within ``coalesce_s`` goes out at once, in its asker's own round trip
+    (awaited): the dispatcher takes the job while the edge still answers the customer (issue 44: every wake-up
+    waited out the window, then for the edge's loop to finish the answer it was writing, 5-24 ms of admission ->
+    claim). Those asked for within the window after it go out together when it has passed, off their askers'
+    paths, as all of them did before: under load one statement carries many, and the statement rate stays bounded.
+    Best effort: a lost wake-up costs a poll interval of latency."""
+
+    def __init__(self, engine: AsyncEngine, *, coalesce_s: float = NOTIFY_COALESCE_S) -> None:
+        assert coalesce_s >= 0, coalesce_s
         self.engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self.coalesce_s = coalesce_s
         self._pending: set[tuple[str, str]] = set()
-        self._sending = False  # a round trip is in flight (an asker's, or the flush after it): it takes what comes
-        self._flusher: asyncio.Task[None] | None = None
+        self._sending = False  # an asker's own round trip is in flight: what is asked for meanwhile waits its turn
+        self._next_at = -math.inf  # the loop's time before which no further statement goes out
+        self._flusher: asyncio.Task[None] | None = None  # the turn after the window, asleep or sending
+        self._closing = asyncio.Event()  # shutdown: the turn after the window goes now
 
     async def task_event(self, task_id: str) -> None:
         await self._request(TASK_EVENTS, task_id)
@@ -153,36 +162,50 @@ class Notifier:
 
     async def _request(self, channel: str, payload: str) -> None:
         self._pending.add((channel, payload))
-        if self._sending:  # the round trip in flight, or the flush right after it, sends this one too
-            return
-        self._sending = True
-        try:
-            await self._send_pending()
-        finally:
-            if self._pending:  # asked for during the round trip: one more, off this asker's path
-                self._flusher = asyncio.create_task(self._flush(), name="edge-notifier")
-            else:
-                self._sending = False
+        if self._sending or (self._flusher is not None and not self._flusher.done()):
+            return  # the round trip in flight, or the turn after the window, takes this one
+        if asyncio.get_running_loop().time() >= self._next_at:
+            try:
+                await self._send_pending()  # nothing went out within the window: at once
+            finally:
+                self._schedule()  # what was asked for during the round trip
+        else:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        if self._pending and (self._flusher is None or self._flusher.done()):
+            self._flusher = asyncio.create_task(self._flush(), name="edge-notifier")
 
     async def _flush(self) -> None:
-        try:
-            while self._pending:
-                await self._send_pending()
-        finally:
-            self._sending = False
+        loop = asyncio.get_running_loop()
+        while self._pending:
+            wait_s = self._next_at - loop.time()
+            if wait_s > 0 and not self._closing.is_set():
+                try:
+                    await asyncio.wait_for(self._closing.wait(), wait_s)
+                except TimeoutError:
+                    pass
+            await self._send_pending()
 
     async def _send_pending(self) -> None:
         batch, self._pending = sorted(self._pending), set()
+        self._sending = True
+        self._next_at = asyncio.get_running_loop().time() + self.coalesce_s
         try:
             async with self.engine.connect() as conn:
                 await conn.execute(_NOTIFY, {"channels": [c for c, _ in batch], "payloads": [p for _, p in batch]})
         except Exception as exc:
             log.debug("could not send %d wake-up(s) (%s); listeners will poll", len(batch), type(exc).__name__)
+        finally:
+            self._sending = False
 
     async def close(self) -> None:
-        """Send what is pending (shutdown)."""
+        """Send what is pending at once (shutdown)."""
+        self._closing.set()
         if self._flusher is not None and not self._flusher.done():
             await self._flusher
+        if self._pending:
+            await self._send_pending()
 
 
 _NOTIFY_ONE = text("SELECT pg_notify(:channel, :payload)")
