@@ -1,7 +1,7 @@
 """Admission benchmark: SendMessage with returnImmediately through the edge, against a bare a2a-sdk server.
 
     .venv/bin/python bench/admission.py [--seconds 10] [--clients 32] [--warmup 2] [--rounds 2] [--idempotency-key]
-                                        [--telemetry] [--profile PREFIX [--py-spy PATH]]
+                                        [--telemetry] [--profile PREFIX [--py-spy PATH]] [--files N]
 
 Starts its own database: a fresh database on the server named by DATABASE_URL when it
 is set (dropped afterwards), otherwise an embedded PostgreSQL in a temporary folder.
@@ -23,6 +23,10 @@ is not the bottleneck) sending ``POST /message:send`` with ``returnImmediately``
             it decodes every export and counts what it holds, as a collector sidecar would
             decode it, on the same two cores). Each round measures edge and edge+otel one
             after the other, in alternating order, so drift on a shared machine favours neither.
+
+``--files N``: every send carries bench/specialist.py's review bundle of N files instead of one word (the
+default 200: 201 parts, a 464 KB body), as inline raw parts, to the same paid specialist (which then takes
+them: 256 parts, 1 MiB, a 4 MiB body): what a large message costs each side to take in, answered at once.
 
 CPU per admission: each closed-loop run's server process (the edge's, the baseline's), and for the edge the
 PostgreSQL backends of its pool beside it (read from /proc, as bench/dispatch.py reads them): on one machine
@@ -63,16 +67,26 @@ if TYPE_CHECKING:
     from ops.topology import Ready, Role
 
 TARIFF = 5
-SPEC = f"""\
+def spec_yaml(max_parts: int = 16, max_input_bytes: int = 256 * 1024) -> str:
+    """The paid specialist nobody claims, with its message limits (the spec's defaults unless ``--files``)."""
+    return f"""\
 id: bench-paid
 name: Bench
 description: A paid specialist nobody claims.
 executor: rlm
 tariff_credits: {TARIFF}
 skill: {{id: bench, name: Bench, description: Benchmark skill.}}
-input_modes: [text/plain]
+input_modes: [text/plain, text/x-python]
 output_modes: [text/plain]
+limits: {{max_parts: {max_parts}, max_input_bytes: {max_input_bytes}}}
 """
+
+
+# --files: the spec's limits and the edge's body limit, room for bench/specialist.py's bundles (200 files: 464 KB).
+LARGE_MAX_PARTS, LARGE_MAX_INPUT_BYTES, LARGE_MAX_BODY_BYTES = 256, 1024 * 1024, 4 * 1024 * 1024
+# Set by --files for the load processes: every send then carries that many files.
+FILES_SWITCH = "BENCH_FILES"
+MESSAGE_ID_SLOT = "@@message-id@@"
 SECRET = "bench-signing-secret-" + "b" * 40
 LOAD_PROCESSES = 2
 # Set by --idempotency-key for the load processes: every send then carries a new Idempotency-Key header.
@@ -260,6 +274,7 @@ async def _load(url: str, seconds: float, warmup_s: float, keys: list[str], rate
     errors: dict[str, int] = {}
     answered = 0  # every answer, warm-up included: what the server's CPU and spans are divided by
     with_key = os.environ.get(KEY_SWITCH) == "1"
+    template = send_template(int(os.environ.get(FILES_SWITCH) or 0))
     start = time.perf_counter()
     measure_from = start + warmup_s
     stop_at = measure_from + seconds
@@ -281,12 +296,7 @@ async def _load(url: str, seconds: float, warmup_s: float, keys: list[str], rate
                 return
             if with_key:
                 headers["Idempotency-Key"] = str(uuid.uuid4())
-            body = json.dumps(
-                {
-                    "message": {"messageId": str(uuid.uuid4()), "role": "ROLE_USER", "parts": [{"text": "go"}]},
-                    "configuration": {"returnImmediately": True},
-                }
-            ).encode()
+            body = template.replace(MESSAGE_ID_SLOT.encode(), str(uuid.uuid4()).encode())
             status = await connection.post(parts.path, headers, body)
             done = time.perf_counter()
             answered += 1
@@ -298,6 +308,22 @@ async def _load(url: str, seconds: float, warmup_s: float, keys: list[str], rate
 
     await asyncio.gather(*(client(key) for key in keys))
     return {"latencies": latencies, "errors": errors, "answered": answered}
+
+
+def send_template(files: int) -> bytes:
+    """The body of every send, ``MESSAGE_ID_SLOT`` where its messageId goes: one word, or ``files`` files of
+    bench/specialist.py's bundle as raw parts beside its rule (printed once, not per send: the load processes must
+    cost far less than the servers)."""
+    parts: list[dict] = [{"text": "go"}]
+    if files:
+        import base64
+
+        from bench.specialist import RULE, bundle
+
+        parts = [{"text": RULE}] + [{"raw": base64.b64encode(text.encode()).decode(), "filename": name,
+                                     "mediaType": "text/x-python"} for name, text in bundle(files).items()]
+    return json.dumps({"message": {"messageId": MESSAGE_ID_SLOT, "role": "ROLE_USER", "parts": parts},
+                       "configuration": {"returnImmediately": True}}).encode()
 
 
 def load_process(url: str, seconds: float, warmup_s: float, rate_per_s: float, keys: list[str]) -> None:
@@ -507,16 +533,22 @@ def main() -> None:
                         help="sample the edge with py-spy during each closed-loop edge run: PREFIX.<n>.txt, collapsed "
                              "stacks (py-spy's raw format)")
     parser.add_argument("--py-spy", default="py-spy", help="with --profile: the py-spy executable")
+    parser.add_argument("--files", type=int, default=0, metavar="N",
+                        help="every send carries bench/specialist.py's bundle of N files (200: a 464 KB body) as raw "
+                             "parts, instead of one word")
     args = parser.parse_args()
     from ops.topology import Ready, ops_cli, stop
 
     if args.idempotency_key:
         os.environ[KEY_SWITCH] = "1"
+    if args.files:
+        os.environ[FILES_SWITCH] = str(args.files)
 
     load_before = os.getloadavg()[0]
     url, drop = database(os.environ.get("DATABASE_URL"))
     specs = Path(tempfile.mkdtemp(prefix="bench-specs-"))
-    (specs / "bench-paid.yaml").write_text(SPEC)
+    large = bool(args.files)
+    (specs / "bench-paid.yaml").write_text(spec_yaml(LARGE_MAX_PARTS, LARGE_MAX_INPUT_BYTES) if large else spec_yaml())
     tokens = customers(url, args.clients)
     edge_port, base_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECIALISTS_")}
@@ -534,6 +566,7 @@ def main() -> None:
             # The edge alone: nothing claims the outbox (bench/dispatch.py measures the rest of the path).
             "SPECIALISTS_SERVE_WORKER": "false",
             "SPECIALISTS_SERVE_DISPATCHER": "false",
+            **({"SPECIALISTS_MAX_REQUEST_BODY_BYTES": str(LARGE_MAX_BODY_BYTES)} if large else {}),
         }
     )
     edge = start("edge", ops_cli("serve", "--port", str(edge_port)), env, Ready.http(f"http://127.0.0.1:{edge_port}/healthz"))
@@ -605,7 +638,8 @@ def main() -> None:
         drop()
 
     print(
-        f"\nSendMessage(returnImmediately{', Idempotency-Key' if args.idempotency_key else ''}), {args.clients} clients, {args.seconds:g} s per run, {os.cpu_count()} CPUs, "
+        f"\nSendMessage(returnImmediately{', Idempotency-Key' if args.idempotency_key else ''}"
+        f"{f', {args.files} files: a {len(send_template(args.files)) // 1024} KiB body' if args.files else ''}), {args.clients} clients, {args.seconds:g} s per run, {os.cpu_count()} CPUs, "
         f"load average {load_before:.1f} before and {os.getloadavg()[0]:.1f} after (other work on the machine skews both)"
     )
     labels = {id(r): r["name"] if not r["name"].endswith("@") else f"{r['name']}{paced_rate:.0f}/s" for r in results}
