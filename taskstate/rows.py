@@ -224,13 +224,21 @@ def lock(conn: Connection, task_id: str, owner: str, *, with_artifacts: bool = F
 
 
 # The history is spliced as json text: jsonb's ``||`` would re-encode it (and jsonb refuses a message's
-# ``\u0000``). The stored text is always a json array written by json.dumps (ours or the SDK's).
+# ``\u0000``). The stored text is a json array written by json.dumps (ours or the SDK's): an empty one is short, and
+# a full one ends with ``]``, cut as the last byte of the text's bytes (``convert_to``, once). Text functions walk
+# a multibyte text character by character (``rtrim``, ``left(..., -1)``) and json_array_length parses all of it:
+# on a 463 KB history the append took 6.7 ms, 5.1 this way (issue 44: every status event that moves a message into
+# the history, a hosted review's final one included). Stored text that does not end in ``]`` is trimmed as before.
 _APPEND_HISTORY = """
     history = CASE
-        WHEN history IS NULL OR json_typeof(history) <> 'array' OR json_array_length(history) = 0
+        WHEN history IS NULL OR json_typeof(history) <> 'array'
+             OR (octet_length(CAST(history AS text)) <= 64 AND json_array_length(history) = 0)
             THEN CAST(CAST(:appended AS text) AS json)
-        ELSE CAST(left(rtrim(CAST(history AS text), E' \\t\\r\\n'), -1) || ', '
-                  || substr(CAST(:appended AS text), 2) AS json)
+        ELSE CAST((SELECT CASE WHEN get_byte(stored, length(stored) - 1) = 93
+                               THEN convert_from(substring(stored FROM 1 FOR length(stored) - 1), 'UTF8')
+                               ELSE left(rtrim(CAST(history AS text), E' \\t\\r\\n'), -1) END
+                     FROM (SELECT convert_to(CAST(history AS text), 'UTF8') AS stored) AS bytes)
+                  || ', ' || substr(CAST(:appended AS text), 2) AS json)
     END"""
 
 

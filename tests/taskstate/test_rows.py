@@ -114,6 +114,30 @@ def test_an_event_appends_to_an_empty_history(engine):
     assert [m.message_id for m in stored.history] == ["m1"]
 
 
+@pytest.mark.parametrize("stored", [
+    "[]", "[ ]", "[\n]", "null",  # empty, or not an array: the appended messages alone
+    '[{"messageId": "m0", "role": "ROLE_USER", "parts": [{"text": "\u00e9 \u2603 ] \\"x\\""}]}]',  # json.dumps'
+    '[{"messageId": "m0", "role": "ROLE_USER", "parts": [{"text": "é ☃ ]"}]}]',  # multibyte, unescaped
+    '[{"messageId": "m0", "role": "ROLE_USER", "parts": [{"text": "a"}]}] \n\t ',  # not json.dumps': trailing space
+], ids=["empty", "empty-spaced", "empty-newline", "null", "escaped", "multibyte", "trailing-space"])
+def test_an_event_appends_to_any_stored_history_text(engine, stored):
+    """The append splices the stored json text: whatever form it has, the history reads back as it was, then the
+    appended messages."""
+    owner = f"c-{uuid.uuid4().hex[:8]}:conformance"
+    task = Task(id=str(uuid.uuid4()), context_id=str(uuid.uuid4()), status=TaskStatus(state=TaskState.TASK_STATE_WORKING))
+    with engine.begin() as conn:
+        taskrows.insert_new(conn, task, owner)
+        conn.execute(text("UPDATE tasks SET history = CAST(:h AS json) WHERE id = :t"), {"h": stored, "t": task.id})
+        before = taskrows.read(conn, task.id, owner).history
+        locked = taskrows.lock(conn, task.id, owner)
+        appended = [Message(message_id=f"m{n}", role=Role.ROLE_AGENT, parts=[Part(text=f"\u00e9 {n} ]")])
+                    for n in (1, 2)]
+        locked.task.history.extend(appended)
+        taskrows.write_event(conn, locked, locked.task)
+        stored_after = taskrows.read(conn, task.id, owner)
+    assert list(stored_after.history) == [*before, *appended]
+
+
 def test_a_tasks_lock_takes_its_version_row_before_its_task_row_as_the_sdks_store_does(engine):
     """``rows.lock`` reads both rows in one statement; the lock order stays the SDK store's (version, then task),
     or a writer of each kind could deadlock the other. Seen directly: while the task row is held elsewhere, the
