@@ -113,12 +113,30 @@ def load(path: Path) -> dict[int, RecordedStep]:
 @dataclass(frozen=True)
 class Restore:
     """How a resumed run gets its namespace back: ``fresh`` (no step had run), the Monty ``checkpoint``
-    after step ``completed``, or ``replay`` of the recorded ``codes`` (host kernel)."""
+    after step ``completed``, or ``replay`` of the recorded ``codes`` (host kernel).
+
+    A ``checkpoint`` restore with one code goes on from the record one step behind the trajectory (the crash
+    came after the step's trajectory line, before the kernel's record of it was stored: a Session writes the
+    line without waiting for it) and runs that step again, its host calls answered from the journal; the step
+    must print and end as the journal recorded it, or the resume is refused. One with ``ahead`` goes on from the
+    record of the trajectory's last step although the store holds the next step's too (``MontyKernel.recover``
+    with ``seq`` drops it)."""
 
     mode: RestoreMode
     completed: int  # steps whose record is complete (the trajectory has their observation)
-    codes: tuple[str, ...] = ()
+    codes: tuple[str, ...] = ()  # replay: every recorded step; checkpoint: the step after the record, or none
     steps: dict[int, RecordedStep] = field(default_factory=dict)
+    # checkpoint: the newest record is one step AHEAD of the trajectory (the crash came after a step's record, before
+    # its trajectory line): it is dropped once the record before it is loaded, and that step runs again as cut off.
+    ahead: bool = False
+
+    def __post_init__(self) -> None:
+        assert self.mode != "checkpoint" or len(self.codes) <= 1, "a checkpoint restore runs at most one step again"
+
+    @property
+    def checkpoint_seq(self) -> int:
+        """The Monty record a ``checkpoint`` restore loads: the step count, or one behind it."""
+        return self.completed - len(self.codes)
 
 
 class JournaledKernel:
@@ -142,20 +160,27 @@ class JournaledKernel:
         self._index = 0
         self._replaying: RecordedStep | None = None  # the recorded step running again, until it diverges
         self._diverged: str | None = None
+        # While ``start`` rebuilds the namespace nothing runs live: a call the record does not answer is refused in
+        # the sandbox (the rebuild is then refused), never asked of a model or a peer, never journaled.
+        self._restoring = False
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
     def start(self, bridge: Bridge, prelude: str) -> None:
         wrapped = {name: self._wrap(name, fn) for name, fn in bridge.items()}
         restore = self.restore
-        if restore is None or restore.mode == "fresh":
-            self.inner.start(wrapped, prelude)
-        elif restore.mode == "checkpoint":
-            self._recover(wrapped, prelude, restore)
-        else:
-            self.inner.start(wrapped, prelude)
-            for code in restore.codes:
-                self._replay(code)
+        self._restoring = restore is not None and restore.mode in ("checkpoint", "replay")
+        try:
+            if restore is None or restore.mode == "fresh":
+                self.inner.start(wrapped, prelude)
+            elif restore.mode == "checkpoint":
+                self._recover(wrapped, prelude, restore)
+            else:
+                self.inner.start(wrapped, prelude)
+                for code in restore.codes:
+                    self._replay(code)
+        finally:
+            self._restoring = False
 
     def _recover(self, bridge: Bridge, prelude: str, restore: Restore) -> None:
         from rlmfamily.kernels.checkpoints import CheckpointError
@@ -164,15 +189,44 @@ class JournaledKernel:
         if recover is None:
             raise ResumeUnsupported(f"the {self.name} kernel has no checkpoints to recover from")
         try:
-            recovery = recover(bridge, prelude)
+            recovery = recover(bridge, prelude, seq=restore.checkpoint_seq)
         except CheckpointError as exc:
             raise ResumeUnsupported(f"the Monty checkpoint cannot be loaded: [{exc.code}] {exc.message}") from None
-        if recovery.kind != "session" or recovery.seq != restore.completed:
+        if recovery.kind != "session" or recovery.seq != restore.checkpoint_seq:
             raise ResumeInconsistent(
                 f"the newest Monty checkpoint is {recovery.kind} seq {recovery.seq}, but the trajectory records "
                 f"{restore.completed} steps: the checkpoint and the trajectory disagree")
         self.checkpoint_seq = recovery.seq
-        self._step = restore.completed
+        self._step = recovery.seq
+        for code in restore.codes:  # the step whose record was never stored: run again, kept only if it agrees
+            self._rerun(code)
+
+    def _rerun(self, code: str) -> None:
+        """Run the recorded step after the checkpoint again from it; its record is stored only if the step
+        printed and ended as the journal says it did (``MontyKernel.rerun``), else the resume is refused and
+        the store, the journal and the trajectory stay as they were."""
+        rerun = getattr(self.inner, "rerun", None)
+        if rerun is None:
+            raise ResumeUnsupported(f"the {self.name} kernel cannot run a step again from its checkpoint")
+        recorded = self._begin(code)
+        assert recorded is not None and recorded.end is not None, "the trajectory's steps are all in the journal"
+        step, expected = self._step, recorded.end.get("output_sha256")
+
+        def accept(result: StepResult) -> None:
+            problem = self._diverged
+            if problem is None and output_digest(result) != expected:
+                problem = "it printed or failed differently than it did"
+            if problem is not None:
+                raise ResumeInconsistent(
+                    f"the newest Monty checkpoint is the one before step {step}, whose record was not stored before "
+                    f"the crash; step {step} was run again from it and {problem} (its code depends on something "
+                    "outside the record, such as time or random numbers), so the namespace it would leave is not "
+                    f"the one the model saw. Nothing was changed; start this question again with `rlm run`")
+
+        try:
+            rerun(code, accept)
+        finally:
+            self._end(recorded, None)
 
     def _replay(self, code: str) -> None:
         """Run a recorded step again; it must end as recorded, or the namespace is not the one the model saw."""
@@ -188,6 +242,13 @@ class JournaledKernel:
                 "kernel (RLM_KERNEL=monty) for runs you may resume; start this question again with `rlm run`")
 
     def execute(self, code: str) -> StepResult:
+        recorded = self._begin(code)
+        result = self.inner.execute(code)
+        self._end(recorded, result)
+        return result
+
+    def _begin(self, code: str) -> RecordedStep | None:
+        """The next step begins: its record, when it runs again (its calls are answered from it), else journaled."""
         with self._lock:
             self._step += 1
             self._index = 0
@@ -199,13 +260,14 @@ class JournaledKernel:
             self._replaying = recorded
             if recorded is None:
                 self._write({"kind": "step", "step": self._step, "code_sha256": digest(code)})
-        result = self.inner.execute(code)
+            return recorded
+
+    def _end(self, recorded: RecordedStep | None, result: StepResult | None) -> None:
         with self._lock:
             self._replaying = None
-            if recorded is None or recorded.end is None:
+            if result is not None and (recorded is None or recorded.end is None):
                 self._write({"kind": "step_end", "step": self._step, "ok": result.ok, "error_code": result.error_code,
                              "restored": result.restored_from_checkpoint, "output_sha256": output_digest(result)})
-        return result
 
     def flush(self) -> None:
         """Wait for the inner kernel's record of its last step, where it takes it in the background
@@ -273,6 +335,8 @@ class JournaledKernel:
                 self._diverged = (f"its host call {index} is {name}({_preview(args)}) where the record has "
                                   f"{recorded['name']} with other arguments")
                 self._replaying = None
+                if self._restoring:
+                    return step, index, _not_run(name)
                 return step, index, None
             return step, index, recorded
 
@@ -303,6 +367,12 @@ def _timed_out(name: str, timeout_s: float) -> Record:
     # The message the kernels' HostCaller gives a call it abandoned at its deadline.
     return {"ok": False, "exc_type": "TimeoutError",
             "message": f"host function {name} {HOST_CALL_TIMEOUT_MARK}={timeout_s:g}s; it was abandoned"}
+
+
+def _not_run(name: str) -> Record:
+    return {"ok": False, "exc_type": "RuntimeError",
+            "message": f"host function {name} was not run: the step diverged from its record while the namespace "
+                       "was rebuilt"}
 
 
 def _outcome_unknown(name: str) -> Record:

@@ -7,8 +7,12 @@ What comes back from where (the records are all under the data dir):
   ids), each ``step`` the observation the model was shown; calls that ran no
   step get the same fixed result as before. The next root call sends what the
   run would have sent;
-- the namespace: Monty's from its newest checkpoint (one is written after every
-  step); the host kernel's by running the recorded steps again in a fresh
+- the namespace: Monty's from the checkpoint of the last step the trajectory
+  records (one is written after every step, in the background: a crash may leave
+  the newest one step behind, and that step then runs again from the one before,
+  answered from the journal and required to print what it printed; or one step
+  ahead, and that checkpoint is dropped: docs/RLM_DESIGN.md); the host kernel's
+  by running the recorded steps again in a fresh
   process, each host call answered from the journal (rlmfamily/journal.py) and
   each step required to print what it printed;
 - the step the crash cut off (a python call with no observation) runs again from

@@ -83,6 +83,12 @@ def describe_resume(event: dict[str, Any]) -> str:
              "fresh": "no step had run",
              "kept": "the namespace of its live kernel, kept since the last question",
              }.get(event.get("restore"), str(event.get("restore")))
+    if event.get("steps_run_again"):  # the last step's record was not stored before the crash
+        where = (f"namespace from the Monty checkpoint after step {steps - 1}, and step {steps} run again from the "
+                 "record (its record was not stored before the crash; it printed what it had printed)")
+    if event.get("checkpoint_dropped"):
+        where += (f"; the checkpoint of step {event['checkpoint_dropped']}, stored before the crash but not its "
+                  "trajectory line, was dropped")
     if event.get("interrupted_call"):
         where += (f"; call {event['interrupted_call']} of turn {event.get('turn')} runs again, "
                   "its recorded host calls answered from the record")

@@ -221,7 +221,9 @@ def plan(settings: RLMSettings, path: Path, events: list[Event], context: Contex
         restore=restore, budget_entries=_earlier_entries(settings, run_id, segments), answer=talk.answer,
         final=talk.final, gate_runs=tuple(talk.gate_runs), turns_before=int(asked.get("turn") or 0),
         record={"after_pid": segments[-1].get("pid"), "steps": restore.completed, "restore": restore.mode,
-                "checkpoint_seq": restore.completed if restore.mode == "checkpoint" else None,
+                "checkpoint_seq": restore.checkpoint_seq if restore.mode == "checkpoint" else None,
+                **({"steps_run_again": len(restore.codes)} if restore.mode == "checkpoint" and restore.codes else {}),
+                **({"checkpoint_dropped": restore.completed + 1} if restore.ahead else {}),
                 "interrupted_call": len(talk.observations) + 1 if interrupted else None,
                 "final": talk.final is not None, "children": _recover_children(settings, run_id),
                 **({"corpus_changed": True} if corpus_changed else {})},
@@ -370,11 +372,20 @@ def _restore(settings: RLMSettings, run_dir: Path, run_id: str, kernel: str, ste
         kept = FileCheckpointStore(run_dir / "checkpoints").list(run_id)
         if not kept and completed == 0:
             return Restore("fresh", 0, steps=journal)  # killed before the kernel started
+        if kept and completed >= 1 and kept[-1] == completed - 1:
+            # The crash came after the last step's trajectory line and before its record was stored (the session
+            # writes the line without waiting for the record): that step runs again from the record before it.
+            return Restore("checkpoint", completed, codes=(steps[-1]["code"],), steps=journal)
+        if kept and kept[-1] == completed + 1 and completed in kept and completed + 1 in journal:
+            # The crash came after a step's record and before its trajectory line: the model never saw that step,
+            # which runs again as the one cut off, from the record before it (the kernel keeps the chain before
+            # the newest); the record ahead is dropped once that one is loaded.
+            return Restore("checkpoint", completed, steps=journal, ahead=True)
         if not kept or kept[-1] != completed:
             raise ResumeInconsistent(
                 f"run {run_id} records {completed} steps but its newest Monty checkpoint is "
-                f"{'missing' if not kept else f'seq {kept[-1]}'} (one is written after each step): "
-                "the trajectory and the checkpoints disagree")
+                f"{'missing' if not kept else f'seq {kept[-1]}'} (one is written after each step, and only the "
+                "last step's may be missing): the trajectory and the checkpoints disagree")
         return Restore("checkpoint", completed, steps=journal)
     for number, step in enumerate(steps, 1):
         if step.get("error_code") in UNREPLAYABLE_CODES or step.get("restored"):

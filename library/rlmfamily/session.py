@@ -675,11 +675,10 @@ class _Run:
         answered = self.answer.value is not None and self.answer.turn == self.turn
         if answered:
             observation += "\n[final answer recorded]"
-        # A resume needs the kernel's record of every step the trajectory records: a kernel that takes it in the
-        # background (MontyKernel(checkpoint_in_background=True)) has taken it meanwhile, or is waited for here.
-        flush = getattr(self.kernel, "flush", None)
-        if flush is not None:
-            flush()
+        # Not waited for: a kernel that takes the step's record in the background (MontyKernel's
+        # checkpoint_in_background) stores it while the run goes on to its next model call. The next execute, and
+        # the run's end, wait for it; a crash before it is stored leaves the newest record one step behind the
+        # trajectory, and a resume runs this step again from the record before it (rlmfamily/journal.py).
         self.trajectory.write(
             "step", turn=self.turn, code=code, ok=result.ok, error_code=result.error_code, error=result.error,
             stdout_bytes=result.stdout_bytes, stdout_truncated=result.stdout_truncated,
@@ -793,11 +792,18 @@ class _Run:
             environment.close()
 
     def close_kernel(self) -> None:
+        """Close the kernel (which stores a pending record first); a kernel kept for follow-ups is only waited for:
+        a finished question's records are complete."""
         kept = self.session._kept  # noqa: SLF001
-        if self.kernel is None or (kept is not None and kept.kernel is self.kernel):
+        if self.kernel is None:
             return
         try:
-            self.kernel.close()
+            if kept is not None and kept.kernel is self.kernel:
+                flush = getattr(self.kernel, "flush", None)  # optional: rlmfamily/kernels/base.py
+                if flush is not None:
+                    flush()
+            else:
+                self.kernel.close()
         except Exception as exc:  # noqa: BLE001 - closing must not hide the run's outcome
             self.error = self.error or f"kernel close failed: {exc}"
 

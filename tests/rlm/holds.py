@@ -139,3 +139,26 @@ class HeldStore(FileCheckpointStore):
             self.hold()
         super().put(session_id, seq, data)
         self.put_seqs.append(seq)
+
+
+class GatedStore(FileCheckpointStore):
+    """A real file store (fsync'd, as the library's) whose ``put`` of record ``held_seq`` first passes through a
+    ``Gate`` in ``gate_dir`` (``after``: once it is stored and the kernel pruned after it, which a kernel whose
+    every record is whole does after every put): in a run's own process, a Monty checkpoint that is certainly not
+    stored yet (or certainly stored), for a test in another process that kills the run there."""
+
+    def __init__(self, root: Path, gate_dir: str | Path, held_seq: int, *, after: bool = False) -> None:
+        super().__init__(root)
+        self.gate = Gate(gate_dir)
+        self.held_seq = held_seq
+        self.after = after  # hold once the record is stored and the kernel has pruned after it, not before
+
+    def put(self, session_id: str, seq: int, data: bytes) -> None:
+        if seq == self.held_seq and not self.after:
+            self.gate.pass_through(HOLD_LIMIT_S)
+        super().put(session_id, seq, data)
+
+    def delete_before(self, session_id: str, seq: int) -> None:
+        super().delete_before(session_id, seq)
+        if self.after and self.list(session_id)[-1] == self.held_seq:
+            self.gate.pass_through(HOLD_LIMIT_S)

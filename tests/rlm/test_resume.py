@@ -27,6 +27,9 @@ import pytest
 from rlmfamily.budget import BudgetLedger
 from rlmfamily.cli import build_parser
 from rlmfamily.context import Context
+from rlmfamily.journal import FILENAME as JOURNAL_FILENAME
+from rlmfamily.journal import load
+from rlmfamily.kernels.checkpoints import FileCheckpointStore
 from rlmfamily.kernels.monty import MontyKernel
 from rlmfamily.providers import ScriptedProvider
 from rlmfamily.resume import prepare
@@ -34,7 +37,8 @@ from rlmfamily.session import Session
 from rlmfamily.settings import load_settings
 from rlmfamily.trajectory import FILENAME, read_trajectory
 
-from .holds import HOLD_LIMIT_S, HeldStore, wait_until
+from .conftest import REPO_ROOT
+from .holds import HOLD_LIMIT_S, Gate, HeldStore, wait_until
 from .test_cli import RLM, rlm
 
 pytestmark = pytest.mark.timeout(180)
@@ -180,10 +184,11 @@ def waiting_for_a_checkpoint(thread: threading.Thread) -> bool:
     return False
 
 
-def test_a_step_reaches_the_trajectory_only_once_a_background_checkpoint_has_stored_it(
+def test_a_step_reaches_the_trajectory_before_its_background_record_and_the_next_step_waits_for_it(
         fixture_repo: Path, make_settings, write_script) -> None:
-    """A resume needs the record of every step the trajectory records (the newest record is its step count): a
-    kernel that checkpoints in the background (checkpoint_in_background) is waited for before a step is written."""
+    """A kernel that checkpoints in the background (checkpoint_in_background) stores a step's record while the run
+    goes on: the step is in the trajectory before its record is stored, the next step waits for it (its rollback
+    target), and by the run's end every step the trajectory records has its record."""
     settings = make_settings()
     run_id = "background-run"
     store = HeldStore(settings.runs_dir / run_id / "checkpoints")
@@ -202,11 +207,13 @@ def test_a_step_reaches_the_trajectory_only_once_a_background_checkpoint_has_sto
     runner.start()
     try:
         assert store.hold.entered.wait(HOLD_LIMIT_S), "the second step's record never reached the store"
-        # The run goes as far as it can while the record is held: until it waits for the checkpoint (to record the
-        # step, or, were it not waited for there, to run the third step).
+        # The run goes as far as it can while the record is held: to the third step, which waits for it.
         wait_until(lambda: waiting_for_a_checkpoint(runner), "the run waits for the second step's checkpoint")
         steps = [e for e in read_trajectory(settings.runs_dir / run_id / FILENAME) if e["event"] == "step"]
-        assert [s["code"] for s in steps] == ["x = 41"]  # the second step ran; it is not recorded before its record
+        assert [s["code"] for s in steps] == ["x = 41", "x += 1"]  # recorded before its record is stored
+        assert store.list(run_id)[-1] == 1
+        journal = load(settings.runs_dir / run_id / JOURNAL_FILENAME)
+        assert journal[3].end is None  # the third step has not run: it waits for its rollback target
     finally:
         store.hold.release()
         runner.join(HOLD_LIMIT_S)
@@ -214,6 +221,157 @@ def test_a_step_reaches_the_trajectory_only_once_a_background_checkpoint_has_sto
     assert result.answer == "42" and result.stop_reason == "answered"
     steps = [e for e in read_trajectory(result.trajectory_path) if e["event"] == "step"]
     assert len(steps) == 3 and store.list(run_id)[-1] == len(steps)
+
+
+class KilledBeforeItsRecord(Interrupted):
+    """A run whose Monty kernel checkpoints in the background, killed after its second step's trajectory line and
+    before that step's record is stored: the record's put waits at a gate (tests/rlm/holds.py, GatedStore) that
+    never opens, in the run's own process."""
+
+    background, after_put, max_delta_chain = True, False, 64
+
+    def __init__(self, tmp_path: Path, second_step: str) -> None:
+        self.gate = Gate(tmp_path / "gate")
+        super().__init__(tmp_path, "monty", steps=(second_step, "final_answer(a.text + ' ' + str(x))"))
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RLM_")}
+        env.update({"RLM_DATA_DIR": str(self.data)})
+        program = f"""
+import sys
+sys.path.insert(0, {str(REPO_ROOT)!r})
+from rlmfamily.context import Context
+from rlmfamily.journal import FILENAME as JOURNAL_FILENAME
+from rlmfamily.journal import load
+from rlmfamily.kernels.checkpoints import FileCheckpointStore
+from rlmfamily.kernels.monty import MontyKernel
+from rlmfamily.providers import ScriptedProvider
+from rlmfamily.session import Session
+from rlmfamily.settings import load_settings
+from rlmfamily.kernels import monty
+from tests.rlm.holds import GatedStore
+
+monty.MAX_DELTA_CHAIN = {self.max_delta_chain}
+
+def kernel_factory(name, settings, run_dir, run_id, **kwargs):
+    store = GatedStore(run_dir / "checkpoints", {str(self.gate.directory)!r}, held_seq=2, after={self.after_put})
+    return MontyKernel(limits=settings.kernel_limits(), store=store, session_id=run_id,
+                       record_pending_calls=False, checkpoint_in_background={self.background})
+
+settings = load_settings(kernel="monty")
+Session(context=Context.from_document({str(self.doc)!r}, settings), provider=ScriptedProvider.from_file(
+    {str(self.script)!r}), settings=settings, kernel_factory=kernel_factory).run({QUESTION!r})
+"""
+        return subprocess.Popen([sys.executable, "-c", program], env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def steps(self) -> list[dict[str, Any]]:
+        return [e for e in read_trajectory(self.trajectory) if e["event"] == "step"]
+
+    def kill_after_the_second_step_before_its_record(self) -> None:
+        def there() -> bool:  # and the third turn is recorded: the run waits for the record to run its step
+            if self.gate.entered() != 1 or not any(self.data.glob(f"runs/*/{FILENAME}")):
+                return False
+            events = read_trajectory(self.trajectory)
+            return (sum(e["event"] == "step" for e in events) == 2
+                    and any(e["event"] == "turn" and e["turn"] == 3 for e in events))
+
+        try:
+            wait_until(there, "the second step is in the trajectory and its record's put waits at the gate")
+        finally:
+            self.kill()
+        [root] = self.ledger.roots()
+        assert FileCheckpointStore(self.trajectory.parent / "checkpoints").list(root)[-1] == 1
+
+
+class KilledAfterItsRecord(KilledBeforeItsRecord):
+    """The same run with a kernel that checkpoints in ``execute``, killed once its second step's record is stored
+    and before that step's trajectory line; every record is whole, so every put prunes (MAX_DELTA_CHAIN 1)."""
+
+    background, after_put, max_delta_chain = False, True, 1
+
+    def kill_after_the_second_steps_record_before_its_trajectory_line(self) -> None:
+        try:
+            wait_until(lambda: self.gate.entered() == 1, "the second step's record is stored")
+        finally:
+            self.kill()
+        [root] = self.ledger.roots()
+        assert [s["code"] for s in self.steps()] == ["x = 41\nprint('x is set')"]
+        assert FileCheckpointStore(self.trajectory.parent / "checkpoints").list(root) == [1, 2]
+
+
+SECOND_STEP = "a = llm_query('first question')\nx += 1\nprint('a:', a.text)"
+
+
+def test_a_run_killed_after_a_steps_record_before_its_trajectory_line_resumes_to_the_same_answer(
+        tmp_path: Path) -> None:
+    run = KilledAfterItsRecord(tmp_path, SECOND_STEP)
+    run.kill_after_the_second_steps_record_before_its_trajectory_line()
+    [root] = run.ledger.roots()
+    subcalls = [(e.purpose, e.state) for e in run.ledger.entries(root) if e.purpose == "subcall"]
+
+    resumed = run.resume("--json")
+
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["answer"] == "ONE 42"  # the second step ran again from the first's record
+    # Its sub-call was answered before the kill: answered again from the journal, not asked again.
+    assert [(e.purpose, e.state) for e in run.ledger.entries(root) if e.purpose == "subcall"] == subcalls
+    events = read_trajectory(run.trajectory)
+    [resume_event] = [e for e in events if e["event"] == "run_resumed"]
+    assert resume_event["restore"] == "checkpoint" and resume_event["steps"] == 1
+    assert resume_event["checkpoint_seq"] == 1 and resume_event["checkpoint_dropped"] == 2
+    assert resume_event["interrupted_call"] == 1
+    assert [s["code"] for s in run.steps()] == ["x = 41\nprint('x is set')", SECOND_STEP,
+                                                 "final_answer(a.text + ' ' + str(x))"]
+    assert "a: ONE" in run.steps()[1]["observation"]
+    assert FileCheckpointStore(run.trajectory.parent / "checkpoints").list(root)[-1] == 3
+    show = rlm("show", "last", data_dir=run.data)
+    assert "the checkpoint of step 2, stored before the crash but not its trajectory line, was dropped" in show.stdout
+
+
+def test_a_run_killed_after_a_steps_trajectory_line_before_its_record_resumes_to_the_same_answer(
+        tmp_path: Path) -> None:
+    run = KilledBeforeItsRecord(tmp_path, SECOND_STEP)
+    run.kill_after_the_second_step_before_its_record()
+    [root] = run.ledger.roots()
+    before = [(e.purpose, e.state) for e in run.ledger.entries(root)]
+
+    resumed = run.resume("--json")
+
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["answer"] == "ONE 42"  # x from the second step, run again from the first's
+    # The second step ran again with its sub-call answered from the journal: nothing was asked or paid again.
+    assert before == [("root", "settled"), ("root", "settled"), ("subcall", "settled"), ("root", "settled")]
+    assert [(e.purpose, e.state) for e in run.ledger.entries(root)] == before
+    events = read_trajectory(run.trajectory)
+    assert [e["prompt"] for e in events if e["event"] == "subcall"] == ["first question"]
+    [resume_event] = [e for e in events if e["event"] == "run_resumed"]
+    assert resume_event["restore"] == "checkpoint" and resume_event["steps"] == 2
+    assert resume_event["checkpoint_seq"] == 1 and resume_event["steps_run_again"] == 1
+    assert [s["code"] for s in run.steps()] == ["x = 41\nprint('x is set')", SECOND_STEP,
+                                                 "final_answer(a.text + ' ' + str(x))"]
+    assert FileCheckpointStore(run.trajectory.parent / "checkpoints").list(root)[-1] == 3
+    show = rlm("show", "last", data_dir=run.data)
+    assert "step 2 run again from the record" in show.stdout, show.stdout
+
+
+def test_a_step_that_runs_differently_when_run_again_is_refused_and_nothing_changes(tmp_path: Path) -> None:
+    run = KilledBeforeItsRecord(tmp_path, SECOND_STEP + "\nimport random\nprint(random.random())")
+    run.kill_after_the_second_step_before_its_record()
+    [root] = run.ledger.roots()
+    checkpoints = run.trajectory.parent / "checkpoints"
+    recorded = {p: p.read_bytes() for p in run.trajectory.parent.rglob("*") if p.is_file()}
+    entries = [(e.purpose, e.state) for e in run.ledger.entries(root)]
+
+    refused = run.resume()
+
+    assert refused.returncode == 2 and "[resume_inconsistent]" in refused.stderr, refused.stderr
+    assert "step 2 was run again" in refused.stderr and "printed or failed differently" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    # Nothing appended, nothing stored: the trajectory, the journal and the checkpoints are as the kill left them.
+    assert {p: p.read_bytes() for p in run.trajectory.parent.rglob("*") if p.is_file()} == recorded
+    assert FileCheckpointStore(checkpoints).list(root)[-1] == 1
+    assert [(e.purpose, e.state) for e in run.ledger.entries(root)] == entries
 
 
 class InterruptedInTheBackground(Interrupted):
@@ -225,6 +383,9 @@ class InterruptedInTheBackground(Interrupted):
         env.update({"RLM_DATA_DIR": str(self.data), **self.env})
         program = f"""
 from rlmfamily.context import Context
+from rlmfamily.kernels.checkpoints import FileCheckpointStore
+from rlmfamily.journal import FILENAME as JOURNAL_FILENAME
+from rlmfamily.journal import load
 from rlmfamily.kernels.checkpoints import FileCheckpointStore
 from rlmfamily.kernels.monty import MontyKernel
 from rlmfamily.providers import ScriptedProvider

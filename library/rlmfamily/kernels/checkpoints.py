@@ -499,3 +499,17 @@ class FileCheckpointStore:
         for old in self.list(session_id):
             if old < seq:
                 (folder / f"{old:016d}.ckpt").unlink(missing_ok=True)
+
+    def delete_after(self, session_id: str, seq: int) -> None:
+        """Drop every record above ``seq``, newest first (durably, with ``fsync``): what ``MontyKernel.recover``
+        asked to go on from an older record discards, so that the steps after it are recorded again."""
+        folder = self._dir(session_id)
+        for newer in reversed(self.list(session_id)):
+            if newer > seq:
+                (folder / f"{newer:016d}.ckpt").unlink(missing_ok=True)
+        if self.fsync and folder.is_dir():
+            dir_fd = os.open(folder, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)

@@ -328,6 +328,9 @@ class MontyKernel:
         self._chain_delta_bytes = 0
         self._chain_tip: Checkpoint | None = None
         self.stored_bytes = 0  # bytes of records this kernel handed to its store, as of the last flush (benchmarks)
+        # ``rerun``: the step's record is taken in ``execute`` and kept here, stored once the caller accepts the step.
+        self._hold_record = False
+        self._unstored: Checkpoint | None = None
         self._started = False
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -344,8 +347,9 @@ class MontyKernel:
         self._checkout()
         self._record_session(self._next_seq(), self._names_fresh)  # now: a store that fails is refused here
 
-    def recover(self, bridge: Bridge, prelude: str, *, result_provider: ResultProvider | None = None) -> Recovery:
-        """Continue this session id from the newest record in the store, in this process.
+    def recover(self, bridge: Bridge, prelude: str, *, result_provider: ResultProvider | None = None,
+                seq: int | None = None) -> Recovery:
+        """Continue this session id from the newest record in the store (or the idle record ``seq``), in this process.
 
         An idle record is loaded as it is. A pending host call is answered (by
         ``result_provider`` if given, else by calling the bridge function again)
@@ -353,11 +357,14 @@ class MontyKernel:
         Refuses a record whose digest, Monty version, worker binary or limits
         differ (``checkpoint_tampered``, ``checkpoint_version_mismatch``,
         ``checkpoint_runtime_mismatch``, ``checkpoint_limits_mismatch``).
+        With ``seq`` below the newest record, once record ``seq`` is loaded the records after it are dropped
+        from the store (its ``delete_after``), so that the steps after it are recorded again: a resume whose
+        trajectory ends before the newest record (a crash after a step's record, before its trajectory line).
         """
         if self._store is None:
             raise CheckpointError("recover() needs a checkpoint store", setting="store")
         self.flush()
-        latest = self._store.latest(self.session_id)
+        latest = self._store.latest(self.session_id) if seq is None else (seq, self._store.get(self.session_id, seq))
         if latest is None:
             raise CheckpointNotFound(f"no checkpoint for session {self.session_id}")
         checkpoint = self._verified(*latest)
@@ -368,6 +375,12 @@ class MontyKernel:
         if checkpoint.kind == "session":
             self._checkout()
             self._load_session(checkpoint)
+            if seq is not None and self._store.list(self.session_id)[-1] > seq:
+                delete_after = getattr(self._store, "delete_after", None)
+                if delete_after is None:
+                    raise CheckpointError(f"the store has records after seq {seq} and cannot drop them "
+                                          "(no delete_after): recover from its newest record", setting="store")
+                delete_after(self.session_id, seq)
             return Recovery(kind="session", seq=checkpoint.seq, step=None)
         assert checkpoint.pending is not None
         self._last_good = self._verified(checkpoint.pending.base_seq, self._store.get(self.session_id, checkpoint.pending.base_seq))
@@ -406,6 +419,28 @@ class MontyKernel:
         """
         if self._background is not None:
             self._background.wait()
+
+    def rerun(self, code: str, accept: Callable[[StepResult], None]) -> StepResult:
+        """Run again, right after ``recover``, a step whose record was never stored, and store its record only if
+        ``accept(result)`` returns: a resume (rlmfamily/journal.py) checks the step's output against what was
+        recorded of it, and a step that ran differently (``accept`` raises) must leave the store as it found it,
+        or the next resume would go on from a state nobody saw. The record is taken in this call, not in the
+        background; ``accept``'s exception is raised.
+        """
+        if self._store is None or not self._started:
+            raise CheckpointError("rerun() goes on from recover(), with a checkpoint store", setting="store")
+        self.flush()
+        self._unstored = None
+        self._hold_record = True
+        try:
+            result = self.execute(code)
+        finally:
+            self._hold_record = False
+        held, self._unstored = self._unstored, None
+        accept(result)
+        if held is not None:
+            self._put(held)
+        return result
 
     def __enter__(self) -> MontyKernel:
         return self
@@ -488,7 +523,9 @@ class MontyKernel:
         already started from the last good record (the dump after the step before it failed)."""
         if outcome.ok or outcome.code not in ROLLBACK_CODES:
             seq, fresh = self._next_seq(), self._names_fresh
-            if self._background is None:
+            if self._hold_record:
+                self._unstored = self._record_session(seq, fresh, store=False)
+            elif self._background is None:
                 self._record_session(seq, fresh)
             else:
                 self._background.submit(functools.partial(self._record_session, seq, fresh))
@@ -499,7 +536,11 @@ class MontyKernel:
                 # The newest record must be the state the next step sees, not a pending call
                 # of the step that was just abandoned.
                 assert self._last_good is not None
-                self._put(self._last_good_as_new_record())
+                record = self._last_good_as_new_record()
+                if self._hold_record:
+                    self._unstored = record
+                else:
+                    self._put(record)
         return StepResult(
             ok=outcome.ok,
             stdout=out.text,
@@ -719,9 +760,10 @@ class MontyKernel:
         self._seq += 1
         return self._seq
 
-    def _record_session(self, seq: int, fresh: bool) -> None:
-        """The state after a step, as record ``seq``: the rollback target, and with a store the stored record.
-        On the checkpoint thread with ``checkpoint_in_background`` (the session is its own until ``flush``)."""
+    def _record_session(self, seq: int, fresh: bool, *, store: bool = True) -> Checkpoint:
+        """The state after a step, as record ``seq``: the rollback target, and with a store (unless ``store`` is
+        False: ``rerun``) the stored record. On the checkpoint thread with ``checkpoint_in_background`` (the
+        session is its own until ``flush``)."""
         assert self._session is not None
         try:
             dump = self._session.dump()
@@ -739,8 +781,9 @@ class MontyKernel:
         )
         self._last_good = checkpoint
         self._last_good_fresh = fresh
-        if self._store is not None:
+        if self._store is not None and store:
             self._put(checkpoint)
+        return checkpoint
 
     def _last_good_as_new_record(self) -> Checkpoint:
         assert self._last_good is not None
@@ -777,8 +820,9 @@ class MontyKernel:
 
     def _put(self, checkpoint: Checkpoint) -> None:
         """Store a record: a delta against the newest stored session record while the chain allows
-        (MAX_DELTA_CHAIN), else whole (a new chain). Pruning, once per chain, drops what came before it:
-        every record of the chain stays until the next one starts (what the newest record needs)."""
+        (MAX_DELTA_CHAIN), else whole (a new chain). Pruning, once per chain, drops what came before the chain
+        before it: every record of a chain stays until the chain after the next one starts (what the newest
+        record needs, and the record before it)."""
         assert self._store is not None
         base = self._chain_tip if self._chain_tip is not None and self._chain_length < MAX_DELTA_CHAIN else None
         data = checkpoint.encode(key=self._key, base=base)
@@ -793,9 +837,12 @@ class MontyKernel:
             self._chain_length += 1
             self._chain_delta_bytes += len(data)
             return
+        # The chain before this one stays until the next chain starts: it holds the record before this one, which
+        # a resume goes on from when a crash came after this record and before its step's trajectory line.
+        previous_root = self._chain_root
         self._chain_root, self._chain_length, self._chain_delta_bytes = checkpoint.seq, 1, 0
         if self._prune:
-            self._store.delete_before(self.session_id, checkpoint.seq)
+            self._store.delete_before(self.session_id, previous_root)
 
     def _verified(self, seq: int, data: bytes, *, depth: int = 0) -> Checkpoint:
         """The record ``seq``, checked, its dump rebuilt through its chain of bases (each checked too)."""

@@ -16,6 +16,7 @@ import pytest
 
 from rlmfamily.kernels.base import KernelLimits
 from rlmfamily.kernels.checkpoints import Checkpoint, FileCheckpointStore
+from rlmfamily.kernels import monty as monty_module
 from rlmfamily.kernels.monty import RESTORE_SUFFIX, MontyKernel
 
 from ..holds import DEADLINE_SLACK_S, POLL_LIMIT_S, Hold, wait_until
@@ -524,4 +525,21 @@ def test_a_recovered_session_continues_with_its_state_and_sequence(tmp_path: Pat
     with MontyKernel(store=store, session_id="run-4") as second:
         assert second.recover({}, "").seq == last_seq
         assert run_ok(second, "count += 1\nprint(count)") == "3\n"
-    assert store.list("run-4") == [last_seq + 1]  # older records pruned once superseded
+    # The new process's record starts a chain; the record before it stays (with its chain) until the next one starts.
+    assert store.list("run-4")[-2:] == [last_seq, last_seq + 1]
+
+
+def test_pruning_keeps_the_record_before_the_newest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resume goes on from the record before the newest when a crash came after a step's record and before its
+    trajectory line (rlmfamily/run_records.py): pruning keeps it, also when every record starts a chain."""
+    monkeypatch.setattr(monty_module, "MAX_DELTA_CHAIN", 1)  # every record whole: every put prunes
+    store = FileCheckpointStore(tmp_path / "store")
+    with MontyKernel(store=store, session_id="run-5") as kernel:
+        kernel.start({}, "")
+        for n in range(1, 5):
+            run_ok(kernel, f"count = {n}")
+            assert store.list("run-5") == [n - 1, n]
+    with MontyKernel(store=store, session_id="run-5") as again:
+        assert again.recover({}, "", seq=3).seq == 3  # the record before the newest, which is dropped
+        assert store.list("run-5") == [3]
+        assert run_ok(again, "print(count)") == "3\n"
