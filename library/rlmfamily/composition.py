@@ -91,8 +91,9 @@ def default_kernel_factory(name: str, settings: RLMSettings, run_dir: Path, run_
         # resuming a step (the service), which a local run never does: they would cost ~2 ms per call.
         # Each step's record is taken in the background, while the session goes on to its next model call
         # (bench/rlm_session_steps.py: 0.87-0.91x the loop's path between model calls); a resume whose newest
-        # record is one step behind runs that step again (docs/RLM_DESIGN.md, "what a resume may rely on").
+        # record is one step behind runs that step again, and one whose newest record is one step ahead goes on
+        # from the record before it, which pruning keeps (docs/RLM_DESIGN.md, "what a resume may rely on").
         return MontyKernel(limits=limits, store=FileCheckpointStore(run_dir / "checkpoints"), session_id=run_id,
-                           record_pending_calls=False, checkpoint_in_background=True)
+                           record_pending_calls=False, checkpoint_in_background=True, keep_record_before_newest=True)
     except ImportError as exc:
         raise KernelUnavailable(f"the {name} kernel cannot be loaded: {exc}") from None

@@ -256,7 +256,8 @@ monty.MAX_DELTA_CHAIN = {self.max_delta_chain}
 def kernel_factory(name, settings, run_dir, run_id, **kwargs):
     store = GatedStore(run_dir / "checkpoints", {str(self.gate.directory)!r}, held_seq=2, after={self.after_put})
     return MontyKernel(limits=settings.kernel_limits(), store=store, session_id=run_id,
-                       record_pending_calls=False, checkpoint_in_background={self.background})
+                       record_pending_calls=False, checkpoint_in_background={self.background},
+                       keep_record_before_newest=True)
 
 settings = load_settings(kernel="monty")
 Session(context=Context.from_document({str(self.doc)!r}, settings), provider=ScriptedProvider.from_file(

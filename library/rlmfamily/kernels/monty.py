@@ -260,6 +260,9 @@ class MontyKernel:
     left out costs neither, and a resume replays it from the record before.
     ``checkpoint_key`` signs records with HMAC-SHA256 (recommended wherever the
     store is writable by anyone but this service).
+    ``keep_record_before_newest`` makes pruning keep the chain before the newest one, so the record before
+    the newest can be recovered (``recover(seq=...)``): what the library's resume needs when a crash came
+    after a step's record and before the step reached its trajectory.
     ``checkpoint_in_background`` takes each step's dump and record on the kernel's
     checkpoint thread after ``execute`` returns (``flush`` waits for it): a step's
     record then reaches the store by the next ``execute``, ``flush`` or ``close``,
@@ -282,6 +285,7 @@ class MontyKernel:
         pool: Monty | None = None,
         script_name: str = "main.py",
         checkpoint_in_background: bool = False,
+        keep_record_before_newest: bool = False,
     ) -> None:
         self.limits = limits or KernelLimits()
         if not isinstance(checkpoint_in_background, bool):
@@ -298,6 +302,9 @@ class MontyKernel:
         self._pending_names = pending_call_names(record_pending_calls)  # None: before every host call
         self._record_pending = store is not None and self._pending_names != frozenset()
         self._prune = prune_checkpoints
+        # Pruning keeps the chain before the newest one (so the record before the newest): the library's resume
+        # goes on from it after a crash between a step's record and its trajectory line (rlmfamily/run_records.py).
+        self._keep_previous_chain = keep_record_before_newest
         self._key = checkpoint_key
         self._mount_specs = [(Path(host), str(virtual)) for host, virtual in mounts]
         self._resource_limits = monty_resource_limits(self.limits)
@@ -820,9 +827,9 @@ class MontyKernel:
 
     def _put(self, checkpoint: Checkpoint) -> None:
         """Store a record: a delta against the newest stored session record while the chain allows
-        (MAX_DELTA_CHAIN), else whole (a new chain). Pruning, once per chain, drops what came before the chain
-        before it: every record of a chain stays until the chain after the next one starts (what the newest
-        record needs, and the record before it)."""
+        (MAX_DELTA_CHAIN), else whole (a new chain). Pruning, once per chain, drops what came before it: every
+        record of the chain stays until the next one starts (what the newest record needs); with
+        ``keep_record_before_newest``, what came before the chain before it (the record before the newest too)."""
         assert self._store is not None
         base = self._chain_tip if self._chain_tip is not None and self._chain_length < MAX_DELTA_CHAIN else None
         data = checkpoint.encode(key=self._key, base=base)
@@ -837,12 +844,14 @@ class MontyKernel:
             self._chain_length += 1
             self._chain_delta_bytes += len(data)
             return
-        # The chain before this one stays until the next chain starts: it holds the record before this one, which
-        # a resume goes on from when a crash came after this record and before its step's trajectory line.
+        # keep_record_before_newest: the chain before this one stays until the next chain starts: it holds the
+        # record before this one, which a resume goes on from when a crash came after this record and before its
+        # step's trajectory line.
         previous_root = self._chain_root
         self._chain_root, self._chain_length, self._chain_delta_bytes = checkpoint.seq, 1, 0
         if self._prune:
-            self._store.delete_before(self.session_id, previous_root)
+            self._store.delete_before(self.session_id,
+                                      previous_root if self._keep_previous_chain else checkpoint.seq)
 
     def _verified(self, seq: int, data: bytes, *, depth: int = 0) -> Checkpoint:
         """The record ``seq``, checked, its dump rebuilt through its chain of bases (each checked too)."""

@@ -525,16 +525,20 @@ def test_a_recovered_session_continues_with_its_state_and_sequence(tmp_path: Pat
     with MontyKernel(store=store, session_id="run-4") as second:
         assert second.recover({}, "").seq == last_seq
         assert run_ok(second, "count += 1\nprint(count)") == "3\n"
-    # The new process's record starts a chain; the record before it stays (with its chain) until the next one starts.
-    assert store.list("run-4")[-2:] == [last_seq, last_seq + 1]
+    assert store.list("run-4") == [last_seq + 1]  # older records pruned once superseded
 
 
-def test_pruning_keeps_the_record_before_the_newest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pruning_keeps_the_record_before_the_newest_when_asked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A resume goes on from the record before the newest when a crash came after a step's record and before its
     trajectory line (rlmfamily/run_records.py): pruning keeps it, also when every record starts a chain."""
     monkeypatch.setattr(monty_module, "MAX_DELTA_CHAIN", 1)  # every record whole: every put prunes
     store = FileCheckpointStore(tmp_path / "store")
-    with MontyKernel(store=store, session_id="run-5") as kernel:
+    with MontyKernel(store=store, session_id="run-5") as kernel:  # without the option: the newest record alone
+        kernel.start({}, "")
+        run_ok(kernel, "count = 1")
+        assert store.list("run-5") == [1]
+    store = FileCheckpointStore(tmp_path / "kept")
+    with MontyKernel(store=store, session_id="run-5", keep_record_before_newest=True) as kernel:
         kernel.start({}, "")
         for n in range(1, 5):
             run_ok(kernel, f"count = {n}")
