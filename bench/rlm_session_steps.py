@@ -61,7 +61,8 @@ def kernel_factory(kind: str) -> Callable[..., MontyKernel]:
     def build(name: str, settings: RLMSettings, run_dir: Path, run_id: str, **kwargs: Any) -> MontyKernel:
         cls = _Waited if kind == "waited" else MontyKernel
         return cls(limits=settings.kernel_limits(), store=FileCheckpointStore(run_dir / "checkpoints"),
-                   session_id=run_id, record_pending_calls=False, checkpoint_in_background=kind != "sync")
+                   session_id=run_id, record_pending_calls=False, checkpoint_in_background=kind != "sync",
+                   keep_record_before_newest=True)
 
     return build
 

@@ -90,7 +90,7 @@ def default_kernel_factory(name: str, settings: RLMSettings, run_dir: Path, run_
         # Step checkpoints are kept; snapshots before every host call are for a replacement worker
         # resuming a step (the service), which a local run never does: they would cost ~2 ms per call.
         # Each step's record is taken in the background, while the session goes on to its next model call
-        # (bench/rlm_session_steps.py: 0.87-0.91x the loop's path between model calls); a resume whose newest
+        # (bench/rlm_session_steps.py: 0.87-0.95x the loop's path between model calls); a resume whose newest
         # record is one step behind runs that step again, and one whose newest record is one step ahead goes on
         # from the record before it, which pruning keeps (docs/RLM_DESIGN.md, "what a resume may rely on").
         return MontyKernel(limits=limits, store=FileCheckpointStore(run_dir / "checkpoints"), session_id=run_id,

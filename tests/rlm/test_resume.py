@@ -223,6 +223,41 @@ def test_a_step_reaches_the_trajectory_before_its_background_record_and_the_next
     assert len(steps) == 3 and store.list(run_id)[-1] == len(steps)
 
 
+def test_a_question_whose_kernel_is_kept_ends_once_its_last_record_is_stored(
+        fixture_repo: Path, make_settings, write_script) -> None:
+    """A kept kernel (keep_kernel, for follow-ups) is not closed at the run's end, so the session waits for its
+    pending record there: a finished question's records are complete before its run_finished."""
+    settings = make_settings()
+    run_id = "kept-run"
+    store = HeldStore(settings.runs_dir / run_id / "checkpoints")
+    store.held_seq = 2  # the record of the last step
+
+    def kernel_factory(name: str, settings: Any, run_dir: Path, run_id: str, **kwargs: Any) -> MontyKernel:
+        return MontyKernel(limits=settings.kernel_limits(), store=store, session_id=run_id,
+                           record_pending_calls=False, checkpoint_in_background=True)
+
+    script = write_script(["x = 41", "final_answer(x + 1)"])
+    session = Session(context=Context.from_repository(fixture_repo, settings),
+                      provider=ScriptedProvider.from_file(script), settings=settings, kernel="monty",
+                      kernel_factory=kernel_factory, run_id=run_id, extensions=[], keep_kernel=True)
+    results = []
+    runner = threading.Thread(target=lambda: results.append(session.run("what is x?")))
+    runner.start()
+    try:
+        assert store.hold.entered.wait(HOLD_LIMIT_S), "the last step's record never reached the store"
+        wait_until(lambda: waiting_for_a_checkpoint(runner), "the run's end waits for the last step's checkpoint")
+        events = read_trajectory(settings.runs_dir / run_id / FILENAME)
+        assert [e["event"] for e in events].count("step") == 2 and "run_finished" not in [e["event"] for e in events]
+    finally:
+        store.hold.release()
+        runner.join(HOLD_LIMIT_S)
+    try:
+        [result] = results
+        assert result.answer == "42" and store.list(run_id)[-1] == 2
+    finally:
+        session.close()
+
+
 class KilledBeforeItsRecord(Interrupted):
     """A run whose Monty kernel checkpoints in the background, killed after its second step's trajectory line and
     before that step's record is stored: the record's put waits at a gate (tests/rlm/holds.py, GatedStore) that
