@@ -31,23 +31,22 @@ REQUEST_TYPES = (
 )
 
 
-def sdk_errors(request) -> list | None:
-    """The SDK's answer: its errors, or None when it accepts the request."""
+def errors_of(check, request) -> list | None:
+    """A check's answer: its errors, or None when it accepts the request."""
     try:
-        validate_proto_required_fields(request)
+        check(request)
     except InvalidParamsError as refused:
         assert refused.message == "Validation failed"
         return refused.data["errors"]
     return None
+
+
+def sdk_errors(request) -> list | None:
+    return errors_of(validate_proto_required_fields, request)
 
 
 def edge_errors(request) -> list | None:
-    try:
-        check_required_fields(request)
-    except InvalidParamsError as refused:
-        assert refused.message == "Validation failed"
-        return refused.data["errors"]
-    return None
+    return errors_of(check_required_fields, request)
 
 
 @pytest.mark.parametrize("request_type", REQUEST_TYPES, ids=lambda t: t.__name__)

@@ -154,11 +154,7 @@ def test_a_blocking_send_reads_its_task_once_per_notification_and_answers_on_the
     counted_edge, make_customer, engine: Engine
 ):
     edge, counter = counted_edge
-    customer = make_customer(credits=PAID_TARIFF * 8, max_parallel=8)
-    for _ in range(6):  # every statement of a send prepared on the connection it uses, the key cached
-        _send(edge, counter, customer)
-    owner = f"{customer.customer_id}:{PAID}"
-    known = set(_task_ids(engine, owner))
+    customer, owner, known = _warm_customer(edge, counter, make_customer, engine)
     count = Count(counter)
     with ThreadPoolExecutor(1) as pool:
         answer = pool.submit(http_calls.post, f"{edge.specialist(PAID)}/message:send", json=message(),
@@ -184,11 +180,7 @@ def test_a_blocking_send_reads_its_task_once_per_notification_and_answers_on_the
 
 def test_a_streamed_send_reads_its_events_in_one_round_trip_a_read(counted_edge, make_customer, engine: Engine):
     edge, counter = counted_edge
-    customer = make_customer(credits=PAID_TARIFF * 8, max_parallel=8)
-    for _ in range(6):  # every statement of a send prepared on the connection it uses, the key cached
-        _send(edge, counter, customer)
-    owner = f"{customer.customer_id}:{PAID}"
-    known = set(_task_ids(engine, owner))
+    customer, owner, known = _warm_customer(edge, counter, make_customer, engine)
     count = Count(counter)
     received: list[str] = []
 
@@ -217,6 +209,16 @@ def test_a_streamed_send_reads_its_events_in_one_round_trip_a_read(counted_edge,
     assert cost["key_checks"] <= 1, cost  # its revocation cache may run out meanwhile (a slow run): not the stream's
     assert (cost["round_trips"] - cost["key_checks"], cost["wakeups"]) == (STREAMED_SEND_ROUND_TRIPS, 1), (
         cost, counter.snapshot()[3])
+
+
+def _warm_customer(edge, counter, make_customer, engine: Engine):
+    """A customer whose key the edge has cached, after six sends that prepared every statement of a send on the
+    connection it uses; with its owner and the tasks it has so far."""
+    customer = make_customer(credits=PAID_TARIFF * 8, max_parallel=8)
+    for _ in range(6):
+        _send(edge, counter, customer)
+    owner = f"{customer.customer_id}:{PAID}"
+    return customer, owner, set(_task_ids(engine, owner))
 
 
 def _task_ids(engine: Engine, owner: str) -> list[str]:

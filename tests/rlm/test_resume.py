@@ -184,6 +184,27 @@ def waiting_for_a_checkpoint(thread: threading.Thread) -> bool:
     return False
 
 
+def _held_background_run(settings: Any, fixture_repo: Path, write_script: Any, run_id: str, *, held_seq: int,
+                         codes: list[str], **session_kwargs: Any
+                         ) -> tuple[HeldStore, Session, threading.Thread, list[Any]]:
+    """A run of ``codes`` started on a thread, its Monty kernel checkpointing in the background into a store that
+    holds record ``held_seq`` until the test releases it; what the run returns lands in the list."""
+    store = HeldStore(settings.runs_dir / run_id / "checkpoints")
+    store.held_seq = held_seq
+
+    def kernel_factory(name: str, settings: Any, run_dir: Path, run_id: str, **kwargs: Any) -> MontyKernel:
+        return MontyKernel(limits=settings.kernel_limits(), store=store, session_id=run_id,
+                           record_pending_calls=False, checkpoint_in_background=True)
+
+    session = Session(context=Context.from_repository(fixture_repo, settings),
+                      provider=ScriptedProvider.from_file(write_script(codes)), settings=settings, kernel="monty",
+                      kernel_factory=kernel_factory, run_id=run_id, extensions=[], **session_kwargs)
+    results: list[Any] = []
+    runner = threading.Thread(target=lambda: results.append(session.run("what is x?")))
+    runner.start()
+    return store, session, runner, results
+
+
 def test_a_step_reaches_the_trajectory_before_its_background_record_and_the_next_step_waits_for_it(
         fixture_repo: Path, make_settings, write_script) -> None:
     """A kernel that checkpoints in the background (checkpoint_in_background) stores a step's record while the run
@@ -191,20 +212,9 @@ def test_a_step_reaches_the_trajectory_before_its_background_record_and_the_next
     target), and by the run's end every step the trajectory records has its record."""
     settings = make_settings()
     run_id = "background-run"
-    store = HeldStore(settings.runs_dir / run_id / "checkpoints")
-    store.held_seq = 2  # the record of the second step (0: the kernel's start)
-
-    def kernel_factory(name: str, settings: Any, run_dir: Path, run_id: str, **kwargs: Any) -> MontyKernel:
-        return MontyKernel(limits=settings.kernel_limits(), store=store, session_id=run_id,
-                           record_pending_calls=False, checkpoint_in_background=True)
-
-    script = write_script(["x = 41", "x += 1", "final_answer(x)"])
-    session = Session(context=Context.from_repository(fixture_repo, settings),
-                      provider=ScriptedProvider.from_file(script), settings=settings, kernel="monty",
-                      kernel_factory=kernel_factory, run_id=run_id, extensions=[])
-    results = []
-    runner = threading.Thread(target=lambda: results.append(session.run("what is x?")))
-    runner.start()
+    # Held: the record of the second step (0: the kernel's start).
+    store, _, runner, results = _held_background_run(settings, fixture_repo, write_script, run_id, held_seq=2,
+                                                      codes=["x = 41", "x += 1", "final_answer(x)"])
     try:
         assert store.hold.entered.wait(HOLD_LIMIT_S), "the second step's record never reached the store"
         # The run goes as far as it can while the record is held: to the third step, which waits for it.
@@ -229,20 +239,9 @@ def test_a_question_whose_kernel_is_kept_ends_once_its_last_record_is_stored(
     pending record there: a finished question's records are complete before its run_finished."""
     settings = make_settings()
     run_id = "kept-run"
-    store = HeldStore(settings.runs_dir / run_id / "checkpoints")
-    store.held_seq = 2  # the record of the last step
-
-    def kernel_factory(name: str, settings: Any, run_dir: Path, run_id: str, **kwargs: Any) -> MontyKernel:
-        return MontyKernel(limits=settings.kernel_limits(), store=store, session_id=run_id,
-                           record_pending_calls=False, checkpoint_in_background=True)
-
-    script = write_script(["x = 41", "final_answer(x + 1)"])
-    session = Session(context=Context.from_repository(fixture_repo, settings),
-                      provider=ScriptedProvider.from_file(script), settings=settings, kernel="monty",
-                      kernel_factory=kernel_factory, run_id=run_id, extensions=[], keep_kernel=True)
-    results = []
-    runner = threading.Thread(target=lambda: results.append(session.run("what is x?")))
-    runner.start()
+    # Held: the record of the last step.
+    store, session, runner, results = _held_background_run(settings, fixture_repo, write_script, run_id, held_seq=2,
+                                                           codes=["x = 41", "final_answer(x + 1)"], keep_kernel=True)
     try:
         assert store.hold.entered.wait(HOLD_LIMIT_S), "the last step's record never reached the store"
         wait_until(lambda: waiting_for_a_checkpoint(runner), "the run's end waits for the last step's checkpoint")
