@@ -1,4 +1,4 @@
-"""The edge's wake-ups (``taskstate.notify.Notifier``): the first at once, then many in one statement."""
+"""The edge's wake-ups (``taskstate.notify.Notifier``): a lone one at once, under traffic many in one statement."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def _received(conn: psycopg.Connection, count: int) -> set[tuple[str, str]]:
 
 
 async def test_a_wake_up_after_a_quiet_spell_is_sent_before_the_asker_goes_on(async_engine, sent, listening) -> None:
-    notifier = Notifier(async_engine, coalesce_s=WINDOW_S)
+    notifier = Notifier(async_engine, coalesce_s=WINDOW_S, quiet_s=WINDOW_S)
     await notifier.dispatch("rlm")
     # In the asker's own round trip, not after a window: the dispatcher takes the job while the edge answers.
     assert len(sent) == 1
@@ -57,10 +57,10 @@ async def test_a_wake_up_after_a_quiet_spell_is_sent_before_the_asker_goes_on(as
     assert len(sent) == 1
 
 
-async def test_wake_ups_within_the_window_go_out_together_in_one_statement_off_their_askers_paths(
+async def test_wake_ups_under_traffic_go_out_together_in_one_statement_off_their_askers_paths(
     async_engine, sent, listening
 ) -> None:
-    notifier = Notifier(async_engine, coalesce_s=WINDOW_S)
+    notifier = Notifier(async_engine, coalesce_s=WINDOW_S, quiet_s=WINDOW_S)
     await notifier.dispatch("rlm")
     others = [f"task-{index}" for index in range(9)]
     for task_id in others:
@@ -71,10 +71,13 @@ async def test_wake_ups_within_the_window_go_out_together_in_one_statement_off_t
     assert _received(listening, 10) == {(DISPATCH, "rlm"), *((TASK_EVENTS, task_id) for task_id in others)}
 
 
-async def test_once_the_window_has_passed_the_next_wake_up_goes_at_once_again(async_engine, sent) -> None:
-    notifier = Notifier(async_engine, coalesce_s=0)
+async def test_once_the_window_has_passed_a_wake_up_after_a_quiet_spell_goes_at_once_again(
+    async_engine, sent
+) -> None:
+    notifier = Notifier(async_engine, coalesce_s=0, quiet_s=0)
     for executor in ("a", "b", "c"):
         await notifier.dispatch(executor)
         assert sent[-1]["payloads"] == [executor]
     assert len(sent) == 3
     await notifier.close()
+
