@@ -232,25 +232,38 @@ class _PipeQueue:
 @dataclass(frozen=True)
 class _ProtoBytes:
     """A protobuf message across the pipe: a2a-sdk's generated classes do not pickle (their module, ``a2a_pb2``,
-    is not importable by that name), so the final A2A event crosses as its type's full name and its bytes."""
+    is not importable by that name), so the final A2A event and the events written with it cross as their type's
+    full name and their bytes."""
 
     full_name: str
     data: bytes
 
 
 def _portable(outcome: RunOutcome) -> RunOutcome:
-    event = outcome.final_event
-    if isinstance(event, ProtoMessage):
-        return dataclasses.replace(outcome, final_event=_ProtoBytes(event.DESCRIPTOR.full_name, event.SerializeToString()))
-    return outcome
+    if not isinstance(outcome.final_event, ProtoMessage) and not outcome.events:
+        return outcome
+    return dataclasses.replace(outcome, final_event=_to_bytes(outcome.final_event),
+                               events=tuple(_to_bytes(event) for event in outcome.events))
 
 
 def _restored(outcome: RunOutcome) -> RunOutcome:
-    event = outcome.final_event
+    if not isinstance(outcome.final_event, _ProtoBytes) and not outcome.events:
+        return outcome
+    return dataclasses.replace(outcome, final_event=_from_bytes(outcome.final_event),
+                               events=tuple(_from_bytes(event) for event in outcome.events))
+
+
+def _to_bytes(event: Any) -> Any:
+    if isinstance(event, ProtoMessage):
+        return _ProtoBytes(event.DESCRIPTOR.full_name, event.SerializeToString())
+    return event
+
+
+def _from_bytes(event: Any) -> Any:
     if isinstance(event, _ProtoBytes):
         kind = message_factory.GetMessageClass(descriptor_pool.Default().FindMessageTypeByName(event.full_name))
-        return dataclasses.replace(outcome, final_event=kind.FromString(event.data))
-    return outcome
+        return kind.FromString(event.data)
+    return event
 
 
 def _die_with_forkserver() -> None:

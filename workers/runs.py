@@ -84,6 +84,9 @@ class RunOutcome:
     # The A2A event that ended the run (a final TaskStatusUpdateEvent, or a direct-reply Message), written as
     # the task's last event. Not part of the claim's record.
     final_event: Any = field(default=None, compare=False, repr=False)
+    # A2A events written with the finish, in its transaction and before the final event (a run's artifacts): the
+    # customer sees them with the final state, in one commit and one wake-up. Not part of the claim's record.
+    events: tuple[Any, ...] = field(default=(), compare=False, repr=False)
     # The CPU seconds of the job's processes together (``workers.cpu_share``), measured in its process; None: not
     # measured (a runner in a thread of the worker, or a process that died before its outcome).
     cpu_seconds: float | None = field(default=None, compare=False)

@@ -1,7 +1,8 @@
 """An rlm run's outcome as A2A events: the artifacts, and the metadata of the task's final state.
 
-The runner reports the artifacts as task events (``ctx.report("a2a", ...)``) just
-before it returns, so every API instance streams them; the final status carries
+The runner returns the artifacts as the outcome's events (``RunOutcome.events``),
+which the finish writes in its transaction just before the final status, so every
+API instance streams them with it; the final status carries
 ``specialist`` metadata: semantic calls used and charged, credits charged, the
 stop reason, findings kept and dropped, resumes. The credits are what the
 finish's settlement posts (``workers.settlement``), written in the same

@@ -4,8 +4,8 @@ A progress report is a task event: a fenced transaction (the claim's fence, the 
 event written) and a NOTIFY after it, four round trips to PostgreSQL. Made on the run's own thread, each one held the
 run for those round trips, between its model calls and its steps (a fifth of a hosted review's run, measured in
 docs/BENCHMARKS.md, "Progress off the run's path"). Here the run hands a report over and goes on; one thread writes
-them, oldest first. ``close`` waits until every report handed over is written, so they all precede what the run
-writes after it (its artifacts, then the finish's final event).
+them, oldest first. ``close`` waits until every report handed over is written: the run closes it before it returns
+its outcome, so every report precedes what the finish writes (the run's artifacts, then its final state).
 
 A report is information, never money: one that cannot be written (the database is away, the claim was lost) is
 logged and dropped, as the synchronous write dropped one whose fence failed; the run goes on, and its journal's own

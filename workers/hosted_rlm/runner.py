@@ -18,6 +18,7 @@ The settlement charges from the reservation, with this figure as a cap.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import tempfile
@@ -136,7 +137,7 @@ class RlmRunner:
                                           "specialists.baked_subcalls": plan.baked_subcalls})
         scratch = Path(tempfile.mkdtemp(prefix="specialist-", dir=self.scratch_dir))
         # The run's progress goes to the database on a thread of its own; every report is written before the
-        # run's artifacts and its final event (``progress.close``).
+        # run's outcome is returned, so before its artifacts and final state, which the finish writes.
         progress = ProgressWriter(lambda data: ctx.report("progress", data), name=f"progress-{job.job_id}")
         try:
             result, run = self._session(ctx, loaded, task, journal, store, plan, scratch, progress)
@@ -151,9 +152,8 @@ class RlmRunner:
         else:
             verdict = verdict_of(spec, task, result, journal.refusals())
         outcome = self._end(ctx, journal, loaded, verdict, result, resumes, replayed=run.replayed_calls)
-        for event in artifact_events(outcome.artifacts):
-            ctx.report("a2a", {"event": event})  # fenced: a worker that lost its claim writes nothing
-        return outcome
+        # The artifacts go with the finish, in its transaction (fenced by its claim), before the final state.
+        return dataclasses.replace(outcome, events=tuple(artifact_events(outcome.artifacts)))
 
     def _session(self, ctx: RunContext, loaded: LoadedSpec, task: SpecialistTask, journal: Journal,
                  store: PgCheckpointStore, plan: Any, scratch: Path,

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
+from a2a.types.a2a_pb2 import StreamResponse
 from sqlalchemy import text
 
 from ledger import keys
@@ -104,6 +105,15 @@ def test_a_review_runs_end_to_end_with_findings_one_settlement_and_usage_recorde
     assert (meta["semanticCallsUsed"], meta["creditsCharged"], meta["stopReason"]) == (2, 6, "answered")
     assert meta["findingsDropped"] == {"path_not_in_bundle": 2}
     assert settlements(system, task_id) == [("settle", 6)]  # metered: 4 + 2 x 1, of the 20 reserved
+    # The artifacts are written by the finish, in its transaction, just before the final state: the last three
+    # events of the task, committed together.
+    with system.engine.connect() as conn:
+        last = conn.execute(text(
+            "SELECT CAST(xmin AS text) AS tx, event_data FROM task_events WHERE task_id = :t "
+            "ORDER BY task_version DESC LIMIT 3"), {"t": task_id}).all()
+    assert len({row.tx for row in last}) == 1, last
+    kinds = [StreamResponse.FromString(bytes(row.event_data)).WhichOneof("payload") for row in reversed(last)]
+    assert kinds == ["artifact_update", "artifact_update", "status_update"], kinds
     job = system.job_of(task_id)
     with system.engine.connect() as conn:
         calls = conn.execute(text("SELECT purpose, state, prompt_tokens FROM specialist_calls WHERE job_id = :j"),
