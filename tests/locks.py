@@ -14,20 +14,14 @@ _POLL_S = 0.01
 
 def wait_until_blocked_by(engine: Engine, pid: int, what: str, timeout_s: float = BLOCKED_TIMEOUT_S) -> None:
     """Until some session waits for a lock the backend ``pid`` holds; ``what`` names the wait in the failure."""
-    deadline = time.monotonic() + timeout_s
-    with engine.connect() as probe:
-        while not probe.execute(text("SELECT EXISTS (SELECT 1 FROM pg_stat_activity "
-                                     "WHERE :p = ANY (pg_blocking_pids(pid)))"), {"p": pid}).scalar_one():
-            probe.rollback()  # a fresh snapshot of pg_stat_activity each time
-            if time.monotonic() >= deadline:
-                raise AssertionError(f"{what} within {timeout_s:g} s")
-            time.sleep(_POLL_S)
+    wait_until_waited(engine, pid, 0.0, what, timeout_s)
 
 
 def wait_until_waited(engine: Engine, pid: int, seconds: float, what: str,
                       timeout_s: float = BLOCKED_TIMEOUT_S) -> None:
     """Until a session blocked by the backend ``pid`` has been waiting for ``seconds`` by the database's clock (its
-    statement's start against ``clock_timestamp()``, the clock the product compares a wait with)."""
+    statement's start against ``clock_timestamp()``, the clock the product compares a wait with). Polled: the
+    database announces no lock wait; each look is a fresh snapshot of ``pg_stat_activity``."""
     deadline = time.monotonic() + timeout_s
     with engine.connect() as probe:
         while not probe.execute(text("SELECT EXISTS (SELECT 1 FROM pg_stat_activity "
