@@ -248,9 +248,25 @@ def backends_cpu_s(engine) -> float:  # type: ignore[no-untyped-def]
     return sum(tree_cpu_s(pid) for pid in pids)
 
 
+def own_cpu_s(pid: int) -> float:
+    """CPU seconds of the process alone: its threads' user and system time, without its children's."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return sum(int(f) for f in fields[11:13]) / _CLOCK_TICKS  # utime, stime
+
+
+# Shown beside the roles, not added to the total: the workers' own processes (HTTP, claim, the job's hand-off, its
+# watcher, the finish), without their forkservers and job processes.
+WORKERS_OWN = "workers' own"
+
+
 def cpu_snapshot(engine, roles: dict[str, list[int]]) -> dict[str, float]:  # type: ignore[no-untyped-def]
     shot = {role: sum(tree_cpu_s(pid) for pid in pids) for role, pids in roles.items()}
     shot["postgres"] = backends_cpu_s(engine)
+    if "workers" in roles:
+        shot[WORKERS_OWN] = sum(own_cpu_s(pid) for pid in roles["workers"])
     return shot
 
 
@@ -421,9 +437,11 @@ def main() -> None:
         extra += f"  unsettled {r['unsettled']}" if r.get("unsettled") else ""
         print(f"{label:<22}{r['jobs_per_s']:>8.0f}{r['claim'][0]:>14.1f}{r['claim'][1]:>8.1f}"
               f"{r['settled'][0]:>16.1f}{r['settled'][1]:>8.1f}  {r['jobs']}{extra}")
-    cpu = results["closed"]["cpu_ms_per_job"]
+    cpu = dict(results["closed"]["cpu_ms_per_job"])
+    own = cpu.pop(WORKERS_OWN, None)
     print("\nCPU per job in the closed loop (ms, /proc; load-independent, unlike jobs/s): "
-          + ", ".join(f"{role} {ms:.1f}" for role, ms in cpu.items()) + f"; total {sum(cpu.values()):.1f}")
+          + ", ".join(f"{role} {ms:.1f}" for role, ms in cpu.items()) + f"; total {sum(cpu.values()):.1f}"
+          + ("" if own is None else f" (the workers' own processes {own:.1f}, without their job processes)"))
     paced = results["paced"]
     print(
         f"\nadmission -> claim p50 {paced['claim'][0]:.1f} ms at {paced_rate:.0f}/s (target < 50 ms); "
