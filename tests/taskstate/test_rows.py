@@ -119,7 +119,8 @@ def test_an_event_appends_to_an_empty_history(engine):
     '[{"messageId": "m0", "role": "ROLE_USER", "parts": [{"text": "\u00e9 \u2603 ] \\"x\\""}]}]',  # json.dumps'
     '[{"messageId": "m0", "role": "ROLE_USER", "parts": [{"text": "é ☃ ]"}]}]',  # multibyte, unescaped
     '[{"messageId": "m0", "role": "ROLE_USER", "parts": [{"text": "a"}]}] \n\t ',  # not json.dumps': trailing space
-], ids=["empty", "empty-spaced", "empty-newline", "null", "escaped", "multibyte", "trailing-space"])
+    ' \n[{"messageId": "m0", "role": "ROLE_USER", "parts": [{"text": "a"}]}]',  # not json.dumps': leading space
+], ids=["empty", "empty-spaced", "empty-newline", "null", "escaped", "multibyte", "trailing-space", "leading-space"])
 def test_an_event_appends_to_any_stored_history_text(engine, stored):
     """The append splices the stored json text: whatever form it has, the history reads back as it was, then the
     appended messages."""
