@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection
 
+from core import db
 from ledger import statements as st
 from ledger.limits import LedgerSettings, default_limits
 from ledger.results import AccountResult, AdjustResult, ExpiredLot, GrantResult, ReserveResult, ResolveResult, UnknownResult
@@ -139,7 +140,8 @@ def settle(
     different amount, an unknown reservation (reconcile it), or an unknown job.
     """
     params = st.settle_params(job_id, charged, reason, now=now, limits=limits or default_limits())
-    return st.parse_resolve(conn.exec_driver_sql(st.SETTLE_SQL, params).mappings().one(), charged=charged)
+    [row] = db.hot_driver_sql_rows(conn, st.SETTLE_SQL, params)  # every paid job's finish: on the driver
+    return st.parse_resolve(row, charged=charged)
 
 
 def void(
