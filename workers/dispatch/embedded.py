@@ -61,7 +61,7 @@ from core.settings import Settings
 from workers.auth import JobSigner
 from taskstate import outbox
 from workers.dispatch import jobs
-from workers.dispatch.delivery import DeliveryResult, deliver_over_http, retry_delay_s
+from workers.dispatch.delivery import DeliveryResult, WorkerConnections, deliver_over_http, retry_delay_s
 from workers.dispatch.served import ServedSpecialists
 from workers.dispatch.sweeper import give_up
 from taskstate.updates import TaskEvents
@@ -100,6 +100,7 @@ class EmbeddedDispatcher:
         name: str,
         wake: threading.Event,
         client: httpx.Client | None = None,
+        connections: WorkerConnections | None = None,
     ) -> None:
         self.engine = engine
         self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
@@ -111,7 +112,9 @@ class EmbeddedDispatcher:
         self.urls = settings.dispatch.worker_urls
         self.slots_per_url = settings.worker.max_concurrent_jobs
         self.capacity = self.slots_per_url * len(self.urls)
-        self.client = client or httpx.Client(limits=httpx.Limits(max_connections=self.capacity + 4))
+        self.client = client or httpx.Client(limits=httpx.Limits(max_connections=len(self.urls) + 1))  # /readyz
+        # The deliveries' (``workers.dispatch.delivery``): a URL has at most its slots in flight, and a spare.
+        self.connections = connections or WorkerConnections(max_idle_per_url=self.slots_per_url + 1)
         self._lock = threading.Lock()
         self._renewing = threading.Lock()  # a renewal's read of _in_flight and its UPDATE, against a row leaving it
         self._in_flight: dict[int, str] = {}  # dispatch id -> worker URL
@@ -244,7 +247,7 @@ class EmbeddedDispatcher:
     def _deliver_traced(self, row: outbox.OutboxRow, url: str, span: Span) -> None:
         try:
             job = jobs.build_job(row, self.signer, self.settings, url)
-            result = deliver_over_http(job, client=self.client, timeout_s=self.settings.dispatch.deadline_s)
+            result = deliver_over_http(job, client=self.connections, timeout_s=self.settings.dispatch.deadline_s)
             telemetry.annotate(span, **{"specialists.verdict": result.verdict, "http.response.status_code": result.status})
             with self._lock:
                 self._unanswered[url] = 0 if result.status is not None else self._unanswered[url] + 1
@@ -333,6 +336,7 @@ class EmbeddedDispatcher:
         db.retrying_once(run)
 
     def close(self) -> None:
+        self.connections.close()
         with self._lock:
             abandoned = len(self._in_flight)
         if abandoned:
