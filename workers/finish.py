@@ -40,6 +40,10 @@ class FinishFailed(ServiceError):
 
 
 class Settlement(Protocol):
+    # True when ``finish`` closes the job's outbox row in its transaction once it is accepted (the service's): the
+    # worker's answer says so, and the embedded dispatcher then writes nothing of its own for the row.
+    closes_outbox_row: bool
+
     def finish(self, conn: Connection, job: VerifiedJob, fencing_token: int, outcome: RunOutcome, *,
                worker_id: str) -> claims.FinishResult:
         """Finish the claim (``claims.finish``: fenced by the token) and, only when that is accepted for the first
@@ -57,6 +61,8 @@ class Settlement(Protocol):
 
 
 class NoSettlement:
+    closes_outbox_row = False
+
     def finish(self, conn: Connection, job: VerifiedJob, fencing_token: int, outcome: RunOutcome, *,
                worker_id: str) -> claims.FinishResult:
         result = claims.finish(conn, job.job_id, fencing_token=fencing_token, outcome=outcome.state,

@@ -15,13 +15,16 @@ worker stopping            503     ``worker_stopping``: nothing claimed (or the 
 already finished           200     ``job_already_finished`` + the stored outcome
 lease expired (unknown)    200     ``job_outcome_unknown``: never run again
 records pruned             200     ``job_gone``: no outbox row (finished, past retention)
-ran and finished           200     ``job_finished`` + the outcome
+ran and finished           200     ``job_finished`` + the outcome (+ ``row_closed``)
 our result was stale       200     ``job_result_stale``: recorded for operators
 outcome not recorded       503     ``finish_failed``: the lease expires, then unknown
 =========================  ======  ===================================================
 
 Answers carry the outcome state only, never the job's input or results: whoever
-holds a valid body learns no more than whether the job ran.
+holds a valid body learns no more than whether the job ran. ``row_closed: true``
+says that the finish closed the job's outbox row in its transaction (the service's
+settlement does, for a task's job): the embedded dispatcher then has nothing to
+write for it (issue 44: a statement per job).
 
 While a job runs the worker renews its lease every ``worker_heartbeat_s``; the
 renewal also carries cancel requests, so a cancel from any API instance reaches
@@ -478,8 +481,10 @@ class WorkerService:
         if isinstance(result, Exception):
             return _answer(503, "finish_failed", str(result), retry_after_s=self.limits.lease_s), None
         if result.accepted:
+            closed = self.settlement.closes_outbox_row and ids.TaskRef.of_payload(job.payload) is not None
             return _answer(
-                200, "job_finished", "the job ran and its outcome is recorded", job_id=job.job_id, outcome=outcome.state
+                200, "job_finished", "the job ran and its outcome is recorded", job_id=job.job_id, outcome=outcome.state,
+                **({"row_closed": True} if closed else {}),
             ), outcome.state
         return _answer(
             200,

@@ -124,6 +124,8 @@ def ledger_reason(reason: str, limits: LedgerSettings) -> str:
 
 
 class TaskSettlement:
+    closes_outbox_row = True  # the finish's statement closes it (``outbox.CLOSE``): a task's job always has one
+
     def __init__(self, tasks: TaskEvents, *, operator: str, limits: LedgerSettings | None = None,
                  usage: UsageSource | None = None) -> None:
         self.tasks = tasks

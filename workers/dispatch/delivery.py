@@ -5,7 +5,8 @@ The embedded dispatcher (one machine: the outbox is the queue) delivers with
 answers by status code. The worker's answer codes are listed in workers/server.py.
 
 * ``done``: the job finished, was already finished, is unknown (an operator
-  reconciles it), or our result was stale; stop delivering.
+  reconciles it), or our result was stale; stop delivering (``row_closed``: the
+  worker's finish already closed the job's outbox row).
 * ``retry``: busy, at capacity, certificates or database unavailable, the worker
   unreachable or failing; deliver again after ``retry_delay_s``.
 * ``refused``: the worker refused the delivery itself (authentication, size,
@@ -42,6 +43,8 @@ class DeliveryResult:
     status: int | None  # None: no HTTP answer (connection refused, reset, timed out)
     code: str
     retry_after_s: float | None = None
+    # done: the worker's finish closed the job's outbox row in its transaction (its answer's ``row_closed``).
+    row_closed: bool = False
 
 
 # A worker's answer is a short JSON object (workers/server.py); one longer than this is read no further, its code
@@ -186,7 +189,7 @@ def deliver_over_http(job: DispatchJob, *, client: WorkerConnections, timeout_s:
         parsed = {}
     code = str(parsed.get("code", "")) or f"http_{status}"
     if status == 200:
-        return DeliveryResult("done", 200, code)
+        return DeliveryResult("done", 200, code, row_closed=parsed.get("row_closed") is True)
     if status in (429, 503) or status >= 500:
         return DeliveryResult("retry", status, code, _retry_after(retry_after))
     return DeliveryResult("refused", status, code)

@@ -10,7 +10,8 @@ worker's job must reach a live one to be resumed). A delivery holds its HTTP req
 of rows in flight is renewed every third of ``dispatch_delivery_lease_s``.
 
 What the worker's answer means (``workers.dispatch.delivery``):
-``done`` (finished, already finished, unknown, stale) marks the row delivered;
+``done`` (finished, already finished, unknown, stale) marks the row delivered, unless the worker's finish
+closed it in its own transaction (``row_closed``: every job that ran and finished there);
 ``retry`` (busy, unreachable, failing) reschedules it with backoff, never sooner
 than the worker's ``Retry-After``; ``worker_at_capacity`` (the worker claimed
 nothing: its slots are taken, by another dispatcher's deliveries or by a job
@@ -269,7 +270,8 @@ class EmbeddedDispatcher:
 
     def _record(self, row: outbox.OutboxRow, url: str, result: DeliveryResult) -> None:
         if result.verdict == "done":
-            self._write(lambda conn: outbox.mark_delivered(conn, row))
+            if not result.row_closed:  # the worker's finish closed it in its transaction: nothing to write
+                self._write(lambda conn: outbox.mark_delivered(conn, row))
             return
         error = f"{result.code} (HTTP {result.status})" if result.status else result.code
         if result.code == WORKER_FULL:
