@@ -234,42 +234,36 @@ class Journal:
     def open_run(self, *, specialist_id: str, route: str, pricing: PricingSpec, reserved_credits: int,
                  session_id: str) -> int:
         """Record the run (first delivery) or find it (a resume), with the credits its task reserved (the run
-        context's); returns how many times it was resumed."""
-        with self.engine.begin() as conn:
-            check_fence(conn, self.job_id, self.fencing_token)
-            conn.execute(
-                text(
-                    "INSERT INTO specialist_runs (job_id, specialist_id, route, pricing, tariff_credits, base_credits, "
-                    "credits_per_semantic_call, credits_per_cpu_second, session_id) "
-                    "VALUES (:j, :sp, :r, :p, :tc, :base, :per, :cpu, :sid) "
-                    "ON CONFLICT (job_id) DO NOTHING"
-                ),
-                self._params(sp=specialist_id, r=route, p=pricing.mode, tc=reserved_credits, base=pricing.base_credits,
-                             per=pricing.credits_per_semantic_call, cpu=pricing.credits_per_cpu_second, sid=session_id),
-            )
-            return int(
-                conn.execute(text("SELECT resumes FROM specialist_runs WHERE job_id = :j"), {"j": self.job_id}).scalar_one()
-            )
+        context's); returns how many times it was resumed. One fenced statement (``_fenced``: it was BEGIN, the
+        fence, the insert, a read and COMMIT), committed without waiting for its flush like every write of the run
+        but a call's start, which flushes it first: a run lost with PostgreSQL before its first call is opened
+        again by its resume. A resumed run's row exists (the claim counted the resume in it): its ``resumes``."""
+        return int(self._fenced(
+            "INSERT INTO specialist_runs (job_id, specialist_id, route, pricing, tariff_credits, base_credits, "
+            "credits_per_semantic_call, credits_per_cpu_second, session_id) "
+            f"SELECT :j, :sp, :r, :p, :tc, :base, :per, :cpu, :sid WHERE {HELD} "
+            "ON CONFLICT (job_id) DO NOTHING RETURNING resumes",
+            self._params(sp=specialist_id, r=route, p=pricing.mode, tc=reserved_credits, base=pricing.base_credits,
+                         per=pricing.credits_per_semantic_call, cpu=pricing.credits_per_cpu_second, sid=session_id),
+            returning="COALESCE((SELECT resumes FROM written), "
+                      "(SELECT resumes FROM specialist_runs WHERE job_id = :j))",
+        ))
 
-    def end_run(self, *, outcome: str, stop_reason: str | None, turns: int,
-                charged_credits: int | None) -> dict[str, Any]:
-        """Record how the run ended and the charge rule's figure for it; returns the call totals."""
+    def end_run(self, *, outcome: str, stop_reason: str | None, turns: int, totals: dict[str, Any],
+                charged_credits: int | None) -> None:
+        """Record how the run ended, its call ``totals`` (``totals()``, read by the caller for the charge rule) and
+        the charge rule's figure for it: one fenced statement whose commit waits for its flush (the run's end
+        makes every relaxed write before it durable). The totals cannot move in between: only this claim writes
+        the job's calls, and a claim lost meanwhile refuses the write."""
         assert charged_credits is None or charged_credits >= 0, charged_credits
-        with self.engine.begin() as conn:
-            check_fence(conn, self.job_id, self.fencing_token)
-            totals = self._totals(conn)
-            conn.execute(
-                text(
-                    "UPDATE specialist_runs SET state = 'ended', ended_at = now(), outcome = :o, stop_reason = :sr, "
-                    "turns = :turns, semantic_calls_used = :used, semantic_calls_charged = :charged, "
-                    "credits_to_settle = :credits WHERE job_id = :j"
-                ),
-                self._params(
-                    o=outcome, sr=stop_reason, turns=turns, used=totals["semantic_calls_used"],
-                    charged=totals["semantic_calls_charged"], credits=charged_credits,
-                ),
-            )
-        return totals
+        self._fenced(
+            "UPDATE specialist_runs SET state = 'ended', ended_at = now(), outcome = :o, stop_reason = :sr, "
+            "turns = :turns, semantic_calls_used = :used, semantic_calls_charged = :charged, "
+            f"credits_to_settle = :credits WHERE job_id = :j AND {HELD} RETURNING 1",
+            self._params(o=outcome, sr=stop_reason, turns=turns, used=totals["semantic_calls_used"],
+                         charged=totals["semantic_calls_charged"], credits=charged_credits),
+            flush=True,
+        )
 
     def totals(self) -> dict[str, Any]:
         with self.engine.connect() as conn:

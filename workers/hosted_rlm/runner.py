@@ -193,9 +193,9 @@ class RlmRunner:
             usage=charge.Usage(totals["semantic_calls_charged"], waived=verdict.free),
         )
         try:
-            totals = journal.end_run(
+            journal.end_run(
                 outcome=verdict.state, stop_reason=result.stop_reason if result is not None else None,
-                turns=result.turns if result is not None else 0, charged_credits=charged_credits,
+                turns=result.turns if result is not None else 0, totals=totals, charged_credits=charged_credits,
             )
         except ClaimLost as lost:  # the worker learns the same at its next heartbeat; nothing to record
             log.info("job %s: %s", journal.job_id, lost.message)

@@ -9,6 +9,7 @@ from sqlalchemy import text
 
 from tests.workers.hosted_rlm import support
 from tests.workers.hosted_rlm.test_runner import FILES, RULE
+from core.specs import PricingSpec
 from rlmfamily.kernels.checkpoints import Checkpoint, PendingCall, RuntimeIdentity
 from taskstate import charge, claims
 from workers.hosted_rlm import journal
@@ -42,6 +43,13 @@ def test_every_journal_write_of_a_worker_that_lost_its_claim_is_refused_and_writ
     job_id = support.new_job_id()
     old = support.claim(engine, job_id)
     live = Journal(engine, job_id=job_id, fencing_token=old)
+    pricing = PricingSpec(mode="fixed")
+
+    def open_run(journal: Journal) -> int:
+        return journal.open_run(specialist_id="reviewer", route="test", pricing=pricing, reserved_credits=5,
+                                session_id=session_id_for(job_id))
+
+    assert open_run(live) == 0 and open_run(live) == 0  # opened once; found again by the same claim
     live.start_step(1, 0, 0)
     call = live.start_call(purpose="subcall", turn=1, step_index=0, after_seq=0, request_sha256=b"\x01" * 32,
                            request_text="q", model="m")
@@ -54,7 +62,9 @@ def test_every_journal_write_of_a_worker_that_lost_its_claim_is_refused_and_writ
             return [conn.execute(text("SELECT call_id, state, replays, superseded_by FROM specialist_calls "
                                       "WHERE job_id = :j ORDER BY call_id"), {"j": job_id}).all(),
                     conn.execute(text("SELECT turn, step_index, ended_at FROM specialist_steps WHERE job_id = :j "
-                                      "ORDER BY turn, step_index"), {"j": job_id}).all()]
+                                      "ORDER BY turn, step_index"), {"j": job_id}).all(),
+                    conn.execute(text("SELECT state, ended_at, credits_to_settle FROM specialist_runs "
+                                      "WHERE job_id = :j"), {"j": job_id}).all()]
 
     before = snapshot()
     stale = live  # the same journal, now behind the claim
@@ -65,6 +75,9 @@ def test_every_journal_write_of_a_worker_that_lost_its_claim_is_refused_and_writ
         lambda: stale.fail_call(call, billed=None, note="unknown"),
         lambda: stale.replayed(call),
         lambda: stale.start_step(1, 1, 0),
+        lambda: open_run(stale),
+        lambda: stale.end_run(outcome="completed", stop_reason="answered", turns=1, totals=stale.totals(),
+                              charged_credits=5),
     ]
     for write in writes:
         with pytest.raises(ClaimLost):
@@ -74,8 +87,11 @@ def test_every_journal_write_of_a_worker_that_lost_its_claim_is_refused_and_writ
     current = Journal(engine, job_id=job_id, fencing_token=old + 1)
     replacement = current.start_call(purpose="subcall", turn=1, step_index=0, after_seq=0,
                                      request_sha256=b"\x02" * 32, request_text="q2", model="m", supersedes=call)
-    calls, _ = snapshot()
+    calls, _, _ = snapshot()
     assert [(c.call_id, c.superseded_by) for c in calls] == [(call, replacement), (replacement, None)]
+    current.end_run(outcome="completed", stop_reason="answered", turns=1, totals=current.totals(), charged_credits=5)
+    [run] = snapshot()[2]
+    assert run.state == "ended" and run.ended_at is not None and run.credits_to_settle == 5
 
 
 def test_only_snapshots_before_paid_calls_are_written(engine):
