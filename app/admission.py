@@ -306,9 +306,10 @@ class Admitted:
 class AdmissionService:
     """Runs the admission transaction on the async engine (the ledger's calls are sync: ``run_sync``)."""
 
-    def __init__(self, engine: AsyncEngine, settings: Settings, notifier: Notifier) -> None:
-        self.engine = engine
-        self.autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+    def __init__(self, engine: AsyncEngine, autocommit: AsyncEngine, settings: Settings, notifier: Notifier) -> None:
+        assert db.in_autocommit(autocommit), "a new task's statement commits by itself: the edge's autocommit engine"
+        self.engine = engine  # the send's transaction (a follow-up, a push configuration, a fallback), a cancel
+        self.autocommit = autocommit  # a new task in one statement (``_admit_at_once``)
         self.settings = settings
         self.notifier = notifier
 

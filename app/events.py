@@ -52,12 +52,14 @@ _EVENTS_AFTER_SQL = (f"SELECT seq, task_version, event_data FROM {_EVENTS} WHERE
 
 
 class NotifiedEventStream(DatabaseTaskEventStream):
-    def __init__(self, engine: AsyncEngine, listener: Listener, notifier: Notifier, poll_interval_s: float) -> None:
+    def __init__(self, engine: AsyncEngine, autocommit: AsyncEngine, listener: Listener, notifier: Notifier,
+                 poll_interval_s: float) -> None:
         # create_table=False: migration 0010 owns the table.
         super().__init__(engine, create_table=False, poll_interval_s=poll_interval_s)
+        assert db.in_autocommit(autocommit), "the reads run outside any transaction: the edge's autocommit engine"
         self._listener = listener
         self._notifier = notifier
-        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._autocommit = autocommit
 
     async def publish(self, task_id: str, event: VersionedEvent) -> None:
         """The SDK calls this after the store committed the event: wake every instance's subscribers."""

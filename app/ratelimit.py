@@ -5,7 +5,8 @@ key, or the client address for an anonymous caller) and the global one. The
 window is aligned on the database clock, so every instance counts in the same
 window. Over either limit: 429 with ``Retry-After`` (seconds to the window's
 end). The counters live in an UNLOGGED table and the statement runs in
-autocommit, so the hot global row is held for microseconds.
+autocommit (on the edge's autocommit engine, ``app.assembly``), so the hot global row is held for
+microseconds.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ _PRUNE = text("DELETE FROM edge_rate_windows WHERE window_start < now() - make_i
 
 class RateLimiter:
     def __init__(self, engine: AsyncEngine, settings: Settings) -> None:
-        self.engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+        assert db.in_autocommit(engine), "the count commits by itself: the edge's autocommit engine"
+        self.engine = engine
         self.settings = settings
 
     async def check(self, identity: Identity) -> None:

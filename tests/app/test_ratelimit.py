@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.timeout(30), pytest.mark.anyio]
 
 @pytest.fixture
 async def async_engine(database_url, settings):
-    engine = db.make_async_engine(database_url, settings)
+    engine = db.make_async_engine(database_url, settings, autocommit=True)  # as the edge's (app.assembly)
     yield engine
     await engine.dispose()
 

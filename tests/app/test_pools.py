@@ -1,0 +1,59 @@
+"""The edge's pool of single statements (``app.assembly.edge_engine(autocommit=True)``): its connections are in
+autocommit from their start, a checkout sends nothing, and a statement psycopg prepared stays prepared from one
+checkout to the next (psycopg forgets its prepared statements on a ROLLBACK; this pool never sends one)."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.assembly import edge_engine
+from core import db
+from tests.pg_wire import StatementCounter
+
+pytestmark = [pytest.mark.timeout(60), pytest.mark.anyio]
+
+# psycopg runs a statement unprepared this many times on a connection (``prepare_threshold``'s default), then
+# prepares it and runs it prepared from then on.
+UNPREPARED_USES = 5
+_PROBE = "SELECT %(x)s::int AS probe"
+
+
+async def test_a_statement_stays_prepared_from_one_checkout_of_the_autocommit_pool_to_the_next(database_url, settings):
+    counter = StatementCounter(database_url)
+    engine = edge_engine(counter.url, settings, autocommit=True)
+    try:
+        assert db.in_autocommit(engine)
+        async with engine.connect() as conn:  # the pool's first connection, and the dialect's first questions
+            backend = (await db.driver_rows(conn, "SELECT pg_backend_pid()", {}))[0][0]
+        _, trips_before, _, _ = counter.snapshot()
+        prepares_before = counter.prepares
+        uses = UNPREPARED_USES + 3
+        for use in range(uses):
+            async with engine.connect() as conn:  # one connection, checked out and returned each time
+                assert await db.driver_rows(conn, _PROBE, {"x": use}) == [(use,)]
+        _, trips_after, _, _ = counter.snapshot()
+        # One round trip a statement and one for its preparation, once: no SET, no BEGIN, no ROLLBACK at a checkout.
+        assert (trips_after - trips_before, counter.prepares - prepares_before) == (uses + 1, 1)
+        async with engine.connect() as conn:
+            [(same_backend, generic_plans, custom_plans)] = await db.driver_rows(
+                conn,
+                "SELECT pg_backend_pid(), generic_plans, custom_plans FROM pg_prepared_statements "
+                "WHERE statement = %(text)s",
+                {"text": _PROBE.replace("%(x)s", "$1")},
+            )
+        assert same_backend == backend
+        # Run prepared at every use after the first five, each in a checkout of its own.
+        assert generic_plans + custom_plans == uses - UNPREPARED_USES, (generic_plans, custom_plans)
+    finally:
+        await engine.dispose()
+        counter.close()
+
+
+async def test_the_pool_of_transactions_is_not_in_autocommit(database_url, settings):
+    engine = edge_engine(database_url, settings)
+    try:
+        assert not db.in_autocommit(engine)
+        async with engine.connect() as conn:
+            assert not (await conn.get_raw_connection()).driver_connection.autocommit
+    finally:
+        await engine.dispose()
