@@ -30,7 +30,7 @@ import logging
 from collections.abc import AsyncGenerator, Iterator
 
 from a2a.server.cluster import DatabaseTaskEventStream, TaskVersion, VersionedEvent
-from a2a.server.cluster.database_event_stream import _as_int, stream_response_to_event
+from a2a.server.cluster.database_event_stream import stream_response_to_event
 from a2a.server.models import TaskEventModel
 from a2a.types.a2a_pb2 import StreamResponse, Task
 from sqlalchemy.exc import OperationalError
@@ -134,5 +134,15 @@ class NotifiedEventStream(DatabaseTaskEventStream):
         if after.is_missing:
             return 0
         async with self._autocommit.connect() as conn:
-            found = await db.driver_rows(conn, _CURSOR_SQL, {"task_id": task_id, "version": _as_int(after)})
+            found = await db.driver_rows(conn, _CURSOR_SQL, {"task_id": task_id, "version": version_number(after)})
         return found[0][0] if found else 0
+
+
+def version_number(version: TaskVersion) -> int:
+    """The whole number a version of this store wraps (``taskstate.rows``: a task's version counts its events from 1),
+    read through the SDK's public surface only: a ``TaskVersion`` hashes as its value and compares by it, and a
+    whole number below 2**61 - 1 hashes as itself. Raises TypeError for a version that wraps anything else."""
+    number = hash(version)
+    if TaskVersion(number) != version:
+        raise TypeError(f"{version!r} is not a version of this store (a whole number from 1)")
+    return number
