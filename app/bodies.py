@@ -15,7 +15,10 @@ its byte cap and before the SDK sees it:
 2. ``check_numbers``: the C ``json`` parser, with hooks that refuse a number
    literal longer than ``max_json_number_chars`` (Python refuses to convert an
    integer of 4,300 digits, with a message of its own) and any number that is not
-   finite (``NaN``, ``Infinity``, ``1e999``), which protobuf cannot hold.
+   finite (``NaN``, ``Infinity``, ``1e999``), which protobuf cannot hold. A body
+   with no digit and no ``N`` or ``I`` outside its strings holds no number to
+   refuse, and is not parsed for it (a send's message is strings: 0.6 ms of a
+   464 KB send, issue 44).
 
 Cost (bench/edge_bodies.py, load 4.7 on 2 cores; docs/BENCHMARKS.md): 9 ms for
 2 MiB of text and 14 ms for 2 MiB of commas inside a string (the worst for the
@@ -114,8 +117,19 @@ def outside_strings(body: bytes) -> bytes:
     return b"".join(body.split(b'"')[::2])
 
 
-def check_numbers(body: bytes, edge: EdgeSettings) -> None:
-    """Refuse a number literal the service cannot hold: too long, or not finite."""
+# What every number literal outside strings shows (a digit; ``NaN``, ``Infinity``, ``-Infinity``), and what else.
+_NUMBER_MARKS = b"0123456789NI"
+_NOT_NUMBER_MARKS = bytes(set(range(256)) - set(_NUMBER_MARKS))
+
+
+def check_numbers(body: bytes, edge: EdgeSettings, outside: bytes | None = None) -> None:
+    """Refuse a number literal the service cannot hold: too long, or not finite.
+
+    ``outside``: the body's bytes outside strings (``outside_strings``), when the caller has them. Without a number
+    mark among them the body is not parsed: the parser would meet no number before its end or its first syntax
+    error (up to which the bytes outside strings are told as the parser tells them), so nothing would be refused."""
+    if outside is not None and not outside.translate(None, _NOT_NUMBER_MARKS):
+        return
     max_chars = edge.max_json_number_chars
 
     def integer(literal: str) -> int:

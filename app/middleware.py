@@ -89,8 +89,9 @@ def operation_of(path: str) -> str:
     return "other"
 
 
-def check_json_text(body: bytes, max_depth: int) -> None:
-    """Refuse a body the JSON parsers downstream would choke on: not UTF-8, or nested past ``max_depth``.
+def check_json_text(body: bytes, max_depth: int) -> bytes:
+    """Refuse a body the JSON parsers downstream would choke on: not UTF-8, or nested past ``max_depth``; return
+    its bytes outside strings (``outside_strings``), for the checks after this one.
 
     Only the bracket depth outside strings is measured here (one pass, no parsing);
     whether the text is valid JSON is left to the protocol layer, which answers that
@@ -106,11 +107,13 @@ def check_json_text(body: bytes, max_depth: int) -> None:
     escaped = b"\\u0000" in body or b"\\U0000" in body
     if "\x00" in text or (escaped and _ESCAPED_NUL.search(text)):
         raise MalformedRequest("the body carries a NUL character (\\u0000), which A2A text here cannot hold; remove it")
-    if json_depth(body) > max_depth:
+    outside = outside_strings(body)
+    if _depth_outside_strings(outside) > max_depth:
         raise MalformedRequest(
             f"the body nests JSON deeper than {max_depth} levels (SPECIALISTS_MAX_JSON_DEPTH)",
             limit="max_json_depth",
         )
+    return outside
 
 
 def json_depth(body: bytes) -> int:
@@ -119,7 +122,11 @@ def json_depth(body: bytes) -> int:
     sum): a message of 200 parts has over 400 brackets, and a regex over its strings then a loop over them cost
     2.5 ms of every such send (issue 44). Strings are told as JSON tells them; past a body's first syntax error
     the count may differ from a parser's, which stops there."""
-    deltas = outside_strings(body).translate(_BRACKET_DELTAS, _NOT_BRACKETS)  # opening 2, closing 0
+    return _depth_outside_strings(outside_strings(body))
+
+
+def _depth_outside_strings(outside: bytes) -> int:
+    deltas = outside.translate(_BRACKET_DELTAS, _NOT_BRACKETS)  # opening 2, closing 0
     return max(map(operator.sub, itertools.accumulate(deltas), itertools.count(1)), default=0)
 
 
@@ -312,8 +319,8 @@ class A2AGuard:
                 "the body has no Content-Type; send application/json (or application/a2a+json)"
             )
         count_elements(body, self.settings.edge.max_body_elements)  # before anything walks the body: app/bodies.py
-        check_json_text(body, self.settings.edge.max_json_depth)
-        check_numbers(body, self.settings.edge)
+        outside = check_json_text(body, self.settings.edge.max_json_depth)
+        check_numbers(body, self.settings.edge, outside)
         replayed = False
 
         async def replay() -> Message:
