@@ -1,9 +1,10 @@
 """A job's CPU: its share of the worker's cores, its cap, and its count (issue 41 §2).
 
 A job's process (``workers.isolation``) calls ``JobCpu.start`` once its job has come, ``JobCpu.judged`` on its
-outcome, and ``JobCpu.leave`` once it has sent it. In between a meter thread of the job's process reads the CPU time
-of the job's processes together (the job's process, its threads, and what it started: Monty's processes are in its
-process group) every ``SPECIALISTS_WORKER_JOB_CPU_POLL_S``, more often as the cap nears, and:
+outcome, and ``JobCpu.leave`` once it has sent it. In between the job process's watching thread (the one that also
+hears the worker's words on the job's control pipe) calls ``JobCpu.tick``, which reads the CPU time of the job's
+processes together (the job's process, its threads, and what it started: Monty's processes are in its process group)
+every ``SPECIALISTS_WORKER_JOB_CPU_POLL_S``, more often as the cap nears, the first time a poll after the start, and:
 
 * **shares**, per customer, then per job: a customer's jobs on this worker together weigh what one customer's job
   would (its customer is its signed payload's owner, ``customer_of``). Where the worker may make cgroups
@@ -68,6 +69,7 @@ log = logging.getLogger(__name__)
 
 ShareMechanism = Literal["cgroup2", "cgroup1", "nice", "off"]
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+_V2_CONTROLLERS = str(CGROUP_ROOT / "cgroup.controllers")  # there only where the root is a cgroup v2 hierarchy
 CGROUP_PREFIX = "specialists-job-"
 CUSTOMER_PREFIX = "specialists-customer-"
 CUSTOMER_HASH_CHARS = 16  # of the customer id's sha256, in hex: its group's name, never the id itself
@@ -80,6 +82,7 @@ MAX_NICE = 19
 MIN_POLL_S = 0.01  # the meter's shortest sleep, near the cap
 V1_SHARES_PER_WEIGHT = 1024 / 100  # cgroup v1's default cpu.shares over v2's default cpu.weight
 V1_MIN_SHARES = 2
+KERNEL_DEFAULT_WEIGHT = {2: 100, 1: 1024}  # a new cgroup's cpu.weight (v2) and cpu.shares (v1), as the kernel sets them
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 CPU_EXCEEDED = "job_cpu_exceeded"
@@ -132,6 +135,11 @@ def customer_hash(customer: str) -> str:
     return hashlib.sha256(f"specialists-cpu-customer:{customer}".encode()).hexdigest()[:CUSTOMER_HASH_CHARS]
 
 
+# The first sha256 of a process fetches OpenSSL's implementation (0.1 ms); taken as this module is imported, in the
+# forkserver (``workers.isolation.PRELOAD``), every job's process inherits it (issue 44).
+customer_hash(NO_CUSTOMER)
+
+
 def customer_nice(jobs: int) -> int:
     """The nice value (over the worker's) of each of a customer's ``jobs`` running jobs, where the share is a nice
     value: the nearest k with 1.25 ** k ~= jobs, so that together they weigh about one job at the worker's priority
@@ -143,9 +151,11 @@ def customer_nice(jobs: int) -> int:
 # --- the count ------------------------------------------------------------------------------------
 
 
+# The count's reads use ``open`` on strings, not pathlib: a job's process reads its count as its job starts and ends.
 def _stat_fields(pid: int | str) -> list[str] | None:
     try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
+        with open(f"/proc/{pid}/stat") as file:
+            raw = file.read()
     except OSError:  # it has gone
         return None
     return raw[raw.rfind(")") + 2:].split()  # the command name may hold spaces and parentheses: skip past it
@@ -160,7 +170,8 @@ def _children(pid: int) -> list[int]:
         return found
     for task in tasks:
         try:
-            found.extend(int(child) for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split())
+            with open(f"/proc/{pid}/task/{task}/children") as file:
+                found.extend(int(child) for child in file.read().split())
         except OSError:  # the thread has ended
             continue
     return found
@@ -296,16 +307,18 @@ class Cgroup:
 
 
 def _own_cgroup_dirs() -> list[tuple[Literal[2, 1], Path]]:
-    """Where this process's CPU cgroup is, v2 first: (version, directory) for each hierarchy it could use."""
+    """Where this process's CPU cgroup is, v2 first: (version, directory) for each hierarchy it could use. Read
+    with ``open`` and ``os.path``: every job's process reads it as it enters (pathlib's cost 0.1 ms a job)."""
     found: list[tuple[Literal[2, 1], Path]] = []
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        with open("/proc/self/cgroup") as file:
+            lines = file.read().splitlines()
     except OSError:
         return found
     for line in lines:
         _, controllers, path = line.split(":", 2)
         relative = path.lstrip("/")
-        if controllers == "" and (CGROUP_ROOT / "cgroup.controllers").exists():
+        if controllers == "" and os.path.exists(_V2_CONTROLLERS):
             found.insert(0, (2, CGROUP_ROOT / relative))
         elif "cpu" in controllers.split(","):
             found.append((1, CGROUP_ROOT / controllers / relative))
@@ -362,8 +375,13 @@ def _enter(version: Literal[2, 1], home: Path, customer: str, pid: int, weight: 
     if version == 2 and "cpu" not in (customer_dir / "cgroup.subtree_control").read_text().split():
         (customer_dir / "cgroup.subtree_control").write_text("+cpu")
     group = Cgroup(customer_dir / f"{CGROUP_PREFIX}{pid}", version, customer_weight)
-    group.path.mkdir(exist_ok=True)  # from here the customer's group is not empty: no rmdir removes it
-    group.set_weight(weight)
+    try:
+        group.path.mkdir()  # from here the customer's group is not empty: no rmdir removes it
+        made = True
+    except FileExistsError:  # left by an earlier process of this pid (its weight may be a demoted job's)
+        made = False
+    if not made or group.weight_value(weight) != KERNEL_DEFAULT_WEIGHT[version]:  # a new group has the default
+        group.set_weight(weight)
     (group.path / "cgroup.procs").write_text(str(pid))
     group.share_customer()
     return group
@@ -435,18 +453,17 @@ class JobCpu:
         self.mechanism: ShareMechanism = "off"
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
+        self._ticking = threading.Lock()  # a tick and the stop never interleave: no judgment after the outcome's
 
     @classmethod
     def start(cls, recipe: Any, specialist_id: str, payload: Mapping[str, Any], cancel: threading.Event) -> JobCpu:
-        """The job's share applied and its meter running (the hook of ``workers.isolation._job_process``):
+        """The job's share applied and its meter ready (the hook of ``workers.isolation._job_process``, whose
+        watching thread then calls ``tick`` when the last tick said, the first ``first_wait_s`` from now):
         ``payload``, the job's signed payload, names its customer."""
         adopt_orphans()  # before the run starts anything: what it starts stays among this process's descendants
         meter = cls(policy_of(recipe, specialist_id), cancel, specialist_id, customer_of(payload))
         meter._apply_share()
         meter._arm_rlimit()
-        meter._thread = threading.Thread(target=meter._watch, name="job-cpu", daemon=True)
-        meter._thread.start()
         return meter
 
     def _apply_share(self) -> None:
@@ -503,8 +520,18 @@ class JobCpu:
             return
         self.nice = target
 
-    def _watch(self) -> None:
-        while not self._stop.is_set():
+    def first_wait_s(self) -> float:
+        """Until the first ``tick``: a wait, not at once. The job has used nothing yet and its share was set as it
+        entered, so a job that ends within a poll is read once, by ``stop`` (issue 44: a read and a customer's
+        share at the start, on a thread of their own, cost a no-op job 0.5 ms)."""
+        return self._wait_s(0.0)
+
+    def tick(self) -> float:
+        """One read of the meter, and what it decides (the demotion, the customer's share, the cap); the seconds
+        until the next. Nothing once stopped."""
+        with self._ticking:
+            if self._stop.is_set():
+                return self.policy.poll_s
             used_s = self.read()
             if not self.demoted and self.mechanism != "off" and used_s >= self.policy.demote_after_s:
                 self._demote()
@@ -513,9 +540,18 @@ class JobCpu:
             cap_s = self.policy.max_cpu_s
             if cap_s > 0 and used_s >= cap_s:
                 self._over_cap(used_s)
-            # Nearer the cap, sooner; past it, at the poll again (killing what the run starts while it stops).
-            left_s = (cap_s - used_s) / (os.cpu_count() or 1) if cap_s > 0 and not self.exceeded else self.policy.poll_s
-            self._stop.wait(max(MIN_POLL_S, min(self.policy.poll_s, left_s)))
+            return self._wait_s(used_s)
+
+    def _wait_s(self, used_s: float) -> float:
+        """The poll, sooner as the cap nears; past it, the poll again (killing what the run starts while it stops)."""
+        cap_s = self.policy.max_cpu_s
+        left_s = (cap_s - used_s) / (os.cpu_count() or 1) if cap_s > 0 and not self.exceeded else self.policy.poll_s
+        return max(MIN_POLL_S, min(self.policy.poll_s, left_s))
+
+    def stopped(self, wait_s: float) -> bool:
+        """Wait up to ``wait_s`` for the stop; whether it came (the watching thread's wait once nothing else is
+        left for it to wait on)."""
+        return self._stop.wait(wait_s)
 
     def _demote(self) -> None:
         log.info("job process %d passed %g CPU seconds: its share is lowered (%s)", self.pid,
@@ -548,10 +584,10 @@ class JobCpu:
         self.cancel.set()
 
     def stop(self) -> float:
-        """Stop the meter; the job's CPU seconds. Its process stays in its cgroup until ``leave``."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        """Stop the meter (after a tick under way); the job's CPU seconds. Its process stays in its cgroup until
+        ``leave``."""
+        with self._ticking:
+            self._stop.set()
         return self.read()
 
     def leave(self) -> None:

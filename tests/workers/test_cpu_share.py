@@ -279,6 +279,42 @@ def test_a_jobs_sweep_removes_the_groups_of_jobs_gone_and_customers_left_empty_a
                 group.rmdir()
 
 
+def test_a_new_job_group_keeps_the_kernels_default_weight_and_one_left_by_an_earlier_process_of_its_pid_is_set():
+    """A job's group made anew at the kernel's default weight is not written to (``KERNEL_DEFAULT_WEIGHT``); one
+    of the same pid left behind (a demoted job's, whose process's pid came back) gets the job's weight all the same;
+    a weight other than the default is written. Real processes, real cgroups."""
+    if not _cgroup_creatable():
+        pytest.skip("no CPU cgroup can be made here")
+    import subprocess
+    import sys
+
+    customer = f"weights-{secrets.token_hex(4)}"
+    processes = [subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+                 for _ in range(3)]
+    fresh, stale, heavy = processes
+    _, own = cpu_share._own_cgroup_dirs()[0]
+    left = own / _customer_group(customer) / f"{cpu_share.CGROUP_PREFIX}{stale.pid}"
+    groups: list[cpu_share.Cgroup] = []
+    try:
+        left.mkdir(parents=True)
+        _weight_file(left).write_text(_weight_value(left, 1))  # a demoted job's weight
+        for process, weight in ((fresh, 100), (stale, 100), (heavy, 300)):
+            group = cpu_share.enter_cgroup(process.pid, weight, customer)
+            assert group is not None
+            groups.append(group)
+            assert _weight_file(group.path).read_text().strip() == _weight_value(group.path, weight)
+        assert groups[1].path == left
+    finally:
+        for process, group in zip(processes, [*groups, None, None, None]):
+            if group is not None:
+                cpu_share.leave_cgroup(group, process.pid)
+            process.kill()
+            process.wait()
+        for directory in (left, left.parent):
+            with suppress(OSError):
+                directory.rmdir()
+
+
 def test_jobs_of_one_customer_entering_and_leaving_at_once_each_get_their_group_and_leave_none_behind():
     """Creation races with removal: one job's leave removes its customer's group while another job of the customer
     makes its own in it; the second makes the group again. Real processes, real cgroups, two threads at once."""
