@@ -258,12 +258,32 @@ def own_cpu_s(pid: int) -> float:
 
 
 # Shown beside the roles, not added to the total: the workers' own processes (HTTP, claim, the job's hand-off, its
-# watcher, the finish), without their forkservers and job processes.
+# watcher, the finish), without their forkservers and job processes; and PostgreSQL's backends by the role they
+# serve (libpq's ``PGAPPNAME``, set in each role's environment: ``APP_NAME_PREFIX`` + the role; a connection that
+# names itself, the edge's listener, counts as "other").
 WORKERS_OWN = "workers' own"
+APP_NAME_PREFIX = "bench-dispatch-"
+POSTGRES_OF = "postgres of "
+
+
+def backends_cpu_by_role(engine) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """CPU seconds of this database's backends, by the role named in their application name."""
+    from sqlalchemy import text
+
+    with engine.connect() as conn:
+        found = conn.execute(text("SELECT pid, application_name FROM pg_stat_activity "
+                                  "WHERE datname = current_database() AND pid <> pg_backend_pid()")).all()
+    by_role: dict[str, float] = {}
+    for pid, name in found:
+        role = name[len(APP_NAME_PREFIX):] if (name or "").startswith(APP_NAME_PREFIX) else "other"
+        by_role[POSTGRES_OF + role] = by_role.get(POSTGRES_OF + role, 0.0) + tree_cpu_s(pid)
+    return by_role
 
 
 def cpu_snapshot(engine, roles: dict[str, list[int]]) -> dict[str, float]:  # type: ignore[no-untyped-def]
     shot = {role: sum(tree_cpu_s(pid) for pid in pids) for role, pids in roles.items()}
+    if roles:
+        shot.update(backends_cpu_by_role(engine))
     shot["postgres"] = backends_cpu_s(engine)
     if "workers" in roles:
         shot[WORKERS_OWN] = sum(own_cpu_s(pid) for pid in roles["workers"])
@@ -288,7 +308,7 @@ def measure_path(engine, url: str, keys: list[str], prefix: str, seconds: float,
     time.sleep(1.0)  # let the last paced jobs finish
     cpu_after = cpu_snapshot(engine, roles or {})
     done = settled_jobs(engine, prefix)
-    cpu_ms_per_job = {role: 1000 * (cpu_after[role] - cpu_before[role]) / max(1, done) for role in cpu_after}
+    cpu_ms_per_job = {role: 1000 * (cpu_after[role] - cpu_before.get(role, 0.0)) / max(1, done) for role in cpu_after}
     with engine.connect() as conn:
         rows = conn.execute(
             text(
@@ -384,14 +404,16 @@ def main() -> None:
     results: dict[str, dict] = {}
     try:
         for index, port in enumerate(worker_ports):
-            processes.append(start(f"worker-{index}", ops_cli("worker", "--port", str(port)), env,
+            processes.append(start(f"worker-{index}", ops_cli("worker", "--port", str(port)),
+                                   {**env, "PGAPPNAME": APP_NAME_PREFIX + "workers"},
                                    Ready.http(f"http://127.0.0.1:{port}/healthz")))
         processes.append(start(
             "dispatcher", ops_cli("dispatcher", "--ready-fd", READY_FD),
-            {**env, "SPECIALISTS_DISPATCH_WORKER_URL": ",".join(f"http://127.0.0.1:{p}/jobs" for p in worker_ports)},
+            {**env, "PGAPPNAME": APP_NAME_PREFIX + "dispatcher",
+             "SPECIALISTS_DISPATCH_WORKER_URL": ",".join(f"http://127.0.0.1:{p}/jobs" for p in worker_ports)},
             Ready.pipe(),
         ))
-        edge = start("edge", ops_cli("serve", "--port", str(edge_port)), env,
+        edge = start("edge", ops_cli("serve", "--port", str(edge_port)), {**env, "PGAPPNAME": APP_NAME_PREFIX + "edge"},
                      Ready.http(f"http://127.0.0.1:{edge_port}/healthz"))
         processes.append(edge)
         for process in processes:
@@ -439,9 +461,12 @@ def main() -> None:
               f"{r['settled'][0]:>16.1f}{r['settled'][1]:>8.1f}  {r['jobs']}{extra}")
     cpu = dict(results["closed"]["cpu_ms_per_job"])
     own = cpu.pop(WORKERS_OWN, None)
+    postgres_of = {role[len(POSTGRES_OF):]: cpu.pop(role) for role in list(cpu) if role.startswith(POSTGRES_OF)}
     print("\nCPU per job in the closed loop (ms, /proc; load-independent, unlike jobs/s): "
           + ", ".join(f"{role} {ms:.1f}" for role, ms in cpu.items()) + f"; total {sum(cpu.values()):.1f}"
           + ("" if own is None else f" (the workers' own processes {own:.1f}, without their job processes)"))
+    print("PostgreSQL's CPU per job by the role its backends serve (ms): "
+          + ", ".join(f"{role} {ms:.1f}" for role, ms in sorted(postgres_of.items())))
     paced = results["paced"]
     print(
         f"\nadmission -> claim p50 {paced['claim'][0]:.1f} ms at {paced_rate:.0f}/s (target < 50 ms); "
