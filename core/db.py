@@ -197,6 +197,8 @@ def make_async_engine(url: str, settings: Settings, *, instrumented: bool = True
         **({"isolation_level": "AUTOCOMMIT", "pool_reset_on_return": None} if autocommit else {}),
     )
     event.listen(engine.sync_engine.pool, "checkout", discard_dead_on_checkout)
+    if autocommit:
+        event.listen(engine.sync_engine.pool, "reset", discard_busy_on_return)
     if instrumented:
         telemetry.instrument_engine(engine)
     return engine
@@ -206,6 +208,21 @@ def in_autocommit(engine: AsyncEngine) -> bool:
     """Whether every connection of ``engine`` is in autocommit from its start (``make_async_engine(autocommit=True)``):
     what a caller that runs single statements on the driver (``driver_rows``) needs, or its statement never commits."""
     return engine.sync_engine.dialect._on_connect_isolation_level == "AUTOCOMMIT"  # create_engine's isolation_level
+
+
+class ConnectionNotIdle(Exception):
+    """An autocommit connection came back to its pool in a transaction or with a statement in flight."""
+
+
+def discard_busy_on_return(dbapi_connection: Any, record: ConnectionPoolEntry, reset_state: Any) -> None:
+    """The autocommit pool's reset, instead of a rollback: nothing, for a connection that is idle, as each one is after
+    its statement; one that is not (a BEGIN sent on it, or a statement still running after its request was cancelled
+    and psycopg's cancel of it failed) raises, and the pool discards it rather than hand it out so."""
+    if not reset_state.asyncio_safe:  # garbage collection: the pool drops the connection without touching it
+        return
+    status = dbapi_connection.driver_connection.info.transaction_status
+    if status != psycopg.pq.TransactionStatus.IDLE:
+        raise ConnectionNotIdle(f"an autocommit connection came back {status.name}: discarded")
 
 
 def discard_dead_on_checkout(dbapi_connection: Any, record: ConnectionPoolEntry, proxy: Any) -> None:

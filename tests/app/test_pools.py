@@ -57,3 +57,19 @@ async def test_the_pool_of_transactions_is_not_in_autocommit(database_url, setti
             assert not (await conn.get_raw_connection()).driver_connection.autocommit
     finally:
         await engine.dispose()
+
+
+async def test_a_connection_returned_in_a_transaction_is_discarded_not_handed_out_again(database_url, settings):
+    engine = edge_engine(database_url, settings, autocommit=True)
+    try:
+        async with engine.connect() as conn:
+            driver = (await conn.get_raw_connection()).driver_connection
+            first = (await db.driver_rows(conn, "SELECT pg_backend_pid()", {}))[0][0]
+            await driver.execute("BEGIN")  # what no caller of this pool does: it holds single statements only
+        async with engine.connect() as conn:
+            driver = (await conn.get_raw_connection()).driver_connection
+            assert driver.info.transaction_status.name == "IDLE"
+            second = (await db.driver_rows(conn, "SELECT pg_backend_pid()", {}))[0][0]
+        assert second != first
+    finally:
+        await engine.dispose()
