@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
 
+import certifi
+
 from workers.dispatch.base import DispatchJob
 from workers.dispatch.cloud_tasks import BODY_CONTENT_TYPE
 
@@ -100,8 +102,8 @@ class WorkerConnections:
                 return connection, True
             connection.close()
         if endpoint.https:
-            if self._tls is None:
-                self._tls = ssl.create_default_context()
+            if self._tls is None:  # the public CAs as httpx verified them (certifi's)
+                self._tls = ssl.create_default_context(cafile=certifi.where())
             return http.client.HTTPSConnection(endpoint.host, endpoint.port, timeout=timeout_s,
                                                context=self._tls), False
         return http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=timeout_s), False
