@@ -8,6 +8,7 @@ on. tests/workers/test_isolation.py shows the reason for all this with real work
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import signal
@@ -174,6 +175,29 @@ def test_a_job_over_its_memory_cap_is_a_failed_run_and_the_worker_and_the_next_j
         within_cap = [{"op": "allocate", "megabytes": 64}, {"op": "complete"}]
         assert worker.post(worker.body(within, within_cap)).json()["outcome"] == "completed"
         assert worker.post(worker.body(after, [{"op": "complete"}])).json()["outcome"] == "completed"
+
+
+def test_what_a_jobs_process_logs_reaches_its_workers_log_through_the_jobs_pipe(
+    database_url: str, engine: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """The job's process's log handler is made once, in the forkserver, and pointed at each job's pipe: a record
+    logged in one job's process (its memory cap's warning) comes to the worker's log as that process's, and the
+    next job's process logs through its own pipe."""
+    cap_bytes = 1 << 30
+    steps = tmp_path / "steps.log"
+    steps.touch()
+    settings = worker_settings(database_url, worker={"job_isolation": "process", "max_concurrent_jobs": 1,
+                                                     "job_max_memory_bytes": cap_bytes})
+    greedy = [{"op": "allocate", "megabytes": 2 * (cap_bytes >> 20)}, {"op": "complete"}]
+    with caplog.at_level(logging.WARNING), TestWorker(settings, engine, on_step=StepFile(steps)) as worker:
+        first, second = new_job_id(), new_job_id()
+        for job_id in (first, second):
+            assert worker.post(worker.body(job_id, greedy)).json()["outcome"] == "failed"
+    relayed = {record.getMessage(): record.process for record in caplog.records
+               if "reached its memory cap" in record.getMessage()}
+    assert set(relayed) == {f"job {job_id} reached its memory cap of {cap_bytes} bytes "
+                            "(SPECIALISTS_WORKER_JOB_MAX_MEMORY_BYTES)" for job_id in (first, second)}
+    assert os.getpid() not in relayed.values() and len(set(relayed.values())) == 2  # each from its job's process
 
 
 def test_a_job_runs_in_the_process_forked_ahead_of_it_and_the_next_one_is_forked_meanwhile(
