@@ -221,7 +221,6 @@ def test_jobs_that_come_together_fork_no_process_that_runs_no_job(database_url: 
     before it) forked its own and another ahead, and when two were ready one was let go unused: a whole job
     process forked and ended for nothing, about one job in six on a busy worker. Jobs that come together now fork
     one process each, and one more waits for the next job."""
-    import threading
     from concurrent.futures import ThreadPoolExecutor
 
     slots = 4
@@ -235,8 +234,7 @@ def test_jobs_that_come_together_fork_no_process_that_runs_no_job(database_url: 
         with ThreadPoolExecutor(slots) as pool:  # together: each job's start comes while the one before it forks ahead
             answers = list(pool.map(lambda job: served.post(served.body(job, [{"op": "complete"}])), sent))
         assert [answer.json()["code"] for answer in answers] == ["job_finished"] * slots
-        wait_for("no process being forked ahead",
-                 lambda: jobs.waiting_pid and not any(t.name == "job-spare" for t in threading.enumerate()))
+        wait_for("no process being forked ahead", lambda: jobs.waiting_pid and not jobs.forking_ahead)
         assert jobs.forked == len(sent) + 1
 
 
