@@ -258,7 +258,7 @@ def profile(url: str, files: dict[str, str], script: Path, tasks: int, *, show: 
         (Journal, ("_fenced", "open_run", "end_run", "totals", "refusals", "plan"), "journal (PostgreSQL)"),
         (PgCheckpointStore, ("put", "delete_before", "latest", "get"), "checkpoint store (PostgreSQL)"),
         (Checkpoint, ("encode",), "checkpoint encode and sign"),
-        (MontyKernel, ("_checkpoint_session", "_checkpoint_pending"), "Monty dumps"),
+        (MontyKernel, ("_record_session", "_checkpoint_pending"), "Monty dumps"),
         (MontyKernel, ("execute",), "Monty steps (own time)"),
         (MontyKernel, ("start", "recover", "close"), "Monty start and close (its worker process)"),
         (BudgetLedger, ("__init__",), "budget store (SQLite)"),

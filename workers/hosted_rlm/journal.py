@@ -42,14 +42,16 @@ under those names.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, Engine, text
+from sqlalchemy import Connection, Engine, TextClause, text
 
+from core import db
 from core.specs import PricingSpec
 from core.fragments import Fragment
 from taskstate import charge, claims, ids
@@ -196,6 +198,18 @@ class ResumePlan:
         return max([self.root_turns_done, *(t for t, _ in self.steps)], default=0)
 
 
+# The forms of ``Journal._fenced``'s statement: one per kind of write (a call's start, answer, failure, replay, a
+# step's start and end, the run's opening and end).
+FENCED_STATEMENTS = 32
+
+
+@functools.lru_cache(maxsize=FENCED_STATEMENTS)
+def _fenced_statement(sql: str) -> TextClause:
+    """A fenced write's statement, parsed once per form: ``db.hot_rows`` runs it on the driver (kept by identity),
+    a model call's start and answer each 0.2 ms of CPU less than through SQLAlchemy's execution (issue 44)."""
+    return text(sql)
+
+
 class Journal:
     """Reads and writes one job's journal as claim ``fencing_token``."""
 
@@ -219,15 +233,15 @@ class Journal:
         # A write without the condition would commit before the lost claim is noticed: none may leave it out.
         assert all(HELD in part for part in (write, then) if part), "a fenced write must be conditional on the fence"
         relaxed = "" if flush else RELAXED_COMMIT
-        statement = text(
+        statement = _fenced_statement(
             f"WITH {claims.fence_cte()}, written AS ({write}){', ' + then if then else ''} "
             f"SELECT {HELD} AS held, {returning} AS value{relaxed}"
         )
         with self._autocommit.connect() as conn:
-            row = conn.execute(statement, params).one()
-        if not row.held:
+            [row] = db.hot_rows(conn, statement, params)
+        if not row["held"]:
             raise claim_lost(self.job_id, self.fencing_token)
-        return row.value
+        return row["value"]
 
     # --- the run ------------------------------------------------------------------------
 

@@ -65,6 +65,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import IntegrityError
 
+from core import db
 from core.settings import CheckpointSync, HostedSettings
 from rlmfamily.kernels.checkpoints import MAGIC, CheckpointConflict, CheckpointNotFound, check_session_id
 from taskstate import claims
@@ -134,6 +135,7 @@ class PgCheckpointStore:
                  sync: CheckpointSync = "with_journal", policy: CheckpointPolicy = CheckpointPolicy(),
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.engine = engine
+        self._autocommit = engine.execution_options(isolation_level="AUTOCOMMIT")
         self.job_id = job_id
         self.fencing_token = fencing_token
         self.session_id = check_session_id(session_id)
@@ -173,19 +175,19 @@ class PgCheckpointStore:
         prune, self._prune_before = self._prune_before, None
         params = {"j": self.job_id, "t": self.fencing_token, "sid": self.session_id, "prune": prune,
                   "seqs": [seq for seq, _ in records], "data": [data for _, data in records]}
-        try:
-            with self.engine.begin() as conn:
-                row = conn.execute(_WRITE_RELAXED if self.sync == "with_journal" else _WRITE, params).one()
+        try:  # one statement in autocommit, on the driver: one round trip (it was BEGIN, the write, COMMIT)
+            with self._autocommit.connect() as conn:
+                [row] = db.hot_rows(conn, _WRITE_RELAXED if self.sync == "with_journal" else _WRITE, params)
         except IntegrityError:
             raise CheckpointConflict(
                 f"checkpoint seq {records[0][0]} of job {self.job_id} was written by another writer; this kernel must "
                 "stop"
             ) from None
-        if not row.held:
+        if not row["held"]:
             raise claim_lost(self.job_id, self.fencing_token)
-        if row.written != len(records):
+        if row["written"] != len(records):
             raise CheckpointConflict(
-                f"checkpoint seq {records[0][0]} of job {self.job_id} is not above the newest ({row.newest}): "
+                f"checkpoint seq {records[0][0]} of job {self.job_id} is not above the newest ({row['newest']}): "
                 "another writer is ahead; this kernel must stop"
             )
         self.last_seq, self.last_pending = records[-1][0], pending

@@ -36,7 +36,7 @@ from tests.rlm.holds import wait_until
 from tests.workers.hosted_rlm import support
 from workers.hosted_rlm.hosted import session_id_for
 from workers.hosted_rlm.journal import Journal
-from workers.hosted_rlm.store import PgCheckpointStore
+from workers.hosted_rlm.store import RELAXED_COMMIT, PgCheckpointStore
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -157,19 +157,23 @@ def test_with_journal_keeps_every_record_the_journal_refers_to(crashable: Crasha
 
 
 def test_with_journal_commits_the_record_without_waiting_for_its_flush(crashable: CrashableServer) -> None:
-    """The mechanism, seen from the server: the record's transaction ran with synchronous_commit off."""
+    """The mechanism: the record's write is one statement in autocommit (its own transaction), which under
+    ``with_journal`` sets synchronous_commit off for that transaction (``set_config(..., true)``) and under
+    ``each_record`` leaves it on. What each keeps through a crash is the two tests above."""
     engine = crashable.engine()
-    seen: list[str] = []
+    seen: list[tuple[bool, str | None]] = []
 
-    @event.listens_for(engine, "commit")
-    def _before_commit(conn) -> None:  # type: ignore[no-untyped-def]
-        seen.append(conn.exec_driver_sql("SELECT current_setting('synchronous_commit')").scalar())
+    @event.listens_for(engine, "before_cursor_execute")
+    def _statement(conn, cursor, statement, *rest) -> None:  # type: ignore[no-untyped-def]
+        if "INSERT INTO specialist_checkpoints" in statement:
+            seen.append((RELAXED_COMMIT in statement, conn.get_execution_options().get("isolation_level")))
 
-    for sync, expected in (("with_journal", "off"), ("each_record", "on")):
+    for sync, relaxed in (("with_journal", True), ("each_record", False)):
         store = claimed_store(engine, sync)  # type: ignore[arg-type]
         seen.clear()
         store.put(store.session_id, 0, a_record(store.session_id, 0))
-        assert seen == [expected], sync
+        assert seen == [(relaxed, "AUTOCOMMIT")], sync
+        assert store.latest(store.session_id)[0] == 0
     engine.dispose()
 
 
