@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 
@@ -88,6 +89,44 @@ def fair_order(settings: Settings, served: tuple[str, ...] | None = None) -> out
     weight, the cap per customer the reserve leaves (``Settings.customer_max_slots``), over ``served``."""
     return outbox.FairOrder(default_weight=settings.dispatch.default_weight, served=served,
                             max_per_customer=settings.customer_max_slots)
+
+
+class DeliveryThreads:
+    """The threads that run deliveries, each one delivery at a time, kept from one delivery to the next (issue 44: a
+    thread started for each delivery was 15% of the dispatcher's profile, its round waiting for the new thread to
+    start). A delivery goes to an idle thread, or to a new one while fewer than ``max_threads`` run; past that it
+    waits for the first to end. Daemon threads: stopping the dispatcher abandons deliveries in flight, which is safe
+    (their rows come due again after the lease and a redelivery is answered from the job's claim)."""
+
+    def __init__(self, deliver: Callable[[outbox.OutboxRow, str], None], *, max_threads: int) -> None:
+        assert max_threads >= 1, max_threads
+        self._deliver = deliver
+        self.max_threads = max_threads
+        self._queue: queue.SimpleQueue[tuple[outbox.OutboxRow, str]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self.started = 0  # threads started so far (at most ``max_threads``)
+        self._unfinished = 0  # deliveries submitted and not yet ended
+
+    def submit(self, row: outbox.OutboxRow, url: str) -> None:
+        with self._lock:
+            self._unfinished += 1
+            start = self._unfinished > self.started and self.started < self.max_threads
+            if start:
+                self.started += 1
+        if start:
+            threading.Thread(target=self._run, name=f"deliver-{self.started}", daemon=True).start()
+        self._queue.put((row, url))
+
+    def _run(self) -> None:
+        while True:
+            row, url = self._queue.get()
+            try:
+                self._deliver(row, url)
+            except Exception:  # the delivery logs its own failures; its thread goes on to the next one
+                log.exception("delivering job %s failed; it comes due again after its delivery lease", row.job_id)
+            finally:
+                with self._lock:
+                    self._unfinished -= 1
 
 
 class EmbeddedDispatcher:
@@ -133,6 +172,8 @@ class EmbeddedDispatcher:
         # change size under that iteration ("dictionary changed size during iteration").
         self._full_until: dict[str, float] = {url: 0.0 for url in self.urls}
         self.served = ServedSpecialists(self.urls, self.client, refresh_s=settings.dispatch.served_refresh_s)
+        # What can be in flight: every slot, and a delivery whose thread still ends while its slot is taken again.
+        self._threads = DeliveryThreads(self._deliver, max_threads=self.capacity + len(self.urls))
 
     @property
     def in_flight(self) -> int:
@@ -170,9 +211,7 @@ class EmbeddedDispatcher:
                 url = min(open_urls, key=lambda u: (not self.served.serves(u, row.specialist_id),
                                                     self._unanswered[u], load[u]))
                 self._in_flight[row.dispatch_id] = url
-            # Daemon threads: stopping the dispatcher abandons deliveries in flight, which is safe (their rows
-            # come due again after the lease and a redelivery is answered from the job's claim).
-            threading.Thread(target=self._deliver, args=(row, url), name=f"deliver-{row.dispatch_id}", daemon=True).start()
+            self._threads.submit(row, url)
         return 0.0 if len(rows) == limit else self.settings.dispatch.poll_interval_s
 
     def _load(self) -> dict[str, int]:

@@ -14,6 +14,8 @@ from sqlalchemy import Engine
 from tests.workers.harness import TestWorker, worker_settings
 from workers.dispatch.base import DispatchJob
 from workers.dispatch.delivery import WorkerConnections, deliver_over_http, retry_delay_s
+from workers.dispatch.embedded import DeliveryThreads
+from taskstate.outbox import OutboxRow
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -115,3 +117,47 @@ def test_a_kept_alive_connection_the_worker_closed_is_not_reused() -> None:
     server.join(timeout=10)
     assert (first.verdict, first.code) == ("done", "job_finished")
     assert (second.verdict, second.code) == ("done", "job_finished")
+
+
+def _row(dispatch_id: int) -> OutboxRow:
+    return OutboxRow(dispatch_id, f"task-{dispatch_id}", "scripted", "c:scripted", "ctx", 1)
+
+
+def test_deliveries_one_after_another_run_on_one_kept_thread() -> None:
+    ran: list[tuple[int, str]] = []
+    done = threading.Semaphore(0)
+
+    def deliver(row: OutboxRow, url: str) -> None:
+        ran.append((row.dispatch_id, threading.current_thread().name))
+        done.release()
+
+    threads = DeliveryThreads(deliver, max_threads=4)
+    for dispatch_id in range(5):
+        threads.submit(_row(dispatch_id), "http://w/jobs")
+        assert done.acquire(timeout=10)
+    assert [d for d, _ in ran] == list(range(5))
+    assert threads.started == 1 and len({name for _, name in ran}) == 1
+
+
+def test_deliveries_at_once_each_get_a_thread_up_to_the_bound_and_the_rest_wait_for_one() -> None:
+    release = threading.Event()
+    started = threading.Semaphore(0)
+    ended = threading.Semaphore(0)
+
+    def deliver(row: OutboxRow, url: str) -> None:
+        started.release()
+        release.wait(timeout=30)
+        if row.dispatch_id == 0:
+            raise RuntimeError("a delivery that fails frees its thread all the same")
+        ended.release()
+
+    threads = DeliveryThreads(deliver, max_threads=3)
+    for dispatch_id in range(5):
+        threads.submit(_row(dispatch_id), "http://w/jobs")
+    for _ in range(3):  # three run at once, the other two wait for a thread
+        assert started.acquire(timeout=10)
+    assert threads.started == 3 and not started.acquire(timeout=0)
+    release.set()
+    for _ in range(4):
+        assert ended.acquire(timeout=10)
+    assert threads.started == 3
