@@ -2,7 +2,7 @@
 
 Each round takes due rows (``workers.dispatch.outbox.take``: ``FOR UPDATE SKIP
 LOCKED``, a delivery lease, the attempt counted) up to the free delivery slots,
-and delivers each in its own thread with ``deliver_over_http``, to the worker
+and delivers each on a delivery thread (``DeliveryThreads``, kept between deliveries) with ``deliver_over_http``, to the worker
 endpoint with the fewest deliveries in flight (``dispatch_worker_url`` may list
 several; each gets at most ``worker_max_concurrent_jobs`` at once, what a worker
 runs), never one that just failed to answer while another did not (a dead
