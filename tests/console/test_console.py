@@ -649,6 +649,8 @@ def test_re_adding_a_customer_says_it_exists_and_the_list_can_be_searched(system
     alice.goto("/customers")
     alice.fill("[data-testid=customer-search] input[name=q]", customer_id[-6:])
     alice.click("[data-testid=customer-search] button")
+    # The search is a GET of its own: read its page, not the list before it (all_inner_texts does not wait).
+    alice.wait_for_url(re.compile(r"[?&]q=" + re.escape(customer_id[-6:])))
     assert alice.locator("[data-testid=customers] tr[data-customer]").all_inner_texts()[0].startswith(customer_id)
     assert alice.locator("[data-testid=customers] tr[data-customer]").count() == 1
 
