@@ -110,12 +110,13 @@ def test_an_index_a_failed_online_build_left_invalid_is_built_again_when_the_mig
             conn.execute(text("CREATE INDEX ledger_settlements_customer ON ledger_settlements (job_id)"))
             conn.execute(text("UPDATE pg_index SET indisvalid = false "
                               "WHERE indexrelid = 'ledger_settlements_customer'::regclass"))
-        db.upgrade(url)
+        db.upgrade(url, "0200")  # the rerun (0298 drops this index again: a copy of ledger_settlements_customer_at's)
         with engine.connect() as conn:
             valid, definition = conn.execute(text(
                 "SELECT i.indisvalid, pg_get_indexdef(i.indexrelid) FROM pg_index i "
                 "WHERE i.indexrelid = 'ledger_settlements_customer'::regclass")).one()
         assert valid and definition.endswith("(customer_id)"), definition
+        db.upgrade(url)
     finally:
         engine.dispose()
         drop_database(server_url, url)
