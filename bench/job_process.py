@@ -7,14 +7,17 @@ PostgreSQL). No HTTP, dispatcher or claim: ``workers.isolation.ProcessJobs`` is 
 it (``workers.assembly``'s recipe and runner build) and given ``--jobs`` no-op jobs of the scripted specialist,
 one after the other, each waited for to its end (its process has exited).
 
-  job       CPU per job of the job processes (the forkserver waits for each, so their CPU is its children's,
+  job       CPU per job of the job processes (the fork server waits for each, so their CPU is its children's,
             read from /proc), and of this process (the worker's side: the start, the watching thread, the
-            spare's fork request). A no-op job of the scripted specialist sends no statement.
-  baseline  a process forked from the same forkserver and launched as a job's is, that runs nothing (``os.getpid``,
-            of a module every process has: a target of this file would make the child import it) and exits: the
-            fork, the child's multiprocessing bootstrap and its exit, the same number of times.
+            spare's fork request), and the minor page faults of the job processes and their fork server. A no-op
+            job of the scripted specialist sends no statement.
+  baseline  a process forked from the same fork server as a job's is (its pipes, its status), that runs nothing
+            (``workers.isolation._no_job``) and exits: the fork, the child's start and its exit, the same number of
+            times.
+            Beside it, the same from multiprocessing's forkserver (same preload, a process of its own started for
+            it), launched as a job's process was before: its start's cost above the fork, in the same run.
   floor     the kernel's part alone: ``os.fork()`` and ``os._exit(0)`` of an interpreter that imported the same
-            ``PRELOAD`` and froze its collector as the forkserver does (a process of its own, started for it),
+            ``PRELOAD`` and froze its collector as the fork server does (a process of its own, started for it),
             the parent's and the child's CPU. Copying the page tables of a heap this size, and tearing them down
             at the exit, is what one process per job costs at the least.
 
@@ -83,13 +86,9 @@ def _job(index: int):  # type: ignore[no-untyped-def]
 
 
 def _forkserver_pid() -> int:
-    from multiprocessing import forkserver
-
-    children = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()
-    pids = [int(pid) for pid in children if b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-    assert len(pids) == 1, pids
-    assert forkserver._forkserver._forkserver_pid == pids[0]
-    return pids[0]
+    pid = isolation.forkserver_pid()
+    assert pid is not None and str(pid) in Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()
+    return pid
 
 
 def _own_cpu_s() -> float:
@@ -108,11 +107,74 @@ def run_jobs(jobs, count: int) -> None:  # type: ignore[no-untyped-def]
 
 
 def run_bare(count: int) -> None:
+    server = isolation._SERVER
+    client = server.register(isolation._no_job, None, "", b"", 0)  # type: ignore[arg-type]
+    try:
+        for _ in range(count):
+            control, outcome = os.pipe(), os.pipe()
+            child = server.spawn(client, control[0], outcome[1], lambda: None)  # forked as a job's process is
+            for fd in (*control, *outcome):
+                os.close(fd)
+            child.join()
+            assert child.exitcode == 0
+            child.close()
+    finally:
+        server.unregister(client)
+
+
+def _mp_process(target):  # type: ignore[no-untyped-def]
+    """A started process of multiprocessing's forkserver (its preload ``PRELOAD``), launched as a job's process was
+    before issue 44's own fork server (``workers.isolation._JobPopen`` until then): without the main module, so
+    that the child does not import this file again, and with a class of multiprocessing's own."""
+    import io
+    import multiprocessing
+    import multiprocessing.context
+    import multiprocessing.forkserver
+    import multiprocessing.popen_forkserver
+    import multiprocessing.reduction
+    import multiprocessing.spawn
+    import multiprocessing.util
+
+    class Popen(multiprocessing.popen_forkserver.Popen):  # not pickled: only the process object crosses
+        def _launch(self, process_obj) -> None:  # type: ignore[no-untyped-def]
+            prep_data = multiprocessing.spawn.get_preparation_data(process_obj._name)
+            prep_data.pop("init_main_from_name", None)
+            prep_data.pop("init_main_from_path", None)
+            buf = io.BytesIO()
+            multiprocessing.context.set_spawning_popen(self)
+            try:
+                multiprocessing.reduction.dump(prep_data, buf)
+                multiprocessing.reduction.dump(process_obj, buf)
+            finally:
+                multiprocessing.context.set_spawning_popen(None)
+            self.sentinel, w = multiprocessing.forkserver.connect_to_new_process(self._fds)
+            parent_w = os.dup(w)
+            self.finalizer = multiprocessing.util.Finalize(self, multiprocessing.util.close_fds,
+                                                           (parent_w, self.sentinel))
+            with open(w, "wb", closefd=True) as f:
+                f.write(buf.getbuffer())
+            self.pid = multiprocessing.forkserver.read_signed(self.sentinel)
+
+    multiprocessing.set_forkserver_preload(list(isolation.PRELOAD))
+    process = multiprocessing.context.ForkServerProcess(target=target, daemon=True)
+    process._popen = Popen(process)  # what Process.start does, with this launch
+    process._sentinel = process._popen.sentinel
+    return process
+
+
+def run_bare_multiprocessing(count: int) -> None:
     for _ in range(count):
-        process = isolation._JobProcess(target=os.getpid, daemon=True)  # launched as a job's process is
-        process.start()
+        process = _mp_process(os.getpid)
         process.join()
         assert process.exitcode == 0
+
+
+def _mp_forkserver_pid() -> int:
+    from multiprocessing import forkserver
+
+    process = _mp_process(os.getpid)  # starts the server: its imports are not a fork's
+    process.join()
+    return forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
 
 
 # Run as ``python -c FLOOR_PROBE COUNT``: the preload imported, the collector frozen, then COUNT forks that only exit;
@@ -146,16 +208,31 @@ def fork_floor(count: int) -> dict[str, float]:
                              capture_output=True, text=True).stdout.split()
     child, parent = (float(value) for value in printed)
     return {"processes": child + parent, "worker": 0.0, "wall": 1000 * (time.perf_counter() - started) / count,
-            "child": child, "parent": parent}
+            "child": child, "parent": parent, "faults": float("nan")}
+
+
+def tree_faults(pid: int) -> int:
+    """Minor page faults of a process and of its children it has waited for (the fork server's are each job
+    process's, once reaped), and of its live descendants."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        children = [int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                    for c in (task / "children").read_text().split()]
+    except (FileNotFoundError, ProcessLookupError):
+        return 0
+    return int(fields[7]) + int(fields[8]) + sum(tree_faults(child) for child in children)  # minflt, cminflt
 
 
 def measure(count: int, work, server: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    before_children, before_own, started = tree_cpu_s(server), _own_cpu_s(), time.perf_counter()
+    before_children, before_faults = tree_cpu_s(server), tree_faults(server)
+    before_own, started = _own_cpu_s(), time.perf_counter()
     work(count)
-    after_children, after_own, ended = tree_cpu_s(server), _own_cpu_s(), time.perf_counter()
+    after_children, after_faults = tree_cpu_s(server), tree_faults(server)
+    after_own, ended = _own_cpu_s(), time.perf_counter()
     return {"processes": 1000 * (after_children - before_children) / count,
             "worker": 1000 * (after_own - before_own) / count,
-            "wall": 1000 * (ended - started) / count}
+            "wall": 1000 * (ended - started) / count,
+            "faults": (after_faults - before_faults) / count}
 
 
 def print_profile(folder: Path, top: int) -> None:
@@ -201,7 +278,7 @@ def main() -> None:
     (specs / f"{SPEC_ID}.yaml").write_text(SPEC)
     profile_dir = Path(tempfile.mkdtemp(prefix="bench-job-process-profiles-"))
     if args.profile:
-        os.environ[PROFILE_DIR_VARIABLE] = str(profile_dir)  # before the forkserver starts: it inherits it
+        os.environ[PROFILE_DIR_VARIABLE] = str(profile_dir)  # before the fork server starts: it inherits it
         from bench.job_process import profiled_job_process as profiled  # by name, as the child imports it
 
         isolation._job_process = profiled  # type: ignore[assignment]
@@ -217,6 +294,7 @@ def main() -> None:
                 stale.unlink()
             job = measure(args.jobs, lambda n: run_jobs(jobs, n), server)
             bare = measure(args.jobs, run_bare, server)
+            mp_bare = measure(args.jobs, run_bare_multiprocessing, _mp_forkserver_pid())
             let_go = jobs.waiting_pid  # the spare forked after the last job: it runs none
         finally:
             jobs.close()
@@ -227,10 +305,11 @@ def main() -> None:
         drop()
     print(f"\nJob processes: {args.jobs} no-op jobs one after another{' (rlm specs served)' if args.rlm else ''}, "
           f"{os.cpu_count()} CPUs, load average {load_before[0]:.2f} before and {os.getloadavg()[0]:.2f} after")
-    print(f"{'run':<34}{'processes ms':>14}{'worker ms':>11}{'wall ms':>9}   (per job)")
-    for label, figures in (("no-op job (spare, build, run, exit)", job), ("bare fork of the forkserver", bare),
-                           ("floor: fork + _exit, same heap", floor)):
-        print(f"{label:<34}{figures['processes']:>14.1f}{figures['worker']:>11.1f}{figures['wall']:>9.1f}")
+    print(f"{'run':<34}{'processes ms':>14}{'worker ms':>11}{'wall ms':>9}{'faults':>8}   (per job)")
+    for label, figures in (("no-op job (spare, build, run, exit)", job), ("bare fork of the fork server", bare),
+                           ("  the same, multiprocessing's", mp_bare), ("floor: fork + _exit, same heap", floor)):
+        print(f"{label:<34}{figures['processes']:>14.1f}{figures['worker']:>11.1f}{figures['wall']:>9.1f}"
+              f"{figures['faults']:>8.0f}")
     print(f"the job's process costs {job['processes'] - bare['processes']:.1f} ms of CPU above a bare fork's "
           f"{bare['processes']:.1f} ms; the kernel's fork and exit of this heap alone, {floor['processes']:.1f} ms "
           f"({floor['parent']:.1f} in the parent, {floor['child']:.1f} in the child)")

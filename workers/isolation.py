@@ -9,8 +9,8 @@ interpreter) it cannot stop another job's heartbeat or the worker's answers
 job its lease).
 
 ``ProcessJobs`` (``SPECIALISTS_WORKER_JOB_ISOLATION=process``). Each job runs in
-a one-use process forked from a multiprocessing *forkserver* that the worker starts once,
-with the heavy modules imported (``PRELOAD``): a fork of a clean, single-threaded
+a one-use process forked from a *forkserver* of our own (``_serve``) that the worker starts once (and
+again if it died), with the heavy modules imported (``PRELOAD``): a fork of a clean, single-threaded
 server, never of the multi-threaded worker (whose other threads may hold locks).
 The next job's process is forked ahead of its job and waits for it on its control
 pipe, so a delivery does not wait for a fork (issue 17).
@@ -18,8 +18,11 @@ What no job changes is done once, before the fork (issue 44 §1): the forkserver
 the worker's runners from its picklable recipe (``RunnerBuild.prepare``, ``workers.job_template``:
 the specs, the routes, the runners, their engine with no connection yet, Monty's digest), and
 each job's process is forked from them; once its job came it takes its specialist's runner
-(``RunnerBuild.start``: its telemetry) and runs it. A forkserver without this worker's template
-(another worker's in the same process, or one restarted) leaves each job's process to prepare its
+(``RunnerBuild.start``: its telemetry) and runs it. What each job's process is given (the build,
+the template's key, the recipe) is sent to the forkserver once per worker; a fork is asked for with
+the child's pipes alone, and the child starts straight into its body (no multiprocessing bootstrap)
+and ends with ``os._exit``. A forkserver without this worker's template
+(another worker's in the same process, or one restarted by another) leaves each job's process to prepare its
 own runners before its job comes. A process serves one job, then exits. The job itself, then the run's cancel, come on
 the control pipe: after the job, a message on it, or its end (the worker gone), sets the child's cancel
 event (a pipe, not a multiprocessing Event: those are named semaphores that a
@@ -43,22 +46,18 @@ from __future__ import annotations
 
 import _thread
 import dataclasses
-import io
 import logging
 import logging.handlers
-import multiprocessing
+import math
 import multiprocessing.connection
-import multiprocessing.context
-import multiprocessing.forkserver
-import multiprocessing.popen_forkserver
-import multiprocessing.reduction
-import multiprocessing.spawn
-import multiprocessing.util
 import os
 import pickle
 import resource
 import secrets
 import signal
+import socket
+import struct
+import subprocess
 import sys
 import threading
 import time
@@ -78,7 +77,7 @@ log = logging.getLogger(__name__)
 
 JobIsolation = Literal["process", "thread"]
 
-# Imported once by the forkserver, so a job's process starts with them loaded (a fork, not an import).
+# Imported once by the forkserver (``_serve``), so a job's process starts with them loaded (a fork, not an import).
 PRELOAD = (
     "workers.job_signals",  # first: SIGINT ignored before anything else, and so in every job process
     "workers.assembly", "workers.hosted_rlm.runner", "rlmfamily.session", "rlmfamily.kernels.monty",
@@ -430,7 +429,7 @@ def _death(exitcode: int | None, killed: bool) -> RunOutcome:
 
 @dataclass
 class _ProcessJob:
-    process: Any  # a forkserver context's Process
+    process: _Child
     stopper: multiprocessing.connection.Connection  # the worker's end of the job's cancel pipe
     killed: bool = False
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)  # stop() and ended() race
@@ -468,11 +467,375 @@ def _kill_group(pid: int) -> None:
             pass
 
 
+# --- the job processes' fork server -------------------------------------------------------------
+#
+# One per worker process, started by the first ``ProcessJobs`` that forks and started again by the next fork if it
+# died. It runs ``_serve``: a fresh interpreter (``python -c``) that imports ``PRELOAD`` (the last of which builds the
+# template, ``workers.job_template``) and then only forks, on one thread. The worker speaks to it on one Unix
+# socket, one way: a client's registration (what every job process of one ``ProcessJobs`` is given, sent once), its
+# end, and a fork with the child's three pipe ends (its control pipe to read, its outcome pipe to write, its status
+# pipe). The server writes the child's pid on the status pipe as it forks, and its exit code (as ``os.waitstatus_to_
+# exitcode`` says it) when it reaps it: it is the parent, so only it can. The worker's end of the socket closing (the
+# worker exited, however) ends the server, and each job process dies with it (``PR_SET_PDEATHSIG``).
+# multiprocessing's forkserver did this before (issue 44): its child unpickled the preparation data and a Process
+# object with the build, key and recipe of its worker, then ran multiprocessing's bootstrap, about 640 page faults
+# and 1-2 ms of CPU a job above the bare fork.
+
+_HEADER = struct.Struct("<cxxxI")  # a message to the server: its kind, then the length of its body
+_CLIENT = struct.Struct("<q")  # a registration's (then its pickled arguments) or an end's body: the client
+_FORK = struct.Struct("<qi")  # a fork's body: the client, the worker's log level now (the pipes' ends go beside it)
+_SIGNED = struct.Struct("q")  # on a child's status pipe: its pid, then its exit code
+_REGISTER, _UNREGISTER, _SPAWN = b"R", b"U", b"F"
+_FORK_FDS = 3  # control (read), outcome (write), status (write)
+_SERVER_COMMAND = ("import sys; sys.path[:] = {path!r}; import workers.job_signals; "
+                   "from workers.isolation import _serve; _serve({fd})")
+
+
+def _read_signed(fd: int) -> int:
+    data = b""
+    while len(data) < _SIGNED.size:
+        chunk = os.read(fd, _SIGNED.size - len(data))
+        if not chunk:
+            raise EOFError("the job processes' fork server ended")
+        data += chunk
+    return _SIGNED.unpack(data)[0]
+
+
+def _receive(sock: socket.socket) -> tuple[bytes, bytes, list[int]] | None:
+    """The next message on the server's socket (kind, body, the fds that came with it); None at its end."""
+    head, fds, _, _ = socket.recv_fds(sock, _HEADER.size, _FORK_FDS)
+    if not head:
+        return None
+    while len(head) < _HEADER.size:
+        more = sock.recv(_HEADER.size - len(head))
+        if not more:
+            return None
+        head += more
+    kind, length = _HEADER.unpack(head)
+    body = bytearray()
+    while len(body) < length:
+        more = sock.recv(length - len(body))
+        if not more:
+            return None
+        body += more
+    return kind, bytes(body), fds
+
+
+def _serve(fd: int) -> None:
+    """The fork server: ``PRELOAD`` imported (``workers.job_signals`` already is: SIGINT ignored from the start),
+    then each fork asked for on the socket ``fd``, until its other end closes."""
+    import importlib
+    import select
+
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # as multiprocessing's forkserver: a job's process that needs it fails, and says why
+            pass
+    sock = socket.socket(fileno=fd)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that the wakeup fd hears of each child's exit
+    signal.set_wakeup_fd(wake_w)
+    clients: dict[int, tuple | BaseException] = {}  # each client's (target, build, key, offered, max memory)
+    statuses: dict[int, int] = {}  # each live child's status pipe, by pid
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+    while True:
+        for ready, _ in poller.poll():
+            if ready == wake_r:
+                _reap(wake_r, statuses)
+                continue
+            message = _receive(sock)
+            if message is None:  # the worker is gone: so is this server, and each job process with it
+                sys.exit(0)
+            kind, body, fds = message
+            if kind == _SPAWN and len(fds) == _FORK_FDS:
+                client, log_level = _FORK.unpack(body)
+                _spawn(clients.get(client), log_level, fds, sock, (wake_r, wake_w), statuses)
+                continue
+            for unused in fds:
+                os.close(unused)
+            if kind == _REGISTER:
+                [client] = _CLIENT.unpack_from(body)
+                try:
+                    clients[client] = pickle.loads(body[_CLIENT.size:])
+                except Exception as exc:  # noqa: BLE001 - each job process of this client fails with it, said there
+                    clients[client] = exc
+            elif kind == _UNREGISTER:
+                clients.pop(_CLIENT.unpack(body)[0], None)
+
+
+def _reap(wake_r: int, statuses: dict[int, int]) -> None:
+    """Each child that exited, reaped, and its exit code written on its status pipe."""
+    try:
+        os.read(wake_r, 4096)
+    except BlockingIOError:
+        pass
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        fd = statuses.pop(pid, None)
+        if fd is None:
+            continue
+        try:
+            os.write(fd, _SIGNED.pack(os.waitstatus_to_exitcode(status)))
+        except OSError:  # its worker let go of it
+            pass
+        os.close(fd)
+
+
+def _spawn(client: tuple | BaseException | None, log_level: int, fds: list[int], sock: socket.socket,
+           wake: tuple[int, int], statuses: dict[int, int]) -> None:
+    control, outcome, status = fds
+    try:
+        pid = os.fork()
+    except OSError as exc:  # no process now (EAGAIN, ENOMEM): the worker's fork fails, this server goes on
+        pid = -(exc.errno or 1)
+    if pid == 0:
+        _child(client, log_level, control, outcome, [status, *wake, *statuses.values()], sock)
+    os.close(control)
+    os.close(outcome)
+    try:
+        os.write(status, _SIGNED.pack(pid))
+    except OSError:  # its worker let go of it: it reads its job's end on its control pipe and exits
+        pass
+    if pid > 0:
+        statuses[pid] = status
+    else:
+        os.close(status)
+
+
+def _child(client: tuple | BaseException | None, log_level: int, control: int, outcome: int, unused: list[int],
+           sock: socket.socket) -> None:
+    """A job's process, just forked from the server: straight into its body (``_job_process``, as its client
+    registered it), then ``os._exit``."""
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        sock.close()
+        for fd in unused:
+            os.close(fd)
+        if client is None:
+            raise RuntimeError("a fork for a client the job processes' fork server does not know")
+        if isinstance(client, BaseException):
+            raise client
+        target, build, key, offered, max_memory_bytes = client
+        target(build, key, offered, multiprocessing.connection.Connection(control, writable=False),
+               multiprocessing.connection.Connection(outcome, readable=False), max_memory_bytes, log_level)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - said on the worker's stderr (inherited); its exit code says it failed
+        sys.excepthook(*sys.exc_info())
+    finally:
+        try:
+            # What multiprocessing's bootstrap did too: the threads that are not daemons are waited for (what the
+            # run left letting go of its runner, after its outcome); no atexit handler runs, nor any finalizer.
+            threading._shutdown()  # type: ignore[attr-defined]
+        except BaseException:  # noqa: BLE001
+            pass
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(code)
+
+
+class _ForkFailed(OSError):
+    """The fork server is there but could not fork (its ``os.fork`` failed): not a reason to start another."""
+
+
+class _ForkServer:
+    """The worker's side of the fork server: it starts it (again, if it died), registers each ``ProcessJobs``
+    with it, and asks it for processes."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.process: subprocess.Popen[bytes] | None = None
+        self.sock: socket.socket | None = None
+        self.registrations: dict[int, bytes] = {}  # each client's registration's body, sent to each server once
+        self.registered: set[int] = set()  # the clients the running server knows
+        self.clients = 0
+
+    @property
+    def pid(self) -> int | None:
+        with self.lock:
+            return None if self.process is None else self.process.pid
+
+    def register(self, target: Callable[..., None], build: RunnerBuild, key: str, offered: bytes,
+                 max_memory_bytes: int) -> int:
+        """A client: what each of its processes is given, pickled here once (sent at its first fork)."""
+        with self.lock:
+            self.clients += 1
+            client = self.clients
+            self.registrations[client] = _CLIENT.pack(client) + pickle.dumps(
+                (target, build, key, offered, max_memory_bytes))
+        return client
+
+    def unregister(self, client: int) -> None:
+        with self.lock:
+            self.registrations.pop(client, None)
+            if client in self.registered and self.sock is not None:
+                self.registered.discard(client)
+                try:
+                    self._send(_UNREGISTER, _CLIENT.pack(client))
+                except OSError:  # it died: a new one never hears of this client
+                    pass
+
+    def spawn(self, client: int, control: int, outcome: int, offer: Callable[[], str | None]) -> _Child:
+        """A process of ``client``, forked with the ends ``control`` (it reads) and ``outcome`` (it writes), which
+        stay the caller's to close. ``offer()`` offers the client's template (its file's path, or None) if the
+        server must be started for this fork; the offer is withdrawn once the child is forked."""
+        with self.lock:
+            offered: str | None = None
+            try:
+                for attempt in range(2):
+                    if self.process is None or self.process.poll() is not None:
+                        if offered is not None:  # the server this call started died at once: offered again
+                            from workers import job_template
+
+                            job_template.withdraw(offered)
+                        offered = self._start(offer)
+                    try:
+                        return self._fork(client, control, outcome)
+                    except _ForkFailed:
+                        raise
+                    except (OSError, EOFError):
+                        if attempt:
+                            raise
+                        self._stop()  # it died since it was last asked: once more, from a new one
+                raise AssertionError("unreachable")
+            finally:
+                if offered is not None:
+                    from workers import job_template
+
+                    job_template.withdraw(offered)
+
+    def _fork(self, client: int, control: int, outcome: int) -> _Child:
+        assert self.sock is not None
+        for pending in self.registrations.keys() - self.registered:
+            self._send(_REGISTER, self.registrations[pending])
+            self.registered.add(pending)
+        status, status_w = os.pipe()
+        try:
+            try:
+                self._send(_SPAWN, _FORK.pack(client, logging.getLogger().getEffectiveLevel()),
+                           [control, outcome, status_w])
+            finally:
+                os.close(status_w)
+            pid = _read_signed(status)
+            if pid < 0:
+                raise _ForkFailed(-pid, f"the job processes' fork server could not fork ({os.strerror(-pid)})")
+            return _Child(pid, status)
+        except BaseException:
+            os.close(status)
+            raise
+
+    def _send(self, kind: bytes, body: bytes, fds: list[int] | None = None) -> None:
+        assert self.sock is not None
+        message = _HEADER.pack(kind, len(body)) + body
+        sent = socket.send_fds(self.sock, [message], fds) if fds else 0
+        if sent < len(message):
+            self.sock.sendall(message[sent:])
+
+    def _start(self, offer: Callable[[], str | None]) -> str | None:
+        self._stop()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        offered = offer()
+        try:
+            command = _SERVER_COMMAND.format(path=sys.path, fd=theirs.fileno())
+            self.process = subprocess.Popen(
+                [sys.executable, *subprocess._args_from_interpreter_flags(), "-c", command],  # type: ignore[attr-defined]
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        except BaseException:
+            ours.close()
+            if offered is not None:
+                from workers import job_template
+
+                job_template.withdraw(offered)
+            raise
+        finally:
+            theirs.close()
+        self.sock = ours
+        return offered
+
+    def _stop(self) -> None:
+        """Forget a server that died (its job processes died with it)."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+        self.registered.clear()
+
+
+_SERVER = _ForkServer()
+
+
+def forkserver_pid() -> int | None:
+    """The pid of this worker process's fork server, if it started one."""
+    return _SERVER.pid
+
+
+class _Child:
+    """A job's process as its worker sees it: its pid, and its exit code once the fork server (its parent) reaped
+    it and wrote it on its status pipe (255 if the server died first, as multiprocessing says it)."""
+
+    def __init__(self, pid: int, status: int) -> None:
+        self.pid = pid
+        self._status: int | None = status
+        self._exitcode: int | None = None
+        self._lock = threading.Lock()  # the watching thread's join and a kill's look race
+
+    @property
+    def exitcode(self) -> int | None:
+        self.join(0)
+        return self._exitcode
+
+    def join(self, timeout: float | None = None) -> None:
+        import select
+
+        status = self._status
+        if self._exitcode is not None or status is None:
+            return
+        poller = select.poll()
+        poller.register(status, select.POLLIN)
+        if not poller.poll(None if timeout is None else max(0, math.ceil(timeout * 1000))):
+            return
+        with self._lock:
+            if self._exitcode is None and self._status is not None:
+                try:
+                    self._exitcode = _read_signed(self._status)
+                except (OSError, EOFError):
+                    self._exitcode = 255
+
+    def close(self) -> None:
+        with self._lock:
+            if self._status is not None:
+                os.close(self._status)
+                self._status = None
+
+
+def _no_job(*args: Any) -> None:
+    """A process forked as a job's is, that runs nothing (``bench/job_process.py``'s baseline)."""
+
+
 @dataclass
 class _Spare:
     """A job's process forked before its job came, waiting for it on ``control``."""
 
-    process: Any  # a forkserver context's Process
+    process: _Child
     control: multiprocessing.connection.Connection  # the worker's end: the job, then a stop
     reader: multiprocessing.connection.Connection  # the worker's end of the child's log records and outcome
 
@@ -483,45 +846,8 @@ class _Spare:
         self.process.join(EXIT_WAIT_S)
         if self.process.exitcode is None:
             _kill_group(self.process.pid)
-
-
-# The Python whose ``popen_forkserver.Popen._launch`` ``_JobPopen._launch`` copies, and the digest of that method's
-# source there; tests/workers/test_job_template.py checks the digest against the running Python's.
-LAUNCH_COPIED_FROM = (3, 11)
-LAUNCH_SOURCE_SHA256 = "214844899bd3407f72082111e993b40f7c271620be27195b878ea1e44a5f3837"
-
-
-class _JobPopen(multiprocessing.popen_forkserver.Popen):
-    """The forkserver's launch, without the worker's main module: multiprocessing sends its name with each process,
-    and the child runs that module again (as ``__mp_main__``: ops.cli, about 8 ms a job) for a body that needs
-    nothing of it. The rest is ``popen_forkserver.Popen._launch`` as it is in ``LAUNCH_COPIED_FROM``: on another
-    Python a job's process is launched by multiprocessing's own (``_JobProcess``), main module and all."""
-
-    def _launch(self, process_obj: Any) -> None:
-        prep_data = multiprocessing.spawn.get_preparation_data(process_obj._name)
-        prep_data.pop("init_main_from_name", None)
-        prep_data.pop("init_main_from_path", None)
-        buf = io.BytesIO()
-        multiprocessing.context.set_spawning_popen(self)
-        try:
-            multiprocessing.reduction.dump(prep_data, buf)
-            multiprocessing.reduction.dump(process_obj, buf)
-        finally:
-            multiprocessing.context.set_spawning_popen(None)
-        self.sentinel, w = multiprocessing.forkserver.connect_to_new_process(self._fds)
-        parent_w = os.dup(w)  # the child's sentinel of its parent, as multiprocessing keeps it
-        self.finalizer = multiprocessing.util.Finalize(self, multiprocessing.util.close_fds, (parent_w, self.sentinel))
-        with open(w, "wb", closefd=True) as f:
-            f.write(buf.getbuffer())
-        self.pid = multiprocessing.forkserver.read_signed(self.sentinel)
-
-
-class _JobProcess(multiprocessing.context.ForkServerProcess):
-    @staticmethod
-    def _Popen(process_obj: Any) -> multiprocessing.popen_forkserver.Popen:
-        if sys.version_info[:2] != LAUNCH_COPIED_FROM:  # a launch copied from another Python may be wrong here
-            return multiprocessing.popen_forkserver.Popen(process_obj)
-        return _JobPopen(process_obj)
+            self.process.join(EXIT_WAIT_S)
+        self.process.close()
 
 
 class ProcessJobs:
@@ -537,12 +863,12 @@ class ProcessJobs:
     def __init__(self, build: RunnerBuild, recipe: Any, *, max_memory_bytes: int) -> None:
         self.build = build
         self.max_memory_bytes = max_memory_bytes
-        self.context = multiprocessing.get_context("forkserver")
-        self.context.set_forkserver_preload(list(PRELOAD))
-        # Each job's process gets the key of this worker's template and, for a forkserver without it, the recipe
-        # (pickled once, here: it crosses as bytes); the template takes the worker's log level too.
+        # Each job's process gets the key of this worker's template and, for a fork server without it, the recipe
+        # (pickled once, here: it crosses as bytes); the template takes the worker's log level too. They are the
+        # fork server's from the registration on: a fork sends only the pipes' ends and the log level.
         self._key = secrets.token_hex(16)
         self._offered = pickle.dumps((self._key, build, recipe, logging.getLogger().getEffectiveLevel()))
+        self._client = _SERVER.register(_job_process, build, self._key, self._offered, max_memory_bytes)
         self._spare_lock = threading.Lock()
         self._closed = False
         self._forking_ahead = False  # a process is being forked ahead of the next job (``_replenish``), or asked for
@@ -550,42 +876,36 @@ class ProcessJobs:
         self._forker: threading.Thread | None = None  # the forking thread, started at the first ask
         self.forked = 0  # processes forked so far: each ran a job, or waits for one (``waiting_pid``), or was let go
         self.customers = CustomerJobs()  # each customer's running jobs, told their count (the nice mode's share)
-        # At start-up, not on the first job: the forkserver imports PRELOAD and prepares the runners (seconds on a
-        # loaded machine), and the first process forked from it waits for that. A forkserver already running (an
-        # earlier worker in this process) reads no offer: its job processes prepare their own.
-        from workers import job_template  # not at the top: the forkserver must import it last (PRELOAD)
+        # At start-up, not on the first job: the fork server imports PRELOAD and prepares the runners (seconds on a
+        # loaded machine), and the first process forked from it waits for that. A fork server already running (an
+        # earlier worker in this process) is not offered this one's template: its job processes prepare their own.
+        self._spare: _Spare | None = self._fork()
+
+    def _offer(self) -> str | None:
+        """This worker's template, offered to the fork server it is about to start (``job_template.offer``)."""
+        from workers import job_template  # not at the top: the fork server must import it last (PRELOAD)
 
         try:
-            offer: str | None = job_template.offer(self._key, self._offered)
+            return job_template.offer(self._key, self._offered)
         except OSError as exc:  # no private file to hand it over in: each job's process prepares its own
             log.warning("the job processes' template could not be written to a private file (%s; TMPDIR names where):"
                         " each job's process prepares its own runners, before its job comes", type(exc).__name__)
-            offer = None
-        try:
-            self._spare: _Spare | None = self._fork()
-        finally:
-            if offer is not None:
-                job_template.withdraw(offer)
+            return None
 
     def _fork(self) -> _Spare:
-        reader, writer = self.context.Pipe(duplex=False)
-        control_reader, control = self.context.Pipe(duplex=False)
-        process = _JobProcess(
-            target=_job_process,
-            args=(self.build, self._key, self._offered, control_reader, writer, self.max_memory_bytes,
-                  logging.getLogger().getEffectiveLevel()),
-            name="job",
-            daemon=True,  # a worker that exits ends its jobs' processes (they become unknown after their lease)
-        )
+        reader_fd, writer_fd = os.pipe()
+        control_reader_fd, control_fd = os.pipe()
+        reader = multiprocessing.connection.Connection(reader_fd, writable=False)
+        control = multiprocessing.connection.Connection(control_fd, readable=False)
         try:
-            process.start()
+            process = _SERVER.spawn(self._client, control_reader_fd, writer_fd, self._offer)
         except BaseException:
             reader.close()
             control.close()
             raise
         finally:
-            writer.close()
-            control_reader.close()
+            os.close(writer_fd)
+            os.close(control_reader_fd)
         with self._spare_lock:
             self.forked += 1
         return _Spare(process, control, reader)
@@ -713,3 +1033,4 @@ class ProcessJobs:
             self._asked.notify()
         if spare is not None:
             spare.discard()
+        _SERVER.unregister(self._client)

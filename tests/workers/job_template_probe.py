@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import errno
 import json
-import multiprocessing.forkserver
+import signal
 import os
 import sys
 import tempfile
@@ -24,7 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from workers.auth import VerifiedJob  # noqa: E402
-from workers.isolation import BuiltRunner, ProcessJobs, RunnerBuild  # noqa: E402
+from workers.isolation import BuiltRunner, ProcessJobs, RunnerBuild, forkserver_pid  # noqa: E402
 from workers.runs import RunContext, RunOutcome  # noqa: E402
 
 
@@ -79,30 +79,33 @@ def run_one(jobs: ProcessJobs, job_id: str) -> dict[str, Any]:
 
 def main() -> None:
 
-    # By its module's name: a job's process is launched without the worker's __main__ (workers.isolation._JobPopen).
+    # By its module's name: the fork server imports it (it is not the worker's __main__).
     from tests.workers.job_template_probe import BUILD as build
 
     report: dict[str, Any] = {"probe": os.getpid()}
     if sys.argv[1:] == ["--unhappy"]:
         # A template that fails to build in the forkserver (this one starts it).
         failing = ProcessJobs(build, FAILS_IN_FORKSERVER, max_memory_bytes=0)
-        report["forkserver"] = multiprocessing.forkserver._forkserver._forkserver_pid
+        report["forkserver"] = forkserver_pid()
         report["failed"] = [run_one(failing, f"failed-{index}") for index in range(2)]
         failing.close()
+        # The fork server dies (killed by an operator, the OOM killer): the next worker's first fork starts another,
+        # and offers it that worker's template.
+        os.kill(report["forkserver"], signal.SIGKILL)
 
-        # A worker that cannot write its template: a full disk, here only for the template's file (the forkserver's
-        # socket needs the temporary directory too, so one that is missing stops the worker before any template).
+        # A worker that cannot write its template: a full disk, here only for the template's file.
         def no_space(*args: Any, **kwargs: Any) -> Any:
             raise OSError(errno.ENOSPC, "No space left on device")
 
         tempfile.mkstemp = no_space  # type: ignore[assignment]
         unwritten = ProcessJobs(build, "unwritten-recipe", max_memory_bytes=0)
+        report["restarted"] = forkserver_pid()
         report["unwritten"] = [run_one(unwritten, f"unwritten-{index}") for index in range(2)]
         unwritten.close()
         print(json.dumps(report))
         return
     first = ProcessJobs(build, "first-recipe", max_memory_bytes=0)
-    report["forkserver"] = multiprocessing.forkserver._forkserver._forkserver_pid
+    report["forkserver"] = forkserver_pid()
     second = ProcessJobs(build, "second-recipe", max_memory_bytes=0)
     for name, jobs in (("first", first), ("second", second)):
         report[name] = [run_one(jobs, f"{name}-{index}") for index in range(2)]

@@ -53,11 +53,13 @@ def worker(database_url: str, engine: Engine, tmp_path: Path) -> Iterator[TestWo
 
 
 def job_processes(worker: TestWorker) -> list[int]:
-    """The running job processes of the worker in this process: the children of its forkserver, but the one forked
+    """The running job processes of the worker in this process: the children of its fork server, but the one forked
     ahead of the next job (it waits; it runs nothing)."""
-    mine = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split()
-    servers = [pid for pid in mine if b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()]
-    children = [int(child) for pid in servers for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    from workers.isolation import forkserver_pid
+
+    server = forkserver_pid()
+    assert server is not None
+    children = [int(child) for child in Path(f"/proc/{server}/task/{server}/children").read_text().split()]
     return [pid for pid in children if pid != worker.service.jobs.waiting_pid]
 
 
@@ -284,3 +286,20 @@ def test_a_job_process_connects_ahead_of_its_job_only_when_its_worker_serves_an_
         assert prepared.engine.pool.checkedin() == (1 if serves_rlm else 0)
     finally:
         prepared.engine.dispose()
+
+
+def test_a_forkserver_that_dies_is_started_again_by_the_next_job_and_its_job_runs(worker: TestWorker):
+    """The forkserver killed (an operator, the OOM killer): the process it forked ahead of the next job dies with it
+    (PR_SET_PDEATHSIG), and the next job forks its own from a forkserver started again, and runs."""
+    from workers.isolation import forkserver_pid
+
+    ahead = wait_for("a process forked ahead of the first job", lambda: worker.service.jobs.waiting_pid)
+    server = forkserver_pid()
+    assert server is not None
+    os.kill(server, signal.SIGKILL)
+    wait_for("the process forked ahead to die with its forkserver", lambda: not Path(f"/proc/{ahead}").exists()
+             or Path(f"/proc/{ahead}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z")
+    answer = worker.post(worker.body(new_job_id(), [{"op": "complete"}]))
+    assert (answer.status_code, answer.json()["code"], answer.json()["outcome"]) == (200, "job_finished", "completed")
+    assert forkserver_pid() not in (None, server)
+    assert worker.post(worker.body(new_job_id(), [{"op": "complete"}])).json()["outcome"] == "completed"
