@@ -185,7 +185,7 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
     autocommit = edge_engine(url, settings, autocommit=True)
     metrics = Metrics()
     listener = Listener(url, settings.database.connect_timeout_s)
-    notifier = Notifier(engine)
+    notifier = Notifier(autocommit)  # its wake-ups are single statements: on the autocommit pool, on the driver
     store = VersionedDatabaseTaskStore(engine, create_table=False)
     events = NotifiedEventStream(engine, autocommit, listener, notifier, settings.edge.event_poll_interval_s)
     admission = AdmissionService(engine, autocommit, settings, notifier)

@@ -75,26 +75,28 @@ class NotifiedEventStream(DatabaseTaskEventStream):
             self._listener.unwatch(TASK_EVENTS, task_id, woken)
 
     async def until_in(self, task_id: str, owner: str, states: list[str], woken: asyncio.Event, *,
-                       read_first: bool) -> tuple[Task, int]:
+                       read_first: bool, with_history: bool = True) -> tuple[Task, int]:
         """The task and its version once its state is one of ``states`` (a blocking send's wait; the caller bounds
         it with the request's deadline).
 
         It reads only when woken (``woken``, from ``watching``), one statement that brings the task back only in
         one of ``states``, and without a transaction around it: a task that works and then completes costs two
         reads. ``read_first``: events may have been written before ``watching`` began (a resend of a task
-        admitted earlier), so it reads before it waits. A notification lost with the listener's connection costs
-        at most the poll interval, which stays the safety net."""
+        admitted earlier), so it reads before it waits. ``with_history``: False reads the task without its history
+        (a caller that asked for none). A notification lost with the listener's connection costs at most the poll
+        interval, which stays the safety net."""
+        sql, params = rows.task_if_in_sql(tuple(states)), {"t": task_id, "o": owner, "with_history": with_history}
         while True:
             if read_first:
                 woken.clear()  # before reading: a notification that lands during the read is not lost
                 try:
                     async with self._autocommit.connect() as conn:
-                        found = await conn.run_sync(rows.load_if_in, task_id, owner, states)
+                        found = await db.driver_rows(conn, sql, params)
                 except OperationalError:
                     log.debug("transient error reading task %s; retrying", task_id, exc_info=True)
-                    found = None
-                if found is not None:
-                    return found
+                    found = []
+                if found:
+                    return rows.task_if_in(found[0])
             read_first = True
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(woken.wait(), timeout=self._poll_interval_s)

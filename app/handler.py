@@ -108,6 +108,12 @@ def idempotency_key_of(context: ServerCallContext) -> str | None:
     return headers.get(IDEMPOTENCY_KEY_HEADER)
 
 
+def _wants_history(params: SendMessageRequest) -> bool:
+    """Whether the send's answer carries any of its task's history: not when it asked for none (historyLength 0)."""
+    configuration = params.configuration
+    return not configuration.HasField("history_length") or configuration.history_length != 0
+
+
 def _stops(event: Event) -> bool:
     if isinstance(event, Message):
         return True
@@ -211,7 +217,7 @@ class EdgeRequestHandler(DefaultRequestHandler):
         try:
             async with asyncio.timeout(self.settings.edge.blocking_wait_max_s):
                 stopped, _ = await self.events.until_in(task_id, owner, STOP_STATE_NAMES, woken,
-                                                        read_first=read_first)
+                                                        read_first=read_first, with_history=_wants_history(params))
                 return apply_history_length(stopped, params.configuration)
         except TimeoutError:
             return await self._as_it_is(task_id, params, context)  # the client polls or subscribes

@@ -127,6 +127,7 @@ class Listener:
 
 # Many wake-ups in one statement: channels and payloads as two parallel arrays.
 _NOTIFY = text("SELECT pg_notify(c, p) FROM unnest(CAST(:channels AS text[]), CAST(:payloads AS text[])) AS n(c, p)")
+_NOTIFY_SQL = db.compiled_for_psycopg(_NOTIFY)
 # At most one wake-up statement goes out within this long: under load, one round trip carries many.
 NOTIFY_COALESCE_S = 0.005
 # A wake-up asked for this long after the one before goes out at once; within it, after the window, as before.
@@ -147,7 +148,10 @@ class Notifier:
     def __init__(self, engine: AsyncEngine, *, coalesce_s: float = NOTIFY_COALESCE_S,
                  quiet_s: float = NOTIFY_QUIET_S) -> None:
         assert coalesce_s >= 0 and quiet_s >= 0, (coalesce_s, quiet_s)
-        self.engine = engine.execution_options(isolation_level="AUTOCOMMIT")
+        # An engine in autocommit from its connections' start (the edge's, ``core.db.make_async_engine``): the
+        # statement runs on the driver, with no switch into autocommit and back at each checkout (issue 44).
+        self._on_driver = db.in_autocommit(engine)
+        self.engine = engine if self._on_driver else engine.execution_options(isolation_level="AUTOCOMMIT")
         self.coalesce_s = coalesce_s
         self.quiet_s = quiet_s
         self._last_asked = -math.inf  # the loop's time of the last wake-up asked for
@@ -201,8 +205,12 @@ class Notifier:
         self._sending = True
         self._next_at = asyncio.get_running_loop().time() + self.coalesce_s
         try:
+            params = {"channels": [c for c, _ in batch], "payloads": [p for _, p in batch]}
             async with self.engine.connect() as conn:
-                await conn.execute(_NOTIFY, {"channels": [c for c, _ in batch], "payloads": [p for _, p in batch]})
+                if self._on_driver:
+                    await db.driver_rows(conn, _NOTIFY_SQL, params)
+                else:
+                    await conn.execute(_NOTIFY, params)
         except Exception as exc:
             log.debug("could not send %d wake-up(s) (%s); listeners will poll", len(batch), type(exc).__name__)
         finally:

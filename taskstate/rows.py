@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import functools
 import json
+import re
+from collections import namedtuple
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -172,15 +174,35 @@ def load(conn: Connection, task_id: str, owner: str) -> tuple[Task, int]:
     return task_from_row(row), int(row.version)
 
 
-_TASK_WITH_VERSION_IN_STATES = text(_TASK_WITH_VERSION_SQL + " AND t.status ->> 'state' = ANY(CAST(:states AS text[]))")
+# The owner's task and its version when its state is one of ``states`` (``TASK_STATE_COMPLETED`` ...), else no row:
+# one statement that carries the task only when the caller wants it (a blocking send's wait, on each wake-up), and
+# its history only ``with_history`` (a caller that asked for none gets none). In psycopg's form, for the edge's
+# async driver (``core.db.driver_rows``; issue 44: through SQLAlchemy's ``run_sync`` and execution the read cost 1.4
+# times its CPU), the states written into the text (a list parameter is dumped by psycopg in Python at every read);
+# the row is ``IF_IN_COLUMNS``, read back by ``task_if_in``.
+IF_IN_COLUMNS = ("id", "context_id", "status", "artifacts", "history", "metadata", "version")
+_STATE_NAME = re.compile(r"^TASK_STATE_[A-Z_]+$")
 
 
-def load_if_in(conn: Connection, task_id: str, owner: str, states: list[str]) -> tuple[Task, int] | None:
-    """The owner's task and its version when its state is one of ``states`` (``TASK_STATE_COMPLETED`` ...), else
-    None: one statement that carries the task only when the caller wants it (a blocking send's wait, on each
-    wake-up)."""
-    row = conn.execute(_TASK_WITH_VERSION_IN_STATES, {"t": task_id, "o": owner, "states": states}).one_or_none()
-    return None if row is None else (task_from_row(row), int(row.version))
+@functools.lru_cache(maxsize=8)
+def task_if_in_sql(states: tuple[str, ...]) -> str:
+    """The read's text for these states (names of ``TaskState``, checked: they are written into the text)."""
+    assert states and all(_STATE_NAME.match(state) for state in states), states
+    listed = ", ".join(f"'{state}'" for state in states)
+    return (
+        "SELECT t.id, t.context_id, t.status, t.artifacts, CASE WHEN %(with_history)s THEN t.history END, "
+        "t.metadata, v.version FROM tasks t JOIN task_versions v ON v.task_id = t.id "
+        f"WHERE t.id = %(t)s AND t.owner = %(o)s AND t.status ->> 'state' IN ({listed})"
+    )
+
+
+def task_if_in(row: tuple[Any, ...]) -> tuple[Task, int]:
+    """The task and its version from a row of ``task_if_in_sql``'s statement."""
+    found = _IfIn(*row)
+    return task_from_row(found), int(found.version)
+
+
+_IfIn = namedtuple("_IfIn", IF_IN_COLUMNS)  # type: ignore[misc]  # task_from_row reads the columns by name
 
 
 def _lock_statement(with_artifacts: bool) -> Select[Any]:

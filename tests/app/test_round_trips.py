@@ -153,11 +153,26 @@ def test_the_admission_statement_stays_short_enough_for_psycopg_to_cache_its_con
 def test_a_blocking_send_reads_its_task_once_per_notification_and_answers_on_the_last(
     counted_edge, make_customer, engine: Engine
 ):
+    answered = _blocking_send_that_works_then_completes(counted_edge, make_customer, engine, message())
+    assert [m["parts"][0]["text"] for m in answered["history"]] == ["hello"]
+
+
+def test_a_blocking_send_that_asks_for_no_history_is_answered_without_it_in_as_many_round_trips(
+    counted_edge, make_customer, engine: Engine
+):
+    answered = _blocking_send_that_works_then_completes(counted_edge, make_customer, engine,
+                                                        message(historyLength=0))
+    assert "history" not in answered
+
+
+def _blocking_send_that_works_then_completes(counted_edge, make_customer, engine: Engine, body: dict) -> dict:
+    """A blocking send whose task is moved to WORKING, then COMPLETED, each with its notification: its answer's
+    task, after checking that it came only once the task completed and cost ``BLOCKING_SEND_ROUND_TRIPS``."""
     edge, counter = counted_edge
     customer, owner, known = _warm_customer(edge, counter, make_customer, engine)
     count = Count(counter)
     with ThreadPoolExecutor(1) as pool:
-        answer = pool.submit(http_calls.post, f"{edge.specialist(PAID)}/message:send", json=message(),
+        answer = pool.submit(http_calls.post, f"{edge.specialist(PAID)}/message:send", json=body,
                              headers=customer.headers, timeout=None)
         wait_until(lambda: count.since()["wakeups"] > 0, what="the admission's wake-up for the dispatchers")
         [task_id] = set(_task_ids(engine, owner)) - known
@@ -170,12 +185,12 @@ def test_a_blocking_send_reads_its_task_once_per_notification_and_answers_on_the
     assert answered.status_code == 200, answered.text
     assert answered.json()["task"]["id"] == task_id
     assert answered.json()["task"]["status"]["state"] == "TASK_STATE_COMPLETED"
-    assert [m["parts"][0]["text"] for m in answered.json()["task"]["history"]] == ["hello"]
     cost = count.since()
     # The key's check, when its revocation cache ran out meanwhile (a slow run), is not the wait's: left out.
     assert cost["key_checks"] <= 1, cost
     assert (cost["round_trips"] - cost["key_checks"], cost["wakeups"]) == (BLOCKING_SEND_ROUND_TRIPS, 1), (
         cost, counter.snapshot()[3])
+    return answered.json()["task"]
 
 
 def test_a_streamed_send_reads_its_events_in_one_round_trip_a_read(counted_edge, make_customer, engine: Engine):
