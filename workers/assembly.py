@@ -40,7 +40,7 @@ from workers.isolation import BuiltRunner, JobHost, ProcessJobs, RunnerBuild, Th
 from workers.runs import EventSink, Runner, ScriptedRunner, ScriptStep
 from workers.server import WorkerLimits, WorkerService, create_worker_app
 from workers.settlement import TaskSettlement, UsageSource
-from workers.hosted_rlm.runner import RlmRunner
+from workers.hosted_rlm.runner import RlmRunner, warm
 from workers.hosted_rlm.serving import specialist_runners
 from workers.hosted_rlm.usage import RLM_USAGE
 from taskstate.ids import TaskRef
@@ -196,14 +196,14 @@ def start_job_runner(prepared: PreparedRunners, specialist_id: str) -> BuiltRunn
 
 def connect_ahead(prepared: PreparedRunners) -> None:
     """In a job's process waiting for its job: one connection of the runners' engine, opened now and kept in its
-    pool, when the worker serves an rlm specialist (its run opens its journal first thing: 3-5 ms of connecting,
-    SQLAlchemy's first-connect questions included, that its job then does not wait for). A worker that serves none
-    (the scripted and conformance specialists write only task events, if anything) opens none: a no-op job stays
-    without a connection. The connection waits with the process; one the server ended meanwhile is found at
-    checkout (``core.db.discard_dead_on_checkout``) and the run connects anew."""
+    pool, with a run's statements run once on it (``hosted_rlm.runner.warm``), when the worker serves an rlm
+    specialist (its run opens its journal first thing: 3-5 ms of connecting, SQLAlchemy's first-connect questions
+    included, and 4-8 ms of its first statements on a new server process, that its job then does not wait for). A
+    worker that serves none (the scripted and conformance specialists write only task events, if anything) opens
+    none: a no-op job stays without a connection. The connection waits with the process; one the server ended
+    meanwhile is found at checkout (``core.db.discard_dead_on_checkout``) and the run connects anew."""
     if any(isinstance(runner, RlmRunner) for runner in prepared.runners.values()):
-        with prepared.engine.connect():
-            pass
+        warm(prepared.engine)
 
 
 # What ``workers.isolation.ProcessJobs`` builds a job's runner with.

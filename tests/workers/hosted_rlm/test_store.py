@@ -201,3 +201,40 @@ def test_the_journal_decides_what_a_job_settles_and_whether_it_may_still_be_resu
         assert resumable(2, 60) is True
         assert resumable(1, 60) is False  # resumed once already: the limit is reached
         assert resumable(2, 5) is False  # the lease expired longer ago than the window
+
+
+def test_the_warm_up_ahead_of_a_job_runs_a_runs_statements_on_its_connection_and_writes_nothing(engine):
+    """Issue 44: a job's process waiting for its job runs each statement of a run once (``runner.warm``, from
+    ``workers.assembly.connect_ahead``), so that the run's first statements do not pay for a new server process's
+    first parse and plan. As a job no claim holds: beside a live claim, not a row of any journal table moves, and
+    the one connection it used waits in the pool for the run."""
+    from sqlalchemy import create_engine, event
+
+    from workers.hosted_rlm.runner import WARM_JOB_ID, warm
+
+    job_id = support.new_job_id()
+    live = Journal(engine, job_id=job_id, fencing_token=support.claim(engine, job_id))
+    live.open_run(specialist_id="reviewer", route="test", pricing=PricingSpec(mode="fixed"), reserved_credits=5,
+                  session_id=session_id_for(job_id))
+    tables = ("specialist_runs", "specialist_calls", "specialist_steps", "specialist_checkpoints", "job_claims")
+
+    def rows() -> dict:
+        with engine.connect() as conn:
+            return {table: conn.execute(text(f"SELECT count(*), count(*) FILTER (WHERE job_id = :w) FROM {table}"),
+                                        {"w": WARM_JOB_ID}).one() for table in tables}
+
+    before = rows()
+    fresh = create_engine(engine.url)  # a job process's: prepared without a connection
+    statements: list[tuple[int, str]] = []
+    event.listen(fresh, "before_cursor_execute",
+                 lambda conn, cursor, sql, *rest: statements.append((id(conn.connection.driver_connection), sql)))
+    try:
+        warm(fresh)
+        assert fresh.pool.checkedin() == 1
+    finally:
+        fresh.dispose()
+    assert rows() == before and all(warmed == 0 for _, warmed in before.values())
+    ran = " ".join(sql for _, sql in statements)
+    for table in tables[:4]:
+        assert f"INTO {table}" in ran or f"UPDATE {table}" in ran or f"FROM {table}" in ran, table
+    assert len({connection for connection, _ in statements}) == 1
