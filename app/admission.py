@@ -354,8 +354,8 @@ class AdmissionService:
                                       fingerprint_hex=params["fingerprint_hex"], specialist_id=send.specialist_id,
                                       credits=reserved_credits)
         try:
-            async with self.autocommit.connect() as conn:  # the hot statement, on the driver (core.db.driver_rows)
-                [(fallback, *_)] = await db.driver_rows(conn, _ADMIT_SQL, _checked(params))
+            # The hot statement, on the driver, checked out for it alone (core.db.autocommit_rows).
+            [(fallback, *_)] = await db.autocommit_rows(self.autocommit, _ADMIT_SQL, _checked(params))
         except DBAPIError as exc:
             if getattr(exc.orig, "sqlstate", None) == FALLBACK_SQLSTATE:
                 return None

@@ -48,7 +48,7 @@ from app.handler import EdgeRequestHandler, identity_of
 from app.identity import EdgeUser
 from app.listing import TaskListing
 from app.middleware import CREDENTIAL_HEADERS, IDENTITY_SCOPE_KEY, SPECIALIST_SCOPE_KEY, A2AGuard, RequestLog
-from taskstate.notify import Listener, Notifier
+from taskstate.notify import TASK_EVENTS, Listener, Notifier
 from app.observability import Metrics
 from app.ratelimit import RateLimiter
 from app.slashes import TrailingSlash
@@ -184,7 +184,9 @@ def create_app(settings: Settings, *, database_url: str | None = None) -> FastAP
     engine = edge_engine(url, settings)
     autocommit = edge_engine(url, settings, autocommit=True)
     metrics = Metrics()
-    listener = Listener(url, settings.database.connect_timeout_s)
+    # Its tasks' events only: nothing in the edge waits for the dispatchers' wake-ups, which every admission sends
+    # (one more notification a job for this connection, its backend and the edge's loop to read; issue 44).
+    listener = Listener(url, settings.database.connect_timeout_s, channels=(TASK_EVENTS,))
     notifier = Notifier(autocommit)  # its wake-ups are single statements: on the autocommit pool, on the driver
     store = VersionedDatabaseTaskStore(engine, create_table=False)
     events = NotifiedEventStream(engine, autocommit, listener, notifier, settings.edge.event_poll_interval_s)

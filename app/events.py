@@ -90,8 +90,7 @@ class NotifiedEventStream(DatabaseTaskEventStream):
             if read_first:
                 woken.clear()  # before reading: a notification that lands during the read is not lost
                 try:
-                    async with self._autocommit.connect() as conn:
-                        found = await db.driver_rows(conn, sql, params)
+                    found = await db.autocommit_rows(self._autocommit, sql, params)
                 except OperationalError:
                     log.debug("transient error reading task %s; retrying", task_id, exc_info=True)
                     found = []
@@ -110,8 +109,8 @@ class NotifiedEventStream(DatabaseTaskEventStream):
             while True:
                 woken.clear()  # before reading: a notification that lands during the read is not lost
                 try:
-                    async with self._autocommit.connect() as conn:
-                        rows = await db.driver_rows(conn, _EVENTS_AFTER_SQL, {"task_id": task_id, "cursor": cursor})
+                    rows = await db.autocommit_rows(self._autocommit, _EVENTS_AFTER_SQL,
+                                                    {"task_id": task_id, "cursor": cursor})
                 except OperationalError:
                     log.debug("transient error reading events of %s; retrying", task_id, exc_info=True)
                     rows = []
@@ -135,8 +134,8 @@ class NotifiedEventStream(DatabaseTaskEventStream):
         ``_seq_at_or_before_version``, in one round trip."""
         if after.is_missing:
             return 0
-        async with self._autocommit.connect() as conn:
-            found = await db.driver_rows(conn, _CURSOR_SQL, {"task_id": task_id, "version": version_number(after)})
+        found = await db.autocommit_rows(self._autocommit, _CURSOR_SQL,
+                                         {"task_id": task_id, "version": version_number(after)})
         return found[0][0] if found else 0
 
 

@@ -31,7 +31,8 @@ _COUNT = text(
     """
     WITH w AS (SELECT to_timestamp(floor(extract(epoch FROM now()) / :window_s) * :window_s) AS start)
     INSERT INTO edge_rate_windows AS r (bucket, window_start, requests)
-    SELECT b.bucket, w.start, 1 FROM w, unnest(CAST(:buckets AS text[])) WITH ORDINALITY AS b(bucket, n)
+    SELECT b.bucket, w.start, 1 FROM w, unnest(ARRAY[CAST(:bucket AS text), CAST(:global_bucket AS text)])
+        WITH ORDINALITY AS b(bucket, n)
     ORDER BY b.n
     ON CONFLICT (bucket, window_start) DO UPDATE SET requests = r.requests + 1
     RETURNING bucket, requests,
@@ -56,9 +57,10 @@ class RateLimiter:
             )
         else:
             bucket, limit, setting = f"key:{identity.key_id}", s.edge.rate_limit_per_key, "SPECIALISTS_RATE_LIMIT_PER_KEY"
-        async with self.engine.connect() as conn:  # every request's statement: on the driver (core.db.driver_rows)
-            rows = await db.driver_rows(conn, _COUNT_SQL, {"window_s": s.edge.rate_limit_window_s,
-                                                            "buckets": [bucket, GLOBAL]})
+        # Every request's statement: on the driver, checked out for it alone (core.db.autocommit_rows); the two
+        # buckets as two text parameters (a list is dumped by psycopg in Python, at every request).
+        rows = await db.autocommit_rows(self.engine, _COUNT_SQL, {"window_s": s.edge.rate_limit_window_s,
+                                                                   "bucket": bucket, "global_bucket": GLOBAL})
         counts = {name: (int(requests), float(remaining_s)) for name, requests, remaining_s in rows}
         own, remaining_s = counts[bucket]
         total, _ = counts[GLOBAL]

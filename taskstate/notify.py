@@ -206,10 +206,10 @@ class Notifier:
         self._next_at = asyncio.get_running_loop().time() + self.coalesce_s
         try:
             params = {"channels": [c for c, _ in batch], "payloads": [p for _, p in batch]}
-            async with self.engine.connect() as conn:
-                if self._on_driver:
-                    await db.driver_rows(conn, _NOTIFY_SQL, params)
-                else:
+            if self._on_driver:
+                await db.autocommit_rows(self.engine, _NOTIFY_SQL, params)
+            else:
+                async with self.engine.connect() as conn:
                     await conn.execute(_NOTIFY, params)
         except Exception as exc:
             log.debug("could not send %d wake-up(s) (%s); listeners will poll", len(batch), type(exc).__name__)

@@ -4,7 +4,10 @@ checkout to the next (psycopg forgets its prepared statements on a ROLLBACK; thi
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+from sqlalchemy.exc import DataError
 
 from app.assembly import edge_engine
 from core import db
@@ -73,3 +76,66 @@ async def test_a_connection_returned_in_a_transaction_is_discarded_not_handed_ou
         assert second != first
     finally:
         await engine.dispose()
+
+
+async def test_a_statement_checked_out_for_itself_alone_costs_one_round_trip_on_a_kept_connection(database_url, settings):
+    """``core.db.autocommit_rows`` (the edge's hot statements): the pool's connection without SQLAlchemy's Connection,
+    each statement one round trip on the same backend, prepared from its sixth use as through ``engine.connect``."""
+    counter = StatementCounter(database_url)
+    engine = edge_engine(counter.url, settings, autocommit=True)
+    try:
+        [(backend,)] = await db.autocommit_rows(engine, "SELECT pg_backend_pid()", {})
+        _, trips_before, _, _ = counter.snapshot()
+        prepares_before = counter.prepares
+        uses = UNPREPARED_USES + 3
+        for use in range(uses):
+            assert await db.autocommit_rows(engine, _PROBE, {"x": use}) == [(use,)]
+        _, trips_after, _, _ = counter.snapshot()
+        assert (trips_after - trips_before, counter.prepares - prepares_before) == (uses + 1, 1)
+        assert await db.autocommit_rows(engine, "SELECT pg_backend_pid()", {}) == [(backend,)]
+    finally:
+        await engine.dispose()
+        counter.close()
+
+
+async def test_a_failed_statement_raises_sqlalchemys_error_and_leaves_its_connection_usable(database_url, settings):
+    engine = edge_engine(database_url, settings, autocommit=True)
+    try:
+        [(backend,)] = await db.autocommit_rows(engine, "SELECT pg_backend_pid()", {})
+        with pytest.raises(DataError):
+            await db.autocommit_rows(engine, "SELECT 1 / %(zero)s::int", {"zero": 0})
+        assert await db.autocommit_rows(engine, "SELECT pg_backend_pid()", {}) == [(backend,)]
+    finally:
+        await engine.dispose()
+
+
+async def test_a_statement_cancelled_in_flight_stops_on_the_server_and_its_connection_serves_again(
+    database_url, settings
+):
+    engine = edge_engine(database_url, settings, autocommit=True)
+    try:
+        [(backend,)] = await db.autocommit_rows(engine, "SELECT pg_backend_pid()", {})
+        sleeping = asyncio.create_task(db.autocommit_rows(engine, _SLEEP, {}))
+        await _until_backend_is(engine, backend, "active")
+        sleeping.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await sleeping
+        # psycopg cancelled the statement on the server before the connection went back: nothing sleeps now, and
+        # the pool hands the connection out again.
+        assert await db.autocommit_rows(engine, _SLEEPING, {"q": _SLEEP}) == [(0,)]
+        backends = {(await db.autocommit_rows(engine, "SELECT pg_backend_pid()", {}))[0][0] for _ in range(4)}
+        assert backend in backends
+    finally:
+        await engine.dispose()
+
+
+_SLEEP = "SELECT pg_sleep(30)"
+_STATE = "SELECT state FROM pg_stat_activity WHERE pid = %(pid)s"
+_SLEEPING = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = %(q)s "
+             "AND state = 'active'")
+
+
+async def _until_backend_is(engine, backend: int, state: str) -> None:
+    """Wait, on another connection, until ``backend`` is in ``state`` (an observable event, not a sleep)."""
+    while await db.autocommit_rows(engine, _STATE, {"pid": backend}) != [(state,)]:
+        await asyncio.sleep(0)
