@@ -44,7 +44,7 @@ def _stored(conn, table: str, job_id: str) -> bool:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(job_id=job_ids)
 def test_the_database_stores_a_job_id_exactly_when_the_service_accepts_it(engine: Engine, job_id: str) -> None:
-    accepted = JOB_ID_RE.match(job_id) is not None and not job_id.endswith("\n")
+    accepted = JOB_ID_RE.fullmatch(job_id) is not None
     with engine.connect() as conn:
         for table in ("job_claims", "specialist_runs"):
             assert _stored(conn, table, job_id) == accepted, (table, job_id)

@@ -19,8 +19,9 @@ from core.errors import ServiceError
 # Cloud Tasks task ids allow [A-Za-z0-9_-], at most 500 characters. Hashing the job id
 # keeps any job id legal and spreads names evenly, as Google advises for throughput.
 TASK_ID_PREFIX = "job-v1-"
-JOB_ID_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
-SPECIALIST_ID_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+# Matched whole (``fullmatch``): ``$`` would also match before a trailing newline, which the database's CHECK refuses.
+JOB_ID_RE = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+SPECIALIST_ID_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
 
 
 class DispatchError(ServiceError):
@@ -46,11 +47,11 @@ class DispatchJob:
     deadline_s: float  # the specialist's deadline for this job
 
     def check(self, *, max_body_bytes: int) -> None:
-        if not JOB_ID_RE.match(self.job_id):
+        if not JOB_ID_RE.fullmatch(self.job_id):
             raise DispatchRefused(
                 f"job id {self.job_id!r} is not valid: use 1-200 of A-Z a-z 0-9 _ . : -", code="job_id_invalid"
             )
-        if not SPECIALIST_ID_RE.match(self.specialist_id):
+        if not SPECIALIST_ID_RE.fullmatch(self.specialist_id):
             raise DispatchRefused(f"specialist id {self.specialist_id!r} is not valid", code="specialist_id_invalid")
         if len(self.body) > max_body_bytes:
             raise DispatchRefused(

@@ -145,8 +145,14 @@ def test_an_oversized_body_or_bad_job_id_is_refused_before_enqueue() -> None:
             dispatcher.enqueue(job(body=b"x" * 1025))
         with pytest.raises(DispatchRefused) as bad_id:
             dispatcher.enqueue(DispatchJob("job 1/../x", "scripted", b"b", "http://127.0.0.1:9/jobs", 5))
+        refused = []
+        for job_id, specialist_id in (("job-1\n", "scripted"), ("job-1", "scripted\n")):  # `$` matched before it
+            with pytest.raises(DispatchRefused) as trailing:
+                dispatcher.enqueue(DispatchJob(job_id, specialist_id, b"b", "http://127.0.0.1:9/jobs", 5))
+            refused.append(trailing.value.code)
     assert too_big.value.code == "job_body_too_large" and "SPECIALISTS_DISPATCH_MAX_BODY_BYTES" in too_big.value.message
     assert bad_id.value.code == "job_id_invalid"
+    assert refused == ["job_id_invalid", "specialist_id_invalid"]
 
 
 # The emulator delivers on its own schedule: a generous deadline, since only "never" is a failure.
