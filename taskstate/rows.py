@@ -181,13 +181,13 @@ def load(conn: Connection, task_id: str, owner: str) -> tuple[Task, int]:
 # times its CPU), the states written into the text (a list parameter is dumped by psycopg in Python at every read);
 # the row is ``IF_IN_COLUMNS``, read back by ``task_if_in``.
 IF_IN_COLUMNS = ("id", "context_id", "status", "artifacts", "history", "metadata", "version")
-_STATE_NAME = re.compile(r"^TASK_STATE_[A-Z_]+$")
+_STATE_NAME = re.compile(r"TASK_STATE_[A-Z_]+")  # matched whole: `$` would let a trailing newline through
 
 
 @functools.lru_cache(maxsize=8)
 def task_if_in_sql(states: tuple[str, ...]) -> str:
     """The read's text for these states (names of ``TaskState``, checked: they are written into the text)."""
-    assert states and all(_STATE_NAME.match(state) for state in states), states
+    assert states and all(_STATE_NAME.fullmatch(state) for state in states), states
     listed = ", ".join(f"'{state}'" for state in states)
     return (
         "SELECT t.id, t.context_id, t.status, t.artifacts, CASE WHEN %(with_history)s THEN t.history END, "

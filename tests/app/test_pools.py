@@ -5,6 +5,7 @@ checkout to the next (psycopg forgets its prepared statements on a ROLLBACK; thi
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from sqlalchemy.exc import DataError
@@ -136,6 +137,14 @@ _SLEEPING = ("SELECT count(*) FROM pg_stat_activity WHERE datname = current_data
 
 
 async def _until_backend_is(engine, backend: int, state: str) -> None:
-    """Wait, on another connection, until ``backend`` is in ``state`` (an observable event, not a sleep)."""
-    while await db.autocommit_rows(engine, _STATE, {"pid": backend}) != [(state,)]:
-        await asyncio.sleep(0)
+    """Wait, on another connection, until ``backend`` is in ``state`` (the server's own view of it, read again every
+    ``_STATE_POLL_S``), or fail saying so within ``_STATE_WAIT_S`` (the statement it waits for sleeps 30 s)."""
+    deadline = time.monotonic() + _STATE_WAIT_S
+    while (seen := await db.autocommit_rows(engine, _STATE, {"pid": backend})) != [(state,)]:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"backend {backend} never became {state!r} within {_STATE_WAIT_S:g} s (it is {seen})")
+        await asyncio.sleep(_STATE_POLL_S)
+
+
+_STATE_POLL_S = 0.01
+_STATE_WAIT_S = 20.0
