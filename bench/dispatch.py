@@ -1,6 +1,6 @@
 """Dispatch benchmark: admission -> embedded dispatcher -> claim -> a no-op specialist -> settlement, two workers.
 
-    .venv/bin/python bench/dispatch.py [--seconds 10] [--clients 16] [--warmup 2]
+    .venv/bin/python bench/dispatch.py [--seconds 10] [--clients 16] [--warmup 2] [--cpu-share auto|nice|off]
 
 Starts its own database: a fresh database on the server named by DATABASE_URL when it
 is set (dropped afterwards), otherwise an embedded PostgreSQL in a temporary folder.
@@ -367,6 +367,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--cpu-share", choices=("auto", "nice", "off"), default=None,
+                        help="the workers' SPECIALISTS_WORKER_JOB_CPU_SHARE (default: the setting's, auto: a cgroup "
+                             "per job where one can be made, as on this machine as root; production's image runs nice)")
     args = parser.parse_args()
 
     from sqlalchemy import create_engine, text
@@ -395,6 +398,7 @@ def main() -> None:
             "SPECIALISTS_SERVE_WORKER": "false",
             "SPECIALISTS_SERVE_DISPATCHER": "false",
             "SPECIALISTS_WORKER_MAX_CONCURRENT_JOBS": str(SLOTS_PER_WORKER),
+            **({"SPECIALISTS_WORKER_JOB_CPU_SHARE": args.cpu_share} if args.cpu_share else {}),
         }
     )
     edge_port = free_port()
@@ -445,6 +449,7 @@ def main() -> None:
     print(
         f"\nDispatch: {args.clients} clients, {args.seconds:g} s per run, {WORKERS} workers x {SLOTS_PER_WORKER} slots, "
         f"{os.cpu_count()} CPUs, load average {load_before:.1f} before and {os.getloadavg()[0]:.1f} after"
+        + (f", the jobs' CPU shared by SPECIALISTS_WORKER_JOB_CPU_SHARE={args.cpu_share}" if args.cpu_share else "")
     )
     print(f"{'run':<22}{'jobs/s':>8}{'to claim p50':>14}{'p99 ms':>8}{'to settled p50':>16}{'p99 ms':>8}  jobs")
     labels = {
