@@ -25,6 +25,7 @@ admission and settled by the worker's finish.
   cpu          in the closed loop, the CPU each role spent per settled job, from /proc: the edge, the
                dispatcher, the two workers with their job processes, and this database's PostgreSQL
                backends. On a machine shared with other work jobs/s follows the load; CPU per job does not.
+               Beside them, not in the total: the benchmark's own clients' CPU per job (they share the cores).
 
 A benchmark is not a test: it prints figures and ratios and never fails on speed.
 Target (issue 4): admission to claim under 50 ms p50 with the embedded dispatcher.
@@ -79,6 +80,7 @@ async def _load(url: str, seconds: float, warmup_s: float, rate_per_s: float, bl
     parts = urlsplit(url)
     interval_s = len(keys) / rate_per_s if rate_per_s > 0 else 0.0
     counts = {"ok": 0, "errors": 0}
+    cpu_start = time.process_time()
     start = time.perf_counter()
     measure_from, stop_at = start + warmup_s, start + warmup_s + seconds
 
@@ -108,7 +110,7 @@ async def _load(url: str, seconds: float, warmup_s: float, rate_per_s: float, bl
                 counts["ok" if status == 200 else "errors"] += 1
 
     await asyncio.gather(*(client(i, key) for i, key in enumerate(keys)))
-    return counts
+    return {**counts, "cpu_s": time.process_time() - cpu_start}  # the clients' own CPU, their imports left out
 
 
 # --- the baseline queue (a subprocess: `dispatch.py baseline-consumer URL`) ----------------------------
@@ -262,6 +264,7 @@ def own_cpu_s(pid: int) -> float:
 # serve (libpq's ``PGAPPNAME``, set in each role's environment: ``APP_NAME_PREFIX`` + the role; a connection that
 # names itself, the edge's listener, counts as "other").
 WORKERS_OWN = "workers' own"
+CLIENTS = "the benchmark's clients"  # on the same cores as the roles: what of the machine the path does not get
 APP_NAME_PREFIX = "bench-dispatch-"
 POSTGRES_OF = "postgres of "
 
@@ -309,6 +312,8 @@ def measure_path(engine, url: str, keys: list[str], prefix: str, seconds: float,
     cpu_after = cpu_snapshot(engine, roles or {})
     done = settled_jobs(engine, prefix)
     cpu_ms_per_job = {role: 1000 * (cpu_after[role] - cpu_before.get(role, 0.0)) / max(1, done) for role in cpu_after}
+    if roles:
+        cpu_ms_per_job[CLIENTS] = 1000 * counts["cpu_s"] / max(1, done)
     with engine.connect() as conn:
         rows = conn.execute(
             text(
@@ -466,12 +471,15 @@ def main() -> None:
               f"{r['settled'][0]:>16.1f}{r['settled'][1]:>8.1f}  {r['jobs']}{extra}")
     cpu = dict(results["closed"]["cpu_ms_per_job"])
     own = cpu.pop(WORKERS_OWN, None)
+    clients = cpu.pop(CLIENTS, None)
     postgres_of = {role[len(POSTGRES_OF):]: cpu.pop(role) for role in list(cpu) if role.startswith(POSTGRES_OF)}
     print("\nCPU per job in the closed loop (ms, /proc; load-independent, unlike jobs/s): "
           + ", ".join(f"{role} {ms:.1f}" for role, ms in cpu.items()) + f"; total {sum(cpu.values()):.1f}"
           + ("" if own is None else f" (the workers' own processes {own:.1f}, without their job processes)"))
     print("PostgreSQL's CPU per job by the role its backends serve (ms): "
           + ", ".join(f"{role} {ms:.1f}" for role, ms in sorted(postgres_of.items())))
+    if clients is not None:
+        print(f"The benchmark's own clients, on the same {os.cpu_count()} CPUs: {clients:.1f} ms per job")
     paced = results["paced"]
     print(
         f"\nadmission -> claim p50 {paced['claim'][0]:.1f} ms at {paced_rate:.0f}/s (target < 50 ms); "
