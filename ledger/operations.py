@@ -11,12 +11,14 @@ For an operation in its own transaction, use ``ledger.client.Ledger``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import Connection
 
 from core import db
+from core.fragments import Fragment
 from ledger import statements as st
 from ledger.limits import LedgerSettings, default_limits
 from ledger.results import AccountResult, AdjustResult, ExpiredLot, GrantResult, ReserveResult, ResolveResult, UnknownResult
@@ -141,6 +143,31 @@ def settle(
     """
     params = st.settle_params(job_id, charged, reason, now=now, limits=limits or default_limits())
     [row] = db.hot_driver_sql_rows(conn, st.SETTLE_SQL, params)  # every paid job's finish: on the driver
+    return st.parse_resolve(row, charged=charged)
+
+
+# ``settle`` as a fragment (``core.fragments``), for a statement that settles in its own round trip: a job's finish
+# writes its task's final event and settles in one (``taskstate.rows.write_event(beside=...)``, issue 44). Its
+# parameters: ``settle_fragment_params``; its row (``SETTLED_COLUMNS``, the function's result): ``parse_settled``.
+SETTLE = Fragment.of(
+    "ledger",
+    "SELECT * FROM ledger_settle(CAST(:settle_job_id AS text), CAST(:settle_charged AS bigint), "
+    "CAST(:settle_reason AS text), CAST(:settle_now AS timestamptz)) WHERE {when}",
+    ("settle_job_id", "settle_charged", "settle_reason", "settle_now"),
+)
+SETTLED_COLUMNS = ("outcome", "job_id", "customer_id", "state", "credits", "charged", "released", "expired",
+                   "resolved_at", "operator", "reason")
+
+
+def settle_fragment_params(job_id: str, charged: int, reason: str = "", *, now: datetime | None = None,
+                           limits: LedgerSettings | None = None) -> dict[str, Any]:
+    """``SETTLE``'s parameters, checked as ``settle``'s are."""
+    params = st.settle_params(job_id, charged, reason, now=now, limits=limits or default_limits())
+    return {f"settle_{name}": value for name, value in params.items()}
+
+
+def parse_settled(row: Mapping[str, Any], *, charged: int) -> ResolveResult:
+    """``SETTLE``'s row (by ``SETTLED_COLUMNS``) as ``settle`` answers: a refusal raises ResolutionRefused."""
     return st.parse_resolve(row, charged=charged)
 
 

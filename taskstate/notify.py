@@ -23,7 +23,8 @@ import math
 from collections import defaultdict
 
 import psycopg
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -226,6 +227,7 @@ class Notifier:
 
 
 _NOTIFY_ONE = text("SELECT pg_notify(:channel, :payload)")
+_NOTIFY_ONE_SQL = db.compiled_for_psycopg(_NOTIFY_ONE)
 
 
 def task_event_now(autocommit_engine: Engine, task_id: str, *, push: bool = False) -> None:
@@ -239,3 +241,45 @@ def task_event_now(autocommit_engine: Engine, task_id: str, *, push: bool = Fals
                 db.hot_rows(conn, _NOTIFY_ONE, {"channel": TASK_EVENTS, "payload": task_id})
     except Exception as exc:
         log.debug("could not notify task %s (%s); streams will poll", task_id, type(exc).__name__)
+
+
+_COMMITTED = psycopg.pq.ExecStatus.COMMAND_OK
+
+
+def commit_then_notify(conn: Connection, task_id: str, *, push: bool = False) -> bool:
+    """Commit the caller's transaction on ``conn``, then wake the task's streams (and with ``push`` the push
+    deliverers) as ``task_event_now`` does, in one round trip on the same connection (issue 44: the wake-up took a
+    checkout of its own, into autocommit and back, and a round trip). The two statements go in one pipeline: the
+    COMMIT, then the notification, which runs in a transaction of its own that the pipeline's sync commits, after
+    the caller's committed, so the NOTIFY's database-wide lock is never held through the caller's commit. Once the
+    COMMIT has answered, SQLAlchemy's own commit of the transaction sends nothing (psycopg's, on an idle
+    connection), and its commit hooks run.
+
+    False, with nothing sent: ``conn``'s statements go through SQLAlchemy (something watches them, ``core.db``'s
+    ``hot_rows``): the caller commits, then calls ``task_event_now``. A failed COMMIT raises as SQLAlchemy's
+    would (``connection_invalidated`` when the connection broke, which is discarded): the transaction may or may not
+    have committed, as for any commit. A failed notification after a COMMIT that succeeded is logged and dropped
+    (best effort: the readers also poll)."""
+    driver = db._hot_driver(conn)  # core.db's own test for a hot statement: on the driver, or not at all
+    if driver is None or driver.autocommit or not conn.in_transaction():
+        return False
+    if push:
+        sql, params = _NOTIFY_SQL, {"channels": [TASK_EVENTS, PUSH], "payloads": [task_id, ""]}
+    else:
+        sql, params = _NOTIFY_ONE_SQL, {"channel": TASK_EVENTS, "payload": task_id}
+    committing = driver.cursor()
+    try:
+        with driver.pipeline():
+            committing.execute(b"COMMIT", prepare=False)
+            # Not in a transaction of psycopg's: the COMMIT has not answered yet, so it sends no BEGIN for this.
+            assert driver.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+            driver.cursor().execute(sql, params)
+    except psycopg.Error as failed:
+        if committing.pgresult is None or committing.pgresult.status != _COMMITTED:  # the COMMIT failed
+            broken = driver.broken
+            if broken:
+                conn.invalidate(failed)
+            raise DBAPIError.instance("COMMIT", {}, failed, psycopg.Error, connection_invalidated=broken) from failed
+        log.debug("could not notify task %s after its commit (%s); streams will poll", task_id, type(failed).__name__)
+    return True
+

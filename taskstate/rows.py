@@ -36,6 +36,7 @@ import functools
 import json
 import re
 from collections import namedtuple
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -68,6 +69,18 @@ class Locked:
     owner: str
     stored: dict[str, Any]  # the columns as read (status, metadata, artifacts if read): SET only what changed
     pushed: bool = False  # set by ``write_event(pushed_sql=...)``: the task has push configurations (a notification)
+    beside: Mapping[str, Any] | None = None  # set by ``write_event(beside=...)``: its row, by its columns' names
+
+
+@dataclass(frozen=True)
+class Beside:
+    """Another owner's statement that runs in an event's own statement, in the same round trip (a job's settlement,
+    ``workers.settlement``): its fragment (one row, read back by ``columns``) and its parameters, whose names the
+    event's statement does not use. The task's rows are locked before (``lock``), so the lock order holds."""
+
+    fragment: Fragment
+    columns: tuple[str, ...]
+    params: Mapping[str, Any]
 
 
 def now_utc() -> datetime:
@@ -221,6 +234,19 @@ def _lock_statement(with_artifacts: bool) -> Select[Any]:
 # Built once: a job's finish locks its task, and building the select each time cost as much as running it (issue 44).
 _LOCK = {with_artifacts: _lock_statement(with_artifacts) for with_artifacts in (False, True)}
 
+# ``lock`` as a fragment, for a statement that locks the task in its own round trip, only ``{when}`` its condition
+# holds (a job's finish: once the claim's finish was accepted and the job's outbox row closed, the lock order).
+# Its columns are version, id, context_id, status, metadata and, with artifacts, artifacts: ``locked_of`` reads them.
+
+
+def lock_fragment(*, with_artifacts: bool) -> Fragment:
+    artifacts = ", t.artifacts" if with_artifacts else ""
+    return Fragment.of("taskstate.rows", f"""
+    SELECT v.version, t.id, t.context_id, t.status, t.metadata{artifacts}
+      FROM task_versions v JOIN tasks t ON t.id = v.task_id
+     WHERE v.task_id = :task_id AND v.owner = :owner AND t.owner = :owner AND {{when}}
+       FOR UPDATE OF v, t""", ("task_id", "owner"))
+
 
 def lock(conn: Connection, task_id: str, owner: str, *, with_artifacts: bool = False) -> Locked | None:
     """The owner's task, both rows locked until the transaction ends, read without its history (``Locked``);
@@ -231,6 +257,11 @@ def lock(conn: Connection, task_id: str, owner: str, *, with_artifacts: bool = F
     if not found:
         return None
     [row] = found
+    return locked_of(row, owner, with_artifacts=with_artifacts)
+
+
+def locked_of(row: Mapping[str, Any], owner: str, *, with_artifacts: bool) -> Locked:
+    """The ``Locked`` task of a row of ``lock``'s statement, or of ``lock_fragment``'s columns in another's."""
     version = row["version"]
     task = Task(id=row["id"], context_id=row["context_id"])
     if row["status"]:
@@ -266,12 +297,14 @@ _APPEND_HISTORY = """
 
 
 def write_event(conn: Connection, locked: Locked, event: Event, *, returning_history: bool = False,
-                pushed_sql: str | None = None) -> int:
+                pushed_sql: str | None = None, beside: Beside | None = None) -> int:
     """Write ``event`` as the task's next version (rows locked by ``lock``), in one statement: the task row
     SETs only the columns the event changed, and appends ``locked.task.history`` to the stored history.
     ``returning_history``: afterwards ``locked.task`` is the whole task as stored (history included), for a
     caller that answers with it. ``pushed_sql`` (``push.configured_sql()``): a condition on ``:task_id`` and
-    ``:owner`` read in the same statement into ``locked.pushed``. Returns the new version."""
+    ``:owner`` read in the same statement into ``locked.pushed``. ``beside``: another owner's statement run in
+    this one (issue 44: a round trip fewer in a job's finish), its row into ``locked.beside``. Returns the new
+    version."""
     task, new_version = locked.task, locked.version + 1
     params: dict[str, Any] = {"task_id": task.id, "owner": locked.owner, "version": new_version,
                               "event_data": to_stream_response(event).SerializeToString()}
@@ -293,10 +326,20 @@ def write_event(conn: Connection, locked: Locked, event: Event, *, returning_his
         ctes.insert(0, "task AS (SELECT history FROM tasks WHERE id = :task_id)")
     returned = "(SELECT history FROM task)" if returning_history else "NULL"
     pushed = pushed_sql or "false"
-    statement = _event_clause(f"WITH {', '.join(ctes)} SELECT {returned} AS history, {pushed} AS pushed")
+    select = f"SELECT {returned} AS history, {pushed} AS pushed"
+    if beside is not None:
+        assert not params.keys() & beside.params.keys(), sorted(params.keys() & beside.params.keys())
+        assert beside.params.keys() == beside.fragment.params, (sorted(beside.params), sorted(beside.fragment.params))
+        ctes.append(beside.fragment.cte("beside").sql)
+        params.update(beside.params)
+        select += "".join(f", beside.{column} AS beside_{column}" for column in beside.columns)
+        select += " FROM (SELECT 1) AS one LEFT JOIN beside ON true"
+    statement = _event_clause(f"WITH {', '.join(ctes)} {select}")
     [written] = db.hot_rows(conn, statement, params)
     history = written["history"]
     locked.pushed = bool(written["pushed"])
+    if beside is not None:
+        locked.beside = {column: written[f"beside_{column}"] for column in beside.columns}
     if returning_history:
         del task.history[:]
         for message in history or []:
@@ -305,8 +348,8 @@ def write_event(conn: Connection, locked: Locked, event: Event, *, returning_his
     return new_version
 
 
-# The forms of ``write_event``'s statement: which of four columns it sets, whether it returns the history, and its
-# push condition or none.
+# The forms of ``write_event``'s statement: which of four columns it sets, whether it returns the history, its
+# push condition or none, and a statement beside it (a job's settlement) or none.
 EVENT_STATEMENTS = 64
 
 

@@ -96,6 +96,22 @@ OUTCOME_STATES: dict[str, int] = {
 }
 
 
+class _NotRead:
+    """The task was not read by the caller's statement: ``TaskEvents._write`` locks and reads it."""
+
+
+NOT_READ = _NotRead()
+
+
+@dataclass(frozen=True)
+class FinalWrite:
+    """What ``TaskEvents.finish`` did: whether the final event was written, and the row of the statement run beside
+    it (``rows.Beside``; None when none was given, or the event was not written, so it did not run)."""
+
+    written: bool
+    beside: Mapping[str, Any] | None = None
+
+
 @dataclass(frozen=True)
 class TaskInput:
     ref: TaskRef
@@ -205,7 +221,7 @@ class TaskEvents:
             if not claims.hold_fence(conn, job.job_id, fencing_token):
                 log.info("job %s: claim %s is no longer current; its %s event is dropped", job.job_id, fencing_token, kind)
                 return False
-            return self._write(conn, ref, event)
+            return self._write(conn, ref, event) is not None
 
     def _event(
         self, ref: TaskRef, kind: str, data: dict[str, Any]
@@ -225,15 +241,20 @@ class TaskEvents:
             return TaskArtifactUpdateEvent(task_id=ref.task_id, context_id=ref.context_id, artifact=artifact)
         return None
 
-    def _write(self, conn: Connection, ref: TaskRef, event: Any, *, unless_unknown: bool = False) -> bool:
-        locked = rows.lock(conn, ref.task_id, ref.owner, with_artifacts=isinstance(event, TaskArtifactUpdateEvent))
+    def _write(self, conn: Connection, ref: TaskRef, event: Any, *, unless_unknown: bool = False,
+               locked: rows.Locked | None | _NotRead = NOT_READ, beside: rows.Beside | None = None) -> rows.Locked | None:
+        """Write ``event`` on the task, locked here unless the caller's statement ``locked`` it already (None: no
+        task of the owner); ``beside`` runs in the event's statement (``rows.write_event``). The task as written,
+        or None: nothing was written (and ``beside`` did not run)."""
+        if isinstance(locked, _NotRead):
+            locked = rows.lock(conn, ref.task_id, ref.owner, with_artifacts=isinstance(event, TaskArtifactUpdateEvent))
         if locked is None:
-            return False
+            return None
         task = locked.task  # without its history: what it appends (rows.Locked)
         if task.status.state in TERMINAL_TASK_STATES:
-            return False  # cancelled by the customer (or finished): nothing overwrites it
+            return None  # cancelled by the customer (or finished): nothing overwrites it
         if unless_unknown and _shows_unknown(task):
-            return False
+            return None
         if isinstance(event, Message):  # a direct reply: the task completes with it as its status message
             admitted.record_message_reply(conn, ref.task_id)  # a resend is answered with it too
             if task.status.HasField("message"):
@@ -245,49 +266,47 @@ class TaskEvents:
                 _apply(task, event)
             except Exception as exc:  # an agent protocol violation (e.g. appending to no artifact)
                 log.warning("task %s: event dropped: %s", ref.task_id, exc)
-                return False
-        rows.write_event(conn, locked, event, pushed_sql=push.configured_sql())
+                return None
+        rows.write_event(conn, locked, event, pushed_sql=push.configured_sql(), beside=beside)
         if locked.pushed:
             with self._pushed_lock:
                 self._pushed.add(ref.task_id)
-        return True
+        return locked
 
     # --- in the finish / claim / reconcile transactions ------------------------------------
 
-    def finish(self, conn: Connection, ref: TaskRef, outcome: Outcome, *,
-               metadata: dict[str, Any] | None = None) -> bool:
-        """Write the job's final state (the caller's transaction). False if the task was already final.
+    def finish(self, conn: Connection, ref: TaskRef, outcome: Outcome, *, metadata: dict[str, Any] | None = None,
+               locked: rows.Locked | None | _NotRead = NOT_READ, beside: rows.Beside | None = None) -> FinalWrite:
+        """Write the job's final state (the caller's transaction); not written if the task was already final.
         ``metadata`` is merged into the final event's (and so the task's) metadata. The outcome's ``events`` (a
         run's artifacts) are written first, in the same transaction: the customer sees them with the final state,
-        in one commit and one wake-up, instead of a fenced transaction and a wake-up each before it."""
+        in one commit and one wake-up, instead of a fenced transaction and a wake-up each before it.
+        ``locked``: the task as the caller's statement locked it (a job's finish, ``workers.settlement``), used when
+        the final event is the first write. ``beside``: run in the final event's statement, only if it is written."""
         for event in outcome.events:
             event.task_id, event.context_id = ref.task_id, ref.context_id
             self._write(conn, ref, event)
+            locked = NOT_READ  # the task moved on: the final event locks and reads it again
         final = outcome.final_event
-        if isinstance(final, Message):
+        if isinstance(final, Message) or (
+                isinstance(final, TaskStatusUpdateEvent) and final.status.state == OUTCOME_STATES[outcome.state]):
             final.task_id, final.context_id = ref.task_id, ref.context_id
-            if metadata:
-                final.metadata.update(metadata)
-            return self._write(conn, ref, final)
-        if isinstance(final, TaskStatusUpdateEvent) and final.status.state == OUTCOME_STATES[outcome.state]:
-            final.task_id, final.context_id = ref.task_id, ref.context_id
-            if metadata:
-                final.metadata.update(metadata)
-            return self._write(conn, ref, final)
-        status = TaskStatus(state=OUTCOME_STATES[outcome.state])
-        if outcome.message:
-            status.message.CopyFrom(agent_message(outcome.message, ref))
-        event = TaskStatusUpdateEvent(task_id=ref.task_id, context_id=ref.context_id, status=status)
+        else:
+            status = TaskStatus(state=OUTCOME_STATES[outcome.state])
+            if outcome.message:
+                status.message.CopyFrom(agent_message(outcome.message, ref))
+            final = TaskStatusUpdateEvent(task_id=ref.task_id, context_id=ref.context_id, status=status)
         if metadata:
-            event.metadata.update(metadata)
-        return self._write(conn, ref, event)
+            final.metadata.update(metadata)
+        written = self._write(conn, ref, final, locked=locked, beside=beside)
+        return FinalWrite(written=written is not None, beside=None if written is None else written.beside)
 
     def mark_unknown(self, conn: Connection, ref: TaskRef) -> bool:
         """Not finished, and saying why: WORKING with the reconciliation message (the caller's transaction)."""
         status = TaskStatus(state=TaskState.TASK_STATE_WORKING, message=agent_message(UNDER_RECONCILIATION, ref))
         status.message.metadata.update({UNKNOWN_KEY: True})
         event = TaskStatusUpdateEvent(task_id=ref.task_id, context_id=ref.context_id, status=status)
-        return self._write(conn, ref, event, unless_unknown=True)
+        return self._write(conn, ref, event, unless_unknown=True) is not None
 
     def resolve(self, conn: Connection, ref: TaskRef, state: str) -> bool:
         """An operator's verdict on an unknown job becomes the task's final state (the caller's transaction)."""
@@ -295,7 +314,20 @@ class TaskEvents:
             state=OUTCOME_STATES[state],
             message=agent_message(f"The operator reconciled this task's outcome: {state}.", ref),
         )
-        return self._write(conn, ref, TaskStatusUpdateEvent(task_id=ref.task_id, context_id=ref.context_id, status=status))
+        event = TaskStatusUpdateEvent(task_id=ref.task_id, context_id=ref.context_id, status=status)
+        return self._write(conn, ref, event) is not None
+
+    def commit_then_notify(self, conn: Connection, task_id: str) -> bool:
+        """Commit the caller's transaction on ``conn`` and then ``notify``, in one round trip
+        (``notify.commit_then_notify``). False, with nothing done: the caller commits, then calls ``notify``."""
+        with self._pushed_lock:
+            push = task_id in self._pushed
+        if not notify.commit_then_notify(conn, task_id, push=push):
+            return False
+        if push:
+            with self._pushed_lock:
+                self._pushed.discard(task_id)
+        return True
 
     def notify(self, task_id: str) -> None:
         """Wake every API instance's streams of the task, and the push deliverers when an event written for it

@@ -14,7 +14,9 @@ finish, the outbox row and the reads the charge needs in one statement);
 ``mark_unknown`` runs in the transaction that recorded
 the job unknown (a claim that found an expired lease, a renewal or a late finish
 that found it expired, the lease sweeper), marking the reservation and the task;
-``committed`` runs after either committed (wake the task's readers).
+``committed`` runs after either committed (wake the task's readers), and
+``commit_then_committed`` commits and does the same in one round trip where it can
+(the wake-up still runs after the COMMIT, in a transaction of its own).
 ``workers.settlement.TaskSettlement`` is the service's; ``NoSettlement`` does nothing.
 """
 
@@ -59,6 +61,12 @@ class Settlement(Protocol):
         """After a transaction that settled or marked the job committed."""
         ...
 
+    def commit_then_committed(self, conn: Connection, job: VerifiedJob) -> bool:
+        """Commit the caller's transaction on ``conn``, then do what ``committed`` does, in one round trip where it
+        can (the service's: the COMMIT and the task's wake-up, ``taskstate.notify.commit_then_notify``). False, with
+        nothing done: the caller commits, then calls ``committed``. A failed COMMIT raises as the commit would."""
+        ...
+
 
 class NoSettlement:
     closes_outbox_row = False
@@ -80,6 +88,9 @@ class NoSettlement:
 
     def committed(self, job: VerifiedJob) -> None:
         return None
+
+    def commit_then_committed(self, conn: Connection, job: VerifiedJob) -> bool:
+        return False
 
 
 class Finisher(Protocol):
@@ -103,6 +114,7 @@ class ClaimFinisher:
         last: Exception | None = None
         for attempt in range(self.attempts):
             try:
+                wake = woken = False
                 with self.engine.begin() as conn:
                     result = self.settlement.finish(conn, job, fencing_token, outcome, worker_id=self.worker_id)
                     if result.outcome == "stale" and result.state == "unknown":
@@ -110,7 +122,10 @@ class ClaimFinisher:
                         self.settlement.mark_unknown(
                             conn, job, fencing_token, "the worker's result arrived after its lease expired"
                         )
-                if result.outcome == "finished" or result.state == "unknown":
+                    wake = result.outcome == "finished" or result.state == "unknown"
+                    if wake:  # the COMMIT and the wake-up after it in one round trip, where the settlement can
+                        woken = self.settlement.commit_then_committed(conn, job)
+                if wake and not woken:
                     self.settlement.committed(job)
                 return result
             except DBAPIError as exc:  # connection lost, server restarting: the commit may or may not have landed

@@ -5,12 +5,14 @@ that serves an A2A task (``taskstate.ids.TaskRef``):
 
 * ``finish`` (one transaction): the claim's fenced finish and, only when it
   was accepted for the first time, in the same statement the job's outbox row
-  closed and the task's hold and the run's journal read; then the task's
-  final state (unless the customer already cancelled it) and the settlement
-  of the task's reservation with what the charge rule (``taskstate.charge``) decides
+  closed, the task locked and read, and the task's hold and the run's journal
+  read; then, in one more statement, the task's final state (unless the customer
+  already cancelled it: then the settlement alone) and the settlement of the task's
+  reservation with what the charge rule (``taskstate.charge``) decides
   from the outcome, the reserved credits, and the job's usage when its executor
   keeps a record of it. A stale worker never gets here: its result is kept in
-  ``job_stale_reports`` and moves no money.
+  ``job_stale_reports`` and moves no money. ``commit_then_committed`` sends the
+  COMMIT and the task's wake-up after it in one round trip.
 * ``mark_unknown`` (the transaction that recorded the claim unknown): the job's
   outbox row is closed (no delivery will run it again: the embedded dispatcher
   closes it so on ``job_outcome_unknown``, and now the Cloud Tasks path does too,
@@ -45,7 +47,7 @@ from core.fragments import Fragment, Statement, compose
 from ledger import operations
 from ledger.errors import ResolutionRefused
 from ledger.limits import LedgerSettings, default_limits
-from taskstate import admitted, charge, claims, outbox
+from taskstate import admitted, charge, claims, outbox, rows
 from taskstate.ids import TaskRef
 from taskstate.updates import TaskEvents
 from workers.auth import VerifiedJob
@@ -86,25 +88,36 @@ class UsageSource(Protocol):
         ...
 
 
-# The claim's fenced finish, and only when it is accepted for the first time the job's outbox row closed, with the
-# task's hold and the executor's record of the job read: one round trip (issue 17: it was four, and a BEGIN). The
-# claim's finish is decided, and its row locked, before the outbox row is touched (``claims.finished_in``), as the
-# lock order says. The record comes back whole, as JSON: this module reads none of its columns.
+# The claim's fenced finish, and only when it is accepted for the first time the job's outbox row closed, the task's
+# rows locked and read (what its final event needs, ``taskstate.rows.lock_fragment``), with the task's hold and the
+# executor's record of the job read: one round trip (issue 17: it was four, and a BEGIN; issue 44: the task's lock
+# was a statement of its own). The lock order holds inside the statement: the claim's finish is decided, and its row
+# locked, before the outbox row is touched (``claims.finished_in``), and the task's rows are read only once the
+# outbox row's update has run to its end (the count of ``closed``, evaluated once before the task is read). The record
+# comes back whole, as JSON: this module reads none of its columns.
 _FINISH_SELECT = """
-    SELECT finish.outcome, finish.state, hold.reservation_id, hold.reserved_credits, {usage} AS usage
-      FROM finish LEFT JOIN hold ON finish.outcome = 'finished'{join}
+    SELECT finish.outcome, finish.state, hold.reservation_id, hold.reserved_credits, {usage} AS usage,
+           locked_task.version AS task_version, locked_task.id AS task_row_id,
+           locked_task.context_id AS task_context_id, locked_task.status AS task_status,
+           locked_task.metadata AS task_metadata
+      FROM finish LEFT JOIN hold ON finish.outcome = 'finished'
+      LEFT JOIN locked_task ON finish.outcome = 'finished'{join}
     """
+_TASK_COLUMNS = {"version": "task_version", "id": "task_row_id", "context_id": "task_context_id",
+                 "status": "task_status", "metadata": "task_metadata"}
 
 
 def _finish_parts() -> dict[str, Any]:
     return {"finish": claims.FINISH.cte("finish", materialized=True),
             "closed": outbox.CLOSE.cte("closed", when=claims.finished_in("finish")),
-            "hold": admitted.HOLD.cte("hold")}
+            "hold": admitted.HOLD.cte("hold"),
+            "locked_task": rows.lock_fragment(with_artifacts=False).cte(
+                "locked_task", when=f"{claims.finished_in('finish')} AND (SELECT count(*) FROM closed) >= 0")}
 
 
 _FINISH_JOB = compose(
     "settlement.finish_job",
-    "WITH {finish}, {closed}, {hold}" + _FINISH_SELECT.format(usage="NULL::jsonb", join=""),
+    "WITH {finish}, {closed}, {hold}, {locked_task}" + _FINISH_SELECT.format(usage="NULL::jsonb", join=""),
     **_finish_parts(),
 )
 
@@ -113,8 +126,17 @@ def finish_statement(source: UsageSource) -> Statement:
     """The finish's statement with ``source``'s record of the job (``executor_usage``) joined in."""
     select = _FINISH_SELECT.format(usage="to_jsonb(executor_usage)",
                                    join=" LEFT JOIN executor_usage ON finish.outcome = 'finished'")
-    return compose(f"settlement.finish_job.{source.name}", "WITH {finish}, {closed}, {hold}, {executor_usage}" + select,
+    return compose(f"settlement.finish_job.{source.name}",
+                   "WITH {finish}, {closed}, {hold}, {locked_task}, {executor_usage}" + select,
                    **_finish_parts(), executor_usage=source.record.cte("executor_usage"))
+
+
+def _locked_task(row: Mapping[str, Any], ref: TaskRef) -> rows.Locked | None:
+    """The task as the finish's statement locked and read it; None: no task of the job's owner."""
+    if row["task_version"] is None:
+        return None
+    return rows.locked_of({column: row[name] for column, name in _TASK_COLUMNS.items()}, ref.owner,
+                          with_artifacts=False)
 
 
 def ledger_reason(reason: str, limits: LedgerSettings) -> str:
@@ -142,31 +164,40 @@ class TaskSettlement:
                                  detail=outcome.as_record(), worker_id=worker_id)
         params = claims.finish_params(job.job_id, fencing_token=fencing_token, outcome=outcome.state,
                                       detail=outcome.as_record(), worker_id=worker_id)
-        [row] = self._finish_job.rows(conn, {**params, "dispatch_id": ref.dispatch_id, "task_id": ref.task_id})
+        [row] = self._finish_job.rows(conn, {**params, "dispatch_id": ref.dispatch_id, "task_id": ref.task_id,
+                                             "owner": ref.owner})
         result = claims.FinishResult(row["outcome"], row["state"])
         if result.outcome == "finished":
             hold = (None if row["reserved_credits"] is None
                     else admitted.Hold(row["reservation_id"], int(row["reserved_credits"])))
             usage = None if self.usage is None else self.usage.usage_of(row["usage"], outcome)
-            self._settle(conn, job, ref, fencing_token, outcome, hold, usage)
+            self._settle(conn, job, ref, fencing_token, outcome, hold, usage, _locked_task(row, ref))
         return result
 
     def _settle(self, conn: Connection, job: VerifiedJob, ref: TaskRef, fencing_token: int, outcome: RunOutcome,
-                hold: admitted.Hold | None, usage: ExecutorUsage | None) -> None:
-        """The rest of the finish's transaction: the task's final state, then the ledger settlement."""
+                hold: admitted.Hold | None, usage: ExecutorUsage | None, locked: rows.Locked | None) -> None:
+        """The rest of the finish's transaction: the task's final state and, in the same statement (one round trip,
+        issue 44), the ledger settlement; the settlement alone when the final state is not written (the customer
+        cancelled the task first)."""
         charged = None
         if hold is not None and hold.reservation_id is not None:
             charged = charge.charged_credits(outcome.state, reserved_credits=hold.reserved_credits,
                                              pricing=charge.FIXED if usage is None else usage.pricing,
                                              usage=charge.NO_USAGE if usage is None else usage.usage)
-        self.tasks.finish(conn, ref, outcome, metadata=self._final_metadata(usage, outcome, hold, charged))
+        metadata = self._final_metadata(usage, outcome, hold, charged)
         if hold is None or hold.reservation_id is None or charged is None:
+            self.tasks.finish(conn, ref, outcome, metadata=metadata, locked=locked)
             return  # a free task (nothing was reserved), or one that goes on
+        reason = ledger_reason(f"job {job.job_id} {outcome.state} (claim {fencing_token})", self.limits)
+        settle = rows.Beside(operations.SETTLE, operations.SETTLED_COLUMNS,
+                             operations.settle_fragment_params(hold.reservation_id, charged, reason, limits=self.limits))
+        final = self.tasks.finish(conn, ref, outcome, metadata=metadata, locked=locked, beside=settle)
         # A refusal raises: the finish rolls back, is retried, and a finish that cannot commit leaves the
         # job to expire into unknown, where an operator sees it. Money is never moved on a guess.
-        operations.settle(conn, hold.reservation_id, charged,
-                          ledger_reason(f"job {job.job_id} {outcome.state} (claim {fencing_token})", self.limits),
-                          limits=self.limits)
+        if final.beside is not None:
+            operations.parse_settled(final.beside, charged=charged)
+        else:
+            operations.settle(conn, hold.reservation_id, charged, reason, limits=self.limits)
         telemetry.annotate(trace.get_current_span(), **{"specialists.credits_settled": charged})
         attributes = {"specialist": job.specialist_id, "outcome": outcome.state}
         telemetry.after_commit(conn, lambda: telemetry.meters.credits_settled.add(charged, attributes))
@@ -197,6 +228,10 @@ class TaskSettlement:
                                     self.operator, limits=self.limits)
         except ResolutionRefused as refused:  # already resolved: its outcome is known, nothing to hold
             log.error("job %s is unknown but its reservation is not open: %s", ref.job_id, refused.message)
+
+    def commit_then_committed(self, conn: Connection, job: VerifiedJob) -> bool:
+        ref = TaskRef.of_payload(job.payload)
+        return ref is not None and self.tasks.commit_then_notify(conn, ref.task_id)
 
     def committed(self, job: VerifiedJob) -> None:
         ref = TaskRef.of_payload(job.payload)

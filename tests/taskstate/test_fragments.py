@@ -68,7 +68,7 @@ def _examples(task: Task, dispatch_id: int) -> dict[str, dict[str, Any]]:
         "idempotency.claim": {"customer_key": "c", "specialist_id": "drill", "idempotency_key": "k2" + task.id,
                               "fingerprint": FINGERPRINT, "task_id": task.id, "key_retention_s": 60.0},
         "journal.run_record": {"job_id": job_id},
-        "settlement.finish_job": {**_finish(job_id), "dispatch_id": dispatch_id, "task_id": task.id},
+        "settlement.finish_job": {**_finish(job_id), "dispatch_id": dispatch_id, "task_id": task.id, "owner": "owner"},
         "claims.finish": _finish(job_id),
         "outbox.enqueue": _outbox_row(task.id),
     }
@@ -114,6 +114,8 @@ def test_every_composed_statement_runs_on_postgresql(engine: Engine):
         assert results["claims.job_claim_first"] == []  # claimed before: the first claim gives way
         assert results["admitted.hold_of"][0].reserved_credits == 0
         assert [tuple(row)[:2] for row in results["settlement.finish_job"]] == [("finished", "finished")]
+        # the accepted finish read its task, locked, in the same statement (version 1: admitted, not yet written)
+        assert [(row.task_row_id, row.task_version) for row in results["settlement.finish_job"]] == [(task.id, 1)]
         assert results["claims.finish"][0].outcome != "finished"  # a claim finishes once
         transaction.rollback()
 

@@ -122,3 +122,41 @@ def test_a_jobs_hot_statements_skip_sqlalchemys_execution_unless_something_watch
         with engine.connect() as conn:
             assert claims.get(conn, job.job_id)["outcome"] == "completed"
             assert rows.read(conn, ref.task_id, "owner").status.state == TaskState.TASK_STATE_COMPLETED
+
+
+def _statements_of(statements: Statements, *needles: str) -> list[str]:
+    return [sql for sql in statements.seen if all(needle in sql for needle in needles)]
+
+
+def test_a_jobs_final_event_and_its_settlement_are_one_statement_after_the_finish_that_locked_the_task(engine):
+    """Issue 44: the finish's statement locks and reads the task (once the claim's finish is accepted and the outbox
+    row closed, the lock order), and the final event's statement settles: two statements where there were four."""
+    ledger = Ledger(engine)
+    job = _dispatched(engine, ledger)
+    with Statements(engine) as statements, statements.watching():
+        _run_job(engine, job)
+    assert len(_statements_of(statements, "job_finish(", "FOR UPDATE OF v, t")) == 1
+    assert len(_statements_of(statements, "INSERT INTO task_events", "ledger_settle(")) == 1
+    assert _statements_of(statements, "FOR UPDATE OF") == _statements_of(statements, "job_finish(")  # no lock alone
+    assert _statements_of(statements, "ledger_settle(") == _statements_of(statements, "INSERT INTO task_events")
+    reservation = ledger.reservation(TaskRef.of_payload(job.payload).task_id)
+    assert (reservation.state, reservation.charged) == ("settled", 2)
+
+
+def test_a_job_whose_task_the_customer_cancelled_is_settled_without_writing_the_task(engine):
+    """The final event is not written over a cancelled task, so the settlement beside it does not run: it runs
+    alone, in the same transaction, and the task keeps its CANCELED state."""
+    ledger = Ledger(engine)
+    job = _dispatched(engine, ledger)
+    ref = TaskRef.of_payload(job.payload)
+    with engine.begin() as conn:
+        assert TaskEvents(engine).resolve(conn, ref, "canceled")  # as the customer's cancel leaves it
+    with Statements(engine) as statements, statements.watching():
+        _run_job(engine, job)
+    assert _statements_of(statements, "INSERT INTO task_events") == []
+    assert len(_statements_of(statements, "ledger_settle(")) == 1
+    reservation = ledger.reservation(ref.task_id)
+    assert (reservation.state, reservation.charged) == ("settled", 2)
+    with engine.connect() as conn:
+        assert rows.read(conn, ref.task_id, "owner").status.state == TaskState.TASK_STATE_CANCELED
+        assert claims.get(conn, job.job_id)["outcome"] == "completed"
