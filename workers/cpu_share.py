@@ -201,6 +201,17 @@ def _libc_prctl() -> Any:
 _PRCTL = _libc_prctl()
 
 
+def libc_madvise() -> Any:
+    """libc's ``madvise(address, length, advice)`` (0, or -1 where the kernel refuses); None where libc has none."""
+    try:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return None
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise.restype = ctypes.c_int
+    return madvise
+
+
 def prctl(option: int, value: int) -> int | None:
     """``prctl(option, value)``'s result (0, or -1 where the kernel refuses); None where libc has no prctl."""
     return None if _PRCTL is None else int(_PRCTL(option, value, 0, 0, 0))

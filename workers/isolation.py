@@ -491,6 +491,53 @@ _SERVER_COMMAND = ("import sys; sys.path[:] = {path!r}; import workers.job_signa
                    "from workers.isolation import _serve; _serve({fd})")
 
 
+_MADV_COLLAPSE = 25  # <linux/mman.h>, Linux 6.1: the range's pages into huge pages now, whatever the THP mode says
+_HUGE_PAGE_SIZE_FILE = "/sys/kernel/mm/transparent_hugepage/hpage_pmd_size"
+
+
+def _heap_ranges(maps: str, huge_bytes: int) -> list[tuple[int, int]]:
+    """The huge-page-aligned parts of each private, writable, anonymous mapping of ``maps`` (``/proc/<pid>/maps``'s
+    text: the interpreter's arenas, malloc's heap and its mmaps), not the stack."""
+    ranges = []
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) < 5 or fields[1][:2] != "rw" or fields[1][3] != "p":
+            continue
+        if len(fields) == 6 and fields[5].strip() != "[heap]":  # a file's mapping, the stack, the vDSO's
+            continue
+        start, end = (int(address, 16) for address in fields[0].split("-"))
+        first, last = -(-start // huge_bytes) * huge_bytes, end // huge_bytes * huge_bytes
+        if last > first:
+            ranges.append((first, last))
+    return ranges
+
+
+def collapse_heap() -> int:
+    """The fork server's heap into transparent huge pages (``MADV_COLLAPSE``), once its preload is done: a fork
+    copies one page-table entry, and an exit drops one, for 2 MiB the job's process never writes, instead of 512
+    (issue 44: fork and exit were most of the 3 ms of CPU that a process of this 80 MB heap costs at the least). A
+    page the job's process writes is copied alone, as before: the kernel splits the huge page's mapping in that
+    process first. Nothing is asked of the mappings made after this (no MADV_HUGEPAGE): a job's own allocations stay
+    in small pages. The bytes collapsed; 0 where the kernel has no huge pages or refuses."""
+    from workers.cpu_share import libc_madvise
+
+    madvise = libc_madvise()
+    try:
+        with open(_HUGE_PAGE_SIZE_FILE) as file:
+            huge_bytes = int(file.read())
+        with open("/proc/self/maps") as file:
+            maps = file.read()
+    except (OSError, ValueError):
+        return 0
+    if madvise is None or huge_bytes <= 0:
+        return 0
+    collapsed = 0
+    for start, end in _heap_ranges(maps, huge_bytes):
+        if madvise(start, end - start, _MADV_COLLAPSE) == 0:  # EINVAL on an older kernel, EAGAIN, ENOMEM: left as is
+            collapsed += end - start
+    return collapsed
+
+
 def _read_signed(fd: int) -> int:
     data = b""
     while len(data) < _SIGNED.size:
@@ -532,6 +579,7 @@ def _serve(fd: int) -> None:
             importlib.import_module(name)
         except ImportError:  # as multiprocessing's forkserver: a job's process that needs it fails, and says why
             pass
+    collapse_heap()
     sock = socket.socket(fileno=fd)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)

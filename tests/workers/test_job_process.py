@@ -303,3 +303,26 @@ def test_a_forkserver_that_dies_is_started_again_by_the_next_job_and_its_job_run
     assert (answer.status_code, answer.json()["code"], answer.json()["outcome"]) == (200, "job_finished", "completed")
     assert forkserver_pid() not in (None, server)
     assert worker.post(worker.body(new_job_id(), [{"op": "complete"}])).json()["outcome"] == "completed"
+
+
+def test_the_forkservers_heap_is_in_huge_pages_where_the_kernel_collapses_them(worker: TestWorker):
+    """After its preload the forkserver collapses its heap into huge pages (``isolation.collapse_heap``), so that each
+    fork and exit handles one page-table entry for 2 MiB of it instead of 512; where the kernel cannot, it forks as
+    before. tests/workers/test_isolation_heap.py shows that a job's process still copies only what it writes."""
+    import subprocess
+    import sys
+
+    from workers.isolation import forkserver_pid
+
+    wait_for("a process forked ahead of the first job", lambda: worker.service.jobs.waiting_pid)
+    server = forkserver_pid()
+    assert server is not None
+    rollup = Path(f"/proc/{server}/smaps_rollup").read_text().splitlines()
+    huge_kb = next(int(line.split()[1]) for line in rollup if line.startswith("AnonHugePages:"))
+    collapses = subprocess.run([sys.executable, "-c", "from workers.isolation import collapse_heap; "
+                                "print(collapse_heap())"], capture_output=True, text=True, check=True).stdout
+    if int(collapses) == 0:  # what the kernel allows, in a process of its own
+        pytest.skip("this kernel does not collapse a heap into huge pages on demand (MADV_COLLAPSE, Linux 6.1)")
+    assert huge_kb >= 2048
+    answer = worker.post(worker.body(new_job_id(), [{"op": "complete"}]))
+    assert (answer.status_code, answer.json()["outcome"]) == (200, "completed")
