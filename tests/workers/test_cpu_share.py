@@ -315,6 +315,53 @@ def test_a_new_job_group_keeps_the_kernels_default_weight_and_one_left_by_an_ear
                 directory.rmdir()
 
 
+def test_a_customers_group_made_by_its_job_keeps_one_customers_weight_unread_and_every_other_share_is_set(
+        monkeypatch: pytest.MonkeyPatch):
+    """The job that makes its customer's group leaves it at the kernel's default weight, one customer's, without
+    reading its jobs' weights (``Cgroup.share_customer``); a second job of the customer, entering the group it found,
+    sets the share (still one customer's); a job lighter than one customer, in a group it made, sets it to its own
+    weight. Real processes, real cgroups."""
+    if not _cgroup_creatable():
+        pytest.skip("no CPU cgroup can be made here")
+    import subprocess
+    import sys
+
+    shared: list[Path] = []
+    share_customer = cpu_share.Cgroup.share_customer
+
+    def counted(self: cpu_share.Cgroup) -> None:
+        shared.append(self.path)
+        share_customer(self)
+
+    monkeypatch.setattr(cpu_share.Cgroup, "share_customer", counted)
+    acme, light = f"acme-{secrets.token_hex(4)}", f"light-{secrets.token_hex(4)}"
+    processes = [subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+                 for _ in range(3)]
+    entered: list[tuple[cpu_share.Cgroup, int]] = []
+    try:
+        first = cpu_share.enter_cgroup(processes[0].pid, 100, acme)
+        assert first is not None
+        entered.append((first, processes[0].pid))
+        one_customer = _weight_value(first.customer, 100)
+        assert shared == [] and _weight_file(first.customer).read_text().strip() == one_customer
+        second = cpu_share.enter_cgroup(processes[1].pid, 100, acme)
+        assert second is not None
+        entered.append((second, processes[1].pid))
+        assert shared == [second.path] and _weight_file(second.customer).read_text().strip() == one_customer
+        lighter = cpu_share.enter_cgroup(processes[2].pid, 40, light, 100)
+        assert lighter is not None
+        entered.append((lighter, processes[2].pid))
+        assert shared[-1] == lighter.path
+        assert _weight_file(lighter.customer).read_text().strip() == _weight_value(lighter.customer, 40)
+    finally:
+        for group, pid in reversed(entered):
+            cpu_share.leave_cgroup(group, pid)
+        for process in processes:
+            process.kill()
+            process.wait()
+    assert not any(group.customer.exists() for group, _ in entered)
+
+
 def test_jobs_of_one_customer_entering_and_leaving_at_once_each_get_their_group_and_leave_none_behind():
     """Creation races with removal: one job's leave removes its customer's group while another job of the customer
     makes its own in it; the second makes the group again. Real processes, real cgroups, two threads at once."""
