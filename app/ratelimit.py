@@ -40,7 +40,13 @@ _COUNT = text(
     """
 )
 _COUNT_SQL = db.compiled_for_psycopg(_COUNT)
-_PRUNE = text("DELETE FROM edge_rate_windows WHERE window_start < now() - make_interval(secs => :keep_s)")
+# On the autocommit pool as every statement of this module (``core.db.autocommit_rows``, which reads rows back: the
+# count of windows dropped). Through ``engine.connect()`` it would need a connection of the pool's own, and those
+# ``autocommit_rows`` keeps may be all of them (``core.db.StatementPool``).
+_PRUNE_SQL = db.compiled_for_psycopg(text(
+    "WITH dropped AS (DELETE FROM edge_rate_windows WHERE window_start < now() - make_interval(secs => :keep_s) "
+    "RETURNING 1) SELECT count(*) FROM dropped"
+))
 
 
 class RateLimiter:
@@ -85,7 +91,12 @@ class RateLimiter:
         while True:
             await asyncio.sleep(window_s)
             try:
-                async with self.engine.connect() as conn:
-                    await conn.execute(_PRUNE, {"keep_s": 2 * window_s})
+                await self.prune()
             except Exception as exc:
                 log.warning("could not prune rate-limit windows (%s)", type(exc).__name__)
+
+    async def prune(self) -> int:
+        """Drop the windows that ended more than a window ago (older than two window lengths); how many."""
+        [(dropped,)] = await db.autocommit_rows(self.engine, _PRUNE_SQL,
+                                                {"keep_s": 2 * self.settings.edge.rate_limit_window_s})
+        return int(dropped)

@@ -66,3 +66,29 @@ async def test_anonymous_callers_are_counted_per_address(async_engine, settings)
     with pytest.raises(RateLimited, match="SPECIALISTS_RATE_LIMIT_ANONYMOUS_PER_ADDRESS"):
         await limiter.check(caller(address="10.0.0.9"))
     await limiter.check(caller(address="192.0.2.77"))  # another address is not affected
+
+
+async def test_windows_are_pruned_on_the_pool_of_single_statements_even_when_it_keeps_every_connection(
+    database_url, settings
+):
+    """The pruner's statement is a single statement like the count's (``core.db.autocommit_rows``): with a pool of one
+    connection and no overflow, kept by the count, it still runs, and drops the windows that ended a window ago."""
+    one = settings.model_copy(update={
+        "database": settings.database.model_copy(update={"pool_size": 1, "max_overflow": 0}),
+        "edge": settings.edge.model_copy(update={"rate_limit_window_s": private_window_s()}),
+    })
+    engine = db.make_async_engine(database_url, one, autocommit=True)
+    try:
+        limiter = RateLimiter(engine, one)
+        await limiter.check(caller(f"key_{uuid.uuid4().hex[:8]}"))
+        assert len(engine.sync_engine.pool.kept) == 1  # the pool's only connection, kept by the count
+        old = f"key:old_{uuid.uuid4().hex[:8]}"
+        await db.autocommit_rows(engine, "INSERT INTO edge_rate_windows (bucket, window_start, requests) "
+                                 "VALUES (%(b)s, now() - make_interval(secs => %(age)s), 1) RETURNING 1",
+                                 {"b": old, "age": 3 * one.edge.rate_limit_window_s})
+        assert await limiter.prune() >= 1
+        [(left,)] = await db.autocommit_rows(engine, "SELECT count(*) FROM edge_rate_windows WHERE bucket = %(b)s",
+                                             {"b": old})
+        assert left == 0
+    finally:
+        await engine.dispose()
