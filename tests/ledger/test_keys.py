@@ -270,3 +270,37 @@ def test_a_key_issued_before_the_environment_was_signed_verifies_until_it_expire
             assert "key_form" in human.stdout and keys.FORM_ENV_UNSIGNED in human.stdout
         finally:
             engine.dispose()
+
+
+@pytest.mark.anyio
+async def test_the_edges_verifier_checks_a_keys_signature_once_and_its_expiry_and_revocation_at_every_request(
+    engine, database_url, settings
+):
+    """``AsyncKeyVerifier`` keeps a key that passed its signature check (issue 44): the next request with it is not
+    unsigned again, and is still refused once the key expired or was revoked."""
+    from core import db
+
+    signer = keys.KeySigner([SECRET_A], "test")
+    issued = issue(engine, signer, ttl=timedelta(days=1))
+    checks = []
+    check = signer.check
+    signer.check = lambda key, **kw: checks.append(key) or check(key, **kw)  # type: ignore[method-assign]
+    async_engine = db.make_async_engine(database_url, settings)
+    try:
+        verifier = keys.AsyncKeyVerifier(signer, async_engine, revocation_cache_s=0)
+        for _ in range(3):
+            assert (await verifier.verify(issued.token)).key_id == issued.identity.key_id
+        assert checks == [issued.token]
+        with pytest.raises(keys.KeyRefused) as expired:
+            await verifier.verify(issued.token, now=datetime.now(timezone.utc) + timedelta(days=2))
+        assert expired.value.code == keys.EXPIRED
+        with pytest.raises(keys.KeyRefused) as tampered:  # another text is checked, and refused, as before
+            await verifier.verify(issued.token[:-2] + ("AA" if not issued.token.endswith("AA") else "BB"))
+        assert tampered.value.code == keys.TAMPERED
+        keys.revoke_key(engine, issued.identity.key_id, reason="test", operator="test")
+        with pytest.raises(keys.KeyRefused) as revoked:
+            await verifier.verify(issued.token)
+        assert revoked.value.code == keys.REVOKED
+        assert checks.count(issued.token) == 1
+    finally:
+        await async_engine.dispose()
