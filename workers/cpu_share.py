@@ -69,6 +69,7 @@ log = logging.getLogger(__name__)
 
 ShareMechanism = Literal["cgroup2", "cgroup1", "nice", "off"]
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+_CGROUP_ROOT_TEXT = str(CGROUP_ROOT)
 _V2_CONTROLLERS = str(CGROUP_ROOT / "cgroup.controllers")  # there only where the root is a cgroup v2 hierarchy
 CGROUP_PREFIX = "specialists-job-"
 CUSTOMER_PREFIX = "specialists-customer-"
@@ -151,7 +152,8 @@ def customer_nice(jobs: int) -> int:
 # --- the count ------------------------------------------------------------------------------------
 
 
-# The count's reads use ``open`` on strings, not pathlib: a job's process reads its count as its job starts and ends.
+# The count's reads use the os module's calls on strings, not pathlib or text files: a job's process reads its count
+# as its job starts and ends, and the first use of those in a fresh fork copies pages of the fork server's heap.
 def _stat_fields(pid: int | str) -> list[str] | None:
     try:
         with open(f"/proc/{pid}/stat") as file:
@@ -169,11 +171,9 @@ def _children(pid: int) -> list[int]:
     except OSError:
         return found
     for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as file:
-                found.extend(int(child) for child in file.read().split())
-        except OSError:  # the thread has ended
-            continue
+        listed = _read_small(f"/proc/{pid}/task/{task}/children")
+        if listed is not None:  # None: the thread has ended
+            found.extend(int(child) for child in listed.split())
     return found
 
 
@@ -276,7 +276,7 @@ class Cgroup:
         return _weight_value(weight, self.version)
 
     def set_weight(self, weight: int) -> None:
-        self.weight_file.write_text(str(self.weight_value(weight)))
+        _write(str(self.weight_file), str(self.weight_value(weight)))
 
     def share_customer(self) -> None:
         """Set the customer's group to the least of one customer's weight and its jobs' weights together: n fresh
@@ -305,14 +305,17 @@ class Cgroup:
     def usage_s(self) -> float | None:
         """CPU seconds of every process that has been in the cgroup (v2's ``cpu.stat`` usage_usec; v1's
         ``cpuacct.usage`` where cpuacct is mounted with cpu); None where the cgroup does not count them."""
+        path = str(self.path)
         try:
             if self.version == 2:
-                for line in (self.path / "cpu.stat").read_text().splitlines():
-                    key, _, value = line.partition(" ")
-                    if key == "usage_usec":
+                for line in _read_or_raise(f"{path}/cpu.stat").splitlines():
+                    key, _, value = line.partition(b" ")
+                    if key == b"usage_usec":
                         return int(value) / 1e6
                 return None
-            return int((self.path / "cpuacct.usage").read_text()) / 1e9
+            if "cpuacct" not in path[len(_CGROUP_ROOT_TEXT) + 1:].partition("/")[0].split(","):
+                return None  # a v1 hierarchy of cpu without cpuacct: nothing to read (its open failed at every job)
+            return int(_read_or_raise(f"{path}/cpuacct.usage")) / 1e9
         except (OSError, ValueError):
             return None
 
@@ -354,6 +357,28 @@ def _read_small(path: str) -> bytes | None:
         return b"".join(chunks)
     except OSError:
         return None
+    finally:
+        os.close(descriptor)
+
+
+def _read_or_raise(path: str) -> bytes:
+    """A small file of /sys or /proc read whole with the os module's calls; OSError as open's."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while chunk := os.read(descriptor, 4096):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(descriptor)
+
+
+def _write(path: str, text: str) -> None:
+    """``text`` written to a control file of a cgroup in one write, with the os module's calls; OSError as the
+    kernel says it (EBUSY, ENOENT, EACCES)."""
+    descriptor = os.open(path, os.O_WRONLY)
+    try:
+        os.write(descriptor, text.encode())
     finally:
         os.close(descriptor)
 
@@ -406,24 +431,27 @@ def _sweep(home: Path) -> None:
 
 def _enter(version: Literal[2, 1], home: Path, customer: str, pid: int, weight: int, customer_weight: int) -> Cgroup:
     """One attempt: the customer's group (made if it is not there), the job's in it, ``pid`` moved in. Raises
-    FileNotFoundError when the customer's group was removed between the two mkdirs."""
-    customer_dir = home / f"{CUSTOMER_PREFIX}{customer_hash(customer)}"
+    FileNotFoundError when the customer's group was removed between the two mkdirs. Paths as text and the os
+    module's calls: pathlib's objects and text files cost a job's process 0.3-0.5 ms here (issue 44), most of it in
+    the pages of the fork server's heap that their first use in a fresh fork copies."""
+    customer_dir = f"{home}/{CUSTOMER_PREFIX}{customer_hash(customer)}"
     try:
-        customer_dir.mkdir()
+        os.mkdir(customer_dir)
         made_customer = True
     except FileExistsError:
         made_customer = False
-    if version == 2 and "cpu" not in (customer_dir / "cgroup.subtree_control").read_text().split():
-        (customer_dir / "cgroup.subtree_control").write_text("+cpu")
-    group = Cgroup(customer_dir / f"{CGROUP_PREFIX}{pid}", version, customer_weight)
+    if version == 2 and b"cpu" not in (_read_or_raise(f"{customer_dir}/cgroup.subtree_control")).split():
+        _write(f"{customer_dir}/cgroup.subtree_control", "+cpu")
+    job_dir = f"{customer_dir}/{CGROUP_PREFIX}{pid}"
+    group = Cgroup(Path(job_dir), version, customer_weight)
     try:
-        group.path.mkdir()  # from here the customer's group is not empty: no rmdir removes it
+        os.mkdir(job_dir)  # from here the customer's group is not empty: no rmdir removes it
         made = True
     except FileExistsError:  # left by an earlier process of this pid (its weight may be a demoted job's)
         made = False
     if not made or group.weight_value(weight) != KERNEL_DEFAULT_WEIGHT[version]:  # a new group has the default
         group.set_weight(weight)
-    (group.path / "cgroup.procs").write_text(str(pid))
+    _write(f"{job_dir}/cgroup.procs", str(pid))
     # A customer's group this job made holds the kernel's default weight, which is one customer's when the job weighs
     # at least that: its share is right as it is, and reading its jobs' weights to say so cost a job 0.2-0.4 ms (issue
     # 44). Any other job of the customer entered it after this one made it, so it is fresh too, or sets the share
@@ -441,10 +469,10 @@ def enter_cgroup(pid: int, weight: int, customer: str = NO_CUSTOMER, customer_we
     for version, home in _own_cgroup_dirs():
         try:
             if version == 2:
-                if "cpu" not in (home / "cgroup.controllers").read_text().split():
+                if b"cpu" not in _read_or_raise(f"{home}/cgroup.controllers").split():
                     continue
-                if "cpu" not in (home / "cgroup.subtree_control").read_text().split():
-                    (home / "cgroup.subtree_control").write_text("+cpu")
+                if b"cpu" not in _read_or_raise(f"{home}/cgroup.subtree_control").split():
+                    _write(f"{home}/cgroup.subtree_control", "+cpu")
             _sweep(home)
             for attempt in range(1, ENTER_ATTEMPTS + 1):
                 try:
@@ -461,15 +489,17 @@ def enter_cgroup(pid: int, weight: int, customer: str = NO_CUSTOMER, customer_we
 def leave_cgroup(group: Cgroup, pid: int) -> None:
     """Move ``pid`` back to the worker's cgroup and remove the job's cgroup if nothing is left in it, then its
     customer's if no other job is in that."""
+    job_dir = str(group.path)
+    customer_dir = os.path.dirname(job_dir)
     try:
-        (group.home / "cgroup.procs").write_text(str(pid))
-        group.path.rmdir()
+        _write(f"{os.path.dirname(customer_dir)}/cgroup.procs", str(pid))
+        os.rmdir(job_dir)
     except OSError as exc:
         if exc.errno != errno.EBUSY:  # EBUSY: a process it started lives on; the next job's sweep removes it
             log.debug("the job's cgroup %s stays (%s)", group.path, exc)
         return
     try:
-        group.customer.rmdir()
+        os.rmdir(customer_dir)
     except OSError:  # another job of the customer is in it (EBUSY; its share is now theirs), or it is gone
         group.share_customer()
 
