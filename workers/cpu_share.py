@@ -12,8 +12,9 @@ every ``SPECIALISTS_WORKER_JOB_CPU_POLL_S``, more often as the cap nears, the fi
   worker's: ``specialists-customer-<hash of the customer id>/specialists-job-<pid>`` (v2: ``cpu.weight``; v1:
   ``cpu.shares``, 10.24 times it), and what it starts is born there: a job of eight Monty processes weighs what a
   job of one does. The job's group starts at ``SPECIALISTS_WORKER_JOB_CPU_WEIGHT``; its customer's is the least of
-  that one weight and its jobs' weights together (``Cgroup.share_customer``, set by each job as it enters, at its
-  demotion, at each read of its meter and as it leaves), so that three jobs of one customer weigh what the next
+  that one weight and its jobs' weights together (``Cgroup.share_customer``, set by each job as it enters, but the
+  job that made it, whose new group holds one customer's weight already, at its demotion, at each read of its meter
+  and as it leaves), so that three jobs of one customer weigh what the next
   customer's one job does. Customer groups are made on demand and removed by their last job (or the next job's
   sweep); a customer id never appears in a path, only its hash. Past ``SPECIALISTS_WORKER_JOB_CPU_DEMOTE_AFTER_S``
   CPU seconds the job is *demoted*: its weight drops to ``SPECIALISTS_WORKER_JOB_CPU_DEMOTED_WEIGHT``, inside its
@@ -280,8 +281,8 @@ class Cgroup:
 
     def share_customer(self) -> None:
         """Set the customer's group to the least of one customer's weight and its jobs' weights together: n fresh
-        jobs weigh one customer, n demoted ones what they weigh. Each of the customer's jobs sets it as it enters,
-        at its demotion, at every read of its meter and as it leaves, so a value two of them raced on (one read
+        jobs weigh one customer, n demoted ones what they weigh. Each of the customer's jobs sets it as it enters
+        (but the one that made the group: ``_enter``), at its demotion, at every read of its meter and as it leaves, so a value two of them raced on (one read
         the jobs before another's group was made) is set right at the next read. A group gone meanwhile (its last
         job left) is left gone."""
         weight_name = self.weight_file.name
