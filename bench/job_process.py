@@ -17,9 +17,10 @@ one after the other, each waited for to its end (its process has exited).
             Beside it, the same from multiprocessing's forkserver (same preload, a process of its own started for
             it), launched as a job's process was before: its start's cost above the fork, in the same run.
   floor     the kernel's part alone: ``os.fork()`` and ``os._exit(0)`` of an interpreter that imported the same
-            ``PRELOAD`` and froze its collector as the fork server does (a process of its own, started for it),
-            the parent's and the child's CPU. Copying the page tables of a heap this size, and tearing them down
-            at the exit, is what one process per job costs at the least.
+            ``PRELOAD``, froze its collector and collapsed its heap into huge pages as the fork server does (a
+            process of its own, started for it), the parent's and the child's CPU. Copying the page tables of a
+            heap this size, and tearing them down at the exit, is what one process per job costs at the least.
+            Beside it, the same heap in small pages (the fork server's before issue 44's ``collapse_heap``).
 
 ``--rlm`` serves the project's rlm specs too (the checkpoint key set, the demo's scripted model routes), as
 ``specialists serve`` does on one machine: the runner build then includes the RlmRunner. ``--profile``
@@ -177,7 +178,8 @@ def _mp_forkserver_pid() -> int:
     return forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
 
 
-# Run as ``python -c FLOOR_PROBE COUNT``: the preload imported, the collector frozen, then COUNT forks that only exit;
+# Run as ``python -c FLOOR_PROBE COUNT HUGE``: the preload imported, the collector frozen, the heap collapsed into
+# huge pages as the fork server's is if HUGE is 1 (``isolation.collapse_heap``), then COUNT forks that only exit;
 # prints the child's and the parent's CPU ms per fork.
 FLOOR_PROBE = """
 import gc, importlib, os, resource, sys
@@ -186,6 +188,8 @@ for name in isolation.PRELOAD[:-1]:  # not job_template: it builds nothing outsi
     importlib.import_module(name)
 gc.collect()
 gc.freeze()
+if sys.argv[2] == "1" and hasattr(isolation, "collapse_heap"):
+    isolation.collapse_heap()
 count = int(sys.argv[1])
 def cpu(who):
     usage = resource.getrusage(who)
@@ -200,11 +204,11 @@ print(1000 * (cpu(resource.RUSAGE_CHILDREN) - children) / count, 1000 * (cpu(res
 """
 
 
-def fork_floor(count: int) -> dict[str, float]:
+def fork_floor(count: int, huge: bool = True) -> dict[str, float]:
     import subprocess
 
     started = time.perf_counter()
-    printed = subprocess.run([sys.executable, "-c", FLOOR_PROBE, str(count)], cwd=ROOT, check=True,
+    printed = subprocess.run([sys.executable, "-c", FLOOR_PROBE, str(count), "1" if huge else "0"], cwd=ROOT, check=True,
                              capture_output=True, text=True).stdout.split()
     child, parent = (float(value) for value in printed)
     return {"processes": child + parent, "worker": 0.0, "wall": 1000 * (time.perf_counter() - started) / count,
@@ -299,6 +303,7 @@ def main() -> None:
         finally:
             jobs.close()
         floor = fork_floor(args.jobs)
+        small_floor = fork_floor(args.jobs, huge=False)
         if let_go is not None:  # its profile (written as it exits, at the close) is no job's
             (profile_dir / f"job-{let_go}.prof").unlink(missing_ok=True)
     finally:
@@ -307,7 +312,8 @@ def main() -> None:
           f"{os.cpu_count()} CPUs, load average {load_before[0]:.2f} before and {os.getloadavg()[0]:.2f} after")
     print(f"{'run':<34}{'processes ms':>14}{'worker ms':>11}{'wall ms':>9}{'faults':>8}   (per job)")
     for label, figures in (("no-op job (spare, build, run, exit)", job), ("bare fork of the fork server", bare),
-                           ("  the same, multiprocessing's", mp_bare), ("floor: fork + _exit, same heap", floor)):
+                           ("  the same, multiprocessing's", mp_bare), ("floor: fork + _exit, same heap", floor),
+                           ("  the same without huge pages", small_floor)):
         print(f"{label:<34}{figures['processes']:>14.1f}{figures['worker']:>11.1f}{figures['wall']:>9.1f}"
               f"{figures['faults']:>8.0f}")
     print(f"the job's process costs {job['processes'] - bare['processes']:.1f} ms of CPU above a bare fork's "
