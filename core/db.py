@@ -382,7 +382,7 @@ def hot_rows(conn: Connection, statement: ClauseElement, params: Mapping[str, An
     engine's statements (telemetry's statement spans, a test's hook: ``before_cursor_execute``,
     ``after_cursor_execute``) they run through SQLAlchemy, so that every one is seen. A failure is SQLAlchemy's as
     ``conn.execute`` would raise it (``connection_invalidated`` when the connection broke, which is discarded)."""
-    driver = _hot_driver(conn)
+    driver = hot_driver(conn)
     if driver is None:
         result = conn.execute(statement, params)
         return list(result.mappings()) if result.returns_rows else []
@@ -392,14 +392,14 @@ def hot_rows(conn: Connection, statement: ClauseElement, params: Mapping[str, An
 def hot_driver_sql_rows(conn: Connection, sql: str, params: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """``hot_rows`` for SQL already in psycopg's form (``%(name)s``), as ``conn.exec_driver_sql`` takes it: the
     ledger's calls (``ledger.statements``), a job's settlement among them."""
-    driver = _hot_driver(conn)
+    driver = hot_driver(conn)
     if driver is None:
         result = conn.exec_driver_sql(sql, dict(params))
         return list(result.mappings()) if result.returns_rows else []
     return _driver_execute(conn, driver, sql, params)
 
 
-def _hot_driver(conn: Connection) -> psycopg.Connection[Any] | None:
+def hot_driver(conn: Connection) -> psycopg.Connection[Any] | None:
     """The psycopg connection a hot statement runs on, or None when it must go through SQLAlchemy (see
     ``hot_rows``)."""
     driver = conn.connection.driver_connection

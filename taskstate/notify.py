@@ -260,7 +260,7 @@ def commit_then_notify(conn: Connection, task_id: str, *, push: bool = False) ->
     would (``connection_invalidated`` when the connection broke, which is discarded): the transaction may or may not
     have committed, as for any commit. A failed notification after a COMMIT that succeeded is logged and dropped
     (best effort: the readers also poll)."""
-    driver = db._hot_driver(conn)  # core.db's own test for a hot statement: on the driver, or not at all
+    driver = db.hot_driver(conn)  # core.db's own test for a hot statement: on the driver, or not at all
     if driver is None or driver.autocommit or not conn.in_transaction():
         return False
     if push:

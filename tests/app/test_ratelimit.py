@@ -117,10 +117,17 @@ class GatedStatements:
         monkeypatch.setattr(db, "autocommit_rows", recorded)
 
 
+UNTIL_YIELDS = 100_000  # far more turns of the loop than any of these states needs: a state that never comes fails
+
+
 async def until(condition) -> None:
-    """Wait for an observable state of the limiter, by yielding to the loop (no timer)."""
-    while not condition():
+    """Wait for an observable state of the limiter, by yielding to the loop (no timer); fail, saying so, if it has not
+    come after ``UNTIL_YIELDS`` turns."""
+    for _ in range(UNTIL_YIELDS):
+        if condition():
+            return
         await asyncio.sleep(0)
+    raise AssertionError(f"the limiter never reached the state awaited ({UNTIL_YIELDS} turns of the loop)")
 
 
 def limited(settings, **edge):

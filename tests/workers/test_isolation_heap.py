@@ -55,12 +55,13 @@ address = ctypes.addressof(ctypes.c_char.from_buffer(region)) + (4 << 20)
 collapsed = collapse_heap()
 parent = smaps_of(os.getpid(), address)
 read, write = os.pipe()
+hold_r, hold_w = os.pipe()  # the parent's end open: the child lives until it is killed, or its parent is gone
 pid = os.fork()
 if pid == 0:
+    os.close(hold_w)
     region[4 << 20] = ord("y")  # one byte of a huge page the parent shares
     os.write(write, b".")
-    import time
-    time.sleep(30)  # killed by the parent once it has read its smaps
+    os.read(hold_r, 1)  # killed by the parent once it has read its smaps (EOF if the parent died first)
     os._exit(0)
 os.read(read, 1)
 child = smaps_of(pid, address)
