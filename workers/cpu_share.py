@@ -1,10 +1,12 @@
 """A job's CPU: its share of the worker's cores, its cap, and its count (issue 41 §2).
 
-A job's process (``workers.isolation``) calls ``JobCpu.start`` once its job has come, ``JobCpu.judged`` on its
-outcome, and ``JobCpu.leave`` once it has sent it. In between the job process's watching thread (the one that also
-hears the worker's words on the job's control pipe) calls ``JobCpu.tick``, which reads the CPU time of the job's
-processes together (the job's process, its threads, and what it started: Monty's processes are in its process group)
-every ``SPECIALISTS_WORKER_JOB_CPU_POLL_S``, more often as the cap nears, the first time a poll after the start, and:
+A job's process (``workers.isolation``) calls ``JobCpu.start`` once its job has come and ``JobCpu.judged`` on its
+outcome, and exits: its exit takes it out of its cgroup, and its worker removes the group once it knows the process
+has exited (``JobGroups``, from ``isolation.ProcessJobs``). In between the job process's watching thread (the one
+that also hears the worker's words on the job's control pipe) calls ``JobCpu.tick``, which reads the CPU time of the
+job's processes together (the job's process, its threads, and what it started: Monty's processes are in its process
+group) every ``SPECIALISTS_WORKER_JOB_CPU_POLL_S``, more often as the cap nears, the first time a poll after the
+start, and:
 
 * **shares**, per customer, then per job: a customer's jobs on this worker together weigh what one customer's job
   would (its customer is its signed payload's owner, ``customer_of``). Where the worker may make cgroups
@@ -13,11 +15,14 @@ every ``SPECIALISTS_WORKER_JOB_CPU_POLL_S``, more often as the cap nears, the fi
   ``cpu.shares``, 10.24 times it), and what it starts is born there: a job of eight Monty processes weighs what a
   job of one does. The job's group starts at ``SPECIALISTS_WORKER_JOB_CPU_WEIGHT``; its customer's is the least of
   that one weight and its jobs' weights together (``Cgroup.share_customer``, set by each job as it enters, but the
-  job that made it, whose new group holds one customer's weight already, at its demotion, at each read of its meter
-  and as it leaves), so that three jobs of one customer weigh what the next
-  customer's one job does. Customer groups are made on demand and removed by their last job (or the next job's
-  sweep); a customer id never appears in a path, only its hash. Past ``SPECIALISTS_WORKER_JOB_CPU_DEMOTE_AFTER_S``
-  CPU seconds the job is *demoted*: its weight drops to ``SPECIALISTS_WORKER_JOB_CPU_DEMOTED_WEIGHT``, inside its
+  job that made it, whose new group holds one customer's weight already, at its demotion, at each read of its meter,
+  and by the worker as each of its jobs ends), so that three jobs of one customer weigh what the next
+  customer's one job does. Customer groups are made on demand by their first job and removed by the worker once
+  their last job's process has exited (``JobGroups.ended``); what no worker removed (a worker that died with its
+  jobs, a job whose processes outlived it) goes at a worker's next sweep: as it starts, and after every
+  ``SWEEP_EVERY_JOBS`` ended jobs. A customer id never appears in a path, only its hash. Past
+  ``SPECIALISTS_WORKER_JOB_CPU_DEMOTE_AFTER_S`` CPU seconds the job is *demoted*: its weight drops to
+  ``SPECIALISTS_WORKER_JOB_CPU_DEMOTED_WEIGHT``, inside its
   customer (the customer's other, fresh jobs go first) and so across customers (a customer of demoted jobs only
   weighs what they do together). Without cgroups (or ``job_cpu_share=nice``) the share is a nice value for every
   thread of the job's process group (their children inherit it): the worker tells each job's process how many
@@ -76,9 +81,12 @@ CGROUP_PREFIX = "specialists-job-"
 CUSTOMER_PREFIX = "specialists-customer-"
 CUSTOMER_HASH_CHARS = 16  # of the customer id's sha256, in hex: its group's name, never the id itself
 NO_CUSTOMER = ""  # a raw job's (a test's, naming no owner): all such jobs are one customer
-# A customer's group removed (by its last job, or a sweep) between a job's making it and making its own group in it:
-# made again, this many times at most.
+# A customer's group removed (by the worker as its last job ended, or a sweep) between a job's making it and making its
+# own group in it: made again, this many times at most.
 ENTER_ATTEMPTS = 5
+# A worker sweeps the groups no worker removed as it starts and after this many of its jobs ended (``JobGroups``): the
+# sweep reads every customer's group, so not at every job (issue 44: 0.27 ms of each job's process when it did).
+SWEEP_EVERY_JOBS = 100
 NICE_WEIGHT_RATIO = 1.25  # the kernel's: each nice step weighs about 1.25 times less (sched_prio_to_weight)
 MAX_NICE = 19
 MIN_POLL_S = 0.01  # the meter's shortest sleep, near the cap
@@ -86,6 +94,9 @@ V1_SHARES_PER_WEIGHT = 1024 / 100  # cgroup v1's default cpu.shares over v2's de
 V1_MIN_SHARES = 2
 KERNEL_DEFAULT_WEIGHT = {2: 100, 1: 1024}  # a new cgroup's cpu.weight (v2) and cpu.shares (v1), as the kernel sets them
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+# The worker's cores, read once (in the forkserver, for every job's process): os.cpu_count() opens and reads
+# /sys/devices/system/cpu/online at each call, and the meter's wait asks at each poll.
+CORES = os.cpu_count() or 1
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 CPU_EXCEEDED = "job_cpu_exceeded"
 
@@ -243,8 +254,12 @@ def group_cpu_s() -> float:
 # --- the share ------------------------------------------------------------------------------------
 
 
+def _weight_name(version: Literal[2, 1]) -> str:
+    return "cpu.weight" if version == 2 else "cpu.shares"
+
+
 def _weight_file(group: Path, version: Literal[2, 1]) -> Path:
-    return group / ("cpu.weight" if version == 2 else "cpu.shares")
+    return group / _weight_name(version)
 
 
 def _weight_value(weight: int, version: Literal[2, 1]) -> int:
@@ -266,7 +281,7 @@ class Cgroup:
 
     @property
     def home(self) -> Path:
-        """The worker's cgroup, where the job's process came from and goes back to."""
+        """The worker's cgroup, where the job's process came from."""
         return self.path.parent.parent
 
     @property
@@ -282,26 +297,30 @@ class Cgroup:
     def share_customer(self) -> None:
         """Set the customer's group to the least of one customer's weight and its jobs' weights together: n fresh
         jobs weigh one customer, n demoted ones what they weigh. Each of the customer's jobs sets it as it enters
-        (but the one that made the group: ``_enter``), at its demotion, at every read of its meter and as it leaves, so a value two of them raced on (one read
-        the jobs before another's group was made) is set right at the next read. A group gone meanwhile (its last
-        job left) is left gone."""
-        weight_name = self.weight_file.name
+        (but the one that made the group: ``_enter``), at its demotion and at every read of its meter, and the
+        worker as each of them ends (``remove_cgroup``), so a value two of them raced on (one read the jobs before
+        another's group was made) is set right at the next read. A group gone meanwhile (its last job ended) is
+        left gone. The os module's calls on text paths, not pathlib: the worker calls it as jobs end, and a job's
+        process as it enters a customer's group another job made (issue 44)."""
+        weight_name = _weight_name(self.version)
+        customer = os.path.dirname(str(self.path))
         try:
-            jobs = [entry for entry in self.customer.iterdir() if entry.name.startswith(CGROUP_PREFIX)]
+            with os.scandir(customer) as entries:
+                jobs = [entry.path for entry in entries if entry.name.startswith(CGROUP_PREFIX)]
             values: list[int] = []
             for job in jobs:
                 try:
-                    values.append(int((job / weight_name).read_text()))
+                    values.append(int(_read_or_raise(f"{job}/{weight_name}")))
                 except (OSError, ValueError):  # removed meanwhile
                     continue
             if not values:
                 return
             target = min(self.weight_value(self.customer_weight), sum(values))
-            file = self.customer / weight_name
-            if int(file.read_text()) != target:
-                file.write_text(str(target))
+            file = f"{customer}/{weight_name}"
+            if int(_read_or_raise(file)) != target:
+                _write(file, str(target))
         except (OSError, ValueError) as exc:
-            log.debug("the customer group %s keeps its weight (%s)", self.customer, exc)
+            log.debug("the customer group %s keeps its weight (%s)", customer, exc)
 
     def usage_s(self) -> float | None:
         """CPU seconds of every process that has been in the cgroup (v2's ``cpu.stat`` usage_usec; v1's
@@ -389,9 +408,10 @@ _own_cgroup_dirs()  # as this module is imported: in the forkserver, for every j
 
 
 def _sweep_jobs(parent: str) -> bool:
-    """Remove the empty cgroups of jobs gone before (a job's process cannot remove its own while its children
-    live); a cgroup still in use refuses (EBUSY) and stays, and one whose job's process lives is left alone (it may
-    have made its cgroup and not yet moved in). True when a job's cgroup stays in ``parent``."""
+    """Remove the empty cgroups of jobs gone before that no worker removed (their worker died with them, or their
+    processes outlived them: ``remove_cgroup`` was refused); a cgroup still in use refuses (EBUSY) and stays, and
+    one whose job's process lives is left alone (it may have made its cgroup and not yet moved in). True when a
+    job's cgroup stays in ``parent``."""
     try:
         with os.scandir(parent) as entries:
             names = [entry.name for entry in entries if entry.name.startswith(CGROUP_PREFIX)]
@@ -412,9 +432,9 @@ def _sweep_jobs(parent: str) -> bool:
 def _sweep(home: Path) -> None:
     """The jobs' cgroups left behind in every customer's group, then the customers' groups left empty (one whose
     job is entering it may go: that job makes it again, ``enter_cgroup``), and job cgroups made directly under the
-    worker's (before the share per customer). Every job's process sweeps as it enters, so it reads directories
-    with ``os.scandir`` and tries no removal it knows will be refused (issue 44: with pathlib, and an ``rmdir`` of
-    every customer's group still in use, about 0.2 ms of CPU a job beside eight customers' jobs)."""
+    worker's (before the share per customer). The worker sweeps (``JobGroups``: as it starts, then after every
+    ``SWEEP_EVERY_JOBS`` ended jobs; each job's process did as it entered until issue 44), with ``os.scandir``,
+    trying no removal it knows will be refused."""
     _sweep_jobs(str(home))
     try:
         with os.scandir(home) as entries:
@@ -466,7 +486,8 @@ def _enter(version: Literal[2, 1], home: Path, customer: str, pid: int, weight: 
 def enter_cgroup(pid: int, weight: int, customer: str = NO_CUSTOMER, customer_weight: int | None = None
                  ) -> Cgroup | None:
     """Move process ``pid`` into a new cgroup of its own with ``weight``, inside ``customer``'s group (at most
-    ``customer_weight``, ``weight`` if not given); None where no CPU cgroup can be made."""
+    ``customer_weight``, ``weight`` if not given); None where no CPU cgroup can be made. It sweeps nothing: the
+    worker does (``JobGroups``)."""
     for version, home in _own_cgroup_dirs():
         try:
             if version == 2:
@@ -474,7 +495,6 @@ def enter_cgroup(pid: int, weight: int, customer: str = NO_CUSTOMER, customer_we
                     continue
                 if b"cpu" not in _read_or_raise(f"{home}/cgroup.subtree_control").split():
                     _write(f"{home}/cgroup.subtree_control", "+cpu")
-            _sweep(home)
             for attempt in range(1, ENTER_ATTEMPTS + 1):
                 try:
                     return _enter(version, home, customer, pid, weight,
@@ -487,22 +507,94 @@ def enter_cgroup(pid: int, weight: int, customer: str = NO_CUSTOMER, customer_we
     return None
 
 
-def leave_cgroup(group: Cgroup, pid: int) -> None:
-    """Move ``pid`` back to the worker's cgroup and remove the job's cgroup if nothing is left in it, then its
-    customer's if no other job is in that."""
+RemovedAs = Literal["removed", "absent", "busy"]
+
+
+def remove_cgroup(group: Cgroup) -> RemovedAs:
+    """Remove a job's cgroup whose process has left it (it exited, or ``leave_cgroup`` moved it out), then its
+    customer's if no other job's group is in that, else set the customer's share without it. ``absent``: there is
+    no such group (the job's process made none: the nice mode, or it died before it entered); ``busy``: a process
+    the job started lives on in it, and the worker's next sweep removes it (``JobGroups``)."""
     job_dir = str(group.path)
-    customer_dir = os.path.dirname(job_dir)
     try:
-        _write(f"{os.path.dirname(customer_dir)}/cgroup.procs", str(pid))
         os.rmdir(job_dir)
     except OSError as exc:
-        if exc.errno != errno.EBUSY:  # EBUSY: a process it started lives on; the next job's sweep removes it
-            log.debug("the job's cgroup %s stays (%s)", group.path, exc)
-        return
+        if exc.errno == errno.ENOENT:
+            return "absent"
+        if exc.errno != errno.EBUSY:
+            log.debug("the job's cgroup %s stays (%s)", job_dir, exc)
+        return "busy"
     try:
-        os.rmdir(customer_dir)
+        os.rmdir(os.path.dirname(job_dir))
     except OSError:  # another job of the customer is in it (EBUSY; its share is now theirs), or it is gone
         group.share_customer()
+    return "removed"
+
+
+def leave_cgroup(group: Cgroup, pid: int) -> None:
+    """Move ``pid``, which lives on, back to the worker's cgroup, and remove the job's cgroup and maybe its
+    customer's (``remove_cgroup``). A job's process does not: its exit leaves its group (issue 44: the move back,
+    an ``rmdir`` or two and the sweep cost a no-op job's process about 0.8 ms of CPU). For a process that is not a
+    job's (``bench/cpu_share.py``) or a test's."""
+    try:
+        _write(f"{group.home}/cgroup.procs", str(pid))
+    except OSError as exc:
+        log.debug("process %d stays in the cgroup %s (%s)", pid, group.path, exc)
+        return
+    remove_cgroup(group)
+
+
+class JobGroups:
+    """The worker's side of the cgroup share (issue 44): the cgroups of its jobs removed once their processes have
+    exited (``ended``, from the job's watching thread in ``isolation.ProcessJobs``), so that a job's process makes
+    its group and moves in, and nothing more. Its exit takes it out; the worker knows its pid, its customer and so
+    the path, and learns of the exit from the fork server that reaped it. The groups no worker removed (a worker
+    that died with its jobs; a job whose processes outlived it, ``busy``) go at a sweep (``_sweep``): as the worker
+    starts, and after every ``SWEEP_EVERY_JOBS`` of its jobs ended, so they never pile up past what one
+    ``SWEEP_EVERY_JOBS`` leaves. Nothing where the share is not ``auto``, nor where the worker may not write its
+    cgroup (its jobs' processes make none either)."""
+
+    def __init__(self, share: Literal["auto", "nice", "off"], customer_weight: int,
+                 homes: list[tuple[Literal[2, 1], Path]] | None = None) -> None:
+        """``homes``: where the jobs' groups are, as ``enter_cgroup`` tries them (this process's CPU cgroups, which
+        its fork server's job processes start in); a test's own."""
+        if homes is None:
+            homes = [(version, home) for version, home in _own_cgroup_dirs() if os.access(home, os.W_OK)] \
+                if share == "auto" else []
+        self._homes = homes
+        self.customer_weight = customer_weight
+        self._lock = threading.Lock()
+        self._ended = 0  # jobs ended since the last sweep
+        self.sweeps = 0  # sweeps so far
+        self.sweep()
+
+    def ended(self, pid: int, customer: str) -> RemovedAs:
+        """Job process ``pid`` (of ``customer``) has exited: its group removed, and its customer's if it was the
+        last, else the customer's share set; a sweep, if it is due. Never raises: the job has ended whatever its
+        group became."""
+        removed: RemovedAs = "absent"
+        try:
+            customer_dir = f"{CUSTOMER_PREFIX}{customer_hash(customer)}"
+            for version, home in self._homes:
+                group = Cgroup(Path(f"{home}/{customer_dir}/{CGROUP_PREFIX}{pid}"), version, self.customer_weight)
+                removed = remove_cgroup(group)
+                if removed != "absent":
+                    break
+            with self._lock:
+                self._ended += 1
+                due = self._ended >= SWEEP_EVERY_JOBS
+            if due:
+                self.sweep()
+        except Exception:  # noqa: BLE001 - said; the slot is freed all the same, and the next sweep retries
+            log.exception("the cgroup of job process %d could not be removed", pid)
+        return removed
+
+    def sweep(self) -> None:
+        with self._lock:
+            self._ended = 0
+            self.sweeps += 1
+        for _, home in self._homes:
+            _sweep(home)
 
 
 # --- the meter ------------------------------------------------------------------------------------
@@ -522,7 +614,11 @@ class JobCpu:
         self.base_nice = os.getpriority(os.PRIO_PROCESS, 0)  # the worker's: the nice mode's values are over it
         self.nice = self.base_nice  # what the job's processes run at now, in the nice mode
         self.customer_jobs = 1  # its customer's jobs running on this worker, as the worker last said (nice mode)
-        self.start_cpu_s = group_cpu_s()  # what this process used before its job came (its start-up)
+        # What this process used before its job came (its start-up): its own time alone. A process forked for a job
+        # has started and reaped nothing before it (``RunnerBuild.ahead`` opens a connection at most), so
+        # ``group_cpu_s``'s scan of its descendants found none (issue 44: 0.1 ms of each job's process).
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        self.start_cpu_s = own.ru_utime + own.ru_stime
         self._cgroup_base_s: float | None = None  # the cgroup's count when this process entered it, where it counts
         self.used_s = 0.0
         self.exceeded = False
@@ -555,11 +651,11 @@ class JobCpu:
         log.debug("job process %d shares the CPU by %s", self.pid, self.mechanism)
 
     def _arm_rlimit(self) -> None:
-        """The backstop for a job's process that spins in a C call: SIGXCPU past its cap and the grace."""
+        """The backstop for a job's process that spins in a C call: SIGXCPU past its cap and the grace (from its own
+        time at the start, ``start_cpu_s``: RLIMIT_CPU counts this process's alone)."""
         if self.policy.max_cpu_s <= 0:
             return
-        own = resource.getrusage(resource.RUSAGE_SELF)
-        soft = math.ceil(own.ru_utime + own.ru_stime + self.policy.max_cpu_s + self.policy.grace_s)
+        soft = math.ceil(self.start_cpu_s + self.policy.max_cpu_s + self.policy.grace_s)
         _, hard = resource.getrlimit(resource.RLIMIT_CPU)
         if hard == resource.RLIM_INFINITY or hard > soft:
             resource.setrlimit(resource.RLIMIT_CPU, (soft, soft + 1 if hard == resource.RLIM_INFINITY else hard))
@@ -623,7 +719,7 @@ class JobCpu:
     def _wait_s(self, used_s: float) -> float:
         """The poll, sooner as the cap nears; past it, the poll again (killing what the run starts while it stops)."""
         cap_s = self.policy.max_cpu_s
-        left_s = (cap_s - used_s) / (os.cpu_count() or 1) if cap_s > 0 and not self.exceeded else self.policy.poll_s
+        left_s = (cap_s - used_s) / CORES if cap_s > 0 and not self.exceeded else self.policy.poll_s
         return max(MIN_POLL_S, min(self.policy.poll_s, left_s))
 
     def stopped(self, wait_s: float) -> bool:
@@ -662,19 +758,12 @@ class JobCpu:
         self.cancel.set()
 
     def stop(self) -> float:
-        """Stop the meter (after a tick under way); the job's CPU seconds. Its process stays in its cgroup until
-        ``leave``."""
+        """Stop the meter (after a tick under way); the job's CPU seconds. Its process stays in its cgroup to its
+        exit, which takes it out; the worker then removes the group (``JobGroups.ended``). Moving it out here cost
+        a write of ``cgroup.procs``, which waits for the kernel's RCU grace period (issue 44)."""
         with self._ticking:
             self._stop.set()
         return self.read()
-
-    def leave(self) -> None:
-        """Out of the job's cgroup, and the cgroup removed (its customer's too, if no other job is in it): once the
-        outcome is sent. Moving a process between cgroups waits for the kernel's RCU grace period (16 ms a move
-        in the specialist benchmark, where moves are a second apart), which the finish need not wait for."""
-        if self.cgroup is not None:
-            leave_cgroup(self.cgroup, self.pid)
-            self.cgroup = None
 
     def judged(self, outcome: RunOutcome) -> RunOutcome:
         """``outcome`` with the job's CPU seconds; a run stopped at its cap is a failed run that says why."""

@@ -70,7 +70,7 @@ from google.protobuf.message import Message as ProtoMessage
 
 from core import telemetry
 from workers.auth import VerifiedJob
-from workers.cpu_share import CustomerJobs, JobCpu, customer_of, prctl
+from workers.cpu_share import CustomerJobs, JobCpu, JobGroups, customer_of, policy_of, prctl
 from workers.runs import EventSink, RunContext, Runner, RunOutcome
 
 log = logging.getLogger(__name__)
@@ -409,7 +409,7 @@ def _job_process(build: RunnerBuild, key: str, offered: bytes, control: multipro
         conn.send(("outcome", RunOutcome("failed", "the specialist's outcome could not be recorded",
                                          detail={"error": type(exc).__name__})))
     conn.close()
-    cpu.leave()  # after the outcome: the finish does not wait for the cgroup's move
+    # It stays in its cgroup: its exit takes it out, and its worker removes the group (``cpu_share.JobGroups``).
     if built is not None:
         built.close()
 
@@ -431,6 +431,7 @@ def _death(exitcode: int | None, killed: bool) -> RunOutcome:
 class _ProcessJob:
     process: _Child
     stopper: multiprocessing.connection.Connection  # the worker's end of the job's cancel pipe
+    customer: str  # whose share the job runs under (``cpu_share.customer_of``): its groups, its count of jobs
     killed: bool = False
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)  # stop() and ended() race
 
@@ -924,6 +925,10 @@ class ProcessJobs:
         self._forker: threading.Thread | None = None  # the forking thread, started at the first ask
         self.forked = 0  # processes forked so far: each ran a job, or waits for one (``waiting_pid``), or was let go
         self.customers = CustomerJobs()  # each customer's running jobs, told their count (the nice mode's share)
+        # Each job's cgroup removed once its process has exited (not by the process itself), and the groups a worker
+        # that died left swept, here at the start and then now and again (issue 44).
+        policy = policy_of(recipe, "")
+        self.groups = JobGroups(policy.share, policy.weight)
         # At start-up, not on the first job: the fork server imports PRELOAD and prepares the runners (seconds on a
         # loaded machine), and the first process forked from it waits for that. A fork server already running (an
         # earlier worker in this process) is not offered this one's template: its job processes prepare their own.
@@ -1029,8 +1034,8 @@ class ProcessJobs:
             spare.discard()
             raise
         self._fork_ahead()
-        running = _ProcessJob(spare.process, spare.control)
-        self.customers.started(customer_of(job.payload), running)
+        running = _ProcessJob(spare.process, spare.control, customer_of(job.payload))
+        self.customers.started(running.customer, running)
         threading.Thread(target=self._watch, args=(job, running, spare.reader, reported, ended),
                          name=f"job-{job.job_id}", daemon=True).start()
         return running
@@ -1038,8 +1043,9 @@ class ProcessJobs:
     def _watch(self, job: VerifiedJob, running: _ProcessJob, reader: multiprocessing.connection.Connection,
                reported: Reported, ended: Ended) -> None:
         """Relay the child's log records until its outcome, and report that at once: the finish does not wait for
-        the child to let go of its runner. Then wait for it to exit, and report it ended. A child that dies without
-        an outcome is reported once it has exited, as its death."""
+        the child to let go of its runner. Then wait for it to exit, remove its cgroup (``JobGroups.ended``: before
+        the slot is free, so a job that ended left no group), and report it ended. A child that dies without an
+        outcome is reported once it has exited, as its death."""
         outcome: RunOutcome | None = None
         try:
             while outcome is None:
@@ -1069,9 +1075,10 @@ class ProcessJobs:
             if not running.killed:
                 log.error("job %s: %s", job.job_id, outcome.message)
             reported(outcome)
+        self.groups.ended(process.pid, running.customer)  # exited (its fork server reaped it): its group is empty
         process.close()
         running.ended()
-        self.customers.ended(customer_of(job.payload), running)
+        self.customers.ended(running.customer, running)
         ended()
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ import os
 import secrets
 import signal
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +26,7 @@ from core.settings import Settings
 from tests.rlm.holds import wait_until
 from tests.workers.harness import TestWorker, worker_settings
 from tests.workers.step_file import StepFile
-from tests.workers.test_job_process import claim_row, job_processes, new_job_id, wait_for
+from tests.workers.test_job_process import ANSWER_TIMEOUT_S, claim_row, job_processes, new_job_id, wait_for
 from taskstate import claims
 from workers import cpu_share
 from workers.settings import WorkerSettings
@@ -85,6 +85,7 @@ class Spinning:
     job_id: str
     pid: int  # the job's process
     child: int  # its spinning child
+    answer: Future  # the delivery's answer: it comes once the worker has seen the job's process exit
 
 
 def _spinning_child(pid: int) -> int | None:
@@ -108,14 +109,14 @@ def _spinning_jobs(worker: TestWorker, owners: list[str | None]) -> Iterator[lis
                 if owner is not None:
                     payload["o"] = owner
                 body = worker.signer.sign(job_id=job_id, specialist_id="scripted", deadline_s=300, payload=payload)
-                pool.submit(worker.post, body, timeout_s=300)
+                answer = pool.submit(worker.post, body, timeout_s=300)
                 known = {job.pid for job in found}
 
                 def running() -> Spinning | None:
                     for pid in job_processes(worker):
                         child = None if pid in known else _spinning_child(pid)
                         if child is not None:
-                            return Spinning(job_id, pid, child)
+                            return Spinning(job_id, pid, child, answer)
                     return None
 
                 found.append(wait_for(f"the process of job {job_id} and its spinning child", running))
@@ -127,11 +128,12 @@ def _spinning_jobs(worker: TestWorker, owners: list[str | None]) -> Iterator[lis
 
 
 def _cancel(engine: Engine, job: Spinning) -> None:
-    """End a job as a customer's cancel does: its run stops and its process winds down (its share left behind)."""
+    """End a job as a customer's cancel does: its run stops, its process winds down and exits, and the worker,
+    having seen it exit, answers its delivery (its share left behind: the worker removed its cgroup before)."""
     with engine.begin() as conn:
         assert claims.request_cancel(conn, job.job_id, reason="the test is done with it") == "cancel_requested"
-    wait_until(lambda: not Path(f"/proc/{job.pid}").exists() or _stat_state(job.pid) == "Z",
-               f"the process of job {job.job_id} to end")
+    assert job.answer.result(timeout=ANSWER_TIMEOUT_S).status_code == 200
+    assert not Path(f"/proc/{job.pid}").exists() or _stat_state(job.pid) == "Z"
 
 
 def _stat_state(pid: int) -> str | None:
@@ -244,10 +246,98 @@ def test_a_customers_jobs_share_its_customer_group_and_its_last_job_to_end_remov
         assert globex.exists() and _weight_file(globex).read_text().strip() == one_customer
 
 
-def test_a_jobs_sweep_removes_the_groups_of_jobs_gone_and_customers_left_empty_and_nothing_in_use():
-    """What a job's process sweeps as it enters (``cpu_share._sweep``), under a home of the test's own: the group a
-    gone job left behind, then its customer's if that is empty now; never a group whose job's process lives, nor
-    its customer's. Real cgroups."""
+def test_a_jobs_process_moves_into_its_group_and_out_of_none_and_once_it_ended_no_group_of_it_is_left(
+        serve, monkeypatch: pytest.MonkeyPatch):
+    """Issue 44: a job's process makes its group and moves in (one write of ``cgroup.procs``), and nothing more: no
+    move back out, no removal, no sweep, and one scan of its descendants (its count as it ends; at the start it has
+    none). Its exit leaves the group, and the worker removes it, and its customer's, before it answers the delivery;
+    a job of a customer whose group another job left has it made again. Counted in the job's processes
+    (``tests/workers/cgroup_calls.py``), real cgroups."""
+    if not _cgroup_creatable():
+        pytest.skip("no CPU cgroup can be made here")
+    from tests.workers import cgroup_calls
+    from workers import isolation
+
+    monkeypatch.setattr(isolation, "_job_process", cgroup_calls.counted_job_process)
+    _, home = cpu_share._own_cgroup_dirs()[0]
+    acme, globex = f"acme-{secrets.token_hex(4)}", f"globex-{secrets.token_hex(4)}"
+    # A poll longer than a no-op job: its meter is read once, as it ends.
+    with serve(job_cpu_poll_s=10.0, job_cpu_demote_after_s=3600.0) as worker:
+        for customer in (acme, globex, acme):
+            pid = wait_for("the process forked ahead of the next job", lambda: worker.service.jobs.waiting_pid)
+            cgroup_calls.forget(pid)
+            job_id = new_job_id()
+            body = worker.signer.sign(job_id=job_id, specialist_id="scripted", deadline_s=60,
+                                      payload={"o": f"{customer}:scripted", "script": {"steps": [{"op": "complete"}]}})
+            assert worker.post(body).json()["outcome"] == "completed"
+            customer_group = home / _customer_group(customer)
+            group = customer_group / f"{cpu_share.CGROUP_PREFIX}{pid}"
+            calls = cgroup_calls.calls_of(pid)
+            assert [path for kind, path in calls if kind == "write" and path.endswith("/cgroup.procs")] == [
+                f"{group}/cgroup.procs"], calls
+            assert [(kind, path) for kind, path in calls if kind in ("rmdir", "scandir")
+                    and path.startswith(str(cpu_share.CGROUP_ROOT))] == [], calls
+            assert calls.count(("descendants", str(pid))) == 1, calls
+            assert ("mkdir", str(customer_group)) in calls  # made, by each of acme's jobs: the first's was removed
+            assert not group.exists() and not customer_group.exists()
+
+
+def test_a_workers_groups_go_as_its_jobs_end_and_what_no_worker_removed_goes_at_its_start_and_its_sweeps():
+    """The worker's side (``cpu_share.JobGroups``), under a home of the test's own: as a job's process has exited,
+    its group goes, and its customer's too unless another job's group is in it, which then weighs that job's
+    weight alone; a group whose process lives on stays (``busy``). What a worker that died left goes at the next
+    worker's start, what stayed at the sweep after ``SWEEP_EVERY_JOBS`` ended jobs, not one job before. Real
+    processes, real cgroups."""
+    if not _cgroup_creatable():
+        pytest.skip("no CPU cgroup can be made here")
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid names no process now
+    version, own = cpu_share._own_cgroup_dirs()[0]
+    home = own / f"specialists-test-{secrets.token_hex(4)}"
+    home.mkdir()
+    acme, other = home / _customer_group("acme"), home / _customer_group("other")
+    left = home / _customer_group("dead worker's") / f"{cpu_share.CGROUP_PREFIX}{gone.pid}"
+    processes = [subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+                 for _ in range(3)]
+    first, second, lasting = processes
+    try:
+        left.mkdir(parents=True)
+        groups = cpu_share.JobGroups("auto", 100, homes=[(version, home)])
+        assert (groups.sweeps, left.exists(), left.parent.exists()) == (1, False, False)  # swept as it starts
+        for process, customer, weight in ((first, "acme", 100), (second, "acme", 40), (lasting, "other", 100)):
+            cpu_share._enter(version, home, customer, process.pid, weight, 100)
+        for process in (first, second):
+            process.kill()
+            process.wait()
+        assert groups.ended(first.pid, "acme") == "removed"
+        assert acme.exists() and _weight_file(acme).read_text().strip() == _weight_value(acme, 40)
+        assert groups.ended(second.pid, "acme") == "removed" and not acme.exists()
+        assert groups.ended(lasting.pid, "other") == "busy"  # its process lives: it stays, for a sweep
+        lasting.kill()
+        lasting.wait()
+        for _ in range(cpu_share.SWEEP_EVERY_JOBS - 1 - 3):  # three ended so far: one short of a sweep
+            assert groups.ended(gone.pid, "no such customer") == "absent"
+        assert (groups.sweeps, other.exists()) == (1, True)
+        groups.ended(gone.pid, "no such customer")
+        assert (groups.sweeps, other.exists()) == (2, False)
+        assert cpu_share.JobGroups("nice", 100).ended(gone.pid, "acme") == "absent"  # no group to look for
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+        for group in (left, left.parent, *acme.glob("specialists-job-*"), acme, *other.glob("specialists-job-*"),
+                      other, home):
+            with suppress(OSError):
+                group.rmdir()
+
+
+def test_a_workers_sweep_removes_the_groups_of_jobs_gone_and_customers_left_empty_and_nothing_in_use():
+    """What a worker sweeps (``cpu_share._sweep``), under a home of the test's own: the group a gone job left
+    behind, then its customer's if that is empty now; never a group whose job's process lives, nor its customer's.
+    Real cgroups."""
     if not _cgroup_creatable():
         pytest.skip("no CPU cgroup can be made here")
     import subprocess
