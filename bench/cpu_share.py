@@ -87,12 +87,8 @@ def in_cgroup(weight: int, customer: str) -> Callable[[int], Callable[[], None]]
         group = cpu_share.enter_cgroup(pid, weight, customer, JOB_WEIGHT)
         assert group is not None, "no cgroup could be made"
 
-        def undo() -> None:
-            for empty in (group.path, group.customer):  # its process has exited: the cgroup is empty
-                try:
-                    empty.rmdir()
-                except OSError:  # the customer's group still holds another's
-                    pass
+        def undo() -> None:  # its process has exited: the group is empty, removed as a worker removes a job's
+            cpu_share.remove_cgroup(group)
 
         return undo
 
@@ -108,11 +104,7 @@ def cgroups_available() -> bool:
         probe.wait()
     if group is None:
         return False
-    for empty in (group.path, group.customer):
-        try:
-            empty.rmdir()
-        except OSError:
-            pass
+    cpu_share.remove_cgroup(group)
     return True
 
 

@@ -269,20 +269,25 @@ def _weight_value(weight: int, version: Literal[2, 1]) -> int:
 @dataclass(frozen=True)
 class Cgroup:
     """The job's own cgroup, ``<the worker's>/specialists-customer-<hash>/specialists-job-<pid>``, and how its
-    weight and its customer's are written."""
+    weight and its customer's are written. Its directory is text (``dir``), and the job's process makes no pathlib
+    object of it: the first one made in a fresh fork copies pages of the fork server's heap (issue 44)."""
 
-    path: Path
+    dir: str
     version: Literal[2, 1]
     customer_weight: int  # one customer's weight (SPECIALISTS_WORKER_JOB_CPU_WEIGHT): its group's at most
 
     @property
+    def path(self) -> Path:
+        return Path(self.dir)
+
+    @property
     def customer(self) -> Path:
-        return self.path.parent
+        return Path(os.path.dirname(self.dir))
 
     @property
     def home(self) -> Path:
         """The worker's cgroup, where the job's process came from."""
-        return self.path.parent.parent
+        return Path(os.path.dirname(os.path.dirname(self.dir)))
 
     @property
     def weight_file(self) -> Path:
@@ -292,7 +297,7 @@ class Cgroup:
         return _weight_value(weight, self.version)
 
     def set_weight(self, weight: int) -> None:
-        _write(str(self.weight_file), str(self.weight_value(weight)))
+        _write(f"{self.dir}/{_weight_name(self.version)}", str(self.weight_value(weight)))
 
     def share_customer(self) -> None:
         """Set the customer's group to the least of one customer's weight and its jobs' weights together: n fresh
@@ -303,7 +308,7 @@ class Cgroup:
         left gone. The os module's calls on text paths, not pathlib: the worker calls it as jobs end, and a job's
         process as it enters a customer's group another job made (issue 44)."""
         weight_name = _weight_name(self.version)
-        customer = os.path.dirname(str(self.path))
+        customer = os.path.dirname(self.dir)
         try:
             with os.scandir(customer) as entries:
                 jobs = [entry.path for entry in entries if entry.name.startswith(CGROUP_PREFIX)]
@@ -325,7 +330,7 @@ class Cgroup:
     def usage_s(self) -> float | None:
         """CPU seconds of every process that has been in the cgroup (v2's ``cpu.stat`` usage_usec; v1's
         ``cpuacct.usage`` where cpuacct is mounted with cpu); None where the cgroup does not count them."""
-        path = str(self.path)
+        path = self.dir
         try:
             if self.version == 2:
                 for line in _read_or_raise(f"{path}/cpu.stat").splitlines():
@@ -360,6 +365,8 @@ def _own_cgroup_dirs() -> list[tuple[Literal[2, 1], Path]]:
             found.insert(0, (2, CGROUP_ROOT / relative))
         elif "cpu" in controllers.split(","):
             found.append((1, CGROUP_ROOT / controllers / relative))
+    for _, home in found:
+        str(home)  # pathlib keeps its text once made: made here, in the forkserver, not in each job's process
     _DIRS_READ = (text, tuple(found))
     return found
 
@@ -464,7 +471,7 @@ def _enter(version: Literal[2, 1], home: Path, customer: str, pid: int, weight: 
     if version == 2 and b"cpu" not in (_read_or_raise(f"{customer_dir}/cgroup.subtree_control")).split():
         _write(f"{customer_dir}/cgroup.subtree_control", "+cpu")
     job_dir = f"{customer_dir}/{CGROUP_PREFIX}{pid}"
-    group = Cgroup(Path(job_dir), version, customer_weight)
+    group = Cgroup(job_dir, version, customer_weight)
     try:
         os.mkdir(job_dir)  # from here the customer's group is not empty: no rmdir removes it
         made = True
@@ -515,7 +522,7 @@ def remove_cgroup(group: Cgroup) -> RemovedAs:
     customer's if no other job's group is in that, else set the customer's share without it. ``absent``: there is
     no such group (the job's process made none: the nice mode, or it died before it entered); ``busy``: a process
     the job started lives on in it, and the worker's next sweep removes it (``JobGroups``)."""
-    job_dir = str(group.path)
+    job_dir = group.dir
     try:
         os.rmdir(job_dir)
     except OSError as exc:
@@ -537,9 +544,9 @@ def leave_cgroup(group: Cgroup, pid: int) -> None:
     an ``rmdir`` or two and the sweep cost a no-op job's process about 0.8 ms of CPU). For a process that is not a
     job's (``bench/cpu_share.py``) or a test's."""
     try:
-        _write(f"{group.home}/cgroup.procs", str(pid))
+        _write(f"{os.path.dirname(os.path.dirname(group.dir))}/cgroup.procs", str(pid))
     except OSError as exc:
-        log.debug("process %d stays in the cgroup %s (%s)", pid, group.path, exc)
+        log.debug("process %d stays in the cgroup %s (%s)", pid, group.dir, exc)
         return
     remove_cgroup(group)
 
@@ -576,7 +583,7 @@ class JobGroups:
         try:
             customer_dir = f"{CUSTOMER_PREFIX}{customer_hash(customer)}"
             for version, home in self._homes:
-                group = Cgroup(Path(f"{home}/{customer_dir}/{CGROUP_PREFIX}{pid}"), version, self.customer_weight)
+                group = Cgroup(f"{home}/{customer_dir}/{CGROUP_PREFIX}{pid}", version, self.customer_weight)
                 removed = remove_cgroup(group)
                 if removed != "absent":
                     break
@@ -739,7 +746,7 @@ class JobCpu:
                     self.cgroup.share_customer()
                     return
                 except OSError as exc:
-                    log.warning("could not lower the weight of %s (%s); lowering its priority", self.cgroup.path, exc)
+                    log.warning("could not lower the weight of %s (%s); lowering its priority", self.cgroup.dir, exc)
             self._renice()
 
     def _over_cap(self, used_s: float) -> None:
