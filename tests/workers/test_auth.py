@@ -97,6 +97,24 @@ def test_signed_claims_that_break_the_schema_are_refused() -> None:
     assert refusal(lambda: signer(WORKER_SECRET).verify(body)).code == auth.BODY_MALFORMED
 
 
+def test_a_body_reads_as_itsdangerous_own_serializer_signs_and_reads_it() -> None:
+    """The signer and its derived key are kept per secret (issue 44): the tokens are itsdangerous's, both ways."""
+    import hashlib
+
+    from itsdangerous import URLSafeTimedSerializer
+
+    ser = URLSafeTimedSerializer(
+        WORKER_SECRET, salt=auth._SALT, signer_kwargs={"digest_method": hashlib.sha256, "key_derivation": "hmac"}
+    )
+    claims = {"job": "job-1", "sp": "scripted", "aud": AUDIENCE, "dl": 5.0, "p": {"k": "v"}}
+    theirs = f"v1.{auth._secret_id(WORKER_SECRET)}.{ser.dumps(claims)}".encode()
+    ours = signer(WORKER_SECRET)
+    assert (ours.verify(theirs).job_id, ours.verify(theirs).payload) == ("job-1", {"k": "v"})
+    for _ in range(2):  # the kept key signs as the first derivation did
+        body = ours.sign(job_id="job-2", specialist_id="scripted", deadline_s=5.0, payload={"k": "v"})
+        assert ser.loads(body.decode().split(".", 2)[2]) == {**claims, "job": "job-2"}
+
+
 def test_secrets_rotate_the_newest_signs_and_every_configured_one_verifies() -> None:
     new_secret = "the-new-worker-secret-" + "n" * 30
     old_body = signer(WORKER_SECRET).sign(job_id="j-old", specialist_id="s", deadline_s=1)
