@@ -227,6 +227,17 @@ def tree_faults(pid: int) -> int:
     return int(fields[7]) + int(fields[8]) + sum(tree_faults(child) for child in children)  # minflt, cminflt
 
 
+def heap_mb(pid: int) -> tuple[float, float]:
+    """(MB of anonymous memory in huge pages, MB anonymous) of a process (``/proc/<pid>/smaps_rollup``): what of the
+    fork server's heap is still collapsed (``isolation.collapse_heap``) after the jobs it forked."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[2] == "kB":
+            fields[parts[0].rstrip(":")] = int(parts[1]) / 1024
+    return fields.get("AnonHugePages", 0.0), fields.get("Anonymous", 0.0)
+
+
 def measure(count: int, work, server: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
     before_children, before_faults = tree_cpu_s(server), tree_faults(server)
     before_own, started = _own_cpu_s(), time.perf_counter()
@@ -298,6 +309,7 @@ def main() -> None:
                 stale.unlink()
             job = measure(args.jobs, lambda n: run_jobs(jobs, n), server)
             bare = measure(args.jobs, run_bare, server)
+            server_huge_mb, server_anon_mb = heap_mb(server)
             mp_bare = measure(args.jobs, run_bare_multiprocessing, _mp_forkserver_pid())
             let_go = jobs.waiting_pid  # the spare forked after the last job: it runs none
         finally:
@@ -319,6 +331,8 @@ def main() -> None:
     print(f"the job's process costs {job['processes'] - bare['processes']:.1f} ms of CPU above a bare fork's "
           f"{bare['processes']:.1f} ms; the kernel's fork and exit of this heap alone, {floor['processes']:.1f} ms "
           f"({floor['parent']:.1f} in the parent, {floor['child']:.1f} in the child)")
+    print(f"the fork server's heap after {args.warmup + 2 * args.jobs} forks: {server_huge_mb:.0f} of its "
+          f"{server_anon_mb:.0f} MB anonymous in huge pages")
     if args.profile:
         print_profile(profile_dir, args.top)
 
