@@ -122,6 +122,14 @@ _CHOSEN = """,
         ON CONFLICT (customer) DO UPDATE SET last_started_at = EXCLUDED.last_started_at
         RETURNING 1
     )"""
+# The take's own commit does not wait for its WAL flush (issue 44): set_config(..., true) lasts until the transaction
+# ends, its commit included, and the take runs alone in autocommit (``workers.dispatch.embedded``). What the take
+# writes is a delivery lease, an attempt's count and a turn, never money or a claim: a PostgreSQL crash that loses it
+# leaves the row as it was before the take, due, which is what the lease's end makes of it anyway (a repeated
+# delivery is answered from the job's claim, which commits synchronously and so flushes the take's WAL before it).
+# Evaluated once per row taken: a take that takes nothing writes nothing and commits nothing. Not in the relay's
+# lock (``_LOCK``): its transaction marks rows sent after Cloud Tasks accepted them.
+UNFLUSHED_COMMIT = "set_config('synchronous_commit', 'off', true) AS unflushed_commit"
 _TAKE = text(
     f"""{_FAIR_DUE}{_CHOSEN.format(limit=":n", margin=_LOCK_MARGIN)}
     UPDATE dispatch_outbox o
@@ -130,7 +138,7 @@ _TAKE = text(
       FROM chosen
      WHERE o.dispatch_id = chosen.dispatch_id
     RETURNING o.dispatch_id, o.task_id, o.specialist_id, o.owner, o.context_id, o.attempts, o.trace_parent,
-              chosen.share, chosen.turn_before, chosen.due_at, o.taken_at
+              chosen.share, chosen.turn_before, chosen.due_at, o.taken_at, {UNFLUSHED_COMMIT}
     """
 )
 _UNDER_MAX_IN_FLIGHT = ("LEAST(:n, GREATEST(0, :max_in_flight - "
@@ -207,7 +215,8 @@ ANY_SPECIALIST = FairOrder()
 
 def take(conn: Connection, *, limit: int, lease_s: float, me: str,
          order: FairOrder = ANY_SPECIALIST) -> list[OutboxRow]:
-    """Embedded: take up to ``limit`` due rows in the fair order, for ``lease_s`` (commit right after)."""
+    """Embedded: take up to ``limit`` due rows in the fair order, for ``lease_s`` (commit right after; that commit
+    does not wait for its WAL flush, ``UNFLUSHED_COMMIT``)."""
     # Every round of the embedded dispatcher's: on the driver (core.db.hot_rows).
     taken = _rows(db.hot_rows(conn, _TAKE, {**order.params(limit), "lease_s": lease_s, "me": me[:MAX_TAKEN_BY_CHARS]}))
     assert len(taken) <= limit, (len(taken), limit)
