@@ -569,9 +569,83 @@ def _receive(sock: socket.socket) -> tuple[bytes, bytes, list[int]] | None:
     return kind, bytes(body), fds
 
 
+# How many times the fork server rehearses a job's generic path (``rehearse``): CPython 3.11 quickens a function
+# after 8 calls and specialises an instruction after its first runs; 30 passes all of that with room.
+REHEARSAL_ROUNDS = 30
+REHEARSAL_ID = "rehearsal"  # the job id and specialist of the rehearsal's job: no customer's, no spec's
+
+
+class _RehearsalRunner:
+    """What the rehearsal runs in place of a specialist: nothing (no specialist's run is rehearsed)."""
+
+    def run(self, ctx: RunContext) -> RunOutcome:
+        return RunOutcome("completed", REHEARSAL_ID)
+
+
+class _NoEvents:
+    def emit(self, job: VerifiedJob, fencing_token: int, kind: str, data: dict[str, Any]) -> None:
+        raise AssertionError("the fork server's rehearsal writes no task event")
+
+
+def rehearse(rounds: int = REHEARSAL_ROUNDS) -> None:
+    """In the fork server, before its heap is collapsed and frozen: the generic part of a job's path ``rounds``
+    times, so that what its first run writes (3.11's quickened code and its counters, the type caches' misses, the
+    lazy imports and caches of pickle, logging, dataclasses) is written once here, not again in each job's process
+    (issue 44: a no-op job's process copied about 1,090 pages of the server's heap). Its job is no one's (``REHEARSAL_ID``,
+    an empty payload); it runs no specialist's runner, starts no thread, enters no cgroup (``JobCpu`` is made, not
+    started), connects nowhere and exports nothing: the job's tuple and its outcome cross a pipe of this process,
+    as a job's do, and the log records the run says cross it too and are dropped."""
+    from datetime import datetime, timezone
+
+    from workers import job_template
+    from workers.cpu_share import customer_hash, policy_of
+
+    template = job_template.TEMPLATE
+    recipe = None if template is None else template.recipe
+    root = logging.getLogger()
+    handlers = root.handlers[:]
+    for _ in range(rounds):
+        job = VerifiedJob(job_id=REHEARSAL_ID, specialist_id=REHEARSAL_ID, deadline_s=60.0, payload={},
+                          signed_at=datetime.now(timezone.utc), secret_id=REHEARSAL_ID)
+        control_r, control_w = os.pipe()
+        outcome_r, outcome_w = os.pipe()
+        control = multiprocessing.connection.Connection(control_r, writable=False)
+        conn = multiprocessing.connection.Connection(outcome_w, readable=False)
+        try:
+            with multiprocessing.connection.Connection(control_w, readable=False) as worker_side:
+                worker_side.send((job, 1, time.monotonic() + job.deadline_s))
+            job, fencing_token, deadline_at = control.recv()
+            control.poll(0)
+            cancel = threading.Event()
+            customer = customer_of(job.payload)
+            customer_hash(customer)
+            cpu = JobCpu(policy_of(recipe, job.specialist_id), cancel, job.specialist_id, customer)
+            _JOB_LOG.conn = conn
+            root.handlers[:] = [_JOB_LOG_HANDLER]
+            outcome = _run_guarded(_RehearsalRunner(), RunContext(job, fencing_token, deadline_at, cancel, _NoEvents()))
+            outcome = cpu.judged(outcome)
+            conn.send(("outcome", _portable(outcome)))
+        finally:
+            _JOB_LOG.conn = None
+            root.handlers[:] = handlers
+            conn.close()
+            control.close()
+            # What it said (a log record or two, its outcome: far below a pipe's 64 KiB, so its writes above could
+            # not block), read to the pipe's end and dropped.
+            with multiprocessing.connection.Connection(outcome_r, writable=False) as reader:
+                try:
+                    while True:
+                        reader.recv_bytes()
+                except EOFError:
+                    pass
+    assert threading.active_count() == 1, "the fork server's rehearsal started a thread"
+
+
 def _serve(fd: int) -> None:
     """The fork server: ``PRELOAD`` imported (``workers.job_signals`` already is: SIGINT ignored from the start),
-    then each fork asked for on the socket ``fd``, until its other end closes."""
+    a job's path rehearsed (``rehearse``), then each fork asked for on the socket ``fd``, until its other end
+    closes."""
+    import gc
     import importlib
     import select
 
@@ -580,6 +654,14 @@ def _serve(fd: int) -> None:
             importlib.import_module(name)
         except ImportError:  # as multiprocessing's forkserver: a job's process that needs it fails, and says why
             pass
+    try:
+        rehearse()
+    except AssertionError:  # it started a thread: this server must not fork
+        raise
+    except Exception:  # noqa: BLE001 - a job's process does it all again; the server serves anyway
+        logging.getLogger(__name__).warning("the fork server could not rehearse a job's path", exc_info=True)
+    gc.collect()
+    gc.freeze()  # what the rehearsal left (its caches) joins what job_template froze: a job's collector leaves it
     collapse_heap()
     sock = socket.socket(fileno=fd)
     wake_r, wake_w = os.pipe()

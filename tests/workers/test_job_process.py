@@ -326,3 +326,19 @@ def test_the_forkservers_heap_is_in_huge_pages_where_the_kernel_collapses_them(w
     assert huge_kb >= 2048
     answer = worker.post(worker.body(new_job_id(), [{"op": "complete"}]))
     assert (answer.status_code, answer.json()["outcome"]) == (200, "completed")
+
+
+def test_the_forkserver_rehearses_a_jobs_path_and_stays_one_thread_in_its_workers_cgroup(worker: TestWorker):
+    """The forkserver runs a job's generic path before it forks (``isolation.rehearse``): it still has one thread
+    (it forks; a second thread could hold a lock in every child) and sits in the cgroup its worker started it in
+    (the rehearsal makes a ``JobCpu`` but enters no group), and the jobs forked from it run."""
+    from workers.isolation import forkserver_pid
+
+    wait_for("a process forked ahead of the first job", lambda: worker.service.jobs.waiting_pid)
+    server = forkserver_pid()
+    assert server is not None
+    assert os.listdir(f"/proc/{server}/task") == [str(server)]
+    assert Path(f"/proc/{server}/cgroup").read_text() == Path("/proc/self/cgroup").read_text()
+    answer = worker.post(worker.body(new_job_id(), [{"op": "complete"}]))
+    assert (answer.status_code, answer.json()["outcome"]) == (200, "completed")
+    assert os.listdir(f"/proc/{server}/task") == [str(server)]
