@@ -580,6 +580,8 @@ class JobGroups:
         last, else the customer's share set; a sweep, if it is due. Never raises: the job has ended whatever its
         group became."""
         removed: RemovedAs = "absent"
+        if not self._homes:  # the nice mode, or no cgroup the worker may write: its jobs made no group
+            return removed
         try:
             customer_dir = f"{CUSTOMER_PREFIX}{customer_hash(customer)}"
             for version, home in self._homes:
