@@ -57,6 +57,7 @@ import math
 import signal
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -165,6 +166,8 @@ class WorkerService:
         # more than the loop's executor (issue 44: two hops a job; 5,000 no-op hops each way on uvloop).
         self._slot_threads = concurrent.futures.ThreadPoolExecutor(
             SLOT_THREADS_PER_SLOT * limits.max_concurrent_jobs, thread_name_prefix="worker-slot")
+        # Its idle threads end with the service (a test's), never before: a run's finish may come after the stop.
+        weakref.finalize(self, self._slot_threads.shutdown, wait=False)
 
     async def _in_slot_thread(self, work: Callable[..., T], *args: Any) -> T:
         """``work(*args)`` on a slot's thread, in a copy of the caller's context (its span, as anyio's ``to_thread``
@@ -179,10 +182,6 @@ class WorkerService:
                 with contextlib.suppress(asyncio.CancelledError):
                     await asyncio.wait([future])
             raise
-
-    def close(self) -> None:
-        """The slots' threads end once idle (the worker is stopping; nothing holds a slot any more)."""
-        self._slot_threads.shutdown(wait=False)
 
     def begin_stop(self) -> None:
         """The worker is stopping: deliveries from now on are handed back (``worker_stopping``), nothing claimed."""
@@ -664,7 +663,6 @@ def create_worker_app(service: WorkerService) -> WorkerApp:
             await anyio.to_thread.run_sync(service.abandon_running)
             await anyio.to_thread.run_sync(beat.stop, service.limits.beat_s)
             service.jobs.close()  # the process forked ahead of the next job goes, unused
-            service.close()
 
     app = FastAPI(title="specialists worker", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan,
                   telemetry=telemetry.FASTAPI_TELEMETRY)
