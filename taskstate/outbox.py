@@ -9,7 +9,9 @@ Admission commits one row per message with the task and its reservation
   ``available_at`` forward by its delivery lease and counting the attempt; it
   renews that lease while the delivery lasts. If it dies, the rows come due
   again when the lease passes: nothing is lost, and a repeated delivery is
-  answered from the job's claim;
+  answered from the job's claim. For the same reason its commit does not wait
+  for its WAL flush (``UNFLUSHED_COMMIT``): a take a PostgreSQL crash loses
+  leaves its rows due, as a dispatcher's death would;
 * the Cloud Tasks relay **locks** due rows in a transaction, enqueues them and
   marks them ``sent`` before committing: if it dies in between, the transaction
   rolls back and the rows are enqueued again (the deterministic task name makes
