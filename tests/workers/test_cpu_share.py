@@ -16,7 +16,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from pydantic import ValidationError
@@ -282,22 +282,33 @@ def test_a_jobs_process_moves_into_its_group_and_out_of_none_and_once_it_ended_n
             assert not group.exists() and not customer_group.exists()
 
 
-def test_a_workers_groups_go_as_its_jobs_end_and_what_no_worker_removed_goes_at_its_start_and_its_sweeps():
-    """The worker's side (``cpu_share.JobGroups``), under a home of the test's own: as a job's process has exited,
-    its group goes, and its customer's too unless another job's group is in it, which then weighs that job's
-    weight alone; a group whose process lives on stays (``busy``). What a worker that died left goes at the next
-    worker's start, what stayed at the sweep after ``SWEEP_EVERY_JOBS`` ended jobs, not one job before. Real
-    processes, real cgroups."""
+def _gone_process_and_test_home() -> tuple[Any, Literal[2, 1], Path]:
+    """A process that has exited (its pid names no process now), and a home of the test's own in this process's CPU
+    cgroup, as the worker's sweep and ``JobGroups`` see theirs: (the process, the cgroup's version, the home). Skips
+    where no CPU cgroup can be made."""
     if not _cgroup_creatable():
         pytest.skip("no CPU cgroup can be made here")
     import subprocess
     import sys
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()  # its pid names no process now
+    gone.wait()
     version, own = cpu_share._own_cgroup_dirs()[0]
     home = own / f"specialists-test-{secrets.token_hex(4)}"
     home.mkdir()
+    return gone, version, home
+
+
+def test_a_workers_groups_go_as_its_jobs_end_and_what_no_worker_removed_goes_at_its_start_and_its_sweeps():
+    """The worker's side (``cpu_share.JobGroups``), under a home of the test's own: as a job's process has exited,
+    its group goes, and its customer's too unless another job's group is in it, which then weighs that job's
+    weight alone; a group whose process lives on stays (``busy``). What a worker that died left goes at the next
+    worker's start, what stayed at the sweep after ``SWEEP_EVERY_JOBS`` ended jobs, not one job before. Real
+    processes, real cgroups."""
+    import subprocess
+    import sys
+
+    gone, version, home = _gone_process_and_test_home()
     acme, other = home / _customer_group("acme"), home / _customer_group("other")
     left = home / _customer_group("dead worker's") / f"{cpu_share.CGROUP_PREFIX}{gone.pid}"
     processes = [subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
@@ -338,16 +349,7 @@ def test_a_workers_sweep_removes_the_groups_of_jobs_gone_and_customers_left_empt
     """What a worker sweeps (``cpu_share._sweep``), under a home of the test's own: the group a gone job left
     behind, then its customer's if that is empty now; never a group whose job's process lives, nor its customer's.
     Real cgroups."""
-    if not _cgroup_creatable():
-        pytest.skip("no CPU cgroup can be made here")
-    import subprocess
-    import sys
-
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()  # its pid names no process now
-    _, own = cpu_share._own_cgroup_dirs()[0]
-    home = own / f"specialists-test-{secrets.token_hex(4)}"
-    home.mkdir()
+    gone, _, home = _gone_process_and_test_home()
     left, living = home / _customer_group("left"), home / _customer_group("living")
     groups = {
         "a gone job's, directly under the worker's": home / f"{cpu_share.CGROUP_PREFIX}{gone.pid}",
