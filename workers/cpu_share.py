@@ -258,10 +258,6 @@ def _weight_name(version: Literal[2, 1]) -> str:
     return "cpu.weight" if version == 2 else "cpu.shares"
 
 
-def _weight_file(group: Path, version: Literal[2, 1]) -> Path:
-    return group / _weight_name(version)
-
-
 def _weight_value(weight: int, version: Literal[2, 1]) -> int:
     return weight if version == 2 else max(V1_MIN_SHARES, round(weight * V1_SHARES_PER_WEIGHT))
 
@@ -283,15 +279,6 @@ class Cgroup:
     @property
     def customer(self) -> Path:
         return Path(os.path.dirname(self.dir))
-
-    @property
-    def home(self) -> Path:
-        """The worker's cgroup, where the job's process came from."""
-        return Path(os.path.dirname(os.path.dirname(self.dir)))
-
-    @property
-    def weight_file(self) -> Path:
-        return _weight_file(self.path, self.version)
 
     def weight_value(self, weight: int) -> int:
         return _weight_value(weight, self.version)
@@ -518,7 +505,7 @@ RemovedAs = Literal["removed", "absent", "busy"]
 
 
 def remove_cgroup(group: Cgroup) -> RemovedAs:
-    """Remove a job's cgroup whose process has left it (it exited, or ``leave_cgroup`` moved it out), then its
+    """Remove a job's cgroup whose process has left it (it exited, or was moved out), then its
     customer's if no other job's group is in that, else set the customer's share without it. ``absent``: there is
     no such group (the job's process made none: the nice mode, or it died before it entered); ``busy``: a process
     the job started lives on in it, and the worker's next sweep removes it (``JobGroups``)."""
@@ -536,19 +523,6 @@ def remove_cgroup(group: Cgroup) -> RemovedAs:
     except OSError:  # another job of the customer is in it (EBUSY; its share is now theirs), or it is gone
         group.share_customer()
     return "removed"
-
-
-def leave_cgroup(group: Cgroup, pid: int) -> None:
-    """Move ``pid``, which lives on, back to the worker's cgroup, and remove the job's cgroup and maybe its
-    customer's (``remove_cgroup``). A job's process does not: its exit leaves its group (issue 44: the move back,
-    an ``rmdir`` or two and the sweep cost a no-op job's process about 0.8 ms of CPU). For a process that is not a
-    job's (``bench/cpu_share.py``) or a test's."""
-    try:
-        _write(f"{os.path.dirname(os.path.dirname(group.dir))}/cgroup.procs", str(pid))
-    except OSError as exc:
-        log.debug("process %d stays in the cgroup %s (%s)", pid, group.dir, exc)
-        return
-    remove_cgroup(group)
 
 
 class JobGroups:

@@ -183,6 +183,14 @@ def _job_cgroup(pid: int) -> Path | None:
     return None
 
 
+def _leave(group: cpu_share.Cgroup, pid: int) -> None:
+    """The test's process ``pid``, which lives on, moved back to the worker's cgroup, then its groups removed as a
+    worker removes a job's (``cpu_share.remove_cgroup``). A job's process never does this: its exit leaves its
+    group."""
+    (group.path.parent.parent / "cgroup.procs").write_text(str(pid))
+    cpu_share.remove_cgroup(group)
+
+
 def _weight_file(group: Path) -> Path:
     return group / ("cpu.weight" if (group / "cpu.weight").exists() else "cpu.shares")
 
@@ -399,7 +407,7 @@ def test_a_new_job_group_keeps_the_kernels_default_weight_and_one_left_by_an_ear
     finally:
         for process, group in zip(processes, [*groups, None, None, None]):
             if group is not None:
-                cpu_share.leave_cgroup(group, process.pid)
+                _leave(group, process.pid)
             process.kill()
             process.wait()
         for directory in (left, left.parent):
@@ -447,7 +455,7 @@ def test_a_customers_group_made_by_its_job_keeps_one_customers_weight_unread_and
         assert _weight_file(lighter.customer).read_text().strip() == _weight_value(lighter.customer, 40)
     finally:
         for group, pid in reversed(entered):
-            cpu_share.leave_cgroup(group, pid)
+            _leave(group, pid)
         for process in processes:
             process.kill()
             process.wait()
@@ -478,7 +486,7 @@ def test_jobs_of_one_customer_entering_and_leaving_at_once_each_get_their_group_
                     failures.append(f"process {process.pid} is not in a group of its own: {group}")
                 else:
                     customer_groups.add(group.customer)
-                    cpu_share.leave_cgroup(group, process.pid)
+                    _leave(group, process.pid)
             finally:
                 process.kill()
                 process.wait()
